@@ -1,0 +1,39 @@
+"""precompile: an offline dataset preprocessing compiler.
+
+Public API: :func:`open` (map-style dataset over a built output),
+:func:`load_recipe`, :func:`build`, and :class:`Loader` (the GPU-feeding reader).
+Imports are lazy so that ``import precompile`` stays light and the build
+path never pulls in torch.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+__all__ = ["open", "load_recipe", "build", "Loader", "__version__"]
+
+
+def open(path, fields=None):  # noqa: A001  (mirrors h5py.File / builtins.open naming on purpose)
+    """Open a built output as a map-style dataset."""
+    from .reader.dataset import open_dataset
+
+    return open_dataset(path, fields=fields)
+
+
+def load_recipe(path):
+    from .recipe import load_recipe as _load
+
+    return _load(path)
+
+
+def build(recipe, out_dir="build", n_jobs=1, **kw):
+    from .build import build as _build
+
+    return _build(recipe, out_dir=out_dir, n_jobs=n_jobs, **kw)
+
+
+def __getattr__(name):
+    if name == "Loader":
+        from .reader.loader import Loader
+
+        return Loader
+    raise AttributeError(f"module 'precompile' has no attribute {name!r}")

@@ -1,0 +1,51 @@
+"""The decoder interface: a small class with a name, a Params model and ``decode``.
+
+A decoder turns one input path (a file, or a folder for a DICOM series) into
+one or more named arrays plus JSON metadata, and declares their specs before
+anything is decoded (``output_specs``). Decoders raise only :class:`DecodeError`.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from ..sample import FieldSpec
+
+
+class DecoderParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Decoder:
+    name: ClassVar[str]
+    kind: ClassVar[str]
+    Params: ClassVar[type[DecoderParams]] = DecoderParams
+    reads_dirs: ClassVar[bool] = False   # True: the input path is a folder (DICOM series)
+
+    def __init__(self, params: DecoderParams | None = None):
+        self.params = params if params is not None else self.Params()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.params!r})"
+
+    # -- override one of these pairs ------------------------------------------
+    def spec(self) -> FieldSpec:
+        raise NotImplementedError
+
+    def read(self, path: str) -> np.ndarray | tuple[np.ndarray, dict[str, Any]]:
+        raise NotImplementedError
+
+    def output_specs(self, field: str) -> dict[str, FieldSpec]:
+        """Specs of the arrays this decoder makes for recipe field ``field``."""
+        return {field: self.spec()}
+
+    def decode(self, path: str, field: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Decode ``path`` into ``{array name: array}`` and JSON metadata."""
+        out = self.read(path)
+        if isinstance(out, tuple):
+            arr, meta = out
+        else:
+            arr, meta = out, {}
+        return {field: arr}, meta

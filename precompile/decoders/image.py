@@ -1,0 +1,97 @@
+"""Image decoding through Pillow: EXIF orientation honoured, every mode converted.
+
+Modes: ``rgb8`` (H, W, 3) uint8, ``gray8`` (H, W, 1) uint8, ``gray16`` (H, W, 1)
+uint16, ``rgba8`` (H, W, 4) uint8. Palette, CMYK, grayscale, 16-bit and alpha
+inputs are converted to the requested mode; a truncated or corrupt file is a
+:class:`DecodeError` naming it (Pillow refuses truncated data; OpenCV would
+silently return a grey image, which is why it is not the decoder here).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Literal
+
+import numpy as np
+
+from ..errors import DecodeError
+from ..registry import DECODERS
+from ..sample import FieldSpec
+from .base import Decoder, DecoderParams
+
+MODES = {"rgb8": (3, "uint8"), "gray8": (1, "uint8"), "gray16": (1, "uint16"), "rgba8": (4, "uint8")}
+
+
+def _to_mode(img, mode: str) -> np.ndarray:
+    """Convert a loaded PIL image to the array layout of ``mode``."""
+    from PIL import Image
+
+    src = img.mode
+    if mode == "gray16":
+        if src in ("I;16", "I;16B", "I;16L", "I"):
+            a = np.asarray(img)
+            if src == "I":
+                a = np.clip(a, 0, 65535)
+            return a.astype(np.uint16)[..., None]
+        a = np.asarray(img.convert("L"), dtype=np.uint16) * 257
+        return a[..., None]
+    if src in ("I;16", "I;16B", "I;16L", "I"):
+        # 16-bit gray to 8 bits: keep the top byte (no rescaling by the image's own range)
+        a = (np.clip(np.asarray(img), 0, 65535).astype(np.uint16) >> 8).astype(np.uint8)
+        img = Image.fromarray(a, mode="L")
+    elif src == "F":
+        raise ValueError("32-bit float images are not supported by the image decoder")
+    if mode == "gray8":
+        return np.asarray(img.convert("L"))[..., None]
+    if mode == "rgb8":
+        if src in ("P", "PA", "LA", "RGBA") or "transparency" in img.info:
+            # drop alpha onto black, as a plain convert("RGB") does, but from RGBA so palettes resolve
+            img = img.convert("RGBA")
+        return np.asarray(img.convert("RGB"))
+    if mode == "rgba8":
+        return np.asarray(img.convert("RGBA"))
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+@DECODERS.register()
+class ImageDecoder(Decoder):
+    """Any image Pillow reads (JPEG, PNG, BMP, PPM, TIFF, WebP, ...)."""
+
+    name = "image"
+    kind = "image"
+
+    class Params(DecoderParams):
+        mode: Literal["rgb8", "gray8", "gray16", "rgba8"] = "rgb8"
+        exif_transpose: bool = True
+
+    def spec(self) -> FieldSpec:
+        c, dtype = MODES[self.params.mode]
+        return FieldSpec(self.kind, (None, None, c), dtype)
+
+    def read(self, path: str) -> np.ndarray:
+        return decode_image_file(path, self.params.mode, self.params.exif_transpose)
+
+
+def decode_image_file(path: str, mode: str = "rgb8", exif_transpose: bool = True) -> np.ndarray:
+    from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
+
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        raise DecodeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set in this process; refusing to decode "
+                          "images that may be silently truncated", path=path, stage="decode")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                img.load()
+                if exif_transpose:
+                    img = ImageOps.exif_transpose(img)
+                arr = _to_mode(img, mode)
+    except FileNotFoundError:
+        raise DecodeError("file not found", path=path, stage="decode") from None
+    except UnidentifiedImageError:
+        raise DecodeError("not an image Pillow can identify", path=path, stage="decode") from None
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+        msg = str(e) or type(e).__name__
+        if "truncated" in msg.lower() or "broken data stream" in msg.lower():
+            msg = f"truncated or corrupt image data ({msg})"
+        raise DecodeError(msg, path=path, stage="decode") from None
+    return np.ascontiguousarray(arr)

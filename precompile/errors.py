@@ -1,0 +1,93 @@
+"""The project's error types: every failure a user can cause is one of these.
+
+Each error carries where it happened (a recipe file and key path, or an input
+file and a stage) so the CLI can print one clean line and an exit code.
+"""
+from __future__ import annotations
+
+
+class PrecompileError(Exception):
+    """Base of every error precompile raises on purpose."""
+
+    exit_code = 1
+
+
+class RecipeError(PrecompileError):
+    """The recipe is malformed: names the recipe file and the key path."""
+
+    exit_code = 2
+
+    def __init__(self, message: str, *, source: str | None = None, loc: str | None = None):
+        self.source = source
+        self.loc = loc
+        self.detail = message
+        where = ": ".join(p for p in (source, loc) if p)
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class PlanError(PrecompileError):
+    """The recipe is well formed but its inputs or shapes do not work out."""
+
+    exit_code = 2
+
+
+class InputError(PrecompileError):
+    """An input file could not be turned into a sample.
+
+    ``path`` is the input file, ``stage`` one of decode/steps/write, ``field``
+    the recipe field and ``key`` the sample key.
+    """
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, path: str | None = None, stage: str | None = None,
+                 field: str | None = None, key: str | None = None):
+        self.path = path
+        self.stage = stage
+        self.field = field
+        self.key = key
+        self.detail = message
+        parts = []
+        if path:
+            parts.append(str(path))
+        if stage:
+            parts.append(f"stage {stage}")
+        if field:
+            parts.append(f"field {field!r}")
+        where = ", ".join(parts)
+        super().__init__(f"{where}: {message}" if where else message)
+
+    def with_context(self, **kw: str | None) -> "InputError":
+        """Return a copy with missing context filled in from ``kw``."""
+        fill = {k: getattr(self, k) or v for k, v in kw.items()}
+        cur = dict(path=self.path, stage=self.stage, field=self.field, key=self.key)
+        cur.update(fill)
+        err = type(self)(self.detail, **cur)
+        err.__cause__ = self.__cause__
+        return err
+
+
+class DecodeError(InputError):
+    """An input file is unreadable, truncated, or not what its decoder expects."""
+
+
+class StepError(InputError):
+    """A step could not be applied to a decoded sample."""
+
+
+class MissingDependencyError(PrecompileError):
+    """An optional library is needed; the message names the extra to install."""
+
+    exit_code = 4
+
+
+class FormatError(PrecompileError):
+    """An output file is missing, corrupt, or of an unknown format version."""
+
+    exit_code = 5
+
+
+class BuildError(PrecompileError):
+    """A build stopped: one or more shards failed under ``on_error: fail``."""
+
+    exit_code = 3

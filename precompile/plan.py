@@ -1,0 +1,161 @@
+"""Recipe -> Plan: inputs matched to items (sample keys), items to shards, every
+field's final shape and dtype. Pure: no decoding, no writing.
+
+The match pattern is a relative path with ``{name}`` captures (each matches one
+path component or part of one); ``where`` narrows captures with regular
+expressions. Items are sorted by key, so the plan's order is the same on every
+machine and for every job count.
+"""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .errors import PlanError, RecipeError
+from .recipe import CAPTURE_RE, Recipe
+from .sample import FieldSpec
+
+
+@dataclass(frozen=True)
+class Item:
+    key: str                         # relative path of the match, '/'-separated
+    paths: dict[str, str]            # field -> absolute input path
+    label: Optional[int] = None
+    captures: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    index: int
+    items: tuple[Item, ...]
+
+
+@dataclass
+class Plan:
+    recipe: Recipe
+    items: list[Item]
+    shards: list[ShardPlan]
+    specs: dict[str, FieldSpec]            # final field specs, in output order
+    decoded_specs: dict[str, FieldSpec]    # specs straight after decoding
+    label_names: list[str]
+    expands: bool                          # a step may turn one sample into several
+
+    @property
+    def copies_per_item(self) -> int:
+        m = self.recipe.model
+        return m.copies + (1 if (m.keep_original or m.copies == 0) else 0)
+
+    @property
+    def num_samples(self) -> int:
+        """Samples written (a lower bound when a step expands samples)."""
+        return len(self.items) * self.copies_per_item
+
+    def sample_bytes(self) -> Optional[int]:
+        total = 0
+        for s in self.specs.values():
+            n = s.nbytes()
+            if n is None:
+                return None
+            total += n
+        return total
+
+    def estimated_bytes(self) -> Optional[int]:
+        per = self.sample_bytes()
+        return None if per is None else per * self.num_samples
+
+
+def pattern_regex(pattern: str, where: dict[str, str]) -> re.Pattern:
+    out, pos, seen = [], 0, set()
+    for m in CAPTURE_RE.finditer(pattern):
+        out.append(re.escape(pattern[pos:m.start()]))
+        name = m.group(1)
+        if name in seen:
+            out.append(f"(?P={name})")
+        else:
+            seen.add(name)
+            out.append(f"(?P<{name}>{where[name]})" if name in where else f"(?P<{name}>[^/]+)")
+        pos = m.end()
+    out.append(re.escape(pattern[pos:]))
+    return re.compile("".join(out))
+
+
+def _walk(root: str, dirs: bool) -> list[str]:
+    """Relative '/'-separated paths under root: files (or folders), sorted."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        rel = os.path.relpath(dirpath, root)
+        names = dirnames if dirs else filenames
+        for n in names:
+            if n.startswith("."):
+                continue
+            p = n if rel == "." else f"{rel}/{n}".replace(os.sep, "/")
+            found.append(p)
+    return sorted(found)
+
+
+def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
+    """Items in key order and the label names in id order."""
+    inp = recipe.model.inputs
+    root = recipe.input_root
+    if not os.path.isdir(root):
+        raise RecipeError(f"input root {root!r} is not a folder", source=recipe.source, loc="inputs.root")
+    rx = pattern_regex(inp.match, inp.where)
+    matches = []
+    for rel in _walk(root, inp.kind == "dir"):
+        m = rx.fullmatch(rel)
+        if m:
+            matches.append((rel, m.groupdict()))
+    label_names: list[str] = []
+    lab = inp.label
+    if lab is not None:
+        values = sorted({caps[lab.capture] for _, caps in matches})
+        if lab.classes is not None:
+            unknown = [v for v in values if v not in lab.classes]
+            if unknown:
+                raise RecipeError(f"inputs have classes not in the list: {unknown}", source=recipe.source,
+                                  loc="inputs.label.classes")
+            label_names = list(lab.classes)
+        else:
+            label_names = values
+    ids = {n: i for i, n in enumerate(label_names)}
+    items = []
+    for rel, caps in matches:
+        paths = {}
+        for fname, decl in inp.fields.items():
+            rp = rel if decl.path is None else decl.path.format(**caps)
+            paths[fname] = os.path.join(root, *rp.split("/"))
+        items.append(Item(key=rel, paths=paths, label=ids[caps[lab.capture]] if lab else None, captures=caps))
+    return items, label_names
+
+
+def make_plan(recipe: Recipe) -> Plan:
+    """Match inputs and work out every shape; raises RecipeError/PlanError before any decoding."""
+    items, label_names = match_inputs(recipe)
+    m = recipe.model
+    specs: dict[str, FieldSpec] = {}
+    for fname, dec in recipe.decoders.items():
+        for name, spec in dec.output_specs(fname).items():
+            if name in specs:
+                raise RecipeError(f"decoder output {name!r} clashes with another field", source=recipe.source,
+                                  loc=f"inputs.fields.{fname}")
+            specs[name] = spec
+    decoded = dict(specs)
+    expands = False
+    for i, step in enumerate(recipe.steps):
+        try:
+            specs = step.plan(specs)
+        except ValueError as e:
+            raise RecipeError(str(e), source=recipe.source, loc=f"steps[{i}].{step.name}") from None
+        expands = expands or step.expands
+    if m.inputs.label is not None:
+        specs[m.inputs.label.field] = FieldSpec("label", (), "int64")
+    if not items:
+        raise PlanError(f"no inputs under {recipe.input_root!r} match {m.inputs.match!r}"
+                        + (f" with {m.inputs.where}" if m.inputs.where else ""))
+    per = m.output.samples_per_shard
+    shards = [ShardPlan(i // per, tuple(items[i:i + per])) for i in range(0, len(items), per)]
+    return Plan(recipe=recipe, items=items, shards=shards, specs=specs, decoded_specs=decoded,
+                label_names=label_names, expands=expands)

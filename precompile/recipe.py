@@ -1,0 +1,266 @@
+"""YAML recipe -> validated, typed :class:`Recipe` with a canonical hash.
+
+The recipe is parsed with ``yaml.safe_load`` and checked with pydantic. Every
+error names the recipe file, the key path (``steps[2].size``) and what was
+expected; unknown decoder and step names list the close matches. Decoder and
+step parameters are validated by the registered class's own ``Params`` model,
+so a new decoder or step needs no change here.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from . import format as fmt
+from .errors import RecipeError
+from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+CAPTURE_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LabelSpec(_Model):
+    capture: str = Field(description="the capture in `match` whose value is the class name")
+    field: str = "label"
+    classes: Optional[list[str]] = Field(None, description="class names in id order; default: sorted unique values")
+
+
+class FieldDecl(BaseModel):
+    """One field of a sample: where its file is and how to decode it (extra keys are decoder options)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    path: Optional[str] = None
+    decoder: str
+
+
+class Inputs(_Model):
+    root: str
+    match: str
+    where: dict[str, str] = Field(default_factory=dict)
+    kind: Literal["file", "dir"] = "file"
+    fields: dict[str, FieldDecl]
+    label: Optional[LabelSpec] = None
+
+    @field_validator("match")
+    @classmethod
+    def _match(cls, v: str) -> str:
+        if v.startswith("/") or ".." in Path(v).parts:
+            raise ValueError("must be a relative pattern inside root (no leading '/' or '..')")
+        return v
+
+    @field_validator("fields")
+    @classmethod
+    def _fields(cls, v: dict) -> dict:
+        if not v:
+            raise ValueError("needs at least one field")
+        for name in v:
+            if not NAME_RE.match(name) or name.startswith("__"):
+                raise ValueError(f"field name {name!r} must be letters, digits, '_', '.', '-' and not start with '__'")
+        return v
+
+
+class Output(_Model):
+    format: str = "hdf5"
+    name: Optional[str] = None
+    samples_per_shard: int = Field(256, ge=1)
+    chunk_samples: Optional[int] = Field(None, ge=1)
+    chunk_bytes: int = Field(2 * 1024 * 1024, ge=4096)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        if os.path.isabs(v) or ".." in Path(v).parts or "/" in v or "\\" in v:
+            raise ValueError("must be a plain file name inside the output folder (no '/', '..' or absolute path)")
+        if not NAME_RE.match(v):
+            raise ValueError("must be letters, digits, '_', '.', '-'")
+        return v
+
+
+class RecipeModel(_Model):
+    name: str
+    seed: int = 0
+    inputs: Inputs
+    steps: list[dict[str, Any]] = Field(default_factory=list)
+    copies: int = Field(0, ge=0)
+    keep_original: bool = True
+    output: Output = Field(default_factory=Output)
+    on_error: Literal["fail", "skip"] = "fail"
+    max_failures: Optional[int] = Field(None, ge=0)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError("must be letters, digits, '_', '.', '-' (it names the output file)")
+        return v
+
+
+def format_loc(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: tuple = ()) -> RecipeError:
+    first = err.errors()[0]
+    loc = tuple(p for p in first["loc"] if p not in ("function-after",))
+    msg = first["msg"]
+    if first["type"] == "missing":
+        msg = "required key is missing"
+    elif first["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif "input" in first and first["type"] not in ("value_error",):
+        msg = f"{msg}, got {first['input']!r}"
+    msg = msg.removeprefix("Value error, ")
+    more = len(err.errors()) - 1
+    if more:
+        msg += f" (and {more} more error{'s' if more > 1 else ''})"
+    return RecipeError(msg, source=source, loc=format_loc(prefix + loc))
+
+
+def parse_params(cls_params: type[BaseModel], raw: Any, source: str | None, loc: tuple) -> BaseModel:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise RecipeError(f"expected a mapping of options, got {raw!r}", source=source, loc=format_loc(loc))
+    try:
+        return cls_params.model_validate(raw)
+    except ValidationError as e:
+        raise _pydantic_to_recipe_error(e, source, loc) from None
+
+
+class Recipe:
+    """A validated recipe: the typed model, instantiated decoders and steps, and paths.
+
+    ``base_dir`` is the recipe file's folder; ``inputs.root`` is relative to it.
+    """
+
+    def __init__(self, model: RecipeModel, source: str | None = None, base_dir: str | None = None):
+        load_builtins()
+        self.model = model
+        self.source = source
+        self.base_dir = os.path.abspath(base_dir or (os.path.dirname(source) if source else "."))
+        self.decoders = {}
+        for fname, decl in model.inputs.fields.items():
+            loc = ("inputs", "fields", fname)
+            try:
+                dcls = DECODERS.get(decl.decoder)
+            except UnknownName as e:
+                raise RecipeError(str(e), source=source, loc=format_loc(loc + ("decoder",))) from None
+            params = parse_params(dcls.Params, dict(decl.model_extra or {}), source, loc)
+            self.decoders[fname] = dcls(params)
+        self.steps = []
+        for i, entry in enumerate(model.steps):
+            loc = ("steps", i)
+            if not isinstance(entry, dict) or len(entry) != 1:
+                raise RecipeError("expected a mapping with one step name, e.g. {resize: {size: [64, 64]}}",
+                                  source=source, loc=format_loc(loc))
+            (sname, raw), = entry.items()
+            try:
+                scls = STEPS.get(sname)
+            except UnknownName as e:
+                raise RecipeError(str(e), source=source, loc=format_loc(loc)) from None
+            params = parse_params(scls.Params, raw, source, loc + (sname,))
+            self.steps.append(scls(params))
+        if model.output.format not in WRITERS:
+            e = UnknownName("output format", model.output.format, list(WRITERS))
+            raise RecipeError(str(e), source=source, loc="output.format")
+        caps = set(CAPTURE_RE.findall(model.inputs.match))
+        for c in model.inputs.where:
+            if c not in caps:
+                raise RecipeError(f"{c!r} is not a capture in match {model.inputs.match!r}", source=source,
+                                  loc=f"inputs.where.{c}")
+            try:
+                re.compile(model.inputs.where[c])
+            except re.error as e:
+                raise RecipeError(f"not a valid regular expression: {e}", source=source, loc=f"inputs.where.{c}") from None
+        for fname, decl in model.inputs.fields.items():
+            if decl.path is not None:
+                bad = set(CAPTURE_RE.findall(decl.path)) - caps
+                if bad:
+                    raise RecipeError(f"uses capture(s) {sorted(bad)} that match {model.inputs.match!r} does not define",
+                                      source=source, loc=f"inputs.fields.{fname}.path")
+        if model.inputs.label is not None:
+            lab = model.inputs.label
+            if lab.capture not in caps:
+                raise RecipeError(f"{lab.capture!r} is not a capture in match {model.inputs.match!r}",
+                                  source=source, loc="inputs.label.capture")
+            if lab.field in model.inputs.fields:
+                raise RecipeError(f"label field {lab.field!r} clashes with an input field", source=source,
+                                  loc="inputs.label.field")
+
+    # -- convenience -----------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.model.name
+
+    @property
+    def seed(self) -> int:
+        return self.model.seed
+
+    @property
+    def output_name(self) -> str:
+        return self.model.output.name or self.model.name
+
+    @property
+    def input_root(self) -> str:
+        return os.path.normpath(os.path.join(self.base_dir, self.model.inputs.root))
+
+    def resolved(self) -> dict:
+        """The recipe with defaults filled, as plain JSON data (stored in the output)."""
+        return self.model.model_dump(mode="json")
+
+    def content_dict(self) -> dict:
+        """The parts that decide output bytes: everything but the output's name and the error policy."""
+        d = self.resolved()
+        d["output"].pop("name", None)
+        d.pop("on_error", None)
+        d.pop("max_failures", None)
+        return d
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(fmt.dumps(self.content_dict()).encode()).hexdigest()
+
+
+def parse_recipe(data: Any, source: str | None = None, base_dir: str | None = None) -> Recipe:
+    if not isinstance(data, dict):
+        raise RecipeError(f"expected a mapping at the top level, got {type(data).__name__}", source=source)
+    try:
+        model = RecipeModel.model_validate(data)
+    except ValidationError as e:
+        raise _pydantic_to_recipe_error(e, source) from None
+    return Recipe(model, source=source, base_dir=base_dir)
+
+
+def load_recipe(path: str | os.PathLike) -> Recipe:
+    """Read, safe-load and validate a recipe file."""
+    path = str(path)
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError as e:
+        raise RecipeError(f"cannot read recipe: {e.strerror}", source=path) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise RecipeError(f"{where}not valid YAML: {getattr(e, 'problem', None) or e}", source=path) from None
+    return parse_recipe(data, source=path)

@@ -1,0 +1,71 @@
+"""Name -> class registries for decoders, steps and writers.
+
+Registering a name twice is an error; looking up an unknown name lists the
+close matches (as MONAI's ``look_up_option`` does).
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Callable, Generic, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class UnknownName(KeyError):
+    """Raised by :meth:`Registry.get` for a name nobody registered."""
+
+    def __init__(self, kind: str, name: str, choices: list[str]):
+        self.kind = kind
+        self.name = name
+        self.choices = choices
+        close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        self.message = f"unknown {kind} {name!r}{hint} (known: {', '.join(sorted(choices))})"
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        return (type(self), (self.kind, self.name, self.choices))
+
+
+class Registry(Generic[T]):
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._items: dict[str, T] = {}
+
+    def register(self, name: str | None = None) -> Callable[[T], T]:
+        def deco(obj: T) -> T:
+            key = name or getattr(obj, "name")
+            if key in self._items:
+                raise ValueError(f"{self.kind} {key!r} is already registered by {self._items[key]!r}")
+            self._items[key] = obj
+            return obj
+
+        return deco
+
+    def get(self, name: str) -> T:
+        try:
+            return self._items[name]
+        except KeyError:
+            raise UnknownName(self.kind, name, list(self._items)) from None
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._items))
+
+    def items(self) -> list[tuple[str, T]]:
+        return sorted(self._items.items())
+
+
+DECODERS: Registry = Registry("decoder")
+STEPS: Registry = Registry("step")
+WRITERS: Registry = Registry("output format")
+
+
+def load_builtins() -> None:
+    """Import the modules that register the built-in decoders, steps and writers."""
+    from . import decoders, transforms, writers  # noqa: F401

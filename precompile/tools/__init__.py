@@ -1,0 +1,1 @@
+"""Tools over built outputs: inspect (and later verify)."""

@@ -25,13 +25,12 @@ def load_recipe(path):
     return _load(path)
 
 
-def build(recipe, out_dir="build", n_jobs=1, **kw):
-    from .build import build as _build
-
-    return _build(recipe, out_dir=out_dir, n_jobs=n_jobs, **kw)
-
-
 def __getattr__(name):
+    if name == "build":
+        # the submodule precompile.build is callable: precompile.build(recipe, out_dir=..., n_jobs=...)
+        import importlib
+
+        return importlib.import_module(".build", __name__)
     if name == "Loader":
         from .reader.loader import Loader
 

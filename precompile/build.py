@@ -10,7 +10,9 @@ import datetime as _dt
 import glob
 import json
 import os
+import sys
 import time
+import types
 from typing import Any, Optional
 
 from . import __version__
@@ -234,3 +236,14 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, schedule
 
 
 __all__ = ["build", "output_paths", "PlanError"]
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``precompile.build(...)`` call :func:`build` although ``precompile.build``
+    is also this submodule (importing a submodule sets the package attribute)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return build(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

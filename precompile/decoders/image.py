@@ -25,6 +25,8 @@ def _to_mode(img, mode: str) -> np.ndarray:
     """Convert a loaded PIL image to the array layout of ``mode``."""
     from PIL import Image
 
+    if img.mode in ("P", "PA"):
+        img = img.convert("RGBA")  # resolve the palette (and its transparency) first
     src = img.mode
     if mode == "gray16":
         if src in ("I;16", "I;16B", "I;16L", "I"):
@@ -43,10 +45,7 @@ def _to_mode(img, mode: str) -> np.ndarray:
     if mode == "gray8":
         return np.asarray(img.convert("L"))[..., None]
     if mode == "rgb8":
-        if src in ("P", "PA", "LA", "RGBA") or "transparency" in img.info:
-            # drop alpha onto black, as a plain convert("RGB") does, but from RGBA so palettes resolve
-            img = img.convert("RGBA")
-        return np.asarray(img.convert("RGB"))
+        return np.asarray(img.convert("RGB"))  # alpha is dropped
     if mode == "rgba8":
         return np.asarray(img.convert("RGBA"))
     raise ValueError(f"unknown mode {mode!r}")

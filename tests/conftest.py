@@ -1,0 +1,66 @@
+"""Shared fixtures: small generated image trees, recipe writing, real-data location."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+REALDATA = Path(os.environ.get("PRECOMPILE_REALDATA", REPO.parent / "shared" / "realdata"))
+
+
+def realdata(*parts: str) -> Path:
+    """Path of a real third-party file; skips the test when ../shared/realdata is absent."""
+    p = REALDATA.joinpath(*parts)
+    if not p.exists():
+        pytest.skip(f"real data not available here: {p} (../shared/realdata is absent)")
+    return p
+
+
+def make_image_tree(root: Path, classes=("cat", "dog"), per_class: int = 5, size=(40, 56), seed: int = 0) -> Path:
+    """Write smooth random RGB JPEG/PNG images into root/<class>/<i>.<ext>."""
+    import cv2
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for c in classes:
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            small = rng.integers(0, 256, (6, 8, 3)).astype(np.float32)
+            img = cv2.resize(small, (size[1], size[0]), interpolation=cv2.INTER_CUBIC)
+            arr = np.clip(img, 0, 255).astype(np.uint8)
+            ext = "png" if i % 2 else "jpg"
+            Image.fromarray(arr).save(root / c / f"{i:03d}.{ext}")
+    return root
+
+
+def write_recipe(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def image_recipe(root: Path, **over) -> dict:
+    r = {
+        "name": "imgs",
+        "seed": 7,
+        "inputs": {"root": str(root), "match": "{label}/{name}.{ext}", "where": {"ext": "jpg|png"},
+                   "fields": {"image": {"decoder": "image", "mode": "rgb8"}}, "label": {"capture": "label"}},
+        "steps": [{"resize": {"shorter": 36}}, {"center_crop": {"size": [32, 32]}}],
+        "output": {"format": "hdf5", "samples_per_shard": 4},
+    }
+    for k, v in over.items():
+        r[k] = v
+    return r
+
+
+@pytest.fixture
+def image_tree(tmp_path: Path) -> Path:
+    return make_image_tree(tmp_path / "data")
+
+
+@pytest.fixture
+def image_recipe_file(tmp_path: Path, image_tree: Path) -> Path:
+    return write_recipe(tmp_path / "recipe.yaml", image_recipe(image_tree))

@@ -1,0 +1,172 @@
+"""Build -> read round trips on real bytes, determinism across job counts, plain-h5py access."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import precompile
+from precompile.decoders.image import decode_image_file
+from precompile.transforms import functional as F
+
+from conftest import image_recipe, make_image_tree, write_recipe
+
+
+def _expected(path: Path) -> np.ndarray:
+    """What the recipe should produce for one input: decode, shorter side 36, center crop 32."""
+    a = decode_image_file(str(path), "rgb8")
+    h, w = F.shorter_side_size(a.shape[0], a.shape[1], 36)
+    a = F.resize_hwc(a, h, w)
+    t, l = (h - 32) // 2, (w - 32) // 2
+    return a[t:t + 32, l:l + 32]
+
+
+def _hash_build(index: Path) -> dict[str, str]:
+    out = {}
+    with h5py.File(index, "r") as f:
+        for name in f:
+            d = f[name][()]
+            out[name] = hashlib.sha256(np.asarray(d).tobytes() if d.dtype != object else
+                                       "\n".join(x.decode() for x in d).encode()).hexdigest()
+    return out
+
+
+def test_round_trip_matches_direct_processing(tmp_path, image_recipe_file, image_tree):
+    rep = precompile.build(image_recipe_file, out_dir=tmp_path / "out")
+    assert rep["status"] == "ok" and rep["num_samples"] == 10 and rep["shards"]["built"] == 3
+    assert set(rep["stage_seconds"]) >= {"decode", "steps", "write", "finalize"}
+    ds = precompile.open(tmp_path / "out" / "imgs.h5")
+    assert len(ds) == 10 and ds.label_names == ["cat", "dog"]
+    for i in range(len(ds)):
+        key = ds.key(i)
+        s = ds[i]
+        np.testing.assert_array_equal(s["image"], _expected(image_tree / key))
+        assert int(s["label"]) == (0 if key.startswith("cat/") else 1)
+    b = ds.batch([9, 0, 4, 4, 7])
+    assert b["image"].shape == (5, 32, 32, 3)
+    for row, i in enumerate([9, 0, 4, 4, 7]):
+        np.testing.assert_array_equal(b["image"][row], ds[i]["image"])
+    with pytest.raises(IndexError):
+        ds[10]
+
+
+def test_report_json_written(tmp_path, image_recipe_file):
+    precompile.build(image_recipe_file, out_dir=tmp_path / "out")
+    rep = json.loads((tmp_path / "out" / "imgs.report.json").read_text())
+    assert rep["num_samples"] == 10 and rep["failures"] == [] and rep["status"] == "ok"
+
+
+def test_same_bytes_for_any_job_count(tmp_path, image_recipe_file):
+    precompile.build(image_recipe_file, out_dir=tmp_path / "a", n_jobs=1)
+    precompile.build(image_recipe_file, out_dir=tmp_path / "b", n_jobs=2)
+    ha, hb = _hash_build(tmp_path / "a" / "imgs.h5"), _hash_build(tmp_path / "b" / "imgs.h5")
+    assert ha == hb and {"image", "label", "__key__"} <= set(ha)
+    # the shard files themselves are byte-identical (no timestamps in them)
+    for name in sorted(os.listdir(tmp_path / "a" / "imgs.shards")):
+        a = (tmp_path / "a" / "imgs.shards" / name).read_bytes()
+        b = (tmp_path / "b" / "imgs.shards" / name).read_bytes()
+        assert a == b, name
+
+
+def test_plain_h5py_reads_without_precompile(tmp_path, image_recipe_file):
+    precompile.build(image_recipe_file, out_dir=tmp_path / "out")
+    ds = precompile.open(tmp_path / "out" / "imgs.h5")
+    want = ds.batch(range(len(ds)))["image"]
+    code = f"""
+import sys, json
+sys.modules['precompile'] = None  # prove precompile is not needed
+import h5py, numpy as np
+with h5py.File({str(tmp_path / 'out' / 'imgs.h5')!r}, 'r') as f:
+    img = f['image'][:]
+    labels = json.loads(f.attrs['label_names'])
+    fields = json.loads(f.attrs['fields'])
+    keys = [k.decode() for k in f['__key__'][:]]
+np.save({str(tmp_path / 'plain.npy')!r}, img, allow_pickle=False)
+print(json.dumps([labels, fields['image']['shape'], keys[0], img.shape[0]]))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
+    assert out.returncode == 0, out.stderr
+    labels, shape, key0, n = json.loads(out.stdout)
+    assert labels == ["cat", "dog"] and shape == [32, 32, 3] and key0 == "cat/000.jpg" and n == 10
+    np.testing.assert_array_equal(np.load(tmp_path / "plain.npy"), want)
+
+
+def test_output_moves_with_its_folder(tmp_path, image_recipe_file):
+    precompile.build(image_recipe_file, out_dir=tmp_path / "out")
+    os.rename(tmp_path / "out", tmp_path / "moved")
+    ds = precompile.open(tmp_path / "moved" / "imgs.h5")
+    with h5py.File(tmp_path / "moved" / "imgs.h5", "r") as f:
+        np.testing.assert_array_equal(f["image"][3], ds[3]["image"])
+
+
+def test_rebuild_skips_up_to_date_shards(tmp_path, image_recipe_file, image_tree):
+    first = precompile.build(image_recipe_file, out_dir=tmp_path / "out")
+    again = precompile.build(image_recipe_file, out_dir=tmp_path / "out")
+    assert again["shards"] == {"total": 3, "built": 0, "skipped": 3, "failed": 0}
+    assert _hash_build(tmp_path / "out" / "imgs.h5")["image"] == _hash_build(tmp_path / "out" / "imgs.h5")["image"]
+    # touching one input rebuilds only its shard
+    victim = image_tree / "dog" / "004.jpg"
+    st = victim.stat()
+    os.utime(victim, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    third = precompile.build(image_recipe_file, out_dir=tmp_path / "out")
+    assert third["shards"]["built"] == 1 and third["shards"]["skipped"] == 2
+    assert first["num_samples"] == third["num_samples"] == 10
+
+
+def test_corrupt_image_names_file_and_stage(tmp_path, image_tree):
+    bad = image_tree / "dog" / "002.jpg"
+    bad.write_bytes(bad.read_bytes()[:200])
+    r = write_recipe(tmp_path / "r.yaml", image_recipe(image_tree))
+    with pytest.raises(precompile.errors.BuildError) as ei:
+        precompile.build(r, out_dir=tmp_path / "out")
+    msg = str(ei.value)
+    assert str(bad) in msg and "stage decode" in msg and "field 'image'" in msg
+    assert not (tmp_path / "out" / "imgs.h5").exists()
+    # the shards that did not contain the bad file were finished and are kept
+    assert len(list((tmp_path / "out" / "imgs.shards").glob("shard-*.h5"))) >= 1
+
+
+def test_skip_policy_drops_only_the_bad_input(tmp_path, image_tree):
+    bad = image_tree / "cat" / "001.png"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 50)
+    r = write_recipe(tmp_path / "r.yaml", image_recipe(image_tree, on_error="skip"))
+    rep = precompile.build(r, out_dir=tmp_path / "out")
+    assert rep["num_samples"] == 9 and len(rep["failures"]) == 1
+    assert rep["failures"][0]["path"] == str(bad) and rep["failures"][0]["stage"] == "decode"
+    ds = precompile.open(tmp_path / "out" / "imgs.h5")
+    assert "cat/001.png" not in ds.keys and len(ds) == 9
+
+
+def test_build_path_never_imports_torch(tmp_path, image_recipe_file):
+    code = ("import sys, precompile.build as b; b.build(sys.argv[1], out_dir=sys.argv[2], n_jobs=1); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(image_recipe_file), str(tmp_path / "o")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+def test_dataset_inside_torch_dataloader_with_workers(tmp_path, image_recipe_file):
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    precompile.build(image_recipe_file, out_dir=tmp_path / "out")
+    ds = precompile.open(tmp_path / "out" / "imgs.h5")
+    ds[0]  # open a handle in the parent: the workers must not inherit it
+    dl = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=2, shuffle=False,
+                                     multiprocessing_context="fork")
+    got = torch.cat([b["image"] for b in dl]).numpy()
+    np.testing.assert_array_equal(got, ds.batch(range(len(ds)))["image"])
+    labels = torch.cat([b["label"] for b in dl]).numpy()
+    assert labels.tolist() == [0] * 5 + [1] * 5
+
+
+def test_make_image_tree_is_deterministic(tmp_path):
+    a = make_image_tree(tmp_path / "a", per_class=2)
+    b = make_image_tree(tmp_path / "b", per_class=2)
+    assert (a / "cat" / "000.jpg").read_bytes() == (b / "cat" / "000.jpg").read_bytes()

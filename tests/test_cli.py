@@ -1,0 +1,71 @@
+"""The command line: output, exit codes, one clean error line (no traceback)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from precompile.cli import main
+
+from conftest import REPO, image_recipe, write_recipe
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "precompile", *args], capture_output=True, text=True)
+
+
+def test_validate_plan_build_inspect(tmp_path, image_recipe_file):
+    r = CliRunner().invoke(main, ["validate", str(image_recipe_file)])
+    assert r.exit_code == 0 and "ok" in r.output
+    r = CliRunner().invoke(main, ["plan", str(image_recipe_file)])
+    assert r.exit_code == 0
+    assert "samples   10" in r.output and "shards    3" in r.output
+    assert "image        image (32, 32, 3) uint8" in r.output and "label        label () int64" in r.output
+    assert "30.1 KiB" in r.output  # 10 * (3072 + 8) bytes
+    r = CliRunner().invoke(main, ["build", str(image_recipe_file), "-o", str(tmp_path / "out"), "-j", "2",
+                                  "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "10 samples" in r.output and "3 shard(s) built" in r.output and "decode" in r.output
+    r = CliRunner().invoke(main, ["inspect", str(tmp_path / "out" / "imgs.h5")])
+    assert r.exit_code == 0
+    for text in ("samples      10 in 3 shard(s)", "(32, 32, 3)", "uint8", "chunks of", "0=cat, 1=dog",
+                 "recipe hash", "precompile 0.1.0"):
+        assert text in r.output, text
+
+
+def test_recipe_error_is_one_line_with_exit_code_2(tmp_path, image_tree):
+    p = write_recipe(tmp_path / "r.yaml", image_recipe(image_tree, steps=[{"resize": {"size": [1, 2, 3]}}]))
+    out = run("validate", str(p))
+    assert out.returncode == 2
+    assert out.stderr.strip() == f"error: {p}: steps[0].resize.size: expected an integer or 2 integers [height, width], got 3 values"
+    assert "Traceback" not in out.stderr
+
+
+def test_build_failure_exit_code_3_no_traceback(tmp_path, image_tree):
+    (image_tree / "cat" / "000.jpg").write_bytes(b"\xff\xd8\xff broken")
+    p = write_recipe(tmp_path / "r.yaml", image_recipe(image_tree))
+    out = run("build", str(p), "-o", str(tmp_path / "out"), "--no-progress")
+    assert out.returncode == 3
+    assert "cat/000.jpg" in out.stderr and "stage decode" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_inspect_missing_file_exit_code_5(tmp_path):
+    out = run("inspect", str(tmp_path / "nothing.h5"))
+    assert out.returncode == 5 and "no such file" in out.stderr
+
+
+def test_missing_recipe_file(tmp_path):
+    out = run("plan", str(tmp_path / "nope.yaml"))
+    assert out.returncode == 2 and "cannot read recipe" in out.stderr
+
+
+def test_sample_recipe_builds_from_the_repo(tmp_path):
+    out = run("build", str(REPO / "recipes" / "images.yaml"), "-o", str(tmp_path), "--no-progress")
+    assert out.returncode == 0, out.stderr
+    assert "36 samples" in out.stdout
+    import precompile
+
+    ds = precompile.open(tmp_path / "images.h5")
+    assert ds.label_names == ["beach", "forest", "night"] and ds[0]["image"].shape == (64, 64, 3)

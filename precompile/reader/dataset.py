@@ -24,6 +24,8 @@ def _attr_text(v: Any) -> str:
 class H5Dataset:
     """Samples of an HDF5 build. ``ds[i]`` -> {field: array}; ``ds.batch(idx)`` -> {field: stacked}."""
 
+    MAX_GAP = 16  # rows skipped inside one read before a batch read is split in two
+
     def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None):
         import h5py
 
@@ -119,10 +121,13 @@ class H5Dataset:
                 end += 1
             local = sidx[pos:end] - self.offsets[s]
             f = self._file(int(s))
-            lo, hi = int(local[0]), int(local[-1]) + 1
-            for name in self.fields:
-                block = f[name][lo:hi]
-                out[name][order[pos:end]] = block[local - lo]
+            # contiguous slices (never fancy indexing); a gap wider than MAX_GAP rows starts a new read
+            cuts = np.flatnonzero(np.diff(local) > self.MAX_GAP) + 1
+            for run in np.split(np.arange(len(local)), cuts):
+                lo, hi = int(local[run[0]]), int(local[run[-1]]) + 1
+                for name in self.fields:
+                    block = f[name][lo:hi]
+                    out[name][order[pos + run]] = block[local[run] - lo]
             pos = end
         return out
 

@@ -135,8 +135,7 @@ class _Ragged:
         self.g = _new_group(f, name)
         self.g.attrs[fmt.A_LAYOUT] = fmt.LAYOUT_RAGGED
         self.chunk = max(1, int(chunk_elems))
-        self.data = self.g.create_dataset(fmt.RAGGED_DATA, shape=(0,), maxshape=(None,), dtype=spec.dtype,
-                                          chunks=(self.chunk,), track_times=False, fillvalue=0)
+        self.data = None   # created at the first flush: a shard smaller than one chunk gets a chunk its size
         self.buf: list[np.ndarray] = []
         self.buffered = 0
         self.written = 0
@@ -156,6 +155,10 @@ class _Ragged:
         if not self.buf:
             return
         block = np.concatenate(self.buf)
+        if self.data is None:
+            self.data = self.g.create_dataset(fmt.RAGGED_DATA, shape=(0,), maxshape=(None,), dtype=self.spec.dtype,
+                                              chunks=(max(1, min(self.chunk, block.size)),), track_times=False,
+                                              fillvalue=0)
         self.data.resize(self.written + block.size, axis=0)
         self.data[self.written:self.written + block.size] = block
         self.written += block.size
@@ -164,6 +167,9 @@ class _Ragged:
 
     def close(self) -> None:
         self.flush()
+        if self.data is None:  # no samples, or only empty ones
+            self.data = self.g.create_dataset(fmt.RAGGED_DATA, shape=(0,), maxshape=(None,), dtype=self.spec.dtype,
+                                              chunks=(1,), track_times=False, fillvalue=0)
         nd = len(self.spec.shape)
         self.g.create_dataset(fmt.RAGGED_OFFSETS, data=np.asarray(self.offsets, dtype=np.int64), track_times=False)
         self.g.create_dataset(fmt.RAGGED_SHAPES, data=np.asarray(self.shapes, dtype=np.int64).reshape(-1, nd),

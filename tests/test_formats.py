@@ -355,3 +355,37 @@ def test_inspect_describes_file_formats(tmp_path):
     assert "flow.npy per shard (flat), shapes (10..14, 9..12, 2)" in out
     assert "label        label   ()                 int64    in the JSON index" in out
     assert f"({rep['bytes']} bytes in shards)" in out
+
+
+def test_several_image_fields_rebuild_and_stray_temporaries(tmp_path):
+    src = make_images(tmp_path / "in", sizes=((12, 10), (9, 9), (12, 10)), classes=("a",))
+    fields = {"left": {"decoder": "image"}, "right": {"decoder": "image", "mode": "gray8"}}
+    rec = write_recipe(tmp_path, fields, {"format": "png", "samples_per_shard": 2})
+    rep, ds = build(tmp_path, rec)
+    names = sorted(os.listdir(tmp_path / "out" / "ds.shards" / "shard-00000"))
+    assert names == ["000000.left.png", "000000.right.png", "000001.left.png", "000001.right.png", "info.json"]
+    np.testing.assert_array_equal(ds[1]["left"], src[ds.key(1)])
+    assert ds[1]["right"].shape == (*src[ds.key(1)].shape[:2], 1)
+    # a killed build's temporary shard folder is cleared; a changed recipe rebuilds folders in place
+    stray = tmp_path / "out" / "ds.shards" / "shard-00000.tmp-99999"
+    stray.mkdir()
+    (stray / "000000.left.png").write_bytes(b"partial")
+    rec2 = write_recipe(tmp_path, fields, {"format": "png", "samples_per_shard": 2},
+                        steps=[{"center_crop": {"size": [8, 8]}}])
+    rep2 = run_build(rec2, out_dir=str(tmp_path / "out"))
+    assert not stray.exists() and rep2["shards"]["built"] == 2
+    ds2 = precompile.open(rep2["output"])
+    assert ds2.batch([0, 1, 2])["left"].shape == (3, 8, 8, 3)
+    assert sorted(os.listdir(tmp_path / "out" / "ds.shards")) == ["shard-00000", "shard-00001"]
+
+
+def test_png_build_with_two_workers_matches_one(tmp_path):
+    make_images(tmp_path / "in", sizes=((12, 10), (9, 9)))
+    rec = write_recipe(tmp_path, {"image": {"decoder": "image"}}, {"format": "png", "samples_per_shard": 1})
+    rep1 = run_build(rec, out_dir=str(tmp_path / "one"))
+    rep2 = run_build(rec, out_dir=str(tmp_path / "two"), n_jobs=2)
+    a, b = precompile.open(rep1["output"]), precompile.open(rep2["output"])
+    assert [s["checksums"] for s in a.shards] == [s["checksums"] for s in b.shards]
+    for i in range(len(a)):
+        with open(a.file(i, "image"), "rb") as f1, open(b.file(i, "image"), "rb") as f2:
+            assert f1.read() == f2.read()

@@ -118,21 +118,12 @@ class Hdf5ShardWriter(ShardWriter):
             os.remove(self.tmp_path)
 
 
-def _new_group(f, name: str):
-    """A group without modification times (so the same inputs give the same bytes)."""
-    h5py = _h5()
-    gcpl = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
-    gcpl.set_obj_track_times(False)
-    h5py.h5g.create(f.id, name.encode(), gcpl=gcpl)
-    return f[name]
-
-
 class _Ragged:
     """One variable-shape field of a shard: flat ``data`` + ``offsets`` + ``shapes``, written by chunks."""
 
     def __init__(self, f, name: str, spec: FieldSpec, chunk_elems: int):
         self.spec = spec
-        self.g = _new_group(f, name)
+        self.g = f.create_group(name)
         self.g.attrs[fmt.A_LAYOUT] = fmt.LAYOUT_RAGGED
         self.chunk = max(1, int(chunk_elems))
         self.data = None   # created at the first flush: a shard smaller than one chunk gets a chunk its size
@@ -191,7 +182,7 @@ def _ragged_index(f, name: str, spec: FieldSpec, shards: list[dict[str, Any]], b
             offsets.append(o[1:] + offsets[-1][-1])
             shapes.append(g[fmt.RAGGED_SHAPES][:])
     total = int(sum(sizes))
-    g = _new_group(f, name)
+    g = f.create_group(name)
     g.attrs[fmt.A_LAYOUT] = fmt.LAYOUT_RAGGED
     layout = h5py.VirtualLayout(shape=(total,), dtype=spec.dtype)
     off = 0

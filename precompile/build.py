@@ -26,10 +26,14 @@ from .registry import WRITERS
 
 
 def chunking_for(plan: Plan) -> dict[str, int]:
+    """Samples per chunk for each fixed-shape field; for a variable-shape field, the number of
+    elements per chunk of its flat data array (``chunk_bytes`` worth)."""
     out = plan.recipe.model.output
     res = {}
     for f, s in plan.specs.items():
-        if out.chunk_samples:
+        if not s.fixed:
+            res[f] = max(1, out.chunk_bytes // s.itemsize)
+        elif out.chunk_samples:
             res[f] = out.chunk_samples
         else:
             nb = s.nbytes() or out.chunk_bytes
@@ -40,9 +44,12 @@ def chunking_for(plan: Plan) -> dict[str, int]:
 def check_plan(plan: Plan) -> None:
     """Checks that need the plan: the output format can hold the fields; copies make sense."""
     r = plan.recipe
-    writer = WRITERS.get(r.model.output.format)()
+    wcls = WRITERS.get(r.model.output.format)
+    from .recipe import parse_params
+
+    options = parse_params(wcls.Options, r.model.output.options, r.source, ("output", "options"))
     try:
-        writer.check_specs(plan.specs)
+        wcls().check_specs(plan.specs, options)
     except ValueError as e:
         raise RecipeError(str(e), source=r.source, loc="output.format") from None
     has_random = any(s.random for s in r.steps)
@@ -58,8 +65,7 @@ def _build_date() -> str:
 
 def output_paths(recipe: Recipe, out_dir: str) -> tuple[str, str]:
     """(index file, shard folder) for a recipe under ``out_dir``."""
-    ext = WRITERS.get(recipe.model.output.format).shard_ext
-    index = os.path.join(out_dir, recipe.output_name + (".h5" if ext == ".h5" else ".json"))
+    index = os.path.join(out_dir, recipe.output_name + WRITERS.get(recipe.model.output.format).index_ext)
     return index, os.path.join(out_dir, fmt.shard_dir_name(recipe.output_name))
 
 
@@ -81,7 +87,7 @@ def build(recipe: Recipe | str | os.PathLike, out_dir: str | os.PathLike = "buil
 
     # stray temporaries from a killed build, and shards beyond the plan's count
     for p in glob.glob(os.path.join(shard_dir, "*.tmp-*")):
-        os.remove(p)
+        _remove(p)  # a file, or a shard folder
     names = {fmt.shard_file_name(s.index, writer.shard_ext) for s in plan.shards}
     for p in glob.glob(os.path.join(shard_dir, "shard-*")):
         if os.path.basename(p) not in names:

@@ -7,6 +7,25 @@ columns ``__key__`` (sample key), ``__copy__`` (augmentation copy index) and
 ``__meta__`` (per-sample JSON). The index file holds a virtual dataset per
 field and column over the shards (so plain h5py sees one array per field) and
 the metadata as JSON text attributes. Nothing is pickled.
+
+Variable-shape fields (a spec with ``None`` dims, e.g. images kept at their
+native size) are a group ``<field>`` (attribute ``layout = "ragged"``) holding
+``data`` (1-D, flat, chunked, uncompressed), ``offsets`` (N+1 int64: sample i
+is ``data[offsets[i]:offsets[i+1]]``) and ``shapes`` (N x ndim int64): the same
+in every shard (local offsets) and in the index file (``data`` a virtual
+dataset over the shards, ``offsets`` global). Fixed-shape fields keep a
+dataset ``<field>`` of shape (N, *shape).
+
+A file-folder build (bmp, png, wav) is a JSON index ``<out>/<name>.json`` plus
+one folder per shard, ``<name>.shards/shard-00003/``, holding one file per
+sample and field (``000123.png``, or ``000123.<field>.png`` when a sample has
+several file fields), ``<field>.npy`` for fields the format cannot hold
+(``np.save``, no pickle; (N, *shape), or flat 1-D for variable shapes) and
+``info.json`` (shard key, counts, checksums, per-sample entries). The index
+holds ``attrs`` (the same attributes as an HDF5 index, as JSON values),
+``storage`` ({field: {store: file|npy|index, ...}}) and ``samples``: one entry
+per sample with ``shard``, ``key``, ``copy``, ``meta``, ``files``, ``shapes``
+and ``values`` (label ids and other scalars kept in the index).
 """
 from __future__ import annotations
 
@@ -38,6 +57,23 @@ A_CHECKSUMS = "checksums"           # on a shard file: {field: sha256 of its sam
 A_SEED = "seed"
 A_COPIES = "copies"
 
+# variable-shape ("ragged") HDF5 fields
+A_LAYOUT = "layout"                 # on a ragged field's group
+LAYOUT_RAGGED = "ragged"
+RAGGED_DATA = "data"
+RAGGED_OFFSETS = "offsets"
+RAGGED_SHAPES = "shapes"
+
+# file-folder builds (bmp, png, wav)
+INDEX_JSON_EXT = ".json"
+SHARD_INFO = "info.json"            # inside each shard folder
+J_ATTRS = "attrs"
+J_STORAGE = "storage"               # {field: {"store": "file"|"npy"|"index", "ext": ..., "layout": ...}}
+J_SAMPLES = "samples"
+STORE_FILE = "file"
+STORE_NPY = "npy"
+STORE_INDEX = "index"
+
 SHARD_DIR_SUFFIX = ".shards"
 REPORT_SUFFIX = ".report.json"
 
@@ -48,6 +84,15 @@ def shard_dir_name(name: str) -> str:
 
 def shard_file_name(index: int, ext: str = ".h5") -> str:
     return f"shard-{index:05d}{ext}"
+
+
+def sample_file_name(index: int, ext: str, field: str | None = None) -> str:
+    """``000123.png``, or ``000123.<field>.png`` when a sample has several file fields."""
+    return f"{index:06d}{'.' + field if field else ''}{ext}"
+
+
+def npy_file_name(field: str) -> str:
+    return f"{field}.npy"
 
 
 def dumps(obj: Any) -> str:

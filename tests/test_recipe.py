@@ -73,14 +73,14 @@ def test_crop_larger_than_fixed_input_is_a_plan_time_error(tmp_path, image_tree)
     assert e.loc == "steps[1].center_crop" and "larger than the input 16x16" in str(e)
 
 
-def test_unfixed_shape_refused_for_hdf5(tmp_path, image_tree):
+def test_unfixed_shape_is_planned_as_variable(tmp_path, image_tree):
     from precompile.build import check_plan
 
     r = image_recipe(image_tree, steps=[{"resize": {"shorter": 36}}])
-    p = write_recipe(tmp_path / "r.yaml", r)
-    with pytest.raises(RecipeError) as ei:
-        check_plan(make_plan(load_recipe(p)))
-    assert "fixed shape" in str(ei.value) and "'image'" in str(ei.value)
+    plan = make_plan(load_recipe(write_recipe(tmp_path / "r.yaml", r)))
+    check_plan(plan)  # HDF5 stores it in the variable-shape layout
+    assert plan.specs["image"].shape == (None, None, 3) and not plan.specs["image"].fixed
+    assert plan.estimated_bytes() is None
 
 
 def test_output_name_cannot_escape(tmp_path, image_tree):

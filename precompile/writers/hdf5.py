@@ -4,6 +4,14 @@ Shards: one dataset per field, samples along axis 0, chunks of whole samples,
 no filters, ``libver='latest'``, 4 KiB alignment, no timestamps (so the same
 inputs give the same bytes). Index: a virtual dataset per field over the
 shards, the key/copy/meta columns gathered, metadata as JSON attributes.
+
+Variable-shape fields (``None`` dims in the plan's spec) are stored "ragged":
+a group ``<field>`` with a flat 1-D ``data`` array (chunked by bytes, no
+filters), ``offsets`` (N+1) and ``shapes`` (N, ndim); in the index file
+``data`` is a virtual dataset over the shards and ``offsets`` are global, so
+``g["data"][o[i]:o[i+1]].reshape(g["shapes"][i])`` works in plain h5py on
+either file. Fixed-shape fields keep exactly the (N, *shape) dataset layout
+that the fast loader maps directly.
 """
 from __future__ import annotations
 
@@ -34,13 +42,14 @@ def _new_file(path: str):
 class Hdf5ShardWriter(ShardWriter):
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
-        for f, s in self.specs.items():
-            if not s.fixed:
-                raise ValueError(f"field {f!r} has no fixed shape ({s.describe()})")
         h5py = _h5()
         self.f = _new_file(self.tmp_path)
         self.dsets = {}
+        self.ragged: dict[str, _Ragged] = {}
         for name, spec in self.specs.items():
+            if not spec.fixed:
+                self.ragged[name] = _Ragged(self.f, name, spec, self.chunking[name])
+                continue
             n = self.chunking[name]
             self.dsets[name] = self.f.create_dataset(
                 name, shape=(0, *spec.shape), maxshape=(None, *spec.shape), dtype=spec.dtype,
@@ -51,9 +60,9 @@ class Hdf5ShardWriter(ShardWriter):
             fmt.COPY: self.f.create_dataset(fmt.COPY, shape=(0,), maxshape=(None,), dtype="int32", chunks=(1024,), track_times=False),
             fmt.META: self.f.create_dataset(fmt.META, shape=(0,), maxshape=(None,), dtype=str_t, chunks=(1024,), track_times=False),
         }
-        self.buf: dict[str, list[np.ndarray]] = {f: [] for f in self.specs}
+        self.buf: dict[str, list[np.ndarray]] = {f: [] for f in self.dsets}
         self.colbuf: dict[str, list] = {c: [] for c in self.cols}
-        self.written = {f: 0 for f in self.specs}
+        self.written = {f: 0 for f in self.dsets}
 
     def _flush(self, name: str) -> None:
         buf = self.buf[name]
@@ -69,18 +78,22 @@ class Hdf5ShardWriter(ShardWriter):
     def add(self, sample: Sample) -> None:
         self.check(sample)
         self.update_checksums(sample)
-        for f in self.specs:
+        for f in self.dsets:
             self.buf[f].append(sample.fields[f])
             if len(self.buf[f]) >= self.chunking[f]:
                 self._flush(f)
+        for f, r in self.ragged.items():
+            r.add(sample.fields[f])
         self.colbuf[fmt.KEY].append(sample.key)
         self.colbuf[fmt.COPY].append(sample.copy)
         self.colbuf[fmt.META].append(fmt.dumps(sample.meta))
         self.count += 1
 
     def close(self) -> dict[str, Any]:
-        for f in self.specs:
+        for f in self.dsets:
             self._flush(f)
+        for r in self.ragged.values():
+            r.close()
         for c, d in self.cols.items():
             vals = self.colbuf[c]
             d.resize(len(vals), axis=0)
@@ -105,16 +118,95 @@ class Hdf5ShardWriter(ShardWriter):
             os.remove(self.tmp_path)
 
 
+class _Ragged:
+    """One variable-shape field of a shard: flat ``data`` + ``offsets`` + ``shapes``, written by chunks."""
+
+    def __init__(self, f, name: str, spec: FieldSpec, chunk_elems: int):
+        self.spec = spec
+        self.g = f.create_group(name)
+        self.g.attrs[fmt.A_LAYOUT] = fmt.LAYOUT_RAGGED
+        self.chunk = max(1, int(chunk_elems))
+        self.data = None   # created at the first flush: a shard smaller than one chunk gets a chunk its size
+        self.buf: list[np.ndarray] = []
+        self.buffered = 0
+        self.written = 0
+        self.shapes: list[tuple[int, ...]] = []
+        self.offsets = [0]
+
+    def add(self, a: np.ndarray) -> None:
+        flat = np.ascontiguousarray(a).reshape(-1)
+        self.buf.append(flat)
+        self.buffered += flat.size
+        self.shapes.append(tuple(a.shape))
+        self.offsets.append(self.offsets[-1] + flat.size)
+        if self.buffered >= self.chunk:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buf:
+            return
+        block = np.concatenate(self.buf)
+        if self.data is None:
+            self.data = self.g.create_dataset(fmt.RAGGED_DATA, shape=(0,), maxshape=(None,), dtype=self.spec.dtype,
+                                              chunks=(max(1, min(self.chunk, block.size)),), track_times=False,
+                                              fillvalue=0)
+        self.data.resize(self.written + block.size, axis=0)
+        self.data[self.written:self.written + block.size] = block
+        self.written += block.size
+        self.buf.clear()
+        self.buffered = 0
+
+    def close(self) -> None:
+        self.flush()
+        if self.data is None:  # no samples, or only empty ones
+            self.data = self.g.create_dataset(fmt.RAGGED_DATA, shape=(0,), maxshape=(None,), dtype=self.spec.dtype,
+                                              chunks=(1,), track_times=False, fillvalue=0)
+        nd = len(self.spec.shape)
+        self.g.create_dataset(fmt.RAGGED_OFFSETS, data=np.asarray(self.offsets, dtype=np.int64), track_times=False)
+        self.g.create_dataset(fmt.RAGGED_SHAPES, data=np.asarray(self.shapes, dtype=np.int64).reshape(-1, nd),
+                              track_times=False)
+
+
+def _ragged_index(f, name: str, spec: FieldSpec, shards: list[dict[str, Any]], base: str) -> None:
+    """The index's view of a ragged field: virtual ``data``, global ``offsets``, gathered ``shapes``."""
+    h5py = _h5()
+    sizes, offsets, shapes = [], [np.zeros(1, np.int64)], []
+    for s in shards:
+        if not s["num_samples"]:
+            sizes.append(0)
+            continue
+        with h5py.File(os.path.join(base, s["file"]), "r") as sf:
+            g = sf[name]
+            o = g[fmt.RAGGED_OFFSETS][:]
+            sizes.append(int(o[-1]))
+            offsets.append(o[1:] + offsets[-1][-1])
+            shapes.append(g[fmt.RAGGED_SHAPES][:])
+    total = int(sum(sizes))
+    g = f.create_group(name)
+    g.attrs[fmt.A_LAYOUT] = fmt.LAYOUT_RAGGED
+    layout = h5py.VirtualLayout(shape=(total,), dtype=spec.dtype)
+    off = 0
+    for s, n in zip(shards, sizes):
+        if n:
+            layout[off:off + n] = h5py.VirtualSource(s["file"], f"{name}/{fmt.RAGGED_DATA}", shape=(n,))
+        off += n
+    g.create_virtual_dataset(fmt.RAGGED_DATA, layout, fillvalue=0)
+    g.create_dataset(fmt.RAGGED_OFFSETS, data=np.concatenate(offsets), track_times=False)
+    nd = len(spec.shape)
+    g.create_dataset(fmt.RAGGED_SHAPES, data=np.concatenate(shapes) if shapes else np.zeros((0, nd), np.int64),
+                     track_times=False)
+
+
 @WRITERS.register()
 class Hdf5Writer(Writer):
     name = "hdf5"
     shard_ext = ".h5"
+    index_ext = ".h5"
 
-    def check_specs(self, specs: dict[str, FieldSpec]) -> None:
+    def check_specs(self, specs: dict[str, FieldSpec], options: Any = None) -> None:
         for f, s in specs.items():
-            if not s.fixed:
-                raise ValueError(f"field {f!r} ends as {s.describe()}: HDF5 output needs a fixed shape "
-                                 f"(add a resize/crop to a fixed size)")
+            if not s.fixed and len(s.shape) == 0:
+                raise ValueError(f"field {f!r} ({s.describe()}) has no dimensions to vary")
 
     def open_shard(self, path, specs, shard_key, options, chunking) -> ShardWriter:
         return Hdf5ShardWriter(path, specs, shard_key, options, chunking)
@@ -147,6 +239,9 @@ class Hdf5Writer(Writer):
                 metas.extend(m.decode() if isinstance(m, bytes) else m for m in sf[fmt.META][:])
         with _new_file(tmp) as f:
             for name, spec in specs.items():
+                if not spec.fixed:
+                    _ragged_index(f, name, spec, shards, base)
+                    continue
                 layout = h5py.VirtualLayout(shape=(total, *spec.shape), dtype=spec.dtype)
                 off = 0
                 for s in shards:

@@ -1,0 +1,121 @@
+"""WAV shards (``format: wav``): one file per sample for each audio field.
+
+Audio arrays are (C, N), channels first, float32 or int16. ``output.options``:
+``subtype`` (``auto``: PCM_16 for int16, FLOAT for float32; or ``PCM_16`` /
+``FLOAT``) and ``sample_rate`` (default: the rate the decoder put in the
+sample's metadata, ``meta[field]["sample_rate"]``). The WAV bytes are written
+here, not by libsndfile, because libsndfile stamps the wall clock into float
+files' PEAK chunk and the same recipe must give the same bytes. Float to PCM_16
+is ``clip(round(x * 32768), -32768, 32767)``; readers (soundfile included)
+divide by 32768, so checksums are taken over those de-quantized values.
+"""
+from __future__ import annotations
+
+import struct
+from typing import Any, Literal, Optional
+
+import numpy as np
+from pydantic import Field
+
+from ..registry import WRITERS
+from ..sample import FieldSpec, Sample
+from .base import FolderOptions, FolderWriter
+
+AUDIO_DTYPES = ("float32", "int16")
+RATE_KEYS = ("sample_rate", "rate", "sr")
+
+
+class WavOptions(FolderOptions):
+    subtype: Literal["auto", "PCM_16", "FLOAT"] = "auto"
+    sample_rate: Optional[int] = Field(None, ge=1)
+
+
+def sample_rate_of(sample: Sample, field: str, options: Any) -> int:
+    """The rate to write ``field`` at: the option, else the decoder's metadata; they must agree."""
+    found: set[int] = set()
+    m = sample.meta.get(field)
+    dicts = [m] if isinstance(m, dict) else [v for v in sample.meta.values() if isinstance(v, dict)] + [sample.meta]
+    for d in dicts:
+        for k in RATE_KEYS:
+            v = d.get(k)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+                found.add(int(v))
+                break
+    opt = getattr(options, "sample_rate", None)
+    if opt is not None:
+        if found and found != {opt}:
+            raise ValueError(f"field {field!r}: the sample is at {sorted(found)} Hz but output.options.sample_rate is "
+                             f"{opt}; resample it in the recipe")
+        return int(opt)
+    if len(found) == 1:
+        return found.pop()
+    if not found:
+        raise ValueError(f"field {field!r}: no sample rate in the sample's metadata; set output.options.sample_rate")
+    raise ValueError(f"field {field!r}: several sample rates {sorted(found)} in the sample's metadata; "
+                     f"set output.options.sample_rate")
+
+
+def pcm16(x: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(x.astype(np.float64) * 32768.0), -32768, 32767).astype("<i2")
+
+
+def write_wav(path: str, audio: np.ndarray, rate: int, subtype: str) -> np.ndarray:
+    """Write (C, N) ``audio`` as WAV; returns what a reader gets back in ``audio``'s dtype."""
+    c, n = audio.shape
+    if subtype == "PCM_16":
+        data = audio.astype("<i2") if audio.dtype == np.int16 else pcm16(audio)
+        tag, bits = 1, 16
+        back = data.astype(np.int16) if audio.dtype == np.int16 else (data.astype(np.float32) / np.float32(32768.0))
+    else:
+        if audio.dtype == np.int16:
+            raise ValueError("int16 audio is written as PCM_16, not FLOAT")
+        data = audio.astype("<f4")
+        tag, bits = 3, 32
+        back = audio
+    block = c * bits // 8
+    payload = np.ascontiguousarray(data.T.astype(data.dtype.newbyteorder("<"))).tobytes()
+    fmt_chunk = struct.pack("<HHIIHH", tag, c, rate, rate * block, block, bits)
+    chunks = b""
+    if tag == 3:
+        fmt_chunk += struct.pack("<H", 0)
+        chunks += b"fact" + struct.pack("<II", 4, n)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt_chunk)) + fmt_chunk + chunks
+    body += b"data" + struct.pack("<I", len(payload)) + payload + (b"\0" if len(payload) % 2 else b"")
+    with open(path, "wb") as f:
+        f.write(b"RIFF" + struct.pack("<I", len(body)) + body)
+    return back
+
+
+@WRITERS.register()
+class WavWriter(FolderWriter):
+    name = "wav"
+    label = "WAV"
+    file_ext = ".wav"
+    Options = WavOptions
+
+    def file_field(self, name: str, spec: FieldSpec) -> bool:
+        if spec.kind != "audio":
+            return False
+        if len(spec.shape) != 2 or spec.dtype not in AUDIO_DTYPES:
+            raise ValueError(f"field {name!r} cannot be stored as WAV: it is {spec.describe()}; WAV holds audio "
+                             f"(C, N) channels-first arrays of {' or '.join(AUDIO_DTYPES)}")
+        return True
+
+    def check_specs(self, specs: dict[str, FieldSpec], options: Any = None) -> None:
+        super().check_specs(specs, options)
+        if options is not None and options.subtype == "FLOAT":
+            for f, s in specs.items():
+                if s.kind == "audio" and s.dtype == "int16":
+                    raise ValueError(f"field {f!r} is int16 audio: write it with output.options.subtype PCM_16 "
+                                     f"(or auto), or convert it to float32 in the recipe")
+
+    def write_file(self, path: str, field: str, array: np.ndarray, sample: Sample, options: Any) -> np.ndarray:
+        rate = sample_rate_of(sample, field, options)
+        sub = options.subtype
+        if sub == "auto":
+            sub = "PCM_16" if array.dtype == np.int16 else "FLOAT"
+        if array.shape[0] < 1 or array.shape[0] > 65535:
+            raise ValueError(f"field {field!r}: {array.shape[0]} channels cannot go in a WAV file")
+        if array.size * 4 > 0xFFFFFFF0:
+            raise ValueError(f"field {field!r}: {array.size} samples are too many for one WAV file (4 GiB limit)")
+        return write_wav(path, array, rate, sub)

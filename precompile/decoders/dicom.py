@@ -84,6 +84,17 @@ def read_dataset(path: str, force: bool = False, header_only: bool = False):
         except Exception as e:  # pydicom raises many types on corrupt data
             raise DecodeError(f"corrupt or truncated DICOM: {type(e).__name__}: {e}", path=path) from None
     ds._precompile_warnings = [str(w.message)[:200] for w in caught]
+    fm = getattr(ds, "file_meta", None)
+    if fm is None or "TransferSyntaxUID" not in fm:
+        # a raw dataset read with force: record the encoding pydicom detected as the transfer syntax
+        from pydicom.dataset import FileMetaDataset
+        from pydicom.uid import ExplicitVRBigEndian, ExplicitVRLittleEndian, ImplicitVRLittleEndian
+
+        implicit, little = getattr(ds, "original_encoding", (True, True))
+        if fm is None:
+            ds.file_meta = FileMetaDataset()
+        ds.file_meta.TransferSyntaxUID = (ImplicitVRLittleEndian if implicit else
+                                          ExplicitVRLittleEndian if little else ExplicitVRBigEndian)
     return ds
 
 
@@ -240,7 +251,7 @@ def assemble(frames: list[Frame], path: str, dtype: str = "float32", uneven: str
             meta["tilt_deg"] = round(float(np.degrees(np.arctan2(step, d[-1] - d[0]))), 3)
             if tilt == "correct":
                 cval = float(min(v.min() for v in vals))
-                vals = [ndimage.shift(v, (-dr, -dc), order=1, mode="constant", cval=cval) if abs(dr) + abs(dc) > 1e-6
+                vals = [ndimage.shift(v, (dr, dc), order=1, mode="constant", cval=cval) if abs(dr) + abs(dc) > 1e-6
                         else v for v, (dr, dc) in zip(vals, drift)]
             meta["tilt_corrected"] = tilt == "correct"
         origin = pos[0]

@@ -209,10 +209,6 @@ class Standardise(Step):
         x = x.astype(np.float64)
         return F.standardise(a, float(x.mean()), float(x.std()) or 1.0)
 
-    def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
-        out = super().run(sample, rng)
-        return out
-
 
 @STEPS.register()
 class LungMask(Step):

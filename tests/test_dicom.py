@@ -272,8 +272,9 @@ def test_lung_pipeline_steps():
 
 def test_recipe_builds(tmp_path):
     import precompile
+    from precompile.build import build
 
-    precompile.build(os.path.join(REPO, "recipes", "ct_lung.yaml"), out_dir=str(tmp_path), log=lambda *a: None)
+    build(os.path.join(REPO, "recipes", "ct_lung.yaml"), out_dir=str(tmp_path), log=lambda *a: None)
     ds = precompile.open(str(tmp_path / "ct_lung.h5"))
     assert len(ds) > 4 and {k.split("#")[0] for k in ds.keys} == {"chest_a", "chest_b"}
     s = ds[0]

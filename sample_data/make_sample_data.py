@@ -6,7 +6,16 @@ soft shapes, JPEG-encoded. Awkward cases the decoders must handle are included:
 a grayscale JPEG, a palette PNG with transparency, a JPEG with EXIF
 orientation 6 (pixels stored rotated), a 16-bit grayscale PNG and an RGBA PNG.
 
-Other kinds (video, DICOM, flow, audio) are added by their own make_* functions.
+video/*.avi, *.mp4: short clips of moving shapes (MJPG and MPEG-4), one shorter
+than a clip so recipes must drop or pad it.
+dicom/chest_*/IM*: synthetic chest CT phantoms (int16, slope 1, intercept
+-1024; body ~ +40 HU, two lungs ~ -800 HU, a spine ~ +700 HU), file names
+without extension; chest_b has uneven slice gaps (two slices left out) and its
+files are written in shuffled order of InstanceNumber.
+flow/<name>_img1.png, _img2.png, _flow.flo: textured pairs where img1 is img2
+warped by a smooth known flow (Middlebury convention: img1(x) ~ img2(x + flow)),
+one with an unknown-flow (1e10) region.
+audio/*.wav|flac|ogg: tones and chirps at 16/22.05/44.1 kHz, mono and stereo.
 """
 from __future__ import annotations
 
@@ -96,7 +105,163 @@ def make_images(root: str) -> None:
                 save_jpeg(arr, os.path.join(d, name + ".jpg"))
 
 
-MAKERS = {"images": make_images}
+def make_video(root: str) -> None:
+    import cv2
+
+    rng = np.random.default_rng(7)
+    d = os.path.join(root, "video")
+    os.makedirs(d, exist_ok=True)
+    for name, n, fourcc, ext in (("squares", 40, "MJPG", "avi"), ("balls", 30, "mp4v", "mp4"),
+                                 ("tiny", 6, "MJPG", "avi")):
+        h, w = 48, 64
+        bg = (smooth_noise(rng, h, w, 4)[..., None] * np.array([90, 120, 60], np.float32)).astype(np.uint8)
+        wr = cv2.VideoWriter(os.path.join(d, f"{name}.{ext}"), cv2.VideoWriter_fourcc(*fourcc), 25, (w, h))
+        x0, y0 = rng.integers(5, 20, 2)
+        vx, vy = rng.integers(1, 3, 2)
+        for t in range(n):
+            fr = bg.copy()
+            cx, cy = int(x0 + vx * t) % w, int(y0 + vy * t) % h
+            if name == "balls":
+                cv2.circle(fr, (cx, cy), 7, (230, 60, 40), -1)
+            else:
+                cv2.rectangle(fr, (cx - 6, cy - 6), (cx + 6, cy + 6), (40, 200, 230), -1)
+            cv2.putText(fr, str(t), (2, h - 4), cv2.FONT_HERSHEY_PLAIN, 0.8, (255, 255, 255), 1)
+            wr.write(np.ascontiguousarray(fr[..., ::-1]))  # OpenCV wants BGR
+        wr.release()
+
+
+def chest_phantom(n: int = 64, z: np.ndarray | None = None) -> np.ndarray:
+    """HU slices of a chest phantom at slice positions ``z`` in [0, 1] (lungs taper at both ends)."""
+    yy, xx = (np.mgrid[0:n, 0:n] + 0.5) / n * 2 - 1
+    out = []
+    for zf in z:
+        s = np.full((n, n), -1000.0, np.float32)                   # air
+        s[(xx / 0.85) ** 2 + (yy / 0.62) ** 2 <= 1] = 40              # soft tissue
+        taper = max(0.0, 1 - ((zf - 0.5) / 0.55) ** 2) ** 0.5
+        for cx in (-0.4, 0.4):
+            lung = ((xx - cx) / (0.28 * taper + 1e-6)) ** 2 + ((yy + 0.02) / (0.42 * taper + 1e-6)) ** 2 <= 1
+            s[lung] = -800
+            vessel = ((xx - cx * 0.9) ** 2 + (yy + 0.1) ** 2) <= 0.004   # a vessel inside each lung
+            s[lung & vessel] = 30
+        s[(xx ** 2 + (yy - 0.42) ** 2) <= 0.012] = 700                # spine
+        s[(np.abs(xx) <= 0.06) & (np.abs(yy - 0.05) <= 0.12)] = 50     # mediastinum
+        out.append(s)
+    return np.stack(out)
+
+
+def write_ct_slice(path: str, hu: np.ndarray, z: float, inst: int, series_uid: str, study_uid: str,
+                   spacing: float, thickness: float) -> None:
+    import pydicom
+    from pydicom.dataset import FileMetaDataset
+    from pydicom.uid import CTImageStorage, ExplicitVRLittleEndian
+
+    meta = FileMetaDataset()
+    meta.MediaStorageSOPClassUID = CTImageStorage
+    meta.MediaStorageSOPInstanceUID = f"{series_uid}.{inst}"
+    meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds = pydicom.Dataset()
+    ds.file_meta = meta
+    ds.SOPClassUID = CTImageStorage
+    ds.SOPInstanceUID = meta.MediaStorageSOPInstanceUID
+    ds.StudyInstanceUID = study_uid
+    ds.SeriesInstanceUID = series_uid
+    ds.Modality = "CT"
+    ds.PatientName = "Phantom^Chest"
+    ds.PatientID = "PHANTOM"
+    ds.InstanceNumber = inst
+    ds.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+    n = hu.shape[0]
+    ds.ImagePositionPatient = [-n * spacing / 2, -n * spacing / 2, round(z, 4)]
+    ds.PixelSpacing = [spacing, spacing]
+    ds.SliceThickness = thickness
+    ds.Rows, ds.Columns = hu.shape
+    ds.SamplesPerPixel = 1
+    ds.PhotometricInterpretation = "MONOCHROME2"
+    ds.BitsAllocated = 16
+    ds.BitsStored = 16
+    ds.HighBit = 15
+    ds.PixelRepresentation = 1
+    ds.RescaleSlope = 1
+    ds.RescaleIntercept = -1024
+    ds.PixelData = (np.rint(hu) + 1024).astype("<i2").tobytes()
+    ds.save_as(path, enforce_file_format=True)
+
+
+def make_dicom(root: str) -> None:
+    rng = np.random.default_rng(3)
+    base = os.path.join(root, "dicom")
+    for name, nz, drop in (("chest_a", 24, ()), ("chest_b", 24, (9, 15))):
+        d = os.path.join(base, name)
+        os.makedirs(d, exist_ok=True)
+        for f in os.listdir(d):
+            os.remove(os.path.join(d, f))
+        zs = np.arange(nz) * 7.5
+        hu = chest_phantom(64, zs / zs[-1])
+        hu += rng.normal(0, 8, hu.shape).astype(np.float32)   # scanner noise
+        uid = f"1.2.826.0.1.3680043.8.498.{1000 + nz}{len(drop)}"
+        keep = [i for i in range(nz) if i not in drop]
+        order = rng.permutation(len(keep))                    # file names do not follow position
+        for k, j in enumerate(order):
+            i = keep[j]
+            write_ct_slice(os.path.join(d, f"IM{k:04d}"), hu[i], -200.0 + zs[i], int(nz - i), uid,
+                           "1.2.826.0.1.3680043.8.498.1", 5.0, 7.5)
+
+
+def make_flow(root: str) -> None:
+    import cv2
+    from PIL import Image
+
+    sys.path.insert(0, os.path.dirname(HERE))
+    from precompile.decoders.flo import write_flo
+
+    rng = np.random.default_rng(11)
+    d = os.path.join(root, "flow")
+    os.makedirs(d, exist_ok=True)
+    h, w = 48, 64
+    for i in range(4):
+        img2 = scene(rng, ("beach", "forest", "night", "beach")[i], h, w)
+        tex = (smooth_noise(rng, h, w, 16)[..., None] * 120).astype(np.float32)
+        img2 = np.clip(img2.astype(np.float32) * 0.6 + tex, 0, 255).astype(np.uint8)
+        u = (smooth_noise(rng, h, w, 3) - 0.5) * 6 + rng.uniform(-2, 2)
+        v = (smooth_noise(rng, h, w, 3) - 0.5) * 4 + rng.uniform(-1.5, 1.5)
+        flow = np.stack([u, v], -1).astype(np.float32)
+        gx, gy = np.meshgrid(np.arange(w, dtype=np.float32), np.arange(h, dtype=np.float32))
+        img1 = cv2.remap(img2, gx + u, gy + v, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REFLECT)
+        if i == 3:
+            flow[30:40, 5:15] = np.nan                        # written as 1e10: unknown flow
+        Image.fromarray(img1).save(os.path.join(d, f"pair{i}_img1.png"))
+        Image.fromarray(img2).save(os.path.join(d, f"pair{i}_img2.png"))
+        write_flo(os.path.join(d, f"pair{i}_flow.flo"), flow)
+
+
+def make_audio(root: str) -> None:
+    import soundfile as sf
+
+    rng = np.random.default_rng(5)
+    d = os.path.join(root, "audio")
+    os.makedirs(d, exist_ok=True)
+    for name, rate, secs, ch, fmt, sub in (("tone_16k", 16000, 1.5, 1, "WAV", "PCM_16"),
+                                           ("chirp_22k_stereo", 22050, 1.2, 2, "FLAC", "PCM_16"),
+                                           ("chord_44k", 44100, 1.0, 1, "OGG", "VORBIS"),
+                                           ("click_8k", 8000, 0.3, 1, "WAV", "FLOAT")):
+        t = np.arange(int(rate * secs)) / rate
+        if name.startswith("chirp"):
+            sig = [0.4 * np.sin(2 * np.pi * (200 + 900 * t) * t), 0.3 * np.sin(2 * np.pi * 330 * t)]
+        elif name.startswith("chord"):
+            sig = [sum(0.15 * np.sin(2 * np.pi * f * t) for f in (261.6, 329.6, 392.0))]
+        elif name.startswith("click"):
+            x = np.zeros_like(t)
+            x[:: rate // 20] = 0.9
+            sig = [x]
+        else:
+            sig = [0.5 * np.sin(2 * np.pi * 440 * t) * np.minimum(1, 10 * t)]
+        x = np.stack(sig, -1) + rng.normal(0, 0.003, (len(t), ch))
+        ext = {"WAV": "wav", "FLAC": "flac", "OGG": "ogg"}[fmt]
+        sf.write(os.path.join(d, f"{name}.{ext}"), x.astype(np.float32), rate, format=fmt, subtype=sub)
+
+
+MAKERS = {"images": make_images, "video": make_video, "dicom": make_dicom, "flow": make_flow,
+          "audio": make_audio}
 
 
 def main(argv: list[str]) -> None:

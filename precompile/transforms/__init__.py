@@ -3,5 +3,6 @@ from __future__ import annotations
 
 from .base import Step, StepParams
 from . import geometric  # noqa: F401  (resize, center_crop, convert)
+from . import audio, temporal, volume  # noqa: F401  (fix_length, windows, clips, lung-CT volume steps)
 
 __all__ = ["Step", "StepParams"]

@@ -1,0 +1,100 @@
+"""Video clip sampling: the expanding ``clips`` step.
+
+One decoded video (T, H, W, C) becomes many clips of ``length`` frames taking
+every ``every``-th frame, a new clip starting every ``stride`` frames. Each clip
+gets the key ``<key>#clip<n>`` and ``meta["clip"]`` = {index, frames (source
+frame indices), fps}; ``index_field`` also stores the indices as an int32 (T,)
+field. Videos shorter than one clip are dropped or padded (``short``), padding
+by repeating the last frame or with black frames (index -1).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+import numpy as np
+from pydantic import Field, field_validator
+
+from ..errors import StepError
+from ..registry import STEPS
+from ..sample import FieldSpec, Sample
+from . import functional as F
+from .base import Step, StepParams
+
+
+@STEPS.register()
+class Clips(Step):
+    """Cut videos into clips: ``length`` frames, ``every`` k-th frame, a clip start every ``stride`` frames."""
+
+    name = "clips"
+    kinds = frozenset({"video"})
+    expands = True
+
+    class Params(StepParams):
+        length: int = Field(ge=1)                 # frames per clip (T)
+        every: int = Field(1, ge=1)               # take every k-th frame inside a clip
+        stride: Optional[int] = Field(None, ge=1)  # frames between clip starts (default: the clip's span, no overlap)
+        short: Literal["drop", "pad"] = "drop"    # videos shorter than one clip span
+        pad: Literal["last", "zero"] = "last"     # how to pad: repeat the last frame, or black frames (index -1)
+        max_clips: Optional[int] = Field(None, ge=1)  # keep at most this many clips per video (the first ones)
+        index_field: Optional[str] = None          # also output the source frame indices as an int32 (T,) field
+
+        @field_validator("index_field")
+        @classmethod
+        def _name(cls, v: Optional[str]) -> Optional[str]:
+            if v is not None and (not v or v.startswith("__")):
+                raise ValueError("must be a plain field name")
+            return v
+
+    @property
+    def span(self) -> int:
+        return (self.params.length - 1) * self.params.every + 1
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        return spec.with_(shape=(self.params.length, *spec.shape[1:]))
+
+    def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
+        out = super().plan(specs)
+        if self.params.index_field is not None:
+            if self.params.index_field in specs:
+                raise ValueError(f"index_field {self.params.index_field!r} clashes with an existing field")
+            out[self.params.index_field] = FieldSpec("index", (self.params.length,), "int32")
+        return out
+
+    def clip_indices(self, n: int) -> list[list[int]]:
+        """Per clip, the positions (into the decoded frames) it takes; may run past ``n`` when padding."""
+        p = self.params
+        stride = p.stride or self.span
+        starts = F.clip_starts(n, self.span, stride, p.short)
+        if p.max_clips is not None:
+            starts = starts[:p.max_clips]
+        return [[s + j * p.every for j in range(p.length)] for s in starts]
+
+    def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
+        specs = {f: FieldSpec(sample.kinds[f], tuple(a.shape), str(a.dtype)) for f, a in sample.fields.items()}
+        targets = self.targets(specs)
+        if not targets:
+            return [sample]
+        n = len(sample.fields[targets[0]])
+        for f in targets[1:]:
+            if len(sample.fields[f]) != n:
+                raise StepError(f"clips: videos differ in length ({targets[0]}: {n}, {f}: "
+                                f"{len(sample.fields[f])} frames)", field=f)
+        src_meta = sample.meta.get(targets[0], {}) if isinstance(sample.meta.get(targets[0]), dict) else {}
+        dec_every = int(src_meta.get("every", 1))
+        fps = src_meta.get("fps")
+        out = []
+        for ci, idx in enumerate(self.clip_indices(n)):
+            new = {}
+            src = None
+            for f in targets:
+                new[f], src = F.take_padded(sample.fields[f], idx, self.params.pad)
+            frames = [i * dec_every if i >= 0 else -1 for i in src]
+            if self.params.index_field is not None:
+                new[self.params.index_field] = np.asarray(frames, dtype=np.int32)
+            kinds = dict(sample.kinds)
+            if self.params.index_field is not None:
+                kinds[self.params.index_field] = "index"
+            meta = dict(sample.meta)
+            meta["clip"] = {"index": ci, "frames": frames, "fps": fps}
+            out.append(sample.replace_fields(new, key=f"{sample.key}#clip{ci}", meta=meta, kinds=kinds))
+        return out

@@ -1,0 +1,400 @@
+"""3D volume steps (kind ``volume`` (D, H, W) and ``volume_mask`` (D, H, W) uint8): the lung-CT pipeline.
+
+``resample_volume`` (to a spacing or a shape, masks nearest-neighbour),
+``hu_window`` and ``standardise`` (intensity), ``lung_mask`` (threshold,
+connected components, hole filling -> a new ``volume_mask`` field),
+``apply_mask``, ``crop_pad_volume`` (centre crop/pad to a fixed shape) and the
+expanding ``patches3d`` (overlapping patches, each a sample with its corner).
+Volume masks have their own kind so 2D steps (which read masks as (H, W, C))
+never touch them. Spacing is read from and written to the decoder's metadata
+(``meta[field]["spacing"]``, [slice, row, col] in mm).
+"""
+from __future__ import annotations
+
+from typing import Any, Literal, Optional
+
+import numpy as np
+from pydantic import Field, field_validator, model_validator
+
+from ..errors import StepError
+from ..registry import STEPS
+from ..sample import FieldSpec, Sample
+from . import functional as F
+from .base import Step, StepParams
+
+VOL = frozenset({"volume", "volume_mask"})
+
+
+def _three(v: Any, kind: type, what: str) -> Any:
+    if v is None:
+        return v
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        v = [v, v, v]
+    if not isinstance(v, (list, tuple)) or len(v) != 3:
+        raise ValueError(f"expected 3 {what} [depth, height, width], got {v!r}")
+    out = [kind(x) for x in v]
+    if any(x <= 0 for x in out):
+        raise ValueError(f"{what} must be positive")
+    return out
+
+
+def _targets_of(step: Step, sample: Sample) -> list[str]:
+    specs = {f: FieldSpec(sample.kinds[f], tuple(a.shape), str(a.dtype)) for f, a in sample.fields.items()}
+    return step.targets(specs)
+
+
+def _spacing_of(sample: Sample, fields: list[str], ref: Optional[str]) -> Optional[list[float]]:
+    for f in ([ref] if ref else fields):
+        m = sample.meta.get(f)
+        if isinstance(m, dict) and m.get("spacing") and all(x is not None for x in m["spacing"]):
+            return [float(x) for x in m["spacing"]]
+    return None
+
+
+@STEPS.register()
+class ResampleVolume(Step):
+    """Resample volumes (and their masks, nearest) to ``spacing: [z, y, x]`` mm or ``shape: [d, h, w]``.
+
+    The spacing comes from ``meta[spacing_from]["spacing"]`` (default: the first
+    targeted field with one); every targeted field gets the same output grid."""
+
+    name = "resample_volume"
+    kinds = VOL
+
+    class Params(StepParams):
+        spacing: Optional[list[float]] = None
+        shape: Optional[list[int]] = None
+        order: int = Field(1, ge=0, le=3)      # spline order for volumes (masks always 0)
+        spacing_from: Optional[str] = None
+
+        @field_validator("spacing", mode="before")
+        @classmethod
+        def _sp(cls, v: Any) -> Any:
+            return _three(v, float, "spacings")
+
+        @field_validator("shape", mode="before")
+        @classmethod
+        def _sh(cls, v: Any) -> Any:
+            if isinstance(v, (list, tuple)) and any(isinstance(x, float) for x in v):
+                raise ValueError("shape must be integers")
+            return _three(v, int, "sizes")
+
+        @model_validator(mode="after")
+        def _one(self):
+            if (self.spacing is None) == (self.shape is None):
+                raise ValueError("give exactly one of spacing, shape")
+            return self
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        return spec.with_(shape=tuple(self.params.shape) if self.params.shape else (None, None, None))
+
+    def sample_params(self, rng: np.random.Generator, sample: Sample, targets: list[str]) -> dict[str, Any]:
+        shape0 = sample.fields[targets[0]].shape
+        for f in targets[1:]:
+            if sample.fields[f].shape != shape0:
+                raise StepError(f"resample_volume: {f} has shape {sample.fields[f].shape}, {targets[0]} "
+                                f"{shape0}; they must share a grid", field=f)
+        if self.params.shape:
+            return {"shape": list(self.params.shape)}
+        sp = _spacing_of(sample, targets, self.params.spacing_from)
+        if sp is None:
+            raise StepError("resample_volume: no spacing in the sample's metadata (decode with dicom/dicom_series, "
+                            "or use shape:)", field=targets[0])
+        return {"shape": list(F.spacing_shape(shape0, sp, self.params.spacing)), "spacing": sp}
+
+    def apply(self, a: np.ndarray, kind: str, shape: list[int], **_: Any) -> np.ndarray:
+        if a.ndim != 3:
+            raise ValueError(f"expected a (D, H, W) volume, got shape {a.shape}")
+        return F.zoom_volume(a, tuple(shape), 0 if kind == "volume_mask" else self.params.order)
+
+    def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
+        targets = _targets_of(self, sample)
+        if not targets:
+            return [sample]
+        prm = self.sample_params(rng, sample, targets)
+        old = sample.fields[targets[0]].shape
+        new = {}
+        for f in targets:
+            try:
+                new[f] = self.apply(sample.fields[f], sample.kinds[f], **prm)
+            except ValueError as e:
+                raise StepError(f"{self.name}: {e}", field=f) from e
+        meta = dict(sample.meta)
+        for f in targets:
+            m = meta.get(f)
+            if isinstance(m, dict) and m.get("spacing"):
+                sp = [None if s is None else float(s) * o / n for s, o, n in zip(m["spacing"], old, prm["shape"])]
+                meta[f] = {**m, "spacing": [None if s is None else round(s, 6) for s in sp], "shape": prm["shape"]}
+        return [sample.replace_fields(new, meta=meta)]
+
+
+@STEPS.register()
+class HuWindow(Step):
+    """Clip volumes to a HU window and scale to [0, 1] float32 (or 0..255 uint8).
+
+    ``window: [lo, hi]`` or ``level`` + ``width`` (lung: level -600, width 1500)."""
+
+    name = "hu_window"
+    kinds = frozenset({"volume"})
+
+    class Params(StepParams):
+        window: Optional[list[float]] = None
+        level: Optional[float] = None
+        width: Optional[float] = Field(None, gt=0)
+        dtype: Literal["float32", "uint8"] = "float32"
+
+        @model_validator(mode="after")
+        def _one(self):
+            if self.window is not None:
+                if len(self.window) != 2 or self.window[1] <= self.window[0]:
+                    raise ValueError("window must be [lo, hi] with lo < hi")
+                if self.level is not None or self.width is not None:
+                    raise ValueError("give window or level+width, not both")
+            elif self.level is None or self.width is None:
+                raise ValueError("give window: [lo, hi] or both level and width")
+            return self
+
+    def bounds(self) -> tuple[float, float]:
+        p = self.params
+        if p.window is not None:
+            return p.window[0], p.window[1]
+        return p.level - p.width / 2, p.level + p.width / 2
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        return spec.with_(dtype=self.params.dtype)
+
+    def apply(self, a: np.ndarray, kind: str, **_: Any) -> np.ndarray:
+        return F.hu_window(a, *self.bounds(), self.params.dtype)
+
+
+@STEPS.register()
+class Standardise(Step):
+    """(x - mean) / std as float32: fixed ``mean``/``std``, or ``per_sample: true`` (the volume's own,
+    optionally inside ``mask``)."""
+
+    name = "standardise"
+    kinds = frozenset({"volume"})
+
+    class Params(StepParams):
+        mean: Optional[float] = None
+        std: Optional[float] = Field(None, gt=0)
+        per_sample: bool = False
+        mask: Optional[str] = None      # with per_sample: statistics over voxels where this mask is set
+
+        @model_validator(mode="after")
+        def _one(self):
+            if self.per_sample == (self.mean is not None or self.std is not None):
+                raise ValueError("give mean and std, or per_sample: true")
+            if not self.per_sample and (self.mean is None or self.std is None):
+                raise ValueError("give both mean and std")
+            return self
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        return spec.with_(dtype="float32")
+
+    def sample_params(self, rng: np.random.Generator, sample: Sample, targets: list[str]) -> dict[str, Any]:
+        if not self.params.per_sample:
+            return {}
+        m = None
+        if self.params.mask is not None:
+            if self.params.mask not in sample.fields:
+                raise StepError(f"standardise: no mask field {self.params.mask!r}", field=self.params.mask)
+            m = sample.fields[self.params.mask] > 0
+        return {"mask": m}
+
+    def apply(self, a: np.ndarray, kind: str, mask: Optional[np.ndarray] = None, **_: Any) -> np.ndarray:
+        if not self.params.per_sample:
+            return F.standardise(a, self.params.mean, self.params.std)
+        x = a[mask] if mask is not None and mask.shape == a.shape and mask.any() else a
+        x = x.astype(np.float64)
+        return F.standardise(a, float(x.mean()), float(x.std()) or 1.0)
+
+
+@STEPS.register()
+class LungMask(Step):
+    """Make a lung mask from a HU volume: air below ``threshold`` not connected to the outside, the
+    ``components`` largest 3D components, holes filled -> new (D, H, W) uint8 field ``out``."""
+
+    name = "lung_mask"
+    kinds = frozenset({"volume"})
+
+    class Params(StepParams):
+        out: str = "lung_mask"
+        threshold: float = -320.0
+        components: int = Field(2, ge=1)
+        min_fraction: float = Field(0.001, ge=0, le=1)
+        closing: int = Field(1, ge=0, le=5)
+        fill_holes: bool = True
+
+    def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
+        t = self.targets(specs)
+        if len(t) != 1:
+            raise ValueError(f"needs exactly one volume field (found {t}); set fields: [name]")
+        if self.params.out in specs:
+            raise ValueError(f"out field {self.params.out!r} already exists")
+        out = dict(specs)
+        out[self.params.out] = FieldSpec("volume_mask", specs[t[0]].shape, "uint8")
+        return out
+
+    def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
+        t = _targets_of(self, sample)
+        if len(t) != 1:
+            raise StepError(f"lung_mask: needs exactly one volume field, found {t}")
+        p = self.params
+        try:
+            m = F.lung_mask(sample.fields[t[0]], p.threshold, p.components, p.min_fraction, p.fill_holes, p.closing)
+        except ValueError as e:
+            raise StepError(f"lung_mask: {e}", field=t[0]) from e
+        kinds = dict(sample.kinds)
+        kinds[p.out] = "volume_mask"
+        meta = dict(sample.meta)
+        if isinstance(meta.get(t[0]), dict):
+            meta[p.out] = {"spacing": meta[t[0]].get("spacing"), "voxels": int(m.sum())}
+        return [sample.replace_fields({p.out: m}, kinds=kinds, meta=meta)]
+
+
+@STEPS.register()
+class ApplyMask(Step):
+    """Set volume voxels outside ``mask`` (a volume_mask field) to ``fill``."""
+
+    name = "apply_mask"
+    kinds = frozenset({"volume"})
+
+    class Params(StepParams):
+        mask: str = "lung_mask"
+        fill: float = 0.0
+
+    def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
+        if self.params.mask not in specs:
+            raise ValueError(f"no mask field {self.params.mask!r} (fields: {', '.join(specs)})")
+        if specs[self.params.mask].kind != "volume_mask":
+            raise ValueError(f"{self.params.mask!r} is a {specs[self.params.mask].kind}, not a volume_mask")
+        return super().plan(specs)
+
+    def sample_params(self, rng: np.random.Generator, sample: Sample, targets: list[str]) -> dict[str, Any]:
+        if self.params.mask not in sample.fields:
+            raise StepError(f"apply_mask: no mask field {self.params.mask!r}")
+        return {"mask": sample.fields[self.params.mask]}
+
+    def apply(self, a: np.ndarray, kind: str, mask: np.ndarray, **_: Any) -> np.ndarray:
+        if mask.shape != a.shape:
+            raise ValueError(f"mask shape {mask.shape} differs from the volume's {a.shape}")
+        return np.where(mask > 0, a, np.asarray(self.params.fill).astype(a.dtype)).astype(a.dtype)
+
+
+@STEPS.register()
+class CropPadVolume(Step):
+    """Centre-crop or pad volumes and their masks to ``shape: [d, h, w]`` (volumes padded with
+    ``pad_value``, masks with 0)."""
+
+    name = "crop_pad_volume"
+    kinds = VOL
+
+    class Params(StepParams):
+        shape: list[int]
+        pad_value: float = 0.0
+
+        @field_validator("shape", mode="before")
+        @classmethod
+        def _sh(cls, v: Any) -> Any:
+            return _three(v, int, "sizes")
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        return spec.with_(shape=tuple(self.params.shape))
+
+    def apply(self, a: np.ndarray, kind: str, **_: Any) -> np.ndarray:
+        if a.ndim != 3:
+            raise ValueError(f"expected a (D, H, W) volume, got shape {a.shape}")
+        return F.pad_crop_center(a, tuple(self.params.shape), self.params.pad_value if kind == "volume" else 0)[0]
+
+
+@STEPS.register()
+class Patches3d(Step):
+    """Cut overlapping 3D patches of ``size`` every ``stride``: one volume -> many samples.
+
+    Every volume/mask field is cut at the same corners; each patch sample gets the
+    key ``<key>#p<n>``, ``meta["patch"]`` = {index, corner, size} and, with
+    ``corner_field``, an int32 (3,) field of its corner. ``mask`` +
+    ``min_fraction`` keep only patches where that much of the mask is set. Volumes
+    smaller than a patch are padded (``pad_value``) when ``pad: true``, else dropped."""
+
+    name = "patches3d"
+    kinds = VOL
+    expands = True
+
+    class Params(StepParams):
+        size: list[int]
+        stride: Optional[list[int]] = None     # default: size (no overlap)
+        pad: bool = True
+        pad_value: float = 0.0
+        mask: Optional[str] = None
+        min_fraction: float = Field(0.0, ge=0, le=1)
+        max_patches: Optional[int] = Field(None, ge=1)
+        corner_field: Optional[str] = None
+
+        @field_validator("size", "stride", mode="before")
+        @classmethod
+        def _sh(cls, v: Any) -> Any:
+            return _three(v, int, "sizes")
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        return spec.with_(shape=tuple(self.params.size))
+
+    def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
+        if self.params.mask is not None and self.params.mask not in specs:
+            raise ValueError(f"no mask field {self.params.mask!r}")
+        out = super().plan(specs)
+        if self.params.corner_field is not None:
+            if self.params.corner_field in specs:
+                raise ValueError(f"corner_field {self.params.corner_field!r} clashes with an existing field")
+            out[self.params.corner_field] = FieldSpec("index", (3,), "int32")
+        return out
+
+    def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
+        p = self.params
+        targets = _targets_of(self, sample)
+        if not targets:
+            return [sample]
+        shape = sample.fields[targets[0]].shape
+        for f in targets[1:]:
+            if sample.fields[f].shape != shape:
+                raise StepError(f"patches3d: {f} has shape {sample.fields[f].shape}, {targets[0]} {shape}", field=f)
+        if len(shape) != 3:
+            raise StepError(f"patches3d: expected (D, H, W) volumes, got {shape}", field=targets[0])
+        size = tuple(p.size)
+        arrays = {f: sample.fields[f] for f in targets}
+        if p.mask is not None and p.mask not in targets:
+            if p.mask not in sample.fields:
+                raise StepError(f"patches3d: no mask field {p.mask!r}")
+            arrays[p.mask] = sample.fields[p.mask]
+        offset = (0, 0, 0)
+        if any(n < s for n, s in zip(shape, size)):
+            if not p.pad:
+                return []
+            grown = tuple(max(n, s) for n, s in zip(shape, size))
+            padded = {}
+            for f, a in arrays.items():
+                padded[f], offset = F.pad_crop_center(a, grown, p.pad_value if sample.kinds[f] == "volume" else 0)
+            arrays = padded
+            shape = grown
+        corners = F.patch_corners(shape, size, tuple(p.stride or size))
+        out = []
+        n = 0
+        for c in corners:
+            sl = tuple(slice(a, a + s) for a, s in zip(c, size))
+            if p.mask is not None and p.min_fraction > 0:
+                if np.count_nonzero(arrays[p.mask][sl]) < p.min_fraction * np.prod(size):
+                    continue
+            new = {f: np.ascontiguousarray(arrays[f][sl]).copy() for f in targets}
+            corner = [int(a + o) for a, o in zip(c, offset)]   # in the input volume's voxel grid
+            kinds = sample.kinds
+            if p.corner_field is not None:
+                new[p.corner_field] = np.asarray(corner, np.int32)
+                kinds = {**kinds, p.corner_field: "index"}
+            meta = dict(sample.meta)
+            meta["patch"] = {"index": n, "corner": corner, "size": list(size)}
+            out.append(sample.replace_fields(new, key=f"{sample.key}#p{n}", meta=meta, kinds=kinds))
+            n += 1
+            if p.max_patches is not None and n >= p.max_patches:
+                break
+        return out

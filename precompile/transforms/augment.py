@@ -129,9 +129,10 @@ def warp_affine(a: np.ndarray, kind: str, M: np.ndarray, fill: float = 0, interp
         return remap_nearest(a, mx, my, np.nan if kind == "flow" else fill)
     if kind == "flow":
         valid = np.isfinite(a).all(axis=-1)
-        f = np.where(valid[..., None], a, 0).astype(np.float32)
-        num = _remap_linear(f, mx, my, 0.0, "linear")
-        den = _remap_linear(valid.astype(np.float32)[..., None], mx, my, 0.0, "linear")
+        # one 3-channel call for (u, v, valid): OpenCV treats edges differently per channel count
+        f = np.dstack([np.where(valid[..., None], a, 0), valid[..., None]]).astype(np.float32)
+        r = _remap_linear(f, mx, my, 0.0, "linear")
+        num, den = r[..., :2], r[..., 2:]
         out = np.where(den > 1e-3, num / np.maximum(den, 1e-3), np.nan).astype(np.float32)
         lin = M[:, :2].astype(np.float32)
         return (out @ lin.T).astype(np.float32)
@@ -845,18 +846,20 @@ class TimeShift(RandomStep):
 # volumes
 # ==================================================================================
 class _Volume(RandomStep):
-    """3D steps on (D, H, W) volumes; a mask field goes along when it has a volume's rank."""
+    """3D steps on (D, H, W) volumes; a mask field goes along when it has a volume's shape."""
 
     kinds = VOLUME
 
     def targets(self, specs: dict[str, FieldSpec]) -> list[str]:
         if self.params.fields is not None:
             return super().targets(specs)
-        vols = [f for f, s in specs.items() if s.kind == "volume"]
-        if not vols:
-            return []
-        ranks = {len(specs[f].shape) for f in vols}
-        return [f for f, s in specs.items() if s.kind == "volume" or (s.kind == "mask" and len(s.shape) in ranks)]
+        vols = [specs[f].shape for f in specs if specs[f].kind == "volume"]
+
+        def fits(shape: tuple) -> bool:  # a mask of a volume's shape (a 2D (H, W, 1) mask is not)
+            return any(len(v) == len(shape) and all(a is None or b is None or a == b for a, b in zip(v, shape))
+                       for v in vols)
+
+        return [f for f, s in specs.items() if s.kind == "volume" or (s.kind == "mask" and vols and fits(s.shape))]
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         if len(spec.shape) < 3:

@@ -489,3 +489,25 @@ def test_copies_module_needs_neither_torch_nor_h5py():
             "assert 'torch' not in sys.modules and 'h5py' not in sys.modules, sorted(sys.modules)")
     env = dict(os.environ, PYTHONPATH=REPO)
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+@pytest.mark.parametrize("name,params,factory", [
+    ("random_flip", {"horizontal": 1.0, "vertical": 1.0}, coord_sample),
+    ("random_affine", {"degrees": 30, "scale": [0.5, 2.0], "translate": 0.2}, coord_sample),
+    ("color_jitter", {"brightness": 0.5, "contrast": 0.5, "saturation": 0.5}, coord_sample),
+    ("gaussian_noise", {"std": 5.0}, coord_sample),
+    ("random_flip3d", {"prob": 1.0}, volume_sample),
+    ("random_rot90", {"k": [2]}, volume_sample),
+    ("elastic", {"magnitude": 3.0}, volume_sample),
+    ("random_gain", {"db": [3, 6]}, lambda: Sample("w", {"audio": np.ones((1, 50), np.float32)}, {"audio": "audio"})),
+    ("time_shift", {"max_shift": 10}, lambda: Sample("w", {"audio": np.arange(50, dtype=np.float32)[None]},
+                                                     {"audio": "audio"})),
+])
+def test_original_copy_of_pointwise_steps_is_the_input(name, params, factory):
+    s = factory()
+    (o,) = step(name, **params).run_original(s)
+    for f, a in s.fields.items():
+        assert o.fields[f].tobytes() == a.tobytes(), f
+    assert o.meta["augment"][0]["step"] == name
+    (r,) = step(name, **params).run(factory(), rng_for(0, s.key, 1))  # while a drawn copy changes something
+    assert any(r.fields[f].tobytes() != a.tobytes() for f, a in s.fields.items())

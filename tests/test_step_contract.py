@@ -23,6 +23,7 @@ from precompile import format as fmt
 from precompile.registry import STEPS, load_builtins
 from precompile.sample import FieldSpec, Sample
 from precompile.seeding import rng_for
+from precompile.transforms.augment import RandomStep, replay_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
@@ -47,6 +48,8 @@ CASES, MODULES = _collect()
 PARAMS = [pytest.param(name, params, factory, id=f"{name}-{i}")
           for name, entries in sorted(CASES.items()) for i, (params, factory) in enumerate(entries)]
 RANDOM = [p for p in PARAMS if p.values[0] in STEPS and STEPS.get(p.values[0]).random]
+REPLAYABLE = [p for p in RANDOM if not STEPS.get(p.values[0]).expands]
+NEUTRAL = [p for p in RANDOM if issubclass(STEPS.get(p.values[0]), RandomStep)]
 
 
 def _make(name: str, params: dict):
@@ -145,20 +148,24 @@ def test_random_step_records_and_varies(name, params, factory):
     assert len(set(outs)) > 1, f"{name}: 8 seeds gave the same output; the step ignores its rng"
 
 
-@pytest.mark.parametrize("name,params,factory", RANDOM)
+@pytest.mark.parametrize("name,params,factory", REPLAYABLE)
 def test_random_step_replays_from_record(name, params, factory):
     step = _make(name, params)
-    if not hasattr(step, "replay"):
-        pytest.skip(f"{name} has no replay method (not an augment.RandomStep)")
     key = factory().key
     for seed in range(3):
         (out,) = step.run(factory(), rng_for(seed, key, 1))
         rec = fmt.loads(fmt.dumps(out.meta["augment"][-1]))  # as stored: through JSON
         rec.pop("step")
-        again = step.replay(factory(), rec)
+        again = replay_step(step, factory(), rec)
         assert _snapshot(again) == _snapshot(out)
-        # the neutral original has the declared shape too
-        (orig,) = step.run_original(factory())
-        declared = step.plan(_specs(factory()))
-        for f, a in orig.fields.items():
-            assert all(e is None or e == n for e, n in zip(declared[f].shape, a.shape))
+
+
+@pytest.mark.parametrize("name,params,factory", NEUTRAL)
+def test_neutral_original_has_the_declared_shape(name, params, factory):
+    step = _make(name, params)
+    declared = step.plan(_specs(factory()))
+    (orig,) = step.run_original(factory())
+    for f, a in orig.fields.items():
+        assert str(a.dtype) == declared[f].dtype
+        assert all(e is None or e == n for e, n in zip(declared[f].shape, a.shape)), (f, a.shape, declared[f].shape)
+    assert orig.meta["augment"][-1]["step"] == name

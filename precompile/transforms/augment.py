@@ -134,8 +134,9 @@ def warp_affine(a: np.ndarray, kind: str, M: np.ndarray, fill: float = 0, interp
         r = _remap_linear(f, mx, my, 0.0, "linear")
         num, den = r[..., :2], r[..., 2:]
         out = np.where(den > 1e-3, num / np.maximum(den, 1e-3), np.nan).astype(np.float32)
-        lin = M[:, :2].astype(np.float32)
-        return (out @ lin.T).astype(np.float32)
+        (a00, a01), (a10, a11) = (np.float32(x) for x in M[0, :2]), (np.float32(x) for x in M[1, :2])
+        u, v = out[..., 0], out[..., 1]  # elementwise, not matmul: no BLAS in the byte path
+        return np.stack([a00 * u + a01 * v, a10 * u + a11 * v], axis=-1).astype(np.float32)
     return _remap_linear(a, mx, my, fill, interpolation)
 
 
@@ -146,7 +147,9 @@ def _dtype_clip(f: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return f.astype(dtype)
 
 
-_GRAY = np.array([0.299, 0.587, 0.114], dtype=np.float32)
+def _gray(f: np.ndarray) -> np.ndarray:
+    """ITU-R 601 luma of float (..., 3) pixels; elementwise (no BLAS: same bytes on any thread count)."""
+    return f[..., 0] * np.float32(0.299) + f[..., 1] * np.float32(0.587) + f[..., 2] * np.float32(0.114)
 
 
 def color_jitter(a: np.ndarray, kind: str, brightness: float = 1.0, contrast: float = 1.0,
@@ -163,13 +166,13 @@ def color_jitter(a: np.ndarray, kind: str, brightness: float = 1.0, contrast: fl
     if brightness != 1.0:
         f = f * np.float32(brightness)
     if contrast != 1.0:
-        gray = f @ _GRAY if cc == 3 else f[..., 0]
+        gray = _gray(f) if cc == 3 else f[..., 0]
         axes = (-2, -1) if kind != "video" else (1, 2)
         m = gray.mean(axis=axes, dtype=np.float64).astype(np.float32)
         m = m[..., None, None, None] if kind == "video" else m
         f = f * np.float32(contrast) + m * np.float32(1 - contrast)
     if saturation != 1.0 and cc == 3:
-        gray = (f @ _GRAY)[..., None]
+        gray = _gray(f)[..., None]
         f = f * np.float32(saturation) + gray * np.float32(1 - saturation)
     out = a.copy()
     out[..., :cc] = _dtype_clip(f, a.dtype)
@@ -232,14 +235,21 @@ def rot90(a: np.ndarray, k: int, plane: Sequence[int]) -> np.ndarray:
 def elastic_displacement(shape: Sequence[int], grid: int, magnitude: float, seed: int) -> np.ndarray:
     """A smooth (3, D, H, W) float32 displacement: a ``grid``^3 lattice of N(0, magnitude)
     voxel offsets from ``default_rng(seed)``, upsampled with cubic splines."""
+    coarse = np.random.default_rng(seed).standard_normal((3, grid, grid, grid)) * magnitude
+    wz, wy, wx = (_spline_matrix(int(n), grid) for n in shape[:3])
+    # cubic-spline upsampling is separable: one small matrix per axis. Plain einsum loops (no
+    # BLAS, whose thread count could change the summation order and so the bytes)
+    t = np.einsum("ck,dijk->dijc", wx, coarse, optimize=False)
+    t = np.einsum("bj,dijc->dibc", wy, t, optimize=False)
+    return np.einsum("ai,dibc->dabc", wz, t, optimize=False).astype(np.float32)
+
+
+def _spline_matrix(n: int, g: int) -> np.ndarray:
+    """(n, g): row i weights the g lattice values for output position i (``ndimage.zoom``, cubic)."""
     from scipy import ndimage
 
-    coarse = np.random.default_rng(seed).standard_normal((3, grid, grid, grid)) * magnitude
-    out = np.empty((3, *shape[:3]), dtype=np.float32)
-    for i in range(3):
-        out[i] = ndimage.zoom(coarse[i], [s / grid for s in shape[:3]], order=3, mode="nearest",
-                              output=np.float64)[:shape[0], :shape[1], :shape[2]]
-    return out
+    eye = np.eye(g)
+    return np.stack([ndimage.zoom(eye[j], n / g, order=3, mode="nearest")[:n] for j in range(g)], axis=1)
 
 
 def elastic(a: np.ndarray, kind: str, grid: int, magnitude: float, seed: int) -> np.ndarray:
@@ -993,6 +1003,27 @@ class Elastic(_Volume):
 # ==================================================================================
 # replay
 # ==================================================================================
+def replay_step(step: Step, sample: Sample, params: dict[str, Any]) -> Sample:
+    """Apply one random step's recorded ``params`` (its record without ``"step"``) to ``sample``.
+
+    Steps of this module use :meth:`RandomStep.replay`; any other non-expanding random step is
+    replayed the way ``Step.run`` applies parameters: ``apply(array, kind, **params)`` on every
+    target field, the record appended to ``meta["augment"]``.
+    """
+    if isinstance(step, RandomStep):
+        return step.replay(sample, params)
+    if step.expands:
+        raise ValueError(f"step {step.name!r} expands samples and cannot be replayed from records")
+    targets = step.targets(_specs_of(sample))
+    if not targets:
+        return sample
+    new = {f: step.apply(sample.fields[f], sample.kinds[f], **params) for f in targets}
+    meta = dict(sample.meta)
+    if params:
+        meta["augment"] = [*meta.get("augment", []), {"step": step.name, **params}]
+    return sample.replace_fields(new, meta=meta)
+
+
 def replay(steps: Sequence[Step], sample: Sample, records: Sequence[dict[str, Any]]) -> list[Sample]:
     """Re-run ``steps`` on a decoded ``sample`` with the random steps' recorded parameters
     (``meta["augment"]`` of a stored sample) instead of new draws; returns the samples the
@@ -1007,9 +1038,7 @@ def replay(steps: Sequence[Step], sample: Sample, records: Sequence[dict[str, An
             if not step.random:
                 out.extend(step.run(s, _NoRng()))  # type: ignore[arg-type]
                 continue
-            if not isinstance(step, RandomStep):
-                raise ValueError(f"step {step.name!r} cannot be replayed from records")
-            if not step._targets(s):
+            if not step.targets(_specs_of(s)):
                 out.append(s)
                 continue
             if not todo:
@@ -1018,7 +1047,7 @@ def replay(steps: Sequence[Step], sample: Sample, records: Sequence[dict[str, An
             name = rec.pop("step", None)
             if name != step.name:
                 raise ValueError(f"the next record is for {name!r}, not {step.name!r}")
-            out.append(step.replay(s, rec))
+            out.append(replay_step(step, s, rec))
         samples = out
     if todo:
         raise ValueError(f"{len(todo)} record(s) left over after the last step")

@@ -55,6 +55,9 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float]) -> Sample
 
 
 def copy_indices(recipe: Recipe) -> list[int]:
+    """The copy indices written per input. ``copies: 0``: one sample, copy 0, that goes through
+    every step (random ones included, drawn with copy index 0). ``copies: K``: copies 1..K
+    augmented, preceded by copy 0, the un-augmented original, when ``keep_original``."""
     m = recipe.model
     if m.copies == 0:
         return [0]
@@ -65,13 +68,16 @@ def run_steps(recipe: Recipe, sample: Sample, copy: int, item: Item, timings: di
     t0 = time.perf_counter()
     rng = rng_for(recipe.seed, item.key, copy)
     samples = [Sample(sample.key, dict(sample.fields), dict(sample.kinds), dict(sample.meta), copy)]
+    original = copy == 0 and recipe.model.copies > 0  # the un-augmented original
     for i, step in enumerate(recipe.steps):
-        if step.random and copy == 0 and recipe.model.copies > 0:
-            continue  # copy 0 is the un-augmented original
+        run_original = getattr(step, "run_original", None) if original and step.random else None
+        if original and step.random and run_original is None:
+            continue  # a random step without a neutral form is skipped for the original
         out = []
         for s in samples:
             try:
-                out.extend(step.run(s, rng))
+                # random steps run with neutral parameters (no flip, centred crop) so shapes match
+                out.extend(run_original(s) if run_original is not None else step.run(s, rng))
             except InputError as e:
                 raise e.with_context(path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
                                      stage=f"steps[{i}] {step.name}", key=item.key) from e.__cause__

@@ -316,7 +316,7 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, schedule
             if cluster is not None:
                 cluster.close()
         return
-    from joblib.externals.loky.process_executor import TerminatedWorkerError
+    from joblib.externals.loky.process_executor import BrokenProcessPool, TerminatedWorkerError
 
     # A dead loky worker breaks the whole pool and loky does not say which task it ran. The shards it
     # (and the workers loky stopped with it) were building are those with a temporary file left behind;
@@ -350,6 +350,9 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, schedule
                     yield _dead_worker_result(s, why)
             isolated.update(s.index for s, _ in hit)
             remaining = [(s, p) for s, p in left if s.index not in done]
+        except BrokenProcessPool as e:  # e.g. a task that cannot be unpickled in a worker (a plugin it cannot import)
+            raise BuildError(f"the worker processes failed: {e}; finished shards are kept, run build again "
+                             f"(with -j 1 to see the cause)") from None
 
 
 __all__ = ["build", "output_paths", "PlanError"]

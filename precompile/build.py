@@ -3,6 +3,21 @@
 Shards whose stored key matches are skipped (incremental, resumable); the rest
 run as joblib tasks (in-process for one job, loky workers locally, or a dask
 cluster). The index and the build report are written last.
+
+Guarantees kept here:
+
+- resume: stray ``*.tmp-*`` files of a killed build are removed, the old index
+  is removed before any shard is rebuilt, shards are renamed into place only
+  when complete, and the index is written last; a rerun redoes only the shards
+  that are missing or whose key changed.
+- reuse: a shard whose key matches one in a sibling output folder (same recipe,
+  other output name) is hard-linked (or copied) instead of rebuilt.
+- error policy: failed inputs (and those skipped by earlier incremental builds,
+  read from each shard's ``.skipped.json`` sidecar) are listed in the report;
+  ``max_failures`` stops the build; a loky worker that dies has its shards
+  retried once with decoding isolated in a helper process, so a crashing codec
+  fails only its input, and a second death fails the shard with a message that
+  names it and its inputs.
 """
 from __future__ import annotations
 
@@ -10,15 +25,18 @@ import datetime as _dt
 import glob
 import json
 import os
+import re
+import shutil
 import sys
 import time
 import types
+import warnings
 from typing import Any, Optional
 
 from . import __version__
 from . import format as fmt
-from .cache import shard_key
-from .engine import run_shard
+from .cache import find_reusable, recipe_key, shard_key
+from .engine import read_skipped, run_shard, shutdown_isolated, skipped_path
 from .errors import BuildError, PlanError, RecipeError
 from .plan import Plan, make_plan
 from .recipe import Recipe, load_recipe
@@ -71,10 +89,16 @@ def output_paths(recipe: Recipe, out_dir: str) -> tuple[str, str]:
 
 def build(recipe: Recipe | str | os.PathLike, out_dir: str | os.PathLike = "build", n_jobs: int = 1,
           force: bool = False, progress: bool = False, scheduler: Optional[str] = None,
-          content_hash: bool = False, log=print) -> dict[str, Any]:
-    """Build a recipe into ``out_dir``; returns the build report (also written as JSON)."""
+          content_hash: bool = False, log=print, on_error: Optional[str] = None,
+          max_failures: Optional[int] = None, timeout_s: Optional[float] = None) -> dict[str, Any]:
+    """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
+
+    ``on_error``, ``max_failures`` and ``timeout_s`` override the recipe's keys of
+    the same names (they do not change any shard's key).
+    """
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe)
+    recipe = with_policy(recipe, on_error=on_error, max_failures=max_failures, timeout_s=timeout_s)
     t_start = time.perf_counter()
     plan = make_plan(recipe)
     check_plan(plan)
@@ -83,31 +107,42 @@ def build(recipe: Recipe | str | os.PathLike, out_dir: str | os.PathLike = "buil
     os.makedirs(shard_dir, exist_ok=True)
     writer = WRITERS.get(recipe.model.output.format)()
     rhash = recipe.content_hash()
+    skey = recipe_key(recipe)
     chunking = chunking_for(plan)
 
     # stray temporaries from a killed build, and shards beyond the plan's count
-    for p in glob.glob(os.path.join(shard_dir, "*.tmp-*")):
+    for p in glob.glob(os.path.join(glob.escape(shard_dir), "*.tmp-*")):
         _remove(p)  # a file, or a shard folder
     names = {fmt.shard_file_name(s.index, writer.shard_ext) for s in plan.shards}
-    for p in glob.glob(os.path.join(shard_dir, "shard-*")):
+    names |= {skipped_path(n) for n in names}
+    for p in glob.glob(os.path.join(glob.escape(shard_dir), "shard-*")):
         if os.path.basename(p) not in names:
             _remove(p)
 
     keys, todo, infos = {}, [], {}
+    failures: list[dict[str, Any]] = []
+    reused = 0
     for s in plan.shards:
-        keys[s.index] = shard_key(plan, s, rhash, content=content_hash)
+        keys[s.index] = shard_key(plan, s, skey, content=content_hash)
         path = os.path.join(shard_dir, fmt.shard_file_name(s.index, writer.shard_ext))
         info = None if force else writer.read_shard_info(path)
+        if not force and (info is None or info["key"] != keys[s.index]):
+            src = find_reusable(out_dir, shard_dir, os.path.basename(path), keys[s.index], writer)
+            if src is not None and _link_shard(src, path):
+                reused += 1
+                info = writer.read_shard_info(path)
         if info is not None and info["key"] == keys[s.index]:
             infos[s.index] = info
+            failures.extend(f | {"previous_build": True} for f in read_skipped(path, keys[s.index]))
         else:
             todo.append((s, path))
     if todo and os.path.exists(index_path):
         os.remove(index_path)  # never leave an index that points at shards being rebuilt
 
     timings = {"decode": 0.0, "steps": 0.0, "write": 0.0}
-    failures: list[dict[str, Any]] = []
     failed_shards: list[int] = []
+    events: list[str] = []
+    mf = recipe.model.max_failures
     bar = None
     if progress:
         from tqdm import tqdm
@@ -115,7 +150,7 @@ def build(recipe: Recipe | str | os.PathLike, out_dir: str | os.PathLike = "buil
         bar = tqdm(total=len(plan.items), unit="input", desc=recipe.name, dynamic_ncols=True)
         bar.update(sum(len(s.items) for s in plan.shards if s.index in infos))
     try:
-        for res in _run(recipe, todo, keys, plan, chunking, n_jobs, scheduler):
+        for res in _run(recipe, todo, keys, plan, chunking, n_jobs, scheduler, events):
             for k in timings:
                 timings[k] += res["timings"][k]
             failures.extend(res["failures"])
@@ -123,12 +158,11 @@ def build(recipe: Recipe | str | os.PathLike, out_dir: str | os.PathLike = "buil
                 bar.update(len(plan.shards[res["index"]].items))
             if res["status"] == "failed":
                 failed_shards.append(res["index"])
-                if recipe.model.on_error == "fail":
+                if recipe.model.on_error == "fail" or any(f.get("policy") for f in res["failures"]):
                     break
             else:
                 infos[res["index"]] = {k: res[k] for k in ("num_samples", "bytes", "checksums")} | {"key": keys[res["index"]]}
-            mf = recipe.model.max_failures
-            if mf is not None and len(failures) > mf:
+            if mf is not None and _count_inputs(failures) > mf:
                 break
     finally:
         if bar is not None:
@@ -138,22 +172,28 @@ def build(recipe: Recipe | str | os.PathLike, out_dir: str | os.PathLike = "buil
     report: dict[str, Any] = {
         "name": recipe.output_name, "recipe": recipe.source, "recipe_hash": rhash, "output": index_path,
         "format": recipe.model.output.format, "jobs": n_jobs, "inputs": len(plan.items),
-        "shards": {"total": len(plan.shards), "built": len(todo) - len(failed_shards), "skipped": len(plan.shards) - len(todo),
-                   "failed": len(failed_shards)},
-        "failures": failures, "stage_seconds": {k: round(v, 4) for k, v in timings.items()},
+        "shards": {"total": len(plan.shards), "built": len(todo) - len(failed_shards),
+                   "skipped": len(plan.shards) - len(todo), "reused": reused, "failed": len(failed_shards)},
+        "failures": failures, "skipped_inputs": _count_inputs(failures), "events": events,
+        "on_error": recipe.model.on_error, "stage_seconds": {k: round(v, 4) for k, v in timings.items()},
         "wall_seconds": round(wall, 4), "precompile_version": __version__, "status": "ok",
     }
-    mf = recipe.model.max_failures
-    too_many = mf is not None and len(failures) > mf
+    n_bad = _count_inputs(failures)
+    too_many = mf is not None and n_bad > mf
     if failed_shards or too_many:
         report["status"] = "failed"
         report["shards"]["built"] = sum(1 for s in plan.shards if s.index in infos) - report["shards"]["skipped"]
         _write_report(index_path, report)
-        first = failures[0]["message"] if failures else "unknown error"
-        why = (f"{len(failures)} inputs failed, more than max_failures={mf}" if too_many and not failed_shards
-               else f"{len(failed_shards)} shard(s) failed")
+        inputs = [f for f in failures if not f.get("policy")]
+        first = (inputs or failures)[0]["message"] if failures else "unknown error"
+        if too_many:
+            why = f"{n_bad} input(s) failed, more than max_failures={mf}"
+            hint = "fix the inputs or raise max_failures"
+        else:
+            why = f"{len(failed_shards)} shard(s) failed"
+            hint = "fix the input (or set on_error: skip)"
         raise BuildError(f"build of {recipe.name!r} stopped: {why}; first error: {first}. "
-                         f"Finished shards are kept; fix the input (or set on_error: skip) and run build again.")
+                         f"Finished shards are kept; {hint} and run build again.")
 
     shards = []
     for s in plan.shards:
@@ -179,10 +219,45 @@ def build(recipe: Recipe | str | os.PathLike, out_dir: str | os.PathLike = "buil
     return report
 
 
+def with_policy(recipe: Recipe, on_error: Optional[str] = None, max_failures: Optional[int] = None,
+                timeout_s: Optional[float] = None) -> Recipe:
+    """``recipe`` with its error policy keys overridden (None keeps the recipe's value)."""
+    upd = {k: v for k, v in (("on_error", on_error), ("max_failures", max_failures), ("timeout_s", timeout_s))
+           if v is not None}
+    if not upd:
+        return recipe
+    try:
+        model = type(recipe.model).model_validate(recipe.model.model_dump() | upd)
+    except Exception as e:  # pydantic ValidationError: an option value out of range
+        raise RecipeError(f"bad option value {upd}: {e}", source=recipe.source) from None
+    return Recipe(model, source=recipe.source, base_dir=recipe.base_dir)
+
+
+def _count_inputs(failures: list[dict[str, Any]]) -> int:
+    """Failed inputs (policy notes such as 'stopped after max_failures' are not inputs)."""
+    return sum(1 for f in failures if not f.get("policy"))
+
+
+def _link_shard(src: str, dst: str) -> bool:
+    """Put a finished shard (and its sidecar) at ``dst`` atomically: hard link, or copy."""
+    ok = False
+    for a, b in ((skipped_path(src), skipped_path(dst)), (src, dst)):  # sidecar first, shard last
+        if not os.path.exists(a):
+            if a == src:
+                return False
+            continue
+        tmp = f"{b}.tmp-{os.getpid()}"
+        try:
+            os.link(a, tmp)
+        except OSError:
+            shutil.copyfile(a, tmp)
+        os.replace(tmp, b)
+        ok = True
+    return ok
+
+
 def _remove(path: str) -> None:
     if os.path.isdir(path):
-        import shutil
-
         shutil.rmtree(path)
     else:
         os.remove(path)
@@ -197,19 +272,38 @@ def _write_report(index_path: str, report: dict) -> None:
     os.replace(tmp, path)
 
 
-def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, scheduler: Optional[str]):
+def _inputs(shard) -> str:
+    keys = [it.key for it in shard.items]
+    return ", ".join(keys) if len(keys) <= 4 else f"{keys[0]}, {keys[1]}, ... {keys[-1]} ({len(keys)} inputs)"
+
+
+def _dead_worker_result(shard, why: str) -> dict[str, Any]:
+    msg = (f"shard {shard.index} (inputs {_inputs(shard)}): its worker process died ({why}) twice, the second "
+           f"time with decoding isolated in a helper process, so the crash is in a step or the writer")
+    return {"index": shard.index, "status": "failed", "num_samples": 0, "wall": 0.0,
+            "timings": {"decode": 0.0, "steps": 0.0, "write": 0.0},
+            "failures": [{"message": msg, "detail": "", "path": None, "stage": "worker", "field": None, "key": None,
+                          "type": "TerminatedWorkerError", "shard": shard.index}]}
+
+
+def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, scheduler: Optional[str],
+         events: Optional[list[str]] = None):
     """Yield shard results as they complete."""
     if not todo:
         return
+    events = [] if events is None else events
     specs = plan.specs
     if n_jobs == 1 and scheduler is None:
-        for s, path in todo:
-            yield run_shard(recipe, s, path, keys[s.index], specs, chunking)
+        try:
+            for s, path in todo:
+                yield run_shard(recipe, s, path, keys[s.index], specs, chunking)
+        finally:
+            shutdown_isolated()
         return
     import joblib
 
-    tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking, True) for s, path in todo)
     if scheduler is not None:
+        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking, True) for s, path in todo)
         try:
             from dask.distributed import Client, LocalCluster
         except ImportError:
@@ -230,15 +324,43 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, schedule
             if cluster is not None:
                 cluster.close()
         return
-    try:
-        yield from joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered")(tasks)
-    except Exception as e:
-        from joblib.externals.loky.process_executor import TerminatedWorkerError
+    from joblib.externals.loky.process_executor import BrokenProcessPool, TerminatedWorkerError
 
-        if isinstance(e, TerminatedWorkerError):
-            raise BuildError(f"a worker process died while building shards ({e}); "
-                             f"finished shards are kept, run build again to resume") from None
-        raise
+    # A dead loky worker breaks the whole pool and loky does not say which task it ran. The shards it
+    # (and the workers loky stopped with it) were building are those with a temporary file left behind;
+    # they are retried once with decoding isolated, the rest simply run again in a fresh pool.
+    remaining, isolated = list(todo), set()
+    while remaining:
+        done: set[int] = set()
+        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking, True, s.index in isolated)
+                 for s, path in remaining)
+        try:
+            with warnings.catch_warnings():
+                # stopping early (on_error: fail) cancels queued tasks on purpose; joblib warns about it
+                warnings.filterwarnings("ignore", message=r".*tasks which were still being processed", category=UserWarning)
+                for res in joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered")(tasks):
+                    done.add(res["index"])
+                    yield res
+            return
+        except TerminatedWorkerError as e:
+            m = re.search(r"exit codes of the workers are \{(.*?)\}", str(e))
+            why = f"exit {m.group(1)}" if m else "terminated"
+            left = [(s, p) for s, p in remaining if s.index not in done]
+            hit = [(s, p) for s, p in left if glob.glob(glob.escape(p) + ".tmp-*")] or left
+            for s, p in hit:
+                for t in glob.glob(glob.escape(p) + ".tmp-*"):
+                    _remove(t)
+            events.append(f"a worker process died ({why}) while shard(s) {', '.join(str(s.index) for s, _ in hit)} "
+                          f"were being built; retrying them with decoding isolated")
+            for s, _ in hit:
+                if s.index in isolated:
+                    done.add(s.index)
+                    yield _dead_worker_result(s, why)
+            isolated.update(s.index for s, _ in hit)
+            remaining = [(s, p) for s, p in left if s.index not in done]
+        except BrokenProcessPool as e:  # e.g. a task that cannot be unpickled in a worker (a plugin it cannot import)
+            raise BuildError(f"the worker processes failed: {e}; finished shards are kept, run build again "
+                             f"(with -j 1 to see the cause)") from None
 
 
 __all__ = ["build", "output_paths", "PlanError"]

@@ -1,16 +1,26 @@
 """Fingerprints and shard keys for incremental rebuilds.
 
-A shard's key hashes the recipe parts that decide its bytes, the shard's
-items (keys, labels) with their inputs' fingerprints, and the format version.
-A finished shard whose stored key matches is skipped.
+A shard's key hashes the recipe parts that decide its bytes
+(:func:`recipe_key`), the shard's index and items (keys, labels) with their
+inputs' fingerprints, and the format version. A finished shard whose stored
+key matches is skipped; one whose key matches a shard of a sibling output in
+the same folder (the same recipe built under another output name) is linked
+instead of rebuilt (:func:`find_reusable`).
+
+Items are assigned to shards in key order, so adding or removing an input
+shifts the items of every later shard and rebuilds them; adding inputs whose
+keys sort after all existing ones rebuilds only the last shard.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
+from typing import Any, Optional
 
 from . import format as fmt
 from .plan import Plan, ShardPlan
+from .recipe import Recipe
 
 
 def fingerprint(path: str, content: bool = False) -> list:
@@ -36,6 +46,19 @@ def fingerprint(path: str, content: bool = False) -> list:
     return [st.st_size, st.st_mtime_ns]
 
 
+def recipe_key(recipe: Recipe) -> str:
+    """Hash of the recipe parts that decide shard bytes.
+
+    Leaves out what cannot change a shard's bytes: the recipe's ``name`` and
+    output name (they only name files), the error policy (``on_error``,
+    ``max_failures``, ``timeout_s``), and of course the output folder and the
+    job count, which are not part of the recipe at all.
+    """
+    d = recipe.content_dict()
+    d.pop("name", None)
+    return hashlib.sha256(fmt.dumps(d).encode()).hexdigest()
+
+
 def shard_key(plan: Plan, shard: ShardPlan, recipe_hash: str, content: bool = False) -> str:
     h = hashlib.sha256()
     h.update(fmt.dumps({"format_version": fmt.FORMAT_VERSION, "recipe": recipe_hash,
@@ -43,3 +66,16 @@ def shard_key(plan: Plan, shard: ShardPlan, recipe_hash: str, content: bool = Fa
     for it in shard.items:
         h.update(fmt.dumps([it.key, it.label, {f: fingerprint(p, content) for f, p in sorted(it.paths.items())}]).encode())
     return h.hexdigest()
+
+
+def find_reusable(out_dir: str, shard_dir: str, file_name: str, key: str, writer: Any) -> Optional[str]:
+    """A finished shard with ``key`` under the same file name in a sibling ``*.shards`` folder, or None."""
+    for other in sorted(glob.glob(os.path.join(glob.escape(out_dir), "*" + fmt.SHARD_DIR_SUFFIX))):
+        if os.path.abspath(other) == os.path.abspath(shard_dir):
+            continue
+        cand = os.path.join(other, file_name)
+        if os.path.isfile(cand):
+            info = writer.read_shard_info(cand)
+            if info is not None and info["key"] == key:
+                return cand
+    return None

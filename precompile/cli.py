@@ -74,9 +74,15 @@ def plan(recipe: str) -> None:
 @click.option("--force", is_flag=True, help="rebuild every shard, even up-to-date ones")
 @click.option("--scheduler", default=None, help="run on a dask cluster: its address, or 'local'")
 @click.option("--content-hash", is_flag=True, help="fingerprint inputs by content, not size and mtime")
+@click.option("--on-error", type=click.Choice(["fail", "skip"]), default=None,
+              help="override the recipe's on_error: stop at the first bad input, or skip it and go on")
+@click.option("--max-failures", type=click.IntRange(min=0), default=None,
+              help="override the recipe's max_failures: stop once more inputs than this have failed")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="override the recipe's timeout_s: seconds one input may take to decode")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 def build(recipe: str, jobs: int, out_dir: str, force: bool, scheduler: str | None, content_hash: bool,
-          progress: bool) -> None:
+          on_error: str | None, max_failures: int | None, timeout_s: float | None, progress: bool) -> None:
     """Build RECIPE into OUT_DIR/<name>.h5 (shards under OUT_DIR/<name>.shards/)."""
     from .build import build as run_build
 
@@ -86,20 +92,46 @@ def build(recipe: str, jobs: int, out_dir: str, force: bool, scheduler: str | No
         jobs = os.cpu_count() or 1
     try:
         rep = run_build(recipe, out_dir=out_dir, n_jobs=jobs, force=force, progress=progress,
-                        scheduler=scheduler, content_hash=content_hash)
+                        scheduler=scheduler, content_hash=content_hash, on_error=on_error,
+                        max_failures=max_failures, timeout_s=timeout_s)
     except PrecompileError as e:
         _fail(e)
     sh = rep["shards"]
     st = rep["stage_seconds"]
+    reused = f", {sh['reused']} reused from a sibling output" if sh.get("reused") else ""
     click.echo(f"wrote {rep['output']}: {rep['num_samples']} samples, {_human(rep['bytes'])}, "
-               f"{sh['built']} shard(s) built, {sh['skipped']} up to date, in {rep['wall_seconds']:.2f} s "
+               f"{sh['built']} shard(s) built, {sh['skipped']} up to date{reused}, in {rep['wall_seconds']:.2f} s "
                f"({rep['samples_per_second']:.0f} samples/s)")
     click.echo(f"stage time (summed over workers): decode {st['decode']:.2f} s, steps {st['steps']:.2f} s, "
                f"write {st['write']:.2f} s, finalize {st['finalize']:.2f} s")
+    for ev in rep.get("events", []):
+        click.echo(f"note: {ev}", err=True)
     if rep["failures"]:
-        click.echo(f"skipped {len(rep['failures'])} input(s):", err=True)
+        click.echo(f"skipped {len(rep['failures'])} input(s) (on_error: skip; listed in the build report):", err=True)
         for f in rep["failures"]:
-            click.echo(f"  {f['message']}", err=True)
+            old = " [skipped in an earlier build; shard up to date]" if f.get("previous_build") else ""
+            click.echo(f"  {f['message']}{old}", err=True)
+
+
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False))
+@click.option("--quick", is_flag=True, help="check files, sizes, keys and sample counts, not the data checksums")
+def verify(output: str, quick: bool) -> None:
+    """Re-read a built OUTPUT and check every shard against the checksums in its index."""
+    from .tools.verify import verify as run_verify
+
+    try:
+        res = run_verify(output, checksums=not quick)
+    except PrecompileError as e:
+        _fail(e)
+    for p in res.problems:
+        click.echo(f"{output}: {p}", err=True)
+    if res.problems:
+        click.echo(f"error: {len(res.bad_shards)} of {res.num_shards} shard(s) failed verification: "
+                   f"{', '.join(res.bad_shards)}", err=True)
+        sys.exit(res.exit_code)
+    click.echo(f"{output}: ok ({res.num_shards} shard(s), {res.num_samples} samples, "
+               f"{res.bytes_checked} bytes of field data checked)")
 
 
 @main.command()

@@ -1,17 +1,41 @@
-"""Shard tasks on a joblib backend: decode -> steps -> copies -> write.
+"""Shard tasks on a joblib backend: decode -> steps -> copies -> write, and the error policy.
 
 Each task writes its own shard file and returns a small dict (counts, bytes,
 checksums, stage timings, failures). The parent only gathers these. The same
 task function runs in-process (``-j1``), on loky workers, or on a dask cluster.
+
+Error policy: a bad input raises an :class:`InputError` (naming the file, the
+field and the stage); ``on_error: fail`` stops the shard at the first one,
+``on_error: skip`` drops that input's samples, records the failure (also in a
+``<shard>.skipped.json`` sidecar written before the shard is renamed into
+place, so a later incremental build still reports it) and goes on, until a
+shard has more than ``max_failures`` failures.
+
+Isolated decoding: a hang inside a codec cannot be interrupted from Python
+(a C loop never returns to the interpreter, and a thread cannot be killed),
+and a segfault takes its whole process down. When the recipe sets
+``timeout_s``, or when the build retries a shard whose worker died, the shard
+task decodes its inputs in a helper process (:class:`IsolatedDecoder`) and
+waits for each answer at most ``timeout_s``; on a timeout it kills the helper
+(SIGKILL), reports the input as failed and starts a fresh helper for the rest.
+A helper that dies reports its input as failed the same way. The helper gets
+the resolved recipe as JSON and returns raw array bytes with a JSON header
+(no pickle); it is kept for the life of the worker process.
 """
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 import traceback
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Optional
 
-from .errors import DecodeError, InputError, StepError
+from .errors import BuildError, DecodeError, InputError, MissingDependencyError, StepError
 from .plan import Item, ShardPlan
 from .recipe import Recipe
 from .sample import FieldSpec, Sample
@@ -34,8 +58,8 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float]) -> Sample
             arrays, m = dec.decode(path, fname)
         except InputError as e:
             raise e.with_context(path=path, stage="decode", field=fname, key=item.key) from e.__cause__
-        except MemoryError:
-            raise
+        except (MemoryError, MissingDependencyError):
+            raise  # not the input's fault: on_error: skip must not quietly drop every such input
         except Exception as e:  # a codec's own exception type: report it, do not crash the build
             raise DecodeError(f"{type(e).__name__}: {e}", path=path, stage="decode", field=fname, key=item.key) from e
         specs = dec.output_specs(fname)
@@ -97,9 +121,17 @@ def iter_samples(recipe: Recipe, item: Item, timings: dict[str, float]) -> Itera
         yield from run_steps(recipe, sample, c, item, timings)
 
 
+def skipped_path(shard_path: str) -> str:
+    """The sidecar that lists a finished shard's skipped inputs (absent when none were skipped)."""
+    return shard_path + ".skipped.json"
+
+
 def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict[str, FieldSpec],
-              chunking: dict[str, int], in_worker: bool = False) -> dict[str, Any]:
-    """Build one shard file at ``path``; never raises for bad inputs (they are reported)."""
+              chunking: dict[str, int], in_worker: bool = False, isolate: bool = False) -> dict[str, Any]:
+    """Build one shard file at ``path``; never raises for bad inputs (they are reported).
+
+    ``isolate`` (or a recipe ``timeout_s``) decodes inputs in a helper process.
+    """
     if in_worker:
         try:
             import cv2
@@ -115,36 +147,298 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
     failures: list[dict[str, Any]] = []
     writer_cls = WRITERS.get(recipe.model.output.format)()
     options = writer_cls.Options.model_validate(recipe.model.output.options)
-    writer = writer_cls.open_shard(path, specs, key, options, chunking)
     policy = recipe.model.on_error
+    max_failures = recipe.model.max_failures
+    timeout = recipe.model.timeout_s
+    decode: Callable[[Item], Sample]
+    if isolate or timeout is not None:
+        iso = isolated_decoder(recipe)
+        decode = lambda item: iso.decode(item, timeout, timings)  # noqa: E731
+    else:
+        decode = lambda item: decode_item(recipe, item, timings)  # noqa: E731
+    writer = writer_cls.open_shard(path, specs, key, options, chunking)
+
+    def failed(extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        writer.abort()
+        return {"index": shard.index, "status": "failed", "failures": failures + ([extra] if extra else []),
+                "timings": timings, "num_samples": 0, "wall": time.perf_counter() - t_start}
+
     try:
         for item in shard.items:
             try:
-                for s in iter_samples(recipe, item, timings):
-                    t0 = time.perf_counter()
-                    try:
-                        writer.add(s)
-                    except ValueError as e:
-                        raise StepError(str(e), path=next(iter(item.paths.values())), stage="write",
-                                        key=item.key) from e
-                    timings["write"] += time.perf_counter() - t0
+                sample = decode(item)
+                for c in copy_indices(recipe):
+                    for s in run_steps(recipe, sample, c, item, timings):
+                        t0 = time.perf_counter()
+                        try:
+                            writer.add(s)
+                        except ValueError as e:
+                            raise StepError(str(e), path=next(iter(item.paths.values())), stage="write",
+                                            key=item.key) from e
+                        timings["write"] += time.perf_counter() - t0
             except InputError as e:
-                failures.append(_err_dict(e))
+                failures.append(_err_dict(e) | {"shard": shard.index})
                 if policy == "fail":
-                    writer.abort()
-                    return {"index": shard.index, "status": "failed", "failures": failures, "timings": timings,
-                            "num_samples": 0, "wall": time.perf_counter() - t_start}
+                    return failed()
+                if max_failures is not None and len(failures) > max_failures:
+                    return failed({"message": f"shard {shard.index}: stopped after {len(failures)} failed inputs, "
+                                   f"more than max_failures={max_failures}", "detail": "", "path": path,
+                                   "stage": "policy", "field": None, "key": None, "type": "BuildError",
+                                   "shard": shard.index, "policy": True})
         t0 = time.perf_counter()
+        _write_skipped(path, key, failures)
         info = writer.close()
         timings["write"] += time.perf_counter() - t0
     except BaseException as e:
-        writer.abort()
         if isinstance(e, Exception):
-            return {"index": shard.index, "status": "failed", "timings": timings, "num_samples": 0,
-                    "failures": failures + [{"message": f"shard {shard.index}: {type(e).__name__}: {e}",
-                                             "detail": traceback.format_exc(limit=5), "path": path,
-                                             "stage": "write", "field": None, "key": None, "type": type(e).__name__}],
-                    "wall": time.perf_counter() - t_start}
+            return failed({"message": f"shard {shard.index}: {type(e).__name__}: {e}",
+                           "detail": traceback.format_exc(limit=5), "path": path, "stage": "write", "field": None,
+                           "key": None, "type": type(e).__name__, "shard": shard.index})
+        writer.abort()
         raise
     return {"index": shard.index, "status": "built", "failures": failures, "timings": timings,
             "wall": time.perf_counter() - t_start, **info}
+
+
+def _write_skipped(shard_path: str, key: str, failures: list[dict[str, Any]]) -> None:
+    """Write (or remove) the skipped-inputs sidecar; called before the shard is renamed into place."""
+    side = skipped_path(shard_path)
+    if not failures:
+        if os.path.exists(side):
+            os.remove(side)
+        return
+    tmp = f"{side}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"key": key, "failures": failures}, f, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, side)
+
+
+def read_skipped(shard_path: str, key: str) -> list[dict[str, Any]]:
+    """The skipped inputs recorded for a finished shard built with ``key`` ([] when none or stale)."""
+    try:
+        with open(skipped_path(shard_path)) as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return list(d.get("failures", [])) if d.get("key") == key else []
+
+
+# -- isolated decoding ---------------------------------------------------------------------------
+
+_SERVER_CODE = "from precompile.engine import _decode_server; _decode_server()"
+_STARTUP_TIMEOUT_S = 120.0
+
+
+def _describe_exit(rc: Optional[int]) -> str:
+    if rc is None:
+        return "still running"
+    if rc < 0:
+        try:
+            return f"killed by signal {signal.Signals(-rc).name}"
+        except ValueError:
+            return f"killed by signal {-rc}"
+    return f"exit code {rc}"
+
+
+class IsolatedDecoder:
+    """Decodes items in a helper process so a hang can be timed out and a crash costs one input."""
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self.ident = _recipe_ident(recipe)
+        self.proc: Optional[subprocess.Popen] = None
+        self.r = self.w = None
+        self.errf = None
+
+    def _start(self) -> None:
+        import tempfile
+        from multiprocessing.connection import Connection
+
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(os.path.abspath(p) for p in sys.path if p and os.path.isdir(p))
+        env["PRECOMPILE_PARENT_PID"] = str(os.getpid())
+        env["PRECOMPILE_DIE_WITH_PARENT"] = "1" if threading.current_thread() is threading.main_thread() else "0"
+        self.errf = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen([sys.executable, "-c", _SERVER_CODE], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.errf, env=env, close_fds=True)
+        self.w = Connection(os.dup(self.proc.stdin.fileno()), readable=False)
+        self.r = Connection(os.dup(self.proc.stdout.fileno()), writable=False)
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        r = self.recipe
+        modules = sorted({type(d).__module__ for d in r.decoders.values()} | {type(s).__module__ for s in r.steps})
+        self.w.send_bytes(json.dumps({"recipe": r.resolved(), "source": r.source, "base_dir": r.base_dir,
+                                      "modules": [m for m in modules if m != "__main__"]}).encode())
+        if not self.r.poll(_STARTUP_TIMEOUT_S):
+            self.close()
+            raise BuildError(f"the decoder helper process did not start within {_STARTUP_TIMEOUT_S:.0f} s")
+        try:
+            hello = json.loads(self.r.recv_bytes())
+        except (EOFError, OSError):
+            why = self._reap()
+            raise BuildError(f"the decoder helper process failed to start ({why})") from None
+        if "error" in hello:
+            self.close()
+            raise BuildError(f"the decoder helper process failed to start: {hello['error']}")
+
+    def _stderr_tail(self) -> str:
+        if self.errf is None:
+            return ""
+        self.errf.seek(0, os.SEEK_END)
+        n = self.errf.tell()
+        self.errf.seek(max(0, n - 600))
+        text = self.errf.read().decode("utf-8", "replace").strip()
+        return text.splitlines()[-1] if text else ""
+
+    def _reap(self) -> str:
+        """Kill and wait for the helper; describe how it ended."""
+        proc, self.proc = self.proc, None
+        for c in (self.r, self.w):
+            if c is not None:
+                c.close()
+        self.r = self.w = None
+        if proc is None:
+            return "not running"
+        if proc.poll() is None:
+            proc.kill()
+        rc = proc.wait()
+        tail = self._stderr_tail()
+        if self.errf is not None:
+            self.errf.close()
+            self.errf = None
+        return _describe_exit(rc) + (f"; last stderr line: {tail}" if tail else "")
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self._reap()
+
+    def decode(self, item: Item, timeout: Optional[float], timings: dict[str, float]) -> Sample:
+        import numpy as np
+
+        if self.proc is None:
+            self._start()
+        names = list(item.paths)
+        field = names[0] if len(names) == 1 else None
+        path = item.paths[names[0]]
+        where = dict(path=path, stage="decode", field=field, key=item.key)
+        t0 = time.perf_counter()
+        try:
+            self.w.send_bytes(json.dumps({"key": item.key, "paths": item.paths, "label": item.label,
+                                          "captures": item.captures}).encode())
+            ready = self.r.poll(timeout)
+        except (EOFError, OSError):
+            ready = True  # the helper is gone; the read below reports how it ended
+        try:
+            if not ready:
+                self._reap()
+                raise DecodeError(f"timed out after {timeout:g} s (timeout_s); the decoding process was killed",
+                                  **where)
+            try:
+                hdr = json.loads(self.r.recv_bytes())
+                if "error" in hdr:
+                    e = hdr["error"]
+                    cls = {"DecodeError": DecodeError, "StepError": StepError}.get(e["type"], InputError)
+                    raise cls(e["detail"], path=e["path"], stage=e["stage"], field=e["field"], key=e["key"])
+                fields, kinds = {}, {}
+                for f in hdr["fields"]:
+                    buf = bytearray(f["nbytes"])
+                    if f["nbytes"]:
+                        self.r.recv_bytes_into(buf)
+                    else:
+                        self.r.recv_bytes()
+                    fields[f["name"]] = np.frombuffer(buf, dtype=np.dtype(f["dtype"])).reshape(tuple(f["shape"]))
+                    kinds[f["name"]] = f["kind"]
+            except (EOFError, OSError):
+                why = self._reap()
+                raise DecodeError(f"the decoding process died while decoding this input ({why})", **where) from None
+        finally:
+            timings["decode"] += time.perf_counter() - t0
+        return Sample(key=item.key, fields=fields, kinds=kinds, meta=hdr["meta"])
+
+
+def _recipe_ident(recipe: Recipe) -> str:
+    return json.dumps([recipe.resolved(), recipe.source, recipe.base_dir], sort_keys=True)
+
+
+_ISOLATED: dict[str, IsolatedDecoder] = {}
+
+
+def isolated_decoder(recipe: Recipe) -> IsolatedDecoder:
+    """This process's helper for ``recipe`` (one at a time; a new recipe replaces the old helper)."""
+    ident = _recipe_ident(recipe)
+    iso = _ISOLATED.get(ident)
+    if iso is None:
+        shutdown_isolated()
+        iso = _ISOLATED[ident] = IsolatedDecoder(recipe)
+    return iso
+
+
+def shutdown_isolated() -> None:
+    """Stop this process's decoder helper, if any."""
+    while _ISOLATED:
+        _, iso = _ISOLATED.popitem()
+        iso.close()
+
+
+atexit.register(shutdown_isolated)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this helper when the process that started it dies (a hung codec never reads EOF)."""
+    if os.environ.get("PRECOMPILE_DIE_WITH_PARENT") != "1" or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != os.environ.get("PRECOMPILE_PARENT_PID"):
+        os._exit(0)  # the parent died before the request took effect
+
+
+def _decode_server() -> None:
+    """Helper process main loop: JSON requests on stdin, JSON headers + raw array bytes on stdout."""
+    import importlib
+
+    import numpy as np
+    from multiprocessing.connection import Connection
+
+    _die_with_parent()
+    out_fd = os.dup(1)
+    os.dup2(2, 1)  # stray prints from codecs must not corrupt the reply stream
+    sys.stdout = sys.stderr
+    r, w = Connection(os.dup(0), writable=False), Connection(out_fd, readable=False)
+    try:
+        hdr = json.loads(r.recv_bytes())
+        for m in hdr["modules"]:
+            importlib.import_module(m)
+        from .recipe import parse_recipe
+
+        recipe = parse_recipe(hdr["recipe"], source=hdr["source"], base_dir=hdr["base_dir"])
+    except EOFError:
+        return
+    except Exception as e:  # reported to the parent, which fails the shard with this message
+        w.send_bytes(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
+        return
+    w.send_bytes(b'{"ready": true}')
+    while True:
+        try:
+            req = json.loads(r.recv_bytes())
+        except EOFError:
+            return
+        item = Item(key=req["key"], paths=req["paths"], label=req["label"], captures=req["captures"])
+        try:
+            s = decode_item(recipe, item, {"decode": 0.0})
+        except InputError as e:
+            w.send_bytes(json.dumps({"error": _err_dict(e)}).encode())
+            continue
+        arrays = [(n, np.asarray(a).copy(order="C")) for n, a in s.fields.items()]  # keeps 0-d shapes
+        w.send_bytes(json.dumps({"fields": [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape),
+                                             "nbytes": a.nbytes, "kind": s.kinds[n]} for n, a in arrays],
+                                 "meta": s.meta}).encode())
+        for _, a in arrays:
+            w.send_bytes(a.data.cast("B") if a.nbytes else b"")

@@ -99,6 +99,7 @@ class RecipeModel(_Model):
     output: Output = Field(default_factory=Output)
     on_error: Literal["fail", "skip"] = "fail"
     max_failures: Optional[int] = Field(None, ge=0)
+    timeout_s: Optional[float] = Field(None, gt=0)
 
     @field_validator("name")
     @classmethod
@@ -233,6 +234,7 @@ class Recipe:
         d["output"].pop("name", None)
         d.pop("on_error", None)
         d.pop("max_failures", None)
+        d.pop("timeout_s", None)
         return d
 
     def content_hash(self) -> str:

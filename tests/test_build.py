@@ -109,7 +109,8 @@ def test_output_moves_with_its_folder(tmp_path, image_recipe_file):
 def test_rebuild_skips_up_to_date_shards(tmp_path, image_recipe_file, image_tree):
     first = precompile.build(image_recipe_file, out_dir=tmp_path / "out")
     again = precompile.build(image_recipe_file, out_dir=tmp_path / "out")
-    assert again["shards"] == {"total": 3, "built": 0, "skipped": 3, "failed": 0}
+    assert {k: again["shards"][k] for k in ("total", "built", "skipped", "failed")} == \
+        {"total": 3, "built": 0, "skipped": 3, "failed": 0}
     assert _hash_build(tmp_path / "out" / "imgs.h5")["image"] == _hash_build(tmp_path / "out" / "imgs.h5")["image"]
     # touching one input rebuilds only its shard
     victim = image_tree / "dog" / "004.jpg"

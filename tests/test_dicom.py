@@ -280,3 +280,30 @@ def test_recipe_builds(tmp_path):
     s = ds[0]
     assert s["ct"].shape == (16, 32, 32) and s["ct"].dtype == np.float32 and 0 <= s["ct"].min() <= s["ct"].max() <= 1
     assert s["lung"].mean() >= 0.05 and s["corner"].dtype == np.int32
+
+
+def test_missing_codec_stops_the_build_even_with_skip(tmp_path):
+    """A missing codec is the environment's fault: the build stops and names the extra, skip or not."""
+    from pydicom.encaps import encapsulate
+    from pydicom.pixels import get_decoder
+
+    import precompile
+    from precompile.errors import BuildError
+
+    if get_decoder(JPEGLSLossless).is_available:
+        pytest.skip("a JPEG-LS plugin is installed, so the missing-codec error cannot happen")
+    px = np.zeros((8, 8), np.int16)
+    (tmp_path / "in").mkdir()
+    make_ds(px, inst=1).save_as(str(tmp_path / "in" / "a.dcm"), enforce_file_format=True)
+    ds = make_ds(px, ts=JPEGLSLossless, inst=2)
+    ds.PixelData = encapsulate([b"\xff\xd8\xff\xf7" + b"\0" * 20 + b"\xff\xd9"])
+    ds["PixelData"].VR = "OB"
+    ds.save_as(str(tmp_path / "in" / "b.dcm"), enforce_file_format=True)
+    recipe = {"name": "d", "on_error": "skip",
+              "inputs": {"root": str(tmp_path / "in"), "match": "{n}.dcm", "fields": {"ct": {"decoder": "dicom"}}},
+              "steps": [{"crop_pad_volume": {"shape": [1, 8, 8]}}]}
+    import yaml
+
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
+    with pytest.raises(BuildError, match=r"precompile\[jpeg\]"):
+        precompile.build(tmp_path / "r.yaml", out_dir=tmp_path / "out")

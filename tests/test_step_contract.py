@@ -75,8 +75,13 @@ def test_case_tables_found():
     assert PARAMS
 
 
+def _builtin_steps() -> list[str]:
+    """Steps the package registers (tests may register throwaway plugin steps of their own)."""
+    return [n for n, cls in STEPS.items() if cls.__module__.startswith("precompile.")]
+
+
 def test_every_registered_step_has_a_case():
-    missing = [n for n in STEPS if not CASES.get(n)]
+    missing = [n for n in _builtin_steps() if not CASES.get(n)]
     assert not missing, f"registered steps with no case in tests/step_cases_*.py: {missing}"
 
 

@@ -79,6 +79,8 @@ def decode_image_file(path: str, mode: str = "rgb8", exif_transpose: bool = True
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
+            # Pillow warns (UserWarning) about damaged metadata such as corrupt EXIF and decodes anyway
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
             with Image.open(path) as img:
                 img.load()
                 if exif_transpose:

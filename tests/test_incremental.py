@@ -1,0 +1,171 @@
+"""Incremental rebuilds: what a change to inputs, recipe, output name, job count or flags rebuilds."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import yaml
+
+from precompile.build import build
+from precompile.cache import recipe_key
+from precompile.recipe import load_recipe
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+N, PER = 20, 4   # 5 shards
+
+
+def _img(path, seed: int) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(path)
+
+
+def _recipe(path, root, **changes) -> str:
+    data = {"name": "inc", "seed": 1, "inputs": {"root": str(root), "match": "{name}.png",
+                                                 "fields": {"image": {"decoder": "image"}}},
+            "steps": [{"resize": {"size": [8, 8]}}], "output": {"samples_per_shard": PER}}
+    for k, v in changes.items():
+        if k == "output":
+            data["output"].update(v)
+        else:
+            data[k] = v
+    with open(path, "w") as f:
+        yaml.safe_dump(data, f)
+    return str(path)
+
+
+@pytest.fixture
+def proj(tmp_path):
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(N):
+        _img(root / f"img_{i:03d}.png", i)
+    recipe = _recipe(tmp_path / "r.yaml", root)
+    rep = build(recipe, tmp_path / "out")
+    assert rep["shards"] == {"total": 5, "built": 5, "skipped": 0, "reused": 0, "failed": 0}
+    return tmp_path, root, recipe
+
+
+def _shard_bytes(out, name="inc") -> dict[str, bytes]:
+    d = os.path.join(out, f"{name}.shards")
+    res = {}
+    for n in sorted(os.listdir(d)):
+        with open(os.path.join(d, n), "rb") as f:
+            res[n] = f.read()
+    return res
+
+
+def _counts(rep) -> tuple[int, int]:
+    return rep["shards"]["built"], rep["shards"]["skipped"]
+
+
+def test_unchanged_rebuilds_nothing_and_cli_says_so(proj):
+    tmp, root, recipe = proj
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "precompile", "build", recipe, "-o", str(tmp / "out"), "--no-progress"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "20 samples" in r.stdout and "0 shard(s) built, 5 up to date" in r.stdout
+
+
+def test_changing_one_input_rebuilds_only_its_shard(proj):
+    tmp, root, recipe = proj
+    before = _shard_bytes(tmp / "out")
+    _img(root / "img_009.png", 999)   # item 9 -> shard 2
+    rep = build(recipe, tmp / "out")
+    assert _counts(rep) == (1, 4)
+    after = _shard_bytes(tmp / "out")
+    assert [n for n in before if before[n] != after[n]] == ["shard-00002.h5"]
+    fresh = build(recipe, tmp / "fresh")   # the incremental result is what a clean build gives
+    assert fresh["shards"]["built"] == 5 and _shard_bytes(tmp / "fresh") == after
+
+
+def test_changing_a_step_rebuilds_all(proj):
+    tmp, root, _ = proj
+    recipe = _recipe(tmp / "r.yaml", root, steps=[{"resize": {"size": [6, 6]}}])
+    assert _counts(build(recipe, tmp / "out")) == (5, 0)
+    recipe = _recipe(tmp / "r.yaml", root, seed=2, steps=[{"resize": {"size": [6, 6]}}])
+    assert _counts(build(recipe, tmp / "out")) == (5, 0)   # the seed decides bytes too
+
+
+@pytest.mark.parametrize("change", [
+    {"on_error": "skip"}, {"max_failures": 3}, {"timeout_s": 60.0}, {"name": "renamed", "output": {"name": "inc"}},
+])
+def test_policy_and_name_changes_rebuild_nothing(proj, change):
+    tmp, root, _ = proj
+    recipe = _recipe(tmp / "r2.yaml", root, **change)
+    assert _counts(build(recipe, tmp / "out")) == (0, 5)
+
+
+def test_job_count_and_moved_output_folder_rebuild_nothing(proj):
+    tmp, root, recipe = proj
+    assert _counts(build(recipe, tmp / "out", n_jobs=2)) == (0, 5)
+    shutil.move(str(tmp / "out"), str(tmp / "moved"))
+    rep = build(recipe, tmp / "moved")
+    assert _counts(rep) == (0, 5) and rep["num_samples"] == 20
+
+
+def test_new_output_name_reuses_sibling_shards(proj):
+    tmp, root, _ = proj
+    old = _shard_bytes(tmp / "out")
+    recipe = _recipe(tmp / "r2.yaml", root, output={"name": "other"})
+    rep = build(recipe, tmp / "out")
+    assert rep["shards"]["built"] == 0 and rep["shards"]["reused"] == 5
+    assert _shard_bytes(tmp / "out", "other") == old
+    assert os.path.exists(tmp / "out" / "other.h5") and os.path.exists(tmp / "out" / "inc.h5")
+    from precompile.tools.verify import verify
+
+    assert verify(tmp / "out" / "other.h5").ok
+
+
+def test_recipe_key_ignores_exactly_the_non_byte_keys(proj):
+    tmp, root, recipe = proj
+    base = recipe_key(load_recipe(recipe))
+    same = [dict(on_error="skip"), dict(max_failures=0), dict(timeout_s=1.0), dict(name="x"), dict(output={"name": "y"})]
+    diff = [dict(seed=7), dict(copies=0, keep_original=False), dict(output={"chunk_samples": 2}),
+            dict(steps=[{"resize": {"size": [8, 9]}}])]
+    for ch in same:
+        assert recipe_key(load_recipe(_recipe(tmp / "k.yaml", root, **ch))) == base, ch
+    for ch in diff:
+        assert recipe_key(load_recipe(_recipe(tmp / "k.yaml", root, **ch))) != base, ch
+
+
+def test_force_rebuilds_all_with_the_same_bytes(proj):
+    tmp, root, recipe = proj
+    before = _shard_bytes(tmp / "out")
+    assert _counts(build(recipe, tmp / "out", force=True)) == (5, 0)
+    assert _shard_bytes(tmp / "out") == before
+
+
+def test_content_hash_ignores_a_touch(proj):
+    tmp, root, recipe = proj
+    assert _counts(build(recipe, tmp / "out", content_hash=True)) == (5, 0)   # new kind of key
+    st = os.stat(root / "img_004.png")
+    os.utime(root / "img_004.png", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    assert _counts(build(recipe, tmp / "out", content_hash=True)) == (0, 5)
+    assert _counts(build(recipe, tmp / "out")) == (5, 0)       # back to size+mtime keys: all new
+    os.utime(root / "img_004.png", ns=(st.st_atime_ns, st.st_mtime_ns + 2 * 10**9))
+    assert _counts(build(recipe, tmp / "out")) == (1, 4)       # size+mtime sees the touch
+
+
+def test_adding_inputs(proj):
+    """Items go to shards in key order: appending rebuilds the tail, inserting shifts later shards."""
+    tmp, root, recipe = proj
+    _img(root / "img_100.png", 100)   # sorts last: shard 5 is new, nothing else moves
+    rep = build(recipe, tmp / "out")
+    assert _counts(rep) == (1, 5) and rep["num_samples"] == 21
+    _img(root / "img_004a.png", 101)  # sorts inside shard 1: shards 1.. shift by one item
+    assert _counts(build(recipe, tmp / "out")) == (5, 1)
+
+
+def test_deleted_shard_is_rebuilt_alone(proj):
+    tmp, root, recipe = proj
+    before = _shard_bytes(tmp / "out")
+    os.remove(tmp / "out" / "inc.shards" / "shard-00003.h5")
+    assert _counts(build(recipe, tmp / "out")) == (1, 4)
+    assert _shard_bytes(tmp / "out") == before

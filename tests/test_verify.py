@@ -1,0 +1,99 @@
+"""``precompile verify``: an intact build passes; a flipped byte, a missing or truncated shard is named."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+from precompile.build import build
+from precompile.errors import FormatError
+from precompile.tools.verify import verify
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def built(tmp_path):
+    from PIL import Image
+
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(12):
+        rng = np.random.default_rng(i)
+        Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(root / f"img_{i:02d}.png")
+    data = {"name": "v", "inputs": {"root": str(root), "match": "{name}.png", "fields": {"image": {"decoder": "image"}}},
+            "steps": [{"resize": {"size": [8, 8]}}], "output": {"samples_per_shard": 4}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    build(str(tmp_path / "r.yaml"), tmp_path / "out")
+    return tmp_path / "out" / "v.h5"
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "precompile", *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def _data_offset(shard: str, field: str, sample: int) -> int:
+    """File offset of one sample's first byte, from HDF5's own chunk index (uncompressed chunks)."""
+    with h5py.File(shard, "r") as f:
+        d = f[field]
+        rows = d.chunks[0]
+        info = d.id.get_chunk_info_by_coord((sample // rows * rows,) + (0,) * (d.ndim - 1))
+        per = int(np.prod(d.shape[1:])) * d.dtype.itemsize
+        return info.byte_offset + (sample % rows) * per
+
+
+def test_intact_build_verifies(built):
+    res = verify(built)
+    assert res.ok and res.num_shards == 3 and res.num_samples == 12
+    assert res.bytes_checked == 12 * 8 * 8 * 3
+    r = _cli("verify", str(built))
+    assert r.returncode == 0 and "ok (3 shard(s), 12 samples" in r.stdout
+
+
+def test_flipped_byte_is_caught(built):
+    shard = str(built.parent / "v.shards" / "shard-00001.h5")
+    off = _data_offset(shard, "image", 2) + 17
+    with open(shard, "r+b") as f:
+        f.seek(off)
+        b = f.read(1)
+        f.seek(off)
+        f.write(bytes([b[0] ^ 0x01]))
+    with h5py.File(shard, "r") as f:  # the file is still perfectly readable HDF5: only verify can tell
+        assert f["image"].shape == (4, 8, 8, 3)
+    res = verify(built)
+    assert res.bad_shards == ["v.shards/shard-00001.h5"]
+    assert any("field 'image': data checksum mismatch" in p for p in res.problems)
+    r = _cli("verify", str(built))
+    assert r.returncode == FormatError.exit_code
+    assert "v.shards/shard-00001.h5: field 'image': data checksum mismatch" in r.stderr
+    assert "1 of 3 shard(s) failed verification: v.shards/shard-00001.h5" in r.stderr
+    assert "shard-00000" not in r.stderr and "shard-00002" not in r.stderr
+    # --quick checks structure only and does not read the data
+    assert _cli("verify", "--quick", str(built)).returncode == 0
+
+
+def test_missing_and_truncated_shards_are_named(built):
+    d = built.parent / "v.shards"
+    os.remove(d / "shard-00000.h5")
+    with open(d / "shard-00002.h5", "r+b") as f:
+        f.truncate(os.path.getsize(d / "shard-00002.h5") // 2)
+    res = verify(built)
+    assert res.bad_shards == ["v.shards/shard-00000.h5", "v.shards/shard-00002.h5"]
+    assert "v.shards/shard-00000.h5: file is missing" in res.problems
+    assert any(p.startswith("v.shards/shard-00002.h5: size") for p in res.problems)
+
+
+def test_not_an_output(tmp_path):
+    p = tmp_path / "x.h5"
+    p.write_bytes(b"nope")
+    with pytest.raises(FormatError, match="cannot read the index"):
+        verify(p)
+    r = _cli("verify", str(tmp_path / "absent.h5"))
+    assert r.returncode == FormatError.exit_code and "no such output" in r.stderr and "Traceback" not in r.stderr

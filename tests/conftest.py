@@ -12,6 +12,13 @@ REPO = Path(__file__).resolve().parents[1]
 REALDATA = Path(os.environ.get("PRECOMPILE_REALDATA", REPO.parent / "shared" / "realdata"))
 
 
+def realdata_root() -> str:
+    """The real third-party data folder; skips the test when ../shared/realdata is absent."""
+    if not REALDATA.is_dir():
+        pytest.skip(f"real data not available here: {REALDATA} (../shared/realdata is absent)")
+    return str(REALDATA)
+
+
 def realdata(*parts: str) -> Path:
     """Path of a real third-party file; skips the test when ../shared/realdata is absent."""
     p = REALDATA.joinpath(*parts)

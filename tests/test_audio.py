@@ -16,12 +16,7 @@ from precompile.transforms.audio import FixLength, Windows
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def realdata() -> str:
-    for p in (os.environ.get("PRECOMPILE_REALDATA"), os.path.join(REPO, "..", "shared", "realdata"),
-              "/work/shared/realdata"):
-        if p and os.path.isdir(p):
-            return p
-    pytest.skip("real test data folder (../shared/realdata) is absent")
+from conftest import realdata_root as realdata  # noqa: E402  (skips when ../shared/realdata is absent)
 
 
 def dec(**kw) -> AudioDecoder:

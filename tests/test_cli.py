@@ -4,7 +4,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-import pytest
 from click.testing import CliRunner
 
 from precompile.cli import main

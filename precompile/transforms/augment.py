@@ -35,8 +35,8 @@ from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from . import functional as F
 from .base import Step, StepParams
+from .geometric import SPATIAL, _get_hw, _hw_axes, _set_hw
 
-SPATIAL = frozenset({"image", "mask", "flow", "video"})
 COLOR = frozenset({"image", "video"})
 VOLUME = frozenset({"volume", "mask"})
 
@@ -49,9 +49,6 @@ def _cv2():
 
     return cv2
 
-
-def _hw_axes(kind: str) -> tuple[int, int]:
-    return (1, 2) if kind == "video" else (0, 1)
 
 
 def flip2d(a: np.ndarray, kind: str, horizontal: bool, vertical: bool) -> np.ndarray:
@@ -312,16 +309,6 @@ def _seed(rng: np.random.Generator) -> int:
     return int(rng.integers(0, 2 ** 63 - 1))
 
 
-def _set_hw(spec: FieldSpec, h: int | None, w: int | None) -> FieldSpec:
-    shape = list(spec.shape)
-    a, b = _hw_axes(spec.kind)
-    shape[a], shape[b] = h, w
-    return spec.with_(shape=tuple(shape))
-
-
-def _get_hw(spec: FieldSpec) -> tuple[int | None, int | None]:
-    a, b = _hw_axes(spec.kind)
-    return spec.shape[a], spec.shape[b]
 
 
 def _size_param(v: Any) -> list[int]:

@@ -23,7 +23,7 @@ import numpy as np
 from .. import format as fmt
 from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
-from .base import ShardWriter, Writer, WriterOptions, fsync_dir, fsync_file
+from .base import ShardWriter, Writer, fsync_dir, fsync_file
 
 ALIGN = 4096
 

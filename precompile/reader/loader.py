@@ -151,6 +151,8 @@ class Loader:
         self._pos = 0              # batches of self.epoch already handed out (resume point)
         self._orders: dict[int, list[np.ndarray]] = {}
         self._ring: gpu.CudaRing | None = None
+        self._use_ring = self.device.type == "cuda"   # pinned ring + side stream (tests drive it with a fake ring)
+        self._make_ring = gpu.CudaRing
         self.stats = LoaderStats()
 
     # -- order ----------------------------------------------------------------------------------
@@ -229,9 +231,9 @@ class Loader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         epoch, start = self.epoch, self._pos
         batches = self.batch_indices(epoch)
-        cuda = self.device.type == "cuda"
+        cuda = self._use_ring
         if cuda and self._ring is None:
-            self._ring = gpu.CudaRing(self.device, self.prefetch + 2, self.batch_size, self.reader.shapes,
+            self._ring = self._make_ring(self.device, self.prefetch + 2, self.batch_size, self.reader.shapes,
                                       self.reader.dtypes)
         nslots = self.prefetch + 2
         pool = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="precompile-gather")

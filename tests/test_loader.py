@@ -23,6 +23,7 @@ import precompile
 from precompile.build import build  # precompile.build (the function) is shadowed once the submodule is imported
 from precompile.errors import FormatError, PrecompileError
 from precompile.reader import gpu
+from precompile.reader import loader as loader_mod
 from precompile.reader.direct import DirectReader
 from precompile.reader.loader import Loader
 from precompile.recipe import parse_recipe
@@ -114,7 +115,9 @@ def _assert_same_as_dataset(loader: Loader, ds, epoch: int | None = None) -> int
 
 
 # -- same bytes as the dataset --------------------------------------------------------------
-def test_sequential_batches_match_dataset(built, ds):
+@pytest.mark.parametrize("batches_per_task", [1, 32])
+def test_sequential_batches_match_dataset(built, ds, batches_per_task, monkeypatch):
+    monkeypatch.setattr(loader_mod, "GROUP_BYTES", batches_per_task * 16 * (8 * 8 * 3 + 8))
     loader = Loader(built, batch_size=16, shuffle=False, device="cpu")
     assert loader.reader.fast and not loader.reader.fallbacks
     idx = loader.batch_indices()
@@ -402,14 +405,17 @@ class FakeRing:
 
 
 @pytest.mark.parametrize("prefetch", [1, 3])
-def test_ring_pipeline_gives_the_cpu_batches(built, prefetch):
+@pytest.mark.parametrize("batches_per_task", [1, 3, 32])
+def test_ring_pipeline_gives_the_cpu_batches(built, prefetch, batches_per_task, monkeypatch):
+    row = 8 * 8 * 3 + 8  # image + label bytes
+    monkeypatch.setattr(loader_mod, "GROUP_BYTES", batches_per_task * 6 * row)
     kw = dict(batch_size=6, shuffle="block", seed=3, device="cpu", dtype="float32", mean=0.5, std=0.25,
               gpu_steps=[{"flip": {}}], prefetch=prefetch, num_threads=3)
     ref = [b for b in Loader(built, **kw)]
     ringed = Loader(built, **kw)
     ringed._use_ring, ringed._make_ring = True, FakeRing
     got = list(ringed)
-    assert ringed._ring.launches == len(ref) == 20
+    assert len(ref) == 20 and ringed._ring.launches == -(-20 // min(batches_per_task, 20))
     for x, y in zip(got, ref):
         assert torch.equal(x["image"], y["image"]) and torch.equal(x["label"], y["label"])
 

@@ -42,6 +42,8 @@ from .direct import DirectReader
 from .sampler import epoch_order, normalize_mode, rank_share, split_batches
 
 CONVERT_KINDS = ("image", "video")
+GROUP_BYTES = 1 << 20   # a gather task covers about this many stored bytes (whole batches, at least one)
+MAX_GROUP = 32          # and at most this many batches
 
 
 @dataclass
@@ -153,6 +155,7 @@ class Loader:
         self._ring: gpu.CudaRing | None = None
         self._use_ring = self.device.type == "cuda"   # pinned ring + side stream (tests drive it with a fake ring)
         self._make_ring = gpu.CudaRing
+        self._ring_shape: tuple[int, int] | None = None
         self.stats = LoaderStats()
 
     # -- order ----------------------------------------------------------------------------------
@@ -203,7 +206,7 @@ class Loader:
         return ts, {f: t.numpy() for f, t in ts.items()}
 
     def _finish(self, batch: dict[str, torch.Tensor], epoch: int, b: int) -> dict[str, torch.Tensor]:
-        """Batch steps then conversion (on the batch's device)."""
+        """Batch steps then conversion, for batch ``b`` (on the batch's device)."""
         if self.steps:
             n = next(iter(batch.values())).shape[0]
             params = gpu.step_params(self.steps, self.seed, epoch, self.rank, b, n)
@@ -212,16 +215,36 @@ class Loader:
             batch[f] = conv(batch[f])
         return batch
 
-    def _gather_cpu(self, idx: np.ndarray, epoch: int, b: int) -> dict[str, torch.Tensor]:
+    def _finish_group(self, group: dict[str, torch.Tensor], sizes: list[int], epoch: int,
+                      first: int) -> list[dict[str, torch.Tensor]]:
+        """Split a task's rows into its batches and finish them (conversion once per task when no steps)."""
+        if len(sizes) == 1:
+            return [self._finish(group, epoch, first)]
+        if not self.steps:
+            group = self._finish(group, epoch, first)
+        parts = {f: torch.split(t, sizes) for f, t in group.items()}
+        out = [{f: parts[f][i] for f in group} for i in range(len(sizes))]
+        if self.steps:
+            out = [self._finish(bt, epoch, first + i) for i, bt in enumerate(out)]
+        return out
+
+    def _group_size(self) -> int:
+        """Batches per gather task: small batches are gathered together (fewer, larger copies; less overhead)."""
+        row = sum(self.reader.row_bytes.values())
+        return int(min(MAX_GROUP, max(1, GROUP_BYTES // max(1, row * self.batch_size))))
+
+    def _gather_cpu(self, batches: list[np.ndarray], lo: int, hi: int, epoch: int) -> list[dict[str, torch.Tensor]]:
+        idx = batches[lo] if hi - lo == 1 else np.concatenate(batches[lo:hi])
         plan = self.reader.plan(idx)
         ts, arrs = self._alloc(plan.size)
         for f in self.fields:
             self.reader.gather(f, plan, arrs[f])
-        return self._finish(ts, epoch, b)
+        return self._finish_group(ts, [len(x) for x in batches[lo:hi]], epoch, lo)
 
-    def _gather_ring(self, idx: np.ndarray, slot: int) -> int:
+    def _gather_ring(self, batches: list[np.ndarray], lo: int, hi: int, slot: int) -> int:
         ring = self._ring
         ring.wait_free(slot)
+        idx = batches[lo] if hi - lo == 1 else np.concatenate(batches[lo:hi])
         plan = self.reader.plan(idx)
         host = ring.host(slot, plan.size)
         for f in self.fields:
@@ -231,67 +254,80 @@ class Loader:
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         epoch, start = self.epoch, self._pos
         batches = self.batch_indices(epoch)
-        cuda = self._use_ring
-        if cuda and self._ring is None:
-            self._ring = self._make_ring(self.device, self.prefetch + 2, self.batch_size, self.reader.shapes,
-                                      self.reader.dtypes)
-        nslots = self.prefetch + 2
+        group = self._group_size()
+        tasks = [(lo, min(lo + group, len(batches))) for lo in range(start, len(batches), group)]
+        ahead = max(1, -(-self.prefetch // group))      # tasks in flight beyond the one being consumed
+        nslots = ahead + 2
+        ring_mode = self._use_ring
+        if ring_mode and (self._ring is None or self._ring_shape != (nslots, group)):
+            self._ring = self._make_ring(self.device, nslots, group * self.batch_size, self.reader.shapes,
+                                         self.reader.dtypes)
+            self._ring_shape = (nslots, group)
         pool = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="precompile-gather")
-        pending: deque[tuple[int, Future]] = deque()     # submitted gathers, in batch order
-        launched: deque[tuple[int, Any]] = deque()       # CUDA: copies in flight, in batch order
-        nxt = start
+        pending: deque[tuple[int, Future]] = deque()     # submitted tasks, in order
+        launched: deque[tuple[int, Any]] = deque()       # ring: tasks copied/launched, in order
+        nxt = 0
         stats = self.stats
         stats.reset()
 
         def submit_until(limit: int) -> None:
-            # CUDA: batch k refills slot k % nslots; callers keep k - nslots already launched, so the
+            # ring: task k refills slot k % nslots; callers keep task k - nslots already launched, so the
             # gather thread finds that launch's event and waits for its copy before overwriting the slot
             nonlocal nxt
-            while nxt < min(limit, len(batches)):
-                if cuda:
-                    fut = pool.submit(self._gather_ring, batches[nxt], nxt % nslots)
+            while nxt < min(limit, len(tasks)):
+                lo, hi = tasks[nxt]
+                if ring_mode:
+                    fut = pool.submit(self._gather_ring, batches, lo, hi, nxt % nslots)
                 else:
-                    fut = pool.submit(self._gather_cpu, batches[nxt], epoch, nxt)
+                    fut = pool.submit(self._gather_cpu, batches, lo, hi, epoch)
                 pending.append((nxt, fut))
                 nxt += 1
 
         def launch() -> None:
-            j, fut = pending.popleft()
+            k, fut = pending.popleft()
             n = fut.result()
-            launched.append((j, self._ring.launch(j % nslots, n, lambda d: self._finish(d, epoch, j))))
+            lo, hi = tasks[k]
+            sizes = [len(x) for x in batches[lo:hi]]
+            launched.append((k, self._ring.launch(k % nslots, n,
+                                                  lambda d: self._finish_group(d, sizes, epoch, lo))))
 
         try:
-            submit_until(start + self.prefetch + 1)
-            for b in range(start, len(batches)):
+            submit_until(ahead + 1)
+            for k in range(len(tasks)):
                 t0 = time.perf_counter()
                 if stats._t0 is None:
                     stats._t0 = t0
-                if cuda:
+                if ring_mode:
                     if not launched:
                         launch()
-                    j, (out, done) = launched.popleft()
-                    out = self._ring.deliver(out, done)
-                    # keep the bus busy: launch the later batches that are already gathered
+                    j, (outs, done) = launched.popleft()
+                    # keep the bus busy: launch the later tasks that are already gathered
                     while pending and pending[0][1].done():
                         launch()
                 else:
                     j, fut = pending.popleft()
-                    out = fut.result()
-                assert j == b
-                submit_until(b + self.prefetch + 2)
-                t1 = time.perf_counter()
-                stats.waits.append(t1 - t0)
-                stats.wait_s += t1 - t0
-                stats.batches += 1
-                self._pos = b + 1
-                yield out
-                stats.elapsed_s = time.perf_counter() - stats._t0
+                    outs, done = fut.result(), None
+                assert j == k
+                submit_until(k + ahead + 1)
+                lo = tasks[k][0]
+                for i, out in enumerate(outs):
+                    if i:
+                        t0 = time.perf_counter()
+                    if ring_mode:
+                        out = self._ring.deliver(out, done)
+                    t1 = time.perf_counter()
+                    stats.waits.append(t1 - t0)
+                    stats.wait_s += t1 - t0
+                    stats.batches += 1
+                    self._pos = lo + i + 1
+                    yield out
+                    stats.elapsed_s = time.perf_counter() - stats._t0
             self.epoch, self._pos = epoch + 1, 0
         finally:
             for _, f in pending:
                 f.cancel()
             pool.shutdown(wait=True)
-            if cuda and self._ring is not None:
+            if ring_mode and self._ring is not None:
                 self._ring.synchronize()
 
     def close(self) -> None:

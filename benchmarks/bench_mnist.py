@@ -14,7 +14,8 @@ Contenders, all in this run, same model initialisation:
   with ``num_workers=0``, ``2`` and ``2 + pin_memory``.
 - ``precompile Loader``: CPU, float32 with mean/std on the fly.
 - ``pure compute``: the whole set pre-normalised in one float tensor,
-  permuted once per epoch and sliced per batch (the lower bound).
+  permuted once per epoch before the clock starts and sliced per batch (the
+  lower bound: only the training steps are timed).
 
 The table gives total seconds, the median epoch and the ratio to the bound
 (median epoch / bound's median epoch). The target is the Loader within 1.1x.
@@ -153,8 +154,9 @@ def main(argv: list[str] | None = None) -> None:
 
     def run_epoch(state, batches_for_epoch, e) -> float:
         model, opt = state[0], state[1]
+        batches = batches_for_epoch(e)  # generators do their work inside the timed loop; the bound's is done here
         t0 = time.perf_counter()
-        for x, y in batches_for_epoch(e):
+        for x, y in batches:
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             loss.backward()
@@ -168,10 +170,10 @@ def main(argv: list[str] | None = None) -> None:
     xall = ((data.float() / 255 - MEAN) / STD).view(-1, 784)
 
     def bound(e):
+        # not a generator: the epoch's permuted copy is made before the clock starts, so only slicing is timed
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(e))
         xs, ys = xall[perm], targets[perm]
-        for i in range(0, n, 64):
-            yield xs[i:i + 64], ys[i:i + 64]
+        return [(xs[i:i + 64], ys[i:i + 64]) for i in range(0, n, 64)]
 
     def dataloader(workers, pin):
         dset = MNISTStyle(data, targets)
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"|{'-' * 50}|{'-' * 10}|{'-' * 16}|{'-' * 9}|-----------")
     for name, (times, loss, note) in results.items():
         med = statistics.median(times)
-        print(f"| {name:<48} | {sum(times):>8.2f} | {med:>14.3f} | {med / ref:>7.2f} | {loss:.3f} {note}")
+        print(f"| {name:<48} | {sum(times):>8.2f} | {med:>14.3f} | {med / ref:>7.2f} | {loss:.2e} {note}")
     if "precompile Loader (cpu)" in results:
         r = statistics.median(results["precompile Loader (cpu)"][0]) / ref
         print()

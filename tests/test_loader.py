@@ -271,6 +271,19 @@ def test_state_dict_resume_gives_exactly_the_remaining_batches(built, mode):
         Loader(built, **{**kw, "seed": 5}).load_state_dict(state)
 
 
+def test_a_new_pass_closes_an_unfinished_one(built):
+    loader = Loader(built, batch_size=10, shuffle=True, seed=2, device="cpu")
+    first = iter(loader)
+    a = next(first)["label"].clone()
+    second = iter(loader)  # resumes after the one batch handed out, and stops the first pass
+    rest = [b["label"] for b in second]
+    assert len(rest) == len(loader) - 1
+    with pytest.raises(StopIteration):
+        next(first)
+    ref = [b["label"] for b in Loader(built, batch_size=10, shuffle=True, seed=2, device="cpu")]
+    assert all(torch.equal(x, y) for x, y in zip([a] + rest, ref))
+
+
 def test_len_and_drop_last(built):
     assert len(Loader(built, batch_size=50, device="cpu")) == 3
     assert len(Loader(built, batch_size=50, device="cpu", drop_last=True)) == 2

@@ -175,6 +175,13 @@ def main(argv: list[str] | None = None) -> None:
         xs, ys = xall[perm], targets[perm]
         return [(xs[i:i + 64], ys[i:i + 64]) for i in range(0, n, 64)]
 
+    def bound_shuffled(e):
+        # the same, with the epoch's shuffled copy of the in-memory set made inside the timed loop
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(e))
+        xs, ys = xall[perm], targets[perm]
+        for i in range(0, n, 64):
+            yield xs[i:i + 64], ys[i:i + 64]
+
     def dataloader(workers, pin):
         dset = MNISTStyle(data, targets)
 
@@ -192,9 +199,19 @@ def main(argv: list[str] | None = None) -> None:
             yield b["image"].view(-1, 784), b["label"]
         waits.append(loader.stats.wait_share)
 
+    inline = Loader(index, batch_size=64, shuffle=True, seed=0, device="cpu", dtype="float32", mean=MEAN, std=STD,
+                    num_threads=0)
+
+    def precompiled_inline(e):
+        inline.set_epoch(e)
+        for b in inline:
+            yield b["image"].view(-1, 784), b["label"]
+
     contenders = [
         ("pure compute (lower bound)", bound),
+        ("pure compute + in-memory shuffle per epoch", bound_shuffled),
         ("precompile Loader (cpu)", precompiled),
+        ("precompile Loader (cpu, num_threads=0)", precompiled_inline),
         ("DataLoader(MNIST-style), 0 workers", dataloader(0, False)),
         ("DataLoader(MNIST-style), 2 workers", dataloader(2, False)),
         ("DataLoader(MNIST-style), 2 workers + pin_memory", dataloader(2, True)),

@@ -129,9 +129,10 @@ def test_sequential_batches_match_dataset(built, ds, batches_per_task, monkeypat
     assert b["label"].dtype == torch.int64
 
 
-def test_batches_are_not_reused_buffers(built, ds):
+@pytest.mark.parametrize("threads", [2, 0])
+def test_batches_are_not_reused_buffers(built, ds, threads):
     # on CPU each batch owns its memory: holding on to all of them keeps them intact
-    loader = Loader(built, batch_size=8, shuffle=True, seed=3, device="cpu", prefetch=1, num_threads=2)
+    loader = Loader(built, batch_size=8, shuffle=True, seed=3, device="cpu", prefetch=1, num_threads=threads)
     held = list(loader)
     for b, i in zip(held, loader.batch_indices(0)):
         np.testing.assert_array_equal(b["image"].numpy(), ds.batch(i)["image"])
@@ -417,14 +418,14 @@ class FakeRing:
         pass
 
 
-@pytest.mark.parametrize("prefetch", [1, 3])
+@pytest.mark.parametrize("prefetch,threads", [(1, 3), (3, 3), (2, 0)])
 @pytest.mark.parametrize("batches_per_task", [1, 3, 32])
-def test_ring_pipeline_gives_the_cpu_batches(built, prefetch, batches_per_task, monkeypatch):
+def test_ring_pipeline_gives_the_cpu_batches(built, prefetch, threads, batches_per_task, monkeypatch):
     row = 8 * 8 * 3 + 8  # image + label bytes
     monkeypatch.setattr(loader_mod, "GROUP_BYTES", batches_per_task * 6 * row)
     kw = dict(batch_size=6, shuffle="block", seed=3, device="cpu", dtype="float32", mean=0.5, std=0.25,
-              gpu_steps=[{"flip": {}}], prefetch=prefetch, num_threads=3)
-    ref = [b for b in Loader(built, **kw)]
+              gpu_steps=[{"flip": {}}], prefetch=prefetch, num_threads=threads)
+    ref = [b for b in Loader(built, **{**kw, "num_threads": 2})]
     ringed = Loader(built, **kw)
     ringed._use_ring, ringed._make_ring = True, FakeRing
     got = list(ringed)

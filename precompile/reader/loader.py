@@ -76,6 +76,32 @@ class LoaderStats:
                 f"({100 * self.wait_share:.1f}%), mean {self.mean_wait_ms:.3f} ms/batch, median {med:.3f} ms")
 
 
+class _Deferred:
+    """A future that runs its call in the thread that asks for the result (``num_threads=0``)."""
+
+    def __init__(self, fn: Any, args: tuple):
+        self.fn, self.args, self._done, self._value = fn, args, False, None
+
+    def done(self) -> bool:
+        return self._done
+
+    def result(self) -> Any:
+        if not self._done:
+            self._value, self._done = self.fn(*self.args), True
+        return self._value
+
+    def cancel(self) -> bool:
+        return True
+
+
+class _InlinePool:
+    def submit(self, fn: Any, *args: Any) -> _Deferred:
+        return _Deferred(fn, args)
+
+    def shutdown(self, wait: bool = True) -> None:
+        pass
+
+
 class Loader:
     """Iterable of ``{field: tensor}`` batches on ``device``; see the module docstring.
 
@@ -92,7 +118,9 @@ class Loader:
     fields; ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
     image/video fields (``convert_fields``) on the device, uint8 scaled to
     [0, 1] then ``(x - mean) / std`` per channel; ``channels_first`` gives
-    NCHW views of 4-d converted fields; ``num_threads`` gather threads.
+    NCHW views of 4-d converted fields; ``num_threads`` gather threads (0:
+    gather in the training thread, just in time: no thread contention, which
+    wins when the machine has no idle core to give).
     """
 
     def __init__(self, path_or_dataset: Any, batch_size: int, shuffle: bool | str = True, seed: int = 0,
@@ -129,7 +157,9 @@ class Loader:
         self.rank, self.world_size, self.uneven = int(rank), int(world_size), uneven
         self.prefetch = int(prefetch)
         self.block_window = int(block_window)
-        self.num_threads = int(num_threads) if num_threads else max(1, min(4, os.cpu_count() or 1))
+        self.num_threads = max(1, min(4, os.cpu_count() or 1)) if num_threads is None else int(num_threads)
+        if self.num_threads < 0:
+            raise ValueError(f"num_threads must be >= 0 (0: gather in the calling thread), got {num_threads}")
         self.fields = list(fields) if fields is not None else list(ds.fields)
         self.reader = DirectReader(ds, self.fields)
         self.specs = {f: ds.field_specs[f] for f in self.fields}
@@ -276,7 +306,8 @@ class Loader:
             self._ring = self._make_ring(self.device, nslots, group * self.batch_size, self.reader.shapes,
                                          self.reader.dtypes)
             self._ring_shape = (nslots, group)
-        pool = ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="precompile-gather")
+        pool = (ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="precompile-gather")
+                if self.num_threads > 0 else _InlinePool())
         pending: deque[tuple[int, Future]] = deque()     # submitted tasks, in order
         launched: deque[tuple[int, Any]] = deque()       # ring: tasks copied/launched, in order
         nxt = 0

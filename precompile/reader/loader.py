@@ -39,6 +39,7 @@ import torch
 
 from ..errors import FormatError
 from . import gpu
+from .copies import CopySchedule
 from .direct import DirectReader
 from .sampler import epoch_order, normalize_mode, rank_share, split_batches
 
@@ -120,7 +121,11 @@ class Loader:
     [0, 1] then ``(x - mean) / std`` per channel; ``channels_first`` gives
     NCHW views of 4-d converted fields; ``num_threads`` gather threads (0:
     gather in the training thread, just in time: no thread contention, which
-    wins when the machine has no idle core to give).
+    wins when the machine has no idle core to give). In a build with augmented
+    ``copies``, ``copies="epoch"`` (default) makes each epoch show every sample
+    once, as the copy ``f(build seed, epoch, key)`` (a different variant each
+    epoch, no augmentation work at training time); ``copies="all"`` reads every
+    row; ``include_original=False`` leaves the un-augmented copy 0 out.
     """
 
     def __init__(self, path_or_dataset: Any, batch_size: int, shuffle: bool | str = True, seed: int = 0,
@@ -129,7 +134,8 @@ class Loader:
                  dtype: Any = None, mean: Sequence[float] | float | None = None,
                  std: Sequence[float] | float | None = None, num_threads: int | None = None,
                  block_window: int = 8, uneven: Literal["pad", "drop"] = "pad", channels_first: bool = False,
-                 convert_fields: Sequence[str] | None = None):
+                 convert_fields: Sequence[str] | None = None, copies: Literal["epoch", "all"] = "epoch",
+                 include_original: bool = True):
         if isinstance(path_or_dataset, (str, os.PathLike)):
             from . import open_dataset
 
@@ -181,6 +187,15 @@ class Loader:
         for s in self.steps:
             s.bind(self.specs, self.reader.shapes)
 
+        if copies not in ("epoch", "all"):
+            raise ValueError(f"copies must be 'epoch' or 'all', got {copies!r}")
+        self._copies: CopySchedule | None = None
+        ds_copies = np.asarray(getattr(ds, "copies", np.zeros(0)))
+        if copies == "epoch" and ds_copies.size and ds_copies.max() > 0:
+            # augmented builds: each epoch shows every sample once, as the copy f(build seed, epoch, key)
+            attrs = getattr(ds, "attrs", {}) or {}
+            self._copies = CopySchedule(ds.keys, ds_copies, int(attrs.get("seed", self.seed)), include_original)
+
         self.epoch = 0
         self._pos = 0              # batches of self.epoch already handed out (resume point)
         self._orders: dict[int, list[np.ndarray]] = {}
@@ -193,7 +208,10 @@ class Loader:
 
     # -- order ----------------------------------------------------------------------------------
     def _epoch_rows(self, epoch: int) -> np.ndarray:
-        """Row indices that make up ``epoch`` (default: every row; one copy per key when wired to copies)."""
+        """Row indices that make up ``epoch``: one copy per sample key in an augmented build
+        (the same rows as ``precompile.reader.copies.epoch_view``), else every row."""
+        if self._copies is not None:
+            return self._copies.rows(epoch)
         return np.arange(len(self.reader.chunk_rows), dtype=np.int64)
 
     def batch_indices(self, epoch: int | None = None) -> list[np.ndarray]:

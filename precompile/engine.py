@@ -39,7 +39,7 @@ from .errors import BuildError, DecodeError, InputError, MissingDependencyError,
 from .plan import Item, ShardPlan
 from .recipe import Recipe
 from .sample import FieldSpec, Sample
-from .seeding import rng_for
+from .seeding import LazyRng
 
 
 def _err_dict(e: InputError) -> dict[str, Any]:
@@ -90,7 +90,7 @@ def copy_indices(recipe: Recipe) -> list[int]:
 
 def run_steps(recipe: Recipe, sample: Sample, copy: int, item: Item, timings: dict[str, float]) -> list[Sample]:
     t0 = time.perf_counter()
-    rng = rng_for(recipe.seed, item.key, copy)
+    rng = LazyRng(recipe.seed, item.key, copy)
     samples = [Sample(sample.key, dict(sample.fields), dict(sample.kinds), dict(sample.meta), copy)]
     original = copy == 0 and recipe.model.copies > 0  # the un-augmented original
     for i, step in enumerate(recipe.steps):

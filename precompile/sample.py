@@ -13,6 +13,16 @@ import numpy as np
 
 Shape = tuple  # of int | None (None: known only after decoding)
 
+_DTYPE_NAMES: dict = {}
+
+
+def dtype_name(dt: np.dtype) -> str:
+    """``str(dt)`` ("uint8", "float32", ...), cached: numpy builds the name in Python each time."""
+    name = _DTYPE_NAMES.get(dt)
+    if name is None:
+        name = _DTYPE_NAMES[dt] = str(dt)
+    return name
+
 
 @dataclass(frozen=True)
 class FieldSpec:
@@ -56,6 +66,10 @@ class Sample:
     kinds: dict[str, str]
     meta: dict[str, Any] = field(default_factory=dict)
     copy: int = 0
+
+    def specs(self) -> dict[str, FieldSpec]:
+        """The actual spec of every field (kind, shape, dtype) of this sample."""
+        return {f: FieldSpec(self.kinds[f], a.shape, dtype_name(a.dtype)) for f, a in self.fields.items()}
 
     def replace_fields(self, new: dict[str, np.ndarray], **kw: Any) -> "Sample":
         fields = dict(self.fields)

@@ -19,3 +19,22 @@ def stable_hash(text: str) -> int:
 def rng_for(seed: int, key: str, copy: int = 0, *extra: int) -> np.random.Generator:
     """The generator for one sample copy (``extra`` separates sub-streams)."""
     return np.random.default_rng([int(seed), stable_hash(key), int(copy), *map(int, extra)])
+
+
+class LazyRng:
+    """Stands in for :func:`rng_for`'s generator and creates it on first use.
+
+    Seeding a generator costs tens of microseconds; most steps never draw, so a
+    sample that meets no random step never pays for it. The draws are the same.
+    """
+
+    __slots__ = ("_args", "_rng")
+
+    def __init__(self, seed: int, key: str, copy: int = 0):
+        self._args = (seed, key, copy)
+        self._rng: np.random.Generator | None = None
+
+    def __getattr__(self, name: str):
+        if self._rng is None:
+            self._rng = rng_for(*self._args)
+        return getattr(self._rng, name)

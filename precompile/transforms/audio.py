@@ -76,7 +76,7 @@ class Windows(Step):
         return s
 
     def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
-        specs = {f: FieldSpec(sample.kinds[f], tuple(a.shape), str(a.dtype)) for f, a in sample.fields.items()}
+        specs = sample.specs()
         targets = self.targets(specs)
         if not targets:
             return [sample]

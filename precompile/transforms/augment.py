@@ -325,7 +325,7 @@ def _size_param(v: Any) -> list[int]:
 
 
 def _specs_of(sample: Sample) -> dict[str, FieldSpec]:
-    return {f: FieldSpec(sample.kinds[f], tuple(a.shape), str(a.dtype)) for f, a in sample.fields.items()}
+    return sample.specs()
 
 
 class _Params(StepParams):

@@ -67,7 +67,7 @@ class Step:
         raise NotImplementedError
 
     def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
-        specs = {f: FieldSpec(sample.kinds[f], tuple(a.shape), str(a.dtype)) for f, a in sample.fields.items()}
+        specs = sample.specs()
         targets = self.targets(specs)
         if not targets:
             return [sample]

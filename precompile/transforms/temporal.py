@@ -9,7 +9,7 @@ by repeating the last frame or with black frames (index -1).
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
 import numpy as np
 from pydantic import Field, field_validator
@@ -70,7 +70,7 @@ class Clips(Step):
         return [[s + j * p.every for j in range(p.length)] for s in starts]
 
     def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
-        specs = {f: FieldSpec(sample.kinds[f], tuple(a.shape), str(a.dtype)) for f, a in sample.fields.items()}
+        specs = sample.specs()
         targets = self.targets(specs)
         if not targets:
             return [sample]

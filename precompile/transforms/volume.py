@@ -39,7 +39,7 @@ def _three(v: Any, kind: type, what: str) -> Any:
 
 
 def _targets_of(step: Step, sample: Sample) -> list[str]:
-    specs = {f: FieldSpec(sample.kinds[f], tuple(a.shape), str(a.dtype)) for f, a in sample.fields.items()}
+    specs = sample.specs()
     return step.targets(specs)
 
 

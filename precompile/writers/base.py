@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from .. import format as fmt
-from ..sample import FieldSpec, Sample
+from ..sample import FieldSpec, Sample, dtype_name
 
 
 class WriterOptions(BaseModel):
@@ -45,7 +45,7 @@ class ShardWriter:
             if f not in sample.fields:
                 raise ValueError(f"sample has no field {f!r}")
             a = sample.fields[f]
-            if str(a.dtype) != spec.dtype:
+            if dtype_name(a.dtype) != spec.dtype:
                 raise ValueError(f"field {f!r}: dtype {a.dtype} differs from the declared {spec.dtype}")
             if spec.fixed:
                 if tuple(a.shape) != tuple(spec.shape):

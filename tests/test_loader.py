@@ -193,7 +193,8 @@ def _storage_chunks(built: str, ds) -> np.ndarray:
 def test_block_shuffle_reads_whole_chunks(built, ds, window):
     chunk_of = _storage_chunks(built, ds)
     assert len(np.unique(chunk_of)) == 3 * 7 + 5  # shards of 32 rows: 6 chunks of 5 + 1 of 2; the last (24): 5
-    loader = Loader(built, batch_size=8, shuffle="block", seed=2, device="cpu", block_window=window)
+    loader = Loader(built, batch_size=8, shuffle="block", seed=2, device="cpu", block_window=window,
+                    sort_batches=False)
     order = np.concatenate(loader.batch_indices(0))
     assert sorted(order.tolist()) == list(range(N))
     chunks_in_order = list(dict.fromkeys(chunk_of[order].tolist()))  # chunks by first appearance
@@ -209,8 +210,23 @@ def test_block_shuffle_reads_whole_chunks(built, ds, window):
     other = np.concatenate(loader.batch_indices(1))
     assert not np.array_equal(order, other)
     np.testing.assert_array_equal(order, np.concatenate(
-        Loader(built, batch_size=8, shuffle="block", seed=2, device="cpu", block_window=window).batch_indices(0)))
+        Loader(built, batch_size=8, shuffle="block", seed=2, device="cpu", block_window=window,
+               sort_batches=False).batch_indices(0)))
     _assert_same_as_dataset(loader, ds, epoch=0)
+
+
+@pytest.mark.parametrize("mode", ["full", "block"])
+def test_sorted_batches_hold_the_sampler_rows_in_file_order(built, ds, mode):
+    kw = dict(batch_size=8, shuffle=mode, seed=3, device="cpu")
+    plain = Loader(built, sort_batches=False, **kw).batch_indices(1)
+    srt = Loader(built, **kw)
+    sorted_batches = srt.batch_indices(1)
+    assert len(plain) == len(sorted_batches)
+    for a, b in zip(plain, sorted_batches):
+        assert sorted(a.tolist()) == sorted(b.tolist())                 # the same members
+        assert (np.diff(srt.reader.gather_rank[b]) > 0).all()          # in gather (file) order
+    assert any(not np.array_equal(a, b) for a, b in zip(plain, sorted_batches))
+    _assert_same_as_dataset(srt, ds, epoch=1)
 
 
 def test_shuffle_argument_is_checked(built):
@@ -236,12 +252,13 @@ def test_ddp_shares_pad(built, ds, mode):
 def test_ddp_shares_drop(built):
     ws = 7
     shares = [np.concatenate(Loader(built, batch_size=5, shuffle=True, seed=9, device="cpu", rank=r, world_size=ws,
-                                    uneven="drop").batch_indices(0)) for r in range(ws)]
+                                    uneven="drop", sort_batches=False).batch_indices(0)) for r in range(ws)]
     assert {len(s) for s in shares} == {17}
     allrows = np.concatenate(shares)
     assert len(set(allrows.tolist())) == len(allrows) == 17 * ws  # disjoint
     # all ranks agree on the global order: the shares are consecutive pieces of one permutation
-    one = np.concatenate(Loader(built, batch_size=5, shuffle=True, seed=9, device="cpu").batch_indices(0))
+    one = np.concatenate(Loader(built, batch_size=5, shuffle=True, seed=9, device="cpu",
+                                sort_batches=False).batch_indices(0))
     np.testing.assert_array_equal(allrows, one[:17 * ws])
     with pytest.raises(ValueError, match="rank"):
         Loader(built, batch_size=5, device="cpu", rank=7, world_size=7)

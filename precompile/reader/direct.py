@@ -4,12 +4,15 @@ The Loader's hot path never calls h5py per batch. When a :class:`DirectReader`
 opens a build it asks h5py, once per shard and field, where the bytes of every
 chunk live (``dset.id.chunk_iter``, or ``get_offset`` for a contiguous
 dataset), checks that the dataset is unfiltered and fully allocated, and maps
-the shard file with ``np.memmap``. Each row then has a byte address, and a
-batch is one numpy fancy-index per shard and field over a strided view of the
-map in which "row k" starts at byte k (``as_strided`` with strides ``(1, 1)``):
-a single C loop of row-sized memcpys that releases the GIL, so gather threads
-scale. Chunk addresses are taken from the table, never computed: HDF5 does not
-space them evenly.
+the shard file with ``np.memmap``. Each row then has a byte address. Rows whose
+addresses agree modulo the row size sit in one C-contiguous 2-D view of the
+map (one view per residue; a shard has a handful, one per distinct chunk
+alignment), so a batch is a few ``np.take(view, rows, out=...)`` calls that
+copy each row once, straight into the caller's (pinned) buffer, and release
+the GIL, so gather threads scale. ``gather_rank`` orders rows by (shard,
+residue, address): a shuffled batch sorted by it is one take per group, read
+in address order. Chunk addresses are taken from the table, never computed:
+HDF5 does not space them evenly.
 
 A dataset the map cannot serve (compressed or otherwise filtered, chunks that
 do not hold whole samples, unallocated chunks, compact/virtual/external
@@ -26,7 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from ..errors import FormatError
 
@@ -55,13 +57,15 @@ class _Plan:
 
 @dataclass
 class _FieldShard:
-    """One field of one shard: a byte view plus row addresses (fast), or an h5py fallback."""
+    """One field of one shard: row views of the map (fast), or an h5py fallback."""
 
     n: int
     rows_per_chunk: int
-    view: np.ndarray | None = None        # (file_bytes - row_bytes + 1, row_bytes) uint8, strides (1, 1)
-    row_addr: np.ndarray | None = None    # (n,) int64 byte address of each row
-    reason: str | None = None             # why the fast path is off (None: fast)
+    views: list[np.ndarray] | None = None  # per residue r: mm[r:...].reshape(-1, row_bytes), C-contiguous
+    res_id: np.ndarray | None = None       # (n,) which view holds each row
+    res_row: np.ndarray | None = None      # (n,) the row's index in that view
+    row_addr: np.ndarray | None = None     # (n,) int64 byte address of each row
+    reason: str | None = None              # why the fast path is off (None: fast)
 
 
 @dataclass
@@ -136,6 +140,7 @@ class DirectReader:
                 else:
                     f.close()
         self.chunk_rows = self._chunk_ids()
+        self.gather_rank = self._gather_rank()
 
     # -- resolving chunk addresses (once) -------------------------------------------------
     def _resolve(self, s: int, path: str, d: Any, name: str, n: int) -> _FieldShard:
@@ -196,8 +201,13 @@ class DirectReader:
             self._maps[s] = mm
         if n and (addr.min() < 0 or int(addr.max()) + rb > mm.size):
             raise FormatError(f"{path}: chunk table points past the end of the file ({mm.size} bytes)")
-        view = as_strided(mm, shape=(mm.size - rb + 1, rb), strides=(1, 1), writeable=False)
-        return _FieldShard(n, c, view=view, row_addr=addr)
+        residues, res_id = np.unique(addr % rb, return_inverse=True)
+        views = []
+        for r in residues.tolist():
+            k = (mm.size - r) // rb
+            views.append(mm[r:r + k * rb].reshape(k, rb))
+        res_row = (addr - residues[res_id]) // rb
+        return _FieldShard(n, c, views=views, res_id=res_id.astype(np.int64), res_row=res_row, row_addr=addr)
 
     def _chunk_ids(self) -> np.ndarray:
         """A global chunk id per row, from the field with the largest rows (the one that dominates I/O)."""
@@ -211,6 +221,27 @@ class DirectReader:
             ids[lo:hi] = nxt + local
             nxt += int(local[-1]) + 1 if hi > lo else 0
         return ids
+
+    def _gather_rank(self) -> np.ndarray:
+        """Each row's place in (shard, residue view, byte address) order of the largest field."""
+        name = max(self.fields, key=lambda f: self.row_bytes[f]) if self.fields else None
+        shard, rid, addr = (np.empty(self.n, dtype=np.int64) for _ in range(3))
+        for s in range(len(self.offsets) - 1):
+            lo, hi = int(self.offsets[s]), int(self.offsets[s + 1])
+            shard[lo:hi] = s
+            part = self.parts[name][s] if name else None
+            if part is not None and part.views is not None:
+                rid[lo:hi], addr[lo:hi] = part.res_id, part.row_addr
+            else:
+                rid[lo:hi], addr[lo:hi] = 0, np.arange(hi - lo)
+        rank = np.empty(self.n, dtype=np.int64)
+        rank[np.lexsort((addr, rid, shard))] = np.arange(self.n, dtype=np.int64)
+        return rank
+
+    def order_batch(self, indices: np.ndarray) -> np.ndarray:
+        """The same rows, ordered for gathering: grouped by shard and view, in address order."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return idx[np.argsort(self.gather_rank[idx], kind="stable")]
 
     # -- reading ----------------------------------------------------------------------------
     @property
@@ -246,18 +277,25 @@ class DirectReader:
         parts = self.parts[name]
         for s, pos, local in plan.groups:
             part = parts[s]
-            if part.view is not None:
-                rows = part.view[part.row_addr[local]]
-                if plan.whole:
-                    flat[...] = rows
-                else:
-                    flat[pos] = rows
-            else:
+            if part.views is None:
                 vals = self._read_fallback(s, name, part, local)
                 if plan.whole:
                     out[...] = vals
                 else:
                     out[pos] = vals
+                continue
+            rid, rrow = part.res_id[local], part.res_row[local]
+            # pos ascends (stable grouping); a run of positions is one output slice
+            start = int(pos[0]) if len(pos) else 0
+            contiguous = plan.whole or (len(pos) and int(pos[-1]) - start == len(pos) - 1)
+            cuts = np.flatnonzero(np.diff(rid)) + 1 if len(part.views) > 1 else np.zeros(0, np.int64)
+            for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(local)]):
+                view = part.views[int(rid[a])]
+                if contiguous:
+                    # one copy per row, into the output; mode="clip" keeps numpy from buffering `out`
+                    np.take(view, rrow[a:b], axis=0, out=flat[start + a:start + b], mode="clip")
+                else:
+                    flat[pos[a:b]] = view[rrow[a:b]]
         return out
 
     def read(self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:

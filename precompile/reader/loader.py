@@ -95,6 +95,16 @@ class _Deferred:
         return True
 
 
+def default_threads() -> int:
+    """Gather threads that help: only cores the training process leaves idle.
+
+    The training thread and its intra-op work need about two cores; threads
+    beyond that compete with them. Measured on 2 cores (bench_loader,
+    bench_mnist): gathering in the calling thread beat 1 and 2 gather threads.
+    """
+    return max(0, min(4, (os.cpu_count() or 1) - 2))
+
+
 class _InlinePool:
     def submit(self, fn: Any, *args: Any) -> _Deferred:
         return _Deferred(fn, args)
@@ -121,11 +131,16 @@ class Loader:
     [0, 1] then ``(x - mean) / std`` per channel; ``channels_first`` gives
     NCHW views of 4-d converted fields; ``num_threads`` gather threads (0:
     gather in the training thread, just in time: no thread contention, which
-    wins when the machine has no idle core to give). In a build with augmented
+    wins when the machine has no idle core to give; default
+    :func:`default_threads`, the cores beyond two, at most 4). In a build with augmented
     ``copies``, ``copies="epoch"`` (default) makes each epoch show every sample
     once, as the copy ``f(build seed, epoch, key)`` (a different variant each
     epoch, no augmentation work at training time); ``copies="all"`` reads every
     row; ``include_original=False`` leaves the un-augmented copy 0 out.
+    ``sort_batches`` (default True) orders the rows inside each shuffled batch
+    by their place in the files, so a batch is gathered with one copy per row in
+    address order (the batch's members are the sampler's; only their order
+    within the batch changes); False keeps the sampler's order.
     """
 
     def __init__(self, path_or_dataset: Any, batch_size: int, shuffle: bool | str = True, seed: int = 0,
@@ -135,7 +150,7 @@ class Loader:
                  std: Sequence[float] | float | None = None, num_threads: int | None = None,
                  block_window: int = 8, uneven: Literal["pad", "drop"] = "pad", channels_first: bool = False,
                  convert_fields: Sequence[str] | None = None, copies: Literal["epoch", "all"] = "epoch",
-                 include_original: bool = True):
+                 include_original: bool = True, sort_batches: bool = True):
         if isinstance(path_or_dataset, (str, os.PathLike)):
             from . import open_dataset
 
@@ -163,7 +178,8 @@ class Loader:
         self.rank, self.world_size, self.uneven = int(rank), int(world_size), uneven
         self.prefetch = int(prefetch)
         self.block_window = int(block_window)
-        self.num_threads = max(1, min(4, os.cpu_count() or 1)) if num_threads is None else int(num_threads)
+        self.sort_batches = bool(sort_batches)
+        self.num_threads = default_threads() if num_threads is None else int(num_threads)
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0 (0: gather in the calling thread), got {num_threads}")
         self.fields = list(fields) if fields is not None else list(ds.fields)
@@ -223,6 +239,9 @@ class Loader:
             order = epoch_order(rows, self.reader.chunk_rows[rows], self.mode, self.seed, e, self.block_window)
             share = rank_share(order, self.rank, self.world_size, self.uneven)
             got = split_batches(share, self.batch_size, self.drop_last)
+            if self.sort_batches and self.mode != "sequential":
+                # the order inside a batch carries no information for training: gather in file order
+                got = [self.reader.order_batch(b) for b in got]
             self._orders = {e: got}  # keep one epoch: orders can be large
         return got
 

@@ -9,7 +9,9 @@ addresses agree modulo the row size sit in one C-contiguous 2-D view of the
 map (one view per residue; a shard has a handful, one per distinct chunk
 alignment), so a batch is a few ``np.take(view, rows, out=...)`` calls that
 copy each row once, straight into the caller's (pinned) buffer, and release
-the GIL, so gather threads scale. ``gather_rank`` orders rows by (shard,
+the GIL, so gather threads scale. Small rows can land in many alignments
+(784-byte MNIST rows in 4 KiB-aligned chunks); past ``MAX_VIEWS`` a shard uses
+one fancy index over a strided view in which "row k" starts at byte k. ``gather_rank`` orders rows by (shard,
 residue, address): a shuffled batch sorted by it is one take per group, read
 in address order. Chunk addresses are taken from the table, never computed:
 HDF5 does not space them evenly.
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from ..errors import FormatError
 
@@ -36,6 +39,9 @@ log = logging.getLogger("precompile.reader")
 
 #: rows per "block" for a dataset without chunks (contiguous or fallback), in bytes
 BLOCK_BYTES = 2 * 1024 * 1024
+#: at most this many residue views per shard and field; beyond (small rows in many chunk
+#: alignments, e.g. 784-byte MNIST rows), one strided fancy-index per shard does the gather
+MAX_VIEWS = 4
 
 
 def fixed_shape(spec: dict) -> tuple[int, ...] | None:
@@ -46,13 +52,26 @@ def fixed_shape(spec: dict) -> tuple[int, ...] | None:
     return tuple(int(d) for d in shape)
 
 
-@dataclass
 class _Plan:
-    """Where a batch's rows live: per touched shard, the batch positions and the shard-local rows."""
+    """A batch's global row indices; grouped by shard (positions, shard-local rows) on demand."""
 
-    size: int
-    groups: list[tuple[int, np.ndarray, np.ndarray]]  # (shard, positions in batch, local rows)
-    whole: bool  # one shard, positions == arange(size): write straight into the output
+    def __init__(self, reader: "DirectReader", idx: np.ndarray):
+        self.reader = reader
+        self.idx = idx
+        self.size = int(idx.size)
+        self._groups: list[tuple[int, np.ndarray, np.ndarray]] | None = None
+
+    @property
+    def groups(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
+        if self._groups is None:
+            idx, offsets = self.idx, self.reader.offsets
+            shard_of = np.searchsorted(offsets, idx, side="right") - 1
+            order = np.argsort(shard_of, kind="stable")
+            so = shard_of[order]
+            bounds = [0, *(np.flatnonzero(np.diff(so)) + 1).tolist(), self.size]
+            self._groups = [(int(so[a]), order[a:b], idx[order[a:b]] - offsets[int(so[a])])
+                            for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+        return self._groups
 
 
 @dataclass
@@ -62,6 +81,7 @@ class _FieldShard:
     n: int
     rows_per_chunk: int
     views: list[np.ndarray] | None = None  # per residue r: mm[r:...].reshape(-1, row_bytes), C-contiguous
+    strided: np.ndarray | None = None      # or: (file_bytes - row_bytes + 1, row_bytes), strides (1, 1)
     res_id: np.ndarray | None = None       # (n,) which view holds each row
     res_row: np.ndarray | None = None      # (n,) the row's index in that view
     row_addr: np.ndarray | None = None     # (n,) int64 byte address of each row
@@ -141,6 +161,7 @@ class DirectReader:
                     f.close()
         self.chunk_rows = self._chunk_ids()
         self.gather_rank = self._gather_rank()
+        self._build_view_tables()
 
     # -- resolving chunk addresses (once) -------------------------------------------------
     def _resolve(self, s: int, path: str, d: Any, name: str, n: int) -> _FieldShard:
@@ -201,7 +222,11 @@ class DirectReader:
             self._maps[s] = mm
         if n and (addr.min() < 0 or int(addr.max()) + rb > mm.size):
             raise FormatError(f"{path}: chunk table points past the end of the file ({mm.size} bytes)")
+        mm = mm.view(np.ndarray)  # plain ndarray views: np.memmap's Python-level __getitem__ costs per call
         residues, res_id = np.unique(addr % rb, return_inverse=True)
+        if len(residues) > MAX_VIEWS:
+            strided = as_strided(mm, shape=(mm.size - rb + 1, rb), strides=(1, 1), writeable=False)
+            return _FieldShard(n, c, strided=strided, res_id=np.zeros(n, np.int64), res_row=addr, row_addr=addr)
         views = []
         for r in residues.tolist():
             k = (mm.size - r) // rb
@@ -222,6 +247,32 @@ class DirectReader:
             nxt += int(local[-1]) + 1 if hi > lo else 0
         return ids
 
+    def _build_view_tables(self) -> None:
+        """Per field: every mapped view of every shard in one list, and per global row its view and
+        row in it (-1: the shard is served by h5py), so a batch needs no per-shard bookkeeping."""
+        self._views: dict[str, list[np.ndarray]] = {}
+        self._takeable: dict[str, list[bool]] = {}
+        self._vid: dict[str, np.ndarray] = {}
+        self._vrow: dict[str, np.ndarray] = {}
+        for name in self.fields:
+            views: list[np.ndarray] = []
+            takeable: list[bool] = []
+            vid = np.full(self.n, -1, dtype=np.int64)
+            vrow = np.zeros(self.n, dtype=np.int64)
+            for s, part in enumerate(self.parts[name]):
+                lo, hi = int(self.offsets[s]), int(self.offsets[s + 1])
+                if part.views is not None:
+                    vid[lo:hi] = len(views) + part.res_id
+                    vrow[lo:hi] = part.res_row
+                    views.extend(part.views)
+                    takeable.extend([True] * len(part.views))
+                elif part.strided is not None:
+                    vid[lo:hi] = len(views)
+                    vrow[lo:hi] = part.row_addr
+                    views.append(part.strided)
+                    takeable.append(False)
+            self._views[name], self._takeable[name], self._vid[name], self._vrow[name] = views, takeable, vid, vrow
+
     def _gather_rank(self) -> np.ndarray:
         """Each row's place in (shard, residue view, byte address) order of the largest field."""
         name = max(self.fields, key=lambda f: self.row_bytes[f]) if self.fields else None
@@ -230,7 +281,7 @@ class DirectReader:
             lo, hi = int(self.offsets[s]), int(self.offsets[s + 1])
             shard[lo:hi] = s
             part = self.parts[name][s] if name else None
-            if part is not None and part.views is not None:
+            if part is not None and part.row_addr is not None:
                 rid[lo:hi], addr[lo:hi] = part.res_id, part.row_addr
             else:
                 rid[lo:hi], addr[lo:hi] = 0, np.arange(hi - lo)
@@ -250,53 +301,54 @@ class DirectReader:
         return not self.fallbacks
 
     def plan(self, indices: np.ndarray) -> _Plan:
-        """Group a batch's global row indices by shard (once per batch, shared by all fields)."""
+        """Check a batch's global row indices once; shared by all fields' gathers."""
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.n):
             raise IndexError(f"row index out of range for {self.n} rows")
-        shard_of = np.searchsorted(self.offsets, idx, side="right") - 1
-        if idx.size and shard_of[0] == shard_of[-1] and (shard_of == shard_of[0]).all():
-            s = int(shard_of[0])
-            return _Plan(idx.size, [(s, np.arange(idx.size), idx - self.offsets[s])], True)
-        order = np.argsort(shard_of, kind="stable")
-        so = shard_of[order]
-        cuts = np.flatnonzero(np.diff(so)) + 1
-        groups = []
-        for a, b in zip(np.r_[0, cuts], np.r_[cuts, idx.size]):
-            s = int(so[a])
-            pos = order[a:b]
-            groups.append((s, pos, idx[pos] - self.offsets[s]))
-        return _Plan(idx.size, groups, False)
+        return _Plan(self, idx)
 
     def gather(self, name: str, plan: _Plan, out: np.ndarray) -> np.ndarray:
         """Fill ``out`` (``(len, *shape)`` of the field's dtype, C-contiguous) with the planned rows."""
         if out.shape != (plan.size, *self.shapes[name]) or out.dtype != self.dtypes[name]:
             raise ValueError(f"out has shape {out.shape} {out.dtype}, expected {(plan.size, *self.shapes[name])} "
                              f"{self.dtypes[name]}")
-        flat = out.reshape(plan.size, -1).view(np.uint8) if out.size else out
-        parts = self.parts[name]
-        for s, pos, local in plan.groups:
-            part = parts[s]
-            if part.views is None:
-                vals = self._read_fallback(s, name, part, local)
-                if plan.whole:
-                    out[...] = vals
+        if not plan.size:
+            return out
+        flat = out.reshape(plan.size, -1).view(np.uint8)
+        vid = self._vid[name][plan.idx]
+        if vid.min() < 0:  # some shards are served by h5py
+            for s, pos, local in plan.groups:
+                if self._vid[name][self.offsets[s]] < 0:
+                    out[pos] = self._read_fallback(s, name, self.parts[name][s], local)
                 else:
-                    out[pos] = vals
-                continue
-            rid, rrow = part.res_id[local], part.res_row[local]
-            # pos ascends (stable grouping); a run of positions is one output slice
-            start = int(pos[0]) if len(pos) else 0
-            contiguous = plan.whole or (len(pos) and int(pos[-1]) - start == len(pos) - 1)
-            cuts = np.flatnonzero(np.diff(rid)) + 1 if len(part.views) > 1 else np.zeros(0, np.int64)
-            for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(local)]):
-                view = part.views[int(rid[a])]
-                if contiguous:
-                    # one copy per row, into the output; mode="clip" keeps numpy from buffering `out`
-                    np.take(view, rrow[a:b], axis=0, out=flat[start + a:start + b], mode="clip")
-                else:
-                    flat[pos[a:b]] = view[rrow[a:b]]
+                    self._gather_runs(name, plan.idx[pos], vid[pos], flat, pos)
+            return out
+        self._gather_runs(name, plan.idx, vid, flat, None)
         return out
+
+    def _gather_runs(self, name: str, idx: np.ndarray, vid: np.ndarray, flat: np.ndarray,
+                     pos: np.ndarray | None) -> None:
+        """Copy rows ``idx`` (all in mapped views ``vid``) to ``flat[pos]`` (``pos`` None: to ``flat`` in order).
+
+        A run of rows in one view is one ``np.take`` straight into the output (one copy per row);
+        a batch in scattered order is grouped by view first and scattered once.
+        """
+        views, takeable, vrow = self._views[name], self._takeable[name], self._vrow[name][idx]
+        cuts = np.flatnonzero(vid[1:] != vid[:-1]) + 1
+        if pos is not None or len(cuts) > 2 * len(views):
+            order = np.argsort(vid, kind="stable")
+            tmp = np.empty((len(idx), flat.shape[1]), np.uint8)
+            self._gather_runs(name, idx[order], vid[order], tmp, None)
+            flat[order if pos is None else pos[order]] = tmp
+            return
+        bounds = [0, *cuts.tolist(), len(idx)]
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            v = int(vid[a])
+            if takeable[v]:
+                # mode="clip" keeps numpy from buffering `out` (indices come from the chunk table)
+                np.take(views[v], vrow[a:b], axis=0, out=flat[a:b], mode="clip")
+            else:  # a strided view: one fancy index (a temporary, then a copy)
+                flat[a:b] = views[v][vrow[a:b]]
 
     def read(self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """``{field: rows}`` for ``indices`` in the given order (a fresh array per field)."""
@@ -314,7 +366,8 @@ class DirectReader:
         cuts = np.flatnonzero(np.diff(ck)) + 1
         with self._lock:
             d = self._h5[s][name]
-            for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(local)]):
+            bounds = [0, *cuts.tolist(), len(local)]
+            for a, b in zip(bounds[:-1], bounds[1:]):
                 k = int(ck[a])
                 lo, hi = k * c, min(part.n, (k + 1) * c)
                 block = d[lo:hi]
@@ -331,6 +384,7 @@ class DirectReader:
         self._h5 = {}
         self._maps = {}
         self.parts = {name: [] for name in self.fields}
+        self._views = {name: [] for name in self.fields}
 
 
 def _block_rows(row_bytes: int) -> int:

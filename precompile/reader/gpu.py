@@ -97,9 +97,10 @@ class Convert:
             self._cache[key] = c
         return c
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Convert ``x``; ``out`` (float32, ``x``'s shape and device) receives the result if given."""
         a, b = self._coeffs(x.device, x.shape[-1] if x.ndim >= 2 else 1)
-        y = x.to(torch.float32).mul_(a).add_(b)
+        y = (out.copy_(x) if out is not None else x.to(torch.float32)).mul_(a).add_(b)
         if self.dtype != torch.float32:
             y = y.to(self.dtype)
         if self.channels_first and y.ndim == 4:

@@ -27,6 +27,8 @@ wall time).
 from __future__ import annotations
 
 import os
+import sys
+import threading
 import time
 import weakref
 from collections import deque
@@ -95,14 +97,46 @@ class _Deferred:
         return True
 
 
-def default_threads() -> int:
-    """Gather threads that help: only cores the training process leaves idle.
+class HostPool:
+    """Host buffers for CPU batches, reused once every tensor made from one is gone.
 
-    The training thread and its intra-op work need about two cores; threads
-    beyond that compete with them. Measured on 2 cores (bench_loader,
-    bench_mnist): gathering in the calling thread beat 1 and 2 gather threads.
+    ``torch.from_numpy`` keeps its ndarray alive until the last tensor or view on it
+    dies, so the ndarray's reference count says when the consumer has let go of a
+    batch; a batch still held (kept in a list, say) is never overwritten. Fresh
+    buffers cost page faults on every batch (measured: ~55 us per MNIST batch of 64).
     """
-    return max(0, min(4, (os.cpu_count() or 1) - 2))
+
+    def __init__(self, limit: int = 8):
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._bufs: dict[tuple, list[np.ndarray]] = {}
+
+    def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        key = (tuple(shape), np.dtype(dtype).str)
+        with self._lock:
+            bufs = self._bufs.setdefault(key, [])
+            for i in range(len(bufs)):
+                if sys.getrefcount(bufs[i]) == 2:  # the list and getrefcount's argument: no tensor uses it
+                    return bufs[i]
+            a = np.empty(shape, dtype)
+            if len(bufs) < self.limit:
+                bufs.append(a)
+            return a
+
+
+def default_threads(device: torch.device) -> int:
+    """Gather threads that help: only cores that training leaves idle (at most 4).
+
+    On CUDA the training thread mostly launches kernels: every core but one.
+    On CPU, torch's intra-op threads do the training: the cores beyond them.
+    Measured on 2 cores: with training on 2 threads, gathering in the calling
+    thread (0) won; with training on 1 thread, 1 gather thread won
+    (benchmarks/bench_loader.py, bench_mnist.py).
+    """
+    cpus = os.cpu_count() or 1
+    if device.type == "cuda":
+        return max(1, min(4, cpus - 1))
+    return max(0, min(4, cpus - torch.get_num_threads()))
 
 
 class _InlinePool:
@@ -179,7 +213,7 @@ class Loader:
         self.prefetch = int(prefetch)
         self.block_window = int(block_window)
         self.sort_batches = bool(sort_batches)
-        self.num_threads = default_threads() if num_threads is None else int(num_threads)
+        self.num_threads = default_threads(self.device) if num_threads is None else int(num_threads)
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0 (0: gather in the calling thread), got {num_threads}")
         self.fields = list(fields) if fields is not None else list(ds.fields)
@@ -221,6 +255,7 @@ class Loader:
         self._ring_shape: tuple[int, int] | None = None
         self._active: weakref.ref | None = None
         self.stats = LoaderStats()
+        self._pool = HostPool()
 
     # -- order ----------------------------------------------------------------------------------
     def _epoch_rows(self, epoch: int) -> np.ndarray:
@@ -272,9 +307,8 @@ class Loader:
 
     # -- iteration --------------------------------------------------------------------------------
     def _alloc(self, n: int) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
-        ts = {f: torch.empty((n, *self.reader.shapes[f]), dtype=gpu.numpy_to_torch_dtype(self.reader.dtypes[f]))
-              for f in self.fields}
-        return ts, {f: t.numpy() for f, t in ts.items()}
+        arrs = {f: self._pool.get((n, *self.reader.shapes[f]), self.reader.dtypes[f]) for f in self.fields}
+        return {f: torch.from_numpy(a) for f, a in arrs.items()}, arrs
 
     def _finish(self, batch: dict[str, torch.Tensor], epoch: int, b: int) -> dict[str, torch.Tensor]:
         """Batch steps then conversion, for batch ``b`` (on the batch's device)."""
@@ -283,7 +317,11 @@ class Loader:
             params = gpu.step_params(self.steps, self.seed, epoch, self.rank, b, n)
             batch = gpu.run_steps(batch, self.steps, params)
         for f, conv in self.convert.items():
-            batch[f] = conv(batch[f])
+            x = batch[f]
+            out = None
+            if x.device.type == "cpu" and conv.dtype == torch.float32:
+                out = torch.from_numpy(self._pool.get(tuple(x.shape), np.float32))
+            batch[f] = conv(x, out=out)
         return batch
 
     def _finish_group(self, group: dict[str, torch.Tensor], sizes: list[int], epoch: int,

@@ -35,7 +35,7 @@ from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from . import functional as F
 from .base import Step, StepParams
-from .geometric import SPATIAL, _get_hw, _hw_axes, _set_hw
+from .geometric import SPATIAL, _hw_axes, _set_hw, crop_spec
 
 COLOR = frozenset({"image", "video"})
 VOLUME = frozenset({"volume", "mask"})
@@ -443,11 +443,7 @@ class RandomCrop(_Spatial2D):
     Params = _CropParams
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
-        h, w = self.params.size
-        H, W = _get_hw(spec)
-        if not self.params.pad and H is not None and W is not None and (H < h or W < w):
-            raise ValueError(f"size {h}x{w} is larger than the input {H}x{W}; add pad: true or resize first")
-        return _set_hw(spec, h, w)
+        return crop_spec(spec, self.params.size, self.params.pad)
 
     def _padded(self, H: int, W: int) -> tuple[int, int]:
         h, w = self.params.size

@@ -35,6 +35,15 @@ def _get_hw(spec: FieldSpec) -> tuple[int | None, int | None]:
     return spec.shape[a], spec.shape[b]
 
 
+def crop_spec(spec: FieldSpec, size: list[int], pad: bool) -> FieldSpec:
+    """The spec of an (h, w) crop of ``spec``: a known input smaller than the crop needs ``pad``."""
+    h, w = size
+    H, W = _get_hw(spec)
+    if not pad and H is not None and W is not None and (H < h or W < w):
+        raise ValueError(f"size {h}x{w} is larger than the input {H}x{W}; add pad: true or resize first")
+    return _set_hw(spec, h, w)
+
+
 def _size2(v: Any) -> tuple[int, int]:
     if isinstance(v, int) and not isinstance(v, bool):
         return (v, v)
@@ -131,11 +140,7 @@ class CenterCrop(Step):
             return self
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
-        h, w = self.params.size
-        H, W = _get_hw(spec)
-        if not self.params.pad and H is not None and W is not None and (H < h or W < w):
-            raise ValueError(f"size {h}x{w} is larger than the input {H}x{W}; add pad: true or resize first")
-        return _set_hw(spec, h, w)
+        return crop_spec(spec, self.params.size, self.params.pad)
 
     def apply(self, a: np.ndarray, kind: str, **_: Any) -> np.ndarray:
         h, w = self.params.size

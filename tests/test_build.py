@@ -171,3 +171,17 @@ def test_make_image_tree_is_deterministic(tmp_path):
     a = make_image_tree(tmp_path / "a", per_class=2)
     b = make_image_tree(tmp_path / "b", per_class=2)
     assert (a / "cat" / "000.jpg").read_bytes() == (b / "cat" / "000.jpg").read_bytes()
+
+
+def test_whole_output_is_byte_identical_with_source_date_epoch(tmp_path, image_recipe_file, monkeypatch):
+    """With SOURCE_DATE_EPOCH fixing the recorded build date, the index file is reproducible too
+    (its virtual datasets carry no timestamps); the builds are more than a second apart."""
+    import time
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    precompile.build(image_recipe_file, out_dir=tmp_path / "a")
+    time.sleep(1.1)
+    precompile.build(image_recipe_file, out_dir=tmp_path / "b", n_jobs=2)
+    assert (tmp_path / "a" / "imgs.h5").read_bytes() == (tmp_path / "b" / "imgs.h5").read_bytes()
+    with h5py.File(tmp_path / "a" / "imgs.h5", "r") as f:
+        assert f["image"].is_virtual and f.attrs["build_date"] == "2023-11-14T22:13:20+00:00"

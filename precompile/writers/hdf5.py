@@ -184,17 +184,37 @@ def _ragged_index(f, name: str, spec: FieldSpec, shards: list[dict[str, Any]], b
     total = int(sum(sizes))
     g = f.create_group(name)
     g.attrs[fmt.A_LAYOUT] = fmt.LAYOUT_RAGGED
-    layout = h5py.VirtualLayout(shape=(total,), dtype=spec.dtype)
-    off = 0
-    for s, n in zip(shards, sizes):
-        if n:
-            layout[off:off + n] = h5py.VirtualSource(s["file"], f"{name}/{fmt.RAGGED_DATA}", shape=(n,))
-        off += n
-    g.create_virtual_dataset(fmt.RAGGED_DATA, layout, fillvalue=0)
+    _virtual_dataset(g, fmt.RAGGED_DATA, (total,), spec.dtype,
+                     [(s["file"], f"{name}/{fmt.RAGGED_DATA}", n) for s, n in zip(shards, sizes)])
     g.create_dataset(fmt.RAGGED_OFFSETS, data=np.concatenate(offsets), track_times=False)
     nd = len(spec.shape)
     g.create_dataset(fmt.RAGGED_SHAPES, data=np.concatenate(shapes) if shapes else np.zeros((0, nd), np.int64),
                      track_times=False)
+
+
+def _virtual_dataset(parent: Any, name: str, shape: tuple[int, ...], dtype: str,
+                     sources: list[tuple[str, str, int]]) -> None:
+    """A virtual dataset stacking ``(file, dataset, rows)`` sources along axis 0, without timestamps.
+
+    h5py's ``create_virtual_dataset`` keeps the object's creation time, so two builds of
+    the same inputs would differ in the index file's bytes; the low-level calls let us
+    switch that off. Source files are relative: HDF5 finds them beside the index.
+    """
+    h5py = _h5()
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_obj_track_times(False)
+    dcpl.set_fill_value(np.zeros((), dtype=dtype))
+    vspace = h5py.h5s.create_simple(shape, shape)
+    off = 0
+    for file, dset, n in sources:
+        if n:
+            src_shape = (n, *shape[1:])
+            sel = h5py.h5s.create_simple(shape, shape)
+            sel.select_hyperslab((off,) + (0,) * (len(shape) - 1), src_shape)
+            dcpl.set_virtual(sel, file.encode(), dset.encode(), h5py.h5s.create_simple(src_shape, src_shape))
+        off += n
+    tid = h5py.h5t.py_create(np.dtype(dtype))
+    h5py.h5d.create(parent.id, name.encode(), tid, vspace, dcpl=dcpl).close()
 
 
 @WRITERS.register()
@@ -242,14 +262,8 @@ class Hdf5Writer(Writer):
                 if not spec.fixed:
                     _ragged_index(f, name, spec, shards, base)
                     continue
-                layout = h5py.VirtualLayout(shape=(total, *spec.shape), dtype=spec.dtype)
-                off = 0
-                for s in shards:
-                    n = s["num_samples"]
-                    if n:
-                        layout[off:off + n] = h5py.VirtualSource(s["file"], name, shape=(n, *spec.shape))
-                    off += n
-                f.create_virtual_dataset(name, layout, fillvalue=0)
+                _virtual_dataset(f, name, (total, *spec.shape), spec.dtype,
+                                 [(s["file"], name, s["num_samples"]) for s in shards])
             str_t = h5py.string_dtype("utf-8")
             f.create_dataset(fmt.KEY, data=np.array(keys, dtype=object), dtype=str_t, track_times=False)
             f.create_dataset(fmt.COPY, data=np.concatenate(copies) if copies else np.zeros(0, np.int32),

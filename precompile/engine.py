@@ -33,13 +33,14 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
-from .errors import BuildError, DecodeError, InputError, MissingDependencyError, StepError
+from .errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, StepError
 from .plan import Item, ShardPlan
 from .recipe import Recipe
 from .sample import FieldSpec, Sample
 from .seeding import LazyRng
+from .writers.base import SampleError
 
 
 def _err_dict(e: InputError) -> dict[str, Any]:
@@ -115,10 +116,6 @@ def run_steps(recipe: Recipe, sample: Sample, copy: int, item: Item, timings: di
     return samples
 
 
-def iter_samples(recipe: Recipe, item: Item, timings: dict[str, float]) -> Iterator[Sample]:
-    sample = decode_item(recipe, item, timings)
-    for c in copy_indices(recipe):
-        yield from run_steps(recipe, sample, c, item, timings)
 
 
 def skipped_path(shard_path: str) -> str:
@@ -156,7 +153,14 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
         decode = lambda item: iso.decode(item, timeout, timings)  # noqa: E731
     else:
         decode = lambda item: decode_item(recipe, item, timings)  # noqa: E731
-    writer = writer_cls.open_shard(path, specs, key, options, chunking)
+    try:
+        writer = writer_cls.open_shard(path, specs, key, options, chunking)
+    except OSError as e:
+        return {"index": shard.index, "status": "failed", "timings": timings, "num_samples": 0,
+                "wall": time.perf_counter() - t_start,
+                "failures": [{"message": f"shard {shard.index}: cannot create {path}: {e.strerror or e}", "detail": "",
+                              "path": path, "stage": "write", "field": None, "key": None, "type": "OSError",
+                              "shard": shard.index}]}
 
     def failed(extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
         writer.abort()
@@ -167,15 +171,19 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
         for item in shard.items:
             try:
                 sample = decode(item)
-                for c in copy_indices(recipe):
-                    for s in run_steps(recipe, sample, c, item, timings):
-                        t0 = time.perf_counter()
-                        try:
-                            writer.add(s)
-                        except ValueError as e:
-                            raise StepError(str(e), path=next(iter(item.paths.values())), stage="write",
-                                            key=item.key) from e
-                        timings["write"] += time.perf_counter() - t0
+                # every sample of the input (all copies) is made and checked before any is written:
+                # an input that fails is dropped whole, never half-written
+                samples = [s for c in copy_indices(recipe) for s in run_steps(recipe, sample, c, item, timings)]
+                t0 = time.perf_counter()
+                for s in samples:
+                    try:
+                        writer.check(s)
+                    except SampleError as e:
+                        raise StepError(str(e), path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
+                                        stage="write", field=e.field, key=item.key) from e
+                for s in samples:
+                    writer.add(s)
+                timings["write"] += time.perf_counter() - t0
             except InputError as e:
                 failures.append(_err_dict(e) | {"shard": shard.index})
                 if policy == "fail":
@@ -190,6 +198,9 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
         info = writer.close()
         timings["write"] += time.perf_counter() - t0
     except BaseException as e:
+        if isinstance(e, PrecompileError) and not isinstance(e, InputError):
+            writer.abort()
+            raise  # not about one input (a missing codec extra, say): the build stops with it
         if isinstance(e, Exception):
             return failed({"message": f"shard {shard.index}: {type(e).__name__}: {e}",
                            "detail": traceback.format_exc(limit=5), "path": path, "stage": "write", "field": None,

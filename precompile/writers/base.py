@@ -28,6 +28,14 @@ class WriterOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SampleError(ValueError):
+    """A sample the shard cannot take; ``field`` names the field at fault."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
 class ShardWriter:
     def __init__(self, path: str, specs: dict[str, FieldSpec], shard_key: str, options: Any, chunking: dict[str, int]):
         self.path = path
@@ -40,18 +48,20 @@ class ShardWriter:
         self._hash = {f: hashlib.sha256() for f in specs}
 
     def check(self, sample: Sample) -> None:
-        """Raise ValueError when a sample does not match the declared specs (dtype, rank, fixed dims)."""
+        """Raise :class:`SampleError` when a sample does not match the declared specs (dtype, rank,
+        fixed dims) or cannot be stored; ``add`` of a checked sample fails only on I/O errors."""
         for f, spec in self.specs.items():
             if f not in sample.fields:
-                raise ValueError(f"sample has no field {f!r}")
+                raise SampleError(f"sample has no field {f!r}", f)
             a = sample.fields[f]
             if dtype_name(a.dtype) != spec.dtype:
-                raise ValueError(f"field {f!r}: dtype {a.dtype} differs from the declared {spec.dtype}")
+                raise SampleError(f"field {f!r}: dtype {a.dtype} differs from the declared {spec.dtype}", f)
             if spec.fixed:
                 if tuple(a.shape) != tuple(spec.shape):
-                    raise ValueError(f"field {f!r}: shape {tuple(a.shape)} differs from the declared {tuple(spec.shape)}")
+                    raise SampleError(f"field {f!r}: shape {tuple(a.shape)} differs from the declared "
+                                      f"{tuple(spec.shape)}", f)
             elif a.ndim != len(spec.shape) or any(d is not None and d != n for d, n in zip(spec.shape, a.shape)):
-                raise ValueError(f"field {f!r}: shape {tuple(a.shape)} does not fit the declared {spec.describe()}")
+                raise SampleError(f"field {f!r}: shape {tuple(a.shape)} does not fit the declared {spec.describe()}", f)
 
     def update_checksums(self, sample: Sample) -> None:
         for f in self.specs:
@@ -189,11 +199,36 @@ class FolderShardWriter(ShardWriter):
                     for f, s in self.storage.items() if s["store"] == fmt.STORE_NPY}
         self.samples: list[dict[str, Any]] = []
 
+    def check(self, sample: Sample) -> None:
+        super().check(sample)
+        for f, st in self.storage.items():
+            if st["store"] == fmt.STORE_FILE:
+                try:
+                    self.writer.check_file(f, sample.fields[f], sample, self.options)
+                except ValueError as e:
+                    raise SampleError(str(e), f) from None
+
     def add(self, sample: Sample) -> None:
         self.check(sample)
         i = self.count
         entry: dict[str, Any] = {"key": sample.key, "copy": int(sample.copy), "meta": sample.meta,
                                  "files": {}, "shapes": {}, "values": {}}
+        # files first (removed again if one fails); npy streams and checksums only once all are written
+        written: list[str] = []
+        stored_files: dict[str, np.ndarray] = {}
+        try:
+            for f, st in self.storage.items():
+                if st["store"] == fmt.STORE_FILE:
+                    name = fmt.sample_file_name(i, st["ext"], f if self.several else None)
+                    p = os.path.join(self.tmp_path, name)
+                    written.append(p)
+                    stored_files[f] = self.writer.write_file(p, f, sample.fields[f], sample, self.options)
+                    entry["files"][f] = name
+        except BaseException:
+            for p in written:
+                if os.path.exists(p):
+                    os.remove(p)
+            raise
         for f, st in self.storage.items():
             a = sample.fields[f]
             if st["store"] == fmt.STORE_INDEX:
@@ -202,9 +237,7 @@ class FolderShardWriter(ShardWriter):
             else:
                 entry["shapes"][f] = list(a.shape)
                 if st["store"] == fmt.STORE_FILE:
-                    name = fmt.sample_file_name(i, st["ext"], f if self.several else None)
-                    stored = self.writer.write_file(os.path.join(self.tmp_path, name), f, a, sample, self.options)
-                    entry["files"][f] = name
+                    stored = stored_files[f]
                 else:
                     self.npy[f].add(a)
                     stored = a
@@ -229,10 +262,14 @@ class FolderShardWriter(ShardWriter):
             f.flush()
             os.fsync(f.fileno())
         fsync_dir(self.tmp_path)
-        if os.path.lexists(self.path):  # an out-of-date shard being rebuilt
-            shutil.rmtree(self.path) if os.path.isdir(self.path) else os.remove(self.path)
+        old = None
+        if os.path.lexists(self.path):  # an out-of-date shard being rebuilt: move it aside in one rename
+            old = f"{self.path}.tmp-old-{os.getpid()}"  # a "*.tmp-*" name: the next build removes it if we die
+            os.replace(self.path, old)
         os.replace(self.tmp_path, self.path)
         fsync_dir(os.path.dirname(self.path))
+        if old is not None:
+            shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
         return {"num_samples": self.count, "bytes": nbytes, "checksums": self.checksums()}
 
     def abort(self) -> None:
@@ -262,6 +299,9 @@ class FolderWriter(Writer):
     def write_file(self, path: str, field: str, array: np.ndarray, sample: Sample, options: Any) -> np.ndarray:
         """Write one file; returns the array as a reader will get it back (for checksums)."""
         raise NotImplementedError
+
+    def check_file(self, field: str, array: np.ndarray, sample: Sample, options: Any) -> None:
+        """Raise ValueError when ``array`` cannot be written as a file (checked before anything is written)."""
 
     # -- shared ---------------------------------------------------------------------------
     def storage(self, specs: dict[str, FieldSpec], options: Any = None) -> dict[str, dict[str, Any]]:

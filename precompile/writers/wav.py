@@ -109,13 +109,16 @@ class WavWriter(FolderWriter):
                     raise ValueError(f"field {f!r} is int16 audio: write it with output.options.subtype PCM_16 "
                                      f"(or auto), or convert it to float32 in the recipe")
 
-    def write_file(self, path: str, field: str, array: np.ndarray, sample: Sample, options: Any) -> np.ndarray:
-        rate = sample_rate_of(sample, field, options)
-        sub = options.subtype
-        if sub == "auto":
-            sub = "PCM_16" if array.dtype == np.int16 else "FLOAT"
+    def check_file(self, field: str, array: np.ndarray, sample: Sample, options: Any) -> None:
+        sample_rate_of(sample, field, options)
         if array.shape[0] < 1 or array.shape[0] > 65535:
             raise ValueError(f"field {field!r}: {array.shape[0]} channels cannot go in a WAV file")
         if array.size * 4 > 0xFFFFFFF0:
             raise ValueError(f"field {field!r}: {array.size} samples are too many for one WAV file (4 GiB limit)")
-        return write_wav(path, array, rate, sub)
+
+    def write_file(self, path: str, field: str, array: np.ndarray, sample: Sample, options: Any) -> np.ndarray:
+        self.check_file(field, array, sample, options)
+        sub = options.subtype
+        if sub == "auto":
+            sub = "PCM_16" if array.dtype == np.int16 else "FLOAT"
+        return write_wav(path, array, sample_rate_of(sample, field, options), sub)

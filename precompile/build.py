@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import glob
-import json
 import os
 import re
 import shutil
@@ -41,6 +40,7 @@ from .errors import BuildError, PlanError, RecipeError
 from .plan import Plan, make_plan
 from .recipe import Recipe, load_recipe
 from .registry import WRITERS
+from .writers.base import write_json_atomic
 
 
 def chunking_for(plan: Plan) -> dict[str, int]:
@@ -110,34 +110,41 @@ def build(recipe: Recipe | str | os.PathLike, out_dir: str | os.PathLike = "buil
     skey = recipe_key(recipe)
     chunking = chunking_for(plan)
 
-    # stray temporaries from a killed build, and shards beyond the plan's count
-    for p in glob.glob(os.path.join(glob.escape(shard_dir), "*.tmp-*")):
+    # stray temporaries from a killed build: shards, the index, the report
+    for p in (glob.glob(os.path.join(glob.escape(shard_dir), "*.tmp-*"))
+              + glob.glob(os.path.join(glob.escape(out_dir), glob.escape(recipe.output_name) + ".*.tmp-*"))):
         _remove(p)  # a file, or a shard folder
     names = {fmt.shard_file_name(s.index, writer.shard_ext) for s in plan.shards}
     names |= {skipped_path(n) for n in names}
-    for p in glob.glob(os.path.join(glob.escape(shard_dir), "shard-*")):
-        if os.path.basename(p) not in names:
-            _remove(p)
+    extras = [p for p in glob.glob(os.path.join(glob.escape(shard_dir), "shard-*")) if os.path.basename(p) not in names]
 
-    keys, todo, infos = {}, [], {}
+    keys, stale, infos = {}, [], {}
     failures: list[dict[str, Any]] = []
-    reused = 0
     for s in plan.shards:
         keys[s.index] = shard_key(plan, s, skey, content=content_hash)
         path = os.path.join(shard_dir, fmt.shard_file_name(s.index, writer.shard_ext))
         info = None if force else writer.read_shard_info(path)
-        if not force and (info is None or info["key"] != keys[s.index]):
-            src = find_reusable(out_dir, shard_dir, os.path.basename(path), keys[s.index], writer)
-            if src is not None and _link_shard(src, path):
-                reused += 1
-                info = writer.read_shard_info(path)
         if info is not None and info["key"] == keys[s.index]:
             infos[s.index] = info
             failures.extend(f | {"previous_build": True} for f in read_skipped(path, keys[s.index]))
         else:
-            todo.append((s, path))
-    if todo and os.path.exists(index_path):
-        os.remove(index_path)  # never leave an index that points at shards being rebuilt
+            stale.append((s, path))
+    if (stale or extras) and os.path.exists(index_path):
+        os.remove(index_path)  # before any shard changes: never an index that points at changed shards
+    for p in extras:  # shards beyond the plan's count
+        _remove(p)
+    todo, reused = [], 0
+    for s, path in stale:
+        if not force:
+            src = find_reusable(out_dir, shard_dir, os.path.basename(path), keys[s.index], writer)
+            if src is not None and _link_shard(src, path):
+                info = writer.read_shard_info(path)
+                if info is not None and info["key"] == keys[s.index]:
+                    reused += 1
+                    infos[s.index] = info
+                    failures.extend(f | {"previous_build": True} for f in read_skipped(path, keys[s.index]))
+                    continue
+        todo.append((s, path))
 
     timings = {"decode": 0.0, "steps": 0.0, "write": 0.0}
     failed_shards: list[int] = []
@@ -264,12 +271,7 @@ def _remove(path: str) -> None:
 
 
 def _write_report(index_path: str, report: dict) -> None:
-    path = os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=2, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
+    write_json_atomic(os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX, report, indent=2)
 
 
 def _inputs(shard) -> str:
@@ -315,7 +317,10 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, schedule
                                    dashboard_address=None)
             client = Client(cluster)
         else:
-            cluster, client = None, Client(scheduler)
+            try:
+                cluster, client = None, Client(scheduler, timeout="10s")
+            except (OSError, TimeoutError) as e:
+                raise BuildError(f"cannot reach the dask scheduler at {scheduler!r}: {e}") from None
         try:
             with joblib.parallel_config(backend="dask"):
                 yield from joblib.Parallel(n_jobs=-1, return_as="generator_unordered")(tasks)

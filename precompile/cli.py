@@ -21,7 +21,26 @@ def _human(n: int | None) -> str:
     return "unknown (shapes known only after decoding)" if n is None else h(n)
 
 
-@click.group()
+class _Cli(click.Group):
+    """Turns an OS error that escaped the library (a folder that cannot be created, a disk
+    that is full) into one line naming the path, like any other error."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except OSError as e:
+            where = f"{e.filename}: " if getattr(e, "filename", None) else ""
+            click.echo(f"error: {where}{e.strerror or e}", err=True)
+            sys.exit(1)
+
+
+def _jobs(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if value == 0 or value < -1:
+        raise click.BadParameter("use a positive number of jobs, or -1 for all cores")
+    return value
+
+
+@click.group(cls=_Cli)
 @click.version_option(package_name="precompile")
 def main() -> None:
     """Compile datasets into uncompressed shards that feed training at full speed."""
@@ -69,7 +88,8 @@ def plan(recipe: str) -> None:
 
 @main.command()
 @click.argument("recipe", type=click.Path(dir_okay=False))
-@click.option("-j", "--jobs", default=1, show_default=True, help="parallel shard tasks (-1: all cores)")
+@click.option("-j", "--jobs", default=1, show_default=True, callback=_jobs,
+              help="parallel shard tasks (-1: all cores)")
 @click.option("-o", "--out-dir", default="build", show_default=True, help="output folder")
 @click.option("--force", is_flag=True, help="rebuild every shard, even up-to-date ones")
 @click.option("--scheduler", default=None, help="run on a dask cluster: its address, or 'local'")

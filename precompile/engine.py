@@ -40,7 +40,7 @@ from .plan import Item, ShardPlan
 from .recipe import Recipe
 from .sample import FieldSpec, Sample
 from .seeding import LazyRng
-from .writers.base import SampleError
+from .writers.base import SampleError, write_json_atomic
 
 
 def _err_dict(e: InputError) -> dict[str, Any]:
@@ -218,12 +218,7 @@ def _write_skipped(shard_path: str, key: str, failures: list[dict[str, Any]]) ->
         if os.path.exists(side):
             os.remove(side)
         return
-    tmp = f"{side}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({"key": key, "failures": failures}, f, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, side)
+    write_json_atomic(side, {"key": key, "failures": failures})
 
 
 def read_skipped(shard_path: str, key: str) -> list[dict[str, Any]]:

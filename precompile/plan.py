@@ -38,7 +38,6 @@ class Plan:
     items: list[Item]
     shards: list[ShardPlan]
     specs: dict[str, FieldSpec]            # final field specs, in output order
-    decoded_specs: dict[str, FieldSpec]    # specs straight after decoding
     label_names: list[str]
     expands: bool                          # a step may turn one sample into several
 
@@ -79,6 +78,11 @@ def pattern_regex(pattern: str, where: dict[str, str]) -> re.Pattern:
         pos = m.end()
     out.append(re.escape(pattern[pos:]))
     return re.compile("".join(out))
+
+
+def fill_template(template: str, captures: dict[str, str]) -> str:
+    """Put capture values into ``{name}`` slots; nothing else in the template is interpreted."""
+    return CAPTURE_RE.sub(lambda m: captures[m.group(1)], template)
 
 
 def _walk(root: str, dirs: bool) -> list[str]:
@@ -125,7 +129,7 @@ def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
     for rel, caps in matches:
         paths = {}
         for fname, decl in inp.fields.items():
-            rp = rel if decl.path is None else decl.path.format(**caps)
+            rp = rel if decl.path is None else fill_template(decl.path, caps)
             paths[fname] = os.path.join(root, *rp.split("/"))
         items.append(Item(key=rel, paths=paths, label=ids[caps[lab.capture]] if lab else None, captures=caps))
     return items, label_names
@@ -142,7 +146,6 @@ def make_plan(recipe: Recipe) -> Plan:
                 raise RecipeError(f"decoder output {name!r} clashes with another field", source=recipe.source,
                                   loc=f"inputs.fields.{fname}")
             specs[name] = spec
-    decoded = dict(specs)
     expands = False
     for i, step in enumerate(recipe.steps):
         try:
@@ -157,5 +160,5 @@ def make_plan(recipe: Recipe) -> Plan:
                         + (f" with {m.inputs.where}" if m.inputs.where else ""))
     per = m.output.samples_per_shard
     shards = [ShardPlan(i // per, tuple(items[i:i + per])) for i in range(0, len(items), per)]
-    return Plan(recipe=recipe, items=items, shards=shards, specs=specs, decoded_specs=decoded,
+    return Plan(recipe=recipe, items=items, shards=shards, specs=specs,
                 label_names=label_names, expands=expands)

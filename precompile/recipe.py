@@ -91,7 +91,7 @@ class Output(_Model):
 
 class RecipeModel(_Model):
     name: str
-    seed: int = 0
+    seed: int = Field(0, ge=0)
     inputs: Inputs
     steps: list[dict[str, Any]] = Field(default_factory=list)
     copies: int = Field(0, ge=0)
@@ -192,6 +192,13 @@ class Recipe:
                 re.compile(model.inputs.where[c])
             except re.error as e:
                 raise RecipeError(f"not a valid regular expression: {e}", source=source, loc=f"inputs.where.{c}") from None
+        from .plan import pattern_regex
+
+        try:
+            pattern_regex(model.inputs.match, model.inputs.where)
+        except re.error as e:
+            raise RecipeError(f"match and where do not make a valid pattern together: {e}", source=source,
+                              loc="inputs.where") from None
         for fname, decl in model.inputs.fields.items():
             if decl.path is not None:
                 bad = set(CAPTURE_RE.findall(decl.path)) - caps

@@ -68,3 +68,32 @@ def test_sample_recipe_builds_from_the_repo(tmp_path):
 
     ds = precompile.open(tmp_path / "images.h5")
     assert ds.label_names == ["beach", "forest", "night"] and ds[0]["image"].shape == (64, 64, 3)
+
+
+def test_bad_job_count_and_unwritable_output_are_one_line_errors(tmp_path, image_recipe_file):
+    out = run("build", str(image_recipe_file), "-j", "0", "--no-progress")
+    assert out.returncode == 2 and "positive number of jobs" in out.stderr and "Traceback" not in out.stderr
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    out = run("build", str(image_recipe_file), "-o", str(blocker / "sub"), "--no-progress")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith("error: ") and str(blocker) in out.stderr
+
+
+def test_unreachable_dask_scheduler_is_a_clean_error(tmp_path, image_recipe_file):
+    import pytest
+
+    pytest.importorskip("dask.distributed", reason="dask.distributed is not installed (extra 'dask')")
+    out = run("build", str(image_recipe_file), "-o", str(tmp_path / "o"), "--scheduler", "tcp://127.0.0.1:9",
+              "--no-progress")
+    assert out.returncode == 3 and "cannot reach the dask scheduler" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_negative_seed_and_clashing_where_group_are_recipe_errors(tmp_path, image_tree):
+    p = write_recipe(tmp_path / "r.yaml", image_recipe(image_tree, seed=-1))
+    out = run("validate", str(p))
+    assert out.returncode == 2 and ": seed: " in out.stderr
+    r = image_recipe(image_tree)
+    r["inputs"]["where"] = {"ext": "(?P<name>jpg)"}
+    out = run("validate", str(write_recipe(tmp_path / "r2.yaml", r)))
+    assert out.returncode == 2 and "inputs.where" in out.stderr and "Traceback" not in out.stderr

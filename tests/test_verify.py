@@ -97,3 +97,26 @@ def test_not_an_output(tmp_path):
         verify(p)
     r = _cli("verify", str(tmp_path / "absent.h5"))
     assert r.returncode == FormatError.exit_code and "no such output" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_verify_variable_shape_output_and_catches_a_flipped_byte(tmp_path):
+    """Native-size images are stored as flat data + offsets; verify hashes the flat data."""
+    from conftest import REPO
+
+    out = tmp_path / "out"
+    assert subprocess.run([sys.executable, "-m", "precompile", "build", str(REPO / "recipes" / "images_native.yaml"),
+                           "-o", str(out), "--no-progress"], capture_output=True).returncode == 0
+    ok = subprocess.run([sys.executable, "-m", "precompile", "verify", str(out / "images_native.h5")],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    shard = out / "images_native.shards" / "shard-00001.h5"
+    with h5py.File(shard, "r") as f:
+        d = f["image"]["data"]
+        off = d.id.get_chunk_info(0).byte_offset if d.chunks else d.id.get_offset()
+    raw = bytearray(shard.read_bytes())
+    raw[off + 100] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    bad = subprocess.run([sys.executable, "-m", "precompile", "verify", str(out / "images_native.h5")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 5
+    assert "shard-00001.h5" in bad.stdout + bad.stderr and "'image'" in bad.stdout + bad.stderr

@@ -112,8 +112,13 @@ def verify(path: str | os.PathLike, checksums: bool = True) -> VerifyResult:
                             bad.append(f"field {fname!r} is missing")
                             continue
                         d = f[fname]
-                        if d.shape[0] != int(s["num_samples"]):
-                            bad.append(f"field {fname!r} has {d.shape[0]} samples, the index says {s['num_samples']}")
+                        if isinstance(d, h5py.Group):  # variable-shape field: flat data + offsets + shapes
+                            rows = d[fmt.RAGGED_OFFSETS].shape[0] - 1
+                            d = d[fmt.RAGGED_DATA]     # the writer hashed the samples' bytes in order: the data
+                        else:
+                            rows = d.shape[0]
+                        if rows != int(s["num_samples"]):
+                            bad.append(f"field {fname!r} has {rows} samples, the index says {s['num_samples']}")
                             continue
                         want = s["checksums"].get(fname)
                         if stored.get(fname) != want:
@@ -127,7 +132,7 @@ def verify(path: str | os.PathLike, checksums: bool = True) -> VerifyResult:
                     for col in fmt.COLUMNS:
                         if col in f and f[col].shape[0] != int(s["num_samples"]):
                             bad.append(f"column {col!r} has {f[col].shape[0]} rows, the index says {s['num_samples']}")
-            except (OSError, KeyError, ValueError, RuntimeError) as e:
+            except (OSError, KeyError, ValueError, RuntimeError, AttributeError) as e:
                 bad.append(f"unreadable ({type(e).__name__}: {e})")
         res.num_samples += int(s["num_samples"])
         if bad:

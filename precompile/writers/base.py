@@ -126,11 +126,12 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-    """JSON text to ``path`` via a temporary name, fsync and rename."""
+def write_json_atomic(path: str, obj: Any, indent: int | None = None) -> None:
+    """JSON text to ``path`` via a temporary name (``*.tmp-<pid>``), fsync and rename."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        json.dump(obj, f, sort_keys=True, ensure_ascii=False, indent=indent,
+                  separators=None if indent else (",", ":"))
         f.write("\n")
         f.flush()
         os.fsync(f.fileno())

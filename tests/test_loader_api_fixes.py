@@ -6,7 +6,6 @@ Builds are made by ``precompile.build`` from a generated image tree (conftest): 
 """
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 

@@ -29,11 +29,17 @@ def test_gather_paths_match_the_dataset(built, monkeypatch, max_views):
         assert all(p.strided is not None for p in parts)
     else:
         assert all(p.views is not None for p in parts) and max(len(p.views) for p in parts) > 1
+    calls = []
+    run = r._gather_runs
+    monkeypatch.setattr(r, "_gather_runs", lambda *a: calls.append(1) or run(*a))
     rng = np.random.default_rng(0)
-    for _ in range(5):
-        idx = rng.choice(len(built), size=7, replace=True)
+    for size in (7, 7, 7, 40, 40):  # 40 scattered rows: many more runs than views, grouped by view first
+        idx = rng.choice(len(built), size=size, replace=True)
         for order in (idx, r.order_batch(idx)):        # scattered and gather-ordered batches
+            calls.clear()
             got = r.read(order)
             want = built.batch(order)
             for f in ("image", "label"):
                 np.testing.assert_array_equal(got[f], want[f])
+            grouped = len(calls) > 2                   # one call per field, plus one per field it grouped
+            assert grouped == (size == 40 and order is idx), (size, len(calls))

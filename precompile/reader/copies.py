@@ -69,10 +69,6 @@ class CopySchedule:
         self._rank_of_row = rank[pair_of_row]
         self._key_of_row = key_id
         self._rows = rows
-        self.seed = int(seed)
-
-    def copies_per_key(self) -> np.ndarray:
-        return self.variants.copy()
 
     def rows(self, epoch: int) -> np.ndarray:
         """Row indices for ``epoch``: keys in first-appearance order, one variant each."""

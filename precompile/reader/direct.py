@@ -4,7 +4,10 @@ The Loader's hot path never calls h5py per batch. When a :class:`DirectReader`
 opens a build it asks h5py, once per shard and field, where the bytes of every
 chunk live (``dset.id.chunk_iter``, or ``get_offset`` for a contiguous
 dataset), checks that the dataset is unfiltered and fully allocated, and maps
-the shard file with ``np.memmap``. Each row then has a byte address. Rows whose
+the shard file read-only (``mmap``; on Python >= 3.13 without keeping a file
+descriptor, before that one descriptor per mapped shard: the soft
+``RLIMIT_NOFILE`` is raised toward the hard limit when a large build needs
+it). Each row then has a byte address. Rows whose
 addresses agree modulo the row size sit in one C-contiguous 2-D view of the
 map (one view per residue; a shard has a handful, one per distinct chunk
 alignment), so a batch is a few ``np.take(view, rows, out=...)`` calls that
@@ -19,13 +22,18 @@ HDF5 does not space them evenly.
 A dataset the map cannot serve (compressed or otherwise filtered, chunks that
 do not hold whole samples, unallocated chunks, compact/virtual/external
 storage, a non-native byte order) falls back to h5py with the chunk cache off,
-reading each touched chunk once; ``fallbacks`` says which and why. This module
+reading each touched chunk once; ``fallbacks`` says which and why. Those shard
+files are opened lazily in the process that reads them (never inherited across
+a fork). This module
 imports neither torch nor anything from the build path.
 """
 from __future__ import annotations
 
+import errno
 import logging
+import mmap
 import os
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -33,10 +41,12 @@ from typing import Any, Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from ..errors import FormatError
+from ..errors import FormatError, PrecompileError
 
 log = logging.getLogger("precompile.reader")
 
+#: a batch in fewer runs of one view than this is gathered run by run, without grouping it first
+MIN_SORT_RUNS = 8
 #: rows per "block" for a dataset without chunks (contiguous or fallback), in bytes
 BLOCK_BYTES = 2 * 1024 * 1024
 #: at most this many residue views per shard and field; beyond (small rows in many chunk
@@ -50,6 +60,69 @@ def fixed_shape(spec: dict) -> tuple[int, ...] | None:
     if shape is None or any(d is None or int(d) < 0 for d in shape):
         return None
     return tuple(int(d) for d in shape)
+
+
+_nofile_raised = False
+
+
+def _raise_nofile_limit() -> bool:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (once per process); True if it went up."""
+    global _nofile_raised
+    if _nofile_raised:
+        return False
+    _nofile_raised = True
+    try:
+        import resource
+    except ImportError:  # not a POSIX system
+        return False
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft != resource.RLIM_INFINITY and soft >= hard:
+        return False
+    new = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+    except (ValueError, OSError):
+        return False
+    log.info("raised the open-file limit from %d to %d to map the build's shards", soft, new)
+    return True
+
+
+def _nofile_limits() -> str:
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        return f"soft {soft}, hard {hard}"
+    except ImportError:
+        return "unknown"
+
+
+def map_file(path: str) -> np.ndarray:
+    """The whole file as a read-only uint8 array backed by a memory map.
+
+    The file is closed at once; the mapping stays valid. Python < 3.13's ``mmap``
+    keeps a duplicate descriptor per map, so a build with more shards than the
+    open-file limit allows first raises the soft limit toward the hard one, then
+    fails with a :class:`FormatError` that says so.
+    """
+    kw = {"trackfd": False} if sys.version_info >= (3, 13) else {}
+    for attempt in (0, 1):
+        try:
+            with open(path, "rb") as f:
+                m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ, **kw)
+            return np.frombuffer(m, dtype=np.uint8)
+        except OSError as e:
+            if e.errno in (errno.EMFILE, errno.ENFILE) and attempt == 0 and _raise_nofile_limit():
+                continue
+            if e.errno in (errno.EMFILE, errno.ENFILE):
+                raise FormatError(
+                    f"{path}: cannot map shard: too many open files ({e.strerror}; open-file limit "
+                    f"{_nofile_limits()}). Each memory-mapped shard keeps one file descriptor on Python < 3.13; "
+                    f"raise the limit (ulimit -n) or build with more samples per shard") from None
+            raise FormatError(f"{path}: cannot map shard: {e}") from None
+        except ValueError as e:  # an empty file cannot be mapped
+            raise FormatError(f"{path}: cannot map shard: {e}") from None
+    raise AssertionError("unreachable")
 
 
 class _Plan:
@@ -126,10 +199,14 @@ class DirectReader:
             self.dtypes[name] = np.dtype(spec["dtype"])
             self.row_bytes[name] = int(np.prod(shape, dtype=np.int64)) * self.dtypes[name].itemsize
         self._lock = threading.Lock()
-        self._maps: dict[int, np.memmap] = {}
-        self._h5: dict[int, Any] = {}
+        self._maps: dict[int, np.ndarray] = {}
+        self._h5: dict[int, Any] = {}      # fallback shards' open files, in process self._pid
+        self._h5_paths: dict[int, str] = {}
+        self._pid = os.getpid()
+        self._closed = False
         self.fallbacks = {}
         self.parts: dict[str, list[_FieldShard]] = {name: [] for name in self.fields}
+        _ensure_nofile(sum(1 for sh in ds.shards if int(sh["num_samples"])))
         for s, shard in enumerate(ds.shards):
             n = int(shard["num_samples"])
             path = os.path.join(self.base, shard["file"])
@@ -137,14 +214,7 @@ class DirectReader:
                 for name in self.fields:
                     self.parts[name].append(_FieldShard(0, 1))
                 continue
-            import h5py
-
-            try:
-                f = h5py.File(path, "r", rdcc_nbytes=0)
-            except OSError as e:
-                raise FormatError(f"{path}: cannot open shard: {e}") from None
-            keep_open = False
-            try:
+            with _open_h5(path) as f:
                 for name in self.fields:
                     if name not in f:
                         raise FormatError(f"{path}: shard has no dataset {name!r}")
@@ -152,15 +222,9 @@ class DirectReader:
                     if part.reason is not None:
                         self.fallbacks[(s, name)] = part.reason
                         log.info("%s[%s]: h5py fallback (%s)", path, name, part.reason)
-                        keep_open = True
+                        self._h5_paths[s] = path   # opened on first read, in the reading process
                     self.parts[name].append(part)
-            finally:
-                if keep_open:
-                    self._h5[s] = f
-                else:
-                    f.close()
-        self.chunk_rows = self._chunk_ids()
-        self.gather_rank = self._gather_rank()
+        self.chunk_rows, self.gather_rank = self._chunk_ids_and_rank()
         self._build_view_tables()
 
     # -- resolving chunk addresses (once) -------------------------------------------------
@@ -171,9 +235,10 @@ class DirectReader:
         if d.shape != (n, *shape):
             raise FormatError(f"{path}: dataset {name!r} has shape {d.shape}, the index says {(n, *shape)}")
         if d.dtype != dtype:
-            if d.dtype.newbyteorder("=") == dtype.newbyteorder("=") or d.dtype.kind == dtype.kind:
+            if d.dtype.newbyteorder("=") == dtype.newbyteorder("="):  # same values, other byte order: h5py converts
                 return _FieldShard(n, _block_rows(rb), reason=f"stored as {d.dtype.str}, read as {dtype.str}")
-            raise FormatError(f"{path}: dataset {name!r} has dtype {d.dtype}, the index says {dtype}")
+            # anything else would be a silent conversion (wrapped or truncated values)
+            raise FormatError(f"{path}: dataset {name!r} has dtype {d.dtype.str}, the index says {dtype.str}")
         if dtype.byteorder not in ("=", "|") or dtype.hasobject:
             return _FieldShard(n, _block_rows(rb), reason=f"dtype {dtype.str} is not native plain data")
         plist = d.id.get_create_plist()
@@ -218,11 +283,10 @@ class DirectReader:
     def _mapped(self, s: int, path: str, n: int, c: int, addr: np.ndarray, rb: int) -> _FieldShard:
         mm = self._maps.get(s)
         if mm is None:
-            mm = np.memmap(path, mode="r", dtype=np.uint8)
+            mm = map_file(path)  # a plain ndarray on the map: no np.memmap __getitem__ cost per call
             self._maps[s] = mm
         if n and (addr.min() < 0 or int(addr.max()) + rb > mm.size):
             raise FormatError(f"{path}: chunk table points past the end of the file ({mm.size} bytes)")
-        mm = mm.view(np.ndarray)  # plain ndarray views: np.memmap's Python-level __getitem__ costs per call
         residues, res_id = np.unique(addr % rb, return_inverse=True)
         if len(residues) > MAX_VIEWS:
             strided = as_strided(mm, shape=(mm.size - rb + 1, rb), strides=(1, 1), writeable=False)
@@ -234,18 +298,26 @@ class DirectReader:
         res_row = (addr - residues[res_id]) // rb
         return _FieldShard(n, c, views=views, res_id=res_id.astype(np.int64), res_row=res_row, row_addr=addr)
 
-    def _chunk_ids(self) -> np.ndarray:
-        """A global chunk id per row, from the field with the largest rows (the one that dominates I/O)."""
+    def _chunk_ids_and_rank(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per row, from the field with the largest rows (the one that dominates I/O): a global chunk
+        id, and the row's place in (shard, residue view, byte address) order."""
         name = max(self.fields, key=lambda f: self.row_bytes[f]) if self.fields else None
-        ids = np.empty(self.n, dtype=np.int64)
+        ids, shard, rid, addr = (np.empty(self.n, dtype=np.int64) for _ in range(4))
         nxt = 0
         for s in range(len(self.offsets) - 1):
             lo, hi = int(self.offsets[s]), int(self.offsets[s + 1])
-            c = self.parts[name][s].rows_per_chunk if name else 1
-            local = np.arange(hi - lo, dtype=np.int64) // max(1, c)
-            ids[lo:hi] = nxt + local
-            nxt += int(local[-1]) + 1 if hi > lo else 0
-        return ids
+            part = self.parts[name][s] if name else None
+            local = np.arange(hi - lo, dtype=np.int64)
+            ids[lo:hi] = nxt + local // max(1, part.rows_per_chunk if part else 1)
+            nxt = int(ids[hi - 1]) + 1 if hi > lo else nxt
+            shard[lo:hi] = s
+            if part is not None and part.row_addr is not None:
+                rid[lo:hi], addr[lo:hi] = part.res_id, part.row_addr
+            else:
+                rid[lo:hi], addr[lo:hi] = 0, local
+        rank = np.empty(self.n, dtype=np.int64)
+        rank[np.lexsort((addr, rid, shard))] = np.arange(self.n, dtype=np.int64)
+        return ids, rank
 
     def _build_view_tables(self) -> None:
         """Per field: every mapped view of every shard in one list, and per global row its view and
@@ -273,22 +345,6 @@ class DirectReader:
                     takeable.append(False)
             self._views[name], self._takeable[name], self._vid[name], self._vrow[name] = views, takeable, vid, vrow
 
-    def _gather_rank(self) -> np.ndarray:
-        """Each row's place in (shard, residue view, byte address) order of the largest field."""
-        name = max(self.fields, key=lambda f: self.row_bytes[f]) if self.fields else None
-        shard, rid, addr = (np.empty(self.n, dtype=np.int64) for _ in range(3))
-        for s in range(len(self.offsets) - 1):
-            lo, hi = int(self.offsets[s]), int(self.offsets[s + 1])
-            shard[lo:hi] = s
-            part = self.parts[name][s] if name else None
-            if part is not None and part.row_addr is not None:
-                rid[lo:hi], addr[lo:hi] = part.res_id, part.row_addr
-            else:
-                rid[lo:hi], addr[lo:hi] = 0, np.arange(hi - lo)
-        rank = np.empty(self.n, dtype=np.int64)
-        rank[np.lexsort((addr, rid, shard))] = np.arange(self.n, dtype=np.int64)
-        return rank
-
     def order_batch(self, indices: np.ndarray) -> np.ndarray:
         """The same rows, ordered for gathering: grouped by shard and view, in address order."""
         idx = np.asarray(indices, dtype=np.int64)
@@ -300,8 +356,13 @@ class DirectReader:
         """True when every field of every shard is served from the memory maps."""
         return not self.fallbacks
 
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PrecompileError(f"{self.ds.path}: reader is closed (open a new Loader to read again)")
+
     def plan(self, indices: np.ndarray) -> _Plan:
         """Check a batch's global row indices once; shared by all fields' gathers."""
+        self._check_open()
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.n):
             raise IndexError(f"row index out of range for {self.n} rows")
@@ -309,6 +370,7 @@ class DirectReader:
 
     def gather(self, name: str, plan: _Plan, out: np.ndarray) -> np.ndarray:
         """Fill ``out`` (``(len, *shape)`` of the field's dtype, C-contiguous) with the planned rows."""
+        self._check_open()
         if out.shape != (plan.size, *self.shapes[name]) or out.dtype != self.dtypes[name]:
             raise ValueError(f"out has shape {out.shape} {out.dtype}, expected {(plan.size, *self.shapes[name])} "
                              f"{self.dtypes[name]}")
@@ -331,11 +393,12 @@ class DirectReader:
         """Copy rows ``idx`` (all in mapped views ``vid``) to ``flat[pos]`` (``pos`` None: to ``flat`` in order).
 
         A run of rows in one view is one ``np.take`` straight into the output (one copy per row);
-        a batch in scattered order is grouped by view first and scattered once.
+        a batch whose runs are many more than the views it touches (scattered order) is grouped by
+        view first (then each view is one run) and scattered once.
         """
         views, takeable, vrow = self._views[name], self._takeable[name], self._vrow[name][idx]
         cuts = np.flatnonzero(vid[1:] != vid[:-1]) + 1
-        if pos is not None or len(cuts) > 2 * len(views):
+        if pos is not None or (len(cuts) >= MIN_SORT_RUNS and len(cuts) + 1 > 2 * len(np.unique(vid))):
             order = np.argsort(vid, kind="stable")
             tmp = np.empty((len(idx), flat.shape[1]), np.uint8)
             self._gather_runs(name, idx[order], vid[order], tmp, None)
@@ -365,7 +428,8 @@ class DirectReader:
         ck = chunk[order]
         cuts = np.flatnonzero(np.diff(ck)) + 1
         with self._lock:
-            d = self._h5[s][name]
+            self._check_open()
+            d = self._h5_file(s)[name]
             bounds = [0, *cuts.tolist(), len(local)]
             for a, b in zip(bounds[:-1], bounds[1:]):
                 k = int(ck[a])
@@ -375,16 +439,60 @@ class DirectReader:
                 out[sel] = block[local[sel] - lo]
         return out
 
+    def _h5_file(self, s: int) -> Any:
+        """Shard ``s``'s h5py file, opened in this process (call with the lock held)."""
+        if self._pid != os.getpid():  # a forked child: never use the parent's HDF5 handles
+            self._h5, self._pid = {}, os.getpid()
+        f = self._h5.get(s)
+        if f is None:
+            f = self._h5[s] = _open_h5(self._h5_paths[s])
+        return f
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
-        for f in self._h5.values():
-            try:
-                f.close()
-            except Exception:  # closing a file h5py already dropped must not mask the real error
-                pass
-        self._h5 = {}
-        self._maps = {}
-        self.parts = {name: [] for name in self.fields}
-        self._views = {name: [] for name in self.fields}
+        """Drop the maps and close the fallback files; reading afterwards is a :class:`PrecompileError`."""
+        with self._lock:
+            self._closed = True
+            if self._pid == os.getpid():
+                for f in self._h5.values():
+                    try:
+                        f.close()
+                    except Exception:  # closing a file h5py already dropped must not mask the real error
+                        pass
+            self._h5 = {}
+            self._maps = {}
+            self.parts = {name: [] for name in self.fields}
+            self._views = {name: [] for name in self.fields}
+            self._takeable = {name: [] for name in self.fields}
+
+
+def _ensure_nofile(nshards: int) -> None:
+    """Raise the soft open-file limit up front when mapping ``nshards`` files could exhaust it."""
+    if sys.version_info >= (3, 13):
+        return  # maps keep no descriptor
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and nshards + 256 > soft:
+        _raise_nofile_limit()
+
+
+def _open_h5(path: str) -> Any:
+    import h5py
+
+    try:
+        return h5py.File(path, "r", rdcc_nbytes=0)
+    except OSError as e:
+        hint = ""
+        if "Too many open files" in str(e) or getattr(e, "errno", None) == errno.EMFILE:
+            hint = (f" (open-file limit {_nofile_limits()}; each memory-mapped shard keeps one file descriptor "
+                    f"on Python < 3.13: raise ulimit -n)")
+        raise FormatError(f"{path}: cannot open shard: {e}{hint}") from None
 
 
 def _block_rows(row_bytes: int) -> int:

@@ -1,7 +1,9 @@
 """The torch side of the Loader: device choice, batch conversion, seeded batch steps, the CUDA ring.
 
 - :func:`resolve_device` turns ``"auto" | "cpu" | "cuda[:i]"`` into a torch
-  device, and refuses ``cuda`` clearly when torch has no CUDA.
+  device with an explicit index (``cuda`` is the current device), and refuses
+  ``cuda`` clearly when torch has no CUDA. :func:`thread_init` makes gather
+  threads use that device.
 - :class:`Convert` turns a stored field into what training wants, on the
   batch's device: uint8 -> float32/float16/bfloat16 scaled to [0, 1], then
   ``(x - mean) / std`` per channel (last axis), optionally NHWC -> NCHW (a
@@ -10,7 +12,8 @@
   with numpy from ``default_rng([seed, epoch, rank, batch, step])`` and apply
   them with torch ops on whatever device the batch is on, so CPU and CUDA get
   the same crops and flips. Draw once per sample, apply to every field the
-  step covers (an image and its mask stay aligned).
+  step covers (an image and its mask stay aligned). On CUDA the parameters go
+  to the device from pinned memory, asynchronously on the side stream.
 - :class:`CudaRing` holds the pinned host buffers (allocated once), the side
   stream and one event per slot: host-to-device copies (uint8 over the bus)
   and the conversion run on the side stream while the previous batch trains;
@@ -37,15 +40,38 @@ FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "half": torc
 def resolve_device(device: str | torch.device | None) -> torch.device:
     """``auto`` picks CUDA when present; ``cuda`` without CUDA is a :class:`PrecompileError`."""
     if device is None or device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(device)
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise PrecompileError(
             f"Loader(device={str(device)!r}): this torch ({torch.__version__}) sees no CUDA device; "
             f"use device='cpu' (same batches, no pinning) or device='auto' (CUDA when present)")
     if dev.type not in ("cpu", "cuda"):
         raise PrecompileError(f"Loader(device={str(device)!r}): only 'cpu', 'cuda' and 'auto' are supported")
+    if dev.type == "cuda" and dev.index is None:
+        # pin the index now: streams, events and copies must all use the device current at construction,
+        # not whatever a gather thread or a later torch.cuda.set_device makes current
+        dev = torch.device("cuda", torch.cuda.current_device())
     return dev
+
+
+def thread_init(device: torch.device) -> dict[str, Any]:
+    """``ThreadPoolExecutor`` keyword arguments that make each gather thread use ``device``
+    (CUDA's current device is per thread, and new threads start on device 0)."""
+    if device.type == "cuda":
+        return {"initializer": torch.cuda.set_device, "initargs": (device,)}
+    return {}
+
+
+def to_device(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A small host array as a tensor on ``device``. On CUDA the copy is asynchronous: the array is
+    copied to pinned memory first (a pageable source would make the host wait for the stream);
+    PyTorch's pinned-memory allocator keeps that block until the copy's stream has used it."""
+    t = torch.from_numpy(np.ascontiguousarray(a))
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def torch_dtype(dtype: Any) -> torch.dtype | None:
@@ -129,6 +155,10 @@ class BatchStep:
                 if specs[f].get("kind") not in SPATIAL_KINDS or len(shapes[f]) != 3:
                     raise ValueError(f"{self.name}: field {f!r} is {specs[f].get('kind')} {shapes[f]}; batch steps "
                                      f"apply to (H, W, C) image/mask fields only")
+        if not chosen:
+            raise ValueError(f"{self.name}: covers no field; batch steps apply to (H, W, C) image/mask fields "
+                             f"(loaded: " + ", ".join(f"{f} {specs[f].get('kind')} {shapes[f]}" for f in shapes)
+                             + "); name them with fields=[...] or leave the step out")
         hw = {shapes[f][:2] for f in chosen}
         if len(hw) > 1:
             raise ValueError(f"{self.name}: fields {chosen} differ in height/width {sorted(hw)}; one draw must fit all")
@@ -166,7 +196,7 @@ class RandomFlip(BatchStep):
         if not flip.any():
             return x
         dim = 2 if self.axis == "horizontal" else 1
-        m = torch.from_numpy(flip).to(x.device, non_blocking=True).view(-1, 1, 1, 1)
+        m = to_device(flip, x.device).view(-1, 1, 1, 1)
         return torch.where(m, x.flip(dim), x)
 
 
@@ -204,8 +234,8 @@ class RandomCrop(BatchStep):
         dev = x.device
         n = x.shape[0]
         th, tw = self.size
-        iy = (torch.from_numpy(top).to(dev).view(n, 1) + torch.arange(th, device=dev)).view(n, th, 1)
-        ix = (torch.from_numpy(left).to(dev).view(n, 1) + torch.arange(tw, device=dev)).view(n, 1, tw)
+        iy = (to_device(top, dev).view(n, 1) + torch.arange(th, device=dev)).view(n, th, 1)
+        ix = (to_device(left, dev).view(n, 1) + torch.arange(tw, device=dev)).view(n, 1, tw)
         b = torch.arange(n, device=dev).view(n, 1, 1)
         return x[b, iy, ix]
 
@@ -273,7 +303,8 @@ class CudaRing:
         return {f: a[:n] for f, a in self.np[slot].items()}
 
     def wait_free(self, slot: int) -> None:
-        """Block (in a gather thread, GIL released) until the slot's last copy has left host memory."""
+        """Block (in a gather thread, GIL released; a blocking event, so the thread sleeps rather than
+        spins) until the slot's last copy has left host memory."""
         ev = self.copied[slot]
         if ev is not None:
             ev.synchronize()
@@ -282,7 +313,7 @@ class CudaRing:
                finish: Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]) -> tuple[dict, torch.cuda.Event]:
         with torch.cuda.stream(self.stream):
             dev = {f: t[:n].to(self.device, non_blocking=True) for f, t in self.slots[slot].items()}
-            ev = torch.cuda.Event()
+            ev = torch.cuda.Event(blocking=True)  # wait_free sleeps on it in a gather thread, no spinning
             ev.record(self.stream)
             self.copied[slot] = ev
             out = finish(dev)

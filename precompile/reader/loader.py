@@ -21,8 +21,8 @@ the threads also convert, and each batch owns fresh tensors (safe to keep).
 The same seed gives the same batches on both devices.
 
 The Loader measures the time the training loop spends blocked in
-``next(loader)``: ``loader.stats`` (per batch and in total, and its share of
-wall time).
+``next(loader)``: ``loader.stats`` (per batch and summed over the current or
+last pass, and its share of wall time; a new pass starts from zero).
 """
 from __future__ import annotations
 
@@ -57,7 +57,10 @@ MAX_GROUP = 64
 
 @dataclass
 class LoaderStats:
-    """Time the consumer spent waiting for data: per batch (this pass) and in total."""
+    """Time the consumer spent waiting for data in one pass: per batch (``waits``) and summed.
+
+    The Loader resets it when a pass starts, so after a pass it describes that pass only.
+    """
 
     batches: int = 0
     wait_s: float = 0.0
@@ -197,6 +200,12 @@ class Loader:
             ds = path_or_dataset
             if not hasattr(ds, "shards") or not hasattr(ds, "field_specs"):
                 raise FormatError(f"Loader needs an HDF5 build (a path or precompile.open(...)), got {type(ds).__name__}")
+        out_format = str((getattr(ds, "attrs", None) or {}).get("output_format", "hdf5"))
+        if out_format != "hdf5":
+            raise FormatError(
+                f"{getattr(ds, 'path', ds)}: a {out_format} build (files, not HDF5 shards); the Loader reads HDF5 "
+                f"builds only. Read it with precompile.open(path) inside a torch DataLoader, or build with "
+                f"output format hdf5")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if int(seed) < 0:
@@ -207,6 +216,8 @@ class Loader:
             raise ValueError(f"uneven must be 'pad' or 'drop', got {uneven!r}")
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, world_size) (got rank={rank}, world_size={world_size})")
+        if int(block_window) < 1:
+            raise ValueError(f"block_window must be >= 1 chunk, got {block_window}")
         self.ds = ds
         self.device = gpu.resolve_device(device)
         self.batch_size = int(batch_size)
@@ -252,11 +263,11 @@ class Loader:
 
         self.epoch = 0
         self._pos = 0              # batches of self.epoch already handed out (resume point)
+        self._resume = False       # _pos came from load_state_dict and no pass has started since
         self._orders: dict[int, list[np.ndarray]] = {}
         self._ring: gpu.CudaRing | None = None
         self._use_ring = self.device.type == "cuda"   # pinned ring + side stream (tests drive it with a fake ring)
         self._make_ring = gpu.CudaRing
-        self._ring_shape: tuple[int, int] | None = None
         self._active: weakref.ref | None = None
         self.stats = LoaderStats()
         self._pool = HostPool()
@@ -288,10 +299,17 @@ class Loader:
         return len(self.batch_indices())
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first batch on the next iteration."""
+        """Start ``epoch`` from its first batch on the next iteration.
+
+        Right after :meth:`load_state_dict` (before a pass starts), setting the restored epoch keeps
+        the restored position, so the usual ``for e in range(start, n): set_epoch(e); for b in loader``
+        loop resumes mid-epoch instead of replaying it.
+        """
         if int(epoch) < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
-        self.epoch, self._pos = int(epoch), 0
+        if self._resume and int(epoch) == self.epoch:
+            return
+        self.epoch, self._pos, self._resume = int(epoch), 0, False
 
     # -- resume ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -307,7 +325,13 @@ class Loader:
             mine = self.state_dict()[k]
             if k in state and state[k] != mine:
                 raise ValueError(f"state_dict was taken with {k}={state[k]!r}, this Loader has {k}={mine!r}")
-        self.epoch, self._pos = int(state["epoch"]), int(state["batch"])
+        epoch, pos = int(state["epoch"]), int(state["batch"])
+        if epoch < 0:
+            raise ValueError(f"state_dict epoch must be >= 0, got {epoch}")
+        nb = len(self.batch_indices(epoch))
+        if not 0 <= pos <= nb:
+            raise ValueError(f"state_dict batch must be in [0, {nb}] (epoch {epoch} has {nb} batches), got {pos}")
+        self.epoch, self._pos, self._resume = epoch, pos, True
 
     # -- iteration --------------------------------------------------------------------------------
     def _alloc(self, n: int) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
@@ -366,9 +390,9 @@ class Loader:
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """A pass over the rest of the current epoch; starting a new pass closes an unfinished one."""
-        old = self._active() if self._active is not None else None
-        if old is not None:
-            old.close()  # its threads stop and (CUDA) its copies finish before the ring is reused
+        self._close_active()  # its threads stop and (CUDA) its copies finish before the ring is reused
+        self.reader._check_open()
+        self._resume = False
         gen = self._run()
         self._active = weakref.ref(gen)
         return gen
@@ -381,11 +405,11 @@ class Loader:
         ahead = max(1, -(-self.prefetch // group))      # tasks in flight beyond the one being consumed
         nslots = ahead + 2
         ring_mode = self._use_ring
-        if ring_mode and (self._ring is None or self._ring_shape != (nslots, group)):
+        if ring_mode and self._ring is None:  # nslots and group are fixed for this Loader: one ring
             self._ring = self._make_ring(self.device, nslots, group * self.batch_size, self.reader.shapes,
                                          self.reader.dtypes)
-            self._ring_shape = (nslots, group)
-        pool = (ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="precompile-gather")
+        pool = (ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="precompile-gather",
+                                   **gpu.thread_init(self.device))
                 if self.num_threads > 0 else _InlinePool())
         pending: deque[tuple[int, Future]] = deque()     # submitted tasks, in order
         launched: deque[tuple[int, Any]] = deque()       # ring: tasks copied/launched, in order
@@ -453,8 +477,20 @@ class Loader:
             if ring_mode and self._ring is not None:
                 self._ring.synchronize()
 
+    def _close_active(self) -> None:
+        old = self._active() if self._active is not None else None
+        if old is not None:
+            old.close()
+        self._active = None
+
     def close(self) -> None:
+        """Stop an unfinished pass (its threads and copies end first), then release the shard maps.
+
+        Iterating afterwards is a :class:`~precompile.errors.PrecompileError` ("reader is closed").
+        """
+        self._close_active()
         self.reader.close()
+        self._ring = None
 
     def __repr__(self) -> str:
         return (f"Loader({self.ds.path!r}, batch_size={self.batch_size}, shuffle={self.mode!r}, device={self.device}, "

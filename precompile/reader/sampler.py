@@ -87,9 +87,7 @@ def rank_share(order: np.ndarray, rank: int, world_size: int,
     if uneven == "pad":
         per = -(-n // world_size)
         need = per * world_size - n
-        if need:
-            if n == 0:
-                raise ValueError("cannot pad an empty order")
+        if need:  # n > 0 here: an empty order needs no padding
             order = np.concatenate([order, np.resize(order, need)])
     elif uneven == "drop":
         per = n // world_size

@@ -21,6 +21,7 @@ Guarantees kept here:
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import glob
 import os
@@ -89,20 +90,50 @@ def output_paths(recipe: Recipe, out_dir: str) -> tuple[str, str]:
 
 def build(recipe: Recipe | str | os.PathLike, out_dir: str | os.PathLike = "build", n_jobs: int = 1,
           force: bool = False, progress: bool = False, scheduler: Optional[str] = None,
-          content_hash: bool = False, log=print, on_error: Optional[str] = None,
+          content_hash: bool = False, on_error: Optional[str] = None,
           max_failures: Optional[int] = None, timeout_s: Optional[float] = None) -> dict[str, Any]:
     """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
 
     ``on_error``, ``max_failures`` and ``timeout_s`` override the recipe's keys of
-    the same names (they do not change any shard's key).
+    the same names (they do not change any shard's key). One build of an output at a
+    time: a second one started meanwhile stops with a BuildError.
     """
     if not isinstance(recipe, Recipe):
         recipe = load_recipe(recipe)
     recipe = with_policy(recipe, on_error=on_error, max_failures=max_failures, timeout_s=timeout_s)
     t_start = time.perf_counter()
-    plan = make_plan(recipe)
+    plan = make_plan(recipe)  # recipe and plan errors come before anything is written
     check_plan(plan)
     out_dir = os.path.abspath(str(out_dir))
+    shard_dir = output_paths(recipe, out_dir)[1]
+    os.makedirs(shard_dir, exist_ok=True)
+    with _output_lock(shard_dir, recipe.output_name):
+        return _build(recipe, plan, out_dir, n_jobs, force, progress, scheduler, content_hash, t_start)
+
+
+@contextlib.contextmanager
+def _output_lock(shard_dir: str, name: str):
+    """An exclusive lock on ``<shard folder>/.lock`` for the build's duration (released if it dies)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    path = os.path.join(shard_dir, ".lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BuildError(f"another build of {name!r} into {os.path.dirname(shard_dir)} is running (lock {path}); "
+                             f"wait for it to finish") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: int, force: bool, progress: bool,
+           scheduler: Optional[str], content_hash: bool, t_start: float) -> dict[str, Any]:
     index_path, shard_dir = output_paths(recipe, out_dir)
     os.makedirs(shard_dir, exist_ok=True)
     writer = WRITERS.get(recipe.model.output.format)()
@@ -201,6 +232,12 @@ def build(recipe: Recipe | str | os.PathLike, out_dir: str | os.PathLike = "buil
             hint = "fix the input (or set on_error: skip)"
         raise BuildError(f"build of {recipe.name!r} stopped: {why}; first error: {first}. "
                          f"Finished shards are kept; {hint} and run build again.")
+
+    if failures and not sum(infos[s.index]["num_samples"] for s in plan.shards):
+        report["status"] = "failed"
+        _write_report(index_path, report)
+        raise BuildError(f"build of {recipe.name!r}: every input failed ({n_bad} skipped), nothing to write; "
+                         f"first error: {failures[0]['message']}")
 
     shards = []
     for s in plan.shards:

@@ -18,6 +18,7 @@ import hashlib
 import os
 from typing import Any, Optional
 
+from . import __version__
 from . import format as fmt
 from .plan import Plan, ShardPlan
 from .recipe import Recipe
@@ -61,7 +62,8 @@ def recipe_key(recipe: Recipe) -> str:
 
 def shard_key(plan: Plan, shard: ShardPlan, recipe_hash: str, content: bool = False) -> str:
     h = hashlib.sha256()
-    h.update(fmt.dumps({"format_version": fmt.FORMAT_VERSION, "recipe": recipe_hash,
+    # the package version too: new code may write other bytes, and a compiler does not reuse stale objects
+    h.update(fmt.dumps({"format_version": fmt.FORMAT_VERSION, "precompile": __version__, "recipe": recipe_hash,
                         "labels": plan.label_names, "shard": shard.index}).encode())
     for it in shard.items:
         h.update(fmt.dumps([it.key, it.label, {f: fingerprint(p, content) for f, p in sorted(it.paths.items())}]).encode())

@@ -108,7 +108,7 @@ def test_recipe_builds(tmp_path):
     import precompile
     from precompile.build import build
 
-    build(os.path.join(REPO, "recipes", "audio.yaml"), out_dir=str(tmp_path), log=lambda *a: None)
+    build(os.path.join(REPO, "recipes", "audio.yaml"), out_dir=str(tmp_path))
     ds = precompile.open(str(tmp_path / "audio.h5"))
     assert all(ds[i]["audio"].shape == (1, 8000) for i in range(len(ds)))
     # tone_16k.wav: 1.5 s at 16 kHz -> windows at 0, 4000, 8000, 12000, 16000 (last padded)

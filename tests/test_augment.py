@@ -339,7 +339,7 @@ def digests(index: str) -> dict[str, str]:
 def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("aug")
     recipe = write_recipe(tmp)
-    rep = build_recipe(recipe, out_dir=str(tmp / "a"), n_jobs=1, log=lambda *a: None)
+    rep = build_recipe(recipe, out_dir=str(tmp / "a"), n_jobs=1)
     return recipe, rep["output"], tmp
 
 
@@ -347,8 +347,8 @@ def test_build_twice_and_with_two_jobs_is_byte_identical(built):
     recipe, index, tmp = built
     first = digests(index)
     assert {"image", "label", fmt.KEY, fmt.COPY, fmt.META} <= set(first)
-    again = build_recipe(recipe, out_dir=str(tmp / "b"), n_jobs=1, log=lambda *a: None)
-    two = build_recipe(recipe, out_dir=str(tmp / "c"), n_jobs=2, log=lambda *a: None)
+    again = build_recipe(recipe, out_dir=str(tmp / "b"), n_jobs=1)
+    two = build_recipe(recipe, out_dir=str(tmp / "c"), n_jobs=2)
     assert two["jobs"] == 2 and two["shards"]["built"] == 5
     assert digests(again["output"]) == first
     assert digests(two["output"]) == first
@@ -359,7 +359,7 @@ def test_copies_layout_and_seed_changes_only_the_copies(built, tmp_path):
     ds = precompile.open(index)
     assert len(ds) == 36 * 3
     assert ds.copies.tolist() == [0, 1, 2] * 36
-    other = build_recipe(write_recipe(tmp_path, seed=1), out_dir=str(tmp_path / "s1"), log=lambda *a: None)
+    other = build_recipe(write_recipe(tmp_path, seed=1), out_dir=str(tmp_path / "s1"))
     ds1 = precompile.open(other["output"])
     assert ds1.keys == ds.keys
     a, b = ds.batch(range(len(ds)))["image"], ds1.batch(range(len(ds1)))["image"]
@@ -400,8 +400,8 @@ def test_original_copy_is_the_deterministic_counterpart(tmp_path):
         {"color_jitter": {"brightness": 0.5}}])
     plain = write_recipe(tmp_path, name="cc", copies=0, steps=[
         {"resize": {"shorter": 40}}, {"center_crop": {"size": [32, 32]}}])
-    a = precompile.open(build_recipe(aug, out_dir=str(tmp_path / "o"), log=lambda *x: None)["output"])
-    b = precompile.open(build_recipe(plain, out_dir=str(tmp_path / "o"), log=lambda *x: None)["output"])
+    a = precompile.open(build_recipe(aug, out_dir=str(tmp_path / "o"))["output"])
+    b = precompile.open(build_recipe(plain, out_dir=str(tmp_path / "o"))["output"])
     rows = np.flatnonzero(a.copies == 0)
     assert np.array_equal(a.batch(rows)["image"], b.batch(range(len(b)))["image"])
 
@@ -410,17 +410,17 @@ def test_copies_zero_augments_once_and_keep_original_false(tmp_path):
     steps = [{"resize": {"size": [24, 24]}}, {"random_flip": {"horizontal": 0.5}},
              {"color_jitter": {"brightness": 0.5}}]
     zero = precompile.open(build_recipe(write_recipe(tmp_path, name="z", copies=0, steps=steps),
-                                            out_dir=str(tmp_path / "o"), log=lambda *x: None)["output"])
+                                            out_dir=str(tmp_path / "o"))["output"])
     assert len(zero) == 36 and set(zero.copies.tolist()) == {0}
     factors = {zero.meta(i)["augment"][1]["brightness"] for i in range(len(zero))}
     assert len(factors) == 36  # random steps ran, drawn with copy index 0
     noorig = precompile.open(build_recipe(write_recipe(tmp_path, name="n", copies=3, keep_original=False,
                                                            steps=steps),
-                                              out_dir=str(tmp_path / "o"), log=lambda *x: None)["output"])
+                                              out_dir=str(tmp_path / "o"))["output"])
     assert noorig.copies.tolist() == [1, 2, 3] * 36
     # copy 1 of the no-original build is copy 1 of any build with the same seed: draws depend on (seed, key, copy)
     with_orig = precompile.open(build_recipe(write_recipe(tmp_path, name="w", copies=1, steps=steps),
-                                                 out_dir=str(tmp_path / "o"), log=lambda *x: None)["output"])
+                                                 out_dir=str(tmp_path / "o"))["output"])
     assert np.array_equal(noorig.batch(np.flatnonzero(noorig.copies == 1))["image"],
                           with_orig.batch(np.flatnonzero(with_orig.copies == 1))["image"])
 

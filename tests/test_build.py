@@ -185,3 +185,28 @@ def test_whole_output_is_byte_identical_with_source_date_epoch(tmp_path, image_r
     assert (tmp_path / "a" / "imgs.h5").read_bytes() == (tmp_path / "b" / "imgs.h5").read_bytes()
     with h5py.File(tmp_path / "a" / "imgs.h5", "r") as f:
         assert f["image"].is_virtual and f.attrs["build_date"] == "2023-11-14T22:13:20+00:00"
+
+
+def test_a_second_concurrent_build_of_the_same_output_is_refused(tmp_path, image_recipe_file):
+    import fcntl
+
+    precompile.build(image_recipe_file, out_dir=tmp_path / "out")
+    lock = tmp_path / "out" / "imgs.shards" / ".lock"
+    fd = os.open(lock, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)   # as a running build holds it
+        with pytest.raises(precompile.errors.BuildError, match="another build of 'imgs'.*is running"):
+            precompile.build(image_recipe_file, out_dir=tmp_path / "out")
+    finally:
+        os.close(fd)
+    assert precompile.build(image_recipe_file, out_dir=tmp_path / "out")["status"] == "ok"
+
+
+def test_every_input_failing_is_an_error_not_an_empty_dataset(tmp_path, image_tree):
+    for p in image_tree.rglob("*.*"):
+        p.write_bytes(b"broken")
+    r = write_recipe(tmp_path / "r.yaml", image_recipe(image_tree, on_error="skip"))
+    with pytest.raises(precompile.errors.BuildError, match=r"every input failed \(10 skipped\)"):
+        precompile.build(r, out_dir=tmp_path / "out")
+    assert not (tmp_path / "out" / "imgs.h5").exists()
+    assert json.loads((tmp_path / "out" / "imgs.report.json").read_text())["status"] == "failed"

@@ -269,7 +269,7 @@ def test_recipe_builds(tmp_path):
     import precompile
     from precompile.build import build
 
-    build(os.path.join(REPO, "recipes", "ct_lung.yaml"), out_dir=str(tmp_path), log=lambda *a: None)
+    build(os.path.join(REPO, "recipes", "ct_lung.yaml"), out_dir=str(tmp_path))
     ds = precompile.open(str(tmp_path / "ct_lung.h5"))
     assert len(ds) > 4 and {k.split("#")[0] for k in ds.keys} == {"chest_a", "chest_b"}
     s = ds[0]

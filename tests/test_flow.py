@@ -179,7 +179,7 @@ def test_recipe_builds_and_flow_follows_images(tmp_path):
     import precompile
     from precompile.build import build
 
-    rep = build(os.path.join(REPO, "recipes", "flow.yaml"), out_dir=str(tmp_path), log=lambda *a: None)
+    rep = build(os.path.join(REPO, "recipes", "flow.yaml"), out_dir=str(tmp_path))
     ds = precompile.open(rep["output"] if "output" in rep else str(tmp_path / "flow.h5"))
     assert len(ds) == 4
     for i in range(len(ds)):

@@ -54,7 +54,7 @@ def _build(tmp: str, name: str = "t") -> str:
         "steps": [{"resize": {"size": [8, 8]}}],
         "output": {"format": "hdf5", "samples_per_shard": PER_SHARD, "chunk_samples": CHUNK},
     }, base_dir=tmp)
-    build(recipe, out_dir=os.path.join(tmp, "out"), log=lambda *a, **k: None)
+    build(recipe, out_dir=os.path.join(tmp, "out"))
     return os.path.join(tmp, "out", f"{name}.h5")
 
 

@@ -126,7 +126,7 @@ def test_recipe_builds(tmp_path):
     import precompile
     from precompile.build import build
 
-    build(os.path.join(REPO, "recipes", "video.yaml"), out_dir=str(tmp_path), log=lambda *a: None)
+    build(os.path.join(REPO, "recipes", "video.yaml"), out_dir=str(tmp_path))
     ds = precompile.open(str(tmp_path / "video.h5"))
     # squares: 40 frames, span 15, stride 8 -> starts 0, 8, 16, 24; balls 30 -> 0, 8; tiny 6 -> padded
     assert ds.keys == ["balls.mp4#clip0", "balls.mp4#clip1"] + [f"squares.avi#clip{i}" for i in range(4)] \

@@ -88,7 +88,7 @@ def build_set(cache: str, n: int) -> str:
         "steps": [{"center_crop": {"size": [28, 28]}}],
         "output": {"format": "hdf5", "samples_per_shard": 10000},
     }, base_dir=cache)
-    rep = build(recipe, out_dir=os.path.join(cache, "build"), n_jobs=2, log=lambda *a, **k: None)
+    rep = build(recipe, out_dir=os.path.join(cache, "build"), n_jobs=2)
     print(f"inputs: {n} PNGs ({t1 - t0:.1f} s to generate or find); build: {rep['wall_seconds']:.1f} s "
           f"({rep['shards']['built']} shards built, {rep['shards']['skipped']} up to date)")
     return rep["output"]

@@ -207,16 +207,19 @@ class H5Dataset(Dataset):
             raise FormatError(f"{self.path}: cannot open as HDF5: {e}") from None
         self._setup(fields)
         self._files: dict[int, Any] = {}
+        self._dsets: dict[tuple[int, str], Any] = {}
         self._ragged: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
 
     def _drop_handles(self, state: dict) -> None:
         state["_files"] = {}
+        state["_dsets"] = {}
 
     def _file(self, shard: int):
         import h5py
 
         if self._pid != os.getpid():
             self._files = {}
+            self._dsets = {}
             self._pid = os.getpid()
         f = self._files.get(shard)
         if f is None:
@@ -228,10 +231,19 @@ class H5Dataset(Dataset):
             self._files[shard] = f
         return f
 
+    def _dset(self, shard: int, name: str):
+        """The h5py dataset, looked up once per process (a lookup by name costs ~70 us, a read ~6 us)."""
+        d = self._dsets.get((shard, name)) if self._pid == os.getpid() else None
+        if d is None:
+            d = self._file(shard)[name]  # (re)opens the file in this process first if needed
+            self._dsets[(shard, name)] = d
+        return d
+
     def close(self) -> None:
         for f in self._files.values():
             f.close()
         self._files = {}
+        self._dsets = {}
 
     def _ragged_table(self, shard: int, name: str) -> tuple[np.ndarray, np.ndarray]:
         t = self._ragged.get((shard, name))
@@ -242,9 +254,9 @@ class H5Dataset(Dataset):
         return t
 
     def _read(self, shard: int, j: int, name: str) -> np.ndarray:
-        f = self._file(shard)
         if not self.variable(name):
-            return f[name][j]
+            return self._dset(shard, name)[j]
+        f = self._file(shard)
         offsets, shapes = self._ragged_table(shard, name)
         lo, hi = int(offsets[j]), int(offsets[j + 1])
         return f[name][fmt.RAGGED_DATA][lo:hi].reshape(tuple(int(d) for d in shapes[j]))

@@ -17,6 +17,7 @@ from typing import Any, Literal, Optional
 import numpy as np
 from pydantic import Field
 
+from ..kinds import Kind
 from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
 from .base import FolderOptions, FolderWriter
@@ -94,7 +95,7 @@ class WavWriter(FolderWriter):
     Options = WavOptions
 
     def file_field(self, name: str, spec: FieldSpec) -> bool:
-        if spec.kind != "audio":
+        if spec.kind is not Kind.AUDIO:
             return False
         if len(spec.shape) != 2 or spec.dtype not in AUDIO_DTYPES:
             raise ValueError(f"field {name!r} cannot be stored as WAV: it is {spec.describe()}; WAV holds audio "
@@ -105,7 +106,7 @@ class WavWriter(FolderWriter):
         super().check_specs(specs, options)
         if options is not None and options.subtype == "FLOAT":
             for f, s in specs.items():
-                if s.kind == "audio" and s.dtype == "int16":
+                if s.kind is Kind.AUDIO and s.dtype == "int16":
                     raise ValueError(f"field {f!r} is int16 audio: write it with output.options.subtype PCM_16 "
                                      f"(or auto), or convert it to float32 in the recipe")
 

@@ -166,5 +166,39 @@ def inspect(output: str) -> None:
         _fail(e)
 
 
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", default=None, help="PNG to write (default: <output>.preview.png next to the index)")
+@click.option("--n", "n", type=click.IntRange(min=1), default=6, show_default=True, help="sample keys to show")
+@click.option("--field", "fields", multiple=True, help="show only this field (repeat for several)")
+@click.option("--window", type=click.Choice(["lung", "soft"]), default="lung", show_default=True,
+              help="HU window for CT volumes")
+@click.option("--html", "html_path", default=None, help="also write an HTML page with each sample's metadata")
+def preview(output: str, out: str | None, n: int, fields: tuple[str, ...], window: str, html_path: str | None) -> None:
+    """Draw a PNG contact sheet of a built OUTPUT: each kind as its users look at it."""
+    from .tools.preview import preview as run_preview
+
+    try:
+        path = run_preview(output, out=out, n=n, fields=list(fields) or None, html_path=html_path, window=window)
+    except PrecompileError as e:
+        _fail(e)
+    click.echo(f"wrote {path}" + (f" and {html_path}" if html_path else ""))
+
+
+@main.command()
+@click.option("-o", "--out", default=None, help="write the schema to this file instead of printing it")
+def schema(out: str | None) -> None:
+    """Print the JSON Schema (draft 2020-12) of recipes: every decoder, step and format with its options."""
+    from .tools.schema import schema_text
+
+    text = schema_text()
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+    click.echo(f"wrote {out}")
+
+
 if __name__ == "__main__":
     main()

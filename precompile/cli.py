@@ -200,5 +200,27 @@ def schema(out: str | None) -> None:
     click.echo(f"wrote {out}")
 
 
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False))
+@click.option("--field", "fields", multiple=True, help="only this field (repeat for several; default all)")
+@click.option("--no-write", is_flag=True, help="print the stats without storing them in the output's index")
+@click.option("--json", "as_json", is_flag=True, help="print the stats as JSON")
+def stats(output: str, fields: tuple[str, ...], no_write: bool, as_json: bool) -> None:
+    """Per-channel mean/std/min/max (and class counts) of a built OUTPUT, stored in its index for
+    the Loader's mean="stats", std="stats"."""
+    import json
+
+    from .tools.stats import describe as describe_stats
+    from .tools.stats import stats as run_stats
+
+    try:
+        res = run_stats(output, fields=list(fields) or None, write=not no_write)
+    except PrecompileError as e:
+        _fail(e)
+    click.echo(json.dumps(res, indent=2) if as_json else describe_stats(res))
+    if not no_write:
+        click.echo(f"stored in {output}", err=True)
+
+
 if __name__ == "__main__":
     main()

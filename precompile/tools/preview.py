@@ -338,17 +338,6 @@ def augment_caption(meta: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _masks_for(item: Item, shape: tuple[int, ...], kinds: tuple[str, ...] = ("mask",)) -> list[str]:
-    """Mask fields whose (H, W) matches ``shape`` (flow validity masks are the flow's, not the image's)."""
-    out = []
-    for f in item.fields_of(*kinds):
-        if _is_validity(item, f):
-            continue
-        if tuple(np.shape(item.samples[0][f])[:2]) == tuple(shape[:2]):
-            out.append(f)
-    return out
-
-
 def _is_validity(item: Item, f: str) -> bool:
     if item.kind(f) == "flow_valid":
         return True
@@ -552,8 +541,9 @@ def _scaled(p: Panel, target: int) -> np.ndarray:
     return np.repeat(np.repeat(img, k, axis=0), k, axis=1) if k > 1 else img
 
 
-def draw_row(head: list[str], panels: list[Panel], header_width: int = 170) -> np.ndarray:
-    """One sample's row: header text then the panels with their captions below, as (H, W, 3) uint8."""
+def draw_row(head: list[str], panels: list[Panel], header_width: int = 170) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
+    """One sample's row: header text then the panels with their captions below, as (H, W, 3) uint8,
+    and each panel's picture box (x, y, width, height) in the row."""
     from PIL import Image, ImageDraw
 
     font = _font()
@@ -570,20 +560,26 @@ def draw_row(head: list[str], panels: list[Panel], header_width: int = 170) -> n
     for i, line in enumerate(head):
         d.text((PAD, PAD + i * LINE), line, fill=FG if i == 0 else DIM, font=font)
     x = header_width
+    boxes = []
     for pic, cap, w in zip(pics, caps, widths):
         canvas.paste(Image.fromarray(np.ascontiguousarray(pic)), (x, PAD))
+        boxes.append((x, PAD, pic.shape[1], pic.shape[0]))
         for j, line in enumerate(cap):
             d.text((x, PAD + body_h + 2 + j * LINE), line, fill=FG if j == 0 else DIM, font=font)
         x += w + PAD
     d.line([(0, height - 1), (width, height - 1)], fill=(60, 60, 60))
-    return np.asarray(canvas)
+    return np.asarray(canvas), boxes
+
+
+TITLE_HEIGHT = 2 * LINE + PAD
 
 
 def stack_rows(rows: list[np.ndarray], title: str) -> np.ndarray:
+    """The rows one below the other under a title line (rows start at :data:`TITLE_HEIGHT`)."""
     from PIL import Image, ImageDraw
 
     width = max(r.shape[1] for r in rows)
-    top = 2 * LINE + PAD
+    top = TITLE_HEIGHT
     height = top + sum(r.shape[0] for r in rows)
     canvas = Image.new("RGB", (width, height), BG)
     ImageDraw.Draw(canvas).text((PAD, PAD), title, fill=FG, font=_font())
@@ -607,11 +603,13 @@ def png_bytes(img: np.ndarray) -> bytes:
 
 @dataclass
 class Preview:
-    """A rendered preview: the sheet and, per row, its key, metadata and picture (for the HTML page)."""
+    """A rendered preview: the sheet; per row its key, metadata and picture (for the HTML page); and
+    per panel its row, field, first caption line and box (x, y, width, height) in the sheet."""
 
     sheet: np.ndarray
     rows: list[tuple[str, list[dict[str, Any]], np.ndarray]]
     title: str
+    panels: list[dict[str, Any]] = field(default_factory=list)
 
 
 def pick_keys(ds: Dataset, n: int) -> list[tuple[str, list[int]]]:
@@ -650,23 +648,32 @@ def render(path: str | os.PathLike, n: int = 6, fields: Sequence[str] | None = N
     shown = [f for f in specs if not fields or f in fields]
     options: dict[str, Any] = {"window": window}
     rows = []
+    boxes: list[dict[str, Any]] = []
+    y = TITLE_HEIGHT
     for key, idx in pick_keys(ds, n):
         idx = idx[:max_copies]
         samples = [{f: a for f, a in ds[i].items() if f in specs} for i in idx]
         item = Item(key, samples, [ds.meta(i) for i in idx], [ds.copy(i) for i in idx], specs,
                     list(ds.label_names), options)
         panels: list[Panel] = []
+        owners: list[str] = []
         for f in sorted(shown, key=lambda f: KIND_ORDER.get(item.kind(f), len(KIND_ORDER))):
-            kind = item.kind(f)
-            panels += RENDERERS.get(kind, render_other)(item, f)
+            got = RENDERERS.get(item.kind(f), render_other)(item, f)
+            panels += got
+            owners += [f] * len(got)
         if not panels and not header_lines(item)[1:]:
             continue
-        rows.append((key, item.metas, draw_row(header_lines(item), panels)))
+        img, bx = draw_row(header_lines(item), panels)
+        for f, p, (bx0, by0, bw, bh) in zip(owners, panels, bx):
+            boxes.append({"row": len(rows), "key": key, "field": f, "caption": p.caption[0] if p.caption else "",
+                          "box": (bx0, y + by0, bw, bh)})
+        rows.append((key, item.metas, img))
+        y += img.shape[0]
     if not rows:
         raise PreviewError(f"{path}: nothing to draw for field(s) {', '.join(shown)}")
     title = (f"{os.path.basename(str(path))}: {len(ds)} samples, {ds.output_format}, fields "
              + ", ".join(f"{f} ({s.get('kind')})" for f, s in ds.field_specs.items()))
-    return Preview(stack_rows([r[2] for r in rows], title), rows, title)
+    return Preview(stack_rows([r[2] for r in rows], title), rows, title, boxes)
 
 
 def _partner(f: str, names: list[str], specs: dict[str, dict]) -> bool:

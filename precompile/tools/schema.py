@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import copy
 import inspect
+import io
 import json
 import re
+import textwrap
+import tokenize
 from typing import Any
 
 from pydantic import BaseModel
@@ -72,6 +75,40 @@ def _shorthands(model: type[BaseModel], s: dict[str, Any]) -> None:
                 break
 
 
+def _line_comments(cls: type) -> dict[str, str]:
+    """``{option: comment}`` from ``name: type = default  # comment`` lines in ``cls``'s own source."""
+    try:
+        src = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    own = set(getattr(cls, "__annotations__", {}))
+    out: dict[str, str] = {}
+    try:
+        toks = list(tokenize.generate_tokens(io.StringIO(textwrap.dedent(src)).readline))
+    except (tokenize.TokenError, IndentationError):
+        return {}
+    first: dict[int, str] = {}
+    for t in toks:
+        if t.type == tokenize.NAME and t.start[0] not in first:
+            first[t.start[0]] = t.string
+        elif t.type == tokenize.COMMENT:
+            name = first.get(t.start[0])
+            if name in own and name not in out:
+                out[name] = t.string.lstrip("#").strip()
+    return out
+
+
+def _option_descriptions(model: type[BaseModel], s: dict[str, Any]) -> None:
+    """Options without a pydantic ``description`` take the comment on their line in the source."""
+    props = s.get("properties", {})
+    for klass in model.__mro__:
+        if not (isinstance(klass, type) and issubclass(klass, BaseModel)) or klass is BaseModel:
+            continue
+        for name, text in _line_comments(klass).items():
+            if name in props and text and "description" not in props[name]:
+                props[name]["description"] = text
+
+
 def _model_schema(model: type[BaseModel], defs: dict[str, Any], prefix: str) -> dict[str, Any]:
     """``model``'s JSON schema; its ``$defs`` go into ``defs`` under names starting with ``prefix``."""
     s = model.model_json_schema(ref_template="#/$defs/" + prefix + "{model}", mode="validation")
@@ -79,6 +116,7 @@ def _model_schema(model: type[BaseModel], defs: dict[str, Any], prefix: str) -> 
         defs[prefix + k] = v
     s.pop("title", None)
     _shorthands(model, s)
+    _option_descriptions(model, s)
     return s
 
 
@@ -92,6 +130,9 @@ def decoder_variants(defs: dict[str, Any], field_decl: dict[str, Any]) -> list[d
 
     out = []
     base_props = {k: v for k, v in field_decl.get("properties", {}).items() if k != "decoder"}
+    if "path" in base_props and "description" not in base_props["path"]:
+        base_props["path"] = {**base_props["path"], "description": "the input file: a pattern using the captures "
+                              "of inputs.match, relative to inputs.root (default: the matched file itself)"}
     for name, cls in DECODERS.items():
         s = _model_schema(cls.Params, defs, f"decoder.{_name_ref(name)}.")
         desc = _doc(cls)

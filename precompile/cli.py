@@ -187,11 +187,13 @@ def preview(output: str, out: str | None, n: int, fields: tuple[str, ...], windo
 
 @main.command()
 @click.option("-o", "--out", default=None, help="write the schema to this file instead of printing it")
-def schema(out: str | None) -> None:
+@click.option("--draft", type=click.Choice(["2020-12", "7"]), default="2020-12", show_default=True,
+              help="JSON Schema dialect (7: for editors whose validator knows draft 7 only)")
+def schema(out: str | None, draft: str) -> None:
     """Print the JSON Schema (draft 2020-12) of recipes: every decoder, step and format with its options."""
     from .tools.schema import schema_text
 
-    text = schema_text()
+    text = schema_text(draft=draft)
     if out is None:
         click.echo(text, nl=False)
         return

@@ -182,3 +182,15 @@ def test_cli_prints_and_writes_the_schema(tmp_path):
     out = tmp_path / "recipe.schema.json"
     r = CliRunner().invoke(main, ["schema", "-o", str(out)])
     assert r.exit_code == 0 and out.read_text() == CliRunner().invoke(main, ["schema"]).output
+
+
+def test_draft7_variant_accepts_and_refuses_the_same(validator):
+    s7 = json.loads(CliRunner().invoke(main, ["schema", "--draft", "7"]).output)
+    assert s7["$schema"] == "http://json-schema.org/draft-07/schema#" and "$defs" not in s7
+    assert "#/$defs/" not in json.dumps(s7)
+    jsonschema.Draft7Validator.check_schema(s7)
+    v7 = jsonschema.Draft7Validator(s7)
+    for f in sorted((REPO / "recipes").glob("*.yaml")):
+        assert not list(v7.iter_errors(yaml.safe_load(f.read_text()))), f.name
+    for why, data in BAD.items():
+        assert list(v7.iter_errors(data)), why

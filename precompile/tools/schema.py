@@ -222,6 +222,37 @@ def recipe_schema() -> dict[str, Any]:
     return schema
 
 
-def schema_text(indent: int = 2) -> str:
-    """:func:`recipe_schema` as JSON text (keys in a stable order, newline at the end)."""
-    return json.dumps(recipe_schema(), indent=indent, ensure_ascii=False) + "\n"
+DRAFT7 = "http://json-schema.org/draft-07/schema#"
+
+
+def as_draft7(schema: dict[str, Any]) -> dict[str, Any]:
+    """The same schema for draft-07 tools (the YAML language server validates with draft 7):
+    ``$defs`` renamed ``definitions`` and every reference rewritten. The schema uses no keyword
+    that draft 7 lacks, so nothing else changes."""
+    def walk(o: Any) -> Any:
+        if isinstance(o, dict):
+            out = {}
+            for k, v in o.items():
+                if k == "$ref" and isinstance(v, str) and v.startswith("#/$defs/"):
+                    out[k] = "#/definitions/" + v[len("#/$defs/"):]
+                else:
+                    out["definitions" if k == "$defs" and o is schema else k] = walk(v)
+            return out
+        if isinstance(o, list):
+            return [walk(x) for x in o]
+        return o
+
+    out = walk(schema)
+    out["$schema"] = DRAFT7
+    return out
+
+
+def schema_text(indent: int = 2, draft: str = "2020-12") -> str:
+    """:func:`recipe_schema` as JSON text (keys in a stable order, newline at the end);
+    ``draft="7"`` gives :func:`as_draft7`."""
+    s = recipe_schema()
+    if draft in ("7", "07", "draft-07"):
+        s = as_draft7(s)
+    elif draft != "2020-12":
+        raise ValueError(f"draft must be '2020-12' or '7', got {draft!r}")
+    return json.dumps(s, indent=indent, ensure_ascii=False) + "\n"

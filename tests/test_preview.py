@@ -115,6 +115,15 @@ def test_volume_three_slices_windowed_with_the_mask_overlaid():
     assert unit[0].caption[1] == "[0, 1]" and unit[0].image[0, 0].tolist() == [128] * 3
 
 
+def test_large_pictures_shrink_by_a_whole_factor():
+    big = np.zeros((1000, 300, 3), np.uint8)
+    big[:500] = 200
+    row, boxes = pv.draw_row(["k"], [pv.Panel(big, ["big"])])
+    x, y, w, h = boxes[0]
+    assert (h, w) == (250, 75)                        # 1000 rows / 4 fit in 256
+    assert (row[y:y + 125, x:x + w] == 200).all() and (row[y + 125:y + h, x:x + w] == 0).all()
+
+
 def test_video_strip_shows_evenly_spaced_frames():
     t = 12
     colours = np.arange(t) * 20

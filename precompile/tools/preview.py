@@ -532,10 +532,21 @@ def _wrap(font: Any, lines: Sequence[str], width: int) -> list[str]:
 LINE = 12
 
 
+MAX_PANEL = (256, 512)    # larger pictures are shrunk by a whole factor (box filter) to fit
+
+
 def _scaled(p: Panel, target: int) -> np.ndarray:
+    """Small pictures grow by a whole factor (nearest) to ``target`` rows; large ones shrink to :data:`MAX_PANEL`."""
     img = p.image
     if not p.scale:
         return img
+    shrink = int(math.ceil(max(img.shape[0] / MAX_PANEL[0], img.shape[1] / MAX_PANEL[1])))
+    if shrink > 1:
+        from PIL import Image
+
+        small = Image.fromarray(np.ascontiguousarray(img)).resize(
+            (max(1, img.shape[1] // shrink), max(1, img.shape[0] // shrink)), Image.Resampling.BOX)
+        return np.asarray(small)
     k = max(1, int(math.ceil(target / max(1, img.shape[0]))))
     k = min(k, max(1, 512 // max(1, img.shape[1])))
     return np.repeat(np.repeat(img, k, axis=0), k, axis=1) if k > 1 else img

@@ -89,6 +89,9 @@ def test_mask_classes_get_their_palette_colour():
         want = [int(np.floor(0.5 * 100 + 0.5 * v + 0.5)) for v in pv.PALETTE[cls]]
         assert out[r, c].tolist() == want
     assert out[0, 0].tolist() == [100, 100, 100]  # class 0 stays clear
+    # classes past the palette wrap to colour 1 onwards, never to the background's
+    many = pv.overlay(np.zeros((1, 2, 3), np.uint8), np.array([[len(pv.PALETTE), len(pv.PALETTE) - 1]]), alpha=1.0)
+    assert many[0, 0].tolist() == list(pv.PALETTE[1]) and many[0, 1].tolist() == list(pv.PALETTE[-1])
     assert panels[0].caption[1] == "classes 2, 5"
 
 

@@ -17,7 +17,6 @@ from precompile.cli import main
 from precompile.tools import stats as st
 from precompile.tools.verify import verify
 
-from conftest import write_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 EXT = {"images_png": ".json"}

@@ -46,7 +46,7 @@ class PreviewError(PrecompileError):
 
 # --- colours ---------------------------------------------------------------------------------
 
-#: class k of a mask is drawn in PALETTE[k % len(PALETTE)] (class 0, background, is left clear)
+#: class k >= 1 of a mask is drawn in PALETTE[1 + (k - 1) % 19] (class 0, background, is left clear)
 PALETTE: tuple[tuple[int, int, int], ...] = (
     (0, 0, 0), (230, 25, 75), (60, 180, 75), (255, 225, 25), (0, 130, 200), (245, 130, 48),
     (145, 30, 180), (70, 240, 240), (240, 50, 230), (210, 245, 60), (250, 190, 212), (0, 128, 128),
@@ -188,7 +188,7 @@ def overlay(rgb: np.ndarray, classes: np.ndarray, alpha: float = MASK_ALPHA) -> 
         classes = classes[..., 0] if classes.shape[-1] == 1 else classes.argmax(axis=-1)
     ids = np.nan_to_num(classes.astype(np.float64)).astype(np.int64)
     pal = np.asarray(PALETTE, dtype=np.float64)
-    col = pal[np.mod(ids, len(PALETTE))]
+    col = pal[np.where(ids > 0, 1 + np.mod(ids - 1, len(PALETTE) - 1), 0)]  # classes past the palette wrap to 1..
     out = rgb.astype(np.float64)
     on = ids != 0
     out[on] = (1 - alpha) * out[on] + alpha * col[on]

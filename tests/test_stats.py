@@ -88,6 +88,23 @@ def test_streaming_blocks_give_the_same_result(outputs):
             np.testing.assert_allclose(tiny["fields"][f][k], big["fields"][f][k], rtol=1e-12, err_msg=(f, k))
 
 
+def test_reads_in_bounded_blocks_never_the_whole_field(outputs, monkeypatch):
+    from precompile.reader.dataset import H5Dataset
+
+    sizes: list[int] = []
+    real = H5Dataset.batch
+
+    def spy(self, indices, pad=False):
+        idx = list(indices)
+        sizes.append(len(idx))
+        return real(self, idx, pad)
+
+    monkeypatch.setattr(H5Dataset, "batch", spy)
+    per_sample = 64 * 64 * 3 * 8                       # one image as float64
+    res = st.compute_stats(outputs["images"], fields=["image"], block_bytes=5 * per_sample)
+    assert max(sizes) == 5 and sum(sizes) == res["num_samples"] == 36 and len(sizes) == 8
+
+
 def test_accumulator_is_exact_where_naive_float32_sums_drift():
     rng = np.random.default_rng(0)
     x = (1e4 + rng.normal(0, 1, (300_000, 2))).astype(np.float32)

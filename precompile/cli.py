@@ -189,10 +189,16 @@ def preview(output: str, out: str | None, n: int, fields: tuple[str, ...], windo
 @click.option("-o", "--out", default=None, help="write the schema to this file instead of printing it")
 @click.option("--draft", type=click.Choice(["2020-12", "7"]), default="2020-12", show_default=True,
               help="JSON Schema dialect (7: for editors whose validator knows draft 7 only)")
-def schema(out: str | None, draft: str) -> None:
+@click.option("--import", "modules", multiple=True, metavar="MODULE",
+              help="import this module first, so the decoders/steps it registers are in the schema (repeatable)")
+def schema(out: str | None, draft: str, modules: tuple[str, ...]) -> None:
     """Print the JSON Schema (draft 2020-12) of recipes: every decoder, step and format with its options."""
-    from .tools.schema import schema_text
+    from .tools.schema import import_plugins, schema_text
 
+    try:
+        import_plugins(list(modules))
+    except PrecompileError as e:
+        _fail(e)
     text = schema_text(draft=draft)
     if out is None:
         click.echo(text, nl=False)

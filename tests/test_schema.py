@@ -194,3 +194,34 @@ def test_draft7_variant_accepts_and_refuses_the_same(validator):
         assert not list(v7.iter_errors(yaml.safe_load(f.read_text()))), f.name
     for why, data in BAD.items():
         assert list(v7.iter_errors(data)), why
+
+
+def test_cli_imports_plugin_modules_first(tmp_path, monkeypatch):
+    (tmp_path / "my_steps_for_schema.py").write_text(
+        "from typing import Literal\n"
+        "from precompile.registry import STEPS\n"
+        "from precompile.transforms.base import Step, StepParams\n"
+        "@STEPS.register()\n"
+        "class Posterize(Step):\n"
+        "    \"\"\"Posterize images (a plugin step).\"\"\"\n"
+        "    name = 'test_posterize_schema'\n"
+        "    kinds = frozenset({'image'})\n"
+        "    class Params(StepParams):\n"
+        "        bits: Literal[2, 4] = 4  # bits kept per channel\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        r = CliRunner().invoke(main, ["schema", "--import", "my_steps_for_schema"])
+        assert r.exit_code == 0, r.output
+        s = json.loads(r.output)
+        variant = next(x for x in s["$defs"]["step"]["oneOf"] if x["title"] == "step test_posterize_schema")
+        bits = variant["properties"]["test_posterize_schema"]["anyOf"][0]["properties"]["bits"]
+        assert bits["enum"] == [2, 4] and bits["description"] == "bits kept per channel"
+        v = jsonschema.Draft202012Validator(s)
+        assert not list(v.iter_errors(_with_step({"test_posterize_schema": {"bits": 2}})))
+        assert list(v.iter_errors(_with_step({"test_posterize_schema": {"bits": 3}})))
+    finally:
+        STEPS._items.pop("test_posterize_schema", None)
+        import sys
+        sys.modules.pop("my_steps_for_schema", None)
+    r = CliRunner().invoke(main, ["schema", "--import", "no_such_module_xyz"])
+    assert r.exit_code == 2 and "cannot import 'no_such_module_xyz'" in r.output and "Traceback" not in r.output

@@ -28,6 +28,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from ..errors import PrecompileError
+
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_ID = "https://precompile.invalid/recipe.schema.json"
 
@@ -223,6 +225,25 @@ def recipe_schema() -> dict[str, Any]:
 
 
 DRAFT7 = "http://json-schema.org/draft-07/schema#"
+
+
+class SchemaError(PrecompileError):
+    """The schema cannot be made (a module to import for its registrations is missing or broken)."""
+
+    exit_code = 2
+
+
+def import_plugins(modules: list[str]) -> None:
+    """Import ``modules`` (dotted names) so the decoders, steps and writers they register are in the schema."""
+    import importlib
+
+    for m in modules:
+        try:
+            importlib.import_module(m)
+        except ImportError as e:
+            raise SchemaError(f"cannot import {m!r} for its registrations: {e}") from None
+        except Exception as e:  # a plugin that fails while registering: name it, no traceback
+            raise SchemaError(f"importing {m!r} failed: {type(e).__name__}: {e}") from None
 
 
 def as_draft7(schema: dict[str, Any]) -> dict[str, Any]:

@@ -12,8 +12,9 @@ renderer registered for its field's kind in :data:`RENDERERS`:
 - ``flow``: the Middlebury colour coding of Baker et al. (the ``flow_vis``
   convention: hue is the direction, saturation the magnitude relative to the
   largest in the sample; +u is red), invalid vectors black, and the validity;
-- ``volume``: three orthogonal slices through the centre with the
-  ``volume_mask`` fields overlaid; HU data is shown in a lung (L -600 / W 1500)
+- ``volume``: three orthogonal slices with the ``volume_mask`` fields
+  overlaid, through the most masked plane along each axis (the centre without
+  a mask); HU data is shown in a lung (L -600 / W 1500)
   or soft-tissue (L 40 / W 400) window, already-windowed data in [0, 1] as it is;
 - ``video``: a strip of frames; ``audio``: a waveform and a log-mel spectrogram
   (numpy/scipy, no librosa).
@@ -410,15 +411,21 @@ def render_volume(item: Item, f: str) -> list[Panel]:
     to8, wname = _volume_window(v.astype(np.float64), str(item.options.get("window", "lung")))
     masks = [g for g in item.fields_of("volume_mask") if np.shape(item.samples[0][g])[:3] == v.shape]
     d, h, w = v.shape
-    cuts = (("axial", lambda a: a[d // 2]), ("coronal", lambda a: a[:, h // 2]), ("sagittal", lambda a: a[:, :, w // 2]))
+    z, y, x = d // 2, h // 2, w // 2
+    if masks:  # through the most masked plane along each axis (a centre cut may miss both lungs)
+        m = sum((np.asarray(item.samples[0][g]).reshape(v.shape) != 0).astype(np.int64) for g in masks)
+        if m.any():
+            z, y, x = (int(np.argmax(m.sum(axis=tuple(a for a in range(3) if a != k)))) for k in range(3))
+    cuts = ((f"axial z={z}", lambda a: a[z]), (f"coronal y={y}", lambda a: a[:, y]),
+            (f"sagittal x={x}", lambda a: a[:, :, x]))
     panels = []
     for name, cut in cuts:
         rgb = to_rgb8(to8(cut(v.astype(np.float64))))
         for g in masks:
             m = np.asarray(item.samples[0][g])
             rgb = overlay(rgb, cut(m[..., 0] if m.ndim == 4 else m))
-        cap = [f"{f} {name}", wname] if name == "axial" else [f"{f} {name}"]
-        if masks and name == "axial":
+        cap = [f"{f} {name}", wname] if name.startswith("axial") else [f"{f} {name}"]
+        if masks and name.startswith("axial"):
             cap.append("mask " + ", ".join(masks))
         panels.append(Panel(rgb, cap))
     return panels

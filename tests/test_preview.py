@@ -213,6 +213,29 @@ def test_flow_mask_and_image_panels_on_a_built_output(scene):
     assert any(b["caption"] == "key (+u red)" for b in p.panels if b["row"] == 0)
 
 
+def test_multi_class_mask_decoder_output_in_palette_colours(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    Image.fromarray(np.full((24, 32, 3), 100, np.uint8)).save(data / "a_img.png")
+    m = np.zeros((24, 32), np.uint8)
+    m[2:8, 2:10] = 2
+    m[12:20, 14:30] = 5
+    Image.fromarray(m).save(data / "a_seg.png")
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "name": "seg", "inputs": {"root": str(data), "match": "{name}_img.png", "fields": {
+            "img": {"decoder": "image", "mode": "rgb8"},
+            "seg": {"decoder": "mask", "classes": [0, 2, 5], "path": "{name}_seg.png"}}}})
+    build(recipe, out_dir=tmp_path / "out")
+    p = pv.render(tmp_path / "out" / "seg.h5", fields=["seg"])
+    assert [q["field"] for q in p.panels] == ["seg"]                 # its image is drawn under it, not beside
+    over = _panel(p, 0, "seg over img")
+    k = over.shape[0] // 24
+    cls = np.repeat(np.repeat(m, k, 0), k, 1)
+    for c in (0, 2, 5):
+        want = [100] * 3 if c == 0 else [int(np.floor(0.5 * 100 + 0.5 * v + 0.5)) for v in pv.PALETTE[c]]
+        assert (over[cls == c] == want).all(), c
+
+
 def test_sheet_is_byte_identical_and_sized_by_its_panels(scene, tmp_path):
     a, b = tmp_path / "a.png", tmp_path / "b.png"
     r = CliRunner().invoke(main, ["preview", str(scene), "-o", str(a)])

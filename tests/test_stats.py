@@ -210,3 +210,32 @@ def test_cli(outputs, tmp_path):
     assert r.exit_code == 2 and "no field 'nope'" in r.output and "Traceback" not in r.output
     r = CliRunner().invoke(main, ["stats", str(tmp_path / "missing.h5")])
     assert r.exit_code == 5 and "no such file" in r.output
+
+
+def test_declared_classes_never_seen_are_counted_as_zero(tmp_path):
+    from PIL import Image
+
+    from conftest import make_image_tree, write_recipe
+
+    data = make_image_tree(tmp_path / "data", classes=("cat", "dog"), per_class=2)
+    for i in range(2):
+        m = np.zeros((40, 56), np.uint8)
+        m[5:15, 5:25] = 2
+        m[20:30, 30:50] = 5
+        for c in ("cat", "dog"):
+            Image.fromarray(m).save(data / c / f"{i:03d}.seg.bmp")
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "name": "seg", "inputs": {
+            "root": str(data), "match": "{label}/{name}.{ext}", "where": {"ext": "jpg|png"},
+            "fields": {"image": {"decoder": "image"},
+                       "seg": {"decoder": "mask", "classes": [0, 2, 5, 7], "path": "{label}/{name}.seg.bmp"}},
+            "label": {"capture": "label", "classes": ["bird", "cat", "dog"]}},
+        "output": {"format": "hdf5", "samples_per_shard": 4}})
+    build(recipe, out_dir=tmp_path / "out")
+    res = st.compute_stats(tmp_path / "out" / "seg.h5", fields=["label", "seg"])
+    assert res["fields"]["label"]["classes"] == [{"id": 0, "count": 0, "name": "bird"},
+                                                 {"id": 1, "count": 2, "name": "cat"},
+                                                 {"id": 2, "count": 2, "name": "dog"}]
+    per = 40 * 56
+    seg = {c["id"]: c["count"] for c in res["fields"]["seg"]["classes"]}
+    assert seg == {0: 4 * (per - 200 - 200), 1: 0, 2: 4 * 200, 3: 0, 4: 0, 5: 4 * 200, 6: 0, 7: 0}

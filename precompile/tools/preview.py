@@ -339,10 +339,17 @@ def augment_caption(meta: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _validity_of(item: Item, f: str) -> str | None:
+    """The flow field that ``f`` is the validity mask of (the spec's ``of``, else ``<flow>_valid``), or None."""
+    flows = item.fields_of("flow")
+    of = item.specs[f].get("of")
+    if of in flows:
+        return of
+    return next((g for g in flows if f == g + "_valid"), None)
+
+
 def _is_validity(item: Item, f: str) -> bool:
-    if item.kind(f) == "flow_valid":
-        return True
-    return any(f == g + "_valid" for g in item.fields_of("flow"))
+    return item.kind(f) == "flow_valid" or _validity_of(item, f) is not None
 
 
 def render_image(item: Item, f: str) -> list[Panel]:
@@ -372,8 +379,7 @@ def render_mask(item: Item, f: str) -> list[Panel]:
 def render_flow(item: Item, f: str) -> list[Panel]:
     fl = np.asarray(item.samples[0][f], dtype=np.float64)
     valid = np.isfinite(fl).all(axis=-1)
-    vf = next((g for g in item.specs if g in item.samples[0] and g != f and
-               (g == f + "_valid" or (item.kind(g) == "flow_valid" and g.startswith(f)))), None)
+    vf = next((g for g in item.specs if g in item.samples[0] and g != f and _validity_of(item, g) == f), None)
     if vf is not None:
         valid &= class_map(item.samples[0][vf]) != 0
     shown = np.where(valid[..., None], fl, np.nan)
@@ -700,7 +706,7 @@ def _partner(f: str, names: list[str], specs: dict[str, dict]) -> bool:
         gk = specs[g].get("kind")
         if gk == "mask" and kind == "image":
             return True
-        if gk == "flow" and (f == g + "_valid" or kind == "flow_valid"):
+        if gk == "flow" and (f == g + "_valid" or specs[f].get("of") == g):
             return True
         if gk == "volume" and kind == "volume_mask":
             return True

@@ -12,7 +12,9 @@ left out.
 Channels follow the kind: the last axis of image, video, flow and mask fields,
 the first axis of an audio sample (C, N), one channel for everything else
 (volumes, labels, scalars). Label, mask and volume-mask fields also get
-``classes``: every value seen with its count (and its name for labels).
+``classes``: every value seen with its count (and its name for labels), and
+every declared class never seen with count 0 (a label's class names, a mask
+spec's ``classes``).
 
 The result is stored in the output's index under ``stats`` (HDF5: an
 attribute of the index file holding JSON text; file folders: a key of the JSON
@@ -156,8 +158,14 @@ def field_stats(ds: Dataset, field: str, block_bytes: int = BLOCK_BYTES) -> dict
                            **acc.result()}
     if acc.classes is not None:
         names = ds.label_names if kind == "label" else []
+        # every declared class is listed, seen or not (labels: the class names; masks: the spec's count)
+        declared = len(names) if kind == "label" else spec.get("classes")
+        counts = dict(acc.classes)
+        if isinstance(declared, int) and 0 < declared <= MAX_CLASSES:
+            for v in range(declared):
+                counts.setdefault(v, 0)
         out["classes"] = [{"id": int(v), "count": c, **({"name": names[int(v)]} if 0 <= int(v) < len(names) else {})}
-                          for v, c in sorted(acc.classes.items())]
+                          for v, c in sorted(counts.items())]
     return out
 
 

@@ -98,6 +98,14 @@ class Writer:
         raise NotImplementedError
 
 
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def fsync_file(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -206,7 +214,7 @@ class FolderShardWriter(ShardWriter):
         self.check(sample)
         i = self.count
         entry: dict[str, Any] = {"key": sample.key, "copy": int(sample.copy), "meta": sample.meta,
-                                 "files": {}, "shapes": {}, "values": {}}
+                                 "files": {}, "shapes": {}, "values": {}, "sha256": {}}
         # files first (removed again if one fails); npy streams and checksums only once all are written
         written: list[str] = []
         stored_files: dict[str, np.ndarray] = {}
@@ -218,6 +226,7 @@ class FolderShardWriter(ShardWriter):
                     written.append(p)
                     stored_files[f] = self.writer.write_file(p, f, sample.fields[f], sample, self.options)
                     entry["files"][f] = name
+                    entry["sha256"][f] = file_sha256(p)   # lets verify name the very file whose bytes changed
         except BaseException:
             for p in written:
                 if os.path.exists(p):

@@ -48,7 +48,9 @@ def _err_dict(e: InputError) -> dict[str, Any]:
             "type": type(e).__name__}
 
 
-def decode_item(recipe: Recipe, item: Item, timings: dict[str, float]) -> Sample:
+def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: Any = None) -> Sample:
+    """Decode every field of ``item``. With ``stream`` (a StreamPlan), its field is opened for
+    streaming instead: a placeholder array, and ``stream.source`` is set to the frame generator."""
     t0 = time.perf_counter()
     fields, kinds, meta = {}, {}, {}
     for fname, dec in recipe.decoders.items():
@@ -56,7 +58,10 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float]) -> Sample
         try:
             if not os.path.exists(path):
                 raise DecodeError("input file is missing (the recipe's path for this field points to nothing)")
-            arrays, m = dec.decode(path, fname)
+            if stream is not None and fname == stream.field:
+                arrays, m, stream.source = dec.open_stream(path, fname)
+            else:
+                arrays, m = dec.decode(path, fname)
         except InputError as e:
             raise e.with_context(path=path, stage="decode", field=fname, key=item.key) from e.__cause__
         except (MemoryError, MissingDependencyError):
@@ -89,12 +94,17 @@ def copy_indices(recipe: Recipe) -> list[int]:
     return ([0] if m.keep_original else []) + list(range(1, m.copies + 1))
 
 
-def run_steps(recipe: Recipe, sample: Sample, copy: int, item: Item, timings: dict[str, float]) -> list[Sample]:
+def run_steps(recipe: Recipe, sample: Sample | list[Sample], copy: int, item: Item, timings: dict[str, float],
+              first: int = 0) -> list[Sample]:
+    """Steps ``first``.. on one sample (or the samples steps before ``first`` made of one input, in order)."""
     t0 = time.perf_counter()
     rng = LazyRng(recipe.seed, item.key, copy)
-    samples = [Sample(sample.key, dict(sample.fields), dict(sample.kinds), dict(sample.meta), copy)]
+    samples = [Sample(s.key, dict(s.fields), dict(s.kinds), dict(s.meta), copy)
+               for s in (sample if isinstance(sample, list) else [sample])]
     original = copy == 0 and recipe.model.copies > 0  # the un-augmented original
     for i, step in enumerate(recipe.steps):
+        if i < first:
+            continue
         run_original = getattr(step, "run_original", None) if original and step.random else None
         if original and step.random and run_original is None:
             continue  # a random step without a neutral form is skipped for the original
@@ -118,6 +128,103 @@ def run_steps(recipe: Recipe, sample: Sample, copy: int, item: Item, timings: di
 
 
 
+def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, float],
+                check: Callable[[Sample], None], spill_dir: Optional[str]) -> Any:
+    """All samples of one input whose video streams through ``clips`` (see transforms.temporal):
+    frames are decoded, resized if fused, cut and passed on one clip at a time; the finished
+    samples are checked and kept in a :class:`~precompile.spill.SampleSpill` (bounded memory)
+    until the input is done, so a failing input is still dropped whole. Returns the spill."""
+    from .spill import SampleSpill
+
+    sample = decode_item(recipe, item, timings, stream)
+    fname, path = stream.field, item.paths[stream.field]
+    where = dict(path=path, stage="decode", field=fname, key=item.key)
+
+    def guard(get: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            try:
+                return get()
+            except InputError as e:
+                raise e.with_context(**where) from e.__cause__
+            except (MemoryError, MissingDependencyError):
+                raise
+            except Exception as e:
+                raise DecodeError(f"{type(e).__name__}: {e}", **where) from e
+        return run
+
+    def frames() -> Any:
+        src = stream.source
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    pos, t, get = next(src)
+                except StopIteration:
+                    return
+                except InputError as e:
+                    raise e.with_context(**where) from e.__cause__
+                except (MemoryError, MissingDependencyError):
+                    raise
+                except Exception as e:
+                    raise DecodeError(f"{type(e).__name__}: {e}", **where) from e
+                finally:
+                    timings["decode"] += time.perf_counter() - t0
+                yield pos, t, guard(get)
+        finally:
+            src.close()
+
+    copies = copy_indices(recipe)
+    spills = [SampleSpill(spill_dir) for _ in copies]
+    batch = any(s.random for s in recipe.steps[stream.first:])  # random steps draw across the clips in order
+    pending: list[Sample] = []
+    clips = stream.clips.cut(sample, [fname], stream.frames(frames()))
+    try:
+        while True:
+            try:
+                clip = next(clips)
+            except StopIteration:
+                break
+            except InputError as e:
+                raise e.with_context(path=path, stage=f"steps[0] {stream.clips.name}", key=item.key) from e.__cause__
+            except MemoryError:
+                raise
+            except Exception as e:
+                raise StepError(f"{stream.clips.name}: {type(e).__name__}: {e}", path=path,
+                                stage=f"steps[0] {stream.clips.name}", key=item.key) from e
+            if batch:
+                pending.append(clip)
+                continue
+            for spill, c in zip(spills, copies):
+                for s in run_steps(recipe, clip, c, item, timings, stream.first):
+                    check(s)
+                    spill.add(s)
+        for spill, c in zip(spills, copies) if batch else ():
+            for s in run_steps(recipe, pending, c, item, timings, stream.first):
+                check(s)
+                spill.add(s)
+    except BaseException:
+        clips.close()
+        for spill in spills:
+            spill.close()
+        raise
+    return _Chained(spills)
+
+
+class _Chained:
+    """Iterate several spills in order; ``close`` closes them all."""
+
+    def __init__(self, spills: list[Any]):
+        self.spills = spills
+
+    def __iter__(self) -> Any:
+        for s in self.spills:
+            yield from s
+
+    def close(self) -> None:
+        for s in self.spills:
+            s.close()
+
+
 def skipped_path(shard_path: str) -> str:
     """The sidecar that lists a finished shard's skipped inputs (absent when none were skipped)."""
     return shard_path + ".skipped.json"
@@ -136,6 +243,9 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
             cv2.setNumThreads(1)  # parallelism is across shards; avoid oversubscribing the cores
         except ImportError:
             pass
+        from .decoders.video import set_decode_threads
+
+        set_decode_threads(1)
     from .registry import WRITERS, load_builtins
 
     load_builtins()
@@ -153,6 +263,11 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
         decode = lambda item: iso.decode(item, timeout, timings)  # noqa: E731
     else:
         decode = lambda item: decode_item(recipe, item, timings)  # noqa: E731
+    stream = None
+    if not (isolate or timeout is not None):  # an isolated decoder returns whole arrays
+        from .transforms.temporal import stream_plan
+
+        stream = stream_plan(recipe.decoders, recipe.steps)
     try:
         writer = writer_cls.open_shard(path, specs, key, options, chunking)
     except OSError as e:
@@ -169,18 +284,25 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
 
     try:
         for item in shard.items:
+            samples: Any = None
             try:
-                sample = decode(item)
-                # every sample of the input (all copies) is made and checked before any is written:
-                # an input that fails is dropped whole, never half-written
-                samples = [s for c in copy_indices(recipe) for s in run_steps(recipe, sample, c, item, timings)]
-                t0 = time.perf_counter()
-                for s in samples:
+                def check(s: Sample, item: Item = item) -> None:
                     try:
                         writer.check(s)
                     except SampleError as e:
                         raise StepError(str(e), path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
                                         stage="write", field=e.field, key=item.key) from e
+
+                # every sample of the input (all copies) is made and checked before any is written:
+                # an input that fails is dropped whole, never half-written
+                if stream is not None:  # a video streamed through clips: checked as made, spilled to disk
+                    samples = stream_item(recipe, stream, item, timings, check, os.path.dirname(path))
+                else:
+                    sample = decode(item)
+                    samples = [s for c in copy_indices(recipe) for s in run_steps(recipe, sample, c, item, timings)]
+                    for s in samples:
+                        check(s)
+                t0 = time.perf_counter()
                 for s in samples:
                     writer.add(s)
                 timings["write"] += time.perf_counter() - t0
@@ -193,6 +315,9 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
                                    f"more than max_failures={max_failures}", "detail": "", "path": path,
                                    "stage": "policy", "field": None, "key": None, "type": "BuildError",
                                    "shard": shard.index, "policy": True})
+            finally:
+                if samples is not None and hasattr(samples, "close"):
+                    samples.close()
         t0 = time.perf_counter()
         _write_skipped(path, key, failures)
         info = writer.close()

@@ -141,7 +141,11 @@ def make_plan(recipe: Recipe) -> Plan:
     m = recipe.model
     specs: dict[str, FieldSpec] = {}
     for fname, dec in recipe.decoders.items():
-        for name, spec in dec.output_specs(fname).items():
+        try:
+            outputs = dec.output_specs(fname)
+        except ValueError as e:
+            raise RecipeError(str(e), source=recipe.source, loc=f"inputs.fields.{fname}") from None
+        for name, spec in outputs.items():
             if name in specs:
                 raise RecipeError(f"decoder output {name!r} clashes with another field", source=recipe.source,
                                   loc=f"inputs.fields.{fname}")

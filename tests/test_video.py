@@ -82,7 +82,8 @@ def test_clips_indices_stride_every_and_short_policy():
     assert [o.key for o in out] == ["v.avi#clip0", "v.avi#clip1"]   # spans 0-4, 4-8; 8-12 does not fit
     assert [o.fields["frames"].tolist() for o in out] == [[0, 2, 4], [4, 6, 8]]
     assert [o.fields["video"][:, 0, 0, 0].tolist() for o in out] == [[0, 2, 4], [4, 6, 8]]
-    assert out[1].meta["clip"] == {"index": 1, "frames": [4, 6, 8], "fps": 25.0}
+    assert out[1].meta["clip"] == {"index": 1, "frames": [4, 6, 8], "fps": 25.0, "start": 0.16,
+                                   "pts": [0.16, 0.24, 0.32]}
     assert out[0].kinds["frames"] == "index" and out[0].fields["frames"].dtype == np.int32
     # decode-time every=3 maps positions back to source frame numbers
     out = c.run(_vid(12, every=3), rng)

@@ -135,3 +135,198 @@ def test_recipe_builds(tmp_path):
     s = ds[ds.keys.index("squares.avi#clip3")]
     assert s["video"].shape == (8, 32, 32, 3) and s["frames"].tolist() == list(range(24, 40, 2))
     assert ds[len(ds) - 1]["frames"].tolist() == [0, 2, 4, 5, 5, 5, 5, 5]
+
+
+# ------------------------------------------------------------------------------------------
+# PyAV: generated H.264 files whose frames carry their own number, VFR, audio, streaming
+# ------------------------------------------------------------------------------------------
+def _bars(i, size):
+    """A frame showing ``i`` in binary: 8 vertical bars, white for a 1 bit (survives lossy coding)."""
+    w, h = size
+    img = np.zeros((h, w, 3), np.uint8)
+    bw = w // 8
+    for b in range(8):
+        if (i >> b) & 1:
+            img[:, b * bw:(b + 1) * bw] = 255
+    img[:, 8 * bw:, 1] = 90
+    return img
+
+
+def _number(frame):
+    """The number a ``_bars`` frame shows (any size: reads the middle row of each bar)."""
+    h, w = frame.shape[:2]
+    bw = w / 8
+    row = frame[h // 2]
+    return sum(1 << b for b in range(8) if row[int((b + 0.5) * bw)].mean() > 128)
+
+
+def _write_av(path, n, fps=30, size=(64, 48), pts_ms=None, audio=None, rate=48000, codec="libx264"):
+    """An mp4 of ``n`` numbered frames (pts in ms when given: variable frame rate) and optionally a
+    mono AAC track holding ``audio`` (float samples at ``rate``)."""
+    import av
+    from fractions import Fraction
+
+    c = av.open(str(path), "w")
+    s = c.add_stream(codec, rate=fps)
+    s.width, s.height = size
+    s.pix_fmt = "yuv420p"
+    if pts_ms is not None:
+        s.codec_context.time_base = Fraction(1, 1000)
+    a = None
+    if audio is not None:
+        a = c.add_stream("aac", rate=rate)
+        a.layout = "mono"
+    for i in range(n):
+        f = av.VideoFrame.from_ndarray(_bars(i, size), format="rgb24")
+        if pts_ms is not None:
+            f.pts, f.time_base = pts_ms[i], Fraction(1, 1000)
+        for p in s.encode(f):
+            c.mux(p)
+    for p in s.encode():
+        c.mux(p)
+    if a is not None:
+        x = np.asarray(audio, np.float32)[None]
+        for k in range(0, x.shape[1], 1024):
+            fr = av.AudioFrame.from_ndarray(np.ascontiguousarray(x[:, k:k + 1024]), format="fltp", layout="mono")
+            fr.sample_rate, fr.pts = rate, k
+            for p in a.encode(fr):
+                c.mux(p)
+        for p in a.encode():
+            c.mux(p)
+    c.close()
+    return str(path)
+
+
+VFR_MS = [0, 33, 66, 100, 200, 300, 310, 320, 330, 500, 533, 566, 600, 633, 666, 700, 900, 933, 966, 1000]
+
+
+def test_h264_frames_exact_in_order_with_timestamps(tmp_path):
+    p = _write_av(tmp_path / "n.mp4", 75, fps=25)
+    a, meta = read_video(p)
+    assert a.shape == (75, 48, 64, 3) and [_number(f) for f in a] == list(range(75))
+    assert meta["decoded_frames"] == 75 and meta["claimed_frames"] == 75 and meta["codec"] == "h264"
+    assert meta["pts"] == pytest.approx([i / 25 for i in range(75)], abs=1e-9)
+    k, meta = read_video(p, every=4, max_frames=6)
+    assert [_number(f) for f in k] == [0, 4, 8, 12, 16, 20] and meta["pts"] == pytest.approx([0, .16, .32, .48, .64, .8])
+
+
+def test_vfr_timestamps_and_clips_in_seconds(tmp_path):
+    p = _write_av(tmp_path / "vfr.mp4", 20, pts_ms=VFR_MS)
+    a, meta = read_video(p)
+    assert [_number(f) for f in a] == list(range(20))
+    assert meta["pts"] == pytest.approx([t / 1000 for t in VFR_MS], abs=1e-9)
+    s = Sample("vfr.mp4", {"video": a}, {"video": "video"}, {"video": meta})
+    c = Clips(Clips.Params(fps=10, length=5, stride_s=0.5, index_field="i"))
+    out = c.run(s, np.random.default_rng(0))
+    # targets 0.0 .1 .2 .3 .4 -> the frame on screen at each time; 0.5 .. .9; 1.0 .. 1.4 runs past the end
+    assert [o.fields["i"].tolist() for o in out] == [[0, 3, 4, 5, 8], [9, 12, 15, 15, 16]]
+    assert [[_number(f) for f in o.fields["video"]] for o in out] == [[0, 3, 4, 5, 8], [9, 12, 15, 15, 16]]
+    assert out[1].meta["clip"]["pts"] == pytest.approx([0.5, 0.6, 0.7, 0.7, 0.9])
+    assert out[1].meta["clip"]["start"] == pytest.approx(0.5) and out[1].meta["clip"]["fps"] == 10
+    assert "pts" not in out[0].meta["video"]   # the whole file's list is not copied into every clip
+    # length_s is length * fps frames; a short video pads with the last frame
+    (o,) = Clips(Clips.Params(fps=4, length_s=2.0, short="pad", index_field="i")).run(s, np.random.default_rng(0))
+    assert o.fields["i"].tolist() == [0, 4, 9, 15, 19, 19, 19, 19] and o.meta["clip"]["pts"][-1] == 1.0
+    assert c.plan({"video": FieldSpec("video", (None, None, None, 3), "uint8")})["video"].shape == (5, None, None, 3)
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"length_s": 1.0}, "needs fps"),
+    ({"fps": 10}, "exactly one of length"),
+    ({"fps": 10, "length": 4, "stride": 2}, "stride_s"),
+    ({"fps": 10, "length_s": 0.01}, "less than one frame"),
+    ({}, "length is required"),
+])
+def test_clips_params_errors(bad, match):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=match):
+        Clips.Params(**bad)
+
+
+def test_real_video_pyav_equals_opencv_and_has_timestamps():
+    import cv2
+
+    p = os.path.join(realdata(), "video", "realshort.mp4")
+    if not os.path.exists(p):
+        pytest.skip("realshort.mp4 absent")
+    a, meta = read_video(p)
+    cap = cv2.VideoCapture(p)
+    ref = []
+    while True:
+        ok, fr = cap.read()
+        if not ok:
+            break
+        ref.append(cv2.cvtColor(fr, cv2.COLOR_BGR2RGB))
+    cap.release()
+    assert len(ref) == 36 and np.array_equal(a, np.stack(ref))   # two FFmpeg builds, same frames
+    assert meta["pts"] == pytest.approx([i * 1499 / 45000 for i in range(36)], abs=1e-9)   # 30.02 fps, 1/90000 base
+    g, _ = read_video(p, "gray8")
+    assert np.array_equal(g[..., 0], np.stack([cv2.cvtColor(f, cv2.COLOR_RGB2GRAY) for f in ref]))
+
+
+def _video_tree(root, audio=True):
+    """Three inputs: 75 numbered frames at 25 fps (with an audio track), a VFR file, a 5-frame file."""
+    root.mkdir(parents=True, exist_ok=True)
+    rate = 16000
+    t = np.arange(int(3.2 * rate)) / rate
+    _write_av(root / "a.mp4", 75, fps=25, audio=0.3 * np.sin(2 * np.pi * 440 * t) if audio else None, rate=rate)
+    _write_av(root / "b.mp4", 20, pts_ms=VFR_MS)
+    _write_av(root / "c.mp4", 5, fps=25)
+    return root
+
+
+def _recipe(tmp_path, root, steps, field=None, **over):
+    from conftest import write_recipe
+
+    r = {"name": "v", "seed": 3, "inputs": {"root": str(root), "match": "{name}.mp4",
+                                             "fields": {"video": field or {"decoder": "video"}}},
+         "steps": steps, "output": {"format": "hdf5", "samples_per_shard": 2}}
+    r.update(over)
+    return write_recipe(tmp_path / f"r{len(list(tmp_path.glob('r*.yaml')))}.yaml", r)
+
+
+def _dump(h5):
+    import precompile
+
+    ds = precompile.open(str(h5))
+    return [(ds.key(i), ds.meta(i), {f: (a.dtype.str, a.shape, a.tobytes()) for f, a in ds[i].items()})
+            for i in range(len(ds))]
+
+
+STREAM_CASES = {
+    "frames+resize+audio": ([{"clips": {"length": 8, "every": 2, "stride": 5, "short": "pad", "index_field": "i"}},
+                             {"resize": {"size": [24, 32]}}],
+                            {"decoder": "video", "audio_field": "sound", "audio_rate": 8000, "audio_missing": "silence"}, {}),
+    "seconds+letterbox+random-after": ([{"clips": {"fps": 12, "length_s": 0.5, "stride_s": 0.25, "short": "pad",
+                                                   "pad": "zero"}},
+                                        {"resize": {"size": [20, 20], "keep_aspect": True}},
+                                        {"random_flip": {}}, {"color_jitter": {"brightness": 0.3}}],
+                                       None, {"copies": 2}),
+    "max_clips+shorter+crop, gray": ([{"clips": {"length": 4, "max_clips": 2}}, {"resize": {"shorter": 16}},
+                                      {"center_crop": {"size": [16, 16]}}],
+                                     {"decoder": "video", "mode": "gray8", "every": 2}, {}),
+    "clips only": ([{"clips": {"length": 3, "stride": 7}}], None, {}),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STREAM_CASES))
+def test_streamed_build_equals_whole_decode_and_any_job_count(tmp_path, monkeypatch, case):
+    import precompile
+    import precompile.transforms.temporal as temporal
+
+    steps, field, over = STREAM_CASES[case]
+    root = _video_tree(tmp_path / "in")
+    recipe = _recipe(tmp_path, root, steps, field, **over)
+    assert temporal.stream_plan(precompile.load_recipe(recipe).decoders, precompile.load_recipe(recipe).steps)
+    precompile.build(recipe, out_dir=tmp_path / "s1", n_jobs=1)
+    precompile.build(recipe, out_dir=tmp_path / "s2", n_jobs=2)
+    precompile.build(recipe, out_dir=tmp_path / "s1again", n_jobs=1, force=True)
+    monkeypatch.setattr(temporal, "stream_plan", lambda decoders, steps: None)   # the whole-video path
+    precompile.build(recipe, out_dir=tmp_path / "whole", n_jobs=1)
+    ref = _dump(tmp_path / "whole" / "v.h5")
+    assert len(ref) >= 4
+    for other in ("s1", "s2", "s1again"):
+        assert _dump(tmp_path / other / "v.h5") == ref, other
+    for name in sorted(os.listdir(tmp_path / "s1" / "v.shards")):
+        assert (tmp_path / "s1" / "v.shards" / name).read_bytes() == (tmp_path / "s2" / "v.shards" / name).read_bytes()

@@ -37,7 +37,7 @@ from fractions import Fraction
 from typing import Any, Callable, Iterator, Literal, Optional
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..errors import DecodeError
 from ..registry import DECODERS
@@ -177,6 +177,14 @@ def iter_frames(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optio
         container.close()
 
 
+def has_audio(path: str) -> bool:
+    container = _open(path)
+    try:
+        return bool(container.streams.audio)
+    finally:
+        container.close()
+
+
 def read_audio_track(path: str, mono: bool = True, rate: Optional[int] = None, quality: str = "HQ",
                      ) -> tuple[np.ndarray, dict[str, Any]]:
     """The first audio stream of a video file -> (C, N) float32 at ``rate`` (soxr), and its meta.
@@ -258,7 +266,8 @@ class VideoDecoder(Decoder):
     ``every: k`` keeps every k-th decoded frame; ``max_frames`` stops after that
     many kept frames. ``audio_field: name`` also outputs the file's audio track
     as a (C, N) float32 field ``name`` (``audio_rate``, ``audio_mono``), which
-    ``clips`` cuts to each clip's time span. Followed by ``clips``, the engine
+    ``clips`` cuts to each clip's time span (``audio_missing: silence`` gives
+    files without audio a silent track). Followed by ``clips``, the engine
     streams the file instead of calling ``read`` (see the module docstring)."""
 
     name = "video"
@@ -272,6 +281,13 @@ class VideoDecoder(Decoder):
         audio_rate: Optional[int] = Field(None, ge=1)  # resample the audio track to this rate (Hz)
         audio_mono: bool = True                        # mix the audio track down to one channel
         audio_quality: Literal["VHQ", "HQ", "MQ", "LQ", "QQ"] = "HQ"
+        audio_missing: Literal["error", "silence"] = "error"  # a file without audio: an error, or silence
+
+        @model_validator(mode="after")
+        def _silence_rate(self):
+            if self.audio_missing == "silence" and self.audio_rate is None:
+                raise ValueError("audio_missing: silence needs audio_rate (the rate of the silent track)")
+            return self
 
         @field_validator("audio_field")
         @classmethod
@@ -297,6 +313,9 @@ class VideoDecoder(Decoder):
 
     def read_audio(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
+        if p.audio_missing == "silence" and not has_audio(path):
+            return np.zeros((1, 0), np.float32), {"sample_rate": p.audio_rate, "channels": 1, "frames": 0,
+                                                  "start": 0.0, "missing": True}
         return read_audio_track(path, p.audio_mono, p.audio_rate, p.audio_quality)
 
     def open_stream(self, path: str, field: str) -> tuple[dict[str, np.ndarray], dict[str, Any],

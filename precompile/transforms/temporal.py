@@ -81,11 +81,11 @@ class Clips(Step):
         @model_validator(mode="after")
         def _mode(self):
             if self.fps is None:
-                if self.length is None:
-                    raise ValueError("length is required (or fps with length or length_s, to cut by time)")
                 for k in ("length_s", "stride_s"):
                     if getattr(self, k) is not None:
                         raise ValueError(f"{k} needs fps (the rate clips are resampled to)")
+                if self.length is None:
+                    raise ValueError("length is required (or fps with length or length_s, to cut by time)")
             else:
                 if (self.length is None) == (self.length_s is None):
                     raise ValueError("with fps, give exactly one of length (frames) or length_s (seconds)")
@@ -304,7 +304,7 @@ class ClipCutter:
     def _place(self, until: Fraction, inclusive: bool) -> list[Clip]:
         """Put the previous frame into every slot whose time lies in [its pts, until)."""
         pos, t, get = self.prev
-        tf = Fraction(t)
+        tf = _exact(t)
         item = None
         k = self.next
         out = []
@@ -331,9 +331,9 @@ class ClipCutter:
     def _push_time(self, pos: int, t: float, get: Callable[[], Any]) -> list[Clip]:
         out = []
         if self.t0 is None:
-            self.t0 = Fraction(t)
+            self.t0 = _exact(t)
         elif self.prev is not None:
-            out = self._place(Fraction(t), inclusive=False)
+            out = self._place(_exact(t), inclusive=False)
         self.prev = (pos, t, get)
         return out
 
@@ -341,7 +341,7 @@ class ClipCutter:
     def finish(self) -> list[Clip]:
         out = []
         if self.by_time and self.prev is not None and not self.done:
-            out = self._place(Fraction(self.prev[1]), inclusive=True)
+            out = self._place(_exact(self.prev[1]), inclusive=True)
         if self.next > 0 or self.short != "pad" or self.n == 0 or self.done:
             return out
         pos, t, get = self.prev

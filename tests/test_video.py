@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -330,3 +331,176 @@ def test_streamed_build_equals_whole_decode_and_any_job_count(tmp_path, monkeypa
         assert _dump(tmp_path / other / "v.h5") == ref, other
     for name in sorted(os.listdir(tmp_path / "s1" / "v.shards")):
         assert (tmp_path / "s1" / "v.shards" / name).read_bytes() == (tmp_path / "s2" / "v.shards" / name).read_bytes()
+
+
+def test_audio_track_cut_to_each_clip_span(tmp_path):
+    import precompile
+    from precompile.decoders.video import read_audio_track
+
+    rate = 16000
+    x = np.zeros(3 * rate, np.float32)
+    for t in (0.5, 1.3, 2.1):   # 10 ms tone bursts, 0.1 s into the clips that start at 0.4, 1.2, 2.0 s
+        i = int(t * rate)
+        x[i:i + 160] = 0.8 * np.sin(2 * np.pi * 1000 * np.arange(160) / rate) * np.hanning(160)
+    root = tmp_path / "in"
+    root.mkdir()
+    _write_av(root / "clk.mp4", 75, fps=25, audio=x, rate=rate)
+    field = {"decoder": "video", "audio_field": "sound", "audio_rate": 8000}
+    recipe = _recipe(tmp_path, root, [{"clips": {"fps": 10, "length_s": 0.4, "stride_s": 0.4}}], field)
+    precompile.build(recipe, out_dir=tmp_path / "out")
+    ds = precompile.open(str(tmp_path / "out" / "v.h5"))
+    track, meta = read_audio_track(str(root / "clk.mp4"), rate=8000)
+    assert meta["sample_rate"] == 8000 and meta["source_rate"] == rate
+    assert len(ds) == 7   # starts 0 .. 2.4 s; the last needs 2.4 + 0.3 <= 2.96 (last frame)
+    for k in range(len(ds)):
+        s, m = ds[k], ds.meta(k)["clip"]
+        a = s["sound"]
+        assert a.shape == (1, 3200) and a.dtype == np.float32 and m["audio"]["samples"] == 3200
+        assert m["start"] == pytest.approx(0.4 * k) and m["audio"]["first_sample"] == round(0.4 * k * 8000)
+        np.testing.assert_array_equal(a, track[:, round(0.4 * k * 8000):round(0.4 * k * 8000) + 3200])
+        env = np.abs(a[0])
+        if k in (1, 3, 5):
+            assert abs(int(np.argmax(env)) - (800 + 40)) <= 64, k   # burst centre 0.105 s in, within 8 ms
+        else:
+            assert env.max() < 0.05, k
+    # frame clips take length * every / fps seconds of audio from their first frame's time
+    recipe = _recipe(tmp_path, root, [{"clips": {"length": 5, "every": 2, "stride": 20}}], field)
+    precompile.build(recipe, out_dir=tmp_path / "out2")
+    ds = precompile.open(str(tmp_path / "out2" / "v.h5"))
+    assert [ds[k]["sound"].shape for k in range(len(ds))] == [(1, 3200)] * 4
+    assert ds.meta(1)["clip"]["start"] == pytest.approx(0.8) and ds.meta(1)["clip"]["frames"] == [20, 22, 24, 26, 28]
+
+
+def test_real_video_audio_track_and_clip_alignment():
+    p = os.path.join(realdata(), "video", "realshort.mp4")
+    if not os.path.exists(p):
+        pytest.skip("realshort.mp4 absent")
+    dec = VideoDecoder(VideoDecoder.Params(audio_field="sound", audio_rate=16000))
+    arrays, meta = dec.decode(p, "video")
+    x = arrays["sound"]
+    assert arrays["video"].shape == (36, 240, 320, 3) and x.shape[0] == 1 and x.dtype == np.float32
+    assert meta["audio"]["source_rate"] == 48000 and abs(x.shape[1] / 16000 - 56320 / 48000) < 0.01
+    assert np.abs(x).max() > 0.01   # real sound
+    s = Sample("r", arrays, {"video": "video", "sound": "audio"}, {"video": meta})
+    out = Clips(Clips.Params(length=10, stride=10)).run(s, np.random.default_rng(0))
+    assert len(out) == 3
+    for k, o in enumerate(out):
+        first = round(o.meta["clip"]["start"] * 16000)
+        n = round(10 * 16000 / meta["fps"])
+        assert o.fields["sound"].shape == (1, n)
+        np.testing.assert_array_equal(o.fields["sound"], x[:, first:first + n])
+
+
+def test_bad_videos_are_per_input_errors_naming_file_and_stage(tmp_path):
+    import av
+    import cv2
+
+    import precompile
+
+    root = tmp_path / "in"
+    root.mkdir()
+    _write_av(root / "good.mp4", 12)
+    (root / "text.mp4").write_text("hello, this is not a video\n")
+    (root / "empty.mp4").write_bytes(b"")
+    blob = Path(_write_av(tmp_path / "whole.mp4", 60)).read_bytes()
+    (root / "truncated.mp4").write_bytes(blob[:len(blob) // 2])   # the index (moov) is at the end: gone
+    c = av.open(str(root / "soundonly.mp4"), "w")
+    a = c.add_stream("aac", rate=16000)
+    a.layout = "mono"
+    fr = av.AudioFrame.from_ndarray(np.zeros((1, 1024), np.float32), format="fltp", layout="mono")
+    fr.sample_rate, fr.pts = 16000, 0
+    for pk in [*a.encode(fr), *a.encode()]:
+        c.mux(pk)
+    c.close()
+    w = cv2.VideoWriter(str(tmp_path / "zero.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 10, (32, 24))
+    w.release()
+    os.replace(tmp_path / "zero.avi", root / "zero.mp4")   # a video stream with no frames
+    recipe = _recipe(tmp_path, root, [{"clips": {"length": 4}}, {"resize": {"size": [16, 16]}}], on_error="skip")
+    rep = precompile.build(recipe, out_dir=tmp_path / "out")
+    by = {os.path.basename(f["path"]): f for f in rep["failures"]}
+    assert set(by) == {"text.mp4", "empty.mp4", "truncated.mp4", "soundonly.mp4", "zero.mp4"}
+    assert all(f["stage"] == "decode" and f["field"] == "video" for f in by.values())
+    assert "cannot open as a video" in by["text.mp4"]["message"] and str(root / "text.mp4") in by["text.mp4"]["message"]
+    assert "cannot open as a video" in by["truncated.mp4"]["message"]
+    assert "no video stream (streams: audio)" in by["soundonly.mp4"]["message"]
+    assert "no frame could be decoded" in by["zero.mp4"]["message"]
+    assert precompile.open(str(tmp_path / "out" / "v.h5")).keys == [f"good.mp4#clip{i}" for i in range(3)]
+    # asking for the audio of a file that has none is an error unless silence is asked for
+    recipe = _recipe(tmp_path, root, [{"clips": {"length": 4}}], {"decoder": "video", "audio_field": "snd"},
+                     inputs={"root": str(root), "match": "good.mp4", "fields": {"video": {"decoder": "video",
+                                                                                        "audio_field": "snd"}}})
+    with pytest.raises(Exception, match=r"good.mp4.*stage decode.*no audio stream"):
+        precompile.build(recipe, out_dir=tmp_path / "out2")
+
+
+def test_input_failing_mid_stream_is_dropped_whole(tmp_path):
+    """Two MPEG-TS files back to back: the frame size changes at frame 20, after 5 clips were cut."""
+    import precompile
+
+    root = tmp_path / "in"
+    root.mkdir()
+    a = Path(_write_av(tmp_path / "p1.ts", 20, size=(64, 48))).read_bytes()
+    b = Path(_write_av(tmp_path / "p2.ts", 20, size=(32, 24))).read_bytes()
+    (root / "cat.mp4").write_bytes(a + b)
+    _write_av(root / "ok.mp4", 8)
+    recipe = _recipe(tmp_path, root, [{"clips": {"length": 4}}], on_error="skip")
+    rep = precompile.build(recipe, out_dir=tmp_path / "out")
+    (f,) = rep["failures"]
+    assert f["stage"] == "decode" and f["path"] == str(root / "cat.mp4") and "frame 20 is 32x24" in f["message"]
+    assert precompile.open(str(tmp_path / "out" / "v.h5")).keys == ["ok.mp4#clip0", "ok.mp4#clip1"]
+
+
+@pytest.mark.parametrize("params, clips, converted, held", [
+    ({"length": 8}, 37, 300, 8),                              # back to back: one clip at a time (and the
+                                                              # tail 296-299, converted before the end shows)
+    ({"length": 8, "stride": 4}, 74, 300, 8),                 # overlapping: the clip plus its overlap
+    ({"length": 4, "every": 3, "stride": 50}, 6, 24, 4),      # sparse: only the taken frames are converted
+    ({"fps": 5, "length": 4}, 12, 50, 4),                     # by time: 30 fps -> 5 fps (+2 of the tail)
+    ({"length": 8, "max_clips": 2}, 2, 16, 8),                # stops decoding after the last clip
+])
+def test_stream_holds_one_clip_and_converts_only_taken_frames(tmp_path, params, clips, converted, held):
+    from precompile.transforms.temporal import ClipCutter
+
+    p = _write_av(tmp_path / "long.mp4", 300, fps=30)
+    arrays, meta, frames = VideoDecoder().open_stream(p, "video")
+    counts = {"yielded": 0, "converted": 0}
+
+    def counted():
+        for pos, t, get in frames:
+            counts["yielded"] += 1
+
+            def conv(get=get):
+                counts["converted"] += 1
+                return (get(),)
+            yield pos, t, conv
+
+    step = Clips(Clips.Params(**params))
+    cutter = ClipCutter(step)
+    out = list(step.cut(Sample("long.mp4", arrays, {"video": "video"}, {"video": meta}), ["video"], counted(), cutter))
+    assert len(out) == clips and counts["converted"] == converted and cutter.peak_held == held
+    assert counts["yielded"] == (16 if "max_clips" in params else 300)
+    for o in out:
+        assert [_number(f) for f in o.fields["video"]] == [i % 256 for i in o.meta["clip"]["frames"]]
+
+
+def test_sample_spill_round_trips_past_its_memory_limit(tmp_path):
+    from precompile.spill import SampleSpill
+
+    rng = np.random.default_rng(0)
+    samples = [Sample(f"k{i}", {"v": rng.integers(0, 255, (4, 8, 8, 3), dtype=np.uint8),
+                                "i": np.arange(i, dtype=np.int32), "s": np.float32(i)},
+                      {"v": "video", "i": "index", "s": "label"}, {"clip": {"index": i}}, copy=i % 2)
+               for i in range(10)]
+    sp = SampleSpill(str(tmp_path), limit=3000)
+    for s in samples:
+        sp.add(s)
+    assert sp.in_memory <= 3000 and sp.spilled > 0 and len(sp) == 10
+    back = list(sp)
+    for a, b in zip(samples, back):
+        assert (a.key, a.kinds, a.meta, a.copy) == (b.key, b.kinds, b.meta, b.copy)
+        assert a.fields.keys() == b.fields.keys()
+        for f in a.fields:
+            assert np.asarray(a.fields[f]).dtype == b.fields[f].dtype
+            np.testing.assert_array_equal(a.fields[f], b.fields[f])
+    sp.close()
+    assert os.listdir(tmp_path) == []   # the spill file is unnamed: nothing left behind

@@ -308,6 +308,9 @@ STREAM_CASES = {
                                       {"center_crop": {"size": [16, 16]}}],
                                      {"decoder": "video", "mode": "gray8", "every": 2}, {}),
     "clips only": ([{"clips": {"length": 3, "stride": 7}}], None, {}),
+    "black padding + grey letterbox (resize not fused)": (
+        [{"clips": {"length": 8, "stride": 30, "short": "pad", "pad": "zero"}},
+         {"resize": {"size": [20, 20], "keep_aspect": True, "pad_value": 128}}], None, {}),
 }
 
 
@@ -319,7 +322,8 @@ def test_streamed_build_equals_whole_decode_and_any_job_count(tmp_path, monkeypa
     steps, field, over = STREAM_CASES[case]
     root = _video_tree(tmp_path / "in")
     recipe = _recipe(tmp_path, root, steps, field, **over)
-    assert temporal.stream_plan(precompile.load_recipe(recipe).decoders, precompile.load_recipe(recipe).steps)
+    plan = temporal.stream_plan(precompile.load_recipe(recipe).decoders, precompile.load_recipe(recipe).steps)
+    assert plan is not None and (plan.resize is None) == ("not fused" in case or "resize" not in str(steps))
     precompile.build(recipe, out_dir=tmp_path / "s1", n_jobs=1)
     precompile.build(recipe, out_dir=tmp_path / "s2", n_jobs=2)
     precompile.build(recipe, out_dir=tmp_path / "s1again", n_jobs=1, force=True)

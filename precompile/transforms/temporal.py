@@ -412,7 +412,11 @@ def stream_plan(decoders: dict[str, Any], steps: list[Step]) -> Optional[StreamP
     if not hasattr(dec, "open_stream"):
         return None
     resize = None
-    if len(steps) > 1 and steps[1].name == "resize" and not steps[1].random:
+    rp = steps[1].params if len(steps) > 1 else None
+    black_pad = steps[0].params.short == "pad" and steps[0].params.pad == "zero"
+    if black_pad and getattr(rp, "keep_aspect", False) and getattr(rp, "pad_value", 0) != 0:
+        rp = None   # a letterboxed black frame is not all zeros: leave resize to the clips, as without streaming
+    if rp is not None and steps[1].name == "resize" and not steps[1].random:
         try:
             after = steps[0].plan(specs)
             if steps[1].targets(after) == [field]:

@@ -36,6 +36,7 @@ import traceback
 from typing import Any, Callable, Optional
 
 from .errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, StepError
+from .kinds import Kind
 from .plan import Item, ShardPlan
 from .recipe import Recipe
 from .sample import FieldSpec, Sample
@@ -52,7 +53,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
     """Decode every field of ``item``. With ``stream`` (a StreamPlan), its field is opened for
     streaming instead: a placeholder array, and ``stream.source`` is set to the frame generator."""
     t0 = time.perf_counter()
-    fields, kinds, meta = {}, {}, {}
+    fields, kinds, meta, links = {}, {}, {}, {}
     for fname, dec in recipe.decoders.items():
         path = item.paths[fname]
         try:
@@ -72,6 +73,8 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
         for name, arr in arrays.items():
             fields[name] = arr
             kinds[name] = specs[name].kind
+            if specs[name].of is not None:
+                links[name] = specs[name].of
         if m:
             meta[fname] = m
     timings["decode"] += time.perf_counter() - t0
@@ -80,8 +83,8 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
         import numpy as np
 
         fields[lab.field] = np.asarray(item.label, dtype=np.int64)
-        kinds[lab.field] = "label"
-    return Sample(key=item.key, fields=fields, kinds=kinds, meta=meta)
+        kinds[lab.field] = Kind.LABEL
+    return Sample(key=item.key, fields=fields, kinds=kinds, meta=meta, links=links)
 
 
 def copy_indices(recipe: Recipe) -> list[int]:
@@ -99,7 +102,7 @@ def run_steps(recipe: Recipe, sample: Sample | list[Sample], copy: int, item: It
     """Steps ``first``.. on one sample (or the samples steps before ``first`` made of one input, in order)."""
     t0 = time.perf_counter()
     rng = LazyRng(recipe.seed, item.key, copy)
-    samples = [Sample(s.key, dict(s.fields), dict(s.kinds), dict(s.meta), copy)
+    samples = [Sample(s.key, dict(s.fields), dict(s.kinds), dict(s.meta), copy, dict(s.links))
                for s in (sample if isinstance(sample, list) else [sample])]
     original = copy == 0 and recipe.model.copies > 0  # the un-augmented original
     for i, step in enumerate(recipe.steps):

@@ -34,6 +34,7 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from ..errors import StepError
+from ..kinds import Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .base import Step, StepParams
@@ -56,7 +57,7 @@ class Clips(Step):
     frames; or by time: ``fps`` with ``length`` (frames) or ``length_s``, a start every ``stride_s``."""
 
     name = "clips"
-    kinds = frozenset({"video"})
+    applies = kinds(Kind.VIDEO)
     expands = True
 
     class Params(StepParams):
@@ -116,7 +117,7 @@ class Clips(Step):
         if self.params.index_field is not None:
             if self.params.index_field in specs:
                 raise ValueError(f"index_field {self.params.index_field!r} clashes with an existing field")
-            out[self.params.index_field] = FieldSpec("index", (self.frames_per_clip,), "int32")
+            out[self.params.index_field] = FieldSpec(Kind.INDEX, (self.frames_per_clip,), "int32")
         return out
 
     def clip_indices(self, n: int) -> list[list[int]]:
@@ -166,9 +167,9 @@ class Clips(Step):
         if audio is not None and audio.get("field") not in sample.fields:
             audio = None
         cutter = cutter if cutter is not None else ClipCutter(self)
-        kinds = dict(sample.kinds)
+        out_kinds = dict(sample.kinds)
         if self.params.index_field is not None:
-            kinds[self.params.index_field] = "index"
+            out_kinds[self.params.index_field] = Kind.INDEX
         trimmed = {f: {k: v for k, v in sample.meta[f].items() if k not in _WHOLE_FILE_META}
                    for f in targets if isinstance(sample.meta.get(f), dict)}
 
@@ -191,7 +192,7 @@ class Clips(Step):
                 new[audio["field"]], first = cut_audio(x, rate, float(audio.get("start", 0.0)), clip.start, n)
                 info["audio"] = {"first_sample": first, "samples": n, "sample_rate": rate}
             meta["clip"] = info
-            return sample.replace_fields(new, key=f"{sample.key}#clip{clip.index}", meta=meta, kinds=kinds)
+            return sample.replace_fields(new, key=f"{sample.key}#clip{clip.index}", meta=meta, kinds=out_kinds)
 
         for fr in frames:
             for clip in cutter.push(*fr):
@@ -383,7 +384,7 @@ class StreamPlan:
 
     def _resize(self, frame: np.ndarray) -> np.ndarray:
         try:
-            return self.resize.apply(frame[None], "video")[0]
+            return self.resize.apply(frame[None], Kind.VIDEO)[0]
         except StepError:
             raise
         except (ValueError, TypeError, IndexError) as e:

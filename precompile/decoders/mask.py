@@ -73,11 +73,10 @@ class MaskDecoder(Decoder):
                 raise DecodeError(f"label values {bad[:8].tolist()} are not in classes {p.classes}", path=path)
         elif p.max_label is not None and values.size and values[-1] > p.max_label:
             raise DecodeError(f"label value {int(values[-1])} is above max_label {p.max_label}", path=path)
-        limit = np.iinfo(p.dtype).max
-        if values.size and values[-1] > limit:
-            raise DecodeError(f"label value {int(values[-1])} does not fit {p.dtype} (set dtype: uint16)", path=path)
-        if p.remap:
+        if p.remap:  # ids -> positions in classes (the validator checked they fit the dtype)
             lut = np.zeros(int(max(p.classes)) + 1, dtype=p.dtype)
             lut[np.asarray(p.classes)] = np.arange(len(p.classes), dtype=p.dtype)
             a = lut[a]
+        elif values.size and values[-1] > np.iinfo(p.dtype).max:
+            raise DecodeError(f"label value {int(values[-1])} does not fit {p.dtype} (set dtype: uint16)", path=path)
         return a.astype(p.dtype, copy=False), {"values": [int(v) for v in values]}

@@ -277,7 +277,7 @@ def pad_crop_center(a: np.ndarray, shape: tuple[int, ...], value: float = 0) -> 
     for n, s in zip(a.shape, shape):
         off = (n - s) // 2 if n >= s else -((s - n) // 2)
         offs.append(int(off))
-        if off >= 0:
+        if n >= s:  # crop (off >= 0); padding by one voxel gives off == 0 too, hence not "off >= 0"
             src.append(slice(off, off + s))
             dst.append(slice(0, s))
         else:

@@ -508,3 +508,15 @@ def test_sample_spill_round_trips_past_its_memory_limit(tmp_path):
             np.testing.assert_array_equal(a.fields[f], b.fields[f])
     sp.close()
     assert os.listdir(tmp_path) == []   # the spill file is unnamed: nothing left behind
+
+
+def test_isolated_decoder_build_equals_streamed(tmp_path):
+    """timeout_s decodes in a helper process that returns whole arrays (no streaming): same output."""
+    import precompile
+
+    steps, field, over = STREAM_CASES["frames+resize+audio"]
+    root = _video_tree(tmp_path / "in")
+    recipe = _recipe(tmp_path, root, steps, field, **over)
+    precompile.build(recipe, out_dir=tmp_path / "streamed")
+    precompile.build(recipe, out_dir=tmp_path / "isolated", timeout_s=60)
+    assert _dump(tmp_path / "isolated" / "v.h5") == _dump(tmp_path / "streamed" / "v.h5")

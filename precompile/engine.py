@@ -97,13 +97,18 @@ def copy_indices(recipe: Recipe) -> list[int]:
     return ([0] if m.keep_original else []) + list(range(1, m.copies + 1))
 
 
-def run_steps(recipe: Recipe, sample: Sample | list[Sample], copy: int, item: Item, timings: dict[str, float],
-              first: int = 0) -> list[Sample]:
-    """Steps ``first``.. on one sample (or the samples steps before ``first`` made of one input, in order)."""
+def run_steps(recipe: Recipe, sample: Any, copy: int, item: Item, timings: dict[str, float],
+              first: int = 0, buffer: Optional[Callable[[], Any]] = None) -> Any:
+    """Steps ``first``.. on one sample (or on the samples the steps before ``first`` made of one
+    input, in order: a list or a SampleSpill). ``buffer`` makes the container each step's output
+    goes to (default a list; the streamed path passes SampleSpill, so a step's output over all the
+    clips of a long video need not fit in memory). Steps run one after the other over all samples
+    either way, so random steps draw the same numbers."""
     t0 = time.perf_counter()
     rng = LazyRng(recipe.seed, item.key, copy)
-    samples = [Sample(s.key, dict(s.fields), dict(s.kinds), dict(s.meta), copy, dict(s.links))
-               for s in (sample if isinstance(sample, list) else [sample])]
+    fresh = (Sample(s.key, dict(s.fields), dict(s.kinds), dict(s.meta), copy, dict(s.links))
+             for s in ([sample] if isinstance(sample, Sample) else sample))
+    samples: Any = list(fresh) if buffer is None else fresh
     original = copy == 0 and recipe.model.copies > 0  # the un-augmented original
     for i, step in enumerate(recipe.steps):
         if i < first:
@@ -111,19 +116,27 @@ def run_steps(recipe: Recipe, sample: Sample | list[Sample], copy: int, item: It
         run_original = getattr(step, "run_original", None) if original and step.random else None
         if original and step.random and run_original is None:
             continue  # a random step without a neutral form is skipped for the original
-        out = []
-        for s in samples:
-            try:
-                # random steps run with neutral parameters (no flip, centred crop) so shapes match
-                out.extend(run_original(s) if run_original is not None else step.run(s, rng))
-            except InputError as e:
-                raise e.with_context(path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
-                                     stage=f"steps[{i}] {step.name}", key=item.key) from e.__cause__
-            except MemoryError:
-                raise
-            except Exception as e:
-                raise StepError(f"{step.name}: {type(e).__name__}: {e}", path=next(iter(item.paths.values())),
-                                stage=f"steps[{i}] {step.name}", key=item.key) from e
+        out = [] if buffer is None else buffer()
+        try:
+            for s in samples:
+                try:
+                    # random steps run with neutral parameters (no flip, centred crop) so shapes match
+                    out.extend(run_original(s) if run_original is not None else step.run(s, rng))
+                except InputError as e:
+                    raise e.with_context(path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
+                                         stage=f"steps[{i}] {step.name}", key=item.key) from e.__cause__
+                except MemoryError:
+                    raise
+                except Exception as e:
+                    raise StepError(f"{step.name}: {type(e).__name__}: {e}", path=next(iter(item.paths.values())),
+                                    stage=f"steps[{i}] {step.name}", key=item.key) from e
+        except BaseException:
+            if buffer is not None:   # a failing input: its buffers go now, not at garbage collection
+                out.close()
+                samples.close()
+            raise
+        if buffer is not None:
+            samples.close()   # the previous step's buffer (or the generator above), now consumed
         samples = out
     timings["steps"] += time.perf_counter() - t0
     return samples
@@ -136,7 +149,9 @@ def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, floa
     """All samples of one input whose video streams through ``clips`` (see transforms.temporal):
     frames are decoded, resized if fused, cut and passed on one clip at a time; the finished
     samples are checked and kept in a :class:`~precompile.spill.SampleSpill` (bounded memory)
-    until the input is done, so a failing input is still dropped whole. Returns the spill."""
+    until the input is done, so a failing input is still dropped whole. When a later step is
+    random, the clips are gathered first (in a spill too) and the steps run over all of them in
+    order, as without streaming, so the draws are the same. Returns the spills, chained."""
     from .spill import SampleSpill
 
     sample = decode_item(recipe, item, timings, stream)
@@ -179,7 +194,7 @@ def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, floa
     copies = copy_indices(recipe)
     spills = [SampleSpill(spill_dir) for _ in copies]
     batch = any(s.random for s in recipe.steps[stream.first:])  # random steps draw across the clips in order
-    pending: list[Sample] = []
+    pending = SampleSpill(spill_dir)
     clips = stream.clips.cut(sample, [fname], stream.frames(frames()))
     try:
         while True:
@@ -195,21 +210,27 @@ def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, floa
                 raise StepError(f"{stream.clips.name}: {type(e).__name__}: {e}", path=path,
                                 stage=f"steps[0] {stream.clips.name}", key=item.key) from e
             if batch:
-                pending.append(clip)
+                pending.add(clip)
                 continue
             for spill, c in zip(spills, copies):
                 for s in run_steps(recipe, clip, c, item, timings, stream.first):
                     check(s)
                     spill.add(s)
         for spill, c in zip(spills, copies) if batch else ():
-            for s in run_steps(recipe, pending, c, item, timings, stream.first):
-                check(s)
-                spill.add(s)
+            done = run_steps(recipe, pending, c, item, timings, stream.first, lambda: SampleSpill(spill_dir))
+            try:
+                for s in done:
+                    check(s)
+                    spill.add(s)
+            finally:
+                done.close()
     except BaseException:
         clips.close()
         for spill in spills:
             spill.close()
         raise
+    finally:
+        pending.close()
     return _Chained(spills)
 
 

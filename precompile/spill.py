@@ -29,11 +29,11 @@ class _Spilled:
 
 
 class SampleSpill:
-    """An append-only, iterate-once list of samples that spills array bytes to disk past ``limit``."""
+    """An append-only list of samples that spills array bytes to disk past ``limit``."""
 
-    def __init__(self, directory: Optional[str] = None, limit: int = DEFAULT_LIMIT):
+    def __init__(self, directory: Optional[str] = None, limit: Optional[int] = None):
         self.directory = directory
-        self.limit = limit
+        self.limit = DEFAULT_LIMIT if limit is None else limit
         self.entries: list[Union[Sample, _Spilled]] = []
         self.in_memory = 0        # array bytes held in memory
         self.spilled = 0          # array bytes written to the file
@@ -61,7 +61,12 @@ class SampleSpill:
         self.spilled += nbytes
         self.entries.append(_Spilled(sample, arrays))
 
+    def extend(self, samples: Any) -> None:
+        for s in samples:
+            self.add(s)
+
     def __iter__(self) -> Iterator[Sample]:
+        """The samples in order; may be iterated again until ``close``."""
         if self._file is not None:
             self._file.flush()
         for e in self.entries:

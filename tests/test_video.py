@@ -520,3 +520,53 @@ def test_isolated_decoder_build_equals_streamed(tmp_path):
     precompile.build(recipe, out_dir=tmp_path / "streamed")
     precompile.build(recipe, out_dir=tmp_path / "isolated", timeout_s=60)
     assert _dump(tmp_path / "isolated" / "v.h5") == _dump(tmp_path / "streamed" / "v.h5")
+
+
+@pytest.mark.parametrize("case", ["frames+resize+audio", "seconds+letterbox+random-after"])
+def test_streamed_build_through_disk_spills_equals_whole_decode(tmp_path, monkeypatch, case):
+    """Every buffered sample goes through the temporary file (limit 1 byte): the clips waiting for
+    their input to finish, and, before random steps, each step's output over all clips."""
+    import precompile
+    import precompile.spill as spill
+    import precompile.transforms.temporal as temporal
+
+    steps, field, over = STREAM_CASES[case]
+    root = _video_tree(tmp_path / "in")
+    recipe = _recipe(tmp_path, root, steps, field, **over)
+    spilled = []
+    add = spill.SampleSpill.add
+
+    def counting_add(self, s):
+        add(self, s)
+        spilled.append(self.spilled)
+    monkeypatch.setattr(spill, "DEFAULT_LIMIT", 1)
+    monkeypatch.setattr(spill.SampleSpill, "add", counting_add)
+    precompile.build(recipe, out_dir=tmp_path / "spilled", n_jobs=1)
+    assert spilled and min(spilled) > 0   # every add went to disk
+    monkeypatch.setattr(temporal, "stream_plan", lambda decoders, steps: None)
+    precompile.build(recipe, out_dir=tmp_path / "whole", n_jobs=1)
+    assert _dump(tmp_path / "spilled" / "v.h5") == _dump(tmp_path / "whole" / "v.h5")
+    assert not [p for p in os.listdir(tmp_path / "spilled" / "v.shards") if "spill" in p]
+
+
+def test_input_failing_in_a_random_step_after_clips_is_dropped_and_its_spills_closed(tmp_path, monkeypatch):
+    """Random steps after clips run over all clips of an input (through spill files here); an input
+    whose frames are too small for random_crop fails there and is dropped; nothing is left open
+    (pytest turns an unclosed spill file into an error)."""
+    import gc
+
+    import precompile
+    import precompile.spill as spill
+
+    monkeypatch.setattr(spill, "DEFAULT_LIMIT", 1)
+    root = tmp_path / "in"
+    root.mkdir()
+    _write_av(root / "big.mp4", 12, size=(128, 112))
+    _write_av(root / "small.mp4", 12, size=(64, 48))
+    recipe = _recipe(tmp_path, root, [{"clips": {"length": 4}}, {"random_crop": {"size": [100, 100]}}],
+                     on_error="skip")
+    rep = precompile.build(recipe, out_dir=tmp_path / "out")
+    (f,) = rep["failures"]
+    assert f["path"] == str(root / "small.mp4") and f["stage"] == "steps[1] random_crop"
+    assert precompile.open(str(tmp_path / "out" / "v.h5")).keys == [f"big.mp4#clip{i}" for i in range(3)]
+    gc.collect()

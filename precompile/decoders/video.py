@@ -191,7 +191,7 @@ def read_audio_track(path: str, mono: bool = True, rate: Optional[int] = None, q
 
     ``start`` in the meta is the time of sample 0 relative to the first video
     frame's pts (seconds), so sample ``round((t - start) * rate)`` plays at video time ``t``."""
-    from ..transforms import functional as F
+    from ..transforms.kernels.audio import resample_audio
 
     av = _av()
     container = _open(path)
@@ -237,7 +237,7 @@ def read_audio_track(path: str, mono: bool = True, rate: Optional[int] = None, q
         x = x.mean(axis=0, keepdims=True, dtype=np.float64).astype(np.float32)
     out_rate = rate or src_rate
     if out_rate != src_rate:
-        x = F.resample_audio(x, src_rate, out_rate, quality)
+        x = resample_audio(x, src_rate, out_rate, quality)
     meta = {"sample_rate": int(out_rate), "source_rate": int(src_rate), "source_channels": channels,
             "channels": int(x.shape[0]), "frames": int(x.shape[1]), "start": start}
     return np.ascontiguousarray(x, dtype=np.float32), meta

@@ -35,13 +35,13 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from .errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, StepError
+from .errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
 from .kinds import Kind
 from .plan import Item, ShardPlan
 from .recipe import Recipe
 from .sample import FieldSpec, Sample
 from .seeding import LazyRng
-from .writers.base import SampleError, write_json_atomic
+from .writers.base import write_json_atomic
 
 
 def _err_dict(e: InputError) -> dict[str, Any]:

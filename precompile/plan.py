@@ -142,6 +142,10 @@ def make_plan(recipe: Recipe) -> Plan:
     m = recipe.model
     specs: dict[str, FieldSpec] = {}
     for fname, dec in recipe.decoders.items():
+        if m.inputs.fields[fname].path is None and dec.reads_dirs != (m.inputs.kind == "dir"):
+            want = "folders (inputs.kind: dir)" if dec.reads_dirs else "files (inputs.kind: file)"
+            raise RecipeError(f"decoder {dec.name!r} reads {want}, but inputs.kind is {m.inputs.kind!r}",
+                              source=recipe.source, loc=f"inputs.fields.{fname}")
         try:
             outputs = dec.output_specs(fname)
         except ValueError as e:

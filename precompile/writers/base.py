@@ -21,19 +21,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from .. import format as fmt
+from ..errors import SampleError
 from ..sample import FieldSpec, Sample, dtype_name
 
 
 class WriterOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SampleError(ValueError):
-    """A sample the shard cannot take; ``field`` names the field at fault."""
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.field = field
 
 
 class ShardWriter:

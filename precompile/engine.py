@@ -49,7 +49,9 @@ def _err_dict(e: InputError) -> dict[str, Any]:
             "type": type(e).__name__}
 
 
-def decode_item(recipe: Recipe, item: Item, timings: dict[str, float]) -> Sample:
+def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: Any = None) -> Sample:
+    """Decode every field of ``item``. With ``stream`` (a StreamPlan), its field is opened for
+    streaming instead: a placeholder array, and ``stream.source`` is set to the frame generator."""
     t0 = time.perf_counter()
     fields, kinds, meta, links = {}, {}, {}, {}
     for fname, dec in recipe.decoders.items():
@@ -57,7 +59,10 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float]) -> Sample
         try:
             if not os.path.exists(path):
                 raise DecodeError("input file is missing (the recipe's path for this field points to nothing)")
-            arrays, m = dec.decode(path, fname)
+            if stream is not None and fname == stream.field:
+                arrays, m, stream.source = dec.open_stream(path, fname)
+            else:
+                arrays, m = dec.decode(path, fname)
         except InputError as e:
             raise e.with_context(path=path, stage="decode", field=fname, key=item.key) from e.__cause__
         except (MemoryError, MissingDependencyError):
@@ -92,33 +97,156 @@ def copy_indices(recipe: Recipe) -> list[int]:
     return ([0] if m.keep_original else []) + list(range(1, m.copies + 1))
 
 
-def run_steps(recipe: Recipe, sample: Sample, copy: int, item: Item, timings: dict[str, float]) -> list[Sample]:
+def run_steps(recipe: Recipe, sample: Any, copy: int, item: Item, timings: dict[str, float],
+              first: int = 0, buffer: Optional[Callable[[], Any]] = None) -> Any:
+    """Steps ``first``.. on one sample (or on the samples the steps before ``first`` made of one
+    input, in order: a list or a SampleSpill). ``buffer`` makes the container each step's output
+    goes to (default a list; the streamed path passes SampleSpill, so a step's output over all the
+    clips of a long video need not fit in memory). Steps run one after the other over all samples
+    either way, so random steps draw the same numbers."""
     t0 = time.perf_counter()
     rng = LazyRng(recipe.seed, item.key, copy)
-    samples = [Sample(sample.key, dict(sample.fields), dict(sample.kinds), dict(sample.meta), copy, dict(sample.links))]
+    fresh = (Sample(s.key, dict(s.fields), dict(s.kinds), dict(s.meta), copy, dict(s.links))
+             for s in ([sample] if isinstance(sample, Sample) else sample))
+    samples: Any = list(fresh) if buffer is None else fresh
     original = copy == 0 and recipe.model.copies > 0  # the un-augmented original
     for i, step in enumerate(recipe.steps):
+        if i < first:
+            continue
         run_original = getattr(step, "run_original", None) if original and step.random else None
         if original and step.random and run_original is None:
             continue  # a random step without a neutral form is skipped for the original
-        out = []
-        for s in samples:
-            try:
-                # random steps run with neutral parameters (no flip, centred crop) so shapes match
-                out.extend(run_original(s) if run_original is not None else step.run(s, rng))
-            except InputError as e:
-                raise e.with_context(path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
-                                     stage=f"steps[{i}] {step.name}", key=item.key) from e.__cause__
-            except MemoryError:
-                raise
-            except Exception as e:
-                raise StepError(f"{step.name}: {type(e).__name__}: {e}", path=next(iter(item.paths.values())),
-                                stage=f"steps[{i}] {step.name}", key=item.key) from e
+        out = [] if buffer is None else buffer()
+        try:
+            for s in samples:
+                try:
+                    # random steps run with neutral parameters (no flip, centred crop) so shapes match
+                    out.extend(run_original(s) if run_original is not None else step.run(s, rng))
+                except InputError as e:
+                    raise e.with_context(path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
+                                         stage=f"steps[{i}] {step.name}", key=item.key) from e.__cause__
+                except MemoryError:
+                    raise
+                except Exception as e:
+                    raise StepError(f"{step.name}: {type(e).__name__}: {e}", path=next(iter(item.paths.values())),
+                                    stage=f"steps[{i}] {step.name}", key=item.key) from e
+        except BaseException:
+            if buffer is not None:   # a failing input: its buffers go now, not at garbage collection
+                out.close()
+                samples.close()
+            raise
+        if buffer is not None:
+            samples.close()   # the previous step's buffer (or the generator above), now consumed
         samples = out
     timings["steps"] += time.perf_counter() - t0
     return samples
 
 
+
+
+def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, float],
+                check: Callable[[Sample], None], spill_dir: Optional[str]) -> Any:
+    """All samples of one input whose video streams through ``clips`` (see transforms.temporal):
+    frames are decoded, resized if fused, cut and passed on one clip at a time; the finished
+    samples are checked and kept in a :class:`~precompile.spill.SampleSpill` (bounded memory)
+    until the input is done, so a failing input is still dropped whole. When a later step is
+    random, the clips are gathered first (in a spill too) and the steps run over all of them in
+    order, as without streaming, so the draws are the same. Returns the spills, chained."""
+    from .spill import SampleSpill
+
+    sample = decode_item(recipe, item, timings, stream)
+    fname, path = stream.field, item.paths[stream.field]
+    where = dict(path=path, stage="decode", field=fname, key=item.key)
+
+    def guard(get: Callable[[], Any]) -> Callable[[], Any]:
+        def run() -> Any:
+            try:
+                return get()
+            except InputError as e:
+                raise e.with_context(**where) from e.__cause__
+            except (MemoryError, MissingDependencyError):
+                raise
+            except Exception as e:
+                raise DecodeError(f"{type(e).__name__}: {e}", **where) from e
+        return run
+
+    def frames() -> Any:
+        src = stream.source
+        try:
+            while True:
+                t0 = time.perf_counter()
+                try:
+                    pos, t, get = next(src)
+                except StopIteration:
+                    return
+                except InputError as e:
+                    raise e.with_context(**where) from e.__cause__
+                except (MemoryError, MissingDependencyError):
+                    raise
+                except Exception as e:
+                    raise DecodeError(f"{type(e).__name__}: {e}", **where) from e
+                finally:
+                    timings["decode"] += time.perf_counter() - t0
+                yield pos, t, guard(get)
+        finally:
+            src.close()
+
+    copies = copy_indices(recipe)
+    spills = [SampleSpill(spill_dir) for _ in copies]
+    batch = any(s.random for s in recipe.steps[stream.first:])  # random steps draw across the clips in order
+    pending = SampleSpill(spill_dir)
+    clips = stream.clips.cut(sample, [fname], stream.frames(frames()))
+    try:
+        while True:
+            try:
+                clip = next(clips)
+            except StopIteration:
+                break
+            except InputError as e:
+                raise e.with_context(path=path, stage=f"steps[0] {stream.clips.name}", key=item.key) from e.__cause__
+            except MemoryError:
+                raise
+            except Exception as e:
+                raise StepError(f"{stream.clips.name}: {type(e).__name__}: {e}", path=path,
+                                stage=f"steps[0] {stream.clips.name}", key=item.key) from e
+            if batch:
+                pending.add(clip)
+                continue
+            for spill, c in zip(spills, copies):
+                for s in run_steps(recipe, clip, c, item, timings, stream.first):
+                    check(s)
+                    spill.add(s)
+        for spill, c in zip(spills, copies) if batch else ():
+            done = run_steps(recipe, pending, c, item, timings, stream.first, lambda: SampleSpill(spill_dir))
+            try:
+                for s in done:
+                    check(s)
+                    spill.add(s)
+            finally:
+                done.close()
+    except BaseException:
+        clips.close()
+        for spill in spills:
+            spill.close()
+        raise
+    finally:
+        pending.close()
+    return _Chained(spills)
+
+
+class _Chained:
+    """Iterate several spills in order; ``close`` closes them all."""
+
+    def __init__(self, spills: list[Any]):
+        self.spills = spills
+
+    def __iter__(self) -> Any:
+        for s in self.spills:
+            yield from s
+
+    def close(self) -> None:
+        for s in self.spills:
+            s.close()
 
 
 def skipped_path(shard_path: str) -> str:
@@ -139,6 +267,9 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
             cv2.setNumThreads(1)  # parallelism is across shards; avoid oversubscribing the cores
         except ImportError:
             pass
+        from .decoders.video import set_decode_threads
+
+        set_decode_threads(1)
     from .registry import WRITERS, load_builtins
 
     load_builtins()
@@ -156,6 +287,11 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
         decode = lambda item: iso.decode(item, timeout, timings)  # noqa: E731
     else:
         decode = lambda item: decode_item(recipe, item, timings)  # noqa: E731
+    stream = None
+    if not (isolate or timeout is not None):  # an isolated decoder returns whole arrays
+        from .transforms.temporal import stream_plan
+
+        stream = stream_plan(recipe.decoders, recipe.steps)
     try:
         writer = writer_cls.open_shard(path, specs, key, options, chunking)
     except OSError as e:
@@ -172,18 +308,25 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
 
     try:
         for item in shard.items:
+            samples: Any = None
             try:
-                sample = decode(item)
-                # every sample of the input (all copies) is made and checked before any is written:
-                # an input that fails is dropped whole, never half-written
-                samples = [s for c in copy_indices(recipe) for s in run_steps(recipe, sample, c, item, timings)]
-                t0 = time.perf_counter()
-                for s in samples:
+                def check(s: Sample, item: Item = item) -> None:
                     try:
                         writer.check(s)
                     except SampleError as e:
                         raise StepError(str(e), path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
                                         stage="write", field=e.field, key=item.key) from e
+
+                # every sample of the input (all copies) is made and checked before any is written:
+                # an input that fails is dropped whole, never half-written
+                if stream is not None:  # a video streamed through clips: checked as made, spilled to disk
+                    samples = stream_item(recipe, stream, item, timings, check, os.path.dirname(path))
+                else:
+                    sample = decode(item)
+                    samples = [s for c in copy_indices(recipe) for s in run_steps(recipe, sample, c, item, timings)]
+                    for s in samples:
+                        check(s)
+                t0 = time.perf_counter()
                 for s in samples:
                     writer.add(s)
                 timings["write"] += time.perf_counter() - t0
@@ -196,6 +339,9 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
                                    f"more than max_failures={max_failures}", "detail": "", "path": path,
                                    "stage": "policy", "field": None, "key": None, "type": "BuildError",
                                    "shard": shard.index, "policy": True})
+            finally:
+                if samples is not None and hasattr(samples, "close"):
+                    samples.close()
         t0 = time.perf_counter()
         _write_skipped(path, key, failures)
         info = writer.close()

@@ -146,7 +146,11 @@ def make_plan(recipe: Recipe) -> Plan:
             want = "folders (inputs.kind: dir)" if dec.reads_dirs else "files (inputs.kind: file)"
             raise RecipeError(f"decoder {dec.name!r} reads {want}, but inputs.kind is {m.inputs.kind!r}",
                               source=recipe.source, loc=f"inputs.fields.{fname}")
-        for name, spec in dec.output_specs(fname).items():
+        try:
+            outputs = dec.output_specs(fname)
+        except ValueError as e:
+            raise RecipeError(str(e), source=recipe.source, loc=f"inputs.fields.{fname}") from None
+        for name, spec in outputs.items():
             if name in specs:
                 raise RecipeError(f"decoder output {name!r} clashes with another field", source=recipe.source,
                                   loc=f"inputs.fields.{fname}")

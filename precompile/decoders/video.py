@@ -1,75 +1,274 @@
-"""Video decoding through OpenCV: every frame read sequentially, (T, H, W, C) uint8.
+"""Video decoding through PyAV (FFmpeg in the wheel): frames in presentation order, (T, H, W, C) uint8.
 
-The frame count is the number of frames actually decoded; the container's
-claim (``CAP_PROP_FRAME_COUNT``) is only recorded in the metadata, since some
-files claim hundreds of frames more than they hold. Clip sampling is a step
-(``clips``), so one decoded video gives many samples without decoding twice.
-Metadata: fps, the decoded and claimed frame counts, width, height.
+Frames are counted as they come out of the decoder, from the first packet on:
+frame ``i`` is the ``i``-th decoded frame, never a position derived from the
+container's frame count (some files claim hundreds of frames more than they
+hold) or from an imprecise seek. The claim is only recorded in the metadata.
+Each frame's presentation time (seconds, from its pts and the stream's time
+base) is recorded too, so variable-frame-rate files can be cut by time.
+
+Two ways to read a file:
+
+- :func:`read_video` decodes the whole video into one array (what the
+  ``video`` decoder's ``read`` returns when no ``clips`` step follows);
+- :func:`iter_frames` yields frames one at a time and converts only those a
+  caller asks for, which is how the engine streams a video through
+  ``clips`` (and a following ``resize``) holding at most the frames of the
+  clips being cut (:mod:`precompile.transforms.temporal`).
+
+Both share one frame loop, so the frames, their order and their bytes are the
+same either way. RGB frames come from swscale (``rgb24``); on the project's
+sample files and the real H.264 test file they equal OpenCV's BGR->RGB frames
+byte for byte. Gray frames are OpenCV's RGB->gray of those.
+
+The optional audio track (``audio_field``) is decoded whole, mixed to mono if
+asked and resampled with soxr exactly as the ``audio`` decoder does; its meta
+(rate, start time relative to the first video frame) lets ``clips`` cut the
+span of each clip.
+
+Metadata: fps (the stream's average rate), the decoded and claimed frame
+counts, width, height, ``every``, ``pts`` (seconds per kept frame, the first at
+seconds from the stream's start time), codec, and ``decode_errors`` (packets the
+codec rejected and skipped; FFmpeg conceals what it can).
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from fractions import Fraction
+from typing import Any, Callable, Iterator, Literal, Optional
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from ..errors import DecodeError
 from ..registry import DECODERS
 from ..sample import FieldSpec
 from .base import Decoder, DecoderParams
 
+_THREADS = {"count": 0}   # 0: let FFmpeg choose; workers set 1 (parallelism is across shards)
+
+
+def set_decode_threads(n: int) -> None:
+    """Codec threads per open video (0: FFmpeg's choice). The engine sets 1 in ``-j`` workers."""
+    _THREADS["count"] = max(0, int(n))
+
+
+def _av():
+    try:
+        import av
+    except ImportError as e:  # pragma: no cover - av is a hard dependency
+        from ..errors import MissingDependencyError
+
+        raise MissingDependencyError("video decoding needs PyAV: pip install av") from e
+    return av
+
+
+def _open(path: str):
+    av = _av()
+    try:
+        container = av.open(path, mode="r")
+    except FileNotFoundError:
+        raise DecodeError("file not found", path=path) from None
+    except (av.error.FFmpegError, OSError, ValueError, UnicodeDecodeError) as e:
+        raise DecodeError(f"cannot open as a video: {e}", path=path) from None
+    if not container.streams.video:
+        kinds = ", ".join(s.type for s in container.streams) or "none"
+        container.close()
+        raise DecodeError(f"has no video stream (streams: {kinds})", path=path)
+    return container
+
+
+def _seconds(pts: Optional[int], time_base: Optional[Fraction]) -> Optional[float]:
+    if pts is None or time_base is None:
+        return None
+    return float(pts * time_base)
+
+
+def _convert(frame: Any, mode: str) -> np.ndarray:
+    rgb = frame.to_ndarray(format="rgb24")
+    if mode == "gray8":
+        import cv2
+
+        return cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)[..., None]
+    return rgb
+
+
+def video_info(container: Any) -> dict[str, Any]:
+    s = container.streams.video[0]
+    rate = s.average_rate or s.guessed_rate or s.base_rate
+    return {"fps": float(rate) if rate else 0.0, "claimed_frames": int(s.frames or 0),
+            "codec": s.codec_context.name}
+
+
+def iter_frames(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optional[int] = None,
+                info: Optional[dict[str, Any]] = None) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
+    """Yield ``(position, pts seconds, get)`` for frames 0, every, 2*every, ... in order.
+
+    ``position`` counts kept frames (source frame = position * every); ``get()``
+    converts the frame to an (H, W, C) uint8 array (only frames a caller asks
+    for pay the conversion). ``info`` (a dict) gets fps/claimed/codec at open and
+    decoded_frames/decode_errors as frames come; the container is closed when the
+    generator ends or is closed.
+    """
+    av = _av()
+    container = _open(path)
+    info = {} if info is None else info
+    try:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        stream.thread_count = _THREADS["count"]
+        info.update(video_info(container), decoded_frames=0, decode_errors=0)
+        tb = stream.time_base
+        t0: Optional[Fraction] = Fraction(stream.start_time) * tb if stream.start_time is not None else None
+        n = kept = 0
+        last_t: Optional[float] = None
+        shape: list[Any] = []
+
+        def getter(frame: Any, i: int) -> Callable[[], np.ndarray]:
+            def get() -> np.ndarray:
+                arr = _convert(frame, mode)
+                if not shape:
+                    shape.append(arr.shape)
+                elif arr.shape != shape[0]:
+                    raise DecodeError(f"frame {i} is {arr.shape[1]}x{arr.shape[0]}, earlier frames "
+                                      f"{shape[0][1]}x{shape[0][0]} (size changes mid-stream)", path=path)
+                return arr
+            return get
+
+        try:
+            packets = container.demux(stream)
+            while max_frames is None or kept < max_frames:
+                try:
+                    packet = next(packets)
+                except StopIteration:
+                    break
+                except av.error.FFmpegError as e:  # a broken container: the stream ends here, as in a player
+                    info["demux_error"] = str(e)
+                    break
+                try:
+                    frames = packet.decode()
+                except av.error.FFmpegError:
+                    info["decode_errors"] += 1
+                    continue
+                for frame in frames:
+                    if max_frames is not None and kept >= max_frames:
+                        break
+                    i = n
+                    n += 1
+                    info["decoded_frames"] = n
+                    if i % every:
+                        continue
+                    pts = frame.pts if frame.pts is not None else frame.dts
+                    if pts is not None and t0 is None:
+                        t0 = Fraction(pts) * tb
+                    t = float(Fraction(pts) * tb - t0) if pts is not None and t0 is not None else None
+                    if t is None or (last_t is not None and t <= last_t):
+                        # no usable timestamp (or not increasing): place it one nominal frame later
+                        step = 1.0 / info["fps"] if info["fps"] else 0.0
+                        t = (last_t + step * every) if last_t is not None else 0.0
+                    last_t = t
+                    yield kept, t, getter(frame, i)
+                    kept += 1
+        except av.error.FFmpegError as e:
+            raise DecodeError(f"FFmpeg failed while decoding frame {n}: {e}", path=path) from None
+        if kept == 0:
+            raise DecodeError("no frame could be decoded (empty, truncated or unsupported codec)", path=path)
+        info["kept_frames"] = kept
+    finally:
+        container.close()
+
+
+def has_audio(path: str) -> bool:
+    container = _open(path)
+    try:
+        return bool(container.streams.audio)
+    finally:
+        container.close()
+
+
+def read_audio_track(path: str, mono: bool = True, rate: Optional[int] = None, quality: str = "HQ",
+                     ) -> tuple[np.ndarray, dict[str, Any]]:
+    """The first audio stream of a video file -> (C, N) float32 at ``rate`` (soxr), and its meta.
+
+    ``start`` in the meta is the time of sample 0 relative to the first video
+    frame's pts (seconds), so sample ``round((t - start) * rate)`` plays at video time ``t``."""
+    from ..transforms.kernels.audio import resample_audio
+
+    av = _av()
+    container = _open(path)
+    try:
+        if not container.streams.audio:
+            raise DecodeError("has no audio stream (the recipe asks for audio_field)", path=path)
+        a = container.streams.audio[0]
+        v = container.streams.video[0]
+        chunks: list[np.ndarray] = []
+        first_t: Optional[Fraction] = None
+        src_rate = None
+        resampler = None
+        try:
+            for packet in container.demux(a):
+                try:
+                    frames = packet.decode()
+                except av.error.InvalidDataError:
+                    continue
+                for fr in frames:
+                    if first_t is None and fr.pts is not None and fr.time_base is not None:
+                        first_t = Fraction(fr.pts) * fr.time_base
+                    if src_rate is None:
+                        src_rate = int(fr.sample_rate)
+                        resampler = av.AudioResampler(format="fltp", layout=fr.layout.name, rate=src_rate)
+                    for out in resampler.resample(fr):
+                        chunks.append(out.to_ndarray().astype(np.float32, copy=False))
+            if resampler is not None:
+                for out in resampler.resample(None):
+                    chunks.append(out.to_ndarray().astype(np.float32, copy=False))
+        except av.error.FFmpegError as e:
+            raise DecodeError(f"FFmpeg failed while decoding the audio track: {e}", path=path) from None
+        if not chunks or src_rate is None:
+            raise DecodeError("the audio track holds no samples", path=path)
+        v0 = Fraction(v.start_time) * v.time_base if v.start_time is not None and v.time_base else Fraction(0)
+        start = float((first_t if first_t is not None else Fraction(0)) - v0)
+    finally:
+        container.close()
+    x = np.concatenate(chunks, axis=1)
+    if not np.isfinite(x).all():
+        raise DecodeError("the audio track holds non-finite samples", path=path)
+    channels = int(x.shape[0])
+    if mono and x.shape[0] > 1:
+        x = x.mean(axis=0, keepdims=True, dtype=np.float64).astype(np.float32)
+    out_rate = rate or src_rate
+    if out_rate != src_rate:
+        x = resample_audio(x, src_rate, out_rate, quality)
+    meta = {"sample_rate": int(out_rate), "source_rate": int(src_rate), "source_channels": channels,
+            "channels": int(x.shape[0]), "frames": int(x.shape[1]), "start": start}
+    return np.ascontiguousarray(x, dtype=np.float32), meta
+
 
 def read_video(path: str, mode: str = "rgb8", max_frames: Optional[int] = None,
                every: int = 1) -> tuple[np.ndarray, dict[str, Any]]:
     """Decode frames 0, every, 2*every, ... (up to ``max_frames`` kept) -> (T, H, W, C) uint8, meta."""
-    import cv2
-
-    cap = cv2.VideoCapture(path)
-    try:
-        if not cap.isOpened():
-            raise DecodeError("OpenCV cannot open this file as a video", path=path)
-        fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
-        claimed = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
-        frames = []
-        n = 0
-        shape = None
-        while max_frames is None or len(frames) < max_frames:
-            ok, fr = cap.read()
-            if not ok or fr is None:
-                break
-            if n % every == 0:
-                if fr.ndim == 2:
-                    fr = fr[..., None]
-                if shape is None:
-                    shape = fr.shape
-                elif fr.shape != shape:
-                    raise DecodeError(f"frame {n} is {fr.shape[1]}x{fr.shape[0]}, earlier frames "
-                                      f"{shape[1]}x{shape[0]} (size changes mid-stream)", path=path)
-                if mode == "rgb8":
-                    fr = cv2.cvtColor(fr, cv2.COLOR_BGR2RGB) if fr.shape[-1] == 3 else np.repeat(fr, 3, -1)
-                elif mode == "gray8":
-                    fr = cv2.cvtColor(fr, cv2.COLOR_BGR2GRAY)[..., None] if fr.shape[-1] == 3 else fr[..., :1]
-                frames.append(np.ascontiguousarray(fr))
-            n += 1
-    except cv2.error as e:
-        raise DecodeError(f"OpenCV failed while decoding: {e}", path=path) from None
-    finally:
-        cap.release()
-    if not frames:
-        raise DecodeError("no frame could be decoded (empty, truncated or unsupported codec)", path=path)
+    info: dict[str, Any] = {}
+    frames, pts = [], []
+    for _, t, get in iter_frames(path, mode, every, max_frames, info=info):
+        frames.append(get())
+        pts.append(t)
     arr = np.stack(frames)
     h, w = arr.shape[1:3]
-    meta = {"fps": fps, "decoded_frames": n, "claimed_frames": claimed, "every": every,
-            "width": int(w), "height": int(h)}
+    meta = {"fps": info["fps"], "decoded_frames": info["decoded_frames"], "claimed_frames": info["claimed_frames"],
+            "every": every, "width": int(w), "height": int(h), "codec": info["codec"], "pts": pts,
+            "decode_errors": info["decode_errors"]}
     return arr, meta
 
 
 @DECODERS.register()
 class VideoDecoder(Decoder):
-    """Any video OpenCV reads -> (T, H, W, C) uint8 frames (T = frames decoded, not the header's count).
+    """Any video FFmpeg reads -> (T, H, W, C) uint8 frames (T = frames decoded, not the header's count).
 
-    ``every: k`` keeps every k-th frame at decode time (saves memory on long
-    videos); ``max_frames`` stops after that many kept frames."""
+    ``every: k`` keeps every k-th decoded frame; ``max_frames`` stops after that
+    many kept frames. ``audio_field: name`` also outputs the file's audio track
+    as a (C, N) float32 field ``name`` (``audio_rate``, ``audio_mono``), which
+    ``clips`` cuts to each clip's time span (``audio_missing: silence`` gives
+    files without audio a silent track). Followed by ``clips``, the engine
+    streams the file instead of calling ``read`` (see the module docstring)."""
 
     name = "video"
     kind = "video"
@@ -78,10 +277,82 @@ class VideoDecoder(Decoder):
         mode: Literal["rgb8", "gray8"] = "rgb8"
         every: int = Field(1, ge=1)                    # keep every k-th decoded frame
         max_frames: Optional[int] = Field(None, ge=1)  # stop after this many kept frames
+        audio_field: Optional[str] = None              # also output the audio track as this field
+        audio_rate: Optional[int] = Field(None, ge=1)  # resample the audio track to this rate (Hz)
+        audio_mono: bool = True                        # mix the audio track down to one channel
+        audio_quality: Literal["VHQ", "HQ", "MQ", "LQ", "QQ"] = "HQ"
+        audio_missing: Literal["error", "silence"] = "error"  # a file without audio: an error, or silence
+
+        @model_validator(mode="after")
+        def _silence_rate(self):
+            if self.audio_missing == "silence" and self.audio_rate is None:
+                raise ValueError("audio_missing: silence needs audio_rate (the rate of the silent track)")
+            return self
+
+        @field_validator("audio_field")
+        @classmethod
+        def _name(cls, v: Optional[str]) -> Optional[str]:
+            if v is not None and (not v or v.startswith("__")):
+                raise ValueError("must be a plain field name")
+            return v
 
     def spec(self) -> FieldSpec:
         return FieldSpec("video", (None, None, None, 3 if self.params.mode == "rgb8" else 1), "uint8")
 
+    def output_specs(self, field: str) -> dict[str, FieldSpec]:
+        out = {field: self.spec()}
+        if self.params.audio_field is not None:
+            if self.params.audio_field == field:
+                raise ValueError(f"audio_field {field!r} clashes with the video field")
+            out[self.params.audio_field] = FieldSpec("audio", (1 if self.params.audio_mono else None, None), "float32")
+        return out
+
     def read(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
         return read_video(path, p.mode, p.max_frames, p.every)
+
+    def read_audio(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
+        p = self.params
+        if p.audio_missing == "silence" and not has_audio(path):
+            return np.zeros((1, 0), np.float32), {"sample_rate": p.audio_rate, "channels": 1, "frames": 0,
+                                                  "start": 0.0, "missing": True}
+        return read_audio_track(path, p.audio_mono, p.audio_rate, p.audio_quality)
+
+    def open_stream(self, path: str, field: str) -> tuple[dict[str, np.ndarray], dict[str, Any],
+                                                          Iterator[tuple[int, float, Callable[[], np.ndarray]]]]:
+        """Like ``decode``, but the video field is an empty placeholder (0, 1, 1, C) and the frames
+        come from the returned :func:`iter_frames` generator. The meta has the keys ``decode``
+        gives a clip (the whole-file counts are filled in only as frames come)."""
+        p = self.params
+        info: dict[str, Any] = {}
+        frames = iter_frames(path, p.mode, p.every, p.max_frames, info=info)
+        try:
+            first = next(frames)
+        except BaseException:
+            frames.close()
+            raise
+        h, w = first[2]().shape[:2]   # opens the file, checks it has a frame; the size for the meta
+
+        def chain() -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
+            yield first
+            yield from frames
+
+        meta = {"fps": info["fps"], "claimed_frames": info["claimed_frames"], "every": p.every, "width": int(w),
+                "height": int(h), "codec": info["codec"]}
+        out = {field: np.zeros((0, 1, 1, 3 if p.mode == "rgb8" else 1), np.uint8)}
+        if p.audio_field is not None:
+            try:
+                out[p.audio_field], meta["audio"] = self.read_audio(path)
+            except BaseException:
+                frames.close()
+                raise
+            meta["audio"]["field"] = p.audio_field
+        return out, meta, chain()
+
+    def decode(self, path: str, field: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        arr, meta = self.read(path)
+        out = {field: arr}
+        if self.params.audio_field is not None:
+            out[self.params.audio_field], meta["audio"] = self.read_audio(path)
+            meta["audio"]["field"] = self.params.audio_field
+        return out, meta

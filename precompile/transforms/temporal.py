@@ -1,15 +1,34 @@
 """Temporal steps on clips: the expanding ``clips`` and the random ``temporal_jitter``.
 
-One decoded video (T, H, W, C) becomes many clips of ``length`` frames taking
-every ``every``-th frame, a new clip starting every ``stride`` frames. Each clip
-gets the key ``<key>#clip<n>`` and ``meta["clip"]`` = {index, frames (source
-frame indices), fps}; ``index_field`` also stores the indices as an int32 (T,)
-field. Videos shorter than one clip are dropped or padded (``short``), padding
-by repeating the last frame or with black frames (index -1).
+One decoded video (T, H, W, C) becomes many clips. By frame numbers: ``length``
+frames taking every ``every``-th frame, a new clip starting every ``stride``
+frames. By time (``fps`` set): clips of ``length`` frames (or ``length_s``
+seconds) resampled to ``fps`` frames per second, a new clip every ``stride_s``
+seconds; clip frame ``j`` of clip ``k`` is the source frame on screen at
+``t0 + k * stride_s + j / fps`` (the last frame whose timestamp is not later),
+so variable-frame-rate files give evenly timed clips. Each clip gets the key
+``<key>#clip<n>`` and ``meta["clip"]`` = {index, frames (source frame
+indices), pts (their presentation times, seconds), start (seconds), fps};
+``index_field`` also stores the indices as an int32 (T,) field. Videos shorter
+than one clip are dropped or padded (``short``), padding by repeating the last
+frame or with black frames (index -1, pts null).
+
+A video's audio track (the ``video`` decoder's ``audio_field``) is cut to each
+clip's span: from the clip's start time, ``length * every / fps`` seconds
+(frame clips, the stream's average fps) or ``length / fps`` (time clips),
+zero-padded outside the track.
+
+Clips are cut by :class:`ClipCutter`, which takes frames one at a time and
+asks for a frame's pixels only when a clip needs it; the engine feeds it
+straight from the decoder (:func:`stream_clips`), so a long video never sits
+in memory whole, and :meth:`Clips.run` feeds it from a decoded array. Both
+give the same samples, byte for byte.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+import math
+from fractions import Fraction
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -19,21 +38,36 @@ from ..kinds import Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .base import RandomParams, RandomStep, Step, StepParams
-from .kernels.temporal import clip_starts, jitter_indices, take_frames, take_padded
+from .kernels.temporal import clip_starts, jitter_indices, take_frames
+
+# a frame as the cutter sees it: (position among kept frames, pts seconds, pixels on demand)
+FrameIn = tuple[int, float, Callable[[], Any]]
+# meta keys of the decoder that describe the whole file; a clip drops them (a streamed
+# build may stop decoding after the last clip it needs and never learns them)
+_WHOLE_FILE_META = ("pts", "decoded_frames", "decode_errors", "kept_frames", "demux_error")
+
+
+def _exact(x: float) -> Fraction:
+    """The decimal a user wrote (29.97 -> 2997/100), not its binary approximation."""
+    return Fraction(repr(float(x)))
 
 
 @STEPS.register()
 class Clips(Step):
-    """Cut videos into clips: ``length`` frames, ``every`` k-th frame, a clip start every ``stride`` frames."""
+    """Cut videos into clips: ``length`` frames, ``every`` k-th frame, a clip start every ``stride``
+    frames; or by time: ``fps`` with ``length`` (frames) or ``length_s``, a start every ``stride_s``."""
 
     name = "clips"
     applies = kinds(Kind.VIDEO)
     expands = True
 
     class Params(StepParams):
-        length: int = Field(ge=1)                 # frames per clip (T)
+        length: Optional[int] = Field(None, ge=1)  # frames per clip (T)
         every: int = Field(1, ge=1)               # take every k-th frame inside a clip
         stride: Optional[int] = Field(None, ge=1)  # frames between clip starts (default: the clip's span, no overlap)
+        fps: Optional[float] = Field(None, gt=0)   # cut by time: resample clips to this frame rate
+        length_s: Optional[float] = Field(None, gt=0)  # with fps: clip length in seconds (T = round(length_s * fps))
+        stride_s: Optional[float] = Field(None, gt=0)  # with fps: seconds between clip starts (default: the clip's length)
         short: Literal["drop", "pad"] = "drop"    # videos shorter than one clip span
         pad: Literal["last", "zero"] = "last"     # how to pad: repeat the last frame, or black frames (index -1)
         max_clips: Optional[int] = Field(None, ge=1)  # keep at most this many clips per video (the first ones)
@@ -46,29 +80,56 @@ class Clips(Step):
                 raise ValueError("must be a plain field name")
             return v
 
+        @model_validator(mode="after")
+        def _mode(self):
+            if self.fps is None:
+                for k in ("length_s", "stride_s"):
+                    if getattr(self, k) is not None:
+                        raise ValueError(f"{k} needs fps (the rate clips are resampled to)")
+                if self.length is None:
+                    raise ValueError("length is required (or fps with length or length_s, to cut by time)")
+            else:
+                if (self.length is None) == (self.length_s is None):
+                    raise ValueError("with fps, give exactly one of length (frames) or length_s (seconds)")
+                if self.stride is not None or self.every != 1:
+                    raise ValueError("with fps, clips are cut by time: use stride_s, not stride or every")
+                if self.length_s is not None and round(self.length_s * self.fps) < 1:
+                    raise ValueError(f"length_s {self.length_s} at fps {self.fps} is less than one frame")
+            return self
+
+    @property
+    def by_time(self) -> bool:
+        return self.params.fps is not None
+
+    @property
+    def frames_per_clip(self) -> int:
+        p = self.params
+        return p.length if p.length is not None else int(round(p.length_s * p.fps))
+
     @property
     def span(self) -> int:
-        return (self.params.length - 1) * self.params.every + 1
+        return (self.frames_per_clip - 1) * self.params.every + 1
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
-        return spec.with_(shape=(self.params.length, *spec.shape[1:]))
+        return spec.with_(shape=(self.frames_per_clip, *spec.shape[1:]))
 
     def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         out = super().plan(specs)
         if self.params.index_field is not None:
             if self.params.index_field in specs:
                 raise ValueError(f"index_field {self.params.index_field!r} clashes with an existing field")
-            out[self.params.index_field] = FieldSpec(Kind.INDEX, (self.params.length,), "int32")
+            out[self.params.index_field] = FieldSpec(Kind.INDEX, (self.frames_per_clip,), "int32")
         return out
 
     def clip_indices(self, n: int) -> list[list[int]]:
-        """Per clip, the positions (into the decoded frames) it takes; may run past ``n`` when padding."""
+        """Frame clips: per clip, the positions (into the decoded frames) it takes; may run past ``n``
+        when padding. (A reference for :class:`ClipCutter`, which cuts the same clips as frames come.)"""
         p = self.params
         stride = p.stride or self.span
         starts = clip_starts(n, self.span, stride, p.short)
         if p.max_clips is not None:
             starts = starts[:p.max_clips]
-        return [[s + j * p.every for j in range(p.length)] for s in starts]
+        return [[s + j * p.every for j in range(self.frames_per_clip)] for s in starts]
 
     def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
         specs = sample.specs()
@@ -80,25 +141,289 @@ class Clips(Step):
             if len(sample.fields[f]) != n:
                 raise StepError(f"clips: videos differ in length ({targets[0]}: {n}, {f}: "
                                 f"{len(sample.fields[f])} frames)", field=f)
-        src_meta = sample.meta.get(targets[0], {}) if isinstance(sample.meta.get(targets[0]), dict) else {}
+        m = sample.meta.get(targets[0])
+        src_meta = m if isinstance(m, dict) else {}
+        pts = src_meta.get("pts")
+        if pts is None or len(pts) != n:
+            if self.by_time:
+                raise StepError("clips: cutting by time (fps) needs the frame timestamps the video decoder "
+                                "records (meta pts)", field=targets[0])
+            fps, dec_every = src_meta.get("fps"), int(src_meta.get("every", 1))
+            pts = [i * dec_every / fps if fps else 0.0 for i in range(n)]
+        arrays = [sample.fields[f] for f in targets]
+        frames = ((i, float(pts[i]), (lambda i=i: tuple(a[i] for a in arrays))) for i in range(n))
+        return list(self.cut(sample, targets, frames))
+
+    def cut(self, sample: Sample, targets: list[str], frames: Iterable[FrameIn],
+            cutter: Optional["ClipCutter"] = None) -> Iterator[Sample]:
+        """Clips of ``sample`` from ``frames`` (in order), as samples; ``sample`` gives every other
+        field, the kinds and the meta (its ``targets`` fields are replaced by the clips)."""
+        m = sample.meta.get(targets[0])
+        src_meta = m if isinstance(m, dict) else {}
         dec_every = int(src_meta.get("every", 1))
         fps = src_meta.get("fps")
-        out = []
-        for ci, idx in enumerate(self.clip_indices(n)):
-            new = {}
-            src = None
-            for f in targets:
-                new[f], src = take_padded(sample.fields[f], idx, self.params.pad)
-            frames = [i * dec_every if i >= 0 else -1 for i in src]
+        audio = src_meta.get("audio") if isinstance(src_meta.get("audio"), dict) else None
+        if audio is not None and audio.get("field") not in sample.fields:
+            audio = None
+        cutter = cutter if cutter is not None else ClipCutter(self)
+        out_kinds = dict(sample.kinds)
+        if self.params.index_field is not None:
+            out_kinds[self.params.index_field] = Kind.INDEX
+        trimmed = {f: {k: v for k, v in sample.meta[f].items() if k not in _WHOLE_FILE_META}
+                   for f in targets if isinstance(sample.meta.get(f), dict)}
+
+        def make(clip: "Clip") -> Sample:
+            new = {f: np.stack([it[k] for it in clip.items]) for k, f in enumerate(targets)}
+            src = [i * dec_every if i >= 0 else -1 for i in clip.positions]
             if self.params.index_field is not None:
-                new[self.params.index_field] = np.asarray(frames, dtype=np.int32)
-            kinds = dict(sample.kinds)
-            if self.params.index_field is not None:
-                kinds[self.params.index_field] = Kind.INDEX
+                new[self.params.index_field] = np.asarray(src, dtype=np.int32)
             meta = dict(sample.meta)
-            meta["clip"] = {"index": ci, "frames": frames, "fps": fps}
-            out.append(sample.replace_fields(new, key=f"{sample.key}#clip{ci}", meta=meta, kinds=kinds))
+            meta.update(trimmed)
+            info: dict[str, Any] = {"index": clip.index, "frames": src, "pts": clip.pts, "start": clip.start,
+                                    "fps": self.params.fps if self.by_time else fps}
+            if audio is not None:
+                x = sample.fields[audio["field"]]
+                rate = int(audio["sample_rate"])
+                if self.by_time:
+                    n = int(round(Fraction(self.frames_per_clip) / _exact(self.params.fps) * rate))
+                else:
+                    n = int(round(self.frames_per_clip * self.params.every * dec_every * rate / fps)) if fps else 0
+                new[audio["field"]], first = cut_audio(x, rate, float(audio.get("start", 0.0)), clip.start, n)
+                info["audio"] = {"first_sample": first, "samples": n, "sample_rate": rate}
+            meta["clip"] = info
+            return sample.replace_fields(new, key=f"{sample.key}#clip{clip.index}", meta=meta, kinds=out_kinds)
+
+        for fr in frames:
+            for clip in cutter.push(*fr):
+                yield make(clip)
+            if cutter.done:
+                break
+        for clip in cutter.finish():
+            yield make(clip)
+
+
+def cut_audio(x: np.ndarray, rate: int, track_start: float, t: float, n: int) -> tuple[np.ndarray, int]:
+    """``n`` samples of a (C, N) track whose sample 0 plays at ``track_start`` s, from time ``t``;
+    zeros outside the track. Returns the array and the index of its first sample in the track."""
+    first = int(round((t - track_start) * rate))
+    out = np.zeros((x.shape[0], n), x.dtype)
+    lo, hi = max(first, 0), min(first + n, x.shape[1])
+    if hi > lo:
+        out[:, lo - first:hi - first] = x[:, lo:hi]
+    return out, first
+
+
+class Clip:
+    """A finished clip: its index, source positions (-1: black padding), pts, start time, frames."""
+
+    __slots__ = ("index", "positions", "pts", "start", "items")
+
+    def __init__(self, index: int, positions: list[int], pts: list[Optional[float]], start: float,
+                 items: list[Any]):
+        self.index, self.positions, self.pts, self.start, self.items = index, positions, pts, start, items
+
+
+class ClipCutter:
+    """Cuts clips from frames given one at a time, in order, keeping only what open clips need.
+
+    ``push(position, pts, get)`` takes a frame (``get()`` returns its pixels, a tuple with one
+    array per clip field, called only for frames some clip takes) and returns the clips it
+    completes; ``finish()`` returns the padded clip of a short video. ``done`` turns true once
+    ``max_clips`` clips are out (decoding can stop). ``held`` / ``peak_held`` count the frames
+    kept in memory (a clip's own frames plus, with overlapping clips, the overlap)."""
+
+    def __init__(self, clips: Clips):
+        p = clips.params
+        self.L = clips.frames_per_clip
+        self.every = p.every
+        self.stride = p.stride or clips.span
+        self.span = clips.span
+        self.short, self.pad = p.short, p.pad
+        self.max_clips = p.max_clips if p.max_clips is not None else math.inf
+        self.by_time = clips.by_time
+        if self.by_time:
+            self.fps = _exact(p.fps)
+            self.stride_t = _exact(p.stride_s) if p.stride_s is not None else Fraction(self.L) / self.fps
+        self.next = 0                         # the first clip not yet out
+        self.n = 0                            # frames seen
+        self.t0: Optional[Fraction] = None
+        self.held: dict[int, tuple[float, Any]] = {}   # frame clips: position -> (pts, pixels)
+        self.slots: dict[int, list[Optional[tuple[int, float, Any]]]] = {}  # time clips: clip -> frame per slot
+        self.prev: Optional[FrameIn] = None   # the latest frame (pads short videos; time clips: not yet placed)
+        self.peak_held = 0
+
+    @property
+    def done(self) -> bool:
+        return self.next >= self.max_clips
+
+    @property
+    def held_frames(self) -> int:
+        if not self.by_time:
+            return len(self.held)
+        return len({id(s[2]) for slots in self.slots.values() for s in slots if s is not None})
+
+    def _note(self) -> None:
+        self.peak_held = max(self.peak_held, self.held_frames)
+
+    # -- frame clips ---------------------------------------------------------------------
+    def wants(self, pos: int) -> bool:
+        """Does an unfinished frame clip take the frame at ``pos``?"""
+        lo = max(self.next, -(-(pos - self.span + 1) // self.stride))
+        hi = pos // self.stride
+        for k in range(lo, hi + 1):
+            if k >= self.max_clips:
+                return False
+            if (pos - k * self.stride) % self.every == 0:
+                return True
+        return False
+
+    def push(self, pos: int, t: float, get: Callable[[], Any]) -> list[Clip]:
+        self.n = pos + 1
+        if self.by_time:
+            return self._push_time(pos, t, get)
+        self.prev = (pos, t, get)
+        if self.wants(pos):
+            self.held[pos] = (t, get())
+            self._note()
+        out = []
+        while not self.done and self.next * self.stride + self.span - 1 <= pos:
+            s = self.next * self.stride
+            idx = [s + j * self.every for j in range(self.L)]
+            out.append(Clip(self.next, idx, [self.held[i][0] for i in idx], self.held[s][0],
+                            [self.held[i][1] for i in idx]))
+            self.next += 1
+            first = self.next * self.stride
+            for i in [i for i in self.held if i < first]:
+                del self.held[i]
         return out
+
+    # -- time clips ----------------------------------------------------------------------
+    def _start(self, k: int) -> Fraction:
+        return self.t0 + k * self.stride_t
+
+    def _place(self, until: Fraction, inclusive: bool) -> list[Clip]:
+        """Put the previous frame into every slot whose time lies in [its pts, until)."""
+        pos, t, get = self.prev
+        tf = _exact(t)
+        item = None
+        k = self.next
+        out = []
+        while k < self.max_clips and self._start(k) <= until:
+            start = self._start(k)
+            lo = max(0, math.ceil((tf - start) * self.fps))
+            x = (until - start) * self.fps
+            hi = min(self.L - 1, math.floor(x) if inclusive else math.ceil(x) - 1)
+            if lo <= hi:
+                if item is None:
+                    item = (pos, t, get())
+                slots = self.slots.setdefault(k, [None] * self.L)
+                for j in range(lo, hi + 1):
+                    slots[j] = item
+            k += 1
+        self._note()
+        while not self.done and self.next in self.slots and self.slots[self.next][-1] is not None:
+            slots = self.slots.pop(self.next)
+            out.append(Clip(self.next, [s[0] for s in slots], [s[1] for s in slots],
+                            float(self._start(self.next)), [s[2] for s in slots]))
+            self.next += 1
+        return out
+
+    def _push_time(self, pos: int, t: float, get: Callable[[], Any]) -> list[Clip]:
+        out = []
+        if self.t0 is None:
+            self.t0 = _exact(t)
+        elif self.prev is not None:
+            out = self._place(_exact(t), inclusive=False)
+        self.prev = (pos, t, get)
+        return out
+
+    # -- end of the video ----------------------------------------------------------------
+    def finish(self) -> list[Clip]:
+        out = []
+        if self.by_time and self.prev is not None and not self.done:
+            out = self._place(_exact(self.prev[1]), inclusive=True)
+        if self.next > 0 or self.short != "pad" or self.n == 0 or self.done:
+            return out
+        pos, t, get = self.prev
+        last = (pos, t, get())
+        if self.by_time:
+            slots = self.slots.get(0, [None] * self.L)
+            got = [s for s in slots if s is not None]
+            start = float(self.t0)
+        else:
+            idx = [j * self.every for j in range(self.L)]
+            got = [(i, *self.held[i]) for i in idx if i < self.n]
+            slots = got + [None] * (self.L - len(got))
+            start = 0.0 if not got else got[0][1]
+        zero = tuple(np.zeros_like(a) for a in (got[0][2] if got else last[2]))
+        filled = [s if s is not None else (last if self.pad == "last" else (-1, None, zero)) for s in slots]
+        self.next = 1
+        self.slots.clear()
+        self.held.clear()
+        return out + [Clip(0, [s[0] for s in filled], [s[1] for s in filled], start, [s[2] for s in filled])]
+
+
+# -- streaming: the engine's path for a recipe that starts with clips ---------------------------
+class StreamPlan:
+    """How the engine streams one video field: decoder -> ``clips`` (steps[0]) [-> ``resize``
+    (steps[1]) applied to each frame as it arrives] -> the remaining steps (from ``first``)."""
+
+    def __init__(self, field: str, decoder: Any, clips: Clips, resize: Optional[Step], first: int):
+        self.field, self.decoder, self.clips, self.resize, self.first = field, decoder, clips, resize, first
+
+    def frames(self, frames: Iterable[tuple[int, float, Callable[[], np.ndarray]]]) -> Iterator[FrameIn]:
+        """The decoder's frames as the cutter takes them: a 1-tuple of pixels, resized if fused.
+        Resizing a frame alone is what ``resize`` does to each frame of a clip, so the bytes agree."""
+        rs = self.resize
+        for pos, t, get in frames:
+            if rs is None:
+                yield pos, t, (lambda get=get: (get(),))
+            else:
+                yield pos, t, (lambda get=get: (self._resize(get()),))
+
+    def _resize(self, frame: np.ndarray) -> np.ndarray:
+        try:
+            return self.resize.apply(frame[None], Kind.VIDEO)[0]
+        except StepError:
+            raise
+        except (ValueError, TypeError, IndexError) as e:
+            raise StepError(f"{self.resize.name}: {e}", field=self.field, stage=f"steps[1] {self.resize.name}") from e
+
+
+def stream_plan(decoders: dict[str, Any], steps: list[Step]) -> Optional[StreamPlan]:
+    """A :class:`StreamPlan` when the first step is ``clips`` on exactly one field, made by a decoder
+    that can stream (``open_stream``); else None (the engine decodes whole and runs the steps)."""
+    if not steps or not isinstance(steps[0], Clips):
+        return None
+    specs: dict[str, FieldSpec] = {}
+    owner: dict[str, str] = {}
+    for fname, dec in decoders.items():
+        for name, spec in dec.output_specs(fname).items():
+            specs[name] = spec
+            owner[name] = fname
+    try:
+        targets = steps[0].targets(specs)
+    except ValueError:
+        return None
+    if len(targets) != 1 or owner.get(targets[0]) != targets[0]:
+        return None
+    field = targets[0]
+    dec = decoders[field]
+    if not hasattr(dec, "open_stream"):
+        return None
+    resize = None
+    rp = steps[1].params if len(steps) > 1 else None
+    black_pad = steps[0].params.short == "pad" and steps[0].params.pad == "zero"
+    if black_pad and getattr(rp, "keep_aspect", False) and getattr(rp, "pad_value", 0) != 0:
+        rp = None   # a letterboxed black frame is not all zeros: leave resize to the clips, as without streaming
+    if rp is not None and steps[1].name == "resize" and not steps[1].random:
+        try:
+            after = steps[0].plan(specs)
+            if steps[1].targets(after) == [field]:
+                resize = steps[1]
+        except ValueError:
+            resize = None
+    return StreamPlan(field, dec, steps[0], resize, 2 if resize is not None else 1)
 
 
 @STEPS.register()

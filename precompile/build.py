@@ -88,17 +88,26 @@ def output_paths(recipe: Recipe, out_dir: str) -> tuple[str, str]:
     return index, os.path.join(out_dir, fmt.shard_dir_name(recipe.output_name))
 
 
-def build(recipe: Recipe | str | os.PathLike, out_dir: str | os.PathLike = "build", n_jobs: int = 1,
+def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike = "build", n_jobs: int = 1,
           force: bool = False, progress: bool = False, scheduler: Optional[str] = None,
           content_hash: bool = False, on_error: Optional[str] = None,
           max_failures: Optional[int] = None, timeout_s: Optional[float] = None) -> dict[str, Any]:
     """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
 
+    ``recipe`` is a recipe file's path, a :class:`Recipe`, or the recipe as a dict (the same keys as the
+    YAML; a relative ``inputs.root`` and the ``imports`` search are then relative to the current folder).
+
     ``on_error``, ``max_failures`` and ``timeout_s`` override the recipe's keys of
     the same names (they do not change any shard's key). One build of an output at a
     time: a second one started meanwhile stops with a BuildError.
     """
-    if not isinstance(recipe, Recipe):
+    if isinstance(recipe, dict):
+        from .recipe import parse_recipe
+
+        recipe = parse_recipe(recipe)
+    elif not isinstance(recipe, Recipe):
+        if not isinstance(recipe, (str, os.PathLike)):
+            raise RecipeError(f"expected a recipe file's path, a dict or a Recipe, got {type(recipe).__name__}")
         recipe = load_recipe(recipe)
     recipe = with_policy(recipe, on_error=on_error, max_failures=max_failures, timeout_s=timeout_s)
     t_start = time.perf_counter()

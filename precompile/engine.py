@@ -38,6 +38,7 @@ from typing import Any, Callable, Optional
 from .errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, StepError
 from .plan import Item, ShardPlan
 from .recipe import Recipe
+from .remote import is_url
 from .sample import FieldSpec, Sample
 from .seeding import LazyRng
 from .writers.base import SampleError, write_json_atomic
@@ -54,9 +55,12 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float]) -> Sample
     for fname, dec in recipe.decoders.items():
         path = item.paths[fname]
         try:
-            if not os.path.exists(path):
-                raise DecodeError("input file is missing (the recipe's path for this field points to nothing)")
-            arrays, m = dec.decode(path, fname)
+            if "://" in path and is_url(path):
+                arrays, m = _decode_remote(recipe, dec, path, fname)
+            else:
+                if not os.path.exists(path):
+                    raise DecodeError("input file is missing (the recipe's path for this field points to nothing)")
+                arrays, m = dec.decode(path, fname)
         except InputError as e:
             raise e.with_context(path=path, stage="decode", field=fname, key=item.key) from e.__cause__
         except (MemoryError, MissingDependencyError):
@@ -77,6 +81,18 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float]) -> Sample
         fields[lab.field] = np.asarray(item.label, dtype=np.int64)
         kinds[lab.field] = "label"
     return Sample(key=item.key, fields=fields, kinds=kinds, meta=meta)
+
+
+def _decode_remote(recipe: Recipe, dec: Any, url: str, fname: str) -> tuple[dict, dict]:
+    """Decode a local copy of a remote input; errors name the URL, not the temporary copy."""
+    from .remote import local_copy
+
+    with local_copy(url, recipe.model.inputs.storage_options, folder=dec.reads_dirs) as local:
+        try:
+            return dec.decode(local, fname)
+        except InputError as e:
+            err = type(e)(e.detail.replace(local, url), path=url, stage=e.stage, field=e.field, key=e.key)
+            raise err from e.__cause__
 
 
 def copy_indices(recipe: Recipe) -> list[int]:

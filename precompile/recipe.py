@@ -45,6 +45,8 @@ class FieldDecl(BaseModel):
 
 class Inputs(_Model):
     root: str
+    storage_options: dict[str, Any] = Field(default_factory=dict,
+                                            description="fsspec options for a remote root (s3://, gs://, https://)")
     match: str
     where: dict[str, str] = Field(default_factory=dict)
     kind: Literal["file", "dir"] = "file"
@@ -56,6 +58,17 @@ class Inputs(_Model):
     def _match(cls, v: str) -> str:
         if v.startswith("/") or ".." in Path(v).parts:
             raise ValueError("must be a relative pattern inside root (no leading '/' or '..')")
+        return v
+
+    @field_validator("storage_options")
+    @classmethod
+    def _storage_options(cls, v: dict) -> dict:
+        from .remote import check_storage_options
+
+        bad = check_storage_options(v)
+        if bad is not None:
+            raise ValueError(f"{bad!r} looks like a credential; credentials do not belong in a recipe (it is stored "
+                             f"in the output): use the store's environment variables or config files")
         return v
 
     @field_validator("fields")
@@ -194,6 +207,11 @@ class Recipe:
                                   source=source, loc=format_loc(loc))
             params = parse_params(scls.Params, raw, source, loc + (sname,))
             self.steps.append(scls(params))
+        from .remote import is_url
+
+        if model.inputs.storage_options and not is_url(model.inputs.root):
+            raise RecipeError("storage_options apply only to a remote root (s3://, gs://, https://, ...)",
+                              source=source, loc="inputs.storage_options")
         if model.output.format not in WRITERS:
             e = UnknownName("output format", model.output.format, list(WRITERS))
             raise RecipeError(str(e), source=source, loc="output.format")
@@ -250,13 +268,20 @@ class Recipe:
 
     @property
     def input_root(self) -> str:
+        from .remote import is_url
+
+        if is_url(self.model.inputs.root):
+            return self.model.inputs.root.rstrip("/")
         return os.path.normpath(os.path.join(self.base_dir, self.model.inputs.root))
 
     def resolved(self) -> dict:
         """The recipe with defaults filled, as plain JSON data (stored in the output)."""
         d = self.model.model_dump(mode="json")
+        # recipes without user code or remote options keep the hashes they had before these keys existed
         if not d["imports"]:
-            del d["imports"]  # recipes without user code keep the hashes they had before `imports` existed
+            del d["imports"]
+        if not d["inputs"]["storage_options"]:
+            del d["inputs"]["storage_options"]
         return d
 
     def content_dict(self) -> dict:

@@ -140,10 +140,12 @@ def skipped_path(shard_path: str) -> str:
 
 
 def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict[str, FieldSpec],
-              chunking: dict[str, int], in_worker: bool = False, isolate: bool = False) -> dict[str, Any]:
+              chunking: dict[str, int], in_worker: bool = False, isolate: bool = False,
+              progress: Optional[Callable[[int, int], None]] = None) -> dict[str, Any]:
     """Build one shard file at ``path``; never raises for bad inputs (they are reported).
 
-    ``isolate`` (or a recipe ``timeout_s``) decodes inputs in a helper process.
+    ``isolate`` (or a recipe ``timeout_s``) decodes inputs in a helper process. ``progress(shard index, 1)``
+    is called after each input (see :mod:`precompile.progress`).
     """
     if in_worker:
         try:
@@ -209,6 +211,8 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
                                    f"more than max_failures={max_failures}", "detail": "", "path": path,
                                    "stage": "policy", "field": None, "key": None, "type": "BuildError",
                                    "shard": shard.index, "policy": True})
+            if progress is not None:
+                progress(shard.index, 1)
         t0 = time.perf_counter()
         _write_skipped(path, key, failures)
         info = writer.close()

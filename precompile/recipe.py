@@ -251,7 +251,9 @@ class Recipe:
     def __reduce__(self):
         # rebuilt from the plain model in a worker: the recipe's imports run there, no user class is pickled,
         # and the worker checks it runs the same user code as the parent planned with
-        return (_restore_recipe, (self.model, self.source, self.base_dir, self.code))
+        # (modules that registered classes from Python rather than through `imports` are imported first)
+        mods = sorted({type(o).__module__ for o in [*self.decoders.values(), *self.steps]} - {"__main__"})
+        return (_restore_recipe, (self.model, self.source, self.base_dir, self.code, mods))
 
     # -- convenience -----------------------------------------------------------
     @property
@@ -300,9 +302,14 @@ class Recipe:
         return hashlib.sha256(fmt.dumps(self.content_dict()).encode()).hexdigest()
 
 
-def _restore_recipe(model: RecipeModel, source: str | None, base_dir: str | None, code: dict) -> Recipe:
+def _restore_recipe(model: RecipeModel, source: str | None, base_dir: str | None, code: dict,
+                    modules: tuple = ()) -> Recipe:
+    import importlib
+
     from .plugins import check_same_code
 
+    for m in modules:
+        importlib.import_module(m)
     r = Recipe(model, source=source, base_dir=base_dir)
     check_same_code(code, r.code)
     return r

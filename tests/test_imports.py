@@ -19,7 +19,6 @@ from precompile.errors import RecipeError
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-pytestmark = pytest.mark.floors
 
 
 def make_r8_tree(root: Path, n: int = 6) -> Path:

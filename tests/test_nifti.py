@@ -18,7 +18,6 @@ from precompile.decoders.nifti import NiftiDecoder, NiftiLabelsDecoder  # noqa: 
 from precompile.errors import BuildError, DecodeError  # noqa: E402
 from test_dicom import make_ds  # noqa: E402
 
-pytestmark = pytest.mark.floors
 
 D, H, W = 6, 5, 4
 ROW_SP, COL_SP, SLICE_SP = 0.5, 0.75, 2.5          # DICOM PixelSpacing [row, col], slice gap (mm)

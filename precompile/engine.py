@@ -36,6 +36,7 @@ import traceback
 from typing import Any, Callable, Optional
 
 from .errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, StepError
+from .kinds import Kind
 from .plan import Item, ShardPlan
 from .recipe import Recipe
 from .remote import is_url
@@ -51,7 +52,7 @@ def _err_dict(e: InputError) -> dict[str, Any]:
 
 def decode_item(recipe: Recipe, item: Item, timings: dict[str, float]) -> Sample:
     t0 = time.perf_counter()
-    fields, kinds, meta = {}, {}, {}
+    fields, kinds, meta, links = {}, {}, {}, {}
     for fname, dec in recipe.decoders.items():
         path = item.paths[fname]
         try:
@@ -71,6 +72,8 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float]) -> Sample
         for name, arr in arrays.items():
             fields[name] = arr
             kinds[name] = specs[name].kind
+            if specs[name].of is not None:
+                links[name] = specs[name].of
         if m:
             meta[fname] = m
     timings["decode"] += time.perf_counter() - t0
@@ -79,8 +82,8 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float]) -> Sample
         import numpy as np
 
         fields[lab.field] = np.asarray(item.label, dtype=np.int64)
-        kinds[lab.field] = "label"
-    return Sample(key=item.key, fields=fields, kinds=kinds, meta=meta)
+        kinds[lab.field] = Kind.LABEL
+    return Sample(key=item.key, fields=fields, kinds=kinds, meta=meta, links=links)
 
 
 def _decode_remote(recipe: Recipe, dec: Any, url: str, fname: str) -> tuple[dict, dict]:
@@ -108,7 +111,7 @@ def copy_indices(recipe: Recipe) -> list[int]:
 def run_steps(recipe: Recipe, sample: Sample, copy: int, item: Item, timings: dict[str, float]) -> list[Sample]:
     t0 = time.perf_counter()
     rng = LazyRng(recipe.seed, item.key, copy)
-    samples = [Sample(sample.key, dict(sample.fields), dict(sample.kinds), dict(sample.meta), copy)]
+    samples = [Sample(sample.key, dict(sample.fields), dict(sample.kinds), dict(sample.meta), copy, dict(sample.links))]
     original = copy == 0 and recipe.model.copies > 0  # the un-augmented original
     for i, step in enumerate(recipe.steps):
         run_original = getattr(step, "run_original", None) if original and step.random else None

@@ -15,7 +15,8 @@ from typing import Optional
 
 from .errors import PlanError, RecipeError
 from .recipe import CAPTURE_RE, Recipe
-from .sample import FieldSpec
+from .kinds import Kind
+from .sample import FieldSpec, link_validity
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,11 @@ def make_plan(recipe: Recipe) -> Plan:
                 raise RecipeError(f"decoder output {name!r} clashes with another field", source=recipe.source,
                                   loc=f"inputs.fields.{fname}")
             specs[name] = spec
+    try:
+        links = link_validity({f: s.kind for f, s in specs.items()}, {f: s.of for f, s in specs.items() if s.of})
+    except ValueError as e:
+        raise RecipeError(str(e), source=recipe.source, loc="inputs.fields") from None
+    specs = {f: s.with_(of=links[f]) if f in links else s for f, s in specs.items()}
     expands = False
     for i, step in enumerate(recipe.steps):
         try:
@@ -161,7 +167,7 @@ def make_plan(recipe: Recipe) -> Plan:
             raise RecipeError(str(e), source=recipe.source, loc=f"steps[{i}].{step.name}") from None
         expands = expands or step.expands
     if m.inputs.label is not None:
-        specs[m.inputs.label.field] = FieldSpec("label", (), "int64")
+        specs[m.inputs.label.field] = FieldSpec(Kind.LABEL, (), "int64")
     if not items:
         raise PlanError(f"no inputs under {recipe.input_root!r} match {m.inputs.match!r}"
                         + (f" with {m.inputs.where}" if m.inputs.where else ""))

@@ -305,11 +305,14 @@ class Recipe:
 def _restore_recipe(model: RecipeModel, source: str | None, base_dir: str | None, code: dict,
                     modules: tuple = ()) -> Recipe:
     import importlib
+    import sys
 
-    from .plugins import check_same_code
+    from .plugins import check_same_code, import_modules
 
+    import_modules(list(model.imports), source, os.path.abspath(base_dir or "."))  # may add the recipe's folder
     for m in modules:
-        importlib.import_module(m)
+        if m not in sys.modules:
+            importlib.import_module(m)
     r = Recipe(model, source=source, base_dir=base_dir)
     check_same_code(code, r.code)
     return r

@@ -21,14 +21,14 @@ def volume_mask(shape: tuple = (8, 10, 12)) -> Sample:
     mask = np.zeros(shape, np.uint8)
     mask[2:6, 3:8, 4:10] = 1
     mask[3:5, 4:6, 5:7] = 2
-    return Sample("ct/p1", {"volume": vol, "mask": mask}, {"volume": "volume", "mask": "mask"})
+    return Sample("ct/p1", {"volume": vol, "mask": mask}, {"volume": "volume", "mask": "volume_mask"})
 
 
 def cube() -> Sample:
     r = _rng(2)
     return Sample("mr/p2", {"volume": r.normal(0, 1, (8, 8, 8)).astype(np.float32),
                             "mask": (r.random((8, 8, 8)) > 0.7).astype(np.uint8)},
-                  {"volume": "volume", "mask": "mask"})
+                  {"volume": "volume", "mask": "volume_mask"})
 
 
 def audio(c: int = 2, n: int = 400) -> Sample:

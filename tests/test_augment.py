@@ -92,13 +92,13 @@ def test_affine_nearest_keeps_fields_aligned_and_mask_labels():
 def test_affine_rotates_and_scales_flow_vectors():
     flow = np.zeros((31, 31, 2), np.float32)
     flow[..., 0] = 1.0  # everything moves right by one pixel
-    rot = A.warp_affine(flow, "flow", A.affine_matrix(31, 31, 90, 1.0))
+    rot = A.warp_flow(flow, A.affine_matrix(31, 31, 90, 1.0))
     # rotated 90 degrees counter-clockwise (as displayed, y down): right becomes up
     np.testing.assert_allclose(rot[5:-5, 5:-5, 0], 0, atol=1e-5)
     np.testing.assert_allclose(rot[5:-5, 5:-5, 1], -1, atol=1e-5)
-    big = A.warp_affine(flow, "flow", A.affine_matrix(31, 31, 0, 2.0))
+    big = A.warp_flow(flow, A.affine_matrix(31, 31, 0, 2.0))
     np.testing.assert_allclose(big[..., 0], 2, atol=1e-5)
-    small = A.warp_affine(flow, "flow", A.affine_matrix(31, 31, 0, 0.5))
+    small = A.warp_flow(flow, A.affine_matrix(31, 31, 0, 0.5))
     assert np.isnan(small[0, 0]).all() and np.isnan(small[15, 2]).all()  # from outside: invalid
     np.testing.assert_allclose(small[15, 15], [0.5, 0], atol=1e-5)
 
@@ -106,7 +106,7 @@ def test_affine_rotates_and_scales_flow_vectors():
 def test_affine_keeps_invalid_flow_out_of_its_neighbours():
     flow = np.ones((20, 20, 2), np.float32)
     flow[8:12, 8:12] = np.nan
-    out = A.warp_affine(flow, "flow", A.affine_matrix(20, 20, 10, 1.0))
+    out = A.warp_flow(flow, A.affine_matrix(20, 20, 10, 1.0))
     fin = out[np.isfinite(out).all(-1)]
     assert fin.size and np.abs(np.linalg.norm(fin, axis=-1) - np.sqrt(2)).max() < 1e-4  # rotation keeps length
     assert np.isnan(out[10, 10]).all()
@@ -135,9 +135,9 @@ def test_color_jitter_touches_only_images_and_keeps_alpha():
     assert np.array_equal(o.fields["mask"], before["mask"]) and np.array_equal(o.fields["flow"], before["flow"])
     assert (o.fields["image"] == 255).all()          # 400 clipped to the uint8 range
     assert (o.fields["rgba"][..., :3] == 200).all() and (o.fields["rgba"][..., 3] == 77).all()
-    gray = A.color_jitter(np.array([[[200, 100, 50]]], np.uint8), "image", saturation=0.0)
+    gray = A.color_jitter(np.array([[[200, 100, 50]]], np.uint8), False, saturation=0.0)
     assert gray.tolist() == [[[124, 124, 124]]]      # 0.299*200 + 0.587*100 + 0.114*50 = 124.2
-    flat = A.color_jitter(np.array([[[10], [30]]], np.uint8), "image", contrast=0.0)
+    flat = A.color_jitter(np.array([[[10], [30]]], np.uint8), False, contrast=0.0)
     assert flat.tolist() == [[[20], [20]]]           # contrast 0: the mean grey everywhere
 
 
@@ -194,17 +194,25 @@ def volume_sample() -> Sample:
     mask = np.zeros((12, 14, 16), np.uint8)
     mask[3:9, 4:10, 5:12] = 1
     mask[5:7, 6:8, 7:9] = 2
-    return Sample("vol", {"volume": mask.astype(np.int16) * 1000, "mask": mask, "slice_mask": np.arange(14 * 16, dtype=np.uint8).reshape(14, 16, 1)},
-                  {"volume": "volume", "mask": "mask", "slice_mask": "mask"})
+    return Sample("vol", {"volume": mask.astype(np.int16) * 1000, "mask": mask}, {"volume": "volume", "mask": "volume_mask"})
+
+
+def volume_and_slice_sample() -> Sample:
+    s = volume_sample()
+    s.fields["slice_mask"] = np.arange(14 * 16, dtype=np.uint8).reshape(14, 16, 1)
+    s.kinds["slice_mask"] = "mask"
+    return s
 
 
 def test_volume_steps_move_volume_and_mask_together():
     for name, params in [("random_flip3d", {"prob": 0.5}), ("random_rot90", {"k": [0, 2], "planes": [[0, 1], [1, 2]]}),
                          ("elastic", {"magnitude": 1.5})]:
         for seed in range(4):
-            (o,) = step(name, **params).run(volume_sample(), rng_for(seed, "vol", 1))
-            # a 2D (H, W, 1) mask is not the volume's mask: it stays as it was
-            assert np.array_equal(o.fields["slice_mask"], volume_sample().fields["slice_mask"])
+            # a 2D (H, W, 1) mask beside a volume: the 3D step refuses it unless fields: names what moves
+            with pytest.raises(StepError, match="cannot handle field 'slice_mask' of kind mask"):
+                step(name, **params).run(volume_and_slice_sample(), rng_for(seed, "vol", 1))
+            (o,) = step(name, **params, fields=["volume", "mask"]).run(volume_and_slice_sample(), rng_for(seed, "vol", 1))
+            assert np.array_equal(o.fields["slice_mask"], volume_and_slice_sample().fields["slice_mask"])
             m, v = o.fields["mask"], o.fields["volume"]
             assert set(np.unique(m)) <= {0, 1, 2}
             if name == "elastic":  # linear volume vs nearest mask: agree away from label edges
@@ -212,7 +220,7 @@ def test_volume_steps_move_volume_and_mask_together():
                 assert np.mean(np.abs(v.astype(int) - m.astype(int) * 1000) < 500) > 0.95
                 # the same displacement: the volume resampled as a mask lands exactly on the mask
                 rec = o.meta["augment"][-1]
-                again = A.elastic(volume_sample().fields["volume"], "mask", 4, rec["magnitude"], rec["seed"])
+                again = A.elastic(volume_sample().fields["volume"], 4, rec["magnitude"], rec["seed"], label=True)
                 assert np.array_equal(again, m.astype(np.int16) * 1000)
             else:
                 assert np.array_equal(v, m.astype(np.int16) * 1000)
@@ -222,18 +230,19 @@ def test_volume_kernels_invert():
     v = np.random.default_rng(0).normal(size=(5, 6, 6)).astype(np.float32)
     assert np.array_equal(A.flip_axes(A.flip_axes(v, [0, 2]), [0, 2]), v)
     assert np.array_equal(A.rot90(A.rot90(v, 1, [1, 2]), 3, [1, 2]), v)
-    assert np.array_equal(A.elastic(v, "volume", 4, 0.0, 123), v)
-    e1, e2 = A.elastic(v, "volume", 4, 2.0, 1), A.elastic(v, "volume", 4, 2.0, 2)
-    assert not np.array_equal(e1, e2) and np.array_equal(e1, A.elastic(v, "volume", 4, 2.0, 1))
+    assert np.array_equal(A.elastic(v, 4, 0.0, 123), v)
+    e1, e2 = A.elastic(v, 4, 2.0, 1), A.elastic(v, 4, 2.0, 2)
+    assert not np.array_equal(e1, e2) and np.array_equal(e1, A.elastic(v, 4, 2.0, 1))
 
 
-def test_2d_steps_leave_volume_masks_alone():
+def test_2d_steps_refuse_volumes_unless_fields_are_named():
     s = volume_sample()
     s.fields["image"] = np.zeros((14, 16, 3), np.uint8)
     s.kinds["image"] = "image"
-    targets = step("random_flip").targets({f: precompile.sample.FieldSpec(s.kinds[f], a.shape, str(a.dtype))
-                                           for f, a in s.fields.items()})
-    assert targets == ["image"]
+    specs = s.specs()
+    with pytest.raises(ValueError, match="cannot handle field 'volume' of kind volume"):
+        step("random_flip").targets(specs)
+    assert step("random_flip", fields=["image"]).targets(specs) == ["image"]
 
 
 # ----------------------------------------------------------------------------------------

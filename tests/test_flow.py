@@ -96,13 +96,13 @@ def test_resize_scales_vectors_and_never_mixes_invalid():
 
 def test_flip_negates_the_matching_component():
     flow = np.random.default_rng(1).normal(size=(4, 5, 2)).astype(np.float32)
-    h = F.flip(flow, "flow", horizontal=True)
+    h = F.flip_flow(flow, horizontal=True)
     np.testing.assert_array_equal(h[:, ::-1, 0], -flow[..., 0])
     np.testing.assert_array_equal(h[:, ::-1, 1], flow[..., 1])
-    v = F.flip(flow, "flow", horizontal=False)
+    v = F.flip_flow(flow, horizontal=False, vertical=True)
     np.testing.assert_array_equal(v[::-1, :, 1], -flow[..., 1])
     img = np.arange(20, dtype=np.uint8).reshape(4, 5, 1)
-    np.testing.assert_array_equal(F.flip(img, "image"), img[:, ::-1])
+    np.testing.assert_array_equal(F.flip_hw(img, True), img[:, ::-1])
 
 
 def warp_error(img1: np.ndarray, img2: np.ndarray, flow: np.ndarray | None) -> float:
@@ -159,9 +159,9 @@ def test_real_pairs_warp_better_than_no_warp_before_and_after_steps():
             assert fl.shape[:2] == i1.shape[:2] == i2.shape[:2]
             assert warp_error(i1, i2, fl) < 0.6 * warp_error(i1, i2, None), (a, chain)
         # a horizontal flip of all three keeps the correspondence
-        fi1, fi2, ffl = F.flip(img1, "image"), F.flip(img2, "image"), F.flip(flow, "flow")
+        fi1, fi2, ffl = F.flip_hw(img1, True), F.flip_hw(img2, True), F.flip_flow(flow, True)
         assert warp_error(fi1, fi2, ffl) < 0.6 * warp_error(fi1, fi2, None)
-        assert warp_error(fi1, fi2, ffl) < 0.6 * warp_error(fi1, fi2, F.flip(flow, "image"))
+        assert warp_error(fi1, fi2, ffl) < 0.6 * warp_error(fi1, fi2, F.flip_hw(flow, True))
 
 
 def test_sintel_invalid_mask_decodes_as_mask():

@@ -379,7 +379,7 @@ def test_conversion_and_normalisation(built, ds):
 
 
 def test_batch_steps_are_seeded_and_match_numpy(built, ds):
-    steps = [{"flip": {"p": 0.5}}, {"crop": {"size": [6, 5], "padding": 1}}]
+    steps = [{"random_flip": {"horizontal": 0.5}}, {"random_crop": {"size": [6, 5], "padding": 1}}]
     loader = Loader(built, batch_size=10, shuffle=True, seed=8, device="cpu", gpu_steps=steps)
     loader.set_epoch(1)
     idx = loader.batch_indices()
@@ -387,23 +387,30 @@ def test_batch_steps_are_seeded_and_match_numpy(built, ds):
     for k, (b, i) in enumerate(zip(got, idx)):
         flip, crop = gpu.step_params(loader.steps, 8, 1, 0, k, len(i))
         ref = ds.batch(i)["image"]
-        ref = np.where(flip["flip"][:, None, None, None], ref[:, :, ::-1], ref)
+        ref = np.where(flip["horizontal"][:, None, None, None], ref[:, :, ::-1], ref)
         ref = np.pad(ref, ((0, 0), (1, 1), (1, 1), (0, 0)))
         ref = np.stack([r[t:t + 6, l:l + 5] for r, t, l in zip(ref, crop["top"], crop["left"])])
         np.testing.assert_array_equal(b["image"].numpy(), ref)
-    assert any(p["flip"].any() and not p["flip"].all() for p in [gpu.step_params(loader.steps, 8, 1, 0, 0, 10)[0]])
+    assert any(p["horizontal"].any() and not p["horizontal"].all()
+               for p in [gpu.step_params(loader.steps, 8, 1, 0, 0, 10)[0]])
     again = Loader(built, batch_size=10, shuffle=True, seed=8, device="cpu", gpu_steps=steps)
     again.set_epoch(1)
     assert all(torch.equal(x["image"], y["image"]) for x, y in zip(got, again))
     again.set_epoch(2)
     assert gpu.step_params(again.steps, 8, 2, 0, 0, 10)[1]["top"].tolist() != \
         gpu.step_params(again.steps, 8, 1, 0, 0, 10)[1]["top"].tolist()
-    with pytest.raises(ValueError, match="unknown batch step 'rotate'"):
+    with pytest.raises(ValueError, match="'rotate' is unknown"):
         Loader(built, batch_size=4, device="cpu", gpu_steps=[{"rotate": {}}])
-    with pytest.raises(ValueError, match="larger than the padded sample"):
-        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"crop": {"size": 9}}])
-    with pytest.raises(ValueError, match="image/mask fields only"):
-        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"flip": {"fields": ["label"]}}])
+    with pytest.raises(ValueError, match="'random_affine' is a build step with no device twin"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_affine": {}}])
+    with pytest.raises(ValueError, match="'flip' is now the build step's twin random_flip"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"flip": {"p": 0.5}}])
+    with pytest.raises(ValueError, match="random_crop: input 8x8 is smaller than the crop 9x9"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_crop": {"size": 9}}])
+    with pytest.raises(ValueError, match="random_flip: cannot handle field 'label' of kind label"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_flip": {"fields": ["label"]}}])
+    with pytest.raises(ValueError, match="random_flip: horizontal: .*within"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_flip": {"horizontal": 2}}])
 
 
 class FakeRing:
@@ -441,7 +448,7 @@ def test_ring_pipeline_gives_the_cpu_batches(built, prefetch, threads, batches_p
     row = 8 * 8 * 3 + 8  # image + label bytes
     monkeypatch.setattr(loader_mod, "GROUP_BYTES", batches_per_task * 6 * row)
     kw = dict(batch_size=6, shuffle="block", seed=3, device="cpu", dtype="float32", mean=0.5, std=0.25,
-              gpu_steps=[{"flip": {}}], prefetch=prefetch, num_threads=threads)
+              gpu_steps=[{"random_flip": {}}], prefetch=prefetch, num_threads=threads)
     ref = [b for b in Loader(built, **{**kw, "num_threads": 2})]
     ringed = Loader(built, **kw)
     ringed._use_ring, ringed._make_ring = True, FakeRing

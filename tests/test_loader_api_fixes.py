@@ -89,10 +89,12 @@ def test_arguments_checked_up_front(built):
     with pytest.raises(ValueError, match="block_window must be >= 1 chunk, got 0"):
         Loader(built, batch_size=2, shuffle="block", device="cpu", block_window=0)
     # a crop that covers no field: refused at construction, not a TypeError at the first batch
-    with pytest.raises(ValueError, match="crop: covers no field"):
-        Loader(built, batch_size=2, device="cpu", fields=["label"], gpu_steps=[{"crop": {"size": 4}}])
-    with pytest.raises(ValueError, match="flip: covers no field"):
-        Loader(built, batch_size=2, device="cpu", gpu_steps=[{"flip": {"fields": []}}])
+    with pytest.raises(ValueError, match="random_crop: matches no field"):
+        Loader(built, batch_size=2, device="cpu", fields=["label"], gpu_steps=[{"random_crop": {"size": 4}}])
+    # fields: [] says it on purpose, as in a recipe: the step does nothing
+    kept = Loader(built, batch_size=2, device="cpu", shuffle=False, gpu_steps=[{"random_flip": {"fields": []}}])
+    plain = Loader(built, batch_size=2, device="cpu", shuffle=False)
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(kept, plain))
 
 
 def test_file_build_is_refused_with_a_pointer_to_the_dataset(tmp_path, image_tree):

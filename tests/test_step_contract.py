@@ -85,6 +85,17 @@ def test_every_registered_step_has_a_case():
     assert not missing, f"registered steps with no case in tests/step_cases_*.py: {missing}"
 
 
+def test_every_registered_step_has_a_case_for_every_kind_it_applies_to():
+    """A step that claims a kind must be exercised on it: the shared checks then run on that kind."""
+    missing = []
+    for n in _builtin_steps():
+        covered = {k for _, factory in CASES.get(n, []) for k in factory().kinds.values()}
+        lacking = sorted(k.value for k in STEPS.get(n).applies - covered)
+        if lacking:
+            missing.append(f"{n}: {', '.join(lacking)}")
+    assert not missing, "steps with no case for a kind they apply to (tests/step_cases_*.py): " + "; ".join(missing)
+
+
 def test_every_case_names_a_registered_step():
     unknown = [n for n in CASES if n not in STEPS]
     assert not unknown, f"cases for steps nobody registered: {unknown}"

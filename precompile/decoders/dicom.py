@@ -171,9 +171,47 @@ def _seq_item(ds, name: str):
     return seq[0] if seq else None
 
 
-def frames_of(ds, path: str) -> list[Frame]:
-    """One Frame per image frame, with geometry and rescale (per-frame functional groups honoured)."""
+GREY = ("MONOCHROME1", "MONOCHROME2")
+
+
+def photometric(ds, path: str) -> str:
+    """The file's PhotometricInterpretation; anything but grey is refused, naming it: a palette
+    file's values are indices into a colour table and colour files hold no single intensity, so
+    neither can become an intensity (HU) volume."""
+    pi = str(getattr(ds, "PhotometricInterpretation", "") or "MONOCHROME2").strip().upper()
+    if pi in GREY:
+        return pi
+    what = ("its pixel values are indices into a colour palette" if pi.startswith("PALETTE")
+            else "it is a colour image")
+    raise DecodeError(f"photometric interpretation {pi}: {what}, not grey intensities; the dicom decoders make "
+                      f"grey (HU) volumes and accept only MONOCHROME1/MONOCHROME2", path=path)
+
+
+def invert_monochrome1(pix: np.ndarray, ds) -> np.ndarray:
+    """Flip MONOCHROME1 stored values (low displays bright) onto the MONOCHROME2 sense, within the
+    stored bit range, so that a larger value is brighter as in every other file."""
+    bits = int(getattr(ds, "BitsStored", 0) or getattr(ds, "BitsAllocated", 16))
+    x = pix.astype(np.int64)
+    if int(getattr(ds, "PixelRepresentation", 0) or 0) == 1:
+        out = -1 - x
+    else:
+        out = (1 << bits) - 1 - x
+    return out.astype(pix.dtype)
+
+
+def frames_of(ds, path: str, monochrome1: str = "flag") -> list[Frame]:
+    """One Frame per image frame, with geometry and rescale (per-frame functional groups honoured).
+
+    ``monochrome1: invert`` flips MONOCHROME1 values (:func:`invert_monochrome1`); ``flag`` keeps
+    them as stored and adds a warning to the file's metadata."""
+    pi = photometric(ds, path)
     pix = pixel_frames(ds, path)
+    if pi == "MONOCHROME1":
+        if monochrome1 == "invert":
+            pix = invert_monochrome1(pix, ds)
+        else:
+            ds._precompile_warnings.append("MONOCHROME1: low stored values display bright; values kept as stored "
+                                           "(set monochrome1: invert to flip them)")
     top_pos = _vec(getattr(ds, "ImagePositionPatient", None), 3)
     top_ori = _vec(getattr(ds, "ImageOrientationPatient", None), 6)
     ps = _vec(getattr(ds, "PixelSpacing", None), 2)
@@ -310,6 +348,7 @@ class _DicomParams(DecoderParams):
     uneven: Literal["resample", "keep", "error"] = "resample"   # uneven slice gaps
     slice_spacing: Optional[float] = Field(None, gt=0)  # resample to this slice spacing (mm); default: the median gap
     tilt: Literal["correct", "keep"] = "correct"      # tilted gantry: shift slices onto an orthogonal grid
+    monochrome1: Literal["flag", "invert"] = "flag"   # MONOCHROME1 files: keep values (warned) or invert them
 
 
 def _finish_meta(meta: dict, warns: list[str], extra: dict) -> dict:
@@ -333,10 +372,19 @@ class DicomDecoder(Decoder):
     def read(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
         ds = read_dataset(path, p.force)
-        fr = frames_of(ds, path)
+        fr = frames_of(ds, path, p.monochrome1)
         vol, meta = assemble(fr, path, p.dtype, p.uneven, p.slice_spacing, p.tilt, p.rescale)
         return vol, _finish_meta(meta, ds._precompile_warnings, {
-            "modality": str(getattr(ds, "Modality", "")), "transfer_syntax": str(_transfer_syntax(ds))})
+            "modality": str(getattr(ds, "Modality", "")), "transfer_syntax": str(_transfer_syntax(ds)),
+            **_photometric_meta([ds], p.monochrome1)})
+
+
+def _photometric_meta(datasets: list, monochrome1: str) -> dict[str, Any]:
+    pis = sorted({str(getattr(d, "PhotometricInterpretation", "") or "MONOCHROME2").strip().upper() for d in datasets})
+    out: dict[str, Any] = {"photometric": pis[0] if len(pis) == 1 else pis}
+    if "MONOCHROME1" in pis:
+        out["inverted"] = monochrome1 == "invert"
+    return out
 
 
 def _has_preamble(path: str) -> bool:
@@ -400,19 +448,20 @@ class DicomSeriesDecoder(Decoder):
             uid = max(sorted(groups), key=lambda u: len(groups[u]))
         else:
             uid = next(iter(groups))
-        frames, warns, ds0 = [], [], None
+        frames, warns, ds0, all_ds = [], [], None, []
         for fp in groups[uid]:
             ds = read_dataset(fp, p.force)
             ds0 = ds0 or ds
+            all_ds.append(ds)
+            fr = frames_of(ds, fp, p.monochrome1)
             warns += ds._precompile_warnings
-            fr = frames_of(ds, fp)
             if len(fr) != 1:
                 raise DecodeError(f"is a multi-frame file ({len(fr)} frames) inside a series folder; decode it "
                                   f"with the dicom decoder", path=fp)
             frames += fr
         vol, meta = assemble(frames, path, p.dtype, p.uneven, p.slice_spacing, p.tilt, p.rescale)
         extra = {"series_uid": uid, "num_files": len(groups[uid]), "modality": str(getattr(ds0, "Modality", "")),
-                 "transfer_syntax": str(_transfer_syntax(ds0))}
+                 "transfer_syntax": str(_transfer_syntax(ds0)), **_photometric_meta(all_ds, p.monochrome1)}
         if skipped:
             extra["skipped"] = skipped[:20]
         return vol, _finish_meta(meta, warns, extra)

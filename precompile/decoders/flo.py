@@ -5,7 +5,8 @@ width x 2 float32 (u, v), little-endian, row-major. The reader checks the
 magic, that the dimensions are sane and that the file length is exactly what
 they imply; values whose magnitude exceeds 1e9 (Middlebury's "unknown") and
 non-finite values become NaN, and the decoder can emit a ``<field>_valid``
-uint8 mask beside the flow. ``flow_mask`` reads an image (e.g. Sintel's
+uint8 ``flow_valid`` field beside the flow (derived from it, so it follows the flow
+through every step). ``flow_mask`` reads an image (e.g. Sintel's
 invalid/occlusion PNGs) as a binary (H, W, 1) uint8 mask.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import DecodeError
+from ..kinds import Kind, flow_validity
 from ..registry import DECODERS
 from ..sample import FieldSpec
 from .base import Decoder, DecoderParams
@@ -87,15 +89,15 @@ class FloDecoder(Decoder):
     def output_specs(self, field: str) -> dict[str, FieldSpec]:
         out = {field: FieldSpec("flow", (None, None, 2), "float32")}
         if self.params.valid_mask:
-            out[f"{field}_valid"] = FieldSpec("mask", (None, None, 1), "uint8")
+            out[f"{field}_valid"] = FieldSpec(Kind.FLOW_VALID, (None, None, 1), "uint8", of=field)
         return out
 
     def decode(self, path: str, field: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         flow = read_flo(path)
         out = {field: flow}
-        valid = np.isfinite(flow).all(axis=-1, keepdims=True)
+        valid = flow_validity(flow)
         if self.params.valid_mask:
-            out[f"{field}_valid"] = valid.astype(np.uint8)
+            out[f"{field}_valid"] = valid
         return out, {"invalid": int(valid.size - np.count_nonzero(valid))}
 
 

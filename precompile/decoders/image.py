@@ -22,9 +22,11 @@ MODES = {"rgb8": (3, "uint8"), "gray8": (1, "uint8"), "gray16": (1, "uint16"), "
 
 
 def _to_mode(img, mode: str) -> np.ndarray:
-    """Convert a loaded PIL image to the array layout of ``mode``."""
+    """Convert a loaded PIL image to the array layout of ``mode`` (``label``: see :func:`label_array`)."""
     from PIL import Image
 
+    if mode == "label":
+        return label_array(img)
     if img.mode in ("P", "PA"):
         img = img.convert("RGBA")  # resolve the palette (and its transparency) first
     src = img.mode
@@ -49,6 +51,26 @@ def _to_mode(img, mode: str) -> np.ndarray:
     if mode == "rgba8":
         return np.asarray(img.convert("RGBA"))
     raise ValueError(f"unknown mode {mode!r}")
+
+
+def label_array(img) -> np.ndarray:
+    """The stored values of a one-channel image as (H, W, 1) integers, never converted through
+    colour: palette indices (a VOC-style mask), 1/8/16-bit grey. Colour images are refused."""
+    src = img.mode
+    if src in ("PA", "LA"):
+        src = src[0]
+        img = img.getchannel(0)
+    if src in ("P", "L", "1"):
+        return np.asarray(img).astype(np.uint8)[..., None]
+    if src in ("I;16", "I;16B", "I;16L"):
+        return np.asarray(img).astype(np.uint16)[..., None]
+    if src == "I":
+        a = np.asarray(img)
+        if a.size and (a.min() < 0 or a.max() > 65535):
+            raise ValueError(f"label values {int(a.min())}..{int(a.max())} do not fit 16 bits")
+        return a.astype(np.uint16)[..., None]
+    raise ValueError(f"a {src} image is not a label map: masks need one channel of class ids (grey or palette); "
+                     f"convert colour-coded masks to ids first")
 
 
 @DECODERS.register()

@@ -8,12 +8,15 @@
   batch's device: uint8 -> float32/float16/bfloat16 scaled to [0, 1], then
   ``(x - mean) / std`` per channel (last axis), optionally NHWC -> NCHW (a
   permuted view: channels_last memory, free).
-- Batch steps (:class:`RandomFlip`, :class:`RandomCrop`) draw their parameters
-  with numpy from ``default_rng([seed, epoch, rank, batch, step])`` and apply
-  them with torch ops on whatever device the batch is on, so CPU and CUDA get
-  the same crops and flips. Draw once per sample, apply to every field the
-  step covers (an image and its mask stay aligned). On CUDA the parameters go
-  to the device from pinned memory, asynchronously on the side stream.
+- Batch steps (:class:`RandomFlip`, :class:`RandomCrop`) are the build's
+  ``random_flip`` and ``random_crop``: the same names, options and per-kind
+  rules (flow vectors follow a flip, flow pads with NaN, masks with 0; a field
+  of a refused kind is an error). They draw their parameters with numpy from
+  ``default_rng([seed, epoch, rank, batch, step])`` and apply them with torch
+  ops on whatever device the batch is on, so CPU and CUDA get the same crops
+  and flips. Draw once per sample, apply to every field the step covers. On
+  CUDA the parameters go to the device from pinned memory, asynchronously on
+  the side stream.
 - :class:`CudaRing` holds the pinned host buffers (allocated once), the side
   stream and one event per slot: host-to-device copies (uint8 over the bus)
   and the conversion run on the side stream while the previous batch trains;
@@ -25,14 +28,14 @@ Only the Loader imports this module; torch is never imported by the build.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
 
 from ..errors import PrecompileError
-
-SPATIAL_KINDS = ("image", "mask")
+from ..kinds import Kind
+from ..transforms import augment
 FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "half": torch.float16,
                 "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -136,115 +139,159 @@ class Convert:
 
 # -- seeded batch steps ---------------------------------------------------------------------
 class BatchStep:
-    """A random step on a whole batch: ``draw`` (numpy, seeded) then ``apply`` (torch, any device)."""
+    """A build step's twin on whole batches: the same name, options and per-kind rules as the
+    build's random step (``STEP``), its parameters drawn with numpy per sample (``draw``) and
+    applied with torch on whatever device the batch is on (``apply_<kind>``).
 
-    name = "step"
+    Field choice is the build step's own (:meth:`Step.targets`): a field of a kind the step
+    refuses is an error at construction, never skipped. ``flow_valid`` fields move with their
+    flow as masks (flips and crops only gather, so validity stays ``isfinite(flow)``)."""
 
-    def __init__(self, fields: Sequence[str] | None = None):
-        self.fields = list(fields) if fields is not None else None
+    STEP: ClassVar[type]
+    name: ClassVar[str]
+
+    def __init__(self, **params: Any):
+        from pydantic import ValidationError
+
+        try:
+            self.params = self.STEP.Params.model_validate(params)
+        except ValidationError as e:
+            raise ValueError(f"{self.name}: " + "; ".join(
+                f"{'.'.join(str(x) for x in err['loc']) or 'options'}: {err['msg']}" for err in e.errors())) from None
+        self.step = self.STEP(self.params)
 
     def bind(self, specs: dict[str, dict], shapes: dict[str, tuple[int, ...]]) -> list[str]:
-        """Choose and check the fields this step covers; returns them."""
-        if self.fields is None:
-            chosen = [f for f, s in specs.items() if f in shapes and s.get("kind") in SPATIAL_KINDS and len(shapes[f]) == 3]
-        else:
-            chosen = self.fields
-            for f in chosen:
-                if f not in shapes:
-                    raise ValueError(f"{self.name}: field {f!r} is not loaded (loaded: {', '.join(shapes)})")
-                if specs[f].get("kind") not in SPATIAL_KINDS or len(shapes[f]) != 3:
-                    raise ValueError(f"{self.name}: field {f!r} is {specs[f].get('kind')} {shapes[f]}; batch steps "
-                                     f"apply to (H, W, C) image/mask fields only")
-        if not chosen:
-            raise ValueError(f"{self.name}: covers no field; batch steps apply to (H, W, C) image/mask fields "
-                             f"(loaded: " + ", ".join(f"{f} {specs[f].get('kind')} {shapes[f]}" for f in shapes)
-                             + "); name them with fields=[...] or leave the step out")
-        hw = {shapes[f][:2] for f in chosen}
-        if len(hw) > 1:
-            raise ValueError(f"{self.name}: fields {chosen} differ in height/width {sorted(hw)}; one draw must fit all")
-        self.bound = chosen
-        self.hw = next(iter(hw)) if hw else None
+        """Choose and check the loaded fields this step covers (stored specs, per-row shapes)."""
+        from ..sample import FieldSpec, link_validity
+
+        kinds = {f: Kind.of(specs[f].get("kind")) for f in shapes}
+        try:
+            links = link_validity(kinds, {f: specs[f]["of"] for f in shapes if specs[f].get("of") in shapes})
+        except ValueError:
+            links = {}  # a validity field whose flow is not loaded: it still moves as a mask
+        loaded = {f: FieldSpec(kinds[f], tuple(shapes[f]), "uint8", links.get(f)) for f in shapes}
+        try:
+            chosen = self.step.targets(loaded)
+        except ValueError as e:
+            raise ValueError(f"{self.name}: {e}") from None
+        explicit = self.params.fields is not None
+        chosen += [f for f, k in kinds.items() if k is Kind.FLOW_VALID and f not in chosen
+                   and (not explicit or links.get(f) in chosen)]
+        hw = {}
+        for f in chosen:
+            shape = shapes[f]
+            if len(shape) < 3:
+                raise ValueError(f"{self.name}: field {f!r} has per-sample shape {shape}, not a 2D grid")
+            hw[f] = tuple(shape[-3:-1])
+        if len(set(hw.values())) > 1:
+            raise ValueError(f"{self.name}: fields differ in height/width ({hw}); one draw must fit all")
+        self.bound = {f: kinds[f] for f in chosen}
+        self.hw = next(iter(hw.values())) if hw else None
         return chosen
 
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def apply(self, x: torch.Tensor, **params: Any) -> torch.Tensor:
-        raise NotImplementedError
+    def apply(self, x: torch.Tensor, kind: Kind, **params: Any) -> torch.Tensor:
+        if kind is Kind.FLOW:
+            return self.apply_flow(x, **params)
+        if kind.labels:  # mask, flow_valid: gathered, padded with 0
+            return self.apply_mask(x, **params)
+        return self.apply_image(x, **params)  # image, and video (every frame at once)
 
-    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        return shape
+
+def _hw_dims(x: torch.Tensor) -> tuple[int, int]:
+    """(height, width) dims of a channel-last batch: (N, H, W, C) or (N, T, H, W, C)."""
+    return x.ndim - 3, x.ndim - 2
 
 
 class RandomFlip(BatchStep):
-    """Flip each sample left-right (``axis='horizontal'``) or up-down with probability ``p``."""
+    """``random_flip``: mirror each sample left-right with probability ``horizontal`` and up-down
+    with probability ``vertical``; flow negates u (horizontal) or v (vertical)."""
 
-    name = "flip"
-
-    def __init__(self, p: float = 0.5, axis: str = "horizontal", fields: Sequence[str] | None = None):
-        super().__init__(fields)
-        if not 0 <= p <= 1:
-            raise ValueError(f"flip: p must be in [0, 1], got {p}")
-        if axis not in ("horizontal", "vertical"):
-            raise ValueError(f"flip: axis must be 'horizontal' or 'vertical', got {axis!r}")
-        self.p, self.axis = float(p), axis
+    name = "random_flip"
+    STEP = augment.RandomFlip
 
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-        return {"flip": rng.random(n) < self.p}
+        return {"horizontal": rng.random(n) < self.params.horizontal,
+                "vertical": rng.random(n) < self.params.vertical}
 
-    def apply(self, x: torch.Tensor, flip: np.ndarray) -> torch.Tensor:
-        if not flip.any():
+    def apply_image(self, x: torch.Tensor, horizontal: np.ndarray, vertical: np.ndarray) -> torch.Tensor:
+        dh, dw = _hw_dims(x)
+        shape = (-1,) + (1,) * (x.ndim - 1)
+        for flip, dim in ((horizontal, dw), (vertical, dh)):
+            if flip.any():
+                x = torch.where(to_device(flip, x.device).view(shape), x.flip(dim), x)
+        return x
+
+    apply_mask = apply_image
+
+    def apply_flow(self, x: torch.Tensor, horizontal: np.ndarray, vertical: np.ndarray) -> torch.Tensor:
+        x = self.apply_image(x, horizontal, vertical)
+        sign = np.ones((len(horizontal), 2), np.float32)
+        sign[horizontal, 0] = -1
+        sign[vertical, 1] = -1
+        if (sign == 1).all():
             return x
-        dim = 2 if self.axis == "horizontal" else 1
-        m = to_device(flip, x.device).view(-1, 1, 1, 1)
-        return torch.where(m, x.flip(dim), x)
+        return x * to_device(sign, x.device).view(-1, *(1,) * (x.ndim - 2), 2).to(x.dtype)
 
 
 class RandomCrop(BatchStep):
-    """A random ``size`` (h, w) window per sample, after zero ``padding`` on every side."""
+    """``random_crop``: a random ``size`` window per sample after ``padding`` on every side (and,
+    with ``pad: true``, centred padding up to ``size``); images pad with ``pad_value``, masks
+    with 0, flow with NaN."""
 
-    name = "crop"
-
-    def __init__(self, size: int | Sequence[int], padding: int = 0, fields: Sequence[str] | None = None):
-        super().__init__(fields)
-        self.size = (int(size), int(size)) if np.isscalar(size) else tuple(int(s) for s in size)
-        if len(self.size) != 2 or min(self.size) < 1 or padding < 0:
-            raise ValueError(f"crop: size must be 1 or 2 positive ints and padding >= 0 (got {size}, {padding})")
-        self.padding = int(padding)
+    name = "random_crop"
+    STEP = augment.RandomCrop
 
     def bind(self, specs: dict[str, dict], shapes: dict[str, tuple[int, ...]]) -> list[str]:
         chosen = super().bind(specs, shapes)
         if self.hw is not None:
-            h, w = self.hw[0] + 2 * self.padding, self.hw[1] + 2 * self.padding
-            if self.size[0] > h or self.size[1] > w:
-                raise ValueError(f"crop: size {self.size} is larger than the padded sample ({h}, {w})")
+            try:
+                self.padded = self.step._padded(*self.hw)
+            except ValueError as e:
+                raise ValueError(f"{self.name}: {e}") from None
         return chosen
 
-    def out_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
-        return (*self.size, shape[2])
-
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-        h, w = self.hw[0] + 2 * self.padding, self.hw[1] + 2 * self.padding
-        return {"top": rng.integers(0, h - self.size[0] + 1, n), "left": rng.integers(0, w - self.size[1] + 1, n)}
+        (PH, PW), (h, w) = self.padded, self.params.size
+        return {"top": rng.integers(0, PH - h + 1, n), "left": rng.integers(0, PW - w + 1, n)}
 
-    def apply(self, x: torch.Tensor, top: np.ndarray, left: np.ndarray) -> torch.Tensor:
-        p = self.padding
-        if p:
-            x = torch.nn.functional.pad(x, (0, 0, p, p, p, p))
-        dev = x.device
-        n = x.shape[0]
-        th, tw = self.size
+    def _crop(self, x: torch.Tensor, top: np.ndarray, left: np.ndarray, value: float) -> torch.Tensor:
+        H, W = self.hw
+        PH, PW = self.padded
+        p = self.params.padding
+        t, l_ = p + (PH - H - 2 * p) // 2, p + (PW - W - 2 * p) // 2
+        if (PH, PW) != (H, W):
+            x = torch.nn.functional.pad(x, (0, 0, l_, PW - W - l_, t, PH - H - t), value=value)
+        video = x.ndim == 5
+        if video:
+            x = x.permute(0, 2, 3, 1, 4)  # (N, H, W, T, C): one gather moves every frame
+        dev, n = x.device, x.shape[0]
+        th, tw = self.params.size
         iy = (to_device(top, dev).view(n, 1) + torch.arange(th, device=dev)).view(n, th, 1)
         ix = (to_device(left, dev).view(n, 1) + torch.arange(tw, device=dev)).view(n, 1, tw)
-        b = torch.arange(n, device=dev).view(n, 1, 1)
-        return x[b, iy, ix]
+        out = x[torch.arange(n, device=dev).view(n, 1, 1), iy, ix]
+        return out.permute(0, 3, 1, 2, 4) if video else out
+
+    def apply_image(self, x: torch.Tensor, top: np.ndarray, left: np.ndarray) -> torch.Tensor:
+        return self._crop(x, top, left, self.params.pad_value)
+
+    def apply_mask(self, x: torch.Tensor, top: np.ndarray, left: np.ndarray) -> torch.Tensor:
+        return self._crop(x, top, left, 0)
+
+    def apply_flow(self, x: torch.Tensor, top: np.ndarray, left: np.ndarray) -> torch.Tensor:
+        return self._crop(x, top, left, float("nan"))
 
 
-STEP_NAMES: dict[str, Callable[..., BatchStep]] = {"flip": RandomFlip, "crop": RandomCrop}
+STEP_NAMES: dict[str, Callable[..., BatchStep]] = {"random_flip": RandomFlip, "random_crop": RandomCrop}
+_RENAMED = {"flip": "random_flip: {horizontal: p} (or {vertical: p, horizontal: 0})",
+            "crop": "random_crop: {size: ..., padding: ...}"}
 
 
 def parse_steps(steps: Sequence[Any] | None) -> list[BatchStep]:
-    """Batch steps from objects or ``{"flip": {...}}`` / ``{"crop": {"size": [24, 24]}}`` mappings."""
+    """Batch steps from objects or ``{"random_flip": {...}}`` / ``{"random_crop": {"size": 24}}`` mappings,
+    with the build steps' names and options."""
     out: list[BatchStep] = []
     for i, s in enumerate(steps or []):
         if isinstance(s, BatchStep):
@@ -253,12 +300,18 @@ def parse_steps(steps: Sequence[Any] | None) -> list[BatchStep]:
         if not isinstance(s, dict) or len(s) != 1:
             raise ValueError(f"gpu_steps[{i}]: expected a BatchStep or a mapping with one step name, got {s!r}")
         (name, params), = s.items()
+        if name in _RENAMED:
+            raise ValueError(f"gpu_steps[{i}]: {name!r} is now the build step's twin {_RENAMED[name]}, "
+                             f"with the build's options")
         if name not in STEP_NAMES:
-            raise ValueError(f"gpu_steps[{i}]: unknown batch step {name!r} (known: {', '.join(STEP_NAMES)})")
-        try:
-            out.append(STEP_NAMES[name](**(params or {})))
-        except TypeError as e:
-            raise ValueError(f"gpu_steps[{i}].{name}: {e}") from None
+            from ..registry import STEPS, load_builtins
+
+            load_builtins()
+            why = "a build step with no device twin" if name in STEPS else "unknown"
+            raise ValueError(f"gpu_steps[{i}]: {name!r} is {why} (device steps: {', '.join(STEP_NAMES)})")
+        if not isinstance(params, (dict, type(None))):
+            raise ValueError(f"gpu_steps[{i}].{name}: options must be a mapping, got {params!r}")
+        out.append(STEP_NAMES[name](**(params or {})))
     return out
 
 
@@ -270,8 +323,8 @@ def step_params(steps: Sequence[BatchStep], seed: int, epoch: int, rank: int, ba
 
 def run_steps(batch: dict[str, torch.Tensor], steps: Sequence[BatchStep], params: Sequence[dict]) -> dict[str, torch.Tensor]:
     for step, p in zip(steps, params):
-        for f in step.bound:
-            batch[f] = step.apply(batch[f], **p)
+        for f, kind in step.bound.items():
+            batch[f] = step.apply(batch[f], kind, **p)
     return batch
 
 

@@ -4,7 +4,7 @@
 
     loader = precompile.Loader("build/images.h5", batch_size=256, shuffle="block", device="cuda",
                                dtype="float16", mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225],
-                               gpu_steps=[{"flip": {}}, {"crop": {"size": 56, "padding": 4}}])
+                               gpu_steps=[{"random_flip": {}}, {"random_crop": {"size": 56, "padding": 4}}])
     for epoch in range(10):
         loader.set_epoch(epoch)
         for batch in loader:            # {"image": (256, 56, 56, 3) float16 on cuda, "label": (256,) int64}
@@ -165,9 +165,9 @@ class Loader:
     load (default all); ``drop_last`` drops a short last batch; ``rank`` /
     ``world_size`` / ``uneven`` (``"pad"`` or ``"drop"``) give each DDP rank a
     disjoint equal share; ``prefetch`` batches in flight; ``gpu_steps`` seeded
-    batch steps (``{"flip": {...}}``, ``{"crop": {"size": .., "padding": ..}}``
-    or :class:`~precompile.reader.gpu.BatchStep` objects) on image/mask
-    fields; ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
+    batch steps (``{"random_flip": {...}}``, ``{"random_crop": {"size": .., "padding": ..}}``
+    or :class:`~precompile.reader.gpu.BatchStep` objects) with the build
+    steps' names, options and per-kind rules (images, masks, clips, flow); ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
     image/video fields (``convert_fields``) on the device, uint8 scaled to
     [0, 1] then ``(x - mean) / std`` per channel; ``channels_first`` gives
     NCHW views of 4-d converted fields; ``num_threads`` gather threads (0:

@@ -13,12 +13,13 @@ import numpy as np
 from pydantic import Field
 
 from ..errors import StepError
+from ..kinds import Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from . import functional as F
 from .base import Step, StepParams
 
-AUDIO = frozenset({"audio"})
+AUDIO = kinds(Kind.AUDIO)
 
 
 def _with_meta(meta: dict, name: str, value: Any) -> dict:
@@ -32,7 +33,7 @@ class FixLength(Step):
     """Crop or pad every audio field to ``length`` samples (``align`` start|center|end, pad with ``pad_value``)."""
 
     name = "fix_length"
-    kinds = AUDIO
+    applies = AUDIO
 
     class Params(StepParams):
         length: int = Field(ge=1)
@@ -42,7 +43,7 @@ class FixLength(Step):
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return spec.with_(shape=tuple(spec.shape[:-1]) + (self.params.length,))
 
-    def apply(self, a: np.ndarray, kind: str, **_: Any) -> np.ndarray:
+    def apply_audio(self, a: np.ndarray, **_: Any) -> np.ndarray:
         return F.fix_length(a, self.params.length, self.params.align, self.params.pad_value)[0]
 
 
@@ -55,7 +56,7 @@ class Windows(Step):
     full one (``drop`` leaves them out)."""
 
     name = "windows"
-    kinds = AUDIO
+    applies = AUDIO
     expands = True
 
     class Params(StepParams):

@@ -31,14 +31,12 @@ import numpy as np
 from pydantic import ConfigDict, field_validator, model_validator
 
 from ..errors import StepError
+from ..kinds import PLANAR, VOLUMETRIC, Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from . import functional as F
 from .base import Step, StepParams
-from .geometric import SPATIAL, _hw_axes, _set_hw, crop_spec
-
-COLOR = frozenset({"image", "video"})
-VOLUME = frozenset({"volume", "mask"})
+from .geometric import PlanarStep, _set_hw, crop_spec
 
 
 # ==================================================================================
@@ -49,19 +47,6 @@ def _cv2():
 
     return cv2
 
-
-
-def flip2d(a: np.ndarray, kind: str, horizontal: bool, vertical: bool) -> np.ndarray:
-    """Mirror left-right and/or up-down; flow: a horizontal flip negates u, a vertical one v."""
-    ay, ax = _hw_axes(kind)
-    axes = ([ax] if horizontal else []) + ([ay] if vertical else [])
-    out = np.flip(a, axis=tuple(axes)).copy() if axes else a.copy()
-    if kind == "flow":
-        if horizontal:
-            out[..., 0] *= -1
-        if vertical:
-            out[..., 1] *= -1
-    return out
 
 
 def affine_matrix(h: int, w: int, angle: float, scale: float, tx: float = 0.0, ty: float = 0.0) -> np.ndarray:
@@ -111,30 +96,34 @@ def _remap_linear(a: np.ndarray, mx: np.ndarray, my: np.ndarray, fill: float, in
     return out
 
 
-def warp_affine(a: np.ndarray, kind: str, M: np.ndarray, fill: float = 0, interpolation: str = "linear") -> np.ndarray:
-    """Warp a spatial array with the forward 2x3 map ``M``, keeping its size.
-
-    Masks use nearest neighbour; flow is resampled with invalid (NaN) vectors
-    kept out of the interpolation, its vectors multiplied by M's linear part,
-    and pixels from outside the input become NaN. Clips are warped frame by frame.
-    """
-    if kind == "video":
-        return np.stack([warp_affine(fr, "image", M, fill, interpolation) for fr in a]) if len(a) else a.copy()
+def warp_image(a: np.ndarray, M: np.ndarray, fill: float = 0, interpolation: str = "linear") -> np.ndarray:
+    """Warp an (H, W, C) array with the forward 2x3 map ``M``, keeping its size; uncovered pixels
+    get ``fill``. ``interpolation: nearest`` gathers (label maps: no value is invented)."""
     H, W = a.shape[:2]
     mx, my = _inverse_maps(M, H, W)
-    if kind == "mask" or interpolation == "nearest":
-        return remap_nearest(a, mx, my, np.nan if kind == "flow" else fill)
-    if kind == "flow":
+    if interpolation == "nearest":
+        return remap_nearest(a, mx, my, fill)
+    return _remap_linear(a, mx, my, fill, interpolation)
+
+
+def warp_flow(a: np.ndarray, M: np.ndarray, interpolation: str = "linear") -> np.ndarray:
+    """Warp an (H, W, 2) flow field with the forward 2x3 map ``M``: resampled with invalid (NaN)
+    vectors kept out of the interpolation (or gathered, for ``nearest``), pixels from outside the
+    input NaN, and every vector multiplied by M's linear part."""
+    H, W = a.shape[:2]
+    mx, my = _inverse_maps(M, H, W)
+    if interpolation == "nearest":
+        out = remap_nearest(a, mx, my, np.nan).astype(np.float32)
+    else:
         valid = np.isfinite(a).all(axis=-1)
         # one 3-channel call for (u, v, valid): OpenCV treats edges differently per channel count
         f = np.dstack([np.where(valid[..., None], a, 0), valid[..., None]]).astype(np.float32)
         r = _remap_linear(f, mx, my, 0.0, "linear")
         num, den = r[..., :2], r[..., 2:]
         out = np.where(den > 1e-3, num / np.maximum(den, 1e-3), np.nan).astype(np.float32)
-        (a00, a01), (a10, a11) = (np.float32(x) for x in M[0, :2]), (np.float32(x) for x in M[1, :2])
-        u, v = out[..., 0], out[..., 1]  # elementwise, not matmul: no BLAS in the byte path
-        return np.stack([a00 * u + a01 * v, a10 * u + a11 * v], axis=-1).astype(np.float32)
-    return _remap_linear(a, mx, my, fill, interpolation)
+    (a00, a01), (a10, a11) = (np.float32(x) for x in M[0, :2]), (np.float32(x) for x in M[1, :2])
+    u, v = out[..., 0], out[..., 1]  # elementwise, not matmul: no BLAS in the byte path
+    return np.stack([a00 * u + a01 * v, a10 * u + a11 * v], axis=-1).astype(np.float32)
 
 
 def _dtype_clip(f: np.ndarray, dtype: np.dtype) -> np.ndarray:
@@ -149,12 +138,13 @@ def _gray(f: np.ndarray) -> np.ndarray:
     return f[..., 0] * np.float32(0.299) + f[..., 1] * np.float32(0.587) + f[..., 2] * np.float32(0.114)
 
 
-def color_jitter(a: np.ndarray, kind: str, brightness: float = 1.0, contrast: float = 1.0,
+def color_jitter(a: np.ndarray, frames: bool, brightness: float = 1.0, contrast: float = 1.0,
                  saturation: float = 1.0) -> np.ndarray:
     """Scale brightness, then blend with the mean grey (contrast), then with each pixel's grey
     (saturation); factor 1 leaves the array as it is. Integer pixels are rounded and clipped to
     their type's range. Only the colour channels change (the first 3, or the first of 1-2), so
-    an alpha channel is kept; saturation needs 3 colour channels. Clips use each frame's mean."""
+    an alpha channel is kept; saturation needs 3 colour channels. With ``frames`` the array is a
+    (T, H, W, C) clip and contrast uses each frame's mean."""
     if brightness == 1.0 and contrast == 1.0 and saturation == 1.0:
         return a.copy()
     c = a.shape[-1]
@@ -164,9 +154,9 @@ def color_jitter(a: np.ndarray, kind: str, brightness: float = 1.0, contrast: fl
         f = f * np.float32(brightness)
     if contrast != 1.0:
         gray = _gray(f) if cc == 3 else f[..., 0]
-        axes = (-2, -1) if kind != "video" else (1, 2)
+        axes = (1, 2) if frames else (-2, -1)
         m = gray.mean(axis=axes, dtype=np.float64).astype(np.float32)
-        m = m[..., None, None, None] if kind == "video" else m
+        m = m[..., None, None, None] if frames else m
         f = f * np.float32(contrast) + m * np.float32(1 - contrast)
     if saturation != 1.0 and cc == 3:
         gray = _gray(f)[..., None]
@@ -249,9 +239,9 @@ def _spline_matrix(n: int, g: int) -> np.ndarray:
     return np.stack([ndimage.zoom(eye[j], n / g, order=3, mode="nearest")[:n] for j in range(g)], axis=1)
 
 
-def elastic(a: np.ndarray, kind: str, grid: int, magnitude: float, seed: int) -> np.ndarray:
+def elastic(a: np.ndarray, grid: int, magnitude: float, seed: int, label: bool = False) -> np.ndarray:
     """Deform a (D, H, W[, ...]) volume by :func:`elastic_displacement` with
-    ``scipy.ndimage.map_coordinates``: linear for volumes, nearest for masks, edges repeated."""
+    ``scipy.ndimage.map_coordinates``: linear, or nearest for a label volume (``label``); edges repeated."""
     if magnitude == 0:
         return a.copy()
     from scipy import ndimage
@@ -259,7 +249,7 @@ def elastic(a: np.ndarray, kind: str, grid: int, magnitude: float, seed: int) ->
     shp = a.shape[:3]
     disp = elastic_displacement(shp, grid, magnitude, seed)
     coords = np.indices(shp, dtype=np.float32) + disp
-    order = 0 if kind == "mask" else 1
+    order = 0 if label else 1
     flat = a.reshape(*shp, -1)
     out = np.empty_like(flat)
     for c in range(flat.shape[-1]):
@@ -400,16 +390,8 @@ class RandomStep(Step):
         return [self.replay(sample, params)]
 
 
-class _Spatial2D(RandomStep):
-    """2D spatial steps: every image, mask, flow and clip field, with one size for all."""
-
-    kinds = SPATIAL
-
-    def targets(self, specs: dict[str, FieldSpec]) -> list[str]:
-        out = super().targets(specs)
-        if self.params.fields is None and any(s.kind == "volume" for s in specs.values()):
-            out = [f for f in out if specs[f].kind != "mask"]  # 3D masks go with volume steps
-        return out
+class _Spatial2D(RandomStep, PlanarStep):
+    """Random 2D geometric steps: every image, mask, flow and clip field, with one size for all."""
 
     def common_hw(self, sample: Sample, targets: list[str]) -> tuple[int, int]:
         sizes = {f: F.spatial_hw(sample.fields[f], sample.kinds[f]) for f in targets}
@@ -424,8 +406,16 @@ class _Spatial2D(RandomStep):
 # ==================================================================================
 class _CropParams(_Params):
     size: Union[int, list[int]]
-    pad: bool = False
+    padding: int = 0          # pad every side by this much first (torchvision's RandomCrop padding)
+    pad: bool = False         # inputs still smaller than size: pad them (centred) instead of failing
     pad_value: float = 0
+
+    @field_validator("padding")
+    @classmethod
+    def _p(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError("padding must be non-negative")
+        return v
 
     @field_validator("size", mode="before")
     @classmethod
@@ -435,18 +425,26 @@ class _CropParams(_Params):
 
 @STEPS.register()
 class RandomCrop(_Spatial2D):
-    """Cut a ``size: [h, w]`` window at a random place (the same for every field).
-    Smaller inputs are an error unless ``pad: true`` (centred padding first; flow pads with NaN).
+    """Cut a ``size: [h, w]`` window at a random place (the same for every field), after padding
+    every side by ``padding``. Inputs still smaller are an error unless ``pad: true`` (centred
+    padding). Images pad with ``pad_value``, masks with 0, flow with NaN (unknown).
     Original copy: the centred window."""
 
     name = "random_crop"
     Params = _CropParams
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        p = 2 * self.params.padding
+        if p:
+            shape = list(spec.shape)
+            for ax in spec.kind.hw_axes:
+                shape[ax] = None if shape[ax] is None else shape[ax] + p
+            spec = spec.with_(shape=tuple(shape))
         return crop_spec(spec, self.params.size, self.params.pad)
 
     def _padded(self, H: int, W: int) -> tuple[int, int]:
         h, w = self.params.size
+        H, W = H + 2 * self.params.padding, W + 2 * self.params.padding
         if (H < h or W < w) and not self.params.pad:
             raise ValueError(f"input {H}x{W} is smaller than the crop {h}x{w} (set pad: true to pad)")
         return max(H, h), max(W, w)
@@ -461,15 +459,24 @@ class RandomCrop(_Spatial2D):
         h, w = self.params.size
         return {"top": (H - h) // 2, "left": (W - w) // 2}
 
-    def apply(self, a, kind, top: int, left: int, **_):
+    def _crop(self, a: np.ndarray, top: int, left: int, value: float) -> np.ndarray:
         h, w = self.params.size
-        H, W = F.spatial_hw(a, kind)
+        H, W = a.shape[:2]
         PH, PW = self._padded(H, W)
         if (PH, PW) != (H, W):
-            a, _, _ = F.pad_to(a, kind, PH, PW, value=self.params.pad_value)
+            p = self.params.padding
+            if p:
+                a, _, _ = F.pad_hw(a, H + 2 * p, W + 2 * p, value=value)
+            a, _, _ = F.pad_hw(a, PH, PW, value=value)
         if not (0 <= top <= PH - h and 0 <= left <= PW - w):
             raise ValueError(f"crop window at ({top}, {left}) of {h}x{w} is outside the {PH}x{PW} input")
-        return F.crop(a, kind, top, left, h, w)
+        return F.crop_hw(a, top, left, h, w)
+
+    def apply_image(self, a, top: int, left: int, label: bool = False, **_):
+        return self._crop(a, top, left, 0 if label else self.params.pad_value)
+
+    def apply_flow(self, a, top: int, left: int, **_):
+        return self._crop(a, top, left, np.nan)
 
 
 @STEPS.register()
@@ -537,12 +544,18 @@ class RandomResizedCrop(_Spatial2D):
             h, w = min(H, max(1, int(round(W * h_out / w_out)))), W
         return {"top": (H - h) // 2, "left": (W - w) // 2, "height": h, "width": w}
 
-    def apply(self, a, kind, top: int, left: int, height: int, width: int, **_):
-        H, W = F.spatial_hw(a, kind)
+    def _window(self, a, top: int, left: int, height: int, width: int) -> np.ndarray:
+        H, W = a.shape[:2]
         if not (0 <= top and top + height <= H and 0 <= left and left + width <= W and height > 0 and width > 0):
             raise ValueError(f"window ({top}, {left}) {height}x{width} is outside the {H}x{W} input")
-        win = F.crop(a, kind, top, left, height, width)
-        return F.resize_any(win, kind, *self.params.size, self.params.interpolation)
+        return F.crop_hw(a, top, left, height, width)
+
+    def apply_image(self, a, top: int, left: int, height: int, width: int, label: bool = False, **_):
+        win = self._window(a, top, left, height, width)
+        return F.resize_hwc(win, *self.params.size, "nearest" if label else self.params.interpolation)
+
+    def apply_flow(self, a, top: int, left: int, height: int, width: int, **_):
+        return F.resize_flow(self._window(a, top, left, height, width), *self.params.size)
 
 
 @STEPS.register()
@@ -571,8 +584,11 @@ class RandomFlip(_Spatial2D):
     def neutral_params(self, sample, targets):
         return {"horizontal": False, "vertical": False}
 
-    def apply(self, a, kind, horizontal: bool, vertical: bool, **_):
-        return flip2d(a, kind, horizontal, vertical)
+    def apply_image(self, a, horizontal: bool, vertical: bool, label: bool = False, **_):
+        return F.flip_hw(a, horizontal, vertical)
+
+    def apply_flow(self, a, horizontal: bool, vertical: bool, **_):
+        return F.flip_flow(a, horizontal, vertical)
 
 
 @STEPS.register()
@@ -624,12 +640,18 @@ class RandomAffine(_Spatial2D):
     def neutral_params(self, sample, targets):
         return {"angle": 0.0, "scale": 1.0, "tx": 0.0, "ty": 0.0}
 
-    def apply(self, a, kind, angle: float, scale: float, tx: float, ty: float, **_):
+    def apply_image(self, a, angle: float, scale: float, tx: float, ty: float, label: bool = False, **_):
         if angle == 0 and scale == 1 and tx == 0 and ty == 0:
             return a.copy()
-        H, W = F.spatial_hw(a, kind)
-        M = affine_matrix(H, W, angle, scale, tx, ty)
-        return warp_affine(a, kind, M, self.params.fill, self.params.interpolation)
+        M = affine_matrix(*a.shape[:2], angle, scale, tx, ty)
+        if label:
+            return warp_image(a, M, 0, "nearest")
+        return warp_image(a, M, self.params.fill, self.params.interpolation)
+
+    def apply_flow(self, a, angle: float, scale: float, tx: float, ty: float, **_):
+        if angle == 0 and scale == 1 and tx == 0 and ty == 0:
+            return a.copy()
+        return warp_flow(a, affine_matrix(*a.shape[:2], angle, scale, tx, ty), self.params.interpolation)
 
 
 # ==================================================================================
@@ -642,7 +664,7 @@ class ColorJitter(RandomStep):
     :func:`color_jitter`). Original copy: factors 1."""
 
     name = "color_jitter"
-    kinds = COLOR
+    applies = kinds(Kind.IMAGE, Kind.VIDEO)
 
     class Params(_Params):
         brightness: Union[float, list[float]] = 0.0
@@ -662,8 +684,11 @@ class ColorJitter(RandomStep):
     def neutral_params(self, sample, targets):
         return {"brightness": 1.0, "contrast": 1.0, "saturation": 1.0}
 
-    def apply(self, a, kind, brightness: float, contrast: float, saturation: float, **_):
-        return color_jitter(a, kind, brightness, contrast, saturation)
+    def apply_image(self, a, brightness: float, contrast: float, saturation: float, **_):
+        return color_jitter(a, False, brightness, contrast, saturation)
+
+    def apply_video(self, a, brightness: float, contrast: float, saturation: float, **_):
+        return color_jitter(a, True, brightness, contrast, saturation)
 
 
 @STEPS.register()
@@ -674,7 +699,7 @@ class GaussianNoise(RandomStep):
     share one pattern), from its own recorded seed. Original copy: no noise."""
 
     name = "gaussian_noise"
-    kinds = frozenset({"image", "video", "volume", "audio"})
+    applies = kinds(Kind.IMAGE, Kind.VIDEO, Kind.VOLUME, Kind.AUDIO)
 
     class Params(_Params):
         std: Union[float, list[float]]
@@ -698,6 +723,9 @@ class GaussianNoise(RandomStep):
         return {"std": params["std"], "seed": params["seed"][field]}
 
     def apply(self, a, kind, std: float, seed: int, **_):
+        """The same kernel for every kind it applies to: noise is elementwise."""
+        if Kind.of(kind) not in self.applies:
+            raise ValueError(f"{self.name} cannot handle a {Kind.of(kind).value} field")
         return add_noise(a, std, seed)
 
 
@@ -713,7 +741,7 @@ class TemporalJitter(RandomStep):
     span at the first stride, no jitter."""
 
     name = "temporal_jitter"
-    kinds = frozenset({"video"})
+    applies = kinds(Kind.VIDEO)
 
     class Params(_Params):
         length: int
@@ -757,7 +785,7 @@ class TemporalJitter(RandomStep):
         span = (self.params.length - 1) * stride + 1
         return {"indices": jitter_indices(T, self.params.length, stride, max(0, (T - span) // 2))}
 
-    def apply(self, a, kind, indices: list[int], **_):
+    def apply_video(self, a, indices: list[int], **_):
         if len(indices) != self.params.length:
             raise ValueError(f"expected {self.params.length} frame indices, got {len(indices)}")
         if max(indices) >= len(a) or min(indices) < 0:
@@ -774,7 +802,7 @@ class RandomGain(RandomStep):
     ``clip: true`` clips to [-1, 1]. Original copy: 0 dB."""
 
     name = "random_gain"
-    kinds = frozenset({"audio"})
+    applies = kinds(Kind.AUDIO)
 
     class Params(_Params):
         db: Union[float, list[float]] = 6.0
@@ -791,7 +819,7 @@ class RandomGain(RandomStep):
     def neutral_params(self, sample, targets):
         return {"gain_db": 0.0}
 
-    def apply(self, a, kind, gain_db: float, **_):
+    def apply_audio(self, a, gain_db: float, **_):
         if gain_db == 0 and not self.params.clip:
             return a.copy()
         return apply_gain(a, gain_db, self.params.clip)
@@ -804,7 +832,7 @@ class TimeShift(RandomStep):
     around, ``zero`` pads with silence. Original copy: no shift."""
 
     name = "time_shift"
-    kinds = frozenset({"audio"})
+    applies = kinds(Kind.AUDIO)
 
     class Params(_Params):
         max_shift: Optional[int] = None
@@ -829,7 +857,7 @@ class TimeShift(RandomStep):
     def neutral_params(self, sample, targets):
         return {"shift": 0}
 
-    def apply(self, a, kind, shift: int, **_):
+    def apply_audio(self, a, shift: int, **_):
         if abs(shift) > a.shape[-1]:
             raise ValueError(f"shift {shift} is longer than the {a.shape[-1]} samples")
         return shift_time(a, shift, self.params.mode)
@@ -839,20 +867,11 @@ class TimeShift(RandomStep):
 # volumes
 # ==================================================================================
 class _Volume(RandomStep):
-    """3D steps on (D, H, W) volumes; a mask field goes along when it has a volume's shape."""
+    """Random 3D steps on (D, H, W) volumes and their label volumes (``volume_mask``), which
+    always move together; 2D fields are refused (name ``fields:`` to leave them)."""
 
-    kinds = VOLUME
-
-    def targets(self, specs: dict[str, FieldSpec]) -> list[str]:
-        if self.params.fields is not None:
-            return super().targets(specs)
-        vols = [specs[f].shape for f in specs if specs[f].kind == "volume"]
-
-        def fits(shape: tuple) -> bool:  # a mask of a volume's shape (a 2D (H, W, 1) mask is not)
-            return any(len(v) == len(shape) and all(a is None or b is None or a == b for a, b in zip(v, shape))
-                       for v in vols)
-
-        return [f for f, s in specs.items() if s.kind == "volume" or (s.kind == "mask" and vols and fits(s.shape))]
+    applies = VOLUMETRIC
+    refuses = PLANAR
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         if len(spec.shape) < 3:
@@ -891,8 +910,10 @@ class RandomFlip3d(_Volume):
     def neutral_params(self, sample, targets):
         return {"axes": []}
 
-    def apply(self, a, kind, axes: list[int], **_):
+    def apply_volume(self, a, axes: list[int], **_):
         return flip_axes(a, axes)
+
+    apply_volume_mask = apply_volume  # a mirror moves voxels, it never mixes them
 
 
 @STEPS.register()
@@ -938,8 +959,10 @@ class RandomRot90(_Volume):
     def neutral_params(self, sample, targets):
         return {"plane": [int(x) for x in self.params.planes[0]], "k": 0}
 
-    def apply(self, a, kind, plane: list[int], k: int, **_):
+    def apply_volume(self, a, plane: list[int], k: int, **_):
         return rot90(a, k, plane)
+
+    apply_volume_mask = apply_volume
 
 
 @STEPS.register()
@@ -977,10 +1000,13 @@ class Elastic(_Volume):
     def neutral_params(self, sample, targets):
         return {"magnitude": 0.0, "seed": 0}
 
-    def apply(self, a, kind, magnitude: float, seed: int, **_):
+    def apply_volume(self, a, magnitude: float, seed: int, label: bool = False, **_):
         if a.ndim < 3:
             raise ValueError(f"elastic needs a (D, H, W) array, got shape {a.shape}")
-        return elastic(a, kind, self.params.grid, magnitude, seed)
+        return elastic(a, self.params.grid, magnitude, seed, label)
+
+    def apply_volume_mask(self, a, magnitude: float, seed: int, **_):
+        return self.apply_volume(a, magnitude, seed, label=True)
 
 
 # ==================================================================================

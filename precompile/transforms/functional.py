@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-INTERP = {"nearest": 0, "linear": 1, "cubic": 2, "area": 3}
+from ..kinds import Kind
 
 
 def _cv2():
@@ -78,55 +78,39 @@ def resize_flow(flow: np.ndarray, h: int, w: int, min_valid: float = 0.5) -> np.
     return out
 
 
-def flow_valid(flow: np.ndarray) -> np.ndarray:
-    """(H, W, 2) flow -> (H, W, 1) uint8 mask: 1 where both components are finite."""
-    return np.isfinite(flow).all(axis=-1, keepdims=True).astype(np.uint8)
+def flip_hw(a: np.ndarray, horizontal: bool, vertical: bool = False) -> np.ndarray:
+    """Mirror an (H, W, ...) array left-right and/or up-down (a copy)."""
+    axes = ((1,) if horizontal else ()) + ((0,) if vertical else ())
+    return np.flip(a, axis=axes).copy() if axes else a.copy()
 
 
-def flip(a: np.ndarray, kind: str, horizontal: bool = True) -> np.ndarray:
-    """Mirror a spatial array; for flow, negate u (horizontal) or v (vertical)."""
-    axis = (2 if horizontal else 1) if kind == "video" else (1 if horizontal else 0)
-    out = np.flip(a, axis=axis).copy()
-    if kind == "flow":
-        out[..., 0 if horizontal else 1] *= -1
+def flip_flow(flow: np.ndarray, horizontal: bool, vertical: bool = False) -> np.ndarray:
+    """Mirror an (H, W, 2) flow field: a horizontal flip negates u, a vertical one v."""
+    out = flip_hw(flow, horizontal, vertical)
+    if horizontal:
+        out[..., 0] *= -1
+    if vertical:
+        out[..., 1] *= -1
     return out
 
 
-def resize_any(a: np.ndarray, kind: str, h: int, w: int, interpolation: str = "auto") -> np.ndarray:
-    """Resize a spatial array of any kind to (h, w) with the kind's semantics."""
-    if kind == "flow":
-        return resize_flow(a, h, w)
-    if kind == "mask":
-        interpolation = "nearest"
-    if kind == "video":
-        return np.stack([resize_hwc(fr, h, w, interpolation) for fr in a]) if len(a) else \
-            np.zeros((0, h, w, a.shape[-1]), a.dtype)
-    return resize_hwc(a, h, w, interpolation)
+def spatial_hw(a: np.ndarray, kind: Kind) -> tuple[int, int]:
+    ay, ax = Kind.of(kind).hw_axes
+    return a.shape[ay], a.shape[ax]
 
 
-def spatial_hw(a: np.ndarray, kind: str) -> tuple[int, int]:
-    return tuple(a.shape[1:3]) if kind == "video" else tuple(a.shape[:2])
-
-
-def crop(a: np.ndarray, kind: str, top: int, left: int, h: int, w: int) -> np.ndarray:
-    if kind == "video":
-        return a[:, top:top + h, left:left + w].copy()
+def crop_hw(a: np.ndarray, top: int, left: int, h: int, w: int) -> np.ndarray:
+    """The (h, w) window at (top, left) of an (H, W, ...) array (a copy)."""
     return a[top:top + h, left:left + w].copy()
 
 
-def pad_to(a: np.ndarray, kind: str, h: int, w: int, value: float = 0, center: bool = True) -> tuple[np.ndarray, int, int]:
-    """Pad to (h, w); returns the array and the (top, left) offset of the original."""
-    H, W = spatial_hw(a, kind)
+def pad_hw(a: np.ndarray, h: int, w: int, value: float = 0, center: bool = True) -> tuple[np.ndarray, int, int]:
+    """Pad an (H, W, ...) array to (h, w) with ``value``; returns it and the (top, left) of the original."""
+    H, W = a.shape[:2]
     top = (h - H) // 2 if center else 0
     left = (w - W) // 2 if center else 0
-    if kind == "flow":
-        value = np.nan
-    shape = (a.shape[0], h, w, a.shape[-1]) if kind == "video" else (h, w, a.shape[-1])
-    out = np.full(shape, value, dtype=a.dtype)
-    if kind == "video":
-        out[:, top:top + H, left:left + W] = a
-    else:
-        out[top:top + H, left:left + W] = a
+    out = np.full((h, w) + a.shape[2:], value, dtype=a.dtype)
+    out[top:top + H, left:left + W] = a
     return out, top, left
 
 
@@ -293,7 +277,7 @@ def pad_crop_center(a: np.ndarray, shape: tuple[int, ...], value: float = 0) -> 
     for n, s in zip(a.shape, shape):
         off = (n - s) // 2 if n >= s else -((s - n) // 2)
         offs.append(int(off))
-        if off >= 0:
+        if n >= s:  # crop (off >= 0); padding by one voxel gives off == 0 too, hence not "off >= 0"
             src.append(slice(off, off + s))
             dst.append(slice(0, s))
         else:

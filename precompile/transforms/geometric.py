@@ -1,8 +1,12 @@
-"""Deterministic geometric and pixel-format steps: resize, center_crop, convert.
+"""Deterministic 2D steps (resize, center_crop, convert) and the planar step family.
 
-They apply to every spatial field (image, mask, flow, video) alike; masks use
-nearest-neighbour, flow vectors are rescaled with the grid, clips are resized
-frame by frame.
+:class:`PlanarStep` is the base of every 2D geometric step, deterministic or
+random: it applies to image, mask, flow and video fields, refuses volumes
+(name ``fields:`` to leave them), and gives the per-kind defaults: a mask is
+an image moved with nearest neighbour and padded with 0 (class values are
+never invented), a video maps the image kernel over its frames. Flow has no
+default: each step says how its vectors follow the geometry. ``flow_valid``
+follows its flow (see :mod:`precompile.kinds`).
 """
 from __future__ import annotations
 
@@ -11,27 +15,22 @@ from typing import Any, Literal, Optional, Union
 import numpy as np
 from pydantic import field_validator, model_validator
 
+from ..kinds import PLANAR, VOLUMETRIC, Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec
 from . import functional as F
 from .base import Step, StepParams
 
-SPATIAL = frozenset({"image", "mask", "flow", "video"})
-
-
-def _hw_axes(kind: str) -> tuple[int, int]:
-    return (1, 2) if kind == "video" else (0, 1)
-
 
 def _set_hw(spec: FieldSpec, h: int | None, w: int | None) -> FieldSpec:
     shape = list(spec.shape)
-    a, b = _hw_axes(spec.kind)
+    a, b = spec.kind.hw_axes
     shape[a], shape[b] = h, w
     return spec.with_(shape=tuple(shape))
 
 
 def _get_hw(spec: FieldSpec) -> tuple[int | None, int | None]:
-    a, b = _hw_axes(spec.kind)
+    a, b = spec.kind.hw_axes
     return spec.shape[a], spec.shape[b]
 
 
@@ -42,6 +41,30 @@ def crop_spec(spec: FieldSpec, size: list[int], pad: bool) -> FieldSpec:
     if not pad and H is not None and W is not None and (H < h or W < w):
         raise ValueError(f"size {h}x{w} is larger than the input {H}x{W}; add pad: true or resize first")
     return _set_hw(spec, h, w)
+
+
+class PlanarStep(Step):
+    """A 2D geometric step: ``apply_image`` and ``apply_flow`` are the step's own; masks and
+    videos get the defaults below. ``apply_image`` takes ``label=True`` for label maps: nearest
+    neighbour, and 0 where the step pads or fills."""
+
+    applies = kinds(Kind.IMAGE, Kind.MASK, Kind.FLOW, Kind.VIDEO)
+    refuses = VOLUMETRIC
+
+    def apply_image(self, a: np.ndarray, label: bool = False, **params: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def apply_flow(self, a: np.ndarray, **params: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def apply_mask(self, a: np.ndarray, **params: Any) -> np.ndarray:
+        return self.apply_image(a, label=True, **params)
+
+    def apply_video(self, a: np.ndarray, **params: Any) -> np.ndarray:
+        if len(a) == 0:
+            shape = self.apply_image(np.zeros(a.shape[1:], a.dtype), **params).shape
+            return np.zeros((0, *shape), a.dtype)
+        return np.stack([self.apply_image(fr, **params) for fr in a])
 
 
 def _size2(v: Any) -> tuple[int, int]:
@@ -69,12 +92,11 @@ class _SizeParams(StepParams):
 
 
 @STEPS.register()
-class Resize(Step):
+class Resize(PlanarStep):
     """Resize: ``size: [h, w]`` exactly, ``shorter: n`` or ``longer: n`` keeping aspect,
     or ``size`` with ``keep_aspect: true`` to fit inside and pad (letterbox)."""
 
     name = "resize"
-    kinds = SPATIAL
 
     class Params(_SizeParams):
         shorter: Optional[int] = None
@@ -113,21 +135,26 @@ class Resize(Step):
             return max(1, min(h, int(round(H * s)))), max(1, min(w, int(round(W * s))))
         return h, w
 
-    def apply(self, a: np.ndarray, kind: str, **_: Any) -> np.ndarray:
-        H, W = F.spatial_hw(a, kind)
-        h, w = self.target_size(H, W)
-        out = F.resize_any(a, kind, h, w, self.params.interpolation)
+    def apply_image(self, a: np.ndarray, label: bool = False, **_: Any) -> np.ndarray:
+        h, w = self.target_size(*a.shape[:2])
+        out = F.resize_hwc(a, h, w, "nearest" if label else self.params.interpolation)
         if self.params.keep_aspect and (h, w) != tuple(self.params.size):
-            out, _, _ = F.pad_to(out, kind, *self.params.size, value=self.params.pad_value)
+            out, _, _ = F.pad_hw(out, *self.params.size, value=0 if label else self.params.pad_value)
+        return out
+
+    def apply_flow(self, a: np.ndarray, **_: Any) -> np.ndarray:
+        h, w = self.target_size(*a.shape[:2])
+        out = F.resize_flow(a, h, w)
+        if self.params.keep_aspect and (h, w) != tuple(self.params.size):
+            out, _, _ = F.pad_hw(out, *self.params.size, value=np.nan)
         return out
 
 
 @STEPS.register()
-class CenterCrop(Step):
+class CenterCrop(PlanarStep):
     """Cut the central ``size: [h, w]`` window; smaller inputs are an error unless ``pad: true``."""
 
     name = "center_crop"
-    kinds = SPATIAL
 
     class Params(_SizeParams):
         pad: bool = False
@@ -142,15 +169,21 @@ class CenterCrop(Step):
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return crop_spec(spec, self.params.size, self.params.pad)
 
-    def apply(self, a: np.ndarray, kind: str, **_: Any) -> np.ndarray:
+    def _crop(self, a: np.ndarray, value: float) -> np.ndarray:
         h, w = self.params.size
-        H, W = F.spatial_hw(a, kind)
+        H, W = a.shape[:2]
         if H < h or W < w:
             if not self.params.pad:
                 raise ValueError(f"input {H}x{W} is smaller than the crop {h}x{w} (set pad: true to pad)")
-            a, _, _ = F.pad_to(a, kind, max(H, h), max(W, w), value=self.params.pad_value)
-            H, W = F.spatial_hw(a, kind)
-        return F.crop(a, kind, (H - h) // 2, (W - w) // 2, h, w)
+            a, _, _ = F.pad_hw(a, max(H, h), max(W, w), value=value)
+            H, W = a.shape[:2]
+        return F.crop_hw(a, (H - h) // 2, (W - w) // 2, h, w)
+
+    def apply_image(self, a: np.ndarray, label: bool = False, **_: Any) -> np.ndarray:
+        return self._crop(a, 0 if label else self.params.pad_value)
+
+    def apply_flow(self, a: np.ndarray, **_: Any) -> np.ndarray:
+        return self._crop(a, np.nan)
 
 
 @STEPS.register()
@@ -158,7 +191,7 @@ class Convert(Step):
     """Convert image pixel format: ``mode: rgb8 | gray8 | gray16 | rgba8``."""
 
     name = "convert"
-    kinds = frozenset({"image", "video"})
+    applies = kinds(Kind.IMAGE, Kind.VIDEO)
 
     class Params(StepParams):
         mode: Literal["rgb8", "gray8", "gray16", "rgba8"]
@@ -170,5 +203,7 @@ class Convert(Step):
             raise ValueError(f"convert needs uint8 or uint16 pixels, got {spec.dtype}")
         return spec.with_(shape=tuple(spec.shape[:-1]) + (c,), dtype=dtype)
 
-    def apply(self, a: np.ndarray, kind: str, **_: Any) -> np.ndarray:
+    def apply_image(self, a: np.ndarray, **_: Any) -> np.ndarray:
         return F.convert_mode(a, self.params.mode)
+
+    apply_video = apply_image  # per pixel: frames need no loop

@@ -15,6 +15,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from ..errors import StepError
+from ..kinds import Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from . import functional as F
@@ -26,7 +27,7 @@ class Clips(Step):
     """Cut videos into clips: ``length`` frames, ``every`` k-th frame, a clip start every ``stride`` frames."""
 
     name = "clips"
-    kinds = frozenset({"video"})
+    applies = kinds(Kind.VIDEO)
     expands = True
 
     class Params(StepParams):
@@ -57,7 +58,7 @@ class Clips(Step):
         if self.params.index_field is not None:
             if self.params.index_field in specs:
                 raise ValueError(f"index_field {self.params.index_field!r} clashes with an existing field")
-            out[self.params.index_field] = FieldSpec("index", (self.params.length,), "int32")
+            out[self.params.index_field] = FieldSpec(Kind.INDEX, (self.params.length,), "int32")
         return out
 
     def clip_indices(self, n: int) -> list[list[int]]:
@@ -93,7 +94,7 @@ class Clips(Step):
                 new[self.params.index_field] = np.asarray(frames, dtype=np.int32)
             kinds = dict(sample.kinds)
             if self.params.index_field is not None:
-                kinds[self.params.index_field] = "index"
+                kinds[self.params.index_field] = Kind.INDEX
             meta = dict(sample.meta)
             meta["clip"] = {"index": ci, "frames": frames, "fps": fps}
             out.append(sample.replace_fields(new, key=f"{sample.key}#clip{ci}", meta=meta, kinds=kinds))

@@ -5,8 +5,8 @@
 connected components, hole filling -> a new ``volume_mask`` field),
 ``apply_mask``, ``crop_pad_volume`` (centre crop/pad to a fixed shape) and the
 expanding ``patches3d`` (overlapping patches, each a sample with its corner).
-Volume masks have their own kind so 2D steps (which read masks as (H, W, C))
-never touch them. Spacing is read from and written to the decoder's metadata
+Volume masks (label volumes) have their own kind: every 3D geometric step
+moves them with their volume, by nearest neighbour; 2D fields are refused. Spacing is read from and written to the decoder's metadata
 (``meta[field]["spacing"]``, [slice, row, col] in mm).
 """
 from __future__ import annotations
@@ -17,12 +17,19 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from ..errors import StepError
+from ..kinds import PLANAR, VOLUMETRIC, Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from . import functional as F
 from .base import Step, StepParams
 
-VOL = frozenset({"volume", "volume_mask"})
+
+
+class VolumeStep(Step):
+    """A 3D geometric step: volumes and their label volumes move together; 2D fields are refused."""
+
+    applies = VOLUMETRIC
+    refuses = PLANAR
 
 
 def _three(v: Any, kind: type, what: str) -> Any:
@@ -52,14 +59,13 @@ def _spacing_of(sample: Sample, fields: list[str], ref: Optional[str]) -> Option
 
 
 @STEPS.register()
-class ResampleVolume(Step):
+class ResampleVolume(VolumeStep):
     """Resample volumes (and their masks, nearest) to ``spacing: [z, y, x]`` mm or ``shape: [d, h, w]``.
 
     The spacing comes from ``meta[spacing_from]["spacing"]`` (default: the first
     targeted field with one); every targeted field gets the same output grid."""
 
     name = "resample_volume"
-    kinds = VOL
 
     class Params(StepParams):
         spacing: Optional[list[float]] = None
@@ -102,10 +108,13 @@ class ResampleVolume(Step):
                             "or use shape:)", field=targets[0])
         return {"shape": list(F.spacing_shape(shape0, sp, self.params.spacing)), "spacing": sp}
 
-    def apply(self, a: np.ndarray, kind: str, shape: list[int], **_: Any) -> np.ndarray:
+    def apply_volume(self, a: np.ndarray, shape: list[int], order: int | None = None, **_: Any) -> np.ndarray:
         if a.ndim != 3:
             raise ValueError(f"expected a (D, H, W) volume, got shape {a.shape}")
-        return F.zoom_volume(a, tuple(shape), 0 if kind == "volume_mask" else self.params.order)
+        return F.zoom_volume(a, tuple(shape), self.params.order if order is None else order)
+
+    def apply_volume_mask(self, a: np.ndarray, shape: list[int], **_: Any) -> np.ndarray:
+        return self.apply_volume(a, shape, order=0)
 
     def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
         targets = _targets_of(self, sample)
@@ -135,7 +144,7 @@ class HuWindow(Step):
     ``window: [lo, hi]`` or ``level`` + ``width`` (lung: level -600, width 1500)."""
 
     name = "hu_window"
-    kinds = frozenset({"volume"})
+    applies = kinds(Kind.VOLUME)
 
     class Params(StepParams):
         window: Optional[list[float]] = None
@@ -163,7 +172,7 @@ class HuWindow(Step):
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return spec.with_(dtype=self.params.dtype)
 
-    def apply(self, a: np.ndarray, kind: str, **_: Any) -> np.ndarray:
+    def apply_volume(self, a: np.ndarray, **_: Any) -> np.ndarray:
         return F.hu_window(a, *self.bounds(), self.params.dtype)
 
 
@@ -173,7 +182,7 @@ class Standardise(Step):
     optionally inside ``mask``)."""
 
     name = "standardise"
-    kinds = frozenset({"volume"})
+    applies = kinds(Kind.VOLUME)
 
     class Params(StepParams):
         mean: Optional[float] = None
@@ -202,7 +211,7 @@ class Standardise(Step):
             m = sample.fields[self.params.mask] > 0
         return {"mask": m}
 
-    def apply(self, a: np.ndarray, kind: str, mask: Optional[np.ndarray] = None, **_: Any) -> np.ndarray:
+    def apply_volume(self, a: np.ndarray, mask: Optional[np.ndarray] = None, **_: Any) -> np.ndarray:
         if not self.params.per_sample:
             return F.standardise(a, self.params.mean, self.params.std)
         x = a[mask] if mask is not None and mask.shape == a.shape and mask.any() else a
@@ -216,7 +225,7 @@ class LungMask(Step):
     ``components`` largest 3D components, holes filled -> new (D, H, W) uint8 field ``out``."""
 
     name = "lung_mask"
-    kinds = frozenset({"volume"})
+    applies = kinds(Kind.VOLUME)
 
     class Params(StepParams):
         out: str = "lung_mask"
@@ -233,7 +242,7 @@ class LungMask(Step):
         if self.params.out in specs:
             raise ValueError(f"out field {self.params.out!r} already exists")
         out = dict(specs)
-        out[self.params.out] = FieldSpec("volume_mask", specs[t[0]].shape, "uint8")
+        out[self.params.out] = FieldSpec(Kind.VOLUME_MASK, specs[t[0]].shape, "uint8", classes=2)
         return out
 
     def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
@@ -246,7 +255,7 @@ class LungMask(Step):
         except ValueError as e:
             raise StepError(f"lung_mask: {e}", field=t[0]) from e
         kinds = dict(sample.kinds)
-        kinds[p.out] = "volume_mask"
+        kinds[p.out] = Kind.VOLUME_MASK
         meta = dict(sample.meta)
         if isinstance(meta.get(t[0]), dict):
             meta[p.out] = {"spacing": meta[t[0]].get("spacing"), "voxels": int(m.sum())}
@@ -258,7 +267,7 @@ class ApplyMask(Step):
     """Set volume voxels outside ``mask`` (a volume_mask field) to ``fill``."""
 
     name = "apply_mask"
-    kinds = frozenset({"volume"})
+    applies = kinds(Kind.VOLUME)
 
     class Params(StepParams):
         mask: str = "lung_mask"
@@ -267,8 +276,8 @@ class ApplyMask(Step):
     def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         if self.params.mask not in specs:
             raise ValueError(f"no mask field {self.params.mask!r} (fields: {', '.join(specs)})")
-        if specs[self.params.mask].kind != "volume_mask":
-            raise ValueError(f"{self.params.mask!r} is a {specs[self.params.mask].kind}, not a volume_mask")
+        if specs[self.params.mask].kind is not Kind.VOLUME_MASK:
+            raise ValueError(f"{self.params.mask!r} is a {specs[self.params.mask].kind.value}, not a volume_mask")
         return super().plan(specs)
 
     def sample_params(self, rng: np.random.Generator, sample: Sample, targets: list[str]) -> dict[str, Any]:
@@ -276,19 +285,18 @@ class ApplyMask(Step):
             raise StepError(f"apply_mask: no mask field {self.params.mask!r}")
         return {"mask": sample.fields[self.params.mask]}
 
-    def apply(self, a: np.ndarray, kind: str, mask: np.ndarray, **_: Any) -> np.ndarray:
+    def apply_volume(self, a: np.ndarray, mask: np.ndarray, **_: Any) -> np.ndarray:
         if mask.shape != a.shape:
             raise ValueError(f"mask shape {mask.shape} differs from the volume's {a.shape}")
         return np.where(mask > 0, a, np.asarray(self.params.fill).astype(a.dtype)).astype(a.dtype)
 
 
 @STEPS.register()
-class CropPadVolume(Step):
+class CropPadVolume(VolumeStep):
     """Centre-crop or pad volumes and their masks to ``shape: [d, h, w]`` (volumes padded with
     ``pad_value``, masks with 0)."""
 
     name = "crop_pad_volume"
-    kinds = VOL
 
     class Params(StepParams):
         shape: list[int]
@@ -302,14 +310,17 @@ class CropPadVolume(Step):
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return spec.with_(shape=tuple(self.params.shape))
 
-    def apply(self, a: np.ndarray, kind: str, **_: Any) -> np.ndarray:
+    def apply_volume(self, a: np.ndarray, value: float | None = None, **_: Any) -> np.ndarray:
         if a.ndim != 3:
             raise ValueError(f"expected a (D, H, W) volume, got shape {a.shape}")
-        return F.pad_crop_center(a, tuple(self.params.shape), self.params.pad_value if kind == "volume" else 0)[0]
+        return F.pad_crop_center(a, tuple(self.params.shape), self.params.pad_value if value is None else value)[0]
+
+    def apply_volume_mask(self, a: np.ndarray, **_: Any) -> np.ndarray:
+        return self.apply_volume(a, value=0)  # label volumes pad with background
 
 
 @STEPS.register()
-class Patches3d(Step):
+class Patches3d(VolumeStep):
     """Cut overlapping 3D patches of ``size`` every ``stride``: one volume -> many samples.
 
     Every volume/mask field is cut at the same corners; each patch sample gets the
@@ -319,7 +330,6 @@ class Patches3d(Step):
     smaller than a patch are padded (``pad_value``) when ``pad: true``, else dropped."""
 
     name = "patches3d"
-    kinds = VOL
     expands = True
 
     class Params(StepParams):
@@ -347,7 +357,7 @@ class Patches3d(Step):
         if self.params.corner_field is not None:
             if self.params.corner_field in specs:
                 raise ValueError(f"corner_field {self.params.corner_field!r} clashes with an existing field")
-            out[self.params.corner_field] = FieldSpec("index", (3,), "int32")
+            out[self.params.corner_field] = FieldSpec(Kind.INDEX, (3,), "int32")
         return out
 
     def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
@@ -374,7 +384,7 @@ class Patches3d(Step):
             grown = tuple(max(n, s) for n, s in zip(shape, size))
             padded = {}
             for f, a in arrays.items():
-                padded[f], offset = F.pad_crop_center(a, grown, p.pad_value if sample.kinds[f] == "volume" else 0)
+                padded[f], offset = F.pad_crop_center(a, grown, p.pad_value if sample.kinds[f] is Kind.VOLUME else 0)
             arrays = padded
             shape = grown
         corners = F.patch_corners(shape, size, tuple(p.stride or size))
@@ -390,7 +400,7 @@ class Patches3d(Step):
             kinds = sample.kinds
             if p.corner_field is not None:
                 new[p.corner_field] = np.asarray(corner, np.int32)
-                kinds = {**kinds, p.corner_field: "index"}
+                kinds = {**kinds, p.corner_field: Kind.INDEX}
             meta = dict(sample.meta)
             meta["patch"] = {"index": n, "corner": corner, "size": list(size)}
             out.append(sample.replace_fields(new, key=f"{sample.key}#p{n}", meta=meta, kinds=kinds))

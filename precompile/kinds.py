@@ -1,0 +1,105 @@
+"""Field kinds: what a field's array means, and so what every step may do to it.
+
+A kind is not a label for display: it decides the layout of the array, how it
+may be resampled and which values it may hold. Every step states, per kind,
+whether it transforms a field of that kind, keeps it as it is, or refuses the
+recipe (see :mod:`precompile.transforms.base`); nothing else in the package
+decides that again.
+
+========== ================= ==================================================
+kind        layout            rule
+========== ================= ==================================================
+image       (H, W, C)         pixels; interpolated (area when shrinking, linear)
+mask        (H, W, 1)         a label map (binary or multi-class): nearest
+                              neighbour only, values never invented
+flow        (H, W, 2) float32 optical flow (u, v) in pixels, NaN where unknown;
+                              vectors follow the geometry (a flip negates u, a
+                              resize scales them)
+flow_valid  (H, W, 1) uint8   1 where its flow field is finite. *Derived*: it is
+                              recomputed from its flow after every change, so it
+                              can never disagree with the NaNs
+video       (T, H, W, C)      frames; a 2D step maps over the frames
+volume      (D, H, W)         intensities (HU for CT); 3D steps only
+volume_mask (D, H, W)         a 3D label volume: moves with its volume in every
+                              3D step, nearest neighbour only
+audio       (C, N)            samples, channels first
+label       ()                a class id
+index       (n,)              integers describing the sample (clip frames, corners)
+========== ================= ==================================================
+"""
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+import numpy as np
+
+from .errors import PrecompileError
+
+
+class Kind(str, Enum):
+    IMAGE = "image"
+    MASK = "mask"
+    FLOW = "flow"
+    FLOW_VALID = "flow_valid"
+    VIDEO = "video"
+    VOLUME = "volume"
+    VOLUME_MASK = "volume_mask"
+    AUDIO = "audio"
+    LABEL = "label"
+    INDEX = "index"
+
+    def __str__(self) -> str:  # "image", not "Kind.IMAGE", in messages and JSON
+        return self.value
+
+    __format__ = str.__format__
+
+    @classmethod
+    def of(cls, value: Any) -> "Kind":
+        """A :class:`Kind` from a kind or its name; an unknown name is a :class:`PrecompileError`."""
+        if isinstance(value, Kind):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            raise PrecompileError(f"unknown field kind {value!r} (known: {', '.join(k.value for k in cls)})") from None
+
+    # -- traits -----------------------------------------------------------------------------
+    @property
+    def planar(self) -> bool:
+        """Has a 2D (H, W) grid that 2D geometric steps move."""
+        return self in PLANAR
+
+    @property
+    def volumetric(self) -> bool:
+        """Has a 3D (D, H, W) grid that 3D geometric steps move."""
+        return self in VOLUMETRIC
+
+    @property
+    def labels(self) -> bool:
+        """Holds class ids: resampled by nearest neighbour only, never blended or offset."""
+        return self in (Kind.MASK, Kind.VOLUME_MASK, Kind.FLOW_VALID)
+
+    @property
+    def hw_axes(self) -> tuple[int, int]:
+        """The (height, width) axes of a planar kind's array."""
+        if self is Kind.VIDEO:
+            return (1, 2)
+        if self in PLANAR:
+            return (0, 1)
+        raise ValueError(f"a {self.value} field has no 2D grid")
+
+
+PLANAR = frozenset({Kind.IMAGE, Kind.MASK, Kind.FLOW, Kind.FLOW_VALID, Kind.VIDEO})
+VOLUMETRIC = frozenset({Kind.VOLUME, Kind.VOLUME_MASK})
+#: kinds that describe the sample rather than hold a grid: every step keeps them as they are
+DESCRIPTIVE = frozenset({Kind.LABEL, Kind.INDEX})
+
+
+def kinds(*names: Any) -> frozenset[Kind]:
+    return frozenset(Kind.of(n) for n in names)
+
+
+def flow_validity(flow: np.ndarray) -> np.ndarray:
+    """The ``flow_valid`` array of a flow field: (..., H, W, 1) uint8, 1 where u and v are finite."""
+    return np.isfinite(flow).all(axis=-1, keepdims=True).astype(np.uint8)

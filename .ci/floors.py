@@ -3,7 +3,7 @@
 
 Used by ``.ci/run``'s floors job: a separate venv gets exactly these versions and runs the tests marked
 ``floors``, so a declared floor that does not work fails CI. Arguments name extras to include as well
-(e.g. ``nifti test``); ``--tests`` prints the floors test files instead. torch, dask, fsspec/s3fs and moto are left out (the floors tests need none of them).
+(e.g. ``nifti test``); ``--tests`` prints the floors test files instead. torch, dask, fsspec/s3fs, moto and jsonschema are left out (the floors tests need none of them).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-SKIP = {"torch", "dask", "fsspec", "s3fs", "moto"}   # heavy or remote-only; the floors tests do not need them
+SKIP = {"torch", "dask", "fsspec", "s3fs", "moto", "jsonschema"}   # heavy, remote-only or schema-only: not needed
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -168,5 +168,69 @@ def inspect(output: str) -> None:
         _fail(e)
 
 
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", default=None, help="PNG to write (default: <output>.preview.png next to the index)")
+@click.option("--n", "n", type=click.IntRange(min=1), default=6, show_default=True, help="sample keys to show")
+@click.option("--field", "fields", multiple=True, help="show only this field (repeat for several)")
+@click.option("--window", type=click.Choice(["lung", "soft"]), default="lung", show_default=True,
+              help="HU window for CT volumes")
+@click.option("--html", "html_path", default=None, help="also write an HTML page with each sample's metadata")
+def preview(output: str, out: str | None, n: int, fields: tuple[str, ...], window: str, html_path: str | None) -> None:
+    """Draw a PNG contact sheet of a built OUTPUT: each kind as its users look at it."""
+    from .tools.preview import preview as run_preview
+
+    try:
+        path = run_preview(output, out=out, n=n, fields=list(fields) or None, html_path=html_path, window=window)
+    except PrecompileError as e:
+        _fail(e)
+    click.echo(f"wrote {path}" + (f" and {html_path}" if html_path else ""))
+
+
+@main.command()
+@click.option("-o", "--out", default=None, help="write the schema to this file instead of printing it")
+@click.option("--draft", type=click.Choice(["2020-12", "7"]), default="2020-12", show_default=True,
+              help="JSON Schema dialect (7: for editors whose validator knows draft 7 only)")
+@click.option("--import", "modules", multiple=True, metavar="MODULE",
+              help="import this module first, so the decoders/steps it registers are in the schema (repeatable)")
+def schema(out: str | None, draft: str, modules: tuple[str, ...]) -> None:
+    """Print the JSON Schema (draft 2020-12) of recipes: every decoder, step and format with its options."""
+    from .tools.schema import import_plugins, schema_text
+
+    try:
+        import_plugins(list(modules))
+    except PrecompileError as e:
+        _fail(e)
+    text = schema_text(draft=draft)
+    if out is None:
+        click.echo(text, nl=False)
+        return
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+    click.echo(f"wrote {out}")
+
+
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False))
+@click.option("--field", "fields", multiple=True, help="only this field (repeat for several; default all)")
+@click.option("--no-write", is_flag=True, help="print the stats without storing them in the output's index")
+@click.option("--json", "as_json", is_flag=True, help="print the stats as JSON")
+def stats(output: str, fields: tuple[str, ...], no_write: bool, as_json: bool) -> None:
+    """Per-channel mean/std/min/max (and class counts) of a built OUTPUT, stored in its index for
+    the Loader's mean="stats", std="stats"."""
+    import json
+
+    from .tools.stats import describe as describe_stats
+    from .tools.stats import stats as run_stats
+
+    try:
+        res = run_stats(output, fields=list(fields) or None, write=not no_write)
+    except PrecompileError as e:
+        _fail(e)
+    click.echo(json.dumps(res, indent=2) if as_json else describe_stats(res))
+    if not no_write:
+        click.echo(f"stored in {output}", err=True)
+
+
 if __name__ == "__main__":
     main()

@@ -35,14 +35,14 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from .errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, StepError
+from .errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
 from .kinds import Kind
 from .plan import Item, ShardPlan
 from .recipe import Recipe
 from .remote import is_url
 from .sample import FieldSpec, Sample
 from .seeding import LazyRng
-from .writers.base import SampleError, write_json_atomic
+from .writers.base import write_json_atomic
 
 
 def _err_dict(e: InputError) -> dict[str, Any]:

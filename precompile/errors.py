@@ -87,6 +87,42 @@ class FormatError(PrecompileError):
     exit_code = 5
 
 
+class SampleError(PrecompileError, ValueError):
+    """A sample does not fit the shard it is written to (dtype, rank, shape, a file format's limits);
+    ``field`` names the field at fault. The engine reports it as the input's StepError (stage write)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
+
+
+class ShapeMismatchError(PrecompileError, ValueError):
+    """``batch`` was asked to stack samples of different shapes without padding."""
+
+
+class UnknownName(PrecompileError, KeyError):
+    """A registry lookup of a name nobody registered; the message lists the close matches."""
+
+    exit_code = 2
+
+    def __init__(self, kind: str, name: str, choices: list[str]):
+        import difflib
+
+        self.kind = kind
+        self.name = name
+        self.choices = choices
+        close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        self.message = f"unknown {kind} {name!r}{hint} (known: {', '.join(sorted(choices))})"
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        return (type(self), (self.kind, self.name, self.choices))
+
+
 class BuildError(PrecompileError):
     """A build stopped: one or more shards failed under ``on_error: fail``."""
 

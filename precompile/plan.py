@@ -149,6 +149,10 @@ def make_plan(recipe: Recipe) -> Plan:
     m = recipe.model
     specs: dict[str, FieldSpec] = {}
     for fname, dec in recipe.decoders.items():
+        if m.inputs.fields[fname].path is None and dec.reads_dirs != (m.inputs.kind == "dir"):
+            want = "folders (inputs.kind: dir)" if dec.reads_dirs else "files (inputs.kind: file)"
+            raise RecipeError(f"decoder {dec.name!r} reads {want}, but inputs.kind is {m.inputs.kind!r}",
+                              source=recipe.source, loc=f"inputs.fields.{fname}")
         for name, spec in dec.output_specs(fname).items():
             if name in specs:
                 raise RecipeError(f"decoder output {name!r} clashes with another field", source=recipe.source,

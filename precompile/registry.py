@@ -5,29 +5,11 @@ close matches (as MONAI's ``look_up_option`` does).
 """
 from __future__ import annotations
 
-import difflib
 from typing import Callable, Generic, Iterator, TypeVar
 
+from .errors import UnknownName
+
 T = TypeVar("T")
-
-
-class UnknownName(KeyError):
-    """Raised by :meth:`Registry.get` for a name nobody registered."""
-
-    def __init__(self, kind: str, name: str, choices: list[str]):
-        self.kind = kind
-        self.name = name
-        self.choices = choices
-        close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-        self.message = f"unknown {kind} {name!r}{hint} (known: {', '.join(sorted(choices))})"
-        super().__init__(self.message)
-
-    def __str__(self) -> str:
-        return self.message
-
-    def __reduce__(self):
-        return (type(self), (self.kind, self.name, self.choices))
 
 
 class Registry(Generic[T]):

@@ -1,4 +1,4 @@
-"""Step-contract cases for the random (augmentation) steps of ``transforms/augment.py``.
+"""Step-contract cases for the random (augmentation) steps of every domain (``transforms/geometry.py``, ``colour.py``, ``temporal.py``, ``audio.py``, ``volume.py``).
 
 ``CASES = {step_name: [(params, sample_factory), ...]}``; each factory returns a fresh sample.
 """

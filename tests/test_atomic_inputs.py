@@ -73,7 +73,7 @@ def test_input_whose_copy_fails_is_dropped_with_all_its_copies(tmp_path, image_t
 def test_missing_field_in_a_sample_names_the_field(tmp_path, image_tree):
     from precompile.errors import StepError
     from precompile.sample import FieldSpec, Sample
-    from precompile.writers.base import SampleError
+    from precompile.errors import SampleError
     from precompile.writers.hdf5 import Hdf5ShardWriter
 
     w = Hdf5ShardWriter(str(tmp_path / "s.h5"), {"a": FieldSpec("image", (2, 2, 1), "uint8")}, "k", None, {"a": 1})

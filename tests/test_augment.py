@@ -25,7 +25,8 @@ from precompile.recipe import load_recipe
 from precompile.registry import STEPS, load_builtins
 from precompile.sample import Sample
 from precompile.seeding import rng_for
-from precompile.transforms import augment as A
+from precompile import transforms as T
+from precompile.transforms.kernels import audio as KA, colour as KC, geometry as KG, volume as KV
 
 load_builtins()
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -92,13 +93,13 @@ def test_affine_nearest_keeps_fields_aligned_and_mask_labels():
 def test_affine_rotates_and_scales_flow_vectors():
     flow = np.zeros((31, 31, 2), np.float32)
     flow[..., 0] = 1.0  # everything moves right by one pixel
-    rot = A.warp_flow(flow, A.affine_matrix(31, 31, 90, 1.0))
+    rot = KG.warp_flow(flow, KG.affine_matrix(31, 31, 90, 1.0))
     # rotated 90 degrees counter-clockwise (as displayed, y down): right becomes up
     np.testing.assert_allclose(rot[5:-5, 5:-5, 0], 0, atol=1e-5)
     np.testing.assert_allclose(rot[5:-5, 5:-5, 1], -1, atol=1e-5)
-    big = A.warp_flow(flow, A.affine_matrix(31, 31, 0, 2.0))
+    big = KG.warp_flow(flow, KG.affine_matrix(31, 31, 0, 2.0))
     np.testing.assert_allclose(big[..., 0], 2, atol=1e-5)
-    small = A.warp_flow(flow, A.affine_matrix(31, 31, 0, 0.5))
+    small = KG.warp_flow(flow, KG.affine_matrix(31, 31, 0, 0.5))
     assert np.isnan(small[0, 0]).all() and np.isnan(small[15, 2]).all()  # from outside: invalid
     np.testing.assert_allclose(small[15, 15], [0.5, 0], atol=1e-5)
 
@@ -106,7 +107,7 @@ def test_affine_rotates_and_scales_flow_vectors():
 def test_affine_keeps_invalid_flow_out_of_its_neighbours():
     flow = np.ones((20, 20, 2), np.float32)
     flow[8:12, 8:12] = np.nan
-    out = A.warp_flow(flow, A.affine_matrix(20, 20, 10, 1.0))
+    out = KG.warp_flow(flow, KG.affine_matrix(20, 20, 10, 1.0))
     fin = out[np.isfinite(out).all(-1)]
     assert fin.size and np.abs(np.linalg.norm(fin, axis=-1) - np.sqrt(2)).max() < 1e-4  # rotation keeps length
     assert np.isnan(out[10, 10]).all()
@@ -135,9 +136,9 @@ def test_color_jitter_touches_only_images_and_keeps_alpha():
     assert np.array_equal(o.fields["mask"], before["mask"]) and np.array_equal(o.fields["flow"], before["flow"])
     assert (o.fields["image"] == 255).all()          # 400 clipped to the uint8 range
     assert (o.fields["rgba"][..., :3] == 200).all() and (o.fields["rgba"][..., 3] == 77).all()
-    gray = A.color_jitter(np.array([[[200, 100, 50]]], np.uint8), False, saturation=0.0)
+    gray = KC.color_jitter(np.array([[[200, 100, 50]]], np.uint8), False, saturation=0.0)
     assert gray.tolist() == [[[124, 124, 124]]]      # 0.299*200 + 0.587*100 + 0.114*50 = 124.2
-    flat = A.color_jitter(np.array([[[10], [30]]], np.uint8), False, contrast=0.0)
+    flat = KC.color_jitter(np.array([[[10], [30]]], np.uint8), False, contrast=0.0)
     assert flat.tolist() == [[[20], [20]]]           # contrast 0: the mean grey everywhere
 
 
@@ -178,12 +179,12 @@ def test_temporal_jitter_takes_the_recorded_frames_in_order():
 
 def test_audio_gain_and_shift():
     a = np.random.default_rng(0).normal(0, 0.1, (2, 100)).astype(np.float32)
-    np.testing.assert_allclose(A.apply_gain(a, 20 * np.log10(2)), 2 * a, rtol=1e-5)
-    assert A.apply_gain(a, 0.0).dtype == np.float32
-    assert np.array_equal(A.shift_time(A.shift_time(a, 7), -7), a)
-    z = A.shift_time(a, 10, "zero")
+    np.testing.assert_allclose(KA.apply_gain(a, 20 * np.log10(2)), 2 * a, rtol=1e-5)
+    assert KA.apply_gain(a, 0.0).dtype == np.float32
+    assert np.array_equal(KA.shift_time(KA.shift_time(a, 7), -7), a)
+    z = KA.shift_time(a, 10, "zero")
     assert (z[:, :10] == 0).all() and np.array_equal(z[:, 10:], a[:, :90])
-    z = A.shift_time(a, -10, "zero")
+    z = KA.shift_time(a, -10, "zero")
     assert (z[:, 90:] == 0).all() and np.array_equal(z[:, :90], a[:, 10:])
     (o,) = step("time_shift", max_shift=30).run(Sample("w", {"audio": a}, {"audio": "audio"}), rng_for(1, "w", 1))
     sh = o.meta["augment"][0]["shift"]
@@ -220,7 +221,7 @@ def test_volume_steps_move_volume_and_mask_together():
                 assert np.mean(np.abs(v.astype(int) - m.astype(int) * 1000) < 500) > 0.95
                 # the same displacement: the volume resampled as a mask lands exactly on the mask
                 rec = o.meta["augment"][-1]
-                again = A.elastic(volume_sample().fields["volume"], 4, rec["magnitude"], rec["seed"], label=True)
+                again = KV.elastic(volume_sample().fields["volume"], 4, rec["magnitude"], rec["seed"], label=True)
                 assert np.array_equal(again, m.astype(np.int16) * 1000)
             else:
                 assert np.array_equal(v, m.astype(np.int16) * 1000)
@@ -228,11 +229,11 @@ def test_volume_steps_move_volume_and_mask_together():
 
 def test_volume_kernels_invert():
     v = np.random.default_rng(0).normal(size=(5, 6, 6)).astype(np.float32)
-    assert np.array_equal(A.flip_axes(A.flip_axes(v, [0, 2]), [0, 2]), v)
-    assert np.array_equal(A.rot90(A.rot90(v, 1, [1, 2]), 3, [1, 2]), v)
-    assert np.array_equal(A.elastic(v, 4, 0.0, 123), v)
-    e1, e2 = A.elastic(v, 4, 2.0, 1), A.elastic(v, 4, 2.0, 2)
-    assert not np.array_equal(e1, e2) and np.array_equal(e1, A.elastic(v, 4, 2.0, 1))
+    assert np.array_equal(KV.flip_axes(KV.flip_axes(v, [0, 2]), [0, 2]), v)
+    assert np.array_equal(KV.rot90(KV.rot90(v, 1, [1, 2]), 3, [1, 2]), v)
+    assert np.array_equal(KV.elastic(v, 4, 0.0, 123), v)
+    e1, e2 = KV.elastic(v, 4, 2.0, 1), KV.elastic(v, 4, 2.0, 2)
+    assert not np.array_equal(e1, e2) and np.array_equal(e1, KV.elastic(v, 4, 2.0, 1))
 
 
 def test_2d_steps_refuse_volumes_unless_fields_are_named():
@@ -394,13 +395,13 @@ def test_every_stored_copy_replays_from_its_recorded_parameters(built):
         recs = meta["augment"]
         assert [r["step"] for r in recs] == ["random_resized_crop", "random_flip", "random_affine", "color_jitter",
                                              "gaussian_noise"]
-        (again,) = A.replay(recipe.steps, decoded[key], recs)
+        (again,) = T.replay(recipe.steps, decoded[key], recs)
         stored = ds[i]
         for f in stored:
             assert again.fields[f].tobytes() == stored[f].tobytes(), (i, f)
         assert again.meta == meta
     with pytest.raises(ValueError, match="not 'random_flip'"):
-        A.replay(recipe.steps, decoded[ds.keys[0]], [recs[0], recs[2], recs[1], recs[3], recs[4]])
+        T.replay(recipe.steps, decoded[ds.keys[0]], [recs[0], recs[2], recs[1], recs[3], recs[4]])
 
 
 def test_original_copy_is_the_deterministic_counterpart(tmp_path):

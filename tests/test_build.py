@@ -14,7 +14,7 @@ import pytest
 
 import precompile
 from precompile.decoders.image import decode_image_file
-from precompile.transforms import functional as F
+from precompile.transforms.kernels import geometry as F
 
 from conftest import image_recipe, make_image_tree, write_recipe
 

@@ -15,7 +15,7 @@ from pydicom.uid import CTImageStorage, ExplicitVRBigEndian, ExplicitVRLittleEnd
 from precompile.decoders.dicom import DicomDecoder, DicomSeriesDecoder
 from precompile.errors import DecodeError, MissingDependencyError, PrecompileError
 from precompile.sample import Sample
-from precompile.transforms import functional as F
+from precompile.transforms.kernels import volume as F
 from precompile.transforms.volume import ApplyMask, LungMask, Patches3d, ResampleVolume
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

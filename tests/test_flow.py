@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from precompile.decoders.flo import FloDecoder, read_flo, write_flo
 from precompile.errors import DecodeError, PrecompileError
 from precompile.sample import Sample
-from precompile.transforms import functional as F
-from precompile.transforms.geometric import CenterCrop, Resize
+from precompile.transforms.kernels import geometry as F
+from precompile.transforms.geometry import CenterCrop, Resize
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -94,7 +94,7 @@ def test_mode_conversions_agree_with_pillow(tmp_path):
     rng = np.random.default_rng(1)
     arr = rng.integers(0, 256, (20, 30, 3), dtype=np.uint8)
     Image.fromarray(arr).save(tmp_path / "a.png")
-    from precompile.transforms.functional import convert_mode
+    from precompile.transforms.kernels.colour import convert_mode
 
     gray = decode_image_file(str(tmp_path / "a.png"), "gray8")
     np.testing.assert_array_equal(gray[..., 0], np.asarray(Image.fromarray(arr).convert("L")))

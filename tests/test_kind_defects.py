@@ -293,3 +293,12 @@ def test_a_step_that_cannot_handle_a_field_is_a_plan_error(tmp_path):
     r = flow_recipe(src, [{"random_flip": {"fields": ["img1", "img2", "flow_valid"]}}])
     with pytest.raises(RecipeError, match="'flow_valid' is a flow_valid field: it is derived from its flow field 'flow'"):
         make_plan(load_recipe(write(tmp_path / "c.yaml", r)))
+
+
+def test_a_folder_decoder_on_file_inputs_is_a_plan_error(tmp_path):
+    r = ct_recipe({"random_flip3d": {}})
+    r["inputs"]["kind"] = "file"
+    r["inputs"]["match"] = "{series}/{f}"
+    with pytest.raises(RecipeError, match=r"inputs.fields.ct: decoder 'dicom_series' reads folders \(inputs.kind: dir\), "
+                                          r"but inputs.kind is 'file'"):
+        make_plan(load_recipe(write(tmp_path / "a.yaml", r)))

@@ -94,7 +94,7 @@ def scene_2d(seed: int, H: int, W: int) -> Sample:
     r = np.random.default_rng(seed)
     ph = r.uniform(0, 2 * math.pi, 6)
     A = r.uniform(-0.05, 0.05, (2, 2))
-    t = r.uniform(-3, 3, 2)
+    t = r.uniform(2, 4, 2) * r.choice([-1, 1], 2)   # motion of a few pixels: a missing warp shows
     c = np.array([(W - 1) / 2, (H - 1) / 2])
     ys, xs = np.mgrid[0:H, 0:W].astype(np.float64)
     dx, dy = xs - c[0], ys - c[1]

@@ -23,7 +23,7 @@ from precompile import format as fmt
 from precompile.registry import STEPS, load_builtins
 from precompile.sample import FieldSpec, Sample
 from precompile.seeding import rng_for
-from precompile.transforms.augment import RandomStep, replay_step
+from precompile.transforms.base import RandomStep, replay_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:

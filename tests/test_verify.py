@@ -120,3 +120,43 @@ def test_verify_variable_shape_output_and_catches_a_flipped_byte(tmp_path):
                          capture_output=True, text=True)
     assert bad.returncode == 5
     assert "shard-00001.h5" in bad.stdout + bad.stderr and "'image'" in bad.stdout + bad.stderr
+
+
+@pytest.mark.parametrize("output", ["png", "bmp", "wav"])
+def test_folder_outputs_verify_and_name_the_changed_file(tmp_path, output):
+    """PNG/BMP/WAV outputs: intact passes; a flipped byte in one sample file names the shard and the file;
+    a missing file is caught; the CLI exits 5 on a problem."""
+    import soundfile as sf
+    from PIL import Image
+
+    root = tmp_path / "in"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        if output == "wav":
+            sf.write(root / f"s{i}.wav", rng.uniform(-0.5, 0.5, 800).astype(np.float32), 8000, subtype="FLOAT")
+        else:
+            Image.fromarray(rng.integers(0, 256, (10, 12, 3), dtype=np.uint8)).save(root / f"s{i}.png")
+    dec = {"decoder": "audio"} if output == "wav" else {"decoder": "image"}
+    data = {"name": "v", "inputs": {"root": str(root), "match": "{name}." + ("wav" if output == "wav" else "png"),
+                                    "fields": {"x": dec}},
+            "steps": [], "output": {"format": output, "samples_per_shard": 3}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    build(str(tmp_path / "r.yaml"), tmp_path / "out")
+    index = tmp_path / "out" / "v.json"
+    res = verify(index)
+    assert res.ok and res.num_shards == 2 and res.num_samples == 6 and res.bytes_checked > 0, res.problems
+    assert _cli("verify", str(index)).returncode == 0
+    files = sorted((tmp_path / "out" / "v.shards").glob("shard-*/*." + output))
+    victim = files[4]
+    raw = bytearray(victim.read_bytes())
+    raw[-3] ^= 0xFF                      # a sample byte near the end (pixel or PCM data)
+    victim.write_bytes(bytes(raw))
+    res = verify(index)
+    rel = f"{victim.parent.name}/{victim.name}"
+    assert not res.ok and res.bad_shards == [f"v.shards/{victim.parent.name}"]
+    assert any(rel in p and "bytes changed" in p for p in res.problems), res.problems
+    r = _cli("verify", str(index))
+    assert r.returncode == 5 and rel in r.stdout + r.stderr
+    victim.unlink()
+    assert any(f"{rel}: file is missing" in p for p in verify(index).problems)

@@ -9,8 +9,8 @@ import pytest
 from precompile.decoders.video import VideoDecoder, read_video
 from precompile.errors import DecodeError
 from precompile.sample import FieldSpec, Sample
-from precompile.transforms import functional as F
-from precompile.transforms.geometric import Resize
+from precompile.transforms.kernels import geometry as F
+from precompile.transforms.geometry import Resize
 from precompile.transforms.temporal import Clips
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -16,7 +16,7 @@ from pydantic import Field
 from ..errors import DecodeError
 from ..registry import DECODERS
 from ..sample import FieldSpec
-from ..transforms import functional as F
+from ..transforms.kernels.audio import resample_audio, to_int16
 from .base import Decoder, DecoderParams
 
 
@@ -70,9 +70,9 @@ class AudioDecoder(Decoder):
                               f"(set mono: true to mix down)", path=path)
         out_rate = p.sample_rate or rate
         if out_rate != rate:
-            x = F.resample_audio(x, rate, out_rate, p.quality)
+            x = resample_audio(x, rate, out_rate, p.quality)
         if p.dtype == "int16":
-            x = F.to_int16(x)
+            x = to_int16(x)
         else:
             x = x.astype(np.float32, copy=False)
         info.update(sample_rate=int(out_rate), frames=int(x.shape[-1]), channels=int(x.shape[0]))

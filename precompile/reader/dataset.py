@@ -30,11 +30,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from .. import format as fmt
-from ..errors import FormatError, PrecompileError
-
-
-class ShapeMismatchError(PrecompileError, ValueError):
-    """``batch`` was asked to stack samples of different shapes without padding."""
+from ..errors import FormatError, ShapeMismatchError
 
 
 def _attr_text(v: Any) -> str:

@@ -35,7 +35,7 @@ import torch
 
 from ..errors import PrecompileError
 from ..kinds import Kind
-from ..transforms import augment
+from ..transforms import geometry
 FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "half": torch.float16,
                 "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -210,7 +210,7 @@ class RandomFlip(BatchStep):
     with probability ``vertical``; flow negates u (horizontal) or v (vertical)."""
 
     name = "random_flip"
-    STEP = augment.RandomFlip
+    STEP = geometry.RandomFlip
 
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
         return {"horizontal": rng.random(n) < self.params.horizontal,
@@ -242,7 +242,7 @@ class RandomCrop(BatchStep):
     with 0, flow with NaN."""
 
     name = "random_crop"
-    STEP = augment.RandomCrop
+    STEP = geometry.RandomCrop
 
     def bind(self, specs: dict[str, dict], shapes: dict[str, tuple[int, ...]]) -> list[str]:
         chosen = super().bind(specs, shapes)

@@ -169,7 +169,9 @@ class Loader:
     or :class:`~precompile.reader.gpu.BatchStep` objects) with the build
     steps' names, options and per-kind rules (images, masks, clips, flow); ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
     image/video fields (``convert_fields``) on the device, uint8 scaled to
-    [0, 1] then ``(x - mean) / std`` per channel; ``channels_first`` gives
+    [0, 1] then ``(x - mean) / std`` per channel (``mean="stats"`` /
+    ``std="stats"``: each field's values stored by ``precompile stats``, in the
+    same [0, 1] scale); ``channels_first`` gives
     NCHW views of 4-d converted fields; ``num_threads`` gather threads (0:
     gather in the training thread, just in time: no thread contention, which
     wins when the machine has no idle core to give; default
@@ -187,8 +189,8 @@ class Loader:
     def __init__(self, path_or_dataset: Any, batch_size: int, shuffle: bool | str = True, seed: int = 0,
                  device: str | torch.device = "auto", fields: Sequence[str] | None = None, drop_last: bool = False,
                  rank: int = 0, world_size: int = 1, prefetch: int = 2, gpu_steps: Sequence[Any] | None = None,
-                 dtype: Any = None, mean: Sequence[float] | float | None = None,
-                 std: Sequence[float] | float | None = None, num_threads: int | None = None,
+                 dtype: Any = None, mean: Sequence[float] | float | str | None = None,
+                 std: Sequence[float] | float | str | None = None, num_threads: int | None = None,
                  block_window: int = 8, uneven: Literal["pad", "drop"] = "pad", channels_first: bool = False,
                  convert_fields: Sequence[str] | None = None, copies: Literal["epoch", "all"] = "epoch",
                  include_original: bool = True, sort_batches: bool = True):
@@ -244,10 +246,19 @@ class Loader:
             if f not in self.fields:
                 raise ValueError(f"convert_fields: {f!r} is not loaded (loaded: {', '.join(self.fields)})")
         self.convert: dict[str, gpu.Convert] = {}
+        for name, v in (("mean", mean), ("std", std)):
+            if isinstance(v, str) and v != "stats":
+                raise ValueError(f"{name} must be numbers or 'stats' (from `precompile stats`), got {v!r}")
         if self.dtype is not None:
             for f in convert_fields:
                 scale = 1 / 255 if self.reader.dtypes[f] == np.uint8 else 1.0
-                self.convert[f] = gpu.Convert(self.dtype, mean, std, channels_first, scale)
+                m, s = mean, std
+                if m == "stats" or s == "stats":  # per-channel values stored by `precompile stats`
+                    from ..tools.stats import loader_norm
+
+                    sm, ss = loader_norm(ds, f, scale)
+                    m, s = (sm if m == "stats" else m), (ss if s == "stats" else s)
+                self.convert[f] = gpu.Convert(self.dtype, m, s, channels_first, scale)
         self.steps = gpu.parse_steps(gpu_steps)
         for s in self.steps:
             s.bind(self.specs, self.reader.shapes)

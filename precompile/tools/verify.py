@@ -5,7 +5,14 @@ per field of the fields' sample bytes (the same digests the writer computed
 while writing, and also stored in the shard's own attributes). Verification
 re-reads every field dataset of every shard, recomputes the digests and names
 each shard whose bytes, size, key or count differ, or which is missing or
-unreadable. HDF5 outputs only (the index file is HDF5).
+unreadable.
+
+File-folder outputs (png, bmp, wav: a JSON index) are checked the same way per
+shard folder (``info.json`` present, its key and count), and per sample file:
+every file is hashed and compared with the sha256 its shard recorded when it
+was written, so a changed byte names the very file; with ``checksums`` every
+field is also decoded again and its digest compared with the index's (this
+covers the ``.npy`` companions and the values kept in the index).
 """
 from __future__ import annotations
 
@@ -83,6 +90,8 @@ def verify(path: str | os.PathLike, checksums: bool = True) -> VerifyResult:
     import h5py
 
     path = str(path)
+    if path.endswith(fmt.INDEX_JSON_EXT):
+        return verify_folders(path, checksums)
     fields, shards, total = _read_index(path)
     base = os.path.dirname(os.path.abspath(path))
     res = VerifyResult(num_shards=len(shards))
@@ -134,6 +143,71 @@ def verify(path: str | os.PathLike, checksums: bool = True) -> VerifyResult:
                             bad.append(f"column {col!r} has {f[col].shape[0]} rows, the index says {s['num_samples']}")
             except (OSError, KeyError, ValueError, RuntimeError, AttributeError) as e:
                 bad.append(f"unreadable ({type(e).__name__}: {e})")
+        res.num_samples += int(s["num_samples"])
+        if bad:
+            res.bad_shards.append(name)
+            res.problems.extend(f"{name}: {b}" for b in bad)
+    return res
+
+
+def verify_folders(path: str, checksums: bool = True) -> VerifyResult:
+    """:func:`verify` for a file-folder output (png, bmp, wav) with a JSON index."""
+    from ..reader.dataset import FileDataset
+    from ..writers.base import _read_info, file_sha256
+
+    if not os.path.exists(path):
+        raise FormatError(f"{path}: no such output (build it first)")
+    ds = FileDataset(path)
+    base = os.path.dirname(os.path.abspath(path))
+    res = VerifyResult(num_shards=len(ds.shards))
+    for k, s in enumerate(ds.shards):
+        name = s["file"]
+        bad: list[str] = []
+        folder = os.path.join(base, name)
+        info = _read_info(folder) if os.path.isdir(folder) else None
+        if not os.path.isdir(folder):
+            bad.append("shard folder is missing")
+        elif info is None:
+            bad.append(f"{fmt.SHARD_INFO} is missing or unreadable")
+        else:
+            if info.get("key") != s["key"]:
+                bad.append("shard key differs from the index's (the shard was rebuilt or replaced)")
+            if info.get("num_samples") != s["num_samples"]:
+                bad.append(f"holds {info.get('num_samples')} samples, the index says {s['num_samples']}")
+        lo, hi = int(ds.offsets[k]), int(ds.offsets[k + 1])
+        digests = {f: hashlib.sha256() for f in ds.field_specs}
+        readable = True
+        for i in range(lo, hi):
+            e = ds.samples[i]
+            for f, rel in e["files"].items():
+                p = os.path.join(base, rel)
+                if not os.path.isfile(p):
+                    bad.append(f"{rel}: file is missing")
+                    readable = False
+                    continue
+                want = e.get("sha256", {}).get(f)
+                if want is not None:
+                    got = file_sha256(p)
+                    res.bytes_checked += os.path.getsize(p)
+                    if got != want:
+                        bad.append(f"{rel}: bytes changed (sha256 {got[:16]}..., recorded {want[:16]}...)")
+            if checksums and readable:
+                try:
+                    sample = ds[i]
+                except (FormatError, OSError, ValueError) as ex:
+                    bad.append(f"sample {e['key']!r}: unreadable ({ex})")
+                    readable = False
+                    continue
+                for f, a in sample.items():
+                    a = np.ascontiguousarray(a)
+                    digests[f].update(a.data)
+                    res.bytes_checked += a.nbytes
+        if checksums and readable:
+            for f, h in digests.items():
+                want = s["checksums"].get(f)
+                if h.hexdigest() != want:
+                    bad.append(f"field {f!r}: data checksum mismatch (sha256 {h.hexdigest()[:16]}..., "
+                               f"recorded {str(want)[:16]}...): its bytes changed")
         res.num_samples += int(s["num_samples"])
         if bad:
             res.bad_shards.append(name)

@@ -1,4 +1,5 @@
-"""Audio steps on (C, N) fields: ``fix_length`` (crop or pad) and the expanding ``windows``.
+"""Audio steps on (C, N) fields: ``fix_length`` (crop or pad), the expanding ``windows``, and the
+random ``random_gain`` and ``time_shift``.
 
 ``windows`` cuts one recording into many samples of ``length`` samples every
 ``hop``; each gets the key ``<key>#w<n>`` and its start offset in
@@ -7,17 +8,19 @@ targeted field and applied to every audio field alike.
 """
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
 from ..errors import StepError
 from ..kinds import Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
-from . import functional as F
-from .base import Step, StepParams
+from .base import RandomParams, RandomStep, Step, StepParams, range_param, uniform
+from .kernels.audio import apply_gain, fix_length, shift_time
+from .kernels.temporal import clip_starts
+
 
 AUDIO = kinds(Kind.AUDIO)
 
@@ -44,7 +47,7 @@ class FixLength(Step):
         return spec.with_(shape=tuple(spec.shape[:-1]) + (self.params.length,))
 
     def apply_audio(self, a: np.ndarray, **_: Any) -> np.ndarray:
-        return F.fix_length(a, self.params.length, self.params.align, self.params.pad_value)[0]
+        return fix_length(a, self.params.length, self.params.align, self.params.pad_value)[0]
 
 
 @STEPS.register()
@@ -71,7 +74,7 @@ class Windows(Step):
 
     def starts(self, n: int) -> list[int]:
         p = self.params
-        s = F.clip_starts(n, p.length, p.hop, p.short)
+        s = clip_starts(n, p.length, p.hop, p.short)
         if p.tail == "pad" and n >= p.length and s[-1] + p.length < n:
             s.append(s[-1] + p.hop)
         return s
@@ -93,8 +96,75 @@ class Windows(Step):
                 a = sample.fields[f]
                 seg = a[..., s:s + self.params.length]
                 if seg.shape[-1] < self.params.length:
-                    seg = F.fix_length(seg, self.params.length, "start", self.params.pad_value)[0]
+                    seg = fix_length(seg, self.params.length, "start", self.params.pad_value)[0]
                 new[f] = np.array(seg, order="C", copy=True)
             meta = _with_meta(sample.meta, "window", {"index": i, "start": int(s), "length": self.params.length})
             out.append(sample.replace_fields(new, key=f"{sample.key}#w{i}", meta=meta))
         return out
+
+
+@STEPS.register()
+class RandomGain(RandomStep):
+    """Multiply (C, N) audio by a gain drawn uniformly in decibels from ``db`` (x means [-x, x]);
+    ``clip: true`` clips to [-1, 1]. Original copy: 0 dB."""
+
+    name = "random_gain"
+    applies = kinds(Kind.AUDIO)
+
+    class Params(RandomParams):
+        db: Union[float, list[float]] = 6.0
+        clip: bool = False
+
+        @field_validator("db", mode="before")
+        @classmethod
+        def _d(cls, v: Any) -> Any:
+            return range_param(v, "db", symmetric_about=0.0)
+
+    def sample_params(self, rng, sample, targets):
+        return {"gain_db": uniform(rng, self.params.db)}
+
+    def neutral_params(self, sample, targets):
+        return {"gain_db": 0.0}
+
+    def apply_audio(self, a, gain_db: float, **_):
+        if gain_db == 0 and not self.params.clip:
+            return a.copy()
+        return apply_gain(a, gain_db, self.params.clip)
+
+
+@STEPS.register()
+class TimeShift(RandomStep):
+    """Shift (C, N) audio in time by a whole number of samples drawn uniformly from
+    [-m, m], m = ``max_shift`` samples or ``max_fraction`` of the length; ``mode: roll`` wraps
+    around, ``zero`` pads with silence. Original copy: no shift."""
+
+    name = "time_shift"
+    applies = kinds(Kind.AUDIO)
+
+    class Params(RandomParams):
+        max_shift: Optional[int] = None
+        max_fraction: float = 0.1
+        mode: Literal["roll", "zero"] = "roll"
+
+        @model_validator(mode="after")
+        def _v(self):
+            if self.max_shift is not None and self.max_shift < 0:
+                raise ValueError("max_shift must be non-negative")
+            if not 0 <= self.max_fraction <= 1:
+                raise ValueError("max_fraction must be within [0, 1]")
+            return self
+
+    def sample_params(self, rng, sample, targets):
+        ns = {f: sample.fields[f].shape[-1] for f in targets}
+        n = min(ns.values())
+        m = self.params.max_shift if self.params.max_shift is not None else int(self.params.max_fraction * n)
+        m = min(m, n)
+        return {"shift": int(rng.integers(-m, m + 1))}
+
+    def neutral_params(self, sample, targets):
+        return {"shift": 0}
+
+    def apply_audio(self, a, shift: int, **_):
+        if abs(shift) > a.shape[-1]:
+            raise ValueError(f"shift {shift} is longer than the {a.shape[-1]} samples")
+        return shift_time(a, shift, self.params.mode)

@@ -1,5 +1,5 @@
-"""The step interface: pure kernels live in ``functional``; a step class only
-declares shapes, draws its parameters and applies them.
+"""The step interface, deterministic and random: pure kernels live in ``kernels``
+(by domain); a step class only declares shapes, draws its parameters and applies them.
 
 ``Step.run`` takes one sample and returns a list of samples: ordinary steps
 return one; expanding steps (3D patches, video clips, audio windows) return
@@ -22,10 +22,20 @@ these three class attributes decide it:
 :class:`precompile.sample.Sample`), and its planned shape follows the flow's.
 A step that ends up changing no field is a plan-time error, unless the recipe
 says ``fields: []``.
+
+Random steps (:class:`RandomStep`) draw their parameters once per sample from
+the generator the engine gives them (``seeding.rng_for(seed, key, copy)``) and
+record them, as plain JSON, in ``sample.meta["augment"]`` (``{"step": name,
+**params}``, in step order). For the un-augmented original (copy 0 when
+``copies > 0`` and ``keep_original``) the engine calls
+:meth:`RandomStep.run_original`: the step's *neutral* parameters (no flip, no
+jitter, the centred window), so the original has the augmented copies' shape.
+:func:`replay` re-runs a recipe's steps from recorded parameters and
+reproduces the stored bytes.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Optional, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -154,3 +164,157 @@ def follow_flows(specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         if s.kind is Kind.FLOW_VALID and s.of in specs:
             out[f] = s.with_(shape=tuple(specs[s.of].shape[:-1]) + (1,), dtype="uint8")
     return out
+
+
+def range_param(v: Any, what: str, symmetric_about: float | None = None, lo_min: float | None = None) -> list[float]:
+    """A number or [lo, hi] -> [lo, hi]. A number x means [c - x, c + x] about ``symmetric_about``
+    (or exactly x when that is None)."""
+    if isinstance(v, bool):
+        raise ValueError(f"{what}: expected a number or [low, high], got {v!r}")
+    if isinstance(v, (int, float)):
+        if symmetric_about is None:
+            lo = hi = float(v)
+        else:
+            if v < 0:
+                raise ValueError(f"{what}: expected a non-negative number, got {v!r}")
+            lo, hi = symmetric_about - float(v), symmetric_about + float(v)
+    elif isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                             for x in v):
+        lo, hi = float(v[0]), float(v[1])
+    else:
+        raise ValueError(f"{what}: expected a number or [low, high], got {v!r}")
+    if lo > hi:
+        raise ValueError(f"{what}: low {lo} is above high {hi}")
+    if lo_min is not None:
+        lo = max(lo, lo_min)
+        if hi < lo_min:
+            raise ValueError(f"{what}: must be at least {lo_min}")
+    return [lo, hi]
+
+
+def uniform(rng: np.random.Generator, r: Sequence[float]) -> float:
+    return float(r[0]) + 0.0 if r[0] == r[1] else float(rng.uniform(r[0], r[1]))  # + 0.0: no -0.0
+
+
+def draw_seed(rng: np.random.Generator) -> int:
+    return int(rng.integers(0, 2 ** 63 - 1))
+
+
+class RandomParams(StepParams):
+    model_config = ConfigDict(validate_default=True)  # defaults go through the same validators
+
+
+class _NoRng:
+    """Stands in for the generator where none may be used (replaying deterministic steps)."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError("a deterministic step tried to draw random numbers during replay")
+
+
+class RandomStep(Step):
+    """A step that draws its parameters from the rng; see the module docstring."""
+
+    random = True
+
+    def neutral_params(self, sample: Sample, targets: list[str]) -> dict[str, Any]:
+        """The parameters of the un-augmented original (identity, or the centred window)."""
+        raise NotImplementedError
+
+    def field_params(self, params: dict[str, Any], field: str) -> dict[str, Any]:
+        """The keyword arguments ``apply`` gets for one field (default: all of ``params``)."""
+        return params
+
+    def _targets(self, sample: Sample) -> list[str]:
+        try:
+            return self.targets(sample.specs())
+        except ValueError as e:
+            raise StepError(f"{self.name}: {e}") from e
+
+    def replay(self, sample: Sample, params: dict[str, Any]) -> Sample:
+        """Apply ``params`` (drawn or recorded) to every target field and record them in meta."""
+        targets = self._targets(sample)
+        if not targets:
+            return sample
+        new = {}
+        for f in targets:
+            try:
+                new[f] = self.apply(sample.fields[f], sample.kinds[f], **self.field_params(params, f))
+            except StepError:
+                raise
+            except (ValueError, TypeError, IndexError, KeyError) as e:
+                raise StepError(f"{self.name}: {e}", field=f) from e
+        meta = dict(sample.meta)
+        meta["augment"] = [*meta.get("augment", []), {"step": self.name, **params}]
+        return sample.replace_fields(new, meta=meta)
+
+    def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
+        targets = self._targets(sample)
+        if not targets:
+            return [sample]
+        try:
+            params = self.sample_params(rng, sample, targets)
+        except ValueError as e:
+            raise StepError(f"{self.name}: {e}") from e
+        return [self.replay(sample, params)]
+
+    def run_original(self, sample: Sample) -> list[Sample]:
+        """The un-augmented original: the step with its neutral parameters (recorded too)."""
+        targets = self._targets(sample)
+        if not targets:
+            return [sample]
+        try:
+            params = self.neutral_params(sample, targets)
+        except ValueError as e:
+            raise StepError(f"{self.name}: {e}") from e
+        return [self.replay(sample, params)]
+
+
+def replay_step(step: Step, sample: Sample, params: dict[str, Any]) -> Sample:
+    """Apply one random step's recorded ``params`` (its record without ``"step"``) to ``sample``.
+
+    Steps of this module use :meth:`RandomStep.replay`; any other non-expanding random step is
+    replayed the way ``Step.run`` applies parameters: ``apply(array, kind, **params)`` on every
+    target field, the record appended to ``meta["augment"]``.
+    """
+    if isinstance(step, RandomStep):
+        return step.replay(sample, params)
+    if step.expands:
+        raise ValueError(f"step {step.name!r} expands samples and cannot be replayed from records")
+    targets = step.targets(sample.specs())
+    if not targets:
+        return sample
+    new = {f: step.apply(sample.fields[f], sample.kinds[f], **params) for f in targets}
+    meta = dict(sample.meta)
+    if params:
+        meta["augment"] = [*meta.get("augment", []), {"step": step.name, **params}]
+    return sample.replace_fields(new, meta=meta)
+
+
+def replay(steps: Sequence[Step], sample: Sample, records: Sequence[dict[str, Any]]) -> list[Sample]:
+    """Re-run ``steps`` on a decoded ``sample`` with the random steps' recorded parameters
+    (``meta["augment"]`` of a stored sample) instead of new draws; returns the samples the
+    build wrote for that copy. Raises ValueError if the records do not fit the steps."""
+    todo = list(records)
+    samples = [sample]
+    for step in steps:
+        if len(samples) != 1:
+            raise ValueError("replay does not follow expanding steps (one sample became several)")
+        out: list[Sample] = []
+        for s in samples:
+            if not step.random:
+                out.extend(step.run(s, _NoRng()))  # type: ignore[arg-type]
+                continue
+            if not step.targets(s.specs()):
+                out.append(s)
+                continue
+            if not todo:
+                raise ValueError(f"no record left for step {step.name!r}")
+            rec = dict(todo.pop(0))
+            name = rec.pop("step", None)
+            if name != step.name:
+                raise ValueError(f"the next record is for {name!r}, not {step.name!r}")
+            out.append(replay_step(step, s, rec))
+        samples = out
+    if todo:
+        raise ValueError(f"{len(todo)} record(s) left over after the last step")
+    return samples

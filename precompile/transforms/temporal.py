@@ -1,4 +1,4 @@
-"""Video clip sampling: the expanding ``clips`` step.
+"""Temporal steps on clips: the expanding ``clips`` and the random ``temporal_jitter``.
 
 One decoded video (T, H, W, C) becomes many clips of ``length`` frames taking
 every ``every``-th frame, a new clip starting every ``stride`` frames. Each clip
@@ -12,14 +12,14 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 import numpy as np
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..errors import StepError
 from ..kinds import Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
-from . import functional as F
-from .base import Step, StepParams
+from .base import RandomParams, RandomStep, Step, StepParams
+from .kernels.temporal import clip_starts, jitter_indices, take_frames, take_padded
 
 
 @STEPS.register()
@@ -65,7 +65,7 @@ class Clips(Step):
         """Per clip, the positions (into the decoded frames) it takes; may run past ``n`` when padding."""
         p = self.params
         stride = p.stride or self.span
-        starts = F.clip_starts(n, self.span, stride, p.short)
+        starts = clip_starts(n, self.span, stride, p.short)
         if p.max_clips is not None:
             starts = starts[:p.max_clips]
         return [[s + j * p.every for j in range(p.length)] for s in starts]
@@ -88,7 +88,7 @@ class Clips(Step):
             new = {}
             src = None
             for f in targets:
-                new[f], src = F.take_padded(sample.fields[f], idx, self.params.pad)
+                new[f], src = take_padded(sample.fields[f], idx, self.params.pad)
             frames = [i * dec_every if i >= 0 else -1 for i in src]
             if self.params.index_field is not None:
                 new[self.params.index_field] = np.asarray(frames, dtype=np.int32)
@@ -99,3 +99,64 @@ class Clips(Step):
             meta["clip"] = {"index": ci, "frames": frames, "fps": fps}
             out.append(sample.replace_fields(new, key=f"{sample.key}#clip{ci}", meta=meta, kinds=kinds))
         return out
+
+
+@STEPS.register()
+class TemporalJitter(RandomStep):
+    """Take ``length`` frames from a (T, H, W, C) clip: a random start, a stride drawn from
+    ``strides``, and each index moved by up to ``jitter`` frames (kept in order); a clip shorter
+    than the span repeats its last frame. The chosen indices are recorded. Every clip field of
+    the sample gets the same indices (their frame counts must agree). Original copy: the centred
+    span at the first stride, no jitter."""
+
+    name = "temporal_jitter"
+    applies = kinds(Kind.VIDEO)
+
+    class Params(RandomParams):
+        length: int
+        strides: list[int] = [1]
+        jitter: int = 0
+
+        @model_validator(mode="after")
+        def _v(self):
+            if self.length < 1:
+                raise ValueError("length must be positive")
+            if not self.strides or any(s < 1 for s in self.strides):
+                raise ValueError("strides must be a non-empty list of positive integers")
+            if self.jitter < 0:
+                raise ValueError("jitter must be non-negative")
+            return self
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        return spec.with_(shape=(self.params.length, *spec.shape[1:]))
+
+    def _frames(self, sample, targets) -> int:
+        ts = {f: sample.fields[f].shape[0] for f in targets}
+        if len(set(ts.values())) > 1:
+            raise ValueError(f"clips differ in length ({ts}); one draw needs one length")
+        T = next(iter(ts.values()))
+        if T < 1:
+            raise ValueError("the clip has no frames")
+        return T
+
+    def sample_params(self, rng, sample, targets):
+        T = self._frames(sample, targets)
+        p = self.params
+        stride = int(p.strides[int(rng.integers(0, len(p.strides)))])
+        span = (p.length - 1) * stride + 1
+        start = int(rng.integers(0, max(0, T - span) + 1))
+        offsets = rng.integers(-p.jitter, p.jitter + 1, p.length) if p.jitter else None
+        return {"indices": jitter_indices(T, p.length, stride, start, offsets)}
+
+    def neutral_params(self, sample, targets):
+        T = self._frames(sample, targets)
+        stride = self.params.strides[0]
+        span = (self.params.length - 1) * stride + 1
+        return {"indices": jitter_indices(T, self.params.length, stride, max(0, (T - span) // 2))}
+
+    def apply_video(self, a, indices: list[int], **_):
+        if len(indices) != self.params.length:
+            raise ValueError(f"expected {self.params.length} frame indices, got {len(indices)}")
+        if max(indices) >= len(a) or min(indices) < 0:
+            raise ValueError(f"frame index out of range for a clip of {len(a)} frames")
+        return take_frames(a, indices)

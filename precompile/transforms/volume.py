@@ -4,14 +4,15 @@
 ``hu_window`` and ``standardise`` (intensity), ``lung_mask`` (threshold,
 connected components, hole filling -> a new ``volume_mask`` field),
 ``apply_mask``, ``crop_pad_volume`` (centre crop/pad to a fixed shape) and the
-expanding ``patches3d`` (overlapping patches, each a sample with its corner).
+expanding ``patches3d`` (overlapping patches, each a sample with its corner), and the random
+``random_flip3d``, ``random_rot90`` and ``elastic``.
 Volume masks (label volumes) have their own kind: every 3D geometric step
 moves them with their volume, by nearest neighbour; 2D fields are refused. Spacing is read from and written to the decoder's metadata
 (``meta[field]["spacing"]``, [slice, row, col] in mm).
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -20,9 +21,9 @@ from ..errors import StepError
 from ..kinds import PLANAR, VOLUMETRIC, Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
-from . import functional as F
-from .base import Step, StepParams
-
+from .base import RandomParams, RandomStep, Step, StepParams, draw_seed, range_param, uniform
+from .kernels.volume import (elastic, flip_axes, hu_window, lung_mask, pad_crop_center, patch_corners, rot90,
+                             spacing_shape, standardise, zoom_volume)
 
 
 class VolumeStep(Step):
@@ -106,12 +107,12 @@ class ResampleVolume(VolumeStep):
         if sp is None:
             raise StepError("resample_volume: no spacing in the sample's metadata (decode with dicom/dicom_series, "
                             "or use shape:)", field=targets[0])
-        return {"shape": list(F.spacing_shape(shape0, sp, self.params.spacing)), "spacing": sp}
+        return {"shape": list(spacing_shape(shape0, sp, self.params.spacing)), "spacing": sp}
 
     def apply_volume(self, a: np.ndarray, shape: list[int], order: int | None = None, **_: Any) -> np.ndarray:
         if a.ndim != 3:
             raise ValueError(f"expected a (D, H, W) volume, got shape {a.shape}")
-        return F.zoom_volume(a, tuple(shape), self.params.order if order is None else order)
+        return zoom_volume(a, tuple(shape), self.params.order if order is None else order)
 
     def apply_volume_mask(self, a: np.ndarray, shape: list[int], **_: Any) -> np.ndarray:
         return self.apply_volume(a, shape, order=0)
@@ -173,7 +174,7 @@ class HuWindow(Step):
         return spec.with_(dtype=self.params.dtype)
 
     def apply_volume(self, a: np.ndarray, **_: Any) -> np.ndarray:
-        return F.hu_window(a, *self.bounds(), self.params.dtype)
+        return hu_window(a, *self.bounds(), self.params.dtype)
 
 
 @STEPS.register()
@@ -213,10 +214,10 @@ class Standardise(Step):
 
     def apply_volume(self, a: np.ndarray, mask: Optional[np.ndarray] = None, **_: Any) -> np.ndarray:
         if not self.params.per_sample:
-            return F.standardise(a, self.params.mean, self.params.std)
+            return standardise(a, self.params.mean, self.params.std)
         x = a[mask] if mask is not None and mask.shape == a.shape and mask.any() else a
         x = x.astype(np.float64)
-        return F.standardise(a, float(x.mean()), float(x.std()) or 1.0)
+        return standardise(a, float(x.mean()), float(x.std()) or 1.0)
 
 
 @STEPS.register()
@@ -251,7 +252,7 @@ class LungMask(Step):
             raise StepError(f"lung_mask: needs exactly one volume field, found {t}")
         p = self.params
         try:
-            m = F.lung_mask(sample.fields[t[0]], p.threshold, p.components, p.min_fraction, p.fill_holes, p.closing)
+            m = lung_mask(sample.fields[t[0]], p.threshold, p.components, p.min_fraction, p.fill_holes, p.closing)
         except ValueError as e:
             raise StepError(f"lung_mask: {e}", field=t[0]) from e
         kinds = dict(sample.kinds)
@@ -313,7 +314,7 @@ class CropPadVolume(VolumeStep):
     def apply_volume(self, a: np.ndarray, value: float | None = None, **_: Any) -> np.ndarray:
         if a.ndim != 3:
             raise ValueError(f"expected a (D, H, W) volume, got shape {a.shape}")
-        return F.pad_crop_center(a, tuple(self.params.shape), self.params.pad_value if value is None else value)[0]
+        return pad_crop_center(a, tuple(self.params.shape), self.params.pad_value if value is None else value)[0]
 
     def apply_volume_mask(self, a: np.ndarray, **_: Any) -> np.ndarray:
         return self.apply_volume(a, value=0)  # label volumes pad with background
@@ -384,10 +385,10 @@ class Patches3d(VolumeStep):
             grown = tuple(max(n, s) for n, s in zip(shape, size))
             padded = {}
             for f, a in arrays.items():
-                padded[f], offset = F.pad_crop_center(a, grown, p.pad_value if sample.kinds[f] is Kind.VOLUME else 0)
+                padded[f], offset = pad_crop_center(a, grown, p.pad_value if sample.kinds[f] is Kind.VOLUME else 0)
             arrays = padded
             shape = grown
-        corners = F.patch_corners(shape, size, tuple(p.stride or size))
+        corners = patch_corners(shape, size, tuple(p.stride or size))
         out = []
         n = 0
         for c in corners:
@@ -408,3 +409,143 @@ class Patches3d(VolumeStep):
             if p.max_patches is not None and n >= p.max_patches:
                 break
         return out
+
+
+class _Volume(RandomStep, VolumeStep):
+    """Random 3D steps on (D, H, W) volumes and their label volumes (``volume_mask``), which
+    always move together; 2D fields are refused (name ``fields:`` to leave them)."""
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        if len(spec.shape) < 3:
+            raise ValueError(f"{self.name} needs (D, H, W) arrays, got {spec.describe()}")
+        return spec
+
+    def common_shape(self, sample: Sample, targets: list[str]) -> tuple[int, int, int]:
+        shapes = {f: tuple(sample.fields[f].shape[:3]) for f in targets}
+        if len(set(shapes.values())) > 1:
+            raise ValueError(f"fields differ in shape ({shapes}); one draw needs one shape")
+        return next(iter(shapes.values()))
+
+
+@STEPS.register()
+class RandomFlip3d(_Volume):
+    """Mirror a volume (and its mask) along each of ``axes`` (0 = z, 1 = y, 2 = x) with
+    probability ``prob``, drawn per axis. Original copy: no flip."""
+
+    name = "random_flip3d"
+
+    class Params(RandomParams):
+        prob: float = 0.5
+        axes: list[int] = [0, 1, 2]
+
+        @model_validator(mode="after")
+        def _v(self):
+            if not 0 <= self.prob <= 1:
+                raise ValueError("prob must be within [0, 1]")
+            if any(a not in (0, 1, 2) for a in self.axes) or len(set(self.axes)) != len(self.axes):
+                raise ValueError("axes must be distinct values among 0, 1, 2")
+            return self
+
+    def sample_params(self, rng, sample, targets):
+        return {"axes": [int(a) for a in self.params.axes if rng.random() < self.params.prob]}
+
+    def neutral_params(self, sample, targets):
+        return {"axes": []}
+
+    def apply_volume(self, a, axes: list[int], **_):
+        return flip_axes(a, axes)
+
+    apply_volume_mask = apply_volume  # a mirror moves voxels, it never mixes them
+
+
+@STEPS.register()
+class RandomRot90(_Volume):
+    """Rotate a volume (and its mask) by k quarter turns, k drawn from ``k``, in a plane drawn
+    from ``planes`` (axis pairs; default the axial y-x plane [1, 2]). Odd k needs a square
+    plane so every copy keeps one shape. Original copy: k = 0."""
+
+    name = "random_rot90"
+
+    class Params(RandomParams):
+        planes: list[list[int]] = [[1, 2]]
+        k: list[int] = [0, 1, 2, 3]
+
+        @model_validator(mode="after")
+        def _v(self):
+            if not self.planes:
+                raise ValueError("planes must not be empty")
+            for p in self.planes:
+                if len(p) != 2 or p[0] == p[1] or any(a not in (0, 1, 2) for a in p):
+                    raise ValueError(f"a plane is two different axes among 0, 1, 2, got {p}")
+            if not self.k or any(k not in (0, 1, 2, 3) for k in self.k):
+                raise ValueError("k must be a non-empty list of values among 0, 1, 2, 3")
+            return self
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        spec = super().output_spec(spec)
+        if any(k % 2 for k in self.params.k):
+            shape = list(spec.shape)
+            for a, b in self.params.planes:
+                if shape[a] is not None and shape[b] is not None and shape[a] != shape[b]:
+                    raise ValueError(f"odd quarter turns in plane [{a}, {b}] change the shape {tuple(spec.shape)}; "
+                                     f"use k: [0, 2] or make that plane square")
+                if shape[a] != shape[b]:
+                    shape[a] = shape[b] = None
+            spec = spec.with_(shape=tuple(shape))
+        return spec
+
+    def sample_params(self, rng, sample, targets):
+        plane = self.params.planes[int(rng.integers(0, len(self.params.planes)))]
+        return {"plane": [int(x) for x in plane], "k": int(self.params.k[int(rng.integers(0, len(self.params.k)))])}
+
+    def neutral_params(self, sample, targets):
+        return {"plane": [int(x) for x in self.params.planes[0]], "k": 0}
+
+    def apply_volume(self, a, plane: list[int], k: int, **_):
+        return rot90(a, k, plane)
+
+    apply_volume_mask = apply_volume
+
+
+@STEPS.register()
+class Elastic(_Volume):
+    """Elastic deformation of a volume and its mask: a ``grid``^3 lattice of random offsets
+    (std ``magnitude`` voxels, drawn uniformly from [lo, hi] when a pair is given) smoothed to
+    a dense field (see :func:`elastic`); linear for volumes, nearest for masks. The recorded
+    seed regenerates the field. Original copy: magnitude 0."""
+
+    name = "elastic"
+
+    class Params(RandomParams):
+        magnitude: Union[float, list[float]] = 2.0
+        grid: int = 4
+
+        @field_validator("magnitude", mode="before")
+        @classmethod
+        def _m(cls, v: Any) -> Any:
+            lo, hi = range_param(v, "magnitude")
+            if lo < 0:
+                raise ValueError("magnitude must be non-negative")
+            return [lo, hi]
+
+        @field_validator("grid")
+        @classmethod
+        def _g(cls, v: int) -> int:
+            if not 2 <= v <= 32:
+                raise ValueError("grid must be within [2, 32]")
+            return v
+
+    def sample_params(self, rng, sample, targets):
+        self.common_shape(sample, targets)
+        return {"magnitude": uniform(rng, self.params.magnitude), "seed": draw_seed(rng)}
+
+    def neutral_params(self, sample, targets):
+        return {"magnitude": 0.0, "seed": 0}
+
+    def apply_volume(self, a, magnitude: float, seed: int, label: bool = False, **_):
+        if a.ndim < 3:
+            raise ValueError(f"elastic needs a (D, H, W) array, got shape {a.shape}")
+        return elastic(a, self.params.grid, magnitude, seed, label)
+
+    def apply_volume_mask(self, a, magnitude: float, seed: int, **_):
+        return self.apply_volume(a, magnitude, seed, label=True)

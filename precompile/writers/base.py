@@ -21,19 +21,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from .. import format as fmt
+from ..errors import SampleError
 from ..sample import FieldSpec, Sample, dtype_name
 
 
 class WriterOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SampleError(ValueError):
-    """A sample the shard cannot take; ``field`` names the field at fault."""
-
-    def __init__(self, message: str, field: str | None = None):
-        super().__init__(message)
-        self.field = field
 
 
 class ShardWriter:
@@ -103,6 +96,14 @@ class Writer:
     def finalize(self, out_path: str, shards: list[dict[str, Any]], specs: dict[str, FieldSpec],
                  attrs: dict[str, Any]) -> None:
         raise NotImplementedError
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def fsync_file(path: str) -> None:
@@ -213,7 +214,7 @@ class FolderShardWriter(ShardWriter):
         self.check(sample)
         i = self.count
         entry: dict[str, Any] = {"key": sample.key, "copy": int(sample.copy), "meta": sample.meta,
-                                 "files": {}, "shapes": {}, "values": {}}
+                                 "files": {}, "shapes": {}, "values": {}, "sha256": {}}
         # files first (removed again if one fails); npy streams and checksums only once all are written
         written: list[str] = []
         stored_files: dict[str, np.ndarray] = {}
@@ -225,6 +226,7 @@ class FolderShardWriter(ShardWriter):
                     written.append(p)
                     stored_files[f] = self.writer.write_file(p, f, sample.fields[f], sample, self.options)
                     entry["files"][f] = name
+                    entry["sha256"][f] = file_sha256(p)   # lets verify name the very file whose bytes changed
         except BaseException:
             for p in written:
                 if os.path.exists(p):

@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from ..kinds import Kind, kinds
 from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
 from .base import FolderWriter
 
-IMAGE_KINDS = frozenset({"image", "mask"})
+IMAGE_KINDS = kinds(Kind.IMAGE, Kind.MASK, Kind.FLOW_VALID)   # (H, W, C) grids of pixels or class ids
 
 
 def _channels(spec: FieldSpec) -> int | None:

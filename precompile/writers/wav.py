@@ -17,6 +17,8 @@ from typing import Any, Literal, Optional
 import numpy as np
 from pydantic import Field
 
+from ..kinds import Kind
+from ..transforms.kernels.audio import to_int16
 from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
 from .base import FolderOptions, FolderWriter
@@ -55,15 +57,11 @@ def sample_rate_of(sample: Sample, field: str, options: Any) -> int:
                      f"set output.options.sample_rate")
 
 
-def pcm16(x: np.ndarray) -> np.ndarray:
-    return np.clip(np.rint(x.astype(np.float64) * 32768.0), -32768, 32767).astype("<i2")
-
-
 def write_wav(path: str, audio: np.ndarray, rate: int, subtype: str) -> np.ndarray:
     """Write (C, N) ``audio`` as WAV; returns what a reader gets back in ``audio``'s dtype."""
     c, n = audio.shape
     if subtype == "PCM_16":
-        data = audio.astype("<i2") if audio.dtype == np.int16 else pcm16(audio)
+        data = audio.astype("<i2") if audio.dtype == np.int16 else to_int16(audio).astype("<i2")
         tag, bits = 1, 16
         back = data.astype(np.int16) if audio.dtype == np.int16 else (data.astype(np.float32) / np.float32(32768.0))
     else:
@@ -94,7 +92,7 @@ class WavWriter(FolderWriter):
     Options = WavOptions
 
     def file_field(self, name: str, spec: FieldSpec) -> bool:
-        if spec.kind != "audio":
+        if spec.kind is not Kind.AUDIO:
             return False
         if len(spec.shape) != 2 or spec.dtype not in AUDIO_DTYPES:
             raise ValueError(f"field {name!r} cannot be stored as WAV: it is {spec.describe()}; WAV holds audio "
@@ -105,7 +103,7 @@ class WavWriter(FolderWriter):
         super().check_specs(specs, options)
         if options is not None and options.subtype == "FLOAT":
             for f, s in specs.items():
-                if s.kind == "audio" and s.dtype == "int16":
+                if s.kind is Kind.AUDIO and s.dtype == "int16":
                     raise ValueError(f"field {f!r} is int16 audio: write it with output.options.subtype PCM_16 "
                                      f"(or auto), or convert it to float32 in the recipe")
 

@@ -1,0 +1,307 @@
+"""``precompile stats``: per-channel mean, std, min and max (and class counts) of a built output.
+
+Computed in one streaming pass: fixed-shape fields are read in blocks of
+whole samples (at most ``block_bytes`` of float64 at a time), variable-shape
+fields sample by sample; each block's count, mean and sum of squared
+deviations are merged into float64 accumulators (Chan et al.'s pairwise
+update), so outputs larger than memory work and the result matches numpy on
+the whole array to rounding. ``std`` is the population standard deviation
+(ddof 0); non-finite values (a flow's unknown vectors) are counted apart and
+left out.
+
+Channels follow the kind: the last axis of image, video, flow and mask fields,
+the first axis of an audio sample (C, N), one channel for everything else
+(volumes, labels, scalars). Label, mask and volume-mask fields also get
+``classes``: every value seen with its count (and its name for labels), and
+every declared class never seen with count 0 (a label's class names, a mask
+spec's ``classes``).
+
+The result is stored in the output's index under ``stats`` (HDF5: an
+attribute of the index file holding JSON text; file folders: a key of the JSON
+index's ``attrs``), replacing the file atomically (a temporary copy, then a
+rename) while holding the output's build lock. It records the shard keys it
+was computed from: :func:`loader_norm` (the Loader's ``mean="stats"``) refuses
+stats that do not match the output's shards. A rebuild writes a new index
+without them: run ``precompile stats`` again. Shard files are never touched,
+so ``precompile verify`` is unaffected. Nothing here imports torch.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from .. import format as fmt
+from ..errors import FormatError, PrecompileError
+from ..reader.dataset import Dataset, FileDataset, open_dataset
+
+A_STATS = "stats"
+STATS_VERSION = 1
+BLOCK_BYTES = 32 << 20
+
+CHANNELS_LAST = frozenset({"image", "video", "flow", "flow_valid", "mask"})
+CHANNELS_FIRST = frozenset({"audio"})
+CLASS_KINDS = frozenset({"label", "mask", "volume_mask", "flow_valid"})
+MAX_CLASSES = 4096   # a "mask" with more distinct values than this gets no class table
+
+
+class StatsError(PrecompileError):
+    """Stats cannot be computed, written or used (an unknown field, missing or stale stats)."""
+
+    exit_code = 2
+
+
+def channel_axis(kind: str, ndim: int) -> int | None:
+    """Axis of a sample (not a batch) that holds channels for ``kind``, or None for one channel."""
+    if ndim == 0:
+        return None
+    if kind in CHANNELS_LAST:
+        return ndim - 1
+    if kind in CHANNELS_FIRST:
+        return 0
+    return None
+
+
+class Accumulator:
+    """Per-channel count, mean, M2, min, max and non-finite count, merged block by block in float64."""
+
+    def __init__(self, channels: int, classes: bool = False):
+        self.n = np.zeros(channels, np.int64)
+        self.mean = np.zeros(channels, np.float64)
+        self.m2 = np.zeros(channels, np.float64)
+        self.lo = np.full(channels, np.inf)
+        self.hi = np.full(channels, -np.inf)
+        self.nonfinite = np.zeros(channels, np.int64)
+        self.classes: dict[Any, int] | None = {} if classes else None
+
+    def add(self, x: np.ndarray) -> None:
+        """Merge ``x`` of shape (M, channels)."""
+        if x.shape[0] == 0:
+            return
+        if self.classes is not None:
+            vals, counts = np.unique(x, return_counts=True)
+            for v, c in zip(vals.tolist(), counts.tolist()):
+                self.classes[v] = self.classes.get(v, 0) + int(c)
+            if len(self.classes) > MAX_CLASSES:
+                self.classes = None
+        x = x.astype(np.float64, copy=False)
+        fin = np.isfinite(x)
+        allfin = bool(fin.all())
+        cnt = fin.sum(axis=0).astype(np.int64) if not allfin else np.full(x.shape[1], x.shape[0], np.int64)
+        self.nonfinite += x.shape[0] - cnt
+        xs = x if allfin else np.where(fin, x, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            m = np.where(cnt > 0, xs.sum(axis=0) / np.maximum(cnt, 1), 0.0)
+        d = xs - m
+        if not allfin:
+            d = np.where(fin, d, 0.0)
+        m2 = np.einsum("ij,ij->j", d, d)
+        n = self.n + cnt
+        with np.errstate(invalid="ignore", divide="ignore"):
+            delta = m - self.mean
+            w = np.where(n > 0, cnt / np.maximum(n, 1), 0.0)
+            self.mean = self.mean + delta * w
+            self.m2 = self.m2 + m2 + delta * delta * np.where(n > 0, self.n * cnt / np.maximum(n, 1), 0.0)
+        self.n = n
+        if allfin:
+            self.lo = np.minimum(self.lo, x.min(axis=0))
+            self.hi = np.maximum(self.hi, x.max(axis=0))
+        else:
+            self.lo = np.minimum(self.lo, np.where(fin, x, np.inf).min(axis=0))
+            self.hi = np.maximum(self.hi, np.where(fin, x, -np.inf).max(axis=0))
+
+    def result(self) -> dict[str, Any]:
+        def f(a: np.ndarray) -> list[float | None]:
+            return [float(v) if np.isfinite(v) else None for v in a]
+
+        with np.errstate(invalid="ignore", divide="ignore"):
+            std = np.sqrt(np.where(self.n > 0, self.m2 / np.maximum(self.n, 1), np.nan))
+        mean = np.where(self.n > 0, self.mean, np.nan)
+        return {"count": [int(v) for v in self.n], "mean": f(mean), "std": f(std), "min": f(self.lo),
+                "max": f(self.hi), "nonfinite": [int(v) for v in self.nonfinite]}
+
+
+def _blocks(ds: Dataset, field: str, block_bytes: int) -> Iterator[np.ndarray]:
+    """The field's samples in order: stacked blocks for fixed shapes, one sample at a time otherwise."""
+    spec = ds.field_specs[field]
+    n = len(ds)
+    if ds.variable(field):
+        for i in range(n):
+            yield ds[i][field][None]
+        return
+    per = max(1, int(np.prod(spec["shape"], dtype=np.int64)) * 8)  # as float64
+    step = max(1, block_bytes // per)
+    for lo in range(0, n, step):
+        yield ds.batch(range(lo, min(n, lo + step)))[field]
+
+
+def field_stats(ds: Dataset, field: str, block_bytes: int = BLOCK_BYTES) -> dict[str, Any]:
+    """Stats of one field of an opened output (see the module docstring)."""
+    spec = ds.field_specs[field]
+    kind = str(spec.get("kind", ""))
+    ndim = len(spec["shape"])
+    axis = channel_axis(kind, ndim)
+    channels = 1 if axis is None else spec["shape"][axis]
+    if channels is None:
+        raise StatsError(f"field {field!r}: its channel count varies between samples; cannot sum per channel")
+    integer = np.dtype(spec["dtype"]).kind in "biu"
+    acc = Accumulator(int(channels), classes=kind in CLASS_KINDS and integer)
+    for b in _blocks(ds, field, block_bytes):
+        if axis is not None:
+            b = np.moveaxis(b, axis + 1, -1)
+        acc.add(b.reshape(-1, int(channels)))
+    out: dict[str, Any] = {"kind": kind, "dtype": spec["dtype"], "channel_axis": axis, "channels": int(channels),
+                           **acc.result()}
+    if acc.classes is not None:
+        names = ds.label_names if kind == "label" else []
+        # every declared class is listed, seen or not (labels: the class names; masks: the spec's count)
+        declared = len(names) if kind == "label" else spec.get("classes")
+        counts = dict(acc.classes)
+        if isinstance(declared, int) and 0 < declared <= MAX_CLASSES:
+            for v in range(declared):
+                counts.setdefault(v, 0)
+        out["classes"] = [{"id": int(v), "count": c, **({"name": names[int(v)]} if 0 <= int(v) < len(names) else {})}
+                          for v, c in sorted(counts.items())]
+    return out
+
+
+def compute_stats(path: str | os.PathLike, fields: Sequence[str] | None = None,
+                  block_bytes: int = BLOCK_BYTES) -> dict[str, Any]:
+    """Stats of ``fields`` (default all) of the output at ``path``."""
+    ds = open_dataset(path)
+    names = list(dict.fromkeys(fields)) if fields else list(ds.field_specs)
+    for f in names:
+        if f not in ds.field_specs:
+            raise StatsError(f"{path}: no field {f!r} (fields: {', '.join(ds.field_specs)})")
+    res: dict[str, Any] = {"version": STATS_VERSION, "num_samples": len(ds),
+                           "shard_keys": [s.get("key") for s in ds.shards], "ddof": 0, "fields": {}}
+    for f in names:
+        res["fields"][f] = field_stats(open_dataset(path, fields=[f]), f, block_bytes)
+    return res
+
+
+# --- storing ---------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _lock(index_path: str) -> Iterator[None]:
+    """The output's build lock (``<name>.shards/.lock``, as ``precompile build`` takes it): no build meanwhile."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    name = os.path.splitext(os.path.basename(index_path))[0]
+    shard_dir = os.path.join(os.path.dirname(index_path), fmt.shard_dir_name(name))
+    if not os.path.isdir(shard_dir):
+        yield
+        return
+    fd = os.open(os.path.join(shard_dir, ".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StatsError(f"{index_path}: a build of this output is running; run stats when it has finished") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def read_stats(ds_or_path: Dataset | str | os.PathLike) -> dict[str, Any] | None:
+    """The stats stored in an output's index, or None when there are none."""
+    ds = ds_or_path if isinstance(ds_or_path, Dataset) else open_dataset(ds_or_path)
+    raw = ds.attrs.get(A_STATS)
+    if raw is None:
+        return None
+    try:
+        return fmt.loads(raw) if isinstance(raw, (str, bytes)) else raw
+    except ValueError as e:
+        raise FormatError(f"{ds.path}: the stored stats are not valid JSON ({e})") from None
+
+
+def write_stats(path: str | os.PathLike, stats: dict[str, Any]) -> None:
+    """Store ``stats`` in the index of the output at ``path`` (atomically; other fields' stats are kept
+    when they were computed from the same shards)."""
+    path = os.path.abspath(str(path))
+    with _lock(path):
+        ds = open_dataset(path)
+        old = read_stats(ds)
+        if old and old.get("shard_keys") == stats.get("shard_keys") and old.get("version") == stats.get("version"):
+            stats = {**stats, "fields": {**old.get("fields", {}), **stats["fields"]}}
+        text = fmt.dumps(stats)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            if isinstance(ds, FileDataset):
+                from ..writers.base import write_json_atomic
+
+                with open(path, encoding="utf-8") as f:
+                    index = json.load(f)
+                index[fmt.J_ATTRS][A_STATS] = json.loads(text)
+                write_json_atomic(path, index)
+            else:
+                import h5py
+
+                from ..writers.base import fsync_file
+
+                shutil.copyfile(path, tmp)
+                with h5py.File(tmp, "r+") as f:
+                    f.attrs[A_STATS] = text
+                fsync_file(tmp)
+                os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+def stats(path: str | os.PathLike, fields: Sequence[str] | None = None, write: bool = True,
+          block_bytes: int = BLOCK_BYTES) -> dict[str, Any]:
+    """Compute the stats of ``path`` and (by default) store them in its index; returns them."""
+    res = compute_stats(path, fields, block_bytes)
+    if write:
+        write_stats(path, res)
+    return res
+
+
+def describe(res: dict[str, Any], max_classes: int = 12) -> str:
+    """The stats as a text table (``precompile stats`` prints it)."""
+    lines = [f"{res['num_samples']} samples"]
+    for f, s in res["fields"].items():
+        ax = {None: "one channel", 0: "channels first"}.get(s["channel_axis"], "channels last")
+        lines.append(f"{f} ({s['kind']}, {s['dtype']}, {s['channels']} channel(s), {ax})")
+        lines.append(f"  {'ch':>3} {'mean':>12} {'std':>12} {'min':>12} {'max':>12} {'count':>12} {'nonfinite':>9}")
+        for c in range(s["channels"]):
+            vals = [s[k][c] for k in ("mean", "std", "min", "max")]
+            txt = " ".join(f"{'-' if v is None else format(v, '.6g'):>12}" for v in vals)
+            lines.append(f"  {c:>3} {txt} {s['count'][c]:>12} {s['nonfinite'][c]:>9}")
+        if "classes" in s:
+            cl = s["classes"]
+            parts = [f"{c['id']}{'=' + c['name'] if 'name' in c else ''}: {c['count']}" for c in cl[:max_classes]]
+            more = f" (+{len(cl) - max_classes} more)" if len(cl) > max_classes else ""
+            lines.append(f"  classes {', '.join(parts)}{more}")
+    return "\n".join(lines)
+
+
+# --- use in the Loader -----------------------------------------------------------------------
+
+def loader_norm(ds: Dataset, field: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
+    """(mean, std) per channel of ``field`` from the stored stats, times ``scale`` (the Loader's 1/255
+    for uint8), for ``(x * scale - mean) / std``. Raises :class:`StatsError` when the stats are missing,
+    stale (computed from other shards) or lack the field."""
+    st = read_stats(ds)
+    where = getattr(ds, "path", "the output")
+    if st is None:
+        raise StatsError(f"{where}: has no stats; run `precompile stats {where}` first (mean/std='stats')")
+    if st.get("shard_keys") != [s.get("key") for s in ds.shards]:
+        raise StatsError(f"{where}: its stats were computed before the output was rebuilt; "
+                         f"run `precompile stats {where}` again")
+    fs = st.get("fields", {}).get(field)
+    if fs is None:
+        raise StatsError(f"{where}: the stats have no field {field!r}; run `precompile stats {where} --field {field}`")
+    mean, std = fs["mean"], fs["std"]
+    if any(v is None for v in mean + std) or any(float(v) == 0 for v in std):
+        raise StatsError(f"{where}: field {field!r} has an undefined or zero std in its stats; "
+                         f"give mean and std explicitly")
+    return [float(m) * scale for m in mean], [float(s) * scale for s in std]

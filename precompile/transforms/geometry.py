@@ -1,0 +1,449 @@
+"""2D geometric steps, deterministic and random: resize, center_crop, random_crop,
+random_resized_crop, random_flip, random_affine.
+
+:class:`PlanarStep` is their base: it applies to image, mask, flow and video
+fields, refuses volumes (name ``fields:`` to leave them), and gives the
+per-kind defaults: a mask is an image moved with nearest neighbour and padded
+with 0 (class values are never invented), a video maps the image kernel over
+its frames. Flow has no default: each step says how its vectors follow the
+geometry. ``flow_valid`` follows its flow (see :mod:`precompile.kinds`). A
+random step draws once per sample and moves every field the same way.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Literal, Optional, Union
+
+import numpy as np
+from pydantic import field_validator, model_validator
+
+from ..kinds import VOLUMETRIC, Kind, kinds
+from ..registry import STEPS
+from ..sample import FieldSpec, Sample
+from .base import RandomParams, RandomStep, Step, StepParams, range_param, uniform
+from .kernels.geometry import (affine_matrix, crop_hw, flip_flow, flip_hw, longer_side_size, pad_hw, resize_flow,
+                               resize_hwc, shorter_side_size, spatial_hw, warp_flow, warp_image)
+
+
+def _set_hw(spec: FieldSpec, h: int | None, w: int | None) -> FieldSpec:
+    shape = list(spec.shape)
+    a, b = spec.kind.hw_axes
+    shape[a], shape[b] = h, w
+    return spec.with_(shape=tuple(shape))
+
+
+def _get_hw(spec: FieldSpec) -> tuple[int | None, int | None]:
+    a, b = spec.kind.hw_axes
+    return spec.shape[a], spec.shape[b]
+
+
+def crop_spec(spec: FieldSpec, size: list[int], pad: bool) -> FieldSpec:
+    """The spec of an (h, w) crop of ``spec``: a known input smaller than the crop needs ``pad``."""
+    h, w = size
+    H, W = _get_hw(spec)
+    if not pad and H is not None and W is not None and (H < h or W < w):
+        raise ValueError(f"size {h}x{w} is larger than the input {H}x{W}; add pad: true or resize first")
+    return _set_hw(spec, h, w)
+
+
+class PlanarStep(Step):
+    """A 2D geometric step: ``apply_image`` and ``apply_flow`` are the step's own; masks and
+    videos get the defaults below. ``apply_image`` takes ``label=True`` for label maps: nearest
+    neighbour, and 0 where the step pads or fills."""
+
+    applies = kinds(Kind.IMAGE, Kind.MASK, Kind.FLOW, Kind.VIDEO)
+    refuses = VOLUMETRIC
+
+    def apply_image(self, a: np.ndarray, label: bool = False, **params: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def apply_flow(self, a: np.ndarray, **params: Any) -> np.ndarray:
+        raise NotImplementedError
+
+    def apply_mask(self, a: np.ndarray, **params: Any) -> np.ndarray:
+        return self.apply_image(a, label=True, **params)
+
+    def apply_video(self, a: np.ndarray, **params: Any) -> np.ndarray:
+        if len(a) == 0:
+            shape = self.apply_image(np.zeros(a.shape[1:], a.dtype), **params).shape
+            return np.zeros((0, *shape), a.dtype)
+        return np.stack([self.apply_image(fr, **params) for fr in a])
+
+
+def size_pair(v: Any) -> list[int]:
+    """``n`` or ``[h, w]`` -> ``[h, w]``, positive integers (the one size rule of every 2D step)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        v = [v, v]
+    if not (isinstance(v, (list, tuple)) and len(v) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
+        n = len(v) if isinstance(v, (list, tuple)) else None
+        raise ValueError(f"expected an integer or 2 integers [height, width], got {n} values" if n is not None
+                         else f"expected an integer or 2 integers [height, width], got {v!r}")
+    if v[0] < 1 or v[1] < 1:
+        raise ValueError("sizes must be positive")
+    return [int(v[0]), int(v[1])]
+
+
+class _SizeParams(StepParams):
+    size: Optional[Union[int, list[int]]] = None
+
+    @field_validator("size", mode="before")
+    @classmethod
+    def _v(cls, v: Any) -> Any:
+        return None if v is None else size_pair(v)
+
+
+@STEPS.register()
+class Resize(PlanarStep):
+    """Resize: ``size: [h, w]`` exactly, ``shorter: n`` or ``longer: n`` keeping aspect,
+    or ``size`` with ``keep_aspect: true`` to fit inside and pad (letterbox)."""
+
+    name = "resize"
+
+    class Params(_SizeParams):
+        shorter: Optional[int] = None
+        longer: Optional[int] = None
+        keep_aspect: bool = False
+        pad_value: float = 0
+        interpolation: Literal["auto", "area", "linear", "cubic", "nearest"] = "auto"
+
+        @model_validator(mode="after")
+        def _one(self):
+            given = [k for k in ("size", "shorter", "longer") if getattr(self, k) is not None]
+            if len(given) != 1:
+                raise ValueError("give exactly one of size, shorter, longer")
+            for k in ("shorter", "longer"):
+                if getattr(self, k) is not None and getattr(self, k) < 1:
+                    raise ValueError(f"{k} must be positive")
+            if self.keep_aspect and self.size is None:
+                raise ValueError("keep_aspect needs size")
+            return self
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        p = self.params
+        if p.size is not None:
+            return _set_hw(spec, *p.size)
+        return _set_hw(spec, None, None)
+
+    def target_size(self, H: int, W: int) -> tuple[int, int]:
+        p = self.params
+        if p.shorter is not None:
+            return shorter_side_size(H, W, p.shorter)
+        if p.longer is not None:
+            return longer_side_size(H, W, p.longer)
+        h, w = p.size
+        if p.keep_aspect:
+            s = min(h / H, w / W)
+            return max(1, min(h, int(round(H * s)))), max(1, min(w, int(round(W * s))))
+        return h, w
+
+    def apply_image(self, a: np.ndarray, label: bool = False, **_: Any) -> np.ndarray:
+        h, w = self.target_size(*a.shape[:2])
+        out = resize_hwc(a, h, w, "nearest" if label else self.params.interpolation)
+        if self.params.keep_aspect and (h, w) != tuple(self.params.size):
+            out, _, _ = pad_hw(out, *self.params.size, value=0 if label else self.params.pad_value)
+        return out
+
+    def apply_flow(self, a: np.ndarray, **_: Any) -> np.ndarray:
+        h, w = self.target_size(*a.shape[:2])
+        out = resize_flow(a, h, w)
+        if self.params.keep_aspect and (h, w) != tuple(self.params.size):
+            out, _, _ = pad_hw(out, *self.params.size, value=np.nan)
+        return out
+
+
+@STEPS.register()
+class CenterCrop(PlanarStep):
+    """Cut the central ``size: [h, w]`` window; smaller inputs are an error unless ``pad: true``."""
+
+    name = "center_crop"
+
+    class Params(_SizeParams):
+        pad: bool = False
+        pad_value: float = 0
+
+        @model_validator(mode="after")
+        def _need(self):
+            if self.size is None:
+                raise ValueError("size is required")
+            return self
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        return crop_spec(spec, self.params.size, self.params.pad)
+
+    def _crop(self, a: np.ndarray, value: float) -> np.ndarray:
+        h, w = self.params.size
+        H, W = a.shape[:2]
+        if H < h or W < w:
+            if not self.params.pad:
+                raise ValueError(f"input {H}x{W} is smaller than the crop {h}x{w} (set pad: true to pad)")
+            a, _, _ = pad_hw(a, max(H, h), max(W, w), value=value)
+            H, W = a.shape[:2]
+        return crop_hw(a, (H - h) // 2, (W - w) // 2, h, w)
+
+    def apply_image(self, a: np.ndarray, label: bool = False, **_: Any) -> np.ndarray:
+        return self._crop(a, 0 if label else self.params.pad_value)
+
+    def apply_flow(self, a: np.ndarray, **_: Any) -> np.ndarray:
+        return self._crop(a, np.nan)
+
+
+class _Spatial2D(RandomStep, PlanarStep):
+    """Random 2D geometric steps: every image, mask, flow and clip field, with one size for all."""
+
+    def common_hw(self, sample: Sample, targets: list[str]) -> tuple[int, int]:
+        sizes = {f: spatial_hw(sample.fields[f], sample.kinds[f]) for f in targets}
+        if len(set(sizes.values())) > 1:
+            desc = ", ".join(f"{f} {h}x{w}" for f, (h, w) in sizes.items())
+            raise ValueError(f"fields differ in size ({desc}); one draw needs one size (resize them first)")
+        return next(iter(sizes.values()))
+
+
+class _CropParams(RandomParams):
+    size: Union[int, list[int]]
+    padding: int = 0          # pad every side by this much first (torchvision's RandomCrop padding)
+    pad: bool = False         # inputs still smaller than size: pad them (centred) instead of failing
+    pad_value: float = 0
+
+    @field_validator("padding")
+    @classmethod
+    def _p(cls, v: int) -> int:
+        if v < 0:
+            raise ValueError("padding must be non-negative")
+        return v
+
+    @field_validator("size", mode="before")
+    @classmethod
+    def _v(cls, v: Any) -> Any:
+        return size_pair(v)
+
+
+@STEPS.register()
+class RandomCrop(_Spatial2D):
+    """Cut a ``size: [h, w]`` window at a random place (the same for every field), after padding
+    every side by ``padding``. Inputs still smaller are an error unless ``pad: true`` (centred
+    padding). Images pad with ``pad_value``, masks with 0, flow with NaN (unknown).
+    Original copy: the centred window."""
+
+    name = "random_crop"
+    Params = _CropParams
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        p = 2 * self.params.padding
+        if p:
+            shape = list(spec.shape)
+            for ax in spec.kind.hw_axes:
+                shape[ax] = None if shape[ax] is None else shape[ax] + p
+            spec = spec.with_(shape=tuple(shape))
+        return crop_spec(spec, self.params.size, self.params.pad)
+
+    def _padded(self, H: int, W: int) -> tuple[int, int]:
+        h, w = self.params.size
+        H, W = H + 2 * self.params.padding, W + 2 * self.params.padding
+        if (H < h or W < w) and not self.params.pad:
+            raise ValueError(f"input {H}x{W} is smaller than the crop {h}x{w} (set pad: true to pad)")
+        return max(H, h), max(W, w)
+
+    def sample_params(self, rng, sample, targets):
+        H, W = self._padded(*self.common_hw(sample, targets))
+        h, w = self.params.size
+        return {"top": int(rng.integers(0, H - h + 1)), "left": int(rng.integers(0, W - w + 1))}
+
+    def neutral_params(self, sample, targets):
+        H, W = self._padded(*self.common_hw(sample, targets))
+        h, w = self.params.size
+        return {"top": (H - h) // 2, "left": (W - w) // 2}
+
+    def _crop(self, a: np.ndarray, top: int, left: int, value: float) -> np.ndarray:
+        h, w = self.params.size
+        H, W = a.shape[:2]
+        PH, PW = self._padded(H, W)
+        if (PH, PW) != (H, W):
+            p = self.params.padding
+            if p:
+                a, _, _ = pad_hw(a, H + 2 * p, W + 2 * p, value=value)
+            a, _, _ = pad_hw(a, PH, PW, value=value)
+        if not (0 <= top <= PH - h and 0 <= left <= PW - w):
+            raise ValueError(f"crop window at ({top}, {left}) of {h}x{w} is outside the {PH}x{PW} input")
+        return crop_hw(a, top, left, h, w)
+
+    def apply_image(self, a, top: int, left: int, label: bool = False, **_):
+        return self._crop(a, top, left, 0 if label else self.params.pad_value)
+
+    def apply_flow(self, a, top: int, left: int, **_):
+        return self._crop(a, top, left, np.nan)
+
+
+@STEPS.register()
+class RandomResizedCrop(_Spatial2D):
+    """Cut a window of random area (``scale``, fraction of the input) and aspect ratio
+    (``ratio``, width/height, drawn log-uniformly), then resize it to ``size: [h, w]``
+    (torchvision's algorithm: 10 tries, then the largest centred window within ``ratio``).
+    Flow vectors are scaled with the resize; masks use nearest neighbour.
+    Original copy: the largest centred window with the output's aspect ratio, resized to
+    ``size`` (resize + centre crop)."""
+
+    name = "random_resized_crop"
+
+    class Params(RandomParams):
+        size: Union[int, list[int]]
+        scale: list[float] = [0.08, 1.0]
+        ratio: list[float] = [3 / 4, 4 / 3]
+        interpolation: Literal["auto", "area", "linear", "cubic", "nearest"] = "auto"
+
+        @field_validator("size", mode="before")
+        @classmethod
+        def _v(cls, v: Any) -> Any:
+            return size_pair(v)
+
+        @field_validator("scale", "ratio", mode="before")
+        @classmethod
+        def _r(cls, v: Any, info) -> Any:
+            lo, hi = range_param(v, info.field_name)
+            if lo <= 0 or (info.field_name == "scale" and hi > 1):
+                raise ValueError(f"{info.field_name} must be within (0, 1]" if info.field_name == "scale"
+                                 else "ratio must be positive")
+            return [lo, hi]
+
+    def output_spec(self, spec: FieldSpec) -> FieldSpec:
+        return _set_hw(spec, *self.params.size)
+
+    def sample_params(self, rng, sample, targets):
+        H, W = self.common_hw(sample, targets)
+        area = H * W
+        lr = (math.log(self.params.ratio[0]), math.log(self.params.ratio[1]))
+        for _ in range(10):
+            a = area * uniform(rng, self.params.scale)
+            r = math.exp(uniform(rng, lr))
+            w = int(round(math.sqrt(a * r)))
+            h = int(round(math.sqrt(a / r)))
+            if 0 < w <= W and 0 < h <= H:
+                return {"top": int(rng.integers(0, H - h + 1)), "left": int(rng.integers(0, W - w + 1)),
+                        "height": h, "width": w}
+        r = W / H
+        if r < self.params.ratio[0]:
+            w, h = W, max(1, int(round(W / self.params.ratio[0])))
+        elif r > self.params.ratio[1]:
+            h, w = H, max(1, int(round(H * self.params.ratio[1])))
+        else:
+            h, w = H, W
+        return {"top": (H - h) // 2, "left": (W - w) // 2, "height": h, "width": w}
+
+    def neutral_params(self, sample, targets):
+        # resize + centre crop: the largest centred window with the output's aspect ratio
+        H, W = self.common_hw(sample, targets)
+        h_out, w_out = self.params.size
+        if W * h_out >= H * w_out:
+            h, w = H, min(W, max(1, int(round(H * w_out / h_out))))
+        else:
+            h, w = min(H, max(1, int(round(W * h_out / w_out)))), W
+        return {"top": (H - h) // 2, "left": (W - w) // 2, "height": h, "width": w}
+
+    def _window(self, a, top: int, left: int, height: int, width: int) -> np.ndarray:
+        H, W = a.shape[:2]
+        if not (0 <= top and top + height <= H and 0 <= left and left + width <= W and height > 0 and width > 0):
+            raise ValueError(f"window ({top}, {left}) {height}x{width} is outside the {H}x{W} input")
+        return crop_hw(a, top, left, height, width)
+
+    def apply_image(self, a, top: int, left: int, height: int, width: int, label: bool = False, **_):
+        win = self._window(a, top, left, height, width)
+        return resize_hwc(win, *self.params.size, "nearest" if label else self.params.interpolation)
+
+    def apply_flow(self, a, top: int, left: int, height: int, width: int, **_):
+        return resize_flow(self._window(a, top, left, height, width), *self.params.size)
+
+
+@STEPS.register()
+class RandomFlip(_Spatial2D):
+    """Mirror left-right with probability ``horizontal`` and up-down with probability
+    ``vertical`` (one draw for all fields); flow negates u (horizontal) or v (vertical).
+    Original copy: no flip."""
+
+    name = "random_flip"
+
+    class Params(RandomParams):
+        horizontal: float = 0.5
+        vertical: float = 0.0
+
+        @field_validator("horizontal", "vertical")
+        @classmethod
+        def _p(cls, v: float) -> float:
+            if not 0 <= v <= 1:
+                raise ValueError("a probability must be within [0, 1]")
+            return v
+
+    def sample_params(self, rng, sample, targets):
+        return {"horizontal": bool(rng.random() < self.params.horizontal),
+                "vertical": bool(rng.random() < self.params.vertical)}
+
+    def neutral_params(self, sample, targets):
+        return {"horizontal": False, "vertical": False}
+
+    def apply_image(self, a, horizontal: bool, vertical: bool, label: bool = False, **_):
+        return flip_hw(a, horizontal, vertical)
+
+    def apply_flow(self, a, horizontal: bool, vertical: bool, **_):
+        return flip_flow(a, horizontal, vertical)
+
+
+@STEPS.register()
+class RandomAffine(_Spatial2D):
+    """Rotate by an angle from ``degrees`` (x or [lo, hi]; x means [-x, x]; positive is
+    counter-clockwise), scale by a factor from ``scale`` ([lo, hi]) about the centre, and shift
+    by up to ``translate`` (a fraction of width and height); the size stays. Uncovered pixels get
+    ``fill`` (flow: NaN). Flow is resampled and its vectors rotated and scaled; masks use
+    nearest neighbour. Original copy: the identity."""
+
+    name = "random_affine"
+
+    class Params(RandomParams):
+        degrees: Union[float, list[float]] = 0.0
+        scale: Union[float, list[float]] = [1.0, 1.0]
+        translate: float = 0.0
+        fill: float = 0
+        interpolation: Literal["linear", "cubic", "nearest"] = "linear"
+
+        @field_validator("degrees", mode="before")
+        @classmethod
+        def _d(cls, v: Any) -> Any:
+            return range_param(v, "degrees", symmetric_about=0.0)
+
+        @field_validator("scale", mode="before")
+        @classmethod
+        def _s(cls, v: Any) -> Any:
+            lo, hi = range_param(v, "scale")
+            if lo <= 0:
+                raise ValueError("scale factors must be positive")
+            return [lo, hi]
+
+        @field_validator("translate")
+        @classmethod
+        def _t(cls, v: float) -> float:
+            if not 0 <= v <= 1:
+                raise ValueError("translate is a fraction within [0, 1]")
+            return v
+
+    def sample_params(self, rng, sample, targets):
+        H, W = self.common_hw(sample, targets)
+        p = self.params
+        angle = uniform(rng, p.degrees)
+        scale = uniform(rng, p.scale)
+        tx = uniform(rng, [-p.translate * W, p.translate * W])
+        ty = uniform(rng, [-p.translate * H, p.translate * H])
+        return {"angle": angle, "scale": scale, "tx": tx, "ty": ty}
+
+    def neutral_params(self, sample, targets):
+        return {"angle": 0.0, "scale": 1.0, "tx": 0.0, "ty": 0.0}
+
+    def apply_image(self, a, angle: float, scale: float, tx: float, ty: float, label: bool = False, **_):
+        if angle == 0 and scale == 1 and tx == 0 and ty == 0:
+            return a.copy()
+        M = affine_matrix(*a.shape[:2], angle, scale, tx, ty)
+        if label:
+            return warp_image(a, M, 0, "nearest")
+        return warp_image(a, M, self.params.fill, self.params.interpolation)
+
+    def apply_flow(self, a, angle: float, scale: float, tx: float, ty: float, **_):
+        if angle == 0 and scale == 1 and tx == 0 and ty == 0:
+            return a.copy()
+        return warp_flow(a, affine_matrix(*a.shape[:2], angle, scale, tx, ty), self.params.interpolation)

@@ -1,0 +1,196 @@
+"""2D grid kernels: resize, flip, crop and pad (H, W, ...) arrays; affine warps; flow kernels.
+
+Flow semantics: a resize scales u by the width ratio and v by the height ratio
+and never mixes unknown (NaN) vectors into known ones; a horizontal flip
+mirrors the grid and negates u, a vertical flip negates v; a warp multiplies
+the vectors by the map's linear part; uncovered pixels are unknown.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ...kinds import Kind
+from .common import load_cv2
+
+
+def resize_hwc(a: np.ndarray, h: int, w: int, interpolation: str = "auto") -> np.ndarray:
+    """Resize an (H, W, C) array to (h, w, C). ``auto``: area when shrinking, linear when growing."""
+    cv2 = load_cv2()
+    H, W = a.shape[:2]
+    if (H, W) == (h, w):
+        return a.copy()
+    if h < 1 or w < 1:
+        raise ValueError(f"cannot resize to {h}x{w}")
+    if interpolation == "auto":
+        interpolation = "area" if h <= H and w <= W else "linear"
+    flag = getattr(cv2, {"nearest": "INTER_NEAREST_EXACT", "linear": "INTER_LINEAR", "cubic": "INTER_CUBIC",
+                         "area": "INTER_AREA"}[interpolation])
+    src = a
+    if a.dtype == np.uint16 and interpolation == "area" and a.shape[2] > 4:
+        src = a.astype(np.float32)
+    c = a.shape[2]
+    if c <= 4:
+        out = cv2.resize(np.ascontiguousarray(src), (w, h), interpolation=flag)
+    else:  # OpenCV handles at most 4 channels per call for some interpolations
+        out = np.stack([cv2.resize(np.ascontiguousarray(src[..., i]), (w, h), interpolation=flag)
+                        for i in range(c)], axis=-1)
+    if out.ndim == 2:
+        out = out[..., None]
+    return out.astype(a.dtype, copy=False)
+
+
+def resize_flow(flow: np.ndarray, h: int, w: int, min_valid: float = 0.5) -> np.ndarray:
+    """Resize an (H, W, 2) flow field and scale its vectors: u by w/W, v by h/H.
+
+    Invalid (non-finite) vectors never leak into valid ones: the valid mask is
+    resized with the same weights and used to renormalise, so each output vector
+    is a weighted mean of valid input vectors only. An output pixel whose support
+    is less than ``min_valid`` valid becomes NaN (invalid).
+    """
+    H, W = flow.shape[:2]
+    if flow.ndim != 3 or flow.shape[-1] != 2:
+        raise ValueError(f"flow must be (H, W, 2), got {flow.shape}")
+    if h < 1 or w < 1:
+        raise ValueError(f"cannot resize to {h}x{w}")
+    valid = np.isfinite(flow).all(axis=-1).astype(np.float32)[..., None]
+    f = np.where(valid > 0, flow, 0).astype(np.float32)
+    if (H, W) == (h, w):
+        out = np.where(valid > 0, f, np.nan).astype(np.float32)
+        return out
+    shrink = h <= H and w <= W
+    mode = "area" if shrink else "linear"
+    num = resize_hwc(f * valid, h, w, mode)
+    den = resize_hwc(valid, h, w, mode)
+    ok = den >= min_valid - 1e-6
+    out = np.where(ok, num / np.maximum(den, 1e-6), np.nan).astype(np.float32)
+    out[..., 0] *= w / W
+    out[..., 1] *= h / H
+    return out
+
+
+def flip_hw(a: np.ndarray, horizontal: bool, vertical: bool = False) -> np.ndarray:
+    """Mirror an (H, W, ...) array left-right and/or up-down (a copy)."""
+    axes = ((1,) if horizontal else ()) + ((0,) if vertical else ())
+    return np.flip(a, axis=axes).copy() if axes else a.copy()
+
+
+def flip_flow(flow: np.ndarray, horizontal: bool, vertical: bool = False) -> np.ndarray:
+    """Mirror an (H, W, 2) flow field: a horizontal flip negates u, a vertical one v."""
+    out = flip_hw(flow, horizontal, vertical)
+    if horizontal:
+        out[..., 0] *= -1
+    if vertical:
+        out[..., 1] *= -1
+    return out
+
+
+def spatial_hw(a: np.ndarray, kind: Kind) -> tuple[int, int]:
+    ay, ax = Kind.of(kind).hw_axes
+    return a.shape[ay], a.shape[ax]
+
+
+def crop_hw(a: np.ndarray, top: int, left: int, h: int, w: int) -> np.ndarray:
+    """The (h, w) window at (top, left) of an (H, W, ...) array (a copy)."""
+    return a[top:top + h, left:left + w].copy()
+
+
+def pad_hw(a: np.ndarray, h: int, w: int, value: float = 0, center: bool = True) -> tuple[np.ndarray, int, int]:
+    """Pad an (H, W, ...) array to (h, w) with ``value``; returns it and the (top, left) of the original."""
+    H, W = a.shape[:2]
+    top = (h - H) // 2 if center else 0
+    left = (w - W) // 2 if center else 0
+    out = np.full((h, w) + a.shape[2:], value, dtype=a.dtype)
+    out[top:top + H, left:left + W] = a
+    return out, top, left
+
+
+def shorter_side_size(H: int, W: int, n: int) -> tuple[int, int]:
+    if H <= W:
+        return n, max(1, int(round(W * n / H)))
+    return max(1, int(round(H * n / W))), n
+
+
+def longer_side_size(H: int, W: int, n: int) -> tuple[int, int]:
+    if H >= W:
+        return n, max(1, int(round(W * n / H)))
+    return max(1, int(round(H * n / W))), n
+
+
+def affine_matrix(h: int, w: int, angle: float, scale: float, tx: float = 0.0, ty: float = 0.0) -> np.ndarray:
+    """The 2x3 forward map (x, y) -> (x', y') rotating by ``angle`` degrees (counter-clockwise as
+    displayed) and scaling about the image centre, then translating by (tx, ty) pixels."""
+    r = math.radians(angle)
+    a, b = scale * math.cos(r), scale * math.sin(r)
+    cx, cy = (w - 1) / 2.0, (h - 1) / 2.0
+    return np.array([[a, b, (1 - a) * cx - b * cy + tx],
+                     [-b, a, b * cx + (1 - a) * cy + ty]], dtype=np.float64)
+
+
+def _inverse_maps(M: np.ndarray, h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """Source coordinates (map_x, map_y), float32 (h, w), of every output pixel under forward map M."""
+    Mi = load_cv2().invertAffineTransform(M)
+    ys, xs = np.mgrid[0:h, 0:w].astype(np.float64)
+    mx = Mi[0, 0] * xs + Mi[0, 1] * ys + Mi[0, 2]
+    my = Mi[1, 0] * xs + Mi[1, 1] * ys + Mi[1, 2]
+    return mx.astype(np.float32), my.astype(np.float32)
+
+
+def remap_nearest(a: np.ndarray, mx: np.ndarray, my: np.ndarray, fill: Any = 0) -> np.ndarray:
+    """Nearest-neighbour gather of an (H, W, ...) array of any dtype at source coordinates."""
+    H, W = a.shape[:2]
+    xi = np.floor(mx + 0.5).astype(np.int64)
+    yi = np.floor(my + 0.5).astype(np.int64)
+    inside = (xi >= 0) & (xi < W) & (yi >= 0) & (yi < H)
+    out = a[np.clip(yi, 0, H - 1), np.clip(xi, 0, W - 1)]
+    out[~inside] = fill
+    return out
+
+
+def _remap_linear(a: np.ndarray, mx: np.ndarray, my: np.ndarray, fill: float, interpolation: str) -> np.ndarray:
+    cv2 = load_cv2()
+    flag = {"linear": cv2.INTER_LINEAR, "cubic": cv2.INTER_CUBIC}[interpolation]
+    c = a.shape[2]
+    src = a if a.dtype in (np.uint8, np.uint16, np.int16, np.float32, np.float64) else a.astype(np.float64)
+    parts = []
+    for i in range(0, c, 4):
+        blk = np.ascontiguousarray(src[..., i:i + 4])
+        n = blk.shape[2]
+        o = cv2.remap(blk, mx, my, flag, borderMode=cv2.BORDER_CONSTANT, borderValue=(fill,) * 4)
+        parts.append(o.reshape(o.shape[:2] + (n,)))
+    out = np.concatenate(parts, axis=2) if len(parts) > 1 else parts[0]
+    if out.dtype != a.dtype:
+        out = np.rint(out).astype(a.dtype) if np.issubdtype(a.dtype, np.integer) else out.astype(a.dtype)
+    return out
+
+
+def warp_image(a: np.ndarray, M: np.ndarray, fill: float = 0, interpolation: str = "linear") -> np.ndarray:
+    """Warp an (H, W, C) array with the forward 2x3 map ``M``, keeping its size; uncovered pixels
+    get ``fill``. ``interpolation: nearest`` gathers (label maps: no value is invented)."""
+    H, W = a.shape[:2]
+    mx, my = _inverse_maps(M, H, W)
+    if interpolation == "nearest":
+        return remap_nearest(a, mx, my, fill)
+    return _remap_linear(a, mx, my, fill, interpolation)
+
+
+def warp_flow(a: np.ndarray, M: np.ndarray, interpolation: str = "linear") -> np.ndarray:
+    """Warp an (H, W, 2) flow field with the forward 2x3 map ``M``: resampled with invalid (NaN)
+    vectors kept out of the interpolation (or gathered, for ``nearest``), pixels from outside the
+    input NaN, and every vector multiplied by M's linear part."""
+    H, W = a.shape[:2]
+    mx, my = _inverse_maps(M, H, W)
+    if interpolation == "nearest":
+        out = remap_nearest(a, mx, my, np.nan).astype(np.float32)
+    else:
+        valid = np.isfinite(a).all(axis=-1)
+        # one 3-channel call for (u, v, valid): OpenCV treats edges differently per channel count
+        f = np.dstack([np.where(valid[..., None], a, 0), valid[..., None]]).astype(np.float32)
+        r = _remap_linear(f, mx, my, 0.0, "linear")
+        num, den = r[..., :2], r[..., 2:]
+        out = np.where(den > 1e-3, num / np.maximum(den, 1e-3), np.nan).astype(np.float32)
+    (a00, a01), (a10, a11) = (np.float32(x) for x in M[0, :2]), (np.float32(x) for x in M[1, :2])
+    u, v = out[..., 0], out[..., 1]  # elementwise, not matmul: no BLAS in the byte path
+    return np.stack([a00 * u + a01 * v, a10 * u + a11 * v], axis=-1).astype(np.float32)

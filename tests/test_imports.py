@@ -52,7 +52,7 @@ def test_custom_decoder_and_step_decode_and_apply(tmp_path):
     raw = (root / "b" / "00.r8").read_bytes()
     src = np.frombuffer(raw, np.uint8, offset=6).reshape(5, 7, 1)
     i = [ds.key(j) for j in range(len(ds))].index("b/00.r8")
-    from precompile.transforms.functional import resize_hwc
+    from precompile.transforms.kernels.geometry import resize_hwc
 
     want = resize_hwc(((255 - src) >> 5) << 5, 8, 8, "nearest")
     np.testing.assert_array_equal(ds[i]["image"], want)

@@ -88,17 +88,30 @@ def output_paths(recipe: Recipe, out_dir: str) -> tuple[str, str]:
     return index, os.path.join(out_dir, fmt.shard_dir_name(recipe.output_name))
 
 
-def build(recipe: Recipe | str | os.PathLike, out_dir: str | os.PathLike = "build", n_jobs: int = 1,
+def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike = "build",
+          n_jobs: Optional[int] = None,
           force: bool = False, progress: bool = False, scheduler: Optional[str] = None,
           content_hash: bool = False, on_error: Optional[str] = None,
           max_failures: Optional[int] = None, timeout_s: Optional[float] = None) -> dict[str, Any]:
     """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
 
-    ``on_error``, ``max_failures`` and ``timeout_s`` override the recipe's keys of
+    ``recipe`` is a recipe file's path, a :class:`Recipe`, or the recipe as a dict (the same keys as the
+    YAML; a relative ``inputs.root`` and the ``imports`` search are then relative to the current folder).
+
+    ``n_jobs``: parallel shard tasks; None means 1 in-process, or with ``scheduler="local"`` one dask worker
+    per core. ``on_error``, ``max_failures`` and ``timeout_s`` override the recipe's keys of
     the same names (they do not change any shard's key). One build of an output at a
     time: a second one started meanwhile stops with a BuildError.
     """
-    if not isinstance(recipe, Recipe):
+    if n_jobs is None and scheduler != "local":
+        n_jobs = 1
+    if isinstance(recipe, dict):
+        from .recipe import parse_recipe
+
+        recipe = parse_recipe(recipe)
+    elif not isinstance(recipe, Recipe):
+        if not isinstance(recipe, (str, os.PathLike)):
+            raise RecipeError(f"expected a recipe file's path, a dict or a Recipe, got {type(recipe).__name__}")
         recipe = load_recipe(recipe)
     recipe = with_policy(recipe, on_error=on_error, max_failures=max_failures, timeout_s=timeout_s)
     t_start = time.perf_counter()
@@ -132,7 +145,7 @@ def _output_lock(shard_dir: str, name: str):
         os.close(fd)
 
 
-def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: int, force: bool, progress: bool,
+def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: Optional[int], force: bool, progress: bool,
            scheduler: Optional[str], content_hash: bool, t_start: float) -> dict[str, Any]:
     index_path, shard_dir = output_paths(recipe, out_dir)
     os.makedirs(shard_dir, exist_ok=True)
@@ -183,17 +196,18 @@ def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: int, force: bool, p
     mf = recipe.model.max_failures
     bar = None
     if progress:
-        from tqdm import tqdm
+        from .progress import Progress
 
-        bar = tqdm(total=len(plan.items), unit="input", desc=recipe.name, dynamic_ncols=True)
-        bar.update(sum(len(s.items) for s in plan.shards if s.index in infos))
+        # up-to-date shards are the bar's initial count: tqdm leaves them out of the rate
+        bar = Progress(len(plan.items), sum(len(s.items) for s in plan.shards if s.index in infos), recipe.name,
+                       {s.index: len(s.items) for s, _ in todo})
     try:
-        for res in _run(recipe, todo, keys, plan, chunking, n_jobs, scheduler, events):
+        for res in _run(recipe, todo, keys, plan, chunking, n_jobs, scheduler, events, bar):
             for k in timings:
                 timings[k] += res["timings"][k]
             failures.extend(res["failures"])
             if bar is not None:
-                bar.update(len(plan.shards[res["index"]].items))
+                bar.shard_done(res["index"])
             if res["status"] == "failed":
                 failed_shards.append(res["index"])
                 if recipe.model.on_error == "fail" or any(f.get("policy") for f in res["failures"]):
@@ -209,7 +223,8 @@ def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: int, force: bool, p
     wall = time.perf_counter() - t_start
     report: dict[str, Any] = {
         "name": recipe.output_name, "recipe": recipe.source, "recipe_hash": rhash, "output": index_path,
-        "format": recipe.model.output.format, "jobs": n_jobs, "inputs": len(plan.items),
+        "format": recipe.model.output.format, "jobs": n_jobs if n_jobs is not None else (os.cpu_count() or 1),
+        "inputs": len(plan.items),
         "shards": {"total": len(plan.shards), "built": len(todo) - len(failed_shards),
                    "skipped": len(plan.shards) - len(todo), "reused": reused, "failed": len(failed_shards)},
         "failures": failures, "skipped_inputs": _count_inputs(failures), "events": events,
@@ -325,24 +340,24 @@ def _dead_worker_result(shard, why: str) -> dict[str, Any]:
                           "type": "TerminatedWorkerError", "shard": shard.index}]}
 
 
-def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, scheduler: Optional[str],
-         events: Optional[list[str]] = None):
-    """Yield shard results as they complete."""
+def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: Optional[int], scheduler: Optional[str],
+         events: Optional[list[str]] = None, progress: Any = None):
+    """Yield shard results as they complete (``progress``: a :class:`precompile.progress.Progress` or None)."""
     if not todo:
         return
     events = [] if events is None else events
     specs = plan.specs
-    if n_jobs == 1 and scheduler is None:
+    if (n_jobs or 1) == 1 and scheduler is None:
+        sink = progress.local_sink() if progress is not None else None
         try:
             for s, path in todo:
-                yield run_shard(recipe, s, path, keys[s.index], specs, chunking)
+                yield run_shard(recipe, s, path, keys[s.index], specs, chunking, progress=sink)
         finally:
             shutdown_isolated()
         return
     import joblib
 
     if scheduler is not None:
-        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking, True) for s, path in todo)
         try:
             from dask.distributed import Client, LocalCluster
         except ImportError:
@@ -350,14 +365,20 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, schedule
 
             raise MissingDependencyError("--scheduler needs dask.distributed: pip install 'precompile[dask]'") from None
         if scheduler == "local":
-            cluster = LocalCluster(n_workers=max(1, n_jobs), threads_per_worker=1, processes=True,
-                                   dashboard_address=None)
+            # one single-threaded worker process per core unless -j says otherwise; everything on 127.0.0.1
+            workers = n_jobs if n_jobs is not None else (os.cpu_count() or 1)
+            cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
+                                   host="127.0.0.1", dashboard_address="127.0.0.1:0")
             client = Client(cluster)
+            _dashboard_note(client, workers, events, progress is not None)
         else:
             try:
                 cluster, client = None, Client(scheduler, timeout="10s")
             except (OSError, TimeoutError) as e:
                 raise BuildError(f"cannot reach the dask scheduler at {scheduler!r}: {e}") from None
+        sink = progress.dask_sink(client) if progress is not None else None
+        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking, True, progress=sink)
+                 for s, path in todo)
         try:
             with joblib.parallel_config(backend="dask"):
                 yield from joblib.Parallel(n_jobs=-1, return_as="generator_unordered")(tasks)
@@ -372,10 +393,11 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, schedule
     # (and the workers loky stopped with it) were building are those with a temporary file left behind;
     # they are retried once with decoding isolated, the rest simply run again in a fresh pool.
     remaining, isolated = list(todo), set()
+    sink = progress.queue_sink() if progress is not None else None
     while remaining:
         done: set[int] = set()
-        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking, True, s.index in isolated)
-                 for s, path in remaining)
+        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking, True, s.index in isolated,
+                                           sink) for s, path in remaining)
         try:
             with warnings.catch_warnings():
                 # stopping early (on_error: fail) cancels queued tasks on purpose; joblib warns about it
@@ -403,6 +425,19 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, schedule
         except BrokenProcessPool as e:  # e.g. a task that cannot be unpickled in a worker (a plugin it cannot import)
             raise BuildError(f"the worker processes failed: {e}; finished shards are kept, run build again "
                              f"(with -j 1 to see the cause)") from None
+
+
+def _dashboard_note(client: Any, workers: int, events: list[str], show: bool) -> None:
+    """Say where the local cluster's dashboard is (it needs bokeh; without it there is none to show)."""
+    import importlib.util
+
+    if importlib.util.find_spec("bokeh") is not None:
+        note = f"dask: local cluster of {workers} worker(s); dashboard at {client.dashboard_link}"
+    else:
+        note = f"dask: local cluster of {workers} worker(s); no dashboard (pip install bokeh to get one)"
+    events.append(note)
+    if show:
+        print(note, file=sys.stderr, flush=True)
 
 
 __all__ = ["build", "output_paths", "PlanError"]

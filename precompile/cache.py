@@ -25,7 +25,13 @@ from .recipe import Recipe
 
 
 def fingerprint(path: str, content: bool = False) -> list:
-    """(size, mtime_ns) of a file, or a content hash; for a folder, of every file in it."""
+    """(size, mtime_ns) of a file, or a content hash; for a folder, of every file in it.
+    A remote URL's is the (ETag, size, mtime) recorded when the plan listed it (see :mod:`precompile.remote`)."""
+    if "://" in path:
+        from .remote import fingerprint as remote_fingerprint, is_url
+
+        if is_url(path):
+            return remote_fingerprint(path)
     if os.path.isdir(path):
         out = []
         for dirpath, dirnames, filenames in os.walk(path):

@@ -34,7 +34,9 @@ class _Cli(click.Group):
             sys.exit(1)
 
 
-def _jobs(ctx: click.Context, param: click.Parameter, value: int) -> int:
+def _jobs(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    if value is None:
+        return value
     if value == 0 or value < -1:
         raise click.BadParameter("use a positive number of jobs, or -1 for all cores")
     return value
@@ -88,8 +90,8 @@ def plan(recipe: str) -> None:
 
 @main.command()
 @click.argument("recipe", type=click.Path(dir_okay=False))
-@click.option("-j", "--jobs", default=1, show_default=True, callback=_jobs,
-              help="parallel shard tasks (-1: all cores)")
+@click.option("-j", "--jobs", type=int, default=None, callback=_jobs,
+              help="parallel shard tasks (-1: all cores)  [default: 1; with --scheduler local, all cores]")
 @click.option("-o", "--out-dir", default="build", show_default=True, help="output folder")
 @click.option("--force", is_flag=True, help="rebuild every shard, even up-to-date ones")
 @click.option("--scheduler", default=None, help="run on a dask cluster: its address, or 'local'")
@@ -101,7 +103,7 @@ def plan(recipe: str) -> None:
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="override the recipe's timeout_s: seconds one input may take to decode")
 @click.option("--progress/--no-progress", default=True, show_default=True)
-def build(recipe: str, jobs: int, out_dir: str, force: bool, scheduler: str | None, content_hash: bool,
+def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: str | None, content_hash: bool,
           on_error: str | None, max_failures: int | None, timeout_s: float | None, progress: bool) -> None:
     """Build RECIPE into OUT_DIR/<name>.h5 (shards under OUT_DIR/<name>.shards/)."""
     from .build import build as run_build

@@ -39,6 +39,7 @@ from .errors import BuildError, DecodeError, InputError, MissingDependencyError,
 from .kinds import Kind
 from .plan import Item, ShardPlan
 from .recipe import Recipe
+from .remote import is_url
 from .sample import FieldSpec, Sample
 from .seeding import LazyRng
 from .writers.base import write_json_atomic
@@ -57,9 +58,11 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
     for fname, dec in recipe.decoders.items():
         path = item.paths[fname]
         try:
-            if not os.path.exists(path):
+            if "://" in path and is_url(path):
+                arrays, m = _decode_remote(recipe, dec, path, fname)
+            elif not os.path.exists(path):
                 raise DecodeError("input file is missing (the recipe's path for this field points to nothing)")
-            if stream is not None and fname == stream.field:
+            elif stream is not None and fname == stream.field:
                 arrays, m, stream.source = dec.open_stream(path, fname)
             else:
                 arrays, m = dec.decode(path, fname)
@@ -85,6 +88,18 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
         fields[lab.field] = np.asarray(item.label, dtype=np.int64)
         kinds[lab.field] = Kind.LABEL
     return Sample(key=item.key, fields=fields, kinds=kinds, meta=meta, links=links)
+
+
+def _decode_remote(recipe: Recipe, dec: Any, url: str, fname: str) -> tuple[dict, dict]:
+    """Decode a local copy of a remote input; errors name the URL, not the temporary copy."""
+    from .remote import local_copy
+
+    with local_copy(url, recipe.model.inputs.storage_options, folder=dec.reads_dirs) as local:
+        try:
+            return dec.decode(local, fname)
+        except InputError as e:
+            err = type(e)(e.detail.replace(local, url), path=url, stage=e.stage, field=e.field, key=e.key)
+            raise err from e.__cause__
 
 
 def copy_indices(recipe: Recipe) -> list[int]:
@@ -255,10 +270,12 @@ def skipped_path(shard_path: str) -> str:
 
 
 def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict[str, FieldSpec],
-              chunking: dict[str, int], in_worker: bool = False, isolate: bool = False) -> dict[str, Any]:
+              chunking: dict[str, int], in_worker: bool = False, isolate: bool = False,
+              progress: Optional[Callable[[int, int], None]] = None) -> dict[str, Any]:
     """Build one shard file at ``path``; never raises for bad inputs (they are reported).
 
-    ``isolate`` (or a recipe ``timeout_s``) decodes inputs in a helper process.
+    ``isolate`` (or a recipe ``timeout_s``) decodes inputs in a helper process. ``progress(shard index, 1)``
+    is called after each input (see :mod:`precompile.progress`).
     """
     if in_worker:
         try:
@@ -342,6 +359,8 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
             finally:
                 if samples is not None and hasattr(samples, "close"):
                     samples.close()
+            if progress is not None:
+                progress(shard.index, 1)
         t0 = time.perf_counter()
         _write_skipped(path, key, failures)
         info = writer.close()

@@ -103,13 +103,20 @@ def _walk(root: str, dirs: bool) -> list[str]:
 
 def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
     """Items in key order and the label names in id order."""
+    from .remote import is_url, list_tree
+
     inp = recipe.model.inputs
     root = recipe.input_root
-    if not os.path.isdir(root):
+    remote = is_url(root)
+    if remote:
+        listing = list_tree(root, inp.kind == "dir", inp.storage_options)  # once, here; fingerprints kept
+    elif not os.path.isdir(root):
         raise RecipeError(f"input root {root!r} is not a folder", source=recipe.source, loc="inputs.root")
+    else:
+        listing = _walk(root, inp.kind == "dir")
     rx = pattern_regex(inp.match, inp.where)
     matches = []
-    for rel in _walk(root, inp.kind == "dir"):
+    for rel in listing:
         m = rx.fullmatch(rel)
         if m:
             matches.append((rel, m.groupdict()))
@@ -131,7 +138,7 @@ def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
         paths = {}
         for fname, decl in inp.fields.items():
             rp = rel if decl.path is None else fill_template(decl.path, caps)
-            paths[fname] = os.path.join(root, *rp.split("/"))
+            paths[fname] = f"{root}/{rp}" if remote else os.path.join(root, *rp.split("/"))
         items.append(Item(key=rel, paths=paths, label=ids[caps[lab.capture]] if lab else None, captures=caps))
     return items, label_names
 

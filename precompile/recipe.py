@@ -45,6 +45,8 @@ class FieldDecl(BaseModel):
 
 class Inputs(_Model):
     root: str
+    storage_options: dict[str, Any] = Field(default_factory=dict,
+                                            description="fsspec options for a remote root (s3://, gs://, https://)")
     match: str
     where: dict[str, str] = Field(default_factory=dict)
     kind: Literal["file", "dir"] = "file"
@@ -56,6 +58,17 @@ class Inputs(_Model):
     def _match(cls, v: str) -> str:
         if v.startswith("/") or ".." in Path(v).parts:
             raise ValueError("must be a relative pattern inside root (no leading '/' or '..')")
+        return v
+
+    @field_validator("storage_options")
+    @classmethod
+    def _storage_options(cls, v: dict) -> dict:
+        from .remote import check_storage_options
+
+        bad = check_storage_options(v)
+        if bad is not None:
+            raise ValueError(f"{bad!r} looks like a credential; credentials do not belong in a recipe (it is stored "
+                             f"in the output): use the store's environment variables or config files")
         return v
 
     @field_validator("fields")
@@ -92,6 +105,8 @@ class Output(_Model):
 class RecipeModel(_Model):
     name: str
     seed: int = Field(0, ge=0)
+    imports: list[str] = Field(default_factory=list,
+                               description="Python modules that register custom decoders and steps")
     inputs: Inputs
     steps: list[dict[str, Any]] = Field(default_factory=list)
     copies: int = Field(0, ge=0)
@@ -154,17 +169,26 @@ class Recipe:
     """
 
     def __init__(self, model: RecipeModel, source: str | None = None, base_dir: str | None = None):
+        from . import plugins
+        from .decoders.base import Decoder
+        from .transforms.base import Step
+
         load_builtins()
         self.model = model
         self.source = source
         self.base_dir = os.path.abspath(base_dir or (os.path.dirname(source) if source else "."))
+        plugins.load_entry_points(source)
+        plugins.import_modules(list(model.imports), source, self.base_dir)
         self.decoders = {}
         for fname, decl in model.inputs.fields.items():
             loc = ("inputs", "fields", fname)
             try:
-                dcls = DECODERS.get(decl.decoder)
+                dcls = plugins.refresh_class(DECODERS.get(decl.decoder), DECODERS, decl.decoder)
             except UnknownName as e:
                 raise RecipeError(str(e), source=source, loc=format_loc(loc + ("decoder",))) from None
+            if not (isinstance(dcls, type) and issubclass(dcls, Decoder)):
+                raise RecipeError(f"decoder {decl.decoder!r} is registered as {dcls!r}, not a Decoder subclass",
+                                  source=source, loc=format_loc(loc + ("decoder",)))
             params = parse_params(dcls.Params, dict(decl.model_extra or {}), source, loc)
             self.decoders[fname] = dcls(params)
         self.steps = []
@@ -175,11 +199,19 @@ class Recipe:
                                   source=source, loc=format_loc(loc))
             (sname, raw), = entry.items()
             try:
-                scls = STEPS.get(sname)
+                scls = plugins.refresh_class(STEPS.get(sname), STEPS, sname)
             except UnknownName as e:
                 raise RecipeError(str(e), source=source, loc=format_loc(loc)) from None
+            if not (isinstance(scls, type) and issubclass(scls, Step)):
+                raise RecipeError(f"step {sname!r} is registered as {scls!r}, not a Step subclass",
+                                  source=source, loc=format_loc(loc))
             params = parse_params(scls.Params, raw, source, loc + (sname,))
             self.steps.append(scls(params))
+        from .remote import is_url
+
+        if model.inputs.storage_options and not is_url(model.inputs.root):
+            raise RecipeError("storage_options apply only to a remote root (s3://, gs://, https://, ...)",
+                              source=source, loc="inputs.storage_options")
         if model.output.format not in WRITERS:
             e = UnknownName("output format", model.output.format, list(WRITERS))
             raise RecipeError(str(e), source=source, loc="output.format")
@@ -214,6 +246,15 @@ class Recipe:
                 raise RecipeError(f"label field {lab.field!r} clashes with an input field", source=source,
                                   loc="inputs.label.field")
 
+        self.code = plugins.code_fingerprint(self.decoders, self.steps)
+
+    def __reduce__(self):
+        # rebuilt from the plain model in a worker: the recipe's imports run there, no user class is pickled,
+        # and the worker checks it runs the same user code as the parent planned with
+        # (modules that registered classes from Python rather than through `imports` are imported first)
+        mods = sorted({type(o).__module__ for o in [*self.decoders.values(), *self.steps]} - {"__main__"})
+        return (_restore_recipe, (self.model, self.source, self.base_dir, self.code, mods))
+
     # -- convenience -----------------------------------------------------------
     @property
     def name(self) -> str:
@@ -229,11 +270,21 @@ class Recipe:
 
     @property
     def input_root(self) -> str:
+        from .remote import is_url
+
+        if is_url(self.model.inputs.root):
+            return self.model.inputs.root.rstrip("/")
         return os.path.normpath(os.path.join(self.base_dir, self.model.inputs.root))
 
     def resolved(self) -> dict:
         """The recipe with defaults filled, as plain JSON data (stored in the output)."""
-        return self.model.model_dump(mode="json")
+        d = self.model.model_dump(mode="json")
+        # recipes without user code or remote options keep the hashes they had before these keys existed
+        if not d["imports"]:
+            del d["imports"]
+        if not d["inputs"]["storage_options"]:
+            del d["inputs"]["storage_options"]
+        return d
 
     def content_dict(self) -> dict:
         """The parts that decide output bytes: everything but the output's name and the error policy."""
@@ -242,10 +293,29 @@ class Recipe:
         d.pop("on_error", None)
         d.pop("max_failures", None)
         d.pop("timeout_s", None)
+        d.pop("imports", None)  # which modules were imported does not matter; the code used does (below)
+        if self.code:  # user decoders/steps: their code decides the bytes too
+            d["code"] = self.code
         return d
 
     def content_hash(self) -> str:
         return hashlib.sha256(fmt.dumps(self.content_dict()).encode()).hexdigest()
+
+
+def _restore_recipe(model: RecipeModel, source: str | None, base_dir: str | None, code: dict,
+                    modules: tuple = ()) -> Recipe:
+    import importlib
+    import sys
+
+    from .plugins import check_same_code, import_modules
+
+    import_modules(list(model.imports), source, os.path.abspath(base_dir or "."))  # may add the recipe's folder
+    for m in modules:
+        if m not in sys.modules:
+            importlib.import_module(m)
+    r = Recipe(model, source=source, base_dir=base_dir)
+    check_same_code(code, r.code)
+    return r
 
 
 def parse_recipe(data: Any, source: str | None = None, base_dir: str | None = None) -> Recipe:

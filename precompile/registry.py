@@ -20,7 +20,8 @@ class Registry(Generic[T]):
     def register(self, name: str | None = None) -> Callable[[T], T]:
         def deco(obj: T) -> T:
             key = name or getattr(obj, "name")
-            if key in self._items:
+            old = self._items.get(key)
+            if old is not None and not _same_definition(old, obj):
                 raise ValueError(f"{self.kind} {key!r} is already registered by {self._items[key]!r}")
             self._items[key] = obj
             return obj
@@ -41,6 +42,12 @@ class Registry(Generic[T]):
 
     def items(self) -> list[tuple[str, T]]:
         return sorted(self._items.items())
+
+
+def _same_definition(a: object, b: object) -> bool:
+    """True when ``b`` is ``a`` defined again by re-importing its module (a plugin whose source changed)."""
+    return (getattr(a, "__module__", None) == getattr(b, "__module__", 0)
+            and getattr(a, "__qualname__", None) == getattr(b, "__qualname__", 0))
 
 
 DECODERS: Registry = Registry("decoder")

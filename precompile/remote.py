@@ -1,0 +1,173 @@
+"""Remote inputs through fsspec: ``inputs.root`` may be ``s3://``, ``gs://``, ``http(s)://`` (any fsspec URL).
+
+- The tree is **listed once**, at plan time, in the parent (:func:`list_tree`);
+  each object's fingerprint (ETag, size, modification time, as the store reports
+  them) is kept in :data:`LISTED` and is what the shard keys hash
+  (:func:`fingerprint`), so an unchanged bucket rebuilds nothing and a changed
+  object rebuilds its shard. No request is made to compute a key.
+- A shard task fetches each input it decodes into a private temporary folder
+  (a folder input, such as a DICOM series, is fetched whole), decodes the local
+  copy and deletes it (:func:`local_copy`). The output stays local.
+- ``inputs.storage_options`` are passed to ``fsspec.filesystem`` (e.g.
+  ``endpoint_url``, ``anon``, ``requester_pays``). Credentials do not belong in
+  a recipe (the resolved recipe is stored in the output): they are refused there;
+  use the store's usual environment variables or config files.
+
+fsspec and the protocol's package are optional extras; a missing one is a
+:class:`MissingDependencyError` naming the extra (``s3``, ``gcs``, ``http``).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+import threading
+from typing import Any, Iterator, Optional
+
+from .errors import DecodeError, MissingDependencyError, PlanError
+
+URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# protocol -> (extra, package that provides it)
+EXTRAS = {"s3": ("s3", "s3fs"), "s3a": ("s3", "s3fs"), "gs": ("gcs", "gcsfs"), "gcs": ("gcs", "gcsfs"),
+          "http": ("http", "aiohttp"), "https": ("http", "aiohttp")}
+SECRET_KEYS = re.compile(r"(secret|password|passwd|token|credential|private|^key$|access_key)", re.I)
+
+# url -> fingerprint of every file listed at plan time in this process
+LISTED: dict[str, list] = {}
+_lock = threading.Lock()
+
+
+def is_url(path: Any) -> bool:
+    return isinstance(path, str) and URL_RE.match(path) is not None and not path.startswith("file://")
+
+
+def protocol(url: str) -> str:
+    m = URL_RE.match(url)
+    return m.group(1).lower() if m else "file"
+
+
+def check_storage_options(opts: dict[str, Any]) -> Optional[str]:
+    """The first option that looks like a credential, or None."""
+    for k in opts:
+        if SECRET_KEYS.search(str(k)):
+            return str(k)
+    return None
+
+
+def filesystem(url: str, storage_options: Optional[dict[str, Any]] = None) -> Any:
+    """The fsspec filesystem for ``url``; a missing package is a MissingDependencyError naming the extra."""
+    proto = protocol(url)
+    extra, pkg = EXTRAS.get(proto, ("remote", None))
+    try:
+        import fsspec
+    except ImportError:
+        raise MissingDependencyError(f"{url}: remote inputs need fsspec: pip install 'precompile[{extra}]'") from None
+    try:
+        return fsspec.filesystem(proto, **(storage_options or {}))
+    except ImportError as e:
+        what = pkg or str(e)
+        raise MissingDependencyError(f"{url}: reading {proto}:// needs {what}: pip install 'precompile[{extra}]' "
+                                     f"({e})") from None
+    except ValueError as e:  # an unknown protocol
+        raise PlanError(f"{url}: fsspec cannot open {proto}:// URLs: {e}") from None
+    except TypeError as e:  # a storage option the filesystem does not take
+        raise PlanError(f"{url}: bad inputs.storage_options for {proto}://: {e}") from None
+
+
+def _fp(info: dict[str, Any]) -> list:
+    etag = None
+    for k in ("ETag", "etag", "md5Hash", "md5", "crc32c", "checksum"):
+        if info.get(k):
+            etag = str(info[k]).strip('"')
+            break
+    mtime = None
+    for k in ("LastModified", "last_modified", "mtime", "updated", "modified", "created"):
+        if info.get(k) is not None:
+            v = info[k]
+            mtime = v.isoformat() if hasattr(v, "isoformat") else str(v)
+            break
+    size = info.get("size", info.get("Size"))
+    return ["remote", etag, None if size is None else int(size), mtime]
+
+
+def list_tree(root: str, dirs: bool, storage_options: Optional[dict[str, Any]] = None) -> list[str]:
+    """Relative '/'-separated paths of the files (or folders) under ``root``, sorted; fingerprints are recorded."""
+    fs = filesystem(root, storage_options)
+    base = root.rstrip("/")
+    stripped = fs._strip_protocol(base).rstrip("/")
+    fs.invalidate_cache()  # a cached listing from an earlier build in this process would hide changes
+    try:
+        found = fs.find(base, detail=True)
+    except FileNotFoundError:
+        raise PlanError(f"input root {root!r} does not exist (nothing listed)") from None
+    except PermissionError as e:
+        raise PlanError(f"input root {root!r}: permission denied while listing ({e}); check the store's "
+                        f"credentials in the environment, or storage_options such as anon: true") from None
+    except OSError as e:
+        raise PlanError(f"input root {root!r} cannot be listed: {type(e).__name__}: {e}") from None
+    files: dict[str, list] = {}
+    for name, info in found.items():
+        if info.get("type", "file") != "file":
+            continue
+        name = fs._strip_protocol(name)
+        if not name.startswith(stripped + "/"):
+            continue
+        rel = name[len(stripped) + 1:]
+        if any(part.startswith(".") for part in rel.split("/")):
+            continue
+        files[rel] = _fp(info)
+    with _lock:
+        for k in [k for k in LISTED if k.startswith(base + "/")]:
+            del LISTED[k]  # objects deleted since an earlier listing
+        for rel, fp in files.items():
+            LISTED[f"{base}/{rel}"] = fp
+        if dirs:
+            folders: dict[str, list] = {}
+            for rel in sorted(files):
+                parts = rel.split("/")
+                for i in range(1, len(parts)):
+                    d = "/".join(parts[:i])
+                    folders.setdefault(d, []).append(["/".join(parts[i:]), files[rel]])
+            for d, content in folders.items():
+                LISTED[f"{base}/{d}"] = content
+            return sorted(folders)
+    return sorted(files)
+
+
+def fingerprint(url: str) -> list:
+    """The plan-time fingerprint of a listed file or folder (``["missing"]`` if it was not listed)."""
+    return LISTED.get(url.rstrip("/"), ["missing"])
+
+
+@contextlib.contextmanager
+def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folder: bool = False) -> Iterator[str]:
+    """Fetch ``url`` (a file, or with ``folder`` everything under it) into a temporary folder; yields the local path."""
+    fs = filesystem(url, storage_options)
+    tmp = tempfile.mkdtemp(prefix="precompile-fetch-")
+    name = url.rstrip("/").rsplit("/", 1)[-1] or "input"
+    local = os.path.join(tmp, name)
+    try:
+        try:
+            if folder:
+                os.makedirs(local)
+                src = fs._strip_protocol(url.rstrip("/"))
+                for path in sorted(fs.find(url.rstrip("/"))):
+                    rel = fs._strip_protocol(path)[len(src) + 1:]
+                    if not rel or ".." in rel.split("/"):
+                        continue
+                    dst = os.path.join(local, *rel.split("/"))
+                    os.makedirs(os.path.dirname(dst), exist_ok=True)
+                    fs.get_file(path, dst)
+            else:
+                fs.get_file(url, local)
+        except FileNotFoundError:
+            raise DecodeError("the remote object is missing (it was listed at plan time)", path=url) from None
+        except MemoryError:
+            raise
+        except Exception as e:  # network errors, permissions
+            raise DecodeError(f"cannot fetch the remote input: {type(e).__name__}: {e}", path=url) from None
+        yield local
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -245,6 +245,9 @@ class Recipe:
             if lab.field in model.inputs.fields:
                 raise RecipeError(f"label field {lab.field!r} clashes with an input field", source=source,
                                   loc="inputs.label.field")
+        from .decoders.jpeg_reduce import configure
+
+        configure(self)  # reduce: auto: which JPEG decode scale the steps allow (read by the image decoder)
 
         self.code = plugins.code_fingerprint(self.decoders, self.steps)
 
@@ -296,6 +299,11 @@ class Recipe:
         d.pop("imports", None)  # which modules were imported does not matter; the code used does (below)
         if self.code:  # user decoders/steps: their code decides the bytes too
             d["code"] = self.code
+        from .decoders.jpeg_reduce import key_parts
+
+        scales = key_parts(self)
+        if scales:
+            d["decode_scale"] = scales  # the rule picking each JPEG's decode scale decides bytes too
         return d
 
     def content_hash(self) -> str:

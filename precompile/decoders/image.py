@@ -5,19 +5,29 @@ uint16, ``rgba8`` (H, W, 4) uint8. Palette, CMYK, grayscale, 16-bit and alpha
 inputs are converted to the requested mode; a truncated or corrupt file is a
 :class:`DecodeError` naming it (Pillow refuses truncated data; OpenCV would
 silently return a grey image, which is why it is not the decoder here).
+
+``reduce`` decodes JPEGs at 1/2, 1/4 or 1/8 scale from their DCT coefficients
+(Pillow's ``draft``, libjpeg-turbo's scaled IDCT): ``auto`` (default) at the
+smallest scale the following steps allow (see :mod:`.jpeg_reduce`), ``off`` at
+full size, ``2 | 4 | 8`` at that scale (other formats are then area-resized to
+the same ceil(H/k) x ceil(W/k), so every input comes out at 1/k). A sample
+decoded at a reduced scale records it in its meta: ``{"reduce": k}``.
 """
 from __future__ import annotations
 
 import warnings
-from typing import Literal
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
+from pydantic import field_validator
 
 from ..errors import DecodeError
 from ..registry import DECODERS
 from ..sample import FieldSpec
 from .base import Decoder, DecoderParams
+from .jpeg_reduce import SourceNeed, reduced_size
 
+_JPEG = ("JPEG", "MPO")  # MPO: a camera JPEG with extra frames; Pillow decodes the first like a JPEG
 MODES = {"rgb8": (3, "uint8"), "gray8": (1, "uint8"), "gray16": (1, "uint16"), "rgba8": (4, "uint8")}
 
 
@@ -83,16 +93,67 @@ class ImageDecoder(Decoder):
     class Params(DecoderParams):
         mode: Literal["rgb8", "gray8", "gray16", "rgba8"] = "rgb8"
         exif_transpose: bool = True
+        reduce: Union[Literal["auto", "off"], Literal[2, 4, 8]] = "auto"
+
+        @field_validator("reduce", mode="before")
+        @classmethod
+        def _reduce(cls, v: Any) -> Any:
+            if v is False or v == 1 or v == "1":
+                return "off"   # YAML reads a bare `off` as false
+            if v is True:
+                return "auto"  # `on`, `yes`, `true`
+            if isinstance(v, str) and v.strip() in ("2", "4", "8"):
+                return int(v)
+            return v
+
+    # set by the recipe (jpeg_reduce.configure) for reduce: auto: what the steps ask of the image
+    need: Optional[SourceNeed] = None
+    need_reason: str = "not configured by a recipe"
 
     def spec(self) -> FieldSpec:
         c, dtype = MODES[self.params.mode]
         return FieldSpec(self.kind, (None, None, c), dtype)
 
-    def read(self, path: str) -> np.ndarray:
-        return decode_image_file(path, self.params.mode, self.params.exif_transpose)
+    def read(self, path: str) -> np.ndarray | tuple[np.ndarray, dict[str, Any]]:
+        r = self.params.reduce
+        reduce: int | SourceNeed | None = r if isinstance(r, int) else (self.need if r == "auto" else None)
+        arr, k = decode_image_scaled(path, self.params.mode, self.params.exif_transpose, reduce)
+        return (arr, {"reduce": k}) if k > 1 else arr
 
 
 def decode_image_file(path: str, mode: str = "rgb8", exif_transpose: bool = True) -> np.ndarray:
+    """Decode ``path`` at full size to the array layout of ``mode``."""
+    return decode_image_scaled(path, mode, exif_transpose, None)[0]
+
+
+def _orientation(img) -> int:
+    try:
+        return int(img.getexif().get(0x0112, 1) or 1)
+    except Exception:  # damaged EXIF: exif_transpose decides (it warns and leaves the image)
+        return 1
+
+
+def _draft_scale(img, k: int) -> int:
+    """Ask a JPEG for 1/k scale decoding; returns the scale it will decode at (1 if none)."""
+    if k <= 1 or img.format not in _JPEG:
+        return 1
+    W, H = img.size
+    if W < k or H < k:
+        return 1
+    res = img.draft(None, (W // k, H // k))
+    if res is None:
+        return 1
+    return max(1, int(round(W / res[1][2])))
+
+
+def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = True,
+                        reduce: int | SourceNeed | None = None) -> tuple[np.ndarray, int]:
+    """Decode ``path``, a JPEG at reduced scale when ``reduce`` asks; returns (array, k), decoded at 1/k.
+
+    ``reduce``: None decodes at full size; an int k gives a 1/k image for any format (JPEG
+    by scaled IDCT, others by an area resize); a :class:`SourceNeed` lets the file's size
+    and orientation pick the JPEG scale (other formats: full size).
+    """
     from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
     if ImageFile.LOAD_TRUNCATED_IMAGES:
@@ -104,10 +165,25 @@ def decode_image_file(path: str, mode: str = "rgb8", exif_transpose: bool = True
             # Pillow warns (UserWarning) about damaged metadata such as corrupt EXIF and decodes anyway
             warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
             with Image.open(path) as img:
+                want = 1
+                if isinstance(reduce, int):
+                    want = reduce
+                elif reduce is not None and img.format in _JPEG:
+                    W, H = img.size
+                    if exif_transpose and _orientation(img) in (5, 6, 7, 8):
+                        W, H = H, W  # shown turned a quarter: the steps see the axes swapped
+                    want = reduce.scale_for(H, W)
+                k = _draft_scale(img, want)
                 img.load()
                 if exif_transpose:
                     img = ImageOps.exif_transpose(img)
                 arr = _to_mode(img, mode)
+            if isinstance(reduce, int) and reduce > 1 and k == 1:
+                # not a JPEG (or too small for libjpeg's scale): area-resize the full image to the same 1/k
+                from ..transforms.functional import resize_hwc
+
+                arr = resize_hwc(arr, *reduced_size(arr.shape[0], arr.shape[1], reduce), "area")
+                k = reduce
     except FileNotFoundError:
         raise DecodeError("file not found", path=path, stage="decode") from None
     except UnidentifiedImageError:
@@ -117,4 +193,4 @@ def decode_image_file(path: str, mode: str = "rgb8", exif_transpose: bool = True
         if "truncated" in msg.lower() or "broken data stream" in msg.lower():
             msg = f"truncated or corrupt image data ({msg})"
         raise DecodeError(msg, path=path, stage="decode") from None
-    return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(arr), k

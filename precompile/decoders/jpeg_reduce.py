@@ -1,0 +1,162 @@
+"""Reduced-scale JPEG decoding: which 1/2, 1/4 or 1/8 scale the steps after a decoder allow.
+
+A JPEG can be decoded directly at 1/2, 1/4 or 1/8 of its size from its DCT
+coefficients (libjpeg's scaled IDCT, Pillow's ``Image.draft``), several times
+faster than a full decode. With ``reduce: auto`` (the image decoder's default)
+the recipe works out, before anything is decoded, what the steps that follow
+ask of the decoded image, and each JPEG is decoded at the smallest scale that
+still satisfies it.
+
+The rule. Only the *first* step that resamples the field matters: everything
+after it works on that step's output, whose size does not depend on the
+decode scale, so no later step can use detail the first resample threw away.
+That first step must be
+
+- ``resize`` (``size``, ``shorter``, ``longer``, ``keep_aspect``) with
+  ``interpolation`` ``auto`` or ``area``: it asks for its target (h, w);
+- ``random_resized_crop`` (``auto``/``area``) acting on this field alone:
+  its smallest possible window, ``scale[0]`` of the area at the extreme
+  ``ratio`` (the narrowest and the shortest window), is resized to ``size``,
+  so the reduced image must carry that window at ``SAFETY`` x ``size``.
+  Every copy shares one decode per input at the scale its smallest crop needs.
+
+and only steps that commute with scaling may come before it (``convert``,
+``random_flip``, and steps that do not touch the field). Anything else before
+the first resample (a crop in source pixels, colour or noise steps, a step
+this module does not know) or no resample at all means full decoding.
+
+A scale 1/k is chosen, largest k first, when the reduced image
+(ceil(H/k), ceil(W/k)) -- in displayed orientation, so EXIF orientations 5-8
+swap the axes -- is at least ``SAFETY`` times what the step asks for along both
+axes, and, for a ``resize`` whose target follows the aspect ratio, gives the
+very same target size as the full image (so output shapes never change).
+
+Tolerance (measured, ``benchmarks/bench_decode.py`` and the tests): with
+``SAFETY = 2`` the output after the resize is within 45 dB PSNR of the
+full-decode output on natural photos (typically 50-60 dB); adversarial content
+(white noise, 1-pixel line art) stays above about 34 dB. ``reduce: off``
+decodes at full size; ``reduce: 2 | 4 | 8`` forces a scale.
+
+The rule (``describe``) and ``SAFETY`` are part of the recipe key, and the
+per-file choice is a pure function of the rule and the file's header (its size
+and orientation), which the input fingerprint covers, so the shard key changes
+whenever the scale choice can.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Optional
+
+SAFETY = 2.0          # the reduced image keeps >= SAFETY x the pixels the first resample asks for
+SCALES = (8, 4, 2)    # libjpeg's power-of-two scaled IDCTs, largest reduction first
+RULE_VERSION = 1      # bump when the rule below changes: it is part of the recipe key
+
+# steps that may run before the first resample without changing what it needs:
+# per-pixel format changes and flips commute with scaling, and draw nothing from the size
+_TRANSPARENT = frozenset({"convert", "random_flip"})
+_AREA = ("auto", "area")
+
+
+def reduced_size(h: int, w: int, k: int) -> tuple[int, int]:
+    """The size libjpeg decodes an h x w image to at scale 1/k (rounded up)."""
+    return -(-h // k), -(-w // k)
+
+
+@dataclass(frozen=True)
+class SourceNeed:
+    """What the first resampling step after a decoder asks of the decoded image.
+
+    ``step`` is ``"resize"`` or ``"random_resized_crop"``; ``index`` its position in
+    ``steps``; ``target`` the step object (read for its sizes, never run).
+    """
+
+    step: str
+    index: int
+    target: Any
+
+    def asks(self, H: int, W: int) -> tuple[float, float, Optional[tuple[int, int]]]:
+        """For a displayed H x W source: the (rows, columns) of source pixels the step's output
+        needs at least, and the exact target size when it follows the source's aspect ratio."""
+        p = self.target.params
+        if self.step == "resize":
+            h, w = self.target.target_size(H, W)
+            aspect = p.shorter is not None or p.longer is not None or p.keep_aspect
+            return float(h), float(w), ((h, w) if aspect else None)
+        # random_resized_crop: the smallest window that can be drawn, scaled up to the output size
+        h_out, w_out = p.size
+        area = p.scale[0] * H * W
+        win_h = min(H, math.sqrt(area / p.ratio[1]))   # widest ratio gives the shortest window
+        win_w = min(W, math.sqrt(area * p.ratio[0]))   # tallest ratio gives the narrowest window
+        return h_out * H / win_h, w_out * W / win_w, None
+
+    def scale_for(self, H: int, W: int) -> int:
+        """The largest k in 8, 4, 2 (else 1) at which a displayed H x W source still satisfies the step."""
+        need_h, need_w, exact = self.asks(H, W)
+        for k in SCALES:
+            h, w = reduced_size(H, W, k)
+            if h < SAFETY * need_h or w < SAFETY * need_w:
+                continue
+            if exact is not None and tuple(self.target.target_size(h, w)) != exact:
+                continue  # rounding would change the resize's output size: keep geometry identical
+            return k
+        return 1
+
+    def describe(self) -> dict[str, Any]:
+        """JSON for the recipe key: the rule's version, its safety factor and the step it follows."""
+        return {"rule": RULE_VERSION, "safety": SAFETY, "step": self.step, "index": self.index,
+                "params": self.target.params.model_dump(mode="json")}
+
+
+def source_need(field: str, recipe: Any) -> tuple[Optional[SourceNeed], str]:
+    """The need of ``field`` (an image decoder's output) under ``recipe``'s steps, or None and why."""
+    from ..errors import PrecompileError
+
+    specs: dict[str, Any] = {}
+    try:
+        for fname, dec in recipe.decoders.items():
+            specs.update(dec.output_specs(fname))
+    except (ValueError, PrecompileError):
+        return None, "the decoders' specs are not valid"
+    for i, step in enumerate(recipe.steps):
+        try:
+            targets = step.targets(specs)
+            nxt = step.plan(specs)
+        except (ValueError, TypeError, PrecompileError):
+            return None, f"steps[{i}] {step.name} does not plan"  # make_plan reports it
+        if field in targets:
+            p = step.params
+            if step.name == "resize":
+                if p.interpolation not in _AREA:
+                    return None, f"steps[{i}] resize uses interpolation {p.interpolation!r} (needs auto or area)"
+                return SourceNeed("resize", i, step), f"steps[{i}] resize"
+            if step.name == "random_resized_crop":
+                if p.interpolation not in _AREA:
+                    return None, (f"steps[{i}] random_resized_crop uses interpolation {p.interpolation!r} "
+                                  f"(needs auto or area)")
+                if list(targets) != [field]:
+                    return None, f"steps[{i}] random_resized_crop draws one window for several fields"
+                return SourceNeed("random_resized_crop", i, step), f"steps[{i}] random_resized_crop"
+            if step.name not in _TRANSPARENT:
+                return None, f"steps[{i}] {step.name} works on source pixels before any resize"
+        specs = nxt
+        if field not in specs:
+            return None, f"steps[{i}] {step.name} removes the field"
+    return None, "no step resizes the field"
+
+
+def configure(recipe: Any) -> None:
+    """Give every image decoder with ``reduce: auto`` its :class:`SourceNeed` (or None)."""
+    for fname, dec in recipe.decoders.items():
+        if getattr(dec, "name", None) == "image" and getattr(dec.params, "reduce", "off") == "auto":
+            dec.need, dec.need_reason = source_need(fname, recipe)
+
+
+def key_parts(recipe: Any) -> dict[str, Any]:
+    """The decode-scale rules of ``recipe``'s image fields with ``reduce: auto``, for the recipe key."""
+    out: dict[str, Any] = {}
+    for fname, dec in recipe.decoders.items():
+        if getattr(dec, "name", None) == "image" and getattr(dec.params, "reduce", "off") == "auto":
+            need = getattr(dec, "need", None)
+            out[fname] = need.describe() if need is not None else {"rule": RULE_VERSION, "step": None}
+    return out

@@ -98,10 +98,10 @@ class ImageDecoder(Decoder):
         @field_validator("reduce", mode="before")
         @classmethod
         def _reduce(cls, v: Any) -> Any:
-            if v is False or v == 1 or v == "1":
-                return "off"   # YAML reads a bare `off` as false
-            if v is True:
-                return "auto"  # `on`, `yes`, `true`
+            if isinstance(v, bool):
+                return "auto" if v else "off"  # YAML 1.1 reads a bare `off` as false, `on` as true
+            if v == 1 or v == "1":
+                return "off"
             if isinstance(v, str) and v.strip() in ("2", "4", "8"):
                 return int(v)
             return v
@@ -168,7 +168,9 @@ def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = Tr
                 want = 1
                 if isinstance(reduce, int):
                     want = reduce
-                elif reduce is not None and img.format in _JPEG:
+                elif reduce is not None and img.format in _JPEG and img.mode != "CMYK":
+                    # (CMYK: libjpeg would average in CMYK space, and the conversion to RGB is not
+                    # linear, so the result would drift from full decoding: auto leaves CMYK whole)
                     W, H = img.size
                     if exif_transpose and _orientation(img) in (5, 6, 7, 8):
                         W, H = H, W  # shown turned a quarter: the steps see the axes swapped

@@ -86,6 +86,10 @@ def plan(recipe: str) -> None:
     for f, s in p.specs.items():
         click.echo(f"  {f:<12} {s.describe()}")
     click.echo(f"size      {_human(p.estimated_bytes())}{more}")
+    from .decoders.jpeg_reduce import explain
+
+    for f, how in explain(r).items():
+        click.echo(f"decode    {f}: {how}")
 
 
 @main.command()

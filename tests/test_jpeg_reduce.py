@@ -339,3 +339,17 @@ def test_each_input_is_decoded_once_for_all_its_copies(tmp_path, big_tree, monke
     ds = precompile.open(tmp_path / "o" / "jr.h5")
     metas = [ds.meta(i) for i in range(len(ds))]
     assert all(m["image"]["reduce"] == 4 for m in metas)    # one shared decode at the smallest crop's scale
+
+
+def test_plan_says_how_each_image_field_is_decoded(tmp_path, big_tree):
+    from click.testing import CliRunner
+
+    from precompile.cli import main
+
+    for img, steps, want in (({}, [{"resize": {"shorter": 48}}], "where steps[0] resize keeps >= 2x"),
+                             ({}, [{"center_crop": {"size": 48}}], "full size: steps[0] center_crop works on source"),
+                             ({"reduce": "off"}, [{"resize": {"shorter": 48}}], "full size (reduce: off)"),
+                             ({"reduce": 4}, [], "1/4 scale for every input")):
+        rp = write_recipe(tmp_path / "r.yaml", recipe_dict(big_tree, steps, img))
+        r = CliRunner().invoke(main, ["plan", str(rp)])
+        assert r.exit_code == 0 and "decode    image: " in r.output and want in r.output, r.output

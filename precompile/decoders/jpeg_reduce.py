@@ -32,10 +32,13 @@ axes, and, for a ``resize`` whose target follows the aspect ratio, gives the
 very same target size as the full image (so output shapes never change).
 
 Tolerance (measured, ``benchmarks/bench_decode.py`` and the tests): with
-``SAFETY = 2`` the output after the resize is within 45 dB PSNR of the
-full-decode output on natural photos (typically 50-60 dB); adversarial content
-(white noise, 1-pixel line art) stays above about 34 dB. ``reduce: off``
-decodes at full size; ``reduce: 2 | 4 | 8`` forces a scale.
+``SAFETY = 2`` the output after the resize is at least about 45 dB PSNR from the
+full-decode output on photo-like content (typically 50-60 dB); adversarial
+content (white noise, 1-pixel line art) stays above about 34 dB, where
+``SAFETY = 1`` would give 24-32 dB. ``reduce: off`` decodes at full size;
+``reduce: 2 | 4 | 8`` forces a scale.
+
+CMYK JPEGs are decoded whole under ``auto`` (see the image decoder).
 
 The rule (``describe``) and ``SAFETY`` are part of the recipe key, and the
 per-file choice is a pure function of the rule and the file's header (its size
@@ -150,6 +153,25 @@ def configure(recipe: Any) -> None:
     for fname, dec in recipe.decoders.items():
         if getattr(dec, "name", None) == "image" and getattr(dec.params, "reduce", "off") == "auto":
             dec.need, dec.need_reason = source_need(fname, recipe)
+
+
+def explain(recipe: Any) -> dict[str, str]:
+    """One line per image field on how its JPEGs will be decoded (for ``precompile plan``)."""
+    out = {}
+    for fname, dec in recipe.decoders.items():
+        if getattr(dec, "name", None) != "image":
+            continue
+        r = dec.params.reduce
+        if r == "off":
+            out[fname] = "full size (reduce: off)"
+        elif isinstance(r, int):
+            out[fname] = f"1/{r} scale for every input (reduce: {r})"
+        elif dec.need is not None:
+            out[fname] = (f"JPEG at 1/2, 1/4 or 1/8 per file where {dec.need_reason} keeps >= {SAFETY:g}x "
+                          f"the pixels it asks for (reduce: auto)")
+        else:
+            out[fname] = f"full size: {dec.need_reason} (reduce: auto)"
+    return out
 
 
 def key_parts(recipe: Any) -> dict[str, Any]:

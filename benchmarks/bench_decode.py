@@ -210,6 +210,8 @@ def main() -> None:
             print(f"| {name} | {crop}x{crop} (shorter {shorter}) | {n} | {n / off:.0f} | {n / auto:.0f} | "
                   f"{off / auto:.2f}x | {sc} | {fmt(mean)} | {fmt(worst)} | {n / ide:.0f} | {ide / off:.2f}x | "
                   f"{ide / auto:.2f}x |")
+        print(f"\nload average at the end (1, 5, 15 min): {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
+              f"on {os.cpu_count()} cores (the ideal counts CPU time, the builds wall time)")
         if not args.no_decode_table:
             decode_table(files_by_size, args.repeats)
     finally:

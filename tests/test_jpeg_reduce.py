@@ -353,3 +353,16 @@ def test_plan_says_how_each_image_field_is_decoded(tmp_path, big_tree):
         rp = write_recipe(tmp_path / "r.yaml", recipe_dict(big_tree, steps, img))
         r = CliRunner().invoke(main, ["plan", str(rp)])
         assert r.exit_code == 0 and "decode    image: " in r.output and want in r.output, r.output
+
+
+def test_isolated_decoding_helper_picks_the_same_scales(tmp_path, big_tree):
+    steps = [{"resize": {"shorter": 48}}, {"center_crop": {"size": 48}}]
+    a = write_recipe(tmp_path / "a.yaml", recipe_dict(big_tree, steps))
+    b = write_recipe(tmp_path / "b.yaml", recipe_dict(big_tree, steps, timeout_s=120))  # decodes in a helper
+    precompile.build(a, out_dir=tmp_path / "a")
+    precompile.build(b, out_dir=tmp_path / "b")
+    got_a, got_b = read_all(tmp_path / "a" / "jr.h5"), read_all(tmp_path / "b" / "jr.h5")
+    assert got_a.keys() == got_b.keys()
+    for key in got_a:
+        assert got_a[key][0].tobytes() == got_b[key][0].tobytes() and got_a[key][1] == got_b[key][1]
+        assert got_b[key][1]["image"]["reduce"] == 4

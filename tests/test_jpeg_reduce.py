@@ -366,3 +366,37 @@ def test_isolated_decoding_helper_picks_the_same_scales(tmp_path, big_tree):
     for key in got_a:
         assert got_a[key][0].tobytes() == got_b[key][0].tobytes() and got_a[key][1] == got_b[key][1]
         assert got_b[key][1]["image"]["reduce"] == 4
+
+
+def test_sample_recipe_auto_writes_the_same_bytes_as_off(tmp_path):
+    """The sample images (128x96 -> shorter 72) cannot be reduced: auto leaves their bytes alone."""
+    import yaml
+
+    from conftest import REPO
+
+    doc = yaml.safe_load((REPO / "recipes" / "images.yaml").read_text())
+    doc["inputs"]["root"] = str(REPO / "sample_data" / "images")
+    hashes = {}
+    for red in ("auto", "off"):
+        doc["inputs"]["fields"]["image"]["reduce"] = red
+        rp = write_recipe(tmp_path / f"{red}.yaml", doc)
+        precompile.build(rp, out_dir=tmp_path / red)
+        with h5py.File(tmp_path / red / "images.h5") as f:
+            hashes[red] = {n: f[n][()].tobytes() for n in ("image", "label")}
+    assert hashes["auto"] == hashes["off"]
+
+
+def test_fixed_scale_gives_every_format_the_same_reduced_size(tmp_path):
+    from conftest import make_image_tree
+
+    root = make_image_tree(tmp_path / "in", per_class=2, size=(41, 57))      # JPEG and PNG
+    d = recipe_dict(root, [], {"reduce": 2})
+    d["inputs"]["match"] = "{label}/{name}.{ext}"
+    rp = write_recipe(tmp_path / "r.yaml", d)
+    precompile.build(rp, out_dir=tmp_path / "o")
+    got = read_all(tmp_path / "o" / "jr.h5")
+    assert {k.rsplit(".", 1)[1] for k in got} == {"jpg", "png"}
+    for key, (a, meta) in got.items():
+        assert a.shape == (21, 29, 3) and meta["image"]["reduce"] == 2, key
+        if key.endswith(".png"):
+            np.testing.assert_array_equal(a, F.resize_hwc(decode_image_file(str(root / key)), 21, 29, "area"))

@@ -400,3 +400,13 @@ def test_fixed_scale_gives_every_format_the_same_reduced_size(tmp_path):
         assert a.shape == (21, 29, 3) and meta["image"]["reduce"] == 2, key
         if key.endswith(".png"):
             np.testing.assert_array_equal(a, F.resize_hwc(decode_image_file(str(root / key)), 21, 29, "area"))
+
+
+def test_progressive_jpeg_is_reduced_too(tmp_path):
+    p = tmp_path / "prog.jpg"
+    Image.fromarray(photo(768, 1024, seed=9)).save(p, "JPEG", quality=90, progressive=True)
+    need, _ = need_of([{"resize": {"shorter": 72}}])
+    a, k = decode_image_scaled(str(p), "rgb8", True, need)
+    assert k == 4 and a.shape == (192, 256, 3)
+    full = decode_image_file(str(p))
+    assert psnr(F.resize_hwc(a, 72, 96), F.resize_hwc(full, 72, 96)) >= 40

@@ -83,7 +83,7 @@ def ideal_seconds(files: list[Path], crop: int, shorter: int, cores: int) -> tup
     """Sum of per-sample full decode + resize + crop time, divided by the cores: (CPU time, wall time).
     On a shared machine the wall figure also pays for other jobs' use of the cores, as the builds do."""
     from precompile.decoders.image import decode_image_file
-    from precompile.transforms import functional as F
+    from precompile.transforms.kernels import geometry as F
 
     total = 0.0
     w0 = time.perf_counter()

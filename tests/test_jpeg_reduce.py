@@ -20,8 +20,8 @@ from precompile.decoders import jpeg_reduce as JR
 from precompile.decoders.image import ImageDecoder, decode_image_file, decode_image_scaled
 from precompile.errors import DecodeError, RecipeError
 from precompile.recipe import load_recipe, parse_recipe
-from precompile.transforms import functional as F
-from precompile.transforms.augment import RandomResizedCrop
+from precompile.transforms.kernels import geometry as F
+from precompile.transforms.geometry import RandomResizedCrop
 
 from conftest import realdata, write_recipe
 

@@ -182,7 +182,7 @@ def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = Tr
                 arr = _to_mode(img, mode)
             if isinstance(reduce, int) and reduce > 1 and k == 1:
                 # not a JPEG (or too small for libjpeg's scale): area-resize the full image to the same 1/k
-                from ..transforms.functional import resize_hwc
+                from ..transforms.kernels.geometry import resize_hwc
 
                 arr = resize_hwc(arr, *reduced_size(arr.shape[0], arr.shape[1], reduce), "area")
                 k = reduce

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
 from typing import Any, Optional
 
@@ -81,3 +82,18 @@ def find_reusable(out_dir: str, shard_dir: str, file_name: str, key: str, writer
             if info is not None and info["key"] == key:
                 return cand
     return None
+
+
+def skipped_path(shard_path: str) -> str:
+    """The sidecar that lists a finished shard's skipped inputs (absent when none were skipped)."""
+    return shard_path + ".skipped.json"
+
+
+def read_skipped(shard_path: str, key: str) -> list[dict[str, Any]]:
+    """The skipped inputs recorded for a finished shard built with ``key`` ([] when none or stale)."""
+    try:
+        with open(skipped_path(shard_path)) as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return list(d.get("failures", [])) if d.get("key") == key else []

@@ -161,3 +161,28 @@ def test_fallback_shards_open_lazily_in_the_reading_process(one_per_shard):
     r.close()
     assert not second.id.valid and r._h5 == {}       # close() closes the files this process opened
     ds.close()
+
+
+def test_in_memory_reader_copies_mapped_and_fallback_shards(one_per_shard):
+    shard = _shard(one_per_shard, 4)
+    with h5py.File(shard, "r") as f:
+        data = {k: f[k][()] for k in f}
+        attrs = dict(f.attrs)
+    os.remove(shard)
+    with h5py.File(shard, "w") as g:   # one shard compressed: served by h5py, then copied like the rest
+        for k, v in data.items():
+            g.create_dataset(k, data=v, compression="gzip" if k == "image" else None)
+        for k, v in attrs.items():
+            g.attrs[k] = v
+    ds = precompile.open(one_per_shard)
+    want = ds.batch(range(len(ds)))
+    r = DirectReader(ds, in_memory=True)
+    assert "filtered" in r.fallbacks[(4, "image")] and r._maps == {} and r.region is None
+    idx = np.array([9, 4, 0, 4, 7, 1])
+    for f in ("image", "label"):
+        np.testing.assert_array_equal(r.read(idx)[f], want[f][idx])
+        np.testing.assert_array_equal(r.read(np.arange(len(ds)))[f], want[f])
+    r.close()
+    with pytest.raises(PrecompileError, match="reader is closed"):
+        r.read([0])
+    ds.close()

@@ -474,15 +474,41 @@ class DirectReader:
             self._views[name], self._takeable[name], self._vid[name], self._vrow[name] = views, takeable, vid, vrow
 
     def _load_into_memory(self) -> None:
-        """Copy every field's rows, in index order, into one private array; then drop the maps."""
-        step = max(1, BLOCK_BYTES * 8 // max(1, sum(self.row_bytes.values())))
+        """Copy every field's rows, in index order, into one private array; then drop the maps.
+
+        Mapped rows are read from the shard files with ``readinto`` (one call per run of
+        adjacent rows: the kernel copies, the map takes no page faults), h5py-served rows
+        through the usual fallback.
+        """
         mem = {name: np.empty((self.n, *self.shapes[name]), self.dtypes[name]) for name in self.fields}
-        for lo in range(0, self.n, step):
-            plan = self.plan(np.arange(lo, min(self.n, lo + step), dtype=np.int64))
-            for name in self.fields:
-                self.gather(name, plan, mem[name][lo:lo + plan.size])
+        flat = {name: mem[name].reshape(self.n, -1).view(np.uint8) for name in self.fields}
+        paths = {s: os.path.join(self.base, self.ds.shards[s]["file"]) for s in range(len(self.offsets) - 1)}
+        for s, path in paths.items():
+            mapped = [name for name in self.fields if self.parts[name][s].row_addr is not None and
+                      self.parts[name][s].n]
+            if not mapped:
+                continue
+            lo = int(self.offsets[s])
+            with open(path, "rb", buffering=0) as f:
+                for name in mapped:
+                    addr, rb = self.parts[name][s].row_addr, self.row_bytes[name]
+                    cuts = [0, *(np.flatnonzero(np.diff(addr) != rb) + 1).tolist(), len(addr)]
+                    for a, b in zip(cuts[:-1], cuts[1:]):
+                        dest = memoryview(flat[name][lo + a:lo + b]).cast("B")
+                        f.seek(int(addr[a]))
+                        got = 0
+                        while got < len(dest):
+                            k = f.readinto(dest[got:])
+                            if not k:
+                                raise FormatError(f"{path}: file ends inside dataset {name!r}")
+                            got += k
         for name in self.fields:
-            self._views[name] = [mem[name].reshape(self.n, -1).view(np.uint8)]
+            rest = np.flatnonzero(self._vid[name] < 0)
+            if rest.size:
+                mem[name][rest] = self.gather(name, self.plan(rest),
+                                              np.empty((rest.size, *self.shapes[name]), self.dtypes[name]))
+        for name in self.fields:
+            self._views[name] = [flat[name]]
             self._takeable[name] = [True]
             self._vid[name] = np.zeros(self.n, dtype=np.int64)
             self._vrow[name] = np.arange(self.n, dtype=np.int64)

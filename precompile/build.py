@@ -43,22 +43,6 @@ from .registry import WRITERS
 from .writers.base import write_json_atomic
 
 
-def chunking_for(plan: Plan) -> dict[str, int]:
-    """Samples per chunk for each fixed-shape field; for a variable-shape field, the number of
-    elements per chunk of its flat data array (``chunk_bytes`` worth)."""
-    out = plan.recipe.model.output
-    res = {}
-    for f, s in plan.specs.items():
-        if not s.fixed:
-            res[f] = max(1, out.chunk_bytes // s.itemsize)
-        elif out.chunk_samples:
-            res[f] = out.chunk_samples
-        else:
-            nb = s.nbytes() or out.chunk_bytes
-            res[f] = max(1, min(out.samples_per_shard, out.chunk_bytes // max(1, nb)))
-    return res
-
-
 def check_plan(plan: Plan) -> None:
     """Checks that need the plan: the output format can hold the fields; copies make sense."""
     r = plan.recipe
@@ -138,7 +122,7 @@ def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: int, force: bool, p
     writer = WRITERS.get(recipe.model.output.format)()
     rhash = recipe.content_hash()
     skey = recipe_key(recipe)
-    chunking = chunking_for(plan)
+    chunking = {s.index: plan.chunking(s) for s in plan.shards}
 
     # stray temporaries from a killed build: shards, the index, the report
     for p in (glob.glob(os.path.join(glob.escape(shard_dir), "*.tmp-*"))
@@ -431,14 +415,15 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, schedule
     if n_jobs == 1 and scheduler is None:
         try:
             for s, path in todo:
-                yield run_shard(recipe, s, path, keys[s.index], specs, chunking)
+                yield run_shard(recipe, s, path, keys[s.index], specs, chunking[s.index])
         finally:
             shutdown_isolated()
         return
     import joblib
 
     if scheduler is not None:
-        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking, True) for s, path in todo)
+        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking[s.index], True)
+                 for s, path in todo)
         try:
             from dask.distributed import Client, LocalCluster
         except ImportError:
@@ -470,7 +455,8 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: int, schedule
     remaining, isolated = list(todo), set()
     while remaining:
         done: set[int] = set()
-        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking, True, s.index in isolated)
+        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking[s.index], True,
+                                           s.index in isolated)
                  for s, path in remaining)
         try:
             with warnings.catch_warnings():

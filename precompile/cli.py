@@ -83,7 +83,9 @@ def plan(recipe: str) -> None:
     click.echo("fields")
     for f, s in p.specs.items():
         click.echo(f"  {f:<12} {s.describe()}")
-    click.echo(f"size      {_human(p.estimated_bytes())}{more}")
+    est, data = p.estimated_bytes(), p.data_bytes()
+    extra = f" ({_human(data)} of sample data)" if est is not None and est != data else ""
+    click.echo(f"size      {_human(est)}{extra}{more}")
 
 
 @main.command()

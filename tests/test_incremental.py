@@ -245,3 +245,18 @@ def test_no_change_rebuild_imports_only_what_it_needs(proj):
     assert r.returncode == 0, r.stderr
     # h5py reads the index's attributes; nothing that decodes, schedules or trains is imported
     assert r.stdout.split() == ["True", "h5py"], r.stdout
+
+
+@pytest.mark.parametrize("key", ["a/b.png", "ü/ñ 1.jpg", 'q"uo\\te/\t\x01\u2028.png', ""])
+@pytest.mark.parametrize("label", [None, 0, 7])
+def test_shard_key_item_text_is_the_canonical_json(key, label):
+    # the direct formatting behind shard keys gives fmt.dumps's bytes, so keys do not change with it
+    from precompile import format as fmt
+    from precompile.cache import item_text
+
+    for fps in ([("image", [12, 1700000000123456789])],
+                [("flow", [3, 4]), ("image", [5, 6])],
+                [("image", ["missing"])],
+                [("image", [10, "ab" * 32])],
+                [("dir", [["x/y.dcm", [1, 2]]])]):
+        assert item_text(key, label, fps) == fmt.dumps([key, label, dict(fps)])

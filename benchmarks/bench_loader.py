@@ -8,7 +8,8 @@ Contenders, all measured in this run on the same samples (warm page cache):
   ``out`` and the gather runs at about 0.6x (the old benchmark's handicap).
 - ``Loader`` (CPU, full shuffle, default threads) on each store: the files
   mapped in one address range (the default), one map per shard (the gather
-  before this benchmark's issue, ``USE_REGION`` off), and ``in_memory=True``.
+  before this benchmark's issue, ``USE_REGION`` off), and ``in_memory=True``;
+  on the largest store also with 2 gather threads.
 - ``DataLoader(H5Dataset)``, 0 workers, on the 100-shard store (h5py per sample).
 
 The stores hold the same samples (``--samples``, default 80,000 = 938 MiB)
@@ -131,12 +132,15 @@ def main(argv: list[str] | None = None) -> None:
                   "in-memory gather, unsorted": lambda r: limit(r, False)}
     loaders = []
     for k in counts:
-        for label, region, mem in (("one region", True, False), ("map per shard", False, False),
-                                   ("in_memory", True, True)):
+        variants = [("one region", True, False, None), ("map per shard", False, False, None),
+                    ("in_memory", True, True, None)]
+        if k == max(counts):  # gather threads: they pay off only where cores are idle
+            variants += [("one region", True, False, 2), ("in_memory", True, True, 2)]
+        for label, region, mem, threads in variants:
             direct.USE_REGION = region
             t0 = time.perf_counter()
             loader = Loader(stores[k], batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"],
-                            in_memory=mem)
+                            in_memory=mem, num_threads=threads)
             made = time.perf_counter() - t0
             direct.USE_REGION = True
             loaders.append(loader)

@@ -1,19 +1,24 @@
-"""Shuffled batches of 256 from a 64x64x3 uint8 store: the Loader against a DataLoader and the memory limit.
+"""Shuffled batches of 256 from 64x64x3 uint8 stores of 1, 100 and 5,000 shards: the Loader against in-memory gathers.
 
-Contenders, all measured in this run on the same store (warm page cache):
+Contenders, all measured in this run on the same samples (warm page cache):
 
-- ``numpy gather from memory`` (the limit): the whole store in one array,
-  ``np.take(data, batch, axis=0, out=buf)`` into a reused buffer, one thread.
-- ``DataLoader(H5Dataset)`` with 0 and 2 workers: the backbone's map-style
-  dataset (h5py per sample, chunk cache off) under torch's default collate.
-- ``Loader`` (CPU, no pinning): full shuffle and block shuffle, default threads.
+- ``in-memory gather, sorted`` (the limit): the whole set in one array,
+  ``np.take(images, np.sort(batch), axis=0)``; ``unsorted``: the batch in the
+  sampler's order. No ``out=`` argument: with ``mode="raise"`` numpy buffers
+  ``out`` and the gather runs at about 0.6x (the old benchmark's handicap).
+- ``Loader`` (CPU, full shuffle, default threads) on each store: the files
+  mapped in one address range (the default), one map per shard (the gather
+  before this benchmark's issue, ``USE_REGION`` off), and ``in_memory=True``;
+  on the largest store also with 2 gather threads.
+- ``DataLoader(H5Dataset)``, 0 workers, on the 100-shard store (h5py per sample).
 
-Every contender yields uint8 batches of 256 in a fresh random order per
-repeat; the table gives the median samples/s over the repeats and the ratio
-to the limit. The store is written through the project's HDF5 writer (chunks
-of 256 samples = 3 MiB, as in notes/hdf5-fast-reads.md).
+The stores hold the same samples (``--samples``, default 80,000 = 938 MiB)
+cut into 1, 100 and 5,000 shards (``--shards``), written through the project's
+HDF5 writer. Every contender yields uint8 batches of 256 in a fresh random
+order per repeat; the table gives the median samples/s over the repeats and
+the ratios to both limits.
 
-    PYTHONPATH=. python benchmarks/bench_loader.py [--quick] [--samples N] [--repeats R]
+    PYTHONPATH=. python benchmarks/bench_loader.py [--quick] [--samples N] [--shards 1,100,5000] [--repeats R]
 """
 from __future__ import annotations
 
@@ -76,88 +81,110 @@ def timed_passes(make_iter, n_samples: int, repeats: int) -> list[float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small store and few repeats (a smoke run)")
-    ap.add_argument("--samples", type=int, default=None, help="samples in the store (default 16384, quick 4096)")
+    ap.add_argument("--quick", action="store_true", help="small stores and few repeats (a smoke run)")
+    ap.add_argument("--samples", type=int, default=None, help="samples per store (default 80000, quick 4096)")
+    ap.add_argument("--shards", default=None, help="shard counts, comma-separated (default 1,100,5000; quick 1,256)")
     ap.add_argument("--repeats", type=int, default=None, help="passes per contender (default 5, quick 3)")
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--dir", default=None, help="where to write the store (default: a temporary folder)")
+    ap.add_argument("--dir", default=None, help="where to write the stores (default: a temporary folder)")
     args = ap.parse_args(argv)
-    n = args.samples or (4096 if args.quick else 16384)
+    n = args.samples or (4096 if args.quick else 80000)
     reps = args.repeats or (3 if args.quick else 5)
+    counts = [int(x) for x in (args.shards or ("1,256" if args.quick else "1,100,5000")).split(",")]
     bs = args.batch_size
 
     import torch
     from torch.utils.data import DataLoader
 
     import precompile
+    from precompile.reader import direct
     from precompile.reader.loader import Loader
 
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (n, 64, 64, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, n)
     tmp = tempfile.TemporaryDirectory(dir=args.dir)
-    t0 = time.perf_counter()
-    index = write_store(tmp.name, "bench64", images, labels)
-    print(f"store: {n} x 64x64x3 uint8 ({n * 12288 / 2**20:.0f} MiB), written in {time.perf_counter() - t0:.1f} s; "
-          f"batch {bs}, {reps} passes each, torch threads {torch.get_num_threads()}, {os.cpu_count()} cpus")
-    # warm the page cache (every contender reads a warm cache)
-    ds = precompile.open(index)
-    for s in ds.shards:
-        with open(os.path.join(os.path.dirname(index), s["file"]), "rb") as f:
-            while f.read(1 << 24):
-                pass
-    rows = {}
+    print(f"{n} x 64x64x3 uint8 ({n * 12288 / 2**20:.0f} MiB) per store; batch {bs}, {reps} passes each, "
+          f"torch threads {torch.get_num_threads()}, {os.cpu_count()} cpus")
+    stores = {}
+    for k in counts:
+        per = -(-n // k)
+        t0 = time.perf_counter()
+        stores[k] = write_store(tmp.name, f"s{k}", images, labels, samples_per_shard=per, chunk_samples=min(256, per))
+        ds = precompile.open(stores[k])
+        for s in ds.shards:  # warm the page cache: every contender reads a warm cache
+            with open(os.path.join(tmp.name, s["file"]), "rb") as f:
+                while f.read(1 << 24):
+                    pass
+        print(f"store of {len(ds.shards)} shards ({per} samples each) written in {time.perf_counter() - t0:.1f} s")
+        ds.close()
 
-    buf = np.empty((bs, 64, 64, 3), np.uint8)
+    rows: dict[str, list[float]] = {}
 
-    def numpy_limit(r):
+    def limit(r, sort):
         perm = np.random.default_rng(r).permutation(n)
         for i in range(0, n, bs):
             idx = perm[i:i + bs]
-            out = buf[:len(idx)]
-            np.take(images, idx, axis=0, out=out)
-            yield out
+            yield np.take(images, np.sort(idx) if sort else idx, axis=0)
 
-    rows["numpy gather from memory (limit)"] = timed_passes(numpy_limit, n, reps)
+    # contenders take turns pass by pass, so that noise from other jobs spreads over all of them
+    contenders = {"in-memory gather, sorted (limit)": lambda r: limit(r, True),
+                  "in-memory gather, unsorted": lambda r: limit(r, False)}
+    loaders = []
+    for k in counts:
+        variants = [("one region", True, False, None), ("map per shard", False, False, None),
+                    ("in_memory", True, True, None)]
+        if k == max(counts):  # gather threads: they pay off only where cores are idle
+            variants += [("one region", True, False, 2), ("in_memory", True, True, 2)]
+        for label, region, mem, threads in variants:
+            direct.USE_REGION = region
+            t0 = time.perf_counter()
+            loader = Loader(stores[k], batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"],
+                            in_memory=mem, num_threads=threads)
+            made = time.perf_counter() - t0
+            direct.USE_REGION = True
+            loaders.append(loader)
 
-    class Images(torch.utils.data.Dataset):
-        def __init__(self, ds):
-            self.ds = ds
+            def ld(r, loader=loader):
+                loader.set_epoch(r)
+                return loader
+            contenders[f"{k} shards: Loader, {label} ({loader.num_threads} thr; made in {made:.1f} s)"] = ld
+    if 100 in counts or counts:
+        k = 100 if 100 in counts else counts[0]
 
-        def __len__(self):
-            return len(self.ds)
+        class Images(torch.utils.data.Dataset):
+            def __init__(self, ds):
+                self.ds = ds
 
-        def __getitem__(self, i):
-            return self.ds[i]["image"]
+            def __len__(self):
+                return len(self.ds)
 
-    for workers in (0, 2):
-        def dl(r, workers=workers):
+            def __getitem__(self, i):
+                return self.ds[i]["image"]
+
+        def dl(r, k=k):
             g = torch.Generator().manual_seed(r)
-            return DataLoader(Images(precompile.open(index, fields=["image"])), batch_size=bs, shuffle=True,
-                              num_workers=workers, generator=g)
-        rows[f"DataLoader(h5py per sample), {workers} workers"] = timed_passes(dl, n, max(1, reps - 2))
-
-    for mode in ("full", "block"):
-        loader = Loader(index, batch_size=bs, shuffle=mode, seed=0, device="cpu", fields=["image"])
-
-        def ld(r, loader=loader):
-            loader.set_epoch(r)
-            return loader
-        rows[f"Loader shuffle={mode} (cpu, {loader.num_threads} threads)"] = timed_passes(ld, n, reps)
-        if mode == "full":
-            wait = loader.stats
-    limit = statistics.median(rows["numpy gather from memory (limit)"])
+            return DataLoader(Images(precompile.open(stores[k], fields=["image"])), batch_size=bs, shuffle=True,
+                              num_workers=0, generator=g)
+        contenders[f"{k} shards: DataLoader(h5py per sample), 0 workers"] = dl
+    for name in contenders:
+        rows[name] = []
+    for r in range(reps):
+        for name, make in contenders.items():
+            if "DataLoader" in name and r >= 1:
+                continue  # slow and not the point: one pass
+            rows[name].extend(timed_passes(lambda _r, make=make, r=r: make(r), n, 1))
+    lim = statistics.median(rows["in-memory gather, sorted (limit)"])
+    unl = statistics.median(rows["in-memory gather, unsorted"])
     print()
-    print(f"| {'contender':<44} | {'samples/s (median)':>18} | {'MB/s':>7} | {'x limit':>7} |")
-    print(f"|{'-' * 46}|{'-' * 20}|{'-' * 9}|{'-' * 9}|")
+    print(f"| {'contender':<62} | {'samples/s (median)':>18} | {'x sorted':>8} | {'x unsorted':>10} |")
+    print(f"|{'-' * 64}|{'-' * 20}|{'-' * 10}|{'-' * 12}|")
     for name, v in rows.items():
         m = statistics.median(v)
-        print(f"| {name:<44} | {m:>18,.0f} | {m * 12288 / 1e6:>7,.0f} | {m / limit:>7.2f} |")
+        print(f"| {name:<62} | {m:>18,.0f} | {m / lim:>8.2f} | {m / unl:>10.2f} |")
     print()
-    print(f"Loader (full) self-measured wait, last pass: {wait.summary()}")
-    full = statistics.median(rows[next(k for k in rows if k.startswith("Loader shuffle=full"))])
-    print(f"Loader full shuffle / limit = {full / limit:.2f} (target >= 0.6): {'PASS' if full / limit >= 0.6 else 'FAIL'}")
-    ds.close()
+    for loader in loaders:
+        loader.close()
     tmp.cleanup()
 
 

@@ -35,29 +35,12 @@ from typing import Any, Optional
 
 from . import __version__
 from . import format as fmt
-from .cache import find_reusable, recipe_key, shard_key
-from .engine import read_skipped, run_shard, shutdown_isolated, skipped_path
+from .cache import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
 from .errors import BuildError, PlanError, RecipeError
 from .plan import Plan, make_plan
 from .recipe import Recipe, load_recipe
 from .registry import WRITERS
 from .writers.base import write_json_atomic
-
-
-def chunking_for(plan: Plan) -> dict[str, int]:
-    """Samples per chunk for each fixed-shape field; for a variable-shape field, the number of
-    elements per chunk of its flat data array (``chunk_bytes`` worth)."""
-    out = plan.recipe.model.output
-    res = {}
-    for f, s in plan.specs.items():
-        if not s.fixed:
-            res[f] = max(1, out.chunk_bytes // s.itemsize)
-        elif out.chunk_samples:
-            res[f] = out.chunk_samples
-        else:
-            nb = s.nbytes() or out.chunk_bytes
-            res[f] = max(1, min(out.samples_per_shard, out.chunk_bytes // max(1, nb)))
-    return res
 
 
 def check_plan(plan: Plan) -> None:
@@ -152,7 +135,7 @@ def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: Optional[int], forc
     writer = WRITERS.get(recipe.model.output.format)()
     rhash = recipe.content_hash()
     skey = recipe_key(recipe)
-    chunking = chunking_for(plan)
+    chunking = {s.index: plan.chunking(s) for s in plan.shards}
 
     # stray temporaries from a killed build: shards, the index, the report
     for p in (glob.glob(os.path.join(glob.escape(shard_dir), "*.tmp-*"))
@@ -166,6 +149,11 @@ def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: Optional[int], forc
     failures: list[dict[str, Any]] = []
     for s in plan.shards:
         keys[s.index] = shard_key(plan, s, skey, content=content_hash)
+    if not force and not extras:
+        report = _unchanged(recipe, plan, writer, index_path, shard_dir, keys, rhash, n_jobs, t_start)
+        if report is not None:
+            return report
+    for s in plan.shards:
         path = os.path.join(shard_dir, fmt.shard_file_name(s.index, writer.shard_ext))
         info = None if force else writer.read_shard_info(path)
         if info is not None and info["key"] == keys[s.index]:
@@ -260,13 +248,7 @@ def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: Optional[int], forc
         shards.append({"file": f"{fmt.shard_dir_name(recipe.output_name)}/{fmt.shard_file_name(s.index, writer.shard_ext)}",
                        "num_samples": info["num_samples"], "key": info["key"], "checksums": info["checksums"],
                        "bytes": info["bytes"]})
-    attrs = {
-        fmt.A_FORMAT: fmt.FORMAT_NAME, fmt.A_VERSION: fmt.FORMAT_VERSION, fmt.A_OUTPUT: recipe.model.output.format,
-        fmt.A_FIELDS: {f: s.to_json() for f, s in plan.specs.items()}, fmt.A_LABELS: plan.label_names,
-        fmt.A_RECIPE: recipe.resolved(), fmt.A_RECIPE_HASH: rhash, fmt.A_PKG_VERSION: __version__,
-        fmt.A_BUILD_DATE: _build_date(), fmt.A_SEED: recipe.seed, fmt.A_COPIES: recipe.model.copies,
-        fmt.A_SHARDS: shards,
-    }
+    attrs = _index_attrs(recipe, plan, rhash) | {fmt.A_BUILD_DATE: _build_date(), fmt.A_SHARDS: shards}
     t0 = time.perf_counter()
     writer.finalize(index_path, shards, plan.specs, attrs)
     report["stage_seconds"]["finalize"] = round(time.perf_counter() - t0, 4)
@@ -276,6 +258,102 @@ def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: Optional[int], forc
     report["samples_per_second"] = round(report["num_samples"] / max(report["wall_seconds"], 1e-9), 1)
     _write_report(index_path, report)
     return report
+
+
+def _index_attrs(recipe: Recipe, plan: Plan, rhash: str) -> dict[str, Any]:
+    """The index attributes that follow from the recipe and plan (all but the build date and shards)."""
+    return {
+        fmt.A_FORMAT: fmt.FORMAT_NAME, fmt.A_VERSION: fmt.FORMAT_VERSION, fmt.A_OUTPUT: recipe.model.output.format,
+        fmt.A_FIELDS: {f: s.to_json() for f, s in plan.specs.items()}, fmt.A_LABELS: plan.label_names,
+        fmt.A_RECIPE: recipe.resolved(), fmt.A_RECIPE_HASH: rhash, fmt.A_PKG_VERSION: __version__,
+        fmt.A_SEED: recipe.seed, fmt.A_COPIES: recipe.model.copies,
+    }
+
+
+def _stored_index_attrs(index_path: str) -> Optional[dict[str, str]]:
+    """The index's attributes as canonical JSON text per key, or None if it is missing or unreadable.
+
+    An HDF5 index holds scalars as themselves and everything else as JSON text
+    (``Hdf5Writer.finalize``); a JSON index holds JSON values. Both come back in
+    the form :func:`_canonical` gives the values a build would write.
+    """
+    if not os.path.isfile(index_path):
+        return None
+    try:
+        if index_path.endswith(fmt.INDEX_JSON_EXT):
+            import json
+
+            with open(index_path, encoding="utf-8") as f:
+                attrs = json.load(f)[fmt.J_ATTRS]
+            return {k: fmt.dumps(v) for k, v in attrs.items()}
+        import h5py
+
+        out = {}
+        with h5py.File(index_path, "r") as f:
+            for k, v in f.attrs.items():
+                if isinstance(v, bytes):
+                    v = v.decode("utf-8")
+                out[k] = v if isinstance(v, str) else fmt.dumps(v.item() if hasattr(v, "item") else v)
+        return out
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+def _canonical(v: Any, json_index: bool) -> str:
+    """``v`` as :func:`_stored_index_attrs` reads it back from an index of that kind."""
+    if json_index or not isinstance(v, str):
+        return fmt.dumps(v)
+    return v
+
+
+def _unchanged(recipe: Recipe, plan: Plan, writer: Any, index_path: str, shard_dir: str, keys: dict[int, str],
+               rhash: str, n_jobs: int, t_start: float) -> Optional[dict[str, Any]]:
+    """The report of a build with nothing to do, or None when anything must be (re)written.
+
+    Nothing to do: the index exists; its shard list names exactly the plan's shards with the keys
+    computed now; every shard file is there (HDF5: with the size the index recorded); and every other
+    attribute the index would get (recipe, fields, labels, format and package versions, seed,
+    copies) is the same. Then no file is opened for writing: not the index, not the report.
+    """
+    stored = _stored_index_attrs(index_path)
+    if stored is None or fmt.A_SHARDS not in stored:
+        return None
+    json_index = index_path.endswith(fmt.INDEX_JSON_EXT)
+    for k, v in _index_attrs(recipe, plan, rhash).items():
+        if stored.get(k) != _canonical(v, json_index):
+            return None
+    try:
+        shards = fmt.loads(stored[fmt.A_SHARDS])
+    except ValueError:
+        return None
+    if len(shards) != len(plan.shards):
+        return None
+    sdir = fmt.shard_dir_name(recipe.output_name)
+    failures: list[dict[str, Any]] = []
+    for s, info in zip(plan.shards, shards):
+        name = fmt.shard_file_name(s.index, writer.shard_ext)
+        if info.get("file") != f"{sdir}/{name}" or info.get("key") != keys[s.index]:
+            return None
+        path = os.path.join(shard_dir, name)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        if writer.shard_ext and st.st_size != info.get("bytes"):
+            return None
+        failures.extend(f | {"previous_build": True} for f in read_skipped(path, keys[s.index]))
+    wall = round(time.perf_counter() - t_start, 4)
+    n = sum(int(s["num_samples"]) for s in shards)
+    return {
+        "name": recipe.output_name, "recipe": recipe.source, "recipe_hash": rhash, "output": index_path,
+        "format": recipe.model.output.format, "jobs": n_jobs, "inputs": len(plan.items),
+        "shards": {"total": len(plan.shards), "built": 0, "skipped": len(plan.shards), "reused": 0, "failed": 0},
+        "failures": failures, "skipped_inputs": _count_inputs(failures), "events": [],
+        "on_error": recipe.model.on_error, "stage_seconds": {"decode": 0.0, "steps": 0.0, "write": 0.0, "finalize": 0.0},
+        "wall_seconds": wall, "precompile_version": __version__, "status": "ok", "up_to_date": True,
+        "num_samples": n, "bytes": sum(int(s.get("bytes") or 0) for s in shards),
+        "samples_per_second": round(n / max(wall, 1e-9), 1),
+    }
 
 
 def with_policy(recipe: Recipe, on_error: Optional[str] = None, max_failures: Optional[int] = None,
@@ -347,11 +425,13 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: Optional[int]
         return
     events = [] if events is None else events
     specs = plan.specs
+    from .engine import run_shard, shutdown_isolated
+
     if (n_jobs or 1) == 1 and scheduler is None:
         sink = progress.local_sink() if progress is not None else None
         try:
             for s, path in todo:
-                yield run_shard(recipe, s, path, keys[s.index], specs, chunking, progress=sink)
+                yield run_shard(recipe, s, path, keys[s.index], specs, chunking[s.index], progress=sink)
         finally:
             shutdown_isolated()
         return
@@ -377,8 +457,8 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: Optional[int]
             except (OSError, TimeoutError) as e:
                 raise BuildError(f"cannot reach the dask scheduler at {scheduler!r}: {e}") from None
         sink = progress.dask_sink(client) if progress is not None else None
-        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking, True, progress=sink)
-                 for s, path in todo)
+        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking[s.index], True,
+                                           progress=sink) for s, path in todo)
         try:
             with joblib.parallel_config(backend="dask"):
                 yield from joblib.Parallel(n_jobs=-1, return_as="generator_unordered")(tasks)
@@ -396,8 +476,8 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: Optional[int]
     sink = progress.queue_sink() if progress is not None else None
     while remaining:
         done: set[int] = set()
-        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking, True, s.index in isolated,
-                                           sink) for s, path in remaining)
+        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking[s.index], True,
+                                           s.index in isolated, sink) for s, path in remaining)
         try:
             with warnings.catch_warnings():
                 # stopping early (on_error: fail) cancels queued tasks on purpose; joblib warns about it

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import json
 import os
+import stat
 from typing import Any, Optional
 
 from . import __version__
@@ -26,13 +28,19 @@ from .recipe import Recipe
 
 def fingerprint(path: str, content: bool = False) -> list:
     """(size, mtime_ns) of a file, or a content hash; for a folder, of every file in it.
-    A remote URL's is the (ETag, size, mtime) recorded when the plan listed it (see :mod:`precompile.remote`)."""
+    A remote URL's is the (ETag, size, mtime) recorded when the plan listed it (see :mod:`precompile.remote`).
+    One ``stat`` per local file (a no-change rebuild of N inputs is N of them).
+    """
     if "://" in path:
         from .remote import fingerprint as remote_fingerprint, is_url
 
         if is_url(path):
             return remote_fingerprint(path)
-    if os.path.isdir(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ["missing"]
+    if stat.S_ISDIR(st.st_mode):
         out = []
         for dirpath, dirnames, filenames in os.walk(path):
             dirnames.sort()
@@ -40,10 +48,6 @@ def fingerprint(path: str, content: bool = False) -> list:
                 p = os.path.join(dirpath, n)
                 out.append([os.path.relpath(p, path), fingerprint(p, content)])
         return out
-    try:
-        st = os.stat(path)
-    except OSError:
-        return ["missing"]
     if content:
         h = hashlib.sha256()
         with open(path, "rb") as f:
@@ -66,14 +70,34 @@ def recipe_key(recipe: Recipe) -> str:
     return hashlib.sha256(fmt.dumps(d).encode()).hexdigest()
 
 
+#: the encoder behind fmt.dumps (same options), made once
+_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+_STR = json.encoder.encode_basestring  # a JSON string literal, non-ASCII kept (ensure_ascii=False)
+
+
 def shard_key(plan: Plan, shard: ShardPlan, recipe_hash: str, content: bool = False) -> str:
     h = hashlib.sha256()
     # the package version too: new code may write other bytes, and a compiler does not reuse stale objects
     h.update(fmt.dumps({"format_version": fmt.FORMAT_VERSION, "precompile": __version__, "recipe": recipe_hash,
                         "labels": plan.label_names, "shard": shard.index}).encode())
     for it in shard.items:
-        h.update(fmt.dumps([it.key, it.label, {f: fingerprint(p, content) for f, p in sorted(it.paths.items())}]).encode())
+        h.update(item_text(it.key, it.label, [(f, fingerprint(p, content)) for f, p in sorted(it.paths.items())]).encode())
     return h.hexdigest()
+
+
+def item_text(key: str, label: Optional[int], fps: list[tuple[str, list]]) -> str:
+    """``fmt.dumps([key, label, dict(fps)])`` (``fps`` sorted by field), written directly for the
+    common case of (size, mtime) fingerprints: a no-change rebuild formats one per input."""
+    if type(label) is int or label is None:
+        parts = []
+        for f, fp in fps:
+            if len(fp) != 2 or type(fp[0]) is not int or type(fp[1]) is not int:
+                break
+            parts.append(f"{_STR(f)}:[{fp[0]},{fp[1]}]")
+        else:
+            lab = "null" if label is None else str(label)
+            return f"[{_STR(key)},{lab},{{{','.join(parts)}}}]"
+    return _ENCODER.encode([key, label, dict(fps)])
 
 
 def find_reusable(out_dir: str, shard_dir: str, file_name: str, key: str, writer: Any) -> Optional[str]:
@@ -87,3 +111,18 @@ def find_reusable(out_dir: str, shard_dir: str, file_name: str, key: str, writer
             if info is not None and info["key"] == key:
                 return cand
     return None
+
+
+def skipped_path(shard_path: str) -> str:
+    """The sidecar that lists a finished shard's skipped inputs (absent when none were skipped)."""
+    return shard_path + ".skipped.json"
+
+
+def read_skipped(shard_path: str, key: str) -> list[dict[str, Any]]:
+    """The skipped inputs recorded for a finished shard built with ``key`` ([] when none or stale)."""
+    try:
+        with open(skipped_path(shard_path)) as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return []
+    return list(d.get("failures", [])) if d.get("key") == key else []

@@ -85,7 +85,9 @@ def plan(recipe: str) -> None:
     click.echo("fields")
     for f, s in p.specs.items():
         click.echo(f"  {f:<12} {s.describe()}")
-    click.echo(f"size      {_human(p.estimated_bytes())}{more}")
+    est, data = p.estimated_bytes(), p.data_bytes()
+    extra = f" ({_human(data)} of sample data)" if est is not None and est != data else ""
+    click.echo(f"size      {_human(est)}{extra}{more}")
     from .decoders.jpeg_reduce import explain
 
     for f, how in explain(r).items():
@@ -125,7 +127,8 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
     sh = rep["shards"]
     st = rep["stage_seconds"]
     reused = f", {sh['reused']} reused from a sibling output" if sh.get("reused") else ""
-    click.echo(f"wrote {rep['output']}: {rep['num_samples']} samples, {_human(rep['bytes'])}, "
+    verb = "up to date, nothing written:" if rep.get("up_to_date") else "wrote"
+    click.echo(f"{verb} {rep['output']}: {rep['num_samples']} samples, {_human(rep['bytes'])}, "
                f"{sh['built']} shard(s) built, {sh['skipped']} up to date{reused}, in {rep['wall_seconds']:.2f} s "
                f"({rep['samples_per_second']:.0f} samples/s)")
     click.echo(f"stage time (summed over workers): decode {st['decode']:.2f} s, steps {st['steps']:.2f} s, "

@@ -35,6 +35,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
+from .cache import read_skipped, skipped_path  # noqa: F401  (re-exported: the sidecar helpers live in cache)
 from .errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
 from .kinds import Kind
 from .plan import Item, ShardPlan
@@ -264,11 +265,6 @@ class _Chained:
             s.close()
 
 
-def skipped_path(shard_path: str) -> str:
-    """The sidecar that lists a finished shard's skipped inputs (absent when none were skipped)."""
-    return shard_path + ".skipped.json"
-
-
 def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict[str, FieldSpec],
               chunking: dict[str, int], in_worker: bool = False, isolate: bool = False,
               progress: Optional[Callable[[int, int], None]] = None) -> dict[str, Any]:
@@ -387,16 +383,6 @@ def _write_skipped(shard_path: str, key: str, failures: list[dict[str, Any]]) ->
             os.remove(side)
         return
     write_json_atomic(side, {"key": key, "failures": failures})
-
-
-def read_skipped(shard_path: str, key: str) -> list[dict[str, Any]]:
-    """The skipped inputs recorded for a finished shard built with ``key`` ([] when none or stale)."""
-    try:
-        with open(skipped_path(shard_path)) as f:
-            d = json.load(f)
-    except (OSError, ValueError):
-        return []
-    return list(d.get("failures", [])) if d.get("key") == key else []
 
 
 # -- isolated decoding ---------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """The command line: output, exit codes, one clean error line (no traceback)."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -22,11 +23,14 @@ def test_validate_plan_build_inspect(tmp_path, image_recipe_file):
     assert r.exit_code == 0
     assert "samples   10" in r.output and "shards    3" in r.output
     assert "image        image (32, 32, 3) uint8" in r.output and "label        label () int64" in r.output
-    assert "30.1 KiB" in r.output  # 10 * (3072 + 8) bytes
+    assert "(30.1 KiB of sample data)" in r.output  # 10 * (3072 + 8) bytes
+    est = float(r.output.split("size")[1].split()[0])   # KiB on disk, as plan estimates it
     r = CliRunner().invoke(main, ["build", str(image_recipe_file), "-o", str(tmp_path / "out"), "-j", "2",
                                   "--no-progress"])
     assert r.exit_code == 0, r.output
     assert "10 samples" in r.output and "3 shard(s) built" in r.output and "decode" in r.output
+    written = sum(os.path.getsize(p) for p in (tmp_path / "out" / "imgs.shards").glob("*.h5")) / 1024
+    assert abs(est - written) <= 0.05 * written, (est, written)
     r = CliRunner().invoke(main, ["inspect", str(tmp_path / "out" / "imgs.h5")])
     assert r.exit_code == 0
     for text in ("samples      10 in 3 shard(s)", "(32, 32, 3)", "uint8", "chunks of", "0=cat, 1=dog",

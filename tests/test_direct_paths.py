@@ -1,5 +1,6 @@
 """Both gather paths of the DirectReader (residue views with np.take, and the strided fancy
-index used when rows fall into many alignments) return exactly what the dataset returns."""
+index used when rows fall into many alignments), over one region holding every shard or one map
+per shard, and the in-memory copy, return exactly what the dataset returns."""
 from __future__ import annotations
 
 import numpy as np
@@ -20,15 +21,21 @@ def built(tmp_path, image_tree):
     return precompile.open(tmp_path / "out" / "imgs.h5")
 
 
+@pytest.mark.parametrize("region", [True, False])
 @pytest.mark.parametrize("max_views", [0, 64])
-def test_gather_paths_match_the_dataset(built, monkeypatch, max_views):
+def test_gather_paths_match_the_dataset(built, monkeypatch, max_views, region):
     monkeypatch.setattr(direct, "MAX_VIEWS", max_views)
+    monkeypatch.setattr(direct, "USE_REGION", region)
     r = direct.DirectReader(built)
-    parts = r.parts["image"]
+    nshards = len(built.shards)
+    if not region:
+        assert r.region is None and len(r._maps) == nshards
+    takeable = r._takeable["image"]
+    spaces = 1 if r.region is not None else nshards
     if max_views == 0:
-        assert all(p.strided is not None for p in parts)
-    else:
-        assert all(p.views is not None for p in parts) and max(len(p.views) for p in parts) > 1
+        assert takeable == [False] * spaces                # one strided view per mapped space
+    else:                                                  # several residues, all served by np.take
+        assert all(takeable) and len(takeable) > spaces
     calls = []
     run = r._gather_runs
     monkeypatch.setattr(r, "_gather_runs", lambda *a: calls.append(1) or run(*a))
@@ -42,4 +49,29 @@ def test_gather_paths_match_the_dataset(built, monkeypatch, max_views):
             for f in ("image", "label"):
                 np.testing.assert_array_equal(got[f], want[f])
             grouped = len(calls) > 2                   # one call per field, plus one per field it grouped
-            assert grouped == (size == 40 and order is idx), (size, len(calls))
+            # one strided view (max_views 0, one region) is one run whatever the order
+            assert grouped == (size == 40 and order is idx and len(takeable) > 1), (size, len(calls))
+
+
+def test_one_region_serves_every_shard_and_in_memory_matches(built, monkeypatch):
+    monkeypatch.setattr(direct, "USE_REGION", True)
+    r = direct.DirectReader(built)
+    if r.region is None:
+        pytest.skip("no MAP_FIXED through ctypes on this platform")
+    # every shard file lies in the one range, page aligned, in shard order
+    assert len(r.region.bases) == len(built.shards) and (r.region.bases % direct.mmap.PAGESIZE == 0).all()
+    assert not r.region.array.flags.writeable
+    with pytest.raises(ValueError):
+        r.region.array[0] = 1
+    # the views of the range cover the rows of every shard: their number does not grow with shards
+    assert len(r._views["image"]) == len(np.unique(r._vid["image"]))
+    m = direct.DirectReader(built, in_memory=True)
+    assert m.region is None and len(m._views["image"]) == 1
+    idx = np.random.default_rng(1).choice(len(built), size=25, replace=True)
+    want = built.batch(idx)
+    for reader in (r, m):
+        got = reader.read(idx)
+        for f in ("image", "label"):
+            np.testing.assert_array_equal(got[f], want[f])
+    r.close()
+    m.close()

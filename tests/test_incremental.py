@@ -169,3 +169,94 @@ def test_deleted_shard_is_rebuilt_alone(proj):
     os.remove(tmp / "out" / "inc.shards" / "shard-00003.h5")
     assert _counts(build(recipe, tmp / "out")) == (1, 4)
     assert _shard_bytes(tmp / "out") == before
+
+
+def _stamp(path) -> tuple[int, int, bytes]:
+    st = os.stat(path)
+    with open(path, "rb") as f:
+        return st.st_mtime_ns, st.st_ino, f.read()
+
+
+def test_no_change_rebuild_writes_nothing(proj):
+    tmp, root, recipe = proj
+    out = tmp / "out"
+    index, report = out / "inc.h5", out / "inc.report.json"
+    before = {p: _stamp(p) for p in (index, report)}
+    shards = _shard_bytes(out)
+    rep = build(recipe, out)
+    assert rep["up_to_date"] is True and _counts(rep) == (0, 5) and rep["num_samples"] == 20
+    assert {p: _stamp(p) for p in (index, report)} == before          # not rewritten, not even touched
+    assert _shard_bytes(out) == shards
+
+
+def test_no_change_check_sees_every_index_input(proj):
+    tmp, root, recipe = proj
+    out = tmp / "out"
+    index = out / "inc.h5"
+    # a policy key changes no shard, but the index records the resolved recipe: rewritten, shards kept
+    changed = _recipe(tmp / "r2.yaml", root, on_error="skip")
+    rep = build(changed, out)
+    assert _counts(rep) == (0, 5) and not rep.get("up_to_date")
+    stamp = _stamp(index)
+    assert build(changed, out).get("up_to_date") and _stamp(index) == stamp
+    # a shard file that lost bytes behind the build's back: rebuilt, index rewritten
+    shard = out / "inc.shards" / "shard-00003.h5"
+    with open(shard, "r+b") as f:
+        f.truncate(os.path.getsize(shard) - 1)
+    rep = build(changed, out)
+    assert _counts(rep) == (1, 4) and not rep.get("up_to_date")
+    # an index that is not readable is rewritten
+    index.write_bytes(b"not hdf5")
+    rep = build(changed, out)
+    assert _counts(rep) == (0, 5) and not rep.get("up_to_date")
+    import precompile
+
+    assert len(precompile.open(index)) == N
+
+
+def test_no_change_rebuild_of_a_file_folder_build(tmp_path):
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(6):
+        _img(root / f"img_{i:03d}.png", i)
+    recipe = _recipe(tmp_path / "r.yaml", root, output={"format": "png"})
+    first = build(recipe, tmp_path / "out")
+    index = tmp_path / "out" / "inc.json"
+    stamp = _stamp(index)
+    rep = build(recipe, tmp_path / "out")
+    assert first["shards"]["built"] == 2 and rep.get("up_to_date") and _stamp(index) == stamp
+
+
+_NOOP = """
+import sys
+from precompile.build import build
+rep = build(sys.argv[1], sys.argv[2])
+heavy = sorted(m for m in ("torch", "joblib", "cv2", "PIL", "tqdm", "precompile.engine", "h5py")
+               if m in sys.modules)
+print(rep.get("up_to_date"), ",".join(heavy))
+"""
+
+
+def test_no_change_rebuild_imports_only_what_it_needs(proj):
+    tmp, root, recipe = proj
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", _NOOP, recipe, str(tmp / "out")], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    # h5py reads the index's attributes; nothing that decodes, schedules or trains is imported
+    assert r.stdout.split() == ["True", "h5py"], r.stdout
+
+
+@pytest.mark.parametrize("key", ["a/b.png", "ü/ñ 1.jpg", 'q"uo\\te/\t\x01\u2028.png', ""])
+@pytest.mark.parametrize("label", [None, 0, 7])
+def test_shard_key_item_text_is_the_canonical_json(key, label):
+    # the direct formatting behind shard keys gives fmt.dumps's bytes, so keys do not change with it
+    from precompile import format as fmt
+    from precompile.cache import item_text
+
+    for fps in ([("image", [12, 1700000000123456789])],
+                [("flow", [3, 4]), ("image", [5, 6])],
+                [("image", ["missing"])],
+                [("image", [10, "ab" * 32])],
+                [("dir", [["x/y.dcm", [1, 2]]])]):
+        assert item_text(key, label, fps) == fmt.dumps([key, label, dict(fps)])

@@ -115,6 +115,15 @@ def _assert_same_as_dataset(loader: Loader, ds, epoch: int | None = None) -> int
 
 
 # -- same bytes as the dataset --------------------------------------------------------------
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_full_shuffle_matches_dataset_from_maps_and_memory(built, ds, in_memory):
+    loader = Loader(built, batch_size=16, shuffle=True, seed=3, device="cpu", in_memory=in_memory)
+    # 4 shards: mapped into one address range (POSIX), or copied into one array per field
+    if sys.platform.startswith("linux"):
+        assert (loader.reader.region is not None) == (not in_memory)
+    assert _assert_same_as_dataset(loader, ds, epoch=1) == 8
+
+
 @pytest.mark.parametrize("batches_per_task", [1, 32])
 def test_sequential_batches_match_dataset(built, ds, batches_per_task, monkeypatch):
     monkeypatch.setattr(loader_mod, "GROUP_BYTES", batches_per_task * 16 * (8 * 8 * 3 + 8))
@@ -323,6 +332,10 @@ def test_chunks_not_evenly_spaced(tmp_path):
     loader = Loader(ds, batch_size=9, shuffle=True, seed=0, device="cpu")
     assert loader.reader.fast
     _assert_same_as_dataset(loader, ds)
+    # the in-memory copy reads the scrambled chunks from the files in runs: the same batches
+    mem = Loader(ds, batch_size=9, shuffle=True, seed=0, device="cpu", in_memory=True, sort_batches=False)
+    assert mem.reader.region is None and len(mem.reader._views["image"]) == 1
+    _assert_same_as_dataset(mem, ds)
     ds.close()
 
 

@@ -38,7 +38,9 @@ _LIMITED = textwrap.dedent("""
     import numpy as np
     import precompile
     from precompile.errors import FormatError
+    from precompile.reader import direct
     from precompile.reader.direct import DirectReader
+    direct.USE_REGION = sys.argv[3] == "region"
     ds = precompile.open(sys.argv[1])
     ref = ds.batch(range(len(ds)))["image"]      # the map-style dataset's bytes (h5py)
     ds.close()
@@ -57,8 +59,8 @@ _LIMITED = textwrap.dedent("""
 """)
 
 
-def _run_limited(index: str, mode: str) -> str:
-    out = subprocess.run([sys.executable, "-c", _LIMITED, index, mode], capture_output=True, text=True,
+def _run_limited(index: str, mode: str, maps: str = "per-shard") -> str:
+    out = subprocess.run([sys.executable, "-c", _LIMITED, index, mode, maps], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")})
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
@@ -67,6 +69,7 @@ def _run_limited(index: str, mode: str) -> str:
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd") or sys.platform == "win32",
                     reason="needs POSIX rlimits and /proc/self/fd to count open files")
 def test_open_file_limit_is_raised_or_reported(one_per_shard):
+    # one map per shard (the fallback where no region can be reserved):
     # the soft limit can go up to the hard one: the reader raises it and reads every shard
     assert _run_limited(one_per_shard, "raisable") == "read 10 equal True raised True"
     # the hard limit is too low: a FormatError that names the cause, not a bare OSError
@@ -76,6 +79,10 @@ def test_open_file_limit_is_raised_or_reported(one_per_shard):
     else:
         assert msg.startswith("FormatError:") and "too many open files" in msg.lower() \
             and "open-file limit" in msg and "ulimit -n" in msg, msg
+    # one region for all shards closes each descriptor once its file is mapped: no limit to raise
+    if sys.platform.startswith("linux"):
+        for mode in ("raisable", "fixed"):
+            assert _run_limited(one_per_shard, mode, "region") == "read 10 equal True raised False"
 
 
 def _rewrite_field(path: str, name: str, fn) -> None:
@@ -153,4 +160,29 @@ def test_fallback_shards_open_lazily_in_the_reading_process(one_per_shard):
     first.close()
     r.close()
     assert not second.id.valid and r._h5 == {}       # close() closes the files this process opened
+    ds.close()
+
+
+def test_in_memory_reader_copies_mapped_and_fallback_shards(one_per_shard):
+    shard = _shard(one_per_shard, 4)
+    with h5py.File(shard, "r") as f:
+        data = {k: f[k][()] for k in f}
+        attrs = dict(f.attrs)
+    os.remove(shard)
+    with h5py.File(shard, "w") as g:   # one shard compressed: served by h5py, then copied like the rest
+        for k, v in data.items():
+            g.create_dataset(k, data=v, compression="gzip" if k == "image" else None)
+        for k, v in attrs.items():
+            g.attrs[k] = v
+    ds = precompile.open(one_per_shard)
+    want = ds.batch(range(len(ds)))
+    r = DirectReader(ds, in_memory=True)
+    assert "filtered" in r.fallbacks[(4, "image")] and r._maps == {} and r.region is None
+    idx = np.array([9, 4, 0, 4, 7, 1])
+    for f in ("image", "label"):
+        np.testing.assert_array_equal(r.read(idx)[f], want[f][idx])
+        np.testing.assert_array_equal(r.read(np.arange(len(ds)))[f], want[f])
+    r.close()
+    with pytest.raises(PrecompileError, match="reader is closed"):
+        r.read([0])
     ds.close()

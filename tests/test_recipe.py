@@ -24,7 +24,7 @@ def test_valid_recipe_plans_shapes_before_decoding(image_recipe_file):
     assert plan.specs["image"].shape == (32, 32, 3) and plan.specs["image"].dtype == "uint8"
     assert plan.specs["label"].shape == () and plan.specs["label"].dtype == "int64"
     assert plan.label_names == ["cat", "dog"]
-    assert plan.estimated_bytes() == 10 * (32 * 32 * 3 + 8)
+    assert plan.data_bytes() == 10 * (32 * 32 * 3 + 8)
     assert [it.key for it in plan.items] == sorted(it.key for it in plan.items)
 
 

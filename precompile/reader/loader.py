@@ -184,6 +184,13 @@ class Loader:
     by their place in the files, so a batch is gathered with one copy per row in
     address order (the batch's members are the sampler's; only their order
     within the batch changes); False keeps the sampler's order.
+    ``in_memory=True`` copies the loaded fields into process memory when the
+    Loader is made (one array per field, the size of the field's data), so a
+    batch is one ``np.take`` from private memory: on machines where random reads
+    from mapped page cache are slow (measured on the shared 2-core VM: 4-5x
+    slower than from process memory, see benchmarks/README.md) this is what
+    reaches the in-memory gather; the default maps the files and reads through
+    the page cache.
     """
 
     def __init__(self, path_or_dataset: Any, batch_size: int, shuffle: bool | str = True, seed: int = 0,
@@ -193,7 +200,7 @@ class Loader:
                  std: Sequence[float] | float | str | None = None, num_threads: int | None = None,
                  block_window: int = 8, uneven: Literal["pad", "drop"] = "pad", channels_first: bool = False,
                  convert_fields: Sequence[str] | None = None, copies: Literal["epoch", "all"] = "epoch",
-                 include_original: bool = True, sort_batches: bool = True):
+                 include_original: bool = True, sort_batches: bool = True, in_memory: bool = False):
         if isinstance(path_or_dataset, (str, os.PathLike)):
             from . import open_dataset
 
@@ -234,7 +241,7 @@ class Loader:
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0 (0: gather in the calling thread), got {num_threads}")
         self.fields = list(fields) if fields is not None else list(ds.fields)
-        self.reader = DirectReader(ds, self.fields)
+        self.reader = DirectReader(ds, self.fields, in_memory=bool(in_memory))
         self.specs = {f: ds.field_specs[f] for f in self.fields}
 
         self.dtype = gpu.torch_dtype(dtype)

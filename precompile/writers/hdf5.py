@@ -26,6 +26,9 @@ from ..sample import FieldSpec, Sample
 from .base import ShardWriter, Writer, fsync_dir, fsync_file
 
 ALIGN = 4096
+#: fitted to shards this writer wrote (see Hdf5Writer.estimate_shard_bytes)
+SHARD_OVERHEAD = 8192
+COLUMN_BYTES = 88
 
 
 def _h5():
@@ -54,14 +57,9 @@ class Hdf5ShardWriter(ShardWriter):
             self.dsets[name] = self.f.create_dataset(
                 name, shape=(0, *spec.shape), maxshape=(None, *spec.shape), dtype=spec.dtype,
                 chunks=(n, *spec.shape), track_times=False, fillvalue=0)
-        str_t = h5py.string_dtype("utf-8")
-        self.cols = {
-            fmt.KEY: self.f.create_dataset(fmt.KEY, shape=(0,), maxshape=(None,), dtype=str_t, chunks=(1024,), track_times=False),
-            fmt.COPY: self.f.create_dataset(fmt.COPY, shape=(0,), maxshape=(None,), dtype="int32", chunks=(1024,), track_times=False),
-            fmt.META: self.f.create_dataset(fmt.META, shape=(0,), maxshape=(None,), dtype=str_t, chunks=(1024,), track_times=False),
-        }
+        # the key/copy/meta columns are written at close, contiguous and exactly their size
         self.buf: dict[str, list[np.ndarray]] = {f: [] for f in self.dsets}
-        self.colbuf: dict[str, list] = {c: [] for c in self.cols}
+        self.colbuf: dict[str, list] = {c: [] for c in fmt.COLUMNS}
         self.written = {f: 0 for f in self.dsets}
 
     def _flush(self, name: str) -> None:
@@ -94,11 +92,13 @@ class Hdf5ShardWriter(ShardWriter):
             self._flush(f)
         for r in self.ragged.values():
             r.close()
-        for c, d in self.cols.items():
+        str_t = _h5().string_dtype("utf-8")
+        for c in fmt.COLUMNS:
             vals = self.colbuf[c]
-            d.resize(len(vals), axis=0)
-            if vals:
-                d[:] = np.array(vals, dtype=np.int32) if c == fmt.COPY else vals
+            if c == fmt.COPY:
+                self.f.create_dataset(c, data=np.asarray(vals, dtype=np.int32), track_times=False)
+            else:
+                self.f.create_dataset(c, data=np.array(vals, dtype=object), dtype=str_t, track_times=False)
         self.f.attrs[fmt.A_SHARD_KEY] = self.shard_key
         self.f.attrs[fmt.A_NUM] = self.count
         self.f.attrs[fmt.A_VERSION] = fmt.FORMAT_VERSION
@@ -227,6 +227,23 @@ class Hdf5Writer(Writer):
         for f, s in specs.items():
             if not s.fixed and len(s.shape) == 0:
                 raise ValueError(f"field {f!r} ({s.describe()}) has no dimensions to vary")
+
+    @staticmethod
+    def estimate_shard_bytes(specs: dict[str, FieldSpec], n: int, chunking: dict[str, int], key_bytes: int) -> int:
+        """Bytes of a shard of ``n`` samples as :class:`Hdf5ShardWriter` writes it; ``key_bytes`` is the
+        sum of the keys' UTF-8 lengths, each rounded up to 8.
+
+        Whole chunks of every fixed-shape field, plus a model fitted to shards this writer wrote
+        (8x8x3 and 64x64x3 rows, 1 to 2,000 samples, 9- to 40-byte keys): 8 KiB of superblock,
+        object headers, attributes and heap, and per sample 88 bytes for the key/copy/meta columns
+        (references, global-heap object headers, meta ``{}``) plus its padded key. The heap grows
+        in 4 KiB steps, so a shard of a few hundred tiny samples can be off by 4 KiB either way.
+        """
+        total = SHARD_OVERHEAD + COLUMN_BYTES * n + key_bytes
+        for f, s in specs.items():
+            c = max(1, int(chunking.get(f, n) or 1))
+            total += -(-n // c) * c * (s.nbytes() or 0)
+        return int(total)
 
     def open_shard(self, path, specs, shard_key, options, chunking) -> ShardWriter:
         return Hdf5ShardWriter(path, specs, shard_key, options, chunking)

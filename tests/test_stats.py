@@ -132,9 +132,13 @@ def test_stored_in_the_index_without_breaking_verify_or_rebuilds(tmp_path):
     # a second field's stats join the first's
     st.stats(path, fields=["label"])
     assert set(st.read_stats(path)["fields"]) == {"image", "label"}
-    # an incremental rebuild reuses every shard and writes a fresh index (without the stats)
+    # a rebuild with nothing to do leaves the index alone: the stats (of the same shards) stay
     rep = build(recipe, out_dir=tmp_path)
-    assert rep["shards"]["built"] == 0 and rep["shards"]["skipped"] == len(shard_bytes)
+    assert rep["up_to_date"] and rep["shards"]["built"] == 0 and rep["shards"]["skipped"] == len(shard_bytes)
+    assert verify(path).ok and set(st.read_stats(path)["fields"]) == {"image", "label"}
+    # a rebuild that writes shards writes a fresh index, without the stats of the old shards
+    rep = build(recipe, out_dir=tmp_path, force=True)
+    assert rep["shards"]["built"] == len(shard_bytes)
     assert verify(path).ok and st.read_stats(path) is None
 
 

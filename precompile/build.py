@@ -471,13 +471,16 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: Optional[int]
 
     # A dead loky worker breaks the whole pool and loky does not say which task it ran. The shards it
     # (and the workers loky stopped with it) were building are those with a temporary file left behind;
-    # they are retried once with decoding isolated, the rest simply run again in a fresh pool.
+    # they become suspects and are retried once with decoding isolated, one at a time (so a second death
+    # names exactly its shard, never one that was only stopped beside it); the rest run again in a fresh pool.
     remaining, isolated = list(todo), set()
     sink = progress.queue_sink() if progress is not None else None
     while remaining:
+        suspects = [(s, p) for s, p in remaining if s.index in isolated]
+        batch = suspects[:1] or remaining  # alone in the pool (n_jobs=1 would run it in this very process)
         done: set[int] = set()
         tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking[s.index], True,
-                                           s.index in isolated, sink) for s, path in remaining)
+                                           s.index in isolated, sink) for s, path in batch)
         try:
             with warnings.catch_warnings():
                 # stopping early (on_error: fail) cancels queued tasks on purpose; joblib warns about it
@@ -485,11 +488,10 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: Optional[int]
                 for res in joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered")(tasks):
                     done.add(res["index"])
                     yield res
-            return
         except TerminatedWorkerError as e:
             m = re.search(r"exit codes of the workers are \{(.*?)\}", str(e))
             why = f"exit {m.group(1)}" if m else "terminated"
-            left = [(s, p) for s, p in remaining if s.index not in done]
+            left = [(s, p) for s, p in batch if s.index not in done]
             hit = [(s, p) for s, p in left if glob.glob(glob.escape(p) + ".tmp-*")] or left
             for s, p in hit:
                 for t in glob.glob(glob.escape(p) + ".tmp-*"):
@@ -501,10 +503,10 @@ def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: Optional[int]
                     done.add(s.index)
                     yield _dead_worker_result(s, why)
             isolated.update(s.index for s, _ in hit)
-            remaining = [(s, p) for s, p in left if s.index not in done]
         except BrokenProcessPool as e:  # e.g. a task that cannot be unpickled in a worker (a plugin it cannot import)
             raise BuildError(f"the worker processes failed: {e}; finished shards are kept, run build again "
                              f"(with -j 1 to see the cause)") from None
+        remaining = [(s, p) for s, p in remaining if s.index not in done]
 
 
 def _dashboard_note(client: Any, workers: int, events: list[str], show: bool) -> None:

@@ -35,10 +35,6 @@ from ..errors import ShapeMismatchError
 __all__ = ["Batch", "Dataset", "ShapeMismatchError", "stack_field"]
 
 
-def _attr_text(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
-
-
 class Batch(dict):
     """A dict of stacked arrays, plus ``padded`` ({field: {"to": shape, "value": v, "samples": [positions]}})
     and ``shapes`` ({field: (B, ndim) int array of each sample's own shape}) for variable-shape fields."""

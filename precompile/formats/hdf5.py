@@ -37,7 +37,7 @@ from ..errors import FormatError
 from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
 from .base import Format, ShardWriter, VerifyResult, fsync_dir, fsync_file, human_bytes, range_text
-from .dataset import Batch, Dataset, _attr_text
+from .dataset import Batch, Dataset
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 BLOCK_BYTES = 8 << 20
@@ -46,6 +46,11 @@ ALIGN = 4096
 #: fitted to shards this writer wrote (see Hdf5Format.estimate_shard_bytes)
 SHARD_OVERHEAD = 8192
 COLUMN_BYTES = 88
+
+
+def _attr_text(v: Any) -> str:
+    """An HDF5 attribute read back as text (h5py gives str or bytes)."""
+    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _h5():
@@ -491,10 +496,6 @@ def _hdf5_storage(ds: Dataset) -> dict[str, str]:
     return out
 
 
-def _attr(a: Any) -> Any:
-    return a.decode() if isinstance(a, bytes) else a
-
-
 def field_digest(dset: Any, block_bytes: int = BLOCK_BYTES) -> tuple[str, int]:
     """sha256 of a dataset's samples (axis 0) in C order, read in blocks; and the bytes read."""
     h = hashlib.sha256()
@@ -518,8 +519,8 @@ def _read_index(path: str) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
         with h5py.File(path, "r") as f:
             a = f.attrs
             fmt.check_header(path, a)
-            fields = fmt.loads(_attr(a[fmt.A_FIELDS]))
-            shards = fmt.loads(_attr(a[fmt.A_SHARDS]))
+            fields = fmt.loads(_attr_text(a[fmt.A_FIELDS]))
+            shards = fmt.loads(_attr_text(a[fmt.A_SHARDS]))
             total = int(a[fmt.A_NUM])
     except OSError as e:
         raise FormatError(f"{path}: cannot read the index file as HDF5 ({e})") from None
@@ -550,12 +551,12 @@ def verify_hdf5(path: str, checksums: bool = True) -> VerifyResult:
             try:
                 with h5py.File(sp, "r") as f:
                     a = f.attrs
-                    if _attr(a.get(fmt.A_SHARD_KEY)) != s["key"]:
+                    if _attr_text(a.get(fmt.A_SHARD_KEY)) != s["key"]:
                         bad.append("shard key differs from the index's (the shard was rebuilt or replaced)")
                     n = int(a.get(fmt.A_NUM, -1))
                     if n != int(s["num_samples"]):
                         bad.append(f"holds {n} samples, the index says {s['num_samples']}")
-                    stored = fmt.loads(_attr(a[fmt.A_CHECKSUMS])) if fmt.A_CHECKSUMS in a else {}
+                    stored = fmt.loads(_attr_text(a[fmt.A_CHECKSUMS])) if fmt.A_CHECKSUMS in a else {}
                     for fname in fields:
                         if fname not in f:
                             bad.append(f"field {fname!r} is missing")

@@ -33,9 +33,9 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from precompile import format as fmt  # noqa: E402
+from precompile.formats import names as fmt  # noqa: E402
 from precompile.sample import FieldSpec, Sample  # noqa: E402
-from precompile.writers.hdf5 import Hdf5Writer  # noqa: E402
+from precompile.formats.hdf5 import Hdf5Format  # noqa: E402
 
 
 def write_store(out_dir: str, name: str, images: np.ndarray, labels: np.ndarray, kind: str = "image",
@@ -43,7 +43,7 @@ def write_store(out_dir: str, name: str, images: np.ndarray, labels: np.ndarray,
     """Write ``images``/``labels`` as a build (shards + index) through the project's HDF5 writer."""
     specs = {"image": FieldSpec(kind, tuple(images.shape[1:]), str(images.dtype)), "label": FieldSpec("label", (), "int64")}
     chunking = {"image": chunk_samples, "label": max(chunk_samples, 1024)}
-    w = Hdf5Writer()
+    w = Hdf5Format()
     sdir = os.path.join(out_dir, fmt.shard_dir_name(name))
     os.makedirs(sdir, exist_ok=True)
     shards = []

@@ -15,7 +15,7 @@ __all__ = ["open", "load_recipe", "build", "Loader", "__version__"]
 
 def open(path, fields=None):  # noqa: A001  (mirrors h5py.File / builtins.open naming on purpose)
     """Open a built output as a map-style dataset."""
-    from .reader.dataset import open_dataset
+    from .formats import open_dataset
 
     return open_dataset(path, fields=fields)
 

@@ -34,13 +34,13 @@ import warnings
 from typing import Any, Optional
 
 from . import __version__
-from . import format as fmt
+from .formats import names as fmt
 from .cache import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
 from .errors import BuildError, PlanError, RecipeError
 from .plan import Plan, make_plan
 from .recipe import Recipe, load_recipe
 from .registry import WRITERS
-from .writers.base import write_json_atomic
+from .formats.base import write_json_atomic
 
 
 def check_plan(plan: Plan) -> None:

@@ -21,7 +21,7 @@ import stat
 from typing import Any, Optional
 
 from . import __version__
-from . import format as fmt
+from .formats import names as fmt
 from .plan import Plan, ShardPlan
 from .recipe import Recipe
 

@@ -16,7 +16,7 @@ def _fail(e: PrecompileError) -> None:
 
 
 def _human(n: int | None) -> str:
-    from .tools.inspect import _human as h
+    from .formats.base import human_bytes as h
 
     return "unknown (shapes known only after decoding)" if n is None else h(n)
 

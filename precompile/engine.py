@@ -43,7 +43,7 @@ from .recipe import Recipe
 from .remote import is_url
 from .sample import FieldSpec, Sample
 from .seeding import LazyRng
-from .writers.base import write_json_atomic
+from .formats.base import write_json_atomic
 
 
 def _err_dict(e: InputError) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from typing import Any, Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from . import format as fmt
+from .formats import names as fmt
 from .errors import RecipeError
 from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
 

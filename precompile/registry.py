@@ -1,4 +1,4 @@
-"""Name -> class registries for decoders, steps and writers.
+"""Name -> class registries for decoders, steps and output formats (``WRITERS``: :class:`precompile.formats.base.Format` subclasses).
 
 Registering a name twice is an error; looking up an unknown name lists the
 close matches (as MONAI's ``look_up_option`` does).
@@ -56,5 +56,5 @@ WRITERS: Registry = Registry("output format")
 
 
 def load_builtins() -> None:
-    """Import the modules that register the built-in decoders, steps and writers."""
-    from . import decoders, transforms, writers  # noqa: F401
+    """Import the modules that register the built-in decoders, steps and output formats."""
+    from . import decoders, formats, transforms  # noqa: F401

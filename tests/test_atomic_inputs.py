@@ -74,7 +74,7 @@ def test_missing_field_in_a_sample_names_the_field(tmp_path, image_tree):
     from precompile.errors import StepError
     from precompile.sample import FieldSpec, Sample
     from precompile.errors import SampleError
-    from precompile.writers.hdf5 import Hdf5ShardWriter
+    from precompile.formats.hdf5 import Hdf5ShardWriter
 
     w = Hdf5ShardWriter(str(tmp_path / "s.h5"), {"a": FieldSpec("image", (2, 2, 1), "uint8")}, "k", None, {"a": 1})
     try:

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 import precompile
 from precompile.build import build as build_recipe
-from precompile import format as fmt
+from precompile.formats import names as fmt
 from precompile.engine import decode_item
 from precompile.errors import RecipeError, StepError
 from precompile.plan import make_plan

@@ -18,7 +18,7 @@ import yaml
 
 from precompile.build import build
 from precompile.errors import BuildError, RecipeError
-from precompile.reader.dataset import open_dataset
+from precompile.formats import open_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REALDATA = os.environ.get("PRECOMPILE_REALDATA") or (

@@ -251,7 +251,7 @@ def test_no_change_rebuild_imports_only_what_it_needs(proj):
 @pytest.mark.parametrize("label", [None, 0, 7])
 def test_shard_key_item_text_is_the_canonical_json(key, label):
     # the direct formatting behind shard keys gives fmt.dumps's bytes, so keys do not change with it
-    from precompile import format as fmt
+    from precompile.formats import names as fmt
     from precompile.cache import item_text
 
     for fps in ([("image", [12, 1700000000123456789])],

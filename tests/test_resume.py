@@ -136,7 +136,7 @@ def test_sigkill_then_rerun_is_byte_identical(setup, tmp_path, point, jobs):
 
 def _index_content(path) -> dict:
     """Every attribute and every dataset's bytes in the index (the VDS object headers carry timestamps that
-    writers/hdf5.py does not switch off yet, so the index file's own bytes differ in those timestamps and their header checksum)."""
+    formats/hdf5.py does not switch off yet, so the index file's own bytes differ in those timestamps and their header checksum)."""
     import hashlib
 
     import h5py

@@ -89,7 +89,7 @@ def test_streaming_blocks_give_the_same_result(outputs):
 
 
 def test_reads_in_bounded_blocks_never_the_whole_field(outputs, monkeypatch):
-    from precompile.reader.dataset import H5Dataset
+    from precompile.formats.hdf5 import H5Dataset
 
     sizes: list[int] = []
     real = H5Dataset.batch

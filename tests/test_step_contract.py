@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 
-from precompile import format as fmt
+from precompile.formats import names as fmt
 from precompile.registry import STEPS, load_builtins
 from precompile.sample import FieldSpec, Sample
 from precompile.seeding import rng_for

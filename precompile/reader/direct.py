@@ -258,7 +258,7 @@ class _FieldShard:
 class DirectReader:
     """Gathers rows of fixed-shape fields straight from the shard files of an HDF5 build.
 
-    ``ds`` is an opened build (:class:`precompile.reader.dataset.H5Dataset`);
+    ``ds`` is an opened build (:class:`precompile.formats.hdf5.H5Dataset`);
     ``fields`` the fields to serve (default: the dataset's). Thread-safe:
     gathers from maps run concurrently; fallback reads take a lock (h5py holds
     one process-wide lock anyway). ``in_memory`` copies the served fields into

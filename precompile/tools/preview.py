@@ -36,7 +36,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import PrecompileError
-from ..reader.dataset import Dataset, open_dataset
+from ..formats import Dataset, open_dataset
 
 
 class PreviewError(PrecompileError):

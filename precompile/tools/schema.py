@@ -234,7 +234,7 @@ class SchemaError(PrecompileError):
 
 
 def import_plugins(modules: list[str]) -> None:
-    """Import ``modules`` (dotted names) so the decoders, steps and writers they register are in the schema."""
+    """Import ``modules`` (dotted names) so the decoders, steps and output formats they register are in the schema."""
     import importlib
 
     for m in modules:

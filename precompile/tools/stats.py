@@ -28,16 +28,14 @@ so ``precompile verify`` is unaffected. Nothing here imports torch.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import shutil
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from .. import format as fmt
+from ..formats import Dataset, find_format, open_dataset
+from ..formats import names as fmt
 from ..errors import FormatError, PrecompileError
-from ..reader.dataset import Dataset, FileDataset, open_dataset
 
 A_STATS = "stats"
 STATS_VERSION = 1
@@ -232,28 +230,9 @@ def write_stats(path: str | os.PathLike, stats: dict[str, Any]) -> None:
         if old and old.get("shard_keys") == stats.get("shard_keys") and old.get("version") == stats.get("version"):
             stats = {**stats, "fields": {**old.get("fields", {}), **stats["fields"]}}
         text = fmt.dumps(stats)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        try:
-            if isinstance(ds, FileDataset):
-                from ..writers.base import write_json_atomic
-
-                with open(path, encoding="utf-8") as f:
-                    index = json.load(f)
-                index[fmt.J_ATTRS][A_STATS] = json.loads(text)
-                write_json_atomic(path, index)
-            else:
-                import h5py
-
-                from ..writers.base import fsync_file
-
-                shutil.copyfile(path, tmp)
-                with h5py.File(tmp, "r+") as f:
-                    f.attrs[A_STATS] = text
-                fsync_file(tmp)
-                os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        form = find_format(path)
+        assert form is not None   # open_dataset found it
+        form.set_index_attr(path, A_STATS, text)
 
 
 def stats(path: str | os.PathLike, fields: Sequence[str] | None = None, write: bool = True,

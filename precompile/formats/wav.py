@@ -8,20 +8,22 @@ here, not by libsndfile, because libsndfile stamps the wall clock into float
 files' PEAK chunk and the same recipe must give the same bytes. Float to PCM_16
 is ``clip(round(x * 32768), -32768, 32767)``; readers (soundfile included)
 divide by 32768, so checksums are taken over those de-quantized values.
+Reading back is soundfile's (:func:`read_wav_file`).
 """
 from __future__ import annotations
 
 import struct
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Sequence
 
 import numpy as np
 from pydantic import Field
 
+from ..errors import FormatError
 from ..kinds import Kind
 from ..transforms.kernels.audio import to_int16
 from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
-from .base import FolderOptions, FolderWriter
+from .folder import FolderFormat, FolderOptions
 
 AUDIO_DTYPES = ("float32", "int16")
 RATE_KEYS = ("sample_rate", "rate", "sr")
@@ -85,7 +87,7 @@ def write_wav(path: str, audio: np.ndarray, rate: int, subtype: str) -> np.ndarr
 
 
 @WRITERS.register()
-class WavWriter(FolderWriter):
+class WavFormat(FolderFormat):
     name = "wav"
     label = "WAV"
     file_ext = ".wav"
@@ -120,3 +122,18 @@ class WavWriter(FolderWriter):
         if sub == "auto":
             sub = "PCM_16" if array.dtype == np.int16 else "FLOAT"
         return write_wav(path, array, sample_rate_of(sample, field, options), sub)
+
+    @classmethod
+    def read_file(cls, path: str, dtype: str, shape: Sequence[int]) -> np.ndarray:
+        return read_wav_file(path, dtype).reshape(tuple(shape))
+
+
+def read_wav_file(path: str, dtype: str) -> np.ndarray:
+    """A WAV file as a (C, N) channels-first array of ``dtype`` (float32: PCM scaled by 1/32768)."""
+    import soundfile as sf
+
+    try:
+        data, _ = sf.read(path, dtype=dtype, always_2d=True)
+    except (RuntimeError, sf.LibsndfileError) as e:
+        raise FormatError(f"{path}: cannot read WAV: {e}") from None
+    return np.ascontiguousarray(data.T)

@@ -1,4 +1,5 @@
-"""On-disk names, attributes and the format version, shared by writers and readers.
+"""On-disk names, attributes and the format version, shared by every format's writer and reader
+(was ``precompile/format.py``); also the one check of an index's header, :func:`check_header`.
 
 An HDF5 build is an index file ``<out>/<name>.h5`` plus one file per shard
 under ``<out>/<name>.shards/``. Every shard holds one dataset per field with
@@ -30,7 +31,9 @@ and ``values`` (label ids and other scalars kept in the index).
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Mapping
+
+from ..errors import FormatError
 
 FORMAT_NAME = "precompile"
 FORMAT_VERSION = 1
@@ -104,3 +107,13 @@ def loads(text: str | bytes) -> Any:
     if isinstance(text, bytes):
         text = text.decode("utf-8")
     return json.loads(text)
+
+
+def check_header(path: str, attrs: Mapping[str, Any]) -> None:
+    """Raise :class:`FormatError` unless an index's attributes name precompile and this format version."""
+    name = attrs.get(A_FORMAT, "")
+    if (name.decode() if isinstance(name, bytes) else str(name)) != FORMAT_NAME:
+        raise FormatError(f"{path}: not a precompile output (no {A_FORMAT!r} attribute)")
+    version = int(attrs.get(A_VERSION, -1))
+    if version != FORMAT_VERSION:
+        raise FormatError(f"{path}: format version {version}, this precompile reads {FORMAT_VERSION}")

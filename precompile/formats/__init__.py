@@ -1,0 +1,71 @@
+"""Output formats, one module each, owning both sides of their files: options and spec checks,
+chunking, shard writing, the index, opening a dataset, ``describe`` (inspect) and ``verify``.
+
+Importing this package registers the built-in ones in ``registry.WRITERS``:
+``hdf5`` (fixed and variable-shape fields), ``png`` and ``bmp`` (image files),
+``wav`` (audio files). Shared pieces: ``base`` (the :class:`Format` interface),
+``names`` (on-disk names and the format version), ``dataset`` (the map-style
+dataset every reader shares), ``folder`` (the file-folder formats' writer,
+reader and verify) and ``image`` (png/bmp field rules and reading).
+
+:func:`find_format` is the one lookup from an index file to its format (each
+format ``claims`` the first bytes of its index); ``precompile.open``,
+``precompile inspect`` and ``precompile verify`` all go through it.
+
+Adding a format: one module here with a :class:`Format` subclass registered
+with ``@WRITERS.register()``, and its import below.
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+from ..errors import FormatError
+from ..registry import WRITERS
+from .base import Format, ShardWriter, VerifyResult, WriterOptions
+from .dataset import Batch, Dataset
+from .folder import FileDataset, FolderFormat, FolderOptions
+from . import hdf5  # noqa: F401  (registers "hdf5")
+from . import png  # noqa: F401  (registers "png")
+from . import bmp  # noqa: F401  (registers "bmp")
+from . import wav  # noqa: F401  (registers "wav")
+from .hdf5 import H5Dataset
+
+__all__ = ["Batch", "Dataset", "FileDataset", "FolderFormat", "FolderOptions", "Format", "H5Dataset",
+           "ShardWriter", "VerifyResult", "WriterOptions", "find_format", "open_dataset"]
+
+HEAD_BYTES = 8
+
+
+def find_format(path: str | os.PathLike, by_extension: bool = False) -> Format | None:
+    """The registered format whose index file ``path`` is (by its first bytes), or None.
+
+    ``by_extension``: when no format claims the bytes (a damaged index), fall back to the format
+    whose ``index_ext`` the name ends with, so it can say what is wrong."""
+    p = str(path)
+    try:
+        with open(p, "rb") as f:
+            head = f.read(HEAD_BYTES)
+    except OSError:
+        head = b""
+    for _, cls in WRITERS.items():
+        if cls.claims(head):
+            return cls()
+    if by_extension:
+        for _, cls in WRITERS.items():
+            if p.endswith(cls.index_ext):
+                return cls()
+    return None
+
+
+def open_dataset(path: str | os.PathLike, fields: Sequence[str] | None = None) -> Dataset:
+    """Open a built output (the index file written by ``precompile build``), whatever its format."""
+    p = str(path)
+    if not os.path.exists(p):
+        raise FormatError(f"{p}: no such file (build the recipe first)")
+    if os.path.isdir(p):
+        raise FormatError(f"{p}: is a folder; open the index file next to it (<name>.h5 or <name>.json)")
+    fmt = find_format(p)
+    if fmt is None:
+        raise FormatError(f"{p}: neither an HDF5 nor a JSON precompile index")
+    return fmt.open(p, fields=fields)

@@ -1,0 +1,205 @@
+"""The :class:`Format` interface every output format implements, and what formats share.
+
+A format owns both sides of its files: options and spec checks
+(``check_specs``), shard writing (``open_shard`` -> :class:`ShardWriter`, one
+per shard task; ``read_shard_info`` for incremental rebuilds), the index
+(``finalize``, once in the parent), and reading back: ``claims`` (does this
+index file belong to me?), ``open`` (a :class:`~precompile.formats.dataset.Dataset`),
+``describe`` (for ``precompile inspect``), ``verify`` (for ``precompile
+verify``) and ``set_index_attr`` (for ``precompile stats``). Formats register
+in ``registry.WRITERS``; :func:`precompile.formats.find_format` picks the one
+that claims an index file.
+
+A shard writer writes to a temporary name and renames on ``close`` (after an
+fsync), so a killed build never leaves a half-written file under a final name.
+Also here: :class:`VerifyResult`, checksum/fsync helpers and
+:func:`write_json_atomic`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import FormatError, SampleError
+from ..sample import FieldSpec, Sample, dtype_name
+
+if TYPE_CHECKING:
+    from .dataset import Dataset
+
+
+class WriterOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ShardWriter:
+    def __init__(self, path: str, specs: dict[str, FieldSpec], shard_key: str, options: Any, chunking: dict[str, int]):
+        self.path = path
+        self.tmp_path = f"{path}.tmp-{os.getpid()}"
+        self.specs = specs
+        self.shard_key = shard_key
+        self.options = options
+        self.chunking = chunking
+        self.count = 0
+        self._hash = {f: hashlib.sha256() for f in specs}
+
+    def check(self, sample: Sample) -> None:
+        """Raise :class:`SampleError` when a sample does not match the declared specs (dtype, rank,
+        fixed dims) or cannot be stored; ``add`` of a checked sample fails only on I/O errors."""
+        for f, spec in self.specs.items():
+            if f not in sample.fields:
+                raise SampleError(f"sample has no field {f!r}", f)
+            a = sample.fields[f]
+            if dtype_name(a.dtype) != spec.dtype:
+                raise SampleError(f"field {f!r}: dtype {a.dtype} differs from the declared {spec.dtype}", f)
+            if spec.fixed:
+                if tuple(a.shape) != tuple(spec.shape):
+                    raise SampleError(f"field {f!r}: shape {tuple(a.shape)} differs from the declared "
+                                      f"{tuple(spec.shape)}", f)
+            elif a.ndim != len(spec.shape) or any(d is not None and d != n for d, n in zip(spec.shape, a.shape)):
+                raise SampleError(f"field {f!r}: shape {tuple(a.shape)} does not fit the declared {spec.describe()}", f)
+
+    def update_checksums(self, sample: Sample) -> None:
+        for f in self.specs:
+            self._hash[f].update(np.ascontiguousarray(sample.fields[f]).data)
+
+    def checksums(self) -> dict[str, str]:
+        return {f: h.hexdigest() for f, h in self._hash.items()}
+
+    def add(self, sample: Sample) -> None:
+        raise NotImplementedError
+
+    def close(self) -> dict[str, Any]:
+        """Finish the shard (rename into place); returns {num_samples, bytes, checksums}."""
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class VerifyResult:
+    """What ``verify`` found; ``problems`` is empty for an intact output."""
+
+    num_shards: int = 0
+    num_samples: int = 0
+    bytes_checked: int = 0
+    problems: list[str] = field(default_factory=list)
+    bad_shards: list[str] = field(default_factory=list)
+    exit_code: int = FormatError.exit_code
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class Format:
+    """A registered output format: writes shards and the index, and reads, describes and verifies them."""
+
+    name: ClassVar[str]
+    Options: ClassVar[type[WriterOptions]] = WriterOptions
+    shard_ext: ClassVar[str] = ".h5"    # "" for a shard that is a folder
+    index_ext: ClassVar[str] = ".h5"
+
+    # -- build side -----------------------------------------------------------------------
+    def check_specs(self, specs: dict[str, FieldSpec], options: Any = None) -> None:
+        """Raise ValueError (naming the field) when this format cannot hold these fields."""
+
+    def open_shard(self, path: str, specs: dict[str, FieldSpec], shard_key: str, options: Any,
+                   chunking: dict[str, int]) -> ShardWriter:
+        raise NotImplementedError
+
+    def read_shard_info(self, path: str) -> dict[str, Any] | None:
+        """{key, num_samples, checksums, bytes} of a finished shard, or None if missing or unreadable."""
+        raise NotImplementedError
+
+    def finalize(self, out_path: str, shards: list[dict[str, Any]], specs: dict[str, FieldSpec],
+                 attrs: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    # -- read side ------------------------------------------------------------------------
+    @classmethod
+    def claims(cls, head: bytes) -> bool:
+        """True when an index file starting with ``head`` (its first bytes) is this format's."""
+        return False
+
+    def open(self, path: str, fields: Sequence[str] | None = None) -> "Dataset":
+        """The map-style dataset over the index file at ``path``."""
+        raise NotImplementedError
+
+    def describe(self, ds: "Dataset") -> tuple[list[str], dict[str, str]]:
+        """For ``precompile inspect``: extra summary lines, and per field where/how it is stored."""
+        return [], {}
+
+    def verify(self, path: str, checksums: bool = True) -> VerifyResult:
+        """Re-read every shard of the output at ``path`` and check it against the index; raises
+        FormatError only when the index itself is unusable."""
+        raise NotImplementedError
+
+    def set_index_attr(self, path: str, name: str, text: str) -> None:
+        """Store the JSON text ``text`` as attribute ``name`` of the index file at ``path``, atomically."""
+        raise NotImplementedError
+
+
+def human_bytes(n: float) -> str:
+    """'1.5 MiB' and the like, for ``describe``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def range_text(shapes: np.ndarray) -> str:
+    """'(64..96, 80..128, 3)' from an (N, ndim) array of sample shapes, for ``describe``."""
+    if shapes.size == 0:
+        return "no samples"
+    lo, hi = shapes.min(axis=0), shapes.max(axis=0)
+    return "(" + ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in zip(lo, hi)) + ")"
+
+
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: str, obj: Any, indent: int | None = None) -> None:
+    """JSON text to ``path`` via a temporary name (``*.tmp-<pid>``), fsync and rename."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, sort_keys=True, ensure_ascii=False, indent=indent,
+                  separators=None if indent else (",", ":"))
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")

@@ -1,0 +1,179 @@
+"""The map-style dataset every format's reader shares: ``len(ds)``, ``ds[i]``, ``ds.batch(indices)``.
+
+``precompile.open(index)`` asks the format that claims the index file
+(:func:`precompile.formats.find_format`) to open it: an HDF5 build gives an
+:class:`~precompile.formats.hdf5.H5Dataset`, a file-folder build (bmp, png,
+wav; JSON index) a :class:`~precompile.formats.folder.FileDataset`. Every one
+offers ``len``, ``ds[i]`` (a dict of arrays, each sample in its own shape),
+``ds.batch(indices, pad=False)``, ``key(i)``, ``meta(i)``, ``copy(i)``,
+``field_specs`` (shape dims that vary are ``None``), ``label_names``, ``attrs``
+(JSON text for non-scalar values, as HDF5 attributes are), ``shards`` and
+``recipe``.
+
+``batch`` stacks fields; when a variable-shape field's samples differ it
+raises :class:`ShapeMismatchError` naming the field and two shapes, unless
+``pad`` is given (``True`` pads with 0, a number pads with that value): each
+field is then padded at the end of every dimension to the batch's largest
+size, and the returned :class:`Batch` says what it padded (``batch.padded``)
+and every sample's own shape (``batch.shapes``).
+
+This module owns :class:`Dataset` (metadata, indexing, stacking), :class:`Batch`
+and :func:`stack_field`; it knows the on-disk names (``formats.names``), never
+the recipe classes. Datasets open files lazily in each process (never before a
+fork): they pickle without handles, so they work inside a torch DataLoader
+with workers.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from . import names as fmt
+from ..errors import ShapeMismatchError
+
+__all__ = ["Batch", "Dataset", "ShapeMismatchError", "stack_field"]
+
+
+class Batch(dict):
+    """A dict of stacked arrays, plus ``padded`` ({field: {"to": shape, "value": v, "samples": [positions]}})
+    and ``shapes`` ({field: (B, ndim) int array of each sample's own shape}) for variable-shape fields."""
+
+    def __init__(self, *a: Any, **kw: Any):
+        super().__init__(*a, **kw)
+        self.padded: dict[str, dict[str, Any]] = {}
+        self.shapes: dict[str, np.ndarray] = {}
+
+
+def _pad_value(pad: Any) -> Any:
+    if pad is None or pad is False:
+        return None
+    if pad is True:
+        return 0
+    if isinstance(pad, (int, float, np.integer, np.floating)):
+        return pad
+    raise TypeError(f"pad must be True, False or a number, got {pad!r}")
+
+
+def stack_field(name: str, arrays: list[np.ndarray], spec: dict, pad: Any, out: Batch) -> None:
+    """Stack one field's per-sample arrays into ``out[name]``: refuse or pad unequal shapes."""
+    dtype = np.dtype(spec["dtype"])
+    if not arrays:
+        out[name] = np.empty((0, *[d or 0 for d in spec["shape"]]), dtype=dtype)
+        return
+    shapes = [a.shape for a in arrays]
+    variable = any(d is None for d in spec["shape"])
+    if variable:
+        out.shapes[name] = np.asarray(shapes, dtype=np.int64).reshape(len(arrays), len(spec["shape"]))
+    first = shapes[0]
+    diff = next((i for i, s in enumerate(shapes) if s != first), None)
+    if diff is None:
+        out[name] = np.stack(arrays)
+        return
+    value = _pad_value(pad)
+    if value is None:
+        raise ShapeMismatchError(
+            f"field {name!r}: cannot stack samples of different shapes {first} (batch position 0) and "
+            f"{shapes[diff]} (batch position {diff}); pass pad=True (or a pad value) to pad them, "
+            f"read them one by one, or resize to a fixed size in the recipe")
+    if any(len(s) != len(first) for s in shapes):
+        raise ShapeMismatchError(f"field {name!r}: samples differ in rank ({first} and {shapes[diff]}); cannot pad")
+    to = tuple(int(max(s[k] for s in shapes)) for k in range(len(first)))
+    res = np.full((len(arrays), *to), value, dtype=dtype)
+    for i, a in enumerate(arrays):
+        res[(i, *[slice(0, n) for n in a.shape])] = a
+    out[name] = res
+    out.padded[name] = {"to": to, "value": value, "samples": [i for i, s in enumerate(shapes) if s != to]}
+
+
+class Dataset:
+    """What every format's dataset shares: metadata, ``len``, keys, and stacking in ``batch``."""
+
+    path: str
+    attrs: dict[str, Any]
+    field_specs: dict[str, dict]
+    label_names: list[str]
+    shards: list[dict]
+    fields: list[str]
+    keys: list[str]
+    copies: np.ndarray
+
+    def _setup(self, fields: Sequence[str] | None) -> None:
+        self.field_specs = fmt.loads(self.attrs[fmt.A_FIELDS])
+        self.label_names = fmt.loads(self.attrs[fmt.A_LABELS])
+        self.shards = fmt.loads(self.attrs[fmt.A_SHARDS])
+        self.fields = list(fields) if fields is not None else list(self.field_specs)
+        for f in self.fields:
+            if f not in self.field_specs:
+                raise KeyError(f"no field {f!r} in {self.path} (fields: {', '.join(self.field_specs)})")
+        counts = np.array([s["num_samples"] for s in self.shards], dtype=np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._n = int(self.offsets[-1])
+        self._pid = None
+
+    def variable(self, field: str) -> bool:
+        """True when ``field``'s samples may differ in shape."""
+        return any(d is None for d in self.field_specs[field]["shape"])
+
+    @property
+    def output_format(self) -> str:
+        return str(self.attrs.get(fmt.A_OUTPUT, "hdf5"))
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _index(self, i: int) -> int:
+        i = int(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"sample index {i} out of range for {self._n} samples")
+        return i
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """(shard, position in the shard) of sample ``i``."""
+        i = self._index(i)
+        s = int(np.searchsorted(self.offsets, i, side="right") - 1)
+        return s, i - int(self.offsets[s])
+
+    def _indices(self, indices: Iterable[int]) -> np.ndarray:
+        idx = np.asarray(list(indices), dtype=np.int64).reshape(-1)
+        idx = np.where(idx < 0, idx + self._n, idx)
+        if idx.size and (idx.min() < 0 or idx.max() >= self._n):
+            raise IndexError(f"sample index out of range for {self._n} samples")
+        return idx
+
+    def key(self, i: int) -> str:
+        return self.keys[self._index(i)]
+
+    def copy(self, i: int) -> int:
+        return int(self.copies[self._index(i)])
+
+    @property
+    def recipe(self) -> dict:
+        return fmt.loads(self.attrs[fmt.A_RECIPE])
+
+    def __getstate__(self) -> dict:
+        d = dict(self.__dict__)
+        d["_pid"] = None
+        self._drop_handles(d)
+        return d
+
+    def _drop_handles(self, state: dict) -> None:
+        pass
+
+    def _batch_by_sample(self, idx: np.ndarray, names: list[str], pad: Any, out: Batch) -> None:
+        per = [self._sample(int(i), names) for i in idx]
+        for name in names:
+            stack_field(name, [p[name] for p in per], self.field_specs[name], pad, out)
+
+    def _sample(self, i: int, names: list[str]) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
+        return self._sample(self._index(i), self.fields)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r}, {self._n} samples, format {self.output_format}, fields={self.fields})"
+
+

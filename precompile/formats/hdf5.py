@@ -1,0 +1,591 @@
+"""Chunked, uncompressed HDF5 shards and the index file with virtual datasets.
+
+Shards: one dataset per field, samples along axis 0, chunks of whole samples,
+no filters, ``libver='latest'``, 4 KiB alignment, no timestamps (so the same
+inputs give the same bytes). Index: a virtual dataset per field over the
+shards, the key/copy/meta columns gathered, metadata as JSON attributes.
+
+Variable-shape fields (``None`` dims in the plan's spec) are stored "ragged":
+a group ``<field>`` with a flat 1-D ``data`` array (chunked by bytes, no
+filters), ``offsets`` (N+1) and ``shapes`` (N, ndim); in the index file
+``data`` is a virtual dataset over the shards and ``offsets`` are global, so
+``g["data"][o[i]:o[i+1]].reshape(g["shapes"][i])`` works in plain h5py on
+either file. Fixed-shape fields keep exactly the (N, *shape) dataset layout
+that the fast loader maps directly.
+
+This module owns everything HDF5 about a build: the shard writer and index
+(:class:`Hdf5Format`), the reader (:class:`H5Dataset`: shard files opened with
+the chunk cache off, which is fastest for uncompressed random access; batches
+read contiguous runs, never fancy indexing), ``describe`` for ``inspect``, and
+``verify``: it re-reads every field dataset of every shard, recomputes the
+per-field sha256 the writer stored (in the index and in the shard's own
+attributes) and names each shard whose bytes, size, key or count differ, or
+which is missing or unreadable.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import shutil
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from . import names as fmt
+from ..errors import FormatError
+from ..registry import WRITERS
+from ..sample import FieldSpec, Sample
+from .base import Format, ShardWriter, VerifyResult, fsync_dir, fsync_file, human_bytes, range_text
+from .dataset import Batch, Dataset
+
+HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+BLOCK_BYTES = 8 << 20
+
+ALIGN = 4096
+#: fitted to shards this writer wrote (see Hdf5Format.estimate_shard_bytes)
+SHARD_OVERHEAD = 8192
+COLUMN_BYTES = 88
+
+
+def _attr_text(v: Any) -> str:
+    """An HDF5 attribute read back as text (h5py gives str or bytes)."""
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _h5():
+    import h5py
+
+    return h5py
+
+
+def _new_file(path: str):
+    h5py = _h5()
+    return h5py.File(path, "w", libver="latest", alignment_threshold=ALIGN, alignment_interval=ALIGN)
+
+
+class Hdf5ShardWriter(ShardWriter):
+    def __init__(self, *a: Any, **kw: Any):
+        super().__init__(*a, **kw)
+        self.f = _new_file(self.tmp_path)
+        self.dsets = {}
+        self.ragged: dict[str, _Ragged] = {}
+        for name, spec in self.specs.items():
+            if not spec.fixed:
+                self.ragged[name] = _Ragged(self.f, name, spec, self.chunking[name])
+                continue
+            n = self.chunking[name]
+            self.dsets[name] = self.f.create_dataset(
+                name, shape=(0, *spec.shape), maxshape=(None, *spec.shape), dtype=spec.dtype,
+                chunks=(n, *spec.shape), track_times=False, fillvalue=0)
+        # the key/copy/meta columns are written at close, contiguous and exactly their size
+        self.buf: dict[str, list[np.ndarray]] = {f: [] for f in self.dsets}
+        self.colbuf: dict[str, list] = {c: [] for c in fmt.COLUMNS}
+        self.written = {f: 0 for f in self.dsets}
+
+    def _flush(self, name: str) -> None:
+        buf = self.buf[name]
+        if not buf:
+            return
+        d = self.dsets[name]
+        start = self.written[name]
+        d.resize(start + len(buf), axis=0)
+        d[start:start + len(buf)] = np.stack(buf)
+        self.written[name] += len(buf)
+        buf.clear()
+
+    def add(self, sample: Sample) -> None:
+        self.check(sample)
+        self.update_checksums(sample)
+        for f in self.dsets:
+            self.buf[f].append(sample.fields[f])
+            if len(self.buf[f]) >= self.chunking[f]:
+                self._flush(f)
+        for f, r in self.ragged.items():
+            r.add(sample.fields[f])
+        self.colbuf[fmt.KEY].append(sample.key)
+        self.colbuf[fmt.COPY].append(sample.copy)
+        self.colbuf[fmt.META].append(fmt.dumps(sample.meta))
+        self.count += 1
+
+    def close(self) -> dict[str, Any]:
+        for f in self.dsets:
+            self._flush(f)
+        for r in self.ragged.values():
+            r.close()
+        str_t = _h5().string_dtype("utf-8")
+        for c in fmt.COLUMNS:
+            vals = self.colbuf[c]
+            if c == fmt.COPY:
+                self.f.create_dataset(c, data=np.asarray(vals, dtype=np.int32), track_times=False)
+            else:
+                self.f.create_dataset(c, data=np.array(vals, dtype=object), dtype=str_t, track_times=False)
+        self.f.attrs[fmt.A_SHARD_KEY] = self.shard_key
+        self.f.attrs[fmt.A_NUM] = self.count
+        self.f.attrs[fmt.A_VERSION] = fmt.FORMAT_VERSION
+        self.f.attrs[fmt.A_CHECKSUMS] = fmt.dumps(self.checksums())
+        self.f.close()
+        fsync_file(self.tmp_path)
+        os.replace(self.tmp_path, self.path)
+        fsync_dir(os.path.dirname(self.path))
+        return {"num_samples": self.count, "bytes": os.path.getsize(self.path), "checksums": self.checksums()}
+
+    def abort(self) -> None:
+        try:
+            self.f.close()
+        except Exception:  # the file may already be broken; removing it is all that matters
+            pass
+        if os.path.exists(self.tmp_path):
+            os.remove(self.tmp_path)
+
+
+class _Ragged:
+    """One variable-shape field of a shard: flat ``data`` + ``offsets`` + ``shapes``, written by chunks."""
+
+    def __init__(self, f, name: str, spec: FieldSpec, chunk_elems: int):
+        self.spec = spec
+        self.g = f.create_group(name)
+        self.g.attrs[fmt.A_LAYOUT] = fmt.LAYOUT_RAGGED
+        self.chunk = max(1, int(chunk_elems))
+        self.data = None   # created at the first flush: a shard smaller than one chunk gets a chunk its size
+        self.buf: list[np.ndarray] = []
+        self.buffered = 0
+        self.written = 0
+        self.shapes: list[tuple[int, ...]] = []
+        self.offsets = [0]
+
+    def add(self, a: np.ndarray) -> None:
+        flat = np.ascontiguousarray(a).reshape(-1)
+        self.buf.append(flat)
+        self.buffered += flat.size
+        self.shapes.append(tuple(a.shape))
+        self.offsets.append(self.offsets[-1] + flat.size)
+        if self.buffered >= self.chunk:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.buf:
+            return
+        block = np.concatenate(self.buf)
+        if self.data is None:
+            self.data = self.g.create_dataset(fmt.RAGGED_DATA, shape=(0,), maxshape=(None,), dtype=self.spec.dtype,
+                                              chunks=(max(1, min(self.chunk, block.size)),), track_times=False,
+                                              fillvalue=0)
+        self.data.resize(self.written + block.size, axis=0)
+        self.data[self.written:self.written + block.size] = block
+        self.written += block.size
+        self.buf.clear()
+        self.buffered = 0
+
+    def close(self) -> None:
+        self.flush()
+        if self.data is None:  # no samples, or only empty ones
+            self.data = self.g.create_dataset(fmt.RAGGED_DATA, shape=(0,), maxshape=(None,), dtype=self.spec.dtype,
+                                              chunks=(1,), track_times=False, fillvalue=0)
+        nd = len(self.spec.shape)
+        self.g.create_dataset(fmt.RAGGED_OFFSETS, data=np.asarray(self.offsets, dtype=np.int64), track_times=False)
+        self.g.create_dataset(fmt.RAGGED_SHAPES, data=np.asarray(self.shapes, dtype=np.int64).reshape(-1, nd),
+                              track_times=False)
+
+
+def _ragged_index(f, name: str, spec: FieldSpec, shards: list[dict[str, Any]], base: str) -> None:
+    """The index's view of a ragged field: virtual ``data``, global ``offsets``, gathered ``shapes``."""
+    h5py = _h5()
+    sizes, offsets, shapes = [], [np.zeros(1, np.int64)], []
+    for s in shards:
+        if not s["num_samples"]:
+            sizes.append(0)
+            continue
+        with h5py.File(os.path.join(base, s["file"]), "r") as sf:
+            g = sf[name]
+            o = g[fmt.RAGGED_OFFSETS][:]
+            sizes.append(int(o[-1]))
+            offsets.append(o[1:] + offsets[-1][-1])
+            shapes.append(g[fmt.RAGGED_SHAPES][:])
+    total = int(sum(sizes))
+    g = f.create_group(name)
+    g.attrs[fmt.A_LAYOUT] = fmt.LAYOUT_RAGGED
+    _virtual_dataset(g, fmt.RAGGED_DATA, (total,), spec.dtype,
+                     [(s["file"], f"{name}/{fmt.RAGGED_DATA}", n) for s, n in zip(shards, sizes)])
+    g.create_dataset(fmt.RAGGED_OFFSETS, data=np.concatenate(offsets), track_times=False)
+    nd = len(spec.shape)
+    g.create_dataset(fmt.RAGGED_SHAPES, data=np.concatenate(shapes) if shapes else np.zeros((0, nd), np.int64),
+                     track_times=False)
+
+
+def _virtual_dataset(parent: Any, name: str, shape: tuple[int, ...], dtype: str,
+                     sources: list[tuple[str, str, int]]) -> None:
+    """A virtual dataset stacking ``(file, dataset, rows)`` sources along axis 0, without timestamps.
+
+    h5py's ``create_virtual_dataset`` keeps the object's creation time, so two builds of
+    the same inputs would differ in the index file's bytes; the low-level calls let us
+    switch that off. Source files are relative: HDF5 finds them beside the index.
+    """
+    h5py = _h5()
+    dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+    dcpl.set_obj_track_times(False)
+    dcpl.set_fill_value(np.zeros((), dtype=dtype))
+    vspace = h5py.h5s.create_simple(shape, shape)
+    off = 0
+    for file, dset, n in sources:
+        if n:
+            src_shape = (n, *shape[1:])
+            sel = h5py.h5s.create_simple(shape, shape)
+            sel.select_hyperslab((off,) + (0,) * (len(shape) - 1), src_shape)
+            dcpl.set_virtual(sel, file.encode(), dset.encode(), h5py.h5s.create_simple(src_shape, src_shape))
+        off += n
+    tid = h5py.h5t.py_create(np.dtype(dtype))
+    h5py.h5d.create(parent.id, name.encode(), tid, vspace, dcpl=dcpl).close()
+
+
+@WRITERS.register()
+class Hdf5Format(Format):
+    name = "hdf5"
+    shard_ext = ".h5"
+    index_ext = ".h5"
+
+    def check_specs(self, specs: dict[str, FieldSpec], options: Any = None) -> None:
+        for f, s in specs.items():
+            if not s.fixed and len(s.shape) == 0:
+                raise ValueError(f"field {f!r} ({s.describe()}) has no dimensions to vary")
+
+    @staticmethod
+    def estimate_shard_bytes(specs: dict[str, FieldSpec], n: int, chunking: dict[str, int], key_bytes: int) -> int:
+        """Bytes of a shard of ``n`` samples as :class:`Hdf5ShardWriter` writes it; ``key_bytes`` is the
+        sum of the keys' UTF-8 lengths, each rounded up to 8.
+
+        Whole chunks of every fixed-shape field, plus a model fitted to shards this writer wrote
+        (8x8x3 and 64x64x3 rows, 1 to 2,000 samples, 9- to 40-byte keys): 8 KiB of superblock,
+        object headers, attributes and heap, and per sample 88 bytes for the key/copy/meta columns
+        (references, global-heap object headers, meta ``{}``) plus its padded key. The heap grows
+        in 4 KiB steps, so a shard of a few hundred tiny samples can be off by 4 KiB either way.
+        """
+        total = SHARD_OVERHEAD + COLUMN_BYTES * n + key_bytes
+        for f, s in specs.items():
+            c = max(1, int(chunking.get(f, n) or 1))
+            total += -(-n // c) * c * (s.nbytes() or 0)
+        return int(total)
+
+    def open_shard(self, path, specs, shard_key, options, chunking) -> ShardWriter:
+        return Hdf5ShardWriter(path, specs, shard_key, options, chunking)
+
+    def read_shard_info(self, path: str) -> dict[str, Any] | None:
+        h5py = _h5()
+        try:
+            with h5py.File(path, "r") as f:
+                a = f.attrs
+                return {"key": str(a[fmt.A_SHARD_KEY]), "num_samples": int(a[fmt.A_NUM]),
+                        "checksums": fmt.loads(a[fmt.A_CHECKSUMS]), "bytes": os.path.getsize(path)}
+        except (OSError, KeyError, ValueError):
+            return None
+
+    def finalize(self, out_path: str, shards: list[dict[str, Any]], specs: dict[str, FieldSpec],
+                 attrs: dict[str, Any]) -> None:
+        h5py = _h5()
+        base = os.path.dirname(out_path)
+        total = sum(s["num_samples"] for s in shards)
+        tmp = f"{out_path}.tmp-{os.getpid()}"
+        keys: list[str] = []
+        copies: list[np.ndarray] = []
+        metas: list[str] = []
+        for s in shards:
+            if not s["num_samples"]:
+                continue
+            with h5py.File(os.path.join(base, s["file"]), "r") as sf:
+                keys.extend(k.decode() if isinstance(k, bytes) else k for k in sf[fmt.KEY][:])
+                copies.append(sf[fmt.COPY][:])
+                metas.extend(m.decode() if isinstance(m, bytes) else m for m in sf[fmt.META][:])
+        with _new_file(tmp) as f:
+            for name, spec in specs.items():
+                if not spec.fixed:
+                    _ragged_index(f, name, spec, shards, base)
+                    continue
+                _virtual_dataset(f, name, (total, *spec.shape), spec.dtype,
+                                 [(s["file"], name, s["num_samples"]) for s in shards])
+            str_t = h5py.string_dtype("utf-8")
+            f.create_dataset(fmt.KEY, data=np.array(keys, dtype=object), dtype=str_t, track_times=False)
+            f.create_dataset(fmt.COPY, data=np.concatenate(copies) if copies else np.zeros(0, np.int32),
+                             dtype="int32", track_times=False)
+            f.create_dataset(fmt.META, data=np.array(metas, dtype=object), dtype=str_t, track_times=False)
+            for k, v in attrs.items():
+                f.attrs[k] = v if isinstance(v, (int, float, str)) else fmt.dumps(v)
+            f.attrs[fmt.A_NUM] = total
+        fsync_file(tmp)
+        os.replace(tmp, out_path)
+        fsync_dir(base)
+
+    # -- read side ------------------------------------------------------------------------
+    @classmethod
+    def claims(cls, head: bytes) -> bool:
+        return head[:8] == HDF5_MAGIC
+
+    def open(self, path: str, fields: Sequence[str] | None = None) -> "H5Dataset":
+        return H5Dataset(path, fields=fields)
+
+    def describe(self, ds: Dataset) -> tuple[list[str], dict[str, str]]:
+        return [], _hdf5_storage(ds)
+
+    def verify(self, path: str, checksums: bool = True) -> VerifyResult:
+        return verify_hdf5(path, checksums)
+
+    def set_index_attr(self, path: str, name: str, text: str) -> None:
+        h5py = _h5()
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            shutil.copyfile(path, tmp)
+            with h5py.File(tmp, "r+") as f:
+                f.attrs[name] = text
+            fsync_file(tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+
+# --- reading -----------------------------------------------------------------------------------
+
+class H5Dataset(Dataset):
+    """Samples of an HDF5 build. ``ds[i]`` -> {field: array}; ``ds.batch(idx)`` -> {field: stacked}."""
+
+    MAX_GAP = 16  # rows skipped inside one read before a batch read is split in two
+
+    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None):
+        import h5py
+
+        self.path = os.path.abspath(str(path))
+        try:
+            with h5py.File(self.path, "r") as f:
+                a = dict(f.attrs)
+                fmt.check_header(self.path, a)
+                self.attrs = {k: _attr_text(v) if isinstance(v, (bytes, str)) else v for k, v in a.items()}
+                self.keys = [k.decode() if isinstance(k, bytes) else k for k in f[fmt.KEY][:]]
+                self.copies = f[fmt.COPY][:]
+        except OSError as e:
+            raise FormatError(f"{self.path}: cannot open as HDF5: {e}") from None
+        self._setup(fields)
+        self._files: dict[int, Any] = {}
+        self._dsets: dict[tuple[int, str], Any] = {}
+        self._ragged: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
+
+    def _drop_handles(self, state: dict) -> None:
+        state["_files"] = {}
+        state["_dsets"] = {}
+
+    def _file(self, shard: int):
+        import h5py
+
+        if self._pid != os.getpid():
+            self._files = {}
+            self._dsets = {}
+            self._pid = os.getpid()
+        f = self._files.get(shard)
+        if f is None:
+            p = os.path.join(os.path.dirname(self.path), self.shards[shard]["file"])
+            try:
+                f = h5py.File(p, "r", rdcc_nbytes=0)
+            except OSError as e:
+                raise FormatError(f"{p}: cannot open shard: {e}") from None
+            self._files[shard] = f
+        return f
+
+    def _dset(self, shard: int, name: str):
+        """The h5py dataset, looked up once per process (a lookup by name costs ~70 us, a read ~6 us)."""
+        d = self._dsets.get((shard, name)) if self._pid == os.getpid() else None
+        if d is None:
+            d = self._file(shard)[name]  # (re)opens the file in this process first if needed
+            self._dsets[(shard, name)] = d
+        return d
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files = {}
+        self._dsets = {}
+
+    def _ragged_table(self, shard: int, name: str) -> tuple[np.ndarray, np.ndarray]:
+        t = self._ragged.get((shard, name))
+        if t is None:
+            g = self._file(shard)[name]
+            t = (g[fmt.RAGGED_OFFSETS][:], g[fmt.RAGGED_SHAPES][:])
+            self._ragged[(shard, name)] = t
+        return t
+
+    def _read(self, shard: int, j: int, name: str) -> np.ndarray:
+        if not self.variable(name):
+            return self._dset(shard, name)[j]
+        f = self._file(shard)
+        offsets, shapes = self._ragged_table(shard, name)
+        lo, hi = int(offsets[j]), int(offsets[j + 1])
+        return f[name][fmt.RAGGED_DATA][lo:hi].reshape(tuple(int(d) for d in shapes[j]))
+
+    def _sample(self, i: int, names: list[str]) -> dict[str, np.ndarray]:
+        s, j = self.locate(i)
+        return {name: self._read(s, j, name) for name in names}
+
+    def batch(self, indices: Iterable[int], pad: Any = False) -> Batch:
+        """Stack samples ``indices`` (any order); reads each shard's contiguous runs once.
+
+        Variable-shape fields are read sample by sample; unequal shapes are refused unless
+        ``pad`` is True (pad with 0) or a pad value."""
+        idx = self._indices(indices)
+        out = Batch()
+        fixed = [n for n in self.fields if not self.variable(n)]
+        ragged = [n for n in self.fields if self.variable(n)]
+        for name in fixed:
+            out[name] = np.empty((len(idx), *self.field_specs[name]["shape"]), dtype=self.field_specs[name]["dtype"])
+        order = np.argsort(idx, kind="stable")
+        sidx = idx[order]
+        shard_of = np.searchsorted(self.offsets, sidx, side="right") - 1
+        pos = 0
+        while fixed and pos < len(sidx):
+            s = shard_of[pos]
+            end = pos
+            while end < len(sidx) and shard_of[end] == s:
+                end += 1
+            local = sidx[pos:end] - self.offsets[s]
+            f = self._file(int(s))
+            # contiguous slices (never fancy indexing); a gap wider than MAX_GAP rows starts a new read
+            cuts = np.flatnonzero(np.diff(local) > self.MAX_GAP) + 1
+            for run in np.split(np.arange(len(local)), cuts):
+                lo, hi = int(local[run[0]]), int(local[run[-1]]) + 1
+                for name in fixed:
+                    block = f[name][lo:hi]
+                    out[name][order[pos + run]] = block[local[run] - lo]
+            pos = end
+        if ragged:
+            self._batch_by_sample(idx, ragged, pad, out)
+        return _reorder(out, self.fields)
+
+    def meta(self, i: int) -> dict:
+        s, j = self.locate(int(i))
+        m = self._file(s)[fmt.META][j]
+        return fmt.loads(m)
+
+
+def _reorder(b: Batch, names: list[str]) -> Batch:
+    out = Batch({n: b[n] for n in names})
+    out.padded, out.shapes = b.padded, b.shapes
+    return out
+
+
+# --- inspect and verify ------------------------------------------------------------------------
+
+def _hdf5_storage(ds: Dataset) -> dict[str, str]:
+    import h5py
+
+    out = {}
+    with h5py.File(ds.path, "r") as idx:
+        shard0 = None
+        if ds.shards:
+            shard0 = h5py.File(os.path.join(os.path.dirname(ds.path), ds.shards[0]["file"]), "r")
+        try:
+            for name in ds.field_specs:
+                if ds.variable(name):
+                    shapes = idx[name][fmt.RAGGED_SHAPES][:]
+                    text = f"ragged: flat data + offsets + shapes, shapes {range_text(shapes)}"
+                    if shard0 is not None and shard0[name][fmt.RAGGED_DATA].chunks:
+                        d = shard0[name][fmt.RAGGED_DATA]
+                        text += f", chunks of {human_bytes(d.dtype.itemsize * d.chunks[0])}"
+                    out[name] = text
+                elif shard0 is not None and shard0[name].chunks:
+                    d = shard0[name]
+                    out[name] = f"chunks of {d.chunks[0]} sample(s), {human_bytes(int(d.dtype.itemsize * math.prod(d.chunks)))}"
+        finally:
+            if shard0 is not None:
+                shard0.close()
+    return out
+
+
+def field_digest(dset: Any, block_bytes: int = BLOCK_BYTES) -> tuple[str, int]:
+    """sha256 of a dataset's samples (axis 0) in C order, read in blocks; and the bytes read."""
+    h = hashlib.sha256()
+    n = dset.shape[0]
+    per = max(1, int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize)
+    step = max(1, block_bytes // per)
+    total = 0
+    for i in range(0, n, step):
+        a = np.ascontiguousarray(dset[i:i + step])
+        h.update(a.data)
+        total += a.nbytes
+    return h.hexdigest(), total
+
+
+def _read_index(path: str) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    import h5py
+
+    if not os.path.exists(path):
+        raise FormatError(f"{path}: no such output (build it first)")
+    try:
+        with h5py.File(path, "r") as f:
+            a = f.attrs
+            fmt.check_header(path, a)
+            fields = fmt.loads(_attr_text(a[fmt.A_FIELDS]))
+            shards = fmt.loads(_attr_text(a[fmt.A_SHARDS]))
+            total = int(a[fmt.A_NUM])
+    except OSError as e:
+        raise FormatError(f"{path}: cannot read the index file as HDF5 ({e})") from None
+    except (KeyError, ValueError) as e:
+        raise FormatError(f"{path}: the index file's metadata is damaged ({e})") from None
+    return fields, shards, total
+
+
+def verify_hdf5(path: str, checksums: bool = True) -> VerifyResult:
+    """Check every shard of the HDF5 output at ``path``; raises FormatError only when the index itself is unusable."""
+    import h5py
+
+    fields, shards, total = _read_index(path)
+    base = os.path.dirname(os.path.abspath(path))
+    res = VerifyResult(num_shards=len(shards))
+    if sum(int(s["num_samples"]) for s in shards) != total:
+        res.problems.append(f"index: num_samples {total} differs from the sum over its shards")
+    for s in shards:
+        name = s["file"]
+        bad: list[str] = []
+        sp = os.path.join(base, name)
+        if not os.path.isfile(sp):
+            bad.append("file is missing")
+        else:
+            size = os.path.getsize(sp)
+            if "bytes" in s and size != int(s["bytes"]):
+                bad.append(f"size {size} bytes differs from the recorded {s['bytes']}")
+            try:
+                with h5py.File(sp, "r") as f:
+                    a = f.attrs
+                    if _attr_text(a.get(fmt.A_SHARD_KEY)) != s["key"]:
+                        bad.append("shard key differs from the index's (the shard was rebuilt or replaced)")
+                    n = int(a.get(fmt.A_NUM, -1))
+                    if n != int(s["num_samples"]):
+                        bad.append(f"holds {n} samples, the index says {s['num_samples']}")
+                    stored = fmt.loads(_attr_text(a[fmt.A_CHECKSUMS])) if fmt.A_CHECKSUMS in a else {}
+                    for fname in fields:
+                        if fname not in f:
+                            bad.append(f"field {fname!r} is missing")
+                            continue
+                        d = f[fname]
+                        if isinstance(d, h5py.Group):  # variable-shape field: flat data + offsets + shapes
+                            rows = d[fmt.RAGGED_OFFSETS].shape[0] - 1
+                            d = d[fmt.RAGGED_DATA]     # the writer hashed the samples' bytes in order: the data
+                        else:
+                            rows = d.shape[0]
+                        if rows != int(s["num_samples"]):
+                            bad.append(f"field {fname!r} has {rows} samples, the index says {s['num_samples']}")
+                            continue
+                        want = s["checksums"].get(fname)
+                        if stored.get(fname) != want:
+                            bad.append(f"field {fname!r}: checksum attribute differs from the index's")
+                        if checksums:
+                            got, nb = field_digest(d)
+                            res.bytes_checked += nb
+                            if got != want:
+                                bad.append(f"field {fname!r}: data checksum mismatch (sha256 {got[:16]}..., "
+                                           f"recorded {str(want)[:16]}...): its bytes changed")
+                    for col in fmt.COLUMNS:
+                        if col in f and f[col].shape[0] != int(s["num_samples"]):
+                            bad.append(f"column {col!r} has {f[col].shape[0]} rows, the index says {s['num_samples']}")
+            except (OSError, KeyError, ValueError, RuntimeError, AttributeError) as e:
+                bad.append(f"unreadable ({type(e).__name__}: {e})")
+        res.num_samples += int(s["num_samples"])
+        if bad:
+            res.bad_shards.append(name)
+            res.problems.extend(f"{name}: {b}" for b in bad)
+    return res

@@ -23,7 +23,7 @@ import precompile
 from precompile.build import build  # precompile.build (the function) is shadowed once the submodule is imported
 from precompile.errors import FormatError, PrecompileError
 from precompile.reader import gpu
-from precompile.reader import loader as loader_mod
+from precompile.reader import feed
 from precompile.reader.direct import DirectReader
 from precompile.reader.loader import Loader
 from precompile.recipe import parse_recipe
@@ -126,7 +126,7 @@ def test_full_shuffle_matches_dataset_from_maps_and_memory(built, ds, in_memory)
 
 @pytest.mark.parametrize("batches_per_task", [1, 32])
 def test_sequential_batches_match_dataset(built, ds, batches_per_task, monkeypatch):
-    monkeypatch.setattr(loader_mod, "GROUP_BYTES", batches_per_task * 16 * (8 * 8 * 3 + 8))
+    monkeypatch.setattr(feed, "GROUP_BYTES", batches_per_task * 16 * (8 * 8 * 3 + 8))
     loader = Loader(built, batch_size=16, shuffle=False, device="cpu")
     assert loader.reader.fast and not loader.reader.fallbacks
     idx = loader.batch_indices()
@@ -459,14 +459,14 @@ class FakeRing:
 @pytest.mark.parametrize("batches_per_task", [1, 3, 32])
 def test_ring_pipeline_gives_the_cpu_batches(built, prefetch, threads, batches_per_task, monkeypatch):
     row = 8 * 8 * 3 + 8  # image + label bytes
-    monkeypatch.setattr(loader_mod, "GROUP_BYTES", batches_per_task * 6 * row)
+    monkeypatch.setattr(feed, "GROUP_BYTES", batches_per_task * 6 * row)
     kw = dict(batch_size=6, shuffle="block", seed=3, device="cpu", dtype="float32", mean=0.5, std=0.25,
               gpu_steps=[{"random_flip": {}}], prefetch=prefetch, num_threads=threads)
     ref = [b for b in Loader(built, **{**kw, "num_threads": 2})]
     ringed = Loader(built, **kw)
-    ringed._use_ring, ringed._make_ring = True, FakeRing
+    ringed.feeder = ringed.make_feeder(make_ring=FakeRing)
     got = list(ringed)
-    assert len(ref) == 20 and ringed._ring.launches == -(-20 // min(batches_per_task, 20))
+    assert len(ref) == 20 and ringed.feeder.ring.launches == -(-20 // min(batches_per_task, 20))
     for x, y in zip(got, ref):
         assert torch.equal(x["image"], y["image"]) and torch.equal(x["label"], y["label"])
 

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch is not installed (the Loader needs it)")
 
 import precompile  # noqa: E402
-from precompile.reader.loader import HostPool  # noqa: E402
+from precompile.reader.feed import HostPool  # noqa: E402
 
 
 def test_pool_reuses_only_released_buffers():
@@ -19,7 +19,7 @@ def test_pool_reuses_only_released_buffers():
     assert b.ctypes.data != t.data_ptr() - 4  # still held: a fresh buffer
     del t
     c = pool.get((3, 4), np.uint8)
-    assert c is pool._bufs[((3, 4), np.dtype(np.uint8).str)][0]  # released: reused
+    assert c is pool.held((3, 4), np.uint8)[0]  # released: reused
     del b, c
 
 

@@ -72,3 +72,25 @@ def test_reader_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": REPO})
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_keywords_are_grouped_into_frozen_options(built):
+    import dataclasses
+
+    from precompile.reader.cpu_feeder import CpuFeeder
+    from precompile.reader.options import Conversion, Distribution, Order
+
+    loader = Loader(built, batch_size=4, shuffle=True, seed=3, device="cpu", rank=1, world_size=2, uneven="drop",
+                    block_window=2, sort_batches=False, drop_last=True, dtype="float16", mean=0.5, std=0.25,
+                    channels_first=True)
+    assert loader.order == Order("full", 3, 2, False, True)
+    assert loader.distribution == Distribution(1, 2, "drop")
+    assert loader.conversion == Conversion("float16", 0.5, 0.25, True, None)
+    assert (loader.mode, loader.seed, loader.rank, loader.world_size, loader.uneven) == ("full", 3, 1, 2, "drop")
+    assert isinstance(loader.feeder, CpuFeeder) and loader.dtype == torch.float16
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loader.order.seed = 4  # type: ignore[misc]
+    with pytest.raises(ValueError, match="uneven must be 'pad' or 'drop', got 'wrap'"):
+        Distribution(0, 1, "wrap")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shuffle must be"):
+        Order("random")

@@ -20,6 +20,15 @@ stream (:mod:`precompile.reader.gpu`) while the current batch trains. On CPU
 the threads also convert, and each batch owns fresh tensors (safe to keep).
 The same seed gives the same batches on both devices.
 
+Structure: the Loader is a front (options, order, resume, stats) over one
+feeder that turns a :class:`~precompile.reader.feed.PassPlan` into batches:
+:class:`~precompile.reader.cpu_feeder.CpuFeeder` on CPU,
+:class:`~precompile.reader.cuda_feeder.CudaFeeder` on CUDA. Its keywords are
+grouped into :class:`~precompile.reader.options.Order`,
+:class:`~precompile.reader.options.Distribution` and
+:class:`~precompile.reader.options.Conversion` (``loader.order``,
+``loader.distribution``, ``loader.conversion``).
+
 The Loader measures the time the training loop spends blocked in
 ``next(loader)``: ``loader.stats`` (per batch and summed over the current or
 last pass, and its share of wall time; a new pass starts from zero).
@@ -27,14 +36,10 @@ last pass, and its share of wall time; a new pass starts from zero).
 from __future__ import annotations
 
 import os
-import sys
-import threading
 import time
 import weakref
-from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import numpy as np
 import torch
@@ -42,18 +47,14 @@ import torch
 from ..errors import FormatError
 from . import gpu
 from .copies import CopySchedule
+from .cpu_feeder import CpuFeeder
+from .cuda_feeder import CudaFeeder
 from .direct import DirectReader
-from .sampler import epoch_order, normalize_mode, rank_share, split_batches
+from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size
+from .options import CONVERT_KINDS, Conversion, Distribution, Order
+from .sampler import epoch_order, rank_share, split_batches
 
-CONVERT_KINDS = ("image", "video")
-# A gather task covers about GROUP_BYTES of stored rows (whole batches, at least one, at most
-# MAX_GROUP): small batches are gathered, converted and split together, so the Python work per
-# batch (and, with a gather thread, the GIL hand-overs with the training thread) shrinks.
-# Measured on MNIST-sized batches (64 x 792 B) while training on 2 cores, epoch time against a
-# pure-compute bound: 256 KiB 1.21-1.24x, 1 MiB 1.13x, 32 batches 1.02-1.05x, 64 batches 0.97-1.09x.
-GROUP_BYTES = 4 << 20
-MAX_GROUP = 64
-
+__all__ = ["CONVERT_KINDS", "HostPool", "Loader", "LoaderStats", "default_threads"]
 
 @dataclass
 class LoaderStats:
@@ -86,51 +87,6 @@ class LoaderStats:
                 f"({100 * self.wait_share:.1f}%), mean {self.mean_wait_ms:.3f} ms/batch, median {med:.3f} ms")
 
 
-class _Deferred:
-    """A future that runs its call in the thread that asks for the result (``num_threads=0``)."""
-
-    def __init__(self, fn: Any, args: tuple):
-        self.fn, self.args, self._done, self._value = fn, args, False, None
-
-    def done(self) -> bool:
-        return self._done
-
-    def result(self) -> Any:
-        if not self._done:
-            self._value, self._done = self.fn(*self.args), True
-        return self._value
-
-    def cancel(self) -> bool:
-        return True
-
-
-class HostPool:
-    """Host buffers for CPU batches, reused once every tensor made from one is gone.
-
-    ``torch.from_numpy`` keeps its ndarray alive until the last tensor or view on it
-    dies, so the ndarray's reference count says when the consumer has let go of a
-    batch; a batch still held (kept in a list, say) is never overwritten. Fresh
-    buffers cost page faults on every batch (measured: ~55 us per MNIST batch of 64).
-    """
-
-    def __init__(self, limit: int = 8):
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._bufs: dict[tuple, list[np.ndarray]] = {}
-
-    def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-        key = (tuple(shape), np.dtype(dtype).str)
-        with self._lock:
-            bufs = self._bufs.setdefault(key, [])
-            for i in range(len(bufs)):
-                if sys.getrefcount(bufs[i]) == 2:  # the list and getrefcount's argument: no tensor uses it
-                    return bufs[i]
-            a = np.empty(shape, dtype)
-            if len(bufs) < self.limit:
-                bufs.append(a)
-            return a
-
-
 def default_threads(device: torch.device) -> int:
     """Gather threads that help: only cores that training leaves idle (at most 4).
 
@@ -146,12 +102,35 @@ def default_threads(device: torch.device) -> int:
     return max(0, min(4, cpus - torch.get_num_threads()))
 
 
-class _InlinePool:
-    def submit(self, fn: Any, *args: Any) -> _Deferred:
-        return _Deferred(fn, args)
+def open_hdf5_build(path_or_dataset: Any, fields: Sequence[str] | None) -> Any:
+    """The opened HDF5 build behind ``path_or_dataset`` (an index path or an opened build)."""
+    if isinstance(path_or_dataset, (str, os.PathLike)):
+        from . import open_dataset
 
-    def shutdown(self, wait: bool = True) -> None:
-        pass
+        ds = open_dataset(path_or_dataset, fields=fields)
+    else:
+        ds = path_or_dataset
+        if not hasattr(ds, "shards") or not hasattr(ds, "field_specs"):
+            raise FormatError(f"Loader needs an HDF5 build (a path or precompile.open(...)), got {type(ds).__name__}")
+    out_format = str((getattr(ds, "attrs", None) or {}).get("output_format", "hdf5"))
+    if out_format != "hdf5":
+        raise FormatError(
+            f"{getattr(ds, 'path', ds)}: a {out_format} build (files, not HDF5 shards); the Loader reads HDF5 "
+            f"builds only. Read it with precompile.open(path) inside a torch DataLoader, or build with "
+            f"output format hdf5")
+    return ds
+
+
+def copy_schedule(ds: Any, copies: str, include_original: bool, seed: int) -> CopySchedule | None:
+    """For ``copies="epoch"`` over an augmented build: each epoch shows every sample once, as the copy
+    ``f(build seed, epoch, key)``; else None (every row)."""
+    if copies not in ("epoch", "all"):
+        raise ValueError(f"copies must be 'epoch' or 'all', got {copies!r}")
+    ds_copies = np.asarray(getattr(ds, "copies", np.zeros(0)))
+    if copies == "epoch" and ds_copies.size and ds_copies.max() > 0:
+        attrs = getattr(ds, "attrs", {}) or {}
+        return CopySchedule(ds.keys, ds_copies, int(attrs.get("seed", seed)), include_original)
+    return None
 
 
 class Loader:
@@ -201,94 +180,57 @@ class Loader:
                  block_window: int = 8, uneven: Literal["pad", "drop"] = "pad", channels_first: bool = False,
                  convert_fields: Sequence[str] | None = None, copies: Literal["epoch", "all"] = "epoch",
                  include_original: bool = True, sort_batches: bool = True, in_memory: bool = False):
-        if isinstance(path_or_dataset, (str, os.PathLike)):
-            from . import open_dataset
-
-            ds = open_dataset(path_or_dataset, fields=fields)
-        else:
-            ds = path_or_dataset
-            if not hasattr(ds, "shards") or not hasattr(ds, "field_specs"):
-                raise FormatError(f"Loader needs an HDF5 build (a path or precompile.open(...)), got {type(ds).__name__}")
-        out_format = str((getattr(ds, "attrs", None) or {}).get("output_format", "hdf5"))
-        if out_format != "hdf5":
-            raise FormatError(
-                f"{getattr(ds, 'path', ds)}: a {out_format} build (files, not HDF5 shards); the Loader reads HDF5 "
-                f"builds only. Read it with precompile.open(path) inside a torch DataLoader, or build with "
-                f"output format hdf5")
+        ds = self.ds = open_hdf5_build(path_or_dataset, fields)
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if int(seed) < 0:
-            raise ValueError(f"seed must be >= 0, got {seed}")
         if int(prefetch) < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-        if uneven not in ("pad", "drop"):
-            raise ValueError(f"uneven must be 'pad' or 'drop', got {uneven!r}")
-        if world_size < 1 or not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size) (got rank={rank}, world_size={world_size})")
-        if int(block_window) < 1:
-            raise ValueError(f"block_window must be >= 1 chunk, got {block_window}")
-        self.ds = ds
+        self.order = Order(shuffle, seed, block_window, sort_batches, drop_last)
+        self.distribution = Distribution(rank, world_size, uneven)
+        self.conversion = Conversion(dtype, mean, std, channels_first, convert_fields)
         self.device = gpu.resolve_device(device)
-        self.batch_size = int(batch_size)
-        self.mode = normalize_mode(shuffle)
-        self.seed = int(seed)
-        self.drop_last = bool(drop_last)
-        self.rank, self.world_size, self.uneven = int(rank), int(world_size), uneven
-        self.prefetch = int(prefetch)
-        self.block_window = int(block_window)
-        self.sort_batches = bool(sort_batches)
+        self.batch_size, self.prefetch = int(batch_size), int(prefetch)
         self.num_threads = default_threads(self.device) if num_threads is None else int(num_threads)
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0 (0: gather in the calling thread), got {num_threads}")
         self.fields = list(fields) if fields is not None else list(ds.fields)
         self.reader = DirectReader(ds, self.fields, in_memory=bool(in_memory))
         self.specs = {f: ds.field_specs[f] for f in self.fields}
-
-        self.dtype = gpu.torch_dtype(dtype)
-        if self.dtype is None and (mean is not None or std is not None):
-            raise ValueError("mean/std need a float dtype (e.g. dtype='float32')")
-        if convert_fields is None:
-            convert_fields = [f for f in self.fields if self.specs[f].get("kind") in CONVERT_KINDS]
-        for f in convert_fields:
-            if f not in self.fields:
-                raise ValueError(f"convert_fields: {f!r} is not loaded (loaded: {', '.join(self.fields)})")
-        self.convert: dict[str, gpu.Convert] = {}
-        for name, v in (("mean", mean), ("std", std)):
-            if isinstance(v, str) and v != "stats":
-                raise ValueError(f"{name} must be numbers or 'stats' (from `precompile stats`), got {v!r}")
-        if self.dtype is not None:
-            for f in convert_fields:
-                scale = 1 / 255 if self.reader.dtypes[f] == np.uint8 else 1.0
-                m, s = mean, std
-                if m == "stats" or s == "stats":  # per-channel values stored by `precompile stats`
-                    from ..tools.stats import loader_norm
-
-                    sm, ss = loader_norm(ds, f, scale)
-                    m, s = (sm if m == "stats" else m), (ss if s == "stats" else s)
-                self.convert[f] = gpu.Convert(self.dtype, m, s, channels_first, scale)
+        self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.fields, self.specs)
         self.steps = gpu.parse_steps(gpu_steps)
         for s in self.steps:
             s.bind(self.specs, self.reader.shapes)
-
-        if copies not in ("epoch", "all"):
-            raise ValueError(f"copies must be 'epoch' or 'all', got {copies!r}")
-        self._copies: CopySchedule | None = None
-        ds_copies = np.asarray(getattr(ds, "copies", np.zeros(0)))
-        if copies == "epoch" and ds_copies.size and ds_copies.max() > 0:
-            # augmented builds: each epoch shows every sample once, as the copy f(build seed, epoch, key)
-            attrs = getattr(ds, "attrs", {}) or {}
-            self._copies = CopySchedule(ds.keys, ds_copies, int(attrs.get("seed", self.seed)), include_original)
+        self._copies = copy_schedule(ds, copies, include_original, self.seed)
 
         self.epoch = 0
         self._pos = 0              # batches of self.epoch already handed out (resume point)
         self._resume = False       # _pos came from load_state_dict and no pass has started since
         self._orders: dict[int, list[np.ndarray]] = {}
-        self._ring: gpu.CudaRing | None = None
-        self._use_ring = self.device.type == "cuda"   # pinned ring + side stream (tests drive it with a fake ring)
-        self._make_ring = gpu.CudaRing
         self._active: weakref.ref | None = None
         self.stats = LoaderStats()
-        self._pool = HostPool()
+        self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool())
+        self.feeder: Feeder = self.make_feeder()
+
+    def make_feeder(self, make_ring: Callable[..., Any] | None = None) -> Feeder:
+        """This Loader's feeder: on CUDA the pinned ring and side stream, on CPU host buffers.
+
+        ``make_ring`` gives the CUDA feeder on any device, with that ring factory (the
+        :class:`~precompile.reader.gpu.CudaRing` signature): a stand-in ring drives the CUDA
+        feeder's scheduling without a GPU (``loader.feeder = loader.make_feeder(make_ring=...)``)."""
+        if make_ring is not None or self.device.type == "cuda":
+            return CudaFeeder(self.reader, self.fields, self.finisher, self.device, self.num_threads,
+                              self.batch_size, make_ring or gpu.CudaRing)
+        return CpuFeeder(self.reader, self.fields, self.finisher, self.finisher.pool, self.num_threads)
+
+    # -- the option groups, as attributes --------------------------------------------------------
+    mode = property(lambda self: self.order.mode, doc="``sequential`` | ``full`` | ``block``")
+    seed = property(lambda self: self.order.seed)
+    block_window = property(lambda self: self.order.block_window)
+    sort_batches = property(lambda self: self.order.sort_batches)
+    drop_last = property(lambda self: self.order.drop_last)
+    rank = property(lambda self: self.distribution.rank)
+    world_size = property(lambda self: self.distribution.world_size)
+    uneven = property(lambda self: self.distribution.uneven)
 
     # -- order ----------------------------------------------------------------------------------
     def _epoch_rows(self, epoch: int) -> np.ndarray:
@@ -352,60 +294,6 @@ class Loader:
         self.epoch, self._pos, self._resume = epoch, pos, True
 
     # -- iteration --------------------------------------------------------------------------------
-    def _alloc(self, n: int) -> tuple[dict[str, torch.Tensor], dict[str, np.ndarray]]:
-        arrs = {f: self._pool.get((n, *self.reader.shapes[f]), self.reader.dtypes[f]) for f in self.fields}
-        return {f: torch.from_numpy(a) for f, a in arrs.items()}, arrs
-
-    def _finish(self, batch: dict[str, torch.Tensor], epoch: int, b: int) -> dict[str, torch.Tensor]:
-        """Batch steps then conversion, for batch ``b`` (on the batch's device)."""
-        if self.steps:
-            n = next(iter(batch.values())).shape[0]
-            params = gpu.step_params(self.steps, self.seed, epoch, self.rank, b, n)
-            batch = gpu.run_steps(batch, self.steps, params)
-        for f, conv in self.convert.items():
-            x = batch[f]
-            out = None
-            if x.device.type == "cpu" and conv.dtype == torch.float32:
-                out = torch.from_numpy(self._pool.get(tuple(x.shape), np.float32))
-            batch[f] = conv(x, out=out)
-        return batch
-
-    def _finish_group(self, group: dict[str, torch.Tensor], sizes: list[int], epoch: int,
-                      first: int) -> list[dict[str, torch.Tensor]]:
-        """Split a task's rows into its batches and finish them (conversion once per task when no steps)."""
-        if len(sizes) == 1:
-            return [self._finish(group, epoch, first)]
-        if not self.steps:
-            group = self._finish(group, epoch, first)
-        parts = {f: torch.split(t, sizes) for f, t in group.items()}
-        out = [{f: parts[f][i] for f in group} for i in range(len(sizes))]
-        if self.steps:
-            out = [self._finish(bt, epoch, first + i) for i, bt in enumerate(out)]
-        return out
-
-    def _group_size(self) -> int:
-        """Batches per gather task: small batches are gathered together (fewer, larger copies; less overhead)."""
-        row = sum(self.reader.row_bytes.values())
-        return int(min(MAX_GROUP, max(1, GROUP_BYTES // max(1, row * self.batch_size))))
-
-    def _gather_cpu(self, batches: list[np.ndarray], lo: int, hi: int, epoch: int) -> list[dict[str, torch.Tensor]]:
-        idx = batches[lo] if hi - lo == 1 else np.concatenate(batches[lo:hi])
-        plan = self.reader.plan(idx)
-        ts, arrs = self._alloc(plan.size)
-        for f in self.fields:
-            self.reader.gather(f, plan, arrs[f])
-        return self._finish_group(ts, [len(x) for x in batches[lo:hi]], epoch, lo)
-
-    def _gather_ring(self, batches: list[np.ndarray], lo: int, hi: int, slot: int) -> int:
-        ring = self._ring
-        ring.wait_free(slot)
-        idx = batches[lo] if hi - lo == 1 else np.concatenate(batches[lo:hi])
-        plan = self.reader.plan(idx)
-        host = ring.host(slot, plan.size)
-        for f in self.fields:
-            self.reader.gather(f, plan, host[f])
-        return plan.size
-
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """A pass over the rest of the current epoch; starting a new pass closes an unfinished one."""
         self._close_active()  # its threads stop and (CUDA) its copies finish before the ring is reused
@@ -416,84 +304,32 @@ class Loader:
         return gen
 
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
-        epoch, start = self.epoch, self._pos
-        batches = self.batch_indices(epoch)
-        group = self._group_size()
-        tasks = [(lo, min(lo + group, len(batches))) for lo in range(start, len(batches), group)]
-        ahead = max(1, -(-self.prefetch // group))      # tasks in flight beyond the one being consumed
-        nslots = ahead + 2
-        ring_mode = self._use_ring
-        if ring_mode and self._ring is None:  # nslots and group are fixed for this Loader: one ring
-            self._ring = self._make_ring(self.device, nslots, group * self.batch_size, self.reader.shapes,
-                                         self.reader.dtypes)
-        pool = (ThreadPoolExecutor(max_workers=self.num_threads, thread_name_prefix="precompile-gather",
-                                   **gpu.thread_init(self.device))
-                if self.num_threads > 0 else _InlinePool())
-        pending: deque[tuple[int, Future]] = deque()     # submitted tasks, in order
-        launched: deque[tuple[int, Any]] = deque()       # ring: tasks copied/launched, in order
-        nxt = 0
+        """The feeder's batches, with the wait for each measured and the resume point kept."""
+        epoch = self.epoch
+        group = group_size(sum(self.reader.row_bytes.values()), self.batch_size)
+        plan = PassPlan.make(epoch, self.batch_indices(epoch), self._pos, group, self.prefetch)
         stats = self.stats
         stats.reset()
-
-        def submit_until(limit: int) -> None:
-            # ring: task k refills slot k % nslots; callers keep task k - nslots already launched, so the
-            # gather thread finds that launch's event and waits for its copy before overwriting the slot
-            nonlocal nxt
-            while nxt < min(limit, len(tasks)):
-                lo, hi = tasks[nxt]
-                if ring_mode:
-                    fut = pool.submit(self._gather_ring, batches, lo, hi, nxt % nslots)
-                else:
-                    fut = pool.submit(self._gather_cpu, batches, lo, hi, epoch)
-                pending.append((nxt, fut))
-                nxt += 1
-
-        def launch() -> None:
-            k, fut = pending.popleft()
-            n = fut.result()
-            lo, hi = tasks[k]
-            sizes = [len(x) for x in batches[lo:hi]]
-            launched.append((k, self._ring.launch(k % nslots, n,
-                                                  lambda d: self._finish_group(d, sizes, epoch, lo))))
-
+        feed = self.feeder.feed(plan)
         try:
-            submit_until(ahead + 1)
-            for k in range(len(tasks)):
+            while True:
                 t0 = time.perf_counter()
                 if stats._t0 is None:
                     stats._t0 = t0
-                if ring_mode:
-                    if not launched:
-                        launch()
-                    j, (outs, done) = launched.popleft()
-                    # keep the bus busy: launch the later tasks that are already gathered
-                    while pending and pending[0][1].done():
-                        launch()
-                else:
-                    j, fut = pending.popleft()
-                    outs, done = fut.result(), None
-                assert j == k
-                submit_until(k + ahead + 1)
-                lo = tasks[k][0]
-                for i, out in enumerate(outs):
-                    if i:
-                        t0 = time.perf_counter()
-                    if ring_mode:
-                        out = self._ring.deliver(out, done)
-                    t1 = time.perf_counter()
-                    stats.waits.append(t1 - t0)
-                    stats.wait_s += t1 - t0
-                    stats.batches += 1
-                    self._pos = lo + i + 1
-                    yield out
-                    stats.elapsed_s = time.perf_counter() - stats._t0
+                got = next(feed, None)
+                if got is None:
+                    break
+                b, out = got
+                t1 = time.perf_counter()
+                stats.waits.append(t1 - t0)
+                stats.wait_s += t1 - t0
+                stats.batches += 1
+                self._pos = b + 1
+                yield out
+                stats.elapsed_s = time.perf_counter() - stats._t0
             self.epoch, self._pos = epoch + 1, 0
         finally:
-            for _, f in pending:
-                f.cancel()
-            pool.shutdown(wait=True)
-            if ring_mode and self._ring is not None:
-                self._ring.synchronize()
+            feed.close()
 
     def _close_active(self) -> None:
         old = self._active() if self._active is not None else None
@@ -508,7 +344,7 @@ class Loader:
         """
         self._close_active()
         self.reader.close()
-        self._ring = None
+        self.feeder.release()
 
     def __repr__(self) -> str:
         return (f"Loader({self.ds.path!r}, batch_size={self.batch_size}, shuffle={self.mode!r}, device={self.device}, "

@@ -1,0 +1,92 @@
+"""The Loader's option groups: the order of a pass, the DDP distribution, the device conversion.
+
+Each group is a frozen dataclass that checks its values when made (the same
+messages the Loader has always given); the Loader builds them from its flat
+keywords, so ``precompile.Loader(path, batch_size=..., shuffle=..., seed=...,
+dtype=..., mean=..., rank=..., ...)`` stays the documented call.
+
+- :class:`Order`: which rows, in which order, in which batches
+  (``shuffle``/``seed``/``block_window``/``sort_batches``/``drop_last``).
+- :class:`Distribution`: this rank's share (``rank``/``world_size``/``uneven``).
+- :class:`Conversion`: what the device makes of stored fields
+  (``dtype``/``mean``/``std``/``channels_first``/``convert_fields``); the
+  torch side (:class:`~precompile.reader.gpu.Convert` per field) is built from it
+  by :func:`precompile.reader.feed.converts_for`.
+
+No torch here: the groups hold plain values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+from .sampler import normalize_mode
+
+CONVERT_KINDS = ("image", "video")
+
+
+@dataclass(frozen=True)
+class Order:
+    """The order of a pass: ``mode`` (``shuffle`` as given: True, False, ``"full"`` or ``"block"``;
+    stored normalised to ``"sequential" | "full" | "block"``), with ``seed`` and the epoch."""
+
+    mode: bool | str = True
+    seed: int = 0
+    block_window: int = 8
+    sort_batches: bool = True
+    drop_last: bool = False
+
+    def __post_init__(self) -> None:
+        if int(self.seed) < 0:
+            raise ValueError(f"seed must be >= 0, got {self.seed}")
+        if int(self.block_window) < 1:
+            raise ValueError(f"block_window must be >= 1 chunk, got {self.block_window}")
+        object.__setattr__(self, "mode", normalize_mode(self.mode))
+        object.__setattr__(self, "seed", int(self.seed))
+        object.__setattr__(self, "block_window", int(self.block_window))
+        object.__setattr__(self, "sort_batches", bool(self.sort_batches))
+        object.__setattr__(self, "drop_last", bool(self.drop_last))
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """This rank's disjoint, equal share of every epoch: ``uneven`` pads (``"pad"``) or drops the tail."""
+
+    rank: int = 0
+    world_size: int = 1
+    uneven: Literal["pad", "drop"] = "pad"
+
+    def __post_init__(self) -> None:
+        if self.uneven not in ("pad", "drop"):
+            raise ValueError(f"uneven must be 'pad' or 'drop', got {self.uneven!r}")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank must be in [0, world_size) (got rank={self.rank}, world_size={self.world_size})")
+        object.__setattr__(self, "rank", int(self.rank))
+        object.__setattr__(self, "world_size", int(self.world_size))
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """The device conversion: ``dtype`` (None keeps the stored dtype), per-channel ``mean``/``std``
+    (numbers or ``"stats"``), ``channels_first`` NCHW views, and the fields it applies to
+    (``convert_fields``; default: the loaded image/video fields, see :meth:`fields_of`)."""
+
+    dtype: Any = None
+    mean: Sequence[float] | float | str | None = None
+    std: Sequence[float] | float | str | None = None
+    channels_first: bool = False
+    convert_fields: Sequence[str] | None = None
+
+    def fields_of(self, loaded: Sequence[str], specs: dict[str, dict]) -> list[str]:
+        """The loaded fields to convert; a named field that is not loaded is a ``ValueError``."""
+        if self.convert_fields is None:
+            return [f for f in loaded if specs[f].get("kind") in CONVERT_KINDS]
+        for f in self.convert_fields:
+            if f not in loaded:
+                raise ValueError(f"convert_fields: {f!r} is not loaded (loaded: {', '.join(loaded)})")
+        return list(self.convert_fields)
+
+    def check_norm(self) -> None:
+        for name, v in (("mean", self.mean), ("std", self.std)):
+            if isinstance(v, str) and v != "stats":
+                raise ValueError(f"{name} must be numbers or 'stats' (from `precompile stats`), got {v!r}")

@@ -1,0 +1,96 @@
+"""The Loader's construction and lifecycle: arguments checked up front, non-HDF5 builds refused with a
+pointer, close, the wait statistics, and the reader's import hygiene (no torch).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import precompile
+from precompile.errors import FormatError, PrecompileError
+from precompile.reader.loader import Loader
+
+from conftest import image_recipe, write_recipe
+from loader_cases import REPO, built, small_build  # noqa: F401
+
+
+def test_arguments_checked_up_front(small_build):
+    with pytest.raises(ValueError, match="block_window must be >= 1 chunk, got 0"):
+        Loader(small_build, batch_size=2, shuffle="block", device="cpu", block_window=0)
+    # a crop that covers no field: refused at construction, not a TypeError at the first batch
+    with pytest.raises(ValueError, match="random_crop: matches no field"):
+        Loader(small_build, batch_size=2, device="cpu", fields=["label"], gpu_steps=[{"random_crop": {"size": 4}}])
+    # fields: [] says it on purpose, as in a recipe: the step does nothing
+    kept = Loader(small_build, batch_size=2, device="cpu", shuffle=False, gpu_steps=[{"random_flip": {"fields": []}}])
+    plain = Loader(small_build, batch_size=2, device="cpu", shuffle=False)
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(kept, plain))
+
+
+def test_close_stops_the_pass_and_later_use_is_a_clear_error(small_build):
+    loader = Loader(small_build, batch_size=2, shuffle=True, device="cpu", num_threads=2, prefetch=3)
+    it = iter(loader)
+    first = next(it)
+    loader.close()
+    with pytest.raises(StopIteration):   # the pass ended with close (its threads joined)
+        next(it)
+    assert first["image"].shape == (2, 32, 32, 3)
+    with pytest.raises(PrecompileError, match="reader is closed"):
+        iter(loader)
+    with pytest.raises(PrecompileError, match="reader is closed"):
+        loader.reader.read([0])
+
+
+def test_file_build_is_refused_with_a_pointer_to_the_dataset(tmp_path, image_tree):
+    r = image_recipe(image_tree, output={"format": "png", "samples_per_shard": 4})
+    precompile.build(write_recipe(tmp_path / "r.yaml", r), out_dir=tmp_path / "out")
+    index = tmp_path / "out" / "imgs.json"
+    ds = precompile.open(index)
+    assert ds.output_format == "png" and len(ds) == 10   # the build itself is fine
+    for src in (index, ds):
+        with pytest.raises(FormatError, match="a png build .*HDF5 builds only.*precompile.open\\(path\\) inside a "
+                                              "torch DataLoader"):
+            Loader(src, batch_size=2, device="cpu")
+
+
+def test_stats_measure_the_wait(built):
+    loader = Loader(built, batch_size=16, shuffle=True, device="cpu")
+    n = sum(1 for _ in loader)
+    st = loader.stats
+    assert st.batches == n == len(st.waits) == 8
+    assert 0 <= st.wait_s <= st.elapsed_s and abs(sum(st.waits) - st.wait_s) < 1e-9
+    assert 0 <= st.wait_share <= 1
+    assert f"{n} batches, waited" in st.summary()
+
+
+def test_reader_does_not_import_torch():
+    code = ("import sys, precompile, precompile.reader.direct, precompile.reader.sampler; "
+            "precompile.open; assert 'torch' not in sys.modules, 'torch imported'; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": REPO})
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_keywords_are_grouped_into_frozen_options(built):
+    import dataclasses
+
+    from precompile.reader.cpu_feeder import CpuFeeder
+    from precompile.reader.options import Conversion, Distribution, Order
+
+    loader = Loader(built, batch_size=4, shuffle=True, seed=3, device="cpu", rank=1, world_size=2, uneven="drop",
+                    block_window=2, sort_batches=False, drop_last=True, dtype="float16", mean=0.5, std=0.25,
+                    channels_first=True)
+    assert loader.order == Order("full", 3, 2, False, True)
+    assert loader.distribution == Distribution(1, 2, "drop")
+    assert loader.conversion == Conversion("float16", 0.5, 0.25, True, None)
+    assert (loader.mode, loader.seed, loader.rank, loader.world_size, loader.uneven) == ("full", 3, 1, 2, "drop")
+    assert isinstance(loader.feeder, CpuFeeder) and loader.dtype == torch.float16
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        loader.order.seed = 4  # type: ignore[misc]
+    with pytest.raises(ValueError, match="uneven must be 'pad' or 'drop', got 'wrap'"):
+        Distribution(0, 1, "wrap")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shuffle must be"):
+        Order("random")

@@ -1,0 +1,133 @@
+"""The device side: device choice, conversion and normalisation, seeded batch steps, and the CUDA
+feeder's ring scheduling driven on CPU through a stand-in ring (``Loader.make_feeder(make_ring=...)``).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from precompile.errors import PrecompileError
+from precompile.reader import feed, gpu
+from precompile.reader.loader import Loader
+
+from loader_cases import built, ds  # noqa: F401
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA; the error is for machines without it")
+def test_cuda_without_cuda_is_a_clear_error(built):
+    with pytest.raises(PrecompileError, match="no CUDA device; use device='cpu'"):
+        Loader(built, batch_size=4, device="cuda")
+    assert Loader(built, batch_size=4, device="auto").device.type == "cpu"
+
+
+def test_cuda_device_gets_an_explicit_index(monkeypatch):
+    # the choice logic only (no GPU here): "cuda" and "auto" name the device current at construction
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert gpu.resolve_device("cuda") == torch.device("cuda", 1)
+    assert gpu.resolve_device("auto") == torch.device("cuda", 1)
+    assert gpu.resolve_device("cuda:0") == torch.device("cuda", 0)
+    assert gpu.thread_init(torch.device("cuda", 1)) == {"initializer": torch.cuda.set_device,
+                                                         "initargs": (torch.device("cuda", 1),)}
+    assert gpu.thread_init(torch.device("cpu")) == {}
+    assert gpu.resolve_device("cpu") == torch.device("cpu")
+
+
+def test_conversion_and_normalisation(built, ds):
+    mean, std = [0.4, 0.5, 0.6], [0.2, 0.25, 0.3]
+    loader = Loader(built, batch_size=12, shuffle=True, seed=1, device="cpu", dtype="float32", mean=mean, std=std)
+    idx = loader.batch_indices(0)
+    for b, i in zip(loader, idx):
+        ref = (ds.batch(i)["image"].astype(np.float64) / 255 - mean) / std
+        assert b["image"].dtype == torch.float32
+        np.testing.assert_allclose(b["image"].numpy(), ref, atol=1e-5)
+        assert b["label"].dtype == torch.int64  # labels are not converted
+    for name, tdt in (("float16", torch.float16), ("bfloat16", torch.bfloat16)):
+        b = next(iter(Loader(built, batch_size=12, shuffle=False, device="cpu", dtype=name, mean=mean, std=std,
+                             channels_first=True)))
+        ref = (ds.batch(range(12))["image"].astype(np.float64) / 255 - mean) / std
+        assert b["image"].dtype == tdt and b["image"].shape == (12, 3, 8, 8)
+        np.testing.assert_allclose(b["image"].float().permute(0, 2, 3, 1).numpy(), ref, atol=0.03)
+    with pytest.raises(ValueError, match="need a float dtype"):
+        Loader(built, batch_size=4, device="cpu", mean=mean, std=std)
+
+
+def test_batch_steps_are_seeded_and_match_numpy(built, ds):
+    steps = [{"random_flip": {"horizontal": 0.5}}, {"random_crop": {"size": [6, 5], "padding": 1}}]
+    loader = Loader(built, batch_size=10, shuffle=True, seed=8, device="cpu", gpu_steps=steps)
+    loader.set_epoch(1)
+    idx = loader.batch_indices()
+    got = list(loader)
+    for k, (b, i) in enumerate(zip(got, idx)):
+        flip, crop = gpu.step_params(loader.steps, 8, 1, 0, k, len(i))
+        ref = ds.batch(i)["image"]
+        ref = np.where(flip["horizontal"][:, None, None, None], ref[:, :, ::-1], ref)
+        ref = np.pad(ref, ((0, 0), (1, 1), (1, 1), (0, 0)))
+        ref = np.stack([r[t:t + 6, l:l + 5] for r, t, l in zip(ref, crop["top"], crop["left"])])
+        np.testing.assert_array_equal(b["image"].numpy(), ref)
+    assert any(p["horizontal"].any() and not p["horizontal"].all()
+               for p in [gpu.step_params(loader.steps, 8, 1, 0, 0, 10)[0]])
+    again = Loader(built, batch_size=10, shuffle=True, seed=8, device="cpu", gpu_steps=steps)
+    again.set_epoch(1)
+    assert all(torch.equal(x["image"], y["image"]) for x, y in zip(got, again))
+    again.set_epoch(2)
+    assert gpu.step_params(again.steps, 8, 2, 0, 0, 10)[1]["top"].tolist() != \
+        gpu.step_params(again.steps, 8, 1, 0, 0, 10)[1]["top"].tolist()
+    with pytest.raises(ValueError, match="'rotate' is unknown"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"rotate": {}}])
+    with pytest.raises(ValueError, match="'random_affine' is a build step with no device twin"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_affine": {}}])
+    with pytest.raises(ValueError, match="'flip' is now the build step's twin random_flip"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"flip": {"p": 0.5}}])
+    with pytest.raises(ValueError, match="random_crop: input 8x8 is smaller than the crop 9x9"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_crop": {"size": 9}}])
+    with pytest.raises(ValueError, match="random_flip: cannot handle field 'label' of kind label"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_flip": {"fields": ["label"]}}])
+    with pytest.raises(ValueError, match="random_flip: horizontal: .*within"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_flip": {"horizontal": 2}}])
+
+
+class FakeRing:
+    """The CudaRing protocol on CPU tensors; checks the Loader never refills a slot before its copy launched."""
+
+    def __init__(self, device, slots, batch_size, shapes, dtypes):
+        self.bufs = [{f: torch.empty((batch_size, *shapes[f]), dtype=gpu.numpy_to_torch_dtype(dtypes[f]))
+                      for f in shapes} for _ in range(slots)]
+        self.state = ["free"] * slots  # free -> filling -> filled -> launched(=free)
+        self.launches = 0
+
+    def host(self, slot, n):
+        return {f: t[:n].numpy() for f, t in self.bufs[slot].items()}
+
+    def wait_free(self, slot):
+        assert self.state[slot] == "free", f"slot {slot} refilled while {self.state[slot]}"
+        self.state[slot] = "filling"
+
+    def launch(self, slot, n, finish):
+        self.launches += 1
+        out = finish({f: t[:n].clone() for f, t in self.bufs[slot].items()})  # the "copy to the device"
+        self.state[slot] = "free"
+        return out, None
+
+    def deliver(self, out, done):
+        return out
+
+    def synchronize(self):
+        pass
+
+
+@pytest.mark.parametrize("prefetch,threads", [(1, 3), (3, 3), (2, 0)])
+@pytest.mark.parametrize("batches_per_task", [1, 3, 32])
+def test_ring_pipeline_gives_the_cpu_batches(built, prefetch, threads, batches_per_task, monkeypatch):
+    row = 8 * 8 * 3 + 8  # image + label bytes
+    monkeypatch.setattr(feed, "GROUP_BYTES", batches_per_task * 6 * row)
+    kw = dict(batch_size=6, shuffle="block", seed=3, device="cpu", dtype="float32", mean=0.5, std=0.25,
+              gpu_steps=[{"random_flip": {}}], prefetch=prefetch, num_threads=threads)
+    ref = [b for b in Loader(built, **{**kw, "num_threads": 2})]
+    ringed = Loader(built, **kw)
+    ringed.feeder = ringed.make_feeder(make_ring=FakeRing)
+    got = list(ringed)
+    assert len(ref) == 20 and ringed.feeder.ring.launches == -(-20 // min(batches_per_task, 20))
+    for x, y in zip(got, ref):
+        assert torch.equal(x["image"], y["image"]) and torch.equal(x["label"], y["label"])

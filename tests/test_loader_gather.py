@@ -1,0 +1,382 @@
+"""Gathering: the Loader's batches are the dataset's bytes from mapped, in-memory and h5py-fallback
+readers; both DirectReader gather paths; irregular and compressed layouts; open-file limits, dtype
+mismatches, use after close, fallback files per process; host buffers recycled only once released.
+
+Builds come from ``precompile.build`` (loader_cases, conftest); shards are rewritten with h5py where a
+test needs a layout the writer never makes.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+import precompile
+from precompile.errors import FormatError, PrecompileError
+from precompile.reader import direct, feed
+from precompile.reader.direct import DirectReader
+from precompile.reader.feed import HostPool
+from precompile.reader.loader import Loader
+
+from conftest import image_recipe, write_recipe
+from loader_cases import (N, REPO, _assert_same_as_dataset, _build, _chunk_addresses,  # noqa: F401
+                          _rewrite_shard, built, ds)
+
+
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_full_shuffle_matches_dataset_from_maps_and_memory(built, ds, in_memory):
+    loader = Loader(built, batch_size=16, shuffle=True, seed=3, device="cpu", in_memory=in_memory)
+    # 4 shards: mapped into one address range (POSIX), or copied into one array per field
+    if sys.platform.startswith("linux"):
+        assert (loader.reader.region is not None) == (not in_memory)
+    assert _assert_same_as_dataset(loader, ds, epoch=1) == 8
+
+
+@pytest.mark.parametrize("batches_per_task", [1, 32])
+def test_sequential_batches_match_dataset(built, ds, batches_per_task, monkeypatch):
+    monkeypatch.setattr(feed, "GROUP_BYTES", batches_per_task * 16 * (8 * 8 * 3 + 8))
+    loader = Loader(built, batch_size=16, shuffle=False, device="cpu")
+    assert loader.reader.fast and not loader.reader.fallbacks
+    idx = loader.batch_indices()
+    np.testing.assert_array_equal(np.concatenate(idx), np.arange(N))
+    assert [len(i) for i in idx] == [16] * 7 + [8]
+    assert _assert_same_as_dataset(loader, ds) == 8
+    b = next(iter(Loader(built, batch_size=4, shuffle=False, device="cpu")))
+    assert b["image"].dtype == torch.uint8 and b["image"].shape == (4, 8, 8, 3)
+    assert b["label"].dtype == torch.int64
+
+
+@pytest.mark.parametrize("threads", [2, 0])
+def test_batches_are_not_reused_buffers(built, ds, threads):
+    # on CPU each batch owns its memory: holding on to all of them keeps them intact
+    loader = Loader(built, batch_size=8, shuffle=True, seed=3, device="cpu", prefetch=1, num_threads=threads)
+    held = list(loader)
+    for b, i in zip(held, loader.batch_indices(0)):
+        np.testing.assert_array_equal(b["image"].numpy(), ds.batch(i)["image"])
+
+
+def test_direct_reader_read_any_order(built, ds):
+    r = DirectReader(ds)
+    rng = np.random.default_rng(0)
+    idx = rng.integers(0, N, 50)  # repeats and shard crossings
+    got = r.read(idx)
+    ref = ds.batch(idx)
+    for f in ("image", "label"):
+        np.testing.assert_array_equal(got[f], ref[f])
+    with pytest.raises(IndexError):
+        r.plan(np.array([N]))
+
+
+def test_chunks_not_evenly_spaced(tmp_path):
+    built = _build(str(tmp_path))
+    d0 = precompile.open(built)
+    shard0 = os.path.join(os.path.dirname(built), d0.shards[0]["file"])
+    d0.close()
+    _rewrite_shard(shard0, scramble=True)
+    addr = _chunk_addresses(shard0, "image")
+    steps = np.diff(addr)
+    assert (steps < 0).any() and len(set(steps.tolist())) > 1  # the layout really is irregular
+    assert any(a % 4096 for a in addr)                        # and unaligned
+    ds = precompile.open(built)
+    loader = Loader(ds, batch_size=9, shuffle=True, seed=0, device="cpu")
+    assert loader.reader.fast
+    _assert_same_as_dataset(loader, ds)
+    # the in-memory copy reads the scrambled chunks from the files in runs: the same batches
+    mem = Loader(ds, batch_size=9, shuffle=True, seed=0, device="cpu", in_memory=True, sort_batches=False)
+    assert mem.reader.region is None and len(mem.reader._views["image"]) == 1
+    _assert_same_as_dataset(mem, ds)
+    ds.close()
+
+
+def test_compressed_shard_falls_back_to_h5py(tmp_path):
+    built = _build(str(tmp_path))
+    d0 = precompile.open(built)
+    shard1 = os.path.join(os.path.dirname(built), d0.shards[1]["file"])
+    d0.close()
+    _rewrite_shard(shard1, compression="gzip")
+    ds = precompile.open(built)
+    loader = Loader(ds, batch_size=16, shuffle="block", seed=1, device="cpu")
+    assert not loader.reader.fast
+    assert set(loader.reader.fallbacks) == {(1, "image"), (1, "label")}
+    assert "filtered" in loader.reader.fallbacks[(1, "image")] and "deflate" in loader.reader.fallbacks[(1, "image")]
+    _assert_same_as_dataset(loader, ds)
+    _assert_same_as_dataset(Loader(ds, batch_size=16, shuffle=True, seed=1, device="cpu"), ds)
+    ds.close()
+
+
+def test_variable_shape_field_is_refused(ds):
+    odd = copy.copy(ds)
+    odd.field_specs = {**ds.field_specs, "image": {**ds.field_specs["image"], "shape": [None, None, 3]}}
+    with pytest.raises(FormatError, match="'image' has shape .*unknown dimensions.*fixed-shape"):
+        DirectReader(odd)
+    with pytest.raises(KeyError, match="no field 'nope'"):
+        DirectReader(ds, ["nope"])
+
+
+@pytest.fixture
+def residue_ds(tmp_path, image_tree):
+    # 30x30x3 rows (2700 bytes) in chunks of 3 samples: chunk addresses fall into several residues
+    r = image_recipe(image_tree, steps=[{"resize": {"size": [30, 30]}}],
+                     output={"format": "hdf5", "samples_per_shard": 6, "chunk_samples": 3})
+    precompile.build(write_recipe(tmp_path / "r.yaml", r), out_dir=tmp_path / "out")
+    return precompile.open(tmp_path / "out" / "imgs.h5")
+
+
+@pytest.mark.parametrize("region", [True, False])
+@pytest.mark.parametrize("max_views", [0, 64])
+def test_gather_paths_match_the_dataset(residue_ds, monkeypatch, max_views, region):
+    monkeypatch.setattr(direct, "MAX_VIEWS", max_views)
+    monkeypatch.setattr(direct, "USE_REGION", region)
+    r = direct.DirectReader(residue_ds)
+    nshards = len(residue_ds.shards)
+    if not region:
+        assert r.region is None and len(r._maps) == nshards
+    takeable = r._takeable["image"]
+    spaces = 1 if r.region is not None else nshards
+    if max_views == 0:
+        assert takeable == [False] * spaces                # one strided view per mapped space
+    else:                                                  # several residues, all served by np.take
+        assert all(takeable) and len(takeable) > spaces
+    calls = []
+    run = r._gather_runs
+    monkeypatch.setattr(r, "_gather_runs", lambda *a: calls.append(1) or run(*a))
+    rng = np.random.default_rng(0)
+    for size in (7, 7, 7, 40, 40):  # 40 scattered rows: many more runs than views, grouped by view first
+        idx = rng.choice(len(residue_ds), size=size, replace=True)
+        for order in (idx, r.order_batch(idx)):        # scattered and gather-ordered batches
+            calls.clear()
+            got = r.read(order)
+            want = residue_ds.batch(order)
+            for f in ("image", "label"):
+                np.testing.assert_array_equal(got[f], want[f])
+            grouped = len(calls) > 2                   # one call per field, plus one per field it grouped
+            # one strided view (max_views 0, one region) is one run whatever the order
+            assert grouped == (size == 40 and order is idx and len(takeable) > 1), (size, len(calls))
+
+
+def test_one_region_serves_every_shard_and_in_memory_matches(residue_ds, monkeypatch):
+    monkeypatch.setattr(direct, "USE_REGION", True)
+    r = direct.DirectReader(residue_ds)
+    if r.region is None:
+        pytest.skip("no MAP_FIXED through ctypes on this platform")
+    # every shard file lies in the one range, page aligned, in shard order
+    assert len(r.region.bases) == len(residue_ds.shards) and (r.region.bases % direct.mmap.PAGESIZE == 0).all()
+    assert not r.region.array.flags.writeable
+    with pytest.raises(ValueError):
+        r.region.array[0] = 1
+    # the views of the range cover the rows of every shard: their number does not grow with shards
+    assert len(r._views["image"]) == len(np.unique(r._vid["image"]))
+    m = direct.DirectReader(residue_ds, in_memory=True)
+    assert m.region is None and len(m._views["image"]) == 1
+    idx = np.random.default_rng(1).choice(len(residue_ds), size=25, replace=True)
+    want = residue_ds.batch(idx)
+    for reader in (r, m):
+        got = reader.read(idx)
+        for f in ("image", "label"):
+            np.testing.assert_array_equal(got[f], want[f])
+    r.close()
+    m.close()
+
+
+@pytest.fixture
+def one_per_shard(tmp_path, image_tree) -> str:
+    """10 samples of 16x16x3, one per shard: 10 shard files."""
+    r = image_recipe(image_tree, steps=[{"resize": {"size": [16, 16]}}],
+                     output={"format": "hdf5", "samples_per_shard": 1})
+    precompile.build(write_recipe(tmp_path / "r.yaml", r), out_dir=tmp_path / "out")
+    return str(tmp_path / "out" / "imgs.h5")
+
+
+_LIMITED = textwrap.dedent("""
+    import os, resource, sys
+    import numpy as np
+    import precompile
+    from precompile.errors import FormatError
+    from precompile.reader import direct
+    from precompile.reader.direct import DirectReader
+    direct.USE_REGION = sys.argv[3] == "region"
+    ds = precompile.open(sys.argv[1])
+    ref = ds.batch(range(len(ds)))["image"]      # the map-style dataset's bytes (h5py)
+    ds.close()
+    ds = precompile.open(sys.argv[1])
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = len(os.listdir("/proc/self/fd")) + 4   # room for 3 or so shards, the build has 10
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, low if sys.argv[2] == "fixed" else hard))
+    try:
+        r = DirectReader(ds)
+    except FormatError as e:
+        print("FormatError:", e)
+        sys.exit(0)
+    got = r.read(np.arange(len(ds)))["image"]
+    print("read", len(got), "equal", bool(np.array_equal(got, ref)),
+          "raised", resource.getrlimit(resource.RLIMIT_NOFILE)[0] > low)
+""")
+
+
+def _run_limited(index: str, mode: str, maps: str = "per-shard") -> str:
+    out = subprocess.run([sys.executable, "-c", _LIMITED, index, mode, maps], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")})
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd") or sys.platform == "win32",
+                    reason="needs POSIX rlimits and /proc/self/fd to count open files")
+def test_open_file_limit_is_raised_or_reported(one_per_shard):
+    # one map per shard (the fallback where no region can be reserved):
+    # the soft limit can go up to the hard one: the reader raises it and reads every shard
+    assert _run_limited(one_per_shard, "raisable") == "read 10 equal True raised True"
+    # the hard limit is too low: a FormatError that names the cause, not a bare OSError
+    msg = _run_limited(one_per_shard, "fixed")
+    if sys.version_info >= (3, 13):  # maps keep no descriptor: 10 shards fit
+        assert msg.startswith("read 10 equal True"), msg
+    else:
+        assert msg.startswith("FormatError:") and "too many open files" in msg.lower() \
+            and "open-file limit" in msg and "ulimit -n" in msg, msg
+    # one region for all shards closes each descriptor once its file is mapped: no limit to raise
+    if sys.platform.startswith("linux"):
+        for mode in ("raisable", "fixed"):
+            assert _run_limited(one_per_shard, mode, "region") == "read 10 equal True raised False"
+
+
+def _rewrite_field(path: str, name: str, fn) -> None:
+    with h5py.File(path, "r") as f:
+        data = {k: f[k][()] for k in f}
+        attrs = dict(f.attrs)
+    os.remove(path)
+    with h5py.File(path, "w") as g:
+        for k, v in data.items():
+            g.create_dataset(k, data=fn(v) if k == name else v)
+        for k, v in attrs.items():
+            g.attrs[k] = v
+
+
+def _shard(index: str, s: int) -> str:
+    ds = precompile.open(index)
+    p = os.path.join(os.path.dirname(index), ds.shards[s]["file"])
+    ds.close()
+    return p
+
+
+def test_dtype_mismatch_is_refused_and_byte_order_falls_back(one_per_shard):
+    shard = _shard(one_per_shard, 2)
+    _rewrite_field(shard, "label", lambda v: v.astype(">i8"))     # same values, big-endian: h5py converts
+    ds = precompile.open(one_per_shard)
+    r = DirectReader(ds)
+    assert "stored as >i8" in r.fallbacks[(2, "label")]
+    np.testing.assert_array_equal(r.read(np.arange(len(ds)))["label"], ds.batch(range(len(ds)))["label"])
+    r.close()
+    ds.close()
+    _rewrite_field(shard, "label", lambda v: v.astype(np.int32))  # another type: values would wrap silently
+    ds = precompile.open(one_per_shard)
+    with pytest.raises(FormatError, match=r"dataset 'label' has dtype <i4, the index says <i8"):
+        DirectReader(ds)
+    ds.close()
+
+
+def test_reader_after_close_is_a_clear_error(one_per_shard):
+    ds = precompile.open(one_per_shard)
+    r = DirectReader(ds)
+    np.testing.assert_array_equal(r.read([3, 1])["image"], ds.batch([3, 1])["image"])
+    plan = r.plan(np.array([3, 1, 3, 0, 2, 1, 0, 3, 2, 1, 0]))  # planned before close, gathered after
+    r.close()
+    assert r.closed
+    with pytest.raises(PrecompileError, match="reader is closed"):
+        r.read([3, 1])
+    with pytest.raises(PrecompileError, match="reader is closed"):
+        r.gather("image", plan, np.empty((plan.size, 16, 16, 3), np.uint8))
+    ds.close()
+
+
+def test_fallback_shards_open_lazily_in_the_reading_process(one_per_shard):
+    shard = _shard(one_per_shard, 4)
+    with h5py.File(shard, "r") as f:
+        data = {k: f[k][()] for k in f}
+        attrs = dict(f.attrs)
+    os.remove(shard)
+    with h5py.File(shard, "w") as g:
+        for k, v in data.items():
+            g.create_dataset(k, data=v, compression="gzip" if k == "image" else None)
+        for k, v in attrs.items():
+            g.attrs[k] = v
+    ds = precompile.open(one_per_shard)
+    r = DirectReader(ds)
+    assert "filtered" in r.fallbacks[(4, "image")]
+    assert r._h5 == {}                               # nothing held open from construction
+    want = ds.batch([4, 0, 4])["image"]
+    np.testing.assert_array_equal(r.read([4, 0, 4])["image"], want)
+    first = r._h5[4]
+    assert first.id.valid
+    r._pid = -1                                      # as if this reader had been inherited by a forked child
+    np.testing.assert_array_equal(r.read([4])["image"], want[:1])
+    assert r._h5[4] is not first and r._pid == os.getpid()
+    second = r._h5[4]
+    first.close()
+    r.close()
+    assert not second.id.valid and r._h5 == {}       # close() closes the files this process opened
+    ds.close()
+
+
+def test_in_memory_reader_copies_mapped_and_fallback_shards(one_per_shard):
+    shard = _shard(one_per_shard, 4)
+    with h5py.File(shard, "r") as f:
+        data = {k: f[k][()] for k in f}
+        attrs = dict(f.attrs)
+    os.remove(shard)
+    with h5py.File(shard, "w") as g:   # one shard compressed: served by h5py, then copied like the rest
+        for k, v in data.items():
+            g.create_dataset(k, data=v, compression="gzip" if k == "image" else None)
+        for k, v in attrs.items():
+            g.attrs[k] = v
+    ds = precompile.open(one_per_shard)
+    want = ds.batch(range(len(ds)))
+    r = DirectReader(ds, in_memory=True)
+    assert "filtered" in r.fallbacks[(4, "image")] and r._maps == {} and r.region is None
+    idx = np.array([9, 4, 0, 4, 7, 1])
+    for f in ("image", "label"):
+        np.testing.assert_array_equal(r.read(idx)[f], want[f][idx])
+        np.testing.assert_array_equal(r.read(np.arange(len(ds)))[f], want[f])
+    r.close()
+    with pytest.raises(PrecompileError, match="reader is closed"):
+        r.read([0])
+    ds.close()
+
+
+def test_pool_reuses_only_released_buffers():
+    pool = HostPool(limit=4)
+    a = pool.get((3, 4), np.uint8)
+    t = torch.from_numpy(a)[1:]          # a view keeps the ndarray alive
+    del a
+    b = pool.get((3, 4), np.uint8)
+    assert b.ctypes.data != t.data_ptr() - 4  # still held: a fresh buffer
+    del t
+    c = pool.get((3, 4), np.uint8)
+    assert c is pool.held((3, 4), np.uint8)[0]  # released: reused
+    del b, c
+
+
+def test_kept_batches_stay_intact_and_dropped_ones_are_recycled(image_recipe_file, tmp_path):
+    precompile.build(image_recipe_file, out_dir=tmp_path / "out")
+    ds = precompile.open(tmp_path / "out" / "imgs.h5")
+    loader = precompile.Loader(ds, batch_size=2, shuffle=True, seed=1, device="cpu", dtype="float32",
+                               num_threads=0)
+    kept = [{k: v.clone() for k, v in b.items()} | {"raw": b} for b in loader]   # hold every batch
+    idx = loader.batch_indices(0)
+    for b, i in zip(kept, idx):
+        ref = ds.batch(i)
+        np.testing.assert_allclose(b["raw"]["image"].numpy(), ref["image"] / 255, rtol=1e-6)
+        np.testing.assert_array_equal(b["raw"]["image"].numpy(), b["image"].numpy())
+    del kept
+    ptrs = set()
+    for e in range(4):                    # the consumer drops each batch: a few buffers go round
+        loader.set_epoch(e)
+        for b in loader:
+            ptrs.add(b["image"].untyped_storage().data_ptr())
+    assert len(ptrs) <= 2

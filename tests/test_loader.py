@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 import precompile
-from precompile.build import build  # precompile.build (the function) is shadowed once the submodule is imported
+from precompile import build
 from precompile.errors import FormatError, PrecompileError
 from precompile.reader import gpu
 from precompile.reader import loader as loader_mod

@@ -20,10 +20,10 @@ import os
 import stat
 from typing import Any, Optional
 
-from . import __version__
-from . import format as fmt
+from .. import __version__
+from .. import format as fmt
 from .plan import Plan, ShardPlan
-from .recipe import Recipe
+from ..recipe import Recipe
 
 
 def fingerprint(path: str, content: bool = False) -> list:
@@ -32,7 +32,7 @@ def fingerprint(path: str, content: bool = False) -> list:
     One ``stat`` per local file (a no-change rebuild of N inputs is N of them).
     """
     if "://" in path:
-        from .remote import fingerprint as remote_fingerprint, is_url
+        from ..remote import fingerprint as remote_fingerprint, is_url
 
         if is_url(path):
             return remote_fingerprint(path)

@@ -35,15 +35,15 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from .cache import read_skipped, skipped_path  # noqa: F401  (re-exported: the sidecar helpers live in cache)
-from .errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
-from .kinds import Kind
+from .keys import read_skipped, skipped_path  # noqa: F401  (re-exported: the sidecar helpers live in keys)
+from ..errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
+from ..kinds import Kind
 from .plan import Item, ShardPlan
-from .recipe import Recipe
-from .remote import is_url
-from .sample import FieldSpec, Sample
-from .seeding import LazyRng
-from .writers.base import write_json_atomic
+from ..recipe import Recipe
+from ..remote import is_url
+from ..sample import FieldSpec, Sample
+from ..seeding import LazyRng
+from ..writers.base import write_json_atomic
 
 
 def _err_dict(e: InputError) -> dict[str, Any]:
@@ -93,7 +93,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
 
 def _decode_remote(recipe: Recipe, dec: Any, url: str, fname: str) -> tuple[dict, dict]:
     """Decode a local copy of a remote input; errors name the URL, not the temporary copy."""
-    from .remote import local_copy
+    from ..remote import local_copy
 
     with local_copy(url, recipe.model.inputs.storage_options, folder=dec.reads_dirs) as local:
         try:
@@ -168,7 +168,7 @@ def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, floa
     until the input is done, so a failing input is still dropped whole. When a later step is
     random, the clips are gathered first (in a spill too) and the steps run over all of them in
     order, as without streaming, so the draws are the same. Returns the spills, chained."""
-    from .spill import SampleSpill
+    from ..spill import SampleSpill
 
     sample = decode_item(recipe, item, timings, stream)
     fname, path = stream.field, item.paths[stream.field]
@@ -280,10 +280,10 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
             cv2.setNumThreads(1)  # parallelism is across shards; avoid oversubscribing the cores
         except ImportError:
             pass
-        from .decoders.video import set_decode_threads
+        from ..decoders.video import set_decode_threads
 
         set_decode_threads(1)
-    from .registry import WRITERS, load_builtins
+    from ..registry import WRITERS, load_builtins
 
     load_builtins()
     t_start = time.perf_counter()
@@ -302,7 +302,7 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
         decode = lambda item: decode_item(recipe, item, timings)  # noqa: E731
     stream = None
     if not (isolate or timeout is not None):  # an isolated decoder returns whole arrays
-        from .transforms.temporal import stream_plan
+        from ..transforms.temporal import stream_plan
 
         stream = stream_plan(recipe.decoders, recipe.steps)
     try:
@@ -387,7 +387,7 @@ def _write_skipped(shard_path: str, key: str, failures: list[dict[str, Any]]) ->
 
 # -- isolated decoding ---------------------------------------------------------------------------
 
-_SERVER_CODE = "from precompile.engine import _decode_server; _decode_server()"
+_SERVER_CODE = "from precompile.compiler.shard import _decode_server; _decode_server()"
 _STARTUP_TIMEOUT_S = 120.0
 
 
@@ -576,7 +576,7 @@ def _decode_server() -> None:
         hdr = json.loads(r.recv_bytes())
         for m in hdr["modules"]:
             importlib.import_module(m)
-        from .recipe import parse_recipe
+        from ..recipe import parse_recipe
 
         recipe = parse_recipe(hdr["recipe"], source=hdr["source"], base_dir=hdr["base_dir"])
     except EOFError:

@@ -1,4 +1,4 @@
-"""recipe -> plan -> engine -> finalize: the ``build`` entry point.
+"""The stage sequence of a build and its entry point :func:`build`: lock -> plan -> keys -> run -> finalize -> report.
 
 Shards whose stored key matches are skipped (incremental, resumable); the rest
 run as joblib tasks (in-process for one job, loky workers locally, or a dask
@@ -25,29 +25,26 @@ import contextlib
 import datetime as _dt
 import glob
 import os
-import re
 import shutil
-import sys
 import time
-import types
-import warnings
 from typing import Any, Optional
 
-from . import __version__
-from . import format as fmt
-from .cache import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
-from .errors import BuildError, PlanError, RecipeError
+from .. import __version__
+from .. import format as fmt
+from .keys import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
+from ..errors import BuildError, RecipeError
+from .backends import remove_path, run_shards
 from .plan import Plan, make_plan
-from .recipe import Recipe, load_recipe
-from .registry import WRITERS
-from .writers.base import write_json_atomic
+from ..recipe import Recipe, load_recipe
+from ..registry import WRITERS
+from ..writers.base import write_json_atomic
 
 
 def check_plan(plan: Plan) -> None:
     """Checks that need the plan: the output format can hold the fields; copies make sense."""
     r = plan.recipe
     wcls = WRITERS.get(r.model.output.format)
-    from .recipe import parse_params
+    from ..recipe import parse_params
 
     options = parse_params(wcls.Options, r.model.output.options, r.source, ("output", "options"))
     try:
@@ -89,7 +86,7 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
     if n_jobs is None and scheduler != "local":
         n_jobs = 1
     if isinstance(recipe, dict):
-        from .recipe import parse_recipe
+        from ..recipe import parse_recipe
 
         recipe = parse_recipe(recipe)
     elif not isinstance(recipe, Recipe):
@@ -140,7 +137,7 @@ def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: Optional[int], forc
     # stray temporaries from a killed build: shards, the index, the report
     for p in (glob.glob(os.path.join(glob.escape(shard_dir), "*.tmp-*"))
               + glob.glob(os.path.join(glob.escape(out_dir), glob.escape(recipe.output_name) + ".*.tmp-*"))):
-        _remove(p)  # a file, or a shard folder
+        remove_path(p)  # a file, or a shard folder
     names = {fmt.shard_file_name(s.index, writer.shard_ext) for s in plan.shards}
     names |= {skipped_path(n) for n in names}
     extras = [p for p in glob.glob(os.path.join(glob.escape(shard_dir), "shard-*")) if os.path.basename(p) not in names]
@@ -164,7 +161,7 @@ def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: Optional[int], forc
     if (stale or extras) and os.path.exists(index_path):
         os.remove(index_path)  # before any shard changes: never an index that points at changed shards
     for p in extras:  # shards beyond the plan's count
-        _remove(p)
+        remove_path(p)
     todo, reused = [], 0
     for s, path in stale:
         if not force:
@@ -184,13 +181,13 @@ def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: Optional[int], forc
     mf = recipe.model.max_failures
     bar = None
     if progress:
-        from .progress import Progress
+        from ..progress import Progress
 
         # up-to-date shards are the bar's initial count: tqdm leaves them out of the rate
         bar = Progress(len(plan.items), sum(len(s.items) for s in plan.shards if s.index in infos), recipe.name,
                        {s.index: len(s.items) for s, _ in todo})
     try:
-        for res in _run(recipe, todo, keys, plan, chunking, n_jobs, scheduler, events, bar):
+        for res in run_shards(recipe, todo, keys, plan, chunking, n_jobs, scheduler, events, bar):
             for k in timings:
                 timings[k] += res["timings"][k]
             failures.extend(res["failures"])
@@ -393,142 +390,8 @@ def _link_shard(src: str, dst: str) -> bool:
     return ok
 
 
-def _remove(path: str) -> None:
-    if os.path.isdir(path):
-        shutil.rmtree(path)
-    else:
-        os.remove(path)
-
-
 def _write_report(index_path: str, report: dict) -> None:
     write_json_atomic(os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX, report, indent=2)
 
 
-def _inputs(shard) -> str:
-    keys = [it.key for it in shard.items]
-    return ", ".join(keys) if len(keys) <= 4 else f"{keys[0]}, {keys[1]}, ... {keys[-1]} ({len(keys)} inputs)"
-
-
-def _dead_worker_result(shard, why: str) -> dict[str, Any]:
-    msg = (f"shard {shard.index} (inputs {_inputs(shard)}): its worker process died ({why}) twice, the second "
-           f"time with decoding isolated in a helper process, so the crash is in a step or the writer")
-    return {"index": shard.index, "status": "failed", "num_samples": 0, "wall": 0.0,
-            "timings": {"decode": 0.0, "steps": 0.0, "write": 0.0},
-            "failures": [{"message": msg, "detail": "", "path": None, "stage": "worker", "field": None, "key": None,
-                          "type": "TerminatedWorkerError", "shard": shard.index}]}
-
-
-def _run(recipe: Recipe, todo, keys, plan: Plan, chunking, n_jobs: Optional[int], scheduler: Optional[str],
-         events: Optional[list[str]] = None, progress: Any = None):
-    """Yield shard results as they complete (``progress``: a :class:`precompile.progress.Progress` or None)."""
-    if not todo:
-        return
-    events = [] if events is None else events
-    specs = plan.specs
-    from .engine import run_shard, shutdown_isolated
-
-    if (n_jobs or 1) == 1 and scheduler is None:
-        sink = progress.local_sink() if progress is not None else None
-        try:
-            for s, path in todo:
-                yield run_shard(recipe, s, path, keys[s.index], specs, chunking[s.index], progress=sink)
-        finally:
-            shutdown_isolated()
-        return
-    import joblib
-
-    if scheduler is not None:
-        try:
-            from dask.distributed import Client, LocalCluster
-        except ImportError:
-            from .errors import MissingDependencyError
-
-            raise MissingDependencyError("--scheduler needs dask.distributed: pip install 'precompile[dask]'") from None
-        if scheduler == "local":
-            # one single-threaded worker process per core unless -j says otherwise; everything on 127.0.0.1
-            workers = n_jobs if n_jobs is not None else (os.cpu_count() or 1)
-            cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
-                                   host="127.0.0.1", dashboard_address="127.0.0.1:0")
-            client = Client(cluster)
-            _dashboard_note(client, workers, events, progress is not None)
-        else:
-            try:
-                cluster, client = None, Client(scheduler, timeout="10s")
-            except (OSError, TimeoutError) as e:
-                raise BuildError(f"cannot reach the dask scheduler at {scheduler!r}: {e}") from None
-        sink = progress.dask_sink(client) if progress is not None else None
-        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking[s.index], True,
-                                           progress=sink) for s, path in todo)
-        try:
-            with joblib.parallel_config(backend="dask"):
-                yield from joblib.Parallel(n_jobs=-1, return_as="generator_unordered")(tasks)
-        finally:
-            client.close()
-            if cluster is not None:
-                cluster.close()
-        return
-    from joblib.externals.loky.process_executor import BrokenProcessPool, TerminatedWorkerError
-
-    # A dead loky worker breaks the whole pool and loky does not say which task it ran. The shards it
-    # (and the workers loky stopped with it) were building are those with a temporary file left behind;
-    # they are retried once with decoding isolated, the rest simply run again in a fresh pool.
-    remaining, isolated = list(todo), set()
-    sink = progress.queue_sink() if progress is not None else None
-    while remaining:
-        done: set[int] = set()
-        tasks = (joblib.delayed(run_shard)(recipe, s, path, keys[s.index], specs, chunking[s.index], True,
-                                           s.index in isolated, sink) for s, path in remaining)
-        try:
-            with warnings.catch_warnings():
-                # stopping early (on_error: fail) cancels queued tasks on purpose; joblib warns about it
-                warnings.filterwarnings("ignore", message=r".*tasks which were still being processed", category=UserWarning)
-                for res in joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered")(tasks):
-                    done.add(res["index"])
-                    yield res
-            return
-        except TerminatedWorkerError as e:
-            m = re.search(r"exit codes of the workers are \{(.*?)\}", str(e))
-            why = f"exit {m.group(1)}" if m else "terminated"
-            left = [(s, p) for s, p in remaining if s.index not in done]
-            hit = [(s, p) for s, p in left if glob.glob(glob.escape(p) + ".tmp-*")] or left
-            for s, p in hit:
-                for t in glob.glob(glob.escape(p) + ".tmp-*"):
-                    _remove(t)
-            events.append(f"a worker process died ({why}) while shard(s) {', '.join(str(s.index) for s, _ in hit)} "
-                          f"were being built; retrying them with decoding isolated")
-            for s, _ in hit:
-                if s.index in isolated:
-                    done.add(s.index)
-                    yield _dead_worker_result(s, why)
-            isolated.update(s.index for s, _ in hit)
-            remaining = [(s, p) for s, p in left if s.index not in done]
-        except BrokenProcessPool as e:  # e.g. a task that cannot be unpickled in a worker (a plugin it cannot import)
-            raise BuildError(f"the worker processes failed: {e}; finished shards are kept, run build again "
-                             f"(with -j 1 to see the cause)") from None
-
-
-def _dashboard_note(client: Any, workers: int, events: list[str], show: bool) -> None:
-    """Say where the local cluster's dashboard is (it needs bokeh; without it there is none to show)."""
-    import importlib.util
-
-    if importlib.util.find_spec("bokeh") is not None:
-        note = f"dask: local cluster of {workers} worker(s); dashboard at {client.dashboard_link}"
-    else:
-        note = f"dask: local cluster of {workers} worker(s); no dashboard (pip install bokeh to get one)"
-    events.append(note)
-    if show:
-        print(note, file=sys.stderr, flush=True)
-
-
-__all__ = ["build", "output_paths", "PlanError"]
-
-
-class _CallableModule(types.ModuleType):
-    """Lets ``precompile.build(...)`` call :func:`build` although ``precompile.build``
-    is also this submodule (importing a submodule sets the package attribute)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        return build(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
+__all__ = ["build", "check_plan", "output_paths", "with_policy"]

@@ -1,8 +1,12 @@
-"""The stage sequence of a build and its entry point :func:`build`: lock -> plan -> keys -> run -> finalize -> report.
+"""The stage sequence of a build and its entry point :func:`build`:
+lock -> plan -> keys -> run -> finalize -> report.
 
-Shards whose stored key matches are skipped (incremental, resumable); the rest
-run as joblib tasks (in-process for one job, loky workers locally, or a dask
-cluster). The index and the build report are written last.
+:func:`build` makes the plan and takes the output's lock; :func:`_stages` runs the rest, one short
+function each: clean temporaries, shard keys, the no-op check (:func:`_unchanged`), sort shards
+(up to date or to do), reuse siblings' shards, run (:mod:`.backends`), check the outcome,
+finalize (index, then report). Shards whose stored key matches are skipped (incremental,
+resumable); the rest run as joblib tasks (in-process for one job, loky workers locally, or a
+dask cluster). The index and the build report are written last.
 
 Guarantees kept here:
 
@@ -27,17 +31,19 @@ import glob
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .. import __version__
 from .. import format as fmt
-from .keys import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
 from ..errors import BuildError, RecipeError
-from .backends import remove_path, run_shards
-from .plan import Plan, make_plan
 from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
 from ..writers.base import write_json_atomic
+from .backends import remove_path, run_shards
+from .keys import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
+from .plan import Plan, make_plan
+from .results import BuildReport, Failure, count_inputs, zero_timings
 
 
 def check_plan(plan: Plan) -> None:
@@ -72,7 +78,7 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
           n_jobs: Optional[int] = None,
           force: bool = False, progress: bool = False, scheduler: Optional[str] = None,
           content_hash: bool = False, on_error: Optional[str] = None,
-          max_failures: Optional[int] = None, timeout_s: Optional[float] = None) -> dict[str, Any]:
+          max_failures: Optional[int] = None, timeout_s: Optional[float] = None) -> BuildReport:
     """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
 
     ``recipe`` is a recipe file's path, a :class:`Recipe`, or the recipe as a dict (the same keys as the
@@ -82,26 +88,19 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
     per core. ``on_error``, ``max_failures`` and ``timeout_s`` override the recipe's keys of
     the same names (they do not change any shard's key). One build of an output at a
     time: a second one started meanwhile stops with a BuildError.
+
+    The report is a :class:`~precompile.compiler.results.BuildReport`; it reads like the JSON
+    report (``rep["shards"]["built"]``), and ``rep.to_json()`` is that dict.
     """
     if n_jobs is None and scheduler != "local":
         n_jobs = 1
-    if isinstance(recipe, dict):
-        from ..recipe import parse_recipe
-
-        recipe = parse_recipe(recipe)
-    elif not isinstance(recipe, Recipe):
-        if not isinstance(recipe, (str, os.PathLike)):
-            raise RecipeError(f"expected a recipe file's path, a dict or a Recipe, got {type(recipe).__name__}")
-        recipe = load_recipe(recipe)
-    recipe = with_policy(recipe, on_error=on_error, max_failures=max_failures, timeout_s=timeout_s)
+    recipe = with_policy(as_recipe(recipe), on_error=on_error, max_failures=max_failures, timeout_s=timeout_s)
     t_start = time.perf_counter()
     plan = make_plan(recipe)  # recipe and plan errors come before anything is written
     check_plan(plan)
-    out_dir = os.path.abspath(str(out_dir))
-    shard_dir = output_paths(recipe, out_dir)[1]
-    os.makedirs(shard_dir, exist_ok=True)
-    with _output_lock(shard_dir, recipe.output_name):
-        return _build(recipe, plan, out_dir, n_jobs, force, progress, scheduler, content_hash, t_start)
+    b = _Build.start(recipe, plan, out_dir, n_jobs, t_start)
+    with _output_lock(b.shard_dir, recipe.output_name):
+        return _stages(b, force, progress, scheduler, content_hash)
 
 
 @contextlib.contextmanager
@@ -125,135 +124,217 @@ def _output_lock(shard_dir: str, name: str):
         os.close(fd)
 
 
-def _build(recipe: Recipe, plan: Plan, out_dir: str, n_jobs: Optional[int], force: bool, progress: bool,
-           scheduler: Optional[str], content_hash: bool, t_start: float) -> dict[str, Any]:
-    index_path, shard_dir = output_paths(recipe, out_dir)
-    os.makedirs(shard_dir, exist_ok=True)
-    writer = WRITERS.get(recipe.model.output.format)()
-    rhash = recipe.content_hash()
-    skey = recipe_key(recipe)
-    chunking = {s.index: plan.chunking(s) for s in plan.shards}
+def as_recipe(recipe: Recipe | dict | str | os.PathLike) -> Recipe:
+    """A :class:`Recipe` from what :func:`build` accepts."""
+    if isinstance(recipe, dict):
+        from ..recipe import parse_recipe
 
-    # stray temporaries from a killed build: shards, the index, the report
-    for p in (glob.glob(os.path.join(glob.escape(shard_dir), "*.tmp-*"))
-              + glob.glob(os.path.join(glob.escape(out_dir), glob.escape(recipe.output_name) + ".*.tmp-*"))):
-        remove_path(p)  # a file, or a shard folder
-    names = {fmt.shard_file_name(s.index, writer.shard_ext) for s in plan.shards}
-    names |= {skipped_path(n) for n in names}
-    extras = [p for p in glob.glob(os.path.join(glob.escape(shard_dir), "shard-*")) if os.path.basename(p) not in names]
+        return parse_recipe(recipe)
+    if isinstance(recipe, Recipe):
+        return recipe
+    if not isinstance(recipe, (str, os.PathLike)):
+        raise RecipeError(f"expected a recipe file's path, a dict or a Recipe, got {type(recipe).__name__}")
+    return load_recipe(recipe)
 
-    keys, stale, infos = {}, [], {}
-    failures: list[dict[str, Any]] = []
-    for s in plan.shards:
-        keys[s.index] = shard_key(plan, s, skey, content=content_hash)
+
+@dataclass
+class _Build:
+    """One build's fixed facts (what the stages share): the recipe, its plan, where it goes."""
+
+    recipe: Recipe
+    plan: Plan
+    out_dir: str
+    index_path: str
+    shard_dir: str
+    writer: Any
+    n_jobs: Optional[int]
+    t_start: float
+    rhash: str
+
+    @classmethod
+    def start(cls, recipe: Recipe, plan: Plan, out_dir: str | os.PathLike, n_jobs: Optional[int],
+              t_start: float) -> "_Build":
+        out = os.path.abspath(str(out_dir))
+        index_path, shard_dir = output_paths(recipe, out)
+        os.makedirs(shard_dir, exist_ok=True)
+        return cls(recipe, plan, out, index_path, shard_dir, WRITERS.get(recipe.model.output.format)(), n_jobs,
+                   t_start, recipe.content_hash())
+
+    def shard_path(self, s: Any) -> str:
+        return os.path.join(self.shard_dir, fmt.shard_file_name(s.index, self.writer.shard_ext))
+
+
+@dataclass
+class _State:
+    """What the stages learn as they go: finished shards' infos, failures, the shards still to build."""
+
+    infos: dict[int, dict[str, Any]] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    todo: list[tuple[Any, str]] = field(default_factory=list)
+    reused: int = 0
+    failed_shards: list[int] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=zero_timings)
+    events: list[str] = field(default_factory=list)
+
+    def keep(self, index: int, info: dict[str, Any], path: str, key: str) -> None:
+        """A finished shard with the right key: its info, and the inputs it skipped when it was built."""
+        self.infos[index] = info
+        self.failures.extend(f.from_previous_build() for f in read_skipped(path, key))
+
+
+def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool) -> BuildReport:
+    """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize."""
+    extras = _clean_temporaries(b)
+    skey = recipe_key(b.recipe)
+    keys = {s.index: shard_key(b.plan, s, skey, content=content_hash) for s in b.plan.shards}
     if not force and not extras:
-        report = _unchanged(recipe, plan, writer, index_path, shard_dir, keys, rhash, n_jobs, t_start)
+        report = _unchanged(b.recipe, b.plan, b.writer, b.index_path, b.shard_dir, keys, b.rhash, b.n_jobs, b.t_start)
         if report is not None:
             return report
-    for s in plan.shards:
-        path = os.path.join(shard_dir, fmt.shard_file_name(s.index, writer.shard_ext))
-        info = None if force else writer.read_shard_info(path)
-        if info is not None and info["key"] == keys[s.index]:
-            infos[s.index] = info
-            failures.extend(f | {"previous_build": True} for f in read_skipped(path, keys[s.index]))
-        else:
-            stale.append((s, path))
-    if (stale or extras) and os.path.exists(index_path):
-        os.remove(index_path)  # before any shard changes: never an index that points at changed shards
+    st = _sort_shards(b, keys, force)
+    if (st.todo or extras) and os.path.exists(b.index_path):
+        os.remove(b.index_path)  # before any shard changes: never an index that points at changed shards
     for p in extras:  # shards beyond the plan's count
         remove_path(p)
-    todo, reused = [], 0
-    for s, path in stale:
-        if not force:
-            src = find_reusable(out_dir, shard_dir, os.path.basename(path), keys[s.index], writer)
-            if src is not None and _link_shard(src, path):
-                info = writer.read_shard_info(path)
-                if info is not None and info["key"] == keys[s.index]:
-                    reused += 1
-                    infos[s.index] = info
-                    failures.extend(f | {"previous_build": True} for f in read_skipped(path, keys[s.index]))
-                    continue
-        todo.append((s, path))
+    if not force:
+        _reuse_siblings(b, keys, st)
+    _run_stage(b, keys, st, progress, scheduler)
+    report = _report(b, st)
+    _check_outcome(b, st, report)
+    return _finalize(b, st, report)
 
-    timings = {"decode": 0.0, "steps": 0.0, "write": 0.0}
-    failed_shards: list[int] = []
-    events: list[str] = []
-    mf = recipe.model.max_failures
+
+def _clean_temporaries(b: _Build) -> list[str]:
+    """Remove a killed build's stray temporaries (shards, the index, the report); return the shard files
+    beyond the plan's count (they go once the old index is gone)."""
+    for p in (glob.glob(os.path.join(glob.escape(b.shard_dir), "*.tmp-*"))
+              + glob.glob(os.path.join(glob.escape(b.out_dir), glob.escape(b.recipe.output_name) + ".*.tmp-*"))):
+        remove_path(p)  # a file, or a shard folder
+    names = {fmt.shard_file_name(s.index, b.writer.shard_ext) for s in b.plan.shards}
+    names |= {skipped_path(n) for n in names}
+    return [p for p in glob.glob(os.path.join(glob.escape(b.shard_dir), "shard-*")) if os.path.basename(p) not in names]
+
+
+def _sort_shards(b: _Build, keys: dict[int, str], force: bool) -> _State:
+    """Shards whose stored key matches are kept; the rest are to do."""
+    st = _State()
+    for s in b.plan.shards:
+        path = b.shard_path(s)
+        info = None if force else b.writer.read_shard_info(path)
+        if info is not None and info["key"] == keys[s.index]:
+            st.keep(s.index, info, path, keys[s.index])
+        else:
+            st.todo.append((s, path))
+    return st
+
+
+def _reuse_siblings(b: _Build, keys: dict[int, str], st: _State) -> None:
+    """Link the shards to do that a sibling output already has (same key, same file name)."""
+    todo = []
+    for s, path in st.todo:
+        src = find_reusable(b.out_dir, b.shard_dir, os.path.basename(path), keys[s.index], b.writer)
+        if src is not None and _link_shard(src, path):
+            info = b.writer.read_shard_info(path)
+            if info is not None and info["key"] == keys[s.index]:
+                st.reused += 1
+                st.keep(s.index, info, path, keys[s.index])
+                continue
+        todo.append((s, path))
+    st.todo = todo
+
+
+def _run_stage(b: _Build, keys: dict[int, str], st: _State, progress: bool, scheduler: Optional[str]) -> None:
+    """Build the shards to do on the chosen backend, gathering results until done or the policy stops it."""
+    r, plan = b.recipe, b.plan
+    mf = r.model.max_failures
+    chunking = {s.index: plan.chunking(s) for s in plan.shards}
     bar = None
     if progress:
         from ..progress import Progress
 
         # up-to-date shards are the bar's initial count: tqdm leaves them out of the rate
-        bar = Progress(len(plan.items), sum(len(s.items) for s in plan.shards if s.index in infos), recipe.name,
-                       {s.index: len(s.items) for s, _ in todo})
+        bar = Progress(len(plan.items), sum(len(s.items) for s in plan.shards if s.index in st.infos), r.name,
+                       {s.index: len(s.items) for s, _ in st.todo})
     try:
-        for res in run_shards(recipe, todo, keys, plan, chunking, n_jobs, scheduler, events, bar):
-            for k in timings:
-                timings[k] += res["timings"][k]
-            failures.extend(res["failures"])
+        for res in run_shards(r, st.todo, keys, plan, chunking, b.n_jobs, scheduler, st.events, bar):
+            for k in st.timings:
+                st.timings[k] += res.timings[k]
+            st.failures.extend(res.failures)
             if bar is not None:
-                bar.shard_done(res["index"])
-            if res["status"] == "failed":
-                failed_shards.append(res["index"])
-                if recipe.model.on_error == "fail" or any(f.get("policy") for f in res["failures"]):
+                bar.shard_done(res.index)
+            if res.failed:
+                st.failed_shards.append(res.index)
+                if r.model.on_error == "fail" or any(f.policy for f in res.failures):
                     break
             else:
-                infos[res["index"]] = {k: res[k] for k in ("num_samples", "bytes", "checksums")} | {"key": keys[res["index"]]}
-            if mf is not None and _count_inputs(failures) > mf:
+                st.infos[res.index] = res.info(keys[res.index])
+            if mf is not None and count_inputs(st.failures) > mf:
                 break
     finally:
         if bar is not None:
             bar.close()
 
-    wall = time.perf_counter() - t_start
-    report: dict[str, Any] = {
-        "name": recipe.output_name, "recipe": recipe.source, "recipe_hash": rhash, "output": index_path,
-        "format": recipe.model.output.format, "jobs": n_jobs if n_jobs is not None else (os.cpu_count() or 1),
-        "inputs": len(plan.items),
-        "shards": {"total": len(plan.shards), "built": len(todo) - len(failed_shards),
-                   "skipped": len(plan.shards) - len(todo), "reused": reused, "failed": len(failed_shards)},
-        "failures": failures, "skipped_inputs": _count_inputs(failures), "events": events,
-        "on_error": recipe.model.on_error, "stage_seconds": {k: round(v, 4) for k, v in timings.items()},
-        "wall_seconds": round(wall, 4), "precompile_version": __version__, "status": "ok",
-    }
-    n_bad = _count_inputs(failures)
+
+def _report(b: _Build, st: _State) -> BuildReport:
+    """The report of the shards run so far (finalize adds the totals)."""
+    r, plan = b.recipe, b.plan
+    return BuildReport(
+        name=r.output_name, recipe=r.source, recipe_hash=b.rhash, output=b.index_path,
+        format=r.model.output.format, jobs=b.n_jobs if b.n_jobs is not None else (os.cpu_count() or 1),
+        inputs=len(plan.items),
+        shards={"total": len(plan.shards), "built": len(st.todo) - len(st.failed_shards),
+                "skipped": len(plan.shards) - len(st.todo), "reused": st.reused, "failed": len(st.failed_shards)},
+        failures=st.failures, events=st.events, on_error=r.model.on_error,
+        stage_seconds={k: round(v, 4) for k, v in st.timings.items()},
+        wall_seconds=round(time.perf_counter() - b.t_start, 4), precompile_version=__version__)
+
+
+def _check_outcome(b: _Build, st: _State, report: BuildReport) -> None:
+    """Stop with a BuildError (the report written, status failed) when shards failed, more inputs failed than
+    ``max_failures``, or every input failed."""
+    r, plan, failures = b.recipe, b.plan, st.failures
+    mf = r.model.max_failures
+    n_bad = count_inputs(failures)
     too_many = mf is not None and n_bad > mf
-    if failed_shards or too_many:
-        report["status"] = "failed"
-        report["shards"]["built"] = sum(1 for s in plan.shards if s.index in infos) - report["shards"]["skipped"]
-        _write_report(index_path, report)
-        inputs = [f for f in failures if not f.get("policy")]
-        first = (inputs or failures)[0]["message"] if failures else "unknown error"
+    if st.failed_shards or too_many:
+        report.status = "failed"
+        report.shards["built"] = sum(1 for s in plan.shards if s.index in st.infos) - report.shards["skipped"]
+        _write_report(b.index_path, report)
+        inputs = [f for f in failures if not f.policy]
+        first = (inputs or failures)[0].message if failures else "unknown error"
         if too_many:
             why = f"{n_bad} input(s) failed, more than max_failures={mf}"
             hint = "fix the inputs or raise max_failures"
         else:
-            why = f"{len(failed_shards)} shard(s) failed"
+            why = f"{len(st.failed_shards)} shard(s) failed"
             hint = "fix the input (or set on_error: skip)"
-        raise BuildError(f"build of {recipe.name!r} stopped: {why}; first error: {first}. "
+        raise BuildError(f"build of {r.name!r} stopped: {why}; first error: {first}. "
                          f"Finished shards are kept; {hint} and run build again.")
+    if failures and not sum(st.infos[s.index]["num_samples"] for s in plan.shards):
+        report.status = "failed"
+        _write_report(b.index_path, report)
+        raise BuildError(f"build of {r.name!r}: every input failed ({n_bad} skipped), nothing to write; "
+                         f"first error: {failures[0].message}")
 
-    if failures and not sum(infos[s.index]["num_samples"] for s in plan.shards):
-        report["status"] = "failed"
-        _write_report(index_path, report)
-        raise BuildError(f"build of {recipe.name!r}: every input failed ({n_bad} skipped), nothing to write; "
-                         f"first error: {failures[0]['message']}")
 
+def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:
+    """Write the index (the build's last file but the report), then the report with the totals."""
+    r, plan = b.recipe, b.plan
     shards = []
     for s in plan.shards:
-        info = infos[s.index]
-        shards.append({"file": f"{fmt.shard_dir_name(recipe.output_name)}/{fmt.shard_file_name(s.index, writer.shard_ext)}",
+        info = st.infos[s.index]
+        shards.append({"file": f"{fmt.shard_dir_name(r.output_name)}/{fmt.shard_file_name(s.index, b.writer.shard_ext)}",
                        "num_samples": info["num_samples"], "key": info["key"], "checksums": info["checksums"],
                        "bytes": info["bytes"]})
-    attrs = _index_attrs(recipe, plan, rhash) | {fmt.A_BUILD_DATE: _build_date(), fmt.A_SHARDS: shards}
+    attrs = _index_attrs(r, plan, b.rhash) | {fmt.A_BUILD_DATE: _build_date(), fmt.A_SHARDS: shards}
     t0 = time.perf_counter()
-    writer.finalize(index_path, shards, plan.specs, attrs)
-    report["stage_seconds"]["finalize"] = round(time.perf_counter() - t0, 4)
-    report["num_samples"] = sum(s["num_samples"] for s in shards)
-    report["bytes"] = sum(s["bytes"] for s in shards)
-    report["wall_seconds"] = round(time.perf_counter() - t_start, 4)
-    report["samples_per_second"] = round(report["num_samples"] / max(report["wall_seconds"], 1e-9), 1)
-    _write_report(index_path, report)
+    b.writer.finalize(b.index_path, shards, plan.specs, attrs)
+    report.stage_seconds["finalize"] = round(time.perf_counter() - t0, 4)
+    report.num_samples = sum(s["num_samples"] for s in shards)
+    report.bytes = sum(s["bytes"] for s in shards)
+    report.wall_seconds = round(time.perf_counter() - b.t_start, 4)
+    report.samples_per_second = round(report.num_samples / max(report.wall_seconds, 1e-9), 1)
+    _write_report(b.index_path, report)
     return report
 
 
@@ -304,7 +385,7 @@ def _canonical(v: Any, json_index: bool) -> str:
 
 
 def _unchanged(recipe: Recipe, plan: Plan, writer: Any, index_path: str, shard_dir: str, keys: dict[int, str],
-               rhash: str, n_jobs: int, t_start: float) -> Optional[dict[str, Any]]:
+               rhash: str, n_jobs: Optional[int], t_start: float) -> Optional[BuildReport]:
     """The report of a build with nothing to do, or None when anything must be (re)written.
 
     Nothing to do: the index exists; its shard list names exactly the plan's shards with the keys
@@ -326,7 +407,7 @@ def _unchanged(recipe: Recipe, plan: Plan, writer: Any, index_path: str, shard_d
     if len(shards) != len(plan.shards):
         return None
     sdir = fmt.shard_dir_name(recipe.output_name)
-    failures: list[dict[str, Any]] = []
+    failures: list[Failure] = []
     for s, info in zip(plan.shards, shards):
         name = fmt.shard_file_name(s.index, writer.shard_ext)
         if info.get("file") != f"{sdir}/{name}" or info.get("key") != keys[s.index]:
@@ -338,19 +419,18 @@ def _unchanged(recipe: Recipe, plan: Plan, writer: Any, index_path: str, shard_d
             return None
         if writer.shard_ext and st.st_size != info.get("bytes"):
             return None
-        failures.extend(f | {"previous_build": True} for f in read_skipped(path, keys[s.index]))
+        failures.extend(f.from_previous_build() for f in read_skipped(path, keys[s.index]))
     wall = round(time.perf_counter() - t_start, 4)
     n = sum(int(s["num_samples"]) for s in shards)
-    return {
-        "name": recipe.output_name, "recipe": recipe.source, "recipe_hash": rhash, "output": index_path,
-        "format": recipe.model.output.format, "jobs": n_jobs, "inputs": len(plan.items),
-        "shards": {"total": len(plan.shards), "built": 0, "skipped": len(plan.shards), "reused": 0, "failed": 0},
-        "failures": failures, "skipped_inputs": _count_inputs(failures), "events": [],
-        "on_error": recipe.model.on_error, "stage_seconds": {"decode": 0.0, "steps": 0.0, "write": 0.0, "finalize": 0.0},
-        "wall_seconds": wall, "precompile_version": __version__, "status": "ok", "up_to_date": True,
-        "num_samples": n, "bytes": sum(int(s.get("bytes") or 0) for s in shards),
-        "samples_per_second": round(n / max(wall, 1e-9), 1),
-    }
+    return BuildReport(
+        name=recipe.output_name, recipe=recipe.source, recipe_hash=rhash, output=index_path,
+        format=recipe.model.output.format, jobs=n_jobs, inputs=len(plan.items),
+        shards={"total": len(plan.shards), "built": 0, "skipped": len(plan.shards), "reused": 0, "failed": 0},
+        failures=failures, events=[], on_error=recipe.model.on_error,
+        stage_seconds={"decode": 0.0, "steps": 0.0, "write": 0.0, "finalize": 0.0},
+        wall_seconds=wall, precompile_version=__version__, status="ok", up_to_date=True,
+        num_samples=n, bytes=sum(int(s.get("bytes") or 0) for s in shards),
+        samples_per_second=round(n / max(wall, 1e-9), 1))
 
 
 def with_policy(recipe: Recipe, on_error: Optional[str] = None, max_failures: Optional[int] = None,
@@ -365,11 +445,6 @@ def with_policy(recipe: Recipe, on_error: Optional[str] = None, max_failures: Op
     except Exception as e:  # pydantic ValidationError: an option value out of range
         raise RecipeError(f"bad option value {upd}: {e}", source=recipe.source) from None
     return Recipe(model, source=recipe.source, base_dir=recipe.base_dir)
-
-
-def _count_inputs(failures: list[dict[str, Any]]) -> int:
-    """Failed inputs (policy notes such as 'stopped after max_failures' are not inputs)."""
-    return sum(1 for f in failures if not f.get("policy"))
 
 
 def _link_shard(src: str, dst: str) -> bool:
@@ -390,8 +465,8 @@ def _link_shard(src: str, dst: str) -> bool:
     return ok
 
 
-def _write_report(index_path: str, report: dict) -> None:
-    write_json_atomic(os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX, report, indent=2)
+def _write_report(index_path: str, report: BuildReport) -> None:
+    write_json_atomic(os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX, report.to_json(), indent=2)
 
 
-__all__ = ["build", "check_plan", "output_paths", "with_policy"]
+__all__ = ["as_recipe", "build", "check_plan", "output_paths", "with_policy"]

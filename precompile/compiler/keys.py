@@ -1,4 +1,5 @@
-"""Fingerprints and shard keys for incremental rebuilds.
+"""Shard keys (not a cache): fingerprints and the keys that decide incremental rebuilds, sibling reuse and
+the skipped-inputs sidecar.
 
 A shard's key hashes the recipe parts that decide its bytes
 (:func:`recipe_key`), the shard's index and items (keys, labels) with their
@@ -23,6 +24,7 @@ from typing import Any, Optional
 from .. import __version__
 from .. import format as fmt
 from .plan import Plan, ShardPlan
+from .results import Failure
 from ..recipe import Recipe
 
 
@@ -118,11 +120,11 @@ def skipped_path(shard_path: str) -> str:
     return shard_path + ".skipped.json"
 
 
-def read_skipped(shard_path: str, key: str) -> list[dict[str, Any]]:
+def read_skipped(shard_path: str, key: str) -> list[Failure]:
     """The skipped inputs recorded for a finished shard built with ``key`` ([] when none or stale)."""
     try:
         with open(skipped_path(shard_path)) as f:
             d = json.load(f)
     except (OSError, ValueError):
         return []
-    return list(d.get("failures", [])) if d.get("key") == key else []
+    return [Failure.from_json(f) for f in d.get("failures", [])] if d.get("key") == key else []

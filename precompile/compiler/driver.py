@@ -188,7 +188,7 @@ def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], co
     skey = recipe_key(b.recipe)
     keys = {s.index: shard_key(b.plan, s, skey, content=content_hash) for s in b.plan.shards}
     if not force and not extras:
-        report = _unchanged(b.recipe, b.plan, b.writer, b.index_path, b.shard_dir, keys, b.rhash, b.n_jobs, b.t_start)
+        report = _unchanged(b, keys)
         if report is not None:
             return report
     st = _sort_shards(b, keys, force)
@@ -384,8 +384,7 @@ def _canonical(v: Any, json_index: bool) -> str:
     return v
 
 
-def _unchanged(recipe: Recipe, plan: Plan, writer: Any, index_path: str, shard_dir: str, keys: dict[int, str],
-               rhash: str, n_jobs: Optional[int], t_start: float) -> Optional[BuildReport]:
+def _unchanged(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
     """The report of a build with nothing to do, or None when anything must be (re)written.
 
     Nothing to do: the index exists; its shard list names exactly the plan's shards with the keys
@@ -393,44 +392,60 @@ def _unchanged(recipe: Recipe, plan: Plan, writer: Any, index_path: str, shard_d
     attribute the index would get (recipe, fields, labels, format and package versions, seed,
     copies) is the same. Then no file is opened for writing: not the index, not the report.
     """
-    stored = _stored_index_attrs(index_path)
-    if stored is None or fmt.A_SHARDS not in stored:
+    shards = _stored_shards(b)
+    if shards is None:
         return None
-    json_index = index_path.endswith(fmt.INDEX_JSON_EXT)
-    for k, v in _index_attrs(recipe, plan, rhash).items():
-        if stored.get(k) != _canonical(v, json_index):
-            return None
-    try:
-        shards = fmt.loads(stored[fmt.A_SHARDS])
-    except ValueError:
-        return None
-    if len(shards) != len(plan.shards):
-        return None
-    sdir = fmt.shard_dir_name(recipe.output_name)
     failures: list[Failure] = []
-    for s, info in zip(plan.shards, shards):
-        name = fmt.shard_file_name(s.index, writer.shard_ext)
-        if info.get("file") != f"{sdir}/{name}" or info.get("key") != keys[s.index]:
-            return None
-        path = os.path.join(shard_dir, name)
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        if writer.shard_ext and st.st_size != info.get("bytes"):
+    for s, info in zip(b.plan.shards, shards):
+        path = _intact_shard(b, s, info, keys[s.index])
+        if path is None:
             return None
         failures.extend(f.from_previous_build() for f in read_skipped(path, keys[s.index]))
-    wall = round(time.perf_counter() - t_start, 4)
+    recipe, plan = b.recipe, b.plan
+    wall = round(time.perf_counter() - b.t_start, 4)
     n = sum(int(s["num_samples"]) for s in shards)
     return BuildReport(
-        name=recipe.output_name, recipe=recipe.source, recipe_hash=rhash, output=index_path,
-        format=recipe.model.output.format, jobs=n_jobs, inputs=len(plan.items),
+        name=recipe.output_name, recipe=recipe.source, recipe_hash=b.rhash, output=b.index_path,
+        format=recipe.model.output.format, jobs=b.n_jobs, inputs=len(plan.items),
         shards={"total": len(plan.shards), "built": 0, "skipped": len(plan.shards), "reused": 0, "failed": 0},
         failures=failures, events=[], on_error=recipe.model.on_error,
         stage_seconds={"decode": 0.0, "steps": 0.0, "write": 0.0, "finalize": 0.0},
         wall_seconds=wall, precompile_version=__version__, status="ok", up_to_date=True,
         num_samples=n, bytes=sum(int(s.get("bytes") or 0) for s in shards),
         samples_per_second=round(n / max(wall, 1e-9), 1))
+
+
+def _stored_shards(b: _Build) -> Optional[list[dict[str, Any]]]:
+    """The stored index's shard list when every other attribute is what this build would write and it
+    has the plan's shard count; else None."""
+    stored = _stored_index_attrs(b.index_path)
+    if stored is None or fmt.A_SHARDS not in stored:
+        return None
+    json_index = b.index_path.endswith(fmt.INDEX_JSON_EXT)
+    for k, v in _index_attrs(b.recipe, b.plan, b.rhash).items():
+        if stored.get(k) != _canonical(v, json_index):
+            return None
+    try:
+        shards = fmt.loads(stored[fmt.A_SHARDS])
+    except ValueError:
+        return None
+    return shards if len(shards) == len(b.plan.shards) else None
+
+
+def _intact_shard(b: _Build, s: Any, info: dict[str, Any], key: str) -> Optional[str]:
+    """The shard's path if the index's entry names it with ``key`` and its file is there (HDF5: with the
+    recorded size); else None."""
+    name = fmt.shard_file_name(s.index, b.writer.shard_ext)
+    if info.get("file") != f"{fmt.shard_dir_name(b.recipe.output_name)}/{name}" or info.get("key") != key:
+        return None
+    path = os.path.join(b.shard_dir, name)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if b.writer.shard_ext and st.st_size != info.get("bytes"):
+        return None
+    return path
 
 
 def with_policy(recipe: Recipe, on_error: Optional[str] = None, max_failures: Optional[int] = None,

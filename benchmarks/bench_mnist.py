@@ -74,7 +74,7 @@ def make_inputs(root: str, n: int) -> None:
 
 
 def build_set(cache: str, n: int) -> str:
-    from precompile.build import build
+    from precompile import build
     from precompile.recipe import parse_recipe
 
     inputs = os.path.join(cache, f"digits-{n}")

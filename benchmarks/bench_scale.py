@@ -39,7 +39,7 @@ t0 = time.perf_counter()
 step, recipe, out = sys.argv[1], sys.argv[2], sys.argv[3]
 res = {}
 if step == "plan":
-    from precompile.plan import make_plan
+    from precompile.compiler.plan import make_plan
     from precompile.recipe import load_recipe
     p = make_plan(load_recipe(recipe))
     res["estimate"] = p.estimated_bytes()
@@ -67,7 +67,7 @@ elif step in ("build", "rebuild"):
                     pass
     th = threading.Thread(target=sample, daemon=True)
     th.start()
-    from precompile.build import build
+    from precompile import build
     rep = build(recipe, out, n_jobs=2)
     stop.set()
     th.join()

@@ -65,8 +65,8 @@ def validate(recipe: str) -> None:
 @click.argument("recipe", type=click.Path(dir_okay=False))
 def plan(recipe: str) -> None:
     """Print what RECIPE would build: samples, shards, shapes, size."""
-    from .build import check_plan
-    from .plan import make_plan
+    from .compiler import check_plan
+    from .compiler.plan import make_plan
     from .recipe import load_recipe
 
     try:
@@ -112,7 +112,7 @@ def plan(recipe: str) -> None:
 def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: str | None, content_hash: bool,
           on_error: str | None, max_failures: int | None, timeout_s: float | None, progress: bool) -> None:
     """Build RECIPE into OUT_DIR/<name>.h5 (shards under OUT_DIR/<name>.shards/)."""
-    from .build import build as run_build
+    from .compiler import build as run_build
 
     if jobs == -1:
         import os

@@ -25,6 +25,23 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 CAPTURE_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+def pattern_regex(pattern: str, where: dict[str, str]) -> re.Pattern:
+    """The regular expression of an ``inputs.match`` pattern: ``{name}`` captures (a repeat must match the
+    same text), each ``[^/]+`` or its ``where`` expression; everything else literal."""
+    out, pos, seen = [], 0, set()
+    for m in CAPTURE_RE.finditer(pattern):
+        out.append(re.escape(pattern[pos:m.start()]))
+        name = m.group(1)
+        if name in seen:
+            out.append(f"(?P={name})")
+        else:
+            seen.add(name)
+            out.append(f"(?P<{name}>{where[name]})" if name in where else f"(?P<{name}>[^/]+)")
+        pos = m.end()
+    out.append(re.escape(pattern[pos:]))
+    return re.compile("".join(out))
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -224,8 +241,6 @@ class Recipe:
                 re.compile(model.inputs.where[c])
             except re.error as e:
                 raise RecipeError(f"not a valid regular expression: {e}", source=source, loc=f"inputs.where.{c}") from None
-        from .plan import pattern_regex
-
         try:
             pattern_regex(model.inputs.match, model.inputs.where)
         except re.error as e:
@@ -336,8 +351,13 @@ def parse_recipe(data: Any, source: str | None = None, base_dir: str | None = No
     return Recipe(model, source=source, base_dir=base_dir)
 
 
-def load_recipe(path: str | os.PathLike) -> Recipe:
-    """Read, safe-load and validate a recipe file."""
+def load_recipe(path: str | os.PathLike | dict, base_dir: Optional[str] = None) -> Recipe:
+    """Read, safe-load and validate a recipe file; or validate a recipe given as a dict (relative paths in
+    it resolve against ``base_dir``, default the current folder). This is ``precompile.load_recipe``."""
+    if isinstance(path, dict):
+        return parse_recipe(path, base_dir=base_dir)
+    if not isinstance(path, (str, os.PathLike)):
+        raise RecipeError(f"expected a recipe file's path or a dict, got {type(path).__name__}")
     path = str(path)
     try:
         with open(path, "rb") as f:

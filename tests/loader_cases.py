@@ -16,7 +16,7 @@ import pytest
 from PIL import Image
 
 import precompile
-from precompile.build import build  # precompile.build (the function) is shadowed once the submodule is imported
+from precompile import build
 from precompile.reader.loader import Loader
 from precompile.recipe import parse_recipe
 

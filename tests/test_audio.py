@@ -106,7 +106,7 @@ def test_real_files():
 
 def test_recipe_builds(tmp_path):
     import precompile
-    from precompile.build import build
+    from precompile import build
 
     build(os.path.join(REPO, "recipes", "audio.yaml"), out_dir=str(tmp_path))
     ds = precompile.open(str(tmp_path / "audio.h5"))

@@ -15,11 +15,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import precompile
-from precompile.build import build as build_recipe
+from precompile import build as build_recipe
 from precompile.formats import names as fmt
-from precompile.engine import decode_item
+from precompile.compiler.shard import decode_item
 from precompile.errors import RecipeError, StepError
-from precompile.plan import make_plan
+from precompile.compiler.plan import make_plan
 from precompile.reader.copies import CopySchedule, epoch_rows, epoch_view
 from precompile.recipe import load_recipe
 from precompile.registry import STEPS, load_builtins

@@ -267,7 +267,7 @@ def test_lung_pipeline_steps():
 
 def test_recipe_builds(tmp_path):
     import precompile
-    from precompile.build import build
+    from precompile import build
 
     build(os.path.join(REPO, "recipes", "ct_lung.yaml"), out_dir=str(tmp_path))
     ds = precompile.open(str(tmp_path / "ct_lung.h5"))

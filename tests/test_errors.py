@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from precompile.build import build
+from precompile import build
 from precompile.errors import BuildError, RecipeError
 from precompile.formats import open_dataset
 

@@ -177,7 +177,7 @@ def test_sintel_invalid_mask_decodes_as_mask():
 
 def test_recipe_builds_and_flow_follows_images(tmp_path):
     import precompile
-    from precompile.build import build
+    from precompile import build
 
     rep = build(os.path.join(REPO, "recipes", "flow.yaml"), out_dir=str(tmp_path))
     ds = precompile.open(rep["output"] if "output" in rep else str(tmp_path / "flow.h5"))

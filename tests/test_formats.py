@@ -12,7 +12,7 @@ import yaml
 
 import precompile
 from precompile.decoders.base import Decoder
-from precompile.build import build as run_build
+from precompile import build as run_build
 from precompile.errors import BuildError, RecipeError
 from precompile.reader import ShapeMismatchError
 from precompile.registry import DECODERS

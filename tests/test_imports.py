@@ -184,3 +184,20 @@ def test_entry_point_plugins_are_loaded(tmp_path, monkeypatch):
     assert r.code["step:negate_ep_z"]["class"] == "ep_plugin_z.Neg"
     rep = precompile.build(r, out_dir=tmp_path / "out")
     assert rep["num_samples"] == 6
+
+
+def test_public_api_is_functions_and_import_is_light():
+    """``precompile.build`` is a real function (no callable module); ``import precompile`` loads neither
+    the compiler nor torch; the four exports come through the one lazy ``__getattr__``."""
+    import types
+
+    assert isinstance(precompile.build, types.FunctionType) and precompile.build.__module__ == "precompile.compiler.driver"
+    from precompile import build, load_recipe
+
+    assert build is precompile.build and isinstance(load_recipe, types.FunctionType)
+    code = ("import sys, precompile; print(sorted(m for m in ('torch', 'precompile.compiler', 'precompile.recipe', "
+            "'precompile.reader') if m in sys.modules))")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

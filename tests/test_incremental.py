@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from precompile.build import build
-from precompile.cache import recipe_key
+from precompile import build
+from precompile.compiler.keys import recipe_key
 from precompile.recipe import load_recipe
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -229,9 +229,9 @@ def test_no_change_rebuild_of_a_file_folder_build(tmp_path):
 
 _NOOP = """
 import sys
-from precompile.build import build
+from precompile import build
 rep = build(sys.argv[1], sys.argv[2])
-heavy = sorted(m for m in ("torch", "joblib", "cv2", "PIL", "tqdm", "precompile.engine", "h5py")
+heavy = sorted(m for m in ("torch", "joblib", "cv2", "PIL", "tqdm", "precompile.compiler.shard", "h5py")
                if m in sys.modules)
 print(rep.get("up_to_date"), ",".join(heavy))
 """
@@ -252,7 +252,7 @@ def test_no_change_rebuild_imports_only_what_it_needs(proj):
 def test_shard_key_item_text_is_the_canonical_json(key, label):
     # the direct formatting behind shard keys gives fmt.dumps's bytes, so keys do not change with it
     from precompile.formats import names as fmt
-    from precompile.cache import item_text
+    from precompile.compiler.keys import item_text
 
     for fps in ([("image", [12, 1700000000123456789])],
                 [("flow", [3, 4]), ("image", [5, 6])],

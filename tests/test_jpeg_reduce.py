@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from PIL import Image
 
 import precompile
-from precompile.cache import recipe_key
+from precompile.compiler.keys import recipe_key
 from precompile.decoders import jpeg_reduce as JR
 from precompile.decoders.image import ImageDecoder, decode_image_file, decode_image_scaled
 from precompile.errors import DecodeError, RecipeError

@@ -21,11 +21,11 @@ import yaml
 from PIL import Image
 
 import precompile
-from precompile.build import build
+from precompile import build
 from precompile.decoders.dicom import DicomDecoder
 from precompile.decoders.flo import write_flo
 from precompile.errors import DecodeError, RecipeError
-from precompile.plan import make_plan
+from precompile.compiler.plan import make_plan
 from precompile.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]

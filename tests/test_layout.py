@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import precompile
-from precompile.plan import make_plan, tile_rows
+from precompile.compiler.plan import make_plan, tile_rows
 from precompile.recipe import load_recipe
 
 from conftest import image_recipe, make_image_tree, write_recipe

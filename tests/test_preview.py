@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 import precompile
-from precompile.build import build
+from precompile import build
 from precompile.cli import main
 from precompile.tools import preview as pv
 

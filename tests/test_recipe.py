@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from precompile.errors import PlanError, RecipeError
-from precompile.plan import make_plan
+from precompile.compiler.plan import make_plan
 from precompile.recipe import load_recipe
 
 from conftest import image_recipe, write_recipe
@@ -74,7 +74,7 @@ def test_crop_larger_than_fixed_input_is_a_plan_time_error(tmp_path, image_tree)
 
 
 def test_unfixed_shape_is_planned_as_variable(tmp_path, image_tree):
-    from precompile.build import check_plan
+    from precompile.compiler import check_plan
 
     r = image_recipe(image_tree, steps=[{"resize": {"shorter": 36}}])
     plan = make_plan(load_recipe(write_recipe(tmp_path / "r.yaml", r)))

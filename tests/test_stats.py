@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 import precompile
-from precompile.build import build
+from precompile import build
 from precompile.cli import main
 from precompile.tools import stats as st
 from precompile.tools.verify import verify

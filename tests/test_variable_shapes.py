@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import precompile
-from precompile.build import build as run_build
+from precompile import build as run_build
 from precompile.decoders.base import Decoder
 from precompile.reader import ShapeMismatchError
 from precompile.registry import DECODERS

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from precompile.build import build
+from precompile import build
 from precompile.errors import FormatError
 from precompile.tools.verify import verify
 

@@ -126,7 +126,7 @@ def test_real_video():
 
 def test_recipe_builds(tmp_path):
     import precompile
-    from precompile.build import build
+    from precompile import build
 
     build(os.path.join(REPO, "recipes", "video.yaml"), out_dir=str(tmp_path))
     ds = precompile.open(str(tmp_path / "video.h5"))

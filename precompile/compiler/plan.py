@@ -9,14 +9,13 @@ machine and for every job count.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .errors import PlanError, RecipeError
-from .recipe import CAPTURE_RE, Recipe
-from .kinds import Kind
-from .sample import FieldSpec, link_validity
+from ..errors import PlanError, RecipeError
+from ..recipe import CAPTURE_RE, Recipe, pattern_regex  # noqa: F401  (pattern_regex: re-exported)
+from ..kinds import Kind
+from ..sample import FieldSpec, link_validity
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ class Plan:
         data = self.data_bytes()
         if data is None:
             return None
-        from .registry import WRITERS
+        from ..registry import WRITERS
 
         estimate = getattr(WRITERS.get(self.recipe.model.output.format), "estimate_shard_bytes", None)
         if estimate is None:
@@ -118,21 +117,6 @@ def tile_rows(n: int, cap: int) -> int:
         if n % kk == 0:
             return n // kk
     return -(-n // k)                    # spread evenly: the last chunk lacks < k rows
-
-
-def pattern_regex(pattern: str, where: dict[str, str]) -> re.Pattern:
-    out, pos, seen = [], 0, set()
-    for m in CAPTURE_RE.finditer(pattern):
-        out.append(re.escape(pattern[pos:m.start()]))
-        name = m.group(1)
-        if name in seen:
-            out.append(f"(?P={name})")
-        else:
-            seen.add(name)
-            out.append(f"(?P<{name}>{where[name]})" if name in where else f"(?P<{name}>[^/]+)")
-        pos = m.end()
-    out.append(re.escape(pattern[pos:]))
-    return re.compile("".join(out))
 
 
 def fill_template(template: str, captures: dict[str, str]) -> str:
@@ -157,7 +141,7 @@ def _walk(root: str, dirs: bool) -> list[str]:
 
 def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
     """Items in key order and the label names in id order."""
-    from .remote import is_url, list_tree
+    from ..remote import is_url, list_tree
 
     inp = recipe.model.inputs
     root = recipe.input_root

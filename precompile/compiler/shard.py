@@ -1,7 +1,8 @@
-"""Shard tasks on a joblib backend: decode -> steps -> copies -> write, and the error policy.
+"""The shard task (run by every backend): decode -> steps -> copies -> write, the error policy, and the
+isolated decoder.
 
-Each task writes its own shard file and returns a small dict (counts, bytes,
-checksums, stage timings, failures). The parent only gathers these. The same
+Each task writes its own shard file and returns a small result (counts, bytes,
+checksums, stage timings, failures): a :class:`~precompile.compiler.results.ShardResult`. The parent only gathers these. The same
 task function runs in-process (``-j1``), on loky workers, or on a dask cluster.
 
 Error policy: a bad input raises an :class:`InputError` (naming the file, the
@@ -35,20 +36,16 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from .cache import read_skipped, skipped_path  # noqa: F401  (re-exported: the sidecar helpers live in cache)
-from .errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
-from .kinds import Kind
+from .keys import skipped_path
+from ..errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
+from ..kinds import Kind
 from .plan import Item, ShardPlan
-from .recipe import Recipe
-from .remote import is_url
-from .sample import FieldSpec, Sample
-from .seeding import LazyRng
-from .formats.base import write_json_atomic
-
-
-def _err_dict(e: InputError) -> dict[str, Any]:
-    return {"message": str(e), "detail": e.detail, "path": e.path, "stage": e.stage, "field": e.field, "key": e.key,
-            "type": type(e).__name__}
+from .results import Failure, ShardResult, zero_timings
+from ..recipe import Recipe
+from ..remote import is_url
+from ..sample import FieldSpec, Sample
+from ..seeding import LazyRng
+from ..formats.base import write_json_atomic
 
 
 def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: Any = None) -> Sample:
@@ -93,7 +90,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
 
 def _decode_remote(recipe: Recipe, dec: Any, url: str, fname: str) -> tuple[dict, dict]:
     """Decode a local copy of a remote input; errors name the URL, not the temporary copy."""
-    from .remote import local_copy
+    from ..remote import local_copy
 
     with local_copy(url, recipe.model.inputs.storage_options, folder=dec.reads_dirs) as local:
         try:
@@ -168,7 +165,7 @@ def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, floa
     until the input is done, so a failing input is still dropped whole. When a later step is
     random, the clips are gathered first (in a spill too) and the steps run over all of them in
     order, as without streaming, so the draws are the same. Returns the spills, chained."""
-    from .spill import SampleSpill
+    from ..spill import SampleSpill
 
     sample = decode_item(recipe, item, timings, stream)
     fname, path = stream.field, item.paths[stream.field]
@@ -267,127 +264,156 @@ class _Chained:
 
 def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict[str, FieldSpec],
               chunking: dict[str, int], in_worker: bool = False, isolate: bool = False,
-              progress: Optional[Callable[[int, int], None]] = None) -> dict[str, Any]:
+              progress: Optional[Callable[[int, int], None]] = None) -> ShardResult:
     """Build one shard file at ``path``; never raises for bad inputs (they are reported).
 
     ``isolate`` (or a recipe ``timeout_s``) decodes inputs in a helper process. ``progress(shard index, 1)``
     is called after each input (see :mod:`precompile.progress`).
     """
     if in_worker:
-        try:
-            import cv2
-
-            cv2.setNumThreads(1)  # parallelism is across shards; avoid oversubscribing the cores
-        except ImportError:
-            pass
-        from .decoders.video import set_decode_threads
-
-        set_decode_threads(1)
-    from .registry import WRITERS, load_builtins
+        _one_thread_per_worker()
+    from ..registry import WRITERS, load_builtins
 
     load_builtins()
-    t_start = time.perf_counter()
-    timings = {"decode": 0.0, "steps": 0.0, "write": 0.0}
-    failures: list[dict[str, Any]] = []
+    task = _ShardTask(recipe, shard, path, time.perf_counter())
     writer_cls = WRITERS.get(recipe.model.output.format)()
     options = writer_cls.Options.model_validate(recipe.model.output.options)
-    policy = recipe.model.on_error
-    max_failures = recipe.model.max_failures
-    timeout = recipe.model.timeout_s
-    decode: Callable[[Item], Sample]
-    if isolate or timeout is not None:
-        iso = isolated_decoder(recipe)
-        decode = lambda item: iso.decode(item, timeout, timings)  # noqa: E731
-    else:
-        decode = lambda item: decode_item(recipe, item, timings)  # noqa: E731
-    stream = None
-    if not (isolate or timeout is not None):  # an isolated decoder returns whole arrays
-        from .transforms.temporal import stream_plan
-
-        stream = stream_plan(recipe.decoders, recipe.steps)
+    decode, stream = _decoder(recipe, isolate, task.timings)
     try:
-        writer = writer_cls.open_shard(path, specs, key, options, chunking)
+        task.writer = writer_cls.open_shard(path, specs, key, options, chunking)
     except OSError as e:
-        return {"index": shard.index, "status": "failed", "timings": timings, "num_samples": 0,
-                "wall": time.perf_counter() - t_start,
-                "failures": [{"message": f"shard {shard.index}: cannot create {path}: {e.strerror or e}", "detail": "",
-                              "path": path, "stage": "write", "field": None, "key": None, "type": "OSError",
-                              "shard": shard.index}]}
-
-    def failed(extra: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-        writer.abort()
-        return {"index": shard.index, "status": "failed", "failures": failures + ([extra] if extra else []),
-                "timings": timings, "num_samples": 0, "wall": time.perf_counter() - t_start}
-
+        return task.failed(Failure(f"shard {shard.index}: cannot create {path}: {e.strerror or e}", path=path,
+                                   stage="write", type="OSError", shard=shard.index), abort=False)
     try:
         for item in shard.items:
-            samples: Any = None
-            try:
-                def check(s: Sample, item: Item = item) -> None:
-                    try:
-                        writer.check(s)
-                    except SampleError as e:
-                        raise StepError(str(e), path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
-                                        stage="write", field=e.field, key=item.key) from e
-
-                # every sample of the input (all copies) is made and checked before any is written:
-                # an input that fails is dropped whole, never half-written
-                if stream is not None:  # a video streamed through clips: checked as made, spilled to disk
-                    samples = stream_item(recipe, stream, item, timings, check, os.path.dirname(path))
-                else:
-                    sample = decode(item)
-                    samples = [s for c in copy_indices(recipe) for s in run_steps(recipe, sample, c, item, timings)]
-                    for s in samples:
-                        check(s)
-                t0 = time.perf_counter()
-                for s in samples:
-                    writer.add(s)
-                timings["write"] += time.perf_counter() - t0
-            except InputError as e:
-                failures.append(_err_dict(e) | {"shard": shard.index})
-                if policy == "fail":
-                    return failed()
-                if max_failures is not None and len(failures) > max_failures:
-                    return failed({"message": f"shard {shard.index}: stopped after {len(failures)} failed inputs, "
-                                   f"more than max_failures={max_failures}", "detail": "", "path": path,
-                                   "stage": "policy", "field": None, "key": None, "type": "BuildError",
-                                   "shard": shard.index, "policy": True})
-            finally:
-                if samples is not None and hasattr(samples, "close"):
-                    samples.close()
+            stop = task.add_input(item, decode, stream)
+            if stop is not None:
+                return stop
             if progress is not None:
                 progress(shard.index, 1)
-        t0 = time.perf_counter()
-        _write_skipped(path, key, failures)
-        info = writer.close()
-        timings["write"] += time.perf_counter() - t0
+        return task.close(key)
     except BaseException as e:
         if isinstance(e, PrecompileError) and not isinstance(e, InputError):
-            writer.abort()
+            task.writer.abort()
             raise  # not about one input (a missing codec extra, say): the build stops with it
         if isinstance(e, Exception):
-            return failed({"message": f"shard {shard.index}: {type(e).__name__}: {e}",
-                           "detail": traceback.format_exc(limit=5), "path": path, "stage": "write", "field": None,
-                           "key": None, "type": type(e).__name__, "shard": shard.index})
-        writer.abort()
+            return task.failed(Failure(f"shard {shard.index}: {type(e).__name__}: {e}", traceback.format_exc(limit=5),
+                                       path, "write", type=type(e).__name__, shard=shard.index))
+        task.writer.abort()
         raise
-    return {"index": shard.index, "status": "built", "failures": failures, "timings": timings,
-            "wall": time.perf_counter() - t_start, **info}
 
 
-def _write_skipped(shard_path: str, key: str, failures: list[dict[str, Any]]) -> None:
+def _one_thread_per_worker() -> None:
+    """Parallelism is across shards: codecs in a worker use one thread (no oversubscribed cores)."""
+    try:
+        import cv2
+
+        cv2.setNumThreads(1)
+    except ImportError:
+        pass
+    from ..decoders.video import set_decode_threads
+
+    set_decode_threads(1)
+
+
+def _decoder(recipe: Recipe, isolate: bool, timings: dict[str, float]) -> tuple[Callable[[Item], Sample], Any]:
+    """(decode one item, the stream plan or None): in this process, or in the isolated helper (``isolate`` or a
+    ``timeout_s``; it returns whole arrays, so nothing streams)."""
+    timeout = recipe.model.timeout_s
+    if isolate or timeout is not None:
+        iso = isolated_decoder(recipe)
+        return (lambda item: iso.decode(item, timeout, timings)), None
+    from ..transforms.temporal import stream_plan
+
+    return (lambda item: decode_item(recipe, item, timings)), stream_plan(recipe.decoders, recipe.steps)
+
+
+class _ShardTask:
+    """One shard being written: its writer, timings and failures, and the error policy."""
+
+    def __init__(self, recipe: Recipe, shard: ShardPlan, path: str, t_start: float):
+        self.recipe, self.shard, self.path, self.t_start = recipe, shard, path, t_start
+        self.timings = zero_timings()
+        self.failures: list[Failure] = []
+        self.writer: Any = None
+
+    def failed(self, extra: Optional[Failure] = None, abort: bool = True) -> ShardResult:
+        if abort:
+            self.writer.abort()
+        return ShardResult(self.shard.index, "failed", self.failures + ([extra] if extra else []), self.timings,
+                           time.perf_counter() - self.t_start)
+
+    def add_input(self, item: Item, decode: Callable[[Item], Sample], stream: Any) -> Optional[ShardResult]:
+        """Make, check and write every sample of one input; a failing input is dropped whole, never
+        half-written. Returns the shard's failed result when the error policy stops the shard."""
+        samples: Any = None
+        try:
+            samples = self.samples(item, decode, stream)
+            t0 = time.perf_counter()
+            for s in samples:
+                self.writer.add(s)
+            self.timings["write"] += time.perf_counter() - t0
+        except InputError as e:
+            return self.input_failed(e)
+        finally:
+            if samples is not None and hasattr(samples, "close"):
+                samples.close()
+        return None
+
+    def samples(self, item: Item, decode: Callable[[Item], Sample], stream: Any) -> Any:
+        """Every sample of the input (all copies), made and checked before any is written."""
+        recipe, writer = self.recipe, self.writer
+
+        def check(s: Sample) -> None:
+            try:
+                writer.check(s)
+            except SampleError as e:
+                raise StepError(str(e), path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
+                                stage="write", field=e.field, key=item.key) from e
+
+        if stream is not None:  # a video streamed through clips: checked as made, spilled to disk
+            return stream_item(recipe, stream, item, self.timings, check, os.path.dirname(self.path))
+        sample = decode(item)
+        samples = [s for c in copy_indices(recipe) for s in run_steps(recipe, sample, c, item, self.timings)]
+        for s in samples:
+            check(s)
+        return samples
+
+    def input_failed(self, e: InputError) -> Optional[ShardResult]:
+        """Record a failed input; the shard's failed result if ``on_error: fail`` or ``max_failures`` stops it."""
+        index, max_failures = self.shard.index, self.recipe.model.max_failures
+        self.failures.append(Failure.from_error(e, shard=index))
+        if self.recipe.model.on_error == "fail":
+            return self.failed()
+        if max_failures is not None and len(self.failures) > max_failures:
+            return self.failed(Failure(f"shard {index}: stopped after {len(self.failures)} failed inputs, "
+                                       f"more than max_failures={max_failures}", path=self.path, stage="policy",
+                                       type="BuildError", shard=index, policy=True))
+        return None
+
+    def close(self, key: str) -> ShardResult:
+        """Write the skipped-inputs sidecar, then finish the shard (renamed into place)."""
+        t0 = time.perf_counter()
+        _write_skipped(self.path, key, self.failures)
+        info = self.writer.close()
+        self.timings["write"] += time.perf_counter() - t0
+        return ShardResult(self.shard.index, "built", self.failures, self.timings, time.perf_counter() - self.t_start,
+                           info["num_samples"], info["bytes"], info["checksums"])
+
+
+def _write_skipped(shard_path: str, key: str, failures: list[Failure]) -> None:
     """Write (or remove) the skipped-inputs sidecar; called before the shard is renamed into place."""
     side = skipped_path(shard_path)
     if not failures:
         if os.path.exists(side):
             os.remove(side)
         return
-    write_json_atomic(side, {"key": key, "failures": failures})
+    write_json_atomic(side, {"key": key, "failures": [f.to_json() for f in failures]})
 
 
 # -- isolated decoding ---------------------------------------------------------------------------
 
-_SERVER_CODE = "from precompile.engine import _decode_server; _decode_server()"
+_SERVER_CODE = "from precompile.compiler.shard import _decode_server; _decode_server()"
 _STARTUP_TIMEOUT_S = 120.0
 
 
@@ -576,7 +602,7 @@ def _decode_server() -> None:
         hdr = json.loads(r.recv_bytes())
         for m in hdr["modules"]:
             importlib.import_module(m)
-        from .recipe import parse_recipe
+        from ..recipe import parse_recipe
 
         recipe = parse_recipe(hdr["recipe"], source=hdr["source"], base_dir=hdr["base_dir"])
     except EOFError:
@@ -594,7 +620,7 @@ def _decode_server() -> None:
         try:
             s = decode_item(recipe, item, {"decode": 0.0})
         except InputError as e:
-            w.send_bytes(json.dumps({"error": _err_dict(e)}).encode())
+            w.send_bytes(json.dumps({"error": Failure.from_error(e).to_json()}).encode())
             continue
         arrays = [(n, np.asarray(a).copy(order="C")) for n, a in s.fields.items()]  # keeps 0-d shapes
         w.send_bytes(json.dumps({"fields": [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape),

@@ -1,4 +1,5 @@
-"""Fingerprints and shard keys for incremental rebuilds.
+"""Shard keys (not a cache): fingerprints and the keys that decide incremental rebuilds, sibling reuse and
+the skipped-inputs sidecar.
 
 A shard's key hashes the recipe parts that decide its bytes
 (:func:`recipe_key`), the shard's index and items (keys, labels) with their
@@ -20,10 +21,11 @@ import os
 import stat
 from typing import Any, Optional
 
-from . import __version__
-from .formats import names as fmt
+from .. import __version__
+from ..formats import names as fmt
 from .plan import Plan, ShardPlan
-from .recipe import Recipe
+from .results import Failure
+from ..recipe import Recipe
 
 
 def fingerprint(path: str, content: bool = False) -> list:
@@ -32,7 +34,7 @@ def fingerprint(path: str, content: bool = False) -> list:
     One ``stat`` per local file (a no-change rebuild of N inputs is N of them).
     """
     if "://" in path:
-        from .remote import fingerprint as remote_fingerprint, is_url
+        from ..remote import fingerprint as remote_fingerprint, is_url
 
         if is_url(path):
             return remote_fingerprint(path)
@@ -118,11 +120,11 @@ def skipped_path(shard_path: str) -> str:
     return shard_path + ".skipped.json"
 
 
-def read_skipped(shard_path: str, key: str) -> list[dict[str, Any]]:
+def read_skipped(shard_path: str, key: str) -> list[Failure]:
     """The skipped inputs recorded for a finished shard built with ``key`` ([] when none or stale)."""
     try:
         with open(skipped_path(shard_path)) as f:
             d = json.load(f)
     except (OSError, ValueError):
         return []
-    return list(d.get("failures", [])) if d.get("key") == key else []
+    return [Failure.from_json(f) for f in d.get("failures", [])] if d.get("key") == key else []

@@ -1,0 +1,179 @@
+"""Backends that run shard tasks and yield their results as they complete: inline (one job, this
+process), loky (local worker processes, with the dead-worker retry) and dask (a local or remote cluster).
+
+Owns the choice of backend and the loky retry: a loky worker that dies has its shards retried once
+with decoding isolated in a helper process, so a crashing codec fails only its input, and a second
+death fails the shard with a message that names it and its inputs. Imported only when a shard must
+be built (a no-op rebuild never imports this module's task, :mod:`precompile.compiler.shard`, nor joblib).
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+import sys
+import warnings
+from typing import Any, Callable, Iterator, Optional
+
+from ..errors import BuildError
+from ..recipe import Recipe
+from .plan import Plan
+from .results import Failure, ShardResult, zero_timings
+
+
+def remove_path(path: str) -> None:
+    """Remove a file, or a folder (a shard of a folder-per-shard format) with everything in it."""
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    else:
+        os.remove(path)
+
+
+def _inputs(shard) -> str:
+    keys = [it.key for it in shard.items]
+    return ", ".join(keys) if len(keys) <= 4 else f"{keys[0]}, {keys[1]}, ... {keys[-1]} ({len(keys)} inputs)"
+
+
+def _dead_worker_result(shard: Any, why: str) -> ShardResult:
+    msg = (f"shard {shard.index} (inputs {_inputs(shard)}): its worker process died ({why}) twice, the second "
+           f"time with decoding isolated in a helper process, so the crash is in a step or the writer")
+    return ShardResult(shard.index, "failed", [Failure(msg, stage="worker", type="TerminatedWorkerError",
+                                                       shard=shard.index)], zero_timings(), 0.0)
+
+
+def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str], plan: Plan,
+               chunking: dict[int, dict[str, int]], n_jobs: Optional[int], scheduler: Optional[str],
+               events: Optional[list[str]] = None, progress: Any = None) -> Iterator[ShardResult]:
+    """Yield shard results as they complete (``progress``: a :class:`precompile.progress.Progress` or None):
+    inline for one job and no scheduler, on dask with a scheduler, else on loky."""
+    if not todo:
+        return
+    events = [] if events is None else events
+    from .shard import run_shard
+
+    def task(s: Any, path: str, in_worker: bool = True, isolate: bool = False, sink: Any = None) -> tuple:
+        """A shard task's function and arguments."""
+        return run_shard, (recipe, s, path, keys[s.index], plan.specs, chunking[s.index], in_worker, isolate, sink)
+
+    if (n_jobs or 1) == 1 and scheduler is None:
+        yield from run_inline(todo, task, progress)
+    elif scheduler is not None:
+        yield from run_dask(todo, task, n_jobs, scheduler, events, progress)
+    else:
+        yield from run_loky(todo, task, n_jobs, events, progress)
+
+
+def run_inline(todo: list[tuple[Any, str]], task: Callable[..., tuple], progress: Any) -> Iterator[ShardResult]:
+    """One shard after the other in this process."""
+    from .shard import shutdown_isolated
+
+    sink = progress.local_sink() if progress is not None else None
+    try:
+        for s, path in todo:
+            fn, args = task(s, path, False, False, sink)
+            yield fn(*args)
+    finally:
+        shutdown_isolated()
+
+
+def run_dask(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Optional[int], scheduler: str,
+             events: list[str], progress: Any) -> Iterator[ShardResult]:
+    """Shards on a dask cluster: a local one (``scheduler="local"``) or the scheduler at that address."""
+    import joblib
+
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        from ..errors import MissingDependencyError
+
+        raise MissingDependencyError("--scheduler needs dask.distributed: pip install 'precompile[dask]'") from None
+    if scheduler == "local":
+        # one single-threaded worker process per core unless -j says otherwise; everything on 127.0.0.1
+        workers = n_jobs if n_jobs is not None else (os.cpu_count() or 1)
+        cluster = LocalCluster(n_workers=max(1, workers), threads_per_worker=1, processes=True,
+                               host="127.0.0.1", dashboard_address="127.0.0.1:0")
+        client = Client(cluster)
+        _dashboard_note(client, workers, events, progress is not None)
+    else:
+        try:
+            cluster, client = None, Client(scheduler, timeout="10s")
+        except (OSError, TimeoutError) as e:
+            raise BuildError(f"cannot reach the dask scheduler at {scheduler!r}: {e}") from None
+    sink = progress.dask_sink(client) if progress is not None else None
+    tasks = (joblib.delayed(fn)(*args) for fn, args in (task(s, path, sink=sink) for s, path in todo))
+    try:
+        with joblib.parallel_config(backend="dask"):
+            yield from joblib.Parallel(n_jobs=-1, return_as="generator_unordered")(tasks)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def run_loky(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Optional[int], events: list[str],
+             progress: Any) -> Iterator[ShardResult]:
+    """Shards on local loky worker processes, with the dead-worker retry.
+
+    A dead loky worker breaks the whole pool and loky does not say which task it ran. The shards it
+    (and the workers loky stopped with it) were building are those with a temporary file left behind;
+    they become suspects and are retried once with decoding isolated, one at a time (so a second death
+    names exactly its shard, never one that was only stopped beside it); the rest run again in a fresh pool.
+    """
+    import joblib
+    from joblib.externals.loky.process_executor import BrokenProcessPool, TerminatedWorkerError
+
+    remaining, isolated = list(todo), set()
+    sink = progress.queue_sink() if progress is not None else None
+    while remaining:
+        done: set[int] = set()
+        batch = [(s, p) for s, p in remaining if s.index in isolated][:1] or remaining  # a suspect runs alone
+        tasks = (joblib.delayed(fn)(*args)
+                 for fn, args in (task(s, path, True, s.index in isolated, sink) for s, path in batch))
+        try:
+            with warnings.catch_warnings():
+                # stopping early (on_error: fail) cancels queued tasks on purpose; joblib warns about it
+                warnings.filterwarnings("ignore", message=r".*tasks which were still being processed", category=UserWarning)
+                # a lone suspect still runs in a worker (n_jobs=1 would run it in this very process)
+                for res in joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered")(tasks):
+                    done.add(res.index)
+                    yield res
+        except TerminatedWorkerError as e:
+            yield from _after_dead_worker(e, batch, done, isolated, events)
+        except BrokenProcessPool as e:  # e.g. a task that cannot be unpickled in a worker (a plugin it cannot import)
+            raise BuildError(f"the worker processes failed: {e}; finished shards are kept, run build again "
+                             f"(with -j 1 to see the cause)") from None
+        remaining = [(s, p) for s, p in remaining if s.index not in done]
+
+
+def _after_dead_worker(e: Exception, remaining: list[tuple[Any, str]], done: set[int], isolated: set[int],
+                       events: list[str]) -> Iterator[ShardResult]:
+    """The shards a dead worker was building: their temporaries go; a second death fails them (yielded, and
+    added to ``done``), a first marks them for isolated decoding."""
+    m = re.search(r"exit codes of the workers are \{(.*?)\}", str(e))
+    why = f"exit {m.group(1)}" if m else "terminated"
+    left = [(s, p) for s, p in remaining if s.index not in done]
+    hit = [(s, p) for s, p in left if glob.glob(glob.escape(p) + ".tmp-*")] or left
+    for s, p in hit:
+        for t in glob.glob(glob.escape(p) + ".tmp-*"):
+            remove_path(t)
+    events.append(f"a worker process died ({why}) while shard(s) {', '.join(str(s.index) for s, _ in hit)} "
+                  f"were being built; retrying them with decoding isolated")
+    for s, _ in hit:
+        if s.index in isolated:
+            done.add(s.index)
+            yield _dead_worker_result(s, why)
+    isolated.update(s.index for s, _ in hit)
+
+
+def _dashboard_note(client: Any, workers: int, events: list[str], show: bool) -> None:
+    """Say where the local cluster's dashboard is (it needs bokeh; without it there is none to show)."""
+    import importlib.util
+
+    if importlib.util.find_spec("bokeh") is not None:
+        note = f"dask: local cluster of {workers} worker(s); dashboard at {client.dashboard_link}"
+    else:
+        note = f"dask: local cluster of {workers} worker(s); no dashboard (pip install bokeh to get one)"
+    events.append(note)
+    if show:
+        print(note, file=sys.stderr, flush=True)

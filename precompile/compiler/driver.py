@@ -1,0 +1,487 @@
+"""The stage sequence of a build and its entry point :func:`build`:
+lock -> plan -> keys -> run -> finalize -> report.
+
+:func:`build` makes the plan and takes the output's lock; :func:`_stages` runs the rest, one short
+function each: clean temporaries, shard keys, the no-op check (:func:`_unchanged`), sort shards
+(up to date or to do), reuse siblings' shards, run (:mod:`.backends`), check the outcome,
+finalize (index, then report). Shards whose stored key matches are skipped (incremental,
+resumable); the rest run as joblib tasks (in-process for one job, loky workers locally, or a
+dask cluster). The index and the build report are written last.
+
+Guarantees kept here:
+
+- resume: stray ``*.tmp-*`` files of a killed build are removed, the old index
+  is removed before any shard is rebuilt, shards are renamed into place only
+  when complete, and the index is written last; a rerun redoes only the shards
+  that are missing or whose key changed.
+- reuse: a shard whose key matches one in a sibling output folder (same recipe,
+  other output name) is hard-linked (or copied) instead of rebuilt.
+- error policy: failed inputs (and those skipped by earlier incremental builds,
+  read from each shard's ``.skipped.json`` sidecar) are listed in the report;
+  ``max_failures`` stops the build; a loky worker that dies has its shards
+  retried once with decoding isolated in a helper process, so a crashing codec
+  fails only its input, and a second death fails the shard with a message that
+  names it and its inputs.
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import glob
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from .. import __version__
+from ..formats import names as fmt
+from ..errors import BuildError, RecipeError
+from ..recipe import Recipe, load_recipe
+from ..registry import WRITERS
+from ..formats.base import write_json_atomic
+from .backends import remove_path, run_shards
+from .keys import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
+from .plan import Plan, make_plan
+from .results import BuildReport, Failure, count_inputs, zero_timings
+
+
+def check_plan(plan: Plan) -> None:
+    """Checks that need the plan: the output format can hold the fields; copies make sense."""
+    r = plan.recipe
+    wcls = WRITERS.get(r.model.output.format)
+    from ..recipe import parse_params
+
+    options = parse_params(wcls.Options, r.model.output.options, r.source, ("output", "options"))
+    try:
+        wcls().check_specs(plan.specs, options)
+    except ValueError as e:
+        raise RecipeError(str(e), source=r.source, loc="output.format") from None
+    has_random = any(s.random for s in r.steps)
+    if r.model.copies > 0 and not has_random:
+        raise RecipeError("copies > 0 needs at least one random step (e.g. random_crop)", source=r.source, loc="copies")
+
+
+def _build_date() -> str:
+    sde = os.environ.get("SOURCE_DATE_EPOCH")
+    t = _dt.datetime.fromtimestamp(int(sde), _dt.timezone.utc) if sde else _dt.datetime.now(_dt.timezone.utc)
+    return t.replace(microsecond=0).isoformat()
+
+
+def output_paths(recipe: Recipe, out_dir: str) -> tuple[str, str]:
+    """(index file, shard folder) for a recipe under ``out_dir``."""
+    index = os.path.join(out_dir, recipe.output_name + WRITERS.get(recipe.model.output.format).index_ext)
+    return index, os.path.join(out_dir, fmt.shard_dir_name(recipe.output_name))
+
+
+def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike = "build",
+          n_jobs: Optional[int] = None,
+          force: bool = False, progress: bool = False, scheduler: Optional[str] = None,
+          content_hash: bool = False, on_error: Optional[str] = None,
+          max_failures: Optional[int] = None, timeout_s: Optional[float] = None) -> BuildReport:
+    """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
+
+    ``recipe`` is a recipe file's path, a :class:`Recipe`, or the recipe as a dict (the same keys as the
+    YAML; a relative ``inputs.root`` and the ``imports`` search are then relative to the current folder).
+
+    ``n_jobs``: parallel shard tasks; None means 1 in-process, or with ``scheduler="local"`` one dask worker
+    per core. ``on_error``, ``max_failures`` and ``timeout_s`` override the recipe's keys of
+    the same names (they do not change any shard's key). One build of an output at a
+    time: a second one started meanwhile stops with a BuildError.
+
+    The report is a :class:`~precompile.compiler.results.BuildReport`; it reads like the JSON
+    report (``rep["shards"]["built"]``), and ``rep.to_json()`` is that dict.
+    """
+    if n_jobs is None and scheduler != "local":
+        n_jobs = 1
+    recipe = with_policy(as_recipe(recipe), on_error=on_error, max_failures=max_failures, timeout_s=timeout_s)
+    t_start = time.perf_counter()
+    plan = make_plan(recipe)  # recipe and plan errors come before anything is written
+    check_plan(plan)
+    b = _Build.start(recipe, plan, out_dir, n_jobs, t_start)
+    with _output_lock(b.shard_dir, recipe.output_name):
+        return _stages(b, force, progress, scheduler, content_hash)
+
+
+@contextlib.contextmanager
+def _output_lock(shard_dir: str, name: str):
+    """An exclusive lock on ``<shard folder>/.lock`` for the build's duration (released if it dies)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no lock
+        yield
+        return
+    path = os.path.join(shard_dir, ".lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BuildError(f"another build of {name!r} into {os.path.dirname(shard_dir)} is running (lock {path}); "
+                             f"wait for it to finish") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def as_recipe(recipe: Recipe | dict | str | os.PathLike) -> Recipe:
+    """A :class:`Recipe` from what :func:`build` accepts."""
+    if isinstance(recipe, dict):
+        from ..recipe import parse_recipe
+
+        return parse_recipe(recipe)
+    if isinstance(recipe, Recipe):
+        return recipe
+    if not isinstance(recipe, (str, os.PathLike)):
+        raise RecipeError(f"expected a recipe file's path, a dict or a Recipe, got {type(recipe).__name__}")
+    return load_recipe(recipe)
+
+
+@dataclass
+class _Build:
+    """One build's fixed facts (what the stages share): the recipe, its plan, where it goes."""
+
+    recipe: Recipe
+    plan: Plan
+    out_dir: str
+    index_path: str
+    shard_dir: str
+    writer: Any
+    n_jobs: Optional[int]
+    t_start: float
+    rhash: str
+
+    @classmethod
+    def start(cls, recipe: Recipe, plan: Plan, out_dir: str | os.PathLike, n_jobs: Optional[int],
+              t_start: float) -> "_Build":
+        out = os.path.abspath(str(out_dir))
+        index_path, shard_dir = output_paths(recipe, out)
+        os.makedirs(shard_dir, exist_ok=True)
+        return cls(recipe, plan, out, index_path, shard_dir, WRITERS.get(recipe.model.output.format)(), n_jobs,
+                   t_start, recipe.content_hash())
+
+    def shard_path(self, s: Any) -> str:
+        return os.path.join(self.shard_dir, fmt.shard_file_name(s.index, self.writer.shard_ext))
+
+
+@dataclass
+class _State:
+    """What the stages learn as they go: finished shards' infos, failures, the shards still to build."""
+
+    infos: dict[int, dict[str, Any]] = field(default_factory=dict)
+    failures: list[Failure] = field(default_factory=list)
+    todo: list[tuple[Any, str]] = field(default_factory=list)
+    reused: int = 0
+    failed_shards: list[int] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=zero_timings)
+    events: list[str] = field(default_factory=list)
+
+    def keep(self, index: int, info: dict[str, Any], path: str, key: str) -> None:
+        """A finished shard with the right key: its info, and the inputs it skipped when it was built."""
+        self.infos[index] = info
+        self.failures.extend(f.from_previous_build() for f in read_skipped(path, key))
+
+
+def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool) -> BuildReport:
+    """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize."""
+    extras = _clean_temporaries(b)
+    skey = recipe_key(b.recipe)
+    keys = {s.index: shard_key(b.plan, s, skey, content=content_hash) for s in b.plan.shards}
+    if not force and not extras:
+        report = _unchanged(b, keys)
+        if report is not None:
+            return report
+    st = _sort_shards(b, keys, force)
+    if (st.todo or extras) and os.path.exists(b.index_path):
+        os.remove(b.index_path)  # before any shard changes: never an index that points at changed shards
+    for p in extras:  # shards beyond the plan's count
+        remove_path(p)
+    if not force:
+        _reuse_siblings(b, keys, st)
+    _run_stage(b, keys, st, progress, scheduler)
+    report = _report(b, st)
+    _check_outcome(b, st, report)
+    return _finalize(b, st, report)
+
+
+def _clean_temporaries(b: _Build) -> list[str]:
+    """Remove a killed build's stray temporaries (shards, the index, the report); return the shard files
+    beyond the plan's count (they go once the old index is gone)."""
+    for p in (glob.glob(os.path.join(glob.escape(b.shard_dir), "*.tmp-*"))
+              + glob.glob(os.path.join(glob.escape(b.out_dir), glob.escape(b.recipe.output_name) + ".*.tmp-*"))):
+        remove_path(p)  # a file, or a shard folder
+    names = {fmt.shard_file_name(s.index, b.writer.shard_ext) for s in b.plan.shards}
+    names |= {skipped_path(n) for n in names}
+    return [p for p in glob.glob(os.path.join(glob.escape(b.shard_dir), "shard-*")) if os.path.basename(p) not in names]
+
+
+def _sort_shards(b: _Build, keys: dict[int, str], force: bool) -> _State:
+    """Shards whose stored key matches are kept; the rest are to do."""
+    st = _State()
+    for s in b.plan.shards:
+        path = b.shard_path(s)
+        info = None if force else b.writer.read_shard_info(path)
+        if info is not None and info["key"] == keys[s.index]:
+            st.keep(s.index, info, path, keys[s.index])
+        else:
+            st.todo.append((s, path))
+    return st
+
+
+def _reuse_siblings(b: _Build, keys: dict[int, str], st: _State) -> None:
+    """Link the shards to do that a sibling output already has (same key, same file name)."""
+    todo = []
+    for s, path in st.todo:
+        src = find_reusable(b.out_dir, b.shard_dir, os.path.basename(path), keys[s.index], b.writer)
+        if src is not None and _link_shard(src, path):
+            info = b.writer.read_shard_info(path)
+            if info is not None and info["key"] == keys[s.index]:
+                st.reused += 1
+                st.keep(s.index, info, path, keys[s.index])
+                continue
+        todo.append((s, path))
+    st.todo = todo
+
+
+def _run_stage(b: _Build, keys: dict[int, str], st: _State, progress: bool, scheduler: Optional[str]) -> None:
+    """Build the shards to do on the chosen backend, gathering results until done or the policy stops it."""
+    r, plan = b.recipe, b.plan
+    mf = r.model.max_failures
+    chunking = {s.index: plan.chunking(s) for s in plan.shards}
+    bar = None
+    if progress:
+        from ..progress import Progress
+
+        # up-to-date shards are the bar's initial count: tqdm leaves them out of the rate
+        bar = Progress(len(plan.items), sum(len(s.items) for s in plan.shards if s.index in st.infos), r.name,
+                       {s.index: len(s.items) for s, _ in st.todo})
+    try:
+        for res in run_shards(r, st.todo, keys, plan, chunking, b.n_jobs, scheduler, st.events, bar):
+            for k in st.timings:
+                st.timings[k] += res.timings[k]
+            st.failures.extend(res.failures)
+            if bar is not None:
+                bar.shard_done(res.index)
+            if res.failed:
+                st.failed_shards.append(res.index)
+                if r.model.on_error == "fail" or any(f.policy for f in res.failures):
+                    break
+            else:
+                st.infos[res.index] = res.info(keys[res.index])
+            if mf is not None and count_inputs(st.failures) > mf:
+                break
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def _report(b: _Build, st: _State) -> BuildReport:
+    """The report of the shards run so far (finalize adds the totals)."""
+    r, plan = b.recipe, b.plan
+    return BuildReport(
+        name=r.output_name, recipe=r.source, recipe_hash=b.rhash, output=b.index_path,
+        format=r.model.output.format, jobs=b.n_jobs if b.n_jobs is not None else (os.cpu_count() or 1),
+        inputs=len(plan.items),
+        shards={"total": len(plan.shards), "built": len(st.todo) - len(st.failed_shards),
+                "skipped": len(plan.shards) - len(st.todo), "reused": st.reused, "failed": len(st.failed_shards)},
+        failures=st.failures, events=st.events, on_error=r.model.on_error,
+        stage_seconds={k: round(v, 4) for k, v in st.timings.items()},
+        wall_seconds=round(time.perf_counter() - b.t_start, 4), precompile_version=__version__)
+
+
+def _check_outcome(b: _Build, st: _State, report: BuildReport) -> None:
+    """Stop with a BuildError (the report written, status failed) when shards failed, more inputs failed than
+    ``max_failures``, or every input failed."""
+    r, plan, failures = b.recipe, b.plan, st.failures
+    mf = r.model.max_failures
+    n_bad = count_inputs(failures)
+    too_many = mf is not None and n_bad > mf
+    if st.failed_shards or too_many:
+        report.status = "failed"
+        report.shards["built"] = sum(1 for s in plan.shards if s.index in st.infos) - report.shards["skipped"]
+        _write_report(b.index_path, report)
+        inputs = [f for f in failures if not f.policy]
+        first = (inputs or failures)[0].message if failures else "unknown error"
+        if too_many:
+            why = f"{n_bad} input(s) failed, more than max_failures={mf}"
+            hint = "fix the inputs or raise max_failures"
+        else:
+            why = f"{len(st.failed_shards)} shard(s) failed"
+            hint = "fix the input (or set on_error: skip)"
+        raise BuildError(f"build of {r.name!r} stopped: {why}; first error: {first}. "
+                         f"Finished shards are kept; {hint} and run build again.")
+    if failures and not sum(st.infos[s.index]["num_samples"] for s in plan.shards):
+        report.status = "failed"
+        _write_report(b.index_path, report)
+        raise BuildError(f"build of {r.name!r}: every input failed ({n_bad} skipped), nothing to write; "
+                         f"first error: {failures[0].message}")
+
+
+def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:
+    """Write the index (the build's last file but the report), then the report with the totals."""
+    r, plan = b.recipe, b.plan
+    shards = []
+    for s in plan.shards:
+        info = st.infos[s.index]
+        shards.append({"file": f"{fmt.shard_dir_name(r.output_name)}/{fmt.shard_file_name(s.index, b.writer.shard_ext)}",
+                       "num_samples": info["num_samples"], "key": info["key"], "checksums": info["checksums"],
+                       "bytes": info["bytes"]})
+    attrs = _index_attrs(r, plan, b.rhash) | {fmt.A_BUILD_DATE: _build_date(), fmt.A_SHARDS: shards}
+    t0 = time.perf_counter()
+    b.writer.finalize(b.index_path, shards, plan.specs, attrs)
+    report.stage_seconds["finalize"] = round(time.perf_counter() - t0, 4)
+    report.num_samples = sum(s["num_samples"] for s in shards)
+    report.bytes = sum(s["bytes"] for s in shards)
+    report.wall_seconds = round(time.perf_counter() - b.t_start, 4)
+    report.samples_per_second = round(report.num_samples / max(report.wall_seconds, 1e-9), 1)
+    _write_report(b.index_path, report)
+    return report
+
+
+def _index_attrs(recipe: Recipe, plan: Plan, rhash: str) -> dict[str, Any]:
+    """The index attributes that follow from the recipe and plan (all but the build date and shards)."""
+    return {
+        fmt.A_FORMAT: fmt.FORMAT_NAME, fmt.A_VERSION: fmt.FORMAT_VERSION, fmt.A_OUTPUT: recipe.model.output.format,
+        fmt.A_FIELDS: {f: s.to_json() for f, s in plan.specs.items()}, fmt.A_LABELS: plan.label_names,
+        fmt.A_RECIPE: recipe.resolved(), fmt.A_RECIPE_HASH: rhash, fmt.A_PKG_VERSION: __version__,
+        fmt.A_SEED: recipe.seed, fmt.A_COPIES: recipe.model.copies,
+    }
+
+
+def _stored_index_attrs(index_path: str) -> Optional[dict[str, str]]:
+    """The index's attributes as canonical JSON text per key, or None if it is missing or unreadable.
+
+    An HDF5 index holds scalars as themselves and everything else as JSON text
+    (``Hdf5Format.finalize``); a JSON index holds JSON values. Both come back in
+    the form :func:`_canonical` gives the values a build would write.
+    """
+    if not os.path.isfile(index_path):
+        return None
+    try:
+        if index_path.endswith(fmt.INDEX_JSON_EXT):
+            import json
+
+            with open(index_path, encoding="utf-8") as f:
+                attrs = json.load(f)[fmt.J_ATTRS]
+            return {k: fmt.dumps(v) for k, v in attrs.items()}
+        import h5py
+
+        out = {}
+        with h5py.File(index_path, "r") as f:
+            for k, v in f.attrs.items():
+                if isinstance(v, bytes):
+                    v = v.decode("utf-8")
+                out[k] = v if isinstance(v, str) else fmt.dumps(v.item() if hasattr(v, "item") else v)
+        return out
+    except (OSError, KeyError, ValueError, TypeError):
+        return None
+
+
+def _canonical(v: Any, json_index: bool) -> str:
+    """``v`` as :func:`_stored_index_attrs` reads it back from an index of that kind."""
+    if json_index or not isinstance(v, str):
+        return fmt.dumps(v)
+    return v
+
+
+def _unchanged(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
+    """The report of a build with nothing to do, or None when anything must be (re)written.
+
+    Nothing to do: the index exists; its shard list names exactly the plan's shards with the keys
+    computed now; every shard file is there (HDF5: with the size the index recorded); and every other
+    attribute the index would get (recipe, fields, labels, format and package versions, seed,
+    copies) is the same. Then no file is opened for writing: not the index, not the report.
+    """
+    shards = _stored_shards(b)
+    if shards is None:
+        return None
+    failures: list[Failure] = []
+    for s, info in zip(b.plan.shards, shards):
+        path = _intact_shard(b, s, info, keys[s.index])
+        if path is None:
+            return None
+        failures.extend(f.from_previous_build() for f in read_skipped(path, keys[s.index]))
+    recipe, plan = b.recipe, b.plan
+    wall = round(time.perf_counter() - b.t_start, 4)
+    n = sum(int(s["num_samples"]) for s in shards)
+    return BuildReport(
+        name=recipe.output_name, recipe=recipe.source, recipe_hash=b.rhash, output=b.index_path,
+        format=recipe.model.output.format, jobs=b.n_jobs, inputs=len(plan.items),
+        shards={"total": len(plan.shards), "built": 0, "skipped": len(plan.shards), "reused": 0, "failed": 0},
+        failures=failures, events=[], on_error=recipe.model.on_error,
+        stage_seconds={"decode": 0.0, "steps": 0.0, "write": 0.0, "finalize": 0.0},
+        wall_seconds=wall, precompile_version=__version__, status="ok", up_to_date=True,
+        num_samples=n, bytes=sum(int(s.get("bytes") or 0) for s in shards),
+        samples_per_second=round(n / max(wall, 1e-9), 1))
+
+
+def _stored_shards(b: _Build) -> Optional[list[dict[str, Any]]]:
+    """The stored index's shard list when every other attribute is what this build would write and it
+    has the plan's shard count; else None."""
+    stored = _stored_index_attrs(b.index_path)
+    if stored is None or fmt.A_SHARDS not in stored:
+        return None
+    json_index = b.index_path.endswith(fmt.INDEX_JSON_EXT)
+    for k, v in _index_attrs(b.recipe, b.plan, b.rhash).items():
+        if stored.get(k) != _canonical(v, json_index):
+            return None
+    try:
+        shards = fmt.loads(stored[fmt.A_SHARDS])
+    except ValueError:
+        return None
+    return shards if len(shards) == len(b.plan.shards) else None
+
+
+def _intact_shard(b: _Build, s: Any, info: dict[str, Any], key: str) -> Optional[str]:
+    """The shard's path if the index's entry names it with ``key`` and its file is there (HDF5: with the
+    recorded size); else None."""
+    name = fmt.shard_file_name(s.index, b.writer.shard_ext)
+    if info.get("file") != f"{fmt.shard_dir_name(b.recipe.output_name)}/{name}" or info.get("key") != key:
+        return None
+    path = os.path.join(b.shard_dir, name)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if b.writer.shard_ext and st.st_size != info.get("bytes"):
+        return None
+    return path
+
+
+def with_policy(recipe: Recipe, on_error: Optional[str] = None, max_failures: Optional[int] = None,
+                timeout_s: Optional[float] = None) -> Recipe:
+    """``recipe`` with its error policy keys overridden (None keeps the recipe's value)."""
+    upd = {k: v for k, v in (("on_error", on_error), ("max_failures", max_failures), ("timeout_s", timeout_s))
+           if v is not None}
+    if not upd:
+        return recipe
+    try:
+        model = type(recipe.model).model_validate(recipe.model.model_dump() | upd)
+    except Exception as e:  # pydantic ValidationError: an option value out of range
+        raise RecipeError(f"bad option value {upd}: {e}", source=recipe.source) from None
+    return Recipe(model, source=recipe.source, base_dir=recipe.base_dir)
+
+
+def _link_shard(src: str, dst: str) -> bool:
+    """Put a finished shard (and its sidecar) at ``dst`` atomically: hard link, or copy."""
+    ok = False
+    for a, b in ((skipped_path(src), skipped_path(dst)), (src, dst)):  # sidecar first, shard last
+        if not os.path.exists(a):
+            if a == src:
+                return False
+            continue
+        tmp = f"{b}.tmp-{os.getpid()}"
+        try:
+            os.link(a, tmp)
+        except OSError:
+            shutil.copyfile(a, tmp)
+        os.replace(tmp, b)
+        ok = True
+    return ok
+
+
+def _write_report(index_path: str, report: BuildReport) -> None:
+    write_json_atomic(os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX, report.to_json(), indent=2)
+
+
+__all__ = ["as_recipe", "build", "check_plan", "output_paths", "with_policy"]

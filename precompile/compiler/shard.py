@@ -157,6 +157,25 @@ def run_steps(recipe: Recipe, sample: Any, copy: int, item: Item, timings: dict[
 
 
 
+class _DecodeErrors:
+    """Inside: an input error gets ``where`` (path, stage, field, key); a codec's own exception becomes a
+    DecodeError naming it; out-of-memory and a missing extra pass as they are (not the input's fault)."""
+
+    def __init__(self, where: dict[str, Any]):
+        self.where = where
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, typ: Any, e: Any, tb: Any) -> bool:
+        if e is None or isinstance(e, (StopIteration, MemoryError, MissingDependencyError)) or \
+                not isinstance(e, Exception):
+            return False
+        if isinstance(e, InputError):
+            raise e.with_context(**self.where) from e.__cause__
+        raise DecodeError(f"{type(e).__name__}: {e}", **self.where) from e
+
+
 def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, float],
                 check: Callable[[Sample], None], spill_dir: Optional[str]) -> Any:
     """All samples of one input whose video streams through ``clips`` (see transforms.temporal):
@@ -173,14 +192,8 @@ def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, floa
 
     def guard(get: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
-            try:
+            with _DecodeErrors(where):
                 return get()
-            except InputError as e:
-                raise e.with_context(**where) from e.__cause__
-            except (MemoryError, MissingDependencyError):
-                raise
-            except Exception as e:
-                raise DecodeError(f"{type(e).__name__}: {e}", **where) from e
         return run
 
     def frames() -> Any:
@@ -189,15 +202,10 @@ def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, floa
             while True:
                 t0 = time.perf_counter()
                 try:
-                    pos, t, get = next(src)
+                    with _DecodeErrors(where):
+                        pos, t, get = next(src)
                 except StopIteration:
                     return
-                except InputError as e:
-                    raise e.with_context(**where) from e.__cause__
-                except (MemoryError, MissingDependencyError):
-                    raise
-                except Exception as e:
-                    raise DecodeError(f"{type(e).__name__}: {e}", **where) from e
                 finally:
                     timings["decode"] += time.perf_counter() - t0
                 yield pos, t, guard(get)

@@ -129,8 +129,8 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
     reused = f", {sh['reused']} reused from a sibling output" if sh.get("reused") else ""
     verb = "up to date, nothing written:" if rep.get("up_to_date") else "wrote"
     click.echo(f"{verb} {rep['output']}: {rep['num_samples']} samples, {_human(rep['bytes'])}, "
-               f"{sh['built']} shard(s) built, {sh['skipped']} up to date{reused}, in {rep['wall_seconds']:.2f} s "
-               f"({rep['samples_per_second']:.0f} samples/s)")
+               f"{sh['built']} shard(s) built, {sh['skipped']} up to date{reused}, in {rep['wall_seconds']:.2f} s"
+               + ("" if rep.get("up_to_date") else f" ({rep['samples_per_second']:.0f} samples/s)"))
     click.echo(f"stage time (summed over workers): decode {st['decode']:.2f} s, steps {st['steps']:.2f} s, "
                f"write {st['write']:.2f} s, finalize {st['finalize']:.2f} s")
     for ev in rep.get("events", []):

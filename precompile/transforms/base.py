@@ -192,6 +192,14 @@ def range_param(v: Any, what: str, symmetric_about: float | None = None, lo_min:
     return [lo, hi]
 
 
+def nonnegative_range(v: Any, what: str) -> list[float]:
+    """:func:`range_param` for amounts that cannot be negative (a noise std, a displacement)."""
+    lo, hi = range_param(v, what)
+    if lo < 0:
+        raise ValueError(f"{what} must be non-negative")
+    return [lo, hi]
+
+
 def uniform(rng: np.random.Generator, r: Sequence[float]) -> float:
     return float(r[0]) + 0.0 if r[0] == r[1] else float(rng.uniform(r[0], r[1]))  # + 0.0: no -0.0
 

@@ -10,7 +10,7 @@ from pydantic import field_validator
 from ..kinds import Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec
-from .base import RandomParams, RandomStep, Step, StepParams, draw_seed, range_param, uniform
+from .base import RandomParams, RandomStep, Step, StepParams, draw_seed, nonnegative_range, range_param, uniform
 from .kernels.colour import add_noise, color_jitter, convert_mode
 
 
@@ -87,10 +87,7 @@ class GaussianNoise(RandomStep):
         @field_validator("std", mode="before")
         @classmethod
         def _s(cls, v: Any) -> Any:
-            lo, hi = range_param(v, "std")
-            if lo < 0:
-                raise ValueError("std must be non-negative")
-            return [lo, hi]
+            return nonnegative_range(v, "std")
 
     def sample_params(self, rng, sample, targets):
         std = uniform(rng, self.params.std)

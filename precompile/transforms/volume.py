@@ -21,7 +21,7 @@ from ..errors import StepError
 from ..kinds import PLANAR, VOLUMETRIC, Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
-from .base import RandomParams, RandomStep, Step, StepParams, draw_seed, range_param, uniform
+from .base import RandomParams, RandomStep, Step, StepParams, draw_seed, nonnegative_range, uniform
 from .kernels.volume import (elastic, flip_axes, hu_window, lung_mask, pad_crop_center, patch_corners, rot90,
                              spacing_shape, standardise, zoom_volume)
 
@@ -523,10 +523,7 @@ class Elastic(_Volume):
         @field_validator("magnitude", mode="before")
         @classmethod
         def _m(cls, v: Any) -> Any:
-            lo, hi = range_param(v, "magnitude")
-            if lo < 0:
-                raise ValueError("magnitude must be non-negative")
-            return [lo, hi]
+            return nonnegative_range(v, "magnitude")
 
         @field_validator("grid")
         @classmethod

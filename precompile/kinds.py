@@ -25,7 +25,19 @@ volume_mask (D, H, W)         a 3D label volume: moves with its volume in every
 audio       (C, N)            samples, channels first
 label       ()                a class id
 index       (n,)              integers describing the sample (clip frames, corners)
+boxes       (N, 4) float32    axis-aligned boxes x1, y1, x2, y2 in pixels of the
+                              image they annotate (N varies per sample: ragged)
+box_labels  (N,) int64        one class id per box of its boxes field (``of``);
+                              a box a step drops takes its label with it
+keypoints   (N, K, 3) float32 x, y in pixels and visibility (0 not labelled or
+                              out of view, 1 labelled hidden, 2 visible)
+text        ()  str           UTF-8 text describing the sample (a caption)
+target      () or (n,) f32    regression or multi-label targets; NaN = blank
 ========== ================= ==================================================
+
+``boxes``, ``box_labels`` and ``keypoints`` are *annotations* of a planar grid:
+they hold coordinates, not pixels, so every geometric step states what it does
+to them (the rules live with the steps, like every other kind's).
 """
 from __future__ import annotations
 
@@ -48,6 +60,11 @@ class Kind(str, Enum):
     AUDIO = "audio"
     LABEL = "label"
     INDEX = "index"
+    BOXES = "boxes"
+    BOX_LABELS = "box_labels"
+    KEYPOINTS = "keypoints"
+    TEXT = "text"
+    TARGET = "target"
 
     def __str__(self) -> str:  # "image", not "Kind.IMAGE", in messages and JSON
         return self.value
@@ -93,7 +110,9 @@ class Kind(str, Enum):
 PLANAR = frozenset({Kind.IMAGE, Kind.MASK, Kind.FLOW, Kind.FLOW_VALID, Kind.VIDEO})
 VOLUMETRIC = frozenset({Kind.VOLUME, Kind.VOLUME_MASK})
 #: kinds that describe the sample rather than hold a grid: every step keeps them as they are
-DESCRIPTIVE = frozenset({Kind.LABEL, Kind.INDEX})
+DESCRIPTIVE = frozenset({Kind.LABEL, Kind.INDEX, Kind.TEXT, Kind.TARGET})
+#: coordinates on a planar grid (ragged: N per sample varies): geometric steps move them with the pixels
+ANNOTATIONS = frozenset({Kind.BOXES, Kind.BOX_LABELS, Kind.KEYPOINTS})
 
 
 def kinds(*names: Any) -> frozenset[Kind]:

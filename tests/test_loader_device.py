@@ -117,11 +117,13 @@ class FakeRing:
         pass
 
 
-@pytest.mark.parametrize("prefetch,threads", [(1, 3), (3, 3), (2, 0)])
+@pytest.mark.parametrize("prefetch,threads,split", [(1, 3, False), (3, 3, False), (2, 0, False), (1, 3, True)])
 @pytest.mark.parametrize("batches_per_task", [1, 3, 32])
-def test_ring_pipeline_gives_the_cpu_batches(built, prefetch, threads, batches_per_task, monkeypatch):
+def test_ring_pipeline_gives_the_cpu_batches(built, prefetch, threads, split, batches_per_task, monkeypatch):
     row = 8 * 8 * 3 + 8  # image + label bytes
     monkeypatch.setattr(feed, "GROUP_BYTES", batches_per_task * 6 * row)
+    if split:  # every task's rows gathered into the slot by 3 threads
+        monkeypatch.setattr(feed, "SPLIT_BYTES", 1)
     kw = dict(batch_size=6, shuffle="block", seed=3, device="cpu", dtype="float32", mean=0.5, std=0.25,
               gpu_steps=[{"random_flip": {}}], prefetch=prefetch, num_threads=threads)
     ref = [b for b in Loader(built, **{**kw, "num_threads": 2})]

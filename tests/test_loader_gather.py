@@ -53,6 +53,38 @@ def test_sequential_batches_match_dataset(built, ds, batches_per_task, monkeypat
     assert b["label"].dtype == torch.int64
 
 
+@pytest.mark.parametrize("in_memory", [False, True])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_rows_split_across_threads_give_the_same_batches(built, ds, threads, in_memory, monkeypatch):
+    # every task is cut into `threads` row ranges (one part per SPLIT_BYTES: 1 byte forces a part per thread)
+    parts = []
+    real = feed.RowSplitter.parts
+    monkeypatch.setattr(feed, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(feed.RowSplitter, "parts", lambda self, n, rb: parts.append(real(self, n, rb)) or parts[-1])
+    loader = Loader(built, batch_size=16, shuffle=True, seed=3, device="cpu", prefetch=1, num_threads=threads,
+                    in_memory=in_memory)
+    assert _assert_same_as_dataset(loader, ds, epoch=2) == 8
+    assert parts and set(parts) == {threads}
+    kw = dict(batch_size=16, shuffle=True, seed=3, device="cpu", in_memory=in_memory)
+    split = list(Loader(built, prefetch=1, num_threads=threads, **kw))
+    ref = list(Loader(built, num_threads=0, **kw))
+    monkeypatch.setattr(feed, "SPLIT_BYTES", 1 << 40)      # no task large enough: one range, as before
+    for x, y, z in zip(split, ref, Loader(built, num_threads=threads, **kw)):
+        assert torch.equal(x["image"], y["image"]) and torch.equal(x["image"], z["image"])
+        assert torch.equal(x["label"], y["label"])
+
+
+def test_split_parts_follow_bytes_and_threads(built):
+    r = Loader(built, batch_size=16, device="cpu").reader
+    s = feed.RowSplitter(r, ["image"], 4, torch.device("cpu"))
+    try:
+        mb = feed.SPLIT_BYTES
+        assert [s.parts(256, 4096), s.parts(256, mb // 256 * 2), s.parts(256, mb), s.parts(3, mb)] == [1, 2, 4, 3]
+        assert feed.RowSplitter(r, ["image"], 1, torch.device("cpu")).parts(256, mb) == 1
+    finally:
+        s.close()
+
+
 @pytest.mark.parametrize("threads", [2, 0])
 def test_batches_are_not_reused_buffers(built, ds, threads):
     # on CPU each batch owns its memory: holding on to all of them keeps them intact

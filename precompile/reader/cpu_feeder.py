@@ -5,6 +5,7 @@ is planned against the shard files, gathered into buffers from a
 :class:`~precompile.reader.feed.HostPool` (reused only once the consumer has
 dropped every tensor made from them, so a batch that is kept stays intact),
 split into its batches and finished (steps, conversion) in the gather thread.
+A large task's rows are gathered by several threads (:class:`~precompile.reader.feed.RowSplitter`).
 ``plan.ahead`` tasks run ahead of the one being consumed.
 """
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Iterator, Sequence
 import torch
 
 from .direct import DirectReader
-from .feed import Batch, Finisher, HostPool, PassPlan, gather_pool
+from .feed import Batch, Finisher, HostPool, PassPlan, RowSplitter, gather_pool
 
 
 class CpuFeeder:
@@ -27,12 +28,12 @@ class CpuFeeder:
         self.reader, self.fields, self.finisher, self.pool = reader, list(fields), finisher, pool
         self.num_threads = num_threads
 
-    def gather(self, plan: PassPlan, k: int) -> list[Batch]:
-        """Task ``k`` of ``plan``: its rows gathered into host buffers, split into finished batches."""
-        rows = self.reader.plan(plan.rows(k))
+    def gather(self, plan: PassPlan, k: int, split: RowSplitter | None = None) -> list[Batch]:
+        """Task ``k`` of ``plan``: its rows gathered into host buffers (by ``split``'s threads), split into
+        finished batches."""
+        rows = plan.rows(k)
         arrs = {f: self.pool.get((rows.size, *self.reader.shapes[f]), self.reader.dtypes[f]) for f in self.fields}
-        for f in self.fields:
-            self.reader.gather(f, rows, arrs[f])
+        (split or RowSplitter(self.reader, self.fields, 1, torch.device("cpu"))).gather(rows, arrs)
         batch = {f: torch.from_numpy(a) for f, a in arrs.items()}
         return self.finisher.finish_group(batch, plan.sizes(k), plan.epoch, plan.tasks[k][0])
 
@@ -40,13 +41,14 @@ class CpuFeeder:
         """``(batch number, batch)`` for every batch of ``plan``, in order; closing it stops the threads."""
         tasks = plan.tasks
         pool = gather_pool(self.num_threads, torch.device("cpu"))
+        split = RowSplitter(self.reader, self.fields, self.num_threads, torch.device("cpu"))
         pending: deque[tuple[int, Future]] = deque()     # submitted tasks, in order
         nxt = 0
 
         def submit_until(limit: int) -> None:
             nonlocal nxt
             while nxt < min(limit, len(tasks)):
-                pending.append((nxt, pool.submit(self.gather, plan, nxt)))
+                pending.append((nxt, pool.submit(self.gather, plan, nxt, split)))
                 nxt += 1
 
         try:
@@ -63,6 +65,7 @@ class CpuFeeder:
             for _, f in pending:
                 f.cancel()
             pool.shutdown(wait=True)
+            split.close()
 
     def release(self) -> None:
         """Nothing to drop: host buffers go with the batches that use them."""

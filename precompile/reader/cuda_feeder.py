@@ -23,7 +23,7 @@ import torch
 
 from . import gpu
 from .direct import DirectReader
-from .feed import Batch, Finisher, PassPlan, gather_pool
+from .feed import Batch, Finisher, PassPlan, RowSplitter, gather_pool
 
 
 class CudaFeeder:
@@ -38,13 +38,12 @@ class CudaFeeder:
         self.device, self.num_threads, self.make_ring = device, num_threads, make_ring
         self.ring: Any = None
 
-    def gather(self, plan: PassPlan, k: int, slot: int) -> int:
-        """Task ``k``'s rows into ``slot`` once its last copy is done; returns the row count."""
+    def gather(self, plan: PassPlan, k: int, slot: int, split: RowSplitter) -> int:
+        """Task ``k``'s rows into ``slot`` (by ``split``'s threads) once its last copy is done; returns the
+        row count."""
         self.ring.wait_free(slot)
-        rows = self.reader.plan(plan.rows(k))
-        host = self.ring.host(slot, rows.size)
-        for f in self.fields:
-            self.reader.gather(f, rows, host[f])
+        rows = plan.rows(k)
+        split.gather(rows, self.ring.host(slot, rows.size))
         return rows.size
 
     def launch(self, plan: PassPlan, k: int, n: int) -> tuple[list[Batch], Any]:
@@ -60,6 +59,7 @@ class CudaFeeder:
                                        self.reader.shapes, self.reader.dtypes)
         ring, tasks = self.ring, plan.tasks
         pool = gather_pool(self.num_threads, self.device)
+        split = RowSplitter(self.reader, self.fields, self.num_threads, self.device)
         pending: deque[tuple[int, Future]] = deque()     # submitted tasks, in order
         launched: deque[tuple[int, Any]] = deque()       # tasks copied/launched, in order
         nxt = 0
@@ -69,7 +69,7 @@ class CudaFeeder:
             # gather thread finds that launch's event and waits for its copy before overwriting the slot
             nonlocal nxt
             while nxt < min(limit, len(tasks)):
-                pending.append((nxt, pool.submit(self.gather, plan, nxt, nxt % plan.slots)))
+                pending.append((nxt, pool.submit(self.gather, plan, nxt, nxt % plan.slots, split)))
                 nxt += 1
 
         def launch_next() -> None:
@@ -94,6 +94,7 @@ class CudaFeeder:
             for _, f in pending:
                 f.cancel()
             pool.shutdown(wait=True)
+            split.close()
             ring.synchronize()
 
     def release(self) -> None:

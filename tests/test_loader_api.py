@@ -94,3 +94,52 @@ def test_keywords_are_grouped_into_frozen_options(built):
         Distribution(0, 1, "wrap")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="shuffle must be"):
         Order("random")
+
+
+DDP_SCRIPT = r"""
+import json, os, sys
+import torch.distributed as dist
+from precompile.reader.loader import Loader
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+loader = Loader(sys.argv[1], batch_size=4, shuffle=True, seed=5, device="cpu")
+labels = [int(x) for b in loader for x in b["label"]]
+rows = [int(x) for b in loader.batch_indices(0) for x in b]
+try:
+    Loader(sys.argv[1], batch_size=4, device="cpu", rank=1 - rank, world_size=2)
+    contradiction = "accepted"
+except ValueError as e:
+    contradiction = str(e)
+with open(os.path.join(sys.argv[2], f"rank{rank}.json"), "w") as f:
+    json.dump({"repr": repr(loader), "rows": rows, "labels": labels, "contradiction": contradiction,
+               "single": [loader.rank, loader.world_size]}, f)
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_ranks_take_their_share_from_the_process_group(built, tmp_path):
+    # two processes under torchrun (gloo): Loaders made without rank/world_size read disjoint shares that
+    # cover the build, say where their rank came from, and refuse a rank that contradicts the group
+    import json
+
+    script = tmp_path / "ddp.py"
+    script.write_text(DDP_SCRIPT)
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(script), built, str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    n = len(precompile.open(built))
+    assert [g["single"] for g in got] == [[0, 2], [1, 2]]
+    assert all("rank=%d/2 (from torch.distributed)" % r in g["repr"] for r, g in enumerate(got))
+    assert not set(got[0]["rows"]) & set(got[1]["rows"])
+    assert sorted(got[0]["rows"] + got[1]["rows"]) == list(range(n))
+    assert len(got[0]["labels"]) == len(got[1]["labels"]) == n // 2
+    for g in got:
+        assert "contradict the initialised torch.distributed process group" in g["contradiction"]
+    # outside a process group nothing changes: one process reads everything
+    single = Loader(built, batch_size=4, device="cpu")
+    assert (single.rank, single.world_size, single.distribution.source) == (0, 1, "default")
+    assert "torch.distributed" not in repr(single)

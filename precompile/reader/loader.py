@@ -143,7 +143,9 @@ class Loader:
     ``"auto"`` (CUDA when present), ``"cuda"`` or ``"cpu"``; ``fields`` to
     load (default all); ``drop_last`` drops a short last batch; ``rank`` /
     ``world_size`` / ``uneven`` (``"pad"`` or ``"drop"``) give each DDP rank a
-    disjoint equal share; ``prefetch`` batches in flight; ``gpu_steps`` seeded
+    disjoint equal share (left out under an initialised ``torch.distributed``
+    process group, they are the group's: ``repr`` says so; a contradiction is
+    an error); ``prefetch`` batches in flight; ``gpu_steps`` seeded
     batch steps (``{"random_flip": {...}}``, ``{"random_crop": {"size": .., "padding": ..}}``
     or :class:`~precompile.reader.gpu.BatchStep` objects) with the build
     steps' names, options and per-kind rules (images, masks, clips, flow); ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
@@ -174,7 +176,7 @@ class Loader:
 
     def __init__(self, path_or_dataset: Any, batch_size: int, shuffle: bool | str = True, seed: int = 0,
                  device: str | torch.device = "auto", fields: Sequence[str] | None = None, drop_last: bool = False,
-                 rank: int = 0, world_size: int = 1, prefetch: int = 2, gpu_steps: Sequence[Any] | None = None,
+                 rank: int | None = None, world_size: int | None = None, prefetch: int = 2, gpu_steps: Sequence[Any] | None = None,
                  dtype: Any = None, mean: Sequence[float] | float | str | None = None,
                  std: Sequence[float] | float | str | None = None, num_threads: int | None = None,
                  block_window: int = 8, uneven: Literal["pad", "drop"] = "pad", channels_first: bool = False,
@@ -186,7 +188,7 @@ class Loader:
         if int(prefetch) < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
         self.order = Order(shuffle, seed, block_window, sort_batches, drop_last)
-        self.distribution = Distribution(rank, world_size, uneven)
+        self.distribution = Distribution.resolve(rank, world_size, uneven)
         self.conversion = Conversion(dtype, mean, std, channels_first, convert_fields)
         self.device = gpu.resolve_device(device)
         self.batch_size, self.prefetch = int(batch_size), int(prefetch)
@@ -348,4 +350,6 @@ class Loader:
 
     def __repr__(self) -> str:
         return (f"Loader({self.ds.path!r}, batch_size={self.batch_size}, shuffle={self.mode!r}, device={self.device}, "
-                f"fields={self.fields}, rank={self.rank}/{self.world_size}, fast={self.reader.fast})")
+                f"fields={self.fields}, rank={self.rank}/{self.world_size}"
+                + (" (from torch.distributed)" if self.distribution.source == "torch.distributed" else "")
+                + f", fast={self.reader.fast})")

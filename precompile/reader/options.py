@@ -50,11 +50,14 @@ class Order:
 
 @dataclass(frozen=True)
 class Distribution:
-    """This rank's disjoint, equal share of every epoch: ``uneven`` pads (``"pad"``) or drops the tail."""
+    """This rank's disjoint, equal share of every epoch: ``uneven`` pads (``"pad"``) or drops the tail.
+    ``source`` says where rank and world size came from: ``"given"``, ``"default"`` (one process) or
+    ``"torch.distributed"`` (an initialised process group, see :meth:`resolve`)."""
 
     rank: int = 0
     world_size: int = 1
     uneven: Literal["pad", "drop"] = "pad"
+    source: str = "given"
 
     def __post_init__(self) -> None:
         if self.uneven not in ("pad", "drop"):
@@ -63,6 +66,30 @@ class Distribution:
             raise ValueError(f"rank must be in [0, world_size) (got rank={self.rank}, world_size={self.world_size})")
         object.__setattr__(self, "rank", int(self.rank))
         object.__setattr__(self, "world_size", int(self.world_size))
+
+    @classmethod
+    def resolve(cls, rank: int | None, world_size: int | None, uneven: Literal["pad", "drop"] = "pad") -> "Distribution":
+        """Rank and world size as given, else from an initialised ``torch.distributed`` process group (so
+        every DDP rank reads its own share without being told), else one process. A value given that
+        contradicts the process group is a ``ValueError``: it would read the wrong share silently."""
+        group = process_group()
+        if group is None:
+            src = "default" if rank is None and world_size is None else "given"
+            return cls(0 if rank is None else rank, 1 if world_size is None else world_size, uneven, src)
+        g_rank, g_world = group
+        if (rank is not None and int(rank) != g_rank) or (world_size is not None and int(world_size) != g_world):
+            raise ValueError(f"rank={rank}, world_size={world_size} contradict the initialised torch.distributed "
+                             f"process group (rank {g_rank} of {g_world}); leave them out to use the group's")
+        return cls(g_rank, g_world, uneven, "torch.distributed")
+
+
+def process_group() -> tuple[int, int] | None:
+    """``(rank, world size)`` of an initialised default ``torch.distributed`` process group, else None."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """YAML recipe -> validated, typed :class:`Recipe` with a canonical hash.
 
-The recipe is parsed with ``yaml.safe_load`` and checked with pydantic. Every
+The recipe is parsed with the safe YAML loader (refusing alias bombs and deep nesting before anything is
+built: :func:`safe_yaml`) and checked with pydantic. Every
 error names the recipe file, the key path (``steps[2].size``) and what was
 expected; unknown decoder and step names list the close matches. Decoder and
 step parameters are validated by the registered class's own ``Params`` model,
@@ -48,7 +49,8 @@ class _Model(BaseModel):
 
 class LabelSpec(_Model):
     capture: str = Field(description="the capture in `match` whose value is the class name")
-    field: str = "label"
+    field: str = Field("label", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                       description="the output field holding the class id (letters, digits, '_', '.', '-')")
     classes: Optional[list[str]] = Field(None, description="class names in id order; default: sorted unique values")
 
 
@@ -160,7 +162,8 @@ def _pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: 
     elif first["type"] == "extra_forbidden":
         msg = "unknown key"
     elif "input" in first and first["type"] not in ("value_error",):
-        msg = f"{msg}, got {first['input']!r}"
+        got = repr(first["input"])
+        msg = f"{msg}, got {got if len(got) <= 200 else got[:200] + '... (' + str(len(got)) + ' characters)'}"
     msg = msg.removeprefix("Value error, ")
     more = len(err.errors()) - 1
     if more:
@@ -351,6 +354,73 @@ def parse_recipe(data: Any, source: str | None = None, base_dir: str | None = No
     return Recipe(model, source=source, base_dir=base_dir)
 
 
+#: a recipe nested deeper than this (mappings and lists) is refused while parsing, before Python's recursion limit
+MAX_YAML_DEPTH = 64
+#: a recipe whose aliases would expand to more values than this is refused before anything is expanded
+MAX_YAML_NODES = 100_000
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses deep nesting while composing (each level is one Python frame)."""
+
+    def __init__(self, stream: Any):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        self._depth += 1
+        try:
+            if self._depth > MAX_YAML_DEPTH:
+                mark = self.peek_event().start_mark
+                raise _YamlLimit(f"line {mark.line + 1}: nested deeper than {MAX_YAML_DEPTH} levels")
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+class _YamlLimit(Exception):
+    pass
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
+    """Values ``node`` holds once every alias is expanded, counted over the shared node graph (no expansion)."""
+    k = id(node)
+    got = memo.get(k)
+    if got is not None:
+        if got < 0:
+            raise _YamlLimit("an alias refers to the list or mapping that contains it (a recursive structure)")
+        return got
+    memo[k] = -1
+    if isinstance(node, yaml.SequenceNode):
+        n = 1 + sum(_expanded_size(c, memo) for c in node.value)
+    elif isinstance(node, yaml.MappingNode):
+        n = 1 + sum(_expanded_size(a, memo) + _expanded_size(b, memo) for a, b in node.value)
+    else:
+        n = 1
+    if n > MAX_YAML_NODES:
+        raise _YamlLimit(f"its aliases expand to more than {MAX_YAML_NODES:,} values (an alias bomb?)")
+    memo[k] = n
+    return n
+
+
+def safe_yaml(text: bytes | str) -> Any:
+    """The YAML document in ``text`` through the safe loader, refused (``_YamlLimit``) when nested deeper than
+    ``MAX_YAML_DEPTH`` or when its aliases expand past ``MAX_YAML_NODES`` values: both are checked on the
+    composed node graph, before any value is built, so a bomb costs milliseconds, not gigabytes."""
+    loader = _RecipeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        try:
+            _expanded_size(node, {})
+        except RecursionError:
+            raise _YamlLimit(f"its aliases nest deeper than {MAX_YAML_DEPTH} levels") from None
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def load_recipe(path: str | os.PathLike | dict, base_dir: Optional[str] = None) -> Recipe:
     """Read, safe-load and validate a recipe file; or validate a recipe given as a dict (relative paths in
     it resolve against ``base_dir``, default the current folder). This is ``precompile.load_recipe``."""
@@ -365,7 +435,9 @@ def load_recipe(path: str | os.PathLike | dict, base_dir: Optional[str] = None) 
     except OSError as e:
         raise RecipeError(f"cannot read recipe: {e.strerror}", source=path) from None
     try:
-        data = yaml.safe_load(text)
+        data = safe_yaml(text)
+    except _YamlLimit as e:
+        raise RecipeError(f"refused: {e}", source=path) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

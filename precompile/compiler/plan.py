@@ -181,6 +181,17 @@ def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
     return items, label_names
 
 
+def check_field_names(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
+    """Every output field (decoded, made by a step, or the label) names a dataset: letters, digits, '_', '.',
+    '-', not starting with '__' (a '/' would make an HDF5 group, a '__' clashes with the key and meta columns)."""
+    from ..recipe import NAME_RE
+
+    for f in specs:
+        if not NAME_RE.match(f) or f.startswith("__"):
+            raise RecipeError(f"output field name {f!r} must be letters, digits, '_', '.', '-' and not start with "
+                              f"'__' (it names a dataset in the output)", source=recipe.source)
+
+
 def make_plan(recipe: Recipe) -> Plan:
     """Match inputs and work out every shape; raises RecipeError/PlanError before any decoding."""
     items, label_names = match_inputs(recipe)
@@ -214,6 +225,7 @@ def make_plan(recipe: Recipe) -> Plan:
         expands = expands or step.expands
     if m.inputs.label is not None:
         specs[m.inputs.label.field] = FieldSpec(Kind.LABEL, (), "int64")
+    check_field_names(recipe, specs)
     if not items:
         raise PlanError(f"no inputs under {recipe.input_root!r} match {m.inputs.match!r}"
                         + (f" with {m.inputs.where}" if m.inputs.where else ""))

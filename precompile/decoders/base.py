@@ -15,7 +15,7 @@ from ..sample import FieldSpec
 
 
 class DecoderParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # a NaN option is a typo, never a value
 
 
 class Decoder:

@@ -46,7 +46,7 @@ from ..sample import FieldSpec, Sample
 
 
 class StepParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # a NaN option is a typo, never a value
     fields: Optional[list[str]] = None   # restrict the step to these fields (default: every field of a kind it handles)
 
 

@@ -48,6 +48,23 @@ def protocol(url: str) -> str:
     return m.group(1).lower() if m else "file"
 
 
+CREDENTIALS_HINT = {
+    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) in the environment, or "
+          "storage_options: {anon: true} for a public bucket",
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS in the environment, or storage_options: {token: anon} for a public "
+          "bucket",
+}
+CREDENTIALS_HINT["s3a"] = CREDENTIALS_HINT["s3"]
+CREDENTIALS_HINT["gcs"] = CREDENTIALS_HINT["gs"]
+
+
+def is_credentials_error(e: BaseException) -> bool:
+    """True for a store's "no/partial/invalid credentials" error (botocore, google-auth), by its class names."""
+    names = {c.__name__ for c in type(e).__mro__}
+    return any(n in names for n in ("NoCredentialsError", "PartialCredentialsError", "CredentialRetrievalError",
+                                    "DefaultCredentialsError", "RefreshError"))
+
+
 def check_storage_options(opts: dict[str, Any]) -> Optional[str]:
     """The first option that looks like a credential, or None."""
     for k in opts:
@@ -106,6 +123,12 @@ def list_tree(root: str, dirs: bool, storage_options: Optional[dict[str, Any]] =
         raise PlanError(f"input root {root!r}: permission denied while listing ({e}); check the store's "
                         f"credentials in the environment, or storage_options such as anon: true") from None
     except OSError as e:
+        raise PlanError(f"input root {root!r} cannot be listed: {type(e).__name__}: {e}") from None
+    except Exception as e:  # the store's own errors (botocore's NoCredentialsError, ...) are not OSErrors
+        if is_credentials_error(e):
+            raise PlanError(f"input root {root!r}: no credentials for {protocol(root)}:// ({type(e).__name__}: {e}); "
+                            f"{CREDENTIALS_HINT.get(protocol(root), 'set the store credentials in its environment')}"
+                            ) from None
         raise PlanError(f"input root {root!r} cannot be listed: {type(e).__name__}: {e}") from None
     files: dict[str, list] = {}
     for name, info in found.items():
@@ -167,6 +190,9 @@ def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folde
         except MemoryError:
             raise
         except Exception as e:  # network errors, permissions
+            if is_credentials_error(e):
+                raise PlanError(f"{url}: no credentials for {protocol(url)}:// ({type(e).__name__}); "
+                                f"{CREDENTIALS_HINT.get(protocol(url), 'set the store credentials')}") from None
             raise DecodeError(f"cannot fetch the remote input: {type(e).__name__}: {e}", path=url) from None
         yield local
     finally:

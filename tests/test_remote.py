@@ -166,3 +166,19 @@ def test_remote_nifti_volume(tmp_path, s3):
     ds = precompile.open(tmp_path / "out" / "vols.h5")
     np.testing.assert_array_equal(ds[0]["ct"], vol.transpose(2, 1, 0).astype(np.float32))
     assert ds.meta(0)["ct"]["spacing"] == [3.0, 2.0, 1.0]
+
+
+def test_missing_credentials_name_the_store_and_what_to_set(tmp_path, s3, monkeypatch):
+    # no credentials anywhere (environment, files, metadata service) and no `anon`: a clear PlanError, not botocore's
+    endpoint, client = s3
+    upload_tree(client, make_image_tree(tmp_path / "data", per_class=1), "run3/images")
+    for k in [k for k in os.environ if k.startswith("AWS_") and k != "AWS_EC2_METADATA_DISABLED"]:
+        monkeypatch.delenv(k)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    r = remote_recipe(f"s3://{BUCKET}/run3/images", endpoint)
+    del r["inputs"]["storage_options"]["anon"]
+    with pytest.raises(PlanError, match=rf"input root 's3://{BUCKET}/run3/images': no credentials for s3:// "
+                                        rf"\(NoCredentialsError: .*\); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
+        precompile.build(r, out_dir=tmp_path / "out")
+    assert not (tmp_path / "out" / "imgs.h5").exists()

@@ -81,10 +81,13 @@ def item_texts(text: str, name: str) -> list[str]:
 
 
 def registry_items() -> list[tuple[str, str, list[str]]]:
-    """``(what, name, options)`` for every registered decoder, step and output format, from the schema."""
+    """``(what, name, options)`` for every decoder, step and output format the package registers, from the
+    schema (classes that tests or recipes register from outside the package are left out)."""
+    from precompile.registry import DECODERS, STEPS, WRITERS
     from precompile.tools.schema import recipe_schema
 
     defs = recipe_schema()["$defs"]
+    ours = {n for reg in (DECODERS, STEPS, WRITERS) for n, c in reg.items() if c.__module__.startswith("precompile.")}
     items = []
     for v in defs["field"]["oneOf"]:
         name = v["properties"]["decoder"]["const"]
@@ -96,7 +99,7 @@ def registry_items() -> list[tuple[str, str, list[str]]]:
     for v in defs["output"]["oneOf"]:
         name = v["properties"]["format"]["const"]
         items.append(("format", name, list(v["properties"]["options"].get("properties", {}))))
-    return items
+    return [item for item in items if item[1] in ours]
 
 
 def test_every_decoder_step_and_format_and_each_option_is_documented():

@@ -328,6 +328,41 @@ def test_the_tour_runs_as_written(tmp_path, monkeypatch):
     assert namespace["loss"].item() > 0
 
 
+NOT_RUN = "not run by the docs test"
+
+
+def doc_python_blocks() -> list[tuple[str, str]]:
+    """``(page, code)`` for every Python block of the reference pages (docs/reference-*.md), except those
+    that say they are not run (other pages' examples need their own data)."""
+    out = []
+    for name, text in doc_pages().items():
+        if not name.startswith("reference-"):
+            continue
+        for code in re.findall(r"^```python\n(.*?)^```", text, re.S | re.M):
+            if NOT_RUN not in code:
+                out.append((name, code))
+    return out
+
+
+def test_the_python_examples_in_docs_run(tmp_path, monkeypatch):
+    """Each runnable Python block of the reference pages runs in a folder holding the sample data and a build of
+    recipes/images.yaml with its stats, as the tour leaves it."""
+    from click.testing import CliRunner
+
+    import precompile
+    from precompile.cli import main
+
+    pytest.importorskip("torch")
+    (tmp_path / "sample_data").symlink_to(REPO / "sample_data")
+    monkeypatch.chdir(tmp_path)
+    precompile.build(REPO / "recipes" / "images.yaml", out_dir="build")
+    assert CliRunner().invoke(main, ["stats", "build/images.h5"]).exit_code == 0
+    blocks = doc_python_blocks()
+    assert len(blocks) >= 4
+    for page, code in blocks:
+        exec(compile(code, f"docs/{page}", "exec"), {})
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write-rules"]:
         write_rules()

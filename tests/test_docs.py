@@ -1,5 +1,5 @@
 """The documentation is kept true by tests: what is registered is documented, links resolve, the README's
-set-up commands are the two CI runs, and its tour runs as written.
+set-up commands are the two CI runs, and the examples run as written.
 
 The rule for the registries (what "documented" means here), over every ``docs/*.md`` page:
 
@@ -14,6 +14,9 @@ The rule for the registries (what "documented" means here), over every ``docs/*.
   appears somewhere under docs/;
 - the table of rules per kind in docs/reference-steps.md equals ``Step.rule`` for every step and kind
   (``python tests/test_docs.py --write-rules`` rewrites it after a change).
+
+Examples: the README's tour (its ``precompile`` commands and Python blocks, in order) and every Python
+block of docs/reference-*.md run as written, except blocks that say they are not run (CUDA, user files).
 
 Links: every relative link and image in README.md, ARCHITECTURE.md and docs/*.md points to a file that
 exists (and, for ``#anchor`` links into markdown, to a heading that exists). Pages that other work adds

@@ -3,8 +3,8 @@ set-up commands are the two CI runs, and the examples run as written.
 
 The rule for the registries (what "documented" means here), over every ``docs/*.md`` page:
 
-- every registered decoder, step and output format (as the JSON Schema of ``precompile schema`` lists
-  them, so user registrations count too) is named in backticks (`name`) somewhere under docs/;
+- every decoder, step and output format the package registers (as the JSON Schema of ``precompile
+  schema`` lists them; classes that tests or user code register are not the docs' business) is named in backticks (`name`) somewhere under docs/;
 - every option of each is written in backticks (`option`) *within that item's own text*: a section
   whose heading names the item in backticks (down to the next heading of the same or a higher
   level), a table row whose first cell names it, or a line that names both. An option mentioned only

@@ -331,6 +331,13 @@ def test_the_tour_runs_as_written(tmp_path, monkeypatch):
     assert namespace["loss"].item() > 0
 
 
+def test_the_tours_recipe_is_recipes_images_yaml():
+    block = re.search(r"^```yaml\n(.*?)^```", readme_section("A ten-minute tour"), re.S | re.M).group(1)
+    recipe = (REPO / "recipes" / "images.yaml").read_text(encoding="utf-8")
+    body = "".join(ln for ln in recipe.splitlines(keepends=True) if not ln.startswith("#"))
+    assert block == body
+
+
 NOT_RUN = "not run by the docs test"
 
 

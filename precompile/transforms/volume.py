@@ -12,7 +12,7 @@ moves them with their volume, by nearest neighbour; 2D fields are refused. Spaci
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -22,8 +22,8 @@ from ..kinds import PLANAR, VOLUMETRIC, Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .base import RandomParams, RandomStep, Step, StepParams, draw_seed, nonnegative_range, uniform
-from .kernels.volume import (elastic, flip_axes, hu_window, lung_mask, pad_crop_center, patch_corners, rot90,
-                             spacing_shape, standardise, zoom_volume)
+from .kernels.volume import (center_offset, elastic, flip_axes, hu_window, lung_mask, pad_crop_center, patch_corners, rot90,
+                             spacing_shape, standardise, voxel_map, zoom_volume)
 
 
 class VolumeStep(Step):
@@ -57,6 +57,43 @@ def _spacing_of(sample: Sample, fields: list[str], ref: Optional[str]) -> Option
         if isinstance(m, dict) and m.get("spacing") and all(x is not None for x in m["spacing"]):
             return [float(x) for x in m["spacing"]]
     return None
+
+
+_OPPOSITE = dict(zip("LRPAISlrpais", "RLAPSIrlapsi"))
+
+
+def carry_geometry(m: Any, P: np.ndarray, t: np.ndarray, shape: tuple[int, ...]) -> Any:
+    """A volume field's meta after its voxels moved by ``old_index = P @ new_index + t`` (P a
+    signed permutation, see :func:`voxel_map`) to a volume of ``shape``: ``spacing`` and
+    ``spacing_rcs`` follow their axes, ``orientation`` (direction cosines of W, H, D) and
+    ``axis_directions`` follow them with their signs, ``origin`` becomes the position of the new
+    first voxel. Keys a decoder did not give stay absent; a non-dict meta is returned as is."""
+    if not isinstance(m, dict):
+        return m
+    src = [int(np.flatnonzero(P[:, b])[0]) for b in range(3)]    # the old axis each new axis runs along
+    sign = [int(P[a, b]) for b, a in enumerate(src)]
+    out = {**m, "shape": [int(n) for n in shape[:3]]}
+    sp = m.get("spacing")
+    if isinstance(sp, list) and len(sp) == 3:
+        out["spacing"] = [sp[a] for a in src]
+        if "spacing_rcs" in m:
+            out["spacing_rcs"] = [out["spacing"][1], out["spacing"][2], out["spacing"][0]]
+    codes = m.get("axis_directions")
+    if isinstance(codes, list) and len(codes) == 3:
+        out["axis_directions"] = [codes[a] if s > 0 else _OPPOSITE.get(codes[a], codes[a]) for a, s in zip(src, sign)]
+    ori = m.get("orientation")
+    dirs = None
+    if isinstance(ori, list) and len(ori) == 3:
+        dirs = [np.asarray(ori[2], float), np.asarray(ori[1], float), np.asarray(ori[0], float)]  # D, H, W
+        new = [dirs[a] * s for a, s in zip(src, sign)]
+        out["orientation"] = [[round(float(x), 7) + 0.0 for x in v] for v in (new[2], new[1], new[0])]
+    if m.get("origin") is not None and any(t):
+        if dirs is None or not isinstance(sp, list) or any(sp[a] is None for a in range(3) if t[a]):
+            out["origin"] = None   # cannot be placed without directions and spacings: not left wrong
+        else:
+            o = np.asarray(m["origin"], float) + sum(float(t[a]) * float(sp[a]) * dirs[a] for a in range(3) if t[a])
+            out["origin"] = [round(float(x), 5) + 0.0 for x in o]
+    return out
 
 
 @STEPS.register()
@@ -319,6 +356,16 @@ class CropPadVolume(VolumeStep):
     def apply_volume_mask(self, a: np.ndarray, **_: Any) -> np.ndarray:
         return self.apply_volume(a, value=0)  # label volumes pad with background
 
+    def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
+        """The crop/pad, with each field's ``origin`` moved to the new first voxel (and ``shape``)."""
+        out = super().run(sample, rng)
+        meta = dict(out[0].meta)
+        for f in _targets_of(self, sample):
+            t = np.asarray([center_offset(n, s) for n, s in zip(sample.fields[f].shape, self.params.shape)])
+            if f in meta:
+                meta[f] = carry_geometry(meta[f], np.eye(3, dtype=np.int64), t, tuple(self.params.shape))
+        return [out[0].replace_fields({}, meta=meta)]
+
 
 @STEPS.register()
 class Patches3d(VolumeStep):
@@ -403,6 +450,9 @@ class Patches3d(VolumeStep):
                 new[p.corner_field] = np.asarray(corner, np.int32)
                 kinds = {**kinds, p.corner_field: Kind.INDEX}
             meta = dict(sample.meta)
+            for f in targets:   # each patch's origin is its first voxel's position
+                if f in meta:
+                    meta[f] = carry_geometry(meta[f], np.eye(3, dtype=np.int64), np.asarray(corner), size)
             meta["patch"] = {"index": n, "corner": corner, "size": list(size)}
             out.append(sample.replace_fields(new, key=f"{sample.key}#p{n}", meta=meta, kinds=kinds))
             n += 1
@@ -425,6 +475,24 @@ class _Volume(RandomStep, VolumeStep):
         if len(set(shapes.values())) > 1:
             raise ValueError(f"fields differ in shape ({shapes}); one draw needs one shape")
         return next(iter(shapes.values()))
+
+    def voxel_op(self, params: dict[str, Any]) -> Optional[Callable[[np.ndarray], np.ndarray]]:
+        """The axis permutation / flip this step's ``params`` make (as a numpy view), or None
+        when the step moves voxels some other way (the geometry in meta then stays)."""
+        return None
+
+    def replay(self, sample: Sample, params: dict[str, Any]) -> Sample:
+        out = super().replay(sample, params)
+        op = self.voxel_op(params)
+        targets = self._targets(sample)
+        if op is None or not targets:
+            return out
+        P, t = voxel_map(op, sample.fields[targets[0]].shape[:3])
+        meta = dict(out.meta)
+        for f in targets:
+            if f in meta:
+                meta[f] = carry_geometry(meta[f], P, t, out.fields[f].shape)
+        return out.replace_fields({}, meta=meta)
 
 
 @STEPS.register()
@@ -454,6 +522,10 @@ class RandomFlip3d(_Volume):
 
     def apply_volume(self, a, axes: list[int], **_):
         return flip_axes(a, axes)
+
+    def voxel_op(self, params: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
+        axes = tuple(params["axes"])
+        return lambda a: np.flip(a, axis=axes) if axes else a
 
     apply_volume_mask = apply_volume  # a mirror moves voxels, it never mixes them
 
@@ -503,6 +575,9 @@ class RandomRot90(_Volume):
 
     def apply_volume(self, a, plane: list[int], k: int, **_):
         return rot90(a, k, plane)
+
+    def voxel_op(self, params: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
+        return lambda a: np.rot90(a, params["k"], axes=tuple(params["plane"]))
 
     apply_volume_mask = apply_volume
 

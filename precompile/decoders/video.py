@@ -312,6 +312,7 @@ class VideoDecoder(Decoder):
 
     name = "video"
     kind = "video"
+    output_version = 2   # 2: damaged files decode alike in any process (slice threads, err_detect explode)
 
     class Params(DecoderParams):
         mode: Literal["rgb8", "gray8"] = "rgb8"

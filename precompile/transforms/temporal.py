@@ -439,6 +439,7 @@ class TemporalJitter(RandomStep):
 
     name = "temporal_jitter"
     applies = kinds(Kind.VIDEO)
+    output_version = 2   # 2: the index field, clip meta and audio follow the kept frames
 
     class Params(RandomParams):
         length: int

@@ -335,6 +335,7 @@ class CropPadVolume(VolumeStep):
     ``pad_value``, masks with 0)."""
 
     name = "crop_pad_volume"
+    output_version = 2   # 2: the origin (and shape) in meta follow the crop
 
     class Params(StepParams):
         shape: list[int]
@@ -379,6 +380,7 @@ class Patches3d(VolumeStep):
 
     name = "patches3d"
     expands = True
+    output_version = 2   # 2: each patch's origin (and shape) in meta
 
     class Params(StepParams):
         size: list[int]
@@ -501,6 +503,7 @@ class RandomFlip3d(_Volume):
     probability ``prob``, drawn per axis. Original copy: no flip."""
 
     name = "random_flip3d"
+    output_version = 2   # 2: origin, orientation and axis directions follow the flip
 
     class Params(RandomParams):
         prob: float = 0.5
@@ -537,6 +540,7 @@ class RandomRot90(_Volume):
     plane so every copy keeps one shape. Original copy: k = 0."""
 
     name = "random_rot90"
+    output_version = 2   # 2: spacing, origin, orientation and axis directions follow the turn
 
     class Params(RandomParams):
         planes: list[list[int]] = [[1, 2]]

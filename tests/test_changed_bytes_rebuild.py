@@ -59,7 +59,8 @@ def test_video_decode_fix_rebuilds_video_builds(tmp_path, monkeypatch):
         == [1, 1, 0]
 
 
-@pytest.mark.parametrize("name", ["temporal_jitter", "random_rot90", "random_flip3d", "crop_pad_volume", "patches3d"])
+@pytest.mark.parametrize("name", ["temporal_jitter", "random_rot90", "random_flip3d", "crop_pad_volume", "patches3d",
+                                  "resample_volume"])
 def test_fixed_steps_name_their_output_version_in_the_recipe_key(name):
     """The recipe key holds each changed step's version (so its shards rebuild, as above), and
     only theirs: a recipe without them keeps its key."""

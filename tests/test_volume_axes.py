@@ -159,3 +159,26 @@ def test_crop_pad_and_patches_move_the_origin():
         np.testing.assert_allclose(positions(p.meta["ct"], (3, 3, 4)),
                                    want[c[0]:c[0] + 3, c[1]:c[1] + 3, c[2]:c[2] + 4], atol=2e-3)
         assert p.meta["lung"]["shape"] == [3, 3, 4]
+
+
+@settings(max_examples=20, deadline=None)
+@given(shape=st.lists(st.integers(4, 12), min_size=3, max_size=3),
+       sp=st.lists(st.sampled_from([0.6, 0.8, 1.25, 2.0, 3.0]), min_size=3, max_size=3),
+       target=st.sampled_from([0.7, 1.0, 1.5]), seed=st.integers(0, 100))
+def test_resample_moves_origin_to_the_new_first_voxel(shape, sp, target, seed):
+    """A volume holding each voxel's own patient coordinates, resampled linearly: inside (away from
+    the clamped border) every output voxel holds the position its output meta gives it."""
+    before = oblique_meta(shape, sp, seed)
+    pos = positions(before, tuple(shape))
+    for axis in range(3):
+        s = Sample("v", {"ct": pos[..., axis].astype(np.float32)}, {"ct": "volume"}, meta={"ct": before})
+        (out,) = step("resample_volume", spacing=[target] * 3).run(s, rng_for(0, "v"))
+        m = out.meta["ct"]
+        got = positions(m, out.fields["ct"].shape)[..., axis]
+        assert m["spacing_rcs"] == [m["spacing"][1], m["spacing"][2], m["spacing"][0]]
+        # the interior: output voxels whose centres fall between the first and last input centres
+        n_new = np.asarray(out.fields["ct"].shape)
+        idx = [np.arange(n) for n in n_new]
+        inside = [((i + 0.5) * o / n - 0.5 >= 0) & ((i + 0.5) * o / n - 0.5 <= o - 1) for i, o, n in zip(idx, shape, n_new)]
+        sel = np.ix_(*inside)
+        np.testing.assert_allclose(out.fields["ct"][sel], got[sel], atol=2e-2)

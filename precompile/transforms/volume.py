@@ -104,6 +104,7 @@ class ResampleVolume(VolumeStep):
     targeted field with one); every targeted field gets the same output grid."""
 
     name = "resample_volume"
+    output_version = 2   # 2: origin (the new first voxel's centre) and spacing_rcs follow the resampling
 
     class Params(StepParams):
         spacing: Optional[list[float]] = None
@@ -167,11 +168,17 @@ class ResampleVolume(VolumeStep):
             except ValueError as e:
                 raise StepError(f"{self.name}: {e}", field=f) from e
         meta = dict(sample.meta)
+        # zoom_volume scales the field of view (grid_mode): the new first voxel's centre lies at
+        # old index (0.5) * old/new - 0.5 along each axis, so the origin moves by that much
+        t = np.asarray([0.5 * o / n - 0.5 for o, n in zip(old, prm["shape"])])
         for f in targets:
             m = meta.get(f)
             if isinstance(m, dict) and m.get("spacing"):
-                sp = [None if s is None else float(s) * o / n for s, o, n in zip(m["spacing"], old, prm["shape"])]
-                meta[f] = {**m, "spacing": [None if s is None else round(s, 6) for s in sp], "shape": prm["shape"]}
+                sp = [None if s is None else round(float(s) * o / n, 6) for s, o, n in zip(m["spacing"], old, prm["shape"])]
+                m = {**carry_geometry(m, np.eye(3, dtype=np.int64), t, tuple(prm["shape"])), "spacing": sp}
+                if "spacing_rcs" in m:
+                    m["spacing_rcs"] = [sp[1], sp[2], sp[0]]
+                meta[f] = m
         return [sample.replace_fields(new, meta=meta)]
 
 

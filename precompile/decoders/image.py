@@ -10,8 +10,10 @@ silently return a grey image, which is why it is not the decoder here).
 (Pillow's ``draft``, libjpeg-turbo's scaled IDCT): ``auto`` (default) at the
 smallest scale the following steps allow (see :mod:`.jpeg_reduce`), ``off`` at
 full size, ``2 | 4 | 8`` at that scale (other formats are then area-resized to
-the same ceil(H/k) x ceil(W/k), so every input comes out at 1/k). A sample
-decoded at a reduced scale records it in its meta: ``{"reduce": k}``.
+the same ceil(H/k) x ceil(W/k), so every input comes out at 1/k). A reduced
+JPEG covers exactly the source, as a full decode does, whatever its size (see
+:func:`_cover_source`). A sample decoded at a reduced scale records it in its
+meta: ``{"reduce": k}``.
 """
 from __future__ import annotations
 

@@ -31,12 +31,12 @@ swap the axes -- is at least ``SAFETY`` times what the step asks for along both
 axes, and, for a ``resize`` whose target follows the aspect ratio, gives the
 very same target size as the full image (so output shapes never change).
 
-Tolerance (measured, ``benchmarks/bench_decode.py`` and the tests): with
-``SAFETY = 2`` the output after the resize is at least about 45 dB PSNR from the
-full-decode output on photo-like content (typically 50-60 dB); adversarial
-content (white noise, 1-pixel line art) stays above about 34 dB, where
-``SAFETY = 1`` would give 24-32 dB. ``reduce: off`` decodes at full size;
-``reduce: 2 | 4 | 8`` forces a scale.
+Tolerance (measured, ``benchmarks/bench_quiet_defects.py``, ``benchmarks/bench_decode.py``
+and the tests): with ``SAFETY = 2`` the output after the resize is 47-57 dB PSNR from the
+full-decode output on photo-like content, at sizes divisible by k or not (before the
+geometry fix below, 37-45 dB at sizes not divisible by k); adversarial content stays
+above about 42 dB for white noise and 30 dB for 1-pixel lines every 7 pixels.
+``reduce: off`` decodes at full size; ``reduce: 2 | 4 | 8`` forces a scale.
 
 Geometry. libjpeg's 1/k decode of a W x H JPEG has ceil(W/k) x ceil(H/k) pixels
 covering k*ceil(W/k) x k*ceil(H/k) source pixels (it pads whole blocks past the right

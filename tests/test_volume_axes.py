@@ -25,11 +25,6 @@ def step(name: str, **params):
     return cls(cls.Params.model_validate(params))
 
 
-def unit(v) -> list[float]:
-    v = np.asarray(v, float)
-    return list(v / np.linalg.norm(v))
-
-
 def oblique_meta(shape, spacing, seed: int) -> dict:
     """DICOM/NIfTI-style geometry (orientation = direction cosines of W, H, D) with an oblique rotation."""
     r = np.random.default_rng(seed)

@@ -322,10 +322,21 @@ class Recipe:
         scales = key_parts(self)
         if scales:
             d["decode_scale"] = scales  # the rule picking each JPEG's decode scale decides bytes too
+        versions = output_versions(self.decoders, self.steps)
+        if versions:
+            d["output_versions"] = versions  # a decoder or step whose bytes changed for the same params
         return d
 
     def content_hash(self) -> str:
         return hashlib.sha256(fmt.dumps(self.content_dict()).encode()).hexdigest()
+
+
+def output_versions(decoders: dict[str, Any], steps: list[Any]) -> dict[str, int]:
+    """``output_version`` of every decoder and step whose class sets one above 1 (bumped when the
+    same parameters come to give other bytes: shards built before then are stale)."""
+    out = {f"decoders.{f}": int(getattr(d, "output_version", 1)) for f, d in decoders.items()}
+    out.update({f"steps[{i}]": int(getattr(s, "output_version", 1)) for i, s in enumerate(steps)})
+    return {k: v for k, v in out.items() if v != 1}
 
 
 def _restore_recipe(model: RecipeModel, source: str | None, base_dir: str | None, code: dict,

@@ -10,8 +10,10 @@ silently return a grey image, which is why it is not the decoder here).
 (Pillow's ``draft``, libjpeg-turbo's scaled IDCT): ``auto`` (default) at the
 smallest scale the following steps allow (see :mod:`.jpeg_reduce`), ``off`` at
 full size, ``2 | 4 | 8`` at that scale (other formats are then area-resized to
-the same ceil(H/k) x ceil(W/k), so every input comes out at 1/k). A sample
-decoded at a reduced scale records it in its meta: ``{"reduce": k}``.
+the same ceil(H/k) x ceil(W/k), so every input comes out at 1/k). A reduced
+JPEG covers exactly the source, as a full decode does, whatever its size (see
+:func:`_cover_source`). A sample decoded at a reduced scale records it in its
+meta: ``{"reduce": k}``.
 """
 from __future__ import annotations
 
@@ -133,17 +135,36 @@ def _orientation(img) -> int:
         return 1
 
 
-def _draft_scale(img, k: int) -> int:
-    """Ask a JPEG for 1/k scale decoding; returns the scale it will decode at (1 if none)."""
+def _draft_scale(img, k: int) -> tuple[int, Optional[tuple[float, float]]]:
+    """Ask a JPEG for 1/k scale decoding; returns the scale it will decode at (1 if none) and
+    the extent (width, height) of the source in the reduced image's pixels: (W/k, H/k)."""
     if k <= 1 or img.format not in _JPEG:
-        return 1
+        return 1, None
     W, H = img.size
     if W < k or H < k:
-        return 1
+        return 1, None
     res = img.draft(None, (W // k, H // k))
     if res is None:
-        return 1
-    return max(1, int(round(W / res[1][2])))
+        return 1, None
+    box = res[1]
+    return max(1, int(round(W / box[2]))), (float(box[2]), float(box[3]))
+
+
+def _cover_source(img, extent: Optional[tuple[float, float]]):
+    """A 1/k decode of a W x H JPEG as ceil(W/k) x ceil(H/k) pixels that cover exactly the source.
+
+    libjpeg's scaled IDCT decodes whole k x k blocks: its ceil(W/k) columns cover k * ceil(W/k)
+    source columns, up to k - 1 more than W (the padding libjpeg adds past the right and bottom
+    edges). Taken as covering the source, that stretched the image by up to (k - 1) / W against
+    a full decode (a 0.2 output pixel shift after a resize at 1001 px and k = 4). The image is
+    resampled (Pillow's bicubic, as ``Image.thumbnail`` does after ``draft``) from the part that
+    shows the source, (0, 0, W/k, H/k), back to ceil(W/k) x ceil(H/k); sizes divisible by k are
+    exact already and left alone."""
+    if extent is None or (extent[0] == img.size[0] and extent[1] == img.size[1]):
+        return img
+    from PIL import Image
+
+    return img.resize(img.size, Image.Resampling.BICUBIC, box=(0.0, 0.0, extent[0], extent[1]))
 
 
 def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = True,
@@ -175,8 +196,9 @@ def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = Tr
                     if exif_transpose and _orientation(img) in (5, 6, 7, 8):
                         W, H = H, W  # shown turned a quarter: the steps see the axes swapped
                     want = reduce.scale_for(H, W)
-                k = _draft_scale(img, want)
+                k, extent = _draft_scale(img, want)
                 img.load()
+                img = _cover_source(img, extent)
                 if exif_transpose:
                     img = ImageOps.exif_transpose(img)
                 arr = _to_mode(img, mode)

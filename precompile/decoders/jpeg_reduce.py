@@ -31,12 +31,20 @@ swap the axes -- is at least ``SAFETY`` times what the step asks for along both
 axes, and, for a ``resize`` whose target follows the aspect ratio, gives the
 very same target size as the full image (so output shapes never change).
 
-Tolerance (measured, ``benchmarks/bench_decode.py`` and the tests): with
-``SAFETY = 2`` the output after the resize is at least about 45 dB PSNR from the
-full-decode output on photo-like content (typically 50-60 dB); adversarial
-content (white noise, 1-pixel line art) stays above about 34 dB, where
-``SAFETY = 1`` would give 24-32 dB. ``reduce: off`` decodes at full size;
-``reduce: 2 | 4 | 8`` forces a scale.
+Tolerance (measured, ``benchmarks/bench_quiet_defects.py``, ``benchmarks/bench_decode.py``
+and the tests): with ``SAFETY = 2`` the output after the resize is 47-57 dB PSNR from the
+full-decode output on photo-like content, at sizes divisible by k or not (before the
+geometry fix below, 37-45 dB at sizes not divisible by k); adversarial content stays
+above about 42 dB for white noise and 30 dB for 1-pixel lines every 7 pixels.
+``reduce: off`` decodes at full size; ``reduce: 2 | 4 | 8`` forces a scale.
+
+Geometry. libjpeg's 1/k decode of a W x H JPEG has ceil(W/k) x ceil(H/k) pixels
+covering k*ceil(W/k) x k*ceil(H/k) source pixels (it pads whole blocks past the right
+and bottom edges). The image decoder resamples the part showing the source,
+(0, 0, W/k, H/k), back to that size, so a reduced image covers exactly the source,
+as a full decode does: a field decoded at another scale (a PNG mask, ``reduce: off``)
+stays aligned to about 0.02 output pixels after the resize (0.2 before, at
+1001 px and k = 4). Sizes divisible by k need nothing and are left alone.
 
 CMYK JPEGs are decoded whole under ``auto`` (see the image decoder).
 
@@ -53,7 +61,8 @@ from typing import Any, Optional
 
 SAFETY = 2.0          # the reduced image keeps >= SAFETY x the pixels the first resample asks for
 SCALES = (8, 4, 2)    # libjpeg's power-of-two scaled IDCTs, largest reduction first
-RULE_VERSION = 1      # bump when the rule below changes: it is part of the recipe key
+RULE_VERSION = 2      # bump when the rule or the reduced bytes change: it is part of the recipe key
+# (2: a reduced image covers exactly the source at sizes not divisible by k, see image._cover_source)
 
 # steps that may run before the first resample without changing what it needs:
 # per-pixel format changes and flips commute with scaling, and draw nothing from the size
@@ -179,10 +188,16 @@ def explain(recipe: Any) -> dict[str, str]:
 
 
 def key_parts(recipe: Any) -> dict[str, Any]:
-    """The decode-scale rules of ``recipe``'s image fields with ``reduce: auto``, for the recipe key."""
+    """The decode-scale rules of ``recipe``'s image fields with ``reduce: auto`` or a fixed
+    ``2 | 4 | 8``, for the recipe key (the rule's version names how reduced bytes are made)."""
     out: dict[str, Any] = {}
     for fname, dec in recipe.decoders.items():
-        if getattr(dec, "name", None) == "image" and getattr(dec.params, "reduce", "off") == "auto":
+        if getattr(dec, "name", None) != "image":
+            continue
+        r = getattr(dec.params, "reduce", "off")
+        if r == "auto":
             need = getattr(dec, "need", None)
             out[fname] = need.describe() if need is not None else {"rule": RULE_VERSION, "step": None}
+        elif isinstance(r, int):
+            out[fname] = {"rule": RULE_VERSION, "fixed": r}
     return out

@@ -44,11 +44,12 @@ from ..registry import DECODERS
 from ..sample import FieldSpec
 from .base import Decoder, DecoderParams
 
-_THREADS = {"count": 0}   # 0: let FFmpeg choose; workers set 1 (parallelism is across shards)
+_THREADS = {"count": 0}   # slice threads (0: FFmpeg's choice); workers set 1 (parallelism is across shards)
 
 
 def set_decode_threads(n: int) -> None:
-    """Codec threads per open video (0: FFmpeg's choice). The engine sets 1 in ``-j`` workers."""
+    """Codec (slice) threads per open video (0: FFmpeg's choice). The engine sets 1 in ``-j``
+    workers. It changes the speed only, never the frames (:func:`_decoding`)."""
     _THREADS["count"] = max(0, int(n))
 
 
@@ -99,6 +100,89 @@ def video_info(container: Any) -> dict[str, Any]:
             "codec": s.codec_context.name}
 
 
+def _decoding(container: Any) -> Any:
+    """The video stream, set to decode the same way in any process.
+
+    - Slice threads only. Frame threading (FFmpeg's choice in a process with threads to spare,
+      i.e. a ``-j1`` build's parent, while ``-j`` workers ran one thread) handles a damaged
+      packet differently: on a cut H.264 file it dropped the frames in flight with the error and
+      reported none, so the frames stored depended on the worker count. Slice threading decodes
+      exactly what one thread does.
+    - ``err_detect: explode``: a frame the codec finds damaged is rejected (a decode error)
+      instead of returned half-decoded. A truncated MJPEG frame came back with its missing part
+      taken from whatever memory the frame pool handed out (earlier frames' pixels, or not), so
+      its bytes depended on how the caller held frames; files without damage decode the same.
+    """
+    stream = container.streams.video[0]
+    stream.thread_type = "SLICE"
+    stream.thread_count = _THREADS["count"]
+    stream.codec_context.options = {"err_detect": "explode"}
+    return stream
+
+
+def _decoded(container: Any, stream: Any, info: dict[str, Any], path: str) -> Iterator[Any]:
+    """Every frame the codec gives, in order: packets it rejects are counted (``decode_errors``)
+    and skipped, a container that breaks ends the stream as in a player (``demux_error``) and
+    the decoder is then drained, so every frame that decodes comes out."""
+    av = _av()
+    packets = container.demux(stream)
+    try:
+        while True:
+            try:
+                packet = next(packets)
+            except StopIteration:
+                return   # (the demuxer's last, empty packet has drained the decoder)
+            except av.error.FFmpegError as e:
+                info["demux_error"] = str(e)
+                break
+            try:
+                frames = packet.decode()
+            except av.error.FFmpegError:
+                info["decode_errors"] += 1
+                continue
+            yield from frames
+        try:
+            yield from stream.codec_context.decode(None)
+        except (av.error.EOFError, av.error.InvalidDataError):
+            pass   # nothing held back
+    except av.error.FFmpegError as e:
+        raise DecodeError(f"FFmpeg failed while decoding frame {info['decoded_frames']}: {e}", path=path) from None
+
+
+class _Clock:
+    """Each kept frame's time in seconds from the first frame's pts; a frame without a usable pts
+    (none, or not increasing) is placed one nominal frame (``every`` source frames) later."""
+
+    def __init__(self, stream: Any, fps: float, every: int):
+        self.tb = stream.time_base
+        self.t0: Optional[Fraction] = Fraction(stream.start_time) * self.tb if stream.start_time is not None else None
+        self.step = (1.0 / fps if fps else 0.0) * every
+        self.last: Optional[float] = None
+
+    def __call__(self, frame: Any) -> float:
+        pts = frame.pts if frame.pts is not None else frame.dts
+        if pts is not None and self.t0 is None:
+            self.t0 = Fraction(pts) * self.tb
+        t = float(Fraction(pts) * self.tb - self.t0) if pts is not None and self.t0 is not None else None
+        if t is None or (self.last is not None and t <= self.last):
+            t = (self.last + self.step) if self.last is not None else 0.0
+        self.last = t
+        return t
+
+
+def _getter(frame: Any, i: int, mode: str, shape: list, path: str) -> Callable[[], np.ndarray]:
+    """Frame ``i``'s pixels on demand; every frame must have the first converted frame's size."""
+    def get() -> np.ndarray:
+        arr = _convert(frame, mode)
+        if not shape:
+            shape.append(arr.shape)
+        elif arr.shape != shape[0]:
+            raise DecodeError(f"frame {i} is {arr.shape[1]}x{arr.shape[0]}, earlier frames "
+                              f"{shape[0][1]}x{shape[0][0]} (size changes mid-stream)", path=path)
+        return arr
+    return get
+
+
 def iter_frames(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optional[int] = None,
                 info: Optional[dict[str, Any]] = None) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
     """Yield ``(position, pts seconds, get)`` for frames 0, every, 2*every, ... in order.
@@ -107,69 +191,25 @@ def iter_frames(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optio
     converts the frame to an (H, W, C) uint8 array (only frames a caller asks
     for pay the conversion). ``info`` (a dict) gets fps/claimed/codec at open and
     decoded_frames/decode_errors as frames come; the container is closed when the
-    generator ends or is closed.
+    generator ends or is closed. The frames do not depend on the process or the
+    thread count decoding them (see :func:`_decoding`).
     """
-    av = _av()
     container = _open(path)
     info = {} if info is None else info
     try:
-        stream = container.streams.video[0]
-        stream.thread_type = "AUTO"
-        stream.thread_count = _THREADS["count"]
+        stream = _decoding(container)
         info.update(video_info(container), decoded_frames=0, decode_errors=0)
-        tb = stream.time_base
-        t0: Optional[Fraction] = Fraction(stream.start_time) * tb if stream.start_time is not None else None
-        n = kept = 0
-        last_t: Optional[float] = None
+        clock = _Clock(stream, info["fps"], every)
+        kept = 0
         shape: list[Any] = []
-
-        def getter(frame: Any, i: int) -> Callable[[], np.ndarray]:
-            def get() -> np.ndarray:
-                arr = _convert(frame, mode)
-                if not shape:
-                    shape.append(arr.shape)
-                elif arr.shape != shape[0]:
-                    raise DecodeError(f"frame {i} is {arr.shape[1]}x{arr.shape[0]}, earlier frames "
-                                      f"{shape[0][1]}x{shape[0][0]} (size changes mid-stream)", path=path)
-                return arr
-            return get
-
-        try:
-            packets = container.demux(stream)
-            while max_frames is None or kept < max_frames:
-                try:
-                    packet = next(packets)
-                except StopIteration:
-                    break
-                except av.error.FFmpegError as e:  # a broken container: the stream ends here, as in a player
-                    info["demux_error"] = str(e)
-                    break
-                try:
-                    frames = packet.decode()
-                except av.error.FFmpegError:
-                    info["decode_errors"] += 1
-                    continue
-                for frame in frames:
-                    if max_frames is not None and kept >= max_frames:
-                        break
-                    i = n
-                    n += 1
-                    info["decoded_frames"] = n
-                    if i % every:
-                        continue
-                    pts = frame.pts if frame.pts is not None else frame.dts
-                    if pts is not None and t0 is None:
-                        t0 = Fraction(pts) * tb
-                    t = float(Fraction(pts) * tb - t0) if pts is not None and t0 is not None else None
-                    if t is None or (last_t is not None and t <= last_t):
-                        # no usable timestamp (or not increasing): place it one nominal frame later
-                        step = 1.0 / info["fps"] if info["fps"] else 0.0
-                        t = (last_t + step * every) if last_t is not None else 0.0
-                    last_t = t
-                    yield kept, t, getter(frame, i)
-                    kept += 1
-        except av.error.FFmpegError as e:
-            raise DecodeError(f"FFmpeg failed while decoding frame {n}: {e}", path=path) from None
+        for i, frame in enumerate(_decoded(container, stream, info, path)):
+            info["decoded_frames"] = i + 1
+            if i % every:
+                continue
+            yield kept, clock(frame), _getter(frame, i, mode, shape, path)
+            kept += 1
+            if max_frames is not None and kept >= max_frames:
+                break   # (decode nothing more)
         if kept == 0:
             raise DecodeError("no frame could be decoded (empty, truncated or unsupported codec)", path=path)
         info["kept_frames"] = kept
@@ -272,6 +312,7 @@ class VideoDecoder(Decoder):
 
     name = "video"
     kind = "video"
+    output_version = 2   # 2: damaged files decode alike in any process (slice threads, err_detect explode)
 
     class Params(DecoderParams):
         mode: Literal["rgb8", "gray8"] = "rgb8"

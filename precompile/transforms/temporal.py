@@ -431,11 +431,15 @@ class TemporalJitter(RandomStep):
     """Take ``length`` frames from a (T, H, W, C) clip: a random start, a stride drawn from
     ``strides``, and each index moved by up to ``jitter`` frames (kept in order); a clip shorter
     than the span repeats its last frame. The chosen indices are recorded. Every clip field of
-    the sample gets the same indices (their frame counts must agree). Original copy: the centred
-    span at the first stride, no jitter."""
+    the sample gets the same indices (their frame counts must agree), and so does what describes
+    the frames: the ``index`` fields with one value per frame (``clips``' ``index_field``),
+    ``meta["clip"]`` (frames, pts, start) and the clip's audio, cut to the span of the kept frames
+    (first to last, both whole); without ``clips``, the decoder's ``pts`` and audio track.
+    Original copy: the centred span at the first stride, no jitter."""
 
     name = "temporal_jitter"
     applies = kinds(Kind.VIDEO)
+    output_version = 2   # 2: the index field, clip meta and audio follow the kept frames
 
     class Params(RandomParams):
         length: int
@@ -479,9 +483,92 @@ class TemporalJitter(RandomStep):
         span = (self.params.length - 1) * stride + 1
         return {"indices": jitter_indices(T, self.params.length, stride, max(0, (T - span) // 2))}
 
+    def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
+        out = super().plan(specs)
+        frames = {specs[f].shape[0] for f in self.targets(specs)}
+        for f in frame_index_fields({f: s.kind for f, s in specs.items()},
+                                    {f: s.shape for f, s in specs.items()}, frames):
+            out[f] = specs[f].with_(shape=(self.params.length,))
+        return out
+
+    def replay(self, sample: Sample, params: dict[str, Any]) -> Sample:
+        """The frames taken, and what describes them taken too: the clip's index field, its
+        meta (source frames, pts, start) and its audio, cut to the kept frames' span."""
+        out = super().replay(sample, params)
+        targets = self._targets(sample)
+        if not targets:
+            return out
+        return follow_frames(out, sample, targets, [int(i) for i in params["indices"]])
+
     def apply_video(self, a, indices: list[int], **_):
         if len(indices) != self.params.length:
             raise ValueError(f"expected {self.params.length} frame indices, got {len(indices)}")
         if max(indices) >= len(a) or min(indices) < 0:
             raise ValueError(f"frame index out of range for a clip of {len(a)} frames")
         return take_frames(a, indices)
+
+
+def frame_index_fields(kinds_: dict[str, Kind], shapes: dict[str, tuple], frames: set) -> list[str]:
+    """The ``index`` fields that list a clip's frames: one value per frame of the clip (``clips``'
+    ``index_field``), i.e. 1-D with as many values as the clip (``frames``) has frames."""
+    return [f for f, k in kinds_.items() if Kind.of(k) is Kind.INDEX and len(shapes[f]) == 1
+            and shapes[f][0] is not None and shapes[f][0] in frames]
+
+
+def follow_frames(out: Sample, before: Sample, targets: list[str], idx: list[int]) -> Sample:
+    """``out`` (``before`` with the frames ``idx`` of its clip fields taken) with the index fields,
+    ``meta["clip"]`` and the audio describing the taken frames; audio spans the kept frames
+    ``idx[0]`` .. ``idx[-1]`` (both whole), whatever the stride between them."""
+    T = before.fields[targets[0]].shape[0]
+    new: dict[str, np.ndarray] = {}
+    for f in frame_index_fields(before.kinds, {f: a.shape for f, a in before.fields.items()}, {T}):
+        new[f] = take_frames(before.fields[f], idx)
+    meta = dict(out.meta)
+    clip = meta.get("clip")
+    if isinstance(clip, dict) and len(clip.get("frames", ())) == T:
+        clip = {**clip, "frames": [clip["frames"][i] for i in idx], "pts": [clip["pts"][i] for i in idx]}
+        if clip["pts"][0] is not None:
+            clip["start"] = clip["pts"][0]
+        audio = clip.get("audio")
+        afield = _audio_field(before, targets)
+        if isinstance(audio, dict) and afield is not None:
+            n = before.fields[afield].shape[1]
+            lo, hi = int(round(idx[0] * n / T)), int(round((idx[-1] + 1) * n / T))
+            new[afield] = np.ascontiguousarray(before.fields[afield][:, lo:hi])
+            clip["audio"] = {**audio, "first_sample": int(audio["first_sample"]) + lo, "samples": hi - lo}
+        meta["clip"] = clip
+    else:
+        new.update(_follow_track(before, targets, idx, meta))
+    return out.replace_fields(new, meta=meta)
+
+
+def _audio_field(sample: Sample, targets: list[str]) -> Optional[str]:
+    """The audio field a clip field's decoder meta names (``audio_field``), if the sample has it."""
+    for f in targets:
+        m = sample.meta.get(f)
+        a = m.get("audio") if isinstance(m, dict) else None
+        if isinstance(a, dict) and a.get("field") in sample.fields:
+            return a["field"]
+    return None
+
+
+def _follow_track(before: Sample, targets: list[str], idx: list[int], meta: dict[str, Any]) -> dict[str, np.ndarray]:
+    """A whole decoded video (no ``clips``): its ``pts`` become the kept frames' and its audio
+    track is cut from the first kept frame's time to one frame after the last's."""
+    new: dict[str, np.ndarray] = {}
+    for f in targets:
+        m = meta.get(f)
+        if not isinstance(m, dict) or len(m.get("pts") or ()) != before.fields[f].shape[0]:
+            continue
+        pts = [m["pts"][i] for i in idx]
+        m = {**m, "pts": pts}
+        audio = m.get("audio")
+        if isinstance(audio, dict) and audio.get("field") in before.fields and m.get("fps"):
+            rate = int(audio["sample_rate"])
+            t1 = pts[-1] + int(m.get("every", 1)) / float(m["fps"])   # the last kept frame, whole
+            n = int(round((t1 - pts[0]) * rate))
+            new[audio["field"]], first = cut_audio(before.fields[audio["field"]], rate,
+                                                   float(audio.get("start", 0.0)), pts[0], n)
+            m["audio"] = {**audio, "start": pts[0], "frames": n, "first_sample": first}
+        meta[f] = m
+    return new

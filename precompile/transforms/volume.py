@@ -12,7 +12,7 @@ moves them with their volume, by nearest neighbour; 2D fields are refused. Spaci
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Callable, Literal, Optional, Union
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -22,8 +22,8 @@ from ..kinds import PLANAR, VOLUMETRIC, Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .base import RandomParams, RandomStep, Step, StepParams, draw_seed, nonnegative_range, uniform
-from .kernels.volume import (elastic, flip_axes, hu_window, lung_mask, pad_crop_center, patch_corners, rot90,
-                             spacing_shape, standardise, zoom_volume)
+from .kernels.volume import (center_offset, elastic, flip_axes, hu_window, lung_mask, pad_crop_center, patch_corners, rot90,
+                             spacing_shape, standardise, voxel_map, zoom_volume)
 
 
 class VolumeStep(Step):
@@ -59,6 +59,43 @@ def _spacing_of(sample: Sample, fields: list[str], ref: Optional[str]) -> Option
     return None
 
 
+_OPPOSITE = dict(zip("LRPAISlrpais", "RLAPSIrlapsi"))
+
+
+def carry_geometry(m: Any, P: np.ndarray, t: np.ndarray, shape: tuple[int, ...]) -> Any:
+    """A volume field's meta after its voxels moved by ``old_index = P @ new_index + t`` (P a
+    signed permutation, see :func:`voxel_map`) to a volume of ``shape``: ``spacing`` and
+    ``spacing_rcs`` follow their axes, ``orientation`` (direction cosines of W, H, D) and
+    ``axis_directions`` follow them with their signs, ``origin`` becomes the position of the new
+    first voxel. Keys a decoder did not give stay absent; a non-dict meta is returned as is."""
+    if not isinstance(m, dict):
+        return m
+    src = [int(np.flatnonzero(P[:, b])[0]) for b in range(3)]    # the old axis each new axis runs along
+    sign = [int(P[a, b]) for b, a in enumerate(src)]
+    out = {**m, "shape": [int(n) for n in shape[:3]]}
+    sp = m.get("spacing")
+    if isinstance(sp, list) and len(sp) == 3:
+        out["spacing"] = [sp[a] for a in src]
+        if "spacing_rcs" in m:
+            out["spacing_rcs"] = [out["spacing"][1], out["spacing"][2], out["spacing"][0]]
+    codes = m.get("axis_directions")
+    if isinstance(codes, list) and len(codes) == 3:
+        out["axis_directions"] = [codes[a] if s > 0 else _OPPOSITE.get(codes[a], codes[a]) for a, s in zip(src, sign)]
+    ori = m.get("orientation")
+    dirs = None
+    if isinstance(ori, list) and len(ori) == 3:
+        dirs = [np.asarray(ori[2], float), np.asarray(ori[1], float), np.asarray(ori[0], float)]  # D, H, W
+        new = [dirs[a] * s for a, s in zip(src, sign)]
+        out["orientation"] = [[round(float(x), 7) + 0.0 for x in v] for v in (new[2], new[1], new[0])]
+    if m.get("origin") is not None and any(t):
+        if dirs is None or not isinstance(sp, list) or any(sp[a] is None for a in range(3) if t[a]):
+            out["origin"] = None   # cannot be placed without directions and spacings: not left wrong
+        else:
+            o = np.asarray(m["origin"], float) + sum(float(t[a]) * float(sp[a]) * dirs[a] for a in range(3) if t[a])
+            out["origin"] = [round(float(x), 5) + 0.0 for x in o]
+    return out
+
+
 @STEPS.register()
 class ResampleVolume(VolumeStep):
     """Resample volumes (and their masks, nearest) to ``spacing: [z, y, x]`` mm or ``shape: [d, h, w]``.
@@ -67,6 +104,7 @@ class ResampleVolume(VolumeStep):
     targeted field with one); every targeted field gets the same output grid."""
 
     name = "resample_volume"
+    output_version = 2   # 2: origin (the new first voxel's centre) and spacing_rcs follow the resampling
 
     class Params(StepParams):
         spacing: Optional[list[float]] = None
@@ -130,11 +168,17 @@ class ResampleVolume(VolumeStep):
             except ValueError as e:
                 raise StepError(f"{self.name}: {e}", field=f) from e
         meta = dict(sample.meta)
+        # zoom_volume scales the field of view (grid_mode): the new first voxel's centre lies at
+        # old index (0.5) * old/new - 0.5 along each axis, so the origin moves by that much
+        t = np.asarray([0.5 * o / n - 0.5 for o, n in zip(old, prm["shape"])])
         for f in targets:
             m = meta.get(f)
             if isinstance(m, dict) and m.get("spacing"):
-                sp = [None if s is None else float(s) * o / n for s, o, n in zip(m["spacing"], old, prm["shape"])]
-                meta[f] = {**m, "spacing": [None if s is None else round(s, 6) for s in sp], "shape": prm["shape"]}
+                sp = [None if s is None else round(float(s) * o / n, 6) for s, o, n in zip(m["spacing"], old, prm["shape"])]
+                m = {**carry_geometry(m, np.eye(3, dtype=np.int64), t, tuple(prm["shape"])), "spacing": sp}
+                if "spacing_rcs" in m:
+                    m["spacing_rcs"] = [sp[1], sp[2], sp[0]]
+                meta[f] = m
         return [sample.replace_fields(new, meta=meta)]
 
 
@@ -298,6 +342,7 @@ class CropPadVolume(VolumeStep):
     ``pad_value``, masks with 0)."""
 
     name = "crop_pad_volume"
+    output_version = 2   # 2: the origin (and shape) in meta follow the crop
 
     class Params(StepParams):
         shape: list[int]
@@ -319,6 +364,16 @@ class CropPadVolume(VolumeStep):
     def apply_volume_mask(self, a: np.ndarray, **_: Any) -> np.ndarray:
         return self.apply_volume(a, value=0)  # label volumes pad with background
 
+    def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
+        """The crop/pad, with each field's ``origin`` moved to the new first voxel (and ``shape``)."""
+        out = super().run(sample, rng)
+        meta = dict(out[0].meta)
+        for f in _targets_of(self, sample):
+            t = np.asarray([center_offset(n, s) for n, s in zip(sample.fields[f].shape, self.params.shape)])
+            if f in meta:
+                meta[f] = carry_geometry(meta[f], np.eye(3, dtype=np.int64), t, tuple(self.params.shape))
+        return [out[0].replace_fields({}, meta=meta)]
+
 
 @STEPS.register()
 class Patches3d(VolumeStep):
@@ -332,6 +387,7 @@ class Patches3d(VolumeStep):
 
     name = "patches3d"
     expands = True
+    output_version = 2   # 2: each patch's origin (and shape) in meta
 
     class Params(StepParams):
         size: list[int]
@@ -403,6 +459,9 @@ class Patches3d(VolumeStep):
                 new[p.corner_field] = np.asarray(corner, np.int32)
                 kinds = {**kinds, p.corner_field: Kind.INDEX}
             meta = dict(sample.meta)
+            for f in targets:   # each patch's origin is its first voxel's position
+                if f in meta:
+                    meta[f] = carry_geometry(meta[f], np.eye(3, dtype=np.int64), np.asarray(corner), size)
             meta["patch"] = {"index": n, "corner": corner, "size": list(size)}
             out.append(sample.replace_fields(new, key=f"{sample.key}#p{n}", meta=meta, kinds=kinds))
             n += 1
@@ -426,6 +485,24 @@ class _Volume(RandomStep, VolumeStep):
             raise ValueError(f"fields differ in shape ({shapes}); one draw needs one shape")
         return next(iter(shapes.values()))
 
+    def voxel_op(self, params: dict[str, Any]) -> Optional[Callable[[np.ndarray], np.ndarray]]:
+        """The axis permutation / flip this step's ``params`` make (as a numpy view), or None
+        when the step moves voxels some other way (the geometry in meta then stays)."""
+        return None
+
+    def replay(self, sample: Sample, params: dict[str, Any]) -> Sample:
+        out = super().replay(sample, params)
+        op = self.voxel_op(params)
+        targets = self._targets(sample)
+        if op is None or not targets:
+            return out
+        P, t = voxel_map(op, sample.fields[targets[0]].shape[:3])
+        meta = dict(out.meta)
+        for f in targets:
+            if f in meta:
+                meta[f] = carry_geometry(meta[f], P, t, out.fields[f].shape)
+        return out.replace_fields({}, meta=meta)
+
 
 @STEPS.register()
 class RandomFlip3d(_Volume):
@@ -433,6 +510,7 @@ class RandomFlip3d(_Volume):
     probability ``prob``, drawn per axis. Original copy: no flip."""
 
     name = "random_flip3d"
+    output_version = 2   # 2: origin, orientation and axis directions follow the flip
 
     class Params(RandomParams):
         prob: float = 0.5
@@ -455,6 +533,10 @@ class RandomFlip3d(_Volume):
     def apply_volume(self, a, axes: list[int], **_):
         return flip_axes(a, axes)
 
+    def voxel_op(self, params: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
+        axes = tuple(params["axes"])
+        return lambda a: np.flip(a, axis=axes) if axes else a
+
     apply_volume_mask = apply_volume  # a mirror moves voxels, it never mixes them
 
 
@@ -465,6 +547,7 @@ class RandomRot90(_Volume):
     plane so every copy keeps one shape. Original copy: k = 0."""
 
     name = "random_rot90"
+    output_version = 2   # 2: spacing, origin, orientation and axis directions follow the turn
 
     class Params(RandomParams):
         planes: list[list[int]] = [[1, 2]]
@@ -503,6 +586,9 @@ class RandomRot90(_Volume):
 
     def apply_volume(self, a, plane: list[int], k: int, **_):
         return rot90(a, k, plane)
+
+    def voxel_op(self, params: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray]:
+        return lambda a: np.rot90(a, params["k"], axes=tuple(params["plane"]))
 
     apply_volume_mask = apply_volume
 

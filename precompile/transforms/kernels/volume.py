@@ -2,7 +2,7 @@
 flips, quarter turns and elastic deformation (nearest neighbour for label volumes)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -115,6 +115,11 @@ def patch_corners(shape: tuple[int, ...], size: tuple[int, ...], stride: tuple[i
     return [tuple(c) for c in itertools.product(*axes)]
 
 
+def center_offset(n: int, s: int) -> int:
+    """Where a centred crop (n >= s) or pad (n < s, negative) of an extent ``n`` to ``s`` starts in it."""
+    return (n - s) // 2 if n >= s else -((s - n) // 2)
+
+
 def pad_crop_center(a: np.ndarray, shape: tuple[int, ...], value: float = 0) -> tuple[np.ndarray, tuple[int, ...]]:
     """Centre-crop or pad the leading ``len(shape)`` axes to ``shape``.
 
@@ -123,7 +128,7 @@ def pad_crop_center(a: np.ndarray, shape: tuple[int, ...], value: float = 0) -> 
     out = np.full(tuple(shape) + a.shape[len(shape):], value, dtype=a.dtype)
     src, dst, offs = [], [], []
     for n, s in zip(a.shape, shape):
-        off = (n - s) // 2 if n >= s else -((s - n) // 2)
+        off = center_offset(n, s)
         offs.append(int(off))
         if n >= s:  # crop (off >= 0); padding by one voxel gives off == 0 too, hence not "off >= 0"
             src.append(slice(off, off + s))
@@ -141,6 +146,34 @@ def flip_axes(a: np.ndarray, axes: Sequence[int]) -> np.ndarray:
 
 def rot90(a: np.ndarray, k: int, plane: Sequence[int]) -> np.ndarray:
     return np.rot90(a, k, axes=tuple(plane)).copy()
+
+
+def _index_probe(op: Callable[[np.ndarray], np.ndarray], shape: Sequence[int], axis: int) -> np.ndarray:
+    """``op`` applied to a (zero-stride, never copied) array holding each voxel's index along ``axis``."""
+    ramp = np.arange(shape[axis]).reshape([-1 if i == axis else 1 for i in range(3)])
+    return op(np.broadcast_to(ramp, tuple(shape)))
+
+
+def voxel_map(op: Callable[[np.ndarray], np.ndarray], shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """How an axis permutation / flip / shift ``op`` (a function of a (D, H, W) array, e.g.
+    ``np.rot90`` or ``np.flip``) moves voxels of a ``shape`` volume: ``(P, t)`` with
+    ``old_index = P @ new_index + t``, P a signed permutation (3, 3) and t the old index of
+    the new voxel (0, 0, 0). Found by running ``op`` itself on index ramps (views, no copies),
+    so it cannot disagree with what ``op`` does to the data."""
+    P = np.zeros((3, 3), np.int64)
+    t = np.zeros(3, np.int64)
+    for a in range(3):
+        g = _index_probe(op, (2, 2, 2), a)   # P does not depend on the size; a 2-cube shows every axis
+        if g.shape != (2, 2, 2):
+            raise ValueError("not an axis permutation or flip (it changes the shape of a 2x2x2 volume)")
+        for b in range(3):
+            e = [0, 0, 0]
+            e[b] = 1
+            P[a, b] = int(g[tuple(e)]) - int(g[0, 0, 0])
+        t[a] = int(_index_probe(op, shape[:3], a)[0, 0, 0])
+    if sorted(np.abs(P).sum(axis=0)) != [1, 1, 1] or sorted(np.abs(P).sum(axis=1)) != [1, 1, 1]:
+        raise ValueError("not an axis permutation or flip")
+    return P, t
 
 
 def elastic_displacement(shape: Sequence[int], grid: int, magnitude: float, seed: int) -> np.ndarray:

@@ -319,6 +319,9 @@ class Recipe:
         scales = key_parts(self)
         if scales:
             d["decode_scale"] = scales  # the rule picking each JPEG's decode scale decides bytes too
+        kernels = {str(i): k for i, k in ((i, s.kernel_key()) for i, s in enumerate(self.steps)) if k is not None}
+        if kernels:
+            d["kernels"] = kernels  # a step kernel whose bytes changed with a fix (Step.kernel_key)
         return d
 
     def content_hash(self) -> str:

@@ -82,6 +82,11 @@ class Step:
             return "refuse"
         return "keep"
 
+    def kernel_key(self) -> Any:
+        """What names this step's kernel rule where a fix changed its bytes (None: nothing); the
+        recipe key includes it, so shards an older rule built are stale and rebuild."""
+        return None
+
     # -- planning ----------------------------------------------------------------
     def _handles(self) -> str:
         return ", ".join(sorted(k.value for k in self.applies)) or "no kind"

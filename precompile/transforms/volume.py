@@ -22,6 +22,7 @@ from ..kinds import PLANAR, VOLUMETRIC, Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .base import RandomParams, RandomStep, Step, StepParams, draw_seed, nonnegative_range, uniform
+from .kernels.volume import SPLINE_RULE
 from .kernels.volume import (elastic, flip_axes, hu_window, lung_mask, pad_crop_center, patch_corners, rot90,
                              spacing_shape, standardise, zoom_volume)
 
@@ -108,6 +109,10 @@ class ResampleVolume(VolumeStep):
             raise StepError("resample_volume: no spacing in the sample's metadata (decode with dicom/dicom_series, "
                             "or use shape:)", field=targets[0])
         return {"shape": list(spacing_shape(shape0, sp, self.params.spacing)), "spacing": sp}
+
+    def kernel_key(self) -> Any:
+        # orders 2 and 3 interpolate since SPLINE_RULE 1 (they smoothed before): their shards rebuild
+        return {"spline": SPLINE_RULE} if self.params.order > 1 else None
 
     def apply_volume(self, a: np.ndarray, shape: list[int], order: int | None = None, **_: Any) -> np.ndarray:
         if a.ndim != 3:

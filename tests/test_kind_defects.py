@@ -164,10 +164,11 @@ def test_multiclass_masks_are_never_blended(tmp_path):
     src = seg_tree(tmp_path / "d")
     path = write(tmp_path / "r.yaml", seg_recipe(src, {"classes": [0, 3, 7, 15]}, STEPS_2D))
     plan = make_plan(load_recipe(path))
-    assert plan.specs["mask"].kind == "mask" and plan.specs["mask"].classes == 16
+    assert plan.specs["mask"].kind == "mask" and plan.specs["mask"].classes == 4
+    assert plan.specs["mask"].class_ids == (0, 3, 7, 15)
     build(path, out_dir=str(tmp_path / "o"))
     ds = precompile.open(str(tmp_path / "o" / "seg.h5"))
-    assert ds.field_specs["mask"]["classes"] == 16
+    assert ds.field_specs["mask"]["classes"] == 4 and ds.field_specs["mask"]["class_ids"] == [0, 3, 7, 15]
     values = set()
     for i in range(len(ds)):
         values |= set(np.unique(ds[i]["mask"]).tolist())

@@ -163,7 +163,7 @@ def verify(output: str, quick: bool) -> None:
                    f"{', '.join(res.bad_shards)}", err=True)
         sys.exit(res.exit_code)
     click.echo(f"{output}: ok ({res.num_shards} shard(s), {res.num_samples} samples, "
-               f"{res.bytes_checked} bytes of field data checked)")
+               f"{res.bytes_checked} {res.counted} checked)")
 
 
 @main.command()

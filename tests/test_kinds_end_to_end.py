@@ -1,11 +1,14 @@
-"""The six silent-corruption defects of the field-kinds issue, each through a real build or read.
+"""Every field kind keeps its meaning through a real build and read, and a kind a step or decoder
+cannot handle is refused at plan time.
 
-1. the Loader's device steps left flow unflipped and uncropped;
-2. ``flow_valid`` disagreed with the NaNs of ``flow`` after resize, random_resized_crop, random_affine;
-3. random 3D steps left ``volume_mask`` (a lung mask) behind;
-4. multi-class label maps were blended by interpolation;
-5. a PALETTE COLOR DICOM became an "HU volume" of palette indices;
-6. a step matching no field did nothing, silently.
+- the Loader's device steps flip and crop a flow (negating u) with its frames;
+- a stored ``flow_valid`` equals the finite vectors of the stored ``flow`` after resize,
+  random_resized_crop and random_affine;
+- random 3D steps move a ``volume_mask`` (a lung mask) with its CT;
+- multi-class label maps are moved by nearest neighbour only (never blended), and the ``mask``
+  decoder checks, remaps and reads 16-bit maps;
+- a PALETTE COLOR DICOM is refused naming the file; MONOCHROME1 is flagged or inverted;
+- a step that matches no field, or cannot handle one, and a folder decoder on file inputs are plan errors.
 """
 from __future__ import annotations
 

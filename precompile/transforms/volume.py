@@ -65,7 +65,9 @@ class ResampleVolume(VolumeStep):
     """Resample volumes (and their masks, nearest) to ``spacing: [z, y, x]`` mm or ``shape: [d, h, w]``.
 
     The spacing comes from ``meta[spacing_from]["spacing"]`` (default: the first
-    targeted field with one); every targeted field gets the same output grid."""
+    targeted field with one); every targeted field gets the same output grid.
+    ``order`` (0-3) is the spline order for volumes; every order interpolates (2 and 3
+    prefilter the volume first, so a voxel on the old grid keeps its value)."""
 
     name = "resample_volume"
 

@@ -51,14 +51,17 @@ def main() -> None:
 @main.command()
 @click.argument("recipe", type=click.Path(dir_okay=False))
 def validate(recipe: str) -> None:
-    """Check RECIPE without decoding or writing anything."""
+    """Check RECIPE as plan does, without listing inputs, decoding or writing anything."""
+    from .compiler import check_recipe
     from .recipe import load_recipe
 
     try:
         r = load_recipe(recipe)
+        check_recipe(r)
     except PrecompileError as e:
         _fail(e)
-    click.echo(f"{recipe}: ok ({len(r.decoders)} field(s), {len(r.steps)} step(s), output {r.model.output.format})")
+    click.echo(f"{recipe}: ok ({len(r.decoders)} field(s), {len(r.steps)} step(s), output {r.model.output.format}; "
+               f"kinds, fields and output checked; inputs not listed: `precompile plan` lists them)")
 
 
 @main.command()
@@ -160,7 +163,7 @@ def verify(output: str, quick: bool) -> None:
                    f"{', '.join(res.bad_shards)}", err=True)
         sys.exit(res.exit_code)
     click.echo(f"{output}: ok ({res.num_shards} shard(s), {res.num_samples} samples, "
-               f"{res.bytes_checked} bytes of field data checked)")
+               f"{res.bytes_checked} {res.counted} checked)")
 
 
 @main.command()

@@ -35,13 +35,15 @@ def dtype_name(dt: np.dtype) -> str:
 class FieldSpec:
     """What a field holds: kind, shape (None for a size known only after decoding), dtype;
     ``of`` names the flow field a ``flow_valid`` field belongs to; ``classes`` is the number of
-    classes a label map (``mask``, ``volume_mask``) may hold, when the recipe says."""
+    classes a label map (``mask``, ``volume_mask``) may hold, when the recipe says, and
+    ``class_ids`` their ids when they are not ``0 .. classes - 1`` (a mask's ``classes: [0, 3, 7]``)."""
 
     kind: Kind
     shape: Shape
     dtype: str
     of: str | None = None
     classes: int | None = None
+    class_ids: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, Kind):
@@ -78,6 +80,8 @@ class FieldSpec:
             out["of"] = self.of
         if self.classes is not None:
             out["classes"] = self.classes
+        if self.class_ids is not None:
+            out["class_ids"] = list(self.class_ids)
         return out
 
 

@@ -16,6 +16,9 @@ flow/<name>_img1.png, _img2.png, _flow.flo: textured pairs where img1 is img2
 warped by a smooth known flow (Middlebury convention: img1(x) ~ img2(x + flow)),
 one with an unknown-flow (1e10) region.
 audio/*.wav|flac|ogg: tones and chirps at 16/22.05/44.1 kHz, mono and stereo.
+segmentation/scene_NN.jpg, scene_NN_mask.png: 8 scenes and their label maps
+(8-bit grey class ids 0 sky, 1 land, 2 water, 7 sun, 9 rock: not contiguous).
+native/<class>/<name>_<h>x<w>.jpg: 9 scenes at 9 different sizes.
 """
 from __future__ import annotations
 
@@ -260,8 +263,65 @@ def make_audio(root: str) -> None:
         sf.write(os.path.join(d, f"{name}.{ext}"), x.astype(np.float32), rate, format=fmt, subtype=sub)
 
 
+#: segmentation/: the class ids of the label maps, and what each is
+SEG_CLASSES = {0: "sky", 1: "land", 2: "water", 7: "sun", 9: "rock"}
+
+
+def seg_scene(rng: np.random.Generator, h: int = 96, w: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """A photo-like scene and its label map (ids of SEG_CLASSES, not contiguous): sky over a ridge of
+    land, a lake on the land, a sun in the sky and rocks on the land; the image is drawn from the map."""
+    import cv2
+
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    ridge = (0.35 + 0.2 * rng.random()) * h + 0.12 * h * (smooth_noise(rng, 1, w, 6)[0] - 0.5)
+    lab = np.where(yy > ridge[None, :], 1, 0).astype(np.uint8)
+    cy, cx = (0.65 + 0.25 * rng.random()) * h, rng.random() * w
+    lake = ((yy - cy) / (0.12 * h)) ** 2 + ((xx - cx) / (0.3 * w)) ** 2 <= 1
+    lab[lake & (lab == 1)] = 2
+    sy, sx, sr = (0.08 + 0.15 * rng.random()) * h, (0.1 + 0.8 * rng.random()) * w, (0.05 + 0.04 * rng.random()) * w
+    lab[((yy - sy) ** 2 + (xx - sx) ** 2 <= sr * sr) & (lab == 0)] = 7
+    for _ in range(rng.integers(2, 5)):
+        ry, rx, rr = (0.6 + 0.35 * rng.random()) * h, rng.random() * w, (0.03 + 0.04 * rng.random()) * w
+        lab[((yy - ry) / 0.7) ** 2 + (xx - rx) ** 2 <= rr * rr] = 9
+    colour = {0: (0.45, 0.65, 0.95), 1: (0.3, 0.55, 0.2), 2: (0.1, 0.3, 0.6), 7: (1.0, 0.9, 0.4), 9: (0.45, 0.42, 0.4)}
+    img = np.zeros((h, w, 3), np.float32)
+    for c, rgb in colour.items():
+        img[lab == c] = rgb
+    tex = smooth_noise(rng, h, w, 14)[..., None]
+    img = cv2.GaussianBlur(img, (0, 0), 0.8) * (0.8 + 0.4 * tex) + 0.1 * (1 - yy[..., None] / h) * (lab == 0)[..., None]
+    img += rng.normal(0, 0.015, img.shape).astype(np.float32)
+    return (np.clip(img, 0, 1) * 255 + 0.5).astype(np.uint8), lab
+
+
+def make_segmentation(root: str) -> None:
+    """segmentation/scene_NN.jpg with scene_NN_mask.png: 8 scenes and their 8-bit label maps."""
+    from PIL import Image
+
+    rng = np.random.default_rng(20261125)
+    d = os.path.join(root, "segmentation")
+    os.makedirs(d, exist_ok=True)
+    for i in range(8):
+        img, lab = seg_scene(rng)
+        save_jpeg(img, os.path.join(d, f"scene_{i:02d}.jpg"))
+        Image.fromarray(lab, mode="L").save(os.path.join(d, f"scene_{i:02d}_mask.png"), optimize=True)
+
+
+#: native/: the (height, width) of each scene, all different (a variable-shape build)
+NATIVE_SIZES = [(96, 128), (72, 96), (120, 90), (64, 160), (100, 100), (80, 120), (128, 72), (90, 140), (60, 84)]
+
+
+def make_native(root: str) -> None:
+    """native/<class>/<name>.jpg: 9 scenes (three per class) at nine different sizes."""
+    rng = np.random.default_rng(20261126)
+    for k, (h, w) in enumerate(NATIVE_SIZES):
+        cls = ("beach", "forest", "night")[k % 3]
+        d = os.path.join(root, "native", cls)
+        os.makedirs(d, exist_ok=True)
+        save_jpeg(scene(rng, cls, h, w), os.path.join(d, f"{cls}_{k:02d}_{h}x{w}.jpg"))
+
+
 MAKERS = {"images": make_images, "video": make_video, "dicom": make_dicom, "flow": make_flow,
-          "audio": make_audio}
+          "audio": make_audio, "segmentation": make_segmentation, "native": make_native}
 
 
 def main(argv: list[str]) -> None:

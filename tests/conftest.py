@@ -27,6 +27,19 @@ def realdata(*parts: str) -> Path:
     return p
 
 
+def realdata_files(*patterns: str, max_bytes: int | None = None) -> list[Path]:
+    """Real files matching the glob ``patterns`` (``**`` recursive) under the real-data folder, sorted;
+    [] when the folder is absent (module-level seeds; a test that needs them calls realdata_root())."""
+    import glob
+
+    out: list[Path] = []
+    for pat in patterns:
+        for p in sorted(glob.glob(str(REALDATA / pat), recursive=True)):
+            if os.path.isfile(p) and (max_bytes is None or os.path.getsize(p) <= max_bytes):
+                out.append(Path(p))
+    return out
+
+
 def make_image_tree(root: Path, classes=("cat", "dog"), per_class: int = 5, size=(40, 56), seed: int = 0) -> Path:
     """Write smooth random RGB JPEG/PNG images into root/<class>/<i>.<ext>."""
     import cv2

@@ -21,9 +21,6 @@ from precompile.errors import BuildError, RecipeError
 from precompile.formats import open_dataset
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REALDATA = os.environ.get("PRECOMPILE_REALDATA") or (
-    os.path.join(REPO, "..", "shared", "realdata") if os.path.isdir(os.path.join(REPO, "..", "shared", "realdata"))
-    else "/work/shared/realdata")
 
 PLUGIN = '''"""Test-only decoder and step that misbehave on chosen inputs (names unique to this module)."""
 import os

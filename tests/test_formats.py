@@ -438,3 +438,28 @@ def test_a_new_format_is_one_module_plus_one_registration(tmp_path):
         assert not bad.ok and any(".raw: bytes changed" in p for p in bad.problems)
     finally:
         WRITERS._items.pop("_fmt_test_raw", None)
+
+
+def test_inspect_columns_align_after_long_kind_names():
+    """Column widths come from the content: volume_mask, flow_valid, box_labels, keypoints and a long
+    field name push the later columns right, on every line alike."""
+    from precompile.tools.inspect import field_table
+
+    specs = {"ct": {"kind": "volume", "shape": [None, None, None], "dtype": "float32"},
+             "lung": {"kind": "volume_mask", "shape": [None, None, None], "dtype": "uint8"},
+             "flow_valid": {"kind": "flow_valid", "shape": [64, 64, 1], "dtype": "uint8"},
+             "box_labels": {"kind": "box_labels", "shape": [None], "dtype": "int64"},
+             "keypoints": {"kind": "keypoints", "shape": [None, 17, 3], "dtype": "float32"},
+             "a_very_long_field_name": {"kind": "image", "shape": [1024, 1024, 3], "dtype": "uint8"}}
+    lines = field_table(specs, {"ct": "ragged", "a_very_long_field_name": "chunked"})
+    assert len(lines) == 6
+    starts = []
+    for line, (name, s) in zip(lines, specs.items()):
+        cols = [line.index(f" {s['kind']} ", 4 + len(name) - 1) + 1]
+        cols.append(line.index("(", cols[0]))
+        cols.append(line.index(f" {s['dtype']}", cols[1]) + 1)
+        starts.append(cols)
+    assert all(c == starts[0] for c in starts), lines   # kind, shape and dtype start in the same column
+    assert starts[0][0] == 4 + len("a_very_long_field_name") + 1
+    assert starts[0][1] - starts[0][0] == len("volume_mask") + 1
+    assert lines[0].endswith(" ragged") and lines[5].endswith(" chunked") and lines[1].endswith("uint8")

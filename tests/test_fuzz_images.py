@@ -6,7 +6,6 @@ folder) and freshly encoded PNG/JPEG/BMP/GIF bytes. Decoders for other kinds
 """
 from __future__ import annotations
 
-import glob
 import io
 import os
 import tempfile
@@ -16,14 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import realdata, realdata_files, realdata_root
 from precompile.decoders.image import decode_image_file
 from precompile.errors import InputError, PrecompileError
 from precompile.registry import DECODERS, load_builtins
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REALDATA = os.environ.get("PRECOMPILE_REALDATA") or next(
-    (p for p in (os.path.join(REPO, "..", "shared", "realdata"), "/work/shared/realdata") if os.path.isdir(p)),
-    "/work/shared/realdata")
 MAGIC = [b"", b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff\xe0", b"BM", b"GIF89a", b"II*\x00", b"RIFF\x00\x00\x00\x00WEBP"]
 
 
@@ -42,13 +38,7 @@ def _encoded() -> list[bytes]:
 
 
 def _real(patterns: list[str], max_bytes: int = 400_000) -> list[bytes]:
-    res = []
-    for pat in patterns:
-        for p in sorted(glob.glob(os.path.join(REALDATA, pat), recursive=True)):
-            if os.path.isfile(p) and os.path.getsize(p) <= max_bytes:
-                with open(p, "rb") as f:
-                    res.append(f.read())
-    return res
+    return [p.read_bytes() for p in realdata_files(*patterns, max_bytes=max_bytes)]
 
 
 SEEDS = _encoded() + _real(["images/*.png", "images/*.jpg"])
@@ -105,9 +95,7 @@ def test_image_corrupted_bytes(small_bomb_limit, i, edits):
 
 def test_real_truncated_files_are_decode_errors():
     for name in ("truncated_image.png", "truncated_jpeg.jpg"):
-        p = os.path.join(REALDATA, "images", name)
-        if not os.path.exists(p):
-            pytest.skip(f"real test file {p} is absent")
+        p = str(realdata("images", name))
         with pytest.raises(InputError, match="truncated|corrupt|broken"):
             decode_image_file(p)
 
@@ -121,9 +109,10 @@ OTHER = {"flo": ["flow/**/*.flo"], "audio": ["audio/*.flac", "audio/*.ogg"],
 def test_other_decoders_raise_only_precompile_errors(name):
     load_builtins()
     assert name in DECODERS, f"decoder {name!r} is not registered"
+    root = realdata_root()
     seeds = _real(OTHER[name], max_bytes=2_000_000)[:3]
     if not seeds:
-        pytest.skip(f"no real {name} files under {REALDATA}")
+        pytest.skip(f"no real {name} files under {root}")
     dcls = DECODERS.get(name)
     dec = dcls()
     rng = np.random.default_rng(0)

@@ -336,3 +336,29 @@ def test_preview_stats_and_schema_never_import_torch(scene, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(REPO))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert r.returncode == 0, r.stderr
+
+
+def test_title_wraps_on_a_narrow_sheet(tmp_path):
+    """One small picture makes a narrow sheet: the title (a long output name, then every field) wraps
+    inside it, a word wider than the sheet is broken, and the rows start below the last line."""
+    data = tmp_path / "data"
+    data.mkdir()
+    Image.fromarray(np.full((8, 8, 3), 90, np.uint8)).save(data / "a.png")
+    name = "an_output_name_so_long_that_it_is_wider_than_the_whole_narrow_contact_sheet"
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "name": name, "inputs": {"root": str(data), "match": "{n}.png", "fields": {
+            "picture": {"decoder": "image", "mode": "rgb8"}, "second_picture": {"decoder": "image", "path": "{n}.png"}}}})
+    build(recipe, out_dir=tmp_path / "out")
+    p = pv.render(tmp_path / "out" / f"{name}.h5", fields=["picture"])
+    width = p.sheet.shape[1]
+    lines = pv.title_lines(p.title, width)
+    assert len(lines) >= 3
+    font = pv._font()
+    assert all(pv._text_width(font, line) <= width - 2 * pv.PAD for line in lines)
+    assert "".join(lines).replace(" ", "") == p.title.replace(" ", "")   # nothing lost
+    top = min(q["box"][1] for q in p.panels)
+    assert top >= 2 * pv.PAD + len(lines) * pv.LINE
+    title = p.sheet[:2 * pv.PAD + len(lines) * pv.LINE]
+    assert (title[:, -pv.PAD:] == pv.BG).all()                      # nothing drawn into the right margin
+    last = title[pv.PAD + (len(lines) - 1) * pv.LINE: pv.PAD + len(lines) * pv.LINE]
+    assert (last != pv.BG).any()                                    # the last line is drawn

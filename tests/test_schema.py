@@ -40,7 +40,7 @@ def _errors(v: jsonschema.Draft202012Validator, data: dict) -> list[str]:
 
 def _parser_accepts(data: dict) -> bool:
     """What the recipe parser accepts, plus the writer's options (checked when a build is planned,
-    as ``build.check_plan`` does: ``precompile validate`` does not look at them)."""
+    as ``build.check_plan`` and ``precompile validate`` do)."""
     try:
         r = parse_recipe(copy.deepcopy(data), source="t.yaml", base_dir=".")
         out = r.model.output

@@ -216,7 +216,10 @@ def test_cli(outputs, tmp_path):
     assert r.exit_code == 5 and "no such file" in r.output
 
 
-def test_declared_classes_never_seen_are_counted_as_zero(tmp_path):
+@pytest.mark.parametrize("remap", [False, True])
+def test_declared_classes_never_seen_are_counted_as_zero(tmp_path, remap):
+    """Exactly the declared classes are listed: a mask's ``classes: [0, 2, 5, 7]`` gives those four ids
+    (or their positions 0..3 with ``remap``), never 0..max; a label's class names."""
     from PIL import Image
 
     from conftest import make_image_tree, write_recipe
@@ -232,7 +235,8 @@ def test_declared_classes_never_seen_are_counted_as_zero(tmp_path):
         "name": "seg", "inputs": {
             "root": str(data), "match": "{label}/{name}.{ext}", "where": {"ext": "jpg|png"},
             "fields": {"image": {"decoder": "image"},
-                       "seg": {"decoder": "mask", "classes": [0, 2, 5, 7], "path": "{label}/{name}.seg.bmp"}},
+                       "seg": {"decoder": "mask", "classes": [0, 2, 5, 7], "remap": remap,
+                               "path": "{label}/{name}.seg.bmp"}},
             "label": {"capture": "label", "classes": ["bird", "cat", "dog"]}},
         "output": {"format": "hdf5", "samples_per_shard": 4}})
     build(recipe, out_dir=tmp_path / "out")
@@ -242,4 +246,38 @@ def test_declared_classes_never_seen_are_counted_as_zero(tmp_path):
                                                  {"id": 2, "count": 2, "name": "dog"}]
     per = 40 * 56
     seg = {c["id"]: c["count"] for c in res["fields"]["seg"]["classes"]}
-    assert seg == {0: 4 * (per - 200 - 200), 1: 0, 2: 4 * 200, 3: 0, 4: 0, 5: 4 * 200, 6: 0, 7: 0}
+    if remap:
+        assert seg == {0: 4 * (per - 200 - 200), 1: 4 * 200, 2: 4 * 200, 3: 0}
+    else:
+        assert seg == {0: 4 * (per - 200 - 200), 2: 4 * 200, 5: 4 * 200, 7: 0}
+
+
+def test_stats_of_a_mask_declared_with_sparse_ids_lists_four_classes(tmp_path):
+    """The issue's case: ``classes: [0, 3, 7, 200]`` is four classes (not 201), in the spec, the
+    stored field spec, the stats and the CLI table."""
+    from PIL import Image
+
+    from conftest import write_recipe
+    from precompile import load_recipe
+    from precompile.compiler.plan import make_plan
+
+    data = tmp_path / "data"
+    data.mkdir()
+    for i in range(3):
+        m = np.zeros((8, 10), np.uint8)
+        m[:4, :5] = (3, 7, 200)[i]
+        Image.fromarray(m).save(data / f"{i}.png")
+    recipe = write_recipe(tmp_path / "r.yaml", {
+        "name": "seg", "inputs": {"root": str(data), "match": "{name}.png",
+                                  "fields": {"seg": {"decoder": "mask", "classes": [0, 3, 7, 200]}}},
+        "output": {"format": "hdf5"}})
+    spec = make_plan(load_recipe(str(recipe))).specs["seg"]
+    assert (spec.classes, spec.class_ids) == (4, (0, 3, 7, 200))
+    assert spec.describe() == "mask (?, ?, 1) uint8, 4 classes"
+    build(recipe, out_dir=tmp_path / "out")
+    out = tmp_path / "out" / "seg.h5"
+    from precompile.formats import open_dataset
+    assert open_dataset(out).field_specs["seg"]["class_ids"] == [0, 3, 7, 200]
+    r = CliRunner().invoke(main, ["stats", str(out)])
+    assert r.exit_code == 0, r.output
+    assert f"classes 0: {3 * 80 - 3 * 20}, 3: 20, 7: 20, 200: 20\n" in r.output + "\n"

@@ -145,9 +145,11 @@ def test_folder_outputs_verify_and_name_the_changed_file(tmp_path, output):
     build(str(tmp_path / "r.yaml"), tmp_path / "out")
     index = tmp_path / "out" / "v.json"
     res = verify(index)
-    assert res.ok and res.num_shards == 2 and res.num_samples == 6 and res.bytes_checked > 0, res.problems
-    assert _cli("verify", str(index)).returncode == 0
     files = sorted((tmp_path / "out" / "v.shards").glob("shard-*/*." + output))
+    assert res.ok and res.num_shards == 2 and res.num_samples == 6, res.problems
+    assert res.bytes_checked == sum(f.stat().st_size for f in files)   # each file once: hashed and decoded
+    r = _cli("verify", str(index))
+    assert r.returncode == 0 and f"{res.bytes_checked} bytes of sample files and .npy data checked" in r.stdout
     victim = files[4]
     raw = bytearray(victim.read_bytes())
     raw[-3] ^= 0xFF                      # a sample byte near the end (pixel or PCM data)
@@ -160,3 +162,36 @@ def test_folder_outputs_verify_and_name_the_changed_file(tmp_path, output):
     assert r.returncode == 5 and rel in r.stdout + r.stderr
     victim.unlink()
     assert any(f"{rel}: file is missing" in p for p in verify(index).problems)
+
+
+def test_folder_verify_counts_sample_files_and_npy_data_once(tmp_path):
+    """A BMP output with a field BMP does not hold (a flow: a companion .npy): the count is the BMP
+    files' bytes on disk plus the .npy field's sample bytes, each once; --quick reads no sample data."""
+    from PIL import Image
+
+    root = tmp_path / "in"
+    root.mkdir()
+    rng = np.random.default_rng(3)
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 256, (9, 11, 3), dtype=np.uint8)).save(root / f"s{i}.png")
+        flo = rng.normal(0, 2, (9, 11, 2)).astype("<f4")
+        (root / f"s{i}.flo").write_bytes(np.float32(202021.25).tobytes() + np.array([11, 9], "<i4").tobytes()
+                                         + flo.tobytes())
+    data = {"name": "v", "inputs": {"root": str(root), "match": "{name}.png",
+                                    "fields": {"x": {"decoder": "image", "mode": "rgb8"},
+                                               "g": {"decoder": "flo", "path": "{name}.flo"}}},
+            "output": {"format": "bmp", "samples_per_shard": 2}}
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(data))
+    build(str(tmp_path / "r.yaml"), tmp_path / "out")
+    shards = tmp_path / "out" / "v.shards"
+    bmps = sorted(shards.glob("shard-*/*.bmp"))
+    npys = sorted(shards.glob("shard-*/*.npy"))
+    assert len(bmps) == 5 and len(npys) == 3
+    npy_data = sum(np.load(p).nbytes for p in npys)
+    assert npy_data == 5 * 9 * 11 * 2 * 4
+    res = verify(tmp_path / "out" / "v.json")
+    assert res.ok, res.problems
+    assert res.bytes_checked == sum(p.stat().st_size for p in bmps) + npy_data
+    assert res.counted == "bytes of sample files and .npy data"
+    quick = verify(tmp_path / "out" / "v.json", checksums=False)
+    assert quick.ok and quick.bytes_checked == sum(p.stat().st_size for p in bmps)  # hashed against the index

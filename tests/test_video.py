@@ -570,3 +570,35 @@ def test_input_failing_in_a_random_step_after_clips_is_dropped_and_its_spills_cl
     assert f["path"] == str(root / "small.mp4") and f["stage"] == "steps[1] random_crop"
     assert precompile.open(str(tmp_path / "out" / "v.h5")).keys == [f"big.mp4#clip{i}" for i in range(3)]
     gc.collect()
+
+
+@pytest.mark.parametrize("random_after", [False, True])
+def test_an_error_while_cutting_streamed_clips_names_the_input_and_the_clips_step(tmp_path, monkeypatch,
+                                                                                random_after):
+    """A failure in the middle of cutting a streamed video drops that input whole (its clips already
+    cut are not stored, their spills are closed) and names the file and ``steps[0] clips``; the
+    other input is built, with or without a random step after the clips (the batch path)."""
+    import precompile
+    import precompile.spill as spill
+    from precompile.transforms.temporal import Clips
+
+    monkeypatch.setattr(spill, "DEFAULT_LIMIT", 1)   # every clip goes through a spill file
+    cut = Clips.cut
+
+    def failing_cut(self, sample, targets, frames, *a, **kw):
+        for k, clip in enumerate(cut(self, sample, targets, frames, *a, **kw)):
+            if sample.key == "bad.mp4" and k == 1:
+                raise ValueError("the cutter broke")
+            yield clip
+
+    monkeypatch.setattr(Clips, "cut", failing_cut)
+    root = tmp_path / "in"
+    root.mkdir()
+    _write_av(root / "bad.mp4", 12)
+    _write_av(root / "good.mp4", 12)
+    steps = [{"clips": {"length": 4}}] + ([{"random_crop": {"size": [32, 32]}}] if random_after else [])
+    rep = precompile.build(_recipe(tmp_path, root, steps, on_error="skip"), out_dir=tmp_path / "out")
+    (f,) = rep["failures"]
+    assert f["path"] == str(root / "bad.mp4") and f["stage"] == "steps[0] clips"
+    assert f["message"] == f"{root / 'bad.mp4'}, stage steps[0] clips: clips: ValueError: the cutter broke"
+    assert precompile.open(str(tmp_path / "out" / "v.h5")).keys == [f"good.mp4#clip{i}" for i in range(3)]

@@ -15,6 +15,6 @@ neither :mod:`.shard` nor joblib, and nothing here imports torch.
 """
 from __future__ import annotations
 
-from .driver import build, check_plan, output_paths, with_policy
+from .driver import build, check_plan, check_recipe, output_paths, with_policy
 
-__all__ = ["build", "check_plan", "output_paths", "with_policy"]
+__all__ = ["build", "check_plan", "check_recipe", "output_paths", "with_policy"]

@@ -39,27 +39,41 @@ from ..formats import names as fmt
 from ..errors import BuildError, RecipeError
 from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
+from ..sample import FieldSpec
 from ..formats.base import write_json_atomic
 from .backends import remove_path, run_shards
 from .keys import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
-from .plan import Plan, make_plan
+from .plan import Plan, make_plan, plan_specs
 from .results import BuildReport, Failure, count_inputs, zero_timings
 
 
 def check_plan(plan: Plan) -> None:
     """Checks that need the plan: the output format can hold the fields; copies make sense."""
-    r = plan.recipe
+    check_output(plan.recipe, plan.specs)
+
+
+def check_output(r: Recipe, specs: dict[str, FieldSpec]) -> None:
+    """The writer's options and its check of the planned field specs; copies need a random step."""
     wcls = WRITERS.get(r.model.output.format)
     from ..recipe import parse_params
 
     options = parse_params(wcls.Options, r.model.output.options, r.source, ("output", "options"))
     try:
-        wcls().check_specs(plan.specs, options)
+        wcls().check_specs(specs, options)
     except ValueError as e:
         raise RecipeError(str(e), source=r.source, loc="output.format") from None
     has_random = any(s.random for s in r.steps)
     if r.model.copies > 0 and not has_random:
         raise RecipeError("copies > 0 needs at least one random step (e.g. random_crop)", source=r.source, loc="copies")
+
+
+def check_recipe(recipe: Recipe) -> dict[str, FieldSpec]:
+    """Every check of :func:`build`'s planning that needs neither listing the inputs nor decoding one
+    (``precompile validate``): the decoders' specs, every step's kind rules and field matching, the
+    writer's options and spec checks. Raises the same RecipeError the plan would; returns the specs."""
+    specs, _ = plan_specs(recipe)
+    check_output(recipe, specs)
+    return specs
 
 
 def _build_date() -> str:

@@ -192,9 +192,8 @@ def check_field_names(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
                               f"'__' (it names a dataset in the output)", source=recipe.source)
 
 
-def make_plan(recipe: Recipe) -> Plan:
-    """Match inputs and work out every shape; raises RecipeError/PlanError before any decoding."""
-    items, label_names = match_inputs(recipe)
+def decoder_specs(recipe: Recipe) -> dict[str, FieldSpec]:
+    """The decoders' output specs (flow_valid fields tied to their flows); RecipeError names the field."""
     m = recipe.model
     specs: dict[str, FieldSpec] = {}
     for fname, dec in recipe.decoders.items():
@@ -215,7 +214,13 @@ def make_plan(recipe: Recipe) -> Plan:
         links = link_validity({f: s.kind for f, s in specs.items()}, {f: s.of for f, s in specs.items() if s.of})
     except ValueError as e:
         raise RecipeError(str(e), source=recipe.source, loc="inputs.fields") from None
-    specs = {f: s.with_(of=links[f]) if f in links else s for f, s in specs.items()}
+    return {f: s.with_(of=links[f]) if f in links else s for f, s in specs.items()}
+
+
+def plan_specs(recipe: Recipe) -> tuple[dict[str, FieldSpec], bool]:
+    """Every field's spec after the steps, and whether a step expands samples: the kind rules and
+    field matching of every step, without listing an input or decoding one."""
+    specs = decoder_specs(recipe)
     expands = False
     for i, step in enumerate(recipe.steps):
         try:
@@ -223,9 +228,18 @@ def make_plan(recipe: Recipe) -> Plan:
         except ValueError as e:
             raise RecipeError(str(e), source=recipe.source, loc=f"steps[{i}].{step.name}") from None
         expands = expands or step.expands
-    if m.inputs.label is not None:
-        specs[m.inputs.label.field] = FieldSpec(Kind.LABEL, (), "int64")
+    label = recipe.model.inputs.label
+    if label is not None:
+        specs[label.field] = FieldSpec(Kind.LABEL, (), "int64")
     check_field_names(recipe, specs)
+    return specs, expands
+
+
+def make_plan(recipe: Recipe) -> Plan:
+    """Match inputs and work out every shape; raises RecipeError/PlanError before any decoding."""
+    items, label_names = match_inputs(recipe)
+    specs, expands = plan_specs(recipe)
+    m = recipe.model
     if not items:
         raise PlanError(f"no inputs under {recipe.input_root!r} match {m.inputs.match!r}"
                         + (f" with {m.inputs.where}" if m.inputs.where else ""))

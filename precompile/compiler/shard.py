@@ -189,55 +189,80 @@ def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, floa
     sample = decode_item(recipe, item, timings, stream)
     fname, path = stream.field, item.paths[stream.field]
     where = dict(path=path, stage="decode", field=fname, key=item.key)
+    copies = copy_indices(recipe)
+    spills = [SampleSpill(spill_dir) for _ in copies]
+    clips = stream.clips.cut(sample, [fname], stream.frames(_stream_frames(stream.source, where, timings)))
+    try:
+        _fill_spills(recipe, _clip_errors(clips, stream.clips.name, path, item.key), stream, item, copies, spills,
+                     timings, check, spill_dir)
+    except BaseException:
+        clips.close()
+        for spill in spills:
+            spill.close()
+        raise
+    return _Chained(spills)
 
+
+def _stream_frames(src: Any, where: dict[str, Any], timings: dict[str, float]) -> Any:
+    """The decoder's frames ``(pos, t, get)``, each read (and each ``get``) naming the input on an
+    error; the read time counts as decode time; the source is closed at the end."""
     def guard(get: Callable[[], Any]) -> Callable[[], Any]:
         def run() -> Any:
             with _DecodeErrors(where):
                 return get()
         return run
 
-    def frames() -> Any:
-        src = stream.source
-        try:
-            while True:
-                t0 = time.perf_counter()
-                try:
-                    with _DecodeErrors(where):
-                        pos, t, get = next(src)
-                except StopIteration:
-                    return
-                finally:
-                    timings["decode"] += time.perf_counter() - t0
-                yield pos, t, guard(get)
-        finally:
-            src.close()
-
-    copies = copy_indices(recipe)
-    spills = [SampleSpill(spill_dir) for _ in copies]
-    batch = any(s.random for s in recipe.steps[stream.first:])  # random steps draw across the clips in order
-    pending = SampleSpill(spill_dir)
-    clips = stream.clips.cut(sample, [fname], stream.frames(frames()))
     try:
         while True:
+            t0 = time.perf_counter()
             try:
-                clip = next(clips)
+                with _DecodeErrors(where):
+                    pos, t, get = next(src)
             except StopIteration:
-                break
-            except InputError as e:
-                raise e.with_context(path=path, stage=f"steps[0] {stream.clips.name}", key=item.key) from e.__cause__
-            except MemoryError:
-                raise
-            except Exception as e:
-                raise StepError(f"{stream.clips.name}: {type(e).__name__}: {e}", path=path,
-                                stage=f"steps[0] {stream.clips.name}", key=item.key) from e
-            if batch:
-                pending.add(clip)
-                continue
+                return
+            finally:
+                timings["decode"] += time.perf_counter() - t0
+            yield pos, t, guard(get)
+    finally:
+        src.close()
+
+
+def _clip_errors(clips: Any, name: str, path: str, key: str) -> Any:
+    """The clips as ``clips`` cuts them; an error while cutting names the input and the clips step."""
+    stage = f"steps[0] {name}"
+    while True:
+        try:
+            clip = next(clips)
+        except StopIteration:
+            return
+        except InputError as e:
+            raise e.with_context(path=path, stage=stage, key=key) from e.__cause__
+        except MemoryError:
+            raise
+        except Exception as e:
+            raise StepError(f"{name}: {type(e).__name__}: {e}", path=path, stage=stage, key=key) from e
+        yield clip
+
+
+def _fill_spills(recipe: Recipe, clips: Any, stream: Any, item: Item, copies: list[int], spills: list[Any],
+                 timings: dict[str, float], check: Callable[[Sample], None], spill_dir: Optional[str]) -> None:
+    """Run the steps after ``clips`` on every clip for every copy; the checked samples go to ``spills``
+    (one per copy). With a random step among them, all clips are gathered first (in a spill) and the
+    steps run over them in order, so the draws are those of a build without streaming."""
+    from ..spill import SampleSpill
+
+    if not any(s.random for s in recipe.steps[stream.first:]):
+        for clip in clips:
             for spill, c in zip(spills, copies):
                 for s in run_steps(recipe, clip, c, item, timings, stream.first):
                     check(s)
                     spill.add(s)
-        for spill, c in zip(spills, copies) if batch else ():
+        return
+    pending = SampleSpill(spill_dir)
+    try:
+        for clip in clips:
+            pending.add(clip)
+        for spill, c in zip(spills, copies):
             done = run_steps(recipe, pending, c, item, timings, stream.first, lambda: SampleSpill(spill_dir))
             try:
                 for s in done:
@@ -245,14 +270,8 @@ def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, floa
                     spill.add(s)
             finally:
                 done.close()
-    except BaseException:
-        clips.close()
-        for spill in spills:
-            spill.close()
-        raise
     finally:
         pending.close()
-    return _Chained(spills)
 
 
 class _Chained:

@@ -249,82 +249,26 @@ def frames_of(ds, path: str, monochrome1: str = "flag") -> list[Frame]:
 def assemble(frames: list[Frame], path: str, dtype: str = "float32", uneven: str = "resample",
              slice_spacing: Optional[float] = None, tilt: str = "correct", rescale: bool = True,
              sort: bool = True) -> tuple[np.ndarray, dict[str, Any]]:
-    """Stack frames into a (D, H, W) volume sorted along the slice normal; see the module docstring."""
-    from scipy import ndimage
+    """Stack frames into a (D, H, W) volume sorted along the slice normal; see the module docstring.
 
-    shapes = {f.pixels.shape for f in frames}
-    if len(shapes) != 1:
-        raise DecodeError(f"slices differ in size: {sorted(shapes)}", path=path)
+    Stages: check the frames agree -> rescale -> sort along the slice normal -> undo a gantry tilt
+    -> even out the slice gaps -> the output dtype and the geometry metadata."""
+    ps = _common_pixel_spacing(frames, path)
     meta: dict[str, Any] = {"num_slices_read": len(frames)}
-    geom = all(f.position is not None and f.orientation is not None for f in frames)
-    ps = frames[0].pixel_spacing or (1.0, 1.0)
-    if any((f.pixel_spacing or ps) != ps for f in frames):
-        raise DecodeError("slices differ in PixelSpacing", path=path)
     vals = [f.pixels.astype(np.float32) * np.float32(f.slope) + np.float32(f.intercept) if rescale
             else f.pixels.astype(np.float32) for f in frames]
     thickness = frames[0].thickness
-    row = col = normal = None
-    if geom:
-        oris = np.stack([f.orientation for f in frames])
-        if np.abs(oris - oris[0]).max() > 1e-3:
-            raise DecodeError("slices differ in ImageOrientationPatient (not one stack)", path=path)
-        row, col = oris[0][:3], oris[0][3:]
-        row = row / np.linalg.norm(row)
-        col = col / np.linalg.norm(col)
-        normal = np.cross(row, col)
-        pos = np.stack([f.position for f in frames])
-        d = pos @ normal
-        order = np.argsort(d, kind="stable") if sort else np.arange(len(frames))
-        d, pos = d[order], pos[order]
-        vals = [vals[i] for i in order]
-        if len(d) > 1 and np.min(np.diff(d)) < 1e-4:
-            raise DecodeError("two slices share one position along the slice normal (duplicate or mixed "
-                              "acquisitions)", path=path)
-        # in-plane drift of each slice origin, in pixels (row index, column index): a tilted gantry
-        rel = pos - pos[0]
-        drift = np.stack([rel @ col / ps[0], rel @ row / ps[1]], axis=1)
-        tilted = len(d) > 1 and np.abs(drift).max() > 0.05
-        if tilted:
-            step = np.linalg.norm(rel[-1] - (rel[-1] @ normal) * normal)
-            meta["tilt_deg"] = round(float(np.degrees(np.arctan2(step, d[-1] - d[0]))), 3)
-            if tilt == "correct":
-                cval = float(min(v.min() for v in vals))
-                vals = [ndimage.shift(v, (dr, dc), order=1, mode="constant", cval=cval) if abs(dr) + abs(dc) > 1e-6
-                        else v for v, (dr, dc) in zip(vals, drift)]
-            meta["tilt_corrected"] = tilt == "correct"
+    axes = origin = None
+    if all(f.position is not None and f.orientation is not None for f in frames):
+        axes, d, pos, vals = _sort_along_normal(frames, vals, path, sort)
+        vals = _correct_tilt(vals, pos, d, axes, ps, tilt, meta)
         origin = pos[0]
-        gaps = np.diff(d)
-        if len(gaps):
-            med = float(np.median(gaps))
-            meta["gap_min"], meta["gap_max"] = round(float(gaps.min()), 4), round(float(gaps.max()), 4)
-            is_uneven = float(np.abs(gaps - med).max()) > max(0.01, 0.01 * med)
-            meta["uneven_gaps"] = bool(is_uneven)
-            target = float(slice_spacing) if slice_spacing else med
-            if (is_uneven and uneven != "keep") or (slice_spacing and abs(slice_spacing - med) > 1e-6):
-                if is_uneven and uneven == "error":
-                    raise DecodeError(f"uneven slice gaps ({meta['gap_min']}..{meta['gap_max']} mm); set "
-                                      f"uneven: resample or keep", path=path)
-                z = d - d[0]
-                n_new = int(np.floor(z[-1] / target + 1e-6)) + 1
-                znew = np.arange(n_new) * target
-                hi = np.clip(np.searchsorted(z, znew, side="right"), 1, len(z) - 1)
-                lo = hi - 1
-                w = ((znew - z[lo]) / (z[hi] - z[lo])).astype(np.float32)
-                stack = np.stack(vals)
-                vol = stack[lo] * (1 - w)[:, None, None] + stack[hi] * w[:, None, None]
-                meta["resampled"] = True
-                slice_sp = target
-            else:
-                vol = np.stack(vals)
-                slice_sp = med
-                meta["resampled"] = False
+        if len(d) > 1:
+            vol, slice_sp = _even_gaps(vals, d, slice_spacing, uneven, path, meta)
         else:
-            vol = np.stack(vals)
-            slice_sp = thickness
+            vol, slice_sp = np.stack(vals), thickness
     else:
-        vol = np.stack(vals)
-        origin = None
-        slice_sp = thickness
+        vol, slice_sp = np.stack(vals), thickness
         meta["positions"] = "missing: stored order kept"
     if dtype == "int16":
         vol = np.clip(np.rint(vol), -32768, 32767).astype(np.int16)
@@ -334,11 +278,93 @@ def assemble(frames: list[Frame], path: str, dtype: str = "float32", uneven: str
     meta.update(
         spacing=[sz, float(ps[0]), float(ps[1])],
         spacing_rcs=[float(ps[0]), float(ps[1]), sz],
-        orientation=None if row is None else [[round(float(x), 7) for x in v] for v in (row, col, normal)],
+        orientation=None if axes is None else [[round(float(x), 7) for x in v] for v in axes],
         origin=None if origin is None else [round(float(x), 5) for x in origin],
         shape=list(vol.shape),
     )
     return np.ascontiguousarray(vol), meta
+
+
+def _common_pixel_spacing(frames: list[Frame], path: str) -> tuple[float, float]:
+    """The frames' one size and PixelSpacing (DecodeError when they differ); (1, 1) when none is stored."""
+    shapes = {f.pixels.shape for f in frames}
+    if len(shapes) != 1:
+        raise DecodeError(f"slices differ in size: {sorted(shapes)}", path=path)
+    ps = frames[0].pixel_spacing or (1.0, 1.0)
+    if any((f.pixel_spacing or ps) != ps for f in frames):
+        raise DecodeError("slices differ in PixelSpacing", path=path)
+    return ps
+
+
+def _sort_along_normal(frames: list[Frame], vals: list[np.ndarray], path: str, sort: bool
+                       ) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray, np.ndarray, list[np.ndarray]]:
+    """((row, col, normal) unit axes, positions along the normal, slice origins, slices), sorted along
+    the normal (unless ``sort`` is off); DecodeError for mixed orientations or a shared position."""
+    oris = np.stack([f.orientation for f in frames])
+    if np.abs(oris - oris[0]).max() > 1e-3:
+        raise DecodeError("slices differ in ImageOrientationPatient (not one stack)", path=path)
+    row, col = oris[0][:3], oris[0][3:]
+    row = row / np.linalg.norm(row)
+    col = col / np.linalg.norm(col)
+    normal = np.cross(row, col)
+    pos = np.stack([f.position for f in frames])
+    d = pos @ normal
+    order = np.argsort(d, kind="stable") if sort else np.arange(len(frames))
+    d, pos = d[order], pos[order]
+    vals = [vals[i] for i in order]
+    if len(d) > 1 and np.min(np.diff(d)) < 1e-4:
+        raise DecodeError("two slices share one position along the slice normal (duplicate or mixed "
+                          "acquisitions)", path=path)
+    return (row, col, normal), d, pos, vals
+
+
+def _correct_tilt(vals: list[np.ndarray], pos: np.ndarray, d: np.ndarray, axes: tuple[np.ndarray, ...],
+                  ps: tuple[float, float], tilt: str, meta: dict[str, Any]) -> list[np.ndarray]:
+    """Shift each slice back by its origin's in-plane drift (a tilted gantry) when ``tilt`` is
+    ``correct``; records the tilt angle in ``meta``."""
+    from scipy import ndimage
+
+    row, col, normal = axes
+    # in-plane drift of each slice origin, in pixels (row index, column index): a tilted gantry
+    rel = pos - pos[0]
+    drift = np.stack([rel @ col / ps[0], rel @ row / ps[1]], axis=1)
+    if not (len(d) > 1 and np.abs(drift).max() > 0.05):
+        return vals
+    step = np.linalg.norm(rel[-1] - (rel[-1] @ normal) * normal)
+    meta["tilt_deg"] = round(float(np.degrees(np.arctan2(step, d[-1] - d[0]))), 3)
+    if tilt == "correct":
+        cval = float(min(v.min() for v in vals))
+        vals = [ndimage.shift(v, (dr, dc), order=1, mode="constant", cval=cval) if abs(dr) + abs(dc) > 1e-6
+                else v for v, (dr, dc) in zip(vals, drift)]
+    meta["tilt_corrected"] = tilt == "correct"
+    return vals
+
+
+def _even_gaps(vals: list[np.ndarray], d: np.ndarray, slice_spacing: Optional[float], uneven: str, path: str,
+               meta: dict[str, Any]) -> tuple[np.ndarray, float]:
+    """The stacked volume and its slice spacing: resampled (linearly along the normal) onto even gaps
+    when the gaps are uneven (``uneven: resample``) or ``slice_spacing`` asks for another spacing."""
+    gaps = np.diff(d)
+    med = float(np.median(gaps))
+    meta["gap_min"], meta["gap_max"] = round(float(gaps.min()), 4), round(float(gaps.max()), 4)
+    is_uneven = float(np.abs(gaps - med).max()) > max(0.01, 0.01 * med)
+    meta["uneven_gaps"] = bool(is_uneven)
+    target = float(slice_spacing) if slice_spacing else med
+    if not ((is_uneven and uneven != "keep") or (slice_spacing and abs(slice_spacing - med) > 1e-6)):
+        meta["resampled"] = False
+        return np.stack(vals), med
+    if is_uneven and uneven == "error":
+        raise DecodeError(f"uneven slice gaps ({meta['gap_min']}..{meta['gap_max']} mm); set "
+                          f"uneven: resample or keep", path=path)
+    z = d - d[0]
+    n_new = int(np.floor(z[-1] / target + 1e-6)) + 1
+    znew = np.arange(n_new) * target
+    hi = np.clip(np.searchsorted(z, znew, side="right"), 1, len(z) - 1)
+    lo = hi - 1
+    w = ((znew - z[lo]) / (z[hi] - z[lo])).astype(np.float32)
+    stack = np.stack(vals)
+    meta["resampled"] = True
+    return stack[lo] * (1 - w)[:, None, None] + stack[hi] * w[:, None, None], target
 
 
 class _DicomParams(DecoderParams):

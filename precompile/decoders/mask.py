@@ -7,7 +7,8 @@ which every step moves by nearest neighbour only: no value is ever invented.
 ``classes`` lists the ids the masks may hold (any other value is a decode
 error naming the file and the values); ``remap: true`` stores each id's
 position in that list instead (contiguous ids for a loss). ``max_label`` is the
-looser check. The plan records the class count in the field's spec.
+looser check. The plan records the class count (and the ids, when they are not
+``0 .. count - 1``) in the field's spec; ``precompile stats`` lists exactly those.
 """
 from __future__ import annotations
 
@@ -55,13 +56,22 @@ class MaskDecoder(Decoder):
             return self
 
     def num_classes(self) -> int | None:
+        """How many classes the masks may hold: the declared ids (``classes``), or ``0 .. max_label``."""
         p = self.params
         if p.classes is not None:
-            return len(p.classes) if p.remap else max(p.classes) + 1
+            return len(p.classes)
         return None if p.max_label is None else p.max_label + 1
 
+    def class_ids(self) -> tuple[int, ...] | None:
+        """The stored ids when they are not ``0 .. num_classes - 1``: the declared ``classes`` unless remapped."""
+        p = self.params
+        if p.classes is None or p.remap or sorted(p.classes) == list(range(len(p.classes))):
+            return None
+        return tuple(sorted(p.classes))
+
     def spec(self) -> FieldSpec:
-        return FieldSpec(Kind.MASK, (None, None, 1), self.params.dtype, classes=self.num_classes())
+        return FieldSpec(Kind.MASK, (None, None, 1), self.params.dtype, classes=self.num_classes(),
+                         class_ids=self.class_ids())
 
     def read(self, path: str) -> tuple[np.ndarray, dict]:
         p = self.params

@@ -89,6 +89,7 @@ class VerifyResult:
     num_shards: int = 0
     num_samples: int = 0
     bytes_checked: int = 0
+    counted: str = "bytes of field data"   # what bytes_checked counts (each byte once), for messages
     problems: list[str] = field(default_factory=list)
     bad_shards: list[str] = field(default_factory=list)
     exit_code: int = FormatError.exit_code

@@ -425,54 +425,26 @@ def _file_storage(ds: FileDataset) -> dict[str, str]:
 
 
 def verify_folders(path: str, checksums: bool = True) -> VerifyResult:
-    """:func:`verify` for a file-folder output (png, bmp, wav) with a JSON index."""
+    """:func:`verify` for a file-folder output (png, bmp, wav) with a JSON index.
+
+    Each sample file is hashed against its recorded sha256 and (with ``checksums``) decoded into the
+    field checksum; ``bytes_checked`` counts what was checked once: each sample file's bytes on disk
+    and each ``.npy`` field's sample bytes (values kept in the index are not counted)."""
     if not os.path.exists(path):
         raise FormatError(f"{path}: no such output (build it first)")
     ds = FileDataset(path)
     base = os.path.dirname(os.path.abspath(path))
-    res = VerifyResult(num_shards=len(ds.shards))
+    res = VerifyResult(num_shards=len(ds.shards), counted="bytes of sample files and .npy data")
     for k, s in enumerate(ds.shards):
         name = s["file"]
-        bad: list[str] = []
         folder = os.path.join(base, name)
-        info = _read_info(folder) if os.path.isdir(folder) else None
-        if not os.path.isdir(folder):
-            bad.append("shard folder is missing")
-        elif info is None:
-            bad.append(f"{fmt.SHARD_INFO} is missing or unreadable")
-        else:
-            if info.get("key") != s["key"]:
-                bad.append("shard key differs from the index's (the shard was rebuilt or replaced)")
-            if info.get("num_samples") != s["num_samples"]:
-                bad.append(f"holds {info.get('num_samples')} samples, the index says {s['num_samples']}")
-        lo, hi = int(ds.offsets[k]), int(ds.offsets[k + 1])
+        bad = _check_shard_info(folder, s)
         digests = {f: hashlib.sha256() for f in ds.field_specs}
         readable = True
-        for i in range(lo, hi):
-            e = ds.samples[i]
-            for f, rel in e["files"].items():
-                p = os.path.join(base, rel)
-                if not os.path.isfile(p):
-                    bad.append(f"{rel}: file is missing")
-                    readable = False
-                    continue
-                want = e.get("sha256", {}).get(f)
-                if want is not None:
-                    got = file_sha256(p)
-                    res.bytes_checked += os.path.getsize(p)
-                    if got != want:
-                        bad.append(f"{rel}: bytes changed (sha256 {got[:16]}..., recorded {want[:16]}...)")
+        for i in range(int(ds.offsets[k]), int(ds.offsets[k + 1])):
+            readable = _check_sample_files(ds, base, i, checksums, res, bad) and readable
             if checksums and readable:
-                try:
-                    sample = ds[i]
-                except (FormatError, OSError, ValueError) as ex:
-                    bad.append(f"sample {e['key']!r}: unreadable ({ex})")
-                    readable = False
-                    continue
-                for f, a in sample.items():
-                    a = np.ascontiguousarray(a)
-                    digests[f].update(a.data)
-                    res.bytes_checked += a.nbytes
+                readable = _digest_sample(ds, i, digests, res, bad)
         if checksums and readable:
             for f, h in digests.items():
                 want = s["checksums"].get(f)
@@ -484,3 +456,56 @@ def verify_folders(path: str, checksums: bool = True) -> VerifyResult:
             res.bad_shards.append(name)
             res.problems.extend(f"{name}: {b}" for b in bad)
     return res
+
+
+def _check_shard_info(folder: str, s: dict[str, Any]) -> list[str]:
+    """Problems of a shard folder's info file against the index's shard entry ``s``."""
+    if not os.path.isdir(folder):
+        return ["shard folder is missing"]
+    info = _read_info(folder)
+    if info is None:
+        return [f"{fmt.SHARD_INFO} is missing or unreadable"]
+    bad = []
+    if info.get("key") != s["key"]:
+        bad.append("shard key differs from the index's (the shard was rebuilt or replaced)")
+    if info.get("num_samples") != s["num_samples"]:
+        bad.append(f"holds {info.get('num_samples')} samples, the index says {s['num_samples']}")
+    return bad
+
+
+def _check_sample_files(ds: FileDataset, base: str, i: int, checksums: bool, res: VerifyResult,
+                        bad: list[str]) -> bool:
+    """Hash sample ``i``'s files against their recorded sha256, counting each file's size once when it
+    is read (hashed, or decoded later); False when a file is missing."""
+    e = ds.samples[i]
+    ok = True
+    for f, rel in e["files"].items():
+        p = os.path.join(base, rel)
+        if not os.path.isfile(p):
+            bad.append(f"{rel}: file is missing")
+            ok = False
+            continue
+        want = e.get("sha256", {}).get(f)
+        if want is not None or checksums:
+            res.bytes_checked += os.path.getsize(p)
+        if want is not None:
+            got = file_sha256(p)
+            if got != want:
+                bad.append(f"{rel}: bytes changed (sha256 {got[:16]}..., recorded {want[:16]}...)")
+    return ok
+
+
+def _digest_sample(ds: FileDataset, i: int, digests: dict[str, Any], res: VerifyResult, bad: list[str]) -> bool:
+    """Add sample ``i``'s decoded fields to the field checksums; count its ``.npy`` bytes (its files are
+    counted by :func:`_check_sample_files`); False when it cannot be read."""
+    try:
+        sample = ds[i]
+    except (FormatError, OSError, ValueError) as ex:
+        bad.append(f"sample {ds.samples[i]['key']!r}: unreadable ({ex})")
+        return False
+    for f, a in sample.items():
+        a = np.ascontiguousarray(a)
+        digests[f].update(a.data)
+        if ds.storage[f]["store"] == fmt.STORE_NPY:
+            res.bytes_checked += a.nbytes
+    return True

@@ -12,8 +12,22 @@ from ..formats import names as fmt
 from ..formats.base import human_bytes
 
 
+MIN_WIDTHS = (12, 7, 18, 8)   # name, kind, shape, dtype: the least width of each column
+
+
 def _shape_text(shape: list) -> str:
     return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"
+
+
+def field_table(specs: dict[str, dict], where: dict[str, str]) -> list[str]:
+    """One line per field: name, kind, shape, dtype and storage in columns as wide as their longest
+    entry (a ``volume_mask`` or a long field name moves the later columns, never misaligns them)."""
+    rows = [[name, str(spec["kind"]), _shape_text(spec["shape"]), str(spec["dtype"]), where.get(name, "")]
+            for name, spec in specs.items()]
+    if not rows:
+        return []
+    widths = [max(least, *(len(r[i]) for r in rows)) for i, least in enumerate(MIN_WIDTHS)]
+    return [("    " + " ".join(c.ljust(w) for c, w in zip(r, widths)) + " " + r[4]).rstrip() for r in rows]
 
 
 def describe(path: str) -> str:
@@ -28,9 +42,7 @@ def describe(path: str) -> str:
     extra, where = form.describe(ds)
     lines.extend(extra)
     lines.append("  fields")
-    for name, spec in ds.field_specs.items():
-        lines.append(f"    {name:<12} {spec['kind']:<7} {_shape_text(spec['shape']):<18} {spec['dtype']:<8} "
-                     f"{where.get(name, '')}".rstrip())
+    lines.extend(field_table(ds.field_specs, where))
     if ds.label_names:
         names = ", ".join(f"{i}={n}" for i, n in enumerate(ds.label_names))
         lines.append(f"  labels       {names}")

@@ -595,23 +595,44 @@ def draw_row(head: list[str], panels: list[Panel], header_width: int = 170) -> t
     return np.asarray(canvas), boxes
 
 
-TITLE_HEIGHT = 2 * LINE + PAD
+TITLE_HEIGHT = 2 * LINE + PAD   # the least room above the rows (a title that wraps takes more)
 
 
-def stack_rows(rows: list[np.ndarray], title: str) -> np.ndarray:
-    """The rows one below the other under a title line (rows start at :data:`TITLE_HEIGHT`)."""
+def title_lines(title: str, width: int) -> list[str]:
+    """The title wrapped to a sheet ``width`` pixels wide: at spaces, and inside a word (a long file
+    name) that alone is wider than the sheet, so no line is cut at the sheet's edge."""
+    font = _font()
+    room = max(width - 2 * PAD, 8)
+    out: list[str] = []
+    for line in _wrap(font, [title], room):
+        while _text_width(font, line) > room and len(line) > 1:
+            n = len(line) - 1
+            while n > 1 and _text_width(font, line[:n]) > room:
+                n -= 1
+            out.append(line[:n])
+            line = "  " + line[n:]
+        out.append(line)
+    return out
+
+
+def stack_rows(rows: list[np.ndarray], title: str) -> tuple[np.ndarray, int]:
+    """The rows one below the other under the title (wrapped to the sheet's width); and the y at
+    which the rows start."""
     from PIL import Image, ImageDraw
 
     width = max(r.shape[1] for r in rows)
-    top = TITLE_HEIGHT
+    lines = title_lines(title, width)
+    top = max(TITLE_HEIGHT, 2 * PAD + len(lines) * LINE)
     height = top + sum(r.shape[0] for r in rows)
     canvas = Image.new("RGB", (width, height), BG)
-    ImageDraw.Draw(canvas).text((PAD, PAD), title, fill=FG, font=_font())
+    d = ImageDraw.Draw(canvas)
+    for i, line in enumerate(lines):
+        d.text((PAD, PAD + i * LINE), line, fill=FG, font=_font())
     y = top
     for r in rows:
         canvas.paste(Image.fromarray(r), (0, y))
         y += r.shape[0]
-    return np.asarray(canvas)
+    return np.asarray(canvas), top
 
 
 def png_bytes(img: np.ndarray) -> bytes:
@@ -673,7 +694,7 @@ def render(path: str | os.PathLike, n: int = 6, fields: Sequence[str] | None = N
     options: dict[str, Any] = {"window": window}
     rows = []
     boxes: list[dict[str, Any]] = []
-    y = TITLE_HEIGHT
+    y = 0   # below the title: moved down by the title's height once the sheet's width is known
     for key, idx in pick_keys(ds, n):
         idx = idx[:max_copies]
         samples = [{f: a for f, a in ds[i].items() if f in specs} for i in idx]
@@ -697,7 +718,11 @@ def render(path: str | os.PathLike, n: int = 6, fields: Sequence[str] | None = N
         raise PreviewError(f"{path}: nothing to draw for field(s) {', '.join(shown)}")
     title = (f"{os.path.basename(str(path))}: {len(ds)} samples, {ds.output_format}, fields "
              + ", ".join(f"{f} ({s.get('kind')})" for f, s in ds.field_specs.items()))
-    return Preview(stack_rows([r[2] for r in rows], title), rows, title, boxes)
+    sheet, top = stack_rows([r[2] for r in rows], title)
+    for b in boxes:
+        x0, y0, bw, bh = b["box"]
+        b["box"] = (x0, y0 + top, bw, bh)
+    return Preview(sheet, rows, title, boxes)
 
 
 def _partner(f: str, names: list[str], specs: dict[str, dict]) -> bool:

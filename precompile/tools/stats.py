@@ -13,8 +13,8 @@ Channels follow the kind: the last axis of image, video, flow and mask fields,
 the first axis of an audio sample (C, N), one channel for everything else
 (volumes, labels, scalars). Label, mask and volume-mask fields also get
 ``classes``: every value seen with its count (and its name for labels), and
-every declared class never seen with count 0 (a label's class names, a mask
-spec's ``classes``).
+every declared class never seen with count 0 (a label's class names, a mask's
+declared ``classes`` ids, or ``0 .. max_label``); nothing else.
 
 The result is stored in the output's index under ``stats`` (HDF5: an
 attribute of the index file holding JSON text; file folders: a key of the JSON
@@ -137,6 +137,17 @@ def _blocks(ds: Dataset, field: str, block_bytes: int) -> Iterator[np.ndarray]:
         yield ds.batch(range(lo, min(n, lo + step)))[field]
 
 
+def declared_classes(spec: dict[str, Any], names: Sequence[str] | None = None) -> list[int]:
+    """Every class a field declares, seen or not: a label's class names (ids 0 .. n - 1), a mask's
+    ``class_ids`` (the recipe's ``classes``) or else ``0 .. classes - 1``; [] when nothing is declared."""
+    if names:
+        return list(range(len(names)))
+    ids = spec.get("class_ids")
+    if ids is None and isinstance(spec.get("classes"), int):
+        ids = range(spec["classes"])
+    return [int(v) for v in ids] if ids is not None and len(ids) <= MAX_CLASSES else []
+
+
 def field_stats(ds: Dataset, field: str, block_bytes: int = BLOCK_BYTES) -> dict[str, Any]:
     """Stats of one field of an opened output (see the module docstring)."""
     spec = ds.field_specs[field]
@@ -156,12 +167,9 @@ def field_stats(ds: Dataset, field: str, block_bytes: int = BLOCK_BYTES) -> dict
                            **acc.result()}
     if acc.classes is not None:
         names = ds.label_names if kind == "label" else []
-        # every declared class is listed, seen or not (labels: the class names; masks: the spec's count)
-        declared = len(names) if kind == "label" else spec.get("classes")
         counts = dict(acc.classes)
-        if isinstance(declared, int) and 0 < declared <= MAX_CLASSES:
-            for v in range(declared):
-                counts.setdefault(v, 0)
+        for v in declared_classes(spec, names if kind == "label" else None):
+            counts.setdefault(v, 0)
         out["classes"] = [{"id": int(v), "count": c, **({"name": names[int(v)]} if 0 <= int(v) < len(names) else {})}
                           for v, c in sorted(counts.items())]
     return out

@@ -22,8 +22,8 @@ from ..kinds import PLANAR, VOLUMETRIC, Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .base import RandomParams, RandomStep, Step, StepParams, draw_seed, nonnegative_range, uniform
-from .kernels.volume import (center_offset, elastic, flip_axes, hu_window, lung_mask, pad_crop_center, patch_corners, rot90,
-                             spacing_shape, standardise, voxel_map, zoom_volume)
+from .kernels.volume import (center_offset, elastic, flip_axes, hu_window, lung_mask, pad_crop_center, patch_corners,
+                             rot90, spacing_shape, standardise, voxel_map, zoom_volume)
 
 
 class VolumeStep(Step):
@@ -101,10 +101,12 @@ class ResampleVolume(VolumeStep):
     """Resample volumes (and their masks, nearest) to ``spacing: [z, y, x]`` mm or ``shape: [d, h, w]``.
 
     The spacing comes from ``meta[spacing_from]["spacing"]`` (default: the first
-    targeted field with one); every targeted field gets the same output grid."""
+    targeted field with one); every targeted field gets the same output grid.
+    ``order`` (0-3) is the spline order for volumes; every order interpolates (2 and 3
+    prefilter the volume first, so a voxel on the old grid keeps its value)."""
 
     name = "resample_volume"
-    output_version = 2   # 2: origin (the new first voxel's centre) and spacing_rcs follow the resampling
+    output_version = 2   # 2: orders 2-3 prefiltered (they smoothed before); origin and spacing_rcs follow
 
     class Params(StepParams):
         spacing: Optional[list[float]] = None

@@ -1,11 +1,14 @@
-"""The six silent-corruption defects of the field-kinds issue, each through a real build or read.
+"""Every field kind keeps its meaning through a real build and read, and a kind a step or decoder
+cannot handle is refused at plan time.
 
-1. the Loader's device steps left flow unflipped and uncropped;
-2. ``flow_valid`` disagreed with the NaNs of ``flow`` after resize, random_resized_crop, random_affine;
-3. random 3D steps left ``volume_mask`` (a lung mask) behind;
-4. multi-class label maps were blended by interpolation;
-5. a PALETTE COLOR DICOM became an "HU volume" of palette indices;
-6. a step matching no field did nothing, silently.
+- the Loader's device steps flip and crop a flow (negating u) with its frames;
+- a stored ``flow_valid`` equals the finite vectors of the stored ``flow`` after resize,
+  random_resized_crop and random_affine;
+- random 3D steps move a ``volume_mask`` (a lung mask) with its CT;
+- multi-class label maps are moved by nearest neighbour only (never blended), and the ``mask``
+  decoder checks, remaps and reads 16-bit maps;
+- a PALETTE COLOR DICOM is refused naming the file; MONOCHROME1 is flagged or inverted;
+- a step that matches no field, or cannot handle one, and a folder decoder on file inputs are plan errors.
 """
 from __future__ import annotations
 
@@ -164,10 +167,11 @@ def test_multiclass_masks_are_never_blended(tmp_path):
     src = seg_tree(tmp_path / "d")
     path = write(tmp_path / "r.yaml", seg_recipe(src, {"classes": [0, 3, 7, 15]}, STEPS_2D))
     plan = make_plan(load_recipe(path))
-    assert plan.specs["mask"].kind == "mask" and plan.specs["mask"].classes == 16
+    assert plan.specs["mask"].kind == "mask" and plan.specs["mask"].classes == 4
+    assert plan.specs["mask"].class_ids == (0, 3, 7, 15)
     build(path, out_dir=str(tmp_path / "o"))
     ds = precompile.open(str(tmp_path / "o" / "seg.h5"))
-    assert ds.field_specs["mask"]["classes"] == 16
+    assert ds.field_specs["mask"]["classes"] == 4 and ds.field_specs["mask"]["class_ids"] == [0, 3, 7, 15]
     values = set()
     for i in range(len(ds)):
         values |= set(np.unique(ds[i]["mask"]).tolist())

@@ -123,6 +123,7 @@ def check_images_native(built, root):
             if ref.mode == "RGB":                     # 8-bit RGB files: the very pixels
                 np.testing.assert_array_equal(img, np.asarray(ref))
     assert len(ds) > 0 and len({ds.key(i) for i in range(len(ds))}) == len(ds)   # each file once, no copies
+    assert len({ds[i]["image"].shape for i in range(len(ds))}) > 1                 # truly variable shapes
 
 
 def check_video(built, root):

@@ -1,0 +1,341 @@
+"""Tables as inputs: one sample per row of a CSV, TSV, JSON Lines or Parquet file (``inputs.table``).
+
+The table is read with pyarrow (the ``tables`` extra), imported only here and
+only when a recipe has a table. CSV and TSV cells are read as text (``"00012"``
+stays ``"00012"``; numbers are parsed where a field needs them); JSON Lines and
+Parquet keep their own types.
+
+Rows are numbered from 1 in messages: *data row* n is the n-th row after the
+header (a CSV's line n + 1, a JSON Lines file's line n, a Parquet file's row
+n - 1 counted from 0).
+
+Per row:
+
+- the input path: ``inputs.path`` (a template over the row's columns, ``{col}``
+  or ``{col:06d}`` with a Python format spec) under ``inputs.root``; a field's
+  own ``path:`` is a template over the same columns;
+- the key: the ``inputs.key`` column's value, or else the row's path;
+- column fields (``inputs.columns``): ``label`` (class name -> id),
+  ``target`` (float32, a blank cell is NaN, ``map:`` turns values such as -1
+  into numbers or NaN), ``text`` (UTF-8; a blank cell is the empty string);
+- decoder options given as ``{column: NAME}``: the row's value, checked by the
+  decoder's own option model.
+
+Every problem the table itself has (a missing file, an unknown column, a
+duplicate key, a cell that is not a number) is a :class:`RecipeError` naming
+the table file, the data row and the column, before anything is decoded. A row
+whose *input file* is missing is not: it fails at decode like any missing input
+(the build report names it; ``on_error`` applies).
+
+Splits (``split:``) are assigned here too (:func:`assign_splits`): by a stable
+hash (:func:`precompile.seeding.stable_hash`) of the seed and the key, or of the
+group value, so an input's split depends on nothing else and adding rows never
+moves an old one; or by a column naming each row's split.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import MissingDependencyError, RecipeError
+from ..kinds import Kind
+from ..sample import FieldSpec
+
+#: extension -> reader name
+TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+                 ".parquet": "parquet", ".pq": "parquet"}
+#: ``{column}`` or ``{column:spec}`` in a path template (any column name without braces or colons)
+TEMPLATE_RE = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
+
+
+def table_format(path: str) -> str:
+    """The reader for ``path`` by its extension (``.gz``/``.bz2`` allowed after it for CSV/TSV/JSON Lines)."""
+    low = path.lower()
+    for comp in (".gz", ".bz2"):
+        if low.endswith(comp):
+            low = low[:-len(comp)]
+            if low.endswith((".parquet", ".pq")):
+                break
+    ext = os.path.splitext(low)[1]
+    if ext not in TABLE_FORMATS:
+        raise ValueError(f"unknown table extension {ext or '(none)'!r}: use "
+                         + ", ".join(sorted(TABLE_FORMATS)) + " (.gz or .bz2 after csv/tsv/jsonl)")
+    return TABLE_FORMATS[ext]
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow  # noqa: F401
+        import pyarrow.csv  # noqa: F401
+        import pyarrow.json  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as e:
+        raise MissingDependencyError("table inputs (inputs.table) need pyarrow: pip install 'precompile[tables]'") from e
+    return pyarrow
+
+
+def read_table(path: str, source: Optional[str] = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """(column names, rows as dicts) of a table file; a RecipeError naming the file when it cannot be read."""
+    pa = _pyarrow()
+    kind = table_format(path)
+    if not os.path.isfile(path):
+        raise RecipeError(f"table file {path!r} does not exist", source=source, loc="inputs.table")
+    try:
+        if kind in ("csv", "tsv"):
+            parse = pa.csv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
+            with pa.csv.open_csv(path, parse_options=parse) as r:
+                names = list(r.schema.names)
+            conv = pa.csv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False,
+                                         quoted_strings_can_be_null=False)
+            table = pa.csv.read_csv(path, parse_options=parse, convert_options=conv)
+        elif kind == "jsonl":
+            table = pa.json.read_json(path)
+        else:
+            table = pa.parquet.read_table(path)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise RecipeError(f"table file {path!r} cannot be read as {kind}: {e}", source=source,
+                          loc="inputs.table") from None
+    return list(table.column_names), table.to_pylist()
+
+
+class TableError(RecipeError):
+    """A problem in one row of a table: names the file, the data row (1-based) and the column."""
+
+    def __init__(self, table: str, row: int, column: Optional[str], what: str, source: Optional[str], loc: str):
+        col = f", column {column!r}" if column is not None else ""
+        super().__init__(f"{table}: data row {row} (1-based, header not counted){col}: {what}", source=source, loc=loc)
+
+
+def _blank(v: Any) -> bool:
+    return v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, float) and math.isnan(v))
+
+
+def fill_row_template(template: str, row: dict[str, Any]) -> str:
+    """Put the row's values into ``{column}`` / ``{column:spec}`` slots. A spec ending in an integer type
+    (``d``, ``x``, ...) reads the cell as an integer, a float type (``f``, ``e``, ``g``, ``%``) as a number.
+    A KeyError for a missing column, a ValueError for a cell the spec cannot format."""
+    def one(m: re.Match) -> str:
+        name, spec = m.group(1), m.group(2)
+        v = row[name]
+        if _blank(v):
+            raise ValueError(f"blank cell (the template {template!r} needs it)")
+        if not spec:
+            return str(v)
+        if spec[-1] in "bcdoxXn":
+            f = float(v) if isinstance(v, str) else v
+            if float(f) != int(float(f)):
+                raise ValueError(f"{v!r} is not an integer (format {{{name}:{spec}}})")
+            v = int(float(f))
+        elif spec[-1] in "eEfFgG%":
+            v = float(v)
+        return format(v, spec)
+    return TEMPLATE_RE.sub(one, template)
+
+
+def template_columns(template: str) -> list[str]:
+    return [m.group(1) for m in TEMPLATE_RE.finditer(template)]
+
+
+def _number(v: Any, mapping: dict) -> float:
+    """A target cell as a float: blank -> NaN (or ``map['']``), mapped values, else the number (ValueError)."""
+    if _blank(v):
+        v = mapping.get("", float("nan"))
+        return float("nan") if v is None or (isinstance(v, str)) else float(v)
+    if isinstance(v, str):
+        if v.strip() in mapping:
+            m = mapping[v.strip()]
+            return float("nan") if m is None or isinstance(m, str) else float(m)
+        v = v.strip()
+    if isinstance(v, bool):
+        raise ValueError(f"{v!r} is a boolean, not a number")
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{v!r} is not a number (a target needs numbers; blank = NaN; map: turns other values "
+                         f"into numbers)") from None
+    for k, m in mapping.items():
+        if not isinstance(k, str) and float(k) == x:
+            return float("nan") if m is None or isinstance(m, str) else float(m)
+    return x
+
+
+def column_specs(columns: dict) -> dict[str, FieldSpec]:
+    """The field spec of every column field: label int64 (), target float32 () or (n,), text uint8 (None,)."""
+    out = {}
+    for name, c in columns.items():
+        if c.kind == "label":
+            out[name] = FieldSpec(Kind.LABEL, (), "int64")
+        elif c.kind == "target":
+            out[name] = FieldSpec(Kind.TARGET, () if c.columns is None else (len(c.columns),), "float32")
+        else:
+            out[name] = FieldSpec(Kind.TEXT, (None,), "uint8")
+    return out
+
+
+def column_arrays(columns: dict, values: dict[str, Any]) -> dict[str, tuple[np.ndarray, Kind]]:
+    """One row's column fields as arrays (text: its UTF-8 bytes) with their kinds."""
+    out = {}
+    for name, c in columns.items():
+        v = values[name]
+        if c.kind == "label":
+            out[name] = (np.asarray(v, dtype=np.int64), Kind.LABEL)
+        elif c.kind == "target":
+            out[name] = (np.asarray(v, dtype=np.float32), Kind.TARGET)
+        else:
+            out[name] = (np.frombuffer(v.encode("utf-8"), dtype=np.uint8).copy(), Kind.TEXT)
+    return out
+
+
+def table_path(recipe: Any) -> str:
+    t = recipe.model.inputs.table
+    return t if os.path.isabs(t) else os.path.normpath(os.path.join(recipe.base_dir, t))
+
+
+def _check_columns(recipe: Any, table: str, names: list[str]) -> None:
+    """Every column the recipe names exists in the table (a RecipeError naming the key and the columns)."""
+    inp, have = recipe.model.inputs, set(names)
+    wanted: list[tuple[str, str]] = []
+    if inp.path is not None:
+        wanted += [(c, "inputs.path") for c in template_columns(inp.path)]
+    if inp.key is not None:
+        wanted.append((inp.key, "inputs.key"))
+    for f, decl in inp.fields.items():
+        if decl.path is not None:
+            wanted += [(c, f"inputs.fields.{f}.path") for c in template_columns(decl.path)]
+        wanted += [(c, f"inputs.fields.{f}.{o}") for o, c in recipe.row_options.get(f, {}).items()]
+    for f, c in inp.columns.items():
+        wanted += [(col, f"inputs.columns.{f}") for col in ([c.column] if c.column is not None else c.columns)]
+    sp = recipe.model.split
+    if sp is not None:
+        if sp.column is not None:
+            wanted.append((sp.column, "split.column"))
+        if sp.group is not None:
+            wanted.append((sp.group if isinstance(sp.group, str) else sp.group.column, "split.group"))
+    for col, loc in wanted:
+        if col not in have:
+            raise RecipeError(f"{table}: no column {col!r} (columns: {', '.join(names)})",
+                              source=recipe.source, loc=loc)
+
+
+def _label_names(recipe: Any, table: str, rows: list[dict[str, Any]]) -> tuple[Optional[str], list[str]]:
+    """(the label field, its class names in id order) of the table's label column, if any."""
+    inp = recipe.model.inputs
+    lab = next((f for f, c in inp.columns.items() if c.kind == "label"), None)
+    if lab is None:
+        return None, []
+    c = inp.columns[lab]
+    for i, row in enumerate(rows, 1):
+        if _blank(row[c.column]):
+            raise TableError(table, i, c.column, "blank class name", recipe.source, f"inputs.columns.{lab}")
+    values = sorted({str(row[c.column]) for row in rows})
+    if c.classes is None:
+        return lab, values
+    known = set(c.classes)
+    for i, row in enumerate(rows, 1):
+        if str(row[c.column]) not in known:
+            raise TableError(table, i, c.column, f"class {str(row[c.column])!r} is not in classes {c.classes}",
+                             recipe.source, f"inputs.columns.{lab}.classes")
+    return lab, list(c.classes)
+
+
+def _row_values(recipe: Any, ids: dict[str, int], row: dict[str, Any], where: Any) -> dict[str, Any]:
+    """The column fields of one row (label id, list of floats or float, text)."""
+    out: dict[str, Any] = {}
+    for f, c in recipe.model.inputs.columns.items():
+        if c.kind == "label":
+            out[f] = ids[str(row[c.column])]
+        elif c.kind == "text":
+            v = row[c.column]
+            out[f] = "" if v is None else str(v)
+        else:
+            vals = []
+            for col in ([c.column] if c.column is not None else c.columns):
+                try:
+                    vals.append(_number(row[col], c.map))
+                except ValueError as e:
+                    raise where(col, str(e), f"inputs.columns.{f}") from None
+            out[f] = vals[0] if c.column is not None else vals
+    return out
+
+
+def _row_options(recipe: Any, row: dict[str, Any], where: Any) -> dict[str, dict[str, Any]]:
+    """The decoder options taken from the row, checked by each decoder's own option model."""
+    from pydantic import ValidationError
+
+    out = {}
+    for f, opts in recipe.row_options.items():
+        dcls = type(recipe.decoders[f])
+        vals = {}
+        for o, col in opts.items():
+            if _blank(row[col]):
+                raise where(col, f"blank cell (decoder option {o} of field {f!r} is taken from it)",
+                            f"inputs.fields.{f}.{o}")
+            vals[o] = row[col]
+        try:
+            p = dcls.Params.model_validate({**recipe._static_options[f], **vals})
+        except ValidationError as e:
+            first = e.errors()[0]
+            o = str(first["loc"][0]) if first["loc"] else next(iter(opts))
+            msg = first["msg"].removeprefix("Value error, ")
+            raise where(opts.get(o), f"decoder option {o} of field {f!r}: {msg}", f"inputs.fields.{f}.{o}") from None
+        out[f] = {o: getattr(p, o) for o in opts}
+    return out
+
+
+def _row_paths(recipe: Any, row: dict[str, Any], where: Any) -> tuple[Optional[str], dict[str, str]]:
+    """(the row's path, field -> absolute input path) from ``inputs.path`` and the fields' templates."""
+    inp, root = recipe.model.inputs, recipe.input_root
+    remote = "://" in root
+
+    def fill(template: str, loc: str) -> str:
+        try:
+            rel = fill_row_template(template, row)
+        except ValueError as e:
+            col = next((c for c in template_columns(template) if _blank(row[c]) or c in str(e)), None)
+            raise where(col, str(e), loc) from None
+        if rel.startswith("/") or ".." in rel.split("/"):
+            raise where(None, f"path {rel!r} leaves inputs.root (no leading '/' or '..')", loc)
+        return rel
+
+    rel = fill(inp.path, "inputs.path") if inp.path is not None else None
+    paths = {}
+    for f, decl in inp.fields.items():
+        rp = fill(decl.path, f"inputs.fields.{f}.path") if decl.path is not None else rel
+        if rp is None:
+            raise where(None, f"field {f!r} has no path (set inputs.path or the field's path)", f"inputs.fields.{f}")
+        paths[f] = f"{root}/{rp}" if remote else os.path.join(root, *rp.split("/"))
+    return rel, paths
+
+
+def table_items(recipe: Any) -> tuple[list, list[str]]:
+    """The items of a table recipe in key order, and the label names in id order."""
+    from .plan import Item
+
+    inp, source = recipe.model.inputs, recipe.source
+    table = table_path(recipe)
+    names, rows = read_table(table, source)
+    _check_columns(recipe, table, names)
+    lab, label_names = _label_names(recipe, table, rows)
+    ids = {n: i for i, n in enumerate(label_names)}
+    items, seen = [], {}
+    for i, row in enumerate(rows, 1):
+        def where(col: Optional[str], what: str, loc: str, _i: int = i) -> TableError:
+            return TableError(table, _i, col, what, source, loc)
+
+        rel, paths = _row_paths(recipe, row, where)
+        key = rel if inp.key is None else str(row[inp.key])
+        if inp.key is not None and _blank(row[inp.key]):
+            raise where(inp.key, "blank key", "inputs.key")
+        if key in seen:
+            raise where(inp.key, f"key {key!r} repeats data row {seen[key]} (give inputs.key a column whose values "
+                                 f"are unique when paths repeat)", "inputs.key" if inp.key else "inputs.path")
+        seen[key] = i
+        caps = {k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v) for k, v in row.items()}
+        items.append(Item(key=key, paths=paths, label=None, captures=caps, row=i,
+                          values=_row_values(recipe, ids, row, where), options=_row_options(recipe, row, where)))
+    items.sort(key=lambda it: it.key)
+    return items, label_names

@@ -4,6 +4,7 @@ and a :class:`PrecompileError` becomes one clean line on stderr and an exit code
 from __future__ import annotations
 
 import sys
+from typing import Mapping
 
 import click
 
@@ -46,6 +47,13 @@ def _jobs(ctx: click.Context, param: click.Parameter, value: int | None) -> int 
 @click.version_option(package_name="precompile")
 def main() -> None:
     """Compile datasets into uncompressed shards that feed training at full speed."""
+
+
+def _echo_splits(rep: "Mapping") -> None:
+    """One line per split of a ``split:`` build: its index, inputs, realised fraction and samples."""
+    for name, sp in (rep.get("splits") or {}).items():
+        click.echo(f"split {name}: {sp['output']}: {sp['inputs']} input(s) ({sp['fraction']:.1%} of inputs), "
+                   f"{sp['samples']} samples")
 
 
 @main.command()
@@ -133,6 +141,7 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
                + ("" if rep.get("up_to_date") else f" ({rep['samples_per_second']:.0f} samples/s)"))
     click.echo(f"stage time (summed over workers): decode {st['decode']:.2f} s, steps {st['steps']:.2f} s, "
                f"write {st['write']:.2f} s, finalize {st['finalize']:.2f} s")
+    _echo_splits(rep)
     for ev in rep.get("events", []):
         click.echo(f"note: {ev}", err=True)
     if rep["failures"]:

@@ -192,8 +192,9 @@ def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], co
         if report is not None:
             return report
     st = _sort_shards(b, keys, force)
-    if (st.todo or extras) and os.path.exists(b.index_path):
-        os.remove(b.index_path)  # before any shard changes: never an index that points at changed shards
+    for _, index_path in split_outputs(b):
+        if (st.todo or extras) and os.path.exists(index_path):
+            os.remove(index_path)  # before any shard changes: never an index that points at changed shards
     for p in extras:  # shards beyond the plan's count
         remove_path(p)
     if not force:
@@ -317,25 +318,60 @@ def _check_outcome(b: _Build, st: _State, report: BuildReport) -> None:
                          f"first error: {failures[0].message}")
 
 
+def split_outputs(b: _Build) -> list[tuple[Optional[str], str]]:
+    """(split, index path) of every index the build writes: one, or with ``split:`` one per split
+    (``<name>.<split><ext>`` beside where the one index would be)."""
+    from .plan import split_names
+
+    names = split_names(b.recipe, b.plan.items)
+    if not names:
+        return [(None, b.index_path)]
+    stem, ext = b.index_path[:-len(b.writer.index_ext)], b.writer.index_ext
+    return [(name, f"{stem}.{name}{ext}") for name in names]
+
+
 def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:
-    """Write the index (the build's last file but the report), then the report with the totals."""
+    """Write the index (with ``split:``, one per split: a loop over :func:`_finalize_one`), then the
+    report with the totals."""
+    outputs = split_outputs(b)
+    report.stage_seconds["finalize"] = 0.0
+    report.num_samples = report.bytes = 0
+    for split, index_path in outputs:
+        _finalize_one(b, st, report, split, index_path)
+    if outputs[0][0] is not None:
+        from .tables import split_counts
+
+        counts = split_counts(b.plan.items, [n for n, _ in outputs])
+        for (name, path) in outputs:
+            counts[name]["output"] = path
+            counts[name]["samples"] = report.splits_samples.pop(name)
+        report.splits = counts
+    report.wall_seconds = round(time.perf_counter() - b.t_start, 4)
+    report.samples_per_second = round(report.num_samples / max(report.wall_seconds, 1e-9), 1)
+    _write_report(b.index_path, report)
+    return report
+
+
+def _finalize_one(b: _Build, st: _State, report: BuildReport, split: Optional[str], index_path: str) -> None:
+    """Write one index over the plan's shards (of ``split``, when given); add its totals to the report."""
     r, plan = b.recipe, b.plan
     shards = []
     for s in plan.shards:
+        if s.split != split:
+            continue
         info = st.infos[s.index]
         shards.append({"file": f"{fmt.shard_dir_name(r.output_name)}/{fmt.shard_file_name(s.index, b.writer.shard_ext)}",
                        "num_samples": info["num_samples"], "key": info["key"], "checksums": info["checksums"],
                        "bytes": info["bytes"]})
     attrs = _index_attrs(r, plan, b.rhash) | {fmt.A_BUILD_DATE: _build_date(), fmt.A_SHARDS: shards}
     t0 = time.perf_counter()
-    b.writer.finalize(b.index_path, shards, plan.specs, attrs)
-    report.stage_seconds["finalize"] = round(time.perf_counter() - t0, 4)
-    report.num_samples = sum(s["num_samples"] for s in shards)
-    report.bytes = sum(s["bytes"] for s in shards)
-    report.wall_seconds = round(time.perf_counter() - b.t_start, 4)
-    report.samples_per_second = round(report.num_samples / max(report.wall_seconds, 1e-9), 1)
-    _write_report(b.index_path, report)
-    return report
+    b.writer.finalize(index_path, shards, plan.specs, attrs)
+    report.stage_seconds["finalize"] = round(report.stage_seconds["finalize"] + time.perf_counter() - t0, 4)
+    n = sum(s["num_samples"] for s in shards)
+    report.num_samples += n
+    report.bytes += sum(s["bytes"] for s in shards)
+    if split is not None:
+        report.splits_samples[split] = n
 
 
 def _index_attrs(recipe: Recipe, plan: Plan, rhash: str) -> dict[str, Any]:

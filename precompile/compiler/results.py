@@ -10,7 +10,7 @@ workers). A :class:`BuildReport` is what :func:`precompile.build` returns and wh
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 #: the stage timings every shard result and report carries
@@ -114,6 +114,9 @@ class BuildReport(Mapping):
     num_samples: Optional[int] = None
     bytes: Optional[int] = None
     samples_per_second: Optional[float] = None
+    #: with ``split:``: split -> {inputs, fraction (of inputs), samples, output}
+    splits: Optional[dict[str, dict[str, Any]]] = None
+    splits_samples: dict[str, int] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -129,6 +132,8 @@ class BuildReport(Mapping):
             d["num_samples"] = self.num_samples
             d["bytes"] = self.bytes
             d["samples_per_second"] = self.samples_per_second
+        if self.splits is not None:
+            d["splits"] = {k: dict(v) for k, v in self.splits.items()}
         return d
 
     def __getitem__(self, k: str) -> Any:

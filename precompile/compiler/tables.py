@@ -339,3 +339,77 @@ def table_items(recipe: Any) -> tuple[list, list[str]]:
                           values=_row_values(recipe, ids, row, where), options=_row_options(recipe, row, where)))
     items.sort(key=lambda it: it.key)
     return items, label_names
+
+
+def split_group(spec: Any, captures: dict[str, Any]) -> Optional[str]:
+    """An item's group value under ``split.group`` (None without one); the pattern's first group when given."""
+    g = spec.group
+    if g is None:
+        return None
+    col = g if isinstance(g, str) else g.column
+    v = str(captures[col])
+    if isinstance(g, str) or g.pattern is None:
+        return v
+    m = re.search(g.pattern, v)
+    if m is None:
+        raise ValueError(f"split.group pattern {g.pattern!r} does not match {v!r}")
+    return m.group(1) if m.groups() else m.group(0)
+
+
+def hash_split(fractions: dict[str, float], seed: int, name: str) -> str:
+    """The split of ``name`` (a key or a group): a stable 64-bit hash of seed and name, as a point in [0, 1),
+    falls in one split's share of the line (the fractions in their given order). Nothing else decides it."""
+    from ..seeding import stable_hash
+
+    u = stable_hash(f"split:{int(seed)}:{name}") / 2.0 ** 64
+    acc = 0.0
+    last = next(reversed(fractions))
+    for split, f in fractions.items():
+        acc += f
+        if u < acc:
+            return split
+    return last
+
+
+def assign_splits(recipe: Any, items: list) -> list:
+    """``items`` with ``split`` set (see the module docstring); a RecipeError naming the input whose
+    group or split value is unusable, or a group found in two splits of a ``by: column`` table."""
+    import dataclasses
+
+    sp, source = recipe.model.split, recipe.source
+    seed = recipe.seed if sp.seed is None else sp.seed
+    where = table_path(recipe) if recipe.model.inputs.table is not None else "input"
+    out, group_split = [], {}
+    for it in items:
+        at = f"{where}: data row {it.row} (1-based, header not counted)" if it.row else f"input {it.key!r}"
+        for col in (sp.column, sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)):
+            if col is not None and col not in it.captures:
+                raise RecipeError(f"{col!r} is neither a table column nor a capture of match", source=source,
+                                  loc="split")
+        try:
+            group = split_group(sp, it.captures)
+        except ValueError as e:
+            raise RecipeError(f"{at}: {e}", source=source, loc="split.group") from None
+        if sp.by == "column":
+            name = it.captures[sp.column]
+            if _blank(name) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", str(name)):
+                raise RecipeError(f"{at}, column {sp.column!r}: split name {name!r} must be letters, digits, "
+                                  f"'_', '.', '-'", source=source, loc="split.column")
+            name = str(name)
+            if group is not None and group_split.setdefault(group, (name, at))[0] != name:
+                first = group_split[group]
+                raise RecipeError(f"{at}: group {group!r} is in split {name!r} here and in {first[0]!r} at "
+                                  f"{first[1]} (a group must not be in two splits)", source=source, loc="split.group")
+        else:
+            name = hash_split(sp.fractions, seed, it.key if group is None else group)
+        out.append(dataclasses.replace(it, split=name))
+    return out
+
+
+def split_counts(items: list, names: list[str]) -> dict[str, dict[str, Any]]:
+    """Per split: inputs and the realised fraction of all inputs."""
+    n = max(1, len(items))
+    counts = {s: 0 for s in names}
+    for it in items:
+        counts[it.split] += 1
+    return {s: {"inputs": c, "fraction": round(c / n, 4)} for s, c in counts.items()}

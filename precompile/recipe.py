@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from .formats import names as fmt
 from .errors import RecipeError
@@ -138,12 +139,13 @@ class Inputs(_Model):
     root: str
     storage_options: dict[str, Any] = Field(default_factory=dict,
                                             description="fsspec options for a remote root (s3://, gs://, https://)")
-    match: Optional[str] = Field(None, description="a pattern of input paths under root (not with table)")
+    table: Optional[str] = Field(None, description="a CSV, TSV, JSON Lines or Parquet file: one sample per row")
+    match: Optional[str] = Field(None, validate_default=True,
+                                 description="a pattern of input paths under root (not with table)")
     where: dict[str, str] = Field(default_factory=dict)
     kind: Literal["file", "dir"] = "file"
     fields: dict[str, FieldDecl] = Field(default_factory=dict)
     label: Optional[LabelSpec] = None
-    table: Optional[str] = Field(None, description="a CSV, TSV, JSON Lines or Parquet file: one sample per row")
     path: Optional[str] = Field(None, description="table: a template over the row's columns giving the input "
                                                   "under root, e.g. '{patient}/{study}.jpg'")
     key: Optional[str] = Field(None, description="table: the column whose value is the sample key "
@@ -192,7 +194,9 @@ class Inputs(_Model):
 
     @field_validator("match", "path")
     @classmethod
-    def _match(cls, v: Optional[str]) -> Optional[str]:
+    def _match(cls, v: Optional[str], info: ValidationInfo) -> Optional[str]:
+        if v is None and info.field_name == "match" and info.data.get("table") is None:
+            raise ValueError("required key is missing (or give table: a file with one row per sample)")
         if v is not None and (v.startswith("/") or ".." in Path(v).parts):
             raise ValueError("must be a relative pattern inside root (no leading '/' or '..')")
         return v

@@ -1,0 +1,391 @@
+"""Tables as inputs (inputs.table): rows -> samples with label/target/text fields, per-row decoder options,
+plan-time errors naming file/row/column, per-row fingerprints, and splits that cannot leak."""
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+from PIL import Image
+
+import precompile
+from precompile.compiler.plan import make_plan
+from precompile.compiler.tables import fill_row_template, hash_split
+from precompile.errors import BuildError, RecipeError
+from precompile.recipe import load_recipe
+
+pa = pytest.importorskip("pyarrow", reason="table inputs need pyarrow (the tables extra)")
+
+TEXTS = ["héllo, wörld", "", "line one\nline two", "🙂🚀 emoji", "中文字符", "שלום עולם", "plain"]
+FINDINGS = ["1.0", "-1.0", "", "0.0", "1", "-1.0", "0.0"]
+
+
+def _images(root: Path, n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(n):
+        a = rng.integers(0, 256, (6, 5, 3), dtype=np.uint8)
+        (root / f"p{i % 3}").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(a).save(root / f"p{i % 3}" / f"s{i}.png")
+        out.append(a)
+    return out
+
+
+def _rows(n: int = 7) -> list[dict[str, str]]:
+    return [{"Path": f"p{i % 3}/s{i}.png", "Finding": FINDINGS[i], "Age": str(20 + i), "Caption": TEXTS[i],
+             "Label": ["cat, big", "dog"][i % 2], "Patient": f"patient{i % 3:05d}"} for i in range(n)]
+
+
+def _write_csv(path: Path, rows: list[dict], delimiter: str = ",") -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]), delimiter=delimiter)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def _recipe(table: str, **inputs) -> dict:
+    inp = {"root": ".", "table": table, "path": "{Path}", "fields": {"image": {"decoder": "image"}},
+           "columns": {"y": {"columns": ["Finding", "Age"], "kind": "target", "map": {-1: "nan"}},
+                       "caption": {"column": "Caption", "kind": "text"},
+                       "label": {"column": "Label", "kind": "label"}}}
+    inp.update(inputs)
+    return {"name": "t", "inputs": inp, "output": {"samples_per_shard": 3}}
+
+
+def _expected_target(row: dict) -> list[float]:
+    f = row["Finding"]
+    first = math.nan if f == "" or float(f) == -1 else float(f)
+    return [first, float(row["Age"])]
+
+
+@pytest.fixture()
+def table_tree(tmp_path: Path, monkeypatch) -> tuple[Path, list[dict], list[np.ndarray]]:
+    monkeypatch.chdir(tmp_path)
+    imgs = _images(tmp_path, 7)
+    rows = _rows()
+    _write_csv(tmp_path / "t.csv", rows)
+    return tmp_path, rows, imgs
+
+
+def _check_output(ds, rows: list[dict], imgs: list[np.ndarray]) -> None:
+    by_key = {r["Path"]: (r, imgs[i]) for i, r in enumerate(rows)}
+    assert sorted(ds.keys) == sorted(by_key)
+    assert ds.label_names == ["cat, big", "dog"]
+    for i in range(len(ds)):
+        row, img = by_key[ds.key(i)]
+        s = ds[i]
+        assert isinstance(s["caption"], str) and s["caption"] == row["Caption"]
+        np.testing.assert_array_equal(s["image"], img)
+        np.testing.assert_array_equal(s["y"], np.asarray(_expected_target(row), np.float32))
+        assert s["y"].dtype == np.float32
+        assert ds.label_names[int(s["label"])] == row["Label"]
+    b = ds.batch([3, 0, 5])
+    assert b["caption"] == [by_key[ds.key(i)][0]["Caption"] for i in (3, 0, 5)]
+    assert b["y"].shape == (3, 2)
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "png"])
+def test_csv_round_trip_targets_text_labels(table_tree, fmt):
+    root, rows, imgs = table_tree
+    r = _recipe("t.csv")
+    r["output"]["format"] = fmt
+    rep = precompile.build(r, "out")
+    assert rep["status"] == "ok" and rep["num_samples"] == 7
+    ds = precompile.open(rep["output"])
+    _check_output(ds, rows, imgs)
+    specs = ds.field_specs
+    assert specs["y"]["kind"] == "target" and specs["y"]["shape"] == [2]
+    assert specs["caption"]["kind"] == "text"
+
+
+def test_text_is_plain_h5py_readable_utf8(table_tree):
+    root, rows, _ = table_tree
+    rep = precompile.build(_recipe("t.csv"), "out")
+    with h5py.File(rep["output"], "r") as f:
+        g = f["caption"]
+        o = g["offsets"][:]
+        keys = [k.decode() for k in f["__key__"][:]]
+        got = {k: g["data"][o[i]:o[i + 1]].tobytes().decode("utf-8") for i, k in enumerate(keys)}
+    assert got == {r["Path"]: r["Caption"] for r in rows}
+
+
+@pytest.mark.parametrize("kind", ["tsv", "jsonl", "parquet"])
+def test_other_table_formats_give_the_same_samples(table_tree, kind):
+    root, rows, imgs = table_tree
+    if kind == "tsv":
+        _write_csv(root / "t.tsv", rows, "\t")
+    elif kind == "jsonl":
+        with open(root / "t.jsonl", "w", encoding="utf-8") as f:
+            for r in rows:
+                d = dict(r, Age=int(r["Age"]), Finding=float(r["Finding"]) if r["Finding"] else None)
+                f.write(json.dumps(d, ensure_ascii=False) + "\n")
+    else:
+        import pyarrow.parquet as pq
+
+        t = pa.table({k: [r[k] for r in rows] for k in rows[0]} |
+                     {"Finding": pa.array([float(r["Finding"]) if r["Finding"] else None for r in rows]),
+                      "Age": pa.array([int(r["Age"]) for r in rows])})
+        pq.write_table(t, root / "t.parquet")
+    rep = precompile.build(_recipe(f"t.{kind}"), "out")
+    _check_output(precompile.open(rep["output"]), rows, imgs)
+
+
+def test_key_column_when_paths_repeat_and_field_path_templates(table_tree):
+    root, rows, imgs = table_tree
+    rows = [dict(r, Id=f"row{i:02d}", Dir=r["Path"].split("/")[0], Num=str(i)) for i, r in enumerate(rows)]
+    rows.append(dict(rows[0], Id="again"))           # the same image a second time, under another key
+    _write_csv(root / "k.csv", rows)
+    r = _recipe("k.csv", key="Id", fields={"image": {"decoder": "image", "path": "{Dir}/s{Num:d}.png"}})
+    del r["inputs"]["path"]
+    ds = precompile.open(precompile.build(r, "out")["output"])
+    assert ds.keys == sorted(x["Id"] for x in rows)
+    i = ds.keys.index("again")
+    np.testing.assert_array_equal(ds[i]["image"], imgs[0])
+
+
+def test_template_format_specs():
+    assert fill_row_template("{id}_{s:06d}_{e:06d}.mp4", {"id": "ab", "s": "12", "e": 22}) == "ab_000012_000022.mp4"
+    assert fill_row_template("{x:.1f}/{n}", {"x": "2", "n": "007"}) == "2.0/007"
+    with pytest.raises(ValueError, match="not an integer"):
+        fill_row_template("{s:06d}", {"s": "1.5"})
+
+
+# -- bad tables: one clear error naming file, row and column ------------------------------------------
+
+def _plan_error(r: dict) -> RecipeError:
+    with pytest.raises(RecipeError) as ei:
+        make_plan(load_recipe(r))
+    return ei.value
+
+
+def test_missing_table_file(table_tree):
+    e = _plan_error(_recipe("nope.csv"))
+    assert e.loc == "inputs.table" and "nope.csv' does not exist" in str(e)
+
+
+def test_unknown_table_extension():
+    with pytest.raises(RecipeError, match=r"inputs.table: .*unknown table extension '.xlsx'"):
+        load_recipe(_recipe("t.xlsx"))
+
+
+def test_duplicate_key_names_both_rows(table_tree):
+    root, rows, _ = table_tree
+    _write_csv(root / "d.csv", rows + [rows[2]])
+    e = _plan_error(_recipe("d.csv"))
+    assert str(e).endswith(f"d.csv: data row 8 (1-based, header not counted): key 'p2/s2.png' repeats data row 3 "
+                           f"(give inputs.key a column whose values are unique when paths repeat)")
+    assert e.loc == "inputs.path"
+
+
+def test_unknown_column_names_it_and_lists_the_columns(table_tree):
+    r = _recipe("t.csv")
+    r["inputs"]["columns"]["y"]["columns"] = ["Finding", "Agee"]
+    e = _plan_error(r)
+    assert e.loc == "inputs.columns.y"
+    assert "t.csv: no column 'Agee' (columns: Path, Finding, Age, Caption, Label, Patient)" in str(e)
+
+
+def test_non_numeric_target_names_row_and_column(table_tree):
+    root, rows, _ = table_tree
+    rows[4]["Age"] = "forty"
+    _write_csv(root / "bad.csv", rows)
+    e = _plan_error(_recipe("bad.csv"))
+    assert e.loc == "inputs.columns.y"
+    assert "bad.csv: data row 5 (1-based, header not counted), column 'Age': 'forty' is not a number" in str(e)
+
+
+def test_unknown_class_and_blank_label(table_tree):
+    root, rows, _ = table_tree
+    r = _recipe("t.csv")
+    r["inputs"]["columns"]["label"]["classes"] = ["dog"]
+    e = _plan_error(r)
+    assert "data row 1 (1-based, header not counted), column 'Label': class 'cat, big' is not in classes" in str(e)
+    rows[6]["Label"] = ""
+    _write_csv(root / "b.csv", rows)
+    assert "data row 7 (1-based, header not counted), column 'Label': blank class name" in str(_plan_error(_recipe("b.csv")))
+
+
+def test_row_whose_file_is_missing_is_a_per_input_failure(table_tree):
+    root, rows, imgs = table_tree
+    os.remove(root / rows[3]["Path"])
+    with pytest.raises(BuildError, match=r"first error: .*p0/s3.png.*input file is missing"):
+        precompile.build(_recipe("t.csv"), "out")
+    rep = precompile.build(_recipe("t.csv"), "out", on_error="skip")
+    assert rep["num_samples"] == 6 and rep["skipped_inputs"] == 1
+    (f,) = rep["failures"]
+    assert f["key"] == "p0/s3.png" and f["stage"] == "decode" and f["path"].endswith("p0/s3.png")
+    ds = precompile.open(rep["output"])
+    _check_output(ds, [r for i, r in enumerate(rows) if i != 3], [a for i, a in enumerate(imgs) if i != 3])
+
+
+def test_changed_row_rebuilds_only_its_shard(table_tree):
+    root, rows, _ = table_tree
+    r = _recipe("t.csv")
+    first = precompile.build(r, "out")
+    assert first["shards"]["built"] == 3
+    assert precompile.build(r, "out")["up_to_date"]
+    rows[6]["Caption"] = "changed"        # p0/s6.png: the last key in order -> the last shard
+    _write_csv(root / "t.csv", rows)
+    rep = precompile.build(r, "out")
+    assert rep["shards"]["built"] == 1 and rep["shards"]["skipped"] == 2
+    ds = precompile.open(rep["output"])
+    assert ds[ds.keys.index("p0/s6.png")]["caption"] == "changed"
+
+
+def test_decoder_option_from_a_row_is_checked_per_row(table_tree):
+    root, rows, _ = table_tree
+    rows = [dict(r, Mode="rgb8" if i else "bogus") for i, r in enumerate(rows)]
+    _write_csv(root / "m.csv", rows)
+    r = _recipe("m.csv")
+    r["inputs"]["fields"]["image"]["mode"] = {"column": "Mode"}
+    e = _plan_error(r)
+    assert e.loc == "inputs.fields.image.mode"
+    assert "m.csv: data row 1 (1-based, header not counted), column 'Mode': decoder option mode of field 'image'" in str(e)
+    with pytest.raises(RecipeError, match="needs table inputs"):
+        load_recipe({"name": "t", "inputs": {"root": ".", "match": "{n}.png",
+                                             "fields": {"image": {"decoder": "image", "mode": {"column": "m"}}}}})
+
+
+# -- video clips per row: start_s / end_s -----------------------------------------------------------
+
+VIDEO = Path(__file__).resolve().parents[1] / "sample_data" / "video" / "balls.mp4"
+
+
+def _pyav_frames(path: Path) -> list[tuple[float, np.ndarray]]:
+    import av
+
+    with av.open(str(path)) as c:
+        s = c.streams.video[0]
+        t0 = s.start_time * s.time_base
+        return [(float(f.pts * s.time_base - t0), f.to_ndarray(format="rgb24")) for f in c.decode(s)]
+
+
+def test_video_window_per_row_matches_pyav(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    os.symlink(VIDEO, tmp_path / "v.mp4")
+    windows = [(0.0, 0.4), (0.5, 1.0), (0.2, 0.21)]
+    with open(tmp_path / "k.csv", "w") as f:
+        f.write("id,label,time_start,time_end\n")
+        for i, (a, b) in enumerate(windows):
+            f.write(f"c{i},\"run, fast\",{a},{b}\n")
+    r = {"name": "k", "inputs": {"root": ".", "table": "k.csv", "path": "v.mp4", "key": "id",
+                                 "fields": {"video": {"decoder": "video", "start_s": {"column": "time_start"},
+                                                      "end_s": {"column": "time_end"}}},
+                                 "columns": {"label": {"column": "label", "kind": "label"}}}}
+    ds = precompile.open(precompile.build(r, "out")["output"])
+    frames = _pyav_frames(VIDEO)
+    for i, (a, b) in enumerate(windows):
+        ref = np.stack([x for t, x in frames if a - 1e-6 <= t < b - 1e-6])
+        np.testing.assert_array_equal(ds[ds.keys.index(f"c{i}")]["video"], ref)
+    assert ds.label_names == ["run, fast"]
+    bad = copy.deepcopy(r)
+    with open(tmp_path / "k.csv", "a") as f:
+        f.write("c9,x,2.0,1.0\n")
+    e = _plan_error(bad)
+    assert "data row 4 (1-based, header not counted)" in str(e) and "end_s (1.0) must be after start_s (2.0)" in str(e)
+
+
+# -- splits -----------------------------------------------------------------------------------------
+
+def test_split_writes_one_output_per_split_grouped_by_patient(table_tree):
+    root, rows, imgs = table_tree
+    r = _recipe("t.csv")
+    r["split"] = {"fractions": {"train": 0.5, "val": 0.25, "test": 0.25},
+                  "group": {"column": "Path", "pattern": r"^(p\d+)/"}}
+    rep = precompile.build(r, "out")
+    seen, files = {}, []
+    total = 0
+    for name, info in rep["splits"].items():
+        assert info["output"].endswith(f"t.{name}.h5")
+        ds = precompile.open(info["output"])
+        files += [s["file"] for s in ds.shards]
+        assert len(ds) == info["samples"] == info["inputs"]
+        total += len(ds)
+        for k in ds.keys:
+            assert seen.setdefault(k.split("/")[0], name) == name   # a group in one split only
+    assert total == 7 and len(files) == len(set(files))    # shards never mix splits
+    # the same build again: nothing to rebuild
+    again = precompile.build(r, "out")
+    assert again["shards"]["built"] == 0 and again["splits"] == rep["splits"]
+
+
+def test_split_by_column_and_group_conflict(table_tree):
+    root, rows, _ = table_tree
+    rows = [dict(r, Split=["train", "val"][i % 2]) for i, r in enumerate(rows)]
+    _write_csv(root / "s.csv", rows)
+    r = _recipe("s.csv")
+    r["split"] = {"by": "column", "column": "Split"}
+    rep = precompile.build(r, "out")
+    assert {k: v["inputs"] for k, v in rep["splits"].items()} == {"train": 4, "val": 3}
+    ds = precompile.open(rep["splits"]["val"]["output"])
+    assert sorted(ds.keys) == sorted(x["Path"] for x in rows if x["Split"] == "val")
+    r["split"]["group"] = "Patient"
+    e = _plan_error(r)
+    assert "s.csv: data row 4 (1-based, header not counted): group 'patient00000' is in split 'val' here and in " \
+           "'train' at" in str(e) and e.loc == "split.group"
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), n=st.integers(1, 300), groups=st.integers(1, 40),
+       extra=st.integers(1, 100))
+def test_hash_split_properties(seed, n, groups, extra):
+    fr = {"train": 0.7, "val": 0.2, "test": 0.1}
+    rng = np.random.default_rng(seed)
+    keys = [f"k{rng.integers(1 << 40)}" for _ in range(n)]
+    group_of = {k: f"g{rng.integers(groups)}" for k in keys}
+    by_key = {k: hash_split(fr, seed, k) for k in keys}
+    more = [f"m{rng.integers(1 << 40)}" for _ in range(extra)]
+    by_key2 = {k: hash_split(fr, seed, k) for k in keys + more}
+    assert all(by_key2[k] == by_key[k] for k in keys)           # adding inputs never moves an old one
+    split_of_group = {}
+    for k in keys:                                              # a group is never in two splits
+        s = hash_split(fr, seed, group_of[k])
+        assert split_of_group.setdefault(group_of[k], s) == s
+
+
+@pytest.mark.parametrize("seed", [0, 1, 7, 12345])
+def test_hash_split_fractions_near_the_asked_ones(seed):
+    fr = {"train": 0.8, "val": 0.1, "test": 0.1}
+    n = 20000
+    got = [hash_split(fr, seed, f"key{i}") for i in range(n)]
+    for name, f in fr.items():
+        share = got.count(name) / n
+        assert abs(share - f) < 4 * math.sqrt(f * (1 - f) / n), (name, share)
+
+
+def test_split_of_folder_inputs_by_capture(tmp_path):
+    from conftest import image_recipe, make_image_tree
+
+    make_image_tree(tmp_path / "imgs", per_class=6)
+    r = image_recipe(tmp_path / "imgs")
+    r["split"] = {"fractions": {"a": 0.5, "b": 0.5}, "group": "label", "seed": 3}
+    rep = precompile.build(r, tmp_path / "out")
+    where = {}
+    for name, info in rep["splits"].items():
+        for k in precompile.open(info["output"]).keys:
+            assert where.setdefault(k.split("/")[0], name) == name
+    assert sorted(where) == ["cat", "dog"]
+    assert {n: i["inputs"] for n, i in rep["splits"].items()} == {
+        n: 6 * sum(hash_split({"a": 0.5, "b": 0.5}, 3, c) == n for c in ("cat", "dog")) for n in ("a", "b")}
+    r["split"]["group"] = "nope"
+    with pytest.raises(RecipeError, match="'nope' is neither a table column nor a capture of match"):
+        make_plan(load_recipe(r))
+
+
+def test_missing_pyarrow_names_the_extra(table_tree, monkeypatch):
+    import sys
+
+    from precompile.errors import MissingDependencyError
+
+    for m in ("pyarrow", "pyarrow.csv", "pyarrow.json", "pyarrow.parquet"):
+        monkeypatch.setitem(sys.modules, m, None)   # import fails as if it were not installed
+    with pytest.raises(MissingDependencyError, match=r"pip install 'precompile\[tables\]'"):
+        make_plan(load_recipe(_recipe("t.csv")))

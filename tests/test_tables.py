@@ -389,3 +389,23 @@ def test_missing_pyarrow_names_the_extra(table_tree, monkeypatch):
         monkeypatch.setitem(sys.modules, m, None)   # import fails as if it were not installed
     with pytest.raises(MissingDependencyError, match=r"pip install 'precompile\[tables\]'"):
         make_plan(load_recipe(_recipe("t.csv")))
+
+
+def test_loader_gives_text_as_a_list_of_str(table_tree):
+    torch = pytest.importorskip("torch", reason="the Loader needs torch")
+    from precompile import Loader
+
+    root, rows, _ = table_tree
+    r = _recipe("t.csv")
+    r["steps"] = [{"resize": {"size": [6, 5]}}]   # the Loader gathers fixed shapes
+    rep = precompile.build(r, "out")
+    ds = precompile.open(rep["output"])
+    loader = Loader(rep["output"], batch_size=3, shuffle=True, seed=1, device="cpu", num_threads=0)
+    by_key = {r["Path"]: r for r in rows}
+    n = 0
+    for b, idx in zip(loader, loader.batch_indices(0)):
+        assert isinstance(b["caption"], list) and all(isinstance(t, str) for t in b["caption"])
+        assert b["caption"] == [by_key[ds.key(int(i))]["Caption"] for i in idx]
+        assert isinstance(b["y"], torch.Tensor) and tuple(b["y"].shape) == (len(idx), 2)
+        n += len(idx)
+    assert n == 7

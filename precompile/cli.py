@@ -136,7 +136,8 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
     st = rep["stage_seconds"]
     reused = f", {sh['reused']} reused from a sibling output" if sh.get("reused") else ""
     verb = "up to date, nothing written:" if rep.get("up_to_date") else "wrote"
-    click.echo(f"{verb} {rep['output']}: {rep['num_samples']} samples, {_human(rep['bytes'])}, "
+    what = rep["output"] if not rep.get("splits") else f"{len(rep['splits'])} splits (below)"
+    click.echo(f"{verb} {what}: {rep['num_samples']} samples, {_human(rep['bytes'])}, "
                f"{sh['built']} shard(s) built, {sh['skipped']} up to date{reused}, in {rep['wall_seconds']:.2f} s"
                + ("" if rep.get("up_to_date") else f" ({rep['samples_per_second']:.0f} samples/s)"))
     click.echo(f"stage time (summed over workers): decode {st['decode']:.2f} s, steps {st['steps']:.2f} s, "

@@ -409,3 +409,49 @@ def test_loader_gives_text_as_a_list_of_str(table_tree):
         assert isinstance(b["y"], torch.Tensor) and tuple(b["y"].shape) == (len(idx), 2)
         n += len(idx)
     assert n == 7
+
+
+# -- the example recipes ----------------------------------------------------------------------------
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+
+
+def test_example_chexpert_builds_with_a_patient_grouped_split(tmp_path):
+    rep = precompile.build(RECIPES / "chexpert.yaml", tmp_path)
+    with open(RECIPES.parent / "sample_data" / "chexpert" / "train.csv", newline="") as f:
+        rows = {r["Path"]: r for r in csv.DictReader(f)}
+    findings = list(rows[next(iter(rows))])[5:]
+    assert len(findings) == 14
+    patients, n = {}, 0
+    for name, info in rep["splits"].items():
+        ds = precompile.open(info["output"])
+        n += len(ds)
+        for i in range(len(ds)):
+            row, s = rows[ds.key(i)], ds[i]
+            want = [math.nan if row[c] in ("", "-1.0") else float(row[c]) for c in findings]
+            np.testing.assert_array_equal(s["findings"], np.asarray(want, np.float32))
+            assert s["age"] == float(row["Age"]) and ds.label_names[int(s["sex"])] == row["Sex"]
+            p = ds.key(i).split("/")[2]
+            assert patients.setdefault(p, name) == name
+    assert n == len(rows)
+
+
+def test_example_kinetics_builds_clips_per_row_and_skips_the_missing_video(tmp_path):
+    rep = precompile.build(RECIPES / "kinetics.yaml", tmp_path)
+    assert [f["key"] for f in rep["failures"]] == ["Kk7jJ8hH9gG"]
+    train = precompile.open(rep["splits"]["train"]["output"])
+    assert train.label_names == ["dancing, ballet", "playing guitar", "riding a bike"]
+    i = train.keys.index("Zz9_yY8-xX7#clip0")        # time_start 1, time_end 3: frames 10..29 at 10 fps
+    frames = _pyav_frames(RECIPES.parent / "sample_data/kinetics/videos/Zz9_yY8-xX7_000001_000003.mp4")
+    ref = np.stack([x for t, x in frames if 1 - 1e-6 <= t < 3 - 1e-6][0:16:2])
+    np.testing.assert_array_equal(train[i]["video"], ref)
+    assert train.meta(i)["clip"]["pts"][0] == pytest.approx(1.0)
+    assert train.label_names[int(train[i]["label"])] == "dancing, ballet"
+
+
+def test_example_lung_ct_table_builds_one_series_per_row(tmp_path):
+    rep = precompile.build(RECIPES / "lung_ct_table.yaml", tmp_path)
+    ds = precompile.open(rep["output"])
+    assert ds.keys == ["chest_a", "chest_b"] and ds.label_names == ["0", "1"]
+    assert [int(ds[i]["cancer"]) for i in range(2)] == [0, 1]
+    assert ds[0]["ct"].ndim == 3

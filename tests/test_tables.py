@@ -312,9 +312,17 @@ def test_split_writes_one_output_per_split_grouped_by_patient(table_tree):
         for k in ds.keys:
             assert seen.setdefault(k.split("/")[0], name) == name   # a group in one split only
     assert total == 7 and len(files) == len(set(files))    # shards never mix splits
-    # the same build again: nothing to rebuild
+    for name, info in rep["splits"].items():                   # each split's own report beside its index
+        with open(root / "out" / f"t.{name}.report.json") as f:
+            assert json.load(f)["num_samples"] == info["samples"]
+    with open(root / "out" / "t.report.json") as f:
+        assert json.load(f)["splits"] == rep["splits"]
+    # the same build again: nothing to do, nothing written
+    before = {p: p.stat().st_mtime_ns for p in (root / "out").iterdir()}
     again = precompile.build(r, "out")
-    assert again["shards"]["built"] == 0 and again["splits"] == rep["splits"]
+    assert again["up_to_date"] and again["shards"]["skipped"] == again["shards"]["total"]
+    assert again["splits"] == rep["splits"] and again["num_samples"] == 7
+    assert {p: p.stat().st_mtime_ns for p in (root / "out").iterdir()} == before
 
 
 def test_split_by_column_and_group_conflict(table_tree):

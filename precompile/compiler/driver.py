@@ -26,6 +26,7 @@ Guarantees kept here:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import glob
 import os
@@ -183,18 +184,21 @@ class _State:
 
 
 def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool) -> BuildReport:
-    """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize."""
+    """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize.
+    With ``split:``, the no-op check and finalize run once per split output (:func:`split_views`)."""
     extras = _clean_temporaries(b)
     skey = recipe_key(b.recipe)
     keys = {s.index: shard_key(b.plan, s, skey, content=content_hash) for s in b.plan.shards}
+    named = split_views(b)
+    views = [v for _, v in named]
     if not force and not extras:
-        report = _unchanged(b, keys)
-        if report is not None:
-            return report
+        reports = [_unchanged(v, keys) for v in views]
+        if all(r is not None for r in reports):
+            return reports[0] if views[0] is b else _merge_splits(b, named, reports, reports[0])
     st = _sort_shards(b, keys, force)
-    for _, index_path in split_outputs(b):
-        if (st.todo or extras) and os.path.exists(index_path):
-            os.remove(index_path)  # before any shard changes: never an index that points at changed shards
+    for v in views:
+        if (st.todo or extras) and os.path.exists(v.index_path):
+            os.remove(v.index_path)  # before any shard changes: never an index that points at changed shards
     for p in extras:  # shards beyond the plan's count
         remove_path(p)
     if not force:
@@ -202,7 +206,46 @@ def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], co
     _run_stage(b, keys, st, progress, scheduler)
     report = _report(b, st)
     _check_outcome(b, st, report)
-    return _finalize(b, st, report)
+    if views[0] is b:
+        return _finalize(b, st, report)
+    done = [_finalize(v, st, dataclasses.replace(report, output=v.index_path, inputs=len(v.plan.items)))
+            for v in views]
+    merged = _merge_splits(b, named, done, report)
+    _write_report(b.index_path, merged)
+    return merged
+
+
+def split_views(b: _Build) -> list[tuple[Optional[str], _Build]]:
+    """The build itself, or with ``split:`` one view per split: the split's items and shards, and its
+    index ``<name>.<split><ext>`` (its report ``<name>.<split>.report.json``) beside the build's."""
+    from .plan import split_names
+
+    names = split_names(b.recipe, b.plan.items)
+    if not names:
+        return [(None, b)]
+    stem, ext = b.index_path[:-len(b.writer.index_ext)], b.writer.index_ext
+    return [(name, dataclasses.replace(b, index_path=f"{stem}.{name}{ext}", plan=dataclasses.replace(
+        b.plan, items=[it for it in b.plan.items if it.split == name],
+        shards=[s for s in b.plan.shards if s.split == name]))) for name in names]
+
+
+def _merge_splits(b: _Build, named: list[tuple[Optional[str], _Build]], reports: list[BuildReport],
+                  base: BuildReport) -> BuildReport:
+    """The build's report over its split outputs: totals, and per split the inputs, their realised
+    fraction of all inputs, the samples written and the output."""
+    n_in = max(1, len(b.plan.items))
+    splits = {name: {"inputs": len(v.plan.items), "fraction": round(len(v.plan.items) / n_in, 4),
+                     "samples": r.num_samples, "output": v.index_path} for (name, v), r in zip(named, reports)}
+    num = sum(r.num_samples or 0 for r in reports)
+    wall = round(time.perf_counter() - b.t_start, 4)
+    return dataclasses.replace(
+        base, output=b.index_path, inputs=len(b.plan.items), num_samples=num,
+        bytes=sum(r.bytes or 0 for r in reports), wall_seconds=wall, splits=splits,
+        samples_per_second=round(num / max(wall, 1e-9), 1),
+        failures=base.failures if not base.up_to_date else [f for r in reports for f in r.failures],
+        shards=base.shards if not base.up_to_date else dict(base.shards, total=len(b.plan.shards),
+                                                           skipped=len(b.plan.shards)),
+        stage_seconds=dict(base.stage_seconds, finalize=round(sum(r.stage_seconds["finalize"] for r in reports), 4)))
 
 
 def _clean_temporaries(b: _Build) -> list[str]:
@@ -318,60 +361,25 @@ def _check_outcome(b: _Build, st: _State, report: BuildReport) -> None:
                          f"first error: {failures[0].message}")
 
 
-def split_outputs(b: _Build) -> list[tuple[Optional[str], str]]:
-    """(split, index path) of every index the build writes: one, or with ``split:`` one per split
-    (``<name>.<split><ext>`` beside where the one index would be)."""
-    from .plan import split_names
-
-    names = split_names(b.recipe, b.plan.items)
-    if not names:
-        return [(None, b.index_path)]
-    stem, ext = b.index_path[:-len(b.writer.index_ext)], b.writer.index_ext
-    return [(name, f"{stem}.{name}{ext}") for name in names]
-
-
 def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:
-    """Write the index (with ``split:``, one per split: a loop over :func:`_finalize_one`), then the
-    report with the totals."""
-    outputs = split_outputs(b)
-    report.stage_seconds["finalize"] = 0.0
-    report.num_samples = report.bytes = 0
-    for split, index_path in outputs:
-        _finalize_one(b, st, report, split, index_path)
-    if outputs[0][0] is not None:
-        from .tables import split_counts
-
-        counts = split_counts(b.plan.items, [n for n, _ in outputs])
-        for (name, path) in outputs:
-            counts[name]["output"] = path
-            counts[name]["samples"] = report.splits_samples.pop(name)
-        report.splits = counts
-    report.wall_seconds = round(time.perf_counter() - b.t_start, 4)
-    report.samples_per_second = round(report.num_samples / max(report.wall_seconds, 1e-9), 1)
-    _write_report(b.index_path, report)
-    return report
-
-
-def _finalize_one(b: _Build, st: _State, report: BuildReport, split: Optional[str], index_path: str) -> None:
-    """Write one index over the plan's shards (of ``split``, when given); add its totals to the report."""
+    """Write the index (the build's last file but the report), then the report with the totals."""
     r, plan = b.recipe, b.plan
     shards = []
     for s in plan.shards:
-        if s.split != split:
-            continue
         info = st.infos[s.index]
         shards.append({"file": f"{fmt.shard_dir_name(r.output_name)}/{fmt.shard_file_name(s.index, b.writer.shard_ext)}",
                        "num_samples": info["num_samples"], "key": info["key"], "checksums": info["checksums"],
                        "bytes": info["bytes"]})
     attrs = _index_attrs(r, plan, b.rhash) | {fmt.A_BUILD_DATE: _build_date(), fmt.A_SHARDS: shards}
     t0 = time.perf_counter()
-    b.writer.finalize(index_path, shards, plan.specs, attrs)
-    report.stage_seconds["finalize"] = round(report.stage_seconds["finalize"] + time.perf_counter() - t0, 4)
-    n = sum(s["num_samples"] for s in shards)
-    report.num_samples += n
-    report.bytes += sum(s["bytes"] for s in shards)
-    if split is not None:
-        report.splits_samples[split] = n
+    b.writer.finalize(b.index_path, shards, plan.specs, attrs)
+    report.stage_seconds["finalize"] = round(time.perf_counter() - t0, 4)
+    report.num_samples = sum(s["num_samples"] for s in shards)
+    report.bytes = sum(s["bytes"] for s in shards)
+    report.wall_seconds = round(time.perf_counter() - b.t_start, 4)
+    report.samples_per_second = round(report.num_samples / max(report.wall_seconds, 1e-9), 1)
+    _write_report(b.index_path, report)
+    return report
 
 
 def _index_attrs(recipe: Recipe, plan: Plan, rhash: str) -> dict[str, Any]:

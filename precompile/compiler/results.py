@@ -10,7 +10,7 @@ workers). A :class:`BuildReport` is what :func:`precompile.build` returns and wh
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 #: the stage timings every shard result and report carries
@@ -116,7 +116,6 @@ class BuildReport(Mapping):
     samples_per_second: Optional[float] = None
     #: with ``split:``: split -> {inputs, fraction (of inputs), samples, output}
     splits: Optional[dict[str, dict[str, Any]]] = None
-    splits_samples: dict[str, int] = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {

@@ -405,11 +405,3 @@ def assign_splits(recipe: Any, items: list) -> list:
         out.append(dataclasses.replace(it, split=name))
     return out
 
-
-def split_counts(items: list, names: list[str]) -> dict[str, dict[str, Any]]:
-    """Per split: inputs and the realised fraction of all inputs."""
-    n = max(1, len(items))
-    counts = {s: 0 for s in names}
-    for it in items:
-        counts[it.split] += 1
-    return {s: {"inputs": c, "fraction": round(c / n, 4)} for s, c in counts.items()}

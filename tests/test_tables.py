@@ -463,3 +463,25 @@ def test_example_lung_ct_table_builds_one_series_per_row(tmp_path):
     assert ds.keys == ["chest_a", "chest_b"] and ds.label_names == ["0", "1"]
     assert [int(ds[i]["cancer"]) for i in range(2)] == [0, 1]
     assert ds[0]["ct"].ndim == 3
+
+
+# -- stats and preview ------------------------------------------------------------------------------
+
+def test_stats_summarise_targets_per_column_and_text_lengths(table_tree):
+    from precompile.tools.stats import describe, stats
+
+    root, rows, _ = table_tree
+    rep = precompile.build(_recipe("t.csv"), "out")
+    res = stats(rep["output"])
+    y = np.asarray([_expected_target(r) for r in rows], np.float64)
+    got = res["fields"]["y"]
+    assert got["kind"] == "target" and got["columns"] == ["Finding", "Age"] and got["channels"] == 2
+    np.testing.assert_allclose(got["mean"], np.nanmean(y, axis=0), rtol=1e-12)
+    np.testing.assert_allclose(got["std"], np.nanstd(y, axis=0), rtol=1e-12)
+    assert got["min"] == np.nanmin(y, axis=0).tolist() and got["max"] == np.nanmax(y, axis=0).tolist()
+    assert got["nonfinite"] == np.isnan(y).sum(axis=0).tolist() == [3, 0]   # blank and -1 (mapped) are NaN
+    cap = res["fields"]["caption"]
+    lengths = np.asarray([len(r["Caption"]) for r in rows], np.float64)
+    assert cap["empty"] == 1 and cap["max"] == [lengths.max()] and cap["mean"] == pytest.approx([lengths.mean()])
+    text = describe(res)
+    assert "Finding" in text and "caption (text, str, 1 channel(s), length in characters, 1 empty)" in text

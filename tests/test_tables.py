@@ -485,3 +485,23 @@ def test_stats_summarise_targets_per_column_and_text_lengths(table_tree):
     assert cap["empty"] == 1 and cap["max"] == [lengths.max()] and cap["mean"] == pytest.approx([lengths.mean()])
     text = describe(res)
     assert "Finding" in text and "caption (text, str, 1 channel(s), length in characters, 1 empty)" in text
+
+
+def test_preview_shows_text_and_targets_in_the_header(table_tree):
+    from precompile.tools.preview import Item, header_lines, render
+
+    root, rows, _ = table_tree
+    rep = precompile.build(_recipe("t.csv"), "out")
+    ds = precompile.open(rep["output"])
+    p = render(rep["output"], n=7)
+    assert len(p.rows) == 7
+    by_key = {r["Path"]: r for r in rows}
+    opts = {"target_columns": {"y": ["Finding", "Age"]}}
+    for i in range(len(ds)):
+        row = by_key[ds.key(i)]
+        lines = header_lines(Item(ds.key(i), [ds[i]], [ds.meta(i)], [0], ds.field_specs, ds.label_names, opts))
+        assert f'caption: "{row["Caption"].replace(chr(10), " ⏎ ")}"' in lines
+        y = _expected_target(row)
+        want = ", ".join(f"{n}={v:.3g}" for n, v in zip(["Finding", "Age"], y) if not math.isnan(v))
+        assert f"y: {want}" + (", 1 blank (NaN)" if math.isnan(y[0]) else "") in lines
+        assert f"label: {row['Label']} ({ds.label_names.index(row['Label'])})" in lines

@@ -279,6 +279,8 @@ def describe(res: dict[str, Any], max_classes: int = 12) -> str:
         ax = {None: "one channel", 0: "channels first"}.get(s["channel_axis"], "channels last")
         if s["kind"] == "text":
             ax = f"{s['of']}, {s['empty']} empty"
+        elif s["kind"] == "target" and s["channel_axis"] is not None:
+            ax = "one channel per column"
         lines.append(f"{f} ({s['kind']}, {s['dtype']}, {s['channels']} channel(s), {ax})")
         nan = "nan" if s["kind"] == "target" else "nonfinite"
         lines.append(f"  {'ch':>3} {'mean':>12} {'std':>12} {'min':>12} {'max':>12} {'count':>12} {nan:>9}")

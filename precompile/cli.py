@@ -4,7 +4,7 @@ and a :class:`PrecompileError` becomes one clean line on stderr and an exit code
 from __future__ import annotations
 
 import sys
-from typing import Mapping
+from typing import Any, Mapping
 
 import click
 
@@ -49,6 +49,17 @@ def main() -> None:
     """Compile datasets into uncompressed shards that feed training at full speed."""
 
 
+def _echo_plan_splits(p: Any) -> None:
+    """``splits    train 80 (80.0%), val 10 (10.0%), ...``: inputs per split of a ``split:`` recipe."""
+    from .compiler.plan import split_names
+
+    names = split_names(p.recipe, p.items)
+    if names:
+        n = max(1, len(p.items))
+        counts = {s: sum(1 for it in p.items if it.split == s) for s in names}
+        click.echo("splits    " + ", ".join(f"{s} {c} ({c / n:.1%})" for s, c in counts.items()))
+
+
 def _echo_splits(rep: "Mapping") -> None:
     """One line per split of a ``split:`` build: its index, inputs, realised fraction and samples."""
     for name, sp in (rep.get("splits") or {}).items():
@@ -90,6 +101,7 @@ def plan(recipe: str) -> None:
     click.echo(f"shards    {len(p.shards)} of up to {r.model.output.samples_per_shard} inputs, format {r.model.output.format}")
     if p.label_names:
         click.echo(f"labels    {len(p.label_names)}: {', '.join(p.label_names)}")
+    _echo_plan_splits(p)
     click.echo("fields")
     for f, s in p.specs.items():
         click.echo(f"  {f:<12} {s.describe()}")

@@ -356,14 +356,27 @@ class Recipe:
             else:
                 static[opt] = v
         self._static_options[fname] = static
-        if from_rows:
-            self.row_options[fname] = from_rows
-            unknown = sorted(set(from_rows) - set(dcls.Params.model_fields))
-            if unknown:
-                raise RecipeError(f"unknown option(s) {unknown} of decoder {decl.decoder!r}", source=self.source,
-                                  loc=format_loc(loc + (unknown[0],)))
-            return dcls(dcls.Params.model_construct(**static))  # checked with each row's values at plan time
-        return dcls(parse_params(dcls.Params, static, self.source, loc))
+        if not from_rows:
+            return dcls(parse_params(dcls.Params, static, self.source, loc))
+        self.row_options[fname] = from_rows
+        unknown = sorted(set(from_rows) - set(dcls.Params.model_fields))
+        if unknown:
+            raise RecipeError(f"unknown option(s) {unknown} of decoder {decl.decoder!r}", source=self.source,
+                              loc=format_loc(loc + (unknown[0],)))
+        try:   # the options given here are checked now; those from the rows with each row at plan time
+            dcls.Params.model_validate(static)
+        except ValidationError as e:
+            mine = [er for er in e.errors() if er["loc"] and er["loc"][0] in static]
+            if mine:
+                msg = mine[0]["msg"].removeprefix("Value error, ")
+                raise RecipeError(f"{msg}, got {mine[0]['input']!r}", source=self.source,
+                                  loc=format_loc(loc + tuple(mine[0]["loc"]))) from None
+        return dcls(dcls.Params.model_construct(**static))
+
+    def row_params(self, fname: str, values: dict[str, Any]) -> Any:
+        """The decoder options of field ``fname`` with a table row's ``values`` (a pydantic ValidationError
+        when they do not fit)."""
+        return type(self.decoders[fname]).Params.model_validate({**self._static_options[fname], **values})
 
     def _make_step(self, i: int, entry: Any) -> Any:
         from . import plugins
@@ -433,8 +446,7 @@ class Recipe:
         k = (fname, fmt.dumps(options))
         dec = self._row_decoders.get(k)
         if dec is None:
-            dcls = type(self.decoders[fname])
-            dec = self._row_decoders[k] = dcls(dcls.Params.model_validate({**self._static_options[fname], **options}))
+            dec = self._row_decoders[k] = type(self.decoders[fname])(self.row_params(fname, options))
         return dec
 
     def __reduce__(self):

@@ -505,3 +505,25 @@ def test_preview_shows_text_and_targets_in_the_header(table_tree):
         want = ", ".join(f"{n}={v:.3g}" for n, v in zip(["Finding", "Age"], y) if not math.isnan(v))
         assert f"y: {want}" + (", 1 blank (NaN)" if math.isnan(y[0]) else "") in lines
         assert f"label: {row['Label']} ({ds.label_names.index(row['Label'])})" in lines
+
+
+def test_static_decoder_options_beside_row_options_are_checked_at_load():
+    with pytest.raises(RecipeError, match=r"inputs.fields.v.mode: Input should be 'rgb8' or 'gray8', got 'bogus'"):
+        load_recipe({"name": "t", "inputs": {"root": ".", "table": "x.csv", "path": "{a}", "fields": {
+            "v": {"decoder": "video", "mode": "bogus", "start_s": {"column": "a"}}}}})
+    with pytest.raises(RecipeError, match=r"inputs.fields.v.start: unknown option\(s\) \['start'\] of decoder 'video'"):
+        load_recipe({"name": "t", "inputs": {"root": ".", "table": "x.csv", "path": "{a}", "fields": {
+            "v": {"decoder": "video", "start": {"column": "a"}}}}})
+
+
+def test_a_table_of_columns_only(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps({"id": f"r{i}", "x": i / 4, "t": "ab" * i}) + "\n"
+                                              for i in range(5)))
+    r = {"name": "c", "inputs": {"root": ".", "table": "t.jsonl", "key": "id",
+                                 "columns": {"x": {"column": "x", "kind": "target"},
+                                             "t": {"column": "t", "kind": "text"}}}}
+    ds = precompile.open(precompile.build(r, "out")["output"])
+    assert ds.keys == [f"r{i}" for i in range(5)]
+    assert [float(ds[i]["x"]) for i in range(5)] == [i / 4 for i in range(5)]
+    assert [ds[i]["t"] for i in range(5)] == ["ab" * i for i in range(5)]

@@ -43,6 +43,7 @@ import numpy as np
 
 from ..errors import MissingDependencyError, RecipeError
 from ..kinds import Kind
+from ..recipe import NAME_RE
 from ..sample import FieldSpec
 
 #: extension -> reader name
@@ -268,7 +269,6 @@ def _row_options(recipe: Any, row: dict[str, Any], where: Any) -> dict[str, dict
 
     out = {}
     for f, opts in recipe.row_options.items():
-        dcls = type(recipe.decoders[f])
         vals = {}
         for o, col in opts.items():
             if _blank(row[col]):
@@ -276,7 +276,7 @@ def _row_options(recipe: Any, row: dict[str, Any], where: Any) -> dict[str, dict
                             f"inputs.fields.{f}.{o}")
             vals[o] = row[col]
         try:
-            p = dcls.Params.model_validate({**recipe._static_options[f], **vals})
+            p = recipe.row_params(f, vals)
         except ValidationError as e:
             first = e.errors()[0]
             o = str(first["loc"][0]) if first["loc"] else next(iter(opts))
@@ -392,7 +392,7 @@ def assign_splits(recipe: Any, items: list) -> list:
             raise RecipeError(f"{at}: {e}", source=source, loc="split.group") from None
         if sp.by == "column":
             name = it.captures[sp.column]
-            if _blank(name) or not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", str(name)):
+            if _blank(name) or not NAME_RE.match(str(name)):
                 raise RecipeError(f"{at}, column {sp.column!r}: split name {name!r} must be letters, digits, "
                                   f"'_', '.', '-'", source=source, loc="split.column")
             name = str(name)

@@ -527,3 +527,27 @@ def test_a_table_of_columns_only(tmp_path, monkeypatch):
     assert ds.keys == [f"r{i}" for i in range(5)]
     assert [float(ds[i]["x"]) for i in range(5)] == [i / 4 for i in range(5)]
     assert [ds[i]["t"] for i in range(5)] == ["ab" * i for i in range(5)]
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "png"])
+def test_verify_checks_text_and_catches_a_flipped_text_byte(table_tree, fmt):
+    from precompile.tools.verify import verify
+
+    root, rows, _ = table_tree
+    r = _recipe("t.csv")
+    r["output"]["format"] = fmt
+    rep = precompile.build(r, "out")
+    assert verify(rep["output"]).ok
+    shard = root / "out" / "t.shards" / "shard-00000"
+    if fmt == "hdf5":
+        with h5py.File(str(shard) + ".h5", "r+") as f:
+            d = f["caption"]["data"]
+            d[0] = d[0] ^ 1
+    else:
+        p = shard / "caption.npy"
+        a = np.load(p)
+        a[0] ^= 1
+        np.save(p, a)
+    res = verify(rep["output"])
+    assert not res.ok and res.bad_shards == ["t.shards/shard-00000" + (".h5" if fmt == "hdf5" else "")]
+    assert any("'caption'" in p and "checksum" in p for p in res.problems), res.problems

@@ -180,9 +180,38 @@ def test_duplicate_key_names_both_rows(table_tree):
     root, rows, _ = table_tree
     _write_csv(root / "d.csv", rows + [rows[2]])
     e = _plan_error(_recipe("d.csv"))
-    assert str(e).endswith(f"d.csv: data row 8 (1-based, header not counted): key 'p2/s2.png' repeats data row 3 "
+    assert str(e).endswith(f"d.csv: data row 8 (1-based, header not counted), column 'Path': key 'p2/s2.png' "
+                           f"repeats data row 3 "
                            f"(give inputs.key a column whose values are unique when paths repeat)")
     assert e.loc == "inputs.path"
+
+
+def test_schema_covers_the_table_and_split_keys(table_tree):
+    import jsonschema
+
+    from precompile.tools.schema import recipe_schema
+
+    v = jsonschema.Draft202012Validator(recipe_schema())
+    good = _recipe("t.csv", key="Path")
+    good["inputs"]["fields"]["image"]["mode"] = {"column": "Mode"}
+    good["split"] = {"by": "hash", "group": {"column": "Path", "pattern": "p(\\d)"}, "fractions": {"a": 0.5, "b": 0.5},
+                     "seed": 3}
+    assert [e.message for e in v.iter_errors(good)] == []
+    load_recipe(good)
+    for bad in ({"inputs": {"tabel": "t.csv"}}, {"inputs": {"columns": {"y": {"colum": "A", "kind": "target"}}}},
+                {"inputs": {"columns": {"y": {"column": "A", "kind": "score"}}}},
+                {"split": {"by": "hash", "fractons": {"a": 1.0}}}, {"split": {"by": "random"}},
+                {"inputs": {"fields": {"image": {"decoder": "image", "mode": {"col": "Mode"}}}}}):
+        data = copy.deepcopy(good)
+        for k, sub in bad.items():
+            for kk, vv in sub.items():
+                if isinstance(vv, dict) and isinstance(data[k].get(kk), dict):
+                    data[k][kk] = {**data[k][kk], **vv}
+                else:
+                    data[k][kk] = vv
+        assert list(v.iter_errors(data)), bad
+        with pytest.raises(RecipeError):
+            load_recipe(data)
 
 
 def test_unknown_column_names_it_and_lists_the_columns(table_tree):

@@ -331,8 +331,10 @@ def table_items(recipe: Any) -> tuple[list, list[str]]:
         if inp.key is not None and _blank(row[inp.key]):
             raise where(inp.key, "blank key", "inputs.key")
         if key in seen:
-            raise where(inp.key, f"key {key!r} repeats data row {seen[key]} (give inputs.key a column whose values "
-                                 f"are unique when paths repeat)", "inputs.key" if inp.key else "inputs.path")
+            cols = template_columns(inp.path) if inp.key is None else [inp.key]
+            raise where(cols[0] if len(cols) == 1 else None,
+                        f"key {key!r} repeats data row {seen[key]} (give inputs.key a column whose values "
+                        f"are unique when paths repeat)", "inputs.key" if inp.key else "inputs.path")
         seen[key] = i
         caps = {k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v) for k, v in row.items()}
         items.append(Item(key=key, paths=paths, label=None, captures=caps, row=i,

@@ -154,8 +154,21 @@ def test_key_column_when_paths_repeat_and_field_path_templates(table_tree):
 def test_template_format_specs():
     assert fill_row_template("{id}_{s:06d}_{e:06d}.mp4", {"id": "ab", "s": "12", "e": 22}) == "ab_000012_000022.mp4"
     assert fill_row_template("{x:.1f}/{n}", {"x": "2", "n": "007"}) == "2.0/007"
-    with pytest.raises(ValueError, match="not an integer"):
-        fill_row_template("{s:06d}", {"s": "1.5"})
+    assert fill_row_template("{n:d}", {"n": "12345678901234567890"}) == "12345678901234567890"
+    assert fill_row_template("{n:03d}", {"n": 7.0}) == "007"
+    with pytest.raises(ValueError, match="not an integer") as ei:
+        fill_row_template("a/{s:06d}", {"s": "1.5"})
+    assert ei.value.column == "s"
+
+
+def test_a_cell_the_path_template_cannot_use_names_row_and_column(table_tree):
+    root, rows, _ = table_tree
+    rows = [dict(r, Num=str(i)) for i, r in enumerate(rows)]
+    rows[5]["Num"] = "five"
+    _write_csv(root / "n.csv", rows)
+    e = _plan_error(_recipe("n.csv", path="p{Num:d}.png"))
+    assert e.loc == "inputs.path"
+    assert "n.csv: data row 6 (1-based, header not counted), column 'Num': 'five' is not an integer" in str(e)
 
 
 # -- bad tables: one clear error naming file, row and column ------------------------------------------

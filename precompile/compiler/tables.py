@@ -115,25 +115,49 @@ def _blank(v: Any) -> bool:
     return v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, float) and math.isnan(v))
 
 
+class CellError(ValueError):
+    """A cell a template cannot use; ``column`` names it."""
+
+    def __init__(self, column: str, what: str):
+        super().__init__(what)
+        self.column = column
+
+
+def _as_int(v: Any, name: str, spec: str) -> int:
+    """A cell as an integer for an integer format spec: 12, "12", 12.0 and "12.0" are 12."""
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            pass
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise CellError(name, f"{v!r} is not an integer (format {{{name}:{spec}}})") from None
+    if not f.is_integer():
+        raise CellError(name, f"{v!r} is not an integer (format {{{name}:{spec}}})")
+    return int(f)
+
+
 def fill_row_template(template: str, row: dict[str, Any]) -> str:
     """Put the row's values into ``{column}`` / ``{column:spec}`` slots. A spec ending in an integer type
     (``d``, ``x``, ...) reads the cell as an integer, a float type (``f``, ``e``, ``g``, ``%``) as a number.
-    A KeyError for a missing column, a ValueError for a cell the spec cannot format."""
+    A KeyError for a missing column, a :class:`CellError` (naming the column) for a cell it cannot use."""
     def one(m: re.Match) -> str:
         name, spec = m.group(1), m.group(2)
         v = row[name]
         if _blank(v):
-            raise ValueError(f"blank cell (the template {template!r} needs it)")
+            raise CellError(name, f"blank cell (the template {template!r} needs it)")
         if not spec:
             return str(v)
-        if spec[-1] in "bcdoxXn":
-            f = float(v) if isinstance(v, str) else v
-            if float(f) != int(float(f)):
-                raise ValueError(f"{v!r} is not an integer (format {{{name}:{spec}}})")
-            v = int(float(f))
-        elif spec[-1] in "eEfFgG%":
-            v = float(v)
-        return format(v, spec)
+        try:
+            if spec[-1] in "bcdoxXn":
+                v = _as_int(v, name, spec)
+            elif spec[-1] in "eEfFgG%":
+                v = float(v)
+            return format(v, spec)
+        except (TypeError, ValueError) as e:
+            raise CellError(name, str(e)) from None
     return TEMPLATE_RE.sub(one, template)
 
 
@@ -294,9 +318,8 @@ def _row_paths(recipe: Any, row: dict[str, Any], where: Any) -> tuple[Optional[s
     def fill(template: str, loc: str) -> str:
         try:
             rel = fill_row_template(template, row)
-        except ValueError as e:
-            col = next((c for c in template_columns(template) if _blank(row[c]) or c in str(e)), None)
-            raise where(col, str(e), loc) from None
+        except CellError as e:
+            raise where(e.column, str(e), loc) from None
         if rel.startswith("/") or ".." in rel.split("/"):
             raise where(None, f"path {rel!r} leaves inputs.root (no leading '/' or '..')", loc)
         return rel

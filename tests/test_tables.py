@@ -593,3 +593,17 @@ def test_verify_checks_text_and_catches_a_flipped_text_byte(table_tree, fmt):
     res = verify(rep["output"])
     assert not res.ok and res.bad_shards == ["t.shards/shard-00000" + (".h5" if fmt == "hdf5" else "")]
     assert any("'caption'" in p and "checksum" in p for p in res.problems), res.problems
+
+
+def test_a_split_that_gets_no_input_is_an_empty_output(table_tree):
+    root, rows, _ = table_tree
+    fr = {"big": 0.999, "tiny": 0.001}
+    r = _recipe("t.csv")
+    r["split"] = {"fractions": fr}
+    want = {n: sum(hash_split(fr, 0, x["Path"]) == n for x in rows) for n in fr}
+    assert want["tiny"] == 0        # with 7 keys and 0.1 %: the case this test is about
+    rep = precompile.build(r, "out")
+    assert {n: i["inputs"] for n, i in rep["splits"].items()} == want
+    empty = precompile.open(rep["splits"]["tiny"]["output"])
+    assert len(empty) == 0 and list(empty.field_specs) == list(precompile.open(rep["splits"]["big"]["output"]).field_specs)
+    assert precompile.build(r, "out")["up_to_date"]

@@ -527,7 +527,7 @@ class IsolatedDecoder:
         try:
             self.w.send_bytes(json.dumps({"key": item.key, "paths": item.paths, "label": item.label,
                                           "captures": item.captures, "values": item.values,
-                                          "options": item.options}).encode())
+                                          "options": item.options}, default=str).encode())
             ready = self.r.poll(timeout)
         except (EOFError, OSError):
             ready = True  # the helper is gone; the read below reports how it ended

@@ -139,26 +139,41 @@ def _as_int(v: Any, name: str, spec: str) -> int:
     return int(f)
 
 
+def _cell_text(template: str, name: str, spec: Optional[str], v: Any) -> str:
+    """One ``{name:spec}`` slot of ``template`` filled with the cell ``v`` (CellError when it cannot be)."""
+    if _blank(v):
+        raise CellError(name, f"blank cell (the template {template!r} needs it)")
+    if not spec:
+        return str(v)
+    try:
+        if spec[-1] in "bcdoxXn":
+            v = _as_int(v, name, spec)
+        elif spec[-1] in "eEfFgG%":
+            v = float(v)
+        return format(v, spec)
+    except (TypeError, ValueError) as e:
+        raise CellError(name, str(e)) from None
+
+
+def compile_template(template: str) -> Any:
+    """``row -> str`` for a path template (parsed once; see :func:`fill_row_template`)."""
+    parts: list[tuple[str, Optional[str], Optional[str]]] = []   # (literal before, column, spec)
+    pos = 0
+    for m in TEMPLATE_RE.finditer(template):
+        parts.append((template[pos:m.start()], m.group(1), m.group(2)))
+        pos = m.end()
+    tail = template[pos:]
+
+    def fill(row: dict[str, Any]) -> str:
+        return "".join([lit + _cell_text(template, name, spec, row[name]) for lit, name, spec in parts]) + tail
+    return fill
+
+
 def fill_row_template(template: str, row: dict[str, Any]) -> str:
     """Put the row's values into ``{column}`` / ``{column:spec}`` slots. A spec ending in an integer type
     (``d``, ``x``, ...) reads the cell as an integer, a float type (``f``, ``e``, ``g``, ``%``) as a number.
     A KeyError for a missing column, a :class:`CellError` (naming the column) for a cell it cannot use."""
-    def one(m: re.Match) -> str:
-        name, spec = m.group(1), m.group(2)
-        v = row[name]
-        if _blank(v):
-            raise CellError(name, f"blank cell (the template {template!r} needs it)")
-        if not spec:
-            return str(v)
-        try:
-            if spec[-1] in "bcdoxXn":
-                v = _as_int(v, name, spec)
-            elif spec[-1] in "eEfFgG%":
-                v = float(v)
-            return format(v, spec)
-        except (TypeError, ValueError) as e:
-            raise CellError(name, str(e)) from None
-    return TEMPLATE_RE.sub(one, template)
+    return compile_template(template)(row)
 
 
 def template_columns(template: str) -> list[str]:
@@ -267,23 +282,41 @@ def _label_names(recipe: Any, table: str, rows: list[dict[str, Any]]) -> tuple[O
     return lab, list(c.classes)
 
 
-def _row_values(recipe: Any, ids: dict[str, int], row: dict[str, Any], where: Any) -> dict[str, Any]:
-    """The column fields of one row (label id, list of floats or float, text)."""
-    out: dict[str, Any] = {}
+def _target_arrays(recipe: Any, table: str, rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Every target field as an (rows, columns) float32 array. Each distinct cell value of a column is
+    converted once (:func:`_number`); the first row holding one that is not a number is named."""
+    out = {}
     for f, c in recipe.model.inputs.columns.items():
+        if c.kind != "target":
+            continue
+        cols = [c.column] if c.column is not None else c.columns
+        arr = np.empty((len(rows), len(cols)), np.float32)
+        for j, col in enumerate(cols):
+            cells = [(type(row[col]), row[col]) for row in rows]   # typed: True is not 1 here
+            conv: dict[Any, float] = {}
+            for t, v in set(cells):
+                try:
+                    conv[(t, v)] = _number(v, c.map)
+                except ValueError as e:
+                    i = cells.index((t, v)) + 1
+                    raise TableError(table, i, col, str(e), recipe.source, f"inputs.columns.{f}") from None
+            arr[:, j] = [conv[tv] for tv in cells]
+        out[f] = arr
+    return out
+
+
+def _row_values(columns: dict, ids: dict[str, int], targets: dict[str, np.ndarray], row: dict[str, Any],
+                i: int) -> dict[str, Any]:
+    """The column fields of data row ``i`` (0-based here): label id, float or list of floats, text."""
+    out: dict[str, Any] = {}
+    for f, c in columns.items():
         if c.kind == "label":
             out[f] = ids[str(row[c.column])]
         elif c.kind == "text":
             v = row[c.column]
             out[f] = "" if v is None else str(v)
         else:
-            vals = []
-            for col in ([c.column] if c.column is not None else c.columns):
-                try:
-                    vals.append(_number(row[col], c.map))
-                except ValueError as e:
-                    raise where(col, str(e), f"inputs.columns.{f}") from None
-            out[f] = vals[0] if c.column is not None else vals
+            out[f] = float(targets[f][i, 0]) if c.column is not None else targets[f][i].tolist()
     return out
 
 
@@ -310,28 +343,34 @@ def _row_options(recipe: Any, row: dict[str, Any], where: Any) -> dict[str, dict
     return out
 
 
-def _row_paths(recipe: Any, row: dict[str, Any], where: Any) -> tuple[Optional[str], dict[str, str]]:
-    """(the row's path, field -> absolute input path) from ``inputs.path`` and the fields' templates."""
-    inp, root = recipe.model.inputs, recipe.input_root
+def _path_filler(recipe: Any, root: str) -> Any:
+    """``(row, where) -> (the row's path, {field: absolute input path})`` from ``inputs.path`` and the
+    fields' own templates (compiled once)."""
+    inp = recipe.model.inputs
     remote = "://" in root
+    main = compile_template(inp.path) if inp.path is not None else None
+    own = {f: compile_template(d.path) for f, d in inp.fields.items() if d.path is not None}
 
-    def fill(template: str, loc: str) -> str:
+    def fill(template: Any, row: dict[str, Any], where: Any, loc: str) -> str:
         try:
-            rel = fill_row_template(template, row)
+            rel = template(row)
         except CellError as e:
             raise where(e.column, str(e), loc) from None
         if rel.startswith("/") or ".." in rel.split("/"):
             raise where(None, f"path {rel!r} leaves inputs.root (no leading '/' or '..')", loc)
         return rel
 
-    rel = fill(inp.path, "inputs.path") if inp.path is not None else None
-    paths = {}
-    for f, decl in inp.fields.items():
-        rp = fill(decl.path, f"inputs.fields.{f}.path") if decl.path is not None else rel
-        if rp is None:
-            raise where(None, f"field {f!r} has no path (set inputs.path or the field's path)", f"inputs.fields.{f}")
-        paths[f] = f"{root}/{rp}" if remote else os.path.join(root, *rp.split("/"))
-    return rel, paths
+    def paths(row: dict[str, Any], where: Any) -> tuple[Optional[str], dict[str, str]]:
+        rel = fill(main, row, where, "inputs.path") if main is not None else None
+        out = {}
+        for f in inp.fields:
+            rp = fill(own[f], row, where, f"inputs.fields.{f}.path") if f in own else rel
+            if rp is None:
+                raise where(None, f"field {f!r} has no path (set inputs.path or the field's path)",
+                            f"inputs.fields.{f}")
+            out[f] = f"{root}/{rp}" if remote else root + os.sep + rp.replace("/", os.sep)
+        return rel, out
+    return paths
 
 
 def table_items(recipe: Any) -> tuple[list, list[str]]:
@@ -344,12 +383,14 @@ def table_items(recipe: Any) -> tuple[list, list[str]]:
     _check_columns(recipe, table, names)
     lab, label_names = _label_names(recipe, table, rows)
     ids = {n: i for i, n in enumerate(label_names)}
+    targets = _target_arrays(recipe, table, rows)
+    row_paths = _path_filler(recipe, recipe.input_root)
     items, seen = [], {}
     for i, row in enumerate(rows, 1):
         def where(col: Optional[str], what: str, loc: str, _i: int = i) -> TableError:
             return TableError(table, _i, col, what, source, loc)
 
-        rel, paths = _row_paths(recipe, row, where)
+        rel, paths = row_paths(row, where)
         key = rel if inp.key is None else str(row[inp.key])
         if inp.key is not None and _blank(row[inp.key]):
             raise where(inp.key, "blank key", "inputs.key")
@@ -359,9 +400,9 @@ def table_items(recipe: Any) -> tuple[list, list[str]]:
                         f"key {key!r} repeats data row {seen[key]} (give inputs.key a column whose values "
                         f"are unique when paths repeat)", "inputs.key" if inp.key else "inputs.path")
         seen[key] = i
-        caps = {k: v if isinstance(v, (str, int, float, bool)) or v is None else str(v) for k, v in row.items()}
-        items.append(Item(key=key, paths=paths, label=None, captures=caps, row=i,
-                          values=_row_values(recipe, ids, row, where), options=_row_options(recipe, row, where)))
+        items.append(Item(key=key, paths=paths, label=None, captures=row, row=i,
+                          values=_row_values(inp.columns, ids, targets, row, i - 1),
+                          options=_row_options(recipe, row, where)))
     items.sort(key=lambda it: it.key)
     return items, label_names
 
@@ -404,7 +445,7 @@ def assign_splits(recipe: Any, items: list) -> list:
     sp, source = recipe.model.split, recipe.source
     seed = recipe.seed if sp.seed is None else sp.seed
     where = table_path(recipe) if recipe.model.inputs.table is not None else "input"
-    out, group_split = [], {}
+    out, group_split, hashed = [], {}, {}
     for it in items:
         at = f"{where}: data row {it.row} (1-based, header not counted)" if it.row else f"input {it.key!r}"
         for col in (sp.column, sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)):
@@ -425,8 +466,10 @@ def assign_splits(recipe: Any, items: list) -> list:
                 first = group_split[group]
                 raise RecipeError(f"{at}: group {group!r} is in split {name!r} here and in {first[0]!r} at "
                                   f"{first[1]} (a group must not be in two splits)", source=source, loc="split.group")
+        elif group is None:
+            name = hash_split(sp.fractions, seed, it.key)
         else:
-            name = hash_split(sp.fractions, seed, it.key if group is None else group)
+            name = hashed.get(group) or hashed.setdefault(group, hash_split(sp.fractions, seed, group))
         out.append(dataclasses.replace(it, split=name))
     return out
 

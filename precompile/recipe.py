@@ -5,6 +5,13 @@ error names the recipe file, the key path (``steps[2].size``) and what was
 expected; unknown decoder and step names list the close matches. Decoder and
 step parameters are validated by the registered class's own ``Params`` model,
 so a new decoder or step needs no change here.
+
+Inputs come from a folder (``inputs.match``: a pattern of paths) or a table
+(``inputs.table``: one sample per row; ``path``, ``key``, ``columns`` and decoder
+options given as ``{column: NAME}``; read at plan time by
+:mod:`precompile.compiler.tables`). ``split:`` asks for one output per split.
+``Recipe.__init__`` is a sequence of short stages: decoders, steps, the output,
+the match pattern.
 """
 from __future__ import annotations
 

@@ -607,3 +607,17 @@ def test_a_split_that_gets_no_input_is_an_empty_output(table_tree):
     empty = precompile.open(rep["splits"]["tiny"]["output"])
     assert len(empty) == 0 and list(empty.field_specs) == list(precompile.open(rep["splits"]["big"]["output"]).field_specs)
     assert precompile.build(r, "out")["up_to_date"]
+
+
+def test_every_copy_keeps_its_rows_text_and_target(table_tree):
+    root, rows, _ = table_tree
+    r = _recipe("t.csv")
+    r["steps"] = [{"random_flip": {"horizontal": True}}, {"random_crop": {"size": [4, 4]}}]
+    r["copies"] = 2
+    ds = precompile.open(precompile.build(r, "out")["output"])
+    assert len(ds) == 3 * 7
+    by_key = {x["Path"]: x for x in rows}
+    for i in range(len(ds)):
+        row, s = by_key[ds.key(i)], ds[i]
+        assert s["caption"] == row["Caption"] and s["image"].shape == (4, 4, 3)
+        np.testing.assert_array_equal(s["y"], np.asarray(_expected_target(row), np.float32))

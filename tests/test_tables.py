@@ -92,7 +92,7 @@ def _check_output(ds, rows: list[dict], imgs: list[np.ndarray]) -> None:
     assert b["y"].shape == (3, 2)
 
 
-@pytest.mark.parametrize("fmt", ["hdf5", "png"])
+@pytest.mark.parametrize("fmt", ["hdf5", "png", "bmp"])
 def test_csv_round_trip_targets_text_labels(table_tree, fmt):
     root, rows, imgs = table_tree
     r = _recipe("t.csv")
@@ -264,6 +264,8 @@ def test_row_whose_file_is_missing_is_a_per_input_failure(table_tree):
     assert rep["num_samples"] == 6 and rep["skipped_inputs"] == 1
     (f,) = rep["failures"]
     assert f["key"] == "p0/s3.png" and f["stage"] == "decode" and f["path"].endswith("p0/s3.png")
+    assert f["message"].endswith("input file is missing (the recipe's path for this field points to nothing, "
+                                 "from data row 4 of t.csv)")
     ds = precompile.open(rep["output"])
     _check_output(ds, [r for i, r in enumerate(rows) if i != 3], [a for i, a in enumerate(imgs) if i != 3])
 
@@ -367,6 +369,30 @@ def test_split_writes_one_output_per_split_grouped_by_patient(table_tree):
     assert {p: p.stat().st_mtime_ns for p in (root / "out").iterdir()} == before
 
 
+def test_split_of_a_folder_format_and_the_cli_lines(table_tree):
+    from click.testing import CliRunner
+
+    from precompile.cli import main
+
+    root, rows, imgs = table_tree
+    r = _recipe("t.csv")
+    r["output"]["format"] = "png"
+    r["split"] = {"fractions": {"train": 0.5, "test": 0.5}, "seed": 1}
+    (root / "r.yaml").write_text(json.dumps(r))
+    res = CliRunner().invoke(main, ["build", str(root / "r.yaml"), "-o", str(root / "out")])
+    assert res.exit_code == 0, res.output
+    want = {n: sum(hash_split(r["split"]["fractions"], 1, x["Path"]) == n for x in rows) for n in ("train", "test")}
+    for name, n in want.items():
+        line = f"split {name}: {root / 'out' / f't.{name}.json'}: {n} input(s) ({n / 7:.1%} of inputs), {n} samples"
+        assert line in res.output
+        ds = precompile.open(root / "out" / f"t.{name}.json")
+        assert len(ds) == n and ds.output_format == "png"
+    assert "wrote 2 splits (below): 7 samples" in res.output
+    plan = CliRunner().invoke(main, ["plan", str(root / "r.yaml")])
+    assert f"splits    train {want['train']} ({want['train'] / 7:.1%}), test {want['test']} ({want['test'] / 7:.1%})" \
+        in plan.output
+
+
 def test_split_by_column_and_group_conflict(table_tree):
     root, rows, _ = table_tree
     rows = [dict(r, Split=["train", "val"][i % 2]) for i, r in enumerate(rows)]
@@ -399,6 +425,41 @@ def test_hash_split_properties(seed, n, groups, extra):
     for k in keys:                                              # a group is never in two splits
         s = hash_split(fr, seed, group_of[k])
         assert split_of_group.setdefault(group_of[k], s) == s
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2 ** 31 - 1), n=st.integers(1, 120), groups=st.integers(1, 30), extra=st.integers(1, 60))
+def test_planned_splits_of_random_tables_never_leak_a_group_nor_move_an_old_row(seed, n, groups, extra):
+    import tempfile
+
+    rng = np.random.default_rng(seed)
+    rows = [{"id": f"r{rng.integers(1 << 40):012d}", "pid": f"patient{rng.integers(groups)}/x"} for _ in range(n)]
+    rows = list({x["id"]: x for x in rows}.values())
+    more = [{"id": f"m{rng.integers(1 << 40):012d}", "pid": f"patient{rng.integers(groups * 2)}/y"}
+            for _ in range(extra)]
+    more = [x for x in {x["id"]: x for x in more}.values()]
+
+    def plan(table_rows: list[dict], d: str) -> dict[str, str]:
+        _write_csv(Path(d) / "t.csv", table_rows)
+        r = {"name": "p", "seed": seed, "inputs": {"root": d, "table": str(Path(d) / "t.csv"), "key": "id",
+                                                   "columns": {"g": {"column": "pid", "kind": "text"}}},
+             "split": {"group": {"column": "pid", "pattern": r"patient(\d+)/"},
+                       "fractions": {"train": 0.6, "val": 0.3, "test": 0.1}}}
+        p = make_plan(load_recipe(r))
+        for s in p.shards:
+            assert {it.split for it in s.items} == {s.split}        # shards never mix splits
+        return {it.key: it.split for it in p.items}
+
+    with tempfile.TemporaryDirectory() as d:
+        first = plan(rows, d)
+        group_of = {x["id"]: x["pid"].split("/")[0] for x in rows + more}
+        where: dict[str, str] = {}
+        for k, s in first.items():
+            assert where.setdefault(group_of[k], s) == s
+        second = plan(rows + more, d)
+        assert all(second[k] == first[k] for k in first)              # adding rows never moves an old one
+        for k, s in second.items():
+            assert where.setdefault(group_of[k], s) == s
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7, 12345])

@@ -453,7 +453,10 @@ class Recipe:
         k = (fname, fmt.dumps(options))
         dec = self._row_decoders.get(k)
         if dec is None:
-            dec = self._row_decoders[k] = type(self.decoders[fname])(self.row_params(fname, options))
+            base = self.decoders[fname]
+            dec = self._row_decoders[k] = type(base)(self.row_params(fname, options))
+            # what the recipe configured on its decoder (e.g. the JPEG decode scale rule) holds for every row
+            dec.__dict__.update({a: v for a, v in base.__dict__.items() if a != "params"})
         return dec
 
     def __reduce__(self):

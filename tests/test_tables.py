@@ -682,3 +682,17 @@ def test_every_copy_keeps_its_rows_text_and_target(table_tree):
         row, s = by_key[ds.key(i)], ds[i]
         assert s["caption"] == row["Caption"] and s["image"].shape == (4, 4, 3)
         np.testing.assert_array_equal(s["y"], np.asarray(_expected_target(row), np.float32))
+
+
+def test_a_row_decoder_keeps_what_the_recipe_configured(table_tree):
+    root, rows, _ = table_tree
+    rows = [dict(r, Mode="rgb8") for r in rows]
+    _write_csv(root / "m.csv", rows)
+    r = _recipe("m.csv", fields={"image": {"decoder": "image", "mode": {"column": "Mode"}, "reduce": "auto"}})
+    r["steps"] = [{"resize": {"size": [3, 2]}}]
+    rec = load_recipe(r)
+    base = rec.decoders["image"]
+    dec = rec.decoder_for("image", {"mode": "rgb8"})
+    assert dec is not base and dec.params.mode == "rgb8" and dec.params.reduce == "auto"
+    assert dec.need == base.need and dec.need_reason == base.need_reason and base.need is not None
+    assert rec.decoder_for("image", {"mode": "rgb8"}) is dec     # one decoder per distinct row value

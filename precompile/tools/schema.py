@@ -134,7 +134,8 @@ def decoder_variants(defs: dict[str, Any], field_decl: dict[str, Any]) -> list[d
     base_props = {k: v for k, v in field_decl.get("properties", {}).items() if k != "decoder"}
     if "path" in base_props and "description" not in base_props["path"]:
         base_props["path"] = {**base_props["path"], "description": "the input file: a pattern using the captures "
-                              "of inputs.match, relative to inputs.root (default: the matched file itself)"}
+                              "of inputs.match (table inputs: the row's {column}s), relative to inputs.root "
+                              "(default: the matched file itself, or the row's inputs.path)"}
     for name, cls in DECODERS.items():
         s = _model_schema(cls.Params, defs, f"decoder.{_name_ref(name)}.")
         desc = _doc(cls)

@@ -696,3 +696,19 @@ def test_a_row_decoder_keeps_what_the_recipe_configured(table_tree):
     assert dec is not base and dec.params.mode == "rgb8" and dec.params.reduce == "auto"
     assert dec.need == base.need and dec.need_reason == base.need_reason and base.need is not None
     assert rec.decoder_for("image", {"mode": "rgb8"}) is dec     # one decoder per distinct row value
+
+
+def test_target_map_rules():
+    from precompile.compiler.tables import _number
+
+    m = {-1.0: "nan", "2": 0.5, "": 0.0, "positive": 1.0, "unsure": None}
+    assert math.isnan(_number("-1.0", m)) and math.isnan(_number(-1, m)) and math.isnan(_number("-1", m))
+    assert _number("2.0", m) == 0.5 and _number(2, m) == 0.5             # numeric keys match the number
+    assert _number("", m) == 0.0 and _number(None, m) == 0.0              # '' gives blank cells a value
+    assert math.isnan(_number("", {})) and math.isnan(_number(float("nan"), {}))  # blank -> NaN by default
+    assert _number(" positive ", m) == 1.0 and math.isnan(_number("unsure", m))
+    assert _number("3.5", m) == 3.5
+    with pytest.raises(ValueError, match="'maybe' is not a number"):
+        _number("maybe", m)
+    with pytest.raises(ValueError, match="is a boolean"):
+        _number(True, m)

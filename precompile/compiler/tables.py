@@ -180,16 +180,30 @@ def template_columns(template: str) -> list[str]:
     return [m.group(1) for m in TEMPLATE_RE.finditer(template)]
 
 
+def _mapped(m: Any) -> float:
+    """A ``map:`` value as a float (``nan``, ``NaN`` or null: NaN)."""
+    return float("nan") if m is None or isinstance(m, str) else float(m)
+
+
+def _key_number(k: Any) -> Optional[float]:
+    """A ``map:`` key as a number, if it is one (``-1``, ``"-1"``, ``-1.0``); None for ``""`` or a word."""
+    if isinstance(k, str):
+        try:
+            return float(k)
+        except ValueError:
+            return None
+    return float(k)
+
+
 def _number(v: Any, mapping: dict) -> float:
-    """A target cell as a float: blank -> NaN (or ``map['']``), mapped values, else the number (ValueError)."""
+    """A target cell as a float: blank -> NaN (or ``map['']``); a cell whose text or number is a ``map:``
+    key -> its value; else the number (a ValueError when it is not one)."""
     if _blank(v):
-        v = mapping.get("", float("nan"))
-        return float("nan") if v is None or (isinstance(v, str)) else float(v)
+        return _mapped(mapping.get("", None))
     if isinstance(v, str):
-        if v.strip() in mapping:
-            m = mapping[v.strip()]
-            return float("nan") if m is None or isinstance(m, str) else float(m)
         v = v.strip()
+        if v in mapping:
+            return _mapped(mapping[v])
     if isinstance(v, bool):
         raise ValueError(f"{v!r} is a boolean, not a number")
     try:
@@ -198,8 +212,8 @@ def _number(v: Any, mapping: dict) -> float:
         raise ValueError(f"{v!r} is not a number (a target needs numbers; blank = NaN; map: turns other values "
                          f"into numbers)") from None
     for k, m in mapping.items():
-        if not isinstance(k, str) and float(k) == x:
-            return float("nan") if m is None or isinstance(m, str) else float(m)
+        if _key_number(k) == x:
+            return _mapped(m)
     return x
 
 

@@ -330,6 +330,11 @@ def test_video_window_per_row_matches_pyav(tmp_path, monkeypatch):
         ref = np.stack([x for t, x in frames if a - 1e-6 <= t < b - 1e-6])
         np.testing.assert_array_equal(ds[ds.keys.index(f"c{i}")]["video"], ref)
     assert ds.label_names == ["run, fast"]
+    # decoded in the isolated helper process (timeout_s): the row's options and values travel with the input
+    iso = precompile.open(precompile.build(dict(r, timeout_s=60), "iso")["output"])
+    for i in range(len(ds)):
+        np.testing.assert_array_equal(iso[i]["video"], ds[i]["video"])
+        assert int(iso[i]["label"]) == int(ds[i]["label"])
     bad = copy.deepcopy(r)
     with open(tmp_path / "k.csv", "a") as f:
         f.write("c9,x,2.0,1.0\n")

@@ -4,6 +4,7 @@ and a :class:`PrecompileError` becomes one clean line on stderr and an exit code
 from __future__ import annotations
 
 import sys
+from typing import Any, Mapping
 
 import click
 
@@ -48,6 +49,24 @@ def main() -> None:
     """Compile datasets into uncompressed shards that feed training at full speed."""
 
 
+def _echo_plan_splits(p: Any) -> None:
+    """``splits    train 80 (80.0%), val 10 (10.0%), ...``: inputs per split of a ``split:`` recipe."""
+    from .compiler.plan import split_names
+
+    names = split_names(p.recipe, p.items)
+    if names:
+        n = max(1, len(p.items))
+        counts = {s: sum(1 for it in p.items if it.split == s) for s in names}
+        click.echo("splits    " + ", ".join(f"{s} {c} ({c / n:.1%})" for s, c in counts.items()))
+
+
+def _echo_splits(rep: "Mapping") -> None:
+    """One line per split of a ``split:`` build: its index, inputs, realised fraction and samples."""
+    for name, sp in (rep.get("splits") or {}).items():
+        click.echo(f"split {name}: {sp['output']}: {sp['inputs']} input(s) ({sp['fraction']:.1%} of inputs), "
+                   f"{sp['samples']} samples")
+
+
 @main.command()
 @click.argument("recipe", type=click.Path(dir_okay=False))
 def validate(recipe: str) -> None:
@@ -85,6 +104,7 @@ def plan(recipe: str) -> None:
     click.echo(f"shards    {len(p.shards)} of up to {r.model.output.samples_per_shard} inputs, format {r.model.output.format}")
     if p.label_names:
         click.echo(f"labels    {len(p.label_names)}: {', '.join(p.label_names)}")
+    _echo_plan_splits(p)
     click.echo("fields")
     for f, s in p.specs.items():
         click.echo(f"  {f:<12} {s.describe()}")
@@ -131,11 +151,13 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
     st = rep["stage_seconds"]
     reused = f", {sh['reused']} reused from a sibling output" if sh.get("reused") else ""
     verb = "up to date, nothing written:" if rep.get("up_to_date") else "wrote"
-    click.echo(f"{verb} {rep['output']}: {rep['num_samples']} samples, {_human(rep['bytes'])}, "
+    what = rep["output"] if not rep.get("splits") else f"{len(rep['splits'])} splits (below)"
+    click.echo(f"{verb} {what}: {rep['num_samples']} samples, {_human(rep['bytes'])}, "
                f"{sh['built']} shard(s) built, {sh['skipped']} up to date{reused}, in {rep['wall_seconds']:.2f} s"
                + ("" if rep.get("up_to_date") else f" ({rep['samples_per_second']:.0f} samples/s)"))
     click.echo(f"stage time (summed over workers): decode {st['decode']:.2f} s, steps {st['steps']:.2f} s, "
                f"write {st['write']:.2f} s, finalize {st['finalize']:.2f} s")
+    _echo_splits(rep)
     for ev in rep.get("events", []):
         click.echo(f"note: {ev}", err=True)
     if rep["failures"]:

@@ -6,6 +6,13 @@ error names the recipe file, the key path (``steps[2].size``) and what was
 expected; unknown decoder and step names list the close matches. Decoder and
 step parameters are validated by the registered class's own ``Params`` model,
 so a new decoder or step needs no change here.
+
+Inputs come from a folder (``inputs.match``: a pattern of paths) or a table
+(``inputs.table``: one sample per row; ``path``, ``key``, ``columns`` and decoder
+options given as ``{column: NAME}``; read at plan time by
+:mod:`precompile.compiler.tables`). ``split:`` asks for one output per split.
+``Recipe.__init__`` is a sequence of short stages: decoders, steps, the output,
+the match pattern.
 """
 from __future__ import annotations
 
@@ -13,10 +20,11 @@ import hashlib
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from .formats import names as fmt
 from .errors import RecipeError
@@ -62,20 +70,143 @@ class FieldDecl(BaseModel):
     decoder: str
 
 
+class ColumnDecl(_Model):
+    """A field made of table columns (``inputs.columns``): a class label, a float32 target or a text."""
+
+    column: Optional[str] = Field(None, description="the column holding the value")
+    columns: Optional[list[str]] = Field(None, description="target only: several columns -> a (n,) vector")
+    kind: Literal["label", "target", "text"]
+    classes: Optional[list[str]] = Field(None, description="label only: class names in id order "
+                                                           "(default: sorted unique values)")
+    map: dict[Union[float, str], Union[float, str, None]] = Field(
+        default_factory=dict, description="target only: cell value -> number ('nan' or null: NaN; key '': a blank cell)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "ColumnDecl":
+        if (self.column is None) == (self.columns is None):
+            raise ValueError("give exactly one of column (one value) or columns (a vector of targets)")
+        if self.columns is not None and (self.kind != "target" or not self.columns):
+            raise ValueError("columns (a list) is for kind target only, and needs at least one column")
+        if self.classes is not None and self.kind != "label":
+            raise ValueError("classes is for kind label only")
+        if self.map and self.kind != "target":
+            raise ValueError("map is for kind target only")
+        for k, v in self.map.items():
+            if isinstance(v, str) and v.lower() != "nan":
+                raise ValueError(f"map value for {k!r} must be a number, nan or null, got {v!r}")
+        return self
+
+
+class GroupSpec(_Model):
+    column: str = Field(description="the column (or match capture) holding the group")
+    pattern: Optional[str] = Field(None, description="a regular expression searched in the value; its first "
+                                                     "group (or whole match) is the group")
+
+    @field_validator("pattern")
+    @classmethod
+    def _pattern(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"not a valid regular expression: {e}") from None
+        return v
+
+
+class SplitSpec(_Model):
+    """``split:``: one output per split, assigned by a stable hash of the key (or group) or by a column."""
+
+    by: Literal["hash", "column"] = "hash"
+    column: Optional[str] = Field(None, description="by: column: the column (or capture) naming each row's split")
+    group: Optional[Union[str, GroupSpec]] = Field(None, description="rows with the same group share a split")
+    fractions: Optional[dict[str, float]] = Field(None, description="by: hash: split name -> fraction (sum 1)")
+    seed: Optional[int] = Field(None, ge=0, description="default: the recipe's seed")
+
+    @model_validator(mode="after")
+    def _check(self) -> "SplitSpec":
+        if self.by == "column":
+            if self.column is None:
+                raise ValueError("by: column needs column (the column naming each row's split)")
+            if self.fractions is not None:
+                raise ValueError("fractions are for by: hash (by: column takes the split from the column)")
+        else:
+            if self.column is not None:
+                raise ValueError("column is for by: column (by: hash assigns by key or group)")
+            if not self.fractions:
+                raise ValueError("by: hash needs fractions, e.g. {train: 0.8, val: 0.1, test: 0.1}")
+            for name, f in self.fractions.items():
+                if not NAME_RE.match(name):
+                    raise ValueError(f"split name {name!r} must be letters, digits, '_', '.', '-'")
+                if not 0 < f <= 1:
+                    raise ValueError(f"fraction of {name!r} must be in (0, 1], got {f}")
+            if abs(sum(self.fractions.values()) - 1) > 1e-6:
+                raise ValueError(f"fractions must sum to 1, got {sum(self.fractions.values()):g}")
+        return self
+
+
 class Inputs(_Model):
     root: str
     storage_options: dict[str, Any] = Field(default_factory=dict,
                                             description="fsspec options for a remote root (s3://, gs://, https://)")
-    match: str
+    table: Optional[str] = Field(None, description="a CSV, TSV, JSON Lines or Parquet file: one sample per row")
+    match: Optional[str] = Field(None, validate_default=True,
+                                 description="a pattern of input paths under root (not with table)")
     where: dict[str, str] = Field(default_factory=dict)
     kind: Literal["file", "dir"] = "file"
-    fields: dict[str, FieldDecl]
+    fields: dict[str, FieldDecl] = Field(default_factory=dict)
     label: Optional[LabelSpec] = None
+    path: Optional[str] = Field(None, description="table: a template over the row's columns giving the input "
+                                                  "under root, e.g. '{patient}/{study}.jpg'")
+    key: Optional[str] = Field(None, description="table: the column whose value is the sample key "
+                                                 "(default: the row's path)")
+    columns: dict[str, ColumnDecl] = Field(default_factory=dict, description="table: fields made of columns")
 
-    @field_validator("match")
+    @field_validator("table")
     @classmethod
-    def _match(cls, v: str) -> str:
-        if v.startswith("/") or ".." in Path(v).parts:
+    def _table(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            from .compiler.tables import table_format
+
+            table_format(v)  # a ValueError naming the known extensions
+        return v
+
+    @field_validator("columns")
+    @classmethod
+    def _columns(cls, v: dict) -> dict:
+        for name in v:
+            if not NAME_RE.match(name) or name.startswith("__"):
+                raise ValueError(f"field name {name!r} must be letters, digits, '_', '.', '-' and not start with '__'")
+        if sum(1 for c in v.values() if c.kind == "label") > 1:
+            raise ValueError("at most one column of kind label (the output has one list of label names)")
+        return v
+
+    @model_validator(mode="after")
+    def _source(self) -> "Inputs":
+        if self.table is None:
+            for k in ("path", "key"):
+                if getattr(self, k) is not None:
+                    raise ValueError(f"{k} is for table inputs (inputs.table)")
+            if self.columns:
+                raise ValueError("columns is for table inputs (inputs.table)")
+            if self.match is None:
+                raise ValueError("needs match (a pattern of input paths) or table (a file with one row per sample)")
+            if not self.fields:
+                raise ValueError("fields: needs at least one field")
+        else:
+            if self.match is not None or self.where or self.label is not None:
+                raise ValueError("table inputs take no match, where or label (use path and columns)")
+            if not self.fields and not self.columns:
+                raise ValueError("a table needs at least one field or column")
+            if self.path is None and self.key is None:
+                raise ValueError("a table needs path (a template giving each row's input) or key (a column)")
+        return self
+
+    @field_validator("match", "path")
+    @classmethod
+    def _match(cls, v: Optional[str], info: ValidationInfo) -> Optional[str]:
+        if v is None and info.field_name == "match" and info.data.get("table") is None:
+            raise ValueError("required key is missing (or give table: a file with one row per sample)")
+        if v is not None and (v.startswith("/") or ".." in Path(v).parts):
             raise ValueError("must be a relative pattern inside root (no leading '/' or '..')")
         return v
 
@@ -93,8 +224,6 @@ class Inputs(_Model):
     @field_validator("fields")
     @classmethod
     def _fields(cls, v: dict) -> dict:
-        if not v:
-            raise ValueError("needs at least one field")
         for name in v:
             if not NAME_RE.match(name) or name.startswith("__"):
                 raise ValueError(f"field name {name!r} must be letters, digits, '_', '.', '-' and not start with '__'")
@@ -134,6 +263,7 @@ class RecipeModel(_Model):
     on_error: Literal["fail", "skip"] = "fail"
     max_failures: Optional[int] = Field(None, ge=0)
     timeout_s: Optional[float] = Field(None, gt=0)
+    split: Optional[SplitSpec] = None
 
     @field_validator("name")
     @classmethod
@@ -190,8 +320,6 @@ class Recipe:
 
     def __init__(self, model: RecipeModel, source: str | None = None, base_dir: str | None = None):
         from . import plugins
-        from .decoders.base import Decoder
-        from .transforms.base import Step
 
         load_builtins()
         self.model = model
@@ -199,75 +327,140 @@ class Recipe:
         self.base_dir = os.path.abspath(base_dir or (os.path.dirname(source) if source else "."))
         plugins.load_entry_points(source)
         plugins.import_modules(list(model.imports), source, self.base_dir)
-        self.decoders = {}
-        for fname, decl in model.inputs.fields.items():
-            loc = ("inputs", "fields", fname)
-            try:
-                dcls = plugins.refresh_class(DECODERS.get(decl.decoder), DECODERS, decl.decoder)
-            except UnknownName as e:
-                raise RecipeError(str(e), source=source, loc=format_loc(loc + ("decoder",))) from None
-            if not (isinstance(dcls, type) and issubclass(dcls, Decoder)):
-                raise RecipeError(f"decoder {decl.decoder!r} is registered as {dcls!r}, not a Decoder subclass",
-                                  source=source, loc=format_loc(loc + ("decoder",)))
-            params = parse_params(dcls.Params, dict(decl.model_extra or {}), source, loc)
-            self.decoders[fname] = dcls(params)
-        self.steps = []
-        for i, entry in enumerate(model.steps):
-            loc = ("steps", i)
-            if not isinstance(entry, dict) or len(entry) != 1:
-                raise RecipeError("expected a mapping with one step name, e.g. {resize: {size: [64, 64]}}",
-                                  source=source, loc=format_loc(loc))
-            (sname, raw), = entry.items()
-            try:
-                scls = plugins.refresh_class(STEPS.get(sname), STEPS, sname)
-            except UnknownName as e:
-                raise RecipeError(str(e), source=source, loc=format_loc(loc)) from None
-            if not (isinstance(scls, type) and issubclass(scls, Step)):
-                raise RecipeError(f"step {sname!r} is registered as {scls!r}, not a Step subclass",
-                                  source=source, loc=format_loc(loc))
-            params = parse_params(scls.Params, raw, source, loc + (sname,))
-            self.steps.append(scls(params))
-        from .remote import is_url
-
-        if model.inputs.storage_options and not is_url(model.inputs.root):
-            raise RecipeError("storage_options apply only to a remote root (s3://, gs://, https://, ...)",
-                              source=source, loc="inputs.storage_options")
-        if model.output.format not in WRITERS:
-            e = UnknownName("output format", model.output.format, list(WRITERS))
-            raise RecipeError(str(e), source=source, loc="output.format")
-        caps = set(CAPTURE_RE.findall(model.inputs.match))
-        for c in model.inputs.where:
-            if c not in caps:
-                raise RecipeError(f"{c!r} is not a capture in match {model.inputs.match!r}", source=source,
-                                  loc=f"inputs.where.{c}")
-            try:
-                re.compile(model.inputs.where[c])
-            except re.error as e:
-                raise RecipeError(f"not a valid regular expression: {e}", source=source, loc=f"inputs.where.{c}") from None
-        try:
-            pattern_regex(model.inputs.match, model.inputs.where)
-        except re.error as e:
-            raise RecipeError(f"match and where do not make a valid pattern together: {e}", source=source,
-                              loc="inputs.where") from None
-        for fname, decl in model.inputs.fields.items():
-            if decl.path is not None:
-                bad = set(CAPTURE_RE.findall(decl.path)) - caps
-                if bad:
-                    raise RecipeError(f"uses capture(s) {sorted(bad)} that match {model.inputs.match!r} does not define",
-                                      source=source, loc=f"inputs.fields.{fname}.path")
-        if model.inputs.label is not None:
-            lab = model.inputs.label
-            if lab.capture not in caps:
-                raise RecipeError(f"{lab.capture!r} is not a capture in match {model.inputs.match!r}",
-                                  source=source, loc="inputs.label.capture")
-            if lab.field in model.inputs.fields:
-                raise RecipeError(f"label field {lab.field!r} clashes with an input field", source=source,
-                                  loc="inputs.label.field")
+        self.row_options: dict[str, dict[str, str]] = {}   # field -> {decoder option: table column}
+        self._static_options: dict[str, dict[str, Any]] = {}
+        self._row_decoders: dict[tuple, Any] = {}
+        self.decoders = {f: self._make_decoder(f, decl) for f, decl in model.inputs.fields.items()}
+        self.steps = [self._make_step(i, entry) for i, entry in enumerate(model.steps)]
+        self._check_output()
+        if model.inputs.table is None:
+            self._check_match()
         from .decoders.jpeg_reduce import configure
 
         configure(self)  # reduce: auto: which JPEG decode scale the steps allow (read by the image decoder)
 
         self.code = plugins.code_fingerprint(self.decoders, self.steps)
+
+    # -- the stages of __init__ ------------------------------------------------------------
+    def _make_decoder(self, fname: str, decl: FieldDecl) -> Any:
+        """The decoder of field ``fname`` with its options checked; options given as ``{column: NAME}``
+        (table inputs only) are taken from each row (``row_options``) and checked per row at plan time."""
+        from . import plugins
+        from .decoders.base import Decoder
+
+        loc = ("inputs", "fields", fname)
+        try:
+            dcls = plugins.refresh_class(DECODERS.get(decl.decoder), DECODERS, decl.decoder)
+        except UnknownName as e:
+            raise RecipeError(str(e), source=self.source, loc=format_loc(loc + ("decoder",))) from None
+        if not (isinstance(dcls, type) and issubclass(dcls, Decoder)):
+            raise RecipeError(f"decoder {decl.decoder!r} is registered as {dcls!r}, not a Decoder subclass",
+                              source=self.source, loc=format_loc(loc + ("decoder",)))
+        static, from_rows = {}, {}
+        for opt, v in dict(decl.model_extra or {}).items():
+            if isinstance(v, dict) and set(v) == {"column"} and isinstance(v["column"], str):
+                if self.model.inputs.table is None:
+                    raise RecipeError("an option taken from a column ({column: NAME}) needs table inputs",
+                                      source=self.source, loc=format_loc(loc + (opt,)))
+                from_rows[opt] = v["column"]
+            else:
+                static[opt] = v
+        self._static_options[fname] = static
+        if not from_rows:
+            return dcls(parse_params(dcls.Params, static, self.source, loc))
+        self.row_options[fname] = from_rows
+        unknown = sorted(set(from_rows) - set(dcls.Params.model_fields))
+        if unknown:
+            raise RecipeError(f"unknown option(s) {unknown} of decoder {decl.decoder!r}", source=self.source,
+                              loc=format_loc(loc + (unknown[0],)))
+        try:   # the options given here are checked now; those from the rows with each row at plan time
+            dcls.Params.model_validate(static)
+        except ValidationError as e:
+            mine = [er for er in e.errors() if er["loc"] and er["loc"][0] in static]
+            if mine:
+                msg = mine[0]["msg"].removeprefix("Value error, ")
+                raise RecipeError(f"{msg}, got {mine[0]['input']!r}", source=self.source,
+                                  loc=format_loc(loc + tuple(mine[0]["loc"]))) from None
+        return dcls(dcls.Params.model_construct(**static))
+
+    def row_params(self, fname: str, values: dict[str, Any]) -> Any:
+        """The decoder options of field ``fname`` with a table row's ``values`` (a pydantic ValidationError
+        when they do not fit)."""
+        return type(self.decoders[fname]).Params.model_validate({**self._static_options[fname], **values})
+
+    def _make_step(self, i: int, entry: Any) -> Any:
+        from . import plugins
+        from .transforms.base import Step
+
+        loc = ("steps", i)
+        if not isinstance(entry, dict) or len(entry) != 1:
+            raise RecipeError("expected a mapping with one step name, e.g. {resize: {size: [64, 64]}}",
+                              source=self.source, loc=format_loc(loc))
+        (sname, raw), = entry.items()
+        try:
+            scls = plugins.refresh_class(STEPS.get(sname), STEPS, sname)
+        except UnknownName as e:
+            raise RecipeError(str(e), source=self.source, loc=format_loc(loc)) from None
+        if not (isinstance(scls, type) and issubclass(scls, Step)):
+            raise RecipeError(f"step {sname!r} is registered as {scls!r}, not a Step subclass",
+                              source=self.source, loc=format_loc(loc))
+        return scls(parse_params(scls.Params, raw, self.source, loc + (sname,)))
+
+    def _check_output(self) -> None:
+        from .remote import is_url
+
+        model = self.model
+        if model.inputs.storage_options and not is_url(model.inputs.root):
+            raise RecipeError("storage_options apply only to a remote root (s3://, gs://, https://, ...)",
+                              source=self.source, loc="inputs.storage_options")
+        if model.output.format not in WRITERS:
+            e = UnknownName("output format", model.output.format, list(WRITERS))
+            raise RecipeError(str(e), source=self.source, loc="output.format")
+
+    def _check_match(self) -> None:
+        """``match``, ``where``, the fields' path templates and ``label`` agree on the captures."""
+        inp, source = self.model.inputs, self.source
+        caps = set(CAPTURE_RE.findall(inp.match))
+        for c in inp.where:
+            if c not in caps:
+                raise RecipeError(f"{c!r} is not a capture in match {inp.match!r}", source=source,
+                                  loc=f"inputs.where.{c}")
+            try:
+                re.compile(inp.where[c])
+            except re.error as e:
+                raise RecipeError(f"not a valid regular expression: {e}", source=source, loc=f"inputs.where.{c}") from None
+        try:
+            pattern_regex(inp.match, inp.where)
+        except re.error as e:
+            raise RecipeError(f"match and where do not make a valid pattern together: {e}", source=source,
+                              loc="inputs.where") from None
+        for fname, decl in inp.fields.items():
+            if decl.path is not None:
+                bad = set(CAPTURE_RE.findall(decl.path)) - caps
+                if bad:
+                    raise RecipeError(f"uses capture(s) {sorted(bad)} that match {inp.match!r} does not define",
+                                      source=source, loc=f"inputs.fields.{fname}.path")
+        if inp.label is not None:
+            if inp.label.capture not in caps:
+                raise RecipeError(f"{inp.label.capture!r} is not a capture in match {inp.match!r}",
+                                  source=source, loc="inputs.label.capture")
+            if inp.label.field in inp.fields:
+                raise RecipeError(f"label field {inp.label.field!r} clashes with an input field", source=source,
+                                  loc="inputs.label.field")
+
+    def decoder_for(self, fname: str, options: Optional[dict[str, Any]] = None) -> Any:
+        """The decoder of ``fname`` for one input: with a table row's decoder options (already checked at
+        plan time) a decoder made with them, kept for the next row with the same values."""
+        if not options:
+            return self.decoders[fname]
+        k = (fname, fmt.dumps(options))
+        dec = self._row_decoders.get(k)
+        if dec is None:
+            base = self.decoders[fname]
+            dec = self._row_decoders[k] = type(base)(self.row_params(fname, options))
+            # what the recipe configured on its decoder (e.g. the JPEG decode scale rule) holds for every row
+            dec.__dict__.update({a: v for a, v in base.__dict__.items() if a != "params"})
+        return dec
 
     def __reduce__(self):
         # rebuilt from the plain model in a worker: the recipe's imports run there, no user class is pickled,
@@ -305,6 +498,11 @@ class Recipe:
             del d["imports"]
         if not d["inputs"]["storage_options"]:
             del d["inputs"]["storage_options"]
+        for k in ("table", "path", "key", "columns", "match"):   # absent keys: hashes as before they existed
+            if not d["inputs"][k]:
+                del d["inputs"][k]
+        if d["split"] is None:
+            del d["split"]
         return d
 
     def content_dict(self) -> dict:

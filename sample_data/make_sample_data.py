@@ -320,8 +320,76 @@ def make_native(root: str) -> None:
         save_jpeg(scene(rng, cls, h, w), os.path.join(d, f"{cls}_{k:02d}_{h}x{w}.jpg"))
 
 
+FINDINGS = ["No Finding", "Enlarged Cardiomediastinum", "Cardiomegaly", "Lung Opacity", "Lung Lesion", "Edema",
+            "Consolidation", "Pneumonia", "Atelectasis", "Pneumothorax", "Pleural Effusion", "Pleural Other",
+            "Fracture", "Support Devices"]
+
+
+def make_chexpert(root: str) -> None:
+    """A CheXpert-style table: train.csv (Path, Sex, Age, Frontal/Lateral, AP/PA, 14 findings holding
+    1.0 / 0.0 / -1.0 / blank) beside small grayscale JPEGs under CheXpert-v1.0-small/train/patientN/studyM/."""
+    import csv
+
+    from PIL import Image
+
+    rng = np.random.default_rng(18)
+    d = os.path.join(root, "chexpert")
+    rows = []
+    for p in range(1, 7):
+        for study in range(1, 1 + (p % 2) + 1):
+            rel = f"CheXpert-v1.0-small/train/patient{p:05d}/study{study}/view1_frontal.jpg"
+            os.makedirs(os.path.dirname(os.path.join(d, rel)), exist_ok=True)
+            g = (smooth_noise(rng, 40, 32, 4) * 200 + 20).astype(np.uint8)
+            Image.fromarray(g).save(os.path.join(d, rel), quality=85)
+            cells = rng.choice(["1.0", "0.0", "-1.0", ""], size=len(FINDINGS), p=[0.2, 0.3, 0.1, 0.4])
+            rows.append({"Path": rel, "Sex": ["Female", "Male"][p % 2], "Age": str(30 + 7 * p),
+                         "Frontal/Lateral": "Frontal", "AP/PA": "AP", **dict(zip(FINDINGS, cells))})
+    with open(os.path.join(d, "train.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def make_kinetics(root: str) -> None:
+    """A Kinetics-style table: train.csv (label, youtube_id, time_start, time_end, split; labels with spaces
+    and commas, quoted) and clips named <youtube_id>_<start:06d>_<end:06d>.mp4 (3 s at 10 fps, 32x32). The
+    files hold the whole source video from 0 s; one row's file is missing, as in real downloads."""
+    import csv
+
+    import cv2
+
+    d = os.path.join(root, "kinetics")
+    os.makedirs(os.path.join(d, "videos"), exist_ok=True)
+    rows = [("playing guitar", "aB3dE5fG7hI", 0, 2, "train"), ("dancing, ballet", "Zz9_yY8-xX7", 1, 3, "train"),
+            ("playing guitar", "Qq1wW2eE3rR", 1, 2, "validate"), ("dancing, ballet", "Mm4nN5bB6vV", 0, 3, "train"),
+            ("riding a bike", "Kk7jJ8hH9gG", 0, 2, "validate")]
+    for i, (_, yid, a, b, _) in enumerate(rows):
+        if i == len(rows) - 1:
+            continue  # missing on disk: a per-input failure at build time
+        wr = cv2.VideoWriter(os.path.join(d, "videos", f"{yid}_{a:06d}_{b:06d}.mp4"),
+                             cv2.VideoWriter_fourcc(*"mp4v"), 10, (32, 32))
+        for t in range(30):
+            fr = np.full((32, 32, 3), 40 + 20 * i, np.uint8)
+            cv2.circle(fr, (int(4 + t) % 32, 16), 4, (230, 60, 40), -1)
+            wr.write(np.ascontiguousarray(fr[..., ::-1]))
+        wr.release()
+    with open(os.path.join(d, "train.csv"), "w", newline="") as f:
+        w = csv.writer(f, quoting=csv.QUOTE_MINIMAL)
+        w.writerow(["label", "youtube_id", "time_start", "time_end", "split"])
+        w.writerows(rows)
+
+
+def make_lung_ct(root: str) -> None:
+    """A Kaggle-DSB-style labels table beside the DICOM series of make_dicom: id (the series folder), cancer."""
+    d = os.path.join(root, "lung_ct")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "stage1_labels.csv"), "w") as f:
+        f.write("id,cancer\nchest_a,0\nchest_b,1\n")
+
+
 MAKERS = {"images": make_images, "video": make_video, "dicom": make_dicom, "flow": make_flow,
-          "audio": make_audio, "segmentation": make_segmentation, "native": make_native}
+          "audio": make_audio, "segmentation": make_segmentation, "native": make_native,
+          "chexpert": make_chexpert, "kinetics": make_kinetics, "lung_ct": make_lung_ct}
 
 
 def main(argv: list[str]) -> None:

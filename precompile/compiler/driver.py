@@ -26,6 +26,7 @@ Guarantees kept here:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as _dt
 import glob
 import os
@@ -197,17 +198,21 @@ class _State:
 
 
 def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool) -> BuildReport:
-    """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize."""
+    """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize.
+    With ``split:``, the no-op check and finalize run once per split output (:func:`split_views`)."""
     extras = _clean_temporaries(b)
     skey = recipe_key(b.recipe)
     keys = {s.index: shard_key(b.plan, s, skey, content=content_hash) for s in b.plan.shards}
+    named = split_views(b)
+    views = [v for _, v in named]
     if not force and not extras:
-        report = _unchanged(b, keys)
-        if report is not None:
-            return report
+        reports = [_unchanged(v, keys) for v in views]
+        if all(r is not None for r in reports):
+            return reports[0] if views[0] is b else _merge_splits(b, named, reports, reports[0])
     st = _sort_shards(b, keys, force)
-    if (st.todo or extras) and os.path.exists(b.index_path):
-        os.remove(b.index_path)  # before any shard changes: never an index that points at changed shards
+    for v in views:
+        if (st.todo or extras) and os.path.exists(v.index_path):
+            os.remove(v.index_path)  # before any shard changes: never an index that points at changed shards
     for p in extras:  # shards beyond the plan's count
         remove_path(p)
     if not force:
@@ -215,7 +220,46 @@ def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], co
     _run_stage(b, keys, st, progress, scheduler)
     report = _report(b, st)
     _check_outcome(b, st, report)
-    return _finalize(b, st, report)
+    if views[0] is b:
+        return _finalize(b, st, report)
+    done = [_finalize(v, st, dataclasses.replace(report, output=v.index_path, inputs=len(v.plan.items)))
+            for v in views]
+    merged = _merge_splits(b, named, done, report)
+    _write_report(b.index_path, merged)
+    return merged
+
+
+def split_views(b: _Build) -> list[tuple[Optional[str], _Build]]:
+    """The build itself, or with ``split:`` one view per split: the split's items and shards, and its
+    index ``<name>.<split><ext>`` (its report ``<name>.<split>.report.json``) beside the build's."""
+    from .plan import split_names
+
+    names = split_names(b.recipe, b.plan.items)
+    if not names:
+        return [(None, b)]
+    stem, ext = b.index_path[:-len(b.writer.index_ext)], b.writer.index_ext
+    return [(name, dataclasses.replace(b, index_path=f"{stem}.{name}{ext}", plan=dataclasses.replace(
+        b.plan, items=[it for it in b.plan.items if it.split == name],
+        shards=[s for s in b.plan.shards if s.split == name]))) for name in names]
+
+
+def _merge_splits(b: _Build, named: list[tuple[Optional[str], _Build]], reports: list[BuildReport],
+                  base: BuildReport) -> BuildReport:
+    """The build's report over its split outputs: totals, and per split the inputs, their realised
+    fraction of all inputs, the samples written and the output."""
+    n_in = max(1, len(b.plan.items))
+    splits = {name: {"inputs": len(v.plan.items), "fraction": round(len(v.plan.items) / n_in, 4),
+                     "samples": r.num_samples, "output": v.index_path} for (name, v), r in zip(named, reports)}
+    num = sum(r.num_samples or 0 for r in reports)
+    wall = round(time.perf_counter() - b.t_start, 4)
+    return dataclasses.replace(
+        base, output=b.index_path, inputs=len(b.plan.items), num_samples=num,
+        bytes=sum(r.bytes or 0 for r in reports), wall_seconds=wall, splits=splits,
+        samples_per_second=round(num / max(wall, 1e-9), 1),
+        failures=base.failures if not base.up_to_date else [f for r in reports for f in r.failures],
+        shards=base.shards if not base.up_to_date else dict(base.shards, total=len(b.plan.shards),
+                                                           skipped=len(b.plan.shards)),
+        stage_seconds=dict(base.stage_seconds, finalize=round(sum(r.stage_seconds["finalize"] for r in reports), 4)))
 
 
 def _clean_temporaries(b: _Build) -> list[str]:

@@ -84,6 +84,10 @@ def shard_key(plan: Plan, shard: ShardPlan, recipe_hash: str, content: bool = Fa
                         "labels": plan.label_names, "shard": shard.index}).encode())
     for it in shard.items:
         h.update(item_text(it.key, it.label, [(f, fingerprint(p, content)) for f, p in sorted(it.paths.items())]).encode())
+        if it.values or it.options:  # a table row's values decide bytes too: a changed row rebuilds its shard
+            h.update(fmt.dumps([it.values, it.options]).encode())
+    if shard.split is not None:
+        h.update(fmt.dumps({"split": shard.split}).encode())
     return h.hexdigest()
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ..errors import PlanError, RecipeError
 from ..recipe import CAPTURE_RE, Recipe, pattern_regex  # noqa: F401  (pattern_regex: re-exported)
@@ -24,12 +24,17 @@ class Item:
     paths: dict[str, str]            # field -> absolute input path
     label: Optional[int] = None
     captures: dict[str, str] = field(default_factory=dict)
+    row: Optional[int] = None                                   # table inputs: the data row (1-based)
+    values: dict[str, Any] = field(default_factory=dict)         # table inputs: column field -> value
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # field -> decoder options from the row
+    split: Optional[str] = None                                  # with ``split:``: the split it belongs to
 
 
 @dataclass(frozen=True)
 class ShardPlan:
     index: int
     items: tuple[Item, ...]
+    split: Optional[str] = None
 
 
 @dataclass
@@ -144,6 +149,10 @@ def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
     from ..remote import is_url, list_tree
 
     inp = recipe.model.inputs
+    if inp.table is not None:
+        from .tables import table_items
+
+        return table_items(recipe)
     root = recipe.input_root
     remote = is_url(root)
     if remote:
@@ -179,6 +188,45 @@ def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
             paths[fname] = f"{root}/{rp}" if remote else os.path.join(root, *rp.split("/"))
         items.append(Item(key=rel, paths=paths, label=ids[caps[lab.capture]] if lab else None, captures=caps))
     return items, label_names
+
+
+def _add_column_specs(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
+    """The specs of a table's column fields (label, target, text), after the decoders' and steps' fields."""
+    if not recipe.model.inputs.columns:
+        return
+    from .tables import column_specs
+
+    for name, spec in column_specs(recipe.model.inputs.columns).items():
+        if name in specs:
+            raise RecipeError(f"column field {name!r} clashes with another field", source=recipe.source,
+                              loc=f"inputs.columns.{name}")
+        specs[name] = spec
+
+
+def _make_shards(recipe: Recipe, items: list[Item]) -> list[ShardPlan]:
+    """Items to shards in key order; with ``split:``, each split's items in shards of their own."""
+    per = recipe.model.output.samples_per_shard
+    if recipe.model.split is None:
+        return [ShardPlan(i // per, tuple(items[i:i + per])) for i in range(0, len(items), per)]
+    from .tables import assign_splits
+
+    items[:] = assign_splits(recipe, items)
+    shards: list[ShardPlan] = []
+    for name in split_names(recipe, items):
+        mine = [it for it in items if it.split == name]
+        for i in range(0, len(mine), per):
+            shards.append(ShardPlan(len(shards), tuple(mine[i:i + per]), split=name))
+    return shards
+
+
+def split_names(recipe: Recipe, items: list[Item]) -> list[str]:
+    """The split names in output order: the fractions' order, or (by column) sorted."""
+    sp = recipe.model.split
+    if sp is None:
+        return []
+    if sp.fractions:
+        return list(sp.fractions)
+    return sorted({it.split for it in items})
 
 
 def check_field_names(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
@@ -231,6 +279,7 @@ def plan_specs(recipe: Recipe) -> tuple[dict[str, FieldSpec], bool]:
     label = recipe.model.inputs.label
     if label is not None:
         specs[label.field] = FieldSpec(Kind.LABEL, (), "int64")
+    _add_column_specs(recipe, specs)
     check_field_names(recipe, specs)
     return specs, expands
 
@@ -241,9 +290,10 @@ def make_plan(recipe: Recipe) -> Plan:
     specs, expands = plan_specs(recipe)
     m = recipe.model
     if not items:
+        if m.inputs.table is not None:
+            raise PlanError(f"table {m.inputs.table!r} has no rows")
         raise PlanError(f"no inputs under {recipe.input_root!r} match {m.inputs.match!r}"
                         + (f" with {m.inputs.where}" if m.inputs.where else ""))
-    per = m.output.samples_per_shard
-    shards = [ShardPlan(i // per, tuple(items[i:i + per])) for i in range(0, len(items), per)]
+    shards = _make_shards(recipe, items)
     return Plan(recipe=recipe, items=items, shards=shards, specs=specs,
                 label_names=label_names, expands=expands)

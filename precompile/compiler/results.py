@@ -114,6 +114,8 @@ class BuildReport(Mapping):
     num_samples: Optional[int] = None
     bytes: Optional[int] = None
     samples_per_second: Optional[float] = None
+    #: with ``split:``: split -> {inputs, fraction (of inputs), samples, output}
+    splits: Optional[dict[str, dict[str, Any]]] = None
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {
@@ -129,6 +131,8 @@ class BuildReport(Mapping):
             d["num_samples"] = self.num_samples
             d["bytes"] = self.bytes
             d["samples_per_second"] = self.samples_per_second
+        if self.splits is not None:
+            d["splits"] = {k: dict(v) for k, v in self.splits.items()}
         return d
 
     def __getitem__(self, k: str) -> Any:

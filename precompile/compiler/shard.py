@@ -53,13 +53,15 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
     streaming instead: a placeholder array, and ``stream.source`` is set to the frame generator."""
     t0 = time.perf_counter()
     fields, kinds, meta, links = {}, {}, {}, {}
-    for fname, dec in recipe.decoders.items():
+    for fname in recipe.decoders:
+        dec = recipe.decoder_for(fname, item.options.get(fname))
         path = item.paths[fname]
         try:
             if "://" in path and is_url(path):
                 arrays, m = _decode_remote(recipe, dec, path, fname)
             elif not os.path.exists(path):
-                raise DecodeError("input file is missing (the recipe's path for this field points to nothing)")
+                row = f", from data row {item.row} of {recipe.model.inputs.table}" if item.row else ""
+                raise DecodeError(f"input file is missing (the recipe's path for this field points to nothing{row})")
             elif stream is not None and fname == stream.field:
                 arrays, m, stream.source = dec.open_stream(path, fname)
             else:
@@ -85,6 +87,11 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
 
         fields[lab.field] = np.asarray(item.label, dtype=np.int64)
         kinds[lab.field] = Kind.LABEL
+    if item.values:
+        from .tables import column_arrays
+
+        for name, (arr, kind) in column_arrays(recipe.model.inputs.columns, item.values).items():
+            fields[name], kinds[name] = arr, kind
     return Sample(key=item.key, fields=fields, kinds=kinds, meta=meta, links=links)
 
 
@@ -539,7 +546,8 @@ class IsolatedDecoder:
         t0 = time.perf_counter()
         try:
             self.w.send_bytes(json.dumps({"key": item.key, "paths": item.paths, "label": item.label,
-                                          "captures": item.captures}).encode())
+                                          "captures": item.captures, "values": item.values,
+                                          "options": item.options}, default=str).encode())
             ready = self.r.poll(timeout)
         except (EOFError, OSError):
             ready = True  # the helper is gone; the read below reports how it ended
@@ -643,7 +651,8 @@ def _decode_server() -> None:
             req = json.loads(r.recv_bytes())
         except EOFError:
             return
-        item = Item(key=req["key"], paths=req["paths"], label=req["label"], captures=req["captures"])
+        item = Item(key=req["key"], paths=req["paths"], label=req["label"], captures=req["captures"],
+                    values=req.get("values", {}), options=req.get("options", {}))
         try:
             s = decode_item(recipe, item, {"decode": 0.0})
         except InputError as e:

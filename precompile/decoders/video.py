@@ -184,7 +184,40 @@ def _getter(frame: Any, i: int, mode: str, shape: list, path: str) -> Callable[[
 
 
 def iter_frames(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optional[int] = None,
-                info: Optional[dict[str, Any]] = None) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
+                info: Optional[dict[str, Any]] = None, start_s: Optional[float] = None,
+                end_s: Optional[float] = None) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
+    """Like :func:`_iter_all`, over the frames whose time ``t`` (seconds from the stream's start, as in
+    ``pts``) has ``start_s <= t < end_s``; ``every`` and ``max_frames`` count frames inside that window,
+    and decoding stops at the first frame at or after ``end_s``."""
+    if start_s is None and end_s is None:
+        yield from _iter_all(path, mode, every, max_frames, info)
+        return
+    lo, hi = (start_s or 0.0) - 1e-6, (end_s - 1e-6) if end_s is not None else None
+    frames = _iter_all(path, mode, 1, None, info)
+    inside = kept = 0
+    try:
+        for _, t, get in frames:
+            if t < lo:
+                continue
+            if hi is not None and t >= hi:
+                break
+            if inside % every == 0:
+                if max_frames is not None and kept >= max_frames:
+                    break
+                yield kept, t, get
+                kept += 1
+            inside += 1
+    finally:
+        frames.close()
+    if kept == 0:
+        raise DecodeError(f"no frame between start_s {start_s} and end_s {end_s} (the video is "
+                          f"{(info or {}).get('decoded_frames', 0)} frame(s) long)", path=path)
+    if info is not None:
+        info["kept_frames"] = kept
+
+
+def _iter_all(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optional[int] = None,
+              info: Optional[dict[str, Any]] = None) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
     """Yield ``(position, pts seconds, get)`` for frames 0, every, 2*every, ... in order.
 
     ``position`` counts kept frames (source frame = position * every); ``get()``
@@ -284,11 +317,13 @@ def read_audio_track(path: str, mono: bool = True, rate: Optional[int] = None, q
 
 
 def read_video(path: str, mode: str = "rgb8", max_frames: Optional[int] = None,
-               every: int = 1) -> tuple[np.ndarray, dict[str, Any]]:
-    """Decode frames 0, every, 2*every, ... (up to ``max_frames`` kept) -> (T, H, W, C) uint8, meta."""
+               every: int = 1, start_s: Optional[float] = None,
+               end_s: Optional[float] = None) -> tuple[np.ndarray, dict[str, Any]]:
+    """Decode frames 0, every, 2*every, ... (up to ``max_frames`` kept; of the frames in
+    [``start_s``, ``end_s``) when given) -> (T, H, W, C) uint8, meta."""
     info: dict[str, Any] = {}
     frames, pts = [], []
-    for _, t, get in iter_frames(path, mode, every, max_frames, info=info):
+    for _, t, get in iter_frames(path, mode, every, max_frames, info=info, start_s=start_s, end_s=end_s):
         frames.append(get())
         pts.append(t)
     arr = np.stack(frames)
@@ -304,7 +339,10 @@ class VideoDecoder(Decoder):
     """Any video FFmpeg reads -> (T, H, W, C) uint8 frames (T = frames decoded, not the header's count).
 
     ``every: k`` keeps every k-th decoded frame; ``max_frames`` stops after that
-    many kept frames. ``audio_field: name`` also outputs the file's audio track
+    many kept frames. ``start_s``/``end_s`` keep only the frames whose time (seconds
+    from the stream's start, as in the ``pts`` meta) is in [start_s, end_s): a
+    clip of a longer video (per table row: ``start_s: {column: time_start}``);
+    ``every`` and ``max_frames`` then count inside that window. ``audio_field: name`` also outputs the file's audio track
     as a (C, N) float32 field ``name`` (``audio_rate``, ``audio_mono``), which
     ``clips`` cuts to each clip's time span (``audio_missing: silence`` gives
     files without audio a silent track). Followed by ``clips``, the engine
@@ -323,11 +361,17 @@ class VideoDecoder(Decoder):
         audio_mono: bool = True                        # mix the audio track down to one channel
         audio_quality: Literal["VHQ", "HQ", "MQ", "LQ", "QQ"] = "HQ"
         audio_missing: Literal["error", "silence"] = "error"  # a file without audio: an error, or silence
+        start_s: Optional[float] = Field(None, ge=0)   # keep frames from this time (s from the stream's start)
+        end_s: Optional[float] = Field(None, gt=0)     # ... up to (not including) this time
 
         @model_validator(mode="after")
         def _silence_rate(self):
             if self.audio_missing == "silence" and self.audio_rate is None:
                 raise ValueError("audio_missing: silence needs audio_rate (the rate of the silent track)")
+            if self.start_s is not None and self.end_s is not None and self.end_s <= self.start_s:
+                raise ValueError(f"end_s ({self.end_s}) must be after start_s ({self.start_s})")
+            if self.audio_field is not None and (self.start_s is not None or self.end_s is not None):
+                raise ValueError("start_s/end_s cut the frames only: not with audio_field (use clips to cut both)")
             return self
 
         @field_validator("audio_field")
@@ -350,7 +394,7 @@ class VideoDecoder(Decoder):
 
     def read(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
-        return read_video(path, p.mode, p.max_frames, p.every)
+        return read_video(path, p.mode, p.max_frames, p.every, p.start_s, p.end_s)
 
     def read_audio(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
@@ -366,7 +410,7 @@ class VideoDecoder(Decoder):
         gives a clip (the whole-file counts are filled in only as frames come)."""
         p = self.params
         info: dict[str, Any] = {}
-        frames = iter_frames(path, p.mode, p.every, p.max_frames, info=info)
+        frames = iter_frames(path, p.mode, p.every, p.max_frames, info=info, start_s=p.start_s, end_s=p.end_s)
         try:
             first = next(frames)
         except BaseException:

@@ -10,6 +10,10 @@ offers ``len``, ``ds[i]`` (a dict of arrays, each sample in its own shape),
 (JSON text for non-scalar values, as HDF5 attributes are), ``shards`` and
 ``recipe``.
 
+A ``text`` field is stored as its UTF-8 bytes (a variable-shape uint8 field:
+the ragged layout in HDF5, plain-h5py readable as bytes); ``ds[i]`` gives it
+as ``str`` and ``batch`` as a list of ``str``.
+
 ``batch`` stacks fields; when a variable-shape field's samples differ it
 raises :class:`ShapeMismatchError` naming the field and two shapes, unless
 ``pad`` is given (``True`` pads with 0, a number pads with that value): each
@@ -55,8 +59,17 @@ def _pad_value(pad: Any) -> Any:
     raise TypeError(f"pad must be True, False or a number, got {pad!r}")
 
 
+def text_of(a: np.ndarray) -> str:
+    """A stored ``text`` field (its UTF-8 bytes, uint8) as ``str``."""
+    return np.ascontiguousarray(a, dtype=np.uint8).tobytes().decode("utf-8")
+
+
 def stack_field(name: str, arrays: list[np.ndarray], spec: dict, pad: Any, out: Batch) -> None:
-    """Stack one field's per-sample arrays into ``out[name]``: refuse or pad unequal shapes."""
+    """Stack one field's per-sample arrays into ``out[name]``: refuse or pad unequal shapes; a ``text``
+    field becomes a list of ``str``."""
+    if spec.get("kind") == "text":
+        out[name] = [text_of(a) for a in arrays]
+        return
     dtype = np.dtype(spec["dtype"])
     if not arrays:
         out[name] = np.empty((0, *[d or 0 for d in spec["shape"]]), dtype=dtype)
@@ -170,8 +183,12 @@ class Dataset:
     def _sample(self, i: int, names: list[str]) -> dict[str, np.ndarray]:
         raise NotImplementedError
 
-    def __getitem__(self, i: int) -> dict[str, np.ndarray]:
-        return self._sample(self._index(i), self.fields)
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        out: dict[str, Any] = self._sample(self._index(i), self.fields)
+        for name in self.fields:
+            if self.field_specs[name].get("kind") == "text":
+                out[name] = text_of(out[name])   # stored as UTF-8 bytes (a ragged uint8 field)
+        return out
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r}, {self._n} samples, format {self.output_format}, fields={self.fields})"

@@ -499,7 +499,7 @@ def _digest_sample(ds: FileDataset, i: int, digests: dict[str, Any], res: Verify
     """Add sample ``i``'s decoded fields to the field checksums; count its ``.npy`` bytes (its files are
     counted by :func:`_check_sample_files`); False when it cannot be read."""
     try:
-        sample = ds[i]
+        sample = ds._sample(i, ds.fields)   # stored arrays (a text field as its UTF-8 bytes)
     except (FormatError, OSError, ValueError) as ex:
         bad.append(f"sample {ds.samples[i]['key']!r}: unreadable ({ex})")
         return False

@@ -171,7 +171,8 @@ class Loader:
     from mapped page cache are slow (measured on the shared 2-core VM: 4-5x
     slower than from process memory, see benchmarks/README.md) this is what
     reaches the in-memory gather; the default maps the files and reads through
-    the page cache.
+    the page cache. A ``text`` field is not gathered like the others: each batch
+    holds it as a list of ``str`` in batch order (read from the build as UTF-8).
     """
 
     def __init__(self, path_or_dataset: Any, batch_size: int, shuffle: bool | str = True, seed: int = 0,
@@ -195,7 +196,11 @@ class Loader:
         self.num_threads = default_threads(self.device) if num_threads is None else int(num_threads)
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0 (0: gather in the calling thread), got {num_threads}")
-        self.fields = list(fields) if fields is not None else list(ds.fields)
+        wanted = list(fields) if fields is not None else list(ds.fields)
+        # text fields (UTF-8 bytes of varying length) are not gathered: each batch gets them as a list of str
+        self.text_fields = [f for f in wanted if ds.field_specs.get(f, {}).get("kind") == "text"]
+        self.fields = [f for f in wanted if f not in self.text_fields]
+        self._text_ds: Any = None
         self.reader = DirectReader(ds, self.fields, in_memory=bool(in_memory))
         self.specs = {f: ds.field_specs[f] for f in self.fields}
         self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.fields, self.specs)
@@ -322,6 +327,8 @@ class Loader:
                 if got is None:
                     break
                 b, out = got
+                if self.text_fields:
+                    out.update(self._texts(self.batch_indices(epoch)[b]))
                 t1 = time.perf_counter()
                 stats.waits.append(t1 - t0)
                 stats.wait_s += t1 - t0
@@ -332,6 +339,15 @@ class Loader:
             self.epoch, self._pos = epoch + 1, 0
         finally:
             feed.close()
+
+    def _texts(self, rows: np.ndarray) -> dict[str, list[str]]:
+        """The text fields of batch ``rows``, each a list of str in batch order."""
+        if self._text_ds is None:
+            from . import open_dataset
+
+            self._text_ds = open_dataset(self.ds.path, fields=self.text_fields)
+        b = self._text_ds.batch(rows)
+        return {f: b[f] for f in self.text_fields}
 
     def _close_active(self) -> None:
         old = self._active() if self._active is not None else None

@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import PrecompileError
 from ..formats import Dataset, open_dataset
+from .stats import target_columns
 
 
 class PreviewError(PrecompileError):
@@ -492,9 +493,32 @@ RENDERERS: dict[str, Renderer] = {
     "video": render_video,
     "audio": render_audio,
     "label": lambda item, f: [],  # in the header
+    "text": lambda item, f: [],   # in the header (text_line)
+    "target": lambda item, f: [],  # in the header (target_line)
 }
 
 KIND_ORDER = {k: i for i, k in enumerate(("image", "mask", "flow", "flow_valid", "volume", "volume_mask", "video", "audio"))}
+
+
+TEXT_CHARS = 120   # a text field's characters shown in the header
+
+
+def text_line(item: Item, f: str) -> str:
+    """``caption: "the text"`` (newlines shown as ⏎, cut at TEXT_CHARS with …)."""
+    t = str(item.samples[0][f]).replace("\r\n", "\n").replace("\n", " ⏎ ")
+    return f'{f}: "{t[:TEXT_CHARS]}{"…" if len(t) > TEXT_CHARS else ""}"'
+
+
+def target_line(item: Item, f: str) -> str:
+    """``findings: Edema=1, Cardiomegaly=0, 12 blank (NaN)``: the finite values, named by their table
+    column when the recipe says (``options['target_columns']``), and the count of NaN (blank) entries."""
+    a = np.asarray(item.samples[0][f], dtype=np.float64).reshape(-1)
+    names = item.options.get("target_columns", {}).get(f) or [str(i) for i in range(a.size)]
+    if a.size == 1 and not item.options.get("target_columns", {}).get(f):
+        return f"{f}: {'NaN (blank)' if np.isnan(a[0]) else _num(float(a[0]))}"
+    parts = [f"{n}={_num(float(v))}" for n, v in zip(names, a) if not np.isnan(v)]
+    blank = int(np.isnan(a).sum())
+    return f"{f}: {', '.join(parts) or '-'}" + (f", {blank} blank (NaN)" if blank else "")
 
 
 def header_lines(item: Item) -> list[str]:
@@ -507,6 +531,10 @@ def header_lines(item: Item) -> list[str]:
             v = int(a.reshape(()))
             name = item.label_names[v] if 0 <= v < len(item.label_names) else "?"
             lines.append(f"{f}: {name} ({v})")
+        elif spec.get("kind") == "text":
+            lines.append(text_line(item, f))
+        elif spec.get("kind") == "target":
+            lines.append(target_line(item, f))
         elif a.size <= 8 and spec.get("kind") not in RENDERERS:
             lines.append(f"{f}: {_num(a.tolist())}")
     if len(item.copies) > 1:
@@ -691,7 +719,8 @@ def render(path: str | os.PathLike, n: int = 6, fields: Sequence[str] | None = N
     if len(ds) == 0:
         raise PreviewError(f"{path}: the output holds no samples")
     shown = [f for f in specs if not fields or f in fields]
-    options: dict[str, Any] = {"window": window}
+    options: dict[str, Any] = {"window": window, "target_columns": {
+        f: target_columns(ds, f) for f, sp in specs.items() if sp.get("kind") == "target"}}
     rows = []
     boxes: list[dict[str, Any]] = []
     y = 0   # below the title: moved down by the title's height once the sheet's width is known

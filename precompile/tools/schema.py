@@ -134,12 +134,15 @@ def decoder_variants(defs: dict[str, Any], field_decl: dict[str, Any]) -> list[d
     base_props = {k: v for k, v in field_decl.get("properties", {}).items() if k != "decoder"}
     if "path" in base_props and "description" not in base_props["path"]:
         base_props["path"] = {**base_props["path"], "description": "the input file: a pattern using the captures "
-                              "of inputs.match, relative to inputs.root (default: the matched file itself)"}
+                              "of inputs.match (table inputs: the row's {column}s), relative to inputs.root "
+                              "(default: the matched file itself, or the row's inputs.path)"}
     for name, cls in DECODERS.items():
         s = _model_schema(cls.Params, defs, f"decoder.{_name_ref(name)}.")
         desc = _doc(cls)
-        props = {"decoder": {"const": name, "description": desc}, **copy.deepcopy(base_props),
-                 **s.get("properties", {})}
+        options = {k: {"anyOf": [v, {"$ref": "#/$defs/row_value"}], **({"description": v["description"]}
+                                                                     if "description" in v else {})}
+                   for k, v in s.get("properties", {}).items()}   # table inputs: an option may come from a column
+        props = {"decoder": {"const": name, "description": desc}, **copy.deepcopy(base_props), **options}
         out.append({"type": "object", "title": f"decoder {name}", "description": desc, "properties": props,
                     "required": ["decoder", *s.get("required", [])], "additionalProperties": False})
     return out
@@ -198,6 +201,10 @@ def recipe_schema() -> dict[str, Any]:
     }
     inputs = defs["Inputs"]
     inputs["properties"]["fields"]["additionalProperties"] = {"$ref": "#/$defs/field"}
+    defs["row_value"] = {"type": "object", "properties": {"column": {"type": "string"}}, "required": ["column"],
+                         "additionalProperties": False,
+                         "description": "table inputs (inputs.table): this decoder option is the row's value "
+                                        "of the column"}
     defs["step"] = {
         "type": "object", "minProperties": 1, "maxProperties": 1,
         "description": "one step: a mapping from the step's name to its options",

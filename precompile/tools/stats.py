@@ -9,9 +9,12 @@ the whole array to rounding. ``std`` is the population standard deviation
 (ddof 0); non-finite values (a flow's unknown vectors) are counted apart and
 left out.
 
-Channels follow the kind: the last axis of image, video, flow and mask fields,
-the first axis of an audio sample (C, N), one channel for everything else
-(volumes, labels, scalars). Label, mask and volume-mask fields also get
+Channels follow the kind: the last axis of image, video, flow and mask fields
+and of a vector ``target`` (one channel per table column, named in
+``columns``; a blank cell is NaN and counted in ``nonfinite``), the first axis
+of an audio sample (C, N), one channel for everything else (volumes, labels,
+scalars). A ``text`` field gets its lengths in characters instead
+(:func:`text_stats`). Label, mask and volume-mask fields also get
 ``classes``: every value seen with its count (and its name for labels), and
 every declared class never seen with count 0 (a label's class names, a mask's
 declared ``classes`` ids, or ``0 .. max_label``); nothing else.
@@ -41,7 +44,7 @@ A_STATS = "stats"
 STATS_VERSION = 1
 BLOCK_BYTES = 32 << 20
 
-CHANNELS_LAST = frozenset({"image", "video", "flow", "flow_valid", "mask"})
+CHANNELS_LAST = frozenset({"image", "video", "flow", "flow_valid", "mask", "target"})  # target: one per column
 CHANNELS_FIRST = frozenset({"audio"})
 CLASS_KINDS = frozenset({"label", "mask", "volume_mask", "flow_valid"})
 MAX_CLASSES = 4096   # a "mask" with more distinct values than this gets no class table
@@ -148,10 +151,31 @@ def declared_classes(spec: dict[str, Any], names: Sequence[str] | None = None) -
     return [int(v) for v in ids] if ids is not None and len(ids) <= MAX_CLASSES else []
 
 
+def text_stats(ds: Dataset, field: str) -> dict[str, Any]:
+    """A ``text`` field's lengths in characters (one channel: count, mean, std, min, max) and ``empty``
+    (how many samples hold the empty string)."""
+    lengths = np.asarray([len(ds[i][field]) for i in range(len(ds))], np.float64)
+    acc = Accumulator(1)
+    acc.add(lengths.reshape(-1, 1))
+    return {"kind": "text", "dtype": "str", "channel_axis": None, "channels": 1, "of": "length in characters",
+            **acc.result(), "empty": int((lengths == 0).sum())}
+
+
+def target_columns(ds: Dataset, field: str) -> list[str] | None:
+    """The table columns of a vector ``target`` field, in order (None when the recipe does not say)."""
+    try:
+        cols = ds.recipe["inputs"]["columns"][field].get("columns")
+    except (KeyError, TypeError, AttributeError, ValueError):
+        return None
+    return list(cols) if cols else None
+
+
 def field_stats(ds: Dataset, field: str, block_bytes: int = BLOCK_BYTES) -> dict[str, Any]:
     """Stats of one field of an opened output (see the module docstring)."""
     spec = ds.field_specs[field]
     kind = str(spec.get("kind", ""))
+    if kind == "text":
+        return text_stats(ds, field)
     ndim = len(spec["shape"])
     axis = channel_axis(kind, ndim)
     channels = 1 if axis is None else spec["shape"][axis]
@@ -165,6 +189,10 @@ def field_stats(ds: Dataset, field: str, block_bytes: int = BLOCK_BYTES) -> dict
         acc.add(b.reshape(-1, int(channels)))
     out: dict[str, Any] = {"kind": kind, "dtype": spec["dtype"], "channel_axis": axis, "channels": int(channels),
                            **acc.result()}
+    if kind == "target" and axis is not None:
+        cols = target_columns(ds, field)
+        if cols is not None and len(cols) == channels:
+            out["columns"] = cols
     if acc.classes is not None:
         names = ds.label_names if kind == "label" else []
         counts = dict(acc.classes)
@@ -257,12 +285,18 @@ def describe(res: dict[str, Any], max_classes: int = 12) -> str:
     lines = [f"{res['num_samples']} samples"]
     for f, s in res["fields"].items():
         ax = {None: "one channel", 0: "channels first"}.get(s["channel_axis"], "channels last")
+        if s["kind"] == "text":
+            ax = f"{s['of']}, {s['empty']} empty"
+        elif s["kind"] == "target" and s["channel_axis"] is not None:
+            ax = "one channel per column"
         lines.append(f"{f} ({s['kind']}, {s['dtype']}, {s['channels']} channel(s), {ax})")
-        lines.append(f"  {'ch':>3} {'mean':>12} {'std':>12} {'min':>12} {'max':>12} {'count':>12} {'nonfinite':>9}")
+        nan = "nan" if s["kind"] == "target" else "nonfinite"
+        lines.append(f"  {'ch':>3} {'mean':>12} {'std':>12} {'min':>12} {'max':>12} {'count':>12} {nan:>9}")
         for c in range(s["channels"]):
             vals = [s[k][c] for k in ("mean", "std", "min", "max")]
             txt = " ".join(f"{'-' if v is None else format(v, '.6g'):>12}" for v in vals)
-            lines.append(f"  {c:>3} {txt} {s['count'][c]:>12} {s['nonfinite'][c]:>9}")
+            name = f"  {s['columns'][c]}" if "columns" in s else ""
+            lines.append(f"  {c:>3} {txt} {s['count'][c]:>12} {s['nonfinite'][c]:>9}{name}")
         if "classes" in s:
             cl = s["classes"]
             parts = [f"{c['id']}{'=' + c['name'] if 'name' in c else ''}: {c['count']}" for c in cl[:max_classes]]

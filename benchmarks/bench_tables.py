@@ -1,0 +1,99 @@
+"""Planning a table input: `make_plan` on a CheXpert-scale CSV against a hand-written csv-module loop, same run.
+
+Writes a CheXpert-style train.csv of N rows (Path with the patient id, Sex, Age, 14 findings holding
+1.0 / 0.0 / -1.0 / blank; no image files: planning does not open them) and times, with medians of
+--repeats runs:
+  csv loop     csv.DictReader, the 14 findings and Age to float32 (blank and -1 -> NaN), a key
+               set for duplicates, the patient id by regex and a blake2b split per patient
+               (what a user's conversion script does before it can start decoding)
+  make_plan    precompile: pyarrow read, per-row checks (numbers, duplicate keys, columns),
+               targets with map: {-1: nan}, the patient-grouped hash split, shards
+and prints rows/s and the ratio against the loop.
+
+    python benchmarks/bench_tables.py [--n 20000 100000] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import math
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sample_data"))
+
+
+def write_table(path: Path, n: int) -> list[str]:
+    from make_sample_data import FINDINGS
+
+    rng = np.random.default_rng(0)
+    cells = rng.choice(["1.0", "0.0", "-1.0", ""], size=(n, len(FINDINGS)), p=[0.2, 0.3, 0.1, 0.4])
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Path", "Sex", "Age", "Frontal/Lateral", "AP/PA", *FINDINGS])
+        for i in range(n):
+            p = i // 3
+            w.writerow([f"CheXpert-v1.0/train/patient{p:05d}/study{i % 3 + 1}/view1_frontal.jpg",
+                        ["Female", "Male"][p % 2], 20 + p % 70, "Frontal", "AP", *cells[i]])
+    return list(FINDINGS)
+
+
+def csv_loop(path: Path, findings: list[str]) -> float:
+    t0 = time.perf_counter()
+    seen, out, splits = set(), [], {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            key = row["Path"]
+            if key in seen:
+                raise ValueError(key)
+            seen.add(key)
+            y = [math.nan if row[c] in ("", "-1.0") else float(row[c]) for c in findings]
+            out.append((key, np.asarray(y + [float(row["Age"])], np.float32)))
+            pid = re.search(r"patient(\d+)", key).group(1)
+            if pid not in splits:
+                u = int.from_bytes(hashlib.blake2b(pid.encode(), digest_size=8).digest(), "little") / 2.0 ** 64
+                splits[pid] = "train" if u < 0.8 else "val" if u < 0.9 else "test"
+    return time.perf_counter() - t0
+
+
+def plan_time(path: Path, findings: list[str]) -> float:
+    from precompile.compiler.plan import make_plan
+    from precompile.recipe import load_recipe
+
+    r = {"name": "cx", "inputs": {"root": str(path.parent), "table": str(path), "path": "{Path}",
+                                  "fields": {"image": {"decoder": "image"}},
+                                  "columns": {"findings": {"columns": findings, "kind": "target", "map": {-1: "nan"}},
+                                              "age": {"column": "Age", "kind": "target"},
+                                              "sex": {"column": "Sex", "kind": "label"}}},
+         "split": {"group": {"column": "Path", "pattern": r"patient(\d+)"},
+                   "fractions": {"train": 0.8, "val": 0.1, "test": 0.1}}}
+    t0 = time.perf_counter()
+    make_plan(load_recipe(r))
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", type=int, nargs="+", default=[20000, 100000])
+    ap.add_argument("--repeats", type=int, default=3)
+    a = ap.parse_args()
+    print(f"{'rows':>8} {'csv loop s':>11} {'make_plan s':>12} {'loop rows/s':>12} {'plan rows/s':>12} {'plan/loop':>10}")
+    with tempfile.TemporaryDirectory() as d:
+        for n in a.n:
+            path = Path(d) / f"train_{n}.csv"
+            findings = write_table(path, n)
+            loop = statistics.median(csv_loop(path, findings) for _ in range(a.repeats))
+            plan = statistics.median(plan_time(path, findings) for _ in range(a.repeats))
+            print(f"{n:>8} {loop:>11.3f} {plan:>12.3f} {n / loop:>12.0f} {n / plan:>12.0f} {plan / loop:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()

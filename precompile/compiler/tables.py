@@ -1,0 +1,489 @@
+"""Tables as inputs: one sample per row of a CSV, TSV, JSON Lines or Parquet file (``inputs.table``).
+
+The table is read with pyarrow (the ``tables`` extra), imported only here and
+only when a recipe has a table. CSV and TSV cells are read as text (``"00012"``
+stays ``"00012"``; numbers are parsed where a field needs them); JSON Lines and
+Parquet keep their own types.
+
+Rows are numbered from 1 in messages: *data row* n is the n-th row after the
+header (a CSV's line n + 1, a JSON Lines file's line n, a Parquet file's row
+n - 1 counted from 0).
+
+Per row:
+
+- the input path: ``inputs.path`` (a template over the row's columns, ``{col}``
+  or ``{col:06d}`` with a Python format spec) under ``inputs.root``; a field's
+  own ``path:`` is a template over the same columns;
+- the key: the ``inputs.key`` column's value, or else the row's path;
+- column fields (``inputs.columns``): ``label`` (class name -> id),
+  ``target`` (float32, a blank cell is NaN, ``map:`` turns values such as -1
+  into numbers or NaN), ``text`` (UTF-8; a blank cell is the empty string);
+- decoder options given as ``{column: NAME}``: the row's value, checked by the
+  decoder's own option model.
+
+Every problem the table itself has (a missing file, an unknown column, a
+duplicate key, a cell that is not a number) is a :class:`RecipeError` naming
+the table file, the data row and the column, before anything is decoded. A row
+whose *input file* is missing is not: it fails at decode like any missing input
+(the build report names it; ``on_error`` applies).
+
+Splits (``split:``) are assigned here too (:func:`assign_splits`): by a stable
+hash (:func:`precompile.seeding.stable_hash`) of the seed and the key, or of the
+group value, so an input's split depends on nothing else and adding rows never
+moves an old one; or by a column naming each row's split.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import MissingDependencyError, RecipeError
+from ..kinds import Kind
+from ..recipe import NAME_RE
+from ..sample import FieldSpec
+
+#: extension -> reader name
+TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
+                 ".parquet": "parquet", ".pq": "parquet"}
+#: ``{column}`` or ``{column:spec}`` in a path template (any column name without braces or colons)
+TEMPLATE_RE = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
+
+
+def table_format(path: str) -> str:
+    """The reader for ``path`` by its extension (``.gz``/``.bz2`` allowed after it for CSV/TSV/JSON Lines)."""
+    low = path.lower()
+    for comp in (".gz", ".bz2"):
+        if low.endswith(comp):
+            low = low[:-len(comp)]
+            if low.endswith((".parquet", ".pq")):
+                break
+    ext = os.path.splitext(low)[1]
+    if ext not in TABLE_FORMATS:
+        raise ValueError(f"unknown table extension {ext or '(none)'!r}: use "
+                         + ", ".join(sorted(TABLE_FORMATS)) + " (.gz or .bz2 after csv/tsv/jsonl)")
+    return TABLE_FORMATS[ext]
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow  # noqa: F401
+        import pyarrow.csv  # noqa: F401
+        import pyarrow.json  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+    except ImportError as e:
+        raise MissingDependencyError("table inputs (inputs.table) need pyarrow: pip install 'precompile[tables]'") from e
+    return pyarrow
+
+
+def read_table(path: str, source: Optional[str] = None) -> tuple[list[str], list[dict[str, Any]]]:
+    """(column names, rows as dicts) of a table file; a RecipeError naming the file when it cannot be read."""
+    pa = _pyarrow()
+    kind = table_format(path)
+    if not os.path.isfile(path):
+        raise RecipeError(f"table file {path!r} does not exist", source=source, loc="inputs.table")
+    try:
+        if kind in ("csv", "tsv"):
+            parse = pa.csv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
+            with pa.csv.open_csv(path, parse_options=parse) as r:
+                names = list(r.schema.names)
+            conv = pa.csv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False,
+                                         quoted_strings_can_be_null=False)
+            table = pa.csv.read_csv(path, parse_options=parse, convert_options=conv)
+        elif kind == "jsonl":
+            table = pa.json.read_json(path)
+        else:
+            table = pa.parquet.read_table(path)
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise RecipeError(f"table file {path!r} cannot be read as {kind}: {e}", source=source,
+                          loc="inputs.table") from None
+    return list(table.column_names), table.to_pylist()
+
+
+class TableError(RecipeError):
+    """A problem in one row of a table: names the file, the data row (1-based) and the column."""
+
+    def __init__(self, table: str, row: int, column: Optional[str], what: str, source: Optional[str], loc: str):
+        col = f", column {column!r}" if column is not None else ""
+        super().__init__(f"{table}: data row {row} (1-based, header not counted){col}: {what}", source=source, loc=loc)
+
+
+def _blank(v: Any) -> bool:
+    return v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, float) and math.isnan(v))
+
+
+class CellError(ValueError):
+    """A cell a template cannot use; ``column`` names it."""
+
+    def __init__(self, column: str, what: str):
+        super().__init__(what)
+        self.column = column
+
+
+def _as_int(v: Any, name: str, spec: str) -> int:
+    """A cell as an integer for an integer format spec: 12, "12", 12.0 and "12.0" are 12."""
+    if isinstance(v, str):
+        try:
+            return int(v.strip())
+        except ValueError:
+            pass
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise CellError(name, f"{v!r} is not an integer (format {{{name}:{spec}}})") from None
+    if not f.is_integer():
+        raise CellError(name, f"{v!r} is not an integer (format {{{name}:{spec}}})")
+    return int(f)
+
+
+def _cell_text(template: str, name: str, spec: Optional[str], v: Any) -> str:
+    """One ``{name:spec}`` slot of ``template`` filled with the cell ``v`` (CellError when it cannot be)."""
+    if _blank(v):
+        raise CellError(name, f"blank cell (the template {template!r} needs it)")
+    if not spec:
+        return str(v)
+    try:
+        if spec[-1] in "bcdoxXn":
+            v = _as_int(v, name, spec)
+        elif spec[-1] in "eEfFgG%":
+            v = float(v)
+        return format(v, spec)
+    except (TypeError, ValueError) as e:
+        raise CellError(name, str(e)) from None
+
+
+def compile_template(template: str) -> Any:
+    """``row -> str`` for a path template (parsed once; see :func:`fill_row_template`)."""
+    parts: list[tuple[str, Optional[str], Optional[str]]] = []   # (literal before, column, spec)
+    pos = 0
+    for m in TEMPLATE_RE.finditer(template):
+        parts.append((template[pos:m.start()], m.group(1), m.group(2)))
+        pos = m.end()
+    tail = template[pos:]
+
+    def fill(row: dict[str, Any]) -> str:
+        return "".join([lit + _cell_text(template, name, spec, row[name]) for lit, name, spec in parts]) + tail
+    return fill
+
+
+def fill_row_template(template: str, row: dict[str, Any]) -> str:
+    """Put the row's values into ``{column}`` / ``{column:spec}`` slots. A spec ending in an integer type
+    (``d``, ``x``, ...) reads the cell as an integer, a float type (``f``, ``e``, ``g``, ``%``) as a number.
+    A KeyError for a missing column, a :class:`CellError` (naming the column) for a cell it cannot use."""
+    return compile_template(template)(row)
+
+
+def template_columns(template: str) -> list[str]:
+    return [m.group(1) for m in TEMPLATE_RE.finditer(template)]
+
+
+def _mapped(m: Any) -> float:
+    """A ``map:`` value as a float (``nan``, ``NaN`` or null: NaN)."""
+    return float("nan") if m is None or isinstance(m, str) else float(m)
+
+
+def _key_number(k: Any) -> Optional[float]:
+    """A ``map:`` key as a number, if it is one (``-1``, ``"-1"``, ``-1.0``); None for ``""`` or a word."""
+    if isinstance(k, str):
+        try:
+            return float(k)
+        except ValueError:
+            return None
+    return float(k)
+
+
+def _number(v: Any, mapping: dict) -> float:
+    """A target cell as a float: blank -> NaN (or ``map['']``); a cell whose text or number is a ``map:``
+    key -> its value; else the number (a ValueError when it is not one)."""
+    if _blank(v):
+        return _mapped(mapping.get("", None))
+    if isinstance(v, str):
+        v = v.strip()
+        if v in mapping:
+            return _mapped(mapping[v])
+    if isinstance(v, bool):
+        raise ValueError(f"{v!r} is a boolean, not a number")
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ValueError(f"{v!r} is not a number (a target needs numbers; blank = NaN; map: turns other values "
+                         f"into numbers)") from None
+    for k, m in mapping.items():
+        if _key_number(k) == x:
+            return _mapped(m)
+    return x
+
+
+def column_specs(columns: dict) -> dict[str, FieldSpec]:
+    """The field spec of every column field: label int64 (), target float32 () or (n,), text uint8 (None,)."""
+    out = {}
+    for name, c in columns.items():
+        if c.kind == "label":
+            out[name] = FieldSpec(Kind.LABEL, (), "int64")
+        elif c.kind == "target":
+            out[name] = FieldSpec(Kind.TARGET, () if c.columns is None else (len(c.columns),), "float32")
+        else:
+            out[name] = FieldSpec(Kind.TEXT, (None,), "uint8")
+    return out
+
+
+def column_arrays(columns: dict, values: dict[str, Any]) -> dict[str, tuple[np.ndarray, Kind]]:
+    """One row's column fields as arrays (text: its UTF-8 bytes) with their kinds."""
+    out = {}
+    for name, c in columns.items():
+        v = values[name]
+        if c.kind == "label":
+            out[name] = (np.asarray(v, dtype=np.int64), Kind.LABEL)
+        elif c.kind == "target":
+            out[name] = (np.asarray(v, dtype=np.float32), Kind.TARGET)
+        else:
+            out[name] = (np.frombuffer(v.encode("utf-8"), dtype=np.uint8).copy(), Kind.TEXT)
+    return out
+
+
+def table_path(recipe: Any) -> str:
+    t = recipe.model.inputs.table
+    return t if os.path.isabs(t) else os.path.normpath(os.path.join(recipe.base_dir, t))
+
+
+def _check_columns(recipe: Any, table: str, names: list[str]) -> None:
+    """Every column the recipe names exists in the table (a RecipeError naming the key and the columns)."""
+    inp, have = recipe.model.inputs, set(names)
+    wanted: list[tuple[str, str]] = []
+    if inp.path is not None:
+        wanted += [(c, "inputs.path") for c in template_columns(inp.path)]
+    if inp.key is not None:
+        wanted.append((inp.key, "inputs.key"))
+    for f, decl in inp.fields.items():
+        if decl.path is not None:
+            wanted += [(c, f"inputs.fields.{f}.path") for c in template_columns(decl.path)]
+        wanted += [(c, f"inputs.fields.{f}.{o}") for o, c in recipe.row_options.get(f, {}).items()]
+    for f, c in inp.columns.items():
+        wanted += [(col, f"inputs.columns.{f}") for col in ([c.column] if c.column is not None else c.columns)]
+    sp = recipe.model.split
+    if sp is not None:
+        if sp.column is not None:
+            wanted.append((sp.column, "split.column"))
+        if sp.group is not None:
+            wanted.append((sp.group if isinstance(sp.group, str) else sp.group.column, "split.group"))
+    for col, loc in wanted:
+        if col not in have:
+            raise RecipeError(f"{table}: no column {col!r} (columns: {', '.join(names)})",
+                              source=recipe.source, loc=loc)
+
+
+def _label_names(recipe: Any, table: str, rows: list[dict[str, Any]]) -> tuple[Optional[str], list[str]]:
+    """(the label field, its class names in id order) of the table's label column, if any."""
+    inp = recipe.model.inputs
+    lab = next((f for f, c in inp.columns.items() if c.kind == "label"), None)
+    if lab is None:
+        return None, []
+    c = inp.columns[lab]
+    for i, row in enumerate(rows, 1):
+        if _blank(row[c.column]):
+            raise TableError(table, i, c.column, "blank class name", recipe.source, f"inputs.columns.{lab}")
+    values = sorted({str(row[c.column]) for row in rows})
+    if c.classes is None:
+        return lab, values
+    known = set(c.classes)
+    for i, row in enumerate(rows, 1):
+        if str(row[c.column]) not in known:
+            raise TableError(table, i, c.column, f"class {str(row[c.column])!r} is not in classes {c.classes}",
+                             recipe.source, f"inputs.columns.{lab}.classes")
+    return lab, list(c.classes)
+
+
+def _target_arrays(recipe: Any, table: str, rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Every target field as an (rows, columns) float32 array. Each distinct cell value of a column is
+    converted once (:func:`_number`); the first row holding one that is not a number is named."""
+    out = {}
+    for f, c in recipe.model.inputs.columns.items():
+        if c.kind != "target":
+            continue
+        cols = [c.column] if c.column is not None else c.columns
+        arr = np.empty((len(rows), len(cols)), np.float32)
+        for j, col in enumerate(cols):
+            cells = [(type(row[col]), row[col]) for row in rows]   # typed: True is not 1 here
+            conv: dict[Any, float] = {}
+            for t, v in set(cells):
+                try:
+                    conv[(t, v)] = _number(v, c.map)
+                except ValueError as e:
+                    i = cells.index((t, v)) + 1
+                    raise TableError(table, i, col, str(e), recipe.source, f"inputs.columns.{f}") from None
+            arr[:, j] = [conv[tv] for tv in cells]
+        out[f] = arr
+    return out
+
+
+def _row_values(columns: dict, ids: dict[str, int], targets: dict[str, np.ndarray], row: dict[str, Any],
+                i: int) -> dict[str, Any]:
+    """The column fields of data row ``i`` (0-based here): label id, float or list of floats, text."""
+    out: dict[str, Any] = {}
+    for f, c in columns.items():
+        if c.kind == "label":
+            out[f] = ids[str(row[c.column])]
+        elif c.kind == "text":
+            v = row[c.column]
+            out[f] = "" if v is None else str(v)
+        else:
+            out[f] = float(targets[f][i, 0]) if c.column is not None else targets[f][i].tolist()
+    return out
+
+
+def _row_options(recipe: Any, row: dict[str, Any], where: Any) -> dict[str, dict[str, Any]]:
+    """The decoder options taken from the row, checked by each decoder's own option model."""
+    from pydantic import ValidationError
+
+    out = {}
+    for f, opts in recipe.row_options.items():
+        vals = {}
+        for o, col in opts.items():
+            if _blank(row[col]):
+                raise where(col, f"blank cell (decoder option {o} of field {f!r} is taken from it)",
+                            f"inputs.fields.{f}.{o}")
+            vals[o] = row[col]
+        try:
+            p = recipe.row_params(f, vals)
+        except ValidationError as e:
+            first = e.errors()[0]
+            o = str(first["loc"][0]) if first["loc"] else next(iter(opts))
+            msg = first["msg"].removeprefix("Value error, ")
+            raise where(opts.get(o), f"decoder option {o} of field {f!r}: {msg}", f"inputs.fields.{f}.{o}") from None
+        out[f] = {o: getattr(p, o) for o in opts}
+    return out
+
+
+def _path_filler(recipe: Any, root: str) -> Any:
+    """``(row, where) -> (the row's path, {field: absolute input path})`` from ``inputs.path`` and the
+    fields' own templates (compiled once)."""
+    inp = recipe.model.inputs
+    remote = "://" in root
+    main = compile_template(inp.path) if inp.path is not None else None
+    own = {f: compile_template(d.path) for f, d in inp.fields.items() if d.path is not None}
+
+    def fill(template: Any, row: dict[str, Any], where: Any, loc: str) -> str:
+        try:
+            rel = template(row)
+        except CellError as e:
+            raise where(e.column, str(e), loc) from None
+        if rel.startswith("/") or ".." in rel.split("/"):
+            raise where(None, f"path {rel!r} leaves inputs.root (no leading '/' or '..')", loc)
+        return rel
+
+    def paths(row: dict[str, Any], where: Any) -> tuple[Optional[str], dict[str, str]]:
+        rel = fill(main, row, where, "inputs.path") if main is not None else None
+        out = {}
+        for f in inp.fields:
+            rp = fill(own[f], row, where, f"inputs.fields.{f}.path") if f in own else rel
+            if rp is None:
+                raise where(None, f"field {f!r} has no path (set inputs.path or the field's path)",
+                            f"inputs.fields.{f}")
+            out[f] = f"{root}/{rp}" if remote else root + os.sep + rp.replace("/", os.sep)
+        return rel, out
+    return paths
+
+
+def table_items(recipe: Any) -> tuple[list, list[str]]:
+    """The items of a table recipe in key order, and the label names in id order."""
+    from .plan import Item
+
+    inp, source = recipe.model.inputs, recipe.source
+    table = table_path(recipe)
+    names, rows = read_table(table, source)
+    _check_columns(recipe, table, names)
+    lab, label_names = _label_names(recipe, table, rows)
+    ids = {n: i for i, n in enumerate(label_names)}
+    targets = _target_arrays(recipe, table, rows)
+    row_paths = _path_filler(recipe, recipe.input_root)
+    items, seen = [], {}
+    for i, row in enumerate(rows, 1):
+        def where(col: Optional[str], what: str, loc: str, _i: int = i) -> TableError:
+            return TableError(table, _i, col, what, source, loc)
+
+        rel, paths = row_paths(row, where)
+        key = rel if inp.key is None else str(row[inp.key])
+        if inp.key is not None and _blank(row[inp.key]):
+            raise where(inp.key, "blank key", "inputs.key")
+        if key in seen:
+            cols = template_columns(inp.path) if inp.key is None else [inp.key]
+            raise where(cols[0] if len(cols) == 1 else None,
+                        f"key {key!r} repeats data row {seen[key]} (give inputs.key a column whose values "
+                        f"are unique when paths repeat)", "inputs.key" if inp.key else "inputs.path")
+        seen[key] = i
+        items.append(Item(key=key, paths=paths, label=None, captures=row, row=i,
+                          values=_row_values(inp.columns, ids, targets, row, i - 1),
+                          options=_row_options(recipe, row, where)))
+    items.sort(key=lambda it: it.key)
+    return items, label_names
+
+
+def split_group(spec: Any, captures: dict[str, Any]) -> Optional[str]:
+    """An item's group value under ``split.group`` (None without one); the pattern's first group when given."""
+    g = spec.group
+    if g is None:
+        return None
+    col = g if isinstance(g, str) else g.column
+    v = str(captures[col])
+    if isinstance(g, str) or g.pattern is None:
+        return v
+    m = re.search(g.pattern, v)
+    if m is None:
+        raise ValueError(f"split.group pattern {g.pattern!r} does not match {v!r}")
+    return m.group(1) if m.groups() else m.group(0)
+
+
+def hash_split(fractions: dict[str, float], seed: int, name: str) -> str:
+    """The split of ``name`` (a key or a group): a stable 64-bit hash of seed and name, as a point in [0, 1),
+    falls in one split's share of the line (the fractions in their given order). Nothing else decides it."""
+    from ..seeding import stable_hash
+
+    u = stable_hash(f"split:{int(seed)}:{name}") / 2.0 ** 64
+    acc = 0.0
+    last = next(reversed(fractions))
+    for split, f in fractions.items():
+        acc += f
+        if u < acc:
+            return split
+    return last
+
+
+def assign_splits(recipe: Any, items: list) -> list:
+    """``items`` with ``split`` set (see the module docstring); a RecipeError naming the input whose
+    group or split value is unusable, or a group found in two splits of a ``by: column`` table."""
+    import dataclasses
+
+    sp, source = recipe.model.split, recipe.source
+    seed = recipe.seed if sp.seed is None else sp.seed
+    where = table_path(recipe) if recipe.model.inputs.table is not None else "input"
+    out, group_split, hashed = [], {}, {}
+    for it in items:
+        at = f"{where}: data row {it.row} (1-based, header not counted)" if it.row else f"input {it.key!r}"
+        for col in (sp.column, sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)):
+            if col is not None and col not in it.captures:
+                raise RecipeError(f"{col!r} is neither a table column nor a capture of match", source=source,
+                                  loc="split")
+        try:
+            group = split_group(sp, it.captures)
+        except ValueError as e:
+            raise RecipeError(f"{at}: {e}", source=source, loc="split.group") from None
+        if sp.by == "column":
+            name = it.captures[sp.column]
+            if _blank(name) or not NAME_RE.match(str(name)):
+                raise RecipeError(f"{at}, column {sp.column!r}: split name {name!r} must be letters, digits, "
+                                  f"'_', '.', '-'", source=source, loc="split.column")
+            name = str(name)
+            if group is not None and group_split.setdefault(group, (name, at))[0] != name:
+                first = group_split[group]
+                raise RecipeError(f"{at}: group {group!r} is in split {name!r} here and in {first[0]!r} at "
+                                  f"{first[1]} (a group must not be in two splits)", source=source, loc="split.group")
+        elif group is None:
+            name = hash_split(sp.fractions, seed, it.key)
+        else:
+            name = hashed.get(group) or hashed.setdefault(group, hash_split(sp.fractions, seed, group))
+        out.append(dataclasses.replace(it, split=name))
+    return out
+

@@ -8,7 +8,7 @@ import numpy as np
 
 from precompile.sample import Sample
 
-from step_cases_geometric import clip, gray16, image_mask_flow, rgba
+from step_cases_planar import clip, gray16, image_mask_flow, rgba
 
 
 def _rng(tag: int) -> np.random.Generator:

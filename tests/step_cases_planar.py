@@ -1,4 +1,5 @@
-"""Step-contract cases for the deterministic geometric steps: resize, center_crop, convert.
+"""Step-contract cases for the deterministic planar (2D grid) steps: resize, center_crop, convert, and the
+planar sample factories (image/mask/flow, 16-bit gray, RGBA, a clip) the random-step cases share.
 
 ``CASES = {step_name: [(params, sample_factory), ...]}``; each factory returns a fresh sample.
 """

@@ -58,7 +58,7 @@ def _make(name: str, params: dict):
 
 
 def _specs(sample: Sample) -> dict[str, FieldSpec]:
-    return {f: FieldSpec(sample.kinds[f], tuple(a.shape), str(a.dtype)) for f, a in sample.fields.items()}
+    return sample.specs()   # with the ties (``of``): a step that drops boxes drops their tied rows
 
 
 def _snapshot(sample: Sample) -> dict:

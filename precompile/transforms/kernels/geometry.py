@@ -255,7 +255,10 @@ def map_boxes(boxes: np.ndarray, M: np.ndarray, hw: tuple[int, int], min_visibil
     moved = np.concatenate([t.min(axis=1), t.max(axis=1)], axis=1)
     clipped, vis = box_visibility(moved, hw)
     out = clipped.astype(np.float32)
-    out[(vis <= 0) | (vis < min_visibility)] = np.nan
+    # nothing visible: decided on the stored (float32) box, so a box never comes back with zero area
+    # when its input had some; the fraction in float64, with rounding's slack (1e-9) at the boundary
+    _, stored_vis = box_visibility(moved.astype(np.float32).astype(np.float64), hw)
+    out[(stored_vis <= 0) | (vis < min_visibility - 1e-9)] = np.nan
     return out
 
 
@@ -267,7 +270,7 @@ def map_keypoints(kp: np.ndarray, M: np.ndarray, hw: tuple[int, int]) -> np.ndar
     if k.ndim != 3 or k.shape[2] != 3:
         raise ValueError(f"keypoints must be (N, K, 3) x, y, visibility, got shape {k.shape}")
     k = k.astype(np.float64)
-    xy = _points(k[..., :2], M)
+    xy = _points(k[..., :2], M).astype(np.float32)   # in view or not: decided on the stored coordinates
     h, w = hw
     with np.errstate(invalid="ignore"):
         seen = np.isfinite(xy).all(axis=-1) & (xy[..., 0] >= 0) & (xy[..., 0] < w) & (xy[..., 1] >= 0) & (xy[..., 1] < h)

@@ -333,7 +333,8 @@ def test_every_step_states_its_rule_for_annotations_in_the_docs():
     import re
 
     path = os.path.join(os.path.dirname(__file__), "..", "docs", "annotations.md")
-    text = open(path, encoding="utf-8").read()
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
     rows = dict(re.findall(r"^\| `([a-z0-9_]+)` \| ([a-z]+) \|", text, flags=re.M))
     words = {"apply": "moves", "keep": "keeps", "refuse": "refuses"}
     wrong = [f"{n}: docs say {rows.get(n)}, code {words[c.rule(Kind.BOXES)]}" for n, c in STEPS.items()

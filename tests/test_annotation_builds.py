@@ -113,3 +113,101 @@ def test_annotation_build_is_byte_identical_for_any_worker_count(tmp_path):
         ds = precompile.open(rep["output"])
         outs.append([(ds.key(i), {f: a.tobytes() for f, a in ds[i].items()}) for i in range(len(ds))])
     assert outs[0] == outs[1]
+
+
+# -- the Loader: padded tensors + counts; device steps move annotations like the build -------------
+import torch  # noqa: E402  (the reader side only)
+
+from precompile import Loader  # noqa: E402
+from precompile.reader import feed, gpu  # noqa: E402
+from precompile.reader.ragged import count_name  # noqa: E402
+
+from test_loader_device import FakeRing  # noqa: E402
+
+NOTES = ("boxes", "box_labels", "keypoints")
+
+
+@pytest.fixture(scope="module")
+def det_build(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("det")
+    make_inputs(str(tmp / "in"), n=23)
+    return run_build(recipe(tmp, "hdf5"), out_dir=str(tmp / "out"))["output"]
+
+
+def _padded_rows(batch, name):
+    a, n = batch[name].numpy(), batch[count_name(name)].numpy()
+    pad = np.isnan(a[~_row_mask(n, a.shape)]).all() if a.dtype.kind == "f" else (a[~_row_mask(n, a.shape)] == -1).all()
+    assert pad, f"{name}: padding is not NaN / -1"
+    assert a.shape[1] == max(1, int(n.max())), f"{name}: padded to {a.shape[1]}, largest count {n.max()}"
+    return [a[i, :int(n[i])] for i in range(len(n))]
+
+
+def _row_mask(n, shape):
+    m = np.zeros(shape[:2], bool)
+    for i, c in enumerate(n):
+        m[i, :int(c)] = True
+    return m
+
+
+def test_loader_gives_padded_annotations_and_counts(det_build):
+    ds = precompile.open(det_build)
+    loader = Loader(det_build, batch_size=5, shuffle=True, seed=2, device="cpu", num_threads=0)
+    seen = 0
+    for b, batch in enumerate(loader):
+        rows = loader.batch_indices(0)[b]
+        assert batch["boxes"].dtype == torch.float32 and batch["box_labels"].dtype == torch.int64
+        assert batch[count_name("boxes")].dtype == torch.int64 and batch[count_name("boxes")].shape == (len(rows),)
+        for name in NOTES:
+            for i, r in zip(rows, _padded_rows(batch, name)):
+                np.testing.assert_array_equal(r, ds[int(i)][name], err_msg=f"{name} row {i}")
+        np.testing.assert_array_equal(batch["image"].numpy(), np.stack([ds[int(i)]["image"] for i in rows]))
+        seen += len(rows)
+    assert seen == len(ds)
+
+
+def _build_replay(ds, rows, steps, params):
+    """The build steps' own rules, sample by sample, with the device steps' drawn parameters."""
+    out = []
+    for j, i in enumerate(rows):
+        s = ds[int(i)]
+        sample = Sample(ds.key(int(i)), {f: s[f] for f in ("image", *NOTES)},
+                        {"image": "image", **{f: f for f in NOTES}})
+        for step, p in zip(steps, params):
+            one = {k: (bool(v[j]) if v.dtype == bool else int(v[j])) for k, v in p.items()}
+            sample = step.step.replay(sample, one)
+        out.append(sample)
+    return out
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_device_steps_move_annotations_like_the_build_on_cpu_and_ring(det_build, threads, monkeypatch):
+    ds = precompile.open(det_build)
+    gpu_steps = [{"random_flip": {"horizontal": 0.5, "vertical": 0.5, "flip_pairs": [[0, 1]]}},
+                 {"random_crop": {"size": [20, 24], "padding": 2, "min_visibility": 0.4}}]
+    kw = dict(batch_size=4, shuffle=True, seed=5, device="cpu", gpu_steps=gpu_steps, num_threads=threads)
+    loader = Loader(det_build, **kw)
+    got = list(loader)
+    monkeypatch.setattr(feed, "GROUP_BYTES", 3 * 4 * (32 * 32 * 3 + 8))   # tasks of 3 batches, split + trimmed
+    ringed = Loader(det_build, **kw)
+    ringed.feeder = ringed.make_feeder(make_ring=FakeRing)
+    dropped = 0
+    for b, (batch, other) in enumerate(zip(got, list(ringed))):
+        rows = loader.batch_indices(0)[b]
+        params = gpu.step_params(loader.steps, loader.seed, 0, 0, b, len(rows))
+        want = _build_replay(ds, rows, loader.steps, params)
+        for name in NOTES:
+            assert torch.equal(batch[count_name(name)], other[count_name(name)])
+            assert torch.equal(batch[name].nan_to_num(-7), other[name].nan_to_num(-7)), f"ring != cpu: {name}"
+            for j, r in enumerate(_padded_rows(batch, name)):
+                np.testing.assert_array_equal(r, want[j].fields[name], err_msg=f"batch {b} sample {j} {name}")
+        np.testing.assert_array_equal(batch["image"].numpy(), np.stack([w.fields["image"] for w in want]))
+        dropped += sum(len(ds[int(i)]["boxes"]) for i in rows) - int(batch[count_name("boxes")].sum())
+    assert dropped > 0
+
+
+def test_device_steps_refuse_annotations_without_a_grid(det_build):
+    with pytest.raises(ValueError, match="random_flip: boxes and keypoints move on the grid of the image fields"):
+        Loader(det_build, batch_size=4, device="cpu",
+               gpu_steps=[{"random_flip": {"fields": ["boxes"], "flip_pairs": []}}])
+    with pytest.raises(ValueError, match="random_flip: keypoints field 'keypoints': a mirror swaps left and right"):
+        Loader(det_build, batch_size=4, device="cpu", gpu_steps=[{"random_flip": {}}])

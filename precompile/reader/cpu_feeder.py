@@ -34,6 +34,7 @@ class CpuFeeder:
         for f in self.fields:
             self.reader.gather(f, rows, arrs[f])
         batch = {f: torch.from_numpy(a) for f, a in arrs.items()}
+        batch.update(self.finisher.ragged_rows(plan.rows(k)))
         return self.finisher.finish_group(batch, plan.sizes(k), plan.epoch, plan.tasks[k][0])
 
     def feed(self, plan: PassPlan) -> Iterator[tuple[int, Batch]]:

@@ -38,19 +38,22 @@ class CudaFeeder:
         self.device, self.num_threads, self.make_ring = device, num_threads, make_ring
         self.ring: Any = None
 
-    def gather(self, plan: PassPlan, k: int, slot: int) -> int:
-        """Task ``k``'s rows into ``slot`` once its last copy is done; returns the row count."""
+    def gather(self, plan: PassPlan, k: int, slot: int) -> tuple[int, Batch]:
+        """Task ``k``'s rows into ``slot`` once its last copy is done; returns the row count and the
+        padded annotation fields (host tensors, outside the ring: their size varies)."""
         self.ring.wait_free(slot)
         rows = self.reader.plan(plan.rows(k))
         host = self.ring.host(slot, rows.size)
         for f in self.fields:
             self.reader.gather(f, rows, host[f])
-        return rows.size
+        return rows.size, self.finisher.ragged_rows(plan.rows(k))
 
-    def launch(self, plan: PassPlan, k: int, n: int) -> tuple[list[Batch], Any]:
-        """Copy task ``k``'s ``n`` rows to the device and finish its batches there (side stream)."""
+    def launch(self, plan: PassPlan, k: int, got: tuple[int, Batch]) -> tuple[list[Batch], Any]:
+        """Copy task ``k``'s rows to the device and finish its batches there (side stream)."""
         lo, sizes = plan.tasks[k][0], plan.sizes(k)
-        return self.ring.launch(k % plan.slots, n, lambda d: self.finisher.finish_group(d, sizes, plan.epoch, lo))
+        n, ragged = got
+        return self.ring.launch(k % plan.slots, n,
+                                lambda d: self.finisher.finish_group({**d, **ragged}, sizes, plan.epoch, lo))
 
     def feed(self, plan: PassPlan) -> Iterator[tuple[int, Batch]]:
         """``(batch number, batch)`` for every batch of ``plan``, in order; closing it stops the threads

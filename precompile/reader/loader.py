@@ -53,6 +53,7 @@ from .direct import DirectReader
 from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size
 from .options import CONVERT_KINDS, Conversion, Distribution, Order
 from .sampler import epoch_order, rank_share, split_batches
+from .ragged import RaggedFields, is_ragged_annotation
 
 __all__ = ["CONVERT_KINDS", "HostPool", "Loader", "LoaderStats", "default_threads"]
 
@@ -194,12 +195,15 @@ class Loader:
         if self.num_threads < 0:
             raise ValueError(f"num_threads must be >= 0 (0: gather in the calling thread), got {num_threads}")
         self.fields = list(fields) if fields is not None else list(ds.fields)
-        self.reader = DirectReader(ds, self.fields, in_memory=bool(in_memory))
         self.specs = {f: ds.field_specs[f] for f in self.fields}
-        self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.fields, self.specs)
+        ragged = [f for f in self.fields if is_ragged_annotation(self.specs[f])]   # boxes etc.: padded + counts
+        self.ragged = RaggedFields(ds, ragged) if ragged else None
+        self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=bool(in_memory))
+        self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.reader.fields, self.specs)
         self.steps = gpu.parse_steps(gpu_steps)
+        shapes = {**self.reader.shapes, **{f: tuple(self.specs[f]["shape"]) for f in ragged}}
         for s in self.steps:
-            s.bind(self.specs, self.reader.shapes)
+            s.bind(self.specs, shapes)
         self._copies = copy_schedule(ds, copies, include_original, self.seed)
 
         self.epoch = 0
@@ -208,7 +212,7 @@ class Loader:
         self._orders: dict[int, list[np.ndarray]] = {}
         self._active: weakref.ref | None = None
         self.stats = LoaderStats()
-        self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool())
+        self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool(), self.ragged)
         self.feeder: Feeder = self.make_feeder()
 
     def make_feeder(self, make_ring: Callable[..., Any] | None = None) -> Feeder:
@@ -218,9 +222,9 @@ class Loader:
         :class:`~precompile.reader.gpu.CudaRing` signature): a stand-in ring drives the CUDA
         feeder's scheduling without a GPU (``loader.feeder = loader.make_feeder(make_ring=...)``)."""
         if make_ring is not None or self.device.type == "cuda":
-            return CudaFeeder(self.reader, self.fields, self.finisher, self.device, self.num_threads,
+            return CudaFeeder(self.reader, self.reader.fields, self.finisher, self.device, self.num_threads,
                               self.batch_size, make_ring or gpu.CudaRing)
-        return CpuFeeder(self.reader, self.fields, self.finisher, self.finisher.pool, self.num_threads)
+        return CpuFeeder(self.reader, self.reader.fields, self.finisher, self.finisher.pool, self.num_threads)
 
     # -- the option groups, as attributes --------------------------------------------------------
     mode = property(lambda self: self.order.mode, doc="``sequential`` | ``full`` | ``block``")

@@ -1,0 +1,133 @@
+"""Ragged annotation fields in the Loader: boxes, box_labels and keypoints as padded tensors plus counts.
+
+A build stores these fields ragged (N rows per sample, N varying: flat data + offsets + shapes in
+HDF5). They are small (16 bytes a box), so :class:`RaggedFields` reads each one whole into memory
+when the Loader is made and pads the rows of a batch:
+
+- ``batch[field]``: (B, Nmax, ...) with Nmax the largest count of the batch (at least 1); rows past
+  a sample's count are NaN (float fields: boxes, keypoints) or -1 (integer fields: box_labels);
+- ``batch[field + "__count"]``: (B,) int64, the sample's number of rows.
+
+Device steps move annotations with the build step's own rules (:func:`move_annotations`): for each
+sample, the step's drawn parameters go through the build step's ``apply_boxes``/``apply_keypoints``
+(numpy, on the host: a few rows per sample), a dropped box takes the rows tied to it, and the batch
+is padded again. So CPU and CUDA batches are equal, and equal the build step's replay.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import FormatError
+from ..formats import names as fmt
+from ..kinds import ANNOTATIONS, Kind
+
+COUNT_SUFFIX = "__count"
+
+
+def count_name(field: str) -> str:
+    """The batch key of a ragged field's per-sample counts: ``<field>__count``."""
+    return field + COUNT_SUFFIX
+
+
+def is_ragged_annotation(spec: dict) -> bool:
+    """A boxes / box_labels / keypoints field whose row count varies (stored ragged)."""
+    shape = spec.get("shape") or ()
+    return Kind.of(spec.get("kind")) in ANNOTATIONS and len(shape) > 0 and shape[0] is None
+
+
+def pad_value(dtype: np.dtype) -> Any:
+    """NaN for float fields, -1 for integer ones: never a real box, point or class id."""
+    return np.nan if np.issubdtype(dtype, np.floating) else -1
+
+
+def pad_rows(rows: Sequence[np.ndarray], inner: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample (n_i, *inner) arrays -> (B, max(1, max n_i), *inner) padded, and the counts (B,) int64."""
+    counts = np.asarray([len(r) for r in rows], np.int64)
+    out = np.full((len(rows), max(1, int(counts.max(initial=0))), *inner), pad_value(dtype), dtype)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out, counts
+
+
+class RaggedFields:
+    """The ragged annotation fields ``fields`` of an opened HDF5 build, held in memory."""
+
+    def __init__(self, ds: Any, fields: Sequence[str]):
+        self.fields = list(fields)
+        self.data: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.inner: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, np.dtype] = {}
+        h5py = _h5()
+        with h5py.File(ds.path, "r") as f:
+            for name in self.fields:
+                spec = ds.field_specs[name]
+                inner = tuple(spec["shape"][1:])
+                if any(d is None for d in inner):
+                    raise FormatError(f"{ds.path}: field {name!r} has shape {tuple(spec['shape'])}: the Loader pads "
+                                      f"rows, and needs every other dimension fixed")
+                g = f[name]
+                self.data[name] = (g[fmt.RAGGED_DATA][:], g[fmt.RAGGED_OFFSETS][:], g[fmt.RAGGED_SHAPES][:])
+                self.inner[name], self.dtypes[name] = tuple(int(d) for d in inner), np.dtype(spec["dtype"])
+
+    def rows(self, name: str, i: int) -> np.ndarray:
+        data, offsets, shapes = self.data[name]
+        return data[offsets[i]:offsets[i + 1]].reshape(tuple(int(d) for d in shapes[i]))
+
+    def batch(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        """Padded tensors and counts (CPU) of every field for dataset rows ``rows``, in that order."""
+        out: dict[str, torch.Tensor] = {}
+        for name in self.fields:
+            a, n = pad_rows([self.rows(name, int(i)) for i in rows], self.inner[name], self.dtypes[name])
+            out[name], out[count_name(name)] = torch.from_numpy(a), torch.from_numpy(n)
+        return out
+
+    def keys(self) -> list[str]:
+        return [k for f in self.fields for k in (f, count_name(f))]
+
+    def trim(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Cut each padded field to its batch's own largest count (a batch split from a larger task)."""
+        for name in self.fields:
+            n = max(1, int(batch[count_name(name)].max())) if len(batch[count_name(name)]) else 1
+            batch[name] = batch[name][:, :n]
+        return batch
+
+
+def _h5() -> Any:
+    import h5py
+
+    return h5py
+
+
+def unpad(batch: dict[str, torch.Tensor], name: str) -> list[np.ndarray]:
+    """Sample i's rows of a padded field: ``batch[name][i, :count[i]]`` as numpy arrays."""
+    a, n = batch[name].cpu().numpy(), batch[count_name(name)].cpu().numpy()
+    return [a[i, :int(n[i])] for i in range(len(n))]
+
+
+def move_annotations(step: Any, batch: dict[str, torch.Tensor], params: dict[str, np.ndarray]) -> None:
+    """Move the annotation fields a device step covers (``step.bound``), sample by sample, with the
+    build step's rules and the sample's drawn ``params``; dropped boxes take their tied rows along;
+    the fields are padded again (in place in ``batch``, on the host)."""
+    build, grid = step.step, step.hw
+    notes = [f for f, k in step.bound.items() if k in ANNOTATIONS]
+    tied = {f: [t for t, o in step.links.items() if o == f and t in batch] for f in notes if step.bound[f] is Kind.BOXES}
+    moved = {f: unpad(batch, f) for f in {*notes, *(t for ts in tied.values() for t in ts)}}
+    n = len(next(iter(params.values()))) if params else len(batch[count_name(notes[0])])
+    for i in range(n):
+        one = {k: (bool(v[i]) if v.dtype == bool else int(v[i])) for k, v in params.items()}
+        for f in notes:
+            moved[f][i] = build.apply(moved[f][i], step.bound[f], grid=grid, **one)
+        for f, ts in tied.items():
+            keep = np.isfinite(moved[f][i]).all(axis=1)
+            moved[f][i] = moved[f][i][keep]
+            for t in ts:
+                if len(moved[t][i]) != len(keep):
+                    raise ValueError(f"{step.name}: field {t!r} has {len(moved[t][i])} rows for the {len(keep)} boxes "
+                                     f"of {f!r} in sample {i} of the batch")
+                moved[t][i] = moved[t][i][keep]
+    for f, rows in moved.items():
+        a, c = pad_rows(rows, tuple(batch[f].shape[2:]), batch[f].numpy().dtype)
+        batch[f], batch[count_name(f)] = torch.from_numpy(a), torch.from_numpy(c)

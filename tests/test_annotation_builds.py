@@ -211,3 +211,49 @@ def test_device_steps_refuse_annotations_without_a_grid(det_build):
                gpu_steps=[{"random_flip": {"fields": ["boxes"], "flip_pairs": []}}])
     with pytest.raises(ValueError, match="random_flip: keypoints field 'keypoints': a mirror swaps left and right"):
         Loader(det_build, batch_size=4, device="cpu", gpu_steps=[{"random_flip": {}}])
+
+
+# -- preview and stats ------------------------------------------------------------------------------
+def test_stats_count_boxes_per_class(det_build):
+    from precompile.tools.stats import box_counts, compute_stats, describe
+
+    ds = precompile.open(det_build)
+    res = compute_stats(det_build, fields=["box_labels", "boxes"])
+    every = np.concatenate([ds[i]["box_labels"] for i in range(len(ds))])
+    want = {str(v): int(c) for v, c in zip(*np.unique(every, return_counts=True))}
+    assert box_counts(res) == {"box_labels": want}
+    b = res["fields"]["boxes"]   # x1, y1, x2, y2 as 4 channels
+    allb = np.concatenate([ds[i]["boxes"] for i in range(len(ds))])
+    assert b["channels"] == 4 and b["count"] == [len(allb)] * 4
+    np.testing.assert_allclose(b["mean"], allb.astype(np.float64).mean(0), rtol=1e-9)
+    assert "classes " in describe(res)
+
+
+def test_draw_annotations_outlines_boxes_in_their_class_colour_and_dots_keypoints():
+    from precompile.tools.preview import PALETTE, draw_annotations
+
+    rgb = np.zeros((16, 16, 3), np.uint8)
+    boxes = np.array([[2, 3, 10, 12]], np.float32)
+    kp = np.array([[[5.5, 8.5, 2], [12.5, 2.5, 0]]], np.float32)
+    pic = draw_annotations(rgb, boxes, np.array([4]), ["a", "b", "c", "d", "cat"], kp, min_side=160)
+    s = 10   # 16 px -> 160
+    colour = PALETTE[1 + 4 % (len(PALETTE) - 1)]
+    assert tuple(pic[3 * s + 20, 2 * s]) == colour and tuple(pic[12 * s - 1, 5 * s]) == colour   # left, bottom edge
+    assert tuple(pic[3 * s, 6 * s]) == colour and tuple(pic[7 * s, 10 * s - 1]) == colour        # top, right edge
+    assert tuple(pic[int(8.5 * s), int(5.5 * s)]) == colour                                       # a visible keypoint
+    assert not pic[int(2.5 * s) - 4:int(2.5 * s) + 4, int(12.5 * s) - 4:int(12.5 * s) + 4].any()   # visibility 0: none
+    assert not pic[:, 11 * s:].any() or not pic[13 * s:, :].any()                                 # nothing outside
+    plain = draw_annotations(rgb, boxes, None, [], None, min_side=160)
+    inside = (slice(3 * s + 2, 3 * s + 16), slice(2 * s + 2, 2 * s + 40))
+    assert pic[inside].any() and not plain[inside].any()    # the class name is written inside the box's corner
+
+
+def test_preview_draws_the_boxes_panel(det_build):
+    from precompile.tools.preview import render
+
+    p = render(det_build, n=3)
+    fields = [b["field"] for b in p.panels]
+    assert "boxes" in fields and "box_labels" not in fields and "keypoints" not in fields
+    again = render(det_build, n=3, fields=["boxes"])
+    assert {b["field"] for b in again.panels} == {"boxes"}
+    assert np.array_equal(render(det_build, n=3).sheet, p.sheet)   # deterministic

@@ -41,9 +41,12 @@ A_STATS = "stats"
 STATS_VERSION = 1
 BLOCK_BYTES = 32 << 20
 
-CHANNELS_LAST = frozenset({"image", "video", "flow", "flow_valid", "mask"})
+CHANNELS_LAST = frozenset({"image", "video", "flow", "flow_valid", "mask",
+                           "boxes", "keypoints"})   # annotations: x1, y1, x2, y2 / x, y, visibility
 CHANNELS_FIRST = frozenset({"audio"})
-CLASS_KINDS = frozenset({"label", "mask", "volume_mask", "flow_valid"})
+CLASS_KINDS = frozenset({"label", "mask", "volume_mask", "flow_valid",
+                         "box_labels"})   # one count per box: boxes per class
+NAMED_KINDS = frozenset({"label", "box_labels"})   # class ids whose names are the output's label_names
 MAX_CLASSES = 4096   # a "mask" with more distinct values than this gets no class table
 
 
@@ -155,9 +158,9 @@ def field_stats(ds: Dataset, field: str, block_bytes: int = BLOCK_BYTES) -> dict
     out: dict[str, Any] = {"kind": kind, "dtype": spec["dtype"], "channel_axis": axis, "channels": int(channels),
                            **acc.result()}
     if acc.classes is not None:
-        names = ds.label_names if kind == "label" else []
+        names = ds.label_names if kind in NAMED_KINDS else []
         # every declared class is listed, seen or not (labels: the class names; masks: the spec's count)
-        declared = len(names) if kind == "label" else spec.get("classes")
+        declared = len(names) if kind in NAMED_KINDS else spec.get("classes")
         counts = dict(acc.classes)
         if isinstance(declared, int) and 0 < declared <= MAX_CLASSES:
             for v in range(declared):
@@ -261,6 +264,16 @@ def describe(res: dict[str, Any], max_classes: int = 12) -> str:
             more = f" (+{len(cl) - max_classes} more)" if len(cl) > max_classes else ""
             lines.append(f"  classes {', '.join(parts)}{more}")
     return "\n".join(lines)
+
+
+def box_counts(res: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Boxes per class of every ``box_labels`` field of computed stats: ``{field: {class name (or id): count}}``,
+    every class of ``label_names`` listed (0 when no box has it)."""
+    out: dict[str, dict[str, int]] = {}
+    for f, s in res["fields"].items():
+        if s.get("kind") == "box_labels" and "classes" in s:
+            out[f] = {str(c.get("name", c["id"])): int(c["count"]) for c in s["classes"]}
+    return out
 
 
 # --- use in the Loader -----------------------------------------------------------------------

@@ -344,3 +344,58 @@ def test_every_step_states_its_rule_for_annotations_in_the_docs():
         if c.__module__.startswith("precompile."):
             assert c.rule(Kind.KEYPOINTS) == c.rule(Kind.BOXES), n
             assert c.rule(Kind.BOX_LABELS) in ("keep", c.rule(Kind.BOXES)), n
+
+
+# -- Loader side: device steps on padded batches -----------------------------------------------------
+DEVICE_CASES = [("random_flip", {"horizontal": 0.5, "vertical": 0.5, "flip_pairs": PAIRS}),
+                ("random_crop", {"size": [24, 28]}),
+                ("random_crop", {"size": [32, 32], "padding": 6, "min_visibility": 0.3}),
+                ("random_crop", {"size": [60, 20], "pad": True, "min_visibility": 0.5})]
+
+
+def test_every_device_step_has_annotation_cases():
+    from precompile.reader import gpu
+
+    assert {n for n, _ in DEVICE_CASES} == set(gpu.STEP_NAMES)
+
+
+@pytest.mark.parametrize("name, params", [pytest.param(n, p, id=f"{n}-{i}") for i, (n, p) in enumerate(DEVICE_CASES)])
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), H=st.integers(30, 44), W=st.integers(30, 48))
+def test_device_steps_move_padded_annotations_like_the_pixels(name, params, seed, H, W):
+    import torch
+
+    from precompile.reader import gpu
+    from precompile.reader.ragged import count_name, pad_rows
+
+    scenes = [scene(seed + i, H, W) for i in range(4)]
+    grids = ("image", "objects", "marks")
+    notes = ("boxes", "box_labels", "keypoints")
+    specs = {f: {"kind": scenes[0].kinds[f].value, **({"of": "boxes"} if f in notes[1:] else {})} for f in scenes[0].fields}
+    shapes = {**{f: scenes[0].fields[f].shape for f in grids}, "boxes": (None, 4), "box_labels": (None,),
+              "keypoints": (None, K, 3)}
+    step = gpu.parse_steps([{name: params}])[0]
+    assert set(step.bind(specs, shapes)) == {*grids, "boxes", "keypoints"}
+    batch = {f: torch.from_numpy(np.stack([s.fields[f] for s in scenes])) for f in grids}
+    for f in notes:
+        a, n = pad_rows([s.fields[f] for s in scenes], scenes[0].fields[f].shape[1:], scenes[0].fields[f].dtype)
+        batch[f], batch[count_name(f)] = torch.from_numpy(a), torch.from_numpy(n)
+    (p,) = gpu.step_params([step], seed, 0, 0, 0, len(scenes))
+    out = gpu.run_steps(dict(batch), [step], [p])
+    for i, s in enumerate(scenes):
+        one = {k: (bool(v[i]) if v.dtype == bool else int(v[i])) for k, v in p.items()}
+        got = Sample(s.key, {f: out[f][i].numpy() for f in grids}, {f: s.kinds[f] for f in grids},
+                     meta={"augment": [{"step": name, **one}]})
+        for f in notes:
+            c = int(out[count_name(f)][i])
+            rows = out[f][i].numpy()
+            assert (np.isnan(rows[c:]).all() if rows.dtype.kind == "f" else (rows[c:] == -1).all()), f
+            got.fields[f], got.kinds[f] = rows[:c], s.kinds[f]
+        msg = f"device {name} {params} seed={seed} {H}x{W} sample {i} {one}"
+        kept = expected_kept(name, s, got, params.get("min_visibility", 0.0))
+        np.testing.assert_array_equal(got.fields["box_labels"], s.fields["box_labels"][kept], err_msg=msg)
+        check_boxes(name, s, got, kept, msg)
+        check_keypoints(name, params, s, got, kept, msg)
+        ref = step.step.replay(s, one)   # and exactly the build step's result
+        for f in (*grids, *notes):
+            np.testing.assert_array_equal(got.fields[f], ref.fields[f], err_msg=f"{msg}: {f} != build")

@@ -108,26 +108,39 @@ def unpad(batch: dict[str, torch.Tensor], name: str) -> list[np.ndarray]:
 
 
 def move_annotations(step: Any, batch: dict[str, torch.Tensor], params: dict[str, np.ndarray]) -> None:
-    """Move the annotation fields a device step covers (``step.bound``), sample by sample, with the
-    build step's rules and the sample's drawn ``params``; dropped boxes take their tied rows along;
-    the fields are padded again (in place in ``batch``, on the host)."""
-    build, grid = step.step, step.hw
+    """Move the annotation fields a device step covers (``step.bound``) with the build step's rules
+    (``move_boxes``/``move_keypoints``) and each sample's drawn ``params``: one coordinate map per
+    sample, every row of the batch at once (the same float64 operations as the build's per-sample
+    call, so the same bytes). Dropped boxes take their tied rows along; the fields are padded again
+    (in place in ``batch``, on the host)."""
+    build = step.step
+    n = len(next(iter(params.values()))) if params else len(next(iter(batch.values())))
+    maps = [build.coord_map(step.hw, **{k: (bool(v[i]) if v.dtype == bool else int(v[i])) for k, v in params.items()})
+            for i in range(n)]
+    hw = maps[0][1]
+    M = np.stack([m for m, _ in maps]) if maps else np.zeros((0, 2, 3))
     notes = [f for f, k in step.bound.items() if k in ANNOTATIONS]
-    tied = {f: [t for t, o in step.links.items() if o == f and t in batch] for f in notes if step.bound[f] is Kind.BOXES}
-    moved = {f: unpad(batch, f) for f in {*notes, *(t for ts in tied.values() for t in ts)}}
-    n = len(next(iter(params.values()))) if params else len(batch[count_name(notes[0])])
-    for i in range(n):
-        one = {k: (bool(v[i]) if v.dtype == bool else int(v[i])) for k, v in params.items()}
-        for f in notes:
-            moved[f][i] = build.apply(moved[f][i], step.bound[f], grid=grid, **one)
-        for f, ts in tied.items():
-            keep = np.isfinite(moved[f][i]).all(axis=1)
-            moved[f][i] = moved[f][i][keep]
-            for t in ts:
-                if len(moved[t][i]) != len(keep):
-                    raise ValueError(f"{step.name}: field {t!r} has {len(moved[t][i])} rows for the {len(keep)} boxes "
-                                     f"of {f!r} in sample {i} of the batch")
-                moved[t][i] = moved[t][i][keep]
-    for f, rows in moved.items():
-        a, c = pad_rows(rows, tuple(batch[f].shape[2:]), batch[f].numpy().dtype)
+    fields = list(dict.fromkeys([*notes, *(t for f in notes for t, o in step.links.items() if o == f and t in batch)]))
+    counts = {f: batch[count_name(f)].numpy() for f in fields}
+    rows = {f: batch[f].numpy()[np.arange(batch[f].shape[1]) < counts[f][:, None]] for f in fields}
+    for f in notes:
+        per_row = np.repeat(M, counts[f], axis=0)
+        mover = build.move_boxes if step.bound[f] is Kind.BOXES else build.move_keypoints
+        rows[f] = mover(rows[f], per_row, hw)
+    for f in notes:
+        if step.bound[f] is not Kind.BOXES:
+            continue
+        keep = np.isfinite(rows[f]).all(axis=1)
+        owner = np.repeat(np.arange(n), counts[f])
+        for t in [f, *(t for t, o in step.links.items() if o == f and t in batch)]:
+            if not np.array_equal(counts[t], counts[f]):
+                bad = int(np.flatnonzero(counts[t] != counts[f])[0])
+                raise ValueError(f"{step.name}: field {t!r} has {counts[t][bad]} rows for the {counts[f][bad]} "
+                                 f"boxes of {f!r} in sample {bad} of the batch")
+            rows[t] = rows[t][keep]
+        for t in [f, *(t for t, o in step.links.items() if o == f and t in batch)]:
+            counts[t] = np.bincount(owner[keep], minlength=n).astype(np.int64)
+    for f in fields:
+        parts = np.split(rows[f], np.cumsum(counts[f])[:-1]) if n else []
+        a, c = pad_rows(parts, tuple(batch[f].shape[2:]), batch[f].numpy().dtype)
         batch[f], batch[count_name(f)] = torch.from_numpy(a), torch.from_numpy(c)

@@ -67,14 +67,23 @@ class PlanarStep(Step):
         raise NotImplementedError
 
     def apply_boxes(self, a: np.ndarray, grid: tuple[int, int], **params: Any) -> np.ndarray:
-        M, hw = self.coord_map(grid, **params)
-        return map_boxes(a, M, hw, getattr(self.params, "min_visibility", 0.0))
+        return self.move_boxes(a, *self.coord_map(grid, **params))
 
     def apply_keypoints(self, a: np.ndarray, grid: tuple[int, int], **params: Any) -> np.ndarray:
-        M, hw = self.coord_map(grid, **params)
+        return self.move_keypoints(a, *self.coord_map(grid, **params))
+
+    def move_boxes(self, a: np.ndarray, M: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        """Boxes through map ``M`` (one, or one per box) onto an ``hw`` grid; NaN rows: dropped."""
+        return map_boxes(a, M, hw, getattr(self.params, "min_visibility", 0.0))
+
+    def move_keypoints(self, a: np.ndarray, M: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        """Keypoints through map ``M`` (one, or one per row); ``flip_pairs`` swapped where it mirrors."""
         out = map_keypoints(a, M, hw)
         pairs = getattr(self.params, "flip_pairs", None)
-        return swap_pairs(out, pairs) if pairs and reflects(M) else out
+        mirror = np.broadcast_to(reflects(M), out.shape[:1])
+        if pairs and mirror.any():
+            out[mirror] = swap_pairs(out[mirror], pairs)
+        return out
 
     def targets(self, specs: dict[str, FieldSpec]) -> list[str]:
         out = super().targets(specs)

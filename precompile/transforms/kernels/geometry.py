@@ -209,15 +209,22 @@ def continuous_map(M: np.ndarray) -> np.ndarray:
     return np.column_stack([A, t])
 
 
-def reflects(M: np.ndarray) -> bool:
-    """Whether the map mirrors (its linear part has a negative determinant): left and right swap."""
-    return float(np.linalg.det(np.asarray(M, np.float64)[:, :2])) < 0
+def reflects(M: np.ndarray) -> np.ndarray:
+    """Whether the map mirrors (its linear part has a negative determinant): left and right swap.
+    ``M`` is one 2x3 map (a bool array of shape ()) or one per row, (n, 2, 3) (shape (n,))."""
+    M = np.asarray(M, np.float64)
+    return M[..., 0, 0] * M[..., 1, 1] - M[..., 0, 1] * M[..., 1, 0] < 0
 
 
 def _points(p: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """Points (..., 2) through the map ``M``: one 2x3 map, or one per row of ``p`` ((n, 2, 3) for
+    ``p`` of shape (n, ..., 2)); the same float64 operations either way."""
     M = np.asarray(M, np.float64)
     x, y = p[..., 0], p[..., 1]
-    return np.stack([M[0, 0] * x + M[0, 1] * y + M[0, 2], M[1, 0] * x + M[1, 1] * y + M[1, 2]], axis=-1)
+    lead = M.shape[:-2]
+    m = M.reshape(lead + (1,) * (x.ndim - len(lead)) + (2, 3))
+    return np.stack([m[..., 0, 0] * x + m[..., 0, 1] * y + m[..., 0, 2],
+                     m[..., 1, 0] * x + m[..., 1, 1] * y + m[..., 1, 2]], axis=-1)
 
 
 def check_boxes(b: np.ndarray) -> np.ndarray:
@@ -237,7 +244,7 @@ def box_visibility(b: np.ndarray, hw: tuple[int, int]) -> tuple[np.ndarray, np.n
     """Boxes clipped to an (h, w) grid, and the visible fraction of each: clipped area / area
     (a zero-area box: 1 if it lies on the grid, else 0)."""
     h, w = hw
-    c = np.stack([np.clip(b[:, 0], 0, w), np.clip(b[:, 1], 0, h), np.clip(b[:, 2], 0, w), np.clip(b[:, 3], 0, h)], 1)
+    c = np.clip(b, 0, np.array([w, h, w, h], np.float64))
     area = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
     clipped = (c[:, 2] - c[:, 0]) * (c[:, 3] - c[:, 1])
     on_grid = (c == b).all(axis=1).astype(np.float64)
@@ -246,19 +253,22 @@ def box_visibility(b: np.ndarray, hw: tuple[int, int]) -> tuple[np.ndarray, np.n
 
 
 def map_boxes(boxes: np.ndarray, M: np.ndarray, hw: tuple[int, int], min_visibility: float = 0.0) -> np.ndarray:
-    """Move (N, 4) boxes with the forward map ``M`` onto an (h, w) grid: the 4 corners mapped, their
-    enclosing box taken and clipped to the grid. A box with nothing visible, or a visible fraction
-    under ``min_visibility``, comes back as a row of NaN (the caller drops it and its tied rows)."""
+    """Move (N, 4) boxes with the forward map ``M`` (one, or one per box: (N, 2, 3)) onto an (h, w)
+    grid: the 4 corners mapped, their enclosing box taken and clipped to the grid. A box with nothing
+    visible, or a visible fraction under ``min_visibility``, comes back as a row of NaN (the caller
+    drops it and its tied rows)."""
     b = check_boxes(np.asarray(boxes))
-    corners = np.stack([b[:, [0, 1]], b[:, [2, 1]], b[:, [0, 3]], b[:, [2, 3]]], axis=1)   # (N, 4, 2)
+    corners = b[:, [0, 1, 2, 1, 0, 3, 2, 3]].reshape(-1, 4, 2)   # (N, 4 corners, x y)
     t = _points(corners, M)
     moved = np.concatenate([t.min(axis=1), t.max(axis=1)], axis=1)
     clipped, vis = box_visibility(moved, hw)
     out = clipped.astype(np.float32)
-    # nothing visible: decided on the stored (float32) box, so a box never comes back with zero area
-    # when its input had some; the fraction in float64, with rounding's slack (1e-9) at the boundary
-    _, stored_vis = box_visibility(moved.astype(np.float32).astype(np.float64), hw)
-    out[(stored_vis <= 0) | (vis < min_visibility - 1e-9)] = np.nan
+    # nothing visible: decided on the stored (float32) box, so a box with area never comes back with
+    # none; the fraction in float64, with rounding's slack (1e-9) at the boundary
+    area = (moved[:, 2] - moved[:, 0]) * (moved[:, 3] - moved[:, 1])
+    flat = (out[:, 2] <= out[:, 0]) | (out[:, 3] <= out[:, 1])
+    gone = np.where(area > 0, flat, vis <= 0)
+    out[gone | (vis < min_visibility - 1e-9)] = np.nan
     return out
 
 

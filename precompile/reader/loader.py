@@ -147,7 +147,7 @@ class Loader:
     disjoint equal share; ``prefetch`` batches in flight; ``gpu_steps`` seeded
     batch steps (``{"random_flip": {...}}``, ``{"random_crop": {"size": .., "padding": ..}}``
     or :class:`~precompile.reader.gpu.BatchStep` objects) with the build
-    steps' names, options and per-kind rules (images, masks, clips, flow); ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
+    steps' names, options and per-kind rules (images, masks, clips, flow, boxes, keypoints); ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
     image/video fields (``convert_fields``) on the device, uint8 scaled to
     [0, 1] then ``(x - mean) / std`` per channel (``mean="stats"`` /
     ``std="stats"``: each field's values stored by ``precompile stats``, in the
@@ -171,6 +171,9 @@ class Loader:
     slower than from process memory, see benchmarks/README.md) this is what
     reaches the in-memory gather; the default maps the files and reads through
     the page cache.
+    Ragged annotation fields (``boxes``, ``box_labels``, ``keypoints``: a row count per sample)
+    come as padded tensors (B, Nmax, ...) (NaN, or -1 for labels, past a sample's count) plus
+    ``<field>__count`` (B,) int64 (:mod:`precompile.reader.ragged`; docs/annotations.md).
     """
 
     def __init__(self, path_or_dataset: Any, batch_size: int, shuffle: bool | str = True, seed: int = 0,

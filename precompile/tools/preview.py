@@ -500,7 +500,10 @@ def draw_annotations(rgb: np.ndarray, boxes: np.ndarray | None = None, labels: n
         if labels is not None:
             v = int(labels[i])
             text = names[v] if 0 <= v < len(names) else str(v)
-            d.text((x1 + 3, y1 + 2), text, fill=colour[i], font=font)
+            tb = d.textbbox((x1 + 3, y1 + 2), text, font=font)
+            d.rectangle([tb[0] - 2, tb[1] - 1, tb[2] + 1, tb[3] + 1], fill=colour[i])   # a tag in the box's colour
+            ink = (0, 0, 0) if sum(colour[i]) > 382 else (255, 255, 255)
+            d.text((x1 + 3, y1 + 2), text, fill=ink, font=font)
     for i, pts in enumerate([] if keypoints is None else keypoints):
         c = colour[i] if i < n else PALETTE[1 + i % (len(PALETTE) - 1)]
         for x, y, v in pts:

@@ -171,12 +171,13 @@ class Finisher:
         """Split a task's rows into its batches and finish them (conversion once per task when no steps)."""
         if len(sizes) == 1:
             return [self.finish(group, epoch, first)]
+        widths = self.ragged.widths(group, sizes) if self.ragged is not None else []   # host counts: no sync
         if not self.steps:
             group = self.finish(group, epoch, first)
         parts = {f: torch.split(t, sizes) for f, t in group.items()}
         out = [{f: parts[f][i] for f in group} for i in range(len(sizes))]
         if self.ragged is not None:
-            out = [self.ragged.trim(b) for b in out]
+            out = [self.ragged.trim(b, w) for b, w in zip(out, widths)]
         if self.steps:
             out = [self.finish(bt, epoch, first + i) for i, bt in enumerate(out)]
         return out

@@ -87,11 +87,18 @@ class RaggedFields:
     def keys(self) -> list[str]:
         return [k for f in self.fields for k in (f, count_name(f))]
 
-    def trim(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Cut each padded field to its batch's own largest count (a batch split from a larger task)."""
+    def widths(self, group: dict[str, torch.Tensor], sizes: list[int]) -> list[dict[str, int]]:
+        """Each batch's padded width per field (its largest count, at least 1), from a task's host counts."""
+        out: list[dict[str, int]] = [{} for _ in sizes]
         for name in self.fields:
-            n = max(1, int(batch[count_name(name)].max())) if len(batch[count_name(name)]) else 1
-            batch[name] = batch[name][:, :n]
+            for i, c in enumerate(torch.split(group[count_name(name)], sizes)):
+                out[i][name] = max(1, int(c.max())) if len(c) else 1
+        return out
+
+    def trim(self, batch: dict[str, torch.Tensor], widths: dict[str, int]) -> dict[str, torch.Tensor]:
+        """Cut each padded field to its batch's own width (a batch split from a larger task)."""
+        for name in self.fields:
+            batch[name] = batch[name][:, :widths[name]]
         return batch
 
 

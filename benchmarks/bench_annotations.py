@@ -127,7 +127,8 @@ def main() -> None:
                       ("build steps, + boxes/labels/keypoints", "ms/sample", lambda: time_steps(sub, True)),
                       ("Loader epoch, image only", "s/epoch", lambda: time_epoch(out, ["image"], None)),
                       ("Loader epoch, + annotations (padded)", "s/epoch", lambda: time_epoch(out, everything, None)),
-                      ("Loader epoch, image only, flip + crop", "s/epoch", lambda: time_epoch(out, ["image"], img_steps)),
+                      ("Loader epoch, image only, flip + crop", "s/epoch",
+                       lambda: time_epoch(out, ["image"], img_steps)),
                       ("Loader epoch, + annotations, flip + crop", "s/epoch",
                        lambda: time_epoch(out, everything, flip_crop))]
         scale = {"ms/sample": 1000 / len(sub), "s/epoch": 1.0}
@@ -139,7 +140,8 @@ def main() -> None:
                 times[label].append((wall, (time.process_time() - c0) * scale[unit]))
     print(f"{args.n} samples, {nboxes} boxes ({nboxes / args.n:.1f} a sample), {K} keypoints a box; "
           f"medians of {args.repeats} (contenders take turns); cpu = process CPU time in the same unit")
-    print(f"| {'contender':<42} | {'wall':>8} | {'cpu':>8} | {'unit':<9} | {'wall vs base':>12} | {'cpu vs base':>11} |")
+    print(f"| {'contender':<42} | {'wall':>8} | {'cpu':>8} | {'unit':<9} | {'wall vs base':>12} "
+          f"| {'cpu vs base':>11} |")
     print(f"|{'-' * 44}|{'-' * 10}|{'-' * 10}|{'-' * 11}|{'-' * 14}|{'-' * 13}|")
     med = {label: (statistics.median(w for w, _ in times[label]), statistics.median(c for _, c in times[label]))
            for label, _, _ in contenders}

@@ -147,7 +147,8 @@ class Loader:
     disjoint equal share; ``prefetch`` batches in flight; ``gpu_steps`` seeded
     batch steps (``{"random_flip": {...}}``, ``{"random_crop": {"size": .., "padding": ..}}``
     or :class:`~precompile.reader.gpu.BatchStep` objects) with the build
-    steps' names, options and per-kind rules (images, masks, clips, flow, boxes, keypoints); ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
+    steps' names, options and per-kind rules (images, masks, clips, flow, boxes,
+    keypoints); ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
     image/video fields (``convert_fields``) on the device, uint8 scaled to
     [0, 1] then ``(x - mean) / std`` per channel (``mean="stats"`` /
     ``std="stats"``: each field's values stored by ``precompile stats``, in the

@@ -515,7 +515,8 @@ def draw_annotations(rgb: np.ndarray, boxes: np.ndarray | None = None, labels: n
 
 
 def _tied(item: Item, owner: str, kind: str) -> str | None:
-    """The ``kind`` field tied to the boxes field ``owner`` (its spec's ``of``, or the only one beside one boxes field)."""
+    """The ``kind`` field tied to the boxes field ``owner``: its spec's ``of``, or the only one
+    beside the only boxes field."""
     cands = item.fields_of(kind)
     tied = [g for g in cands if item.specs[g].get("of") == owner]
     if not tied and len(cands) == 1 and len(item.fields_of("boxes")) == 1:

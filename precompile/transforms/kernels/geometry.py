@@ -283,7 +283,8 @@ def map_keypoints(kp: np.ndarray, M: np.ndarray, hw: tuple[int, int]) -> np.ndar
     xy = _points(k[..., :2], M).astype(np.float32)   # in view or not: decided on the stored coordinates
     h, w = hw
     with np.errstate(invalid="ignore"):
-        seen = np.isfinite(xy).all(axis=-1) & (xy[..., 0] >= 0) & (xy[..., 0] < w) & (xy[..., 1] >= 0) & (xy[..., 1] < h)
+        x, y = xy[..., 0], xy[..., 1]
+        seen = np.isfinite(xy).all(axis=-1) & (x >= 0) & (x < w) & (y >= 0) & (y < h)
     vis = np.where(seen, k[..., 2], 0.0)
     return np.concatenate([xy, vis[..., None]], axis=-1).astype(np.float32)
 

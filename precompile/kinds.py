@@ -37,7 +37,18 @@ target      () or (n,) f32    regression or multi-label targets; NaN = blank
 
 ``boxes``, ``box_labels`` and ``keypoints`` are *annotations* of a planar grid:
 they hold coordinates, not pixels, so every geometric step states what it does
-to them (the rules live with the steps, like every other kind's).
+to them (the rules live with the steps, like every other kind's; the table is
+docs/annotations.md). Coordinates are continuous pixels: pixel (i, j) covers
+[j, j + 1) x [i, i + 1), so a W-wide image spans x in [0, W] and a flip maps
+x -> W - x.
+
+Ties (``FieldSpec.of``, ``Sample.links``; :func:`precompile.sample.link_fields`):
+a ``box_labels`` field belongs to a boxes field (``<boxes>_labels``, or else the
+only boxes field; none is an error), and a ``keypoints`` field may belong to
+one (``<boxes>_keypoints``, or else the only boxes field; with no boxes field
+it stands alone). Row i of a tied field describes box i: a step that drops a
+box (nothing, or less than its ``min_visibility``, left in view) drops row i of
+every field tied to it. ``flow_valid`` is tied to its flow the same way.
 """
 from __future__ import annotations
 

@@ -2,12 +2,16 @@
 
 A sample is a key (the relative source path: stable, used for seeding and in
 messages) plus a dict of named arrays, each with a :class:`~precompile.kinds.Kind`
-(image, mask, flow, flow_valid, video, volume, volume_mask, audio, label, index)
+(see :mod:`precompile.kinds`)
 and per-sample JSON metadata.
 
-A ``flow_valid`` field is tied to its flow field (``Sample.links``, ``FieldSpec.of``)
-and is *derived*: :meth:`Sample.replace_fields` recomputes it whenever its flow
-changes, so no step can leave it disagreeing with the flow's NaNs.
+Some fields are tied to another (``Sample.links``, ``FieldSpec.of``; the rule is
+:func:`link_fields`): a ``flow_valid`` field to its flow field, and it is *derived*:
+:meth:`Sample.replace_fields` recomputes it whenever its flow changes, so no step
+can leave it disagreeing with the flow's NaNs. A ``box_labels`` field and a
+``keypoints`` field are tied to their ``boxes`` field: row i of each describes box i,
+so a step that drops a box drops the same row of every field tied to it
+(:func:`precompile.transforms.annotations.move_annotations`).
 """
 from __future__ import annotations
 
@@ -34,9 +38,10 @@ def dtype_name(dt: np.dtype) -> str:
 @dataclass(frozen=True)
 class FieldSpec:
     """What a field holds: kind, shape (None for a size known only after decoding), dtype;
-    ``of`` names the flow field a ``flow_valid`` field belongs to; ``classes`` is the number of
-    classes a label map (``mask``, ``volume_mask``) may hold, when the recipe says, and
-    ``class_ids`` their ids when they are not ``0 .. classes - 1`` (a mask's ``classes: [0, 3, 7]``)."""
+    ``of`` names the field a tied field belongs to (a ``flow_valid``'s flow, a ``box_labels``' or
+    ``keypoints``' boxes); ``classes`` is the number of classes a label map (``mask``, ``volume_mask``)
+    may hold, when the recipe says, and ``class_ids`` their ids when they are not ``0 .. classes - 1``
+    (a mask's ``classes: [0, 3, 7]``)."""
 
     kind: Kind
     shape: Shape
@@ -85,26 +90,51 @@ class FieldSpec:
         return out
 
 
-def link_validity(kinds: dict[str, Kind], links: dict[str, str] | None = None) -> dict[str, str]:
-    """``{flow_valid field: its flow field}`` for every ``flow_valid`` field of ``kinds``.
+#: kinds tied to another field (``of``): kind -> (the kind it belongs to, the name suffix that ties it)
+TIES: dict[Kind, tuple[Kind, str]] = {
+    Kind.FLOW_VALID: (Kind.FLOW, "_valid"),
+    Kind.BOX_LABELS: (Kind.BOXES, "_labels"),
+    Kind.KEYPOINTS: (Kind.BOXES, "_keypoints"),
+}
+#: kinds that may stand alone (keypoints with no boxes field: a single pose, landmarks of one face)
+_OPTIONAL_TIES = frozenset({Kind.KEYPOINTS})
 
-    A field not named in ``links`` is tied to ``<name>`` when it is called ``<name>_valid``,
-    or else to the only flow field; anything else is a ValueError (which flow would it follow?)."""
+
+def link_fields(kinds: dict[str, Kind], links: dict[str, str] | None = None) -> dict[str, str]:
+    """``{field: the field it belongs to}`` for every tied field of ``kinds`` (see :data:`TIES`):
+    ``flow_valid`` -> its flow, ``box_labels`` -> its boxes, ``keypoints`` -> its boxes.
+
+    A field not named in ``links`` is tied to ``<name>`` when it is called ``<name><suffix>``
+    (``flow_valid``, ``boxes_labels``, ``boxes_keypoints``), or else to the only field of the kind
+    it belongs to. A flow_valid or box_labels field with no such field is a ValueError (which
+    would it follow?); a keypoints field with no boxes field stands alone."""
     links = dict(links or {})
-    flows = [f for f, k in kinds.items() if k is Kind.FLOW]
     for f, k in kinds.items():
-        if k is not Kind.FLOW_VALID or f in links:
+        if k not in TIES or f in links:
             continue
-        if f.endswith("_valid") and kinds.get(f[:-6]) is Kind.FLOW:
-            links[f] = f[:-6]
-        elif len(flows) == 1:
-            links[f] = flows[0]
-        else:
-            raise ValueError(f"flow_valid field {f!r} belongs to no flow field (flow fields: {flows or 'none'})")
+        owner, suffix = TIES[k]
+        owners = [g for g, gk in kinds.items() if gk is owner]
+        if f.endswith(suffix) and kinds.get(f[:-len(suffix)]) is owner:
+            links[f] = f[:-len(suffix)]
+        elif len(owners) == 1:
+            links[f] = owners[0]
+        elif owners or k not in _OPTIONAL_TIES:
+            raise ValueError(f"{k.value} field {f!r} belongs to no {owner.value} field "
+                             f"({owner.value} fields: {owners or 'none'}; name it <{owner.value} field>{suffix})")
     for v, f in links.items():
-        if kinds.get(v) is not Kind.FLOW_VALID or kinds.get(f) is not Kind.FLOW:
-            raise ValueError(f"{v!r} -> {f!r} does not tie a flow_valid field to a flow field")
+        k = kinds.get(v)
+        if k not in TIES or kinds.get(f) is not TIES[k][0]:
+            raise ValueError(f"{v!r} -> {f!r} ties no field to the kind it belongs to "
+                             f"({', '.join(f'{a.value} -> {b.value}' for a, (b, _) in TIES.items())})")
     return links
+
+
+link_validity = link_fields   # the name the planner and the JPEG decoder import
+
+
+def tied_to(links: dict[str, str], owner: str) -> list[str]:
+    """The fields tied to ``owner`` (a boxes field's labels and keypoints)."""
+    return [f for f, o in links.items() if o == owner]
 
 
 @dataclass
@@ -114,13 +144,13 @@ class Sample:
     kinds: dict[str, Kind]
     meta: dict[str, Any] = field(default_factory=dict)
     copy: int = 0
-    links: dict[str, str] = field(default_factory=dict)   # flow_valid field -> its flow field
+    links: dict[str, str] = field(default_factory=dict)   # tied field -> its owner (see TIES)
 
     def __post_init__(self) -> None:
         if not all(isinstance(k, Kind) for k in self.kinds.values()):
             self.kinds = {f: Kind.of(k) for f, k in self.kinds.items()}
-        if Kind.FLOW_VALID in self.kinds.values() or self.links:
-            self.links = link_validity(self.kinds, self.links)
+        if self.links or any(k in TIES for k in self.kinds.values()):
+            self.links = link_fields(self.kinds, self.links)
 
     def specs(self) -> dict[str, FieldSpec]:
         """The actual spec of every field (kind, shape, dtype) of this sample."""
@@ -136,7 +166,7 @@ class Sample:
         kinds = dict(kw.get("kinds", self.kinds))
         links = dict(kw.get("links", self.links))
         for v, f in links.items():
-            if (f in new or v in new) and f in fields and v in fields:
+            if kinds.get(v) is Kind.FLOW_VALID and (f in new or v in new) and f in fields and v in fields:
                 fields[v] = flow_validity(fields[f])
         return Sample(key=kw.get("key", self.key), fields=fields, kinds=kinds,
                       meta=dict(kw.get("meta", self.meta)), copy=kw.get("copy", self.copy), links=links)

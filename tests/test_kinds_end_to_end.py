@@ -291,7 +291,7 @@ def test_a_step_that_cannot_handle_a_field_is_a_plan_error(tmp_path):
     with pytest.raises(RecipeError, match=r"steps\[2\]\.resize: cannot handle field 'ct' of kind volume"):
         make_plan(load_recipe(write(tmp_path / "a.yaml", r)))
     r = ct_recipe({"random_flip": {"fields": ["lung"]}})
-    with pytest.raises(RecipeError, match=r"cannot handle field 'lung' of kind volume_mask \(handles flow, image, mask, video\)"):
+    with pytest.raises(RecipeError, match=r"cannot handle field 'lung' of kind volume_mask \(handles boxes, flow, image, keypoints, mask, video\)"):
         make_plan(load_recipe(write(tmp_path / "b.yaml", r)))
     src = flow_tree(tmp_path / "f")
     r = flow_recipe(src, [{"random_flip": {"fields": ["img1", "img2", "flow_valid"]}}])

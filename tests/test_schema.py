@@ -12,9 +12,9 @@ import yaml
 from click.testing import CliRunner
 from pydantic import Field
 
-import step_cases_augment
-import step_cases_geometric
-import step_cases_media
+import step_cases_random
+import step_cases_planar
+import step_cases_temporal_audio_volume
 from conftest import image_recipe
 from precompile.cli import main
 from precompile.errors import RecipeError
@@ -24,7 +24,7 @@ from precompile.tools.schema import DIALECT, recipe_schema
 from precompile.transforms.base import Step, StepParams
 
 REPO = Path(__file__).resolve().parents[1]
-CASE_MODULES = (step_cases_geometric, step_cases_augment, step_cases_media)
+CASE_MODULES = (step_cases_planar, step_cases_random, step_cases_temporal_audio_volume)
 
 
 @pytest.fixture(scope="module")

@@ -38,18 +38,20 @@ class CudaFeeder:
         self.device, self.num_threads, self.make_ring = device, num_threads, make_ring
         self.ring: Any = None
 
-    def gather(self, plan: PassPlan, k: int, slot: int, split: RowSplitter) -> int:
+    def gather(self, plan: PassPlan, k: int, slot: int, split: RowSplitter) -> tuple[int, Batch]:
         """Task ``k``'s rows into ``slot`` (by ``split``'s threads) once its last copy is done; returns the
-        row count."""
+        row count and the padded annotation fields (host tensors, outside the ring: their size varies)."""
         self.ring.wait_free(slot)
         rows = plan.rows(k)
         split.gather(rows, self.ring.host(slot, rows.size))
-        return rows.size
+        return rows.size, self.finisher.ragged_rows(rows)
 
-    def launch(self, plan: PassPlan, k: int, n: int) -> tuple[list[Batch], Any]:
-        """Copy task ``k``'s ``n`` rows to the device and finish its batches there (side stream)."""
+    def launch(self, plan: PassPlan, k: int, got: tuple[int, Batch]) -> tuple[list[Batch], Any]:
+        """Copy task ``k``'s rows to the device and finish its batches there (side stream)."""
         lo, sizes = plan.tasks[k][0], plan.sizes(k)
-        return self.ring.launch(k % plan.slots, n, lambda d: self.finisher.finish_group(d, sizes, plan.epoch, lo))
+        n, ragged = got
+        return self.ring.launch(k % plan.slots, n,
+                                lambda d: self.finisher.finish_group({**d, **ragged}, sizes, plan.epoch, lo))
 
     def feed(self, plan: PassPlan) -> Iterator[tuple[int, Batch]]:
         """``(batch number, batch)`` for every batch of ``plan``, in order; closing it stops the threads

@@ -29,6 +29,7 @@ import torch
 
 from . import gpu
 from .direct import DirectReader
+from .ragged import RaggedFields
 from .options import Conversion
 
 # A gather task covers about GROUP_BYTES of stored rows (whole batches, at least one, at most
@@ -147,8 +148,13 @@ class Finisher:
     (and every grouping of batches into tasks) give the same batches."""
 
     def __init__(self, steps: Sequence[gpu.BatchStep], convert: dict[str, gpu.Convert], seed: int, rank: int,
-                 pool: HostPool):
+                 pool: HostPool, ragged: RaggedFields | None = None):
         self.steps, self.convert, self.seed, self.rank, self.pool = list(steps), convert, seed, rank, pool
+        self.ragged = ragged   # annotation fields: padded on the host, moved to the batch's device last
+
+    def ragged_rows(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        """The padded annotation fields and counts of dataset rows ``rows`` (host tensors; {} if none)."""
+        return self.ragged.batch(rows) if self.ragged is not None else {}
 
     def finish(self, batch: Batch, epoch: int, b: int) -> Batch:
         if self.steps:
@@ -161,16 +167,23 @@ class Finisher:
             if x.device.type == "cpu" and conv.dtype == torch.float32:
                 out = torch.from_numpy(self.pool.get(tuple(x.shape), np.float32))
             batch[f] = conv(x, out=out)
+        if self.ragged is not None:
+            dev = next((t.device for f, t in batch.items() if f not in self.ragged.keys()), torch.device("cpu"))
+            for f in self.ragged.keys():
+                batch[f] = batch[f].to(dev)
         return batch
 
     def finish_group(self, group: Batch, sizes: list[int], epoch: int, first: int) -> list[Batch]:
         """Split a task's rows into its batches and finish them (conversion once per task when no steps)."""
         if len(sizes) == 1:
             return [self.finish(group, epoch, first)]
+        widths = self.ragged.widths(group, sizes) if self.ragged is not None else []   # host counts: no sync
         if not self.steps:
             group = self.finish(group, epoch, first)
         parts = {f: torch.split(t, sizes) for f, t in group.items()}
         out = [{f: parts[f][i] for f in group} for i in range(len(sizes))]
+        if self.ragged is not None:
+            out = [self.ragged.trim(b, w) for b, w in zip(out, widths)]
         if self.steps:
             out = [self.finish(bt, epoch, first + i) for i, bt in enumerate(out)]
         return out

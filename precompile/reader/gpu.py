@@ -34,8 +34,9 @@ import numpy as np
 import torch
 
 from ..errors import PrecompileError
-from ..kinds import Kind
+from ..kinds import ANNOTATIONS, Kind
 from ..transforms import geometry
+from .ragged import move_annotations
 FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "half": torch.float16,
                 "bfloat16": torch.bfloat16, "float64": torch.float64}
 
@@ -162,13 +163,14 @@ class BatchStep:
 
     def bind(self, specs: dict[str, dict], shapes: dict[str, tuple[int, ...]]) -> list[str]:
         """Choose and check the loaded fields this step covers (stored specs, per-row shapes)."""
-        from ..sample import FieldSpec, link_validity
+        from ..sample import FieldSpec, link_fields
 
         kinds = {f: Kind.of(specs[f].get("kind")) for f in shapes}
         try:
-            links = link_validity(kinds, {f: specs[f]["of"] for f in shapes if specs[f].get("of") in shapes})
+            links = link_fields(kinds, {f: specs[f]["of"] for f in shapes if specs[f].get("of") in shapes})
         except ValueError:
             links = {}  # a validity field whose flow is not loaded: it still moves as a mask
+        self.links = links
         loaded = {f: FieldSpec(kinds[f], tuple(shapes[f]), "uint8", links.get(f)) for f in shapes}
         try:
             chosen = self.step.targets(loaded)
@@ -179,12 +181,17 @@ class BatchStep:
                    and (not explicit or links.get(f) in chosen)]
         hw = {}
         for f in chosen:
+            if kinds[f] in ANNOTATIONS:   # coordinates: moved on the grid of the fields below
+                continue
             shape = shapes[f]
             if len(shape) < 3:
                 raise ValueError(f"{self.name}: field {f!r} has per-sample shape {shape}, not a 2D grid")
             hw[f] = tuple(shape[-3:-1])
         if len(set(hw.values())) > 1:
             raise ValueError(f"{self.name}: fields differ in height/width ({hw}); one draw must fit all")
+        if not hw and any(kinds[f] in ANNOTATIONS for f in chosen):
+            raise ValueError(f"{self.name}: boxes and keypoints move on the grid of the image fields the step covers; "
+                             f"name one with them in fields")
         self.bound = {f: kinds[f] for f in chosen}
         self.hw = next(iter(hw.values())) if hw else None
         return chosen
@@ -324,7 +331,10 @@ def step_params(steps: Sequence[BatchStep], seed: int, epoch: int, rank: int, ba
 def run_steps(batch: dict[str, torch.Tensor], steps: Sequence[BatchStep], params: Sequence[dict]) -> dict[str, torch.Tensor]:
     for step, p in zip(steps, params):
         for f, kind in step.bound.items():
-            batch[f] = step.apply(batch[f], kind, **p)
+            if kind not in ANNOTATIONS:
+                batch[f] = step.apply(batch[f], kind, **p)
+        if ANNOTATIONS.intersection(step.bound.values()):
+            move_annotations(step, batch, p)
     return batch
 
 

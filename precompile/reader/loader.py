@@ -53,6 +53,7 @@ from .direct import DirectReader
 from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size
 from .options import CONVERT_KINDS, Conversion, Distribution, Order
 from .sampler import epoch_order, rank_share, split_batches
+from .ragged import RaggedFields, is_ragged_annotation
 
 __all__ = ["CONVERT_KINDS", "HostPool", "Loader", "LoaderStats", "default_threads"]
 
@@ -148,7 +149,8 @@ class Loader:
     an error); ``prefetch`` batches in flight; ``gpu_steps`` seeded
     batch steps (``{"random_flip": {...}}``, ``{"random_crop": {"size": .., "padding": ..}}``
     or :class:`~precompile.reader.gpu.BatchStep` objects) with the build
-    steps' names, options and per-kind rules (images, masks, clips, flow); ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
+    steps' names, options and per-kind rules (images, masks, clips, flow, boxes,
+    keypoints); ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
     image/video fields (``convert_fields``) on the device, uint8 scaled to
     [0, 1] then ``(x - mean) / std`` per channel (``mean="stats"`` /
     ``std="stats"``: each field's values stored by ``precompile stats``, in the
@@ -173,6 +175,9 @@ class Loader:
     reaches the in-memory gather; the default maps the files and reads through
     the page cache. A ``text`` field is not gathered like the others: each batch
     holds it as a list of ``str`` in batch order (read from the build as UTF-8).
+    Ragged annotation fields (``boxes``, ``box_labels``, ``keypoints``: a row count per sample)
+    come as padded tensors (B, Nmax, ...) (NaN, or -1 for labels, past a sample's count) plus
+    ``<field>__count`` (B,) int64 (:mod:`precompile.reader.ragged`; docs/annotations.md).
     """
 
     def __init__(self, path_or_dataset: Any, batch_size: int, shuffle: bool | str = True, seed: int = 0,
@@ -201,12 +206,15 @@ class Loader:
         self.text_fields = [f for f in wanted if ds.field_specs.get(f, {}).get("kind") == "text"]
         self.fields = [f for f in wanted if f not in self.text_fields]
         self._text_ds: Any = None
-        self.reader = DirectReader(ds, self.fields, in_memory=bool(in_memory))
         self.specs = {f: ds.field_specs[f] for f in self.fields}
-        self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.fields, self.specs)
+        ragged = [f for f in self.fields if is_ragged_annotation(self.specs[f])]   # boxes etc.: padded + counts
+        self.ragged = RaggedFields(ds, ragged) if ragged else None
+        self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=bool(in_memory))
+        self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.reader.fields, self.specs)
         self.steps = gpu.parse_steps(gpu_steps)
+        shapes = {**self.reader.shapes, **{f: tuple(self.specs[f]["shape"]) for f in ragged}}
         for s in self.steps:
-            s.bind(self.specs, self.reader.shapes)
+            s.bind(self.specs, shapes)
         self._copies = copy_schedule(ds, copies, include_original, self.seed)
 
         self.epoch = 0
@@ -215,7 +223,7 @@ class Loader:
         self._orders: dict[int, list[np.ndarray]] = {}
         self._active: weakref.ref | None = None
         self.stats = LoaderStats()
-        self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool())
+        self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool(), self.ragged)
         self.feeder: Feeder = self.make_feeder()
 
     def make_feeder(self, make_ring: Callable[..., Any] | None = None) -> Feeder:
@@ -225,9 +233,9 @@ class Loader:
         :class:`~precompile.reader.gpu.CudaRing` signature): a stand-in ring drives the CUDA
         feeder's scheduling without a GPU (``loader.feeder = loader.make_feeder(make_ring=...)``)."""
         if make_ring is not None or self.device.type == "cuda":
-            return CudaFeeder(self.reader, self.fields, self.finisher, self.device, self.num_threads,
+            return CudaFeeder(self.reader, self.reader.fields, self.finisher, self.device, self.num_threads,
                               self.batch_size, make_ring or gpu.CudaRing)
-        return CpuFeeder(self.reader, self.fields, self.finisher, self.finisher.pool, self.num_threads)
+        return CpuFeeder(self.reader, self.reader.fields, self.finisher, self.finisher.pool, self.num_threads)
 
     # -- the option groups, as attributes --------------------------------------------------------
     mode = property(lambda self: self.order.mode, doc="``sequential`` | ``full`` | ``block``")

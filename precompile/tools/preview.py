@@ -482,6 +482,74 @@ def render_other(item: Item, f: str) -> list[Panel]:
     return []
 
 
+def draw_annotations(rgb: np.ndarray, boxes: np.ndarray | None = None, labels: np.ndarray | None = None,
+                     names: Sequence[str] = (), keypoints: np.ndarray | None = None, min_side: int = 256) -> np.ndarray:
+    """``rgb`` (enlarged by a whole factor to at least ``min_side`` on its longer side, nearest neighbour)
+    with each box outlined in its class's :data:`PALETTE` colour and captioned with its class name (or
+    id), and each keypoint a dot of its box's colour: filled when visible (2), hollow when labelled but
+    hidden (1), absent at visibility 0. Coordinates are continuous pixels (see docs/annotations.md)."""
+    from PIL import Image, ImageDraw
+
+    s = max(1, -(-min_side // max(1, max(rgb.shape[:2]))))
+    pic = Image.fromarray(np.repeat(np.repeat(rgb, s, 0), s, 1))
+    d, font = ImageDraw.Draw(pic), _font()
+    n = 0 if boxes is None else len(boxes)
+    colour = [PALETTE[1 + (int(labels[i]) if labels is not None else i) % (len(PALETTE) - 1)] for i in range(n)]
+    for i in range(n):
+        x1, y1, x2, y2 = (float(v) * s for v in boxes[i])
+        d.rectangle([x1, y1, max(x1, x2 - 1), max(y1, y2 - 1)], outline=colour[i], width=2)
+        if labels is not None:
+            v = int(labels[i])
+            text = names[v] if 0 <= v < len(names) else str(v)
+            tb = d.textbbox((x1 + 3, y1 + 2), text, font=font)
+            d.rectangle([tb[0] - 2, tb[1] - 1, tb[2] + 1, tb[3] + 1], fill=colour[i])   # a tag in the box's colour
+            ink = (0, 0, 0) if sum(colour[i]) > 382 else (255, 255, 255)
+            d.text((x1 + 3, y1 + 2), text, fill=ink, font=font)
+    for i, pts in enumerate([] if keypoints is None else keypoints):
+        c = colour[i] if i < n else PALETTE[1 + i % (len(PALETTE) - 1)]
+        for x, y, v in pts:
+            if v <= 0 or not (np.isfinite(x) and np.isfinite(y)):
+                continue
+            cx, cy = float(x) * s, float(y) * s
+            d.ellipse([cx - 3, cy - 3, cx + 3, cy + 3], outline=c, fill=c if v >= 2 else None, width=2)
+    return np.asarray(pic)
+
+
+def _tied(item: Item, owner: str, kind: str) -> str | None:
+    """The ``kind`` field tied to the boxes field ``owner``: its spec's ``of``, or the only one
+    beside the only boxes field."""
+    cands = item.fields_of(kind)
+    tied = [g for g in cands if item.specs[g].get("of") == owner]
+    if not tied and len(cands) == 1 and len(item.fields_of("boxes")) == 1:
+        tied = cands
+    return tied[0] if tied else None
+
+
+def render_boxes(item: Item, f: str) -> list[Panel]:
+    """Boxes with class names, and the keypoints tied to them, on the image of their grid (every copy)."""
+    panels = []
+    labels_f, kp_f = _tied(item, f, "box_labels"), _tied(item, f, "keypoints")
+    for c, s in enumerate(item.samples):
+        images = [g for g in item.fields_of("image") if np.ndim(s[g]) == 3]
+        base = to_rgb8(s[images[0]]) if images else np.zeros((64, 64, 3), np.uint8)
+        pic = draw_annotations(base, s[f], s.get(labels_f) if labels_f else None, item.label_names,
+                               s.get(kp_f) if kp_f else None)
+        cap = [f"{f}: {len(s[f])} box(es)" + (f" on {images[0]}" if images else "")
+               + (f" copy {item.copies[c]}" if len(item.samples) > 1 else "")]
+        panels.append(Panel(pic, cap))
+    return panels
+
+
+def render_keypoints(item: Item, f: str) -> list[Panel]:
+    """Keypoints with no boxes field: dots on the image (tied ones are drawn by :func:`render_boxes`)."""
+    if item.fields_of("boxes"):
+        return []
+    s = item.samples[0]
+    images = [g for g in item.fields_of("image") if np.ndim(s[g]) == 3]
+    base = to_rgb8(s[images[0]]) if images else np.zeros((64, 64, 3), np.uint8)
+    return [Panel(draw_annotations(base, keypoints=s[f]), [f"{f}: {len(s[f])} x {np.shape(s[f])[1]} keypoints"])]
+
+
 #: kind -> renderer; a kind that is missing here is drawn by :func:`render_other`
 RENDERERS: dict[str, Renderer] = {
     "image": render_image,
@@ -495,6 +563,9 @@ RENDERERS: dict[str, Renderer] = {
     "label": lambda item, f: [],  # in the header
     "text": lambda item, f: [],   # in the header (text_line)
     "target": lambda item, f: [],  # in the header (target_line)
+    "boxes": render_boxes,
+    "box_labels": lambda item, f: [],  # drawn as the names of their boxes
+    "keypoints": render_keypoints,
 }
 
 KIND_ORDER = {k: i for i, k in enumerate(("image", "mask", "flow", "flow_valid", "volume", "volume_mask", "video", "audio"))}
@@ -765,6 +836,8 @@ def _partner(f: str, names: list[str], specs: dict[str, dict]) -> bool:
         if gk == "volume" and kind == "volume_mask":
             return True
         if gk == "image" and kind == "label":
+            return True
+        if gk == "boxes" and (kind == "image" or specs[f].get("of") == g):   # the image under them, their rows
             return True
     return False
 

@@ -44,9 +44,12 @@ A_STATS = "stats"
 STATS_VERSION = 1
 BLOCK_BYTES = 32 << 20
 
-CHANNELS_LAST = frozenset({"image", "video", "flow", "flow_valid", "mask", "target"})  # target: one per column
+# target: one channel per column; annotations: x1, y1, x2, y2 / x, y, visibility
+CHANNELS_LAST = frozenset({"image", "video", "flow", "flow_valid", "mask", "target", "boxes", "keypoints"})
 CHANNELS_FIRST = frozenset({"audio"})
-CLASS_KINDS = frozenset({"label", "mask", "volume_mask", "flow_valid"})
+CLASS_KINDS = frozenset({"label", "mask", "volume_mask", "flow_valid",
+                         "box_labels"})   # one count per box: boxes per class
+NAMED_KINDS = frozenset({"label", "box_labels"})   # class ids whose names are the output's label_names
 MAX_CLASSES = 4096   # a "mask" with more distinct values than this gets no class table
 
 
@@ -194,9 +197,9 @@ def field_stats(ds: Dataset, field: str, block_bytes: int = BLOCK_BYTES) -> dict
         if cols is not None and len(cols) == channels:
             out["columns"] = cols
     if acc.classes is not None:
-        names = ds.label_names if kind == "label" else []
+        names = ds.label_names if kind in NAMED_KINDS else []
         counts = dict(acc.classes)
-        for v in declared_classes(spec, names if kind == "label" else None):
+        for v in declared_classes(spec, names if kind in NAMED_KINDS else None):
             counts.setdefault(v, 0)
         out["classes"] = [{"id": int(v), "count": c, **({"name": names[int(v)]} if 0 <= int(v) < len(names) else {})}
                           for v, c in sorted(counts.items())]
@@ -303,6 +306,16 @@ def describe(res: dict[str, Any], max_classes: int = 12) -> str:
             more = f" (+{len(cl) - max_classes} more)" if len(cl) > max_classes else ""
             lines.append(f"  classes {', '.join(parts)}{more}")
     return "\n".join(lines)
+
+
+def box_counts(res: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Boxes per class of every ``box_labels`` field of computed stats: ``{field: {class name (or id): count}}``,
+    every class of ``label_names`` listed (0 when no box has it)."""
+    out: dict[str, dict[str, int]] = {}
+    for f, s in res["fields"].items():
+        if s.get("kind") == "box_labels" and "classes" in s:
+            out[f] = {str(c.get("name", c["id"])): int(c["count"]) for c in s["classes"]}
+    return out
 
 
 # --- use in the Loader -----------------------------------------------------------------------

@@ -20,6 +20,10 @@ these three class attributes decide it:
 
 ``flow_valid`` is never transformed: it is derived from its flow field (see
 :class:`precompile.sample.Sample`), and its planned shape follows the flow's.
+Annotations (``boxes``, ``keypoints``) are coordinates on the sample's grid: a step
+that applies to them gets ``grid=(height, width)`` too, and a box it drops takes the
+same row of every field tied to it (``box_labels``, ``keypoints``) with it
+(:mod:`precompile.transforms.annotations`).
 A step that ends up changing no field is a plan-time error, unless the recipe
 says ``fields: []``.
 
@@ -35,14 +39,15 @@ reproduces the stored bytes.
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Optional, Sequence
+from typing import Any, Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import StepError
-from ..kinds import Kind
+from ..kinds import ANNOTATIONS, Kind
 from ..sample import FieldSpec, Sample
+from .annotations import move_annotations
 
 
 class StepParams(BaseModel):
@@ -118,7 +123,11 @@ class Step:
     def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         out = dict(specs)
         for f in self.targets(specs):
-            out[f] = self.output_spec(specs[f])
+            if specs[f].kind in ANNOTATIONS:   # moved rows may be dropped: their count is known per sample only
+                for g in [f, *(t for t, s in specs.items() if s.of == f and s.kind in ANNOTATIONS)]:
+                    out[g] = out[g].with_(shape=(None, *out[g].shape[1:]))
+            else:
+                out[f] = self.output_spec(specs[f])
         return follow_flows(out)
 
     # -- running -----------------------------------------------------------------
@@ -142,19 +151,34 @@ class Step:
         if not targets:
             return [sample]
         params = self.sample_params(rng, sample, targets)
-        new = {}
-        for f in targets:
-            try:
-                new[f] = self.apply(sample.fields[f], sample.kinds[f], **params)
-            except StepError:
-                raise
-            except (ValueError, TypeError, IndexError) as e:
-                raise StepError(f"{self.name}: {e}", field=f) from e
+        new = apply_fields(self, sample, targets, lambda f: params)
         meta = sample.meta
         if self.random and params:
             meta = dict(meta)
             meta["augment"] = [*meta.get("augment", []), {"step": self.name, **params}]
         return [sample.replace_fields(new, meta=meta)]
+
+
+def apply_fields(step: Step, sample: Sample, targets: list[str],
+                 params_of: Callable[[str], dict[str, Any]]) -> dict[str, np.ndarray]:
+    """``{field: new array}`` for ``targets``: grid fields through ``step.apply(array, kind, **params)``,
+    annotation fields (boxes, keypoints) through :func:`~precompile.transforms.annotations.move_annotations`
+    (which also drops the rows of fields tied to a dropped box). Errors name the step and field."""
+    new = {}
+    notes = []
+    for f in targets:
+        if sample.kinds[f] in ANNOTATIONS:
+            notes.append(f)
+            continue
+        try:
+            new[f] = step.apply(sample.fields[f], sample.kinds[f], **params_of(f))
+        except StepError:
+            raise
+        except (ValueError, TypeError, IndexError, KeyError) as e:
+            raise StepError(f"{step.name}: {e}", field=f) from e
+    if notes:
+        new.update(move_annotations(step, sample, notes, params_of))
+    return new
 
 
 def follow_flows(specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
@@ -243,14 +267,7 @@ class RandomStep(Step):
         targets = self._targets(sample)
         if not targets:
             return sample
-        new = {}
-        for f in targets:
-            try:
-                new[f] = self.apply(sample.fields[f], sample.kinds[f], **self.field_params(params, f))
-            except StepError:
-                raise
-            except (ValueError, TypeError, IndexError, KeyError) as e:
-                raise StepError(f"{self.name}: {e}", field=f) from e
+        new = apply_fields(self, sample, targets, lambda f: self.field_params(params, f))
         meta = dict(sample.meta)
         meta["augment"] = [*meta.get("augment", []), {"step": self.name, **params}]
         return sample.replace_fields(new, meta=meta)
@@ -291,7 +308,7 @@ def replay_step(step: Step, sample: Sample, params: dict[str, Any]) -> Sample:
     targets = step.targets(sample.specs())
     if not targets:
         return sample
-    new = {f: step.apply(sample.fields[f], sample.kinds[f], **params) for f in targets}
+    new = apply_fields(step, sample, targets, lambda f: params)
     meta = dict(sample.meta)
     if params:
         meta["augment"] = [*meta.get("augment", []), {"step": step.name, **params}]

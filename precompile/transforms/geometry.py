@@ -17,12 +17,14 @@ from typing import Any, Literal, Optional, Union
 import numpy as np
 from pydantic import field_validator, model_validator
 
-from ..kinds import VOLUMETRIC, Kind, kinds
+from ..kinds import ANNOTATIONS, PLANAR, VOLUMETRIC, Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
+from .annotations import annotation_grid
 from .base import RandomParams, RandomStep, Step, StepParams, range_param, uniform
-from .kernels.geometry import (affine_matrix, crop_hw, flip_flow, flip_hw, longer_side_size, pad_hw, resize_flow,
-                               resize_hwc, shorter_side_size, spatial_hw, warp_flow, warp_image)
+from .kernels.geometry import (affine_matrix, continuous_map, crop_hw, flip_flow, flip_hw, longer_side_size,
+                               map_boxes, map_keypoints, pad_hw, reflects, resize_flow, resize_hwc,
+                               shorter_side_size, spatial_hw, swap_pairs, warp_flow, warp_image)
 
 
 def _set_hw(spec: FieldSpec, h: int | None, w: int | None) -> FieldSpec:
@@ -49,10 +51,47 @@ def crop_spec(spec: FieldSpec, size: list[int], pad: bool) -> FieldSpec:
 class PlanarStep(Step):
     """A 2D geometric step: ``apply_image`` and ``apply_flow`` are the step's own; masks and
     videos get the defaults below. ``apply_image`` takes ``label=True`` for label maps: nearest
-    neighbour, and 0 where the step pads or fills."""
+    neighbour, and 0 where the step pads or fills.
 
-    applies = kinds(Kind.IMAGE, Kind.MASK, Kind.FLOW, Kind.VIDEO)
+    Boxes and keypoints move with the step's ``coord_map``: its forward map in continuous pixel
+    coordinates (pixel i covers [i, i + 1)) and the output grid size. Boxes: the 4 corners mapped,
+    the enclosing box clipped to the grid, dropped (with their tied rows) when nothing, or less than
+    the step's ``min_visibility``, is visible; keypoints: mapped exactly, visibility 0 off the grid,
+    declared ``flip_pairs`` swapped when the map mirrors."""
+
+    applies = kinds(Kind.IMAGE, Kind.MASK, Kind.FLOW, Kind.VIDEO, Kind.BOXES, Kind.KEYPOINTS)
     refuses = VOLUMETRIC
+
+    def coord_map(self, grid: tuple[int, int], **params: Any) -> tuple[np.ndarray, tuple[int, int]]:
+        """The 2x3 forward map of coordinates and the (height, width) of the output grid."""
+        raise NotImplementedError
+
+    def apply_boxes(self, a: np.ndarray, grid: tuple[int, int], **params: Any) -> np.ndarray:
+        return self.move_boxes(a, *self.coord_map(grid, **params))
+
+    def apply_keypoints(self, a: np.ndarray, grid: tuple[int, int], **params: Any) -> np.ndarray:
+        return self.move_keypoints(a, *self.coord_map(grid, **params))
+
+    def move_boxes(self, a: np.ndarray, M: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        """Boxes through map ``M`` (one, or one per box) onto an ``hw`` grid; NaN rows: dropped."""
+        return map_boxes(a, M, hw, getattr(self.params, "min_visibility", 0.0))
+
+    def move_keypoints(self, a: np.ndarray, M: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+        """Keypoints through map ``M`` (one, or one per row); ``flip_pairs`` swapped where it mirrors."""
+        out = map_keypoints(a, M, hw)
+        pairs = getattr(self.params, "flip_pairs", None)
+        mirror = np.broadcast_to(reflects(M), out.shape[:1])
+        if pairs and mirror.any():
+            out[mirror] = swap_pairs(out[mirror], pairs)
+        return out
+
+    def targets(self, specs: dict[str, FieldSpec]) -> list[str]:
+        out = super().targets(specs)
+        notes = [f for f in out if specs[f].kind in ANNOTATIONS]
+        if notes and not any(s.kind in PLANAR for s in specs.values()):
+            raise ValueError(f"fields {notes} are coordinates on an image, and the sample has no image, mask, "
+                             f"flow or video field to give their grid")
+        return out
 
     def apply_image(self, a: np.ndarray, label: bool = False, **params: Any) -> np.ndarray:
         raise NotImplementedError
@@ -82,6 +121,25 @@ def size_pair(v: Any) -> list[int]:
     if v[0] < 1 or v[1] < 1:
         raise ValueError("sizes must be positive")
     return [int(v[0]), int(v[1])]
+
+
+def _shift_scale(sx: float, sy: float, tx: float, ty: float) -> np.ndarray:
+    """The coordinate map x' = sx x + tx, y' = sy y + ty."""
+    return np.array([[sx, 0.0, tx], [0.0, sy, ty]], dtype=np.float64)
+
+
+class _MinVisibility(StepParams):
+    """``min_visibility``: the least fraction of a box's area that must stay on the grid for the box
+    (and its tied rows) to be kept; 0.0 (default) drops only boxes with nothing visible."""
+
+    min_visibility: float = 0.0
+
+    @field_validator("min_visibility")
+    @classmethod
+    def _mv(cls, v: float) -> float:
+        if not 0 <= v <= 1:
+            raise ValueError("min_visibility is a fraction within [0, 1]")
+        return v
 
 
 class _SizeParams(StepParams):
@@ -137,6 +195,15 @@ class Resize(PlanarStep):
             return max(1, min(h, int(round(H * s)))), max(1, min(w, int(round(W * s))))
         return h, w
 
+    def coord_map(self, grid, **_):
+        H, W = grid
+        h, w = self.target_size(H, W)
+        out, top, left = (h, w), 0, 0
+        if self.params.keep_aspect and (h, w) != tuple(self.params.size):
+            out = tuple(self.params.size)
+            top, left = (out[0] - h) // 2, (out[1] - w) // 2   # pad_hw's centred placement
+        return _shift_scale(w / W, h / H, left, top), out
+
     def apply_image(self, a: np.ndarray, label: bool = False, **_: Any) -> np.ndarray:
         h, w = self.target_size(*a.shape[:2])
         out = resize_hwc(a, h, w, "nearest" if label else self.params.interpolation)
@@ -158,7 +225,7 @@ class CenterCrop(PlanarStep):
 
     name = "center_crop"
 
-    class Params(_SizeParams):
+    class Params(_SizeParams, _MinVisibility):
         pad: bool = False
         pad_value: float = 0
 
@@ -171,14 +238,22 @@ class CenterCrop(PlanarStep):
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return crop_spec(spec, self.params.size, self.params.pad)
 
+    def _padded(self, H: int, W: int) -> tuple[int, int]:
+        h, w = self.params.size
+        if (H < h or W < w) and not self.params.pad:
+            raise ValueError(f"input {H}x{W} is smaller than the crop {h}x{w} (set pad: true to pad)")
+        return max(H, h), max(W, w)
+
+    def coord_map(self, grid, **_):
+        (H, W), (h, w) = grid, self.params.size
+        PH, PW = self._padded(H, W)
+        return _shift_scale(1, 1, (PW - W) // 2 - (PW - w) // 2, (PH - H) // 2 - (PH - h) // 2), (h, w)
+
     def _crop(self, a: np.ndarray, value: float) -> np.ndarray:
         h, w = self.params.size
-        H, W = a.shape[:2]
-        if H < h or W < w:
-            if not self.params.pad:
-                raise ValueError(f"input {H}x{W} is smaller than the crop {h}x{w} (set pad: true to pad)")
-            a, _, _ = pad_hw(a, max(H, h), max(W, w), value=value)
-            H, W = a.shape[:2]
+        H, W = self._padded(*a.shape[:2])
+        if (H, W) != a.shape[:2]:
+            a, _, _ = pad_hw(a, H, W, value=value)
         return crop_hw(a, (H - h) // 2, (W - w) // 2, h, w)
 
     def apply_image(self, a: np.ndarray, label: bool = False, **_: Any) -> np.ndarray:
@@ -192,14 +267,17 @@ class _Spatial2D(RandomStep, PlanarStep):
     """Random 2D geometric steps: every image, mask, flow and clip field, with one size for all."""
 
     def common_hw(self, sample: Sample, targets: list[str]) -> tuple[int, int]:
-        sizes = {f: spatial_hw(sample.fields[f], sample.kinds[f]) for f in targets}
+        grids = [f for f in targets if sample.kinds[f] not in ANNOTATIONS]
+        if not grids:   # only annotations named: the grid they are on
+            return annotation_grid(sample)
+        sizes = {f: spatial_hw(sample.fields[f], sample.kinds[f]) for f in grids}
         if len(set(sizes.values())) > 1:
             desc = ", ".join(f"{f} {h}x{w}" for f, (h, w) in sizes.items())
             raise ValueError(f"fields differ in size ({desc}); one draw needs one size (resize them first)")
         return next(iter(sizes.values()))
 
 
-class _CropParams(RandomParams):
+class _CropParams(RandomParams, _MinVisibility):
     size: Union[int, list[int]]
     padding: int = 0          # pad every side by this much first (torchvision's RandomCrop padding)
     pad: bool = False         # inputs still smaller than size: pad them (centred) instead of failing
@@ -254,6 +332,13 @@ class RandomCrop(_Spatial2D):
         h, w = self.params.size
         return {"top": (H - h) // 2, "left": (W - w) // 2}
 
+    def coord_map(self, grid, top: int, left: int, **_):
+        H, W = grid
+        PH, PW = self._padded(H, W)
+        p = self.params.padding   # padded by p on every side, then centred up to (PH, PW): pad_hw's placement
+        return _shift_scale(1, 1, p + (PW - W - 2 * p) // 2 - left, p + (PH - H - 2 * p) // 2 - top), \
+            tuple(self.params.size)
+
     def _crop(self, a: np.ndarray, top: int, left: int, value: float) -> np.ndarray:
         h, w = self.params.size
         H, W = a.shape[:2]
@@ -285,7 +370,7 @@ class RandomResizedCrop(_Spatial2D):
 
     name = "random_resized_crop"
 
-    class Params(RandomParams):
+    class Params(RandomParams, _MinVisibility):
         size: Union[int, list[int]]
         scale: list[float] = [0.08, 1.0]
         ratio: list[float] = [3 / 4, 4 / 3]
@@ -339,6 +424,11 @@ class RandomResizedCrop(_Spatial2D):
             h, w = min(H, max(1, int(round(W * h_out / w_out)))), W
         return {"top": (H - h) // 2, "left": (W - w) // 2, "height": h, "width": w}
 
+    def coord_map(self, grid, top: int, left: int, height: int, width: int, **_):
+        h, w = self.params.size
+        sx, sy = w / width, h / height
+        return _shift_scale(sx, sy, -left * sx, -top * sy), (h, w)
+
     def _window(self, a, top: int, left: int, height: int, width: int) -> np.ndarray:
         H, W = a.shape[:2]
         if not (0 <= top and top + height <= H and 0 <= left and left + width <= W and height > 0 and width > 0):
@@ -364,6 +454,7 @@ class RandomFlip(_Spatial2D):
     class Params(RandomParams):
         horizontal: float = 0.5
         vertical: float = 0.0
+        flip_pairs: Optional[list[list[int]]] = None   # keypoint indices (from 0) that swap when mirrored
 
         @field_validator("horizontal", "vertical")
         @classmethod
@@ -372,12 +463,48 @@ class RandomFlip(_Spatial2D):
                 raise ValueError("a probability must be within [0, 1]")
             return v
 
+        @field_validator("flip_pairs")
+        @classmethod
+        def _pairs(cls, v: Optional[list[list[int]]]) -> Optional[list[list[int]]]:
+            if v is None:
+                return v
+            seen: list[int] = []
+            for pair in v:
+                if len(pair) != 2 or pair[0] == pair[1] or min(pair) < 0:
+                    raise ValueError(f"a flip pair is two different keypoint indices (from 0), got {pair}")
+                if set(pair) & set(seen):
+                    raise ValueError(f"keypoint {sorted(set(pair) & set(seen))[0]} is in two flip pairs")
+                seen += pair
+            return v
+
+    def targets(self, specs: dict[str, FieldSpec]) -> list[str]:
+        out = super().targets(specs)
+        p = self.params
+        for f in out:
+            s = specs[f]
+            if s.kind is not Kind.KEYPOINTS or not (p.horizontal or p.vertical):
+                continue
+            if p.flip_pairs is None:
+                raise ValueError(f"keypoints field {f!r}: a mirror swaps left and right; say which keypoints "
+                                 f"swap with flip_pairs: [[left, right], ...] (indices from 0), or "
+                                 f"flip_pairs: [] if none do")
+            k = s.shape[1] if len(s.shape) == 3 else None
+            if k is not None and p.flip_pairs and max(max(q) for q in p.flip_pairs) >= k:
+                raise ValueError(f"flip_pairs name keypoint {max(max(q) for q in p.flip_pairs)}, and field "
+                                 f"{f!r} has {k} keypoints (indices from 0)")
+        return out
+
     def sample_params(self, rng, sample, targets):
         return {"horizontal": bool(rng.random() < self.params.horizontal),
                 "vertical": bool(rng.random() < self.params.vertical)}
 
     def neutral_params(self, sample, targets):
         return {"horizontal": False, "vertical": False}
+
+    def coord_map(self, grid, horizontal: bool, vertical: bool, **_):
+        H, W = grid   # a mirror maps x -> W - x (pixel i -> W - 1 - i), y -> H - y
+        return _shift_scale(-1 if horizontal else 1, -1 if vertical else 1, W if horizontal else 0,
+                            H if vertical else 0), (H, W)
 
     def apply_image(self, a, horizontal: bool, vertical: bool, label: bool = False, **_):
         return flip_hw(a, horizontal, vertical)
@@ -396,7 +523,7 @@ class RandomAffine(_Spatial2D):
 
     name = "random_affine"
 
-    class Params(RandomParams):
+    class Params(RandomParams, _MinVisibility):
         degrees: Union[float, list[float]] = 0.0
         scale: Union[float, list[float]] = [1.0, 1.0]
         translate: float = 0.0
@@ -434,6 +561,9 @@ class RandomAffine(_Spatial2D):
 
     def neutral_params(self, sample, targets):
         return {"angle": 0.0, "scale": 1.0, "tx": 0.0, "ty": 0.0}
+
+    def coord_map(self, grid, angle: float, scale: float, tx: float, ty: float, **_):
+        return continuous_map(affine_matrix(*grid, angle, scale, tx, ty)), tuple(grid)
 
     def apply_image(self, a, angle: float, scale: float, tx: float, ty: float, label: bool = False, **_):
         if angle == 0 and scale == 1 and tx == 0 and ty == 0:

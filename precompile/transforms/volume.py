@@ -18,7 +18,7 @@ import numpy as np
 from pydantic import Field, field_validator, model_validator
 
 from ..errors import StepError
-from ..kinds import PLANAR, VOLUMETRIC, Kind, kinds
+from ..kinds import ANNOTATIONS, PLANAR, VOLUMETRIC, Kind, kinds
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .base import RandomParams, RandomStep, Step, StepParams, draw_seed, nonnegative_range, uniform
@@ -30,7 +30,7 @@ class VolumeStep(Step):
     """A 3D geometric step: volumes and their label volumes move together; 2D fields are refused."""
 
     applies = VOLUMETRIC
-    refuses = PLANAR
+    refuses = PLANAR | ANNOTATIONS   # 2D grids and their coordinates: a 3D step cannot move them
 
 
 def _three(v: Any, kind: type, what: str) -> Any:

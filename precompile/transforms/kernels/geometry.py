@@ -194,3 +194,106 @@ def warp_flow(a: np.ndarray, M: np.ndarray, interpolation: str = "linear") -> np
     (a00, a01), (a10, a11) = (np.float32(x) for x in M[0, :2]), (np.float32(x) for x in M[1, :2])
     u, v = out[..., 0], out[..., 1]  # elementwise, not matmul: no BLAS in the byte path
     return np.stack([a00 * u + a01 * v, a10 * u + a11 * v], axis=-1).astype(np.float32)
+
+
+# -- annotations: boxes and keypoints ----------------------------------------------------------
+# Coordinates are continuous pixel coordinates: pixel (i, j) covers [j, j + 1) x [i, i + 1), so its
+# centre is (j + 0.5, i + 0.5) and a W-wide grid spans [0, W]. A step's ``coord_map`` is a 2x3
+# forward map in these coordinates; the kernels below move annotations with it.
+
+def continuous_map(M: np.ndarray) -> np.ndarray:
+    """The forward map of :func:`affine_matrix` (pixel-index coordinates: a centre at integer i)
+    in continuous coordinates (a centre at i + 0.5): x' = A (x - 0.5) + t + 0.5."""
+    A = np.asarray(M, np.float64)[:, :2]
+    t = np.asarray(M, np.float64)[:, 2] + 0.5 - A @ np.array([0.5, 0.5])
+    return np.column_stack([A, t])
+
+
+def reflects(M: np.ndarray) -> np.ndarray:
+    """Whether the map mirrors (its linear part has a negative determinant): left and right swap.
+    ``M`` is one 2x3 map (a bool array of shape ()) or one per row, (n, 2, 3) (shape (n,))."""
+    M = np.asarray(M, np.float64)
+    return M[..., 0, 0] * M[..., 1, 1] - M[..., 0, 1] * M[..., 1, 0] < 0
+
+
+def _points(p: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """Points (..., 2) through the map ``M``: one 2x3 map, or one per row of ``p`` ((n, 2, 3) for
+    ``p`` of shape (n, ..., 2)); the same float64 operations either way."""
+    M = np.asarray(M, np.float64)
+    x, y = p[..., 0], p[..., 1]
+    lead = M.shape[:-2]
+    m = M.reshape(lead + (1,) * (x.ndim - len(lead)) + (2, 3))
+    return np.stack([m[..., 0, 0] * x + m[..., 0, 1] * y + m[..., 0, 2],
+                     m[..., 1, 0] * x + m[..., 1, 1] * y + m[..., 1, 2]], axis=-1)
+
+
+def check_boxes(b: np.ndarray) -> np.ndarray:
+    """``b`` as float64 (N, 4); a ValueError for another shape, non-finite values or x2 < x1 / y2 < y1."""
+    if b.ndim != 2 or b.shape[1] != 4:
+        raise ValueError(f"boxes must be (N, 4) x1, y1, x2, y2, got shape {b.shape}")
+    b = b.astype(np.float64)
+    if not np.isfinite(b).all():
+        raise ValueError(f"box {int(np.flatnonzero(~np.isfinite(b).all(axis=1))[0])} holds a non-finite value")
+    bad = np.flatnonzero((b[:, 2] < b[:, 0]) | (b[:, 3] < b[:, 1]))
+    if bad.size:
+        raise ValueError(f"box {int(bad[0])} {b[bad[0]].tolist()} has x2 < x1 or y2 < y1 (boxes are x1, y1, x2, y2)")
+    return b
+
+
+def box_visibility(b: np.ndarray, hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes clipped to an (h, w) grid, and the visible fraction of each: clipped area / area
+    (a zero-area box: 1 if it lies on the grid, else 0)."""
+    h, w = hw
+    c = np.clip(b, 0, np.array([w, h, w, h], np.float64))
+    area = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
+    clipped = (c[:, 2] - c[:, 0]) * (c[:, 3] - c[:, 1])
+    on_grid = (c == b).all(axis=1).astype(np.float64)
+    vis = np.where(area > 0, clipped / np.where(area > 0, area, 1.0), on_grid)
+    return c, vis
+
+
+def map_boxes(boxes: np.ndarray, M: np.ndarray, hw: tuple[int, int], min_visibility: float = 0.0) -> np.ndarray:
+    """Move (N, 4) boxes with the forward map ``M`` (one, or one per box: (N, 2, 3)) onto an (h, w)
+    grid: the 4 corners mapped, their enclosing box taken and clipped to the grid. A box with nothing
+    visible, or a visible fraction under ``min_visibility``, comes back as a row of NaN (the caller
+    drops it and its tied rows)."""
+    b = check_boxes(np.asarray(boxes))
+    corners = b[:, [0, 1, 2, 1, 0, 3, 2, 3]].reshape(-1, 4, 2)   # (N, 4 corners, x y)
+    t = _points(corners, M)
+    moved = np.concatenate([t.min(axis=1), t.max(axis=1)], axis=1)
+    clipped, vis = box_visibility(moved, hw)
+    out = clipped.astype(np.float32)
+    # nothing visible: decided on the stored (float32) box, so a box with area never comes back with
+    # none; the fraction in float64, with rounding's slack (1e-9) at the boundary
+    area = (moved[:, 2] - moved[:, 0]) * (moved[:, 3] - moved[:, 1])
+    flat = (out[:, 2] <= out[:, 0]) | (out[:, 3] <= out[:, 1])
+    gone = np.where(area > 0, flat, vis <= 0)
+    out[gone | (vis < min_visibility - 1e-9)] = np.nan
+    return out
+
+
+def map_keypoints(kp: np.ndarray, M: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    """Move (N, K, 3) keypoints (x, y, visibility) with the forward map ``M`` exactly; a point that
+    lands off the (h, w) grid ([0, w) x [0, h)) or is not finite gets visibility 0, and keeps its
+    moved coordinates."""
+    k = np.asarray(kp)
+    if k.ndim != 3 or k.shape[2] != 3:
+        raise ValueError(f"keypoints must be (N, K, 3) x, y, visibility, got shape {k.shape}")
+    k = k.astype(np.float64)
+    xy = _points(k[..., :2], M).astype(np.float32)   # in view or not: decided on the stored coordinates
+    h, w = hw
+    with np.errstate(invalid="ignore"):
+        x, y = xy[..., 0], xy[..., 1]
+        seen = np.isfinite(xy).all(axis=-1) & (x >= 0) & (x < w) & (y >= 0) & (y < h)
+    vis = np.where(seen, k[..., 2], 0.0)
+    return np.concatenate([xy, vis[..., None]], axis=-1).astype(np.float32)
+
+
+def swap_pairs(kp: np.ndarray, pairs: list[list[int]]) -> np.ndarray:
+    """(N, K, 3) keypoints with each declared (left, right) pair of keypoint indices swapped."""
+    order = np.arange(kp.shape[1])
+    for a, b in pairs:
+        if not (0 <= a < len(order) and 0 <= b < len(order)):
+            raise ValueError(f"flip pair [{a}, {b}] is outside the {len(order)} keypoints (indices from 0)")
+        order[a], order[b] = b, a
+    return kp[:, order]

@@ -1,5 +1,5 @@
-"""Step cases for the media steps (clips, windows, fix_length and the volume steps), collected by
-the shared step-contract test: ``CASES = {step name: [(params, sample factory), ...]}``."""
+"""Step cases for the deterministic temporal, audio and volume steps (clips, windows, fix_length,
+the CT steps), collected by the shared step-contract test: ``CASES = {step name: [(params, sample factory), ...]}``."""
 from __future__ import annotations
 
 import numpy as np

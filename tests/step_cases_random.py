@@ -8,7 +8,7 @@ import numpy as np
 
 from precompile.sample import Sample
 
-from step_cases_geometric import clip, gray16, image_mask_flow, rgba
+from step_cases_planar import annotated, clip, gray16, image_mask_flow, rgba
 
 
 def _rng(tag: int) -> np.random.Generator:
@@ -46,27 +46,32 @@ CASES = {
         ({"size": [30, 20], "pad": True, "pad_value": 3}, image_mask_flow),  # pads the height only
         ({"size": [10, 12]}, clip),
         ({"size": 8}, gray16),
+        ({"size": [12, 16], "padding": 4, "min_visibility": 0.3}, annotated),
     ],
     "random_resized_crop": [
         ({"size": [12, 16]}, image_mask_flow),
         ({"size": [20, 20], "scale": [0.3, 1.0], "ratio": [0.5, 2.0], "interpolation": "linear"}, gray16),
         ({"size": [8, 8]}, clip),
+        ({"size": [16, 16], "scale": [0.2, 0.6]}, annotated),
     ],
     "random_flip": [
         ({"horizontal": 0.5, "vertical": 0.5}, image_mask_flow),
         ({"horizontal": 0.5}, clip),
         ({"vertical": 0.5}, rgba),
+        ({"horizontal": 0.5, "vertical": 0.5, "flip_pairs": [[0, 1]]}, annotated),
     ],
     "random_affine": [
         ({"degrees": 30, "scale": [0.8, 1.2], "translate": 0.1}, image_mask_flow),
         ({"degrees": [-10, 10], "interpolation": "cubic", "fill": 9}, gray16),
         ({"degrees": 15}, clip),
+        ({"degrees": 45, "scale": [0.7, 1.3], "translate": 0.2, "min_visibility": 0.25}, annotated),
     ],
     "color_jitter": [
         ({"brightness": 0.3, "contrast": 0.3, "saturation": 0.3}, image_mask_flow),
         ({"brightness": [0.5, 1.5]}, gray16),
         ({"contrast": 0.5, "saturation": 0.5}, rgba),
         ({"brightness": 0.2, "contrast": 0.2}, clip),
+        ({"brightness": 0.3}, annotated),
     ],
     "gaussian_noise": [
         ({"std": [2.0, 10.0]}, image_mask_flow),

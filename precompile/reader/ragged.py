@@ -1,0 +1,153 @@
+"""Ragged annotation fields in the Loader: boxes, box_labels and keypoints as padded tensors plus counts.
+
+A build stores these fields ragged (N rows per sample, N varying: flat data + offsets + shapes in
+HDF5). They are small (16 bytes a box), so :class:`RaggedFields` reads each one whole into memory
+when the Loader is made and pads the rows of a batch:
+
+- ``batch[field]``: (B, Nmax, ...) with Nmax the largest count of the batch (at least 1); rows past
+  a sample's count are NaN (float fields: boxes, keypoints) or -1 (integer fields: box_labels);
+- ``batch[field + "__count"]``: (B,) int64, the sample's number of rows.
+
+Device steps move annotations with the build step's own rules (:func:`move_annotations`): for each
+sample, the step's drawn parameters go through the build step's ``apply_boxes``/``apply_keypoints``
+(numpy, on the host: a few rows per sample), a dropped box takes the rows tied to it, and the batch
+is padded again. So CPU and CUDA batches are equal, and equal the build step's replay.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import FormatError
+from ..formats import names as fmt
+from ..kinds import ANNOTATIONS, Kind
+
+COUNT_SUFFIX = "__count"
+
+
+def count_name(field: str) -> str:
+    """The batch key of a ragged field's per-sample counts: ``<field>__count``."""
+    return field + COUNT_SUFFIX
+
+
+def is_ragged_annotation(spec: dict) -> bool:
+    """A boxes / box_labels / keypoints field whose row count varies (stored ragged)."""
+    shape = spec.get("shape") or ()
+    return Kind.of(spec.get("kind")) in ANNOTATIONS and len(shape) > 0 and shape[0] is None
+
+
+def pad_value(dtype: np.dtype) -> Any:
+    """NaN for float fields, -1 for integer ones: never a real box, point or class id."""
+    return np.nan if np.issubdtype(dtype, np.floating) else -1
+
+
+def pad_rows(rows: Sequence[np.ndarray], inner: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sample (n_i, *inner) arrays -> (B, max(1, max n_i), *inner) padded, and the counts (B,) int64."""
+    counts = np.asarray([len(r) for r in rows], np.int64)
+    out = np.full((len(rows), max(1, int(counts.max(initial=0))), *inner), pad_value(dtype), dtype)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out, counts
+
+
+class RaggedFields:
+    """The ragged annotation fields ``fields`` of an opened HDF5 build, held in memory."""
+
+    def __init__(self, ds: Any, fields: Sequence[str]):
+        self.fields = list(fields)
+        self.data: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.inner: dict[str, tuple[int, ...]] = {}
+        self.dtypes: dict[str, np.dtype] = {}
+        h5py = _h5()
+        with h5py.File(ds.path, "r") as f:
+            for name in self.fields:
+                spec = ds.field_specs[name]
+                inner = tuple(spec["shape"][1:])
+                if any(d is None for d in inner):
+                    raise FormatError(f"{ds.path}: field {name!r} has shape {tuple(spec['shape'])}: the Loader pads "
+                                      f"rows, and needs every other dimension fixed")
+                g = f[name]
+                self.data[name] = (g[fmt.RAGGED_DATA][:], g[fmt.RAGGED_OFFSETS][:], g[fmt.RAGGED_SHAPES][:])
+                self.inner[name], self.dtypes[name] = tuple(int(d) for d in inner), np.dtype(spec["dtype"])
+
+    def rows(self, name: str, i: int) -> np.ndarray:
+        data, offsets, shapes = self.data[name]
+        return data[offsets[i]:offsets[i + 1]].reshape(tuple(int(d) for d in shapes[i]))
+
+    def batch(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
+        """Padded tensors and counts (CPU) of every field for dataset rows ``rows``, in that order."""
+        out: dict[str, torch.Tensor] = {}
+        for name in self.fields:
+            a, n = pad_rows([self.rows(name, int(i)) for i in rows], self.inner[name], self.dtypes[name])
+            out[name], out[count_name(name)] = torch.from_numpy(a), torch.from_numpy(n)
+        return out
+
+    def keys(self) -> list[str]:
+        return [k for f in self.fields for k in (f, count_name(f))]
+
+    def widths(self, group: dict[str, torch.Tensor], sizes: list[int]) -> list[dict[str, int]]:
+        """Each batch's padded width per field (its largest count, at least 1), from a task's host counts."""
+        out: list[dict[str, int]] = [{} for _ in sizes]
+        for name in self.fields:
+            for i, c in enumerate(torch.split(group[count_name(name)], sizes)):
+                out[i][name] = max(1, int(c.max())) if len(c) else 1
+        return out
+
+    def trim(self, batch: dict[str, torch.Tensor], widths: dict[str, int]) -> dict[str, torch.Tensor]:
+        """Cut each padded field to its batch's own width (a batch split from a larger task)."""
+        for name in self.fields:
+            batch[name] = batch[name][:, :widths[name]]
+        return batch
+
+
+def _h5() -> Any:
+    import h5py
+
+    return h5py
+
+
+def unpad(batch: dict[str, torch.Tensor], name: str) -> list[np.ndarray]:
+    """Sample i's rows of a padded field: ``batch[name][i, :count[i]]`` as numpy arrays."""
+    a, n = batch[name].cpu().numpy(), batch[count_name(name)].cpu().numpy()
+    return [a[i, :int(n[i])] for i in range(len(n))]
+
+
+def move_annotations(step: Any, batch: dict[str, torch.Tensor], params: dict[str, np.ndarray]) -> None:
+    """Move the annotation fields a device step covers (``step.bound``) with the build step's rules
+    (``move_boxes``/``move_keypoints``) and each sample's drawn ``params``: one coordinate map per
+    sample, every row of the batch at once (the same float64 operations as the build's per-sample
+    call, so the same bytes). Dropped boxes take their tied rows along; the fields are padded again
+    (in place in ``batch``, on the host)."""
+    build = step.step
+    n = len(next(iter(params.values()))) if params else len(next(iter(batch.values())))
+    maps = [build.coord_map(step.hw, **{k: (bool(v[i]) if v.dtype == bool else int(v[i])) for k, v in params.items()})
+            for i in range(n)]
+    hw = maps[0][1]
+    M = np.stack([m for m, _ in maps]) if maps else np.zeros((0, 2, 3))
+    notes = [f for f, k in step.bound.items() if k in ANNOTATIONS]
+    fields = list(dict.fromkeys([*notes, *(t for f in notes for t, o in step.links.items() if o == f and t in batch)]))
+    counts = {f: batch[count_name(f)].numpy() for f in fields}
+    rows = {f: batch[f].numpy()[np.arange(batch[f].shape[1]) < counts[f][:, None]] for f in fields}
+    for f in notes:
+        per_row = np.repeat(M, counts[f], axis=0)
+        mover = build.move_boxes if step.bound[f] is Kind.BOXES else build.move_keypoints
+        rows[f] = mover(rows[f], per_row, hw)
+    for f in notes:
+        if step.bound[f] is not Kind.BOXES:
+            continue
+        keep = np.isfinite(rows[f]).all(axis=1)
+        owner = np.repeat(np.arange(n), counts[f])
+        for t in [f, *(t for t, o in step.links.items() if o == f and t in batch)]:
+            if not np.array_equal(counts[t], counts[f]):
+                bad = int(np.flatnonzero(counts[t] != counts[f])[0])
+                raise ValueError(f"{step.name}: field {t!r} has {counts[t][bad]} rows for the {counts[f][bad]} "
+                                 f"boxes of {f!r} in sample {bad} of the batch")
+            rows[t] = rows[t][keep]
+        for t in [f, *(t for t, o in step.links.items() if o == f and t in batch)]:
+            counts[t] = np.bincount(owner[keep], minlength=n).astype(np.int64)
+    for f in fields:
+        parts = np.split(rows[f], np.cumsum(counts[f])[:-1]) if n else []
+        a, c = pad_rows(parts, tuple(batch[f].shape[2:]), batch[f].numpy().dtype)
+        batch[f], batch[count_name(f)] = torch.from_numpy(a), torch.from_numpy(c)

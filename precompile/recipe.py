@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .formats import names as fmt
 from .errors import RecipeError
@@ -60,19 +60,68 @@ class FieldDecl(BaseModel):
     decoder: str
 
 
+class CocoSpec(_Model):
+    """``inputs.coco``: a COCO annotation file (instances or person keypoints) lists the samples: one per image,
+    with its boxes, box labels and, on request, keypoints and masks (see docs/coco.md)."""
+
+    file: str = Field(description="the annotation JSON (instances_*.json, person_keypoints_*.json), relative to "
+                                  "the recipe's folder; images are found under inputs.root by their file_name")
+    image: str = Field("image", description="the field holding the image the annotations refer to (declared in "
+                                            "inputs.fields; default: `image` with the image decoder)")
+    mask: Literal["none", "semantic", "instance"] = Field(
+        "none", description="a `mask` field rasterised from the segmentations: `semantic` (H, W, 1) class map "
+                            "(box label + 1, 0 = background) or `instance` (H, W, 1) uint16 map (box index + 1)")
+    keypoints: bool = Field(False, description="add a `keypoints` field (N, K, 3): x, y, visibility per box")
+    crowd: Literal["drop", "keep", "ignore"] = Field(
+        "drop", description="iscrowd: 1 annotations: `drop` (default) leaves them out; `keep` makes them boxes "
+                            "like any other; `ignore` gives no box but marks their pixels in the mask with "
+                            "the mask dtype's largest value")
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not NAME_RE.match(v) or v.startswith("__"):
+            raise ValueError(f"field name {v!r} must be letters, digits, '_', '.', '-' and not start with '__'")
+        return v
+
+
+#: the captures a field's ``path`` template may use with ``inputs.coco`` (there is no ``match``)
+COCO_CAPTURES = ("file_name", "stem", "image_id")
+
+
 class Inputs(_Model):
     root: str
     storage_options: dict[str, Any] = Field(default_factory=dict,
                                             description="fsspec options for a remote root (s3://, gs://, https://)")
-    match: str
+    match: Optional[str] = Field(None, description="the input files: a pattern with {captures}, relative to root "
+                                                   "(required unless inputs.coco lists the inputs)")
+    coco: Optional[CocoSpec | str] = Field(None, description="a COCO annotation file (or {file: ..., options}) "
+                                                             "listing the images under root and their annotations")
     where: dict[str, str] = Field(default_factory=dict)
     kind: Literal["file", "dir"] = "file"
     fields: dict[str, FieldDecl]
     label: Optional[LabelSpec] = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _coco_fields(cls, data: Any) -> Any:
+        """With ``coco`` and no ``fields``: one image field decoded by the image decoder."""
+        if isinstance(data, dict) and data.get("coco") is not None and "fields" not in data:
+            coco = data["coco"]
+            name = coco.get("image", "image") if isinstance(coco, dict) else "image"
+            data = {**data, "fields": {name: {"decoder": "image"}} if isinstance(name, str) else {}}
+        return data
+
+    @field_validator("coco")
+    @classmethod
+    def _coco(cls, v: Any) -> Any:
+        return CocoSpec(file=v) if isinstance(v, str) else v
+
     @field_validator("match")
     @classmethod
-    def _match(cls, v: str) -> str:
+    def _match(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
         if v.startswith("/") or ".." in Path(v).parts:
             raise ValueError("must be a relative pattern inside root (no leading '/' or '..')")
         return v
@@ -232,34 +281,7 @@ class Recipe:
         if model.output.format not in WRITERS:
             e = UnknownName("output format", model.output.format, list(WRITERS))
             raise RecipeError(str(e), source=source, loc="output.format")
-        caps = set(CAPTURE_RE.findall(model.inputs.match))
-        for c in model.inputs.where:
-            if c not in caps:
-                raise RecipeError(f"{c!r} is not a capture in match {model.inputs.match!r}", source=source,
-                                  loc=f"inputs.where.{c}")
-            try:
-                re.compile(model.inputs.where[c])
-            except re.error as e:
-                raise RecipeError(f"not a valid regular expression: {e}", source=source, loc=f"inputs.where.{c}") from None
-        try:
-            pattern_regex(model.inputs.match, model.inputs.where)
-        except re.error as e:
-            raise RecipeError(f"match and where do not make a valid pattern together: {e}", source=source,
-                              loc="inputs.where") from None
-        for fname, decl in model.inputs.fields.items():
-            if decl.path is not None:
-                bad = set(CAPTURE_RE.findall(decl.path)) - caps
-                if bad:
-                    raise RecipeError(f"uses capture(s) {sorted(bad)} that match {model.inputs.match!r} does not define",
-                                      source=source, loc=f"inputs.fields.{fname}.path")
-        if model.inputs.label is not None:
-            lab = model.inputs.label
-            if lab.capture not in caps:
-                raise RecipeError(f"{lab.capture!r} is not a capture in match {model.inputs.match!r}",
-                                  source=source, loc="inputs.label.capture")
-            if lab.field in model.inputs.fields:
-                raise RecipeError(f"label field {lab.field!r} clashes with an input field", source=source,
-                                  loc="inputs.label.field")
+        _check_inputs(model.inputs, source)
         from .decoders.jpeg_reduce import configure
 
         configure(self)  # reduce: auto: which JPEG decode scale the steps allow (read by the image decoder)
@@ -302,6 +324,9 @@ class Recipe:
             del d["imports"]
         if not d["inputs"]["storage_options"]:
             del d["inputs"]["storage_options"]
+        for key in ("match", "coco"):   # one of them is None: recipes with `match` keep their hashes
+            if d["inputs"][key] is None:
+                del d["inputs"][key]
         return d
 
     def content_dict(self) -> dict:
@@ -323,6 +348,59 @@ class Recipe:
 
     def content_hash(self) -> str:
         return hashlib.sha256(fmt.dumps(self.content_dict()).encode()).hexdigest()
+
+
+def _check_inputs(inp: Inputs, source: str | None) -> None:
+    """``match`` (with ``where`` and ``label``) or ``coco``, and the captures the fields' paths use."""
+    if inp.coco is not None:
+        caps = set(COCO_CAPTURES)
+        for key, bad in (("match", inp.match is not None), ("where", bool(inp.where)), ("label", inp.label is not None),
+                         ("kind", inp.kind != "file")):
+            if bad:
+                raise RecipeError(f"does not apply with inputs.coco (the annotation file lists the images and their "
+                                  f"labels)", source=source, loc=f"inputs.{key}")
+        if inp.coco.image not in inp.fields:
+            raise RecipeError(f"{inp.coco.image!r} is not a field in inputs.fields", source=source, loc="inputs.coco.image")
+        where = "inputs.coco"
+    elif inp.match is None:
+        raise RecipeError("required key is missing (or list the inputs with inputs.coco)", source=source,
+                          loc="inputs.match")
+    else:
+        caps = _check_match(inp, source)
+        where = f"match {inp.match!r}"
+    for fname, decl in inp.fields.items():
+        if decl.path is not None:
+            bad = set(CAPTURE_RE.findall(decl.path)) - caps
+            if bad:
+                raise RecipeError(f"uses capture(s) {sorted(bad)} that {where} does not define",
+                                  source=source, loc=f"inputs.fields.{fname}.path")
+
+
+def _check_match(inp: Inputs, source: str | None) -> set[str]:
+    """Check ``where`` and ``label`` against the captures of ``match``; returns the captures."""
+    caps = set(CAPTURE_RE.findall(inp.match))
+    for c in inp.where:
+        if c not in caps:
+            raise RecipeError(f"{c!r} is not a capture in match {inp.match!r}", source=source,
+                              loc=f"inputs.where.{c}")
+        try:
+            re.compile(inp.where[c])
+        except re.error as e:
+            raise RecipeError(f"not a valid regular expression: {e}", source=source, loc=f"inputs.where.{c}") from None
+    try:
+        pattern_regex(inp.match, inp.where)
+    except re.error as e:
+        raise RecipeError(f"match and where do not make a valid pattern together: {e}", source=source,
+                          loc="inputs.where") from None
+    if inp.label is not None:
+        lab = inp.label
+        if lab.capture not in caps:
+            raise RecipeError(f"{lab.capture!r} is not a capture in match {inp.match!r}",
+                              source=source, loc="inputs.label.capture")
+        if lab.field in inp.fields:
+            raise RecipeError(f"label field {lab.field!r} clashes with an input field", source=source,
+                              loc="inputs.label.field")
+    return caps
 
 
 def _restore_recipe(model: RecipeModel, source: str | None, base_dir: str | None, code: dict,

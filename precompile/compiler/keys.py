@@ -84,6 +84,8 @@ def shard_key(plan: Plan, shard: ShardPlan, recipe_hash: str, content: bool = Fa
                         "labels": plan.label_names, "shard": shard.index}).encode())
     for it in shard.items:
         h.update(item_text(it.key, it.label, [(f, fingerprint(p, content)) for f, p in sorted(it.paths.items())]).encode())
+        if it.annotations is not None:  # inputs.coco: the image's annotations decide its bytes too
+            h.update(it.annotations.digest.encode())
     return h.hexdigest()
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from ..errors import PlanError, RecipeError
 from ..recipe import CAPTURE_RE, Recipe, pattern_regex  # noqa: F401  (pattern_regex: re-exported)
@@ -24,6 +24,7 @@ class Item:
     paths: dict[str, str]            # field -> absolute input path
     label: Optional[int] = None
     captures: dict[str, str] = field(default_factory=dict)
+    annotations: Any = field(default=None, compare=False, repr=False)   # inputs.coco: a coco.CocoImage
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Plan:
     specs: dict[str, FieldSpec]            # final field specs, in output order
     label_names: list[str]
     expands: bool                          # a step may turn one sample into several
+    attrs: dict[str, Any] = field(default_factory=dict)   # extra index attributes (inputs.coco: categories...)
 
     @property
     def copies_per_item(self) -> int:
@@ -144,6 +146,11 @@ def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
     from ..remote import is_url, list_tree
 
     inp = recipe.model.inputs
+    if inp.coco is not None:  # the annotation file lists the images: see compiler/coco.py
+        from .coco import load_coco
+
+        src = load_coco(recipe)
+        return src.items, src.label_names
     root = recipe.input_root
     remote = is_url(root)
     if remote:
@@ -183,8 +190,15 @@ def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
 
 def make_plan(recipe: Recipe) -> Plan:
     """Match inputs and work out every shape; raises RecipeError/PlanError before any decoding."""
-    items, label_names = match_inputs(recipe)
     m = recipe.model
+    coco = None
+    if m.inputs.coco is not None:
+        from .coco import load_coco
+
+        coco = load_coco(recipe)
+        items, label_names = coco.items, coco.label_names
+    else:
+        items, label_names = match_inputs(recipe)
     specs: dict[str, FieldSpec] = {}
     for fname, dec in recipe.decoders.items():
         if m.inputs.fields[fname].path is None and dec.reads_dirs != (m.inputs.kind == "dir"):
@@ -205,6 +219,10 @@ def make_plan(recipe: Recipe) -> Plan:
     except ValueError as e:
         raise RecipeError(str(e), source=recipe.source, loc="inputs.fields") from None
     specs = {f: s.with_(of=links[f]) if f in links else s for f, s in specs.items()}
+    if coco is not None:
+        from .coco import add_specs
+
+        specs = add_specs(recipe, specs, coco.specs)
     expands = False
     for i, step in enumerate(recipe.steps):
         try:
@@ -220,4 +238,4 @@ def make_plan(recipe: Recipe) -> Plan:
     per = m.output.samples_per_shard
     shards = [ShardPlan(i // per, tuple(items[i:i + per])) for i in range(0, len(items), per)]
     return Plan(recipe=recipe, items=items, shards=shards, specs=specs,
-                label_names=label_names, expands=expands)
+                label_names=label_names, expands=expands, attrs=coco.attrs if coco is not None else {})

@@ -28,6 +28,7 @@ import hashlib
 import math
 import json
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -157,7 +158,9 @@ def decode_segment(seg: Any, h: int, w: int) -> np.ndarray:
         if not seg:
             return np.zeros((h, w), dtype=np.uint8)
         rle = mask.merge(mask.frPyObjects([p.tolist() for p in seg], h, w))
-    return mask.decode(rle)
+    with warnings.catch_warnings():   # pycocotools' Cython decode calls np.array(copy=False) on its own class
+        warnings.filterwarnings("ignore", r"__array__ implementation doesn't accept a copy keyword", DeprecationWarning)
+        return mask.decode(rle)
 
 
 def _segment_json(seg: Any) -> Any:

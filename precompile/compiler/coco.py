@@ -81,7 +81,8 @@ class CocoImage:
         for a in (self.boxes, self.labels, self.keypoints):
             if a is not None:
                 h.update(a.tobytes())
-        h.update(json.dumps([_segment_json(s) for s in self.segments + ["|"] + self.ignore]).encode())
+        for seg in self.segments + ["|"] + self.ignore:
+            _hash_segment(h, seg)
         self.digest = h.hexdigest()
         return self
 
@@ -163,14 +164,18 @@ def decode_segment(seg: Any, h: int, w: int) -> np.ndarray:
         return mask.decode(rle)
 
 
-def _segment_json(seg: Any) -> Any:
-    if seg is None or isinstance(seg, (str, dict)):
-        return seg if not isinstance(seg, dict) else {"counts": _counts_json(seg["counts"]), "size": seg["size"]}
-    return [p.tolist() for p in seg]
-
-
-def _counts_json(counts: Any) -> Any:
-    return counts if isinstance(counts, str) else [int(c) for c in counts]
+def _hash_segment(h: Any, seg: Any) -> None:
+    """Feed one segmentation to ``h``: its form, then its numbers (lengths delimit the polygons)."""
+    if seg is None or isinstance(seg, str):
+        h.update(f"<{seg}>".encode())
+    elif isinstance(seg, dict):
+        counts = seg["counts"]
+        h.update(f"<rle {seg['size']} {len(counts)}>".encode())
+        h.update(counts.encode() if isinstance(counts, str) else counts.tobytes())
+    else:
+        for p in seg:
+            h.update(f"<poly {p.size}>".encode())
+            h.update(p.tobytes())
 
 
 # -- plan side: the JSON, parsed once ------------------------------------------------------------
@@ -337,11 +342,14 @@ def _segment(a: dict, j: int, path: str, h: int, w: int) -> Any:
     if seg is None or seg == []:
         return None
     if isinstance(seg, list):
-        if not all(isinstance(p, list) and len(p) % 2 == 0 and all(type(v) in (int, float) for v in p) for p in seg):
-            raise RecipeError(f"{who}: a polygon segmentation is a list of [x1, y1, x2, y2, ...] lists",
+        try:
+            polys = [np.asarray(p, dtype=np.float64) for p in seg if isinstance(p, list)]
+        except (TypeError, ValueError):
+            polys = []
+        if len(polys) != len(seg) or not all(p.ndim == 1 and p.size % 2 == 0 and np.isfinite(p).all() for p in polys):
+            raise RecipeError(f"{who}: a polygon segmentation is a list of [x1, y1, x2, y2, ...] lists of numbers",
                               source=path, loc=f"annotations[{j}]")
-        polys = [np.asarray(p, dtype=np.float64) for p in seg if len(p) >= 6]
-        return polys or None
+        return [p for p in polys if p.size >= 6] or None
     if isinstance(seg, dict):
         counts = seg.get("counts")
         if seg.get("size") != [h, w]:

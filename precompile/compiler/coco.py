@@ -346,7 +346,8 @@ def _segment(a: dict, j: int, path: str, h: int, w: int) -> Any:
             polys = [np.asarray(p, dtype=np.float64) for p in seg if isinstance(p, list)]
         except (TypeError, ValueError):
             polys = []
-        if len(polys) != len(seg) or not all(p.ndim == 1 and p.size % 2 == 0 and np.isfinite(p).all() for p in polys):
+        if len(polys) != len(seg) or not all(p.ndim == 1 and p.size % 2 == 0 for p in polys) \
+                or not np.isfinite(np.concatenate(polys)).all():
             raise RecipeError(f"{who}: a polygon segmentation is a list of [x1, y1, x2, y2, ...] lists of numbers",
                               source=path, loc=f"annotations[{j}]")
         return [p for p in polys if p.size >= 6] or None

@@ -85,6 +85,12 @@ class CocoSpec(_Model):
         return v
 
 
+def _also_a_string(schema: dict) -> None:
+    """``inputs.coco`` in the JSON Schema: the file name alone is accepted too (the parser turns it into {file})."""
+    schema["anyOf"] = [{"type": "string", "description": "the annotation file, every option at its default"},
+                       *schema.get("anyOf", [])]
+
+
 #: the captures a field's ``path`` template may use with ``inputs.coco`` (there is no ``match``)
 COCO_CAPTURES = ("file_name", "stem", "image_id")
 
@@ -95,27 +101,27 @@ class Inputs(_Model):
                                             description="fsspec options for a remote root (s3://, gs://, https://)")
     match: Optional[str] = Field(None, description="the input files: a pattern with {captures}, relative to root "
                                                    "(required unless inputs.coco lists the inputs)")
-    coco: Optional[CocoSpec | str] = Field(None, description="a COCO annotation file (or {file: ..., options}) "
-                                                             "listing the images under root and their annotations")
+    coco: Optional[CocoSpec] = Field(None, description="a COCO annotation file (or {file: ..., options}) listing "
+                                                       "the images under root and their annotations",
+                                     json_schema_extra=_also_a_string)
     where: dict[str, str] = Field(default_factory=dict)
     kind: Literal["file", "dir"] = "file"
-    fields: dict[str, FieldDecl]
+    fields: dict[str, FieldDecl] = Field(default_factory=dict, description="the fields of a sample and their "
+                                         "decoders (required with match; with coco, default {image: {decoder: image}})")
     label: Optional[LabelSpec] = None
 
     @model_validator(mode="before")
     @classmethod
     def _coco_fields(cls, data: Any) -> Any:
-        """With ``coco`` and no ``fields``: one image field decoded by the image decoder."""
+        """``coco: FILE`` is ``coco: {file: FILE}``; with ``coco`` and no ``fields``: one image field decoded
+        by the image decoder."""
+        if isinstance(data, dict) and isinstance(data.get("coco"), str):
+            data = {**data, "coco": {"file": data["coco"]}}
         if isinstance(data, dict) and data.get("coco") is not None and "fields" not in data:
             coco = data["coco"]
             name = coco.get("image", "image") if isinstance(coco, dict) else "image"
             data = {**data, "fields": {name: {"decoder": "image"}} if isinstance(name, str) else {}}
         return data
-
-    @field_validator("coco")
-    @classmethod
-    def _coco(cls, v: Any) -> Any:
-        return CocoSpec(file=v) if isinstance(v, str) else v
 
     @field_validator("match")
     @classmethod
@@ -365,6 +371,8 @@ def _check_inputs(inp: Inputs, source: str | None) -> None:
     elif inp.match is None:
         raise RecipeError("required key is missing (or list the inputs with inputs.coco)", source=source,
                           loc="inputs.match")
+    elif not inp.fields:
+        raise RecipeError("required key is missing", source=source, loc="inputs.fields")
     else:
         caps = _check_match(inp, source)
         where = f"match {inp.match!r}"

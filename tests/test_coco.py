@@ -362,3 +362,31 @@ def test_recipe_file_and_cli(tmp_path):
     s = by_key(ds)["000000000105.png"]
     assert s["image"].shape == (96, 128, 3) and s["mask"].shape == (96, 128, 1)
     assert sorted(np.unique(s["mask"]).tolist()) == [0, 3, 4]            # dog (label 2) on the plant (label 3)
+
+
+def test_short_form_defaults_and_schema(tmp_path):
+    """`coco: FILE` is `coco: {file: FILE}` with the defaults, fields default to one image field, and the
+    JSON Schema accepts what the parser accepts (and refuses an unknown option or crowd value)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    from precompile.compiler.plan import make_plan
+    from precompile.recipe import load_recipe
+    from precompile.tools.schema import recipe_schema
+
+    short = {"name": "c", "inputs": {"root": str(SAMPLE / "images"), "coco": str(JSON)}}
+    rec = load_recipe(short)
+    assert rec.model.inputs.coco.model_dump() == {"file": str(JSON), "image": "image", "mask": "none",
+                                                  "keypoints": False, "crowd": "drop"}
+    assert list(rec.model.inputs.fields) == ["image"] and rec.model.inputs.fields["image"].decoder == "image"
+    assert "match" not in rec.resolved()["inputs"]
+    plan = make_plan(rec)
+    assert list(plan.specs) == ["image", "boxes", "box_labels"] and len(plan.items) == 8
+    long = {"name": "c", "inputs": {"root": str(SAMPLE / "images"), "coco": {"file": str(JSON)}}}
+    assert load_recipe(long).content_hash() == rec.content_hash()
+    v = jsonschema.Draft202012Validator(recipe_schema())
+    assert not list(v.iter_errors(short)) and not list(v.iter_errors(long))
+    for bad in ({"file": str(JSON), "crowd": "maybe"}, {"file": str(JSON), "masks": "semantic"}):
+        data = {**long, "inputs": {**long["inputs"], "coco": bad}}
+        assert list(v.iter_errors(data))
+        with pytest.raises(RecipeError) as e:
+            load_recipe(data)
+        assert e.value.loc.startswith("inputs.coco")

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -94,11 +95,13 @@ def main() -> None:
         rows = [("json.load", lambda: json.loads(ann.read_bytes())), ("pycocotools COCO()", quiet_coco),
                 ("plan, boxes", lambda: load_coco(r_boxes)), ("plan, + mask", lambda: load_coco(r_mask))]
         times = {name: median_time(fn, args.repeats) for name, fn in rows}
+        mib = ann.stat().st_size / 2**20
         src = load_coco(r_mask)
         per = [it.annotations for it in src.items if len(it.annotations.segments) >= 5][:50]
         raster = median_time(lambda: [a.rasterise("semantic", np.dtype(np.uint8)) for a in per], args.repeats)
     scale = 100_000 / args.annotations
-    print(f"{args.annotations} annotations, {len(src.items)} images, medians of {args.repeats}\n")
+    print(f"{args.annotations} annotations, {len(src.items)} images, {mib:.0f} MiB of JSON, medians of {args.repeats}, "
+          f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores\n")
     print("| stage | s | s per 100k annotations | x json.load |")
     print("|---|---:|---:|---:|")
     base = times["json.load"]

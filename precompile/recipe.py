@@ -366,7 +366,8 @@ def _check_inputs(inp: Inputs, source: str | None) -> None:
                 raise RecipeError(f"does not apply with inputs.coco (the annotation file lists the images and their "
                                   f"labels)", source=source, loc=f"inputs.{key}")
         if inp.coco.image not in inp.fields:
-            raise RecipeError(f"{inp.coco.image!r} is not a field in inputs.fields", source=source, loc="inputs.coco.image")
+            raise RecipeError(f"{inp.coco.image!r} is not a field in inputs.fields", source=source,
+                              loc="inputs.coco.image")
         where = "inputs.coco"
     elif inp.match is None:
         raise RecipeError("required key is missing (or list the inputs with inputs.coco)", source=source,

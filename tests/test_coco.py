@@ -390,3 +390,18 @@ def test_short_form_defaults_and_schema(tmp_path):
         with pytest.raises(RecipeError) as e:
             load_recipe(data)
         assert e.value.loc.startswith("inputs.coco")
+
+
+def test_more_fields_with_path_templates(tmp_path, sample_copy):
+    """Fields beside the image find their files through {file_name}, {stem} and {image_id}."""
+    import os
+
+    (sample_copy / "by_id").mkdir()
+    for name in os.listdir(sample_copy / "images"):
+        shutil.copy(sample_copy / "images" / name, sample_copy / "by_id" / f"id{int(name[:-4])}.png")
+    r = coco_recipe(sample_copy / "images", sample_copy / "annotations" / "instances.json")
+    r["inputs"]["fields"] = {"image": {"decoder": "image"}, "same": {"decoder": "image", "path": "{stem}.png"},
+                             "by_id": {"decoder": "image", "path": "../by_id/id{image_id}.png", "mode": "gray8"}}
+    _, ds = build(tmp_path, r)
+    for s in by_key(ds).values():
+        assert np.array_equal(s["same"], s["image"]) and s["by_id"].shape == s["image"].shape[:2] + (1,)

@@ -401,10 +401,7 @@ def _specs(spec: Any, k: int, dtype: np.dtype, num_classes: int) -> dict[str, Fi
 
 def load_coco(recipe: Any) -> CocoSource:
     """Parse the recipe's annotation file once: items in key order, label names, specs, index attribute."""
-    from .plan import Item, fill_template
-    from ..remote import is_url, list_tree
-
-    spec, inp = recipe.model.inputs.coco, recipe.model.inputs
+    spec = recipe.model.inputs.coco
     if spec.mask != "none":
         pycocotools_mask()   # a missing extra fails the plan, not every input
     path = coco_path(recipe)
@@ -415,29 +412,41 @@ def load_coco(recipe: Any) -> CocoSource:
     images = _images(data, path)
     per = _group(data, path, images, cats, spec.crowd)
     dtype = mask_dtype(spec.mask, len(cats.names))
+    anns = data.get("annotations", [])
+    items = _items(recipe, {iid: _image(iid, info, per[iid], anns, path, cats, spec, dtype)
+                            for iid, info in images.items()}, images)
+    ignore = int(np.iinfo(dtype).max) if spec.crowd == "ignore" and spec.mask != "none" else None
+    attrs = {ATTR: {"categories": cats.records, "keypoints": cats.keypoints if spec.keypoints else [],
+                    "skeleton": cats.skeleton if spec.keypoints else [], "crowd": spec.crowd, "mask": spec.mask,
+                    "mask_ignore": ignore}}
+    return CocoSource(items, cats.names, _specs(spec, len(cats.keypoints), dtype, len(cats.names)), attrs)
+
+
+def _items(recipe: Any, annotations: dict[int, CocoImage], images: dict) -> list:
+    """One plan item per image, in key (file_name) order: each field's path (the image's file_name, or the
+    field's ``path`` template over ``file_name``, ``stem`` and ``image_id``) under ``inputs.root``."""
+    from .plan import Item, fill_template
+    from ..remote import is_url, list_tree
+
+    inp = recipe.model.inputs
     root = recipe.input_root
     remote = is_url(root)
     if remote:
         list_tree(root, False, inp.storage_options)   # records the fingerprints
     elif not os.path.isdir(root):
         raise RecipeError(f"input root {root!r} is not a folder", source=recipe.source, loc="inputs.root")
-    anns = data.get("annotations", [])
     items = []
-    for iid, info in images.items():
-        fn = info[0]
-        caps = {"file_name": fn, "stem": fn.rsplit(".", 1)[0] if "." in fn.rsplit("/", 1)[-1] else fn,
+    for iid, (fn, _, _) in images.items():
+        base = fn.rsplit("/", 1)[-1]
+        caps = {"file_name": fn, "stem": fn[:len(fn) - len(base)] + base.rsplit(".", 1)[0] if "." in base else fn,
                 "image_id": str(iid)}
         paths = {}
         for fname, decl in inp.fields.items():
             rp = fn if decl.path is None else fill_template(decl.path, caps)
             paths[fname] = f"{root}/{rp}" if remote else os.path.join(root, *rp.split("/"))
-        items.append(Item(key=fn, paths=paths, captures=caps,
-                          annotations=_image(iid, info, per[iid], anns, path, cats, spec, dtype)))
+        items.append(Item(key=fn, paths=paths, captures=caps, annotations=annotations[iid]))
     items.sort(key=lambda it: it.key)
-    attrs = {ATTR: {"categories": cats.records, "keypoints": cats.keypoints if spec.keypoints else [],
-                    "skeleton": cats.skeleton if spec.keypoints else [], "crowd": spec.crowd, "mask": spec.mask,
-                    "mask_ignore": int(np.iinfo(dtype).max) if spec.crowd == "ignore" and spec.mask != "none" else None}}
-    return CocoSource(items, cats.names, _specs(spec, len(cats.keypoints), dtype, len(cats.names)), attrs)
+    return items
 
 
 def add_specs(recipe: Any, specs: dict[str, FieldSpec], extra: dict[str, FieldSpec]) -> dict[str, FieldSpec]:

@@ -68,6 +68,8 @@ def test_boxes_and_labels_are_the_coco_boxes_converted_and_named(tmp_path, refer
     assert ds.field_specs["box_labels"] == {"kind": "box_labels", "shape": [None], "dtype": "int64", "of": "boxes"}
     samples = by_key(ds)
     assert sorted(samples) == sorted(k for k in reference if not k.startswith("__"))
+    assert {ds.key(i): ds.meta(i)["coco"]["image_id"] for i in range(len(ds))} == \
+        {k: r["image"]["id"] for k, r in reference.items() if not k.startswith("__")}
     for key, s in samples.items():
         anns = [a for a in reference[key]["anns"] if not a["iscrowd"]]     # crowd: drop (the default)
         want = np.array([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in anns)],
@@ -300,7 +302,7 @@ def test_image_missing_on_disk_is_a_per_input_failure(tmp_path, sample_copy):
     ({"fields": {"picture": {"decoder": "image"}}}, "inputs.coco.image", "'image' is not a field in inputs.fields"),
     ({"fields": {"image": {"decoder": "mask"}}}, "inputs.coco.image", "the annotations need an image field 'image'"),
     ({"fields": {"image": {"decoder": "image"}, "boxes": {"decoder": "image", "path": "{stem}.png"}}},
-     "inputs.fields.boxes", "field 'boxes' clashes with a field inputs.coco adds (boxes, box_labels)"),
+     "inputs.fields.boxes", "field 'boxes' clashes with a field inputs.coco adds (boxes, box_labels; and the meta key 'coco')"),
     ({"fields": {"image": {"decoder": "image", "path": "{name}.png"}}}, "inputs.fields.image.path",
      "uses capture(s) ['name'] that inputs.coco does not define"),
 ])

@@ -66,7 +66,6 @@ class CocoImage:
     image_id: int
     height: int
     width: int
-    ann_ids: np.ndarray                 # (N,) int64: the annotation id of each box
     boxes: np.ndarray                   # (N, 4) float32 x1 y1 x2 y2
     labels: np.ndarray                  # (N,) int64
     keypoints: Optional[np.ndarray]     # (N, K, 3) float32, or None
@@ -77,7 +76,7 @@ class CocoImage:
 
     def seal(self) -> "CocoImage":
         """Set :attr:`digest`: a hash of everything here that decides the sample's bytes."""
-        h = hashlib.sha256(np.asarray([self.height, self.width], dtype=np.int64).tobytes())
+        h = hashlib.sha256(np.asarray([self.image_id, self.height, self.width], dtype=np.int64).tobytes())
         for a in (self.boxes, self.labels, self.keypoints):
             if a is not None:
                 h.update(a.tobytes())
@@ -94,6 +93,7 @@ class CocoImage:
         The decoded image must be the size the JSON gives, or that size reduced by the JPEG decode scale
         the image decoder records (``meta[image]["reduce"]``): the coordinates are then scaled with it."""
         k = self._scale(fields[spec.image], meta.get(spec.image) or {}, item.paths[spec.image], item.key, spec.image)
+        meta[ATTR] = {"image_id": self.image_id}
         fields[BOXES] = self.boxes / np.float32(k) if k != 1 else self.boxes.copy()
         kinds[BOXES] = Kind.BOXES
         fields[BOX_LABELS] = self.labels.copy()
@@ -140,8 +140,8 @@ class CocoImage:
 
 
 def mask_dtype(mode: str, num_classes: Optional[int]) -> np.dtype:
-    """uint8 for a semantic mask of up to 254 classes (255 is left for ``crowd: ignore``), else uint16."""
-    if mode == "semantic" and (num_classes is None or num_classes + 1 < 255):
+    """uint8 for a semantic mask of up to 254 categories (255 is left for ``crowd: ignore``), else uint16."""
+    if mode == "semantic" and (num_classes is None or num_classes <= 254):
         return np.dtype(np.uint8)
     return np.dtype(np.uint16)
 
@@ -380,8 +380,7 @@ def _image(iid: int, info: tuple, rows: list, anns: list, path: str, cats: _Cate
         for n, (j, r) in enumerate(rows):
             if r[2] in cats.has_keypoints:
                 kp[n] = _keypoints(anns[j], j, path, k)
-    img = CocoImage(iid, h, w, np.asarray([r[1][0] for r in rows], dtype=np.int64), boxes, labels, kp,
-                    mask_dtype=dtype.name)
+    img = CocoImage(iid, h, w, boxes, labels, kp, mask_dtype=dtype.name)
     if spec.mask != "none":
         img.segments = [_segment(anns[j], j, path, h, w) for j, _ in rows]
         img.ignore = [s for s in (_segment(anns[j], j, path, h, w) for j, _ in ignore) if s is not None]
@@ -457,8 +456,8 @@ def add_specs(recipe: Any, specs: dict[str, FieldSpec], extra: dict[str, FieldSp
         got = specs[name].describe() if name in specs else "nothing"
         raise RecipeError(f"the annotations need an image field {name!r}, but its decoder gives {got}",
                           source=recipe.source, loc="inputs.coco.image")
-    for f in extra:
+    for f in [*extra, ATTR]:
         if f in specs:
-            raise RecipeError(f"field {f!r} clashes with a field inputs.coco adds ({', '.join(extra)})",
-                              source=recipe.source, loc=f"inputs.fields.{f}")
+            raise RecipeError(f"field {f!r} clashes with a field inputs.coco adds ({', '.join(extra)}; and the "
+                              f"meta key {ATTR!r})", source=recipe.source, loc=f"inputs.fields.{f}")
     return {**specs, **extra}

@@ -407,3 +407,48 @@ def test_more_fields_with_path_templates(tmp_path, sample_copy):
     _, ds = build(tmp_path, r)
     for s in by_key(ds).values():
         assert np.array_equal(s["same"], s["image"]) and s["by_id"].shape == s["image"].shape[:2] + (1,)
+
+
+@pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_random_files_against_pycocotools(tmp_path, seed):
+    """Random files: category ids with gaps listed in any order, annotations in any order over the images,
+    free-form polygons (several per object), compressed and uncompressed RLE, crowd flags, images without
+    annotations. Boxes, labels and instance masks against the JSON and pycocotools' COCO API."""
+    from PIL import Image
+    from pycocotools import mask as cocomask
+
+    rng = np.random.default_rng(seed)
+    h, w = 24, 32
+    (tmp_path / "img").mkdir()
+    cat_ids = sorted(rng.choice(np.arange(1, 100), size=5, replace=False).tolist())
+    cats = [{"id": c, "name": f"c{c}"} for c in rng.permutation(cat_ids).tolist()]
+    images = [{"id": int(i), "file_name": f"{i}.png", "height": h, "width": w} for i in rng.permutation(12) + 1]
+    for im in images:
+        Image.fromarray(np.zeros((h, w, 3), dtype=np.uint8)).save(tmp_path / "img" / im["file_name"])
+    anns = []
+    for aid in rng.permutation(40) + 1:
+        x, y = rng.uniform(0, w - 4), rng.uniform(0, h - 4)
+        bw, bh = rng.uniform(0, w - x), rng.uniform(0, h - y)
+        polys = [[float(v) for v in np.stack([x + rng.uniform(0, bw, 5), y + rng.uniform(0, bh, 5)], 1).reshape(-1)]
+                 for _ in range(int(rng.integers(1, 3)))]
+        crowd = int(rng.random() < 0.2)
+        seg = polys
+        if crowd:
+            m = cocomask.decode(cocomask.merge(cocomask.frPyObjects(polys, h, w)))
+            seg = cocomask.encode(np.asfortranarray(m))
+            seg = {"counts": seg["counts"].decode("ascii"), "size": [h, w]}
+        anns.append({"id": int(aid), "image_id": int(rng.integers(1, 11)), "category_id": int(rng.choice(cat_ids)),
+                     "bbox": [x, y, bw, bh], "iscrowd": crowd, "segmentation": seg})
+    (tmp_path / "a.json").write_text(json.dumps({"images": images, "annotations": anns, "categories": cats}))
+    _, ds = build(tmp_path, coco_recipe(tmp_path / "img", tmp_path / "a.json", mask="instance", crowd="keep"))
+    coco = COCO(str(tmp_path / "a.json"))
+    names = [f"c{c}" for c in cat_ids]
+    assert ds.label_names == names and len(ds) == 12
+    ids = {im["file_name"]: im["id"] for im in images}
+    for key, s in by_key(ds).items():
+        objs = coco.imgToAnns[ids[key]]
+        want = np.array([[x, y, x + bw, y + bh] for x, y, bw, bh in (a["bbox"] for a in objs)], np.float32)
+        assert np.array_equal(s["boxes"], want.reshape(-1, 4))
+        assert [names[i] for i in s["box_labels"]] == [f"c{a['category_id']}" for a in objs]
+        assert np.array_equal(s["mask"], _reference_map(coco, ids[key], "instance", "keep", np.uint16)), key

@@ -17,6 +17,9 @@ annotation fields beside the decoded image:
   equal sizes: the later annotation is on top. ``crowd: ignore`` regions are drawn first, with the dtype's
   largest value.
 
+and the sample's meta gets ``{"coco": {"image_id": ...}}``. The categories, keypoint names and skeleton go
+to the index attribute ``coco`` (``Dataset.coco``); the category names are the build's ``label_names``.
+
 An image listed in the JSON but missing on disk fails as that input (``on_error`` applies). A malformed
 file, an annotation naming an unknown image or category, a negative box size or a malformed segmentation is
 a :class:`RecipeError` naming the file and the annotation. Each image's annotations are part of its input
@@ -25,8 +28,8 @@ fingerprint (:attr:`CocoImage.digest`, used by ``keys.shard_key``), so changing 
 from __future__ import annotations
 
 import hashlib
-import math
 import json
+import math
 import os
 import warnings
 from dataclasses import dataclass, field

@@ -258,11 +258,7 @@ def _plan_error(tmp_path: Path, sample_copy: Path, **coco) -> RecipeError:
 ])
 def test_bad_annotations_are_plan_time_errors_naming_file_and_annotation(tmp_path, sample_copy, edit, loc, message):
     ann = sample_copy / "annotations" / "instances.json"
-    data = json.loads(ann.read_text())
-    for a in data["annotations"]:
-        a.pop("keypoints", None) if a["id"] != 2 else None
-    data["annotations"][1]["category_id"] = 1                       # annotation id 2: a person
-    ann.write_text(json.dumps(data))
+    _edit(ann, lambda d: d["annotations"][1].update(category_id=1))     # annotation id 2: a person now
     _edit(ann, edit)
     e = _plan_error(tmp_path, sample_copy, keypoints=True, mask="semantic", crowd="keep")
     assert e.source == str(ann) and e.loc == loc and message in e.detail

@@ -451,3 +451,27 @@ def test_random_files_against_pycocotools(tmp_path, seed):
         assert np.array_equal(s["boxes"], want.reshape(-1, 4))
         assert [names[i] for i in s["box_labels"]] == [f"c{a['category_id']}" for a in objs]
         assert np.array_equal(s["mask"], _reference_map(coco, ids[key], "instance", "keep", np.uint16)), key
+
+
+def test_reduce_auto_ahead_of_a_resize_keeps_the_mask_on_the_image(tmp_path):
+    """The image decoder's default (reduce: auto) decodes a JPEG at 1/2 ahead of a resize to a quarter: the
+    mask is made at the decoded size and the resize takes both to the same size."""
+    from PIL import Image
+
+    (tmp_path / "img").mkdir()
+    img = np.zeros((40, 64, 3), dtype=np.uint8)
+    img[8:24, 16:48] = 200
+    Image.fromarray(img).save(tmp_path / "img" / "a.jpg", quality=95)
+    ann = {"images": [{"id": 1, "file_name": "a.jpg", "height": 40, "width": 64}],
+           "categories": [{"id": 5, "name": "thing"}],
+           "annotations": [{"id": 9, "image_id": 1, "category_id": 5, "bbox": [16, 8, 32, 16], "iscrowd": 0,
+                            "segmentation": [[16, 8, 48, 8, 48, 24, 16, 24]]}]}
+    (tmp_path / "a.json").write_text(json.dumps(ann))
+    r = coco_recipe(tmp_path / "img", tmp_path / "a.json", mask="semantic")
+    r["steps"] = [{"resize": {"size": [10, 16]}}]
+    rep, ds = build(tmp_path, r)
+    assert not rep.failures and ds.meta(0)["image"] == {"reduce": 2}
+    s = ds[0]
+    want = np.zeros((10, 16, 1), dtype=np.uint8)
+    want[2:6, 4:12] = 1
+    assert s["image"].shape == (10, 16, 3) and np.array_equal(s["mask"], want)

@@ -475,3 +475,24 @@ def test_reduce_auto_ahead_of_a_resize_keeps_the_mask_on_the_image(tmp_path):
     want = np.zeros((10, 16, 1), dtype=np.uint8)
     want[2:6, 4:12] = 1
     assert s["image"].shape == (10, 16, 3) and np.array_equal(s["mask"], want)
+
+
+def test_string_image_ids_and_a_bad_image_record(tmp_path, sample_copy):
+    """Some exports write image ids as strings: they work like integers (and reach the sample meta as they
+    are); an image record without a size is a plan-time error naming it."""
+    ann = sample_copy / "annotations" / "instances.json"
+
+    def to_str(d):
+        for im in d["images"]:
+            im["id"] = f"img{im['id']}"
+        for a in d["annotations"]:
+            a["image_id"] = f"img{a['image_id']}"
+    _edit(ann, to_str)
+    _, ref = build(tmp_path, coco_recipe(SAMPLE / "images", JSON, mask="instance"), name="ints")
+    _, ds = build(tmp_path, coco_recipe(sample_copy / "images", ann, mask="instance"), name="strs")
+    assert [s["checksums"] for s in ds.shards] == [s["checksums"] for s in ref.shards]
+    assert ds.meta(0)["coco"]["image_id"] == "img" + str(ref.meta(0)["coco"]["image_id"])
+    _edit(ann, lambda d: d["images"][2].pop("height"))
+    e = _plan_error(tmp_path, sample_copy)
+    assert e.loc == "images[2]" and e.detail == ("an image needs an id (an integer or a string), a file_name and "
+                                                 "positive integer height and width")

@@ -66,7 +66,7 @@ class CocoImage:
     ``crowd: ignore``; both only when a mask is asked for.
     """
 
-    image_id: int
+    image_id: int | str                 # COCO's are integers; some exports write strings
     height: int
     width: int
     boxes: np.ndarray                   # (N, 4) float32 x1 y1 x2 y2
@@ -79,7 +79,7 @@ class CocoImage:
 
     def seal(self) -> "CocoImage":
         """Set :attr:`digest`: a hash of everything here that decides the sample's bytes."""
-        h = hashlib.sha256(np.asarray([self.image_id, self.height, self.width], dtype=np.int64).tobytes())
+        h = hashlib.sha256(json.dumps([self.image_id, self.height, self.width]).encode())
         for a in (self.boxes, self.labels, self.keypoints):
             if a is not None:
                 h.update(a.tobytes())
@@ -266,11 +266,11 @@ def _images(data: dict, path: str) -> dict[int, tuple[str, int, int]]:
     out: dict[int, tuple[str, int, int]] = {}
     names: dict[str, int] = {}
     for j, im in enumerate(data["images"]):
-        ok = isinstance(im, dict) and type(im.get("id")) is int and isinstance(im.get("file_name"), str) \
+        ok = isinstance(im, dict) and type(im.get("id")) in (int, str) and isinstance(im.get("file_name"), str) \
             and all(type(im.get(k)) is int and im[k] > 0 for k in ("height", "width"))
         if not ok:
-            raise RecipeError("an image needs an integer id, a file_name and positive integer height and width",
-                              source=path, loc=f"images[{j}]")
+            raise RecipeError("an image needs an id (an integer or a string), a file_name and positive integer "
+                              "height and width", source=path, loc=f"images[{j}]")
         fn = im["file_name"]
         if not fn or fn.startswith("/") or "\\" in fn or ".." in fn.split("/"):
             raise RecipeError(f"image id {im['id']}: file_name {fn!r} must be a relative path inside inputs.root",

@@ -496,3 +496,26 @@ def test_string_image_ids_and_a_bad_image_record(tmp_path, sample_copy):
     e = _plan_error(tmp_path, sample_copy)
     assert e.loc == "images[2]" and e.detail == ("an image needs an id (an integer or a string), a file_name and "
                                                  "positive integer height and width")
+
+
+def test_exif_turned_image_names_the_cause_and_exif_transpose_false_builds(tmp_path, sample_copy):
+    """A JPEG stored 48x64 with EXIF orientation 6 decodes upright as 64x48: the annotations (made on the
+    stored pixels) do not fit, and the message says why; exif_transpose: false builds it."""
+    from PIL import Image
+
+    img = Image.open(sample_copy / "images" / "000000000101.png").convert("RGB")
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    img.save(sample_copy / "images" / "000000000101.jpg", exif=exif.tobytes(), quality=95)
+    ann = sample_copy / "annotations" / "instances.json"
+    _edit(ann, lambda d: next(im for im in d["images"] if im["id"] == 101).update(file_name="000000000101.jpg"))
+    r = coco_recipe(sample_copy / "images", ann)
+    r["on_error"] = "skip"
+    rep, _ = build(tmp_path, r, name="turned")
+    (f,) = rep.failures
+    assert f.message.endswith("the image is 64x48 (h x w) but the annotation file gives 48x64 for image id 101; "
+                              "turned by its EXIF orientation? (annotations of the stored pixels: "
+                              "exif_transpose: false)")
+    r["inputs"]["fields"] = {"image": {"decoder": "image", "exif_transpose": False}}
+    rep, ds = build(tmp_path, r, name="stored")
+    assert not rep.failures and by_key(ds)["000000000101.jpg"]["image"].shape == (48, 64, 3)

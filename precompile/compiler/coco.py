@@ -118,8 +118,11 @@ class CocoImage:
         got = tuple(image.shape[:2])
         if got != reduced_size(self.height, self.width, k):
             scale = f" (decoded at 1/{k} scale)" if k != 1 else ""
+            turned = got == reduced_size(self.width, self.height, k)
+            hint = "; turned by its EXIF orientation? (annotations of the stored pixels: exif_transpose: false)" \
+                if turned else ""
             raise DecodeError(f"the image is {got[0]}x{got[1]} (h x w){scale} but the annotation file gives "
-                              f"{self.height}x{self.width} for image id {self.image_id}", path=path,
+                              f"{self.height}x{self.width} for image id {self.image_id}{hint}", path=path,
                               stage="decode", field=fname, key=key)
         return k
 

@@ -144,6 +144,41 @@ class SplitSpec(_Model):
         return self
 
 
+class CocoSpec(_Model):
+    """``inputs.coco``: a COCO annotation file (instances or person keypoints) lists the samples: one per image,
+    with its boxes, box labels and, on request, keypoints and masks (see docs/coco.md)."""
+
+    file: str = Field(description="the annotation JSON (instances_*.json, person_keypoints_*.json), relative to "
+                                  "the recipe's folder; images are found under inputs.root by their file_name")
+    image: str = Field("image", description="the field holding the image the annotations refer to (declared in "
+                                            "inputs.fields; default: `image` with the image decoder)")
+    mask: Literal["none", "semantic", "instance"] = Field(
+        "none", description="a `mask` field rasterised from the segmentations: `semantic` (H, W, 1) class map "
+                            "(box label + 1, 0 = background) or `instance` (H, W, 1) uint16 map (box index + 1)")
+    keypoints: bool = Field(False, description="add a `keypoints` field (N, K, 3): x, y, visibility per box")
+    crowd: Literal["drop", "keep", "ignore"] = Field(
+        "drop", description="iscrowd: 1 annotations: `drop` (default) leaves them out; `keep` makes them boxes "
+                            "like any other; `ignore` gives no box but marks their pixels in the mask with "
+                            "the mask dtype's largest value")
+
+    @field_validator("image")
+    @classmethod
+    def _image(cls, v: str) -> str:
+        if not NAME_RE.match(v) or v.startswith("__"):
+            raise ValueError(f"field name {v!r} must be letters, digits, '_', '.', '-' and not start with '__'")
+        return v
+
+
+def _also_a_string(schema: dict) -> None:
+    """``inputs.coco`` in the JSON Schema: the file name alone is accepted too (the parser turns it into {file})."""
+    schema["anyOf"] = [{"type": "string", "description": "the annotation file, every option at its default"},
+                       *schema.get("anyOf", [])]
+
+
+#: the captures a field's ``path`` template may use with ``inputs.coco`` (there is no ``match``)
+COCO_CAPTURES = ("file_name", "stem", "image_id")
+
+
 class Inputs(_Model):
     root: str
     storage_options: dict[str, Any] = Field(default_factory=dict,
@@ -153,7 +188,11 @@ class Inputs(_Model):
                                  description="a pattern of input paths under root (not with table)")
     where: dict[str, str] = Field(default_factory=dict)
     kind: Literal["file", "dir"] = "file"
-    fields: dict[str, FieldDecl] = Field(default_factory=dict)
+    coco: Optional[CocoSpec] = Field(None, description="a COCO annotation file (or {file: ..., options}) listing "
+                                                       "the images under root and their annotations",
+                                     json_schema_extra=_also_a_string)
+    fields: dict[str, FieldDecl] = Field(default_factory=dict, description="the fields of a sample and their "
+                                         "decoders (required with match; with coco, default {image: {decoder: image}})")
     label: Optional[LabelSpec] = None
     path: Optional[str] = Field(None, description="table: a template over the row's columns giving the input "
                                                   "under root, e.g. '{patient}/{study}.jpg'")
@@ -180,9 +219,30 @@ class Inputs(_Model):
             raise ValueError("at most one column of kind label (the output has one list of label names)")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _coco_fields(cls, data: Any) -> Any:
+        """``coco: FILE`` is ``coco: {file: FILE}``; with ``coco`` and no ``fields``: one image field decoded
+        by the image decoder."""
+        if isinstance(data, dict) and isinstance(data.get("coco"), str):
+            data = {**data, "coco": {"file": data["coco"]}}
+        if isinstance(data, dict) and data.get("coco") is not None and "fields" not in data:
+            coco = data["coco"]
+            name = coco.get("image", "image") if isinstance(coco, dict) else "image"
+            data = {**data, "fields": {name: {"decoder": "image"}} if isinstance(name, str) else {}}
+        return data
+
     @model_validator(mode="after")
     def _source(self) -> "Inputs":
-        if self.table is None:
+        if self.coco is not None:
+            if self.table is not None:
+                raise ValueError("inputs.coco and inputs.table each list the inputs: give one of them")
+            for k in ("path", "key"):
+                if getattr(self, k) is not None:
+                    raise ValueError(f"{k} is for table inputs (inputs.table)")
+            if self.columns:
+                raise ValueError("columns is for table inputs (inputs.table)")
+        elif self.table is None:
             for k in ("path", "key"):
                 if getattr(self, k) is not None:
                     raise ValueError(f"{k} is for table inputs (inputs.table)")
@@ -204,8 +264,9 @@ class Inputs(_Model):
     @field_validator("match", "path")
     @classmethod
     def _match(cls, v: Optional[str], info: ValidationInfo) -> Optional[str]:
-        if v is None and info.field_name == "match" and info.data.get("table") is None:
-            raise ValueError("required key is missing (or give table: a file with one row per sample)")
+        if v is None and info.field_name == "match" and info.data.get("table") is None and info.data.get("coco") is None:
+            raise ValueError("required key is missing (or give table: a file with one row per sample, or coco: an "
+                             "annotation file)")
         if v is not None and (v.startswith("/") or ".." in Path(v).parts):
             raise ValueError("must be a relative pattern inside root (no leading '/' or '..')")
         return v
@@ -333,7 +394,9 @@ class Recipe:
         self.decoders = {f: self._make_decoder(f, decl) for f, decl in model.inputs.fields.items()}
         self.steps = [self._make_step(i, entry) for i, entry in enumerate(model.steps)]
         self._check_output()
-        if model.inputs.table is None:
+        if model.inputs.coco is not None:
+            self._check_coco()
+        elif model.inputs.table is None:
             self._check_match()
         from .decoders.jpeg_reduce import configure
 
@@ -448,6 +511,24 @@ class Recipe:
                 raise RecipeError(f"label field {inp.label.field!r} clashes with an input field", source=source,
                                   loc="inputs.label.field")
 
+    def _check_coco(self) -> None:
+        """With ``inputs.coco``: no ``match``/``where``/``label``/``kind: dir``; the image field is declared; the
+        fields' path templates use only the captures a COCO image gives."""
+        inp, source = self.model.inputs, self.source
+        for key, bad in (("match", inp.match is not None), ("where", bool(inp.where)), ("label", inp.label is not None),
+                         ("kind", inp.kind != "file")):
+            if bad:
+                raise RecipeError("does not apply with inputs.coco (the annotation file lists the images and their "
+                                  "labels)", source=source, loc=f"inputs.{key}")
+        if inp.coco.image not in inp.fields:
+            raise RecipeError(f"{inp.coco.image!r} is not a field in inputs.fields", source=source,
+                              loc="inputs.coco.image")
+        for fname, decl in inp.fields.items():
+            bad = set(CAPTURE_RE.findall(decl.path or "")) - set(COCO_CAPTURES)
+            if bad:
+                raise RecipeError(f"uses capture(s) {sorted(bad)} that inputs.coco does not define",
+                                  source=source, loc=f"inputs.fields.{fname}.path")
+
     def decoder_for(self, fname: str, options: Optional[dict[str, Any]] = None) -> Any:
         """The decoder of ``fname`` for one input: with a table row's decoder options (already checked at
         plan time) a decoder made with them, kept for the next row with the same values."""
@@ -498,7 +579,7 @@ class Recipe:
             del d["imports"]
         if not d["inputs"]["storage_options"]:
             del d["inputs"]["storage_options"]
-        for k in ("table", "path", "key", "columns", "match"):   # absent keys: hashes as before they existed
+        for k in ("table", "path", "key", "columns", "match", "coco"):   # absent keys: hashes as before they existed
             if not d["inputs"][k]:
                 del d["inputs"][k]
         if d["split"] is None:

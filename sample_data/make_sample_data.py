@@ -19,10 +19,12 @@ audio/*.wav|flac|ogg: tones and chirps at 16/22.05/44.1 kHz, mono and stereo.
 segmentation/scene_NN.jpg, scene_NN_mask.png: 8 scenes and their label maps
 (8-bit grey class ids 0 sky, 1 land, 2 water, 7 sun, 9 rock: not contiguous).
 native/<class>/<name>_<h>x<w>.jpg: 9 scenes at 9 different sizes.
+coco/images/*.png, coco/annotations/instances.json: a COCO-style detection set (see make_coco).
 """
 from __future__ import annotations
 
 import io
+import json
 import os
 import sys
 
@@ -387,9 +389,91 @@ def make_lung_ct(root: str) -> None:
         f.write("id,cancer\nchest_a,0\nchest_b,1\n")
 
 
+# -- coco/: a COCO-style detection set (images/*.png, annotations/instances.json) -----------------------
+
+COCO_SIZE = (48, 64)                      # h, w of every image
+COCO_KEYPOINTS = ["nose", "left_hand", "right_hand", "left_foot", "right_foot"]
+#: image id -> [(annotation id, category id, [rectangles x0 y0 x1 y1: the object's polygons], crowd, rle)]
+#: rle: None (polygons), "compressed" or "uncompressed" (the union of the rectangles as an RLE)
+COCO_OBJECTS = {
+    101: [(1, 3, [(8, 20, 40, 36), (16, 12, 32, 20)], 0, None), (2, 18, [(44, 28, 60, 44)], 0, None)],
+    102: [(3, 1, [(20, 6, 32, 42)], 0, None), (4, 64, [(40, 30, 52, 38), (46, 38, 52, 46)], 0, None)],
+    103: [(5, 1, [(4, 4, 28, 24)], 1, "compressed"), (6, 3, [(34, 26, 60, 40)], 0, None)],
+    104: [],
+    105: [(7, 18, [(20, 16, 36, 30)], 0, None), (8, 64, [(8, 8, 48, 40)], 0, None)],
+    106: [(9, 18, [(30, 10, 62, 30)], 1, "uncompressed"), (10, 1, [(4, 8, 16, 44)], 0, None)],
+    107: [(11, 1, [(6, 4, 18, 40)], 0, None), (12, 1, [(46, 6, 58, 44)], 0, None),
+          (13, 3, [(22, 30, 30, 38), (30, 34, 40, 38), (34, 24, 42, 30)], 0, None)],
+    108: [(14, 3, [(0, 30, 64, 48)], 0, None), (15, 18, [(10, 10, 30, 26)], 0, None)],
+}
+
+
+def _coco_keypoints(x0: int, y0: int, x1: int, y1: int) -> list[int]:
+    """Five keypoints at pixel centres inside a person's box: x, y, v (v 0: x = y = 0, as COCO writes it)."""
+    cx, my = (x0 + x1) // 2, (y0 + y1) // 2
+    pts = [(cx, y0 + 1, 2), (x0, my, 2), (x1 - 1, my, 1), (x0 + 1, y1 - 1, 0), (x1 - 2, y1 - 1, 2)]
+    return [v for x, y, vis in pts for v in ((x, y, vis) if vis else (0, 0, 0))]
+
+
+def make_coco(root: str) -> None:
+    """Eight 48x64 PNGs with flat rectangles (and an L shape, and a car in three parts) drawn where the
+    polygons say, largest first so smaller objects lie on top, each annotation in its own colour (the
+    non-standard key ``color`` records it for the tests); categories with ids 1, 3, 18, 64 listed out of
+    order; two crowd regions (a compressed and an uncompressed RLE); an image with no annotations;
+    keypoints on every person."""
+    from PIL import Image
+    from pycocotools import mask as cocomask
+
+    d = os.path.join(root, "coco")
+    os.makedirs(os.path.join(d, "images"), exist_ok=True)
+    os.makedirs(os.path.join(d, "annotations"), exist_ok=True)
+    h, w = COCO_SIZE
+    images, anns = [], []
+    for iid in sorted(COCO_OBJECTS, key=lambda i: (i * 37) % 11):   # the JSON lists them out of order
+        img = np.full((h, w, 3), (24, 28, 32), dtype=np.uint8)
+        objs = sorted(COCO_OBJECTS[iid], key=lambda o: -sum((r[2] - r[0]) * (r[3] - r[1]) for r in o[2]))
+        for aid, cid, rects, crowd, rle in objs:
+            color = [(aid * 53) % 180 + 60, (aid * 97) % 180 + 60, (aid * 31) % 180 + 60]
+            m = np.zeros((h, w), dtype=np.uint8)
+            for x0, y0, x1, y1 in rects:
+                m[y0:y1, x0:x1] = 1
+            img[m > 0] = color
+            xs, ys = np.nonzero(m.any(0))[0], np.nonzero(m.any(1))[0]
+            bbox = [int(xs[0]), int(ys[0]), int(xs[-1] + 1 - xs[0]), int(ys[-1] + 1 - ys[0])]
+            if rle == "compressed":
+                enc = cocomask.encode(np.asfortranarray(m))
+                seg = {"counts": enc["counts"].decode("ascii"), "size": [h, w]}
+            elif rle == "uncompressed":
+                flat = m.T.reshape(-1)            # column-major, starting with a run of zeros
+                edges = np.flatnonzero(np.diff(flat)) + 1
+                runs = np.diff(np.concatenate([[0], edges, [flat.size]]))
+                seg = {"counts": [0] * int(flat[0]) + [int(r) for r in runs], "size": [h, w]}
+            else:
+                seg = [[x0, y0, x1, y0, x1, y1, x0, y1] for x0, y0, x1, y1 in rects]
+            a = {"id": aid, "image_id": iid, "category_id": cid, "bbox": bbox, "area": int(m.sum()),
+                 "iscrowd": crowd, "segmentation": seg, "color": color}
+            if cid == 1 and not crowd:
+                a["keypoints"] = _coco_keypoints(*rects[0])
+                a["num_keypoints"] = sum(1 for v in a["keypoints"][2::3] if v)
+            anns.append(a)
+        name = f"{iid:012d}.png"
+        Image.fromarray(img).save(os.path.join(d, "images", name), optimize=True)
+        images.append({"id": iid, "file_name": name, "height": h, "width": w})
+    anns.sort(key=lambda a: a["id"])
+    cats = [{"id": 18, "name": "dog", "supercategory": "animal"},
+            {"id": 1, "name": "person", "supercategory": "person", "keypoints": COCO_KEYPOINTS,
+             "skeleton": [[1, 2], [1, 3], [2, 4], [3, 5]]},
+            {"id": 64, "name": "potted plant", "supercategory": "furniture"},
+            {"id": 3, "name": "car", "supercategory": "vehicle"}]
+    with open(os.path.join(d, "annotations", "instances.json"), "w", encoding="utf-8") as f:
+        json.dump({"info": {"description": "precompile sample COCO-style set"}, "images": images,
+                   "annotations": anns, "categories": cats}, f, indent=1)
+        f.write("\n")
+
+
 MAKERS = {"images": make_images, "video": make_video, "dicom": make_dicom, "flow": make_flow,
           "audio": make_audio, "segmentation": make_segmentation, "native": make_native,
-          "chexpert": make_chexpert, "kinetics": make_kinetics, "lung_ct": make_lung_ct}
+          "chexpert": make_chexpert, "kinetics": make_kinetics, "lung_ct": make_lung_ct, "coco": make_coco}
 
 
 def main(argv: list[str]) -> None:

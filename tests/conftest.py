@@ -88,7 +88,7 @@ def image_recipe_file(tmp_path: Path, image_tree: Path) -> Path:
 
 # The core tests that .ci/run also runs against the minimum declared dependency versions (`-m floors`).
 FLOORS_MODULES = {"test_recipe", "test_build", "test_incremental", "test_dicom", "test_images", "test_errors",
-                  "test_imports", "test_nifti", "test_progress_dask", "test_tables"}
+                  "test_imports", "test_nifti", "test_progress_dask", "test_tables", "test_coco"}
 
 
 def pytest_collection_modifyitems(config, items):

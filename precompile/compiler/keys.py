@@ -86,6 +86,8 @@ def shard_key(plan: Plan, shard: ShardPlan, recipe_hash: str, content: bool = Fa
         h.update(item_text(it.key, it.label, [(f, fingerprint(p, content)) for f, p in sorted(it.paths.items())]).encode())
         if it.values or it.options:  # a table row's values decide bytes too: a changed row rebuilds its shard
             h.update(fmt.dumps([it.values, it.options]).encode())
+        if it.annotations is not None:  # inputs.coco: the image's annotations decide its bytes too
+            h.update(it.annotations.digest.encode())
     if shard.split is not None:
         h.update(fmt.dumps({"split": shard.split}).encode())
     return h.hexdigest()

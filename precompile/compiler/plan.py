@@ -28,6 +28,7 @@ class Item:
     values: dict[str, Any] = field(default_factory=dict)         # table inputs: column field -> value
     options: dict[str, dict[str, Any]] = field(default_factory=dict)  # field -> decoder options from the row
     split: Optional[str] = None                                  # with ``split:``: the split it belongs to
+    annotations: Any = field(default=None, compare=False, repr=False)   # inputs.coco: a coco.CocoImage
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Plan:
     specs: dict[str, FieldSpec]            # final field specs, in output order
     label_names: list[str]
     expands: bool                          # a step may turn one sample into several
+    attrs: dict[str, Any] = field(default_factory=dict)   # extra index attributes (inputs.coco: categories...)
 
     @property
     def copies_per_item(self) -> int:
@@ -149,6 +151,11 @@ def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
     from ..remote import is_url, list_tree
 
     inp = recipe.model.inputs
+    if inp.coco is not None:  # the annotation file lists the images: see compiler/coco.py
+        from .coco import load_coco
+
+        src = load_coco(recipe)
+        return src.items, src.label_names
     if inp.table is not None:
         from .tables import table_items
 
@@ -243,6 +250,14 @@ def check_field_names(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
 def decoder_specs(recipe: Recipe) -> dict[str, FieldSpec]:
     """The decoders' output specs (flow_valid fields tied to their flows); RecipeError names the field."""
     m = recipe.model
+    coco = None
+    if m.inputs.coco is not None:
+        from .coco import load_coco
+
+        coco = load_coco(recipe)
+        items, label_names = coco.items, coco.label_names
+    else:
+        items, label_names = match_inputs(recipe)
     specs: dict[str, FieldSpec] = {}
     for fname, dec in recipe.decoders.items():
         if m.inputs.fields[fname].path is None and dec.reads_dirs != (m.inputs.kind == "dir"):
@@ -265,10 +280,14 @@ def decoder_specs(recipe: Recipe) -> dict[str, FieldSpec]:
     return {f: s.with_(of=links[f]) if f in links else s for f, s in specs.items()}
 
 
-def plan_specs(recipe: Recipe) -> tuple[dict[str, FieldSpec], bool]:
+def plan_specs(recipe: Recipe, extra: Optional[dict[str, FieldSpec]] = None) -> tuple[dict[str, FieldSpec], bool]:
     """Every field's spec after the steps, and whether a step expands samples: the kind rules and
     field matching of every step, without listing an input or decoding one."""
     specs = decoder_specs(recipe)
+    if extra:  # inputs.coco: the annotation fields the file gives (boxes, box_labels, keypoints, mask)
+        from .coco import add_specs
+
+        specs = add_specs(recipe, specs, extra)
     expands = False
     for i, step in enumerate(recipe.steps):
         try:
@@ -286,9 +305,16 @@ def plan_specs(recipe: Recipe) -> tuple[dict[str, FieldSpec], bool]:
 
 def make_plan(recipe: Recipe) -> Plan:
     """Match inputs and work out every shape; raises RecipeError/PlanError before any decoding."""
-    items, label_names = match_inputs(recipe)
-    specs, expands = plan_specs(recipe)
     m = recipe.model
+    coco = None
+    if m.inputs.coco is not None:
+        from .coco import load_coco
+
+        coco = load_coco(recipe)
+        items, label_names = coco.items, coco.label_names
+    else:
+        items, label_names = match_inputs(recipe)
+    specs, expands = plan_specs(recipe, coco.specs if coco is not None else None)
     if not items:
         if m.inputs.table is not None:
             raise PlanError(f"table {m.inputs.table!r} has no rows")
@@ -296,4 +322,4 @@ def make_plan(recipe: Recipe) -> Plan:
                         + (f" with {m.inputs.where}" if m.inputs.where else ""))
     shards = _make_shards(recipe, items)
     return Plan(recipe=recipe, items=items, shards=shards, specs=specs,
-                label_names=label_names, expands=expands)
+                label_names=label_names, expands=expands, attrs=coco.attrs if coco is not None else {})

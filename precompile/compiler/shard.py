@@ -80,6 +80,8 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
                 links[name] = specs[name].of
         if m:
             meta[fname] = m
+    if item.annotations is not None:  # inputs.coco: boxes, labels, keypoints, mask (compiler/coco.py)
+        item.annotations.add_fields(fields, kinds, meta, recipe.model.inputs.coco, item)
     timings["decode"] += time.perf_counter() - t0
     lab = recipe.model.inputs.label
     if lab is not None:
@@ -576,6 +578,8 @@ class IsolatedDecoder:
                 raise DecodeError(f"the decoding process died while decoding this input ({why})", **where) from None
         finally:
             timings["decode"] += time.perf_counter() - t0
+        if item.annotations is not None:  # the helper decodes the files; the annotations are here
+            item.annotations.add_fields(fields, kinds, hdr["meta"], self.recipe.model.inputs.coco, item)
         return Sample(key=item.key, fields=fields, kinds=kinds, meta=hdr["meta"])
 
 

@@ -6,7 +6,7 @@
 wav; JSON index) a :class:`~precompile.formats.folder.FileDataset`. Every one
 offers ``len``, ``ds[i]`` (a dict of arrays, each sample in its own shape),
 ``ds.batch(indices, pad=False)``, ``key(i)``, ``meta(i)``, ``copy(i)``,
-``field_specs`` (shape dims that vary are ``None``), ``label_names``, ``attrs``
+``field_specs`` (shape dims that vary are ``None``), ``label_names``, ``coco``, ``attrs``
 (JSON text for non-scalar values, as HDF5 attributes are), ``shards`` and
 ``recipe``.
 
@@ -165,6 +165,14 @@ class Dataset:
     @property
     def recipe(self) -> dict:
         return fmt.loads(self.attrs[fmt.A_RECIPE])
+
+    @property
+    def coco(self) -> dict | None:
+        """A build from ``inputs.coco``: ``categories`` ({id, name, supercategory} in box-label order: the
+        COCO id of label i is ``categories[i]["id"]``), ``keypoints`` (names), ``skeleton`` (COCO's 1-based
+        pairs), ``crowd``, ``mask`` and ``mask_ignore``; None for any other build (see docs/coco.md)."""
+        text = self.attrs.get("coco")
+        return None if text is None else fmt.loads(text)
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)

@@ -184,13 +184,13 @@ class Inputs(_Model):
     storage_options: dict[str, Any] = Field(default_factory=dict,
                                             description="fsspec options for a remote root (s3://, gs://, https://)")
     table: Optional[str] = Field(None, description="a CSV, TSV, JSON Lines or Parquet file: one sample per row")
+    coco: Optional[CocoSpec] = Field(None, description="a COCO annotation file (or {file: ..., options}) listing "
+                                                       "the images under root and their annotations",
+                                     json_schema_extra=_also_a_string)
     match: Optional[str] = Field(None, validate_default=True,
                                  description="a pattern of input paths under root (not with table)")
     where: dict[str, str] = Field(default_factory=dict)
     kind: Literal["file", "dir"] = "file"
-    coco: Optional[CocoSpec] = Field(None, description="a COCO annotation file (or {file: ..., options}) listing "
-                                                       "the images under root and their annotations",
-                                     json_schema_extra=_also_a_string)
     fields: dict[str, FieldDecl] = Field(default_factory=dict, description="the fields of a sample and their "
                                          "decoders (required with match; with coco, default {image: {decoder: image}})")
     label: Optional[LabelSpec] = None
@@ -249,7 +249,8 @@ class Inputs(_Model):
             if self.columns:
                 raise ValueError("columns is for table inputs (inputs.table)")
             if self.match is None:
-                raise ValueError("needs match (a pattern of input paths) or table (a file with one row per sample)")
+                raise ValueError("needs match (a pattern of input paths), table (a file with one row per sample) or "
+                                 "coco (an annotation file)")
             if not self.fields:
                 raise ValueError("fields: needs at least one field")
         else:

@@ -71,8 +71,15 @@ def check_output(r: Recipe, specs: dict[str, FieldSpec]) -> None:
 def check_recipe(recipe: Recipe) -> dict[str, FieldSpec]:
     """Every check of :func:`build`'s planning that needs neither listing the inputs nor decoding one
     (``precompile validate``): the decoders' specs, every step's kind rules and field matching, the
-    writer's options and spec checks. Raises the same RecipeError the plan would; returns the specs."""
-    specs, _ = plan_specs(recipe)
+    writer's options and spec checks. With ``inputs.coco`` the annotation file is read (its categories and
+    keypoints decide the specs, and its errors are the recipe's); the image folder is not listed. Raises the
+    same RecipeError the plan would; returns the specs."""
+    extra = None
+    if recipe.model.inputs.coco is not None:
+        from .coco import load_coco
+
+        extra = load_coco(recipe).specs
+    specs, _ = plan_specs(recipe, extra)
     check_output(recipe, specs)
     return specs
 

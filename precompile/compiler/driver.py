@@ -10,10 +10,15 @@ dask cluster). The index and the build report are written last.
 
 Guarantees kept here:
 
-- resume: stray ``*.tmp-*`` files of a killed build are removed, the old index
-  is removed before any shard is rebuilt, shards are renamed into place only
-  when complete, and the index is written last; a rerun redoes only the shards
-  that are missing or whose key changed.
+- snapshots: shards are named by their key, so a rebuild writes its shards beside
+  the ones the current index points to and never over them; the new index replaces
+  the old one in one atomic rename (the old one is never removed first), so a reader
+  that opens the output at any moment gets the whole old build or the whole new one.
+  Afterwards the files no index refers to are removed, but the snapshot just replaced
+  (``previous.json``) is kept until the next build starts, for readers still open on it.
+- resume: stray ``*.tmp-*`` files of a killed build are removed, shards are renamed
+  into place only when complete, and the index is written last; a rerun redoes only
+  the shards that are missing or whose key changed.
 - reuse: a shard whose key matches one in a sibling output folder (same recipe,
   other output name) is hard-linked (or copied) instead of rebuilt.
 - error policy: failed inputs (and those skipped by earlier incremental builds,
@@ -40,6 +45,7 @@ from ..errors import BuildError, RecipeError
 from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
 from ..formats.base import write_json_atomic
+from ..formats import snapshot
 from .backends import remove_path, run_shards
 from .keys import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
 from .plan import Plan, make_plan
@@ -160,8 +166,16 @@ class _Build:
         return cls(recipe, plan, out, index_path, shard_dir, WRITERS.get(recipe.model.output.format)(), n_jobs,
                    t_start, recipe.content_hash())
 
-    def shard_path(self, s: Any) -> str:
-        return os.path.join(self.shard_dir, fmt.shard_file_name(s.index, self.writer.shard_ext))
+    def shard_name(self, s: Any, key: str) -> str:
+        """The shard's file name: its index and content key (a changed shard gets a new name)."""
+        return fmt.shard_file_name(s.index, self.writer.shard_ext, key)
+
+    def shard_path(self, s: Any, key: str) -> str:
+        return os.path.join(self.shard_dir, self.shard_name(s, key))
+
+    def shard_entry_file(self, s: Any, key: str) -> str:
+        """The shard's file as the index names it (relative to the index's folder)."""
+        return f"{fmt.shard_dir_name(self.recipe.output_name)}/{self.shard_name(s, key)}"
 
 
 @dataclass
@@ -184,42 +198,48 @@ class _State:
 
 def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool) -> BuildReport:
     """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize."""
-    extras = _clean_temporaries(b)
+    _clean_temporaries(b)
     skey = recipe_key(b.recipe)
     keys = {s.index: shard_key(b.plan, s, skey, content=content_hash) for s in b.plan.shards}
-    if not force and not extras:
+    if not force:
         report = _unchanged(b, keys)
         if report is not None:
             return report
+    # the snapshot the current index replaced goes now (frees its space); the current one and the
+    # shards this plan names (finished by a killed build) stay
+    snapshot.collect(b.shard_dir, snapshot.referenced(b.shard_dir) | {b.shard_name(s, k) for s, k in
+                                                                      ((s, keys[s.index]) for s in b.plan.shards)})
     st = _sort_shards(b, keys, force)
-    if (st.todo or extras) and os.path.exists(b.index_path):
-        os.remove(b.index_path)  # before any shard changes: never an index that points at changed shards
-    for p in extras:  # shards beyond the plan's count
-        remove_path(p)
     if not force:
         _reuse_siblings(b, keys, st)
     _run_stage(b, keys, st, progress, scheduler)
     report = _report(b, st)
     _check_outcome(b, st, report)
-    return _finalize(b, st, report)
+    replaced = snapshot.index_files(b.index_path)
+    report = _finalize(b, st, report)
+    _retire(b, replaced)
+    return report
 
 
-def _clean_temporaries(b: _Build) -> list[str]:
-    """Remove a killed build's stray temporaries (shards, the index, the report); return the shard files
-    beyond the plan's count (they go once the old index is gone)."""
+def _retire(b: _Build, replaced: list[str]) -> None:
+    """After the new index is in place: remember the snapshot it replaced, remove what no index refers to."""
+    snapshot.remember_previous(b.shard_dir, replaced)
+    snapshot.collect(b.shard_dir, snapshot.referenced(b.shard_dir) | snapshot.previous(b.shard_dir))
+
+
+def _clean_temporaries(b: _Build) -> None:
+    """Remove a killed build's stray temporaries (shards, the index, the report): the lock is ours, so no
+    other build is writing them."""
     for p in (glob.glob(os.path.join(glob.escape(b.shard_dir), "*.tmp-*"))
               + glob.glob(os.path.join(glob.escape(b.out_dir), glob.escape(b.recipe.output_name) + ".*.tmp-*"))):
         remove_path(p)  # a file, or a shard folder
-    names = {fmt.shard_file_name(s.index, b.writer.shard_ext) for s in b.plan.shards}
-    names |= {skipped_path(n) for n in names}
-    return [p for p in glob.glob(os.path.join(glob.escape(b.shard_dir), "shard-*")) if os.path.basename(p) not in names]
 
 
 def _sort_shards(b: _Build, keys: dict[int, str], force: bool) -> _State:
     """Shards whose stored key matches are kept; the rest are to do."""
     st = _State()
     for s in b.plan.shards:
-        path = b.shard_path(s)
+        path = b.shard_path(s, keys[s.index])
         info = None if force else b.writer.read_shard_info(path)
         if info is not None and info["key"] == keys[s.index]:
             st.keep(s.index, info, path, keys[s.index])
@@ -323,7 +343,7 @@ def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:
     shards = []
     for s in plan.shards:
         info = st.infos[s.index]
-        shards.append({"file": f"{fmt.shard_dir_name(r.output_name)}/{fmt.shard_file_name(s.index, b.writer.shard_ext)}",
+        shards.append({"file": b.shard_entry_file(s, info["key"]),
                        "num_samples": info["num_samples"], "key": info["key"], "checksums": info["checksums"],
                        "bytes": info["bytes"]})
     attrs = _index_attrs(r, plan, b.rhash) | {fmt.A_BUILD_DATE: _build_date(), fmt.A_SHARDS: shards}
@@ -348,37 +368,8 @@ def _index_attrs(recipe: Recipe, plan: Plan, rhash: str) -> dict[str, Any]:
     }
 
 
-def _stored_index_attrs(index_path: str) -> Optional[dict[str, str]]:
-    """The index's attributes as canonical JSON text per key, or None if it is missing or unreadable.
-
-    An HDF5 index holds scalars as themselves and everything else as JSON text
-    (``Hdf5Format.finalize``); a JSON index holds JSON values. Both come back in
-    the form :func:`_canonical` gives the values a build would write.
-    """
-    if not os.path.isfile(index_path):
-        return None
-    try:
-        if index_path.endswith(fmt.INDEX_JSON_EXT):
-            import json
-
-            with open(index_path, encoding="utf-8") as f:
-                attrs = json.load(f)[fmt.J_ATTRS]
-            return {k: fmt.dumps(v) for k, v in attrs.items()}
-        import h5py
-
-        out = {}
-        with h5py.File(index_path, "r") as f:
-            for k, v in f.attrs.items():
-                if isinstance(v, bytes):
-                    v = v.decode("utf-8")
-                out[k] = v if isinstance(v, str) else fmt.dumps(v.item() if hasattr(v, "item") else v)
-        return out
-    except (OSError, KeyError, ValueError, TypeError):
-        return None
-
-
 def _canonical(v: Any, json_index: bool) -> str:
-    """``v`` as :func:`_stored_index_attrs` reads it back from an index of that kind."""
+    """``v`` as :func:`snapshot.read_index_attrs` reads it back from an index of that kind."""
     if json_index or not isinstance(v, str):
         return fmt.dumps(v)
     return v
@@ -418,7 +409,7 @@ def _unchanged(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
 def _stored_shards(b: _Build) -> Optional[list[dict[str, Any]]]:
     """The stored index's shard list when every other attribute is what this build would write and it
     has the plan's shard count; else None."""
-    stored = _stored_index_attrs(b.index_path)
+    stored = snapshot.read_index_attrs(b.index_path)
     if stored is None or fmt.A_SHARDS not in stored:
         return None
     json_index = b.index_path.endswith(fmt.INDEX_JSON_EXT)
@@ -435,10 +426,9 @@ def _stored_shards(b: _Build) -> Optional[list[dict[str, Any]]]:
 def _intact_shard(b: _Build, s: Any, info: dict[str, Any], key: str) -> Optional[str]:
     """The shard's path if the index's entry names it with ``key`` and its file is there (HDF5: with the
     recorded size); else None."""
-    name = fmt.shard_file_name(s.index, b.writer.shard_ext)
-    if info.get("file") != f"{fmt.shard_dir_name(b.recipe.output_name)}/{name}" or info.get("key") != key:
+    if info.get("file") != b.shard_entry_file(s, key) or info.get("key") != key:
         return None
-    path = os.path.join(b.shard_dir, name)
+    path = b.shard_path(s, key)
     try:
         st = os.stat(path)
     except OSError:

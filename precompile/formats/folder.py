@@ -357,6 +357,10 @@ class FileDataset(Dataset):
             try:
                 a = np.load(p, mmap_mode="r", allow_pickle=False)
             except (OSError, ValueError) as e:
+                if not os.path.exists(p):
+                    from .snapshot import gone
+
+                    raise FormatError(gone(p, self.path)) from None
                 raise FormatError(f"{p}: cannot read: {e}") from None
             self._npy[(shard, name)] = a
         return a
@@ -382,7 +386,15 @@ class FileDataset(Dataset):
             return np.asarray(e["values"][name], dtype=spec["dtype"])
         shape = tuple(e["shapes"][name])
         if st == fmt.STORE_FILE:
-            return read_sample_file(os.path.join(self._base, e["files"][name]), spec["dtype"], shape)
+            p = os.path.join(self._base, e["files"][name])
+            try:
+                return read_sample_file(p, spec["dtype"], shape)
+            except (FormatError, OSError):
+                if not os.path.exists(p):
+                    from .snapshot import gone
+
+                    raise FormatError(gone(p, self.path)) from None
+                raise
         s, j = self.locate(i)
         a = self._npy_array(s, name)
         if self.variable(name):

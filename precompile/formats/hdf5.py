@@ -384,6 +384,10 @@ class H5Dataset(Dataset):
             try:
                 f = h5py.File(p, "r", rdcc_nbytes=0)
             except OSError as e:
+                if not os.path.exists(p):
+                    from .snapshot import gone
+
+                    raise FormatError(gone(p, self.path)) from None
                 raise FormatError(f"{p}: cannot open shard: {e}") from None
             self._files[shard] = f
         return f

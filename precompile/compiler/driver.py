@@ -47,6 +47,7 @@ from ..registry import WRITERS
 from ..formats.base import write_json_atomic
 from ..formats import snapshot
 from .backends import remove_path, run_shards
+from .faults import check_space, is_output_fault, output_error, refuse_url
 from .keys import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
 from .plan import Plan, make_plan
 from .results import BuildReport, Failure, count_inputs, zero_timings
@@ -84,7 +85,8 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
           n_jobs: Optional[int] = None,
           force: bool = False, progress: bool = False, scheduler: Optional[str] = None,
           content_hash: bool = False, on_error: Optional[str] = None,
-          max_failures: Optional[int] = None, timeout_s: Optional[float] = None) -> BuildReport:
+          max_failures: Optional[int] = None, timeout_s: Optional[float] = None,
+          force_space: bool = False) -> BuildReport:
     """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
 
     ``recipe`` is a recipe file's path, a :class:`Recipe`, or the recipe as a dict (the same keys as the
@@ -95,18 +97,32 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
     the same names (they do not change any shard's key). One build of an output at a
     time: a second one started meanwhile stops with a BuildError.
 
+    Before any shard is built, the plan's estimated size of the shards to write is compared with the
+    free space of ``out_dir``; a build that cannot fit is refused with both numbers (``force_space=True``
+    skips the check). The output folder's faults (out of space, read-only, vanished, I/O errors, a URL
+    given as ``out_dir``) stop the build with an :class:`~precompile.errors.OutputError` (exit code 6);
+    a worker killed by SIGKILL twice with a :class:`~precompile.errors.WorkerKilledError` (exit code 7).
+    Either way the previous build stays readable and finished shards are kept.
+
     The report is a :class:`~precompile.compiler.results.BuildReport`; it reads like the JSON
     report (``rep["shards"]["built"]``), and ``rep.to_json()`` is that dict.
     """
     if n_jobs is None and scheduler != "local":
         n_jobs = 1
+    refuse_url(str(out_dir))
     recipe = with_policy(as_recipe(recipe), on_error=on_error, max_failures=max_failures, timeout_s=timeout_s)
     t_start = time.perf_counter()
     plan = make_plan(recipe)  # recipe and plan errors come before anything is written
     check_plan(plan)
-    b = _Build.start(recipe, plan, out_dir, n_jobs, t_start)
-    with _output_lock(b.shard_dir, recipe.output_name):
-        return _stages(b, force, progress, scheduler, content_hash)
+    out = os.path.abspath(str(out_dir))
+    try:
+        b = _Build.start(recipe, plan, out, n_jobs, t_start)
+        with _output_lock(b.shard_dir, recipe.output_name):
+            return _stages(b, force, progress, scheduler, content_hash, force_space)
+    except OSError as e:
+        if not is_output_fault(e, out):
+            raise
+        raise output_error(e, out, f"building {recipe.output_name!r}") from None
 
 
 @contextlib.contextmanager
@@ -196,7 +212,8 @@ class _State:
         self.failures.extend(f.from_previous_build() for f in read_skipped(path, key))
 
 
-def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool) -> BuildReport:
+def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool,
+            force_space: bool = False) -> BuildReport:
     """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize."""
     _clean_temporaries(b)
     skey = recipe_key(b.recipe)
@@ -212,6 +229,8 @@ def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], co
     st = _sort_shards(b, keys, force)
     if not force:
         _reuse_siblings(b, keys, st)
+    if not force_space:
+        _check_space(b, st)
     _run_stage(b, keys, st, progress, scheduler)
     report = _report(b, st)
     _check_outcome(b, st, report)
@@ -225,6 +244,16 @@ def _retire(b: _Build, replaced: list[str]) -> None:
     """After the new index is in place: remember the snapshot it replaced, remove what no index refers to."""
     snapshot.remember_previous(b.shard_dir, replaced)
     snapshot.collect(b.shard_dir, snapshot.referenced(b.shard_dir) | snapshot.previous(b.shard_dir))
+
+
+def _check_space(b: _Build, st: _State) -> None:
+    """Refuse a build whose shards to write (the plan's estimate, pro rata) do not fit in the free space."""
+    est = b.plan.estimated_bytes() if st.todo else None
+    if est is None:
+        return
+    total = sum(len(s.items) for s in b.plan.shards) or 1
+    need = est * sum(len(s.items) for s, _ in st.todo) // total
+    check_space(b.out_dir, need, len(st.todo))
 
 
 def _clean_temporaries(b: _Build) -> None:
@@ -474,4 +503,34 @@ def _write_report(index_path: str, report: BuildReport) -> None:
     write_json_atomic(os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX, report.to_json(), indent=2)
 
 
-__all__ = ["as_recipe", "build", "check_plan", "output_paths", "with_policy"]
+__all__ = ["as_recipe", "build", "check_plan", "collect_garbage", "output_paths", "with_policy"]
+
+
+def collect_garbage(index_path: str | os.PathLike, keep_previous: bool = True,
+                    dry_run: bool = False) -> tuple[list[str], int]:
+    """``precompile gc``: remove the files of ``index_path``'s shard folder that no index beside it refers
+    to (and, unless ``keep_previous``, the snapshot the last build replaced); returns (names, bytes freed).
+
+    Takes the build lock, so it never runs beside a build of the same output. Safe with readers open: an open
+    or mapped file survives its unlink on POSIX; a reader still holding the replaced snapshot that has not
+    opened a shard yet gets a FormatError that says to open the output again."""
+    from ..errors import FormatError
+
+    index_path = os.path.abspath(str(index_path))
+    if not os.path.isfile(index_path):
+        raise FormatError(f"{index_path}: no such output (build it first)")
+    name = os.path.splitext(os.path.basename(index_path))[0]
+    shard_dir = os.path.join(os.path.dirname(index_path), fmt.shard_dir_name(name))
+    if not os.path.isdir(shard_dir):
+        return [], 0
+    with _output_lock(shard_dir, name):
+        keep = snapshot.referenced(shard_dir)
+        if not keep:
+            raise FormatError(f"{index_path}: the index names no shard in {shard_dir} (unreadable or of another "
+                              f"layout); nothing removed")
+        if keep_previous:
+            keep |= snapshot.previous(shard_dir)
+        removed = snapshot.collect(shard_dir, keep, dry_run)  # a killed build's temporaries too: the lock is ours
+        if not keep_previous and not dry_run:
+            snapshot.remember_previous(shard_dir, [])
+        return removed

@@ -41,7 +41,7 @@ from typing import Any, Optional
 
 from .. import __version__
 from ..formats import names as fmt
-from ..errors import BuildError, RecipeError
+from ..errors import BuildError, PrecompileError, RecipeError
 from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
 from ..formats.base import write_json_atomic
@@ -178,7 +178,13 @@ class _Build:
               t_start: float) -> "_Build":
         out = os.path.abspath(str(out_dir))
         index_path, shard_dir = output_paths(recipe, out)
-        os.makedirs(shard_dir, exist_ok=True)
+        try:
+            os.makedirs(shard_dir, exist_ok=True)
+        except OSError as e:
+            from ..errors import OutputError
+
+            raise OutputError(f"cannot create the output folder {shard_dir}: {e.strerror or e}"
+                              + (f" ({e.filename})" if e.filename and e.filename != shard_dir else "")) from None
         return cls(recipe, plan, out, index_path, shard_dir, WRITERS.get(recipe.model.output.format)(), n_jobs,
                    t_start, recipe.content_hash())
 
@@ -231,7 +237,11 @@ def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], co
         _reuse_siblings(b, keys, st)
     if not force_space:
         _check_space(b, st)
-    _run_stage(b, keys, st, progress, scheduler)
+    try:
+        _run_stage(b, keys, st, progress, scheduler)
+    except (OSError, PrecompileError):
+        _clean_temporaries(b)  # a full disk: the half-written shards' space back (finished shards are kept)
+        raise
     report = _report(b, st)
     _check_outcome(b, st, report)
     replaced = snapshot.index_files(b.index_path)

@@ -59,7 +59,7 @@ def output_error(e: OSError, out_dir: str, doing: str) -> OutputError:
     what = _OUTPUT_ERRNOS.get(e.errno or 0)
     detail = e.strerror or str(e)
     if not os.path.isdir(out_dir):
-        head = f"output folder {out_dir} vanished during the build"
+        head = f"output folder {out_dir} no longer exists (removed during the build)"
     elif what:
         head = f"output folder {out_dir} is {what}"
     elif e.errno == errno.EACCES or e.errno == errno.EPERM:

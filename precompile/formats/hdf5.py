@@ -79,12 +79,12 @@ def _new_file(path: str):
 class _Claim:
     """Disk blocks claimed for an HDF5 file ahead of HDF5's own writes (see the module docstring).
 
-    ``grow(n)`` claims ``n`` more bytes (plus a lead of 1 MiB + 1/16 for metadata) or raises
+    ``grow(n)`` claims ``n`` more bytes (plus a lead of 256 KiB + 1/16 for metadata) or raises
     ``OSError(ENOSPC)`` naming the file and the bytes; ``trim()`` (after HDF5 closed the file) cuts it back
     to HDF5's end of file. Where the file system cannot preallocate, claiming is skipped (HDF5 then meets a
     full disk itself)."""
 
-    LEAD = 1 << 20
+    LEAD = 256 << 10
 
     def __init__(self, path: str, first: int):
         self.path = path

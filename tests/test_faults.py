@@ -110,7 +110,8 @@ def proj(tmp_path):
 
     def recipe(fmt: str = "hdf5", decoder: str = "image", steps=(), per: int = 8, name: str = "r.yaml",
                size: int = 8) -> str:
-        data = {"name": "flt", "seed": 1, "imports": [PLUGIN],
+        plugin = decoder != "image" or bool(steps)   # only then: the plugin's names stay out of this process
+        data = {"name": "flt", "seed": 1, "imports": [PLUGIN] if plugin else [],
                 "inputs": {"root": str(root), "match": "{name}.png", "fields": {"image": {"decoder": decoder}}},
                 "steps": [{"resize": {"size": [size, size]}}] + list(steps), "output": {"format": fmt, "samples_per_shard": per}}
         p = tmp_path / name

@@ -451,3 +451,41 @@ def test_an_older_format_version_is_refused_by_the_reader_and_rebuilt(proj):
         precompile.open(out / "flt.h5")
     rep = precompile.build(recipe(), out)
     assert not rep.get("up_to_date") and _check_all(out / "flt.h5") == 40
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "png"])
+def test_index_records_each_shards_size_and_whole_sha256(proj, fmt):
+    import hashlib
+
+    from precompile.formats import snapshot
+
+    tmp, root, recipe = proj
+    out = tmp / "out"
+    index = out / ("flt.h5" if fmt == "hdf5" else "flt.json")
+
+    def entries():
+        return json.loads(snapshot.read_index_attrs(str(index))["shards"])
+
+    def digest(p: Path) -> str:   # independent of shard_digest: the file, or a folder's sorted manifest
+        if p.is_file():
+            return hashlib.sha256(p.read_bytes()).hexdigest()
+        lines = sorted(f"{q.relative_to(p).as_posix()}\t{hashlib.sha256(q.read_bytes()).hexdigest()}\n"
+                       for q in p.rglob("*") if q.is_file())
+        return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+    def size(p: Path) -> int:
+        return p.stat().st_size if p.is_file() else sum(q.stat().st_size for q in p.rglob("*")
+                                                        if q.is_file() and q.name != "info.json")
+
+    precompile.build(recipe(fmt=fmt), out)
+    first = entries()
+    for e in first:
+        p = out / e["file"]
+        assert e["sha256"] == digest(p) and e["bytes"] == size(p) and e["key"][:16] in p.name
+    _img(root / "img_1039.png", 1039)               # the last shard only
+    os.utime(root / "img_1039.png", ns=(1, 10**18))
+    rep = precompile.build(recipe(fmt=fmt), out)
+    assert rep["shards"]["built"] == 1
+    second = entries()
+    assert second[:4] == first[:4] and second[4]["file"] != first[4]["file"]   # kept shards: the same entries
+    assert second[4]["sha256"] == digest(out / second[4]["file"])

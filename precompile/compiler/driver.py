@@ -44,7 +44,7 @@ from ..formats import names as fmt
 from ..errors import BuildError, PrecompileError, RecipeError
 from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
-from ..formats.base import write_json_atomic
+from ..formats.base import shard_digest, write_json_atomic
 from ..formats import snapshot
 from .backends import remove_path, run_shards
 from .faults import check_space, is_output_fault, output_error, refuse_url
@@ -212,8 +212,12 @@ class _State:
     timings: dict[str, float] = field(default_factory=zero_timings)
     events: list[str] = field(default_factory=list)
 
+    known: dict[str, str] = field(default_factory=dict)   # shard file name -> whole-shard sha256 (stored index)
+
     def keep(self, index: int, info: dict[str, Any], path: str, key: str) -> None:
-        """A finished shard with the right key: its info, and the inputs it skipped when it was built."""
+        """A finished shard with the right key: its info (with the whole-shard sha256 the index recorded for
+        it, else computed), and the inputs it skipped when it was built."""
+        info["sha256"] = self.known.get(os.path.basename(path)) or shard_digest(path)
         self.infos[index] = info
         self.failures.extend(f.from_previous_build() for f in read_skipped(path, key))
 
@@ -276,7 +280,7 @@ def _clean_temporaries(b: _Build) -> None:
 
 def _sort_shards(b: _Build, keys: dict[int, str], force: bool) -> _State:
     """Shards whose stored key matches are kept; the rest are to do."""
-    st = _State()
+    st = _State(known=_stored_digests(b))
     for s in b.plan.shards:
         path = b.shard_path(s, keys[s.index])
         info = None if force else b.writer.read_shard_info(path)
@@ -285,6 +289,16 @@ def _sort_shards(b: _Build, keys: dict[int, str], force: bool) -> _State:
         else:
             st.todo.append((s, path))
     return st
+
+
+def _stored_digests(b: _Build) -> dict[str, str]:
+    """{shard file name: sha256} from the current index's entries (each name carries its key)."""
+    attrs = snapshot.read_index_attrs(b.index_path)
+    try:
+        shards = fmt.loads(attrs[fmt.A_SHARDS]) if attrs and fmt.A_SHARDS in attrs else []
+        return {os.path.basename(e["file"]): e["sha256"] for e in shards if isinstance(e.get("sha256"), str)}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return {}
 
 
 def _reuse_siblings(b: _Build, keys: dict[int, str], st: _State) -> None:
@@ -384,7 +398,7 @@ def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:
         info = st.infos[s.index]
         shards.append({"file": b.shard_entry_file(s, info["key"]),
                        "num_samples": info["num_samples"], "key": info["key"], "checksums": info["checksums"],
-                       "bytes": info["bytes"]})
+                       "bytes": info["bytes"], "sha256": info["sha256"]})
     attrs = _index_attrs(r, plan, b.rhash) | {fmt.A_BUILD_DATE: _build_date(), fmt.A_SHARDS: shards}
     t0 = time.perf_counter()
     b.writer.finalize(b.index_path, shards, plan.specs, attrs)

@@ -48,7 +48,7 @@ from . import names as fmt
 from ..errors import FormatError
 from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
-from .base import Format, ShardWriter, VerifyResult, fsync_dir, fsync_file, human_bytes, range_text
+from .base import Format, ShardWriter, VerifyResult, fsync_dir, fsync_file, human_bytes, range_text, shard_digest
 from .dataset import Batch, Dataset
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -85,12 +85,14 @@ class _Claim:
     full disk itself)."""
 
     LEAD = 256 << 10
+    #: claim at all (benchmarks/bench_faults.py switches it off to measure what claiming costs)
+    supported_here: bool = hasattr(os, "posix_fallocate")
 
     def __init__(self, path: str, first: int):
         self.path = path
         self.claimed = 0
         self.wanted = 0
-        self.supported = hasattr(os, "posix_fallocate")
+        self.supported = self.supported_here
         self.fd = os.open(path, os.O_RDWR) if self.supported else -1
         self.grow(first)
 
@@ -205,9 +207,11 @@ class Hdf5ShardWriter(ShardWriter):
         self.f.close()
         self.claim.trim()
         fsync_file(self.tmp_path)
+        digest = shard_digest(self.tmp_path)   # read back from the page cache
         os.replace(self.tmp_path, self.path)
         fsync_dir(os.path.dirname(self.path))
-        return {"num_samples": self.count, "bytes": os.path.getsize(self.path), "checksums": self.checksums()}
+        return {"num_samples": self.count, "bytes": os.path.getsize(self.path), "checksums": self.checksums(),
+                "sha256": digest}
 
     def abort(self) -> None:
         self.claim.release()  # space for HDF5's last metadata writes, whatever filled the disk

@@ -90,8 +90,9 @@ KEY_CHARS = 16                       # hex digits of the shard key in a shard's 
 
 #: the keys of one entry of the index's shard list. ``checksums``: {field: sha256 of its samples' bytes};
 #: ``bytes``: the shard's size on disk; ``sha256``: of the whole shard file (a folder shard: of its
-#: manifest, :func:`precompile.formats.base.shard_digest`). Readers ignore keys they do not know: a later
-#: version adds ``chunks`` ({field: chunk byte ranges, shapes, dtypes}) here so a reader needs only the index.
+#: manifest, :func:`precompile.formats.base.shard_digest`). Readers ignore keys they do not know: the slot
+#: reserved for a later version is ``chunks`` ({field: chunk byte ranges, shapes, dtypes}), so that a reader
+#: needs only the index (see docs/faults.md, "On-disk layout and snapshots").
 SHARD_ENTRY = ("file", "num_samples", "key", "checksums", "bytes", "sha256")
 REPORT_SUFFIX = ".report.json"
 

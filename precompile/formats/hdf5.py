@@ -101,6 +101,7 @@ class _Claim:
         target = self.wanted + self.LEAD + self.wanted // 16
         if not self.supported or target <= self.claimed:
             return
+        target += self.LEAD   # claim a lead ahead: one fallocate per few chunks, not one per chunk
         try:
             os.posix_fallocate(self.fd, 0, target)
         except OSError as e:

@@ -234,8 +234,8 @@ def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], co
             return report
     # the snapshot the current index replaced goes now (frees its space); the current one and the
     # shards this plan names (finished by a killed build) stay
-    snapshot.collect(b.shard_dir, snapshot.referenced(b.shard_dir) | {b.shard_name(s, k) for s, k in
-                                                                      ((s, keys[s.index]) for s in b.plan.shards)})
+    planned = {b.shard_name(s, keys[s.index]) for s in b.plan.shards}
+    snapshot.collect(b.shard_dir, snapshot.referenced(b.shard_dir) | planned)
     st = _sort_shards(b, keys, force)
     if not force:
         _reuse_siblings(b, keys, st)

@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -36,7 +35,6 @@ from precompile.tools.verify import verify
 PLUGIN = "pcfault_plug"
 PLUGIN_SRC = '''"""Test-only faults: a step that SIGKILLs its own worker, a decoder that removes a file as it decodes."""
 import os
-import shutil
 import signal
 
 from precompile.decoders.image import ImageDecoder

@@ -35,6 +35,7 @@ from precompile.tools.verify import verify
 PLUGIN = "pcfault_plug"
 PLUGIN_SRC = '''"""Test-only faults: a step that SIGKILLs its own worker, a decoder that removes a file as it decodes."""
 import os
+import shutil
 import signal
 
 from precompile.decoders.image import ImageDecoder

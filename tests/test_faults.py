@@ -488,3 +488,24 @@ def test_index_records_each_shards_size_and_whole_sha256(proj, fmt):
     second = entries()
     assert second[:4] == first[:4] and second[4]["file"] != first[4]["file"]   # kept shards: the same entries
     assert second[4]["sha256"] == digest(out / second[4]["file"])
+
+
+def test_loader_made_before_rebuilds_and_gc_keeps_reading_the_old_snapshot(proj):
+    pytest.importorskip("torch", reason="the Loader needs torch")
+    from precompile import Loader
+    from precompile.compiler.driver import collect_garbage
+
+    tmp, root, recipe = proj
+    out = tmp / "out"
+    precompile.build(recipe(), out)
+    loader = Loader(str(out / "flt.h5"), batch_size=8, shuffle=False, device="cpu")
+    keys = list(loader.ds.keys)
+    for n in (999, 998):          # two rebuilds that move every row; the first snapshot goes when the second starts
+        _img(root / f"img_{n:04d}.png", n)
+        precompile.build(recipe(), out)
+    removed, _ = collect_garbage(out / "flt.h5", keep_previous=False)
+    assert len(removed) == 6      # the second snapshot's six shards; the first one's five were gone already
+    rows = np.concatenate([b["image"].numpy() for b in loader])
+    assert len(rows) == 40 == len(keys)
+    assert all(_matches(k, a) for k, a in zip(keys, rows))      # mapped shards survive their unlink
+    assert _check_all(out / "flt.h5") == 42

@@ -509,3 +509,31 @@ def test_loader_made_before_rebuilds_and_gc_keeps_reading_the_old_snapshot(proj)
     assert len(rows) == 40 == len(keys)
     assert all(_matches(k, a) for k, a in zip(keys, rows))      # mapped shards survive their unlink
     assert _check_all(out / "flt.h5") == 42
+
+
+def test_disk_full_while_writing_the_index_keeps_the_old_index(proj, monkeypatch):
+    import errno
+
+    from precompile.formats import hdf5
+
+    tmp, root, recipe = proj
+    out = tmp / "out"
+    precompile.build(recipe(), out)
+    index_bytes = (out / "flt.h5").read_bytes()
+    real = hdf5._Claim.grow
+
+    def full_for_the_index(self, nbytes):
+        if os.path.dirname(self.path) == str(out):   # the index's temporary, not a shard's
+            raise OSError(errno.ENOSPC, "No space left on device", self.path)
+        return real(self, nbytes)
+
+    monkeypatch.setattr(hdf5._Claim, "grow", full_for_the_index)
+    _img(root / "img_0999.png", 999)
+    with pytest.raises(OutputError, match=rf"output folder {out} is out of space: No space left on device.*"
+                                          r"the inputs are fine: nothing built before is lost"):
+        precompile.build(recipe(), out)
+    assert (out / "flt.h5").read_bytes() == index_bytes and _check_all(out / "flt.h5") == 40
+    assert not list(out.glob("*.tmp-*"))
+    monkeypatch.undo()
+    rep = precompile.build(recipe(), out)          # space back: the finished shards are kept, the index written
+    assert rep["shards"]["built"] == 0 and rep["shards"]["skipped"] == 6 and _check_all(out / "flt.h5") == 41

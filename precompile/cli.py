@@ -132,9 +132,17 @@ def plan(recipe: str) -> None:
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
               help="override the recipe's timeout_s: seconds one input may take to decode")
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option("--force-space", is_flag=True,
+              help="build even when the plan's size estimate exceeds the output folder's free space")
 def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: str | None, content_hash: bool,
-          on_error: str | None, max_failures: int | None, timeout_s: float | None, progress: bool) -> None:
-    """Build RECIPE into OUT_DIR/<name>.h5 (shards under OUT_DIR/<name>.shards/)."""
+          on_error: str | None, max_failures: int | None, timeout_s: float | None, progress: bool,
+          force_space: bool = False) -> None:
+    """Build RECIPE into OUT_DIR/<name>.h5 (shards under OUT_DIR/<name>.shards/).
+
+    Exit codes: 0 built (or up to date), 2 recipe or plan error, 3 inputs failed (shards failed, or
+    more than max_failures), 4 a missing optional dependency, 5 a damaged output, 6 the output folder
+    failed (out of space, read-only, vanished, I/O error, a URL), 7 a worker was killed (SIGKILL: memory).
+    See docs/faults.md."""
     from .compiler import build as run_build
 
     if jobs == -1:
@@ -144,7 +152,7 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
     try:
         rep = run_build(recipe, out_dir=out_dir, n_jobs=jobs, force=force, progress=progress,
                         scheduler=scheduler, content_hash=content_hash, on_error=on_error,
-                        max_failures=max_failures, timeout_s=timeout_s)
+                        max_failures=max_failures, timeout_s=timeout_s, force_space=force_space)
     except PrecompileError as e:
         _fail(e)
     sh = rep["shards"]
@@ -262,6 +270,30 @@ def stats(output: str, fields: tuple[str, ...], no_write: bool, as_json: bool) -
     click.echo(json.dumps(res, indent=2) if as_json else describe_stats(res))
     if not no_write:
         click.echo(f"stored in {output}", err=True)
+
+
+@main.command()
+@click.argument("output", type=click.Path(dir_okay=False))
+@click.option("--all", "drop_previous", is_flag=True,
+              help="also remove the snapshot the last build replaced (readers still open on it lose the shards "
+                   "they have not opened yet)")
+@click.option("--dry-run", is_flag=True, help="list what would be removed, remove nothing")
+def gc(output: str, drop_previous: bool, dry_run: bool) -> None:
+    """Remove the files under OUTPUT's shard folder that no index refers to (a build does this itself).
+
+    Safe with readers open: a file a reader has open or mapped survives its removal. The snapshot the
+    last build replaced is kept unless --all. Refused while a build of OUTPUT runs."""
+    from .compiler.driver import collect_garbage
+    from .formats.base import human_bytes
+
+    try:
+        removed, freed = collect_garbage(output, keep_previous=not drop_previous, dry_run=dry_run)
+    except PrecompileError as e:
+        _fail(e)
+    verb = "would remove" if dry_run else "removed"
+    for n in removed:
+        click.echo(f"{verb} {n}")
+    click.echo(f"{output}: {verb} {len(removed)} unreferenced file(s), {human_bytes(freed)}")
 
 
 if __name__ == "__main__":

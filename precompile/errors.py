@@ -127,3 +127,18 @@ class BuildError(PrecompileError):
     """A build stopped: one or more shards failed under ``on_error: fail``."""
 
     exit_code = 3
+
+
+class OutputError(PrecompileError):
+    """The output folder cannot take the build: out of space (ENOSPC, EDQUOT), read-only, vanished, an I/O
+    error, or not a local folder. Names the folder and, for space, the bytes needed and free. Never about an
+    input: what was built before is kept (the index still names the previous build)."""
+
+    exit_code = 6
+
+
+class WorkerKilledError(PrecompileError):
+    """A worker process was killed by a signal it cannot catch (SIGKILL: on Linux, most often the kernel's
+    out-of-memory killer). Not about an input: the message suggests fewer jobs or smaller shards."""
+
+    exit_code = 7

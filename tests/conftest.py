@@ -95,3 +95,22 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.module is not None and item.module.__name__ in FLOORS_MODULES:
             item.add_marker(pytest.mark.floors)
+
+
+def index_shards(index_path) -> dict[str, Path]:
+    """{'shard-00003': path} of the shards the index at ``index_path`` names (names without their content key:
+    a shard file is ``shard-00003-<key16>.h5``, or a folder of that name for the file-folder formats)."""
+    import json
+
+    from precompile.formats import snapshot
+
+    index_path = Path(index_path)
+    attrs = snapshot.read_index_attrs(str(index_path))
+    assert attrs is not None, f"{index_path}: no readable index"
+    files = [s["file"] for s in json.loads(attrs["shards"])]
+    return {Path(f).name[:len("shard-00000")]: index_path.parent / f for f in files}
+
+
+def shard_file(index_path, index: int) -> Path:
+    """The shard of number ``index`` that the index at ``index_path`` names."""
+    return index_shards(index_path)[f"shard-{index:05d}"]

@@ -80,8 +80,8 @@ def test_bad_job_count_and_unwritable_output_are_one_line_errors(tmp_path, image
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     out = run("build", str(image_recipe_file), "-o", str(blocker / "sub"), "--no-progress")
-    assert out.returncode == 1 and "Traceback" not in out.stderr
-    assert out.stderr.startswith("error: ") and str(blocker) in out.stderr
+    assert out.returncode == 6 and "Traceback" not in out.stderr  # OutputError: the output folder's fault
+    assert out.stderr.startswith("error: cannot create the output folder ") and str(blocker) in out.stderr
 
 
 def test_unreachable_dask_scheduler_is_a_clean_error(tmp_path, image_recipe_file):

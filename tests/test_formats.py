@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 import precompile
+from conftest import index_shards, shard_file
 from precompile.decoders.base import Decoder
 from precompile import build as run_build
 from precompile.errors import BuildError, RecipeError
@@ -117,7 +118,7 @@ def test_png_round_trip_pil_cv2_and_json_index(tmp_path):
         assert int(sample["label"]) == entry["values"]["label"] and sample["label"].dtype == np.int64
         assert ds.meta(i) == {} and ds.copy(i) == 0
     # the shard folder keeps its own info for skipping and resuming
-    info = json.loads((tmp_path / "out" / "ds.shards" / "shard-00000" / "info.json").read_text())
+    info = json.loads((shard_file(tmp_path / "out" / "ds.json", 0) / "info.json").read_text())
     assert info["num_samples"] == 3 and info["key"] == ds.shards[0]["key"]
     # a second build skips every shard; the dataset pickles without handles
     rep2 = run_build(rec, out_dir=str(tmp_path / "out"))
@@ -237,12 +238,12 @@ def test_extra_fields_go_to_npy(tmp_path):
                        steps=[{"center_crop": {"size": [8, 8]}}])
     rep, ds = build(tmp_path, rec)
     assert ds.storage["flow"] == {"store": "npy", "layout": "stacked"}
-    shard0 = tmp_path / "out" / "ds.shards" / "shard-00000"
+    shard0 = shard_file(tmp_path / "out" / "ds.json", 0)
     on_disk = np.load(shard0 / "flow.npy", allow_pickle=False)
     assert on_disk.shape == (2, 8, 8, 2) and on_disk.dtype == np.float32
     for i in range(len(ds)):
         s, j = ds.locate(i)
-        f = np.load(tmp_path / "out" / "ds.shards" / f"shard-{s:05d}" / "flow.npy", allow_pickle=False)
+        f = np.load(shard_file(tmp_path / "out" / "ds.json", s) / "flow.npy", allow_pickle=False)
         np.testing.assert_array_equal(ds[i]["flow"], f[j])
         np.testing.assert_array_equal(ds[i]["flow"], flows[ds.key(i)][1:9, 2:10])  # NaN kept (equal_nan)
     b = ds.batch([4, 0])
@@ -362,7 +363,7 @@ def test_several_image_fields_rebuild_and_stray_temporaries(tmp_path):
     fields = {"left": {"decoder": "image"}, "right": {"decoder": "image", "mode": "gray8"}}
     rec = write_recipe(tmp_path, fields, {"format": "png", "samples_per_shard": 2})
     rep, ds = build(tmp_path, rec)
-    names = sorted(os.listdir(tmp_path / "out" / "ds.shards" / "shard-00000"))
+    names = sorted(os.listdir(shard_file(tmp_path / "out" / "ds.json", 0)))
     assert names == ["000000.left.png", "000000.right.png", "000001.left.png", "000001.right.png", "info.json"]
     np.testing.assert_array_equal(ds[1]["left"], src[ds.key(1)])
     assert ds[1]["right"].shape == (*src[ds.key(1)].shape[:2], 1)
@@ -376,8 +377,12 @@ def test_several_image_fields_rebuild_and_stray_temporaries(tmp_path):
     assert not stray.exists() and rep2["shards"]["built"] == 2
     ds2 = precompile.open(rep2["output"])
     assert ds2.batch([0, 1, 2])["left"].shape == (3, 8, 8, 3)
-    # no stray temporaries left (".lock" is the build lock, kept on purpose)
-    assert sorted(n for n in os.listdir(tmp_path / "out" / "ds.shards") if n != ".lock") == ["shard-00000", "shard-00001"]
+    # no stray temporaries left: the new snapshot's shards, and the replaced one's kept for readers still open
+    # on it (previous.json); ".lock" is the build lock, kept on purpose
+    new = sorted(p.name for p in index_shards(tmp_path / "out" / "ds.json").values())
+    old = json.loads((tmp_path / "out" / "ds.shards" / "previous.json").read_text())["files"]
+    assert len(new) == 2 and len(old) == 2 and not set(new) & set(old)
+    assert sorted(os.listdir(tmp_path / "out" / "ds.shards")) == sorted([".lock", "previous.json"] + new + old)
 
 
 def test_png_build_with_two_workers_matches_one(tmp_path):

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import precompile
-from conftest import write_recipe
+from conftest import index_shards, write_recipe
 from precompile.errors import RecipeError
 
 HERE = Path(__file__).resolve().parent
@@ -40,8 +40,7 @@ def r8_recipe(root: Path, imports=("plugin_pkg.steps",), bits: int = 3) -> dict:
 
 
 def shard_bytes(out: Path, name: str = "r8") -> dict[str, bytes]:
-    d = out / f"{name}.shards"
-    return {n: (d / n).read_bytes() for n in sorted(os.listdir(d)) if n.startswith("shard-")}
+    return {n: p.read_bytes() for n, p in index_shards(out / f"{name}.h5").items()}
 
 
 def test_custom_decoder_and_step_decode_and_apply(tmp_path):

@@ -11,7 +11,7 @@ import precompile
 from precompile.compiler.plan import make_plan, tile_rows
 from precompile.recipe import load_recipe
 
-from conftest import image_recipe, make_image_tree, write_recipe
+from conftest import image_recipe, make_image_tree, shard_file, write_recipe
 
 
 @pytest.mark.parametrize("n,cap,want", [
@@ -63,7 +63,7 @@ def test_chunks_tile_shards_and_the_estimate_is_within_5_percent(tmp_path, per_c
 
 def test_chunk_samples_from_the_recipe_is_kept(tmp_path):
     plan, rep, shards = _build(tmp_path, 4, (16, 16), 12, chunk_samples=5)
-    with h5py.File(shards / "shard-00000.h5", "r") as f:
+    with h5py.File(shard_file(shards.parent / "imgs.h5", 0), "r") as f:
         assert f["image"].chunks[0] == 5 and f["image"].shape[0] == 12
     ds = precompile.open(shards.parent / "imgs.h5")
     assert np.array_equal(ds.batch(range(len(ds)))["image"].shape, (12, 16, 16, 3))

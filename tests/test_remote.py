@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import precompile
-from conftest import image_recipe, make_image_tree, write_recipe
+from conftest import image_recipe, index_shards, make_image_tree, write_recipe
 from precompile.errors import MissingDependencyError, PlanError, RecipeError
 
 pytest.importorskip("s3fs", reason="s3fs is not installed (extra 's3')")
@@ -73,8 +73,7 @@ def same_samples(a: Path, b: Path) -> None:
 
 
 def shards(out: Path) -> dict[str, bytes]:
-    d = out / "imgs.shards"
-    return {n: (d / n).read_bytes() for n in sorted(os.listdir(d)) if n.startswith("shard-")}
+    return {n: p.read_bytes() for n, p in index_shards(out / "imgs.h5").items()}
 
 
 def test_s3_build_matches_local_and_rebuilds_only_what_changed(tmp_path, s3):
@@ -107,7 +106,7 @@ def test_s3_build_matches_local_and_rebuilds_only_what_changed(tmp_path, s3):
     changed = precompile.build(rf, out_dir=tmp_path / "remote", n_jobs=2)
     assert changed["shards"]["built"] == 1 and changed["shards"]["skipped"] == 2
     after = shards(tmp_path / "remote")
-    assert [n for n in after if after[n] != before[n]] == ["shard-00002.h5"]
+    assert [n for n in after if after[n] != before[n]] == ["shard-00002"]
     precompile.build(lf, out_dir=tmp_path / "local")
     same_samples(tmp_path / "remote", tmp_path / "local")
     # -j2 from scratch: the same bytes

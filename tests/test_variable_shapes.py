@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 import precompile
+from conftest import shard_file
 from precompile import build as run_build
 from precompile.decoders.base import Decoder
 from precompile.reader import ShapeMismatchError
@@ -181,7 +182,7 @@ def test_variable_extra_field_in_flat_npy(tmp_path):
     for i in range(len(ds)):
         np.testing.assert_array_equal(ds[i]["clip"], clips[ds.key(i)])
         np.testing.assert_array_equal(ds[i]["image"], src[ds.key(i)])
-    flat = np.load(tmp_path / "out" / "var.shards" / "shard-00000" / "clip.npy", allow_pickle=False)
+    flat = np.load(shard_file(tmp_path / "out" / "var.json", 0) / "clip.npy", allow_pickle=False)
     assert flat.ndim == 1 and flat.size == sum(ds[i]["clip"].size for i in range(ds.shards[0]["num_samples"]))
 
 

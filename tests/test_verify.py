@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from conftest import shard_file
 from precompile import build
 from precompile.errors import FormatError
 from precompile.tools.verify import verify
@@ -58,7 +59,8 @@ def test_intact_build_verifies(built):
 
 
 def test_flipped_byte_is_caught(built):
-    shard = str(built.parent / "v.shards" / "shard-00001.h5")
+    shard = str(shard_file(built, 1))
+    rel = "v.shards/" + os.path.basename(shard)
     off = _data_offset(shard, "image", 2) + 17
     with open(shard, "r+b") as f:
         f.seek(off)
@@ -68,26 +70,27 @@ def test_flipped_byte_is_caught(built):
     with h5py.File(shard, "r") as f:  # the file is still perfectly readable HDF5: only verify can tell
         assert f["image"].shape == (4, 8, 8, 3)
     res = verify(built)
-    assert res.bad_shards == ["v.shards/shard-00001.h5"]
+    assert res.bad_shards == [rel]
     assert any("field 'image': data checksum mismatch" in p for p in res.problems)
     r = _cli("verify", str(built))
     assert r.returncode == FormatError.exit_code
-    assert "v.shards/shard-00001.h5: field 'image': data checksum mismatch" in r.stderr
-    assert "1 of 3 shard(s) failed verification: v.shards/shard-00001.h5" in r.stderr
+    assert f"{rel}: field 'image': data checksum mismatch" in r.stderr
+    assert f"1 of 3 shard(s) failed verification: {rel}" in r.stderr
     assert "shard-00000" not in r.stderr and "shard-00002" not in r.stderr
     # --quick checks structure only and does not read the data
     assert _cli("verify", "--quick", str(built)).returncode == 0
 
 
 def test_missing_and_truncated_shards_are_named(built):
-    d = built.parent / "v.shards"
-    os.remove(d / "shard-00000.h5")
-    with open(d / "shard-00002.h5", "r+b") as f:
-        f.truncate(os.path.getsize(d / "shard-00002.h5") // 2)
+    s0, s2 = shard_file(built, 0), shard_file(built, 2)
+    os.remove(s0)
+    with open(s2, "r+b") as f:
+        f.truncate(os.path.getsize(s2) // 2)
     res = verify(built)
-    assert res.bad_shards == ["v.shards/shard-00000.h5", "v.shards/shard-00002.h5"]
-    assert "v.shards/shard-00000.h5: file is missing" in res.problems
-    assert any(p.startswith("v.shards/shard-00002.h5: size") for p in res.problems)
+    r0, r2 = "v.shards/" + s0.name, "v.shards/" + s2.name
+    assert res.bad_shards == [r0, r2]
+    assert f"{r0}: file is missing" in res.problems
+    assert any(p.startswith(f"{r2}: size") for p in res.problems)
 
 
 def test_not_an_output(tmp_path):
@@ -109,7 +112,7 @@ def test_verify_variable_shape_output_and_catches_a_flipped_byte(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "precompile", "verify", str(out / "images_native.h5")],
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    shard = out / "images_native.shards" / "shard-00001.h5"
+    shard = shard_file(out / "images_native.h5", 1)
     with h5py.File(shard, "r") as f:
         d = f["image"]["data"]
         off = d.id.get_chunk_info(0).byte_offset if d.chunks else d.id.get_offset()
@@ -119,7 +122,7 @@ def test_verify_variable_shape_output_and_catches_a_flipped_byte(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "precompile", "verify", str(out / "images_native.h5")],
                          capture_output=True, text=True)
     assert bad.returncode == 5
-    assert "shard-00001.h5" in bad.stdout + bad.stderr and "'image'" in bad.stdout + bad.stderr
+    assert shard.name in bad.stdout + bad.stderr and "'image'" in bad.stdout + bad.stderr
 
 
 @pytest.mark.parametrize("output", ["png", "bmp", "wav"])

@@ -3,7 +3,9 @@ process), loky (local worker processes, with the dead-worker retry) and dask (a 
 
 Owns the choice of backend and the loky retry: a loky worker that dies has its shards retried once
 with decoding isolated in a helper process, so a crashing codec fails only its input, and a second
-death fails the shard with a message that names it and its inputs. Imported only when a shard must
+death fails the shard with a message that names it and its inputs, unless both deaths were SIGKILL (on
+Linux, the kernel's out-of-memory killer): that stops the build with a
+:class:`~precompile.errors.WorkerKilledError` that says so. Imported only when a shard must
 be built (a no-op rebuild never imports this module's task, :mod:`precompile.compiler.shard`, nor joblib).
 """
 from __future__ import annotations
@@ -161,6 +163,10 @@ def _after_dead_worker(e: Exception, remaining: list[tuple[Any, str]], done: set
                   f"were being built; retrying them with decoding isolated")
     for s, _ in hit:
         if s.index in isolated:
+            if "SIGKILL" in why:  # killed from outside twice, the second time alone: memory, not an input
+                from .faults import worker_killed
+
+                raise worker_killed(s.index, _inputs(s), why)
             done.add(s.index)
             yield _dead_worker_result(s, why)
     isolated.update(s.index for s, _ in hit)

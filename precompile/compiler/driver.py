@@ -10,10 +10,15 @@ dask cluster). The index and the build report are written last.
 
 Guarantees kept here:
 
-- resume: stray ``*.tmp-*`` files of a killed build are removed, the old index
-  is removed before any shard is rebuilt, shards are renamed into place only
-  when complete, and the index is written last; a rerun redoes only the shards
-  that are missing or whose key changed.
+- snapshots: shards are named by their key, so a rebuild writes its shards beside
+  the ones the current index points to and never over them; the new index replaces
+  the old one in one atomic rename (the old one is never removed first), so a reader
+  that opens the output at any moment gets the whole old build or the whole new one.
+  Afterwards the files no index refers to are removed, but the snapshot just replaced
+  (``previous.json``) is kept until the next build starts, for readers still open on it.
+- resume: stray ``*.tmp-*`` files of a killed build are removed, shards are renamed
+  into place only when complete, and the index is written last; a rerun redoes only
+  the shards that are missing or whose key changed.
 - reuse: a shard whose key matches one in a sibling output folder (same recipe,
   other output name) is hard-linked (or copied) instead of rebuilt.
 - error policy: failed inputs (and those skipped by earlier incremental builds,
@@ -37,12 +42,14 @@ from typing import Any, Optional
 
 from .. import __version__
 from ..formats import names as fmt
-from ..errors import BuildError, RecipeError
+from ..errors import BuildError, PrecompileError, RecipeError
 from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
 from ..sample import FieldSpec
-from ..formats.base import write_json_atomic
+from ..formats.base import shard_digest, write_json_atomic
+from ..formats import snapshot
 from .backends import remove_path, run_shards
+from .faults import check_space, is_output_fault, output_error, refuse_url
 from .keys import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
 from .plan import Plan, make_plan, plan_specs
 from .results import BuildReport, Failure, count_inputs, zero_timings
@@ -100,7 +107,8 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
           n_jobs: Optional[int] = None,
           force: bool = False, progress: bool = False, scheduler: Optional[str] = None,
           content_hash: bool = False, on_error: Optional[str] = None,
-          max_failures: Optional[int] = None, timeout_s: Optional[float] = None) -> BuildReport:
+          max_failures: Optional[int] = None, timeout_s: Optional[float] = None,
+          force_space: bool = False) -> BuildReport:
     """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
 
     ``recipe`` is a recipe file's path, a :class:`Recipe`, or the recipe as a dict (the same keys as the
@@ -111,18 +119,32 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
     the same names (they do not change any shard's key). One build of an output at a
     time: a second one started meanwhile stops with a BuildError.
 
+    Before any shard is built, the plan's estimated size of the shards to write is compared with the
+    free space of ``out_dir``; a build that cannot fit is refused with both numbers (``force_space=True``
+    skips the check). The output folder's faults (out of space, read-only, vanished, I/O errors, a URL
+    given as ``out_dir``) stop the build with an :class:`~precompile.errors.OutputError` (exit code 6);
+    a worker killed by SIGKILL twice with a :class:`~precompile.errors.WorkerKilledError` (exit code 7).
+    Either way the previous build stays readable and finished shards are kept.
+
     The report is a :class:`~precompile.compiler.results.BuildReport`; it reads like the JSON
     report (``rep["shards"]["built"]``), and ``rep.to_json()`` is that dict.
     """
     if n_jobs is None and scheduler != "local":
         n_jobs = 1
+    refuse_url(str(out_dir))
     recipe = with_policy(as_recipe(recipe), on_error=on_error, max_failures=max_failures, timeout_s=timeout_s)
     t_start = time.perf_counter()
     plan = make_plan(recipe)  # recipe and plan errors come before anything is written
     check_plan(plan)
-    b = _Build.start(recipe, plan, out_dir, n_jobs, t_start)
-    with _output_lock(b.shard_dir, recipe.output_name):
-        return _stages(b, force, progress, scheduler, content_hash)
+    out = os.path.abspath(str(out_dir))
+    try:
+        b = _Build.start(recipe, plan, out, n_jobs, t_start)
+        with _output_lock(b.shard_dir, recipe.output_name):
+            return _stages(b, force, progress, scheduler, content_hash, force_space)
+    except OSError as e:
+        if not is_output_fault(e, out):
+            raise
+        raise output_error(e, out, f"building {recipe.output_name!r}") from None
 
 
 @contextlib.contextmanager
@@ -178,12 +200,26 @@ class _Build:
               t_start: float) -> "_Build":
         out = os.path.abspath(str(out_dir))
         index_path, shard_dir = output_paths(recipe, out)
-        os.makedirs(shard_dir, exist_ok=True)
+        try:
+            os.makedirs(shard_dir, exist_ok=True)
+        except OSError as e:
+            from ..errors import OutputError
+
+            raise OutputError(f"cannot create the output folder {shard_dir}: {e.strerror or e}"
+                              + (f" ({e.filename})" if e.filename and e.filename != shard_dir else "")) from None
         return cls(recipe, plan, out, index_path, shard_dir, WRITERS.get(recipe.model.output.format)(), n_jobs,
                    t_start, recipe.content_hash())
 
-    def shard_path(self, s: Any) -> str:
-        return os.path.join(self.shard_dir, fmt.shard_file_name(s.index, self.writer.shard_ext))
+    def shard_name(self, s: Any, key: str) -> str:
+        """The shard's file name: its index and content key (a changed shard gets a new name)."""
+        return fmt.shard_file_name(s.index, self.writer.shard_ext, key)
+
+    def shard_path(self, s: Any, key: str) -> str:
+        return os.path.join(self.shard_dir, self.shard_name(s, key))
+
+    def shard_entry_file(self, s: Any, key: str) -> str:
+        """The shard's file as the index names it (relative to the index's folder)."""
+        return f"{fmt.shard_dir_name(self.recipe.output_name)}/{self.shard_name(s, key)}"
 
 
 @dataclass
@@ -198,42 +234,55 @@ class _State:
     timings: dict[str, float] = field(default_factory=zero_timings)
     events: list[str] = field(default_factory=list)
 
+    known: dict[str, str] = field(default_factory=dict)   # shard file name -> whole-shard sha256 (stored index)
+
     def keep(self, index: int, info: dict[str, Any], path: str, key: str) -> None:
-        """A finished shard with the right key: its info, and the inputs it skipped when it was built."""
+        """A finished shard with the right key: its info (with the whole-shard sha256 the index recorded for
+        it, else computed), and the inputs it skipped when it was built."""
+        info["sha256"] = self.known.get(os.path.basename(path)) or shard_digest(path)
         self.infos[index] = info
         self.failures.extend(f.from_previous_build() for f in read_skipped(path, key))
 
 
-def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool) -> BuildReport:
+def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool,
+            force_space: bool = False) -> BuildReport:
     """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize.
     With ``split:``, the no-op check and finalize run once per split output (:func:`split_views`)."""
-    extras = _clean_temporaries(b)
+    _clean_temporaries(b)
     skey = recipe_key(b.recipe)
     keys = {s.index: shard_key(b.plan, s, skey, content=content_hash) for s in b.plan.shards}
     named = split_views(b)
     views = [v for _, v in named]
-    if not force and not extras:
+    if not force:
         reports = [_unchanged(v, keys) for v in views]
         if all(r is not None for r in reports):
             return reports[0] if views[0] is b else _merge_splits(b, named, reports, reports[0])
+    # the snapshot the current index replaced goes now (frees its space); the current one and the
+    # shards this plan names (finished by a killed build) stay
+    planned = {b.shard_name(s, keys[s.index]) for s in b.plan.shards}
+    snapshot.collect(b.shard_dir, snapshot.referenced(b.shard_dir) | planned)
     st = _sort_shards(b, keys, force)
-    for v in views:
-        if (st.todo or extras) and os.path.exists(v.index_path):
-            os.remove(v.index_path)  # before any shard changes: never an index that points at changed shards
-    for p in extras:  # shards beyond the plan's count
-        remove_path(p)
     if not force:
         _reuse_siblings(b, keys, st)
-    _run_stage(b, keys, st, progress, scheduler)
+    if not force_space:
+        _check_space(b, st)
+    try:
+        _run_stage(b, keys, st, progress, scheduler)
+    except (OSError, PrecompileError):
+        _clean_temporaries(b)  # a full disk: the half-written shards' space back (finished shards are kept)
+        raise
     report = _report(b, st)
     _check_outcome(b, st, report)
+    replaced = [f for v in views for f in snapshot.index_files(v.index_path)]
     if views[0] is b:
-        return _finalize(b, st, report)
-    done = [_finalize(v, st, dataclasses.replace(report, output=v.index_path, inputs=len(v.plan.items)))
-            for v in views]
-    merged = _merge_splits(b, named, done, report)
-    _write_report(b.index_path, merged)
-    return merged
+        report = _finalize(b, st, report)
+    else:
+        done = [_finalize(v, st, dataclasses.replace(report, output=v.index_path, inputs=len(v.plan.items)))
+                for v in views]
+        report = _merge_splits(b, named, done, report)
+        _write_report(b.index_path, report)
+    _retire(b, replaced)
+    return report
 
 
 def split_views(b: _Build) -> list[tuple[Optional[str], _Build]]:
@@ -269,28 +318,51 @@ def _merge_splits(b: _Build, named: list[tuple[Optional[str], _Build]], reports:
         stage_seconds=dict(base.stage_seconds, finalize=round(sum(r.stage_seconds["finalize"] for r in reports), 4)))
 
 
-def _clean_temporaries(b: _Build) -> list[str]:
-    """Remove a killed build's stray temporaries (shards, the index, the report); return the shard files
-    beyond the plan's count (they go once the old index is gone)."""
+def _retire(b: _Build, replaced: list[str]) -> None:
+    """After the new index is in place: remember the snapshot it replaced, remove what no index refers to."""
+    snapshot.remember_previous(b.shard_dir, replaced)
+    snapshot.collect(b.shard_dir, snapshot.referenced(b.shard_dir) | snapshot.previous(b.shard_dir))
+
+
+def _check_space(b: _Build, st: _State) -> None:
+    """Refuse a build whose shards to write (the plan's estimate, pro rata) do not fit in the free space."""
+    est = b.plan.estimated_bytes() if st.todo else None
+    if est is None:
+        return
+    total = sum(len(s.items) for s in b.plan.shards) or 1
+    need = est * sum(len(s.items) for s, _ in st.todo) // total
+    check_space(b.out_dir, need, len(st.todo))
+
+
+def _clean_temporaries(b: _Build) -> None:
+    """Remove a killed build's stray temporaries (shards, the index, the report): the lock is ours, so no
+    other build is writing them."""
     for p in (glob.glob(os.path.join(glob.escape(b.shard_dir), "*.tmp-*"))
               + glob.glob(os.path.join(glob.escape(b.out_dir), glob.escape(b.recipe.output_name) + ".*.tmp-*"))):
         remove_path(p)  # a file, or a shard folder
-    names = {fmt.shard_file_name(s.index, b.writer.shard_ext) for s in b.plan.shards}
-    names |= {skipped_path(n) for n in names}
-    return [p for p in glob.glob(os.path.join(glob.escape(b.shard_dir), "shard-*")) if os.path.basename(p) not in names]
 
 
 def _sort_shards(b: _Build, keys: dict[int, str], force: bool) -> _State:
     """Shards whose stored key matches are kept; the rest are to do."""
-    st = _State()
+    st = _State(known=_stored_digests(b))
     for s in b.plan.shards:
-        path = b.shard_path(s)
+        path = b.shard_path(s, keys[s.index])
         info = None if force else b.writer.read_shard_info(path)
         if info is not None and info["key"] == keys[s.index]:
             st.keep(s.index, info, path, keys[s.index])
         else:
             st.todo.append((s, path))
     return st
+
+
+def _stored_digests(b: _Build) -> dict[str, str]:
+    """{shard file name: sha256} from the current index's entries (each name carries its key)."""
+    attrs = snapshot.read_index_attrs(b.index_path)
+    try:
+        shards = fmt.loads(attrs[fmt.A_SHARDS]) if attrs and fmt.A_SHARDS in attrs else []
+        return {os.path.basename(e["file"]): e["sha256"] for e in shards if isinstance(e.get("sha256"), str)}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return {}
 
 
 def _reuse_siblings(b: _Build, keys: dict[int, str], st: _State) -> None:
@@ -388,9 +460,9 @@ def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:
     shards = []
     for s in plan.shards:
         info = st.infos[s.index]
-        shards.append({"file": f"{fmt.shard_dir_name(r.output_name)}/{fmt.shard_file_name(s.index, b.writer.shard_ext)}",
+        shards.append({"file": b.shard_entry_file(s, info["key"]),
                        "num_samples": info["num_samples"], "key": info["key"], "checksums": info["checksums"],
-                       "bytes": info["bytes"]})
+                       "bytes": info["bytes"], "sha256": info["sha256"]})
     attrs = _index_attrs(r, plan, b.rhash) | {fmt.A_BUILD_DATE: _build_date(), fmt.A_SHARDS: shards}
     t0 = time.perf_counter()
     b.writer.finalize(b.index_path, shards, plan.specs, attrs)
@@ -413,37 +485,8 @@ def _index_attrs(recipe: Recipe, plan: Plan, rhash: str) -> dict[str, Any]:
     }
 
 
-def _stored_index_attrs(index_path: str) -> Optional[dict[str, str]]:
-    """The index's attributes as canonical JSON text per key, or None if it is missing or unreadable.
-
-    An HDF5 index holds scalars as themselves and everything else as JSON text
-    (``Hdf5Format.finalize``); a JSON index holds JSON values. Both come back in
-    the form :func:`_canonical` gives the values a build would write.
-    """
-    if not os.path.isfile(index_path):
-        return None
-    try:
-        if index_path.endswith(fmt.INDEX_JSON_EXT):
-            import json
-
-            with open(index_path, encoding="utf-8") as f:
-                attrs = json.load(f)[fmt.J_ATTRS]
-            return {k: fmt.dumps(v) for k, v in attrs.items()}
-        import h5py
-
-        out = {}
-        with h5py.File(index_path, "r") as f:
-            for k, v in f.attrs.items():
-                if isinstance(v, bytes):
-                    v = v.decode("utf-8")
-                out[k] = v if isinstance(v, str) else fmt.dumps(v.item() if hasattr(v, "item") else v)
-        return out
-    except (OSError, KeyError, ValueError, TypeError):
-        return None
-
-
 def _canonical(v: Any, json_index: bool) -> str:
-    """``v`` as :func:`_stored_index_attrs` reads it back from an index of that kind."""
+    """``v`` as :func:`snapshot.read_index_attrs` reads it back from an index of that kind."""
     if json_index or not isinstance(v, str):
         return fmt.dumps(v)
     return v
@@ -483,7 +526,7 @@ def _unchanged(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
 def _stored_shards(b: _Build) -> Optional[list[dict[str, Any]]]:
     """The stored index's shard list when every other attribute is what this build would write and it
     has the plan's shard count; else None."""
-    stored = _stored_index_attrs(b.index_path)
+    stored = snapshot.read_index_attrs(b.index_path)
     if stored is None or fmt.A_SHARDS not in stored:
         return None
     json_index = b.index_path.endswith(fmt.INDEX_JSON_EXT)
@@ -500,10 +543,9 @@ def _stored_shards(b: _Build) -> Optional[list[dict[str, Any]]]:
 def _intact_shard(b: _Build, s: Any, info: dict[str, Any], key: str) -> Optional[str]:
     """The shard's path if the index's entry names it with ``key`` and its file is there (HDF5: with the
     recorded size); else None."""
-    name = fmt.shard_file_name(s.index, b.writer.shard_ext)
-    if info.get("file") != f"{fmt.shard_dir_name(b.recipe.output_name)}/{name}" or info.get("key") != key:
+    if info.get("file") != b.shard_entry_file(s, key) or info.get("key") != key:
         return None
-    path = os.path.join(b.shard_dir, name)
+    path = b.shard_path(s, key)
     try:
         st = os.stat(path)
     except OSError:
@@ -549,4 +591,34 @@ def _write_report(index_path: str, report: BuildReport) -> None:
     write_json_atomic(os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX, report.to_json(), indent=2)
 
 
-__all__ = ["as_recipe", "build", "check_plan", "output_paths", "with_policy"]
+__all__ = ["as_recipe", "build", "check_plan", "collect_garbage", "output_paths", "with_policy"]
+
+
+def collect_garbage(index_path: str | os.PathLike, keep_previous: bool = True,
+                    dry_run: bool = False) -> tuple[list[str], int]:
+    """``precompile gc``: remove the files of ``index_path``'s shard folder that no index beside it refers
+    to (and, unless ``keep_previous``, the snapshot the last build replaced); returns (names, bytes freed).
+
+    Takes the build lock, so it never runs beside a build of the same output. Safe with readers open: an open
+    or mapped file survives its unlink on POSIX; a reader still holding the replaced snapshot that has not
+    opened a shard yet gets a FormatError that says to open the output again."""
+    from ..errors import FormatError
+
+    index_path = os.path.abspath(str(index_path))
+    if not os.path.isfile(index_path):
+        raise FormatError(f"{index_path}: no such output (build it first)")
+    name = os.path.splitext(os.path.basename(index_path))[0]
+    shard_dir = os.path.join(os.path.dirname(index_path), fmt.shard_dir_name(name))
+    if not os.path.isdir(shard_dir):
+        return [], 0
+    with _output_lock(shard_dir, name):
+        keep = snapshot.referenced(shard_dir)
+        if not keep:
+            raise FormatError(f"{index_path}: the index names no shard in {shard_dir} (unreadable or of another "
+                              f"layout); nothing removed")
+        if keep_previous:
+            keep |= snapshot.previous(shard_dir)
+        removed = snapshot.collect(shard_dir, keep, dry_run)  # a killed build's temporaries too: the lock is ours
+        if not keep_previous and not dry_run:
+            snapshot.remember_previous(shard_dir, [])
+        return removed

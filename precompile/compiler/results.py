@@ -80,6 +80,7 @@ class ShardResult:
     num_samples: int = 0
     bytes: int = 0
     checksums: Any = None
+    sha256: Optional[str] = None
 
     @property
     def failed(self) -> bool:
@@ -87,7 +88,8 @@ class ShardResult:
 
     def info(self, key: str) -> dict[str, Any]:
         """The shard's entry as the index records it (and as ``read_shard_info`` reads it back)."""
-        return {"num_samples": self.num_samples, "bytes": self.bytes, "checksums": self.checksums, "key": key}
+        return {"num_samples": self.num_samples, "bytes": self.bytes, "checksums": self.checksums, "key": key,
+                "sha256": self.sha256}
 
 
 @dataclass(eq=False)

@@ -36,6 +36,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
+from .faults import is_output_fault, output_error
 from .keys import skipped_path
 from ..errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
 from ..kinds import Kind
@@ -315,9 +316,12 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
     writer_cls = WRITERS.get(recipe.model.output.format)()
     options = writer_cls.Options.model_validate(recipe.model.output.options)
     decode, stream = _decoder(recipe, isolate, task.timings)
+    out_dir = os.path.dirname(os.path.dirname(path))
     try:
         task.writer = writer_cls.open_shard(path, specs, key, options, chunking)
     except OSError as e:
+        if is_output_fault(e, out_dir):
+            raise output_error(e, out_dir, f"creating shard {shard.index}") from None
         return task.failed(Failure(f"shard {shard.index}: cannot create {path}: {e.strerror or e}", path=path,
                                    stage="write", type="OSError", shard=shard.index), abort=False)
     try:
@@ -332,6 +336,9 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
         if isinstance(e, PrecompileError) and not isinstance(e, InputError):
             task.writer.abort()
             raise  # not about one input (a missing codec extra, say): the build stops with it
+        if is_output_fault(e, out_dir):  # a full disk, a read-only or vanished folder: never the input's fault
+            task.writer.abort()
+            raise output_error(e, out_dir, f"writing shard {shard.index}") from None
         if isinstance(e, Exception):
             return task.failed(Failure(f"shard {shard.index}: {type(e).__name__}: {e}", traceback.format_exc(limit=5),
                                        path, "write", type=type(e).__name__, shard=shard.index))
@@ -434,7 +441,7 @@ class _ShardTask:
         info = self.writer.close()
         self.timings["write"] += time.perf_counter() - t0
         return ShardResult(self.shard.index, "built", self.failures, self.timings, time.perf_counter() - self.t_start,
-                           info["num_samples"], info["bytes"], info["checksums"])
+                           info["num_samples"], info["bytes"], info["checksums"], info.get("sha256"))
 
 
 def _write_skipped(shard_path: str, key: str, failures: list[Failure]) -> None:

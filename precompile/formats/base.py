@@ -75,7 +75,7 @@ class ShardWriter:
         raise NotImplementedError
 
     def close(self) -> dict[str, Any]:
-        """Finish the shard (rename into place); returns {num_samples, bytes, checksums}."""
+        """Finish the shard (rename into place); returns {num_samples, bytes, checksums, sha256}."""
         raise NotImplementedError
 
     def abort(self) -> None:
@@ -170,6 +170,20 @@ def file_sha256(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
+
+
+def shard_digest(path: str) -> str:
+    """The whole-shard sha256 the index records (``sha256`` of a shard entry): of the file, or for a shard
+    that is a folder, of its manifest: one ``<relative name>\t<sha256 of the file>\n`` line per file, sorted."""
+    if not os.path.isdir(path):
+        return file_sha256(path)
+    lines = []
+    for dirpath, dirnames, files in os.walk(path):
+        dirnames.sort()
+        for n in sorted(files):
+            p = os.path.join(dirpath, n)
+            lines.append(f"{os.path.relpath(p, path).replace(os.sep, '/')}\t{file_sha256(p)}\n")
+    return hashlib.sha256("".join(sorted(lines)).encode()).hexdigest()
 
 
 def fsync_file(path: str) -> None:

@@ -31,7 +31,7 @@ from . import names as fmt
 from ..errors import FormatError, SampleError
 from ..sample import FieldSpec, Sample
 from .base import (Format, ShardWriter, VerifyResult, WriterOptions, file_sha256, fsync_dir, fsync_file,
-                   range_text, write_json_atomic)
+                   range_text, shard_digest, write_json_atomic)
 from .dataset import Batch, Dataset
 
 
@@ -158,6 +158,7 @@ class FolderShardWriter(ShardWriter):
             f.flush()
             os.fsync(f.fileno())
         fsync_dir(self.tmp_path)
+        digest = shard_digest(self.tmp_path)
         old = None
         if os.path.lexists(self.path):  # an out-of-date shard being rebuilt: move it aside in one rename
             old = f"{self.path}.tmp-old-{os.getpid()}"  # a "*.tmp-*" name: the next build removes it if we die
@@ -166,7 +167,7 @@ class FolderShardWriter(ShardWriter):
         fsync_dir(os.path.dirname(self.path))
         if old is not None:
             shutil.rmtree(old) if os.path.isdir(old) else os.remove(old)
-        return {"num_samples": self.count, "bytes": nbytes, "checksums": self.checksums()}
+        return {"num_samples": self.count, "bytes": nbytes, "checksums": self.checksums(), "sha256": digest}
 
     def abort(self) -> None:
         for s in self.npy.values():
@@ -357,6 +358,10 @@ class FileDataset(Dataset):
             try:
                 a = np.load(p, mmap_mode="r", allow_pickle=False)
             except (OSError, ValueError) as e:
+                if not os.path.exists(p):
+                    from .snapshot import gone
+
+                    raise FormatError(gone(p, self.path)) from None
                 raise FormatError(f"{p}: cannot read: {e}") from None
             self._npy[(shard, name)] = a
         return a
@@ -382,7 +387,15 @@ class FileDataset(Dataset):
             return np.asarray(e["values"][name], dtype=spec["dtype"])
         shape = tuple(e["shapes"][name])
         if st == fmt.STORE_FILE:
-            return read_sample_file(os.path.join(self._base, e["files"][name]), spec["dtype"], shape)
+            p = os.path.join(self._base, e["files"][name])
+            try:
+                return read_sample_file(p, spec["dtype"], shape)
+            except (FormatError, OSError):
+                if not os.path.exists(p):
+                    from .snapshot import gone
+
+                    raise FormatError(gone(p, self.path)) from None
+                raise
         s, j = self.locate(i)
         a = self._npy_array(s, name)
         if self.variable(name):

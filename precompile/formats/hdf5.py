@@ -21,14 +21,26 @@ read contiguous runs, never fancy indexing), ``describe`` for ``inspect``, and
 per-field sha256 the writer stored (in the index and in the shard's own
 attributes) and names each shard whose bytes, size, key or count differ, or
 which is missing or unreadable.
+
+Out of space: HDF5 cannot recover from a failed write (a file whose metadata flush
+failed cannot be closed, and freeing its objects later crashes the process with
+SIGSEGV: the "full disk ends in SIGSEGV" fault). So every HDF5 file written here
+claims its disk blocks ahead of HDF5 with ``posix_fallocate`` (:class:`_Claim`):
+running out of space is a plain ``OSError(ENOSPC)`` raised by us while HDF5 is
+still consistent, never a failed write inside HDF5. The claim runs ahead of the
+data by whole chunks plus a lead for metadata; after the file is closed it is
+trimmed back to HDF5's end-of-file address (from the superblock), so the bytes are
+exactly those of an unclaimed write.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import math
 import os
 import shutil
-from typing import Any, Iterable, Sequence
+import struct
+from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
@@ -36,7 +48,7 @@ from . import names as fmt
 from ..errors import FormatError
 from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
-from .base import Format, ShardWriter, VerifyResult, fsync_dir, fsync_file, human_bytes, range_text
+from .base import Format, ShardWriter, VerifyResult, fsync_dir, fsync_file, human_bytes, range_text, shard_digest
 from .dataset import Batch, Dataset
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -64,15 +76,80 @@ def _new_file(path: str):
     return h5py.File(path, "w", libver="latest", alignment_threshold=ALIGN, alignment_interval=ALIGN)
 
 
+class _Claim:
+    """Disk blocks claimed for an HDF5 file ahead of HDF5's own writes (see the module docstring).
+
+    ``grow(n)`` claims ``n`` more bytes (plus a lead of 256 KiB + 1/16 for metadata) or raises
+    ``OSError(ENOSPC)`` naming the file and the bytes; ``trim()`` (after HDF5 closed the file) cuts it back
+    to HDF5's end of file. Where the file system cannot preallocate, claiming is skipped (HDF5 then meets a
+    full disk itself)."""
+
+    LEAD = 256 << 10
+    #: claim at all (benchmarks/bench_faults.py switches it off to measure what claiming costs)
+    supported_here: bool = hasattr(os, "posix_fallocate")
+
+    def __init__(self, path: str, first: int):
+        self.path = path
+        self.claimed = 0
+        self.wanted = 0
+        self.supported = self.supported_here
+        self.fd = os.open(path, os.O_RDWR) if self.supported else -1
+        self.grow(first)
+
+    def grow(self, nbytes: int) -> None:
+        self.wanted += int(nbytes)
+        target = self.wanted + self.LEAD + self.wanted // 16
+        if not self.supported or target <= self.claimed:
+            return
+        target += self.LEAD   # claim a lead ahead: one fallocate per few chunks, not one per chunk
+        try:
+            os.posix_fallocate(self.fd, 0, target)
+        except OSError as e:
+            if e.errno in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                self.supported = False
+                return
+            free = shutil.disk_usage(os.path.dirname(self.path) or ".").free
+            raise OSError(e.errno, f"{os.strerror(e.errno)}: writing {self.path} needs {target - self.claimed} "
+                                   f"more bytes ({human_bytes(target)} in all), {human_bytes(free)} free",
+                          self.path) from None
+        self.claimed = target
+
+    def trim(self) -> None:
+        """Cut the file back to HDF5's end-of-file address (superblock version 2 or 3, 8-byte offsets)."""
+        if self.claimed:
+            with open(self.path, "rb") as f:
+                head = f.read(48)
+            if head[:8] != HDF5_MAGIC or head[8] not in (2, 3) or head[9] != 8:
+                raise OSError(errno.EIO, f"cannot read the superblock of {self.path} to trim it", self.path)
+            base, _ext, eof = struct.unpack_from("<QQQ", head, 12)
+            os.truncate(self.path, base + eof)
+        self.close()
+
+    def release(self) -> None:
+        """Give the claimed blocks back (the file is being discarded): HDF5 can then close it cleanly."""
+        if self.fd >= 0:
+            try:
+                os.ftruncate(self.fd, 0)
+            except OSError:
+                pass
+        self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
 class Hdf5ShardWriter(ShardWriter):
     def __init__(self, *a: Any, **kw: Any):
         super().__init__(*a, **kw)
         self.f = _new_file(self.tmp_path)
+        self.claim = _Claim(self.tmp_path, SHARD_OVERHEAD)
         self.dsets = {}
         self.ragged: dict[str, _Ragged] = {}
         for name, spec in self.specs.items():
             if not spec.fixed:
-                self.ragged[name] = _Ragged(self.f, name, spec, self.chunking[name])
+                self.ragged[name] = _Ragged(self.f, name, spec, self.chunking[name], self.claim)
                 continue
             n = self.chunking[name]
             self.dsets[name] = self.f.create_dataset(
@@ -89,6 +166,8 @@ class Hdf5ShardWriter(ShardWriter):
             return
         d = self.dsets[name]
         start = self.written[name]
+        c = self.chunking[name]
+        self.claim.grow(-(-len(buf) // c) * (c * self.specs[name].nbytes() + ALIGN))
         d.resize(start + len(buf), axis=0)
         d[start:start + len(buf)] = np.stack(buf)
         self.written[name] += len(buf)
@@ -113,6 +192,8 @@ class Hdf5ShardWriter(ShardWriter):
             self._flush(f)
         for r in self.ragged.values():
             r.close()
+        cols = sum(len(k.encode()) + len(m.encode()) for k, m in zip(self.colbuf[fmt.KEY], self.colbuf[fmt.META]))
+        self.claim.grow(2 * (cols + (COLUMN_BYTES + 8) * self.count) + 16 * ALIGN)
         str_t = _h5().string_dtype("utf-8")
         for c in fmt.COLUMNS:
             vals = self.colbuf[c]
@@ -125,12 +206,16 @@ class Hdf5ShardWriter(ShardWriter):
         self.f.attrs[fmt.A_VERSION] = fmt.FORMAT_VERSION
         self.f.attrs[fmt.A_CHECKSUMS] = fmt.dumps(self.checksums())
         self.f.close()
+        self.claim.trim()
         fsync_file(self.tmp_path)
+        digest = shard_digest(self.tmp_path)   # read back from the page cache
         os.replace(self.tmp_path, self.path)
         fsync_dir(os.path.dirname(self.path))
-        return {"num_samples": self.count, "bytes": os.path.getsize(self.path), "checksums": self.checksums()}
+        return {"num_samples": self.count, "bytes": os.path.getsize(self.path), "checksums": self.checksums(),
+                "sha256": digest}
 
     def abort(self) -> None:
+        self.claim.release()  # space for HDF5's last metadata writes, whatever filled the disk
         try:
             self.f.close()
         except Exception:  # the file may already be broken; removing it is all that matters
@@ -142,8 +227,9 @@ class Hdf5ShardWriter(ShardWriter):
 class _Ragged:
     """One variable-shape field of a shard: flat ``data`` + ``offsets`` + ``shapes``, written by chunks."""
 
-    def __init__(self, f, name: str, spec: FieldSpec, chunk_elems: int):
+    def __init__(self, f, name: str, spec: FieldSpec, chunk_elems: int, claim: Optional["_Claim"] = None):
         self.spec = spec
+        self.claim = claim
         self.g = f.create_group(name)
         self.g.attrs[fmt.A_LAYOUT] = fmt.LAYOUT_RAGGED
         self.chunk = max(1, int(chunk_elems))
@@ -167,6 +253,8 @@ class _Ragged:
         if not self.buf:
             return
         block = np.concatenate(self.buf)
+        if self.claim is not None:
+            self.claim.grow(block.nbytes + self.chunk * block.itemsize + 16 * len(self.buf) + ALIGN)
         if self.data is None:
             self.data = self.g.create_dataset(fmt.RAGGED_DATA, shape=(0,), maxshape=(None,), dtype=self.spec.dtype,
                                               chunks=(max(1, min(self.chunk, block.size)),), track_times=False,
@@ -295,7 +383,33 @@ class Hdf5Format(Format):
                 keys.extend(k.decode() if isinstance(k, bytes) else k for k in sf[fmt.KEY][:])
                 copies.append(sf[fmt.COPY][:])
                 metas.extend(m.decode() if isinstance(m, bytes) else m for m in sf[fmt.META][:])
-        with _new_file(tmp) as f:
+        per_shard = sum(2 * len(s["file"]) + 256 for s in shards) * (len(specs) + 1)
+        need = (2 * (sum(len(k.encode()) for k in keys) + sum(len(m.encode()) for m in metas))
+                + (64 + 48 * len(specs)) * len(keys) + per_shard + 16 * ALIGN)
+        f = _new_file(tmp)
+        claim = None
+        try:
+            claim = _Claim(tmp, need)
+            self._write_index(f, shards, specs, attrs, base, total, keys, copies, metas)
+        except BaseException:
+            if claim is not None:
+                claim.release()
+            else:
+                os.truncate(tmp, 0)
+            f.close()
+            os.remove(tmp)
+            raise
+        claim.trim()
+        fsync_file(tmp)
+        os.replace(tmp, out_path)
+        fsync_dir(base)
+
+    @staticmethod
+    def _write_index(f: Any, shards: list[dict[str, Any]], specs: dict[str, FieldSpec], attrs: dict[str, Any],
+                     base: str, total: int, keys: list[str], copies: list[np.ndarray], metas: list[str]) -> None:
+        """The index's datasets and attributes into the open file ``f`` (closed here)."""
+        h5py = _h5()
+        with f:
             for name, spec in specs.items():
                 if not spec.fixed:
                     _ragged_index(f, name, spec, shards, base)
@@ -310,9 +424,6 @@ class Hdf5Format(Format):
             for k, v in attrs.items():
                 f.attrs[k] = v if isinstance(v, (int, float, str)) else fmt.dumps(v)
             f.attrs[fmt.A_NUM] = total
-        fsync_file(tmp)
-        os.replace(tmp, out_path)
-        fsync_dir(base)
 
     # -- read side ------------------------------------------------------------------------
     @classmethod
@@ -384,6 +495,10 @@ class H5Dataset(Dataset):
             try:
                 f = h5py.File(p, "r", rdcc_nbytes=0)
             except OSError as e:
+                if not os.path.exists(p):
+                    from .snapshot import gone
+
+                    raise FormatError(gone(p, self.path)) from None
                 raise FormatError(f"{p}: cannot open shard: {e}") from None
             self._files[shard] = f
         return f

@@ -2,7 +2,11 @@
 (was ``precompile/format.py``); also the one check of an index's header, :func:`check_header`.
 
 An HDF5 build is an index file ``<out>/<name>.h5`` plus one file per shard
-under ``<out>/<name>.shards/``. Every shard holds one dataset per field with
+under ``<out>/<name>.shards/``, named by its index and content key
+(``shard-00003-<first 16 hex digits of the shard key>.h5``, :func:`shard_file_name`): a rebuilt shard
+gets a new name, so no build ever overwrites a file an index points to (snapshot rebuilds: see
+``docs/faults.md``, "On-disk layout and snapshots"). ``<name>.shards/previous.json`` lists the files of the
+snapshot the last build replaced (kept until the next build starts, for readers still open on it). Every shard holds one dataset per field with
 the samples along axis 0, chunked by whole samples, uncompressed, and the
 columns ``__key__`` (sample key), ``__copy__`` (augmentation copy index) and
 ``__meta__`` (per-sample JSON). The index file holds a virtual dataset per
@@ -18,7 +22,7 @@ dataset over the shards, ``offsets`` global). Fixed-shape fields keep a
 dataset ``<field>`` of shape (N, *shape).
 
 A file-folder build (bmp, png, wav) is a JSON index ``<out>/<name>.json`` plus
-one folder per shard, ``<name>.shards/shard-00003/``, holding one file per
+one folder per shard, ``<name>.shards/shard-00003-<key16>/``, holding one file per
 sample and field (``000123.png``, or ``000123.<field>.png`` when a sample has
 several file fields), ``<field>.npy`` for fields the format cannot hold
 (``np.save``, no pickle; (N, *shape), or flat 1-D for variable shapes) and
@@ -36,7 +40,9 @@ from typing import Any, Mapping
 from ..errors import FormatError
 
 FORMAT_NAME = "precompile"
-FORMAT_VERSION = 1
+#: 2: shards named by content key (snapshot rebuilds); an index of another version is refused by the
+#: reader ("build it again") and rebuilt whole by the build (the version is part of every shard key)
+FORMAT_VERSION = 2
 
 KEY = "__key__"
 COPY = "__copy__"
@@ -54,7 +60,7 @@ A_RECIPE_HASH = "recipe_hash"
 A_PKG_VERSION = "precompile_version"
 A_BUILD_DATE = "build_date"
 A_NUM = "num_samples"
-A_SHARDS = "shards"                 # [{file, num_samples, key, checksums}]
+A_SHARDS = "shards"                 # [{file, num_samples, key, checksums, bytes, sha256}] (see SHARD_ENTRY)
 A_SHARD_KEY = "shard_key"           # on a shard file: the key it was built for
 A_CHECKSUMS = "checksums"           # on a shard file: {field: sha256 of its sample bytes}
 A_SEED = "seed"
@@ -78,6 +84,16 @@ STORE_NPY = "npy"
 STORE_INDEX = "index"
 
 SHARD_DIR_SUFFIX = ".shards"
+PREVIOUS_SNAPSHOT = "previous.json"  # in a shard folder: {"files": [...]} of the snapshot the last build replaced
+LOCK_FILE = ".lock"                  # in a shard folder: the build lock
+KEY_CHARS = 16                       # hex digits of the shard key in a shard's file name
+
+#: the keys of one entry of the index's shard list. ``checksums``: {field: sha256 of its samples' bytes};
+#: ``bytes``: the shard's size on disk; ``sha256``: of the whole shard file (a folder shard: of its
+#: manifest, :func:`precompile.formats.base.shard_digest`). Readers ignore keys they do not know: the slot
+#: reserved for a later version is ``chunks`` ({field: chunk byte ranges, shapes, dtypes}), so that a reader
+#: needs only the index (see docs/faults.md, "On-disk layout and snapshots").
+SHARD_ENTRY = ("file", "num_samples", "key", "checksums", "bytes", "sha256")
 REPORT_SUFFIX = ".report.json"
 
 
@@ -85,8 +101,9 @@ def shard_dir_name(name: str) -> str:
     return name + SHARD_DIR_SUFFIX
 
 
-def shard_file_name(index: int, ext: str = ".h5") -> str:
-    return f"shard-{index:05d}{ext}"
+def shard_file_name(index: int, ext: str = ".h5", key: str | None = None) -> str:
+    """``shard-00003-<key16>.h5`` (``shard-00003.h5`` without a key: benchmarks' hand-made shards)."""
+    return f"shard-{index:05d}{'-' + key[:KEY_CHARS] if key else ''}{ext}"
 
 
 def sample_file_name(index: int, ext: str, field: str | None = None) -> str:
@@ -116,4 +133,5 @@ def check_header(path: str, attrs: Mapping[str, Any]) -> None:
         raise FormatError(f"{path}: not a precompile output (no {A_FORMAT!r} attribute)")
     version = int(attrs.get(A_VERSION, -1))
     if version != FORMAT_VERSION:
-        raise FormatError(f"{path}: format version {version}, this precompile reads {FORMAT_VERSION}")
+        raise FormatError(f"{path}: format version {version}, this precompile reads {FORMAT_VERSION}: "
+                          f"build the recipe again (the build rewrites every shard)")

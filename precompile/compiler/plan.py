@@ -250,14 +250,6 @@ def check_field_names(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
 def decoder_specs(recipe: Recipe) -> dict[str, FieldSpec]:
     """The decoders' output specs (flow_valid fields tied to their flows); RecipeError names the field."""
     m = recipe.model
-    coco = None
-    if m.inputs.coco is not None:
-        from .coco import load_coco
-
-        coco = load_coco(recipe)
-        items, label_names = coco.items, coco.label_names
-    else:
-        items, label_names = match_inputs(recipe)
     specs: dict[str, FieldSpec] = {}
     for fname, dec in recipe.decoders.items():
         if m.inputs.fields[fname].path is None and dec.reads_dirs != (m.inputs.kind == "dir"):

@@ -34,6 +34,14 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 CAPTURE_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
+def check_field_name(name: str) -> str:
+    """``name`` if it can name a field's dataset (letters, digits, '_', '.', '-'; not starting with '__', which the
+    key and meta columns use); else a ValueError saying so."""
+    if not NAME_RE.match(name) or name.startswith("__"):
+        raise ValueError(f"field name {name!r} must be letters, digits, '_', '.', '-' and not start with '__'")
+    return name
+
+
 def pattern_regex(pattern: str, where: dict[str, str]) -> re.Pattern:
     """The regular expression of an ``inputs.match`` pattern: ``{name}`` captures (a repeat must match the
     same text), each ``[^/]+`` or its ``where`` expression; everything else literal."""
@@ -164,9 +172,7 @@ class CocoSpec(_Model):
     @field_validator("image")
     @classmethod
     def _image(cls, v: str) -> str:
-        if not NAME_RE.match(v) or v.startswith("__"):
-            raise ValueError(f"field name {v!r} must be letters, digits, '_', '.', '-' and not start with '__'")
-        return v
+        return check_field_name(v)
 
 
 def _also_a_string(schema: dict) -> None:
@@ -213,8 +219,7 @@ class Inputs(_Model):
     @classmethod
     def _columns(cls, v: dict) -> dict:
         for name in v:
-            if not NAME_RE.match(name) or name.startswith("__"):
-                raise ValueError(f"field name {name!r} must be letters, digits, '_', '.', '-' and not start with '__'")
+            check_field_name(name)
         if sum(1 for c in v.values() if c.kind == "label") > 1:
             raise ValueError("at most one column of kind label (the output has one list of label names)")
         return v
@@ -287,8 +292,7 @@ class Inputs(_Model):
     @classmethod
     def _fields(cls, v: dict) -> dict:
         for name in v:
-            if not NAME_RE.match(name) or name.startswith("__"):
-                raise ValueError(f"field name {name!r} must be letters, digits, '_', '.', '-' and not start with '__'")
+            check_field_name(name)
         return v
 
 

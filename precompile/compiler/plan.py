@@ -239,12 +239,14 @@ def split_names(recipe: Recipe, items: list[Item]) -> list[str]:
 def check_field_names(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
     """Every output field (decoded, made by a step, or the label) names a dataset: letters, digits, '_', '.',
     '-', not starting with '__' (a '/' would make an HDF5 group, a '__' clashes with the key and meta columns)."""
-    from ..recipe import NAME_RE
+    from ..recipe import check_field_name
 
     for f in specs:
-        if not NAME_RE.match(f) or f.startswith("__"):
+        try:
+            check_field_name(f)
+        except ValueError:
             raise RecipeError(f"output field name {f!r} must be letters, digits, '_', '.', '-' and not start with "
-                              f"'__' (it names a dataset in the output)", source=recipe.source)
+                              f"'__' (it names a dataset in the output)", source=recipe.source) from None
 
 
 def decoder_specs(recipe: Recipe) -> dict[str, FieldSpec]:

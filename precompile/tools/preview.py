@@ -27,6 +27,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+import functools
 import json
 import math
 import os
@@ -501,6 +502,7 @@ def draw_annotations(rgb: np.ndarray, boxes: np.ndarray | None = None, labels: n
         if labels is not None:
             v = int(labels[i])
             text = names[v] if 0 <= v < len(names) else str(v)
+            text = _printable(text)
             tb = d.textbbox((x1 + 3, y1 + 2), text, font=font)
             d.rectangle([tb[0] - 2, tb[1] - 1, tb[2] + 1, tb[3] + 1], fill=colour[i])   # a tag in the box's colour
             ink = (0, 0, 0) if sum(colour[i]) > 382 else (255, 255, 255)
@@ -615,14 +617,25 @@ def header_lines(item: Item) -> list[str]:
 
 # --- drawing ---------------------------------------------------------------------------------
 
+@functools.lru_cache(maxsize=1)
 def _font():
     from PIL import ImageFont
 
     return ImageFont.load_default()
 
 
+def _printable(s: str) -> str:
+    """``s`` as the default font can draw it: Pillow >= 10.1 gives a FreeType font (any character); older
+    Pillow a bitmap font that knows Latin-1 only, so other characters become '?' rather than an error."""
+    from PIL import ImageFont
+
+    if isinstance(_font(), ImageFont.FreeTypeFont):
+        return s
+    return s.encode("latin-1", "replace").decode("latin-1")
+
+
 def _text_width(font: Any, s: str) -> int:
-    return int(math.ceil(font.getlength(s)))
+    return int(math.ceil(font.getlength(_printable(s))))
 
 
 def _wrap(font: Any, lines: Sequence[str], width: int) -> list[str]:
@@ -681,14 +694,14 @@ def draw_row(head: list[str], panels: list[Panel], header_width: int = 170) -> t
     canvas = Image.new("RGB", (width, height), BG)
     d = ImageDraw.Draw(canvas)
     for i, line in enumerate(head):
-        d.text((PAD, PAD + i * LINE), line, fill=FG if i == 0 else DIM, font=font)
+        d.text((PAD, PAD + i * LINE), _printable(line), fill=FG if i == 0 else DIM, font=font)
     x = header_width
     boxes = []
     for pic, cap, w in zip(pics, caps, widths):
         canvas.paste(Image.fromarray(np.ascontiguousarray(pic)), (x, PAD))
         boxes.append((x, PAD, pic.shape[1], pic.shape[0]))
         for j, line in enumerate(cap):
-            d.text((x, PAD + body_h + 2 + j * LINE), line, fill=FG if j == 0 else DIM, font=font)
+            d.text((x, PAD + body_h + 2 + j * LINE), _printable(line), fill=FG if j == 0 else DIM, font=font)
         x += w + PAD
     d.line([(0, height - 1), (width, height - 1)], fill=(60, 60, 60))
     return np.asarray(canvas), boxes
@@ -726,7 +739,7 @@ def stack_rows(rows: list[np.ndarray], title: str) -> tuple[np.ndarray, int]:
     canvas = Image.new("RGB", (width, height), BG)
     d = ImageDraw.Draw(canvas)
     for i, line in enumerate(lines):
-        d.text((PAD, PAD + i * LINE), line, fill=FG, font=_font())
+        d.text((PAD, PAD + i * LINE), _printable(line), fill=FG, font=_font())
     y = top
     for r in rows:
         canvas.paste(Image.fromarray(r), (0, y))

@@ -113,7 +113,7 @@ def declared_bytes(ds) -> tuple[str, int]:
         rows, cols = int(ds.Rows), int(ds.Columns)
         nframes = int(getattr(ds, "NumberOfFrames", 1) or 1)
         stored = max(1, int(getattr(ds, "BitsAllocated", 16) or 16) // 8)
-    except (AttributeError, TypeError, ValueError):
+    except Exception:  # pydicom parses elements lazily and raises many types on damage: pixel_frames names it
         return "?", 0
     return f"{nframes}x{rows}x{cols} pixels", max(0, rows * cols * nframes) * (stored + 4 + 4)
 

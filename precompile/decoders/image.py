@@ -130,21 +130,18 @@ def decode_image_file(path: str, mode: str = "rgb8", exif_transpose: bool = True
     return decode_image_scaled(path, mode, exif_transpose, None, budget)[0]
 
 
-_SAME_MODE = {"rgb8": "RGB", "gray8": "L", "rgba8": "RGBA", "gray16": "I;16"}
-
-
 def check_image_size(img, mode: str, path: str, budget: int) -> None:
     """Refuse an opened (not yet loaded) image whose decoding would take more than ``budget``: Pillow's
-    own image (4 bytes a pixel for multi-band and 32-bit modes), a converted copy when the mode changes,
-    and the output array; and a JPEG whose scan data is too short for its declared size."""
+    own image (4 bytes a pixel for multi-band and 32-bit modes), its converted copy, and the output
+    twice (Pillow's bytes, then the array); and a JPEG whose scan data is too short for its declared size."""
     W, H = img.size
     pil = 1 if img.mode in ("1", "L", "P") else 2 if img.mode.startswith("I;16") else 4
     out = MODES[mode][0] * np.dtype(MODES[mode][1]).itemsize if mode in MODES else 2
-    conv = 0 if mode == "label" or img.mode == _SAME_MODE.get(mode) else 4
-    check_budget(path, f"{W}x{H} pixels ({img.mode})", W * H * (pil + conv + out), budget)
+    conv = 0 if mode == "label" else 4
     if img.format in _JPEG:
         with open(path, "rb") as f:
             check_jpeg_scan(f.read(), path)
+    check_budget(path, f"{W}x{H} pixels ({img.mode})", W * H * (pil + conv + 2 * out), budget)
 
 
 def _orientation(img) -> int:

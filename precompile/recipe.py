@@ -312,6 +312,9 @@ class Output(_Model):
         return v
 
 
+MAX_COPIES = 10_000   # augmented copies of one input (a larger count is a typo or a different job)
+
+
 class Limits(_Model):
     """Memory budgets checked before work starts (see docs/limits.md)."""
     input_bytes: int = Field(1 << 30, ge=1 << 20, le=1 << 40,
@@ -328,7 +331,7 @@ class RecipeModel(_Model):
                                description="Python modules that register custom decoders and steps")
     inputs: Inputs
     steps: list[dict[str, Any]] = Field(default_factory=list)
-    copies: int = Field(0, ge=0)
+    copies: int = Field(0, ge=0, le=MAX_COPIES)
     keep_original: bool = True
     output: Output = Field(default_factory=Output)
     on_error: Literal["fail", "skip"] = "fail"

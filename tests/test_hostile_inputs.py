@@ -246,3 +246,38 @@ def test_limits_validated_and_default_keeps_hashes(tmp_path):
     assert "limits" not in a.resolved() and b.resolved()["limits"]["input_bytes"] == 1 << 20
     assert a.content_hash() == b.content_hash()
     assert all(d.max_bytes == 1 << 20 for d in b.decoders.values())
+
+
+# -- bounds before work: sizes and counts have maxima, the plan refuses an oversized sample ---------------------
+
+@pytest.mark.parametrize("over, loc, msg", [
+    ({"steps": [{"resize": {"size": [10 ** 9, 10 ** 9]}}]}, "steps[0].resize.size",
+     "size 1000000000 is over the maximum side of 32768 pixels"),
+    ({"steps": [{"resize": {"shorter": 10 ** 9}}]}, "steps[0].resize.shorter",
+     "Input should be less than or equal to 32768"),
+    ({"copies": 10 ** 9}, "copies", "Input should be less than or equal to 10000"),
+])
+def test_absurd_sizes_and_counts_refused_by_validate(tmp_path, over, loc, msg):
+    from precompile.errors import RecipeError
+    from precompile.recipe import load_recipe
+
+    tree = make_image_tree(tmp_path / "data", per_class=1)
+    with pytest.raises(RecipeError) as e:
+        load_recipe(write_recipe(tmp_path / "r.yaml", image_recipe(tree, **over)))
+    assert loc in str(e.value) and msg in str(e.value)
+
+
+def test_plan_refuses_a_sample_over_the_budget_with_the_number(tmp_path):
+    from precompile.errors import PlanError
+
+    tree = make_image_tree(tmp_path / "data", per_class=1)
+    r = image_recipe(tree, steps=[{"resize": {"size": [30000, 30000]}}])  # + an int64 label
+    with pytest.raises(PlanError) as e:
+        precompile.build(write_recipe(tmp_path / "r.yaml", r), out_dir=tmp_path / "out")
+    assert ("one sample would take 2700000008 bytes (2.5 GiB) (image: (30000, 30000, 3) uint8), over the "
+            "per-sample budget of 1073741824 bytes (1.0 GiB) (limits.sample_bytes)") in str(e.value)
+    assert not (tmp_path / "out" / "imgs.h5").exists()
+    r["limits"] = {"sample_bytes": 4 << 30}
+    from precompile.recipe import load_recipe
+    from precompile.compiler.plan import make_plan
+    assert make_plan(load_recipe(write_recipe(tmp_path / "r2.yaml", r))).sample_bytes() == 2700000008

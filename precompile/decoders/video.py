@@ -429,6 +429,7 @@ class VideoDecoder(Decoder):
         come from the returned :func:`iter_frames` generator. The meta has the keys ``decode``
         gives a clip (the whole-file counts are filled in only as frames come)."""
         p = self.params
+        frame_budget(path, p.mode, self.max_bytes)   # a frame over the budget is refused before decoding
         info: dict[str, Any] = {}
         frames = iter_frames(path, p.mode, p.every, p.max_frames, info=info, start_s=p.start_s, end_s=p.end_s)
         try:

@@ -195,6 +195,18 @@ def test_flac_claiming_2_36_samples_refused_in_bounded_memory(tmp_path):
     assert x.shape == (1, 1000) and np.allclose(x, 0.25, atol=1e-4)
 
 
+def test_audio_budget_counts_the_resampled_length(tmp_path):
+    import soundfile as sf
+
+    p = tmp_path / "a.wav"
+    sf.write(p, np.zeros((8000, 1), np.float32), 8000, subtype="FLOAT")
+    dec = AudioDecoder(AudioDecoder.Params(sample_rate=8_000_000))   # 1000x longer once resampled
+    dec.max_bytes = 16 << 20
+    with pytest.raises(DecodeError, match=r"declares 8000 samples x 1 channels: decoding it needs 32064000 bytes"):
+        dec.read(str(p))
+    assert AudioDecoder(AudioDecoder.Params(sample_rate=16000)).read(str(p))[0].shape == (1, 16000)
+
+
 def test_h264_of_4096_squared_frames_stops_within_the_budget(tmp_path):
     p = h264(tmp_path / "big.mp4", 4096, 12)
     assert p.stat().st_size < 100_000

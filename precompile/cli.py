@@ -191,8 +191,13 @@ def verify(output: str, quick: bool) -> None:
     for p in res.problems:
         click.echo(f"{output}: {p}", err=True)
     if res.problems:
-        click.echo(f"error: {len(res.bad_shards)} of {res.num_shards} shard(s) failed verification: "
-                   f"{', '.join(res.bad_shards)}", err=True)
+        if res.bad_shards:
+            click.echo(f"error: {len(res.bad_shards)} of {res.num_shards} shard(s) failed verification: "
+                       f"{', '.join(res.bad_shards)}", err=True)
+        if res.index_damaged:
+            click.echo(f"error: the index is damaged{'' if res.bad_shards else ' (every shard is intact)'}",
+                       err=True)
+        click.echo("rebuild what is damaged with: precompile build RECIPE --repair", err=True)
         sys.exit(res.exit_code)
     click.echo(f"{output}: ok ({res.num_shards} shard(s), {res.num_samples} samples, "
                f"{res.bytes_checked} {res.counted} checked)")

@@ -140,6 +140,9 @@ def test_damaged_index_is_told_apart_from_the_shards(built):
         f"shard's own {good[:16]}...",
         f"entry of {names[1]}: column '__key__' differs from the index's at sample 1 (key 'dog/999.jpg')"]
     assert all(p.startswith("index: ") for p in res.problems)
+    r = _cli("verify", str(index))
+    assert r.returncode == 5 and "error: the index is damaged (every shard is intact)" in r.stderr
+    assert "shard(s) failed verification" not in r.stderr
     with pytest.raises(FormatError, match="verify on open failed, its index is damaged"):
         precompile.open(index, verify=True)
     rep = _repair(recipe, index)

@@ -134,9 +134,11 @@ def plan(recipe: str) -> None:
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--force-space", is_flag=True,
               help="build even when the plan's size estimate exceeds the output folder's free space")
+@click.option("--repair", is_flag=True,
+              help="verify the existing output first (every byte) and rebuild exactly the damaged shards and index")
 def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: str | None, content_hash: bool,
           on_error: str | None, max_failures: int | None, timeout_s: float | None, progress: bool,
-          force_space: bool = False) -> None:
+          force_space: bool = False, repair: bool = False) -> None:
     """Build RECIPE into OUT_DIR/<name>.h5 (shards under OUT_DIR/<name>.shards/).
 
     Exit codes: 0 built (or up to date), 2 recipe or plan error, 3 inputs failed (shards failed, or
@@ -152,7 +154,7 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
     try:
         rep = run_build(recipe, out_dir=out_dir, n_jobs=jobs, force=force, progress=progress,
                         scheduler=scheduler, content_hash=content_hash, on_error=on_error,
-                        max_failures=max_failures, timeout_s=timeout_s, force_space=force_space)
+                        max_failures=max_failures, timeout_s=timeout_s, force_space=force_space, repair=repair)
     except PrecompileError as e:
         _fail(e)
     sh = rep["shards"]
@@ -189,8 +191,13 @@ def verify(output: str, quick: bool) -> None:
     for p in res.problems:
         click.echo(f"{output}: {p}", err=True)
     if res.problems:
-        click.echo(f"error: {len(res.bad_shards)} of {res.num_shards} shard(s) failed verification: "
-                   f"{', '.join(res.bad_shards)}", err=True)
+        if res.bad_shards:
+            click.echo(f"error: {len(res.bad_shards)} of {res.num_shards} shard(s) failed verification: "
+                       f"{', '.join(res.bad_shards)}", err=True)
+        if res.index_damaged:
+            click.echo(f"error: the index is damaged{'' if res.bad_shards else ' (every shard is intact)'}",
+                       err=True)
+        click.echo("rebuild what is damaged with: precompile build RECIPE --repair", err=True)
         sys.exit(res.exit_code)
     click.echo(f"{output}: ok ({res.num_shards} shard(s), {res.num_samples} samples, "
                f"{res.bytes_checked} {res.counted} checked)")

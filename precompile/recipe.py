@@ -316,6 +316,18 @@ class Output(_Model):
         return v
 
 
+MAX_COPIES = 10_000   # augmented copies of one input (a larger count is a typo or a different job)
+
+
+class Limits(_Model):
+    """Memory budgets checked before work starts (see docs/limits.md)."""
+    input_bytes: int = Field(1 << 30, ge=1 << 20, le=1 << 40,
+                             description="memory one input may take while it is decoded (declared size checked "
+                                         "before anything is allocated); default 1 GiB")
+    sample_bytes: int = Field(1 << 30, ge=1 << 10, le=1 << 40,
+                              description="largest stored sample (all its fields) the plan accepts; default 1 GiB")
+
+
 class RecipeModel(_Model):
     name: str
     seed: int = Field(0, ge=0)
@@ -323,13 +335,14 @@ class RecipeModel(_Model):
                                description="Python modules that register custom decoders and steps")
     inputs: Inputs
     steps: list[dict[str, Any]] = Field(default_factory=list)
-    copies: int = Field(0, ge=0)
+    copies: int = Field(0, ge=0, le=MAX_COPIES)
     keep_original: bool = True
     output: Output = Field(default_factory=Output)
     on_error: Literal["fail", "skip"] = "fail"
     max_failures: Optional[int] = Field(None, ge=0)
     timeout_s: Optional[float] = Field(None, gt=0)
     split: Optional[SplitSpec] = None
+    limits: Limits = Field(default_factory=Limits)
 
     @field_validator("name")
     @classmethod
@@ -397,6 +410,8 @@ class Recipe:
         self._static_options: dict[str, dict[str, Any]] = {}
         self._row_decoders: dict[tuple, Any] = {}
         self.decoders = {f: self._make_decoder(f, decl) for f, decl in model.inputs.fields.items()}
+        for dec in self.decoders.values():
+            dec.max_bytes = model.limits.input_bytes   # each decoder checks declared sizes against it
         self.steps = [self._make_step(i, entry) for i, entry in enumerate(model.steps)]
         self._check_output()
         if model.inputs.coco is not None:
@@ -589,6 +604,8 @@ class Recipe:
                 del d["inputs"][k]
         if d["split"] is None:
             del d["split"]
+        if d["limits"] == Limits().model_dump(mode="json"):
+            del d["limits"]   # the default budgets: hashes as before the key existed
         return d
 
     def content_dict(self) -> dict:
@@ -598,6 +615,7 @@ class Recipe:
         d.pop("on_error", None)
         d.pop("max_failures", None)
         d.pop("timeout_s", None)
+        d.pop("limits", None)   # budgets decide which inputs fail, never the bytes of those stored
         d.pop("imports", None)  # which modules were imported does not matter; the code used does (below)
         if self.code:  # user decoders/steps: their code decides the bytes too
             d["code"] = self.code

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import glob
+import json
 import os
 import shutil
 import time
@@ -42,7 +43,7 @@ from typing import Any, Optional
 
 from .. import __version__
 from ..formats import names as fmt
-from ..errors import BuildError, PrecompileError, RecipeError
+from ..errors import BuildError, FormatError, PrecompileError, RecipeError
 from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
 from ..sample import FieldSpec
@@ -108,8 +109,11 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
           force: bool = False, progress: bool = False, scheduler: Optional[str] = None,
           content_hash: bool = False, on_error: Optional[str] = None,
           max_failures: Optional[int] = None, timeout_s: Optional[float] = None,
-          force_space: bool = False) -> BuildReport:
+          force_space: bool = False, repair: bool = False) -> BuildReport:
     """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
+
+    ``repair=True`` first verifies the existing output (every byte, as ``precompile verify``) and rebuilds
+    exactly the shards it finds damaged, and the index when the index is damaged (docs/limits.md).
 
     ``recipe`` is a recipe file's path, a :class:`Recipe`, or the recipe as a dict (the same keys as the
     YAML; a relative ``inputs.root`` and the ``imports`` search are then relative to the current folder).
@@ -140,7 +144,7 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
     try:
         b = _Build.start(recipe, plan, out, n_jobs, t_start)
         with _output_lock(b.shard_dir, recipe.output_name):
-            return _stages(b, force, progress, scheduler, content_hash, force_space)
+            return _stages(b, force, progress, scheduler, content_hash, force_space, repair)
     except OSError as e:
         if not is_output_fault(e, out):
             raise
@@ -245,7 +249,7 @@ class _State:
 
 
 def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool,
-            force_space: bool = False) -> BuildReport:
+            force_space: bool = False, repair: bool = False) -> BuildReport:
     """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize.
     With ``split:``, the no-op check and finalize run once per split output (:func:`split_views`)."""
     _clean_temporaries(b)
@@ -253,15 +257,22 @@ def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], co
     keys = {s.index: shard_key(b.plan, s, skey, content=content_hash) for s in b.plan.shards}
     named = split_views(b)
     views = [v for _, v in named]
-    if not force:
+    damaged = _damaged(views) if repair and not force else None
+    if not force and damaged is None:
         reports = [_unchanged(v, keys) for v in views]
         if all(r is not None for r in reports):
-            return reports[0] if views[0] is b else _merge_splits(b, named, reports, reports[0])
+            for v, r in zip(views, reports):
+                _ensure_report(v.index_path, r)
+            if views[0] is b:
+                return reports[0]
+            report = _merge_splits(b, named, reports, reports[0])
+            _ensure_report(b.index_path, report)
+            return report
     # the snapshot the current index replaced goes now (frees its space); the current one and the
     # shards this plan names (finished by a killed build) stay
     planned = {b.shard_name(s, keys[s.index]) for s in b.plan.shards}
     snapshot.collect(b.shard_dir, snapshot.referenced(b.shard_dir) | planned)
-    st = _sort_shards(b, keys, force)
+    st = _sort_shards(b, keys, force, damaged)
     if not force:
         _reuse_siblings(b, keys, st)
     if not force_space:
@@ -342,12 +353,13 @@ def _clean_temporaries(b: _Build) -> None:
         remove_path(p)  # a file, or a shard folder
 
 
-def _sort_shards(b: _Build, keys: dict[int, str], force: bool) -> _State:
-    """Shards whose stored key matches are kept; the rest are to do."""
-    st = _State(known=_stored_digests(b))
+def _sort_shards(b: _Build, keys: dict[int, str], force: bool, damaged: Optional[frozenset[str]] = None) -> _State:
+    """Shards whose stored key matches are kept; the rest (and those ``verify`` found ``damaged``) are to do.
+    A repair hashes the kept shards again rather than trust the sha256s of an index that may be damaged."""
+    st = _State(known=_stored_digests(b) if damaged is None else {})
     for s in b.plan.shards:
         path = b.shard_path(s, keys[s.index])
-        info = None if force else b.writer.read_shard_info(path)
+        info = None if force or os.path.basename(path) in (damaged or ()) else b.writer.read_shard_info(path)
         if info is not None and info["key"] == keys[s.index]:
             st.keep(s.index, info, path, keys[s.index])
         else:
@@ -585,6 +597,40 @@ def _link_shard(src: str, dst: str) -> bool:
         os.replace(tmp, b)
         ok = True
     return ok
+
+
+def _damaged(views: list[_Build]) -> Optional[frozenset[str]]:
+    """``--repair``: the file names of the shards ``verify`` finds damaged in the outputs of ``views``; an
+    empty set when only an index is damaged or unusable (finalize rewrites it); None when all is intact."""
+    from ..tools.verify import verify
+
+    names: set[str] = set()
+    index_bad = False
+    for v in views:
+        if not os.path.exists(v.index_path):
+            continue
+        try:
+            res = verify(v.index_path)
+        except FormatError:
+            index_bad = True
+            continue
+        names.update(os.path.basename(n) for n in res.bad_shards)
+        index_bad = index_bad or res.index_damaged
+    return frozenset(names) if names or index_bad else None
+
+
+def _ensure_report(index_path: str, report: BuildReport) -> None:
+    """A build with nothing to do writes nothing, unless its report is missing or damaged (e.g. truncated):
+    then it is written again, whole (atomically, as every report is)."""
+    path = os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX
+    try:
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+        if isinstance(old, dict) and old.get("recipe_hash") == report.recipe_hash and "status" in old:
+            return
+    except (OSError, ValueError):
+        pass
+    _write_report(index_path, report)
 
 
 def _write_report(index_path: str, report: BuildReport) -> None:

@@ -297,6 +297,20 @@ def plan_specs(recipe: Recipe, extra: Optional[dict[str, FieldSpec]] = None) -> 
     return specs, expands
 
 
+def check_sample_budget(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
+    """PlanError when one stored sample of fixed shape would be larger than ``limits.sample_bytes``."""
+    from ..decoders.base import fmt_bytes
+
+    sizes = {k: s.nbytes() for k, s in specs.items()}
+    if any(n is None for n in sizes.values()):
+        return   # variable shapes: each decoder's input budget bounds them
+    total, budget = sum(sizes.values()), recipe.model.limits.sample_bytes
+    if total > budget:
+        big = max(sizes, key=lambda k: sizes[k])
+        raise PlanError(f"one sample would take {fmt_bytes(total)} ({big}: {specs[big].shape} {specs[big].dtype}), "
+                        f"over the per-sample budget of {fmt_bytes(budget)} (limits.sample_bytes)")
+
+
 def make_plan(recipe: Recipe) -> Plan:
     """Match inputs and work out every shape; raises RecipeError/PlanError before any decoding."""
     m = recipe.model
@@ -314,6 +328,7 @@ def make_plan(recipe: Recipe) -> Plan:
             raise PlanError(f"table {m.inputs.table!r} has no rows")
         raise PlanError(f"no inputs under {recipe.input_root!r} match {m.inputs.match!r}"
                         + (f" with {m.inputs.where}" if m.inputs.where else ""))
+    check_sample_budget(recipe, specs)
     shards = _make_shards(recipe, items)
     return Plan(recipe=recipe, items=items, shards=shards, specs=specs,
                 label_names=label_names, expands=expands, attrs=coco.attrs if coco is not None else {})

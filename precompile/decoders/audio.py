@@ -17,11 +17,29 @@ from ..errors import DecodeError
 from ..registry import DECODERS
 from ..sample import FieldSpec
 from ..transforms.kernels.audio import resample_audio, to_int16
-from .base import Decoder, DecoderParams
+from .base import DEFAULT_INPUT_BYTES, Decoder, DecoderParams, check_budget
+
+def _read_within(f: Any, path: str, budget: int, out_rate: Optional[int]) -> np.ndarray:
+    """All frames of open SoundFile ``f`` as (N, C) float32, refusing a header whose frame count needs more
+    than ``budget`` (the float32 samples, a mixed-down copy, and the output: ``out_rate / rate`` times as
+    long when resampled up); a stream whose length is unknown is read in blocks and refused once past it."""
+    per_frame = int(int(f.channels) * 4 * (2 + max(1.0, (out_rate or f.samplerate) / max(1, f.samplerate))))
+    frames = int(f.frames)
+    if f.seekable() and 0 < frames < (1 << 62):
+        check_budget(path, f"{frames} samples x {f.channels} channels", frames * per_frame, budget)
+        return f.read(dtype="float32", always_2d=True)
+    blocks, total = [], 0
+    for block in f.blocks(blocksize=1 << 16, dtype="float32", always_2d=True):
+        total += block.shape[0]
+        check_budget(path, f"at least {total} samples x {f.channels} channels", total * per_frame, budget)
+        blocks.append(block.copy())
+    return np.concatenate(blocks) if blocks else np.zeros((0, int(f.channels)), np.float32)
 
 
-def read_audio(path: str) -> tuple[np.ndarray, int, dict[str, Any]]:
-    """(C, N) float32, sample rate, info; DecodeError for anything soundfile cannot read."""
+def read_audio(path: str, budget: int = DEFAULT_INPUT_BYTES,
+               out_rate: Optional[int] = None) -> tuple[np.ndarray, int, dict[str, Any]]:
+    """(C, N) float32, sample rate, info; DecodeError for anything soundfile cannot read or a declared
+    length whose decoding (resampled to ``out_rate``) needs more than ``budget`` bytes."""
     import soundfile as sf
 
     try:
@@ -29,7 +47,7 @@ def read_audio(path: str) -> tuple[np.ndarray, int, dict[str, Any]]:
             rate = int(f.samplerate)
             info = {"format": f.format, "subtype": f.subtype, "source_channels": int(f.channels),
                     "source_rate": rate}
-            data = f.read(dtype="float32", always_2d=True)
+            data = _read_within(f, path, budget, out_rate)
     except FileNotFoundError:
         raise DecodeError("file not found", path=path) from None
     except (sf.LibsndfileError, RuntimeError, TypeError, ValueError, OSError, EOFError) as e:
@@ -62,7 +80,7 @@ class AudioDecoder(Decoder):
 
     def read(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
-        x, rate, info = read_audio(path)
+        x, rate, info = read_audio(path, self.max_bytes, p.sample_rate)
         if p.mono:
             x = x.mean(axis=0, keepdims=True, dtype=np.float64).astype(np.float32) if x.shape[0] > 1 else x
         elif p.channels is not None and x.shape[0] != p.channels:

@@ -11,7 +11,26 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from ..errors import DecodeError
 from ..sample import FieldSpec
+
+DEFAULT_INPUT_BYTES = 1 << 30   # limits.input_bytes: what one input may take in memory while it is decoded
+
+
+def fmt_bytes(n: int) -> str:
+    """``n`` bytes in words: exact count plus the binary unit (``1073741824 bytes (1.0 GiB)``)."""
+    for unit, k in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= k:
+            return f"{n} bytes ({n / k:.1f} {unit})"
+    return f"{n} bytes"
+
+
+def check_budget(path: str, what: str, nbytes: int, budget: int) -> None:
+    """Refuse one input before anything is allocated: its header declares ``what`` (e.g. ``9000x9000x3
+    pixels``), which would take ``nbytes`` to decode, more than the per-input ``budget``."""
+    if nbytes > budget:
+        raise DecodeError(f"declares {what}: decoding it needs {fmt_bytes(int(nbytes))}, over the per-input "
+                          f"budget of {fmt_bytes(int(budget))} (limits.input_bytes)", path=path, stage="decode")
 
 
 class DecoderParams(BaseModel):
@@ -23,6 +42,7 @@ class Decoder:
     kind: ClassVar[str]
     Params: ClassVar[type[DecoderParams]] = DecoderParams
     reads_dirs: ClassVar[bool] = False   # True: the input path is a folder (DICOM series)
+    max_bytes: int = DEFAULT_INPUT_BYTES  # the per-input memory budget; the recipe sets it (limits.input_bytes)
 
     def __init__(self, params: DecoderParams | None = None):
         self.params = params if params is not None else self.Params()

@@ -31,7 +31,7 @@ from pydantic import Field
 from ..errors import DecodeError, MissingDependencyError
 from ..registry import DECODERS
 from ..sample import FieldSpec
-from .base import Decoder, DecoderParams
+from .base import Decoder, DecoderParams, check_budget
 
 JPEG_EXTRA = "pip install 'precompile[jpeg]' (pylibjpeg, pylibjpeg-libjpeg, pylibjpeg-openjpeg)"
 
@@ -104,6 +104,25 @@ def _transfer_syntax(ds):
     fm = getattr(ds, "file_meta", None)
     ts = getattr(fm, "TransferSyntaxUID", None) if fm is not None else None
     return ts or ImplicitVRLittleEndian
+
+
+def declared_bytes(ds) -> tuple[str, int]:
+    """(``FxHxW`` as the header declares it, the bytes decoding it takes: the stored values, the float32
+    values they are rescaled to and the output); (``?``, 0) when the header lacks a size (reported later)."""
+    try:
+        rows, cols = int(ds.Rows), int(ds.Columns)
+        nframes = int(getattr(ds, "NumberOfFrames", 1) or 1)
+        stored = max(1, int(getattr(ds, "BitsAllocated", 16) or 16) // 8)
+    except Exception:  # pydicom parses elements lazily and raises many types on damage: pixel_frames names it
+        return "?", 0
+    return f"{nframes}x{rows}x{cols} pixels", max(0, rows * cols * nframes) * (stored + 4 + 4)
+
+
+def check_dicom_budget(datasets: list, path: str, budget: int) -> None:
+    """Refuse a file (or a series of files) whose headers declare more pixels than ``budget`` holds."""
+    sizes = [declared_bytes(ds) for ds in datasets]
+    what = sizes[0][0] if len(sizes) == 1 else f"{len(sizes)} files of {sizes[0][0]}"
+    check_budget(path, what, sum(n for _, n in sizes), budget)
 
 
 def pixel_frames(ds, path: str) -> np.ndarray:
@@ -398,6 +417,7 @@ class DicomDecoder(Decoder):
     def read(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
         ds = read_dataset(path, p.force)
+        check_dicom_budget([ds], path, self.max_bytes)
         fr = frames_of(ds, path, p.monochrome1)
         vol, meta = assemble(fr, path, p.dtype, p.uneven, p.slice_spacing, p.tilt, p.rescale)
         return vol, _finish_meta(meta, ds._precompile_warnings, {
@@ -474,6 +494,8 @@ class DicomSeriesDecoder(Decoder):
             uid = max(sorted(groups), key=lambda u: len(groups[u]))
         else:
             uid = next(iter(groups))
+        chosen = set(groups[uid])
+        check_dicom_budget([ds for fp, ds in headers if fp in chosen], path, self.max_bytes)
         frames, warns, ds0, all_ds = [], [], None, []
         for fp in groups[uid]:
             ds = read_dataset(fp, p.force)

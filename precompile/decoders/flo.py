@@ -117,7 +117,7 @@ class FlowMaskDecoder(Decoder):
     def read(self, path: str) -> np.ndarray:
         from .image import decode_image_file
 
-        g = decode_image_file(path, "gray8", exif_transpose=False)
+        g = decode_image_file(path, "gray8", exif_transpose=False, budget=self.max_bytes)
         m = g > 0
         if self.params.invert:
             m = ~m

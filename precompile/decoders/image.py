@@ -26,8 +26,9 @@ from pydantic import field_validator
 from ..errors import DecodeError
 from ..registry import DECODERS
 from ..sample import FieldSpec
-from .base import Decoder, DecoderParams
+from .base import DEFAULT_INPUT_BYTES, Decoder, DecoderParams, check_budget
 from .jpeg_reduce import SourceNeed, reduced_size
+from .jpeg_scan import check_jpeg_scan
 
 _JPEG = ("JPEG", "MPO")  # MPO: a camera JPEG with extra frames; Pillow decodes the first like a JPEG
 MODES = {"rgb8": (3, "uint8"), "gray8": (1, "uint8"), "gray16": (1, "uint16"), "rgba8": (4, "uint8")}
@@ -119,13 +120,28 @@ class ImageDecoder(Decoder):
     def read(self, path: str) -> np.ndarray | tuple[np.ndarray, dict[str, Any]]:
         r = self.params.reduce
         reduce: int | SourceNeed | None = r if isinstance(r, int) else (self.need if r == "auto" else None)
-        arr, k = decode_image_scaled(path, self.params.mode, self.params.exif_transpose, reduce)
+        arr, k = decode_image_scaled(path, self.params.mode, self.params.exif_transpose, reduce, self.max_bytes)
         return (arr, {"reduce": k}) if k > 1 else arr
 
 
-def decode_image_file(path: str, mode: str = "rgb8", exif_transpose: bool = True) -> np.ndarray:
+def decode_image_file(path: str, mode: str = "rgb8", exif_transpose: bool = True,
+                      budget: int = DEFAULT_INPUT_BYTES) -> np.ndarray:
     """Decode ``path`` at full size to the array layout of ``mode``."""
-    return decode_image_scaled(path, mode, exif_transpose, None)[0]
+    return decode_image_scaled(path, mode, exif_transpose, None, budget)[0]
+
+
+def check_image_size(img, mode: str, path: str, budget: int) -> None:
+    """Refuse an opened (not yet loaded) image whose decoding would take more than ``budget``: Pillow's
+    own image (4 bytes a pixel for multi-band and 32-bit modes), its converted copy, and the output
+    twice (Pillow's bytes, then the array); and a JPEG whose scan data is too short for its declared size."""
+    W, H = img.size
+    pil = 1 if img.mode in ("1", "L", "P") else 2 if img.mode.startswith("I;16") else 4
+    out = MODES[mode][0] * np.dtype(MODES[mode][1]).itemsize if mode in MODES else 2
+    conv = 0 if mode == "label" else 4
+    if img.format in _JPEG:
+        with open(path, "rb") as f:
+            check_jpeg_scan(f.read(), path)
+    check_budget(path, f"{W}x{H} pixels ({img.mode})", W * H * (pil + conv + 2 * out), budget)
 
 
 def _orientation(img) -> int:
@@ -168,12 +184,14 @@ def _cover_source(img, extent: Optional[tuple[float, float]]):
 
 
 def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = True,
-                        reduce: int | SourceNeed | None = None) -> tuple[np.ndarray, int]:
+                        reduce: int | SourceNeed | None = None,
+                        budget: int = DEFAULT_INPUT_BYTES) -> tuple[np.ndarray, int]:
     """Decode ``path``, a JPEG at reduced scale when ``reduce`` asks; returns (array, k), decoded at 1/k.
 
     ``reduce``: None decodes at full size; an int k gives a 1/k image for any format (JPEG
     by scaled IDCT, others by an area resize); a :class:`SourceNeed` lets the file's size
-    and orientation pick the JPEG scale (other formats: full size).
+    and orientation pick the JPEG scale (other formats: full size). ``budget``: the most bytes the
+    decode may take (:func:`check_image_size`, checked before pixels are decoded).
     """
     from PIL import Image, ImageFile, ImageOps, UnidentifiedImageError
 
@@ -197,6 +215,7 @@ def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = Tr
                         W, H = H, W  # shown turned a quarter: the steps see the axes swapped
                     want = reduce.scale_for(H, W)
                 k, extent = _draft_scale(img, want)
+                check_image_size(img, mode, path, budget)
                 img.load()
                 img = _cover_source(img, extent)
                 if exif_transpose:

@@ -75,7 +75,7 @@ class MaskDecoder(Decoder):
 
     def read(self, path: str) -> tuple[np.ndarray, dict]:
         p = self.params
-        a = decode_image_file(path, "label", p.exif_transpose)
+        a = decode_image_file(path, "label", p.exif_transpose, self.max_bytes)
         values = np.unique(a)
         if p.classes is not None:
             bad = np.setdiff1d(values, np.asarray(p.classes))

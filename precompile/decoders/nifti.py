@@ -39,7 +39,7 @@ from pydantic import Field
 from ..errors import DecodeError, MissingDependencyError
 from ..registry import DECODERS
 from ..sample import FieldSpec
-from .base import Decoder, DecoderParams
+from .base import DEFAULT_INPUT_BYTES, Decoder, DecoderParams, check_budget
 
 NIFTI_EXTRA = "pip install 'precompile[nifti]' (nibabel)"
 _LPS = np.diag([-1.0, -1.0, 1.0])   # RAS <-> LPS (its own inverse)
@@ -57,8 +57,10 @@ class _NiftiParams(DecoderParams):
     index: Optional[int] = Field(None, ge=0)             # 4D files: which volume along the 4th axis
 
 
-def load_nifti(path: str, index: Optional[int]) -> tuple[Any, tuple, np.ndarray, dict[str, Any]]:
-    """(image, the index that picks the 3D volume, its RAS affine, meta); the voxels are not read yet."""
+def load_nifti(path: str, index: Optional[int],
+               budget: int = DEFAULT_INPUT_BYTES) -> tuple[Any, tuple, np.ndarray, dict[str, Any]]:
+    """(image, the index that picks the 3D volume, its RAS affine, meta); the voxels are not read yet, and
+    a volume whose declared size needs more than ``budget`` (stored, float64 scaled, output) is refused."""
     import nibabel as nib
     from nibabel import orientations as ornt_mod
 
@@ -88,6 +90,8 @@ def load_nifti(path: str, index: Optional[int]) -> tuple[Any, tuple, np.ndarray,
             sl += (index,)
     elif index is not None:
         raise DecodeError(f"index is set but the file is 3D {shape}", path=path)
+    n = shape[0] * shape[1] * shape[2]
+    check_budget(path, f"{shape[0]}x{shape[1]}x{shape[2]} voxels", n * (img.get_data_dtype().itemsize + 8 + 4), budget)
     affine = np.asarray(img.affine, dtype=np.float64)
     if not np.isfinite(affine).all() or abs(np.linalg.det(affine[:3, :3])) < 1e-12:
         raise DecodeError("has a degenerate or non-finite affine (no usable qform/sform)", path=path)
@@ -161,7 +165,7 @@ class NiftiDecoder(Decoder):
 
     def read(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
-        img, sl, affine, meta = load_nifti(path, p.index)
+        img, sl, affine, meta = load_nifti(path, p.index, self.max_bytes)
         arr = read_voxels(img, sl, p.rescale, path).astype(np.float32, copy=False)
         arr, affine = reorient(arr, affine, p.orient)
         meta.update(geometry_meta(affine, arr.shape))
@@ -194,7 +198,7 @@ class NiftiLabelsDecoder(Decoder):
 
     def read(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
-        img, sl, affine, meta = load_nifti(path, p.index)
+        img, sl, affine, meta = load_nifti(path, p.index, self.max_bytes)
         # nibabel moves scl_slope/scl_inter from the header to the array proxy when it loads a file
         slope, inter = getattr(img.dataobj, "slope", 1.0), getattr(img.dataobj, "inter", 0.0)
         if slope != 1.0 or inter != 0.0:

@@ -42,7 +42,7 @@ from pydantic import Field, field_validator, model_validator
 from ..errors import DecodeError
 from ..registry import DECODERS
 from ..sample import FieldSpec
-from .base import Decoder, DecoderParams
+from .base import Decoder, DecoderParams, check_budget
 
 _THREADS = {"count": 0}   # slice threads (0: FFmpeg's choice); workers set 1 (parallelism is across shards)
 
@@ -316,6 +316,21 @@ def read_audio_track(path: str, mono: bool = True, rate: Optional[int] = None, q
     return np.ascontiguousarray(x, dtype=np.float32), meta
 
 
+def frame_budget(path: str, mode: str, budget: int) -> tuple[int, int, int]:
+    """(W, H, the most frames one decode may hold within ``budget``): a frame as its header declares it
+    (FFmpeg's decoded picture plus the converted array) over ``budget`` is refused before any decoding;
+    the frames kept are held twice (the list, then the stacked array)."""
+    container = _open(path)
+    try:
+        cc = container.streams.video[0].codec_context
+        w, h = int(cc.width or 0), int(cc.height or 0)
+    finally:
+        container.close()
+    c = 3 if mode == "rgb8" else 1
+    check_budget(path, f"{w}x{h} frames", w * h * (3 + c), budget)
+    return w, h, max(1, budget // max(1, 2 * w * h * c))
+
+
 def read_video(path: str, mode: str = "rgb8", max_frames: Optional[int] = None,
                every: int = 1, start_s: Optional[float] = None,
                end_s: Optional[float] = None) -> tuple[np.ndarray, dict[str, Any]]:
@@ -394,7 +409,12 @@ class VideoDecoder(Decoder):
 
     def read(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
-        return read_video(path, p.mode, p.max_frames, p.every, p.start_s, p.end_s)
+        w, h, cap = frame_budget(path, p.mode, self.max_bytes)
+        limit = cap + 1 if p.max_frames is None else min(p.max_frames, cap + 1)
+        arr, meta = read_video(path, p.mode, limit, p.every, p.start_s, p.end_s)
+        if len(arr) > cap:
+            check_budget(path, f"more than {cap} frames of {w}x{h}", 2 * arr[:cap + 1].nbytes, self.max_bytes)
+        return arr, meta
 
     def read_audio(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
@@ -409,6 +429,7 @@ class VideoDecoder(Decoder):
         come from the returned :func:`iter_frames` generator. The meta has the keys ``decode``
         gives a clip (the whole-file counts are filled in only as frames come)."""
         p = self.params
+        frame_budget(path, p.mode, self.max_bytes)   # a frame over the budget is refused before decoding
         info: dict[str, Any] = {}
         frames = iter_frames(path, p.mode, p.every, p.max_frames, info=info, start_s=p.start_s, end_s=p.end_s)
         try:

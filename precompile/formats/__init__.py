@@ -58,8 +58,11 @@ def find_format(path: str | os.PathLike, by_extension: bool = False) -> Format |
     return None
 
 
-def open_dataset(path: str | os.PathLike, fields: Sequence[str] | None = None) -> Dataset:
-    """Open a built output (the index file written by ``precompile build``), whatever its format."""
+def open_dataset(path: str | os.PathLike, fields: Sequence[str] | None = None, verify: bool = False) -> Dataset:
+    """Open a built output (the index file written by ``precompile build``), whatever its format.
+
+    ``verify=True`` first checks every stored byte against the index (as ``precompile verify`` does: the
+    cost is one read of the whole output, see docs/limits.md) and raises FormatError naming what is damaged."""
     p = str(path)
     if not os.path.exists(p):
         raise FormatError(f"{p}: no such file (build the recipe first)")
@@ -68,4 +71,17 @@ def open_dataset(path: str | os.PathLike, fields: Sequence[str] | None = None) -
     fmt = find_format(p)
     if fmt is None:
         raise FormatError(f"{p}: neither an HDF5 nor a JSON precompile index")
+    if verify:
+        check_intact(fmt, p)
     return fmt.open(p, fields=fields)
+
+
+def check_intact(fmt: Format, path: str) -> None:
+    """FormatError listing what ``verify`` found damaged in the output at ``path`` (nothing when intact)."""
+    res = fmt.verify(path, True)
+    if res.ok:
+        return
+    what = (f"{len(res.bad_shards)} of {res.num_shards} shard(s) damaged" if res.bad_shards else "its index is damaged")
+    more = f" (and {len(res.problems) - 5} more)" if len(res.problems) > 5 else ""
+    raise FormatError(f"{path}: verify on open failed, {what}: " + "; ".join(res.problems[:5]) + more
+                      + " (rebuild with `precompile build --repair`)")

@@ -92,7 +92,12 @@ class VerifyResult:
     counted: str = "bytes of field data"   # what bytes_checked counts (each byte once), for messages
     problems: list[str] = field(default_factory=list)
     bad_shards: list[str] = field(default_factory=list)
+    index_problems: list[str] = field(default_factory=list)   # damage to the index, not to any shard
     exit_code: int = FormatError.exit_code
+
+    @property
+    def index_damaged(self) -> bool:
+        return bool(self.index_problems)
 
     @property
     def ok(self) -> bool:

@@ -464,6 +464,9 @@ def verify_folders(path: str, checksums: bool = True) -> VerifyResult:
                 if h.hexdigest() != want:
                     bad.append(f"field {f!r}: data checksum mismatch (sha256 {h.hexdigest()[:16]}..., "
                                f"recorded {str(want)[:16]}...): its bytes changed")
+        if checksums and not bad and s.get("sha256") and shard_digest(folder) != s["sha256"]:
+            bad.append(f"whole-shard sha256 (every file of the folder: {fmt.SHARD_INFO}, .npy headers, extra "
+                       f"files) differs from the index's")
         res.num_samples += int(s["num_samples"])
         if bad:
             res.bad_shards.append(name)

@@ -645,62 +645,7 @@ def _read_index(path: str) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
 
 
 def verify_hdf5(path: str, checksums: bool = True) -> VerifyResult:
-    """Check every shard of the HDF5 output at ``path``; raises FormatError only when the index itself is unusable."""
-    import h5py
+    """Check every shard of the HDF5 output at ``path`` (see :mod:`.hdf5_verify`)."""
+    from .hdf5_verify import verify_hdf5 as run
 
-    fields, shards, total = _read_index(path)
-    base = os.path.dirname(os.path.abspath(path))
-    res = VerifyResult(num_shards=len(shards))
-    if sum(int(s["num_samples"]) for s in shards) != total:
-        res.problems.append(f"index: num_samples {total} differs from the sum over its shards")
-    for s in shards:
-        name = s["file"]
-        bad: list[str] = []
-        sp = os.path.join(base, name)
-        if not os.path.isfile(sp):
-            bad.append("file is missing")
-        else:
-            size = os.path.getsize(sp)
-            if "bytes" in s and size != int(s["bytes"]):
-                bad.append(f"size {size} bytes differs from the recorded {s['bytes']}")
-            try:
-                with h5py.File(sp, "r") as f:
-                    a = f.attrs
-                    if _attr_text(a.get(fmt.A_SHARD_KEY)) != s["key"]:
-                        bad.append("shard key differs from the index's (the shard was rebuilt or replaced)")
-                    n = int(a.get(fmt.A_NUM, -1))
-                    if n != int(s["num_samples"]):
-                        bad.append(f"holds {n} samples, the index says {s['num_samples']}")
-                    stored = fmt.loads(_attr_text(a[fmt.A_CHECKSUMS])) if fmt.A_CHECKSUMS in a else {}
-                    for fname in fields:
-                        if fname not in f:
-                            bad.append(f"field {fname!r} is missing")
-                            continue
-                        d = f[fname]
-                        if isinstance(d, h5py.Group):  # variable-shape field: flat data + offsets + shapes
-                            rows = d[fmt.RAGGED_OFFSETS].shape[0] - 1
-                            d = d[fmt.RAGGED_DATA]     # the writer hashed the samples' bytes in order: the data
-                        else:
-                            rows = d.shape[0]
-                        if rows != int(s["num_samples"]):
-                            bad.append(f"field {fname!r} has {rows} samples, the index says {s['num_samples']}")
-                            continue
-                        want = s["checksums"].get(fname)
-                        if stored.get(fname) != want:
-                            bad.append(f"field {fname!r}: checksum attribute differs from the index's")
-                        if checksums:
-                            got, nb = field_digest(d)
-                            res.bytes_checked += nb
-                            if got != want:
-                                bad.append(f"field {fname!r}: data checksum mismatch (sha256 {got[:16]}..., "
-                                           f"recorded {str(want)[:16]}...): its bytes changed")
-                    for col in fmt.COLUMNS:
-                        if col in f and f[col].shape[0] != int(s["num_samples"]):
-                            bad.append(f"column {col!r} has {f[col].shape[0]} rows, the index says {s['num_samples']}")
-            except (OSError, KeyError, ValueError, RuntimeError, AttributeError) as e:
-                bad.append(f"unreadable ({type(e).__name__}: {e})")
-        res.num_samples += int(s["num_samples"])
-        if bad:
-            res.bad_shards.append(name)
-            res.problems.extend(f"{name}: {b}" for b in bad)
-    return res
+    return run(path, checksums)

@@ -103,13 +103,18 @@ def default_threads(device: torch.device) -> int:
     return max(0, min(4, cpus - torch.get_num_threads()))
 
 
-def open_hdf5_build(path_or_dataset: Any, fields: Sequence[str] | None) -> Any:
-    """The opened HDF5 build behind ``path_or_dataset`` (an index path or an opened build)."""
+def open_hdf5_build(path_or_dataset: Any, fields: Sequence[str] | None, verify: bool = False) -> Any:
+    """The opened HDF5 build behind ``path_or_dataset`` (an index path or an opened build); ``verify``:
+    every stored byte checked against the index first (``precompile.open(path, verify=True)``)."""
     if isinstance(path_or_dataset, (str, os.PathLike)):
         from . import open_dataset
 
-        ds = open_dataset(path_or_dataset, fields=fields)
+        ds = open_dataset(path_or_dataset, fields=fields, verify=verify)
     else:
+        if verify and hasattr(path_or_dataset, "path"):
+            from ..formats import check_intact, find_format
+
+            check_intact(find_format(str(path_or_dataset.path)), str(path_or_dataset.path))
         ds = path_or_dataset
         if not hasattr(ds, "shards") or not hasattr(ds, "field_specs"):
             raise FormatError(f"Loader needs an HDF5 build (a path or precompile.open(...)), got {type(ds).__name__}")
@@ -167,6 +172,9 @@ class Loader:
     by their place in the files, so a batch is gathered with one copy per row in
     address order (the batch's members are the sampler's; only their order
     within the batch changes); False keeps the sampler's order.
+    ``verify=True`` checks every stored byte against the index before anything
+    is read (as ``precompile.open(path, verify=True)``; one read of the whole
+    output, see docs/limits.md) and raises FormatError naming what is damaged.
     ``in_memory=True`` copies the loaded fields into process memory when the
     Loader is made (one array per field, the size of the field's data), so a
     batch is one ``np.take`` from private memory: on machines where random reads
@@ -187,8 +195,9 @@ class Loader:
                  std: Sequence[float] | float | str | None = None, num_threads: int | None = None,
                  block_window: int = 8, uneven: Literal["pad", "drop"] = "pad", channels_first: bool = False,
                  convert_fields: Sequence[str] | None = None, copies: Literal["epoch", "all"] = "epoch",
-                 include_original: bool = True, sort_batches: bool = True, in_memory: bool = False):
-        ds = self.ds = open_hdf5_build(path_or_dataset, fields)
+                 include_original: bool = True, sort_batches: bool = True, in_memory: bool = False,
+                 verify: bool = False):
+        ds = self.ds = open_hdf5_build(path_or_dataset, fields, verify)
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if int(prefetch) < 1:

@@ -15,7 +15,7 @@ import math
 from typing import Any, Literal, Optional, Union
 
 import numpy as np
-from pydantic import field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ..kinds import ANNOTATIONS, PLANAR, VOLUMETRIC, Kind, kinds
 from ..registry import STEPS
@@ -109,6 +109,9 @@ class PlanarStep(Step):
         return np.stack([self.apply_image(fr, **params) for fr in a])
 
 
+MAX_SIDE = 32768   # the largest output side a 2D step accepts (OpenCV's warps index pixels with 16-bit shorts)
+
+
 def size_pair(v: Any) -> list[int]:
     """``n`` or ``[h, w]`` -> ``[h, w]``, positive integers (the one size rule of every 2D step)."""
     if isinstance(v, int) and not isinstance(v, bool):
@@ -120,6 +123,8 @@ def size_pair(v: Any) -> list[int]:
                          else f"expected an integer or 2 integers [height, width], got {v!r}")
     if v[0] < 1 or v[1] < 1:
         raise ValueError("sizes must be positive")
+    if max(v) > MAX_SIDE:
+        raise ValueError(f"size {max(v)} is over the maximum side of {MAX_SIDE} pixels")
     return [int(v[0]), int(v[1])]
 
 
@@ -159,8 +164,8 @@ class Resize(PlanarStep):
     name = "resize"
 
     class Params(_SizeParams):
-        shorter: Optional[int] = None
-        longer: Optional[int] = None
+        shorter: Optional[int] = Field(None, le=MAX_SIDE)
+        longer: Optional[int] = Field(None, le=MAX_SIDE)
         keep_aspect: bool = False
         pad_value: float = 0
         interpolation: Literal["auto", "area", "linear", "cubic", "nearest"] = "auto"

@@ -118,3 +118,14 @@ def test_small_sharp_real_images_stay_within_the_measured_floor(name):
     H, W = a.shape[:2]
     for h, w in ((int(H / 1.46), int(W / 1.46)), (max(1, H // 5), max(1, W // 7))):
         assert psnr(resize_area_fast(a, h, w), resize_hwc(a, h, w, "area")) >= 35.0, (name, h, w)
+
+
+@pytest.mark.parametrize("dtype,channels,peak", [(np.uint16, 1, 65535), (np.float32, 4, 1.0), (np.uint8, 2, 255)])
+def test_fast_area_keeps_dtype_and_channels(dtype, channels, peak):
+    a = np.concatenate([scene(375, 500, 4)] * 2, axis=2)[..., :channels].astype(np.float64) * (peak / 255)
+    a = a.astype(dtype)
+    for h, w in ((256, 341), (64, 64)):
+        f, e = resize_area_fast(a, h, w), resize_hwc(a, h, w, "area")
+        assert f.shape == (h, w, channels) and f.dtype == dtype
+        mse = float(np.mean((f.astype(np.float64) - e.astype(np.float64)) ** 2))
+        assert 10 * np.log10(peak ** 2 / mse) >= 45.0

@@ -111,7 +111,8 @@ def bandwidth(index: str, dev: Any, args: argparse.Namespace, row: int) -> None:
     host = torch.empty((bs, row), dtype=torch.uint8)
     host = host.pin_memory() if dev.type == "cuda" else host
     kw = dict(batch_size=bs, shuffle=True, fields=["image"], drop_last=True)
-    loaders = {f"Loader {m}, {t} threads, prefetch {p}": make_loader(args.index, dev, m, num_threads=t, prefetch=p, **kw)
+    loaders = {f"Loader {m}, {t} threads, prefetch {p}":
+               make_loader(args.index, dev, m, num_threads=t, prefetch=p, **kw)
                for m in ("mapped", "in_memory") for t in args.threads for p in args.prefetch}
     loaders["Loader in_memory='gpu' (resident)"] = make_loader(args.index, dev, "gpu", **kw)
     rows: dict[str, list[float]] = {"pinned copy (limit)": [], **{k: [] for k in loaders}}
@@ -191,8 +192,8 @@ def training(index: str, dev: Any, args: argparse.Namespace) -> None:
             rate, share = train_rate(step, lambda: next(it), args.steps, dev, args.warmup)
             it.close()
             loader.close()
-            print(f"| ResNet-{depth} | Loader {mode} | {rate * bs:,.0f} | {rate * bs / bound:.2f} | {100 * share:.1f}% |",
-                  flush=True)
+            ips = rate * bs
+            print(f"| ResNet-{depth} | Loader {mode} | {ips:,.0f} | {ips / bound:.2f} | {100 * share:.1f}% |", flush=True)
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -233,7 +233,8 @@ def jobs_table(args: argparse.Namespace) -> None:
     root = os.path.join(work, f"photos-{args.photos}")
     make_photos(root, args.photos)
     print(f"{args.photos} JPEGs 500x375 in {work}; {os.cpu_count()} cpus; fast={args.fast}")
-    print("| target | -j | wall s | samples/s | x -j1 | of linear | work s (summed) | work/s/core | ideal s | serial s |")
+    print("| target | -j | wall s | samples/s | x -j1 | of linear | work s (summed) | work/s/core | ideal s "
+          "| serial s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in (int(x) for x in args.targets.split(",")):
         resize = {"size": [64, 64]} if t == 64 else {"shorter": t}

@@ -124,7 +124,8 @@ def open_hdf5_build(path_or_dataset: Any, fields: Sequence[str] | None) -> Any:
 
 def check_in_memory(in_memory: Any, gpu_budget: Any, device: torch.device) -> tuple[bool | str, Any]:
     """``in_memory`` (False, True or ``"gpu"``) and ``gpu_budget`` checked against ``device``."""
-    if in_memory not in (False, True, "gpu") or isinstance(in_memory, (int, float)) and not isinstance(in_memory, bool):
+    number = isinstance(in_memory, (int, float)) and not isinstance(in_memory, bool)   # 1 == True, but no
+    if number or in_memory not in (False, True, "gpu"):
         raise ValueError(f"in_memory must be False, True or 'gpu', got {in_memory!r}")
     if in_memory == "gpu" and device.type != "cuda":
         why = "" if torch.cuda.is_available() else f" (this torch {torch.__version__} sees no CUDA device)"

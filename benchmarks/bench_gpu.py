@@ -1,28 +1,27 @@
-"""The Loader on CUDA: host-to-device bandwidth against a plain pinned copy, and the data-wait share under a ResNet-50.
+"""The Loader feeding a GPU: bandwidth against a plain pinned copy (a thread x prefetch sweep and the GPU-resident
+mode), and the data-wait share under ResNet-18 and ResNet-50.
 
-Skips cleanly (exit 0, one line) when torch has no CUDA device.
+Without CUDA it says so and stops (exit 0), unless ``--quick``: a CPU smoke run of every part on a small
+store (the resident mode through its CPU test hook), to check the script before an unattended GPU run.
+On a GPU node the defaults run in about 5 minutes (H100-class).
 
-1. Bandwidth. A store of 224x224x3 uint8 samples (``--samples``, default 4,096 =
-   588 MiB) written through the project's HDF5 writer (256 samples per shard,
-   page cache warm). Contenders, batches of 256 (37 MiB), medians of
-   ``--repeats`` passes, all in this run:
+1. Bandwidth. A store of ``--size`` x ``--size`` x 3 uint8 samples (``--samples``, default 4,096 of 224: 588
+   MiB) written through the project's HDF5 writer (256 samples per shard, page cache warm), batches of
+   ``--batch-size``, full shuffle, uint8 delivered, medians of ``--repeats`` passes, contenders taking turns:
 
-   - ``pinned .to(cuda, non_blocking=True)`` (the limit): one pinned host
-     tensor of a batch's bytes, copied ``samples / 256`` times, synchronised
-     at the end: what the bus gives a plain copy.
-   - ``Loader`` on ``cuda`` (uint8 delivered, full shuffle): mapped files and
-     ``in_memory=True``, default threads. Its figure includes the CPU gather
-     into the pinned ring; the copies run on the Loader's side stream.
+   - ``pinned .to(cuda, non_blocking=True)`` (the limit): one pinned batch copied ``samples / batch`` times;
+   - ``Loader`` from mapped files and with ``in_memory=True``, for every ``--threads`` x ``--prefetch`` pair;
+   - ``Loader(in_memory="gpu")``: the set uploaded once, every batch gathered on the GPU (its ``x limit``
+     can pass 1: no bus per batch).
 
-2. Training. A ResNet-50-sized network (bottleneck blocks [3, 4, 6, 3],
-   25.6 M parameters, written with plain ``torch.nn``; no torchvision),
-   channels_last, bf16 autocast, SGD, on batches of ``--batch-size`` 224x224
-   images that the Loader converts on the GPU (uint8 -> float16, normalised,
-   NCHW view). Reported: images/s, the Loader's own wait share
-   (``loader.stats``), and the same steps on one batch kept on the GPU (the
-   compute bound), so ``x bound`` is the data pipeline's cost.
+2. Training. ResNet-18 and ResNet-50 (plain ``torch.nn``, no torchvision), channels_last, bf16 autocast,
+   SGD, on the Loader's batches (uint8 -> float16 normalised on the device, NCHW view, a ``random_flip``
+   gpu step): images/s, the share of wall time spent waiting in ``next(loader)``, and the same steps on
+   one batch kept on the device (the compute bound), so ``x bound`` is what the data path costs. A light
+   model is where the data path shows.
 
-    PYTHONPATH=. python benchmarks/bench_gpu.py [--samples 4096] [--repeats 5] [--steps 60] [--batch-size 256]
+    PYTHONPATH=. python benchmarks/bench_gpu.py [--samples 4096] [--size 224] [--threads 1,2,4,8]
+        [--prefetch 1,2,4,8] [--repeats 3] [--steps 60] [--batch-size 256] [--quick]
 """
 from __future__ import annotations
 
@@ -32,173 +31,218 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any, Callable
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def resnet50(num_classes: int = 1000):
-    """ResNet-50 (v1.5: stride on the 3x3 conv) from plain torch.nn."""
+def _conv_bn(cin: int, cout: int, k: int, stride: int = 1):
     import torch.nn as nn
 
-    class Bottleneck(nn.Module):
-        def __init__(self, cin: int, width: int, stride: int):
+    return [nn.Conv2d(cin, cout, k, stride=stride, padding=k // 2, bias=False), nn.BatchNorm2d(cout)]
+
+
+def resnet(depth: int, num_classes: int = 1000):
+    """ResNet-18 (basic blocks [2, 2, 2, 2]) or ResNet-50 (v1.5 bottlenecks [3, 4, 6, 3]) from plain torch.nn."""
+    import torch.nn as nn
+
+    class Block(nn.Module):
+        def __init__(self, cin: int, width: int, stride: int, bottleneck: bool):
             super().__init__()
-            cout = width * 4
-            self.body = nn.Sequential(
-                nn.Conv2d(cin, width, 1, bias=False), nn.BatchNorm2d(width), nn.ReLU(inplace=True),
-                nn.Conv2d(width, width, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(width),
-                nn.ReLU(inplace=True),
-                nn.Conv2d(width, cout, 1, bias=False), nn.BatchNorm2d(cout))
-            self.skip = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
-                         if stride != 1 or cin != cout else nn.Identity())
-            self.relu = nn.ReLU(inplace=True)
+            cout = width * 4 if bottleneck else width
+            if bottleneck:
+                body = [*_conv_bn(cin, width, 1), nn.ReLU(inplace=True), *_conv_bn(width, width, 3, stride),
+                        nn.ReLU(inplace=True), *_conv_bn(width, cout, 1)]
+            else:
+                body = [*_conv_bn(cin, width, 3, stride), nn.ReLU(inplace=True), *_conv_bn(width, width, 3)]
+            self.body = nn.Sequential(*body)
+            self.skip = nn.Sequential(*_conv_bn(cin, cout, 1, stride)) if stride != 1 or cin != cout else nn.Identity()
+            self.relu, self.cout = nn.ReLU(inplace=True), cout
 
         def forward(self, x):
             return self.relu(self.body(x) + self.skip(x))
 
+    plan = {18: ((2, 2, 2, 2), False), 50: ((3, 4, 6, 3), True)}[depth]
     layers, cin = [], 64
-    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
+    for width, blocks, stride in zip((64, 128, 256, 512), plan[0], (1, 2, 2, 2)):
         for b in range(blocks):
-            layers.append(Bottleneck(cin, width, stride if b == 0 else 1))
-            cin = width * 4
-    return nn.Sequential(
-        nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True),
-        nn.MaxPool2d(3, stride=2, padding=1), *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        nn.Linear(cin, num_classes))
+            layers.append(Block(cin, width, stride if b == 0 else 1, plan[1]))
+            cin = layers[-1].cout
+    return nn.Sequential(*_conv_bn(3, 64, 7, 2), nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1),
+                         *layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes))
 
 
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--samples", type=int, default=4096)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--steps", type=int, default=60, help="training steps measured (after 10 warm-up steps)")
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--dir", default=None)
-    args = ap.parse_args(argv)
-
+def sync(dev: Any) -> None:
     import torch
 
-    if not torch.cuda.is_available():
-        print("bench_gpu: no CUDA device (torch.cuda.is_available() is False); skipped")
-        return
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
 
-    from benchmarks.bench_loader import write_store
+
+def make_loader(index: str, dev: Any, mode: str, **kw: Any):
+    """A Loader on ``dev`` reading from ``mode``: mapped, in_memory or gpu (on CPU: the resident test hook)."""
     from precompile.reader.loader import Loader
+    from precompile.reader.resident import ResidentFeeder
 
-    n, bs, reps = args.samples, args.batch_size, args.repeats
-    dev = torch.device("cuda")
-    print(f"{torch.cuda.get_device_name(dev)}; torch {torch.__version__}; {os.cpu_count()} cpus; "
-          f"{n} x 224x224x3 uint8 ({n * 150528 / 2**20:.0f} MiB), batch {bs}")
-    rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (n, 224, 224, 3), dtype=np.uint8)
-    labels = rng.integers(0, 1000, n)
-    tmp = tempfile.TemporaryDirectory(dir=args.dir)
-    index = write_store(tmp.name, "gpu224", images, labels, samples_per_shard=256, chunk_samples=8)
-    del images
-    for name in sorted(os.listdir(os.path.join(tmp.name, "gpu224.shards"))):  # warm the page cache
-        with open(os.path.join(tmp.name, "gpu224.shards", name), "rb") as f:
-            while f.read(1 << 24):
-                pass
-    batch_bytes = bs * 150528
-    nbatches = n // bs
+    if mode == "gpu" and dev.type != "cuda":
+        loader = Loader(index, device="cpu", **kw)
+        loader.feeder = ResidentFeeder.for_loader(loader, dev)
+        return loader
+    return Loader(index, device=str(dev), in_memory={"mapped": False, "in_memory": True, "gpu": "gpu"}[mode], **kw)
 
-    # -- 1. bandwidth -------------------------------------------------------------------------------
-    rows: dict[str, list[float]] = {"pinned .to(cuda, non_blocking=True) (limit)": []}
-    host = torch.empty((bs, 224, 224, 3), dtype=torch.uint8).pin_memory()
-    host.numpy()[:] = 7
-    loaders = {"Loader cuda uint8, mapped files": Loader(index, batch_size=bs, shuffle=True, device="cuda",
-                                                        fields=["image"], drop_last=True),
-               "Loader cuda uint8, in_memory=True": Loader(index, batch_size=bs, shuffle=True, device="cuda",
-                                                          fields=["image"], drop_last=True, in_memory=True)}
-    for k in loaders:
-        rows[k] = []
-    for r in range(reps):  # contenders take turns pass by pass
-        torch.cuda.synchronize()
+
+def timed_pass(loader: Any, epoch: int, dev: Any) -> tuple[float, int]:
+    loader.set_epoch(epoch)
+    sync(dev)
+    t0, seen = time.perf_counter(), 0
+    for b in loader:
+        seen += b["image"].shape[0]
+    sync(dev)
+    return time.perf_counter() - t0, seen
+
+
+def bandwidth(index: str, dev: Any, args: argparse.Namespace, row: int) -> None:
+    """Part 1: the sweep, printed as a table of GB/s, samples/s and the ratio to the pinned copy."""
+    import torch
+
+    bs, nb = args.batch_size, args.samples // args.batch_size
+    host = torch.empty((bs, row), dtype=torch.uint8)
+    host = host.pin_memory() if dev.type == "cuda" else host
+    kw = dict(batch_size=bs, shuffle=True, fields=["image"], drop_last=True)
+    loaders = {f"Loader {m}, {t} threads, prefetch {p}":
+               make_loader(args.index, dev, m, num_threads=t, prefetch=p, **kw)
+               for m in ("mapped", "in_memory") for t in args.threads for p in args.prefetch}
+    loaders["Loader in_memory='gpu' (resident)"] = make_loader(args.index, dev, "gpu", **kw)
+    rows: dict[str, list[float]] = {"pinned copy (limit)": [], **{k: [] for k in loaders}}
+    for r in range(args.repeats):   # contenders take turns pass by pass
+        sync(dev)
         t0 = time.perf_counter()
-        for _ in range(nbatches):
-            x = host.to(dev, non_blocking=True)
-        torch.cuda.synchronize()
-        rows["pinned .to(cuda, non_blocking=True) (limit)"].append(nbatches * batch_bytes / (time.perf_counter() - t0))
+        for _ in range(nb):
+            x = host.to(dev, non_blocking=True) if dev.type == "cuda" else host.clone()
+        sync(dev)
+        rows["pinned copy (limit)"].append(nb * bs * row / (time.perf_counter() - t0))
         del x
         for k, loader in loaders.items():
-            loader.set_epoch(r)
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            seen = 0
-            for b in loader:
-                seen += b["image"].shape[0]
-            torch.cuda.synchronize()
-            rows[k].append(seen * 150528 / (time.perf_counter() - t0))
-    lim = statistics.median(rows["pinned .to(cuda, non_blocking=True) (limit)"])
-    print()
-    print(f"| {'host -> device, batches of %d' % bs:<44} | {'GB/s (median)':>13} | {'samples/s':>10} | {'x limit':>7} |")
-    print(f"|{'-' * 46}|{'-' * 15}|{'-' * 12}|{'-' * 9}|")
+            s, seen = timed_pass(loader, r, dev)
+            rows[k].append(seen * row / s)
+    lim = statistics.median(rows["pinned copy (limit)"])
+    print(f"\n| host -> {dev.type}, batches of {bs} | GB/s | samples/s | x limit |\n|---|---:|---:|---:|")
     for k, v in rows.items():
         m = statistics.median(v)
-        print(f"| {k:<44} | {m / 1e9:>13.2f} | {m / 150528:>10,.0f} | {m / lim:>7.2f} |")
+        print(f"| {k} | {m / 1e9:.2f} | {m / row:,.0f} | {m / lim:.2f} |")
     for loader in loaders.values():
         loader.close()
 
-    # -- 2. training ---------------------------------------------------------------------------------
+
+def train_rate(step: Callable, next_batch: Callable, steps: int, dev: Any, warmup: int) -> tuple[float, float]:
+    """Steps per second over ``steps`` steps after ``warmup`` steps, and the share spent in ``next_batch``."""
+    for _ in range(warmup):
+        step(*next_batch())
+    sync(dev)
+    waited, t0 = 0.0, time.perf_counter()
+    for _ in range(steps):
+        tw = time.perf_counter()
+        b = next_batch()
+        waited += time.perf_counter() - tw
+        step(*b)
+    sync(dev)
+    wall = time.perf_counter() - t0
+    return steps / wall, waited / wall
+
+
+def endless(loader: Any):
+    e = 0
+    while True:
+        loader.set_epoch(e)
+        for b in loader:
+            yield b["image"], b["label"]
+        e += 1
+
+
+def training(index: str, dev: Any, args: argparse.Namespace) -> None:
+    """Part 2: ResNet-18 and ResNet-50 on the Loader's batches from each source, against a kept batch."""
+    import torch
+
     torch.backends.cudnn.benchmark = True
-    model = resnet50().to(dev, memory_format=torch.channels_last)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-5)
-    lossf = torch.nn.CrossEntropyLoss()
-    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    bs, s = args.batch_size, args.size
+    kw = dict(batch_size=bs, shuffle=True, dtype="float16", mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225],
+              channels_first=True, drop_last=True, gpu_steps=[{"random_flip": {}}])
+    print(f"\nbf16 autocast, channels_last, batch {bs}, {args.steps} steps, {s}x{s} images on {dev}")
+    print("| model | contender | images/s | x bound | data wait share |\n|---|---|---:|---:|---:|")
+    for depth in (18, 50):
+        model = resnet(depth).to(dev, memory_format=torch.channels_last)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-5)
+        lossf = torch.nn.CrossEntropyLoss()
 
-    def step(x, y):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = lossf(model(x.contiguous(memory_format=torch.channels_last)), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        def step(x, y):
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                loss = lossf(model(x.contiguous(memory_format=torch.channels_last)), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
 
-    results = {}
-    for mem in (False, True):
-        loader = Loader(index, batch_size=bs, shuffle=True, device="cuda", dtype="float16", mean=mean, std=std,
-                        channels_first=True, drop_last=True, in_memory=mem)
+        fixed = (torch.randn(bs, 3, s, s, device=dev, dtype=torch.float16), torch.randint(0, 1000, (bs,), device=dev))
+        bound = train_rate(step, lambda: fixed, args.steps, dev, args.warmup)[0] * bs
+        print(f"| ResNet-{depth} | one batch kept on the device (bound) | {bound:,.0f} | 1.00 | - |")
+        for mode in ("mapped", "in_memory", "gpu"):
+            loader = make_loader(index, dev, mode, **kw)
+            it = endless(loader)
+            rate, share = train_rate(step, lambda: next(it), args.steps, dev, args.warmup)
+            it.close()
+            loader.close()
+            ips = rate * bs
+            print(f"| ResNet-{depth} | Loader {mode} | {ips:,.0f} | {ips / bound:.2f} | {100 * share:.1f}% |", flush=True)
 
-        def batches():
-            e = 0
-            while True:
-                loader.set_epoch(e)
-                yield from loader
-                e += 1
-        it = batches()
-        for _ in range(10):
-            b = next(it)
-            step(b["image"], b["label"])
-        torch.cuda.synchronize()
-        waited, t0 = 0.0, time.perf_counter()
-        for _ in range(args.steps):
-            tw = time.perf_counter()
-            b = next(it)
-            waited += time.perf_counter() - tw
-            step(b["image"], b["label"])
-        torch.cuda.synchronize()
-        wall = time.perf_counter() - t0
-        results[f"Loader ({'in_memory' if mem else 'mapped files'})"] = (args.steps * bs / wall, waited / wall)
-        it.close()
-        loader.close()
-    fixed_x = torch.randn(bs, 3, 224, 224, device=dev, dtype=torch.float16)
-    fixed_y = torch.randint(0, 1000, (bs,), device=dev)
-    for _ in range(10):
-        step(fixed_x, fixed_y)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(args.steps):
-        step(fixed_x, fixed_y)
-    torch.cuda.synchronize()
-    bound = args.steps * bs / (time.perf_counter() - t0)
-    print()
-    print(f"ResNet-50 (25.6 M parameters), bf16 autocast, channels_last, batch {bs}, {args.steps} steps")
-    print(f"| {'contender':<34} | {'images/s':>9} | {'x bound':>7} | {'data wait share':>15} |")
-    print(f"|{'-' * 36}|{'-' * 11}|{'-' * 9}|{'-' * 17}|")
-    print(f"| {'one batch kept on the GPU (bound)':<34} | {bound:>9,.0f} | {1.0:>7.2f} | {'-':>15} |")
-    for k, (ips, share) in results.items():
-        print(f"| {k:<34} | {ips:>9,.0f} | {ips / bound:>7.2f} | {100 * share:>14.1f}% |")
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="a small store and few steps; on CPU when CUDA is absent")
+    ap.add_argument("--samples", type=int, default=None, help="default 4096 (quick 256)")
+    ap.add_argument("--size", type=int, default=None, help="image side, default 224 (quick 32)")
+    ap.add_argument("--threads", default=None, help="gather threads to sweep, default 1,2,4,8 (quick 1,2)")
+    ap.add_argument("--prefetch", default=None, help="prefetch values to sweep, default 1,2,4,8 (quick 1,2)")
+    ap.add_argument("--repeats", type=int, default=None, help="passes per contender, default 3 (quick 1)")
+    ap.add_argument("--steps", type=int, default=None, help="training steps measured, default 60 (quick 1)")
+    ap.add_argument("--batch-size", type=int, default=None, help="default 256 (quick 16)")
+    ap.add_argument("--dir", default=None)
+    a = ap.parse_args(argv)
+    q = a.quick
+    a.samples = a.samples or (256 if q else 4096)
+    a.size = a.size or (32 if q else 224)
+    a.threads = [int(x) for x in (a.threads or ("1,2" if q else "1,2,4,8")).split(",")]
+    a.prefetch = [int(x) for x in (a.prefetch or ("1,2" if q else "1,2,4,8")).split(",")]
+    a.repeats, a.steps, a.warmup = a.repeats or (1 if q else 3), a.steps or (1 if q else 60), 1 if q else 5
+    a.batch_size = a.batch_size or (16 if q else 256)
+    return a
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    import torch
+
+    if not torch.cuda.is_available() and not args.quick:
+        print("bench_gpu: no CUDA device (torch.cuda.is_available() is False); skipped (--quick: a CPU smoke run)")
+        return
+    from benchmarks.bench_loader import write_store
+
+    dev = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    n, s = args.samples, args.size
+    row = s * s * 3
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU (smoke run)"
+    print(f"{name}; torch {torch.__version__}; {os.cpu_count()} cpus; {n} x {s}x{s}x3 uint8 "
+          f"({n * row / 2**20:.0f} MiB), batch {args.batch_size}")
+    rng = np.random.default_rng(0)
+    tmp = tempfile.TemporaryDirectory(dir=args.dir)
+    args.index = write_store(tmp.name, "gpu", rng.integers(0, 256, (n, s, s, 3), dtype=np.uint8),
+                             rng.integers(0, 1000, n), samples_per_shard=256, chunk_samples=8)
+    for fname in sorted(os.listdir(os.path.join(tmp.name, "gpu.shards"))):   # warm the page cache
+        with open(os.path.join(tmp.name, "gpu.shards", fname), "rb") as f:
+            while f.read(1 << 24):
+                pass
+    bandwidth(args.index, dev, args, row)
+    training(args.index, dev, args)
     tmp.cleanup()
 
 

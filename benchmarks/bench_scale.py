@@ -68,11 +68,12 @@ elif step in ("build", "rebuild"):
     th = threading.Thread(target=sample, daemon=True)
     th.start()
     from precompile import build
-    rep = build(recipe, out, n_jobs=2)
+    rep = build(recipe, out, n_jobs=int(sys.argv[4]) if len(sys.argv) > 4 else 2)
     stop.set()
     th.join()
     res["worker_rss"] = peak["workers"]
     res["built"], res["up_to_date"], res["bytes"] = rep["shards"]["built"], bool(rep.get("up_to_date")), rep["bytes"]
+    res["stage_seconds"], res["build_s"] = dict(rep["stage_seconds"]), rep["wall_seconds"]
 elif step == "open":
     import precompile
     ds = precompile.open(out + "/tiny.h5")
@@ -121,10 +122,11 @@ def write_recipe(path: str, root: str) -> None:
                         "output": {"format": "hdf5", "samples_per_shard": 256}}, f)
 
 
-def run_step(step: str, recipe: str, out: str) -> dict:
+def run_step(step: str, recipe: str, out: str, *extra: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", _STEP, step, recipe, out], capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, "-c", _STEP, step, recipe, out, *extra], capture_output=True, text=True,
+                       env=env)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"{step} failed:\n{p.stderr}")
@@ -138,7 +140,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sizes", default="1000,10000,100000", help="input counts, comma-separated")
     ap.add_argument("--dir", default=None, help="work folder (inputs are kept and reused between runs)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder")
+    ap.add_argument("--jobs", default=None, help="-j scaling instead: worker counts, e.g. 1,2 (see jobs_table)")
+    ap.add_argument("--photos", type=int, default=2000, help="with --jobs: how many 500x375 JPEG inputs")
+    ap.add_argument("--targets", default="256,64", help="with --jobs: resize targets (shorter side; 64 = 64x64)")
+    ap.add_argument("--fast", action="store_true", help="with --jobs: resize with fast: true")
     args = ap.parse_args(argv)
+    if args.jobs:
+        return jobs_table(args)
     sizes = [int(x) for x in args.sizes.split(",")]
     work = args.dir or tempfile.mkdtemp(prefix="precompile-bench-scale-")
     os.makedirs(work, exist_ok=True)
@@ -190,6 +198,68 @@ def main(argv: list[str] | None = None) -> None:
             growth = ["-"] * len(growth)   # a ratio: read it, not its growth
         print(f"| {key} | " + " | ".join(f"{v:,.3g}" if v < 100 else f"{v:,.0f}" for v in vals) + " | "
               + " | ".join(growth) + " |")
+    if not args.keep and not args.dir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def make_photos(root: str, n: int) -> None:
+    """``n`` photo-like 500x375 (or 375x500) JPEG files in 10 class folders (kept for a later run with --dir)."""
+    import cv2
+
+    from tests.test_resize_fast import scene
+
+    done = os.path.join(root, f".done-{n}")
+    if os.path.exists(done):
+        return
+    base = [scene(375, 500, s) for s in range(8)]
+    for c in range(10):
+        os.makedirs(os.path.join(root, f"c{c}"), exist_ok=True)
+    for i in range(n):
+        img = np.roll(base[i % 8], i * 7, axis=1)
+        img = img if i % 3 else np.ascontiguousarray(img.transpose(1, 0, 2))
+        cv2.imwrite(os.path.join(root, f"c{i % 10}", f"{i:07d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+    open(done, "w").close()
+
+
+def jobs_table(args: argparse.Namespace) -> None:
+    """-j1..-jN scaling of a build of ``--photos`` JPEGs, each resize target: wall seconds (a fresh process,
+    imports included), samples/s, speed-up over -j1 and its share of linear, and against the work itself:
+    the stage seconds (decode + steps + write) summed over the workers, as a rate per core (``work/s/core``),
+    ``ideal s`` = summed / j, ``serial s`` = wall - ideal (plan, worker start, the parent, finalize)."""
+    import yaml
+
+    jobs = [int(j) for j in args.jobs.split(",")]
+    work = args.dir or tempfile.mkdtemp(prefix="precompile-bench-jobs-")
+    root = os.path.join(work, f"photos-{args.photos}")
+    make_photos(root, args.photos)
+    print(f"{args.photos} JPEGs 500x375 in {work}; {os.cpu_count()} cpus; fast={args.fast}")
+    print("| target | -j | wall s | samples/s | x -j1 | of linear | work s (summed) | work/s/core | ideal s "
+          "| serial s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for t in (int(x) for x in args.targets.split(",")):
+        resize = {"size": [64, 64]} if t == 64 else {"shorter": t}
+        if args.fast:
+            resize["fast"] = True
+        recipe = os.path.join(work, f"photos-{t}.yaml")
+        with open(recipe, "w") as f:
+            yaml.safe_dump({"name": "tiny", "seed": 0,
+                            "inputs": {"root": root, "match": "{label}/{name}.jpg",
+                                       "fields": {"image": {"decoder": "image", "mode": "rgb8"}},
+                                       "label": {"capture": "label"}},
+                            "steps": [{"resize": resize}, {"center_crop": {"size": [t, t]}}],
+                            "output": {"format": "hdf5", "samples_per_shard": 256}}, f)
+        base = None
+        for j in jobs:
+            out = os.path.join(work, f"out-{t}-{j}")
+            shutil.rmtree(out, ignore_errors=True)
+            r = run_step("build", recipe, out, str(j))
+            summed = sum(r["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
+            rate = args.photos / r["wall_s"]
+            base = base or rate
+            ideal = summed / j
+            print(f"| {t} | {j} | {r['wall_s']:.2f} | {rate:.0f} | {rate / base:.2f} | {rate / base / j:.2f} | "
+                  f"{summed:.2f} | {args.photos / summed:.0f} | {ideal:.2f} | {r['wall_s'] - ideal:.2f} |", flush=True)
+            shutil.rmtree(out, ignore_errors=True)
     if not args.keep and not args.dir:
         shutil.rmtree(work, ignore_errors=True)
 

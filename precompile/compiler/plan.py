@@ -188,10 +188,14 @@ def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
             label_names = values
     ids = {n: i for i, n in enumerate(label_names)}
     items = []
+    prefix = f"{root}/" if remote else os.path.join(root, "")
     for rel, caps in matches:
         paths = {}
         for fname, decl in inp.fields.items():
-            rp = rel if decl.path is None else fill_template(decl.path, caps)
+            if decl.path is None:   # a listed path: relative, no empty parts; joined by concatenation (hot)
+                paths[fname] = prefix + (rel if remote else rel.replace("/", os.sep))
+                continue
+            rp = fill_template(decl.path, caps)
             paths[fname] = f"{root}/{rp}" if remote else os.path.join(root, *rp.split("/"))
         items.append(Item(key=rel, paths=paths, label=ids[caps[lab.capture]] if lab else None, captures=caps))
     return items, label_names
@@ -251,7 +255,7 @@ def check_field_names(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
 
 def decoder_specs(recipe: Recipe) -> dict[str, FieldSpec]:
     """The decoders' output specs (flow_valid fields tied to their flows); RecipeError names the field."""
-    m = recipe.model
+    m = recipe.model   # no input is listed here: make_plan lists them once (a second walk was half the plan)
     specs: dict[str, FieldSpec] = {}
     for fname, dec in recipe.decoders.items():
         if m.inputs.fields[fname].path is None and dec.reads_dirs != (m.inputs.kind == "dir"):

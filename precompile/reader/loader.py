@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 import numpy as np
 import torch
 
-from ..errors import FormatError
+from ..errors import FormatError, PrecompileError
 from . import gpu
 from .copies import CopySchedule
 from .cpu_feeder import CpuFeeder
@@ -127,6 +127,20 @@ def open_hdf5_build(path_or_dataset: Any, fields: Sequence[str] | None, verify: 
     return ds
 
 
+def check_in_memory(in_memory: Any, gpu_budget: Any, device: torch.device) -> tuple[bool | str, Any]:
+    """``in_memory`` (False, True or ``"gpu"``) and ``gpu_budget`` checked against ``device``."""
+    number = isinstance(in_memory, (int, float)) and not isinstance(in_memory, bool)   # 1 == True, but no
+    if number or in_memory not in (False, True, "gpu"):
+        raise ValueError(f"in_memory must be False, True or 'gpu', got {in_memory!r}")
+    if in_memory == "gpu" and device.type != "cuda":
+        why = "" if torch.cuda.is_available() else f" (this torch {torch.__version__} sees no CUDA device)"
+        raise PrecompileError(f"Loader(in_memory='gpu') keeps the data on a CUDA device; this Loader's device is "
+                              f"{device}{why}: use in_memory=True (host memory) or device='cuda'")
+    if gpu_budget is not None and in_memory != "gpu":
+        raise ValueError("gpu_budget applies only with in_memory='gpu'")
+    return in_memory, gpu_budget
+
+
 def copy_schedule(ds: Any, copies: str, include_original: bool, seed: int) -> CopySchedule | None:
     """For ``copies="epoch"`` over an augmented build: each epoch shows every sample once, as the copy
     ``f(build seed, epoch, key)``; else None (every row)."""
@@ -181,7 +195,12 @@ class Loader:
     from mapped page cache are slow (measured on the shared 2-core VM: 4-5x
     slower than from process memory, see benchmarks/README.md) this is what
     reaches the in-memory gather; the default maps the files and reads through
-    the page cache. A ``text`` field is not gathered like the others: each batch
+    the page cache. ``in_memory="gpu"`` (CUDA only) uploads the loaded fields once
+    to the device and gathers every batch there (``index_select``), then the
+    steps and conversion: the same batches, no copy over the bus per batch
+    (:mod:`precompile.reader.resident`); ``gpu_budget`` caps the upload (a share
+    in (0, 1] of the free GPU memory, default 0.5, or a byte count), a set over it
+    is an error naming both sizes. A ``text`` field is not gathered like the others: each batch
     holds it as a list of ``str`` in batch order (read from the build as UTF-8).
     Ragged annotation fields (``boxes``, ``box_labels``, ``keypoints``: a row count per sample)
     come as padded tensors (B, Nmax, ...) (NaN, or -1 for labels, past a sample's count) plus
@@ -195,8 +214,8 @@ class Loader:
                  std: Sequence[float] | float | str | None = None, num_threads: int | None = None,
                  block_window: int = 8, uneven: Literal["pad", "drop"] = "pad", channels_first: bool = False,
                  convert_fields: Sequence[str] | None = None, copies: Literal["epoch", "all"] = "epoch",
-                 include_original: bool = True, sort_batches: bool = True, in_memory: bool = False,
-                 verify: bool = False):
+                 include_original: bool = True, sort_batches: bool = True, in_memory: bool | str = False,
+                 gpu_budget: float | int | None = None, verify: bool = False):
         ds = self.ds = open_hdf5_build(path_or_dataset, fields, verify)
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -218,7 +237,8 @@ class Loader:
         self.specs = {f: ds.field_specs[f] for f in self.fields}
         ragged = [f for f in self.fields if is_ragged_annotation(self.specs[f])]   # boxes etc.: padded + counts
         self.ragged = RaggedFields(ds, ragged) if ragged else None
-        self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=bool(in_memory))
+        self.in_memory, self.gpu_budget = check_in_memory(in_memory, gpu_budget, self.device)
+        self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=self.in_memory is True)
         self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.reader.fields, self.specs)
         self.steps = gpu.parse_steps(gpu_steps)
         shapes = {**self.reader.shapes, **{f: tuple(self.specs[f]["shape"]) for f in ragged}}
@@ -241,6 +261,10 @@ class Loader:
         ``make_ring`` gives the CUDA feeder on any device, with that ring factory (the
         :class:`~precompile.reader.gpu.CudaRing` signature): a stand-in ring drives the CUDA
         feeder's scheduling without a GPU (``loader.feeder = loader.make_feeder(make_ring=...)``)."""
+        if make_ring is None and self.in_memory == "gpu":
+            from .resident import ResidentFeeder
+
+            return ResidentFeeder.for_loader(self, self.device, self.gpu_budget)
         if make_ring is not None or self.device.type == "cuda":
             return CudaFeeder(self.reader, self.reader.fields, self.finisher, self.device, self.num_threads,
                               self.batch_size, make_ring or gpu.CudaRing)

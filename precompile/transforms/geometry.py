@@ -23,7 +23,7 @@ from ..sample import FieldSpec, Sample
 from .annotations import annotation_grid
 from .base import RandomParams, RandomStep, Step, StepParams, range_param, uniform
 from .kernels.geometry import (affine_matrix, continuous_map, crop_hw, flip_flow, flip_hw, longer_side_size,
-                               map_boxes, map_keypoints, pad_hw, reflects, resize_flow, resize_hwc,
+                               map_boxes, map_keypoints, pad_hw, reflects, resize_area_fast, resize_flow, resize_hwc,
                                shorter_side_size, spatial_hw, swap_pairs, warp_flow, warp_image)
 
 
@@ -169,6 +169,7 @@ class Resize(PlanarStep):
         keep_aspect: bool = False
         pad_value: float = 0
         interpolation: Literal["auto", "area", "linear", "cubic", "nearest"] = "auto"
+        fast: bool = False   # an approximate area downscale (resize_area_fast), 3-9x faster, >= 45 dB
 
         @model_validator(mode="after")
         def _one(self):
@@ -211,7 +212,12 @@ class Resize(PlanarStep):
 
     def apply_image(self, a: np.ndarray, label: bool = False, **_: Any) -> np.ndarray:
         h, w = self.target_size(*a.shape[:2])
-        out = resize_hwc(a, h, w, "nearest" if label else self.params.interpolation)
+        mode = "nearest" if label else self.params.interpolation
+        shrink = h <= a.shape[0] and w <= a.shape[1]
+        if self.params.fast and shrink and mode in ("auto", "area"):
+            out = resize_area_fast(a, h, w)
+        else:
+            out = resize_hwc(a, h, w, mode)
         if self.params.keep_aspect and (h, w) != tuple(self.params.size):
             out, _, _ = pad_hw(out, *self.params.size, value=0 if label else self.params.pad_value)
         return out

@@ -1,0 +1,140 @@
+"""The GPU-resident mode (``in_memory="gpu"``): the resident feeder driven on CPU tensors gives the CPU
+Loader's batches exactly (uint8, converted dtypes, gpu_steps, block shuffle, ranks, resume); its budget,
+its share per rank and its errors; on CUDA (skipped without it) the Loader itself against the CPU Loader."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from precompile.errors import PrecompileError
+from precompile.reader import resident
+from precompile.reader.loader import Loader
+from precompile.reader.resident import ResidentFeeder
+
+from loader_cases import built, ds  # noqa: F401
+
+CPU = torch.device("cpu")
+CASES = {
+    "uint8": dict(shuffle=True, seed=1),
+    "float32 normalised, steps": dict(shuffle=True, seed=2, dtype="float32", mean=[0.4, 0.5, 0.6], std=0.25,
+                                      gpu_steps=[{"random_flip": {}}, {"random_crop": {"size": 6, "padding": 1}}]),
+    "bfloat16 channels_first": dict(shuffle="block", seed=3, dtype="bfloat16", mean=0.5, std=0.2,
+                                    channels_first=True),
+    "float16, drop_last": dict(shuffle="full", seed=4, dtype="float16", drop_last=True),
+    "sequential": dict(shuffle=False),
+    "rank 1 of 3, shuffled": dict(shuffle=True, seed=5, rank=1, world_size=3),
+    "rank 0 of 2, sequential": dict(shuffle=False, rank=0, world_size=2),
+}
+
+
+def same(a: list[dict], b: list[dict]) -> None:
+    assert len(a) == len(b) and len(a) > 0
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for f in x:
+            assert x[f].dtype == y[f].dtype and x[f].shape == y[f].shape, f
+            assert torch.equal(x[f].cpu(), y[f].cpu()), f
+
+
+def resident_on_cpu(built: str, budget=None, **kw) -> Loader:
+    loader = Loader(built, batch_size=7, device="cpu", **kw)
+    loader.feeder = ResidentFeeder.for_loader(loader, CPU, budget)
+    return loader
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_resident_batches_are_the_cpu_loaders(built, case):
+    kw = CASES[case]
+    ref, got = Loader(built, batch_size=7, device="cpu", num_threads=1, **kw), resident_on_cpu(built, **kw)
+    for epoch in (0, 1):
+        ref.set_epoch(epoch)
+        got.set_epoch(epoch)
+        same(list(got), list(ref))
+
+
+def test_resident_resumes_mid_epoch(built):
+    kw = CASES["float32 normalised, steps"]
+    a = resident_on_cpu(built, **kw)
+    a.set_epoch(2)
+    it = iter(a)
+    first = [next(it) for _ in range(4)]
+    state = a.state_dict()
+    rest = list(it)
+    b = resident_on_cpu(built, **kw)
+    b.load_state_dict(state)
+    b.set_epoch(2)
+    same(list(b), rest)
+    ref = Loader(built, batch_size=7, device="cpu", **kw)
+    ref.set_epoch(2)
+    same(first + rest, list(ref))
+
+
+def test_a_rank_holds_its_share_when_the_share_is_fixed(built, ds):
+    whole = resident_on_cpu(built, shuffle=False)
+    half = resident_on_cpu(built, shuffle=False, rank=1, world_size=2)
+    assert whole.feeder.rows.size == len(ds) == 120 and whole.feeder.dense
+    assert half.feeder.rows.size == 60 and not half.feeder.dense
+    assert half.feeder.nbytes * 2 == whole.feeder.nbytes == 120 * (8 * 8 * 3 + 8)
+    np.testing.assert_array_equal(half.feeder.rows, np.unique(np.concatenate(half.batch_indices(0))))
+    shuffled = resident_on_cpu(built, shuffle=True, rank=1, world_size=2)
+    assert shuffled.feeder.rows.size == 120   # a shuffled share changes every epoch: every row
+
+
+def test_a_set_over_the_budget_is_a_clear_error(built):
+    need = 120 * (8 * 8 * 3 + 8)
+    with pytest.raises(PrecompileError, match=r"the loaded fields \['image', 'label'\] of 120 rows need 24000 bytes "
+                                              r"on cpu, over the budget of 23999 bytes \(gpu_budget"):
+        resident_on_cpu(built, budget=need - 1)
+    assert resident_on_cpu(built, budget=need).feeder.nbytes == need
+    for bad in (0, -5, 1.5, "half", True):
+        with pytest.raises(ValueError, match="gpu_budget must be"):
+            resident.budget_bytes(CPU, bad)
+
+
+def test_the_upload_goes_piece_by_piece(built, monkeypatch):
+    monkeypatch.setattr(resident, "PIECE_BYTES", 3 * 8 * 8 * 3)   # 3 images per piece: 40 pieces
+    kw = CASES["uint8"]
+    same(list(resident_on_cpu(built, **kw)), list(Loader(built, batch_size=7, device="cpu", **kw)))
+
+
+def test_gpu_mode_needs_cuda(built):
+    with pytest.raises(PrecompileError, match=r"in_memory='gpu'\) keeps the data on a CUDA device; this "
+                                              r"Loader's device is cpu"):
+        Loader(built, batch_size=4, device="cpu", in_memory="gpu")
+    with pytest.raises(ValueError, match="in_memory must be False, True or 'gpu', got 'cuda'"):
+        Loader(built, batch_size=4, device="cpu", in_memory="cuda")
+    with pytest.raises(ValueError, match="gpu_budget applies only with in_memory='gpu'"):
+        Loader(built, batch_size=4, device="cpu", gpu_budget=0.5)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA; the error is for machines without it")
+def test_gpu_mode_without_cuda_says_so(built):
+    with pytest.raises(PrecompileError, match="sees no CUDA device"):
+        Loader(built, batch_size=4, device="auto", in_memory="gpu")
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+
+@needs_cuda
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_resident_batches_are_the_cpu_loaders(built, case):
+    kw = CASES[case]
+    got = Loader(built, batch_size=7, device="cuda", in_memory="gpu", **kw)
+    assert isinstance(got.feeder, ResidentFeeder)
+    ref = Loader(built, batch_size=7, device="cpu", **kw)
+    for epoch in (0, 1):
+        got.set_epoch(epoch)
+        ref.set_epoch(epoch)
+        batches = list(got)
+        assert all(t.device.type == "cuda" for b in batches for t in b.values())
+        same(batches, list(ref))
+
+
+@needs_cuda
+def test_cuda_budget_is_a_share_of_free_memory(built):
+    free, _ = torch.cuda.mem_get_info()
+    assert 0 < resident.budget_bytes(torch.device("cuda", torch.cuda.current_device()), None) <= free
+    with pytest.raises(PrecompileError, match="over the budget"):
+        Loader(built, batch_size=4, device="cuda", in_memory="gpu", gpu_budget=100)

@@ -127,8 +127,20 @@ def test_plan_prints_how_videos_are_read_and_the_memory_a_whole_video_needs(tmp_
     assert res.exit_code == 0, res.output
     # the largest declared video: a.mp4, 75 frames of 48x64x3 (the file's header; the decode may differ)
     assert "video     video: no clips step: each video is held whole, up to 75 x 48 x 64 x 3 = 691,200 " \
-           "bytes per video (largest header of 3 inputs)" in res.output
+           "bytes per video (largest header of 3 input(s))" in res.output
     streamed = _recipe(tmp_path, root, [{"resize": {"size": [8, 8]}}, {"clips": {"length": 4}}])
     res = CliRunner().invoke(main, ["plan", str(streamed)])
     assert res.exit_code == 0, res.output
     assert "video     video: streamed frame by frame (resize -> clips), one clip at a time in memory" in res.output
+    # Matroska declares no frame count: the memory is unknown, and plan says so
+    from test_video import _write_av
+
+    mkv = tmp_path / "mkv"
+    mkv.mkdir()
+    _write_av(mkv / "a.mkv", 10)
+    r = _recipe(tmp_path, mkv, [{"resize": {"size": [8, 8]}}], inputs={
+        "root": str(mkv), "match": "{name}.mkv", "fields": {"video": {"decoder": "video"}}})
+    res = CliRunner().invoke(main, ["plan", str(r)])
+    assert res.exit_code == 0, res.output
+    assert "video     video: no clips step: each video is held whole, memory unknown (no container header of " \
+           "1 probed input(s) declares a frame count)" in res.output

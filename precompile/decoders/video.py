@@ -33,6 +33,7 @@ codec rejected and skipped; FFmpeg conceals what it can).
 """
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 from typing import Any, Callable, Iterator, Literal, Optional
 
@@ -391,6 +392,31 @@ class VideoDecoder(Decoder):
                 raise ValueError(f"audio_field {field!r} clashes with the video field")
             out[self.params.audio_field] = FieldSpec("audio", (1 if self.params.audio_mono else None, None), "float32")
         return out
+
+    def declared_shape(self, path: str) -> Optional[tuple[int, int, int, int]]:
+        """(T, H, W, C) of the whole array ``read`` would return, from the container's header (its
+        declared frame count, which may be wrong: the decode counts frames); None when the header
+        declares no frame count or the file does not open."""
+        p = self.params
+        try:
+            container = _open(path)
+        except DecodeError:
+            return None
+        try:
+            s = container.streams.video[0]
+            n, h, w = int(s.frames or 0), int(s.codec_context.height or 0), int(s.codec_context.width or 0)
+            fps = video_info(container)["fps"]
+        finally:
+            container.close()
+        if p.start_s is not None or p.end_s is not None:
+            end = p.end_s if p.end_s is not None else (n / fps if fps else 0.0)
+            n = min(n, math.ceil((end - (p.start_s or 0.0)) * fps)) if fps else 0
+        n = -(-n // p.every)
+        if p.max_frames is not None:
+            n = min(n, p.max_frames)
+        if n <= 0 or h <= 0 or w <= 0:
+            return None
+        return n, h, w, 3 if p.mode == "rgb8" else 1
 
     def read(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params

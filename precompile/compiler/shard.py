@@ -202,7 +202,8 @@ def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, floa
     where = dict(path=path, stage="decode", field=fname, key=item.key)
     copies = copy_indices(recipe)
     spills = [SampleSpill(spill_dir) for _ in copies]
-    clips = stream.clips.cut(sample, [fname], stream.frames(_stream_frames(stream.source, where, timings)))
+    clips = stream.clips.cut(sample, [fname], stream.frames(_stream_frames(stream.source, where, timings)),
+                             seek=getattr(stream.source, "want", None))
     try:
         cut = _clip_errors(clips, f"steps[{stream.at}] {stream.clips.name}", path, item.key)
         _fill_spills(recipe, cut, stream, item, copies, spills, timings, check, spill_dir)

@@ -155,9 +155,11 @@ class Clips(Step):
         return list(self.cut(sample, targets, frames))
 
     def cut(self, sample: Sample, targets: list[str], frames: Iterable[FrameIn],
-            cutter: Optional["ClipCutter"] = None) -> Iterator[Sample]:
+            cutter: Optional["ClipCutter"] = None, seek: Optional[Callable[[Any], None]] = None) -> Iterator[Sample]:
         """Clips of ``sample`` from ``frames`` (in order), as samples; ``sample`` gives every other
-        field, the kinds and the meta (its ``targets`` fields are replaced by the clips)."""
+        field, the kinds and the meta (its ``targets`` fields are replaced by the clips). ``seek``
+        (the frame source's ``want``) is told after each frame which frame the clips need next
+        (:meth:`ClipCutter.ahead`), so the source may skip the frames between."""
         m = sample.meta.get(targets[0])
         src_meta = m if isinstance(m, dict) else {}
         dec_every = int(src_meta.get("every", 1))
@@ -198,6 +200,8 @@ class Clips(Step):
                 yield make(clip)
             if cutter.done:
                 break
+            if seek is not None:
+                seek(cutter.ahead())
         for clip in cutter.finish():
             yield make(clip)
 
@@ -296,6 +300,28 @@ class ClipCutter:
             for i in [i for i in self.held if i < first]:
                 del self.held[i]
         return out
+
+    def ahead(self) -> Optional[tuple[str, Any]]:
+        """The next frame an unfinished clip needs, when frames before it are needed by none:
+        ``("position", p)`` (frame clips: the smallest position a clip takes, past the frames seen),
+        ``("time", t)`` (time clips whose next clip has not begun: its first slot takes the last
+        frame at or before ``t``); None when the next frame may be needed."""
+        if self.done or self.prev is None:
+            return None
+        if self.by_time:
+            start = self._start(self.next)
+            return ("time", start) if start > _exact(self.prev[1]) and self.next not in self.slots else None
+        need, k = None, self.next
+        while k < self.max_clips:
+            s = k * self.stride
+            if s >= self.n:
+                need = s if need is None else min(need, s)
+                break   # later clips start later
+            j = -(-(self.n - s) // self.every)
+            if j < self.L:
+                need = s + j * self.every if need is None else min(need, s + j * self.every)
+            k += 1
+        return ("position", need) if need is not None and need > self.n else None
 
     # -- time clips ----------------------------------------------------------------------
     def _start(self, k: int) -> Fraction:

@@ -38,6 +38,7 @@ fresh process (``--child``) so its peak RSS is its own.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -254,10 +255,13 @@ def build_steps(files: list[str], steps: list[dict[str, Any]], args: argparse.Na
     assert rep["status"] == "ok", rep
     ds = precompile.open(str(out / "clips.h5"))
     n_clips = len(ds)
-    digest = __import__("hashlib").sha256(b"".join(ds[i]["video"].tobytes() for i in range(n_clips))).hexdigest()
+    rss = _vm_hwm(os.getpid())   # the build's peak, before the check below reads the clips back
+    digest = hashlib.sha256()
+    for i in range(n_clips):
+        digest.update(ds[i]["video"].tobytes())
     shutil.rmtree(out)
     shutil.rmtree(root)
-    return {"wall": wall, "frames": 0, "rss": _vm_hwm(os.getpid()), "clips": n_clips, "sha": digest[:12]}
+    return {"wall": wall, "frames": 0, "rss": rss, "clips": n_clips, "sha": digest.hexdigest()[:12]}
 
 
 def run_child(work: Path, kind: str, files: list[Path], jobs: int, frames: int, *extra: str) -> dict[str, Any]:

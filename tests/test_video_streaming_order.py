@@ -144,3 +144,27 @@ def test_plan_prints_how_videos_are_read_and_the_memory_a_whole_video_needs(tmp_
     assert res.exit_code == 0, res.output
     assert "video     video: no clips step: each video is held whole, memory unknown (no container header of " \
            "1 probed input(s) declares a frame count)" in res.output
+
+
+def test_a_failing_step_before_clips_names_the_input_and_step_as_without_streaming(tmp_path, monkeypatch):
+    """center_crop larger than the frames fails on the first frame streamed; the failure (message,
+    stage, file) is the whole-video path's, and the input is dropped whole."""
+    from test_video import _write_av
+
+    root = tmp_path / "in"
+    root.mkdir()
+    _write_av(root / "big.mp4", 12, size=(128, 96))
+    _write_av(root / "small.mp4", 12)
+    steps = [{"center_crop": {"size": [80, 80]}}, {"clips": {"length": 4}}]
+    recipe = _recipe(tmp_path, root, steps, on_error="skip")
+    assert _plan(recipe) is not None
+    reports = [precompile.build(recipe, out_dir=tmp_path / "s", n_jobs=1)]
+    monkeypatch.setattr(temporal, "stream_plan", lambda decoders, steps: None)
+    reports.append(precompile.build(recipe, out_dir=tmp_path / "w", n_jobs=1))
+    fails = [[(f["path"], f["stage"], f["field"], f["message"]) for f in r["failures"]] for r in reports]
+    assert fails[0] == fails[1]
+    ((path, stage, field, message),) = fails[0]
+    assert path == str(root / "small.mp4") and stage == "steps[0] center_crop" and field == "video"
+    assert "input 48x64 is smaller than the crop 80x80 (set pad: true to pad)" in message
+    assert _dump(tmp_path / "s" / "v.h5") == _dump(tmp_path / "w" / "v.h5")
+    assert precompile.open(str(tmp_path / "s" / "v.h5")).keys == [f"big.mp4#clip{i}" for i in range(3)]

@@ -83,8 +83,10 @@ def test_streamed_pre_steps_hold_frames_not_videos(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("steps, why", [
-    ([{"random_flip": {}}, {"clips": {"length": 4}}], "steps[0] random_flip before clips is not a deterministic "
-                                                       "per-frame step"),
+    ([{"random_flip": {}}, {"clips": {"length": 4}}], "steps[0] random_flip before clips draws once per video "
+                                                       "(all its clips share the draw; it cannot move past clips)"),
+    ([{"resize": {"size": [8, 8]}}, {"temporal_jitter": {"length": 2}}, {"clips": {"length": 1}}],
+     "steps[1] temporal_jitter before clips draws once per video"),
     ([{"resize": {"size": [8, 8]}}], "no clips step"),
     ([{"clips": {"length": 4}}], None),
     ([{"convert": {"mode": "gray8"}}, {"center_crop": {"size": [8, 8]}}, {"clips": {"length": 4}}], None),

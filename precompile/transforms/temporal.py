@@ -497,9 +497,12 @@ def whole_video_reason(decoders: dict[str, Any], steps: list[Step]) -> Optional[
     at = next((i for i, s in enumerate(steps) if isinstance(s, Clips)), None)
     if at is None:
         return "no clips step: each video is held whole"
-    bad = next((f"steps[{i}] {s.name}" for i, s in enumerate(steps[:at]) if not streams_frames(s)), None)
+    i, bad = next(((i, s) for i, s in enumerate(steps[:at]) if not streams_frames(s)), (None, None))
+    if bad is not None and bad.random:
+        return (f"steps[{i}] {bad.name} before clips draws once per video (all its clips share the draw; "
+                f"it cannot move past clips): each video is held whole")
     if bad is not None:
-        return f"{bad} before clips is not a deterministic per-frame step: each video is held whole"
+        return f"steps[{i}] {bad.name} before clips is not a per-frame step: each video is held whole"
     return "clips cuts more than one video field (or one not made by a streaming decoder): each video is held whole"
 
 

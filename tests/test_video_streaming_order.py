@@ -100,22 +100,28 @@ def test_what_streams_and_why_not(tmp_path, steps, why):
 
 
 def test_random_step_before_clips_keeps_one_draw_per_video(tmp_path):
-    """random_flip before clips flips a whole video or none of it: every clip of a video agrees."""
+    """random_flip before clips flips a whole video or none of it: every clip of one copy of a
+    video has the same draw (and the flipped clips are the mirrored frames)."""
     import numpy as np
 
     root = _video_tree(tmp_path / "in", audio=False)
     recipe = _recipe(tmp_path, root, [{"random_flip": {"horizontal": 0.5}}, {"clips": {"length": 4}}], copies=6,
                      keep_original=False)
     precompile.build(recipe, out_dir=tmp_path / "out", n_jobs=1)
-    ds = precompile.open(str(tmp_path / "out" / "v.h5"))
+    plain = _recipe(tmp_path, root, [{"clips": {"length": 4}}])
+    precompile.build(plain, out_dir=tmp_path / "plain", n_jobs=1)
+    ds, ref = precompile.open(str(tmp_path / "out" / "v.h5")), precompile.open(str(tmp_path / "plain" / "v.h5"))
+    frames = {ref.key(i): ref[i]["video"] for i in range(len(ref))}
     draws: dict = {}
     for i in range(len(ds)):
-        m = ds.meta(i)
-        draws.setdefault((ds.key(i).split("#")[0], m.get("copy", i)), set()).add(
-            m["augment"][0]["horizontal"])
-    assert all(len(v) == 1 for v in draws.values())
-    assert {next(iter(v)) for v in draws.values()} == {True, False}
-    assert np.array_equal(ds[0]["video"], ds[0]["video"])
+        flip = ds.meta(i)["augment"][0]["horizontal"]
+        draws.setdefault((ds.key(i).split("#")[0], ds.copy(i)), []).append(flip)
+        want = frames[ds.key(i)][:, :, ::-1] if flip else frames[ds.key(i)]
+        assert np.array_equal(ds[i]["video"], want)
+    assert len(draws) == 3 * 6 and all(len(v) >= 1 for v in draws.values())
+    assert all(len(set(v)) == 1 for v in draws.values())
+    assert {v[0] for v in draws.values()} == {True, False}
+    assert any(len(v) > 1 for v in draws.values())
 
 
 def test_plan_prints_how_videos_are_read_and_the_memory_a_whole_video_needs(tmp_path):

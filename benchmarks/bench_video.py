@@ -169,9 +169,6 @@ def child(args: argparse.Namespace) -> None:
     kind, files, jobs = args.child, args.files.split(","), args.jobs
     frames = 0
     t0 = time.perf_counter()
-    if kind == "steps":
-        print(json.dumps(build_steps(files, json.loads(args.steps), args)))
-        return
     if kind in ("streamed", "opencv_whole"):
         import precompile
         from precompile.recipe import parse_recipe
@@ -274,7 +271,7 @@ def run_child(work: Path, kind: str, files: list[Path], jobs: int, frames: int, 
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
@@ -288,7 +285,14 @@ def main() -> None:
     ap.add_argument("--steps")
     ap.add_argument("--whole", action="store_true")
     ap.add_argument("--no-seek", action="store_true")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
+    if args.child == "steps":
+        print(json.dumps(build_steps(args.files.split(","), json.loads(args.steps), args)))
+        return
     if args.child:
         child(args)
         return

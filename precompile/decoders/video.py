@@ -379,8 +379,12 @@ class Seeker:
         """The keyframe to seek to now, or None (decode the next packet)."""
         if not self.on or self.target is None:
             return None
-        if self.target[0] == "position" and self.target[1] * self.every <= self.next:
+        kind, v = self.target
+        if kind == "position" and v * self.every <= self.next:
             return None
+        if self.index is None and kind == "time" and self.clock.last is not None and \
+                float(v) - self.clock.last < 2 * self.clock.step:
+            return None   # the next frame or the one after: not worth reading the packet index for
         if self.index is None:
             self.index = PacketIndex(self.path)
             self.on = self.index.ok and [self.index.rank.get(p) for p in self.seen] == list(range(len(self.seen)))

@@ -17,7 +17,10 @@ Two ways to read a file:
   clips being cut (:mod:`precompile.transforms.temporal`).
 
 Both share one frame loop, so the frames, their order and their bytes are the
-same either way. RGB frames come from swscale (``rgb24``); on the project's
+same either way. A streamed read may also skip ahead: its consumer says which
+frame it needs next and the read seeks to the keyframe before it when that is
+past the next frame to decode (:class:`Seeker`; frame indices then come from a
+:class:`PacketIndex` and are checked frame by frame, so they stay exact). RGB frames come from swscale (``rgb24``); on the project's
 sample files and the real H.264 test file they equal OpenCV's BGR->RGB frames
 byte for byte. Gray frames are OpenCV's RGB->gray of those.
 

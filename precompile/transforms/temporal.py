@@ -20,9 +20,13 @@ zero-padded outside the track.
 
 Clips are cut by :class:`ClipCutter`, which takes frames one at a time and
 asks for a frame's pixels only when a clip needs it; the engine feeds it
-straight from the decoder (:func:`stream_clips`), so a long video never sits
+straight from the decoder (:func:`stream_plan`, ``compiler.shard.stream_item``), so a long video never sits
 in memory whole, and :meth:`Clips.run` feeds it from a decoded array. Both
-give the same samples, byte for byte.
+give the same samples, byte for byte. While streaming, the cutter tells the
+decoder the next frame a clip needs (:meth:`ClipCutter.ahead`), so sparse clips
+seek to keyframes instead of decoding every frame between them; deterministic
+per-frame steps before ``clips`` run on each frame as it arrives
+(:func:`stream_plan`).
 """
 from __future__ import annotations
 

@@ -249,3 +249,28 @@ def test_sparse_build_seeks_and_equals_decode_through_at_j1_and_j2(tmp_path, mon
     ref = _dump(tmp_path / "through" / "v.h5")
     assert len(ref) == 5 + 3
     assert _dump(tmp_path / "j1" / "v.h5") == ref == _dump(tmp_path / "j2" / "v.h5")
+
+
+@pytest.fixture(scope="module")
+def gop_file(tmp_path_factory):
+    return write_gop(tmp_path_factory.mktemp("gop") / "g.mp4", 130, gop=11, bframes=2)
+
+
+def test_seek_equals_whole_for_any_frame_clips(gop_file):
+    """Property: any frame-clip parameters give the whole-video path's clips, seeking or not."""
+    from hypothesis import given, settings, strategies as st
+
+    seeks = []
+
+    @settings(max_examples=25, deadline=None, derandomize=True)
+    @given(length=st.integers(1, 6), every=st.integers(1, 4), stride=st.integers(1, 70),
+           max_clips=st.one_of(st.none(), st.integers(1, 4)), short=st.sampled_from(["drop", "pad"]),
+           dec_every=st.integers(1, 2))
+    def prop(length, every, stride, max_clips, short, dec_every):
+        clips = {"length": length, "every": every, "stride": stride, "max_clips": max_clips, "short": short}
+        got, n = streamed(gop_file, clips, {"every": dec_every})
+        seeks.append(n)
+        assert got == whole(gop_file, clips, {"every": dec_every})
+
+    prop()
+    assert sum(1 for n in seeks if n) >= 5   # sparse draws did seek

@@ -274,3 +274,25 @@ def test_seek_equals_whole_for_any_frame_clips(gop_file):
 
     prop()
     assert sum(1 for n in seeks if n) >= 5   # sparse draws did seek
+
+
+def test_seek_equals_whole_for_any_time_clips(tmp_path):
+    """Property: any time-clip parameters on a variable-frame-rate file give the whole-video clips."""
+    from hypothesis import given, settings, strategies as st
+
+    ms = [int(1000 * i / 30) if i < 50 else 1700 + 70 * (i - 50) for i in range(110)]
+    p = write_gop(tmp_path / "vfr.mp4", 110, gop=9, pts_ms=ms)
+    seeks = []
+
+    @settings(max_examples=20, deadline=None, derandomize=True)
+    @given(fps=st.sampled_from([1, 2.5, 4, 12, 29.97]), length=st.integers(1, 4),
+           stride_s=st.one_of(st.none(), st.floats(0.1, 2.5)), max_clips=st.one_of(st.none(), st.integers(1, 3)),
+           short=st.sampled_from(["drop", "pad"]))
+    def prop(fps, length, stride_s, max_clips, short):
+        clips = {"fps": fps, "length": length, "stride_s": stride_s, "max_clips": max_clips, "short": short}
+        got, n = streamed(p, clips)
+        seeks.append(n)
+        assert got == whole(p, clips)
+
+    prop()
+    assert sum(1 for n in seeks if n) >= 3

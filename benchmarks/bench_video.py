@@ -23,10 +23,22 @@ for -j1, the largest loky worker for -j2):
 
 ``--quick`` uses 5/10/20-second files and one repeat. Each contender runs in a
 fresh process (``--child``) so its peak RSS is its own.
+
+``--order`` prints two other tables instead (issue 20), at ``--height`` (720 or
+480 lines; the width follows at 16:9):
+
+  step order     peak RSS and wall of ``resize`` then ``clips`` and of ``clips``
+                 then ``resize`` (16-frame clips at 112x112), on the 60 s and
+                 120 s files, against the whole-video path (streaming turned off,
+                 what ``resize`` then ``clips`` did before) on the 20 s file
+  seeking        ``max_clips: 4`` clips of 16 frames, one every 30 s of a 120 s
+                 file (stride 900; a quarter of the file with --quick), with keyframe seeks and decoding through
+                 (``set_seeking(False)``): clips per second and wall
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -216,17 +228,50 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"wall": wall, "frames": frames, "rss": _vm_hwm(os.getpid()), "clips": 0}))
 
 
-def run_child(work: Path, kind: str, files: list[Path], jobs: int, frames: int) -> dict[str, Any]:
+def build_steps(files: list[str], steps: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
+    """Build ``steps`` over ``files`` at -j1 in this process (``--whole``: streaming off, every video
+    decoded whole; ``--no-seek``: decode through); wall, peak RSS, clips, clips/s."""
+    import precompile
+    import precompile.transforms.temporal as temporal
+    from precompile.decoders.video import set_seeking
+    from precompile.recipe import parse_recipe
+
+    if args.whole:
+        temporal.stream_plan = lambda decoders, steps: None
+    set_seeking(not args.no_seek)
+    root = Path(tempfile.mkdtemp(prefix="bv-in-", dir=args.work))
+    for i, f in enumerate(files):
+        os.symlink(f, root / f"v{i}.mp4")
+    recipe = parse_recipe({"name": "clips", "inputs": {"root": str(root), "match": "{name}.mp4",
+                                                       "fields": {"video": {"decoder": "video"}}},
+                           "steps": steps, "output": {"format": "hdf5", "samples_per_shard": 1}}, base_dir=str(root))
+    out = Path(tempfile.mkdtemp(prefix="bv-out-", dir=args.work))
+    t0 = time.perf_counter()
+    rep = precompile.build(recipe, out_dir=out, n_jobs=1)
+    wall = time.perf_counter() - t0
+    assert rep["status"] == "ok", rep
+    ds = precompile.open(str(out / "clips.h5"))
+    n_clips = len(ds)
+    rss = _vm_hwm(os.getpid())   # the build's peak, before the check below reads the clips back
+    digest = hashlib.sha256()
+    for i in range(n_clips):
+        digest.update(ds[i]["video"].tobytes())
+    shutil.rmtree(out)
+    shutil.rmtree(root)
+    return {"wall": wall, "frames": 0, "rss": rss, "clips": n_clips, "sha": digest.hexdigest()[:12]}
+
+
+def run_child(work: Path, kind: str, files: list[Path], jobs: int, frames: int, *extra: str) -> dict[str, Any]:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, __file__, "--child", kind, "--files", ",".join(map(str, files)),
-                          "--jobs", str(jobs), "--frames", str(frames), "--work", str(work)],
+                          "--jobs", str(jobs), "--frames", str(frames), "--work", str(work), *extra],
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:
         raise SystemExit(f"{kind} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true")
@@ -235,9 +280,24 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--frames", type=int, default=0)
     ap.add_argument("--work")
-    args = ap.parse_args()
+    ap.add_argument("--order", action="store_true", help="the step-order and seeking tables (issue 20)")
+    ap.add_argument("--height", type=int, default=720, help="with --order: 720 or 480 lines")
+    ap.add_argument("--steps")
+    ap.add_argument("--whole", action="store_true")
+    ap.add_argument("--no-seek", action="store_true")
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = _parse_args()
+    if args.child == "steps":
+        print(json.dumps(build_steps(args.files.split(","), json.loads(args.steps), args)))
+        return
     if args.child:
         child(args)
+        return
+    if args.order:
+        order_tables(args)
         return
     base_s, short, long_ = (5, 10, 20) if args.quick else (20, 60, 120)
     repeats = 1 if args.quick else args.repeats
@@ -285,6 +345,69 @@ def main() -> None:
         rss = statistics.median(r["rss"] for r in rs) / 2 ** 20
         clips = rs[0]["clips"] or ""
         print(f"| {label:34s} | {wall:6.2f} | {fps:8.0f} | {fps / base:5.2f}x | {rss:12.0f} MiB | {clips!s:>5} |")
+
+
+def video_file(seconds: int) -> Path:
+    """The cached generated file of ``seconds`` at the current W x H."""
+    cache = Path(tempfile.gettempdir()) / "precompile-bench-video"
+    cache.mkdir(exist_ok=True)
+    f = cache / f"h264_{W}x{H}_{FPS}fps_{seconds}s.mp4"
+    if not f.exists():
+        t = time.perf_counter()
+        make_video(f, seconds)
+        print(f"generated {f.name} ({f.stat().st_size / 1e6:.1f} MB) in {time.perf_counter() - t:.0f} s", flush=True)
+    return f
+
+
+def _median_rows(work: Path, rows: list[tuple], repeats: int) -> dict[str, list[dict[str, Any]]]:
+    """Run every row ``repeats`` times, taking turns; (label, files, steps, extra flags) per row."""
+    results: dict[str, list[dict[str, Any]]] = {r[0]: [] for r in rows}
+    for rep in range(repeats):
+        for label, fs, steps, extra in rows:
+            results[label].append(run_child(work, "steps", fs, 1, 0, "--steps", json.dumps(steps), *extra))
+            print(f"  run {rep + 1}/{repeats}: {label}: {results[label][-1]['wall']:.2f} s", flush=True)
+    return results
+
+
+def order_tables(args: argparse.Namespace) -> None:
+    """Issue 20: steps before clips stream (peak RSS, wall); keyframe seeks for sparse clips."""
+    global W, H
+    H = args.height
+    W = H * 16 // 9 // 2 * 2   # (even: yuv420p)
+    repeats = 1 if args.quick else args.repeats
+    short, mid, long_ = (5, 10, 20) if args.quick else (20, 60, 120)
+    f = {s: str(video_file(s)) for s in (short, mid, long_)}
+    clips, resize = {"clips": {"length": 16}}, {"resize": {"size": [112, 112]}}
+    rows = [(f"resize+clips, whole video (before), {short} s", [f[short]], [resize, clips], ["--whole"])]
+    for s in (mid, long_):
+        rows += [(f"resize+clips, streamed, {s} s", [f[s]], [resize, clips], []),
+                 (f"clips+resize, streamed, {s} s", [f[s]], [clips, resize], [])]
+    sparse = [resize, {"clips": {"length": 16, "stride": long_ // 4 * FPS, "max_clips": 4}}]
+    seek_rows = [(f"max_clips 4, decode through, {long_} s", [f[long_]], sparse, ["--no-seek"]),
+                 (f"max_clips 4, keyframe seeks, {long_} s", [f[long_]], sparse, [])]
+    work = Path(tempfile.mkdtemp(prefix="precompile-bench-video-work-"))
+    try:
+        res = _median_rows(work, rows + seek_rows, repeats)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\n{W}x{H} {FPS} fps H.264 (GOP 250); 16-frame clips resized to 112x112; -j1; medians of {repeats}; "
+          f"{os.cpu_count()} cores (shared machine)\n")
+    print(f"| {'recipe':42s} | wall s | peak RSS | vs whole | clips | output sha256 |")
+    print(f"|{'-' * 44}|--------|----------|----------|-------|---------------|")
+    base = statistics.median(r["rss"] for r in res[rows[0][0]])
+    for label, *_ in rows:
+        r = res[label]
+        rss = statistics.median(x["rss"] for x in r)
+        print(f"| {label:42s} | {statistics.median(x['wall'] for x in r):6.2f} | {rss / 2 ** 20:4.0f} MiB | "
+              f"{rss / base:7.3f}x | {r[0]['clips']:5d} | {r[0]['sha']} |")
+    print(f"\n| {'sparse clips':42s} | wall s | clips/s | vs through | clips | output sha256 |")
+    print(f"|{'-' * 44}|--------|---------|------------|-------|---------------|")
+    base = statistics.median(x["clips"] / x["wall"] for x in res[seek_rows[0][0]])
+    for label, *_ in seek_rows:
+        r = res[label]
+        cps = statistics.median(x["clips"] / x["wall"] for x in r)
+        print(f"| {label:42s} | {statistics.median(x['wall'] for x in r):6.2f} | {cps:7.2f} | {cps / base:9.2f}x | "
+              f"{r[0]['clips']:5d} | {r[0]['sha']} |")
 
 
 if __name__ == "__main__":

@@ -115,6 +115,10 @@ def plan(recipe: str) -> None:
 
     for f, how in explain(r).items():
         click.echo(f"decode    {f}: {how}")
+    from .compiler.plan import video_reads
+
+    for line in video_reads(p):
+        click.echo(f"video     {line}")
 
 
 @main.command()

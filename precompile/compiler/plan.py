@@ -336,3 +336,35 @@ def make_plan(recipe: Recipe) -> Plan:
     shards = _make_shards(recipe, items)
     return Plan(recipe=recipe, items=items, shards=shards, specs=specs,
                 label_names=label_names, expands=expands, attrs=coco.attrs if coco is not None else {})
+
+
+def video_reads(plan: Plan, limit: int = 100) -> list[str]:
+    """How the build reads each video field, for ``precompile plan``: streamed (one clip at a time in
+    memory), or whole, with the memory one video needs: frames x H x W x C from the largest of the
+    first ``limit`` inputs' container headers (the declared size; "unknown" where none declares it)."""
+    from ..remote import is_url
+    from ..transforms.temporal import stream_plan, whole_video_reason
+
+    recipe = plan.recipe
+    stream = stream_plan(recipe.decoders, recipe.steps)
+    if stream is not None:
+        return [stream.describe()]
+    reason = whole_video_reason(recipe.decoders, recipe.steps)
+    if reason is None:
+        return []
+    out = []
+    for fname, dec in recipe.decoders.items():
+        if not hasattr(dec, "declared_shape"):
+            continue
+        items = [it for it in plan.items[:limit] if not is_url(it.paths[fname])]
+        shapes = [recipe.decoder_for(fname, it.options.get(fname)).declared_shape(it.paths[fname]) for it in items]
+        known = [s for s in shapes if s is not None]
+        if not known:
+            out.append(f"{fname}: {reason}, memory unknown (no container header of {len(items)} probed "
+                       f"input(s) declares a frame count)")
+            continue
+        t, h, w, c = max(known, key=lambda s: s[0] * s[1] * s[2] * s[3])
+        unknown = f"; {len(shapes) - len(known)} declare no frame count" if len(known) < len(shapes) else ""
+        out.append(f"{fname}: {reason}, up to {t} x {h} x {w} x {c} = {t * h * w * c:,} bytes per video "
+                   f"(largest header of {len(items)} input(s){unknown})")
+    return out

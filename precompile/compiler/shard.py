@@ -189,7 +189,8 @@ class _DecodeErrors:
 def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, float],
                 check: Callable[[Sample], None], spill_dir: Optional[str]) -> Any:
     """All samples of one input whose video streams through ``clips`` (see transforms.temporal):
-    frames are decoded, resized if fused, cut and passed on one clip at a time; the finished
+    frames are decoded, put through the per-frame steps before ``clips`` (and a fused ``resize``
+    after it), cut and passed on one clip at a time; the finished
     samples are checked and kept in a :class:`~precompile.spill.SampleSpill` (bounded memory)
     until the input is done, so a failing input is still dropped whole. When a later step is
     random, the clips are gathered first (in a spill too) and the steps run over all of them in
@@ -201,10 +202,11 @@ def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, floa
     where = dict(path=path, stage="decode", field=fname, key=item.key)
     copies = copy_indices(recipe)
     spills = [SampleSpill(spill_dir) for _ in copies]
-    clips = stream.clips.cut(sample, [fname], stream.frames(_stream_frames(stream.source, where, timings)))
+    clips = stream.clips.cut(sample, [fname], stream.frames(_stream_frames(stream.source, where, timings)),
+                             seek=getattr(stream.source, "want", None))
     try:
-        _fill_spills(recipe, _clip_errors(clips, stream.clips.name, path, item.key), stream, item, copies, spills,
-                     timings, check, spill_dir)
+        cut = _clip_errors(clips, f"steps[{stream.at}] {stream.clips.name}", path, item.key)
+        _fill_spills(recipe, cut, stream, item, copies, spills, timings, check, spill_dir)
     except BaseException:
         clips.close()
         for spill in spills:
@@ -237,9 +239,9 @@ def _stream_frames(src: Any, where: dict[str, Any], timings: dict[str, float]) -
         src.close()
 
 
-def _clip_errors(clips: Any, name: str, path: str, key: str) -> Any:
+def _clip_errors(clips: Any, stage: str, path: str, key: str) -> Any:
     """The clips as ``clips`` cuts them; an error while cutting names the input and the clips step."""
-    stage = f"steps[0] {name}"
+    name = stage.split(" ", 1)[1]
     while True:
         try:
             clip = next(clips)

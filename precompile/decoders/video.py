@@ -17,7 +17,10 @@ Two ways to read a file:
   clips being cut (:mod:`precompile.transforms.temporal`).
 
 Both share one frame loop, so the frames, their order and their bytes are the
-same either way. RGB frames come from swscale (``rgb24``); on the project's
+same either way. A streamed read may also skip ahead: its consumer says which
+frame it needs next and the read seeks to the keyframe before it when that is
+past the next frame to decode (:class:`Seeker`; frame indices then come from a
+:class:`PacketIndex` and are checked frame by frame, so they stay exact). RGB frames come from swscale (``rgb24``); on the project's
 sample files and the real H.264 test file they equal OpenCV's BGR->RGB frames
 byte for byte. Gray frames are OpenCV's RGB->gray of those.
 
@@ -33,6 +36,8 @@ codec rejected and skipped; FFmpeg conceals what it can).
 """
 from __future__ import annotations
 
+import bisect
+import math
 from fractions import Fraction
 from typing import Any, Callable, Iterator, Literal, Optional
 
@@ -45,6 +50,15 @@ from ..sample import FieldSpec
 from .base import Decoder, DecoderParams, check_budget
 
 _THREADS = {"count": 0}   # slice threads (0: FFmpeg's choice); workers set 1 (parallelism is across shards)
+
+
+_SEEK = {"on": True}      # keyframe seeks while streaming sparse clips (Seeker)
+
+
+def set_seeking(on: bool) -> None:
+    """Seek to keyframes past frames no clip needs while streaming (on by default). Off decodes
+    through every frame; the frames given are the same either way (benchmarks and tests compare)."""
+    _SEEK["on"] = bool(on)
 
 
 def set_decode_threads(n: int) -> None:
@@ -120,14 +134,19 @@ def _decoding(container: Any) -> Any:
     return stream
 
 
-def _decoded(container: Any, stream: Any, info: dict[str, Any], path: str) -> Iterator[Any]:
+def _decoded(container: Any, stream: Any, info: dict[str, Any], path: str,
+             seeker: Optional["Seeker"] = None) -> Iterator[Any]:
     """Every frame the codec gives, in order: packets it rejects are counted (``decode_errors``)
     and skipped, a container that breaks ends the stream as in a player (``demux_error``) and
-    the decoder is then drained, so every frame that decodes comes out."""
+    the decoder is then drained, so every frame that decodes comes out. With a ``seeker``, between
+    packets the read may jump ahead to a keyframe (:class:`Seeker`)."""
     av = _av()
     packets = container.demux(stream)
     try:
         while True:
+            key = seeker.pending() if seeker is not None else None
+            if key is not None:
+                seeker.seek(container, stream, key)
             try:
                 packet = next(packets)
             except StopIteration:
@@ -217,7 +236,8 @@ def iter_frames(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optio
 
 
 def _iter_all(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optional[int] = None,
-              info: Optional[dict[str, Any]] = None) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
+              info: Optional[dict[str, Any]] = None, seeker: Optional["Seeker"] = None,
+              ) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
     """Yield ``(position, pts seconds, get)`` for frames 0, every, 2*every, ... in order.
 
     ``position`` counts kept frames (source frame = position * every); ``get()``
@@ -225,7 +245,8 @@ def _iter_all(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optiona
     for pay the conversion). ``info`` (a dict) gets fps/claimed/codec at open and
     decoded_frames/decode_errors as frames come; the container is closed when the
     generator ends or is closed. The frames do not depend on the process or the
-    thread count decoding them (see :func:`_decoding`).
+    thread count decoding them (see :func:`_decoding`). With a ``seeker``, positions
+    no one needs may be skipped (:class:`Seeker`); the others are given as without.
     """
     container = _open(path)
     info = {} if info is None else info
@@ -233,21 +254,204 @@ def _iter_all(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optiona
         stream = _decoding(container)
         info.update(video_info(container), decoded_frames=0, decode_errors=0)
         clock = _Clock(stream, info["fps"], every)
-        kept = 0
+        if seeker is not None:
+            seeker.start(clock, every)
+        last = -1
         shape: list[Any] = []
-        for i, frame in enumerate(_decoded(container, stream, info, path)):
+        for i, frame in _numbered(_decoded(container, stream, info, path, seeker), seeker):
             info["decoded_frames"] = i + 1
             if i % every:
                 continue
-            yield kept, clock(frame), _getter(frame, i, mode, shape, path)
-            kept += 1
-            if max_frames is not None and kept >= max_frames:
+            last = i // every
+            yield last, clock(frame), _getter(frame, i, mode, shape, path)
+            if max_frames is not None and last + 1 >= max_frames:
                 break   # (decode nothing more)
-        if kept == 0:
+        if last < 0:
             raise DecodeError("no frame could be decoded (empty, truncated or unsupported codec)", path=path)
-        info["kept_frames"] = kept
+        info["kept_frames"] = last + 1
     finally:
         container.close()
+
+
+def _numbered(frames: Iterator[Any], seeker: Optional["Seeker"]) -> Iterator[tuple[int, Any]]:
+    """``(index, frame)``: the i-th decoded frame, or with a seeker its index in the packet index."""
+    if seeker is None:
+        yield from enumerate(frames)
+        return
+    for frame in frames:
+        i = seeker.number(frame)
+        if i is not None:
+            yield i, frame
+
+
+class _SeekMismatch(Exception):
+    """After a seek, a frame is not the one the packet index says: read again, decoding through."""
+
+
+class PacketIndex:
+    """The video stream's packets from one demux pass (no decoding): ``pts`` sorted, so frame ``i``
+    of a clean file is the packet with the ``i``-th smallest pts (which :class:`Seeker` checks on
+    every frame it decodes), and ``keys``, the frame indices of keyframes before the first packet
+    the demuxer flags corrupt (a cut file's last one). ``ok`` is False (no seeking) when a packet
+    has no pts, a pts repeats, or the demuxer fails."""
+
+    def __init__(self, path: str):
+        av = _av()
+        self.pts: list[int] = []
+        self.rank: dict[int, int] = {}
+        self.keys: list[int] = []
+        self.ok = False
+        found = []
+        container = _open(path)
+        try:
+            for pk in container.demux(container.streams.video[0]):
+                if pk.size == 0:
+                    continue   # the demuxer's last, empty packet
+                if pk.pts is None:
+                    return
+                found.append((int(pk.pts), bool(pk.is_keyframe), bool(pk.is_corrupt)))
+        except av.error.FFmpegError:
+            return
+        finally:
+            container.close()
+        self.pts = sorted(p for p, _, _ in found)
+        self.rank = {p: i for i, p in enumerate(self.pts)}
+        bad = min((self.rank[p] for p, _, corrupt in found if corrupt), default=len(found))
+        self.keys = sorted(self.rank[p] for p, key, _ in found if key and self.rank[p] < bad)
+        self.ok = len(self.rank) == len(found) and bool(self.keys)
+
+
+class Seeker:
+    """Keyframe seeks for one streamed read. The consumer says which frame it needs next
+    (``target``: ``("position", p)``, kept-frame position ``p``; or ``("time", t)``, the last frame
+    whose time is at or before ``t``, a Fraction of seconds as :class:`_Clock` counts them; None:
+    the next frame). Between packets, when a keyframe lies after the next frame to decode and not
+    after the frame needed, the read seeks to it instead of decoding the frames between.
+
+    Frame indices stay exact: they come from the :class:`PacketIndex` (pts order), checked against
+    each decoded frame's pts. Before the first seek, a frame that disagrees turns seeking off for
+    the file (nothing was skipped: decoding through goes on); after a seek it raises
+    :class:`_SeekMismatch` and the read starts over, decoding through (:func:`_seeking_frames`).
+    A frame decoded after a seek but before the keyframe sought (an earlier keyframe, leading
+    frames of an open GOP) is dropped."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.on = _SEEK["on"]
+        self.index: Optional[PacketIndex] = None
+        self.next = 0                    # the index of the next frame to decode
+        self.seen: list[Any] = []        # pts of the frames decoded before the index was read
+        self.target: Optional[tuple[str, Any]] = None
+        self.seeked = False
+        self.seeks = 0
+        self.clock: Any = None
+        self.every = 1
+
+    def start(self, clock: _Clock, every: int) -> None:
+        self.clock, self.every = clock, every
+
+    def number(self, frame: Any) -> Optional[int]:
+        """The index of a decoded frame (None: drop it, it comes before the keyframe sought)."""
+        i = self.next
+        if self.index is None:
+            if self.on:
+                self.seen.append(frame.pts)
+        elif self.on or self.seeked:
+            r = self.index.rank.get(frame.pts)
+            if self.seeked and r is not None and r < i:
+                return None
+            if r != i:
+                if self.seeked:
+                    raise _SeekMismatch(f"frame {i}: pts {frame.pts} is frame {r} of the packet index")
+                self.on = False
+        self.next = i + 1
+        return i
+
+    def _needed(self) -> Optional[int]:
+        """The index of the frame the consumer needs next."""
+        kind, v = self.target
+        if kind == "position":
+            return int(v) * self.every
+        tb, t0 = self.clock.tb, self.clock.t0
+        if t0 is None:
+            return None
+        r = bisect.bisect_right(self.index.pts, v, key=lambda p: Fraction(repr(float(Fraction(p) * tb - t0)))) - 1
+        return (r // self.every) * self.every if r >= 0 else None
+
+    def pending(self) -> Optional[int]:
+        """The keyframe to seek to now, or None (decode the next packet)."""
+        if not self.on or self.target is None:
+            return None
+        kind, v = self.target
+        if kind == "position" and v * self.every <= self.next:
+            return None
+        if self.index is None and kind == "time" and self.clock.last is not None and \
+                float(v) - self.clock.last < 2 * self.clock.step:
+            return None   # the next frame or the one after: not worth reading the packet index for
+        if self.index is None:
+            self.index = PacketIndex(self.path)
+            self.on = self.index.ok and [self.index.rank.get(p) for p in self.seen] == list(range(len(self.seen)))
+            self.seen = []
+            if not self.on:
+                return None
+        need = self._needed()
+        if need is None or need <= self.next:
+            return None
+        k = bisect.bisect_right(self.index.keys, need) - 1
+        key = self.index.keys[k] if k >= 0 else -1
+        return key if key > self.next else None
+
+    def seek(self, container: Any, stream: Any, key: int) -> None:
+        container.seek(self.index.pts[key], stream=stream, backward=True, any_frame=False)
+        self.next, self.seeked, self.target = key, True, None
+        self.seeks += 1
+
+
+def _seeking_frames(path: str, mode: str, every: int, max_frames: Optional[int], info: dict[str, Any],
+                    seeker: Seeker) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
+    """:func:`_iter_all` with keyframe seeks; if the frames after a seek disagree with the packet
+    index, the file is read again from the start, decoding through, and goes on after the last
+    frame already given."""
+    done = -1
+    frames = _iter_all(path, mode, every, max_frames, info, seeker)
+    try:
+        for pos, t, get in frames:
+            done = pos
+            yield pos, t, get
+        return
+    except _SeekMismatch:
+        pass
+    finally:
+        frames.close()
+    frames = _iter_all(path, mode, every, max_frames, info)
+    try:
+        for pos, t, get in frames:
+            if pos > done:
+                yield pos, t, get
+    finally:
+        frames.close()
+
+
+class FrameSource:
+    """The frames of a streamed read, ``(position, pts seconds, get)``, and ``want(target)``: the
+    next frame its consumer needs (see :class:`Seeker`; None: the next one)."""
+
+    def __init__(self, frames: Iterator[tuple[int, float, Callable[[], np.ndarray]]],
+                 seeker: Optional[Seeker] = None):
+        self.frames, self.seeker = frames, seeker
+
+    def __iter__(self) -> "FrameSource":
+        return self
+
+    def __next__(self) -> tuple[int, float, Callable[[], np.ndarray]]:
+        return next(self.frames)
+
+    def want(self, target: Optional[tuple[str, Any]]) -> None:
+        if self.seeker is not None:
+            self.seeker.target = target
+
+    def close(self) -> None:
+        self.frames.close()
 
 
 def has_audio(path: str) -> bool:
@@ -407,6 +611,31 @@ class VideoDecoder(Decoder):
             out[self.params.audio_field] = FieldSpec("audio", (1 if self.params.audio_mono else None, None), "float32")
         return out
 
+    def declared_shape(self, path: str) -> Optional[tuple[int, int, int, int]]:
+        """(T, H, W, C) of the whole array ``read`` would return, from the container's header (its
+        declared frame count, which may be wrong: the decode counts frames); None when the header
+        declares no frame count or the file does not open."""
+        p = self.params
+        try:
+            container = _open(path)
+        except DecodeError:
+            return None
+        try:
+            s = container.streams.video[0]
+            n, h, w = int(s.frames or 0), int(s.codec_context.height or 0), int(s.codec_context.width or 0)
+            fps = video_info(container)["fps"]
+        finally:
+            container.close()
+        if p.start_s is not None or p.end_s is not None:
+            end = p.end_s if p.end_s is not None else (n / fps if fps else 0.0)
+            n = min(n, math.ceil((end - (p.start_s or 0.0)) * fps)) if fps else 0
+        n = -(-n // p.every)
+        if p.max_frames is not None:
+            n = min(n, p.max_frames)
+        if n <= 0 or h <= 0 or w <= 0:
+            return None
+        return n, h, w, 3 if p.mode == "rgb8" else 1
+
     def read(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
         w, h, cap = frame_budget(path, p.mode, self.max_bytes)
@@ -423,15 +652,19 @@ class VideoDecoder(Decoder):
                                                   "start": 0.0, "missing": True}
         return read_audio_track(path, p.audio_mono, p.audio_rate, p.audio_quality)
 
-    def open_stream(self, path: str, field: str) -> tuple[dict[str, np.ndarray], dict[str, Any],
-                                                          Iterator[tuple[int, float, Callable[[], np.ndarray]]]]:
+    def open_stream(self, path: str, field: str) -> tuple[dict[str, np.ndarray], dict[str, Any], FrameSource]:
         """Like ``decode``, but the video field is an empty placeholder (0, 1, 1, C) and the frames
         come from the returned :func:`iter_frames` generator. The meta has the keys ``decode``
         gives a clip (the whole-file counts are filled in only as frames come)."""
         p = self.params
         frame_budget(path, p.mode, self.max_bytes)   # a frame over the budget is refused before decoding
         info: dict[str, Any] = {}
-        frames = iter_frames(path, p.mode, p.every, p.max_frames, info=info, start_s=p.start_s, end_s=p.end_s)
+        seeker = None
+        if p.start_s is None and p.end_s is None:
+            seeker = Seeker(path)
+            frames = _seeking_frames(path, p.mode, p.every, p.max_frames, info, seeker)
+        else:
+            frames = iter_frames(path, p.mode, p.every, p.max_frames, info=info, start_s=p.start_s, end_s=p.end_s)
         try:
             first = next(frames)
         except BaseException:
@@ -440,8 +673,11 @@ class VideoDecoder(Decoder):
         h, w = first[2]().shape[:2]   # opens the file, checks it has a frame; the size for the meta
 
         def chain() -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
-            yield first
-            yield from frames
+            try:
+                yield first
+                yield from frames
+            finally:
+                frames.close()
 
         meta = {"fps": info["fps"], "claimed_frames": info["claimed_frames"], "every": p.every, "width": int(w),
                 "height": int(h), "codec": info["codec"]}
@@ -453,7 +689,7 @@ class VideoDecoder(Decoder):
                 frames.close()
                 raise
             meta["audio"]["field"] = p.audio_field
-        return out, meta, chain()
+        return out, meta, FrameSource(chain(), seeker)
 
     def decode(self, path: str, field: str) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
         arr, meta = self.read(path)

@@ -61,6 +61,9 @@ class Step:
     refuses: ClassVar[frozenset[Kind]] = frozenset()   # kinds it cannot handle (other kinds are kept)
     random: ClassVar[bool] = False      # draws from the rng (an augmentation)
     expands: ClassVar[bool] = False     # may turn one sample into several
+    # maps every video frame alone and the same way (apply_video == the frames' apply, stacked): such a
+    # deterministic step commutes with cutting clips, so before ``clips`` it still streams (temporal.stream_plan)
+    per_frame: ClassVar[bool] = False
     Params: ClassVar[type[StepParams]] = StepParams
 
     def __init_subclass__(cls, **kw: Any) -> None:

@@ -19,6 +19,7 @@ class Convert(Step):
     """Convert image pixel format: ``mode: rgb8 | gray8 | gray16 | rgba8``."""
 
     name = "convert"
+    per_frame = True
     applies = kinds(Kind.IMAGE, Kind.VIDEO)
 
     class Params(StepParams):

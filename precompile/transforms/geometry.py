@@ -162,6 +162,7 @@ class Resize(PlanarStep):
     or ``size`` with ``keep_aspect: true`` to fit inside and pad (letterbox)."""
 
     name = "resize"
+    per_frame = True
 
     class Params(_SizeParams):
         shorter: Optional[int] = Field(None, le=MAX_SIDE)
@@ -235,6 +236,7 @@ class CenterCrop(PlanarStep):
     """Cut the central ``size: [h, w]`` window; smaller inputs are an error unless ``pad: true``."""
 
     name = "center_crop"
+    per_frame = True
 
     class Params(_SizeParams, _MinVisibility):
         pad: bool = False

@@ -20,9 +20,13 @@ zero-padded outside the track.
 
 Clips are cut by :class:`ClipCutter`, which takes frames one at a time and
 asks for a frame's pixels only when a clip needs it; the engine feeds it
-straight from the decoder (:func:`stream_clips`), so a long video never sits
+straight from the decoder (:func:`stream_plan`, ``compiler.shard.stream_item``), so a long video never sits
 in memory whole, and :meth:`Clips.run` feeds it from a decoded array. Both
-give the same samples, byte for byte.
+give the same samples, byte for byte. While streaming, the cutter tells the
+decoder the next frame a clip needs (:meth:`ClipCutter.ahead`), so sparse clips
+seek to keyframes instead of decoding every frame between them; deterministic
+per-frame steps before ``clips`` run on each frame as it arrives
+(:func:`stream_plan`).
 """
 from __future__ import annotations
 
@@ -155,9 +159,11 @@ class Clips(Step):
         return list(self.cut(sample, targets, frames))
 
     def cut(self, sample: Sample, targets: list[str], frames: Iterable[FrameIn],
-            cutter: Optional["ClipCutter"] = None) -> Iterator[Sample]:
+            cutter: Optional["ClipCutter"] = None, seek: Optional[Callable[[Any], None]] = None) -> Iterator[Sample]:
         """Clips of ``sample`` from ``frames`` (in order), as samples; ``sample`` gives every other
-        field, the kinds and the meta (its ``targets`` fields are replaced by the clips)."""
+        field, the kinds and the meta (its ``targets`` fields are replaced by the clips). ``seek``
+        (the frame source's ``want``) is told after each frame which frame the clips need next
+        (:meth:`ClipCutter.ahead`), so the source may skip the frames between."""
         m = sample.meta.get(targets[0])
         src_meta = m if isinstance(m, dict) else {}
         dec_every = int(src_meta.get("every", 1))
@@ -198,6 +204,8 @@ class Clips(Step):
                 yield make(clip)
             if cutter.done:
                 break
+            if seek is not None:
+                seek(cutter.ahead())
         for clip in cutter.finish():
             yield make(clip)
 
@@ -297,6 +305,28 @@ class ClipCutter:
                 del self.held[i]
         return out
 
+    def ahead(self) -> Optional[tuple[str, Any]]:
+        """The next frame an unfinished clip needs, when frames before it are needed by none:
+        ``("position", p)`` (frame clips: the smallest position a clip takes, past the frames seen),
+        ``("time", t)`` (time clips whose next clip has not begun: its first slot takes the last
+        frame at or before ``t``); None when the next frame may be needed."""
+        if self.done or self.prev is None:
+            return None
+        if self.by_time:
+            start = self._start(self.next)
+            return ("time", start) if start > _exact(self.prev[1]) and self.next not in self.slots else None
+        need, k = None, self.next
+        while k < self.max_clips:
+            s = k * self.stride
+            if s >= self.n:
+                need = s if need is None else min(need, s)
+                break   # later clips start later
+            j = -(-(self.n - s) // self.every)
+            if j < self.L:
+                need = s + j * self.every if need is None else min(need, s + j * self.every)
+            k += 1
+        return ("position", need) if need is not None and need > self.n else None
+
     # -- time clips ----------------------------------------------------------------------
     def _start(self, k: int) -> Fraction:
         return self.t0 + k * self.stride_t
@@ -363,67 +393,121 @@ class ClipCutter:
         return out + [Clip(0, [s[0] for s in filled], [s[1] for s in filled], start, [s[2] for s in filled])]
 
 
-# -- streaming: the engine's path for a recipe that starts with clips ---------------------------
+# -- streaming: the engine's path for a recipe with a clips step ---------------------------------
 class StreamPlan:
-    """How the engine streams one video field: decoder -> ``clips`` (steps[0]) [-> ``resize``
-    (steps[1]) applied to each frame as it arrives] -> the remaining steps (from ``first``)."""
+    """How the engine streams one video field: decoder -> the per-frame steps before ``clips``
+    (``pre``, each frame as it arrives) -> ``clips`` (``steps[at]``) [-> ``resize`` (``post``, fused:
+    each frame as it arrives)] -> the remaining steps (from ``first``), per clip."""
 
-    def __init__(self, field: str, decoder: Any, clips: Clips, resize: Optional[Step], first: int):
+    def __init__(self, field: str, decoder: Any, clips: Clips, resize: Optional[Step], first: int,
+                 at: int = 0, pre: Optional[list[tuple[int, Step]]] = None):
         self.field, self.decoder, self.clips, self.resize, self.first = field, decoder, clips, resize, first
+        self.at = at
+        self.pre = list(pre or [])
+        self.post = [(at + 1, resize)] if resize is not None else []
 
     def frames(self, frames: Iterable[tuple[int, float, Callable[[], np.ndarray]]]) -> Iterator[FrameIn]:
-        """The decoder's frames as the cutter takes them: a 1-tuple of pixels, resized if fused.
-        Resizing a frame alone is what ``resize`` does to each frame of a clip, so the bytes agree."""
-        rs = self.resize
+        """The decoder's frames as the cutter takes them: a 1-tuple of pixels, through the per-frame
+        steps. A per-frame step on a frame alone is what it does to that frame inside the whole
+        video (or a clip), so the bytes agree with the whole-video path."""
+        chain = self.pre + self.post
         for pos, t, get in frames:
-            if rs is None:
+            if not chain:
                 yield pos, t, (lambda get=get: (get(),))
             else:
-                yield pos, t, (lambda get=get: (self._resize(get()),))
+                yield pos, t, (lambda get=get: (self._apply(get(), chain),))
 
-    def _resize(self, frame: np.ndarray) -> np.ndarray:
-        try:
-            return self.resize.apply(frame[None], Kind.VIDEO)[0]
-        except StepError:
-            raise
-        except (ValueError, TypeError, IndexError) as e:
-            raise StepError(f"{self.resize.name}: {e}", field=self.field, stage=f"steps[1] {self.resize.name}") from e
+    def _apply(self, frame: np.ndarray, chain: list[tuple[int, Step]]) -> np.ndarray:
+        for i, step in chain:
+            try:
+                frame = step.apply(frame[None], Kind.VIDEO)[0]
+            except StepError as e:
+                raise e.with_context(field=self.field, stage=f"steps[{i}] {step.name}") from e.__cause__
+            except (ValueError, TypeError, IndexError) as e:
+                raise StepError(f"{step.name}: {e}", field=self.field, stage=f"steps[{i}] {step.name}") from e
+        return frame
+
+    def describe(self) -> str:
+        """One line for ``precompile plan``: what streams, and in which order."""
+        names = [s.name for _, s in self.pre] + ["clips"] + [s.name for _, s in self.post]
+        return f"{self.field}: streamed frame by frame ({' -> '.join(names)}), one clip at a time in memory"
 
 
-def stream_plan(decoders: dict[str, Any], steps: list[Step]) -> Optional[StreamPlan]:
-    """A :class:`StreamPlan` when the first step is ``clips`` on exactly one field, made by a decoder
-    that can stream (``open_stream``); else None (the engine decodes whole and runs the steps)."""
-    if not steps or not isinstance(steps[0], Clips):
-        return None
+def _field_specs(decoders: dict[str, Any]) -> tuple[dict[str, FieldSpec], dict[str, str]]:
+    """Every decoded field's spec, and the recipe field whose decoder makes it."""
     specs: dict[str, FieldSpec] = {}
     owner: dict[str, str] = {}
     for fname, dec in decoders.items():
         for name, spec in dec.output_specs(fname).items():
             specs[name] = spec
             owner[name] = fname
+    return specs, owner
+
+
+def streams_frames(step: Step) -> bool:
+    """May ``step`` run frame by frame before ``clips``? Deterministic, one sample in one out, and
+    declared ``per_frame`` (it maps every frame alone, the same way). A random step may not: it
+    draws once per video before ``clips`` (every clip of the video shares the draw), so it cannot
+    move past the cut, and its recipe decodes whole videos."""
+    return step.per_frame and not step.random and not step.expands
+
+
+def stream_plan(decoders: dict[str, Any], steps: list[Step]) -> Optional[StreamPlan]:
+    """A :class:`StreamPlan` when a ``clips`` step on exactly one field, made by a decoder that can
+    stream (``open_stream``), is preceded only by per-frame steps on that field
+    (:func:`streams_frames`); else None (the engine decodes whole and runs the steps)."""
+    at = next((i for i, s in enumerate(steps) if isinstance(s, Clips)), None)
+    if at is None or not all(streams_frames(s) for s in steps[:at]):
+        return None
+    specs, owner = _field_specs(decoders)
+    pre_targets, before = [], dict(specs)
     try:
-        targets = steps[0].targets(specs)
+        for step in steps[:at]:
+            pre_targets.append(step.targets(before))
+            before = step.plan(before)
+        targets = steps[at].targets(before)
     except ValueError:
         return None
-    if len(targets) != 1 or owner.get(targets[0]) != targets[0]:
+    if len(targets) != 1 or owner.get(targets[0]) != targets[0] or any(set(t) - {targets[0]} for t in pre_targets):
         return None
     field = targets[0]
     dec = decoders[field]
     if not hasattr(dec, "open_stream"):
         return None
-    resize = None
-    rp = steps[1].params if len(steps) > 1 else None
-    black_pad = steps[0].params.short == "pad" and steps[0].params.pad == "zero"
-    if black_pad and getattr(rp, "keep_aspect", False) and getattr(rp, "pad_value", 0) != 0:
-        rp = None   # a letterboxed black frame is not all zeros: leave resize to the clips, as without streaming
-    if rp is not None and steps[1].name == "resize" and not steps[1].random:
-        try:
-            after = steps[0].plan(specs)
-            if steps[1].targets(after) == [field]:
-                resize = steps[1]
-        except ValueError:
-            resize = None
-    return StreamPlan(field, dec, steps[0], resize, 2 if resize is not None else 1)
+    pre = [(i, s) for i, (s, t) in enumerate(zip(steps[:at], pre_targets)) if t]
+    resize = _fused_resize(steps, at, before, field)
+    return StreamPlan(field, dec, steps[at], resize, at + (2 if resize is not None else 1), at, pre)
+
+
+def _fused_resize(steps: list[Step], at: int, specs: dict[str, FieldSpec], field: str) -> Optional[Step]:
+    """The ``resize`` right after ``clips``, when it can run on each frame as it arrives."""
+    nxt = steps[at + 1] if len(steps) > at + 1 else None
+    if nxt is None or nxt.name != "resize" or nxt.random:
+        return None
+    cp, rp = steps[at].params, nxt.params
+    if cp.short == "pad" and cp.pad == "zero" and getattr(rp, "keep_aspect", False) and getattr(rp, "pad_value", 0):
+        return None   # a letterboxed black frame is not all zeros: leave resize to the clips, as without streaming
+    try:
+        return nxt if nxt.targets(steps[at].plan(specs)) == [field] else None
+    except ValueError:
+        return None
+
+
+def whole_video_reason(decoders: dict[str, Any], steps: list[Step]) -> Optional[str]:
+    """Why a recipe with a video field decodes each video whole (None when it streams or has no video)."""
+    specs, _ = _field_specs(decoders)
+    if not any(s.kind is Kind.VIDEO for s in specs.values()) or stream_plan(decoders, steps) is not None:
+        return None
+    at = next((i for i, s in enumerate(steps) if isinstance(s, Clips)), None)
+    if at is None:
+        return "no clips step: each video is held whole"
+    i, bad = next(((i, s) for i, s in enumerate(steps[:at]) if not streams_frames(s)), (None, None))
+    if bad is not None and bad.random:
+        return (f"steps[{i}] {bad.name} before clips draws once per video (all its clips share the draw; "
+                f"it cannot move past clips): each video is held whole")
+    if bad is not None:
+        return f"steps[{i}] {bad.name} before clips is not a per-frame step: each video is held whole"
+    return "clips cuts more than one video field (or one not made by a streaming decoder): each video is held whole"
 
 
 @STEPS.register()

@@ -326,6 +326,84 @@ def _virtual_dataset(parent: Any, name: str, shape: tuple[int, ...], dtype: str,
     h5py.h5d.create(parent.id, name.encode(), tid, vspace, dcpl=dcpl).close()
 
 
+def chunk_table(d: Any) -> list[tuple[int, int, int, int]]:
+    """(first row, byte address, stored size, filter mask) of every allocated chunk of dataset ``d``."""
+    out: list[tuple[int, int, int, int]] = []
+    dsid = d.id
+    if hasattr(dsid, "chunk_iter"):
+        try:
+            dsid.chunk_iter(lambda ci: out.append((int(ci.chunk_offset[0]), int(ci.byte_offset), int(ci.size),
+                                                   int(ci.filter_mask))))
+            return out
+        except (AttributeError, RuntimeError, TypeError):  # older HDF5 without H5Dchunk_iter
+            out.clear()
+    for i in range(dsid.get_num_chunks()):
+        ci = dsid.get_chunk_info(i)
+        out.append((int(ci.chunk_offset[0]), int(ci.byte_offset), int(ci.size), int(ci.filter_mask)))
+    return out
+
+
+def shard_chunk_tables(f: Any, fields: Sequence[str]) -> dict[str, tuple[int, np.ndarray]]:
+    """``{field: (rows per chunk, (chunks, 2) uint64 of byte address and size, in row order)}`` of an open
+    shard file, for each fixed-shape field the reader can map: chunked by whole samples, unfiltered, every
+    chunk allocated and written in full. Any other field is left out (the reader opens its shard with h5py)."""
+    out: dict[str, tuple[int, np.ndarray]] = {}
+    for name in fields:
+        d = f.get(name)
+        if d is None or not hasattr(d, "chunks") or d.chunks is None or d.ndim < 1 or d.shape[0] == 0:
+            continue
+        c = int(d.chunks[0])
+        if tuple(d.chunks[1:]) != tuple(d.shape[1:]) or d.id.get_create_plist().get_nfilters():
+            continue
+        table = sorted(chunk_table(d))
+        rb = int(np.prod(d.shape[1:], dtype=np.int64)) * d.dtype.itemsize
+        if (len(table) != -(-d.shape[0] // c) or any(t[0] != i * c for i, t in enumerate(table))
+                or any(t[3] or t[2] != c * rb for t in table)):
+            continue
+        out[name] = (c, np.array([(t[1], t[2]) for t in table], dtype=np.uint64).reshape(-1, 2))
+    return out
+
+
+def attach_chunk_entries(shards: list[dict[str, Any]],
+                         tables: list[dict[str, tuple[int, np.ndarray]]]) -> list[dict[str, Any]]:
+    """The shard entries with their ``chunks`` slot: ``{field: [rows per chunk, chunks]}`` (the chunks' byte
+    ranges are rows of the index's ``__chunks__/<field>`` dataset, in shard order)."""
+    out = []
+    for s, t in zip(shards, tables):
+        e = {k: v for k, v in s.items() if k != fmt.E_CHUNKS}
+        if t:
+            e[fmt.E_CHUNKS] = {name: [c, int(a.shape[0])] for name, (c, a) in sorted(t.items())}
+        out.append(e)
+    return out
+
+
+def _write_chunk_tables(f: Any, tables: list[dict[str, tuple[int, np.ndarray]]], fields: Sequence[str]) -> None:
+    """``__chunks__/<field>``: every shard's chunk table of that field, concatenated in shard order."""
+    g = f.create_group(fmt.CHUNKS)
+    for name in fields:
+        parts = [t[name][1] for t in tables if name in t]
+        data = np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64)
+        g.create_dataset(name, data=data, dtype="<u8", track_times=False)
+
+
+def read_chunk_tables(path: str, fields: Sequence[str]) -> dict[str, np.ndarray]:
+    """``{field: (chunks, 2) uint64}`` from the index at ``path``; a field without a table is left out (an
+    index written before the tables existed has none)."""
+    h5py = _h5()
+    out: dict[str, np.ndarray] = {}
+    try:
+        with h5py.File(path, "r") as f:
+            g = f.get(fmt.CHUNKS)
+            if g is None:
+                return out
+            for name in fields:
+                if name in g:
+                    out[name] = g[name][:]
+    except OSError as e:
+        raise FormatError(f"{path}: cannot read the index's chunk tables: {e}") from None
+    return out
+
+
 @WRITERS.register()
 class Hdf5Format(Format):
     name = "hdf5"
@@ -376,21 +454,28 @@ class Hdf5Format(Format):
         keys: list[str] = []
         copies: list[np.ndarray] = []
         metas: list[str] = []
+        tables: list[dict[str, tuple[int, np.ndarray]]] = []
+        fixed = [n for n, spec in specs.items() if spec.fixed]
         for s in shards:
             if not s["num_samples"]:
+                tables.append({})
                 continue
             with h5py.File(os.path.join(base, s["file"]), "r") as sf:
                 keys.extend(k.decode() if isinstance(k, bytes) else k for k in sf[fmt.KEY][:])
                 copies.append(sf[fmt.COPY][:])
                 metas.extend(m.decode() if isinstance(m, bytes) else m for m in sf[fmt.META][:])
+                tables.append(shard_chunk_tables(sf, fixed))
+        shards = attach_chunk_entries(shards, tables)
+        attrs = {**attrs, fmt.A_SHARDS: shards}
         per_shard = sum(2 * len(s["file"]) + 256 for s in shards) * (len(specs) + 1)
+        per_shard += sum(64 * len(t) + sum(a.nbytes for _, a in t.values()) for t in tables)
         need = (2 * (sum(len(k.encode()) for k in keys) + sum(len(m.encode()) for m in metas))
                 + (64 + 48 * len(specs)) * len(keys) + per_shard + 16 * ALIGN)
         f = _new_file(tmp)
         claim = None
         try:
             claim = _Claim(tmp, need)
-            self._write_index(f, shards, specs, attrs, base, total, keys, copies, metas)
+            self._write_index(f, shards, specs, attrs, base, total, keys, copies, metas, tables)
         except BaseException:
             if claim is not None:
                 claim.release()
@@ -406,7 +491,8 @@ class Hdf5Format(Format):
 
     @staticmethod
     def _write_index(f: Any, shards: list[dict[str, Any]], specs: dict[str, FieldSpec], attrs: dict[str, Any],
-                     base: str, total: int, keys: list[str], copies: list[np.ndarray], metas: list[str]) -> None:
+                     base: str, total: int, keys: list[str], copies: list[np.ndarray], metas: list[str],
+                     tables: list[dict[str, tuple[int, np.ndarray]]]) -> None:
         """The index's datasets and attributes into the open file ``f`` (closed here)."""
         h5py = _h5()
         with f:
@@ -421,6 +507,7 @@ class Hdf5Format(Format):
             f.create_dataset(fmt.COPY, data=np.concatenate(copies) if copies else np.zeros(0, np.int32),
                              dtype="int32", track_times=False)
             f.create_dataset(fmt.META, data=np.array(metas, dtype=object), dtype=str_t, track_times=False)
+            _write_chunk_tables(f, tables, [n for n, spec in specs.items() if spec.fixed])
             for k, v in attrs.items():
                 f.attrs[k] = v if isinstance(v, (int, float, str)) else fmt.dumps(v)
             f.attrs[fmt.A_NUM] = total

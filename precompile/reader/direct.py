@@ -53,6 +53,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..errors import FormatError, PrecompileError
+from ..formats import names as fmt
+from ..formats.hdf5 import chunk_table, read_chunk_tables
 
 log = logging.getLogger("precompile.reader")
 
@@ -159,6 +161,8 @@ class Region:
         import ctypes
 
         self.addr, self.size, self.bases, self.sizes = addr, size, bases, sizes
+        self.paths: list[str] = []
+        self.mapped = np.ones(len(bases), dtype=bool)   # reserve(): every slot unmapped until map_slot
         buf = (ctypes.c_uint8 * max(1, size)).from_address(addr)
         buf._region = self  # the buffer (and so every array on it) keeps the mapping alive
         a = np.frombuffer(buf, dtype=np.uint8)[:size]
@@ -181,6 +185,21 @@ class Region:
 
     @classmethod
     def map(cls, paths: Sequence[str]) -> "Region | None":
+        """Reserve the range and map every file at once (see :meth:`reserve` and :meth:`map_slot`)."""
+        region = cls.reserve(paths)
+        if region is None:
+            return None
+        try:
+            for i in range(len(paths)):
+                region.map_slot(i)
+        except FormatError:
+            return None
+        return region
+
+    @classmethod
+    def reserve(cls, paths: Sequence[str], sizes: Sequence[int] | None = None) -> "Region | None":
+        """Reserve slots for ``paths`` (``sizes``: their sizes as the index records them, else stat'ed)
+        without mapping any: :meth:`map_slot` maps one on first use."""
         if not (sys.platform.startswith("linux") or sys.platform == "darwin") or not paths:
             return None
         try:
@@ -188,10 +207,13 @@ class Region:
         except (OSError, AttributeError):
             return None
         page = mmap.PAGESIZE
-        sizes = np.array([os.path.getsize(p) for p in paths], dtype=np.int64)
-        if (sizes == 0).any():
+        try:
+            sz = np.array(sizes if sizes is not None else [os.path.getsize(p) for p in paths], dtype=np.int64)
+        except OSError:
             return None
-        slots = -(-sizes // page) * page
+        if (sz <= 0).any():
+            return None
+        slots = -(-sz // page) * page
         bases = np.concatenate([[0], np.cumsum(slots)[:-1]]).astype(np.int64)
         total = int(slots.sum())
         failed = 2 ** 64 - 1  # MAP_FAILED as an unsigned pointer
@@ -199,21 +221,37 @@ class Region:
                          mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
         if addr is None or addr == failed:
             return None
-        fixed = 0x10  # MAP_FIXED: the same value on Linux and macOS
-        for path, base, size in zip(paths, bases.tolist(), sizes.tolist()):
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                libc.munmap(addr, total)
-                return None
-            try:
-                got = libc.mmap(addr + base, size, mmap.PROT_READ, mmap.MAP_SHARED | fixed, fd, 0)
-            finally:
-                os.close(fd)
-            if got != addr + base:
-                libc.munmap(addr, total)
-                return None
-        return cls(addr, total, bases, sizes)
+        region = cls(addr, total, bases, sz)
+        region.paths = list(paths)
+        region.mapped = np.zeros(len(paths), dtype=bool)
+        return region
+
+    def map_slot(self, i: int, index: str | None = None) -> None:
+        """Map file ``i`` over its slot; FormatError when it is gone, or its size is not the one its slot
+        was reserved for (the file is not the shard the index describes)."""
+        path, size = self.paths[i], int(self.sizes[i])
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            if not os.path.exists(path) and index is not None:
+                from ..formats.snapshot import gone
+
+                raise FormatError(gone(path, index)) from None
+            raise FormatError(f"{path}: cannot map shard: {e}") from None
+        try:
+            have = os.fstat(fd).st_size
+            if have != size:
+                raise FormatError(f"{path}: the shard file is {have} bytes, the index says {size}: it is not the "
+                                  f"file the index's chunk table describes (damaged or replaced); run precompile "
+                                  f"verify, or build again")
+            fixed = 0x10  # MAP_FIXED: the same value on Linux and macOS
+            got = self._lib().mmap(self.addr + int(self.bases[i]), size, mmap.PROT_READ, mmap.MAP_SHARED | fixed,
+                                   fd, 0)
+        finally:
+            os.close(fd)
+        if got != self.addr + int(self.bases[i]):
+            raise FormatError(f"{path}: cannot map shard (mmap failed, errno {ctypes_errno()})")
+        self.mapped[i] = True
 
     def __del__(self) -> None:
         libc = type(self)._libc
@@ -268,6 +306,7 @@ class DirectReader:
     ds: Any
     fields: Sequence[str] | None = None
     in_memory: bool = False
+    lazy: bool = False
     shapes: dict[str, tuple[int, ...]] = field(init=False)
     dtypes: dict[str, np.dtype] = field(init=False)
     row_bytes: dict[str, int] = field(init=False)
@@ -302,6 +341,8 @@ class DirectReader:
         self.fallbacks = {}
         self.parts: dict[str, list[_FieldShard]] = {name: [] for name in self.fields}
         paths: dict[int, str] = {}
+        tables = self._tables = self._index_tables()
+        starts = {name: 0 for name in tables}
         for s, shard in enumerate(ds.shards):
             n = int(shard["num_samples"])
             path = os.path.join(self.base, shard["file"])
@@ -309,23 +350,61 @@ class DirectReader:
                 for name in self.fields:
                     self.parts[name].append(_FieldShard(0, 1))
                 continue
-            with _open_h5(path) as f:
-                for name in self.fields:
-                    if name not in f:
-                        raise FormatError(f"{path}: shard has no dataset {name!r}")
-                    part = self._resolve(s, path, f[name], name, n)
-                    if part.reason is not None:
-                        self.fallbacks[(s, name)] = part.reason
-                        log.info("%s[%s]: h5py fallback (%s)", path, name, part.reason)
-                        self._h5_paths[s] = path   # opened on first read, in the reading process
-                    else:
-                        paths[s] = path
-                    self.parts[name].append(part)
+            got = {name: self._from_table(s, shard, name, tables[name], starts) for name in tables}
+            rest = [name for name in self.fields if got.get(name) is None]
+            if rest:
+                with _open_h5(path) as f:
+                    for name in rest:
+                        if name not in f:
+                            raise FormatError(f"{path}: shard has no dataset {name!r}")
+                        got[name] = self._resolve(s, path, f[name], name, n)
+            for name in self.fields:
+                part = got[name]
+                if part.reason is not None:
+                    self.fallbacks[(s, name)] = part.reason
+                    log.info("%s[%s]: h5py fallback (%s)", path, name, part.reason)
+                    self._h5_paths[s] = path   # opened on first read, in the reading process
+                else:
+                    paths[s] = path
+                self.parts[name].append(part)
+        for name, t in tables.items():
+            if starts[name] != len(t):
+                raise FormatError(f"{ds.path}: the index's chunk table of {name!r} has {len(t)} chunks, its shard "
+                                  f"entries count {starts[name]}: the index is damaged (build again)")
         self._map(paths)
         self._build_view_tables()
         self.chunk_rows, self.gather_rank = self._chunk_ids_and_rank()
         if self.in_memory:
             self._load_into_memory()
+
+    def _index_tables(self) -> dict[str, np.ndarray]:
+        """The chunk tables the index carries for the served fields (``{}``: none, every shard is resolved
+        through h5py as before the tables existed)."""
+        if not any(fmt.E_CHUNKS in e for e in self.ds.shards):
+            return {}
+        return read_chunk_tables(self.ds.path, self.fields)
+
+    def _from_table(self, s: int, shard: dict, name: str, table: np.ndarray, starts: dict[str, int]
+                    ) -> _FieldShard | None:
+        """Shard ``s``'s rows of ``name`` from the index's chunk table (None: the entry has no table for it)."""
+        info = (shard.get(fmt.E_CHUNKS) or {}).get(name)
+        if info is None:
+            return None
+        n, rb = int(shard["num_samples"]), self.row_bytes[name]
+        c, k = int(info[0]), int(info[1])
+        lo = starts[name]
+        starts[name] = lo + k
+        t = table[lo:lo + k].astype(np.int64)
+        where = f"{self.ds.path}: shard {shard['file']}, field {name!r}"
+        if c < 1 or k != -(-n // c) or len(t) != k:
+            raise FormatError(f"{where}: the index's chunk table lists {len(t)} chunk(s) of {c} rows for {n} "
+                              f"samples: the index is damaged (build again)")
+        if (t[:, 1] != c * rb).any() or (t[:, 0] < 0).any() or (
+                "bytes" in shard and int((t[:, 0] + t[:, 1]).max()) > int(shard["bytes"])):
+            raise FormatError(f"{where}: the index's chunk table points outside the shard's {shard.get('bytes')} "
+                              f"bytes or disagrees with rows of {rb} bytes: the index is damaged (build again)")
+        rows = np.arange(n, dtype=np.int64)
+        return _FieldShard(n, c, row_addr=t[rows // c, 0] + (rows % c) * rb)
 
     def _map(self, paths: dict[int, str]) -> None:
         """Map the shards that have mapped fields: one region for all, else one map per shard.
@@ -333,10 +412,20 @@ class DirectReader:
         ``self._spaces`` lists (array, {shard: offset of the shard's file in the array}).
         """
         order = sorted(paths)
-        self.region = Region.map([paths[s] for s in order]) if USE_REGION else None
+        sizes_known = [int(self.ds.shards[s]["bytes"]) for s in order if "bytes" in self.ds.shards[s]]
+        use = sizes_known if self._tables and len(sizes_known) == len(order) else None
+        self.region = Region.reserve([paths[s] for s in order], use) if USE_REGION else None
+        self._row_slot = np.full(self.n, -1, dtype=np.int32)
+        self._unmapped = 0
         if self.region is not None:
             self._spaces = [(self.region.array, dict(zip(order, self.region.bases.tolist())))]
             sizes = dict(zip(order, self.region.sizes.tolist()))
+            slot = np.full(len(self.offsets) - 1, -1, dtype=np.int32)
+            slot[order] = np.arange(len(order), dtype=np.int32)
+            self._row_slot = np.repeat(slot, np.diff(self.offsets))
+            self._unmapped = len(order)
+            if not self.lazy:
+                self._map_slots(np.arange(len(order)))
         else:
             _ensure_nofile(len(order))
             self._spaces = []
@@ -389,7 +478,7 @@ class DirectReader:
             for i in range(nf):
                 names.append(plist.get_filter(i)[3].decode(errors="replace") or str(plist.get_filter(i)[0]))
             return _FieldShard(n, c, reason=f"filtered ({', '.join(names)})")
-        table = _chunk_table(d)
+        table = chunk_table(d)
         nchunks = -(-n // c)
         if len(table) != nchunks:
             return _FieldShard(n, c, reason=f"{len(table)} of {nchunks} chunks allocated")
@@ -514,6 +603,7 @@ class DirectReader:
             self._vrow[name] = np.arange(self.n, dtype=np.int64)
         self.gather_rank = np.arange(self.n, dtype=np.int64)
         self._spaces, self._maps, self.region = [], {}, None
+        self._unmapped = 0
 
     def order_batch(self, indices: np.ndarray) -> np.ndarray:
         """The same rows, ordered for gathering: grouped by shard and view, in address order."""
@@ -531,12 +621,33 @@ class DirectReader:
             raise PrecompileError(f"{self.ds.path}: reader is closed (open a new Loader to read again)")
 
     def plan(self, indices: np.ndarray) -> _Plan:
-        """Check a batch's global row indices once; shared by all fields' gathers."""
+        """Check a batch's global row indices once (and map the shards they need); shared by all fields'
+        gathers."""
         self._check_open()
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.n):
             raise IndexError(f"row index out of range for {self.n} rows")
+        if self._unmapped and idx.size:
+            slots = self._row_slot[idx]
+            slots = slots[slots >= 0]
+            need = slots[~self.region.mapped[slots]]
+            if need.size:
+                self._map_slots(np.flatnonzero(np.bincount(need)))
         return _Plan(self, idx)
+
+    def _map_slots(self, slots: np.ndarray) -> None:
+        """Map the region's slots ``slots`` that are not mapped yet (each shard once, under the lock)."""
+        with self._lock:
+            self._check_open()
+            for i in slots.tolist():
+                if not self.region.mapped[i]:
+                    self.region.map_slot(i, self.ds.path)
+                    self._unmapped -= 1
+
+    @property
+    def mapped_shards(self) -> int:
+        """How many shard files are mapped so far (all of them unless ``lazy``)."""
+        return len(self._maps) if self.region is None else int(self.region.mapped.sum())
 
     def gather(self, name: str, plan: _Plan, out: np.ndarray) -> np.ndarray:
         """Fill ``out`` (``(len, *shape)`` of the field's dtype, C-contiguous) with the planned rows."""
@@ -640,6 +751,12 @@ class DirectReader:
             self._takeable = {name: [] for name in self.fields}
 
 
+def ctypes_errno() -> int:
+    import ctypes
+
+    return ctypes.get_errno()
+
+
 def _distinct(ids: np.ndarray) -> int:
     """How many distinct values in ``ids`` (small non-negative ints), without ``np.unique``
     (whose first call imports ``numpy.ma``: 0.1-1 s on the first batch)."""
@@ -674,20 +791,3 @@ def _open_h5(path: str) -> Any:
 
 def _block_rows(row_bytes: int) -> int:
     return max(1, BLOCK_BYTES // max(1, row_bytes))
-
-
-def _chunk_table(d: Any) -> list[tuple[int, int, int, int]]:
-    """(first row, byte address, stored size, filter mask) of every allocated chunk of ``d``."""
-    out: list[tuple[int, int, int, int]] = []
-    dsid = d.id
-    if hasattr(dsid, "chunk_iter"):
-        try:
-            dsid.chunk_iter(lambda ci: out.append((int(ci.chunk_offset[0]), int(ci.byte_offset), int(ci.size),
-                                                   int(ci.filter_mask))))
-            return out
-        except (AttributeError, RuntimeError, TypeError):  # older HDF5 without H5Dchunk_iter
-            out.clear()
-    for i in range(dsid.get_num_chunks()):
-        ci = dsid.get_chunk_info(i)
-        out.append((int(ci.chunk_offset[0]), int(ci.byte_offset), int(ci.size), int(ci.filter_mask)))
-    return out

@@ -175,6 +175,12 @@ class Loader:
     reaches the in-memory gather; the default maps the files and reads through
     the page cache. A ``text`` field is not gathered like the others: each batch
     holds it as a list of ``str`` in batch order (read from the build as UTF-8).
+    The Loader reads only the index: where it carries the shards' chunk tables (builds since
+    issue 20) no shard is opened to learn where its rows are. ``map_shards="all"`` (default)
+    maps every shard file when the Loader is made (an open and an ``mmap`` each, nothing read),
+    so the Loader keeps reading its snapshot through any number of rebuilds; ``"lazy"`` maps a
+    shard on the first batch that needs it (a shard no batch touches is never opened; like
+    ``precompile.open``, it then survives one rebuild, see docs/faults.md).
     Ragged annotation fields (``boxes``, ``box_labels``, ``keypoints``: a row count per sample)
     come as padded tensors (B, Nmax, ...) (NaN, or -1 for labels, past a sample's count) plus
     ``<field>__count`` (B,) int64 (:mod:`precompile.reader.ragged`; docs/annotations.md).
@@ -187,8 +193,11 @@ class Loader:
                  std: Sequence[float] | float | str | None = None, num_threads: int | None = None,
                  block_window: int = 8, uneven: Literal["pad", "drop"] = "pad", channels_first: bool = False,
                  convert_fields: Sequence[str] | None = None, copies: Literal["epoch", "all"] = "epoch",
-                 include_original: bool = True, sort_batches: bool = True, in_memory: bool = False):
+                 include_original: bool = True, sort_batches: bool = True, in_memory: bool = False,
+                 map_shards: Literal["all", "lazy"] = "all"):
         ds = self.ds = open_hdf5_build(path_or_dataset, fields)
+        if map_shards not in ("all", "lazy"):
+            raise ValueError(f"map_shards must be 'all' or 'lazy', got {map_shards!r}")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if int(prefetch) < 1:
@@ -209,7 +218,8 @@ class Loader:
         self.specs = {f: ds.field_specs[f] for f in self.fields}
         ragged = [f for f in self.fields if is_ragged_annotation(self.specs[f])]   # boxes etc.: padded + counts
         self.ragged = RaggedFields(ds, ragged) if ragged else None
-        self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=bool(in_memory))
+        self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=bool(in_memory),
+                                   lazy=map_shards == "lazy")
         self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.reader.fields, self.specs)
         self.steps = gpu.parse_steps(gpu_steps)
         shapes = {**self.reader.shapes, **{f: tuple(self.specs[f]["shape"]) for f in ragged}}

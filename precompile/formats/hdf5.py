@@ -367,7 +367,7 @@ def shard_chunk_tables(f: Any, fields: Sequence[str]) -> dict[str, tuple[int, np
 def attach_chunk_entries(shards: list[dict[str, Any]],
                          tables: list[dict[str, tuple[int, np.ndarray]]]) -> list[dict[str, Any]]:
     """The shard entries with their ``chunks`` slot: ``{field: [rows per chunk, chunks]}`` (the chunks' byte
-    ranges are rows of the index's ``__chunks__/<field>`` dataset, in shard order)."""
+    ranges are the next rows of the index's ``__chunks__`` dataset, see :func:`_write_chunk_tables`)."""
     out = []
     for s, t in zip(shards, tables):
         e = {k: v for k, v in s.items() if k != fmt.E_CHUNKS}
@@ -377,31 +377,30 @@ def attach_chunk_entries(shards: list[dict[str, Any]],
     return out
 
 
-def _write_chunk_tables(f: Any, tables: list[dict[str, tuple[int, np.ndarray]]], fields: Sequence[str]) -> None:
-    """``__chunks__/<field>``: every shard's chunk table of that field, concatenated in shard order."""
-    g = f.create_group(fmt.CHUNKS)
-    for name in fields:
-        parts = [t[name][1] for t in tables if name in t]
-        data = np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64)
-        g.create_dataset(name, data=data, dtype="<u8", track_times=False)
+def _write_chunk_tables(f: Any, tables: list[dict[str, tuple[int, np.ndarray]]]) -> None:
+    """``__chunks__``: (chunks, 2) uint64 of byte address and size, shard by shard, and within a shard field
+    by field in name order (the order of its entry's ``chunks``); one flat dataset, so the index keeps
+    only datasets at its top level besides ragged fields."""
+    parts = [t[name][1] for t in tables for name in sorted(t)]
+    data = np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64)
+    f.create_dataset(fmt.CHUNKS, data=data, dtype="<u8", track_times=False)
 
 
-def read_chunk_tables(path: str, fields: Sequence[str]) -> dict[str, np.ndarray]:
-    """``{field: (chunks, 2) uint64}`` from the index at ``path``; a field without a table is left out (an
-    index written before the tables existed has none)."""
+def read_chunk_tables(path: str) -> np.ndarray | None:
+    """The index's ``__chunks__`` table (see :func:`_write_chunk_tables`), or None for an index written
+    before the tables existed."""
     h5py = _h5()
-    out: dict[str, np.ndarray] = {}
     try:
         with h5py.File(path, "r") as f:
-            g = f.get(fmt.CHUNKS)
-            if g is None:
-                return out
-            for name in fields:
-                if name in g:
-                    out[name] = g[name][:]
+            d = f.get(fmt.CHUNKS)
+            if d is None:
+                return None
+            if not isinstance(d, h5py.Dataset) or d.ndim != 2 or d.shape[1] != 2:
+                raise FormatError(f"{path}: the index's {fmt.CHUNKS} table is not (chunks, 2): the index is "
+                                  f"damaged (build again)")
+            return d[:]
     except OSError as e:
         raise FormatError(f"{path}: cannot read the index's chunk tables: {e}") from None
-    return out
 
 
 @WRITERS.register()
@@ -507,7 +506,7 @@ class Hdf5Format(Format):
             f.create_dataset(fmt.COPY, data=np.concatenate(copies) if copies else np.zeros(0, np.int32),
                              dtype="int32", track_times=False)
             f.create_dataset(fmt.META, data=np.array(metas, dtype=object), dtype=str_t, track_times=False)
-            _write_chunk_tables(f, tables, [n for n, spec in specs.items() if spec.fixed])
+            _write_chunk_tables(f, tables)
             for k, v in attrs.items():
                 f.attrs[k] = v if isinstance(v, (int, float, str)) else fmt.dumps(v)
             f.attrs[fmt.A_NUM] = total

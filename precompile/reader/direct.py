@@ -341,8 +341,8 @@ class DirectReader:
         self.fallbacks = {}
         self.parts: dict[str, list[_FieldShard]] = {name: [] for name in self.fields}
         paths: dict[int, str] = {}
-        tables = self._tables = self._index_tables()
-        starts = {name: 0 for name in tables}
+        table = self._tables = self._index_tables()
+        pos = 0
         for s, shard in enumerate(ds.shards):
             n = int(shard["num_samples"])
             path = os.path.join(self.base, shard["file"])
@@ -350,7 +350,7 @@ class DirectReader:
                 for name in self.fields:
                     self.parts[name].append(_FieldShard(0, 1))
                 continue
-            got = {name: self._from_table(s, shard, name, tables[name], starts) for name in tables}
+            got, pos = self._from_table(shard, table, pos)
             rest = [name for name in self.fields if got.get(name) is None]
             if rest:
                 with _open_h5(path) as f:
@@ -367,44 +367,52 @@ class DirectReader:
                 else:
                     paths[s] = path
                 self.parts[name].append(part)
-        for name, t in tables.items():
-            if starts[name] != len(t):
-                raise FormatError(f"{ds.path}: the index's chunk table of {name!r} has {len(t)} chunks, its shard "
-                                  f"entries count {starts[name]}: the index is damaged (build again)")
+        if table is not None and pos != len(table):
+            raise FormatError(f"{ds.path}: the index's chunk table has {len(table)} chunks, its shard entries "
+                              f"count {pos}: the index is damaged (build again)")
         self._map(paths)
         self._build_view_tables()
         self.chunk_rows, self.gather_rank = self._chunk_ids_and_rank()
         if self.in_memory:
             self._load_into_memory()
 
-    def _index_tables(self) -> dict[str, np.ndarray]:
-        """The chunk tables the index carries for the served fields (``{}``: none, every shard is resolved
-        through h5py as before the tables existed)."""
+    def _index_tables(self) -> np.ndarray | None:
+        """The index's chunk table (None: an index without one; every shard is then resolved through
+        h5py as before the tables existed)."""
         if not any(fmt.E_CHUNKS in e for e in self.ds.shards):
-            return {}
-        return read_chunk_tables(self.ds.path, self.fields)
-
-    def _from_table(self, s: int, shard: dict, name: str, table: np.ndarray, starts: dict[str, int]
-                    ) -> _FieldShard | None:
-        """Shard ``s``'s rows of ``name`` from the index's chunk table (None: the entry has no table for it)."""
-        info = (shard.get(fmt.E_CHUNKS) or {}).get(name)
-        if info is None:
             return None
-        n, rb = int(shard["num_samples"]), self.row_bytes[name]
-        c, k = int(info[0]), int(info[1])
-        lo = starts[name]
-        starts[name] = lo + k
-        t = table[lo:lo + k].astype(np.int64)
-        where = f"{self.ds.path}: shard {shard['file']}, field {name!r}"
-        if c < 1 or k != -(-n // c) or len(t) != k:
-            raise FormatError(f"{where}: the index's chunk table lists {len(t)} chunk(s) of {c} rows for {n} "
-                              f"samples: the index is damaged (build again)")
-        if (t[:, 1] != c * rb).any() or (t[:, 0] < 0).any() or (
-                "bytes" in shard and int((t[:, 0] + t[:, 1]).max()) > int(shard["bytes"])):
-            raise FormatError(f"{where}: the index's chunk table points outside the shard's {shard.get('bytes')} "
-                              f"bytes or disagrees with rows of {rb} bytes: the index is damaged (build again)")
-        rows = np.arange(n, dtype=np.int64)
-        return _FieldShard(n, c, row_addr=t[rows // c, 0] + (rows % c) * rb)
+        table = read_chunk_tables(self.ds.path)
+        if table is None:
+            raise FormatError(f"{self.ds.path}: the shard entries list chunks but the index has no "
+                              f"{fmt.CHUNKS} table: the index is damaged (build again)")
+        return table.astype(np.int64)
+
+    def _from_table(self, shard: dict, table: np.ndarray | None, pos: int) -> tuple[dict[str, _FieldShard], int]:
+        """The served fields' rows of ``shard`` from the index's chunk table, whose rows from ``pos`` on are
+        this shard's (its entry's fields in name order); and the position after them."""
+        out: dict[str, _FieldShard] = {}
+        chunks = shard.get(fmt.E_CHUNKS) or {}
+        if table is None:
+            return out, pos
+        n = int(shard["num_samples"])
+        for name in sorted(chunks):
+            c, k = (int(v) for v in chunks[name])
+            t, pos = table[pos:pos + k], pos + k
+            if name not in self.row_bytes:
+                continue
+            rb = self.row_bytes[name]
+            where = f"{self.ds.path}: shard {shard['file']}, field {name!r}"
+            if c < 1 or k != -(-n // c) or len(t) != k:
+                raise FormatError(f"{where}: the index's chunk table lists {len(t)} chunk(s) of {c} rows for {n} "
+                                  f"samples: the index is damaged (build again)")
+            if (t[:, 1] != c * rb).any() or (t[:, 0] < 0).any() or (
+                    "bytes" in shard and int((t[:, 0] + t[:, 1]).max()) > int(shard["bytes"])):
+                raise FormatError(f"{where}: the index's chunk table points outside the shard's "
+                                  f"{shard.get('bytes')} bytes or disagrees with rows of {rb} bytes: the index is "
+                                  f"damaged (build again)")
+            rows = np.arange(n, dtype=np.int64)
+            out[name] = _FieldShard(n, c, row_addr=t[rows // c, 0] + (rows % c) * rb)
+        return out, pos
 
     def _map(self, paths: dict[int, str]) -> None:
         """Map the shards that have mapped fields: one region for all, else one map per shard.
@@ -413,7 +421,7 @@ class DirectReader:
         """
         order = sorted(paths)
         sizes_known = [int(self.ds.shards[s]["bytes"]) for s in order if "bytes" in self.ds.shards[s]]
-        use = sizes_known if self._tables and len(sizes_known) == len(order) else None
+        use = sizes_known if self._tables is not None and len(sizes_known) == len(order) else None
         self.region = Region.reserve([paths[s] for s in order], use) if USE_REGION else None
         self._row_slot = np.full(self.n, -1, dtype=np.int32)
         self._unmapped = 0

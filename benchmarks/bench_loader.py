@@ -19,6 +19,16 @@ order per repeat; the table gives the median samples/s over the repeats and
 the ratios to both limits.
 
     PYTHONPATH=. python benchmarks/bench_loader.py [--quick] [--samples N] [--shards 1,100,5000] [--repeats R]
+
+``--open-scale`` measures instead how opening and a shuffled epoch scale with the shard count (issue 20):
+the same small samples (default 5,000 of 64x64x3) in 2, 375, 2,500 and 5,000 shards; per store the index
+size, ``precompile.open``, ``Loader(...)`` construction (the index's chunk tables, ``map_shards`` "all"
+and "lazy"; and, for comparison, the same store through an index without tables: h5py opens every
+shard), the first batch's latency, and a full-shuffle epoch (batches of 256) against the store of 2
+shards and against a sorted ``np.take(images, idx, axis=0, out=buf, mode="clip")`` of the same batches
+from private memory. Medians over ``--repeats``, warm page cache.
+
+    PYTHONPATH=. python benchmarks/bench_loader.py --open-scale [--samples 5000] [--shards 2,375,2500,5000]
 """
 from __future__ import annotations
 
@@ -79,8 +89,102 @@ def timed_passes(make_iter, n_samples: int, repeats: int) -> list[float]:
     return out
 
 
+def _median_time(fn, repeats: int) -> float:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def _index_without_tables(index: str) -> str:
+    """A copy of ``index`` beside it without the chunk tables (as written before issue 20)."""
+    import shutil
+
+    import h5py
+
+    other = index[:-3] + "-notables.h5"
+    shutil.copyfile(index, other)
+    with h5py.File(other, "r+") as f:
+        del f[fmt.CHUNKS]
+        entries = fmt.loads(f.attrs[fmt.A_SHARDS])
+        f.attrs[fmt.A_SHARDS] = fmt.dumps([{k: v for k, v in e.items() if k != fmt.E_CHUNKS} for e in entries])
+    return other
+
+
+def open_scale(n: int, counts: list[int], reps: int, bs: int, where: str | None) -> None:
+    """The --open-scale table (see the module docstring)."""
+    import precompile
+    from precompile.reader.loader import Loader
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (n, 64, 64, 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, n)
+    tmp = tempfile.TemporaryDirectory(dir=where)
+    print(f"{n} x 64x64x3 uint8 ({n * 12288 / 2**20:.0f} MiB) per store; batch {bs}, {reps} repeats, "
+          f"{os.cpu_count()} cpus")
+    perms = [np.random.default_rng(r).permutation(n) for r in range(reps)]
+    buf = np.empty((bs, 64, 64, 3), np.uint8)
+
+    def limit(r: int) -> None:
+        for i in range(0, n, bs):
+            idx = np.sort(perms[r][i:i + bs])
+            np.take(images, idx, axis=0, out=buf[:len(idx)], mode="clip")
+
+    print(f"| {'shards':>6} | {'index KiB':>9} | {'open ms':>7} | {'Loader ms':>9} | {'lazy ms':>7} | "
+          f"{'no tables ms':>12} | {'1st batch ms':>12} | {'epoch samples/s':>15} | {'x 2 shards':>10} | "
+          f"{'x sorted take':>13} |")
+    print("|" + "|".join("-" * (w + 2) for w in (6, 9, 7, 9, 7, 12, 12, 15, 10, 13)) + "|")
+    base_rate = None
+    for k in counts:
+        per = -(-n // k)
+        index = write_store(tmp.name, f"s{k}", images, labels, samples_per_shard=per, chunk_samples=min(256, per))
+        old = _index_without_tables(index)
+        ds = precompile.open(index)
+        for s in ds.shards:  # a warm page cache
+            with open(os.path.join(tmp.name, s["file"]), "rb") as f:
+                while f.read(1 << 24):
+                    pass
+        t_open = _median_time(lambda: precompile.open(index).close(), reps)
+
+        def make(path=index, how="all"):
+            Loader(path, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"],
+                   map_shards=how).close()
+        t_all = _median_time(make, reps)
+        t_lazy = _median_time(lambda: make(how="lazy"), reps)
+        t_old = _median_time(lambda: make(old), max(1, reps // 2))
+
+        def first_batch():
+            loader = Loader(ds, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"],
+                            map_shards="lazy")
+            it = iter(loader)
+            t0 = time.perf_counter()
+            next(it)
+            dt = time.perf_counter() - t0
+            it.close()
+            loader.close()
+            return dt
+        t_first = statistics.median(first_batch() for _ in range(reps))
+        loader = Loader(ds, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"])
+        rates, lim = [], []
+        for r in range(reps):   # turn by turn: noise from other jobs spreads over both
+            lim.append(n / _median_time(lambda r=r: limit(r), 1))
+            rates.append(timed_passes(lambda _r, r=r: (loader.set_epoch(r), loader)[1], n, 1)[0])
+        loader.close()
+        ds.close()
+        rate, lim_rate = statistics.median(rates), statistics.median(lim)
+        base_rate = base_rate or rate
+        print(f"| {len(precompile.open(index).shards):>6} | {os.path.getsize(index) / 1024:>9.0f} | "
+              f"{t_open * 1e3:>7.1f} | {t_all * 1e3:>9.1f} | {t_lazy * 1e3:>7.1f} | {t_old * 1e3:>12.0f} | "
+              f"{t_first * 1e3:>12.1f} | {rate:>15,.0f} | {rate / base_rate:>10.2f} | {rate / lim_rate:>13.2f} |",
+              flush=True)
+    tmp.cleanup()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--open-scale", action="store_true", help="opening and epoch cost against the shard count")
     ap.add_argument("--quick", action="store_true", help="small stores and few repeats (a smoke run)")
     ap.add_argument("--samples", type=int, default=None, help="samples per store (default 80000, quick 4096)")
     ap.add_argument("--shards", default=None, help="shard counts, comma-separated (default 1,100,5000; quick 1,256)")
@@ -88,6 +192,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--dir", default=None, help="where to write the stores (default: a temporary folder)")
     args = ap.parse_args(argv)
+    if args.open_scale:
+        open_scale(args.samples or 5000, [int(x) for x in (args.shards or "2,375,2500,5000").split(",")],
+                   args.repeats or 5, args.batch_size, args.dir)
+        return
     n = args.samples or (4096 if args.quick else 80000)
     reps = args.repeats or (3 if args.quick else 5)
     counts = [int(x) for x in (args.shards or ("1,256" if args.quick else "1,100,5000")).split(",")]

@@ -235,3 +235,29 @@ def _recipe_of(tmp_path):
         "steps": [{"resize": {"size": [8, 8]}}],
         "output": {"format": "hdf5", "samples_per_shard": PER_SHARD, "chunk_samples": CHUNK},
     }, base_dir=str(tmp_path))
+
+
+def test_a_closed_reader_unmaps_its_shards_without_waiting_for_the_gc(index):
+    import gc
+
+    def maps() -> int:
+        with open("/proc/self/maps") as f:
+            return sum(1 for _ in f)
+
+    if not os.path.exists("/proc/self/maps"):
+        pytest.skip("no /proc/self/maps on this system")
+    ds = precompile.open(index)
+    gc.collect()
+    gc.disable()
+    try:
+        before = maps()
+        r = DirectReader(ds)
+        assert r.region is not None and maps() >= before + len(ds.shards)
+        rows = r.read([0, N - 1])
+        r.close()
+        del r
+        assert maps() == before          # no reference cycle keeps the range mapped until a gc pass
+        np.testing.assert_array_equal(rows["image"], ds.batch([0, N - 1])["image"])
+    finally:
+        gc.enable()
+        ds.close()

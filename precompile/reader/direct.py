@@ -164,7 +164,10 @@ class Region:
         self.paths: list[str] = []
         self.mapped = np.ones(len(bases), dtype=bool)   # reserve(): every slot unmapped until map_slot
         buf = (ctypes.c_uint8 * max(1, size)).from_address(addr)
-        buf._region = self  # the buffer (and so every array on it) keeps the mapping alive
+        # the buffer (and so every array on it) keeps the mapping alive; through an object that holds
+        # neither the region nor an array, so no reference cycle delays the unmap until a gc pass
+        # (each shard is a mapping: a few Loaders left to the gc could exhaust vm.max_map_count)
+        buf._unmap = _Unmap(addr, size, type(self)._lib())
         a = np.frombuffer(buf, dtype=np.uint8)[:size]
         a.flags.writeable = False  # PROT_READ: a write would be a segfault, make it a ValueError
         self.array = a
@@ -253,10 +256,16 @@ class Region:
             raise FormatError(f"{path}: cannot map shard (mmap failed, errno {ctypes_errno()})")
         self.mapped[i] = True
 
+
+class _Unmap:
+    """Unmaps a region's range when the last array on it is gone (see ``Region.__init__``)."""
+
+    def __init__(self, addr: int, size: int, libc: Any):
+        self.addr, self.size, self.libc = addr, size, libc
+
     def __del__(self) -> None:
-        libc = type(self)._libc
-        if libc is not None and getattr(self, "addr", None):
-            libc.munmap(self.addr, self.size)
+        if self.addr:
+            self.libc.munmap(self.addr, self.size)
             self.addr = 0
 
 
@@ -431,9 +440,10 @@ class DirectReader:
             slot = np.full(len(self.offsets) - 1, -1, dtype=np.int32)
             slot[order] = np.arange(len(order), dtype=np.int32)
             self._row_slot = np.repeat(slot, np.diff(self.offsets))
-            self._unmapped = len(order)
             if not self.lazy:
-                self._map_slots(np.arange(len(order)))
+                for i in range(len(order)):
+                    self.region.map_slot(i, self.ds.path)
+            self._unmapped = int(np.count_nonzero(~self.region.mapped))
         else:
             _ensure_nofile(len(order))
             self._spaces = []

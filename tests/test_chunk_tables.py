@@ -134,11 +134,17 @@ def test_loader_opens_no_shard_with_h5py_and_lazy_maps_only_what_it_reads(index,
 
 def test_a_table_that_disagrees_with_the_entry_is_refused(copy_of):
     entries = _entries(copy_of)
-    entries[1][fmt.E_CHUNKS]["image"] = [CHUNK, 2]                  # 32 rows in chunks of 5 need 7
+    entries[1][fmt.E_CHUNKS]["image"] = [2 * CHUNK, 7]              # 32 rows in chunks of 10 are 4, not 7
     _set_entries(copy_of, entries)
     ds = precompile.open(copy_of)
     with pytest.raises(FormatError, match=r"shard-00001-[0-9a-f]{16}\.h5, field 'image': the index's chunk table "
-                                          r"lists 2 chunk\(s\) of 5 rows for 32 samples: the index is damaged"):
+                                          r"lists 7 chunk\(s\) of 10 rows for 32 samples: the index is damaged"):
+        DirectReader(ds)
+    entries[1][fmt.E_CHUNKS]["image"] = [CHUNK, 2]                  # and the entries no longer add up to the table
+    _set_entries(copy_of, entries)
+    ds = precompile.open(copy_of)
+    with pytest.raises(FormatError, match=r"t\.h5: the index's chunk table has 52 chunks, its shard entries count "
+                                          r"47: the index is damaged"):
         DirectReader(ds)
     ds.close()
 
@@ -160,13 +166,13 @@ def test_a_short_or_missing_table_is_refused(copy_of):
         del f[fmt.CHUNKS]
         f.create_dataset(fmt.CHUNKS, data=t[:-1])
     ds = precompile.open(copy_of)
-    with pytest.raises(FormatError, match=r"shard-00003-[0-9a-f]{16}\.h5, field 'label': the index's chunk table "
-                                          r"lists 4 chunk\(s\) of 5 rows for 24 samples"):
+    with pytest.raises(FormatError, match=r"t\.h5: the index's chunk table has 51 chunks, its shard entries count "
+                                          r"52: the index is damaged"):
         DirectReader(ds)
     with h5py.File(copy_of, "r+") as f:
         del f[fmt.CHUNKS]
         f.create_dataset(fmt.CHUNKS, data=np.concatenate([t, t[:1]]))
-    with pytest.raises(FormatError, match=r"the index's chunk table has \d+ chunks, its shard entries count \d+"):
+    with pytest.raises(FormatError, match=r"the index's chunk table has 53 chunks, its shard entries count 52"):
         DirectReader(ds)
     with h5py.File(copy_of, "r+") as f:
         del f[fmt.CHUNKS]
@@ -261,3 +267,24 @@ def test_a_closed_reader_unmaps_its_shards_without_waiting_for_the_gc(index):
     finally:
         gc.enable()
         ds.close()
+
+
+def test_an_entry_without_a_table_for_a_field_opens_that_shard_only(copy_of, monkeypatch):
+    entries = _entries(copy_of)
+    pos = sum(k for e in entries[:1] for _, k in e[fmt.E_CHUNKS].values())      # shard 1's rows start here
+    k = entries[1][fmt.E_CHUNKS]["image"][1]                                  # 'image' first (name order)
+    del entries[1][fmt.E_CHUNKS]["image"]                                    # as a writer that could not map it
+    _set_entries(copy_of, entries)
+    with h5py.File(copy_of, "r+") as f:
+        t = f[fmt.CHUNKS][:]
+        del f[fmt.CHUNKS]
+        f.create_dataset(fmt.CHUNKS, data=np.concatenate([t[:pos], t[pos + k:]]))
+    opened: list[str] = []
+    real = direct._open_h5
+    monkeypatch.setattr(direct, "_open_h5", lambda p: (opened.append(os.path.basename(p)), real(p))[1])
+    ds = precompile.open(copy_of)
+    r = DirectReader(ds)
+    assert opened == [os.path.basename(entries[1]["file"])] and r.fast
+    np.testing.assert_array_equal(r.read(np.arange(N)[::-1])["image"], ds.batch(np.arange(N)[::-1])["image"])
+    r.close()
+    ds.close()

@@ -351,7 +351,7 @@ class DirectReader:
         self.parts: dict[str, list[_FieldShard]] = {name: [] for name in self.fields}
         paths: dict[int, str] = {}
         table = self._tables = self._index_tables()
-        pos = 0
+        known = self._parts_from_table(table) if table is not None else {}
         for s, shard in enumerate(ds.shards):
             n = int(shard["num_samples"])
             path = os.path.join(self.base, shard["file"])
@@ -359,8 +359,8 @@ class DirectReader:
                 for name in self.fields:
                     self.parts[name].append(_FieldShard(0, 1))
                 continue
-            got, pos = self._from_table(shard, table, pos)
-            rest = [name for name in self.fields if got.get(name) is None]
+            got = {name: known[name][s] for name in known if known[name][s] is not None}
+            rest = [name for name in self.fields if name not in got]
             if rest:
                 with _open_h5(path) as f:
                     for name in rest:
@@ -376,9 +376,6 @@ class DirectReader:
                 else:
                     paths[s] = path
                 self.parts[name].append(part)
-        if table is not None and pos != len(table):
-            raise FormatError(f"{ds.path}: the index's chunk table has {len(table)} chunks, its shard entries "
-                              f"count {pos}: the index is damaged (build again)")
         self._map(paths)
         self._build_view_tables()
         self.chunk_rows, self.gather_rank = self._chunk_ids_and_rank()
@@ -396,32 +393,68 @@ class DirectReader:
                               f"{fmt.CHUNKS} table: the index is damaged (build again)")
         return table.astype(np.int64)
 
-    def _from_table(self, shard: dict, table: np.ndarray | None, pos: int) -> tuple[dict[str, _FieldShard], int]:
-        """The served fields' rows of ``shard`` from the index's chunk table, whose rows from ``pos`` on are
-        this shard's (its entry's fields in name order); and the position after them."""
-        out: dict[str, _FieldShard] = {}
-        chunks = shard.get(fmt.E_CHUNKS) or {}
-        if table is None:
-            return out, pos
-        n = int(shard["num_samples"])
-        for name in sorted(chunks):
-            c, k = (int(v) for v in chunks[name])
-            t, pos = table[pos:pos + k], pos + k
-            if name not in self.row_bytes:
-                continue
-            rb = self.row_bytes[name]
-            where = f"{self.ds.path}: shard {shard['file']}, field {name!r}"
-            if c < 1 or k != -(-n // c) or len(t) != k:
-                raise FormatError(f"{where}: the index's chunk table lists {len(t)} chunk(s) of {c} rows for {n} "
-                                  f"samples: the index is damaged (build again)")
-            if (t[:, 1] != c * rb).any() or (t[:, 0] < 0).any() or (
-                    "bytes" in shard and int((t[:, 0] + t[:, 1]).max()) > int(shard["bytes"])):
-                raise FormatError(f"{where}: the index's chunk table points outside the shard's "
-                                  f"{shard.get('bytes')} bytes or disagrees with rows of {rb} bytes: the index is "
-                                  f"damaged (build again)")
-            rows = np.arange(n, dtype=np.int64)
-            out[name] = _FieldShard(n, c, row_addr=t[rows // c, 0] + (rows % c) * rb)
-        return out, pos
+    def _parts_from_table(self, table: np.ndarray) -> dict[str, list[_FieldShard | None]]:
+        """Per served field and shard, its rows' addresses from the index's chunk table (None: the entry has
+        no table for it). The table's rows are the entries' chunks in order: shard by shard, a shard's fields
+        in name order. One pass over the entries in Python, the rest in numpy (whatever the shard count)."""
+        ns = len(self.ds.shards)
+        spans = {name: np.zeros((ns, 3), dtype=np.int64) for name in self.fields}   # rows per chunk, chunks, start
+        has = {name: np.zeros(ns, dtype=bool) for name in self.fields}
+        limit = np.full(ns, -1, dtype=np.int64)
+        pos = 0
+        for s, e in enumerate(self.ds.shards):
+            chunks = e.get(fmt.E_CHUNKS) or {}
+            for name in sorted(chunks):
+                c, k = chunks[name]
+                if name in spans:
+                    spans[name][s] = (c, k, pos)
+                    has[name][s] = True
+                pos += int(k)
+            if "bytes" in e:
+                limit[s] = int(e["bytes"])
+        if pos != len(table):
+            raise FormatError(f"{self.ds.path}: the index's chunk table has {len(table)} chunks, its shard entries "
+                              f"count {pos}: the index is damaged (build again)")
+        counts = np.diff(self.offsets)
+        return {name: self._field_from_table(name, table, spans[name], has[name], counts, limit)
+                for name in self.fields}
+
+    def _field_from_table(self, name: str, table: np.ndarray, span: np.ndarray, has: np.ndarray,
+                          counts: np.ndarray, limit: np.ndarray) -> list[_FieldShard | None]:
+        """One field's rows from the table (see :meth:`_parts_from_table`), every shard checked at once."""
+        rb = self.row_bytes[name]
+        c, k, start = span[:, 0], span[:, 1], span[:, 2]
+        live = has & (counts > 0)
+        bad = live & ((c < 1) | (k != -(-counts // np.maximum(c, 1))))
+        if bad.any():
+            s = int(np.flatnonzero(bad)[0])
+            raise FormatError(f"{self._where(s, name)}: the index's chunk table lists {int(k[s])} chunk(s) of "
+                              f"{int(c[s])} rows for {int(counts[s])} samples: the index is damaged (build again)")
+        sel = np.flatnonzero(live)
+        shard_of_chunk = np.repeat(sel, k[sel])
+        first = np.repeat(start[sel] - np.concatenate([[0], np.cumsum(k[sel])[:-1]]), k[sel])
+        chunk = np.arange(len(shard_of_chunk), dtype=np.int64) + first          # its row in the table
+        t = table[chunk]
+        over = (t[:, 1] != c[shard_of_chunk] * rb) | (t[:, 0] < 0) | (
+            (limit[shard_of_chunk] >= 0) & (t[:, 0] + t[:, 1] > limit[shard_of_chunk]))
+        if over.any():
+            s = int(shard_of_chunk[np.flatnonzero(over)[0]])
+            raise FormatError(f"{self._where(s, name)}: the index's chunk table points outside the shard's "
+                              f"{self.ds.shards[s].get('bytes')} bytes or disagrees with rows of {rb} bytes: the "
+                              f"index is damaged (build again)")
+        rows = np.concatenate([[0], np.cumsum(counts[sel])]).astype(np.int64)
+        shard_of_row = np.repeat(sel, counts[sel])
+        local = np.arange(int(rows[-1]), dtype=np.int64) - np.repeat(rows[:-1], counts[sel])
+        first_chunk = np.concatenate([[0], np.cumsum(k[sel])[:-1]]).astype(np.int64)
+        cs = c[shard_of_row]
+        addr = t[np.repeat(first_chunk, counts[sel]) + local // cs, 0] + (local % cs) * rb
+        out: list[_FieldShard | None] = [None] * len(span)
+        for j, s in enumerate(sel.tolist()):
+            out[s] = _FieldShard(int(counts[s]), int(c[s]), row_addr=addr[rows[j]:rows[j + 1]])
+        return out
+
+    def _where(self, s: int, name: str) -> str:
+        return f"{self.ds.path}: shard {self.ds.shards[s]['file']}, field {name!r}"
 
     def _map(self, paths: dict[int, str]) -> None:
         """Map the shards that have mapped fields: one region for all, else one map per shard.

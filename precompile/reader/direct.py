@@ -485,13 +485,26 @@ class DirectReader:
                 mm = self._maps[s] = map_file(paths[s])  # a plain ndarray on the map: no np.memmap __getitem__
                 self._spaces.append((mm, {s: 0}))
                 sizes[s] = mm.size
+        size_of = np.zeros(len(self.offsets) - 1, dtype=np.int64)
+        size_of[order] = [sizes[s] for s in order]
+        row_size = np.repeat(size_of, np.diff(self.offsets))
         for name in self.fields:  # the chunk table must stay inside the file
-            rb = self.row_bytes[name]
-            for s in order:
-                part = self.parts[name][s]
-                if part.row_addr is not None and part.n and (
-                        part.row_addr.min() < 0 or int(part.row_addr.max()) + rb > sizes[s]):
-                    raise FormatError(f"{paths[s]}: chunk table points past the end of the file ({sizes[s]} bytes)")
+            served, addr = self._field_rows(name)
+            bad = served & ((addr < 0) | (addr + self.row_bytes[name] > row_size))
+            if bad.any():
+                s = int(np.searchsorted(self.offsets, np.flatnonzero(bad)[0], side="right") - 1)
+                raise FormatError(f"{paths[s]}: chunk table points past the end of the file ({sizes[s]} bytes)")
+
+    def _field_rows(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Per global row of ``name``: whether the maps serve it, and its byte address in its shard file."""
+        parts = self.parts[name]
+        counts = np.diff(self.offsets)
+        served = np.repeat(np.array([p.row_addr is not None for p in parts], dtype=bool), counts)
+        addr = np.zeros(self.n, dtype=np.int64)
+        got = [p.row_addr for p in parts if p.row_addr is not None and p.n]
+        if got:
+            addr[served] = np.concatenate(got)
+        return served, addr
 
     # -- resolving chunk addresses (once) -------------------------------------------------
     def _resolve(self, s: int, path: str, d: Any, name: str, n: int) -> _FieldShard:
@@ -554,20 +567,17 @@ class DirectReader:
         id, and the row's place in gather order: (view, address) for mapped rows, then the h5py-served
         rows by (shard, row)."""
         name = max(self.fields, key=lambda f: self.row_bytes[f]) if self.fields else None
-        ids = np.empty(self.n, dtype=np.int64)
-        shard = np.repeat(np.arange(len(self.offsets) - 1, dtype=np.int64), np.diff(self.offsets))
-        nxt = 0
-        for s in range(len(self.offsets) - 1):
-            lo, hi = int(self.offsets[s]), int(self.offsets[s + 1])
-            part = self.parts[name][s] if name else None
-            local = np.arange(hi - lo, dtype=np.int64)
-            ids[lo:hi] = nxt + local // max(1, part.rows_per_chunk if part else 1)
-            nxt = int(ids[hi - 1]) + 1 if hi > lo else nxt
+        counts = np.diff(self.offsets)
+        shard = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        rpc = np.array([max(1, p.rows_per_chunk) for p in self.parts[name]] if name else [1] * len(counts),
+                       dtype=np.int64)
+        first = np.concatenate([[0], np.cumsum(-(-counts // rpc))[:-1]]).astype(np.int64)
+        local = np.arange(self.n, dtype=np.int64) - self.offsets[shard]
+        ids = first[shard] + local // rpc[shard]
         if name is None:
             return ids, np.arange(self.n, dtype=np.int64)
         vid, vrow = self._vid[name], self._vrow[name]
         served = vid >= 0
-        local = np.arange(self.n, dtype=np.int64) - self.offsets[shard]
         keys = (np.where(served, vrow, local), np.where(served, -1, shard), vid)
         rank = np.empty(self.n, dtype=np.int64)
         rank[np.lexsort(keys)] = np.arange(self.n, dtype=np.int64)
@@ -587,17 +597,26 @@ class DirectReader:
             vid = np.full(self.n, -1, dtype=np.int64)
             vrow = np.zeros(self.n, dtype=np.int64)
             for arr, bases in self._spaces:
-                rows, addr = [], []
-                for s, base in bases.items():
-                    part = self.parts[name][s]
-                    if part.row_addr is None:
+                if self.region is not None:   # one space for all shards: every row at once
+                    served, addr = self._field_rows(name)
+                    base = np.zeros(len(self.offsets) - 1, dtype=np.int64)
+                    base[list(bases)] = list(bases.values())
+                    g_rows = np.flatnonzero(served)
+                    g_addr = addr[g_rows] + np.repeat(base, np.diff(self.offsets))[g_rows]
+                    if not len(g_rows):
                         continue
-                    lo = int(self.offsets[s])
-                    rows.append(np.arange(lo, lo + part.n, dtype=np.int64))
-                    addr.append(part.row_addr + base)
-                if not rows:
-                    continue
-                g_rows, g_addr = np.concatenate(rows), np.concatenate(addr)
+                else:
+                    rows, addr = [], []
+                    for s, b in bases.items():
+                        part = self.parts[name][s]
+                        if part.row_addr is None:
+                            continue
+                        lo = int(self.offsets[s])
+                        rows.append(np.arange(lo, lo + part.n, dtype=np.int64))
+                        addr.append(part.row_addr + b)
+                    if not rows:
+                        continue
+                    g_rows, g_addr = np.concatenate(rows), np.concatenate(addr)
                 residues, rid = np.unique(g_addr % rb, return_inverse=True)
                 if len(residues) > MAX_VIEWS:
                     vid[g_rows] = len(views)

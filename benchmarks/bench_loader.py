@@ -49,18 +49,23 @@ from precompile.formats.hdf5 import Hdf5Format  # noqa: E402
 
 
 def write_store(out_dir: str, name: str, images: np.ndarray, labels: np.ndarray, kind: str = "image",
-                samples_per_shard: int = 8192, chunk_samples: int = 256) -> str:
-    """Write ``images``/``labels`` as a build (shards + index) through the project's HDF5 writer."""
+                samples_per_shard: int = 8192, chunk_samples: int = 256, num_shards: int | None = None) -> str:
+    """Write ``images``/``labels`` as a build (shards + index) through the project's HDF5 writer
+    (``num_shards``: exactly that many shards, sizes differing by at most one, instead of ``samples_per_shard``)."""
     specs = {"image": FieldSpec(kind, tuple(images.shape[1:]), str(images.dtype)), "label": FieldSpec("label", (), "int64")}
     chunking = {"image": chunk_samples, "label": max(chunk_samples, 1024)}
     w = Hdf5Format()
     sdir = os.path.join(out_dir, fmt.shard_dir_name(name))
     os.makedirs(sdir, exist_ok=True)
     shards = []
-    for si, lo in enumerate(range(0, len(images), samples_per_shard)):
+    if num_shards:
+        cuts = np.linspace(0, len(images), num_shards + 1).round().astype(int).tolist()
+    else:
+        cuts = [*range(0, len(images), samples_per_shard), len(images)]
+    for si, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
         fname = fmt.shard_file_name(si)
         sw = w.open_shard(os.path.join(sdir, fname), specs, f"bench-{si}", None, chunking)
-        for i in range(lo, min(lo + samples_per_shard, len(images))):
+        for i in range(lo, hi):
             sw.add(Sample(key=f"{i:07d}", fields={"image": images[i], "label": np.int64(labels[i])},
                           kinds={"image": kind, "label": "label"}))
         info = sw.close()
@@ -113,6 +118,15 @@ def _index_without_tables(index: str) -> str:
     return other
 
 
+def _table_bytes(index: str) -> int:
+    """What the chunk tables add to an index: the ``__chunks__`` dataset and the entries' ``chunks`` text."""
+    import h5py
+
+    with h5py.File(index, "r") as f:
+        entries = fmt.loads(f.attrs[fmt.A_SHARDS])
+        return int(f[fmt.CHUNKS].nbytes) + sum(len(fmt.dumps(e.get(fmt.E_CHUNKS, {}))) + 10 for e in entries)
+
+
 def open_scale(n: int, counts: list[int], reps: int, bs: int, where: str | None) -> None:
     """The --open-scale table (see the module docstring)."""
     import precompile
@@ -132,14 +146,14 @@ def open_scale(n: int, counts: list[int], reps: int, bs: int, where: str | None)
             idx = np.sort(perms[r][i:i + bs])
             np.take(images, idx, axis=0, out=buf[:len(idx)], mode="clip")
 
-    print(f"| {'shards':>6} | {'index KiB':>9} | {'open ms':>7} | {'Loader ms':>9} | {'lazy ms':>7} | "
+    print(f"| {'shards':>6} | {'index KiB':>9} | {'tables KiB':>10} | {'open ms':>7} | {'Loader ms':>9} | {'lazy ms':>7} | "
           f"{'no tables ms':>12} | {'1st batch ms':>12} | {'epoch samples/s':>15} | {'x 2 shards':>10} | "
           f"{'x sorted take':>13} |")
-    print("|" + "|".join("-" * (w + 2) for w in (6, 9, 7, 9, 7, 12, 12, 15, 10, 13)) + "|")
+    print("|" + "|".join("-" * (w + 2) for w in (6, 9, 10, 7, 9, 7, 12, 12, 15, 10, 13)) + "|")
     base_rate = None
     for k in counts:
-        per = -(-n // k)
-        index = write_store(tmp.name, f"s{k}", images, labels, samples_per_shard=per, chunk_samples=min(256, per))
+        per = n // k
+        index = write_store(tmp.name, f"s{k}", images, labels, chunk_samples=min(256, per), num_shards=k)
         old = _index_without_tables(index)
         ds = precompile.open(index)
         for s in ds.shards:  # a warm page cache
@@ -176,6 +190,7 @@ def open_scale(n: int, counts: list[int], reps: int, bs: int, where: str | None)
         rate, lim_rate = statistics.median(rates), statistics.median(lim)
         base_rate = base_rate or rate
         print(f"| {len(precompile.open(index).shards):>6} | {os.path.getsize(index) / 1024:>9.0f} | "
+              f"{_table_bytes(index) / 1024:>10.0f} | "
               f"{t_open * 1e3:>7.1f} | {t_all * 1e3:>9.1f} | {t_lazy * 1e3:>7.1f} | {t_old * 1e3:>12.0f} | "
               f"{t_first * 1e3:>12.1f} | {rate:>15,.0f} | {rate / base_rate:>10.2f} | {rate / lim_rate:>13.2f} |",
               flush=True)

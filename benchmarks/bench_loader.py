@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -127,73 +128,95 @@ def _table_bytes(index: str) -> int:
         return int(f[fmt.CHUNKS].nbytes) + sum(len(fmt.dumps(e.get(fmt.E_CHUNKS, {}))) + 10 for e in entries)
 
 
-def open_scale(n: int, counts: list[int], reps: int, bs: int, where: str | None) -> None:
-    """The --open-scale table (see the module docstring)."""
+def _open_timings(index: str, old: str, bs: int, reps: int) -> dict[str, float]:
+    """Median seconds: open, Loader (map_shards all / lazy), Loader over the index without tables, first batch."""
     import precompile
     from precompile.reader.loader import Loader
 
+    def make(path: str = index, how: str = "all") -> None:
+        Loader(path, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"], map_shards=how).close()
+
+    def first_batch() -> float:
+        loader = Loader(index, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"],
+                        map_shards="lazy")
+        it = iter(loader)
+        t0 = time.perf_counter()
+        next(it)
+        dt = time.perf_counter() - t0
+        it.close()
+        loader.close()
+        return dt
+    return {"open": _median_time(lambda: precompile.open(index).close(), reps), "all": _median_time(make, reps),
+            "lazy": _median_time(lambda: make(how="lazy"), reps),
+            "old": _median_time(lambda: make(old), max(1, reps // 2)),
+            "first": statistics.median(first_batch() for _ in range(reps))}
+
+
+def _epochs(indexes: dict[int, str], images: np.ndarray, bs: int, reps: int) -> dict[Any, list[float]]:
+    """Samples/s of full-shuffle epochs (the limit: seconds), turn by turn (noise from other jobs spreads over all): the sorted
+    ``np.take`` limit (key "limit"), each store's Loader after its first epoch (key k), and a fresh Loader's
+    first epoch (key ("first", k): the shards' first page faults)."""
+    from precompile.reader.loader import Loader
+
+    n = len(images)
+    buf = np.empty((bs, *images.shape[1:]), images.dtype)
+    loaders = {k: Loader(p, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"])
+               for k, p in indexes.items()}
+    for loader in loaders.values():   # the first epoch of these loaders is not timed
+        timed_passes(lambda _r, loader=loader: loader, n, 1)
+    out: dict[Any, list[float]] = {"limit": [], **{k: [] for k in indexes}, **{("first", k): [] for k in indexes}}
+    for r in range(reps):
+        perm = np.random.default_rng(r).permutation(n)
+        t0 = time.perf_counter()
+        for i in range(0, n, bs):
+            idx = np.sort(perm[i:i + bs])
+            np.take(images, idx, axis=0, out=buf[:len(idx)], mode="clip")
+        out["limit"].append(time.perf_counter() - t0)
+        for k, loader in loaders.items():
+            loader.set_epoch(r + 1)
+            out[k].append(timed_passes(lambda _r, loader=loader: loader, n, 1)[0])
+            fresh = Loader(indexes[k], batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"])
+            fresh.set_epoch(r + 1)
+            out[("first", k)].append(timed_passes(lambda _r, fresh=fresh: fresh, n, 1)[0])
+            fresh.close()
+    for loader in loaders.values():
+        loader.close()
+    return out
+
+
+def open_scale(n: int, counts: list[int], reps: int, bs: int, where: str | None) -> None:
+    """The --open-scale table (see the module docstring)."""
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (n, 64, 64, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, n)
     tmp = tempfile.TemporaryDirectory(dir=where)
     print(f"{n} x 64x64x3 uint8 ({n * 12288 / 2**20:.0f} MiB) per store; batch {bs}, {reps} repeats, "
           f"{os.cpu_count()} cpus")
-    perms = [np.random.default_rng(r).permutation(n) for r in range(reps)]
-    buf = np.empty((bs, 64, 64, 3), np.uint8)
-
-    def limit(r: int) -> None:
-        for i in range(0, n, bs):
-            idx = np.sort(perms[r][i:i + bs])
-            np.take(images, idx, axis=0, out=buf[:len(idx)], mode="clip")
-
-    print(f"| {'shards':>6} | {'index KiB':>9} | {'tables KiB':>10} | {'open ms':>7} | {'Loader ms':>9} | {'lazy ms':>7} | "
-          f"{'no tables ms':>12} | {'1st batch ms':>12} | {'epoch samples/s':>15} | {'x 2 shards':>10} | "
-          f"{'x sorted take':>13} |")
-    print("|" + "|".join("-" * (w + 2) for w in (6, 9, 10, 7, 9, 7, 12, 12, 15, 10, 13)) + "|")
-    base_rate = None
+    indexes, opened = {}, {}
     for k in counts:
-        per = n // k
-        index = write_store(tmp.name, f"s{k}", images, labels, chunk_samples=min(256, per), num_shards=k)
-        old = _index_without_tables(index)
-        ds = precompile.open(index)
-        for s in ds.shards:  # a warm page cache
-            with open(os.path.join(tmp.name, s["file"]), "rb") as f:
+        index = indexes[k] = write_store(tmp.name, f"s{k}", images, labels, chunk_samples=min(256, n // k),
+                                         num_shards=k)
+        for name in os.listdir(os.path.join(tmp.name, fmt.shard_dir_name(f"s{k}"))):  # a warm page cache
+            with open(os.path.join(tmp.name, fmt.shard_dir_name(f"s{k}"), name), "rb") as f:
                 while f.read(1 << 24):
                     pass
-        t_open = _median_time(lambda: precompile.open(index).close(), reps)
-
-        def make(path=index, how="all"):
-            Loader(path, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"],
-                   map_shards=how).close()
-        t_all = _median_time(make, reps)
-        t_lazy = _median_time(lambda: make(how="lazy"), reps)
-        t_old = _median_time(lambda: make(old), max(1, reps // 2))
-
-        def first_batch():
-            loader = Loader(ds, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"],
-                            map_shards="lazy")
-            it = iter(loader)
-            t0 = time.perf_counter()
-            next(it)
-            dt = time.perf_counter() - t0
-            it.close()
-            loader.close()
-            return dt
-        t_first = statistics.median(first_batch() for _ in range(reps))
-        loader = Loader(ds, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"])
-        rates, lim = [], []
-        for r in range(reps):   # turn by turn: noise from other jobs spreads over both
-            lim.append(n / _median_time(lambda r=r: limit(r), 1))
-            rates.append(timed_passes(lambda _r, r=r: (loader.set_epoch(r), loader)[1], n, 1)[0])
-        loader.close()
-        ds.close()
-        rate, lim_rate = statistics.median(rates), statistics.median(lim)
-        base_rate = base_rate or rate
-        print(f"| {len(precompile.open(index).shards):>6} | {os.path.getsize(index) / 1024:>9.0f} | "
-              f"{_table_bytes(index) / 1024:>10.0f} | "
-              f"{t_open * 1e3:>7.1f} | {t_all * 1e3:>9.1f} | {t_lazy * 1e3:>7.1f} | {t_old * 1e3:>12.0f} | "
-              f"{t_first * 1e3:>12.1f} | {rate:>15,.0f} | {rate / base_rate:>10.2f} | {rate / lim_rate:>13.2f} |",
-              flush=True)
+        opened[k] = _open_timings(index, _index_without_tables(index), bs, reps)
+    ep = _epochs(indexes, images, bs, reps)
+    med = {key: statistics.median(v) for key, v in ep.items()}
+    lim = n / med["limit"]
+    cols = ("shards", "index KiB", "tables KiB", "open ms", "Loader ms", "lazy ms", "no tables ms",
+            "1st batch ms", "epoch samples/s", "x 2 shards", "x sorted take", "1st epoch x 2 shards")
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "|".join("-" * (len(c) + 2) for c in cols) + "|")
+    base = counts[0]
+    for k in counts:
+        t = opened[k]
+        vals = [k, f"{os.path.getsize(indexes[k]) / 1024:.0f}", f"{_table_bytes(indexes[k]) / 1024:.0f}",
+                f"{t['open'] * 1e3:.1f}", f"{t['all'] * 1e3:.1f}", f"{t['lazy'] * 1e3:.1f}", f"{t['old'] * 1e3:.0f}",
+                f"{t['first'] * 1e3:.1f}", f"{med[k]:,.0f}", f"{med[k] / med[base]:.2f}", f"{med[k] / lim:.2f}",
+                f"{med[('first', k)] / med[('first', base)]:.2f}"]
+        print("| " + " | ".join(f"{v:>{len(c)}}" for v, c in zip(vals, cols)) + " |")
+    print(f"\nsorted np.take from private memory: {lim:,.0f} samples/s (median of {reps})")
     tmp.cleanup()
 
 

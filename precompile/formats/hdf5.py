@@ -3,7 +3,11 @@
 Shards: one dataset per field, samples along axis 0, chunks of whole samples,
 no filters, ``libver='latest'``, 4 KiB alignment, no timestamps (so the same
 inputs give the same bytes). Index: a virtual dataset per field over the
-shards, the key/copy/meta columns gathered, metadata as JSON attributes.
+shards, the key/copy/meta columns gathered, metadata as JSON attributes, and
+every shard's chunk byte ranges (``__chunks__`` plus each entry's ``chunks``:
+:func:`shard_chunk_tables`, read at finalize from the shard files, which
+finalize opens anyway for their columns), so that a reader mapping the
+shards needs only the index (``reader/direct.py``).
 
 Variable-shape fields (``None`` dims in the plan's spec) are stored "ragged":
 a group ``<field>`` with a flat 1-D ``data`` array (chunked by bytes, no

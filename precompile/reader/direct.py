@@ -1,15 +1,21 @@
 """Raw access to a build's shard files: chunk byte offsets resolved once, batches gathered from memory maps.
 
 The Loader's hot path never calls h5py per batch. When a :class:`DirectReader`
-opens a build it asks h5py, once per shard and field, where the bytes of every
-chunk live (``dset.id.chunk_iter``, or ``get_offset`` for a contiguous
-dataset), and checks that the dataset is unfiltered and fully allocated. Each
-row then has a byte address in its shard file.
+opens a build it reads where the bytes of every chunk live from the index's
+chunk tables (``__chunks__``, written at finalize: see docs/faults.md), checked
+against the entries, for every shard at once in numpy: no shard file is opened
+to make a reader. For an index without tables (built before them), or a field
+an entry has no table for, it asks h5py, once per shard and field
+(``dset.id.chunk_iter``, or ``get_offset`` for a contiguous dataset), and checks
+that the dataset is unfiltered and fully allocated. Each row then has a byte
+address in its shard file.
 
 All shard files are then mapped into ONE reserved range of virtual addresses
 (:class:`Region`: an anonymous ``PROT_NONE`` reservation, each file mapped
 over its page-aligned slot with ``MAP_FIXED``, descriptors closed at once;
-POSIX systems), so every row of a fixed-shape field has one address in one
+POSIX systems; every slot when the reader is made, or with ``lazy`` a slot on
+the first batch that reads it, its size checked against the index's record),
+so every row of a fixed-shape field has one address in one
 array, whatever shard it lives in. Rows whose addresses agree modulo the row
 size sit in one C-contiguous 2-D view of the range (one view per residue; a
 field has a handful, one per distinct chunk alignment), so a batch is a few
@@ -145,14 +151,17 @@ USE_REGION = True
 class Region:
     """Shard files mapped read-only, side by side, into one reserved range of virtual addresses.
 
-    ``Region.map(paths)`` reserves ``sum(page-rounded sizes)`` bytes with an
-    anonymous ``PROT_NONE`` mapping, then maps each file over its slot with
-    ``MAP_FIXED`` (closing its descriptor at once); ``bases[i]`` is file ``i``'s
-    offset in ``array``, a read-only uint8 view of the whole range. The range is
-    unmapped when the last array on it is gone (the arrays keep the region
-    alive), never while a view exists. Returns None where ctypes cannot reach
-    ``mmap`` (not Linux or macOS) or a mapping fails; callers then map files one
-    by one.
+    ``Region.reserve(paths, sizes)`` reserves ``sum(page-rounded sizes)`` bytes
+    with an anonymous ``PROT_NONE`` mapping (the sizes as the index records
+    them); ``map_slot(i)`` maps file ``i`` over its slot with ``MAP_FIXED``
+    (closing its descriptor at once) after checking its size, when the reader
+    first needs it or all at once. ``bases[i]`` is file ``i``'s offset in
+    ``array``, a read-only uint8 view of the whole range; ``mapped[i]`` says
+    whether its slot is mapped (an unmapped slot must not be read). The range is
+    unmapped when the last array on it is gone (the arrays keep it alive), never
+    while a view exists. ``reserve`` returns None where ctypes cannot reach
+    ``mmap`` (not Linux or macOS) or the reservation fails; callers then map
+    files one by one.
     """
 
     _libc: Any = None
@@ -185,19 +194,6 @@ class Region:
             libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
             cls._libc = libc
         return cls._libc
-
-    @classmethod
-    def map(cls, paths: Sequence[str]) -> "Region | None":
-        """Reserve the range and map every file at once (see :meth:`reserve` and :meth:`map_slot`)."""
-        region = cls.reserve(paths)
-        if region is None:
-            return None
-        try:
-            for i in range(len(paths)):
-                region.map_slot(i)
-        except FormatError:
-            return None
-        return region
 
     @classmethod
     def reserve(cls, paths: Sequence[str], sizes: Sequence[int] | None = None) -> "Region | None":

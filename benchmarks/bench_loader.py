@@ -153,9 +153,9 @@ def _open_timings(index: str, old: str, bs: int, reps: int) -> dict[str, float]:
 
 
 def _epochs(indexes: dict[int, str], images: np.ndarray, bs: int, reps: int) -> dict[Any, list[float]]:
-    """Samples/s of full-shuffle epochs (the limit: seconds), turn by turn (noise from other jobs spreads over all): the sorted
-    ``np.take`` limit (key "limit"), each store's Loader after its first epoch (key k), and a fresh Loader's
-    first epoch (key ("first", k): the shards' first page faults)."""
+    """Samples/s of full-shuffle epochs (the limit: seconds), turn by turn (noise from other jobs spreads
+    over all): the sorted ``np.take`` limit (key "limit"), each store's Loader after its first epoch
+    (key k), and a fresh Loader's first epoch (key ("first", k): the shards' first page faults)."""
     from precompile.reader.loader import Loader
 
     n = len(images)

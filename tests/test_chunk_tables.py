@@ -181,8 +181,11 @@ def test_a_short_or_missing_table_is_refused(copy_of):
     ds.close()
 
 
-@pytest.mark.parametrize("lazy", [False, True])
-def test_a_shard_file_that_is_not_the_one_the_table_describes_is_refused(copy_of, lazy):
+@pytest.mark.parametrize("lazy", [False, True, "one map per shard"])
+def test_a_shard_file_that_is_not_the_one_the_table_describes_is_refused(copy_of, lazy, monkeypatch):
+    if lazy == "one map per shard":
+        monkeypatch.setattr(direct, "USE_REGION", False)
+        lazy = False
     e = _entries(copy_of)[2]
     p = os.path.join(os.path.dirname(copy_of), e["file"])
     with open(p, "ab") as f:

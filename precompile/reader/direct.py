@@ -240,9 +240,7 @@ class Region:
         try:
             have = os.fstat(fd).st_size
             if have != size:
-                raise FormatError(f"{path}: the shard file is {have} bytes, the index says {size}: it is not the "
-                                  f"file the index's chunk table describes (damaged or replaced); run precompile "
-                                  f"verify, or build again")
+                raise FormatError(size_mismatch(path, have, size))
             fixed = 0x10  # MAP_FIXED: the same value on Linux and macOS
             got = self._lib().mmap(self.addr + int(self.bases[i]), size, mmap.PROT_READ, mmap.MAP_SHARED | fixed,
                                    fd, 0)
@@ -479,6 +477,8 @@ class DirectReader:
             sizes = {}
             for s in order:
                 mm = self._maps[s] = map_file(paths[s])  # a plain ndarray on the map: no np.memmap __getitem__
+                if use is not None and mm.size != use[len(sizes)]:
+                    raise FormatError(size_mismatch(paths[s], mm.size, use[len(sizes)]))
                 self._spaces.append((mm, {s: 0}))
                 sizes[s] = mm.size
         size_of = np.zeros(len(self.offsets) - 1, dtype=np.int64)
@@ -815,6 +815,12 @@ class DirectReader:
             self.parts = {name: [] for name in self.fields}
             self._views = {name: [] for name in self.fields}
             self._takeable = {name: [] for name in self.fields}
+
+
+def size_mismatch(path: str, have: int, size: int) -> str:
+    """The error of a shard file whose size is not the one the index recorded for it."""
+    return (f"{path}: the shard file is {have} bytes, the index says {size}: it is not the file the index's chunk "
+            f"table describes (damaged or replaced); run precompile verify, or build again")
 
 
 def ctypes_errno() -> int:

@@ -19,6 +19,16 @@ order per repeat; the table gives the median samples/s over the repeats and
 the ratios to both limits.
 
     PYTHONPATH=. python benchmarks/bench_loader.py [--quick] [--samples N] [--shards 1,100,5000] [--repeats R]
+
+``--open-scale`` measures instead how opening and a shuffled epoch scale with the shard count (issue 20):
+the same small samples (default 5,000 of 64x64x3) in 2, 375, 2,500 and 5,000 shards; per store the index
+size, ``precompile.open``, ``Loader(...)`` construction (the index's chunk tables, ``map_shards`` "all"
+and "lazy"; and, for comparison, the same store through an index without tables: h5py opens every
+shard), the first batch's latency, and a full-shuffle epoch (batches of 256) against the store of 2
+shards and against a sorted ``np.take(images, idx, axis=0, out=buf, mode="clip")`` of the same batches
+from private memory. Medians over ``--repeats``, warm page cache.
+
+    PYTHONPATH=. python benchmarks/bench_loader.py --open-scale [--samples 5000] [--shards 2,375,2500,5000]
 """
 from __future__ import annotations
 
@@ -28,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -39,18 +50,23 @@ from precompile.formats.hdf5 import Hdf5Format  # noqa: E402
 
 
 def write_store(out_dir: str, name: str, images: np.ndarray, labels: np.ndarray, kind: str = "image",
-                samples_per_shard: int = 8192, chunk_samples: int = 256) -> str:
-    """Write ``images``/``labels`` as a build (shards + index) through the project's HDF5 writer."""
+                samples_per_shard: int = 8192, chunk_samples: int = 256, num_shards: int | None = None) -> str:
+    """Write ``images``/``labels`` as a build (shards + index) through the project's HDF5 writer
+    (``num_shards``: exactly that many shards, sizes differing by at most one, instead of ``samples_per_shard``)."""
     specs = {"image": FieldSpec(kind, tuple(images.shape[1:]), str(images.dtype)), "label": FieldSpec("label", (), "int64")}
     chunking = {"image": chunk_samples, "label": max(chunk_samples, 1024)}
     w = Hdf5Format()
     sdir = os.path.join(out_dir, fmt.shard_dir_name(name))
     os.makedirs(sdir, exist_ok=True)
     shards = []
-    for si, lo in enumerate(range(0, len(images), samples_per_shard)):
+    if num_shards:
+        cuts = np.linspace(0, len(images), num_shards + 1).round().astype(int).tolist()
+    else:
+        cuts = [*range(0, len(images), samples_per_shard), len(images)]
+    for si, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
         fname = fmt.shard_file_name(si)
         sw = w.open_shard(os.path.join(sdir, fname), specs, f"bench-{si}", None, chunking)
-        for i in range(lo, min(lo + samples_per_shard, len(images))):
+        for i in range(lo, hi):
             sw.add(Sample(key=f"{i:07d}", fields={"image": images[i], "label": np.int64(labels[i])},
                           kinds={"image": kind, "label": "label"}))
         info = sw.close()
@@ -79,8 +95,134 @@ def timed_passes(make_iter, n_samples: int, repeats: int) -> list[float]:
     return out
 
 
+def _median_time(fn, repeats: int) -> float:
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def _index_without_tables(index: str) -> str:
+    """A copy of ``index`` beside it without the chunk tables (as written before issue 20)."""
+    import shutil
+
+    import h5py
+
+    other = index[:-3] + "-notables.h5"
+    shutil.copyfile(index, other)
+    with h5py.File(other, "r+") as f:
+        del f[fmt.CHUNKS]
+        entries = fmt.loads(f.attrs[fmt.A_SHARDS])
+        f.attrs[fmt.A_SHARDS] = fmt.dumps([{k: v for k, v in e.items() if k != fmt.E_CHUNKS} for e in entries])
+    return other
+
+
+def _table_bytes(index: str) -> int:
+    """What the chunk tables add to an index: the ``__chunks__`` dataset and the entries' ``chunks`` text."""
+    import h5py
+
+    with h5py.File(index, "r") as f:
+        entries = fmt.loads(f.attrs[fmt.A_SHARDS])
+        return int(f[fmt.CHUNKS].nbytes) + sum(len(fmt.dumps(e.get(fmt.E_CHUNKS, {}))) + 10 for e in entries)
+
+
+def _open_timings(index: str, old: str, bs: int, reps: int) -> dict[str, float]:
+    """Median seconds: open, Loader (map_shards all / lazy), Loader over the index without tables, first batch."""
+    import precompile
+    from precompile.reader.loader import Loader
+
+    def make(path: str = index, how: str = "all") -> None:
+        Loader(path, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"], map_shards=how).close()
+
+    def first_batch() -> float:
+        loader = Loader(index, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"],
+                        map_shards="lazy")
+        it = iter(loader)
+        t0 = time.perf_counter()
+        next(it)
+        dt = time.perf_counter() - t0
+        it.close()
+        loader.close()
+        return dt
+    return {"open": _median_time(lambda: precompile.open(index).close(), reps), "all": _median_time(make, reps),
+            "lazy": _median_time(lambda: make(how="lazy"), reps),
+            "old": _median_time(lambda: make(old), max(1, reps // 2)),
+            "first": statistics.median(first_batch() for _ in range(reps))}
+
+
+def _epochs(indexes: dict[int, str], images: np.ndarray, bs: int, reps: int) -> dict[Any, list[float]]:
+    """Samples/s of full-shuffle epochs (the limit: seconds), turn by turn (noise from other jobs spreads
+    over all): the sorted ``np.take`` limit (key "limit"), each store's Loader after its first epoch
+    (key k), and a fresh Loader's first epoch (key ("first", k): the shards' first page faults)."""
+    from precompile.reader.loader import Loader
+
+    n = len(images)
+    buf = np.empty((bs, *images.shape[1:]), images.dtype)
+    loaders = {k: Loader(p, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"])
+               for k, p in indexes.items()}
+    for loader in loaders.values():   # the first epoch of these loaders is not timed
+        timed_passes(lambda _r, loader=loader: loader, n, 1)
+    out: dict[Any, list[float]] = {"limit": [], **{k: [] for k in indexes}, **{("first", k): [] for k in indexes}}
+    for r in range(reps):
+        perm = np.random.default_rng(r).permutation(n)
+        t0 = time.perf_counter()
+        for i in range(0, n, bs):
+            idx = np.sort(perm[i:i + bs])
+            np.take(images, idx, axis=0, out=buf[:len(idx)], mode="clip")
+        out["limit"].append(time.perf_counter() - t0)
+        for k, loader in loaders.items():
+            loader.set_epoch(r + 1)
+            out[k].append(timed_passes(lambda _r, loader=loader: loader, n, 1)[0])
+            fresh = Loader(indexes[k], batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"])
+            fresh.set_epoch(r + 1)
+            out[("first", k)].append(timed_passes(lambda _r, fresh=fresh: fresh, n, 1)[0])
+            fresh.close()
+    for loader in loaders.values():
+        loader.close()
+    return out
+
+
+def open_scale(n: int, counts: list[int], reps: int, bs: int, where: str | None) -> None:
+    """The --open-scale table (see the module docstring)."""
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (n, 64, 64, 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, n)
+    tmp = tempfile.TemporaryDirectory(dir=where)
+    print(f"{n} x 64x64x3 uint8 ({n * 12288 / 2**20:.0f} MiB) per store; batch {bs}, {reps} repeats, "
+          f"{os.cpu_count()} cpus")
+    indexes, opened = {}, {}
+    for k in counts:
+        index = indexes[k] = write_store(tmp.name, f"s{k}", images, labels, chunk_samples=min(256, n // k),
+                                         num_shards=k)
+        for name in os.listdir(os.path.join(tmp.name, fmt.shard_dir_name(f"s{k}"))):  # a warm page cache
+            with open(os.path.join(tmp.name, fmt.shard_dir_name(f"s{k}"), name), "rb") as f:
+                while f.read(1 << 24):
+                    pass
+        opened[k] = _open_timings(index, _index_without_tables(index), bs, reps)
+    ep = _epochs(indexes, images, bs, reps)
+    med = {key: statistics.median(v) for key, v in ep.items()}
+    lim = n / med["limit"]
+    cols = ("shards", "index KiB", "tables KiB", "open ms", "Loader ms", "lazy ms", "no tables ms",
+            "1st batch ms", "epoch samples/s", "x 2 shards", "x sorted take", "1st epoch x 2 shards")
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "|".join("-" * (len(c) + 2) for c in cols) + "|")
+    base = counts[0]
+    for k in counts:
+        t = opened[k]
+        vals = [k, f"{os.path.getsize(indexes[k]) / 1024:.0f}", f"{_table_bytes(indexes[k]) / 1024:.0f}",
+                f"{t['open'] * 1e3:.1f}", f"{t['all'] * 1e3:.1f}", f"{t['lazy'] * 1e3:.1f}", f"{t['old'] * 1e3:.0f}",
+                f"{t['first'] * 1e3:.1f}", f"{med[k]:,.0f}", f"{med[k] / med[base]:.2f}", f"{med[k] / lim:.2f}",
+                f"{med[('first', k)] / med[('first', base)]:.2f}"]
+        print("| " + " | ".join(f"{v:>{len(c)}}" for v, c in zip(vals, cols)) + " |")
+    print(f"\nsorted np.take from private memory: {lim:,.0f} samples/s (median of {reps})")
+    tmp.cleanup()
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--open-scale", action="store_true", help="opening and epoch cost against the shard count")
     ap.add_argument("--quick", action="store_true", help="small stores and few repeats (a smoke run)")
     ap.add_argument("--samples", type=int, default=None, help="samples per store (default 80000, quick 4096)")
     ap.add_argument("--shards", default=None, help="shard counts, comma-separated (default 1,100,5000; quick 1,256)")
@@ -88,6 +230,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--dir", default=None, help="where to write the stores (default: a temporary folder)")
     args = ap.parse_args(argv)
+    if args.open_scale:
+        open_scale(args.samples or 5000, [int(x) for x in (args.shards or "2,375,2500,5000").split(",")],
+                   args.repeats or 5, args.batch_size, args.dir)
+        return
     n = args.samples or (4096 if args.quick else 80000)
     reps = args.repeats or (3 if args.quick else 5)
     counts = [int(x) for x in (args.shards or ("1,256" if args.quick else "1,100,5000")).split(",")]

@@ -92,6 +92,19 @@ def _rewrite_shard(path: str, *, compression: str | None = None, scramble: bool 
                     g.create_dataset(f"junk_{k}_{j}", data=np.arange(j * 13 + 3, dtype=np.uint8))
         for k, v in attrs.items():
             g.attrs[k] = v
+    _drop_chunk_tables(os.path.dirname(path)[:-len(".shards")] + ".h5")
+
+
+def _drop_chunk_tables(index: str) -> None:
+    """Make ``index`` an index without chunk tables (as written before they existed): the Loader then
+    resolves every shard through h5py (a rewritten shard no longer matches the tables)."""
+    from precompile.formats import names as fmt
+
+    with h5py.File(index, "r+") as f:
+        if fmt.CHUNKS in f:
+            del f[fmt.CHUNKS]
+        entries = fmt.loads(f.attrs[fmt.A_SHARDS])
+        f.attrs[fmt.A_SHARDS] = fmt.dumps([{k: v for k, v in e.items() if k != fmt.E_CHUNKS} for e in entries])
 
 
 def _chunk_addresses(path: str, name: str) -> list[int]:

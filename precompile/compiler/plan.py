@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..errors import PlanError, RecipeError
+from ..formats.base import tile_rows  # noqa: F401  (re-exported: the rule lives with the formats)
 from ..recipe import CAPTURE_RE, Recipe, pattern_regex  # noqa: F401  (pattern_regex: re-exported)
 from ..kinds import Kind
 from ..sample import FieldSpec, link_validity
@@ -77,27 +78,13 @@ class Plan:
         return len(shard.items) * self.copies_per_item
 
     def chunking(self, shard: Optional[ShardPlan] = None) -> dict[str, int]:
-        """Rows per chunk of each fixed-shape field in ``shard`` (default: a full shard); for a
-        variable-shape field, elements per chunk of its flat data array (``chunk_bytes`` worth).
+        """Rows per chunk of each field in ``shard`` (default: a full shard), as the output format
+        decides it (:meth:`precompile.formats.base.Format.chunking`)."""
+        from ..registry import WRITERS
 
-        Chunks tile the shard: at most ``chunk_bytes`` each, as few as that allows, and all of
-        the same size where the shard's row count has a divisor that gives at most twice as many
-        chunks (256 rows of 12 KiB under 2 MiB: 2 chunks of 128, not 170 + 86 in 340 rows);
-        otherwise the rows are spread evenly and the last chunk lacks fewer rows than there are
-        chunks. A recipe's ``chunk_samples`` is taken as given.
-        """
         out = self.recipe.model.output
         n = self.shard_samples(shard) if shard is not None else out.samples_per_shard * self.copies_per_item
-        n = max(1, n)
-        res = {}
-        for f, s in self.specs.items():
-            if not s.fixed:
-                res[f] = max(1, out.chunk_bytes // s.itemsize)
-            elif out.chunk_samples:
-                res[f] = out.chunk_samples
-            else:
-                res[f] = tile_rows(n, out.chunk_bytes // max(1, s.nbytes() or 1))
-        return res
+        return WRITERS.get(out.format).chunking(self.specs, max(1, n), out.chunk_bytes, out.chunk_samples)
 
     def estimated_bytes(self) -> Optional[int]:
         """What the build will write, in bytes: the data as the output format lays it out (HDF5:
@@ -114,16 +101,6 @@ class Plan:
         return sum(estimate(self.specs, self.shard_samples(s), self.chunking(s),
                             sum(-(-len(it.key.encode()) // 8) * 8 for it in s.items) * self.copies_per_item)
                    for s in self.shards)
-
-
-def tile_rows(n: int, cap: int) -> int:
-    """Rows per chunk for ``n`` rows, at most ``cap`` (>= 1) per chunk; see :meth:`Plan.chunking`."""
-    cap = max(1, min(n, cap))
-    k = -(-n // cap)                     # the fewest chunks that respect the cap
-    for kk in range(k, 2 * k + 1):       # the fewest that tile exactly, if not many more
-        if n % kk == 0:
-            return n // kk
-    return -(-n // k)                    # spread evenly: the last chunk lacks < k rows
 
 
 def fill_template(template: str, captures: dict[str, str]) -> str:

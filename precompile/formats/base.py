@@ -116,6 +116,30 @@ class Format:
     def check_specs(self, specs: dict[str, FieldSpec], options: Any = None) -> None:
         """Raise ValueError (naming the field) when this format cannot hold these fields."""
 
+    @staticmethod
+    def chunking(specs: dict[str, FieldSpec], n: int, chunk_bytes: int, chunk_samples: int | None = None
+                 ) -> dict[str, int]:
+        """Rows per chunk of each fixed-shape field of a shard of ``n`` rows; for a variable-shape field,
+        elements per chunk of its flat data array (``chunk_bytes`` worth). Passed to :meth:`open_shard`.
+
+        Chunks tile the shard: at most ``chunk_bytes`` each, as few as that allows, and all of
+        the same size where the shard's row count has a divisor that gives at most twice as many
+        chunks (256 rows of 12 KiB under 2 MiB: 2 chunks of 128, not 170 + 86 in 340 rows);
+        otherwise the rows are spread evenly and the last chunk lacks fewer rows than there are
+        chunks. A recipe's ``chunk_samples`` is taken as given. Formats that store no chunks (the
+        file folders) get the same numbers and ignore them.
+        """
+        n = max(1, int(n))
+        res = {}
+        for f, s in specs.items():
+            if not s.fixed:
+                res[f] = max(1, chunk_bytes // s.itemsize)
+            elif chunk_samples:
+                res[f] = chunk_samples
+            else:
+                res[f] = tile_rows(n, chunk_bytes // max(1, s.nbytes() or 1))
+        return res
+
     def open_shard(self, path: str, specs: dict[str, FieldSpec], shard_key: str, options: Any,
                    chunking: dict[str, int]) -> ShardWriter:
         raise NotImplementedError
@@ -150,6 +174,16 @@ class Format:
     def set_index_attr(self, path: str, name: str, text: str) -> None:
         """Store the JSON text ``text`` as attribute ``name`` of the index file at ``path``, atomically."""
         raise NotImplementedError
+
+
+def tile_rows(n: int, cap: int) -> int:
+    """Rows per chunk for ``n`` rows, at most ``cap`` (>= 1) per chunk; see :meth:`Format.chunking`."""
+    cap = max(1, min(n, cap))
+    k = -(-n // cap)                     # the fewest chunks that respect the cap
+    for kk in range(k, 2 * k + 1):       # the fewest that tile exactly, if not many more
+        if n % kk == 0:
+            return n // kk
+    return -(-n // k)                    # spread evenly: the last chunk lacks < k rows
 
 
 def human_bytes(n: float) -> str:

@@ -3,7 +3,11 @@
 Shards: one dataset per field, samples along axis 0, chunks of whole samples,
 no filters, ``libver='latest'``, 4 KiB alignment, no timestamps (so the same
 inputs give the same bytes). Index: a virtual dataset per field over the
-shards, the key/copy/meta columns gathered, metadata as JSON attributes.
+shards, the key/copy/meta columns gathered, metadata as JSON attributes, and
+every shard's chunk byte ranges (``__chunks__`` plus each entry's ``chunks``:
+:func:`shard_chunk_tables`, read at finalize from the shard files, which
+finalize opens anyway for their columns), so that a reader mapping the
+shards needs only the index (``reader/direct.py``).
 
 Variable-shape fields (``None`` dims in the plan's spec) are stored "ragged":
 a group ``<field>`` with a flat 1-D ``data`` array (chunked by bytes, no
@@ -326,6 +330,83 @@ def _virtual_dataset(parent: Any, name: str, shape: tuple[int, ...], dtype: str,
     h5py.h5d.create(parent.id, name.encode(), tid, vspace, dcpl=dcpl).close()
 
 
+def chunk_table(d: Any) -> list[tuple[int, int, int, int]]:
+    """(first row, byte address, stored size, filter mask) of every allocated chunk of dataset ``d``."""
+    out: list[tuple[int, int, int, int]] = []
+    dsid = d.id
+    if hasattr(dsid, "chunk_iter"):
+        try:
+            dsid.chunk_iter(lambda ci: out.append((int(ci.chunk_offset[0]), int(ci.byte_offset), int(ci.size),
+                                                   int(ci.filter_mask))))
+            return out
+        except (AttributeError, RuntimeError, TypeError):  # older HDF5 without H5Dchunk_iter
+            out.clear()
+    for i in range(dsid.get_num_chunks()):
+        ci = dsid.get_chunk_info(i)
+        out.append((int(ci.chunk_offset[0]), int(ci.byte_offset), int(ci.size), int(ci.filter_mask)))
+    return out
+
+
+def shard_chunk_tables(f: Any, fields: Sequence[str]) -> dict[str, tuple[int, np.ndarray]]:
+    """``{field: (rows per chunk, (chunks, 2) uint64 of byte address and size, in row order)}`` of an open
+    shard file, for each fixed-shape field the reader can map: chunked by whole samples, unfiltered, every
+    chunk allocated and written in full. Any other field is left out (the reader opens its shard with h5py)."""
+    out: dict[str, tuple[int, np.ndarray]] = {}
+    for name in fields:
+        d = f.get(name)
+        if d is None or not hasattr(d, "chunks") or d.chunks is None or d.ndim < 1 or d.shape[0] == 0:
+            continue
+        c = int(d.chunks[0])
+        if tuple(d.chunks[1:]) != tuple(d.shape[1:]) or d.id.get_create_plist().get_nfilters():
+            continue
+        table = sorted(chunk_table(d))
+        rb = int(np.prod(d.shape[1:], dtype=np.int64)) * d.dtype.itemsize
+        if (len(table) != -(-d.shape[0] // c) or any(t[0] != i * c for i, t in enumerate(table))
+                or any(t[3] or t[2] != c * rb for t in table)):
+            continue
+        out[name] = (c, np.array([(t[1], t[2]) for t in table], dtype=np.uint64).reshape(-1, 2))
+    return out
+
+
+def attach_chunk_entries(shards: list[dict[str, Any]],
+                         tables: list[dict[str, tuple[int, np.ndarray]]]) -> list[dict[str, Any]]:
+    """The shard entries with their ``chunks`` slot: ``{field: [rows per chunk, chunks]}`` (the chunks' byte
+    ranges are the next rows of the index's ``__chunks__`` dataset, see :func:`_write_chunk_tables`)."""
+    out = []
+    for s, t in zip(shards, tables):
+        e = {k: v for k, v in s.items() if k != fmt.E_CHUNKS}
+        if t:
+            e[fmt.E_CHUNKS] = {name: [c, int(a.shape[0])] for name, (c, a) in sorted(t.items())}
+        out.append(e)
+    return out
+
+
+def _write_chunk_tables(f: Any, tables: list[dict[str, tuple[int, np.ndarray]]]) -> None:
+    """``__chunks__``: (chunks, 2) uint64 of byte address and size, shard by shard, and within a shard field
+    by field in name order (the order of its entry's ``chunks``); one flat dataset, so the index keeps
+    only datasets at its top level besides ragged fields."""
+    parts = [t[name][1] for t in tables for name in sorted(t)]
+    data = np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64)
+    f.create_dataset(fmt.CHUNKS, data=data, dtype="<u8", track_times=False)
+
+
+def read_chunk_tables(path: str) -> np.ndarray | None:
+    """The index's ``__chunks__`` table (see :func:`_write_chunk_tables`), or None for an index written
+    before the tables existed."""
+    h5py = _h5()
+    try:
+        with h5py.File(path, "r") as f:
+            d = f.get(fmt.CHUNKS)
+            if d is None:
+                return None
+            if not isinstance(d, h5py.Dataset) or d.ndim != 2 or d.shape[1] != 2:
+                raise FormatError(f"{path}: the index's {fmt.CHUNKS} table is not (chunks, 2): the index is "
+                                  f"damaged (build again)")
+            return d[:]
+    except OSError as e:
+        raise FormatError(f"{path}: cannot read the index's chunk tables: {e}") from None
+
+
 @WRITERS.register()
 class Hdf5Format(Format):
     name = "hdf5"
@@ -376,21 +457,28 @@ class Hdf5Format(Format):
         keys: list[str] = []
         copies: list[np.ndarray] = []
         metas: list[str] = []
+        tables: list[dict[str, tuple[int, np.ndarray]]] = []
+        fixed = [n for n, spec in specs.items() if spec.fixed]
         for s in shards:
             if not s["num_samples"]:
+                tables.append({})
                 continue
             with h5py.File(os.path.join(base, s["file"]), "r") as sf:
                 keys.extend(k.decode() if isinstance(k, bytes) else k for k in sf[fmt.KEY][:])
                 copies.append(sf[fmt.COPY][:])
                 metas.extend(m.decode() if isinstance(m, bytes) else m for m in sf[fmt.META][:])
+                tables.append(shard_chunk_tables(sf, fixed))
+        shards = attach_chunk_entries(shards, tables)
+        attrs = {**attrs, fmt.A_SHARDS: shards}
         per_shard = sum(2 * len(s["file"]) + 256 for s in shards) * (len(specs) + 1)
+        per_shard += sum(64 * len(t) + sum(a.nbytes for _, a in t.values()) for t in tables)
         need = (2 * (sum(len(k.encode()) for k in keys) + sum(len(m.encode()) for m in metas))
                 + (64 + 48 * len(specs)) * len(keys) + per_shard + 16 * ALIGN)
         f = _new_file(tmp)
         claim = None
         try:
             claim = _Claim(tmp, need)
-            self._write_index(f, shards, specs, attrs, base, total, keys, copies, metas)
+            self._write_index(f, shards, specs, attrs, base, total, keys, copies, metas, tables)
         except BaseException:
             if claim is not None:
                 claim.release()
@@ -406,7 +494,8 @@ class Hdf5Format(Format):
 
     @staticmethod
     def _write_index(f: Any, shards: list[dict[str, Any]], specs: dict[str, FieldSpec], attrs: dict[str, Any],
-                     base: str, total: int, keys: list[str], copies: list[np.ndarray], metas: list[str]) -> None:
+                     base: str, total: int, keys: list[str], copies: list[np.ndarray], metas: list[str],
+                     tables: list[dict[str, tuple[int, np.ndarray]]]) -> None:
         """The index's datasets and attributes into the open file ``f`` (closed here)."""
         h5py = _h5()
         with f:
@@ -421,6 +510,7 @@ class Hdf5Format(Format):
             f.create_dataset(fmt.COPY, data=np.concatenate(copies) if copies else np.zeros(0, np.int32),
                              dtype="int32", track_times=False)
             f.create_dataset(fmt.META, data=np.array(metas, dtype=object), dtype=str_t, track_times=False)
+            _write_chunk_tables(f, tables)
             for k, v in attrs.items():
                 f.attrs[k] = v if isinstance(v, (int, float, str)) else fmt.dumps(v)
             f.attrs[fmt.A_NUM] = total

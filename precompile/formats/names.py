@@ -10,8 +10,9 @@ snapshot the last build replaced (kept until the next build starts, for readers 
 the samples along axis 0, chunked by whole samples, uncompressed, and the
 columns ``__key__`` (sample key), ``__copy__`` (augmentation copy index) and
 ``__meta__`` (per-sample JSON). The index file holds a virtual dataset per
-field and column over the shards (so plain h5py sees one array per field) and
-the metadata as JSON text attributes. Nothing is pickled.
+field and column over the shards (so plain h5py sees one array per field),
+``__chunks__`` (every shard's chunk byte ranges, for readers that map the shard
+files) and the metadata as JSON text attributes. Nothing is pickled.
 
 Variable-shape fields (a spec with ``None`` dims, e.g. images kept at their
 native size) are a group ``<field>`` (attribute ``layout = "ragged"``) holding
@@ -61,6 +62,8 @@ A_PKG_VERSION = "precompile_version"
 A_BUILD_DATE = "build_date"
 A_NUM = "num_samples"
 A_SHARDS = "shards"                 # [{file, num_samples, key, checksums, bytes, sha256}] (see SHARD_ENTRY)
+E_CHUNKS = "chunks"                 # in a shard entry: {field: [rows per chunk, chunks]} (see SHARD_ENTRY)
+CHUNKS = "__chunks__"               # index dataset: (chunks, 2) uint64 byte address, size (entry order)
 A_SHARD_KEY = "shard_key"           # on a shard file: the key it was built for
 A_CHECKSUMS = "checksums"           # on a shard file: {field: sha256 of its sample bytes}
 A_SEED = "seed"
@@ -90,10 +93,11 @@ KEY_CHARS = 16                       # hex digits of the shard key in a shard's 
 
 #: the keys of one entry of the index's shard list. ``checksums``: {field: sha256 of its samples' bytes};
 #: ``bytes``: the shard's size on disk; ``sha256``: of the whole shard file (a folder shard: of its
-#: manifest, :func:`precompile.formats.base.shard_digest`). Readers ignore keys they do not know: the slot
-#: reserved for a later version is ``chunks`` ({field: chunk byte ranges, shapes, dtypes}), so that a reader
-#: needs only the index (see docs/faults.md, "On-disk layout and snapshots").
-SHARD_ENTRY = ("file", "num_samples", "key", "checksums", "bytes", "sha256")
+#: manifest, :func:`precompile.formats.base.shard_digest`); ``chunks`` (HDF5): {field: [rows per chunk,
+#: chunks]}, the chunks' byte ranges being the next rows of the index's ``__chunks__`` dataset, so that a
+#: reader needs only the index. Readers ignore keys they do not know (see docs/faults.md, "On-disk layout
+#: and snapshots").
+SHARD_ENTRY = ("file", "num_samples", "key", "checksums", "bytes", "sha256", "chunks")
 REPORT_SUFFIX = ".report.json"
 
 

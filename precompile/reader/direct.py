@@ -1,15 +1,21 @@
 """Raw access to a build's shard files: chunk byte offsets resolved once, batches gathered from memory maps.
 
 The Loader's hot path never calls h5py per batch. When a :class:`DirectReader`
-opens a build it asks h5py, once per shard and field, where the bytes of every
-chunk live (``dset.id.chunk_iter``, or ``get_offset`` for a contiguous
-dataset), and checks that the dataset is unfiltered and fully allocated. Each
-row then has a byte address in its shard file.
+opens a build it reads where the bytes of every chunk live from the index's
+chunk tables (``__chunks__``, written at finalize: see docs/faults.md), checked
+against the entries, for every shard at once in numpy: no shard file is opened
+to make a reader. For an index without tables (built before them), or a field
+an entry has no table for, it asks h5py, once per shard and field
+(``dset.id.chunk_iter``, or ``get_offset`` for a contiguous dataset), and checks
+that the dataset is unfiltered and fully allocated. Each row then has a byte
+address in its shard file.
 
 All shard files are then mapped into ONE reserved range of virtual addresses
 (:class:`Region`: an anonymous ``PROT_NONE`` reservation, each file mapped
 over its page-aligned slot with ``MAP_FIXED``, descriptors closed at once;
-POSIX systems), so every row of a fixed-shape field has one address in one
+POSIX systems; every slot when the reader is made, or with ``lazy`` a slot on
+the first batch that reads it, its size checked against the index's record),
+so every row of a fixed-shape field has one address in one
 array, whatever shard it lives in. Rows whose addresses agree modulo the row
 size sit in one C-contiguous 2-D view of the range (one view per residue; a
 field has a handful, one per distinct chunk alignment), so a batch is a few
@@ -53,6 +59,8 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from ..errors import FormatError, PrecompileError
+from ..formats import names as fmt
+from ..formats.hdf5 import chunk_table, read_chunk_tables
 
 log = logging.getLogger("precompile.reader")
 
@@ -143,14 +151,17 @@ USE_REGION = True
 class Region:
     """Shard files mapped read-only, side by side, into one reserved range of virtual addresses.
 
-    ``Region.map(paths)`` reserves ``sum(page-rounded sizes)`` bytes with an
-    anonymous ``PROT_NONE`` mapping, then maps each file over its slot with
-    ``MAP_FIXED`` (closing its descriptor at once); ``bases[i]`` is file ``i``'s
-    offset in ``array``, a read-only uint8 view of the whole range. The range is
-    unmapped when the last array on it is gone (the arrays keep the region
-    alive), never while a view exists. Returns None where ctypes cannot reach
-    ``mmap`` (not Linux or macOS) or a mapping fails; callers then map files one
-    by one.
+    ``Region.reserve(paths, sizes)`` reserves ``sum(page-rounded sizes)`` bytes
+    with an anonymous ``PROT_NONE`` mapping (the sizes as the index records
+    them); ``map_slot(i)`` maps file ``i`` over its slot with ``MAP_FIXED``
+    (closing its descriptor at once) after checking its size, when the reader
+    first needs it or all at once. ``bases[i]`` is file ``i``'s offset in
+    ``array``, a read-only uint8 view of the whole range; ``mapped[i]`` says
+    whether its slot is mapped (an unmapped slot must not be read). The range is
+    unmapped when the last array on it is gone (the arrays keep it alive), never
+    while a view exists. ``reserve`` returns None where ctypes cannot reach
+    ``mmap`` (not Linux or macOS) or the reservation fails; callers then map
+    files one by one.
     """
 
     _libc: Any = None
@@ -159,8 +170,13 @@ class Region:
         import ctypes
 
         self.addr, self.size, self.bases, self.sizes = addr, size, bases, sizes
+        self.paths: list[str] = []
+        self.mapped = np.ones(len(bases), dtype=bool)   # reserve(): every slot unmapped until map_slot
         buf = (ctypes.c_uint8 * max(1, size)).from_address(addr)
-        buf._region = self  # the buffer (and so every array on it) keeps the mapping alive
+        # the buffer (and so every array on it) keeps the mapping alive; through an object that holds
+        # neither the region nor an array, so no reference cycle delays the unmap until a gc pass
+        # (each shard is a mapping: a few Loaders left to the gc could exhaust vm.max_map_count)
+        buf._unmap = _Unmap(addr, size, type(self)._lib())
         a = np.frombuffer(buf, dtype=np.uint8)[:size]
         a.flags.writeable = False  # PROT_READ: a write would be a segfault, make it a ValueError
         self.array = a
@@ -180,7 +196,9 @@ class Region:
         return cls._libc
 
     @classmethod
-    def map(cls, paths: Sequence[str]) -> "Region | None":
+    def reserve(cls, paths: Sequence[str], sizes: Sequence[int] | None = None) -> "Region | None":
+        """Reserve slots for ``paths`` (``sizes``: their sizes as the index records them, else stat'ed)
+        without mapping any: :meth:`map_slot` maps one on first use."""
         if not (sys.platform.startswith("linux") or sys.platform == "darwin") or not paths:
             return None
         try:
@@ -188,10 +206,13 @@ class Region:
         except (OSError, AttributeError):
             return None
         page = mmap.PAGESIZE
-        sizes = np.array([os.path.getsize(p) for p in paths], dtype=np.int64)
-        if (sizes == 0).any():
+        try:
+            sz = np.array(sizes if sizes is not None else [os.path.getsize(p) for p in paths], dtype=np.int64)
+        except OSError:
             return None
-        slots = -(-sizes // page) * page
+        if (sz <= 0).any():
+            return None
+        slots = -(-sz // page) * page
         bases = np.concatenate([[0], np.cumsum(slots)[:-1]]).astype(np.int64)
         total = int(slots.sum())
         failed = 2 ** 64 - 1  # MAP_FAILED as an unsigned pointer
@@ -199,26 +220,46 @@ class Region:
                          mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
         if addr is None or addr == failed:
             return None
-        fixed = 0x10  # MAP_FIXED: the same value on Linux and macOS
-        for path, base, size in zip(paths, bases.tolist(), sizes.tolist()):
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                libc.munmap(addr, total)
-                return None
-            try:
-                got = libc.mmap(addr + base, size, mmap.PROT_READ, mmap.MAP_SHARED | fixed, fd, 0)
-            finally:
-                os.close(fd)
-            if got != addr + base:
-                libc.munmap(addr, total)
-                return None
-        return cls(addr, total, bases, sizes)
+        region = cls(addr, total, bases, sz)
+        region.paths = list(paths)
+        region.mapped = np.zeros(len(paths), dtype=bool)
+        return region
+
+    def map_slot(self, i: int, index: str | None = None) -> None:
+        """Map file ``i`` over its slot; FormatError when it is gone, or its size is not the one its slot
+        was reserved for (the file is not the shard the index describes)."""
+        path, size = self.paths[i], int(self.sizes[i])
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as e:
+            if not os.path.exists(path) and index is not None:
+                from ..formats.snapshot import gone
+
+                raise FormatError(gone(path, index)) from None
+            raise FormatError(f"{path}: cannot map shard: {e}") from None
+        try:
+            have = os.fstat(fd).st_size
+            if have != size:
+                raise FormatError(size_mismatch(path, have, size))
+            fixed = 0x10  # MAP_FIXED: the same value on Linux and macOS
+            got = self._lib().mmap(self.addr + int(self.bases[i]), size, mmap.PROT_READ, mmap.MAP_SHARED | fixed,
+                                   fd, 0)
+        finally:
+            os.close(fd)
+        if got != self.addr + int(self.bases[i]):
+            raise FormatError(f"{path}: cannot map shard (mmap failed, errno {ctypes_errno()})")
+        self.mapped[i] = True
+
+
+class _Unmap:
+    """Unmaps a region's range when the last array on it is gone (see ``Region.__init__``)."""
+
+    def __init__(self, addr: int, size: int, libc: Any):
+        self.addr, self.size, self.libc = addr, size, libc
 
     def __del__(self) -> None:
-        libc = type(self)._libc
-        if libc is not None and getattr(self, "addr", None):
-            libc.munmap(self.addr, self.size)
+        if self.addr:
+            self.libc.munmap(self.addr, self.size)
             self.addr = 0
 
 
@@ -268,6 +309,7 @@ class DirectReader:
     ds: Any
     fields: Sequence[str] | None = None
     in_memory: bool = False
+    lazy: bool = False
     shapes: dict[str, tuple[int, ...]] = field(init=False)
     dtypes: dict[str, np.dtype] = field(init=False)
     row_bytes: dict[str, int] = field(init=False)
@@ -302,6 +344,8 @@ class DirectReader:
         self.fallbacks = {}
         self.parts: dict[str, list[_FieldShard]] = {name: [] for name in self.fields}
         paths: dict[int, str] = {}
+        table = self._tables = self._index_tables()
+        known = self._parts_from_table(table) if table is not None else {}
         for s, shard in enumerate(ds.shards):
             n = int(shard["num_samples"])
             path = os.path.join(self.base, shard["file"])
@@ -309,23 +353,102 @@ class DirectReader:
                 for name in self.fields:
                     self.parts[name].append(_FieldShard(0, 1))
                 continue
-            with _open_h5(path) as f:
-                for name in self.fields:
-                    if name not in f:
-                        raise FormatError(f"{path}: shard has no dataset {name!r}")
-                    part = self._resolve(s, path, f[name], name, n)
-                    if part.reason is not None:
-                        self.fallbacks[(s, name)] = part.reason
-                        log.info("%s[%s]: h5py fallback (%s)", path, name, part.reason)
-                        self._h5_paths[s] = path   # opened on first read, in the reading process
-                    else:
-                        paths[s] = path
-                    self.parts[name].append(part)
+            got = {name: known[name][s] for name in known if known[name][s] is not None}
+            rest = [name for name in self.fields if name not in got]
+            if rest:
+                with _open_h5(path) as f:
+                    for name in rest:
+                        if name not in f:
+                            raise FormatError(f"{path}: shard has no dataset {name!r}")
+                        got[name] = self._resolve(s, path, f[name], name, n)
+            for name in self.fields:
+                part = got[name]
+                if part.reason is not None:
+                    self.fallbacks[(s, name)] = part.reason
+                    log.info("%s[%s]: h5py fallback (%s)", path, name, part.reason)
+                    self._h5_paths[s] = path   # opened on first read, in the reading process
+                else:
+                    paths[s] = path
+                self.parts[name].append(part)
         self._map(paths)
         self._build_view_tables()
         self.chunk_rows, self.gather_rank = self._chunk_ids_and_rank()
         if self.in_memory:
             self._load_into_memory()
+
+    def _index_tables(self) -> np.ndarray | None:
+        """The index's chunk table (None: an index without one; every shard is then resolved through
+        h5py as before the tables existed)."""
+        if not any(fmt.E_CHUNKS in e for e in self.ds.shards):
+            return None
+        table = read_chunk_tables(self.ds.path)
+        if table is None:
+            raise FormatError(f"{self.ds.path}: the shard entries list chunks but the index has no "
+                              f"{fmt.CHUNKS} table: the index is damaged (build again)")
+        return table.astype(np.int64)
+
+    def _parts_from_table(self, table: np.ndarray) -> dict[str, list[_FieldShard | None]]:
+        """Per served field and shard, its rows' addresses from the index's chunk table (None: the entry has
+        no table for it). The table's rows are the entries' chunks in order: shard by shard, a shard's fields
+        in name order. One pass over the entries in Python, the rest in numpy (whatever the shard count)."""
+        ns = len(self.ds.shards)
+        spans = {name: np.zeros((ns, 3), dtype=np.int64) for name in self.fields}   # rows per chunk, chunks, start
+        has = {name: np.zeros(ns, dtype=bool) for name in self.fields}
+        limit = np.full(ns, -1, dtype=np.int64)
+        pos = 0
+        for s, e in enumerate(self.ds.shards):
+            chunks = e.get(fmt.E_CHUNKS) or {}
+            for name in sorted(chunks):
+                c, k = chunks[name]
+                if name in spans:
+                    spans[name][s] = (c, k, pos)
+                    has[name][s] = True
+                pos += int(k)
+            if "bytes" in e:
+                limit[s] = int(e["bytes"])
+        if pos != len(table):
+            raise FormatError(f"{self.ds.path}: the index's chunk table has {len(table)} chunks, its shard entries "
+                              f"count {pos}: the index is damaged (build again)")
+        counts = np.diff(self.offsets)
+        return {name: self._field_from_table(name, table, spans[name], has[name], counts, limit)
+                for name in self.fields}
+
+    def _field_from_table(self, name: str, table: np.ndarray, span: np.ndarray, has: np.ndarray,
+                          counts: np.ndarray, limit: np.ndarray) -> list[_FieldShard | None]:
+        """One field's rows from the table (see :meth:`_parts_from_table`), every shard checked at once."""
+        rb = self.row_bytes[name]
+        c, k, start = span[:, 0], span[:, 1], span[:, 2]
+        live = has & (counts > 0)
+        bad = live & ((c < 1) | (k != -(-counts // np.maximum(c, 1))))
+        if bad.any():
+            s = int(np.flatnonzero(bad)[0])
+            raise FormatError(f"{self._where(s, name)}: the index's chunk table lists {int(k[s])} chunk(s) of "
+                              f"{int(c[s])} rows for {int(counts[s])} samples: the index is damaged (build again)")
+        sel = np.flatnonzero(live)
+        shard_of_chunk = np.repeat(sel, k[sel])
+        first = np.repeat(start[sel] - np.concatenate([[0], np.cumsum(k[sel])[:-1]]), k[sel])
+        chunk = np.arange(len(shard_of_chunk), dtype=np.int64) + first          # its row in the table
+        t = table[chunk]
+        over = (t[:, 1] != c[shard_of_chunk] * rb) | (t[:, 0] < 0) | (
+            (limit[shard_of_chunk] >= 0) & (t[:, 0] + t[:, 1] > limit[shard_of_chunk]))
+        if over.any():
+            s = int(shard_of_chunk[np.flatnonzero(over)[0]])
+            raise FormatError(f"{self._where(s, name)}: the index's chunk table points outside the shard's "
+                              f"{self.ds.shards[s].get('bytes')} bytes or disagrees with rows of {rb} bytes: the "
+                              f"index is damaged (build again)")
+        rows = np.concatenate([[0], np.cumsum(counts[sel])]).astype(np.int64)
+        shard_of_row = np.repeat(sel, counts[sel])
+        local = np.arange(int(rows[-1]), dtype=np.int64) - np.repeat(rows[:-1], counts[sel])
+        first_chunk = np.concatenate([[0], np.cumsum(k[sel])[:-1]]).astype(np.int64)
+        cs = c[shard_of_row]
+        addr = t[np.repeat(first_chunk, counts[sel]) + local // cs, 0] + (local % cs) * rb
+        out: list[_FieldShard | None] = [None] * len(span)
+        for j, s in enumerate(sel.tolist()):
+            out[s] = _FieldShard(int(counts[s]), int(c[s]), row_addr=addr[rows[j]:rows[j + 1]])
+        return out
+
+    def _where(self, s: int, name: str) -> str:
+        return f"{self.ds.path}: shard {self.ds.shards[s]['file']}, field {name!r}"
 
     def _map(self, paths: dict[int, str]) -> None:
         """Map the shards that have mapped fields: one region for all, else one map per shard.
@@ -333,25 +456,51 @@ class DirectReader:
         ``self._spaces`` lists (array, {shard: offset of the shard's file in the array}).
         """
         order = sorted(paths)
-        self.region = Region.map([paths[s] for s in order]) if USE_REGION else None
+        sizes_known = [int(self.ds.shards[s]["bytes"]) for s in order if "bytes" in self.ds.shards[s]]
+        use = sizes_known if self._tables is not None and len(sizes_known) == len(order) else None
+        self.region = Region.reserve([paths[s] for s in order], use) if USE_REGION else None
+        self._row_slot = np.full(self.n, -1, dtype=np.int32)
+        self._unmapped = 0
         if self.region is not None:
             self._spaces = [(self.region.array, dict(zip(order, self.region.bases.tolist())))]
             sizes = dict(zip(order, self.region.sizes.tolist()))
+            slot = np.full(len(self.offsets) - 1, -1, dtype=np.int32)
+            slot[order] = np.arange(len(order), dtype=np.int32)
+            self._row_slot = np.repeat(slot, np.diff(self.offsets))
+            if not self.lazy:
+                for i in range(len(order)):
+                    self.region.map_slot(i, self.ds.path)
+            self._unmapped = int(np.count_nonzero(~self.region.mapped))
         else:
             _ensure_nofile(len(order))
             self._spaces = []
             sizes = {}
             for s in order:
                 mm = self._maps[s] = map_file(paths[s])  # a plain ndarray on the map: no np.memmap __getitem__
+                if use is not None and mm.size != use[len(sizes)]:
+                    raise FormatError(size_mismatch(paths[s], mm.size, use[len(sizes)]))
                 self._spaces.append((mm, {s: 0}))
                 sizes[s] = mm.size
+        size_of = np.zeros(len(self.offsets) - 1, dtype=np.int64)
+        size_of[order] = [sizes[s] for s in order]
+        row_size = np.repeat(size_of, np.diff(self.offsets))
         for name in self.fields:  # the chunk table must stay inside the file
-            rb = self.row_bytes[name]
-            for s in order:
-                part = self.parts[name][s]
-                if part.row_addr is not None and part.n and (
-                        part.row_addr.min() < 0 or int(part.row_addr.max()) + rb > sizes[s]):
-                    raise FormatError(f"{paths[s]}: chunk table points past the end of the file ({sizes[s]} bytes)")
+            served, addr = self._field_rows(name)
+            bad = served & ((addr < 0) | (addr + self.row_bytes[name] > row_size))
+            if bad.any():
+                s = int(np.searchsorted(self.offsets, np.flatnonzero(bad)[0], side="right") - 1)
+                raise FormatError(f"{paths[s]}: chunk table points past the end of the file ({sizes[s]} bytes)")
+
+    def _field_rows(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """Per global row of ``name``: whether the maps serve it, and its byte address in its shard file."""
+        parts = self.parts[name]
+        counts = np.diff(self.offsets)
+        served = np.repeat(np.array([p.row_addr is not None for p in parts], dtype=bool), counts)
+        addr = np.zeros(self.n, dtype=np.int64)
+        got = [p.row_addr for p in parts if p.row_addr is not None and p.n]
+        if got:
+            addr[served] = np.concatenate(got)
+        return served, addr
 
     # -- resolving chunk addresses (once) -------------------------------------------------
     def _resolve(self, s: int, path: str, d: Any, name: str, n: int) -> _FieldShard:
@@ -389,7 +538,7 @@ class DirectReader:
             for i in range(nf):
                 names.append(plist.get_filter(i)[3].decode(errors="replace") or str(plist.get_filter(i)[0]))
             return _FieldShard(n, c, reason=f"filtered ({', '.join(names)})")
-        table = _chunk_table(d)
+        table = chunk_table(d)
         nchunks = -(-n // c)
         if len(table) != nchunks:
             return _FieldShard(n, c, reason=f"{len(table)} of {nchunks} chunks allocated")
@@ -414,20 +563,17 @@ class DirectReader:
         id, and the row's place in gather order: (view, address) for mapped rows, then the h5py-served
         rows by (shard, row)."""
         name = max(self.fields, key=lambda f: self.row_bytes[f]) if self.fields else None
-        ids = np.empty(self.n, dtype=np.int64)
-        shard = np.repeat(np.arange(len(self.offsets) - 1, dtype=np.int64), np.diff(self.offsets))
-        nxt = 0
-        for s in range(len(self.offsets) - 1):
-            lo, hi = int(self.offsets[s]), int(self.offsets[s + 1])
-            part = self.parts[name][s] if name else None
-            local = np.arange(hi - lo, dtype=np.int64)
-            ids[lo:hi] = nxt + local // max(1, part.rows_per_chunk if part else 1)
-            nxt = int(ids[hi - 1]) + 1 if hi > lo else nxt
+        counts = np.diff(self.offsets)
+        shard = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+        rpc = np.array([max(1, p.rows_per_chunk) for p in self.parts[name]] if name else [1] * len(counts),
+                       dtype=np.int64)
+        first = np.concatenate([[0], np.cumsum(-(-counts // rpc))[:-1]]).astype(np.int64)
+        local = np.arange(self.n, dtype=np.int64) - self.offsets[shard]
+        ids = first[shard] + local // rpc[shard]
         if name is None:
             return ids, np.arange(self.n, dtype=np.int64)
         vid, vrow = self._vid[name], self._vrow[name]
         served = vid >= 0
-        local = np.arange(self.n, dtype=np.int64) - self.offsets[shard]
         keys = (np.where(served, vrow, local), np.where(served, -1, shard), vid)
         rank = np.empty(self.n, dtype=np.int64)
         rank[np.lexsort(keys)] = np.arange(self.n, dtype=np.int64)
@@ -447,17 +593,26 @@ class DirectReader:
             vid = np.full(self.n, -1, dtype=np.int64)
             vrow = np.zeros(self.n, dtype=np.int64)
             for arr, bases in self._spaces:
-                rows, addr = [], []
-                for s, base in bases.items():
-                    part = self.parts[name][s]
-                    if part.row_addr is None:
+                if self.region is not None:   # one space for all shards: every row at once
+                    served, addr = self._field_rows(name)
+                    base = np.zeros(len(self.offsets) - 1, dtype=np.int64)
+                    base[list(bases)] = list(bases.values())
+                    g_rows = np.flatnonzero(served)
+                    g_addr = addr[g_rows] + np.repeat(base, np.diff(self.offsets))[g_rows]
+                    if not len(g_rows):
                         continue
-                    lo = int(self.offsets[s])
-                    rows.append(np.arange(lo, lo + part.n, dtype=np.int64))
-                    addr.append(part.row_addr + base)
-                if not rows:
-                    continue
-                g_rows, g_addr = np.concatenate(rows), np.concatenate(addr)
+                else:
+                    rows, addr = [], []
+                    for s, b in bases.items():
+                        part = self.parts[name][s]
+                        if part.row_addr is None:
+                            continue
+                        lo = int(self.offsets[s])
+                        rows.append(np.arange(lo, lo + part.n, dtype=np.int64))
+                        addr.append(part.row_addr + b)
+                    if not rows:
+                        continue
+                    g_rows, g_addr = np.concatenate(rows), np.concatenate(addr)
                 residues, rid = np.unique(g_addr % rb, return_inverse=True)
                 if len(residues) > MAX_VIEWS:
                     vid[g_rows] = len(views)
@@ -514,6 +669,7 @@ class DirectReader:
             self._vrow[name] = np.arange(self.n, dtype=np.int64)
         self.gather_rank = np.arange(self.n, dtype=np.int64)
         self._spaces, self._maps, self.region = [], {}, None
+        self._unmapped = 0
 
     def order_batch(self, indices: np.ndarray) -> np.ndarray:
         """The same rows, ordered for gathering: grouped by shard and view, in address order."""
@@ -531,12 +687,33 @@ class DirectReader:
             raise PrecompileError(f"{self.ds.path}: reader is closed (open a new Loader to read again)")
 
     def plan(self, indices: np.ndarray) -> _Plan:
-        """Check a batch's global row indices once; shared by all fields' gathers."""
+        """Check a batch's global row indices once (and map the shards they need); shared by all fields'
+        gathers."""
         self._check_open()
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.n):
             raise IndexError(f"row index out of range for {self.n} rows")
+        if self._unmapped and idx.size:
+            slots = self._row_slot[idx]
+            slots = slots[slots >= 0]
+            need = slots[~self.region.mapped[slots]]
+            if need.size:
+                self._map_slots(np.flatnonzero(np.bincount(need)))
         return _Plan(self, idx)
+
+    def _map_slots(self, slots: np.ndarray) -> None:
+        """Map the region's slots ``slots`` that are not mapped yet (each shard once, under the lock)."""
+        with self._lock:
+            self._check_open()
+            for i in slots.tolist():
+                if not self.region.mapped[i]:
+                    self.region.map_slot(i, self.ds.path)
+                    self._unmapped -= 1
+
+    @property
+    def mapped_shards(self) -> int:
+        """How many shard files are mapped so far (all of them unless ``lazy``)."""
+        return len(self._maps) if self.region is None else int(self.region.mapped.sum())
 
     def gather(self, name: str, plan: _Plan, out: np.ndarray) -> np.ndarray:
         """Fill ``out`` (``(len, *shape)`` of the field's dtype, C-contiguous) with the planned rows."""
@@ -640,6 +817,18 @@ class DirectReader:
             self._takeable = {name: [] for name in self.fields}
 
 
+def size_mismatch(path: str, have: int, size: int) -> str:
+    """The error of a shard file whose size is not the one the index recorded for it."""
+    return (f"{path}: the shard file is {have} bytes, the index says {size}: it is not the file the index's chunk "
+            f"table describes (damaged or replaced); run precompile verify, or build again")
+
+
+def ctypes_errno() -> int:
+    import ctypes
+
+    return ctypes.get_errno()
+
+
 def _distinct(ids: np.ndarray) -> int:
     """How many distinct values in ``ids`` (small non-negative ints), without ``np.unique``
     (whose first call imports ``numpy.ma``: 0.1-1 s on the first batch)."""
@@ -674,20 +863,3 @@ def _open_h5(path: str) -> Any:
 
 def _block_rows(row_bytes: int) -> int:
     return max(1, BLOCK_BYTES // max(1, row_bytes))
-
-
-def _chunk_table(d: Any) -> list[tuple[int, int, int, int]]:
-    """(first row, byte address, stored size, filter mask) of every allocated chunk of ``d``."""
-    out: list[tuple[int, int, int, int]] = []
-    dsid = d.id
-    if hasattr(dsid, "chunk_iter"):
-        try:
-            dsid.chunk_iter(lambda ci: out.append((int(ci.chunk_offset[0]), int(ci.byte_offset), int(ci.size),
-                                                   int(ci.filter_mask))))
-            return out
-        except (AttributeError, RuntimeError, TypeError):  # older HDF5 without H5Dchunk_iter
-            out.clear()
-    for i in range(dsid.get_num_chunks()):
-        ci = dsid.get_chunk_info(i)
-        out.append((int(ci.chunk_offset[0]), int(ci.byte_offset), int(ci.size), int(ci.filter_mask)))
-    return out

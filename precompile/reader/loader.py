@@ -202,6 +202,12 @@ class Loader:
     in (0, 1] of the free GPU memory, default 0.5, or a byte count), a set over it
     is an error naming both sizes. A ``text`` field is not gathered like the others: each batch
     holds it as a list of ``str`` in batch order (read from the build as UTF-8).
+    The Loader reads only the index: where it carries the shards' chunk tables (builds since
+    issue 20) no shard is opened to learn where its rows are. ``map_shards="all"`` (default)
+    maps every shard file when the Loader is made (an open and an ``mmap`` each, nothing read),
+    so the Loader keeps reading its snapshot through any number of rebuilds; ``"lazy"`` maps a
+    shard on the first batch that needs it (a shard no batch touches is never opened; like
+    ``precompile.open``, it then survives one rebuild, see docs/faults.md).
     Ragged annotation fields (``boxes``, ``box_labels``, ``keypoints``: a row count per sample)
     come as padded tensors (B, Nmax, ...) (NaN, or -1 for labels, past a sample's count) plus
     ``<field>__count`` (B,) int64 (:mod:`precompile.reader.ragged`; docs/annotations.md).
@@ -215,8 +221,11 @@ class Loader:
                  block_window: int = 8, uneven: Literal["pad", "drop"] = "pad", channels_first: bool = False,
                  convert_fields: Sequence[str] | None = None, copies: Literal["epoch", "all"] = "epoch",
                  include_original: bool = True, sort_batches: bool = True, in_memory: bool | str = False,
-                 gpu_budget: float | int | None = None, verify: bool = False):
+                 gpu_budget: float | int | None = None, verify: bool = False,
+                 map_shards: Literal["all", "lazy"] = "all"):
         ds = self.ds = open_hdf5_build(path_or_dataset, fields, verify)
+        if map_shards not in ("all", "lazy"):
+            raise ValueError(f"map_shards must be 'all' or 'lazy', got {map_shards!r}")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if int(prefetch) < 1:
@@ -238,7 +247,8 @@ class Loader:
         ragged = [f for f in self.fields if is_ragged_annotation(self.specs[f])]   # boxes etc.: padded + counts
         self.ragged = RaggedFields(ds, ragged) if ragged else None
         self.in_memory, self.gpu_budget = check_in_memory(in_memory, gpu_budget, self.device)
-        self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=self.in_memory is True)
+        self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=self.in_memory is True,
+                                   lazy=map_shards == "lazy")
         self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.reader.fields, self.specs)
         self.steps = gpu.parse_steps(gpu_steps)
         shapes = {**self.reader.shapes, **{f: tuple(self.specs[f]["shape"]) for f in ragged}}

@@ -149,7 +149,7 @@ class NiftiDecoder(Decoder):
     kind = "volume"
 
     class Params(_NiftiParams):
-        dtype: Literal["float32", "int16"] = "float32"
+        dtype: Literal["float32", "int16"] = Field("float32", description="the stored voxel type")
         rescale: bool = True       # apply the header's scl_slope / scl_inter
 
     def __init__(self, params: DecoderParams | None = None):
@@ -183,7 +183,8 @@ class NiftiLabelsDecoder(Decoder):
     kind = "volume_mask"
 
     class Params(_NiftiParams):
-        dtype: Literal["uint8", "uint16", "int16", "int32", "int64"] = "uint8"
+        dtype: Literal["uint8", "uint16", "int16", "int32", "int64"] = Field(
+            "uint8", description="the stored integer type of label ids")
 
     def __init__(self, params: DecoderParams | None = None):
         _need_nibabel()

@@ -35,6 +35,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..errors import StepError
 from ..kinds import Kind, kinds
+from ..optschema import checked
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .base import RandomParams, RandomStep, Step, StepParams
@@ -442,9 +443,11 @@ class TemporalJitter(RandomStep):
     output_version = 2   # 2: the index field, clip meta and audio follow the kept frames
 
     class Params(RandomParams):
-        length: int
-        strides: list[int] = [1]
-        jitter: int = 0
+        length: int = Field(description="frames per output clip", json_schema_extra=checked(ge=1))
+        strides: list[int] = Field([1], description="frame strides to draw from (1: consecutive frames)",
+                                   json_schema_extra={"minItems": 1, "items": {"type": "integer", "minimum": 1}})
+        jitter: int = Field(0, description="largest random offset, in frames, of each frame from its stride "
+                            "position", json_schema_extra=checked(ge=0))
 
         @model_validator(mode="after")
         def _v(self):

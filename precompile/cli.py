@@ -134,9 +134,11 @@ def plan(recipe: str) -> None:
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--force-space", is_flag=True,
               help="build even when the plan's size estimate exceeds the output folder's free space")
+@click.option("--stats", "with_stats", is_flag=True,
+              help="also store the output's statistics (as `precompile stats`), as the recipe's stats: true")
 def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: str | None, content_hash: bool,
           on_error: str | None, max_failures: int | None, timeout_s: float | None, progress: bool,
-          force_space: bool = False) -> None:
+          force_space: bool = False, with_stats: bool = False) -> None:
     """Build RECIPE into OUT_DIR/<name>.h5 (shards under OUT_DIR/<name>.shards/).
 
     Exit codes: 0 built (or up to date), 2 recipe or plan error, 3 inputs failed (shards failed, or
@@ -152,7 +154,8 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
     try:
         rep = run_build(recipe, out_dir=out_dir, n_jobs=jobs, force=force, progress=progress,
                         scheduler=scheduler, content_hash=content_hash, on_error=on_error,
-                        max_failures=max_failures, timeout_s=timeout_s, force_space=force_space)
+                        max_failures=max_failures, timeout_s=timeout_s, force_space=force_space,
+                        stats=with_stats or None)
     except PrecompileError as e:
         _fail(e)
     sh = rep["shards"]
@@ -164,7 +167,8 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
                f"{sh['built']} shard(s) built, {sh['skipped']} up to date{reused}, in {rep['wall_seconds']:.2f} s"
                + ("" if rep.get("up_to_date") else f" ({rep['samples_per_second']:.0f} samples/s)"))
     click.echo(f"stage time (summed over workers): decode {st['decode']:.2f} s, steps {st['steps']:.2f} s, "
-               f"write {st['write']:.2f} s, finalize {st['finalize']:.2f} s")
+               f"write {st['write']:.2f} s, finalize {st['finalize']:.2f} s"
+               + (f", stats {st['stats']:.2f} s" if "stats" in st else ""))
     _echo_splits(rep)
     for ev in rep.get("events", []):
         click.echo(f"note: {ev}", err=True)

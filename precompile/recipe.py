@@ -326,6 +326,8 @@ class RecipeModel(_Model):
     max_failures: Optional[int] = Field(None, ge=0)
     timeout_s: Optional[float] = Field(None, gt=0)
     split: Optional[SplitSpec] = None
+    stats: bool = Field(False, description="compute the output's statistics (precompile stats) as part of "
+                                           "the build, and again after every rebuild that writes the index")
 
     @field_validator("name")
     @classmethod
@@ -585,6 +587,8 @@ class Recipe:
                 del d["inputs"][k]
         if d["split"] is None:
             del d["split"]
+        if not d["stats"]:
+            del d["stats"]
         return d
 
     def content_dict(self) -> dict:
@@ -594,6 +598,7 @@ class Recipe:
         d.pop("on_error", None)
         d.pop("max_failures", None)
         d.pop("timeout_s", None)
+        d.pop("stats", None)    # statistics are read from the shards after they are written
         d.pop("imports", None)  # which modules were imported does not matter; the code used does (below)
         if self.code:  # user decoders/steps: their code decides the bytes too
             d["code"] = self.code

@@ -46,6 +46,7 @@ from ..errors import BuildError, PrecompileError, RecipeError
 from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
 from ..sample import FieldSpec
+from ..tools.stats import ensure_stats, stats_after_build, stored_stats_fields
 from ..formats.base import shard_digest, write_json_atomic
 from ..formats import snapshot
 from .backends import remove_path, run_shards
@@ -108,7 +109,7 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
           force: bool = False, progress: bool = False, scheduler: Optional[str] = None,
           content_hash: bool = False, on_error: Optional[str] = None,
           max_failures: Optional[int] = None, timeout_s: Optional[float] = None,
-          force_space: bool = False) -> BuildReport:
+          force_space: bool = False, stats: Optional[bool] = None) -> BuildReport:
     """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
 
     ``recipe`` is a recipe file's path, a :class:`Recipe`, or the recipe as a dict (the same keys as the
@@ -126,13 +127,18 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
     a worker killed by SIGKILL twice with a :class:`~precompile.errors.WorkerKilledError` (exit code 7).
     Either way the previous build stays readable and finished shards are kept.
 
+    ``stats=True`` (or the recipe's ``stats: true``) stores the output's statistics (``precompile
+    stats``) in the index after the build; stats stored before are computed again, for the same
+    fields, whenever a rebuild writes a new index, so a Loader's ``mean="stats"`` keeps working.
+
     The report is a :class:`~precompile.compiler.results.BuildReport`; it reads like the JSON
     report (``rep["shards"]["built"]``), and ``rep.to_json()`` is that dict.
     """
     if n_jobs is None and scheduler != "local":
         n_jobs = 1
     refuse_url(str(out_dir))
-    recipe = with_policy(as_recipe(recipe), on_error=on_error, max_failures=max_failures, timeout_s=timeout_s)
+    recipe = with_policy(as_recipe(recipe), on_error=on_error, max_failures=max_failures, timeout_s=timeout_s,
+                         stats=stats)
     t_start = time.perf_counter()
     plan = make_plan(recipe)  # recipe and plan errors come before anything is written
     check_plan(plan)
@@ -245,7 +251,7 @@ class _State:
 
 
 def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool,
-            force_space: bool = False) -> BuildReport:
+            force_space: bool = False, stats: Optional[bool] = None) -> BuildReport:
     """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize.
     With ``split:``, the no-op check and finalize run once per split output (:func:`split_views`)."""
     _clean_temporaries(b)
@@ -256,6 +262,9 @@ def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], co
     if not force:
         reports = [_unchanged(v, keys) for v in views]
         if all(r is not None for r in reports):
+            if b.recipe.model.stats:
+                for v in views:
+                    ensure_stats(v.index_path)
             return reports[0] if views[0] is b else _merge_splits(b, named, reports, reports[0])
     # the snapshot the current index replaced goes now (frees its space); the current one and the
     # shards this plan names (finished by a killed build) stay
@@ -465,8 +474,12 @@ def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:
                        "bytes": info["bytes"], "sha256": info["sha256"]})
     attrs = _index_attrs(r, plan, b.rhash) | {fmt.A_BUILD_DATE: _build_date(), fmt.A_SHARDS: shards}
     t0 = time.perf_counter()
+    previous = stored_stats_fields(b.index_path)   # the index about to be replaced
     b.writer.finalize(b.index_path, shards, plan.specs, attrs)
     report.stage_seconds["finalize"] = round(time.perf_counter() - t0, 4)
+    t0 = time.perf_counter()
+    if stats_after_build(b.index_path, r.model.stats, previous) is not None:
+        report.stage_seconds["stats"] = round(time.perf_counter() - t0, 4)
     report.num_samples = sum(s["num_samples"] for s in shards)
     report.bytes = sum(s["bytes"] for s in shards)
     report.wall_seconds = round(time.perf_counter() - b.t_start, 4)
@@ -556,10 +569,10 @@ def _intact_shard(b: _Build, s: Any, info: dict[str, Any], key: str) -> Optional
 
 
 def with_policy(recipe: Recipe, on_error: Optional[str] = None, max_failures: Optional[int] = None,
-                timeout_s: Optional[float] = None) -> Recipe:
-    """``recipe`` with its error policy keys overridden (None keeps the recipe's value)."""
-    upd = {k: v for k, v in (("on_error", on_error), ("max_failures", max_failures), ("timeout_s", timeout_s))
-           if v is not None}
+                timeout_s: Optional[float] = None, stats: Optional[bool] = None) -> Recipe:
+    """``recipe`` with its error policy keys (and ``stats``) overridden (None keeps the recipe's value)."""
+    upd = {k: v for k, v in (("on_error", on_error), ("max_failures", max_failures), ("timeout_s", timeout_s),
+                             ("stats", stats or None)) if v is not None}
     if not upd:
         return recipe
     try:

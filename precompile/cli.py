@@ -165,7 +165,7 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
     what = rep["output"] if not rep.get("splits") else f"{len(rep['splits'])} splits (below)"
     click.echo(f"{verb} {what}: {rep['num_samples']} samples, {_human(rep['bytes'])}, "
                f"{sh['built']} shard(s) built, {sh['skipped']} up to date{reused}, in {rep['wall_seconds']:.2f} s"
-               + ("" if rep.get("up_to_date") else f" ({rep['samples_per_second']:.0f} samples/s)"))
+               + ("" if rep.get("up_to_date") else _rate_note(rep)))
     click.echo(f"stage time (summed over workers): decode {st['decode']:.2f} s, steps {st['steps']:.2f} s, "
                f"write {st['write']:.2f} s, finalize {st['finalize']:.2f} s"
                + (f", stats {st['stats']:.2f} s" if "stats" in st else ""))
@@ -300,5 +300,14 @@ def gc(output: str, drop_previous: bool, dry_run: bool) -> None:
     click.echo(f"{output}: {verb} {len(removed)} unreferenced file(s), {human_bytes(freed)}")
 
 
+def _rate_note(rep: dict) -> str:
+    """`` (N samples/s)`` of the samples the build wrote, naming them when up-to-date shards were kept."""
+    built = rep.get("samples_built", rep["num_samples"])
+    if built == rep["num_samples"]:
+        return f" ({rep['samples_per_second']:.0f} samples/s)"
+    return f" ({rep['samples_per_second']:.0f} samples/s over the {built} samples built)"
+
+
 if __name__ == "__main__":
     main()
+

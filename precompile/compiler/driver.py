@@ -320,7 +320,8 @@ def _merge_splits(b: _Build, named: list[tuple[Optional[str], _Build]], reports:
     return dataclasses.replace(
         base, output=b.index_path, inputs=len(b.plan.items), num_samples=num,
         bytes=sum(r.bytes or 0 for r in reports), wall_seconds=wall, splits=splits,
-        samples_per_second=round(num / max(wall, 1e-9), 1),
+        samples_built=sum(r.samples_built or 0 for r in reports),
+        samples_per_second=_rate(sum(r.samples_built or 0 for r in reports), wall),
         failures=base.failures if not base.up_to_date else [f for r in reports for f in r.failures],
         shards=base.shards if not base.up_to_date else dict(base.shards, total=len(b.plan.shards),
                                                            skipped=len(b.plan.shards)),
@@ -483,9 +484,16 @@ def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:
     report.num_samples = sum(s["num_samples"] for s in shards)
     report.bytes = sum(s["bytes"] for s in shards)
     report.wall_seconds = round(time.perf_counter() - b.t_start, 4)
-    report.samples_per_second = round(report.num_samples / max(report.wall_seconds, 1e-9), 1)
+    built = {s.index for s, _ in st.todo}    # not the up-to-date or reused shards: the rate is of work done
+    report.samples_built = sum(st.infos[s.index]["num_samples"] for s in plan.shards
+                               if s.index in built and s.index in st.infos)
+    report.samples_per_second = _rate(report.samples_built, report.wall_seconds)
     _write_report(b.index_path, report)
     return report
+
+
+def _rate(samples: int, seconds: float) -> float:
+    return round(samples / max(seconds, 1e-9), 1)
 
 
 def _index_attrs(recipe: Recipe, plan: Plan, rhash: str) -> dict[str, Any]:
@@ -533,7 +541,7 @@ def _unchanged(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
         stage_seconds={"decode": 0.0, "steps": 0.0, "write": 0.0, "finalize": 0.0},
         wall_seconds=wall, precompile_version=__version__, status="ok", up_to_date=True,
         num_samples=n, bytes=sum(int(s.get("bytes") or 0) for s in shards),
-        samples_per_second=round(n / max(wall, 1e-9), 1))
+        samples_built=0, samples_per_second=0.0)
 
 
 def _stored_shards(b: _Build) -> Optional[list[dict[str, Any]]]:

@@ -291,7 +291,7 @@ def plan_specs(recipe: Recipe, extra: Optional[dict[str, FieldSpec]] = None) -> 
     expands = False
     for i, step in enumerate(recipe.steps):
         try:
-            specs = step.plan(specs)
+            specs = _clip_audio(recipe, step, step.plan(specs))
         except ValueError as e:
             raise RecipeError(str(e), source=recipe.source, loc=f"steps[{i}].{step.name}") from None
         expands = expands or step.expands
@@ -301,6 +301,23 @@ def plan_specs(recipe: Recipe, extra: Optional[dict[str, FieldSpec]] = None) -> 
     _add_column_specs(recipe, specs)
     check_field_names(recipe, specs)
     return specs, expands
+
+
+def _clip_audio(recipe: Recipe, step: Any, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
+    """Clips cut by time hold a video's audio track (the video decoder's ``audio_field``) for exactly
+    ``length / fps`` seconds: where the decoder fixes the rate (``audio_rate``), the audio field's
+    length is known at plan time and stored fixed, so readers (the Loader) take it without a ``fix_length``."""
+    audio_samples = getattr(step, "audio_samples", None)
+    if audio_samples is None:
+        return specs
+    for f in step.targets(specs):
+        p = getattr(recipe.decoders.get(f), "params", None)
+        afield, rate = getattr(p, "audio_field", None), getattr(p, "audio_rate", None)
+        spec = specs.get(afield) if afield else None
+        n = audio_samples(rate) if rate else None
+        if spec is not None and n is not None and spec.shape and spec.shape[-1] is None:
+            specs[afield] = spec.with_(shape=(*spec.shape[:-1], n))
+    return specs
 
 
 def make_plan(recipe: Recipe) -> Plan:

@@ -61,6 +61,7 @@ class Clips(Step):
     name = "clips"
     applies = kinds(Kind.VIDEO)
     expands = True
+    output_version = 2   # 2: time clips' audio is stored with its fixed length when the decoder fixes the rate
 
     class Params(StepParams):
         length: Optional[int] = Field(None, ge=1)  # frames per clip (T)
@@ -113,6 +114,13 @@ class Clips(Step):
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return spec.with_(shape=(self.frames_per_clip, *spec.shape[1:]))
+
+    def audio_samples(self, rate: int) -> Optional[int]:
+        """Samples of a ``rate`` Hz audio track each clip holds when cut by time (``length / fps``
+        seconds, whatever the file); None for frame clips (their span depends on the file's fps)."""
+        if not self.by_time:
+            return None
+        return int(round(Fraction(self.frames_per_clip) / _exact(self.params.fps) * rate))
 
     def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         out = super().plan(specs)
@@ -186,7 +194,7 @@ class Clips(Step):
                 x = sample.fields[audio["field"]]
                 rate = int(audio["sample_rate"])
                 if self.by_time:
-                    n = int(round(Fraction(self.frames_per_clip) / _exact(self.params.fps) * rate))
+                    n = self.audio_samples(rate)
                 else:
                     n = int(round(self.frames_per_clip * self.params.every * dec_every * rate / fps)) if fps else 0
                 new[audio["field"]], first = cut_audio(x, rate, float(audio.get("start", 0.0)), clip.start, n)

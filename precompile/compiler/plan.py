@@ -8,6 +8,7 @@ machine and for every job count.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -214,10 +215,11 @@ def _make_shards(recipe: Recipe, items: list[Item]) -> list[ShardPlan]:
     """Items to shards in key order; with ``split:``, each split's items in shards of their own."""
     per = recipe.model.output.samples_per_shard
     if recipe.model.split is None:
+        items[:] = split_items(recipe, items)
         return [ShardPlan(i // per, tuple(items[i:i + per])) for i in range(0, len(items), per)]
     from .tables import assign_splits
 
-    items[:] = assign_splits(recipe, items)
+    items[:] = split_items(recipe, assign_splits(recipe, items))   # a file's volumes share its split
     shards: list[ShardPlan] = []
     for name in split_names(recipe, items):
         mine = [it for it in items if it.split == name]
@@ -301,6 +303,30 @@ def plan_specs(recipe: Recipe, extra: Optional[dict[str, FieldSpec]] = None) -> 
     _add_column_specs(recipe, specs)
     check_field_names(recipe, specs)
     return specs, expands
+
+
+def split_items(recipe: Recipe, items: list[Item]) -> list[Item]:
+    """Items whose file makes several samples (a decoder's ``item_options``: NIfTI ``index: all`` on a 4D
+    file) become one item per sample, keyed ``<key>#v<n>``, each with its own decoder options; fields
+    that split one item must agree on the count."""
+    hooks = {f: d.item_options for f, d in recipe.decoders.items() if callable(getattr(d, "item_options", None))}
+    if not hooks:
+        return items
+    out: list[Item] = []
+    for it in items:
+        per = {f: opts for f, fn in hooks.items() if f in it.paths
+               for opts in [fn(it.paths[f])] if opts is not None}
+        counts = {f: len(v) for f, v in per.items()}
+        if len(set(counts.values())) > 1:
+            raise PlanError(f"{it.key}: fields split into different numbers of samples ({counts}); "
+                            f"index: all needs as many volumes in each")
+        if not per:
+            out.append(it)
+            continue
+        for i in range(next(iter(counts.values()))):
+            opts = {**it.options, **{f: {**it.options.get(f, {}), **v[i]} for f, v in per.items()}}
+            out.append(dataclasses.replace(it, key=f"{it.key}#v{i}", options=opts))
+    return out
 
 
 def _clip_audio(recipe: Recipe, step: Any, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:

@@ -217,8 +217,8 @@ def inspect(output: str) -> None:
 @click.option("-o", "--out", default=None, help="PNG to write (default: <output>.preview.png next to the index)")
 @click.option("--n", "n", type=click.IntRange(min=1), default=6, show_default=True, help="sample keys to show")
 @click.option("--field", "fields", multiple=True, help="show only this field (repeat for several)")
-@click.option("--window", type=click.Choice(["lung", "soft"]), default="lung", show_default=True,
-              help="HU window for CT volumes")
+@click.option("--window", type=click.Choice(["lung", "soft", "auto"]), default="lung", show_default=True,
+              help="HU window for CT volumes (auto: every volume through its own percentile window)")
 @click.option("--html", "html_path", default=None, help="also write an HTML page with each sample's metadata")
 def preview(output: str, out: str | None, n: int, fields: tuple[str, ...], window: str, html_path: str | None) -> None:
     """Draw a PNG contact sheet of a built OUTPUT: each kind as its users look at it."""

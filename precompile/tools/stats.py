@@ -373,7 +373,8 @@ def loader_norm(ds: Dataset, field: str, scale: float = 1.0) -> tuple[list[float
     st = read_stats(ds)
     where = getattr(ds, "path", "the output")
     if st is None:
-        raise StatsError(f"{where}: has no stats; run `precompile stats {where}` first (mean/std='stats')")
+        raise StatsError(f"{where}: has no stats; run `precompile stats {where}` first, or build with `stats: true` "
+                         f"(`build --stats`) (mean/std='stats')")
     if st.get("shard_keys") != [s.get("key") for s in ds.shards]:
         raise StatsError(f"{where}: its stats were computed before the output was rebuilt; "
                          f"run `precompile stats {where}` again")

@@ -5,8 +5,8 @@ Used by ``.ci/run``'s floors job: a separate venv gets exactly these versions an
 ``floors``, so a declared floor that does not work fails CI. Arguments name extras to include as well
 (e.g. ``nifti test``); ``--tests`` prints the floors test files instead: every test module (``FLOORS_MODULES``
 in tests/conftest.py is None), each running with whatever of its dependencies the floors venv has (a module
-whose optional library is absent skips with the reason). Every floor is installed: torch, dask, fsspec/s3fs,
-moto and jsonschema too.
+whose optional library is absent skips with the reason). Every floor is installed: torch, dask, fsspec/s3fs
+and jsonschema too; moto (test tooling) at whatever version fits them.
 """
 from __future__ import annotations
 
@@ -16,6 +16,9 @@ import sys
 from pathlib import Path
 
 SKIP: set[str] = set()   # every declared floor is installed and tested
+#: test tooling whose own floor is not a user's: installed at whatever version fits the pinned floors
+#: (moto 5.0.0's server extra cannot be resolved together with jsonschema 4.18)
+UNPINNED = {"moto"}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -33,7 +36,8 @@ def floors(extras: list[str]) -> list[str]:
         name = m.group(1)
         if name.lower() in SKIP:
             continue
-        out[name.lower()] = f"{name}{m.group(2) or ''}=={m.group(3)}"
+        pin = "" if name.lower() in UNPINNED else f"=={m.group(3)}"
+        out[name.lower()] = f"{name}{m.group(2) or ''}{pin}"
     return [out[k] for k in sorted(out)]
 
 

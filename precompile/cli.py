@@ -140,9 +140,11 @@ def plan(recipe: str) -> None:
               help="build even when the plan's size estimate exceeds the output folder's free space")
 @click.option("--repair", is_flag=True,
               help="verify the existing output first (every byte) and rebuild exactly the damaged shards and index")
+@click.option("--stats", "with_stats", is_flag=True,
+              help="also store the output's statistics (as `precompile stats`), as the recipe's stats: true")
 def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: str | None, content_hash: bool,
           on_error: str | None, max_failures: int | None, timeout_s: float | None, progress: bool,
-          force_space: bool = False, repair: bool = False) -> None:
+          force_space: bool = False, repair: bool = False, with_stats: bool = False) -> None:
     """Build RECIPE into OUT_DIR/<name>.h5 (shards under OUT_DIR/<name>.shards/).
 
     Exit codes: 0 built (or up to date), 2 recipe or plan error, 3 inputs failed (shards failed, or
@@ -158,7 +160,8 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
     try:
         rep = run_build(recipe, out_dir=out_dir, n_jobs=jobs, force=force, progress=progress,
                         scheduler=scheduler, content_hash=content_hash, on_error=on_error,
-                        max_failures=max_failures, timeout_s=timeout_s, force_space=force_space, repair=repair)
+                        max_failures=max_failures, timeout_s=timeout_s, force_space=force_space, repair=repair,
+                        stats=with_stats or None)
     except PrecompileError as e:
         _fail(e)
     sh = rep["shards"]
@@ -168,9 +171,10 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
     what = rep["output"] if not rep.get("splits") else f"{len(rep['splits'])} splits (below)"
     click.echo(f"{verb} {what}: {rep['num_samples']} samples, {_human(rep['bytes'])}, "
                f"{sh['built']} shard(s) built, {sh['skipped']} up to date{reused}, in {rep['wall_seconds']:.2f} s"
-               + ("" if rep.get("up_to_date") else f" ({rep['samples_per_second']:.0f} samples/s)"))
+               + ("" if rep.get("up_to_date") else _rate_note(rep)))
     click.echo(f"stage time (summed over workers): decode {st['decode']:.2f} s, steps {st['steps']:.2f} s, "
-               f"write {st['write']:.2f} s, finalize {st['finalize']:.2f} s")
+               f"write {st['write']:.2f} s, finalize {st['finalize']:.2f} s"
+               + (f", stats {st['stats']:.2f} s" if "stats" in st else ""))
     _echo_splits(rep)
     for ev in rep.get("events", []):
         click.echo(f"note: {ev}", err=True)
@@ -224,8 +228,8 @@ def inspect(output: str) -> None:
 @click.option("-o", "--out", default=None, help="PNG to write (default: <output>.preview.png next to the index)")
 @click.option("--n", "n", type=click.IntRange(min=1), default=6, show_default=True, help="sample keys to show")
 @click.option("--field", "fields", multiple=True, help="show only this field (repeat for several)")
-@click.option("--window", type=click.Choice(["lung", "soft"]), default="lung", show_default=True,
-              help="HU window for CT volumes")
+@click.option("--window", type=click.Choice(["lung", "soft", "auto"]), default="lung", show_default=True,
+              help="HU window for CT volumes (auto: every volume through its own percentile window)")
 @click.option("--html", "html_path", default=None, help="also write an HTML page with each sample's metadata")
 def preview(output: str, out: str | None, n: int, fields: tuple[str, ...], window: str, html_path: str | None) -> None:
     """Draw a PNG contact sheet of a built OUTPUT: each kind as its users look at it."""
@@ -307,5 +311,14 @@ def gc(output: str, drop_previous: bool, dry_run: bool) -> None:
     click.echo(f"{output}: {verb} {len(removed)} unreferenced file(s), {human_bytes(freed)}")
 
 
+def _rate_note(rep: dict) -> str:
+    """`` (N samples/s)`` of the samples the build wrote, naming them when up-to-date shards were kept."""
+    built = rep.get("samples_built", rep["num_samples"])
+    if built == rep["num_samples"]:
+        return f" ({rep['samples_per_second']:.0f} samples/s)"
+    return f" ({rep['samples_per_second']:.0f} samples/s over the {built} samples built)"
+
+
 if __name__ == "__main__":
     main()
+

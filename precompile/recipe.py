@@ -343,6 +343,8 @@ class RecipeModel(_Model):
     timeout_s: Optional[float] = Field(None, gt=0)
     split: Optional[SplitSpec] = None
     limits: Limits = Field(default_factory=Limits)
+    stats: bool = Field(False, description="compute the output's statistics (precompile stats) as part of "
+                                           "the build, and again after every rebuild that writes the index")
 
     @field_validator("name")
     @classmethod
@@ -606,6 +608,8 @@ class Recipe:
             del d["split"]
         if d["limits"] == Limits().model_dump(mode="json"):
             del d["limits"]   # the default budgets: hashes as before the key existed
+        if not d["stats"]:
+            del d["stats"]
         return d
 
     def content_dict(self) -> dict:
@@ -616,6 +620,7 @@ class Recipe:
         d.pop("max_failures", None)
         d.pop("timeout_s", None)
         d.pop("limits", None)   # budgets decide which inputs fail, never the bytes of those stored
+        d.pop("stats", None)    # statistics are read from the shards after they are written
         d.pop("imports", None)  # which modules were imported does not matter; the code used does (below)
         if self.code:  # user decoders/steps: their code decides the bytes too
             d["code"] = self.code

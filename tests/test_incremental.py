@@ -259,3 +259,35 @@ def test_shard_key_item_text_is_the_canonical_json(key, label):
                 [("image", [10, "ab" * 32])],
                 [("dir", [["x/y.dcm", [1, 2]]])]):
         assert item_text(key, label, fps) == fmt.dumps([key, label, dict(fps)])
+
+
+def test_incremental_rate_counts_only_the_samples_built(tmp_path):
+    """One shard of several rebuilt: the rate (and samples_built) is over that shard's samples only."""
+    import json
+
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from conftest import image_recipe, make_image_tree, write_recipe
+    from precompile.cli import main
+
+    root = make_image_tree(tmp_path / "data")
+    recipe = image_recipe(root)                       # 10 images, 4 per shard: 3 shards
+    rep = build(recipe, out_dir=tmp_path / "out")
+    assert rep["samples_built"] == rep["num_samples"] == 10
+    assert rep["samples_per_second"] == round(10 / rep["wall_seconds"], 1)
+    first = sorted(root.rglob("*.*"))[0]               # the first key: shard 0 (4 samples)
+    Image.new("RGB", (40, 56), (0, 255, 0)).save(first, format="PNG" if first.suffix == ".png" else "JPEG")
+    rep = build(recipe, out_dir=tmp_path / "out")
+    assert rep["shards"]["built"] == 1 and rep["num_samples"] == 10 and rep["samples_built"] == 4
+    assert rep["samples_per_second"] == round(4 / rep["wall_seconds"], 1)
+    on_disk = json.loads((tmp_path / "out" / "imgs.report.json").read_text())
+    assert on_disk["samples_built"] == 4 and on_disk["samples_per_second"] == rep["samples_per_second"]
+    rep = build(recipe, out_dir=tmp_path / "out")
+    assert rep["up_to_date"] and rep["samples_built"] == 0 and rep["samples_per_second"] == 0.0
+    # the CLI names the samples the rate is over
+    os.utime(first, ns=(1, 1))
+    r = CliRunner().invoke(main, ["build", str(write_recipe(tmp_path / "r.yaml", recipe)), "-o",
+                                  str(tmp_path / "out"), "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert "1 shard(s) built, 2 up to date" in r.output and "samples/s over the 4 samples built" in r.output

@@ -219,3 +219,70 @@ def test_build_image_and_label_volumes(tmp_path):
         assert s["seg"].dtype == np.uint8
         np.testing.assert_array_equal(s["seg"], lab[1:5, 0:4, 0:4])
         assert ds.meta(i)["seg"]["spacing"] == [SLICE_SP, ROW_SP, COL_SP]
+
+
+def _four(vols: list[np.ndarray]) -> np.ndarray:
+    """(D, H, W) volumes as one stored 4D (i, j, k, t) array."""
+    return np.stack([np.transpose(v, (2, 1, 0)) for v in vols], axis=-1)
+
+
+def test_index_all_splits_4d_files_into_one_sample_per_volume(tmp_path):
+    """A folder mixing 3D and 4D files builds with one recipe: each 4D file gives <key>#v<n> per volume."""
+    from precompile.compiler.plan import make_plan
+    from precompile.errors import PlanError
+
+    vol = volume()
+    root = tmp_path / "in"
+    root.mkdir()
+    save(root / "a.nii.gz", vol, axial_affine(), dtype=np.int16)                       # 3D
+    nib.save(nib.Nifti1Image(_four([vol + 1, vol + 2, vol + 3]), axial_affine()), str(root / "b.nii"))
+    nib.save(nib.Nifti1Image(_four([vol * 2]), axial_affine()), str(root / "c.nii"))   # 4D of one volume
+    recipe = {"name": "v", "inputs": {"root": str(root), "match": "{name}.{ext}", "where": {"ext": "nii|nii.gz"},
+                                      "fields": {"ct": {"decoder": "nifti", "index": "all"}}},
+              "output": {"samples_per_shard": 2}}
+    rep = precompile.build(write_recipe(tmp_path / "r.yaml", recipe), out_dir=tmp_path / "out")
+    assert rep["num_samples"] == 5
+    ds = precompile.open(str(tmp_path / "out" / "v.h5"))
+    keys = [ds.key(i) for i in range(len(ds))]
+    assert keys == ["a.nii.gz", "b.nii#v0", "b.nii#v1", "b.nii#v2", "c.nii"]
+    want = [vol, vol + 1, vol + 2, vol + 3, vol * 2]
+    for i, w in enumerate(want):
+        np.testing.assert_array_equal(ds[i]["ct"], w.astype(np.float32))
+        assert ds.meta(i)["ct"]["spacing"] == [SLICE_SP, ROW_SP, COL_SP]
+    # an image and its labels both 4D: their volumes pair up; different counts are a plan error
+    nib.save(nib.Nifti1Image(_four([labels(), labels() * 0, labels()]), axial_affine()), str(root / "b.lab.nii"))
+    lab_recipe = {"name": "l", "inputs": {"root": str(root), "match": "b.nii",
+                                          "fields": {"ct": {"decoder": "nifti", "index": "all"},
+                                                     "seg": {"decoder": "nifti_labels", "path": "b.lab.nii",
+                                                             "index": "all"}}}}
+    rep = precompile.build(write_recipe(tmp_path / "l.yaml", lab_recipe), out_dir=tmp_path / "out")
+    ds = precompile.open(str(tmp_path / "out" / "l.h5"))
+    assert len(ds) == 3 and int(ds[1]["seg"].max()) == 0 and int(ds[2]["seg"].max()) == 7
+    np.testing.assert_array_equal(ds[2]["ct"], (vol + 3).astype(np.float32))
+    nib.save(nib.Nifti1Image(_four([labels(), labels()]), axial_affine()), str(root / "b.lab.nii"))
+    with pytest.raises(PlanError, match=r"b.nii: fields split into different numbers of samples"):
+        make_plan(precompile.load_recipe(write_recipe(tmp_path / "l.yaml", lab_recipe)))
+    # index: all on a 4D file read by the decoder alone (no plan to split it) is a clear error
+    with pytest.raises(DecodeError, match="index: all makes one sample per volume in a recipe's plan"):
+        NiftiDecoder(NiftiDecoder.Params(index="all")).read(str(root / "b.nii"))
+    np.testing.assert_array_equal(NiftiDecoder(NiftiDecoder.Params(index="all")).read(str(root / "c.nii"))[0],
+                                  (vol * 2).astype(np.float32))
+
+
+def test_index_all_volumes_of_one_file_share_a_split(tmp_path):
+    vol = volume()
+    root = tmp_path / "in"
+    root.mkdir()
+    for n in range(6):
+        nib.save(nib.Nifti1Image(_four([vol + n, vol - n, vol]), axial_affine()), str(root / f"s{n}.nii"))
+    recipe = {"name": "v", "seed": 1, "inputs": {"root": str(root), "match": "{name}.nii",
+                                                 "fields": {"ct": {"decoder": "nifti", "index": "all"}}},
+              "split": {"fractions": {"train": 0.5, "val": 0.5}}}
+    from precompile.compiler.plan import make_plan
+
+    plan = make_plan(precompile.load_recipe(write_recipe(tmp_path / "r.yaml", recipe)))
+    assert len(plan.items) == 18
+    by_file: dict[str, set] = {}
+    for it in plan.items:
+        by_file.setdefault(it.key.split("#")[0], set()).add(it.split)
+    assert all(len(v) == 1 for v in by_file.values()) and len({s for v in by_file.values() for s in v}) == 2

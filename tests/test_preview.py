@@ -83,7 +83,7 @@ def test_mask_classes_get_their_palette_colour():
     item = pv.Item("k", [{"image": img, "seg": mask}], [{}], [0],
                    {"image": {"kind": "image"}, "seg": {"kind": "mask"}}, [], {})
     panels = pv.RENDERERS["mask"](item, "seg")
-    assert len(panels) == 1
+    assert len(panels) == 2   # the overlay, then the legend
     out = panels[0].image
     for cls, (r, c) in ((2, (1, 2)), (5, (5, 7))):
         want = [int(np.floor(0.5 * 100 + 0.5 * v + 0.5)) for v in pv.PALETTE[cls]]
@@ -93,6 +93,9 @@ def test_mask_classes_get_their_palette_colour():
     many = pv.overlay(np.zeros((1, 2, 3), np.uint8), np.array([[len(pv.PALETTE), len(pv.PALETTE) - 1]]), alpha=1.0)
     assert many[0, 0].tolist() == list(pv.PALETTE[1]) and many[0, 1].tolist() == list(pv.PALETTE[-1])
     assert panels[0].caption[1] == "classes 2, 5"
+    key = panels[1]
+    assert key.caption == ["legend", "2", "5"] and not key.scale
+    assert key.image[0, 0].tolist() == list(pv.PALETTE[2]) and key.image[12, 0].tolist() == list(pv.PALETTE[5])
 
 
 def test_volume_three_slices_windowed_with_the_mask_overlaid():
@@ -227,7 +230,8 @@ def test_multi_class_mask_decoder_output_in_palette_colours(tmp_path):
             "seg": {"decoder": "mask", "classes": [0, 2, 5], "path": "{name}_seg.png"}}}})
     build(recipe, out_dir=tmp_path / "out")
     p = pv.render(tmp_path / "out" / "seg.h5", fields=["seg"])
-    assert [q["field"] for q in p.panels] == ["seg"]                 # its image is drawn under it, not beside
+    # its image is drawn under it, not beside; then the legend of its classes
+    assert [(q["field"], q["caption"]) for q in p.panels] == [("seg", "seg over img"), ("seg", "legend")]
     over = _panel(p, 0, "seg over img")
     k = over.shape[0] // 24
     cls = np.repeat(np.repeat(m, k, 0), k, 1)
@@ -362,3 +366,65 @@ def test_title_wraps_on_a_narrow_sheet(tmp_path):
     assert (title[:, -pv.PAD:] == pv.BG).all()                      # nothing drawn into the right margin
     last = title[pv.PAD + (len(lines) - 1) * pv.LINE: pv.PAD + len(lines) * pv.LINE]
     assert (last != pv.BG).any()                                    # the last line is drawn
+
+
+def test_mri_volume_gets_a_percentile_window_not_blank_white():
+    """Non-CT intensities (an MRI: 0 .. ~2000, never air at -1000 HU) through their 1st-99th percentiles."""
+    rng = np.random.default_rng(0)
+    vol = np.zeros((8, 20, 20), np.float32)
+    vol[:, 4:16, 4:16] = rng.normal(800, 50, (8, 12, 12))        # tissue
+    vol[:, 8:12, 8:12] = 1600                                      # a bright structure
+    vol[0, 0, 0] = 30000                                           # one outlier voxel must not flatten the rest
+    item = pv.Item("k", [{"mr": vol}], [{"mr": {"modality": "MR"}}], [0], {"mr": {"kind": "volume"}}, [],
+                   {"window": "lung"})
+    axial = pv.RENDERERS["volume"](item, "mr")[0]
+    lo, hi = np.percentile(vol[np.isfinite(vol)], [1, 99])
+    assert axial.caption[1] == f"auto window p1-p99 [{lo:.3g}, {hi:.3g}]"
+    img = axial.image[..., 0]
+    assert img[1, 1] == 0 and img[10, 10] == 255                   # background black, the bright structure white
+    assert 60 < int(np.median(img[5:7, 5:7])) < 200                 # tissue is grey, not clipped white
+    assert img.max() == 255 and (img == 255).mean() < 0.2           # the lung window made all of it white
+    # the same values as CT (modality CT): the HU window, as asked
+    ct = pv.RENDERERS["volume"](pv.Item("k", [{"mr": vol}], [{"mr": {"modality": "CT"}}], [0],
+                                        {"mr": {"kind": "volume"}}, [], {"window": "lung"}), "mr")[0]
+    assert ct.caption[1] == "lung window L-600 W1500" and (ct.image[5:15, 5:15] == 255).all()
+    # no modality: HU is recognised by air (<= -500); window auto shows a CT in its percentiles too
+    hu = np.where(vol > 0, vol - 1000, -1000).astype(np.float32)
+    cap = lambda w: pv.RENDERERS["volume"](pv.Item("k", [{"v": hu}], [{}], [0], {"v": {"kind": "volume"}}, [],  # noqa: E731
+                                                   {"window": w}), "v")[0].caption[1]
+    assert cap("soft") == "soft window L40 W400" and cap("auto").startswith("auto window p1-p99")
+
+
+def test_masks_are_overlaid_on_every_copy_with_a_legend(tmp_path):
+    build(REPO / "recipes" / "segmentation.yaml", out_dir=tmp_path)
+    path = tmp_path / "segmentation.h5"
+    ds = precompile.open(path)
+    p = pv.render(path, n=2, fields=["mask"])
+    rows0 = sorted([i for i in range(len(ds)) if ds.key(i) == p.rows[0][0]], key=ds.copy)
+    caps = [q["caption"] for q in p.panels if q["row"] == 0]
+    assert caps == ["mask over image copy 0", "mask over image copy 1", "mask over image copy 2", "legend"]
+    for c, i in enumerate(rows0):
+        got = _panel(p, 0, f"mask over image copy {c}")
+        want = pv.overlay(ds[i]["image"], ds[i]["mask"][..., 0])
+        k = got.shape[0] // want.shape[0]
+        assert np.array_equal(got, np.repeat(np.repeat(want, k, 0), k, 1)), c   # each copy's own mask
+    assert not np.array_equal(ds[rows0[1]]["mask"], ds[rows0[0]]["mask"])      # the copies really differ
+    seen = sorted({int(v) for i in rows0 for v in np.unique(ds[i]["mask"]) if v})
+    legend = pv.RENDERERS["mask"](pv.Item("k", [ds[i] for i in rows0], [ds.meta(i) for i in rows0],
+                                          [ds.copy(i) for i in rows0], ds.field_specs, [], {}), "mask")[-1]
+    assert legend.caption == ["legend", *map(str, seen)]
+
+
+def test_coco_semantic_mask_legend_names_the_categories(tmp_path):
+    pytest.importorskip("pycocotools")
+    build(REPO / "recipes" / "coco.yaml", out_dir=tmp_path)
+    ds = precompile.open(tmp_path / "coco.h5")
+    names = pv.mask_class_names(ds)["mask"]
+    assert names == {k + 1: n for k, n in enumerate(ds.label_names)}
+    p = pv.render(tmp_path / "coco.h5", n=3, fields=["mask"])
+    legends = [q for q in p.panels if q["caption"] == "legend"]
+    assert legends
+    i = next(i for i in range(len(ds)) if ds[i]["mask"].any())
+    ids = sorted(int(v) for v in np.unique(ds[i]["mask"]) if v)
+    panel = pv.legend(ids, names)
+    assert panel.caption[1:] == [f"{k}: {ds.label_names[k - 1]}" for k in ids]

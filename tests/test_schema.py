@@ -69,7 +69,7 @@ def test_schema_is_draft_2020_12_and_lists_every_registered_name():
     # typed options with the class docstring as description
     resize = steps["resize"]
     assert resize["description"].startswith("Resize: `size: [h, w]` exactly")
-    opts = resize["properties"]["resize"]["anyOf"][0]["properties"]
+    opts = resize["properties"]["resize"]["properties"]   # not nullable: `- resize:` is refused
     assert set(opts) == set(STEPS.get("resize").Params.model_fields)
     assert opts["interpolation"]["enum"] == ["auto", "area", "linear", "cubic", "nearest"]
     # options without a pydantic description take the comment on their line in the source
@@ -227,3 +227,106 @@ def test_cli_imports_plugin_modules_first(tmp_path, monkeypatch):
         sys.modules.pop("my_steps_for_schema", None)
     r = CliRunner().invoke(main, ["schema", "--import", "no_such_module_xyz"])
     assert r.exit_code == 2 and "cannot import 'no_such_module_xyz'" in r.output and "Traceback" not in r.output
+
+
+def _option_props(variant: dict, key: str) -> dict:
+    """The options of one schema variant (a step, decoder or output format)."""
+    if key == "step":
+        (p,) = variant["properties"].values()
+        return (p["anyOf"][0] if "anyOf" in p else p).get("properties", {})
+    if key == "output":
+        return variant["properties"]["options"].get("properties", {})
+    return {k: v for k, v in variant["properties"].items() if k not in ("decoder", "path")}
+
+
+def test_every_registered_option_has_a_description():
+    s = recipe_schema()
+    prefix = {"step": "step ", "field": "decoder ", "output": "output "}
+    builtin = {f"{prefix[k]}{n}" for k, reg in (("step", STEPS), ("field", DECODERS), ("output", WRITERS))
+               for n, cls in reg.items() if cls.__module__.startswith("precompile.")}   # not other tests' plugins
+    missing, n = [], 0
+    for key in ("step", "field", "output"):
+        for v in s["$defs"][key]["oneOf"]:
+            if v["title"] not in builtin:
+                continue
+            for name, prop in _option_props(v, key).items():
+                n += 1
+                if not str(prop.get("description", "")).strip():
+                    missing.append(f"{v['title']}: {name}")
+    assert n >= 170   # every option of every builtin step, decoder and writer was walked
+    assert missing == []
+
+
+# (step, options): values the build refuses; the schema must refuse each too
+BAD_STEP_OPTIONS = [
+    ("resize", {}), ("resize", None), ("resize", {"shorter": -5}), ("resize", {"longer": 0}),
+    ("resize", {"size": 0}), ("resize", {"size": [8, -1]}), ("resize", {"size": 8, "shorter": 4}),
+    ("center_crop", {}), ("center_crop", {"size": -2}), ("center_crop", {"size": 4, "min_visibility": 1.5}),
+    ("random_crop", {"size": 4, "padding": -1}), ("random_crop", {"size": 0}),
+    ("random_resized_crop", {"size": 4, "scale": [0.5, 1.5]}), ("random_resized_crop", {"size": 4, "ratio": [0, 1]}),
+    ("random_flip", {"horizontal": 1.5}), ("random_flip", {"vertical": -0.1}),
+    ("random_affine", {"translate": 2}), ("random_affine", {"degrees": -10}), ("random_affine", {"scale": 0}),
+    ("random_affine", {"min_visibility": -1}),
+    ("color_jitter", {"brightness": -0.5}), ("gaussian_noise", {"std": -1}), ("gaussian_noise", {}),
+    ("convert", {}), ("convert", {"mode": "cmyk"}),
+    ("temporal_jitter", {"length": 0}), ("temporal_jitter", {"length": 4, "strides": []}),
+    ("temporal_jitter", {"length": 4, "strides": [0]}), ("temporal_jitter", {"length": 4, "jitter": -1}),
+    ("fix_length", {"length": 0}), ("windows", {"length": 10, "hop": 0}),
+    ("random_gain", {"db": -3}), ("time_shift", {"max_fraction": 1.5}), ("time_shift", {"max_shift": -1}),
+    ("resample_volume", {"spacing": -1}), ("resample_volume", {"shape": [0, 4, 4]}),
+    ("hu_window", {"level": 40, "width": 0}), ("hu_window", {"window": [1, 2, 3]}),
+    ("standardise", {"mean": 0, "std": 0}), ("lung_mask", {"components": 0}), ("lung_mask", {"closing": 9}),
+    ("crop_pad_volume", {"shape": [0, 4, 4]}), ("patches3d", {"size": 0}), ("patches3d", {"size": 4, "stride": -1}),
+    ("patches3d", {"size": 4, "min_fraction": 2}), ("patches3d", {"size": 4, "max_patches": 0}),
+    ("random_flip3d", {"prob": 2}), ("random_flip3d", {"axes": [3]}), ("random_flip3d", {"axes": [0, 0]}),
+    ("random_rot90", {"k": [4]}), ("random_rot90", {"k": []}), ("random_rot90", {"planes": [[0, 3]]}),
+    ("random_rot90", {"planes": []}), ("elastic", {"grid": 1}), ("elastic", {"grid": 64}),
+    ("elastic", {"magnitude": -1}),
+]
+
+
+@pytest.mark.parametrize("step,params", BAD_STEP_OPTIONS, ids=[f"{n}-{p}" for n, p in BAD_STEP_OPTIONS])
+def test_schema_refuses_what_the_build_refuses(validator, step, params):
+    from precompile.recipe import load_recipe
+
+    data = _with_step({step: copy.deepcopy(params)})
+    assert _errors(validator, data), f"schema accepted {step}: {params}"
+    assert not _parser_accepts(data), f"parser accepted {step}: {params}"
+    with pytest.raises(RecipeError, match=step):   # the build's own entry point, from a file
+        p = Path(pytest.importorskip("tempfile").mkdtemp()) / "r.yaml"
+        p.write_text(yaml.safe_dump(data))
+        load_recipe(str(p))
+
+
+def test_good_values_at_the_bounds_pass_both(validator):
+    for step, params in [("resize", {"shorter": 1}), ("random_flip", {"horizontal": 1.0, "vertical": 0}),
+                         ("random_affine", {"translate": 1, "degrees": [-5, 5], "scale": [0.5, 2]}),
+                         ("elastic", {"grid": 32, "magnitude": [0, 3]}), ("random_rot90", {"planes": [[0, 2]]}),
+                         ("time_shift", {"max_fraction": 0.0}), ("color_jitter", {"brightness": [0, 2]})]:
+        data = _with_step({step: params})
+        assert _errors(validator, data) == [], (step, params)
+        assert _parser_accepts(data), (step, params)
+
+
+def test_cli_import_finds_a_module_in_the_current_folder(tmp_path, monkeypatch):
+    import os
+    import sys
+
+    (tmp_path / "my_cwd_steps_for_schema.py").write_text(
+        "from precompile.registry import STEPS\n"
+        "from precompile.transforms.base import Step, StepParams\n"
+        "@STEPS.register()\n"
+        "class Blur(Step):\n"
+        "    \"\"\"Blur images (a plugin step beside the recipe).\"\"\"\n"
+        "    name = 'test_cwd_blur_schema'\n"
+        "    kinds = frozenset({'image'})\n")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd(), str(tmp_path))])
+    monkeypatch.chdir(tmp_path)
+    try:
+        r = CliRunner().invoke(main, ["schema", "--import", "my_cwd_steps_for_schema"])
+        assert r.exit_code == 0, r.output
+        titles = [x["title"] for x in json.loads(r.output)["$defs"]["step"]["oneOf"]]
+        assert "step test_cwd_blur_schema" in titles
+    finally:
+        STEPS._items.pop("test_cwd_blur_schema", None)
+        sys.modules.pop("my_cwd_steps_for_schema", None)

@@ -136,10 +136,14 @@ def test_stored_in_the_index_without_breaking_verify_or_rebuilds(tmp_path):
     rep = build(recipe, out_dir=tmp_path)
     assert rep["up_to_date"] and rep["shards"]["built"] == 0 and rep["shards"]["skipped"] == len(shard_bytes)
     assert verify(path).ok and set(st.read_stats(path)["fields"]) == {"image", "label"}
-    # a rebuild that writes shards writes a fresh index, without the stats of the old shards
+    # a rebuild that writes shards writes a fresh index, and the stats it held are computed again
+    # for the new shards (the same fields), so a Loader's mean="stats" keeps working
     rep = build(recipe, out_dir=tmp_path, force=True)
-    assert rep["shards"]["built"] == len(shard_bytes)
-    assert verify(path).ok and st.read_stats(path) is None
+    assert rep["shards"]["built"] == len(shard_bytes) and "stats" in rep["stage_seconds"]
+    again = st.read_stats(path)
+    assert verify(path).ok and set(again["fields"]) == {"image", "label"}
+    assert again["shard_keys"] == [s["key"] for s in precompile.open(path).shards]
+    assert again == json.loads(json.dumps(st.compute_stats(path, fields=["image", "label"])))
 
 
 def test_folder_output_keeps_stats_in_its_json_index(tmp_path):
@@ -281,3 +285,82 @@ def test_stats_of_a_mask_declared_with_sparse_ids_lists_four_classes(tmp_path):
     r = CliRunner().invoke(main, ["stats", str(out)])
     assert r.exit_code == 0, r.output
     assert f"classes 0: {3 * 80 - 3 * 20}, 3: 20, 7: 20, 200: 20\n" in r.output + "\n"
+
+
+def _image_recipe(tmp_path: Path, **over) -> tuple[dict, Path]:
+    from conftest import image_recipe, make_image_tree
+
+    root = make_image_tree(tmp_path / "data")
+    out = tmp_path / "out"
+    return image_recipe(root, **over), out
+
+
+def test_recipe_stats_true_computes_them_with_the_build_and_after_every_rebuild(tmp_path):
+    recipe, out = _image_recipe(tmp_path, stats=True)
+    rep = build(recipe, out_dir=out)
+    path = out / "imgs.h5"
+    assert "stats" in rep["stage_seconds"]
+    res = st.read_stats(path)
+    assert set(res["fields"]) == {"image", "label"}             # every field
+    assert res == json.loads(json.dumps(st.compute_stats(path)))
+    # an up-to-date rebuild writes nothing: not even the index
+    before = path.read_bytes()
+    rep = build(recipe, out_dir=out)
+    assert rep["up_to_date"] and path.read_bytes() == before
+    # a changed input: one shard rebuilt, the stats follow the new shards
+    img = sorted((tmp_path / "data").rglob("*.png"))[0]
+    from PIL import Image
+
+    Image.new("RGB", (40, 40), (255, 0, 0)).save(img)
+    rep = build(recipe, out_dir=out)
+    assert 0 < rep["shards"]["built"] < rep["shards"]["total"]
+    new = st.read_stats(path)
+    assert new["shard_keys"] == [s["key"] for s in precompile.open(path).shards] != res["shard_keys"]
+    assert new["fields"]["image"]["mean"] != res["fields"]["image"]["mean"]
+    assert new == json.loads(json.dumps(st.compute_stats(path)))
+    # stats that went stale by other means are made current by the next (up-to-date) build
+    st.write_stats(path, {**new, "shard_keys": ["stale"]})
+    rep = build(recipe, out_dir=out)
+    assert rep["up_to_date"] and st.read_stats(path) == new
+
+
+def test_stats_key_changes_no_shard(tmp_path):
+    from precompile.compiler.keys import recipe_key
+    from precompile.recipe import load_recipe
+
+    recipe, out = _image_recipe(tmp_path)
+    assert recipe_key(load_recipe(recipe)) == recipe_key(load_recipe({**recipe, "stats": True}))
+    rep = build(recipe, out_dir=out)
+    assert st.read_stats(out / "imgs.h5") is None and "stats" not in rep["stage_seconds"]
+    rep = build(recipe, out_dir=out, stats=True)      # the flag on a finished output: shards stay, stats come
+    assert rep["shards"]["built"] == 0
+    assert set(st.read_stats(out / "imgs.h5")["fields"]) == {"image", "label"}
+
+
+def test_build_cli_stats_flag_and_the_loader(tmp_path):
+    torch = pytest.importorskip("torch")
+    from precompile.reader.loader import Loader
+    from conftest import write_recipe
+
+    recipe, out = _image_recipe(tmp_path)
+    rfile = write_recipe(tmp_path / "r.yaml", recipe)
+    r = CliRunner().invoke(main, ["build", str(rfile), "-o", str(out), "--stats", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    assert ", stats " in r.output
+    path = out / "imgs.h5"
+    s = st.read_stats(path)["fields"]["image"]
+    kw = dict(batch_size=4, shuffle=False, device="cpu", dtype="float32", fields=["image"], num_threads=0)
+    x = torch.cat([b["image"] for b in Loader(path, mean="stats", std="stats", **kw)]).double()
+    np.testing.assert_allclose(x.mean((0, 1, 2)).numpy(), 0, atol=1e-5)
+    assert len(s["mean"]) == 3
+
+
+def test_split_outputs_each_get_their_stats(tmp_path):
+    recipe, out = _image_recipe(tmp_path, stats=True, split={"fractions": {"train": 0.7, "val": 0.3}})
+    build(recipe, out_dir=out)
+    idx = sorted(out.glob("imgs.*.h5"))
+    assert len(idx) == 2
+    for p in idx:
+        res = st.read_stats(p)
+        assert res is not None and res["num_samples"] == len(precompile.open(p))
+        assert res == json.loads(json.dumps(st.compute_stats(p)))

@@ -602,3 +602,38 @@ def test_an_error_while_cutting_streamed_clips_names_the_input_and_the_clips_ste
     assert f["path"] == str(root / "bad.mp4") and f["stage"] == "steps[0] clips"
     assert f["message"] == f"{root / 'bad.mp4'}, stage steps[0] clips: clips: ValueError: the cutter broke"
     assert precompile.open(str(tmp_path / "out" / "v.h5")).keys == [f"good.mp4#clip{i}" for i in range(3)]
+
+
+def test_time_clips_store_their_audio_with_a_fixed_length_the_loader_takes(tmp_path):
+    """Clips cut by time with the decoder's audio_rate: the audio field's length (length_s * rate) is
+    known at plan time, stored fixed, and a Loader batches it with no fix_length step."""
+    torch = pytest.importorskip("torch")
+    import precompile
+    from precompile.compiler.plan import plan_specs
+    from precompile.reader.loader import Loader
+
+    root = _video_tree(tmp_path / "in")
+    field = {"decoder": "video", "audio_field": "sound", "audio_rate": 8000, "audio_missing": "silence"}
+    recipe = _recipe(tmp_path, root, [{"clips": {"fps": 10, "length_s": 0.4, "stride_s": 0.4, "short": "pad"}},
+                                      {"resize": {"size": [24, 32]}}], field)
+    specs, _ = plan_specs(precompile.load_recipe(recipe))
+    assert specs["sound"].shape == (1, 3200) and specs["video"].shape == (4, 24, 32, 3)
+    precompile.build(recipe, out_dir=tmp_path / "out")
+    ds = precompile.open(str(tmp_path / "out" / "v.h5"))
+    assert ds.field_specs["sound"]["shape"] == [1, 3200] and not ds.variable("sound")
+    assert all(ds[i]["sound"].shape == (1, 3200) for i in range(len(ds)))
+    n = 0
+    for b in Loader(str(tmp_path / "out" / "v.h5"), batch_size=3, shuffle=False, device="cpu",
+                    fields=["sound"], num_threads=0, drop_last=False):
+        assert tuple(b["sound"].shape[1:]) == (1, 3200) and b["sound"].dtype == torch.float32
+        n += b["sound"].shape[0]
+    assert n == len(ds)
+    # without audio_rate the file decides the rate: the length stays variable, as before
+    field = {"decoder": "video", "audio_field": "sound", "audio_missing": "error"}
+    recipe = _recipe(tmp_path, root, [{"clips": {"fps": 10, "length_s": 0.4}}], field)
+    specs, _ = plan_specs(precompile.load_recipe(recipe))
+    assert specs["sound"].shape[-1] is None
+    # frame clips: the span depends on each file's fps, so it stays variable too
+    field = {"decoder": "video", "audio_field": "sound", "audio_rate": 8000}
+    recipe = _recipe(tmp_path, root, [{"clips": {"length": 4}}], field)
+    assert plan_specs(precompile.load_recipe(recipe))[0]["sound"].shape[-1] is None

@@ -47,6 +47,7 @@ from ..errors import BuildError, FormatError, PrecompileError, RecipeError
 from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
 from ..sample import FieldSpec
+from ..tools.stats import ensure_stats, stats_after_build, stored_stats_fields
 from ..formats.base import shard_digest, write_json_atomic
 from ..formats import snapshot
 from .backends import remove_path, run_shards
@@ -109,7 +110,7 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
           force: bool = False, progress: bool = False, scheduler: Optional[str] = None,
           content_hash: bool = False, on_error: Optional[str] = None,
           max_failures: Optional[int] = None, timeout_s: Optional[float] = None,
-          force_space: bool = False, repair: bool = False) -> BuildReport:
+          force_space: bool = False, repair: bool = False, stats: Optional[bool] = None) -> BuildReport:
     """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
 
     ``repair=True`` first verifies the existing output (every byte, as ``precompile verify``) and rebuilds
@@ -130,13 +131,18 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
     a worker killed by SIGKILL twice with a :class:`~precompile.errors.WorkerKilledError` (exit code 7).
     Either way the previous build stays readable and finished shards are kept.
 
+    ``stats=True`` (or the recipe's ``stats: true``) stores the output's statistics (``precompile
+    stats``) in the index after the build; stats stored before are computed again, for the same
+    fields, whenever a rebuild writes a new index, so a Loader's ``mean="stats"`` keeps working.
+
     The report is a :class:`~precompile.compiler.results.BuildReport`; it reads like the JSON
     report (``rep["shards"]["built"]``), and ``rep.to_json()`` is that dict.
     """
     if n_jobs is None and scheduler != "local":
         n_jobs = 1
     refuse_url(str(out_dir))
-    recipe = with_policy(as_recipe(recipe), on_error=on_error, max_failures=max_failures, timeout_s=timeout_s)
+    recipe = with_policy(as_recipe(recipe), on_error=on_error, max_failures=max_failures, timeout_s=timeout_s,
+                         stats=stats)
     t_start = time.perf_counter()
     plan = make_plan(recipe)  # recipe and plan errors come before anything is written
     check_plan(plan)
@@ -263,6 +269,8 @@ def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], co
         if all(r is not None for r in reports):
             for v, r in zip(views, reports):
                 _ensure_report(v.index_path, r)
+                if b.recipe.model.stats:
+                    ensure_stats(v.index_path)
             if views[0] is b:
                 return reports[0]
             report = _merge_splits(b, named, reports, reports[0])
@@ -322,7 +330,8 @@ def _merge_splits(b: _Build, named: list[tuple[Optional[str], _Build]], reports:
     return dataclasses.replace(
         base, output=b.index_path, inputs=len(b.plan.items), num_samples=num,
         bytes=sum(r.bytes or 0 for r in reports), wall_seconds=wall, splits=splits,
-        samples_per_second=round(num / max(wall, 1e-9), 1),
+        samples_built=sum(r.samples_built or 0 for r in reports),
+        samples_per_second=_rate(sum(r.samples_built or 0 for r in reports), wall),
         failures=base.failures if not base.up_to_date else [f for r in reports for f in r.failures],
         shards=base.shards if not base.up_to_date else dict(base.shards, total=len(b.plan.shards),
                                                            skipped=len(b.plan.shards)),
@@ -477,14 +486,25 @@ def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:
                        "bytes": info["bytes"], "sha256": info["sha256"]})
     attrs = _index_attrs(r, plan, b.rhash) | {fmt.A_BUILD_DATE: _build_date(), fmt.A_SHARDS: shards}
     t0 = time.perf_counter()
+    previous = stored_stats_fields(b.index_path)   # the index about to be replaced
     b.writer.finalize(b.index_path, shards, plan.specs, attrs)
     report.stage_seconds["finalize"] = round(time.perf_counter() - t0, 4)
+    t0 = time.perf_counter()
+    if stats_after_build(b.index_path, r.model.stats, previous) is not None:
+        report.stage_seconds["stats"] = round(time.perf_counter() - t0, 4)
     report.num_samples = sum(s["num_samples"] for s in shards)
     report.bytes = sum(s["bytes"] for s in shards)
     report.wall_seconds = round(time.perf_counter() - b.t_start, 4)
-    report.samples_per_second = round(report.num_samples / max(report.wall_seconds, 1e-9), 1)
+    built = {s.index for s, _ in st.todo}    # not the up-to-date or reused shards: the rate is of work done
+    report.samples_built = sum(st.infos[s.index]["num_samples"] for s in plan.shards
+                               if s.index in built and s.index in st.infos)
+    report.samples_per_second = _rate(report.samples_built, report.wall_seconds)
     _write_report(b.index_path, report)
     return report
+
+
+def _rate(samples: int, seconds: float) -> float:
+    return round(samples / max(seconds, 1e-9), 1)
 
 
 def _index_attrs(recipe: Recipe, plan: Plan, rhash: str) -> dict[str, Any]:
@@ -532,7 +552,7 @@ def _unchanged(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
         stage_seconds={"decode": 0.0, "steps": 0.0, "write": 0.0, "finalize": 0.0},
         wall_seconds=wall, precompile_version=__version__, status="ok", up_to_date=True,
         num_samples=n, bytes=sum(int(s.get("bytes") or 0) for s in shards),
-        samples_per_second=round(n / max(wall, 1e-9), 1))
+        samples_built=0, samples_per_second=0.0)
 
 
 def _stored_shards(b: _Build) -> Optional[list[dict[str, Any]]]:
@@ -568,10 +588,10 @@ def _intact_shard(b: _Build, s: Any, info: dict[str, Any], key: str) -> Optional
 
 
 def with_policy(recipe: Recipe, on_error: Optional[str] = None, max_failures: Optional[int] = None,
-                timeout_s: Optional[float] = None) -> Recipe:
-    """``recipe`` with its error policy keys overridden (None keeps the recipe's value)."""
-    upd = {k: v for k, v in (("on_error", on_error), ("max_failures", max_failures), ("timeout_s", timeout_s))
-           if v is not None}
+                timeout_s: Optional[float] = None, stats: Optional[bool] = None) -> Recipe:
+    """``recipe`` with its error policy keys (and ``stats``) overridden (None keeps the recipe's value)."""
+    upd = {k: v for k, v in (("on_error", on_error), ("max_failures", max_failures), ("timeout_s", timeout_s),
+                             ("stats", stats or None)) if v is not None}
     if not upd:
         return recipe
     try:

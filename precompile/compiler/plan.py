@@ -8,6 +8,7 @@ machine and for every job count.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -195,10 +196,11 @@ def _make_shards(recipe: Recipe, items: list[Item]) -> list[ShardPlan]:
     """Items to shards in key order; with ``split:``, each split's items in shards of their own."""
     per = recipe.model.output.samples_per_shard
     if recipe.model.split is None:
+        items[:] = split_items(recipe, items)
         return [ShardPlan(i // per, tuple(items[i:i + per])) for i in range(0, len(items), per)]
     from .tables import assign_splits
 
-    items[:] = assign_splits(recipe, items)
+    items[:] = split_items(recipe, assign_splits(recipe, items))   # a file's volumes share its split
     shards: list[ShardPlan] = []
     for name in split_names(recipe, items):
         mine = [it for it in items if it.split == name]
@@ -266,7 +268,7 @@ def plan_specs(recipe: Recipe, extra: Optional[dict[str, FieldSpec]] = None) -> 
     expands = False
     for i, step in enumerate(recipe.steps):
         try:
-            specs = step.plan(specs)
+            specs = _clip_audio(recipe, step, step.plan(specs))
         except ValueError as e:
             raise RecipeError(str(e), source=recipe.source, loc=f"steps[{i}].{step.name}") from None
         expands = expands or step.expands
@@ -290,6 +292,47 @@ def check_sample_budget(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
         big = max(sizes, key=lambda k: sizes[k])
         raise PlanError(f"one sample would take {fmt_bytes(total)} ({big}: {specs[big].shape} {specs[big].dtype}), "
                         f"over the per-sample budget of {fmt_bytes(budget)} (limits.sample_bytes)")
+
+
+def split_items(recipe: Recipe, items: list[Item]) -> list[Item]:
+    """Items whose file makes several samples (a decoder's ``item_options``: NIfTI ``index: all`` on a 4D
+    file) become one item per sample, keyed ``<key>#v<n>``, each with its own decoder options; fields
+    that split one item must agree on the count."""
+    hooks = {f: d.item_options for f, d in recipe.decoders.items() if callable(getattr(d, "item_options", None))}
+    if not hooks:
+        return items
+    out: list[Item] = []
+    for it in items:
+        per = {f: opts for f, fn in hooks.items() if f in it.paths
+               for opts in [fn(it.paths[f])] if opts is not None}
+        counts = {f: len(v) for f, v in per.items()}
+        if len(set(counts.values())) > 1:
+            raise PlanError(f"{it.key}: fields split into different numbers of samples ({counts}); "
+                            f"index: all needs as many volumes in each")
+        if not per:
+            out.append(it)
+            continue
+        for i in range(next(iter(counts.values()))):
+            opts = {**it.options, **{f: {**it.options.get(f, {}), **v[i]} for f, v in per.items()}}
+            out.append(dataclasses.replace(it, key=f"{it.key}#v{i}", options=opts))
+    return out
+
+
+def _clip_audio(recipe: Recipe, step: Any, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
+    """Clips cut by time hold a video's audio track (the video decoder's ``audio_field``) for exactly
+    ``length / fps`` seconds: where the decoder fixes the rate (``audio_rate``), the audio field's
+    length is known at plan time and stored fixed, so readers (the Loader) take it without a ``fix_length``."""
+    audio_samples = getattr(step, "audio_samples", None)
+    if audio_samples is None:
+        return specs
+    for f in step.targets(specs):
+        p = getattr(recipe.decoders.get(f), "params", None)
+        afield, rate = getattr(p, "audio_field", None), getattr(p, "audio_rate", None)
+        spec = specs.get(afield) if afield else None
+        n = audio_samples(rate) if rate else None
+        if spec is not None and n is not None and spec.shape and spec.shape[-1] is None:
+            specs[afield] = spec.with_(shape=(*spec.shape[:-1], n))
+    return specs
 
 
 def make_plan(recipe: Recipe) -> Plan:

@@ -115,7 +115,10 @@ class BuildReport(Mapping):
     up_to_date: bool = False
     num_samples: Optional[int] = None
     bytes: Optional[int] = None
+    #: the rate of the samples this build wrote (``samples_built`` / wall time): an incremental
+    #: build's up-to-date and reused shards are left out; 0 when nothing was built
     samples_per_second: Optional[float] = None
+    samples_built: Optional[int] = None   # samples in the shards this build wrote
     #: with ``split:``: split -> {inputs, fraction (of inputs), samples, output}
     splits: Optional[dict[str, dict[str, Any]]] = None
 
@@ -133,6 +136,7 @@ class BuildReport(Mapping):
             d["num_samples"] = self.num_samples
             d["bytes"] = self.bytes
             d["samples_per_second"] = self.samples_per_second
+            d["samples_built"] = self.samples_built
         if self.splits is not None:
             d["splits"] = {k: dict(v) for k, v in self.splits.items()}
         return d

@@ -71,7 +71,8 @@ class AudioDecoder(Decoder):
         mono: bool = True                          # mix down to one channel (mean of channels)
         channels: Optional[int] = Field(None, ge=1)  # with mono false: require this channel count (fixes the shape)
         sample_rate: Optional[int] = Field(None, ge=1)  # resample to this rate (Hz); default: keep the file's
-        dtype: Literal["float32", "int16"] = "float32"
+        dtype: Literal["float32", "int16"] = Field("float32", description="samples as float32 in [-1, 1] or "
+                                                   "int16")
         quality: Literal["VHQ", "HQ", "MQ", "LQ", "QQ"] = "HQ"   # soxr quality preset
 
     def spec(self) -> FieldSpec:

@@ -21,7 +21,7 @@ import warnings
 from typing import Any, Literal, Optional, Union
 
 import numpy as np
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from ..errors import DecodeError
 from ..registry import DECODERS
@@ -94,9 +94,12 @@ class ImageDecoder(Decoder):
     kind = "image"
 
     class Params(DecoderParams):
-        mode: Literal["rgb8", "gray8", "gray16", "rgba8"] = "rgb8"
-        exif_transpose: bool = True
-        reduce: Union[Literal["auto", "off"], Literal[2, 4, 8]] = "auto"
+        mode: Literal["rgb8", "gray8", "gray16", "rgba8"] = Field(
+            "rgb8", description="pixel layout: RGB, gray or RGBA in 8 bits, or gray in 16 bits")
+        exif_transpose: bool = Field(True, description="follow the EXIF orientation tag")
+        reduce: Union[Literal["auto", "off"], Literal[2, 4, 8]] = Field(
+            "auto", description="JPEG: decode at 1/2, 1/4 or 1/8 scale (auto: the largest reduction that a "
+            "following resize still covers; off: full size)")
 
         @field_validator("reduce", mode="before")
         @classmethod

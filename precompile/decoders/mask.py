@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Literal, Optional
 
 import numpy as np
-from pydantic import model_validator
+from pydantic import Field, model_validator
 
 from ..errors import DecodeError
 from ..kinds import Kind
@@ -36,7 +36,7 @@ class MaskDecoder(Decoder):
         classes: Optional[list[int]] = None     # the ids masks may hold (in order, for remap)
         max_label: Optional[int] = None         # or: ids must be <= this
         remap: bool = False                     # store the position of each id in classes
-        dtype: Literal["uint8", "uint16"] = "uint8"
+        dtype: Literal["uint8", "uint16"] = Field("uint8", description="the stored integer type of class ids")
         exif_transpose: bool = True             # follow EXIF orientation, as the image decoder does
 
         @model_validator(mode="after")

@@ -26,15 +26,19 @@ float32 or rounded int16, like the DICOM decoder. ``nifti_labels`` gives kind
 ``volume_mask`` integer labels: the stored integers unchanged (scaling that is not
 the identity, or non-integer values, is an error rather than a rounding), checked
 against the chosen ``dtype``'s range; no interpolation anywhere.
-4D files: a trailing axis of size 1 is dropped; otherwise ``index`` picks one volume.
+4D files: a trailing axis of size 1 is dropped; otherwise ``index`` picks one volume,
+and ``index: all`` makes one sample per volume: the plan reads each file's header
+(:meth:`_NiftiDecoder.item_options`) and a 4D file of N volumes becomes the samples
+``<key>#v0`` .. ``<key>#v<N-1>``, each decoding its own volume, while a 3D file stays one
+sample under its own key (so a folder mixing 3D and 4D files builds with one recipe).
 """
 from __future__ import annotations
 
 import importlib.util
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, NonNegativeInt
 
 from ..errors import DecodeError, MissingDependencyError
 from ..registry import DECODERS
@@ -54,10 +58,39 @@ def _need_nibabel() -> None:
 
 class _NiftiParams(DecoderParams):
     orient: Literal["native", "LPS", "RAS"] = "native"   # voxel order: as stored, or reordered (see the module doc)
-    index: Optional[int] = Field(None, ge=0)             # 4D files: which volume along the 4th axis
+    index: Optional[Union[NonNegativeInt, Literal["all"]]] = Field(
+        None, description="4D files: which volume along the 4th axis, or all: one sample per volume "
+                          "(3D files stay one sample)")
 
 
-def load_nifti(path: str, index: Optional[int],
+class _NiftiDecoder(Decoder):
+    """What the two NIfTI decoders share: ``index: all`` splits a 4D file into one item per volume."""
+
+    def item_options(self, path: str) -> Optional[list[dict[str, Any]]]:
+        """With ``index: all``: the decoder options of each sample the file at ``path`` makes
+        (``[{"index": 0}, ...]`` for a 4D file), None to keep the one sample (a 3D file, another
+        ``index``, or a header that cannot be read: decoding then names the problem)."""
+        if self.params.index != "all":
+            return None
+        n = volume_count(path)
+        return None if n is None else [{"index": i} for i in range(n)]
+
+
+def volume_count(path: str) -> Optional[int]:
+    """The number of volumes along the 4th axis of the NIfTI at ``path`` from its header alone (no voxels
+    read); None for a 3D file (or 4D with one volume) and for a file nibabel cannot open."""
+    import nibabel as nib
+
+    try:
+        shape = tuple(int(v) for v in nib.load(path).shape)
+    except Exception:  # unreadable: the decode stage reports it with the file's name
+        return None
+    if len(shape) != 4 or shape[3] == 1:
+        return None
+    return shape[3]
+
+
+def load_nifti(path: str, index: Optional[int | str],
                budget: int = DEFAULT_INPUT_BYTES) -> tuple[Any, tuple, np.ndarray, dict[str, Any]]:
     """(image, the index that picks the 3D volume, its RAS affine, meta); the voxels are not read yet, and
     a volume whose declared size needs more than ``budget`` (stored, float64 scaled, output) is refused."""
@@ -78,11 +111,17 @@ def load_nifti(path: str, index: Optional[int],
     if len(shape) < 3:
         raise DecodeError(f"has {len(shape)} dimensions {shape}; a volume needs 3", path=path)
     sl: tuple = (slice(None),) * 3
+    if index == "all":   # the plan split 4D files into one item per volume; what is left is one volume
+        if len(shape) > 3 and any(n != 1 for n in shape[3:]):
+            raise DecodeError(f"is {len(shape)}D {shape}: index: all makes one sample per volume in a "
+                              f"recipe's plan; a decoder used alone needs index: N", path=path)
+        index = None
     if len(shape) > 3:
         extra = shape[3:]
         if index is None:
             if any(n != 1 for n in extra):
-                raise DecodeError(f"is {len(shape)}D {shape}; set index to pick one volume along axis 4", path=path)
+                raise DecodeError(f"is {len(shape)}D {shape}; set index to pick one volume along axis 4 "
+                                  f"(or index: all for one sample per volume)", path=path)
             sl += (0,) * len(extra)
         else:
             if len(extra) > 1 or index >= extra[0]:
@@ -146,14 +185,14 @@ def _to_dhw(arr: np.ndarray) -> np.ndarray:
 
 
 @DECODERS.register()
-class NiftiDecoder(Decoder):
+class NiftiDecoder(_NiftiDecoder):
     """A ``.nii``/``.nii.gz`` image volume -> (D, H, W) float32 (or int16), scaled by scl_slope/scl_inter."""
 
     name = "nifti"
     kind = "volume"
 
     class Params(_NiftiParams):
-        dtype: Literal["float32", "int16"] = "float32"
+        dtype: Literal["float32", "int16"] = Field("float32", description="the stored voxel type")
         rescale: bool = True       # apply the header's scl_slope / scl_inter
 
     def __init__(self, params: DecoderParams | None = None):
@@ -180,14 +219,15 @@ _LABEL_DTYPES = ("uint8", "uint16", "int16", "int32", "int64")
 
 
 @DECODERS.register()
-class NiftiLabelsDecoder(Decoder):
+class NiftiLabelsDecoder(_NiftiDecoder):
     """A ``.nii``/``.nii.gz`` label volume -> (D, H, W) integer labels of kind ``volume_mask``."""
 
     name = "nifti_labels"
     kind = "volume_mask"
 
     class Params(_NiftiParams):
-        dtype: Literal["uint8", "uint16", "int16", "int32", "int64"] = "uint8"
+        dtype: Literal["uint8", "uint16", "int16", "int32", "int64"] = Field(
+            "uint8", description="the stored integer type of label ids")
 
     def __init__(self, params: DecoderParams | None = None):
         _need_nibabel()

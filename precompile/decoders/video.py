@@ -572,13 +572,14 @@ class VideoDecoder(Decoder):
     output_version = 2   # 2: damaged files decode alike in any process (slice threads, err_detect explode)
 
     class Params(DecoderParams):
-        mode: Literal["rgb8", "gray8"] = "rgb8"
+        mode: Literal["rgb8", "gray8"] = Field("rgb8", description="frames as 8-bit RGB or gray")
         every: int = Field(1, ge=1)                    # keep every k-th decoded frame
         max_frames: Optional[int] = Field(None, ge=1)  # stop after this many kept frames
         audio_field: Optional[str] = None              # also output the audio track as this field
         audio_rate: Optional[int] = Field(None, ge=1)  # resample the audio track to this rate (Hz)
         audio_mono: bool = True                        # mix the audio track down to one channel
-        audio_quality: Literal["VHQ", "HQ", "MQ", "LQ", "QQ"] = "HQ"
+        audio_quality: Literal["VHQ", "HQ", "MQ", "LQ", "QQ"] = Field(
+            "HQ", description="soxr quality preset when the audio track is resampled")
         audio_missing: Literal["error", "silence"] = "error"  # a file without audio: an error, or silence
         start_s: Optional[float] = Field(None, ge=0)   # keep frames from this time (s from the stream's start)
         end_s: Optional[float] = Field(None, gt=0)     # ... up to (not including) this time

@@ -26,6 +26,7 @@ import shutil
 from typing import Any, ClassVar, Iterable, Literal, Sequence
 
 import numpy as np
+from pydantic import Field
 
 from . import names as fmt
 from ..errors import FormatError, SampleError
@@ -38,7 +39,8 @@ from .dataset import Batch, Dataset
 class FolderOptions(WriterOptions):
     # where fields the format cannot hold (a flow field in a PNG dataset, say) go:
     # "npy": a companion <field>.npy per shard; "refuse": the recipe is refused at plan time
-    extra_fields: Literal["npy", "refuse"] = "npy"
+    extra_fields: Literal["npy", "refuse"] = Field("npy", description="fields the format cannot store as its "
+                                                   "files: written as .npy beside them, or refused at plan time")
 
 
 def is_index_field(spec: FieldSpec) -> bool:

@@ -30,8 +30,10 @@ RATE_KEYS = ("sample_rate", "rate", "sr")
 
 
 class WavOptions(FolderOptions):
-    subtype: Literal["auto", "PCM_16", "FLOAT"] = "auto"
-    sample_rate: Optional[int] = Field(None, ge=1)
+    subtype: Literal["auto", "PCM_16", "FLOAT"] = Field("auto", description="sample encoding (auto: PCM_16 for "
+                                                        "int16 audio, FLOAT for float32)")
+    sample_rate: Optional[int] = Field(None, ge=1, description="the rate written in the header (default: the "
+                                       "audio's own, from the decoder)")
 
 
 def sample_rate_of(sample: Sample, field: str, options: Any) -> int:

@@ -8,14 +8,16 @@ renderer registered for its field's kind in :data:`RENDERERS`:
   key side by side, each captioned with the parameters its steps drew
   (``meta["augment"]``);
 - ``mask``: the class map overlaid in colour (class 0 clear, class k the
-  palette colour :data:`PALETTE` ``[k]``) on the image of the same size, if any;
+  palette colour :data:`PALETTE` ``[k]``) on the image of the same size, if any,
+  for every copy, and a legend of the classes shown (names where known);
 - ``flow``: the Middlebury colour coding of Baker et al. (the ``flow_vis``
   convention: hue is the direction, saturation the magnitude relative to the
   largest in the sample; +u is red), invalid vectors black, and the validity;
 - ``volume``: three orthogonal slices with the ``volume_mask`` fields
   overlaid, through the most masked plane along each axis (the centre without
-  a mask); HU data is shown in a lung (L -600 / W 1500)
-  or soft-tissue (L 40 / W 400) window, already-windowed data in [0, 1] as it is;
+  a mask); CT data is shown in a lung (L -600 / W 1500)
+  or soft-tissue (L 40 / W 400) window, any other volume (MRI) in its own
+  percentile window, already-windowed data in [0, 1] as it is;
 - ``video``: a strip of frames; ``audio``: a waveform and a log-mel spectrogram
   (numpy/scipy, no librosa).
 
@@ -60,6 +62,11 @@ MASK_ALPHA = 0.5
 
 #: HU windows as (level, width)
 WINDOWS: dict[str, tuple[float, float]] = {"lung": (-600.0, 1500.0), "soft": (40.0, 400.0)}
+#: ``window`` choices: a HU window for CT, or ``auto`` (every volume through its percentile window)
+WINDOW_CHOICES = (*WINDOWS, "auto")
+#: the percentiles of a volume's values that bound its automatic window (non-CT volumes, ``auto``)
+AUTO_PERCENTILES = (1.0, 99.0)
+CT_AIR = -500.0          # a volume whose values reach this low is taken as CT in HU (air is -1000)
 
 BG = (24, 24, 24)
 FG = (235, 235, 235)
@@ -67,6 +74,7 @@ DIM = (150, 150, 150)
 PANEL_HEIGHT = 96        # panels are scaled up by a whole factor to at least this height
 STRIP_FRAMES = 8         # at most this many frames of a video clip
 PAD = 6
+LEGEND_ROWS = 12         # a mask legend lists at most this many classes
 
 
 def make_colorwheel() -> np.ndarray:
@@ -368,14 +376,50 @@ def render_image(item: Item, f: str) -> list[Panel]:
 
 
 def render_mask(item: Item, f: str) -> list[Panel]:
+    """The class map over the image of the same size, for every copy (an augmented copy's mask moved
+    with its image), then a legend of the classes shown: colour, id and name where the output has one."""
     if _is_validity(item, f):
         return []  # drawn next to its flow
-    cls = class_map(item.samples[0][f])
-    present = [int(v) for v in np.unique(cls) if v != 0][:8]
-    images = [g for g in item.fields_of("image") if np.shape(item.samples[0][g])[:2] == cls.shape[:2]]
-    base = to_rgb8(item.samples[0][images[0]]) if images else np.zeros((*cls.shape[:2], 3), np.uint8)
-    cap = [f"{f} over {images[0]}" if images else f"{f}", "classes " + (", ".join(map(str, present)) or "none")]
-    return [Panel(overlay(base, cls), cap)]
+    panels, seen = [], set()
+    for c, s in enumerate(item.samples):
+        cls = class_map(s[f])
+        present = [int(v) for v in np.unique(cls) if v != 0]
+        seen.update(present)
+        images = [g for g in item.fields_of("image") if np.shape(s[g])[:2] == cls.shape[:2]]
+        base = to_rgb8(s[images[0]]) if images else np.zeros((*cls.shape[:2], 3), np.uint8)
+        cap = [f"{f} over {images[0]}" if images else f"{f}"]
+        if len(item.samples) > 1:
+            cap[0] += f" copy {item.copies[c]}"
+        cap.append("classes " + (", ".join(map(str, present[:8])) or "none"))
+        panels.append(Panel(overlay(base, cls), cap))
+    if seen:
+        names = item.options.get("class_names", {}).get(f, {})
+        panels.append(legend(sorted(seen), names))
+    return panels
+
+
+def legend(ids: Sequence[int], names: dict[int, str] | None = None, rows: int = LEGEND_ROWS) -> Panel:
+    """A key to the mask colours: one swatch per class id (its :func:`overlay` colour at full strength)
+    with the id and its name; at most ``rows`` lines, then how many more."""
+    names = names or {}
+    shown = list(ids)[:rows]
+    sw = 10
+    img = np.zeros((len(shown) * (sw + 2), sw, 3), np.uint8)
+    for r, k in enumerate(shown):
+        img[r * (sw + 2):r * (sw + 2) + sw] = overlay(np.zeros((sw, sw, 3), np.uint8), np.full((sw, sw), k), 1.0)
+    cap = ["legend"] + [f"{k}: {names[k]}" if k in names else f"{k}" for k in shown]
+    if len(ids) > rows:
+        cap.append(f"+{len(ids) - rows} more")
+    return Panel(img, cap, scale=False)
+
+
+def mask_class_names(ds: Dataset) -> dict[str, dict[int, str]]:
+    """{mask field: {class id: name}} where the output says: a COCO semantic mask holds category
+    (box label) + 1, so id k is ``label_names[k - 1]``."""
+    coco = ds.coco
+    if not coco or coco.get("mask") != "semantic" or "mask" not in ds.field_specs:
+        return {}
+    return {"mask": {k + 1: str(n) for k, n in enumerate(ds.label_names)}}
 
 
 def render_flow(item: Item, f: str) -> list[Panel]:
@@ -397,17 +441,32 @@ def render_flow(item: Item, f: str) -> list[Panel]:
     return panels
 
 
-def _volume_window(a: np.ndarray, window: str) -> tuple[Callable[[np.ndarray], np.ndarray], str]:
+def _volume_window(a: np.ndarray, window: str, modality: str = "") -> tuple[Callable[[np.ndarray], np.ndarray], str]:
+    """How a volume becomes grey levels: data in [0, 1] as it is; CT (the DICOM modality, or HU-like
+    values reaching air, <= -500) through the named HU window; anything else (MRI, PET, standardised
+    data), or ``window: auto``, through its own 1st-99th percentile window, so no scan comes out blank."""
     fin = a[np.isfinite(a)]
-    hu = fin.size and (fin.min() < -50 or fin.max() > 50)
-    if hu and window in WINDOWS:
-        lv, wd = WINDOWS[window]
-        return (lambda s: hu_window(s, window)), f"{window} window L{lv:g} W{wd:g}"
     if fin.size and fin.min() >= 0 and fin.max() <= 1:
         return (lambda s: stretch(s, 0.0, 1.0)), "[0, 1]"
-    lo = float(fin.min()) if fin.size else 0.0
-    hi = float(fin.max()) if fin.size else 1.0
-    return (lambda s: stretch(s, lo, hi)), f"[{lo:.3g}, {hi:.3g}]"
+    modality = modality.upper()
+    ct = modality == "CT" or (modality in ("", "OT") and fin.size > 0 and float(fin.min()) <= CT_AIR)
+    if ct and window in WINDOWS:
+        lv, wd = WINDOWS[window]
+        return (lambda s: hu_window(s, window)), f"{window} window L{lv:g} W{wd:g}"
+    lo, hi = percentile_window(fin)
+    return (lambda s: stretch(s, lo, hi)), f"auto window p{AUTO_PERCENTILES[0]:g}-p{AUTO_PERCENTILES[1]:g} " \
+                                           f"[{lo:.3g}, {hi:.3g}]"
+
+
+def percentile_window(values: np.ndarray) -> tuple[float, float]:
+    """The (low, high) display window of finite ``values``: their :data:`AUTO_PERCENTILES` (the full
+    range when those meet, (0, 1) when there is nothing)."""
+    if values.size == 0:
+        return 0.0, 1.0
+    lo, hi = (float(v) for v in np.percentile(values, AUTO_PERCENTILES))
+    if hi <= lo:
+        lo, hi = float(values.min()), float(values.max())
+    return lo, hi
 
 
 def render_volume(item: Item, f: str) -> list[Panel]:
@@ -416,7 +475,9 @@ def render_volume(item: Item, f: str) -> list[Panel]:
         v = v[..., 0]
     if v.ndim != 3:
         return render_other(item, f)
-    to8, wname = _volume_window(v.astype(np.float64), str(item.options.get("window", "lung")))
+    fmeta = item.metas[0].get(f) if isinstance(item.metas[0].get(f), dict) else {}
+    to8, wname = _volume_window(v.astype(np.float64), str(item.options.get("window", "lung")),
+                                str(fmeta.get("modality") or ""))
     masks = [g for g in item.fields_of("volume_mask") if np.shape(item.samples[0][g])[:3] == v.shape]
     d, h, w = v.shape
     z, y, x = d // 2, h // 2, w // 2
@@ -787,8 +848,8 @@ def render(path: str | os.PathLike, n: int = 6, fields: Sequence[str] | None = N
     """Render the contact sheet of the output at ``path`` (see the module docstring)."""
     if n < 1:
         raise PreviewError(f"--n must be at least 1, got {n}")
-    if window not in WINDOWS:
-        raise PreviewError(f"unknown window {window!r} (known: {', '.join(WINDOWS)})")
+    if window not in WINDOW_CHOICES:
+        raise PreviewError(f"unknown window {window!r} (known: {', '.join(WINDOW_CHOICES)})")
     ds = open_dataset(path)
     if fields:
         bad = [f for f in fields if f not in ds.field_specs]
@@ -804,7 +865,8 @@ def render(path: str | os.PathLike, n: int = 6, fields: Sequence[str] | None = N
         raise PreviewError(f"{path}: the output holds no samples")
     shown = [f for f in specs if not fields or f in fields]
     options: dict[str, Any] = {"window": window, "target_columns": {
-        f: target_columns(ds, f) for f, sp in specs.items() if sp.get("kind") == "target"}}
+        f: target_columns(ds, f) for f, sp in specs.items() if sp.get("kind") == "target"},
+        "class_names": mask_class_names(ds)}
     rows = []
     boxes: list[dict[str, Any]] = []
     y = 0   # below the title: moved down by the title's height once the sheet's width is known

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ..errors import PrecompileError
+from ..optschema import BOUND_KEYS
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_ID = "https://precompile.invalid/recipe.schema.json"
@@ -53,6 +54,18 @@ def _field_accepts(model: type[BaseModel], name: str, value: Any) -> bool:
     return True
 
 
+def _accepts_empty(model: type[BaseModel]) -> bool:
+    """Whether the step runs with no options at all (``- random_flip:``): asked of the model itself,
+    so a step whose options need one of several keys (``resize``) is not offered ``null``."""
+    from pydantic import ValidationError
+
+    try:
+        model.model_validate({})
+    except (ValidationError, TypeError, ValueError):
+        return False
+    return True
+
+
 def _shorthands(model: type[BaseModel], s: dict[str, Any]) -> None:
     """Widen list options whose ``before`` validator also takes one number (``spacing: 2`` for [2, 2, 2]).
 
@@ -67,13 +80,14 @@ def _shorthands(model: type[BaseModel], s: dict[str, Any]) -> None:
             continue
         meta = {k: prop[k] for k in ("title", "description", "default") if k in prop}
         core = {k: v for k, v in prop.items() if k not in meta}
-        alts = core["anyOf"] if set(core) == {"anyOf"} else [core]
+        outer = {k: core.pop(k) for k in BOUND_KEYS & set(core)}   # checked() bounds: for every number form
+        alts = core["anyOf"] if "anyOf" in core else [core]
         types = {a.get("type") for a in alts}
         for value, jtype in ((1.5, "number"), (1, "integer")):
             if "number" in types or jtype in types:
                 break
             if _field_accepts(model, name, value):
-                props[name] = {"anyOf": [*alts, {"type": jtype}], **meta}
+                props[name] = {"anyOf": [*alts, {"type": jtype}], **outer, **meta}
                 break
 
 
@@ -158,7 +172,7 @@ def step_variants(defs: dict[str, Any]) -> list[dict[str, Any]]:
         desc = _doc(cls)
         s["description"] = desc
         params: dict[str, Any] = s
-        if not s.get("required"):
+        if _accepts_empty(cls.Params):
             params = {"anyOf": [s, {"type": "null"}], "description": desc}  # `- random_flip:` means defaults
         out.append({"type": "object", "title": f"step {name}", "description": desc,
                     "properties": {name: params}, "required": [name], "additionalProperties": False})
@@ -241,9 +255,18 @@ class SchemaError(PrecompileError):
 
 
 def import_plugins(modules: list[str]) -> None:
-    """Import ``modules`` (dotted names) so the decoders, steps and output formats they register are in the schema."""
-    import importlib
+    """Import ``modules`` (dotted names) so the decoders, steps and output formats they register are in the schema.
 
+    The current folder is searched first, as ``python -m`` does, so ``schema --import mysteps``
+    finds ``./mysteps.py`` beside the recipe without a PYTHONPATH."""
+    import importlib
+    import os
+    import sys
+
+    cwd = os.getcwd()
+    if modules and cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+        importlib.invalidate_caches()
     for m in modules:
         try:
             importlib.import_module(m)
@@ -255,14 +278,16 @@ def import_plugins(modules: list[str]) -> None:
 
 def as_draft7(schema: dict[str, Any]) -> dict[str, Any]:
     """The same schema for draft-07 tools (the YAML language server validates with draft 7):
-    ``$defs`` renamed ``definitions`` and every reference rewritten. The schema uses no keyword
-    that draft 7 lacks, so nothing else changes."""
+    ``$defs`` renamed ``definitions``, every reference rewritten and ``dependentSchemas`` spelt
+    ``dependencies``; the schema uses no other keyword that draft 7 lacks."""
     def walk(o: Any) -> Any:
         if isinstance(o, dict):
             out = {}
             for k, v in o.items():
                 if k == "$ref" and isinstance(v, str) and v.startswith("#/$defs/"):
                     out[k] = "#/definitions/" + v[len("#/$defs/"):]
+                elif k == "dependentSchemas":   # draft 7 spells it `dependencies` (one_of_required)
+                    out["dependencies"] = walk(v)
                 else:
                     out["definitions" if k == "$defs" and o is schema else k] = walk(v)
             return out

@@ -24,8 +24,10 @@ attribute of the index file holding JSON text; file folders: a key of the JSON
 index's ``attrs``), replacing the file atomically (a temporary copy, then a
 rename) while holding the output's build lock. It records the shard keys it
 was computed from: :func:`loader_norm` (the Loader's ``mean="stats"``) refuses
-stats that do not match the output's shards. A rebuild writes a new index
-without them: run ``precompile stats`` again. Shard files are never touched,
+stats that do not match the output's shards. The build keeps them current
+(:func:`stats_after_build`): a rebuild that writes a new index computes again
+the stats the old index held (the same fields), and a recipe's ``stats: true``
+(``build --stats``) computes them for every field. Shard files are never touched,
 so ``precompile verify`` is unaffected. Nothing here imports torch.
 """
 from __future__ import annotations
@@ -259,11 +261,11 @@ def read_stats(ds_or_path: Dataset | str | os.PathLike) -> dict[str, Any] | None
         raise FormatError(f"{ds.path}: the stored stats are not valid JSON ({e})") from None
 
 
-def write_stats(path: str | os.PathLike, stats: dict[str, Any]) -> None:
+def write_stats(path: str | os.PathLike, stats: dict[str, Any], lock: bool = True) -> None:
     """Store ``stats`` in the index of the output at ``path`` (atomically; other fields' stats are kept
-    when they were computed from the same shards)."""
+    when they were computed from the same shards). ``lock=False``: the caller holds the build lock."""
     path = os.path.abspath(str(path))
-    with _lock(path):
+    with _lock(path) if lock else contextlib.nullcontext():
         ds = open_dataset(path)
         old = read_stats(ds)
         if old and old.get("shard_keys") == stats.get("shard_keys") and old.get("version") == stats.get("version"):
@@ -280,6 +282,50 @@ def stats(path: str | os.PathLike, fields: Sequence[str] | None = None, write: b
     res = compute_stats(path, fields, block_bytes)
     if write:
         write_stats(path, res)
+    return res
+
+
+def stored_stats_fields(index_path: str) -> list[str] | None:
+    """The fields whose stats the index at ``index_path`` holds (None: no index, or no stats in it)."""
+    from ..formats import snapshot
+
+    raw = (snapshot.read_index_attrs(index_path) or {}).get(A_STATS)
+    try:
+        while isinstance(raw, (str, bytes)):   # JSON text (a JSON index holds it as a string value)
+            raw = fmt.loads(raw)
+    except ValueError:
+        return None
+    fields = raw.get("fields") if isinstance(raw, dict) else None
+    return list(fields) if isinstance(fields, dict) and fields else None
+
+
+def stats_after_build(index_path: str, wanted: bool, previous: Sequence[str] | None) -> dict[str, Any] | None:
+    """After a build wrote a new index: every field's stats when ``wanted`` (``stats: true``), else the
+    fields the replaced index held stats for (``previous``) that the output still has; None when none.
+    Called by the build, which holds the output's lock."""
+    if not wanted and not previous:
+        return None
+    fields = None
+    if not wanted:
+        have = open_dataset(index_path).field_specs
+        fields = [f for f in previous or () if f in have]
+        if not fields:
+            return None
+    res = compute_stats(index_path, fields)
+    write_stats(index_path, res, lock=False)
+    return res
+
+
+def ensure_stats(index_path: str) -> dict[str, Any] | None:
+    """A build with nothing to write but ``stats: true``: compute every field's stats unless the index
+    already holds them for its current shards; returns what was computed (None: they were current)."""
+    ds = open_dataset(index_path)
+    old = read_stats(ds)
+    if (old and old.get("version") == STATS_VERSION and set(old.get("fields", {})) >= set(ds.field_specs)
+            and old.get("shard_keys") == [s.get("key") for s in ds.shards]):
+        return None
+    res = compute_stats(index_path)
+    write_stats(index_path, res, lock=False)
     return res
 
 
@@ -327,7 +373,8 @@ def loader_norm(ds: Dataset, field: str, scale: float = 1.0) -> tuple[list[float
     st = read_stats(ds)
     where = getattr(ds, "path", "the output")
     if st is None:
-        raise StatsError(f"{where}: has no stats; run `precompile stats {where}` first (mean/std='stats')")
+        raise StatsError(f"{where}: has no stats; run `precompile stats {where}` first, or build with `stats: true` "
+                         f"(`build --stats`) (mean/std='stats')")
     if st.get("shard_keys") != [s.get("key") for s in ds.shards]:
         raise StatsError(f"{where}: its stats were computed before the output was rebuilt; "
                          f"run `precompile stats {where}` again")

@@ -15,6 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..errors import StepError
 from ..kinds import Kind, kinds
+from ..optschema import checked
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .base import RandomParams, RandomStep, Step, StepParams, range_param, uniform
@@ -39,9 +40,10 @@ class FixLength(Step):
     applies = AUDIO
 
     class Params(StepParams):
-        length: int = Field(ge=1)
-        align: Literal["start", "center", "end"] = "start"
-        pad_value: float = 0
+        length: int = Field(ge=1, description="samples per channel in the output")
+        align: Literal["start", "center", "end"] = Field("start", description="which part is kept when cutting "
+                                                         "and where the audio sits when padding")
+        pad_value: float = Field(0, description="the value of padded samples")
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return spec.with_(shape=tuple(spec.shape[:-1]) + (self.params.length,))
@@ -63,11 +65,12 @@ class Windows(Step):
     expands = True
 
     class Params(StepParams):
-        length: int = Field(ge=1)
-        hop: int = Field(ge=1)
-        short: Literal["drop", "pad"] = "drop"
-        tail: Literal["drop", "pad"] = "drop"
-        pad_value: float = 0
+        length: int = Field(ge=1, description="samples per window")
+        hop: int = Field(ge=1, description="samples between window starts")
+        short: Literal["drop", "pad"] = Field("drop", description="audio shorter than one window: drop it or pad "
+                                              "it to one window")
+        tail: Literal["drop", "pad"] = Field("drop", description="a last partial window: drop it or pad it")
+        pad_value: float = Field(0, description="the value of padded samples")
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return spec.with_(shape=tuple(spec.shape[:-1]) + (self.params.length,))
@@ -112,8 +115,9 @@ class RandomGain(RandomStep):
     applies = kinds(Kind.AUDIO)
 
     class Params(RandomParams):
-        db: Union[float, list[float]] = 6.0
-        clip: bool = False
+        db: Union[float, list[float]] = Field(6.0, description="gain in decibels: x for [-x, x], or [low, high]",
+                                              json_schema_extra=checked(ge=0))
+        clip: bool = Field(False, description="clip the result to [-1, 1]")
 
         @field_validator("db", mode="before")
         @classmethod
@@ -142,9 +146,11 @@ class TimeShift(RandomStep):
     applies = kinds(Kind.AUDIO)
 
     class Params(RandomParams):
-        max_shift: Optional[int] = None
-        max_fraction: float = 0.1
-        mode: Literal["roll", "zero"] = "roll"
+        max_shift: Optional[int] = Field(None, description="largest shift in samples (default: max_fraction of "
+                                         "the length)", json_schema_extra=checked(ge=0))
+        max_fraction: float = Field(0.1, description="largest shift as a fraction of the length",
+                                    json_schema_extra=checked(ge=0, le=1))
+        mode: Literal["roll", "zero"] = Field("roll", description="roll wraps around; zero pads with silence")
 
         @model_validator(mode="after")
         def _v(self):

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any, Literal, Union
 
 import numpy as np
-from pydantic import field_validator
+from pydantic import Field, field_validator
 
 from ..kinds import Kind, kinds
+from ..optschema import checked
 from ..registry import STEPS
 from ..sample import FieldSpec
 from .base import RandomParams, RandomStep, Step, StepParams, draw_seed, nonnegative_range, range_param, uniform
@@ -23,7 +24,8 @@ class Convert(Step):
     applies = kinds(Kind.IMAGE, Kind.VIDEO)
 
     class Params(StepParams):
-        mode: Literal["rgb8", "gray8", "gray16", "rgba8"]
+        mode: Literal["rgb8", "gray8", "gray16", "rgba8"] = Field(
+            description="the pixel layout to convert to: RGB, gray or RGBA in 8 bits, or gray in 16 bits")
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         c, dtype = {"rgb8": (3, "uint8"), "gray8": (1, "uint8"), "gray16": (1, "uint16"),
@@ -48,9 +50,12 @@ class ColorJitter(RandomStep):
     applies = kinds(Kind.IMAGE, Kind.VIDEO)
 
     class Params(RandomParams):
-        brightness: Union[float, list[float]] = 0.0
-        contrast: Union[float, list[float]] = 0.0
-        saturation: Union[float, list[float]] = 0.0
+        brightness: Union[float, list[float]] = Field(0.0, description="brightness factor from [1 - x, 1 + x], "
+                                                      "or [low, high]", json_schema_extra=checked(ge=0, item={"ge": 0}))
+        contrast: Union[float, list[float]] = Field(0.0, description="contrast factor from [1 - x, 1 + x], "
+                                                    "or [low, high]", json_schema_extra=checked(ge=0, item={"ge": 0}))
+        saturation: Union[float, list[float]] = Field(0.0, description="saturation factor from [1 - x, 1 + x], "
+                                                      "or [low, high]", json_schema_extra=checked(ge=0, item={"ge": 0}))
 
         @field_validator("brightness", "contrast", "saturation", mode="before")
         @classmethod
@@ -83,7 +88,9 @@ class GaussianNoise(RandomStep):
     applies = kinds(Kind.IMAGE, Kind.VIDEO, Kind.VOLUME, Kind.AUDIO)
 
     class Params(RandomParams):
-        std: Union[float, list[float]]
+        std: Union[float, list[float]] = Field(description="noise standard deviation in the array's units: x, "
+                                               "or [low, high] drawn per sample",
+                                               json_schema_extra=checked(ge=0, item={"ge": 0}))
 
         @field_validator("std", mode="before")
         @classmethod

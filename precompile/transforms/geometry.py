@@ -15,9 +15,10 @@ import math
 from typing import Any, Literal, Optional, Union
 
 import numpy as np
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from ..kinds import ANNOTATIONS, PLANAR, VOLUMETRIC, Kind, kinds
+from ..optschema import checked, one_of_required
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .annotations import annotation_grid
@@ -137,7 +138,9 @@ class _MinVisibility(StepParams):
     """``min_visibility``: the least fraction of a box's area that must stay on the grid for the box
     (and its tied rows) to be kept; 0.0 (default) drops only boxes with nothing visible."""
 
-    min_visibility: float = 0.0
+    min_visibility: float = Field(0.0, description="the least fraction of a box's area that must stay on the "
+                                  "grid for the box to be kept (0: drop only boxes with nothing visible)",
+                                  json_schema_extra=checked(ge=0, le=1))
 
     @field_validator("min_visibility")
     @classmethod
@@ -148,7 +151,8 @@ class _MinVisibility(StepParams):
 
 
 class _SizeParams(StepParams):
-    size: Optional[Union[int, list[int]]] = None
+    size: Optional[Union[int, list[int]]] = Field(None, description="output size [height, width] (one integer: a "
+                                                  "square)", json_schema_extra=checked(gt=0, item={"gt": 0}))
 
     @field_validator("size", mode="before")
     @classmethod
@@ -165,12 +169,20 @@ class Resize(PlanarStep):
     per_frame = True
 
     class Params(_SizeParams):
-        shorter: Optional[int] = Field(None, le=MAX_SIDE)
-        longer: Optional[int] = Field(None, le=MAX_SIDE)
-        keep_aspect: bool = False
-        pad_value: float = 0
-        interpolation: Literal["auto", "area", "linear", "cubic", "nearest"] = "auto"
-        fast: bool = False   # an approximate area downscale (resize_area_fast), 3-9x faster, >= 45 dB
+        model_config = ConfigDict(json_schema_extra=one_of_required("size", "shorter", "longer"))
+        shorter: Optional[int] = Field(None, le=MAX_SIDE, description="resize so the shorter side is this many pixels, "
+                                       "keeping the aspect ratio", json_schema_extra=checked(ge=1))
+        longer: Optional[int] = Field(None, le=MAX_SIDE, description="resize so the longer side is this many pixels, "
+                                      "keeping the aspect ratio", json_schema_extra=checked(ge=1))
+        keep_aspect: bool = Field(False, description="with size: fit inside it keeping the aspect ratio and "
+                                  "pad the rest (letterbox)")
+        pad_value: float = Field(0, description="the value of padded pixels (keep_aspect)")
+        interpolation: Literal["auto", "area", "linear", "cubic", "nearest"] = Field(
+            "auto", description="resampling filter (auto: area when shrinking, linear when growing); masks "
+            "always use nearest")
+        fast: bool = Field(False, description="an approximate area downscale (integer pre-reduction, then a "
+                           "small blur and linear resize): 3-9x faster, >= 45 dB PSNR against the exact area "
+                           "resize on photo-like content; off: the exact resize")
 
         @model_validator(mode="after")
         def _one(self):
@@ -239,8 +251,9 @@ class CenterCrop(PlanarStep):
     per_frame = True
 
     class Params(_SizeParams, _MinVisibility):
-        pad: bool = False
-        pad_value: float = 0
+        model_config = ConfigDict(json_schema_extra={"required": ["size"]})
+        pad: bool = Field(False, description="pad inputs smaller than size (centred) instead of failing")
+        pad_value: float = Field(0, description="the value of padded pixels")
 
         @model_validator(mode="after")
         def _need(self):
@@ -291,10 +304,13 @@ class _Spatial2D(RandomStep, PlanarStep):
 
 
 class _CropParams(RandomParams, _MinVisibility):
-    size: Union[int, list[int]]
-    padding: int = 0          # pad every side by this much first (torchvision's RandomCrop padding)
-    pad: bool = False         # inputs still smaller than size: pad them (centred) instead of failing
-    pad_value: float = 0
+    size: Union[int, list[int]] = Field(description="crop size [height, width] (one integer: a square)",
+                                        json_schema_extra=checked(gt=0, item={"gt": 0}))
+    padding: int = Field(0, description="pad every side by this much first (torchvision's RandomCrop "
+                         "padding)", json_schema_extra=checked(ge=0))
+    pad: bool = Field(False, description="inputs still smaller than size: pad them (centred) instead of "
+                      "failing")
+    pad_value: float = Field(0, description="the value of padded pixels")
 
     @field_validator("padding")
     @classmethod
@@ -384,10 +400,15 @@ class RandomResizedCrop(_Spatial2D):
     name = "random_resized_crop"
 
     class Params(RandomParams, _MinVisibility):
-        size: Union[int, list[int]]
-        scale: list[float] = [0.08, 1.0]
-        ratio: list[float] = [3 / 4, 4 / 3]
-        interpolation: Literal["auto", "area", "linear", "cubic", "nearest"] = "auto"
+        size: Union[int, list[int]] = Field(description="output size [height, width] (one integer: a square)",
+                                            json_schema_extra=checked(gt=0, item={"gt": 0}))
+        scale: list[float] = Field([0.08, 1.0], description="[low, high] fraction of the input's area the "
+                                   "window covers", json_schema_extra=checked(gt=0, le=1, item={"gt": 0, "le": 1}))
+        ratio: list[float] = Field([3 / 4, 4 / 3], description="[low, high] aspect ratio (width / height) of "
+                                   "the window, drawn log-uniformly", json_schema_extra=checked(gt=0, item={"gt": 0}))
+        interpolation: Literal["auto", "area", "linear", "cubic", "nearest"] = Field(
+            "auto", description="resampling filter (auto: area when shrinking, linear when growing); masks "
+            "always use nearest")
 
         @field_validator("size", mode="before")
         @classmethod
@@ -465,8 +486,10 @@ class RandomFlip(_Spatial2D):
     name = "random_flip"
 
     class Params(RandomParams):
-        horizontal: float = 0.5
-        vertical: float = 0.0
+        horizontal: float = Field(0.5, description="probability of a left-right mirror",
+                                  json_schema_extra=checked(ge=0, le=1))
+        vertical: float = Field(0.0, description="probability of an up-down mirror",
+                                json_schema_extra=checked(ge=0, le=1))
         flip_pairs: Optional[list[list[int]]] = None   # keypoint indices (from 0) that swap when mirrored
 
         @field_validator("horizontal", "vertical")
@@ -537,11 +560,15 @@ class RandomAffine(_Spatial2D):
     name = "random_affine"
 
     class Params(RandomParams, _MinVisibility):
-        degrees: Union[float, list[float]] = 0.0
-        scale: Union[float, list[float]] = [1.0, 1.0]
-        translate: float = 0.0
-        fill: float = 0
-        interpolation: Literal["linear", "cubic", "nearest"] = "linear"
+        degrees: Union[float, list[float]] = Field(0.0, description="rotation in degrees: x for [-x, x], or "
+                                                   "[low, high]", json_schema_extra=checked(ge=0))
+        scale: Union[float, list[float]] = Field([1.0, 1.0], description="zoom factor: x exactly, or [low, "
+                                                 "high]", json_schema_extra=checked(gt=0, item={"gt": 0}))
+        translate: float = Field(0.0, description="largest shift as a fraction of width and height",
+                                 json_schema_extra=checked(ge=0, le=1))
+        fill: float = Field(0, description="the value of uncovered pixels (flow: NaN, masks: 0)")
+        interpolation: Literal["linear", "cubic", "nearest"] = Field(
+            "linear", description="resampling filter; masks always use nearest")
 
         @field_validator("degrees", mode="before")
         @classmethod

@@ -39,6 +39,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..errors import StepError
 from ..kinds import Kind, kinds
+from ..optschema import checked
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .base import RandomParams, RandomStep, Step, StepParams
@@ -64,6 +65,7 @@ class Clips(Step):
     name = "clips"
     applies = kinds(Kind.VIDEO)
     expands = True
+    output_version = 2   # 2: time clips' audio is stored with its fixed length when the decoder fixes the rate
 
     class Params(StepParams):
         length: Optional[int] = Field(None, ge=1)  # frames per clip (T)
@@ -116,6 +118,13 @@ class Clips(Step):
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return spec.with_(shape=(self.frames_per_clip, *spec.shape[1:]))
+
+    def audio_samples(self, rate: int) -> Optional[int]:
+        """Samples of a ``rate`` Hz audio track each clip holds when cut by time (``length / fps``
+        seconds, whatever the file); None for frame clips (their span depends on the file's fps)."""
+        if not self.by_time:
+            return None
+        return int(round(Fraction(self.frames_per_clip) / _exact(self.params.fps) * rate))
 
     def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         out = super().plan(specs)
@@ -191,7 +200,7 @@ class Clips(Step):
                 x = sample.fields[audio["field"]]
                 rate = int(audio["sample_rate"])
                 if self.by_time:
-                    n = int(round(Fraction(self.frames_per_clip) / _exact(self.params.fps) * rate))
+                    n = self.audio_samples(rate)
                 else:
                     n = int(round(self.frames_per_clip * self.params.every * dec_every * rate / fps)) if fps else 0
                 new[audio["field"]], first = cut_audio(x, rate, float(audio.get("start", 0.0)), clip.start, n)
@@ -526,9 +535,11 @@ class TemporalJitter(RandomStep):
     output_version = 2   # 2: the index field, clip meta and audio follow the kept frames
 
     class Params(RandomParams):
-        length: int
-        strides: list[int] = [1]
-        jitter: int = 0
+        length: int = Field(description="frames per output clip", json_schema_extra=checked(ge=1))
+        strides: list[int] = Field([1], description="frame strides to draw from (1: consecutive frames)",
+                                   json_schema_extra={"minItems": 1, "items": {"type": "integer", "minimum": 1}})
+        jitter: int = Field(0, description="largest random offset, in frames, of each frame from its stride "
+                            "position", json_schema_extra=checked(ge=0))
 
         @model_validator(mode="after")
         def _v(self):

@@ -19,6 +19,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..errors import StepError
 from ..kinds import ANNOTATIONS, PLANAR, VOLUMETRIC, Kind, kinds
+from ..optschema import checked
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .base import RandomParams, RandomStep, Step, StepParams, draw_seed, nonnegative_range, uniform
@@ -109,10 +110,13 @@ class ResampleVolume(VolumeStep):
     output_version = 2   # 2: orders 2-3 prefiltered (they smoothed before); origin and spacing_rcs follow
 
     class Params(StepParams):
-        spacing: Optional[list[float]] = None
-        shape: Optional[list[int]] = None
+        spacing: Optional[list[float]] = Field(None, description="target voxel spacing [depth, height, width] "
+                                               "in mm (one number: isotropic)", json_schema_extra=checked(gt=0, item={"gt": 0}))
+        shape: Optional[list[int]] = Field(None, description="target shape [depth, height, width] (one "
+                                           "integer: a cube)", json_schema_extra=checked(gt=0, item={"gt": 0}))
         order: int = Field(1, ge=0, le=3)      # spline order for volumes (masks always 0)
-        spacing_from: Optional[str] = None
+        spacing_from: Optional[str] = Field(None, description="take the input spacing from this field's "
+                                            "meta instead of the volume's own")
 
         @field_validator("spacing", mode="before")
         @classmethod
@@ -194,10 +198,12 @@ class HuWindow(Step):
     applies = kinds(Kind.VOLUME)
 
     class Params(StepParams):
-        window: Optional[list[float]] = None
-        level: Optional[float] = None
-        width: Optional[float] = Field(None, gt=0)
-        dtype: Literal["float32", "uint8"] = "float32"
+        window: Optional[list[float]] = Field(None, description="[low, high] values mapped to [0, 1] (or "
+                                              "0-255), the rest clipped", json_schema_extra={"minItems": 2, "maxItems": 2})
+        level: Optional[float] = Field(None, description="the window's centre (with width)")
+        width: Optional[float] = Field(None, gt=0, description="the window's width (with level)")
+        dtype: Literal["float32", "uint8"] = Field("float32", description="output as float32 in [0, 1] or "
+                                                   "uint8 in [0, 255]")
 
         @model_validator(mode="after")
         def _one(self):
@@ -232,9 +238,9 @@ class Standardise(Step):
     applies = kinds(Kind.VOLUME)
 
     class Params(StepParams):
-        mean: Optional[float] = None
-        std: Optional[float] = Field(None, gt=0)
-        per_sample: bool = False
+        mean: Optional[float] = Field(None, description="subtract this (with std)")
+        std: Optional[float] = Field(None, gt=0, description="then divide by this (with mean)")
+        per_sample: bool = Field(False, description="use each volume's own mean and std instead")
         mask: Optional[str] = None      # with per_sample: statistics over voxels where this mask is set
 
         @model_validator(mode="after")
@@ -275,12 +281,13 @@ class LungMask(Step):
     applies = kinds(Kind.VOLUME)
 
     class Params(StepParams):
-        out: str = "lung_mask"
-        threshold: float = -320.0
-        components: int = Field(2, ge=1)
-        min_fraction: float = Field(0.001, ge=0, le=1)
-        closing: int = Field(1, ge=0, le=5)
-        fill_holes: bool = True
+        out: str = Field("lung_mask", description="the name of the volume_mask field it adds")
+        threshold: float = Field(-320.0, description="HU below which a voxel may be air or lung")
+        components: int = Field(2, ge=1, description="keep at most this many largest connected regions")
+        min_fraction: float = Field(0.001, ge=0, le=1, description="drop regions smaller than this fraction "
+                                    "of the volume")
+        closing: int = Field(1, ge=0, le=5, description="iterations of morphological closing (0: none)")
+        fill_holes: bool = Field(True, description="fill enclosed holes (vessels) in each slice")
 
     def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         t = self.targets(specs)
@@ -317,8 +324,8 @@ class ApplyMask(Step):
     applies = kinds(Kind.VOLUME)
 
     class Params(StepParams):
-        mask: str = "lung_mask"
-        fill: float = 0.0
+        mask: str = Field("lung_mask", description="the volume_mask field; voxels outside it are set to fill")
+        fill: float = Field(0.0, description="the value of voxels outside the mask")
 
     def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         if self.params.mask not in specs:
@@ -347,8 +354,9 @@ class CropPadVolume(VolumeStep):
     output_version = 2   # 2: the origin (and shape) in meta follow the crop
 
     class Params(StepParams):
-        shape: list[int]
-        pad_value: float = 0.0
+        shape: list[int] = Field(description="output shape [depth, height, width] (one integer: a cube), "
+                                 "centred", json_schema_extra=checked(gt=0, item={"gt": 0}))
+        pad_value: float = Field(0.0, description="the value of padded voxels (masks: 0)")
 
         @field_validator("shape", mode="before")
         @classmethod
@@ -392,14 +400,19 @@ class Patches3d(VolumeStep):
     output_version = 2   # 2: each patch's origin (and shape) in meta
 
     class Params(StepParams):
-        size: list[int]
-        stride: Optional[list[int]] = None     # default: size (no overlap)
-        pad: bool = True
-        pad_value: float = 0.0
-        mask: Optional[str] = None
-        min_fraction: float = Field(0.0, ge=0, le=1)
-        max_patches: Optional[int] = Field(None, ge=1)
-        corner_field: Optional[str] = None
+        size: list[int] = Field(description="patch shape [depth, height, width] (one integer: a cube)",
+                                json_schema_extra=checked(gt=0, item={"gt": 0}))
+        stride: Optional[list[int]] = Field(None, description="step between patch corners (default: size, no "
+                                            "overlap)", json_schema_extra=checked(gt=0, item={"gt": 0}))
+        pad: bool = Field(True, description="pad the volume so patches cover it to the end")
+        pad_value: float = Field(0.0, description="the value of padded voxels (masks: 0)")
+        mask: Optional[str] = Field(None, description="a volume_mask field; with min_fraction, keep only "
+                                    "patches where enough of it is set")
+        min_fraction: float = Field(0.0, ge=0, le=1, description="the least fraction of a patch's voxels set "
+                                    "in mask for the patch to be kept")
+        max_patches: Optional[int] = Field(None, ge=1, description="keep at most this many patches per volume")
+        corner_field: Optional[str] = Field(None, description="also output each patch's corner [z, y, x] as "
+                                            "this int field")
 
         @field_validator("size", "stride", mode="before")
         @classmethod
@@ -515,8 +528,10 @@ class RandomFlip3d(_Volume):
     output_version = 2   # 2: origin, orientation and axis directions follow the flip
 
     class Params(RandomParams):
-        prob: float = 0.5
-        axes: list[int] = [0, 1, 2]
+        prob: float = Field(0.5, description="probability of a flip, drawn per axis",
+                            json_schema_extra=checked(ge=0, le=1))
+        axes: list[int] = Field([0, 1, 2], description="axes that may be flipped (0: depth, 1: height, 2: "
+                                "width)", json_schema_extra={"uniqueItems": True, "items": {"type": "integer", "enum": [0, 1, 2]}})
 
         @model_validator(mode="after")
         def _v(self):
@@ -552,8 +567,11 @@ class RandomRot90(_Volume):
     output_version = 2   # 2: spacing, origin, orientation and axis directions follow the turn
 
     class Params(RandomParams):
-        planes: list[list[int]] = [[1, 2]]
-        k: list[int] = [0, 1, 2, 3]
+        planes: list[list[int]] = Field([[1, 2]], description="planes [axis, axis] to rotate in; one is drawn",
+                                        json_schema_extra={"minItems": 1, "items": {
+                                            "minItems": 2, "maxItems": 2, "items": {"type": "integer", "enum": [0, 1, 2]}}})
+        k: list[int] = Field([0, 1, 2, 3], description="quarter turns to draw from",
+                             json_schema_extra={"minItems": 1, "items": {"type": "integer", "enum": [0, 1, 2, 3]}})
 
         @model_validator(mode="after")
         def _v(self):
@@ -605,8 +623,10 @@ class Elastic(_Volume):
     name = "elastic"
 
     class Params(RandomParams):
-        magnitude: Union[float, list[float]] = 2.0
-        grid: int = 4
+        magnitude: Union[float, list[float]] = Field(2.0, description="largest displacement in voxels: x, or "
+                                                     "[low, high]", json_schema_extra=checked(ge=0, item={"ge": 0}))
+        grid: int = Field(4, description="control points per axis of the displacement grid",
+                          json_schema_extra=checked(ge=2, le=32))
 
         @field_validator("magnitude", mode="before")
         @classmethod

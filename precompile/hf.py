@@ -1,0 +1,223 @@
+"""``precompile.hf``: Hugging Face ``datasets`` both ways.
+
+``to_hf(build)`` gives a built output as a ``datasets.Dataset``: one row per sample, a
+column per field (typed: ``ClassLabel`` for a label with names, ``Value`` for scalars and
+text, fixed-shape ``ArrayND`` / ``List`` for arrays, nested ``List`` for variable shapes)
+plus ``__key__`` (and ``__copy__`` in an augmented build). It is written through
+``Dataset.from_generator`` into ``cache_dir`` (Hugging Face's cache by default), keyed by the
+build's shard keys, so a rebuilt output never comes back stale from the cache.
+
+``build_from_hf(dataset, recipe, out_dir)`` builds a recipe whose inputs are the rows of a
+``datasets.Dataset``: the media columns (``Image``, ``Audio`` features) are written as the
+files they hold, under ``<out_dir>/<name>.hf-input/<column>/``, and every other column
+(``ClassLabel`` as its names) into ``table.parquet`` there; the recipe's ``inputs`` become
+that table (``inputs.table``), its ``inputs.fields`` and ``inputs.columns`` naming the
+dataset's columns as any table recipe does. A field named like a media column reads that
+column's file; the sample key is the row number (``key:`` a column to choose another).
+Files whose bytes did not change are not rewritten, so a rebuild is incremental as usual.
+Nothing is written outside ``out_dir``.
+
+Needs the ``hf`` extra (``pip install 'precompile[hf]'``: ``datasets``, ``pyarrow``).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import io
+import json
+import os
+from typing import Any, Iterator, Optional, Sequence
+
+from .errors import MissingDependencyError, RecipeError
+
+HF_EXTRA = "pip install 'precompile[hf]' (datasets)"
+KEY, COPY = "__key__", "__copy__"
+_ARRAYS = {2: "Array2D", 3: "Array3D", 4: "Array4D", 5: "Array5D"}
+
+
+def _datasets() -> Any:
+    if importlib.util.find_spec("datasets") is None:
+        raise MissingDependencyError(f"precompile.hf needs Hugging Face datasets: {HF_EXTRA}")
+    import datasets
+
+    return datasets
+
+
+# --- a build as a datasets.Dataset -----------------------------------------------------------
+
+def hf_feature(spec: dict[str, Any], label_names: Sequence[str] = ()) -> Any:
+    """The ``datasets`` feature of one field (its spec as the index stores it)."""
+    d = _datasets()
+    kind, shape, dtype = spec.get("kind"), list(spec.get("shape") or []), str(spec.get("dtype"))
+    if kind == "text":
+        return d.Value("string")
+    if kind == "label" and label_names and not shape:
+        return d.ClassLabel(names=list(label_names))
+    if not shape:
+        return d.Value(dtype)
+    if any(n is None for n in shape):
+        feat: Any = d.Value(dtype)
+        for _ in shape:
+            feat = d.List(feat)
+        return feat
+    if len(shape) == 1:
+        return d.List(d.Value(dtype), length=int(shape[0]))
+    if len(shape) in _ARRAYS:
+        return getattr(d, _ARRAYS[len(shape)])(shape=tuple(int(n) for n in shape), dtype=dtype)
+    raise ValueError(f"a {len(shape)}-D field has no datasets feature (at most 5 dimensions)")
+
+
+def _rows(path: str, fields: str, copies: bool, build_digest: str) -> Iterator[dict[str, Any]]:
+    """The build's rows. Arguments are strings, not lists (``datasets`` would shard a list across
+    generator calls); ``build_digest`` (of the shard keys) is there so that ``datasets`` caches per build."""
+    from .formats import open_dataset
+
+    ds = open_dataset(path, fields=json.loads(fields))
+    for i in range(len(ds)):
+        row = {KEY: ds.key(i), **ds[i]}
+        if copies:
+            row[COPY] = int(ds.copy(i))
+        yield row
+
+
+def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cache_dir: Optional[str] = None) -> Any:
+    """The output at ``build`` (its index file) as a ``datasets.Dataset``; see the module docstring."""
+    d = _datasets()
+    from .formats import open_dataset
+
+    path = os.path.abspath(str(build))
+    ds = open_dataset(path)
+    names = list(fields) if fields else list(ds.field_specs)
+    for f in names:
+        if f not in ds.field_specs:
+            raise ValueError(f"{path}: no field {f!r} (fields: {', '.join(ds.field_specs)})")
+    copies = bool(len(ds)) and any(ds.copy(i) for i in range(len(ds)))
+    feats = {KEY: d.Value("string"), **{f: hf_feature(ds.field_specs[f], ds.label_names) for f in names}}
+    if copies:
+        feats[COPY] = d.Value("int32")
+    digest = hashlib.sha256("\n".join(str(s.get("key")) for s in ds.shards).encode()).hexdigest()
+    return d.Dataset.from_generator(_rows, features=d.Features(feats), cache_dir=cache_dir,
+                                    gen_kwargs={"path": path, "fields": json.dumps(names), "copies": copies,
+                                                "build_digest": digest})
+
+
+# --- a datasets.Dataset as a build's inputs --------------------------------------------------
+
+_AUDIO_MAGIC = ((b"RIFF", ".wav"), (b"fLaC", ".flac"), (b"OggS", ".ogg"), (b"ID3", ".mp3"), (b"\xff\xfb", ".mp3"))
+
+
+def _suffix(value: dict[str, Any], audio: bool) -> str:
+    """The file extension of a media cell: its path's, else sniffed from the bytes."""
+    ext = os.path.splitext(str(value.get("path") or ""))[1].lower()
+    if ext:
+        return ext
+    data = value.get("bytes") or b""
+    if audio:
+        return next((e for magic, e in _AUDIO_MAGIC if data.startswith(magic)), ".bin")
+    from PIL import Image
+
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            return "." + (im.format or "bin").lower().replace("jpeg", "jpg")
+    except Exception:  # not an image Pillow knows: the image decoder names the file when it fails
+        return ".bin"
+
+
+def _write_if_changed(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` unless it already holds exactly that (so its mtime, and the shard keys, stay)."""
+    if os.path.isfile(path) and os.path.getsize(path) == len(data):
+        with open(path, "rb") as f:
+            if hashlib.sha256(f.read()).digest() == hashlib.sha256(data).digest():
+                return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp-hf"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def _media_bytes(value: Any, col: str, row: int) -> bytes:
+    if not isinstance(value, dict):
+        raise RecipeError(f"hf dataset column {col!r}, row {row}: expected an undecoded media cell, got "
+                          f"{type(value).__name__}")
+    data = value.get("bytes")
+    if data is None and value.get("path") and os.path.isfile(value["path"]):
+        with open(value["path"], "rb") as f:
+            data = f.read()
+    if data is None:
+        raise RecipeError(f"hf dataset column {col!r}, row {row}: the cell holds no bytes and no readable file "
+                          f"({value.get('path')!r})")
+    return data
+
+
+def stage_hf(dataset: Any, folder: str) -> tuple[str, list[str]]:
+    """Write ``dataset`` under ``folder`` as media files plus ``table.parquet``; returns the table's path
+    and the media columns (their cells in the table are the files' paths relative to ``folder``)."""
+    d = _datasets()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    media = [c for c, f in dataset.features.items() if isinstance(f, (d.Image, d.Audio))]
+    labels = {c: f for c, f in dataset.features.items() if isinstance(f, d.ClassLabel)}
+    undecoded = dataset
+    for c in media:
+        kind = d.Audio if isinstance(dataset.features[c], d.Audio) else d.Image
+        undecoded = undecoded.cast_column(c, kind(decode=False))
+    cols: dict[str, list[Any]] = {KEY: [f"{i:08d}" for i in range(len(dataset))]}
+    for c in dataset.column_names:
+        if c in media:
+            audio = isinstance(dataset.features[c], d.Audio)
+            paths = []
+            for i, v in enumerate(undecoded[c]):
+                data = _media_bytes(v, c, i)
+                rel = f"{c}/{i:08d}{_suffix(v, audio)}"
+                _write_if_changed(os.path.join(folder, *rel.split("/")), data)
+                paths.append(rel)
+            cols[c] = paths
+        elif c in labels:
+            cols[c] = [labels[c].int2str(int(v)) if v is not None and v >= 0 else None for v in dataset[c]]
+        else:
+            cols[c] = list(dataset[c])
+    buf = io.BytesIO()
+    pq.write_table(pa.table(cols), buf)
+    table = os.path.join(folder, "table.parquet")
+    _write_if_changed(table, buf.getvalue())
+    return table, media
+
+
+def hf_recipe(recipe: dict[str, Any], folder: str, table: str, media: list[str]) -> dict[str, Any]:
+    """``recipe`` with its inputs pointed at the staged table (see the module docstring)."""
+    r = copy.deepcopy(recipe)
+    inp = r.setdefault("inputs", {})
+    for k in ("root", "table", "match", "where"):
+        if k in inp:
+            raise RecipeError(f"build_from_hf: inputs.{k} is set from the dataset; leave it out of the recipe")
+    inp["root"], inp["table"] = folder, table
+    fields = inp.setdefault("fields", {})
+    for name, decl in fields.items():
+        if isinstance(decl, dict) and "path" not in decl and name in media:
+            decl["path"] = "{" + name + "}"
+    if "path" not in inp and "key" not in inp:
+        inp["path"] = "{" + media[0] + "}" if media else None
+        inp["key"] = KEY
+        if inp["path"] is None:
+            del inp["path"]
+    return r
+
+
+def build_from_hf(dataset: Any, recipe: dict[str, Any], out_dir: str | os.PathLike = "build", **build_kwargs: Any) -> Any:
+    """Build ``recipe`` over the rows of the ``datasets.Dataset`` ``dataset`` into ``out_dir``; returns the
+    build report. ``build_kwargs`` go to :func:`precompile.build` (``n_jobs``, ``force``, ``stats``...)."""
+    from .compiler import build
+    from .formats import names as fmt
+
+    name = (recipe.get("output") or {}).get("name") or recipe.get("name")
+    if not isinstance(name, str) or not name:
+        raise RecipeError("build_from_hf: the recipe needs a name")
+    out = os.path.abspath(str(out_dir))
+    folder = os.path.join(out, f"{name}.hf-input")
+    if fmt.SHARD_DIR_SUFFIX and folder.endswith(fmt.SHARD_DIR_SUFFIX):
+        raise RecipeError(f"build_from_hf: {folder!r} would clash with the shard folder")
+    table, media = stage_hf(dataset, folder)
+    return build(hf_recipe(recipe, folder, table, media), out_dir=out, **build_kwargs)

@@ -1,0 +1,95 @@
+"""``precompile.hf``: a build as a Hugging Face ``datasets.Dataset`` (values and types equal to the
+build's) and a ``datasets.Dataset`` as a build's inputs (bytes equal to building the same files)."""
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+if importlib.util.find_spec("datasets") is None:
+    pytest.skip("Hugging Face datasets is not installed (extra 'hf': pip install 'precompile[hf]')",
+                allow_module_level=True)
+
+import datasets  # noqa: E402
+
+import precompile  # noqa: E402
+from conftest import image_recipe, make_image_tree  # noqa: E402
+from precompile import build  # noqa: E402
+from precompile.hf import build_from_hf, to_hf  # noqa: E402
+
+# datasets' own deprecations (and those of the libraries it calls) are not ours
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
+
+
+def test_to_hf_rows_equal_the_build(tmp_path):
+    root = make_image_tree(tmp_path / "data", per_class=3)
+    recipe = image_recipe(root, copies=1, steps=[{"resize": {"size": [12, 16]}}, {"random_flip": {}}])
+    build(recipe, out_dir=tmp_path / "out")
+    path = tmp_path / "out" / "imgs.h5"
+    ds = precompile.open(path)
+    hf = to_hf(path, cache_dir=str(tmp_path / "cache"))
+    assert isinstance(hf, datasets.Dataset) and len(hf) == len(ds) == 12
+    assert hf.features["label"] == datasets.ClassLabel(names=["cat", "dog"])
+    assert hf.features["image"] == datasets.Array3D(shape=(12, 16, 3), dtype="uint8")
+    hf = hf.with_format("numpy")
+    for i in range(len(ds)):
+        assert hf[i]["__key__"] == ds.key(i) and int(hf[i]["__copy__"]) == ds.copy(i)
+        assert np.array_equal(hf[i]["image"], ds[i]["image"]) and int(hf[i]["label"]) == int(ds[i]["label"])
+    only = to_hf(path, fields=["label"], cache_dir=str(tmp_path / "cache"))
+    assert set(only.column_names) == {"__key__", "__copy__", "label"}
+    with pytest.raises(ValueError, match="no field 'nope'"):
+        to_hf(path, fields=["nope"])
+    # a rebuild with other bytes is not served stale from the cache
+    build(image_recipe(root, copies=1, steps=[{"resize": {"size": [12, 16]}}, {"random_flip": {}}], seed=99),
+          out_dir=tmp_path / "out")
+    again = to_hf(path, cache_dir=str(tmp_path / "cache")).with_format("numpy")
+    ds = precompile.open(path)
+    assert all(np.array_equal(again[i]["image"], ds[i]["image"]) for i in range(len(ds)))
+
+
+def test_build_from_an_hf_dataset_equals_building_its_files(tmp_path):
+    root = make_image_tree(tmp_path / "data", per_class=3)
+    files = sorted(p for p in root.rglob("*.*"))
+    hf = datasets.Dataset.from_dict(
+        {"img": [str(p) for p in files], "label": [0 if p.parent.name == "cat" else 1 for p in files],
+         "caption": [f"a {p.parent.name}" for p in files]},
+        features=datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog"]),
+                                    "caption": datasets.Value("string")}))
+    steps = [{"resize": {"size": [16, 16]}}]
+    recipe = {"name": "fromhf", "inputs": {"fields": {"img": {"decoder": "image", "mode": "rgb8"}},
+                                           "columns": {"label": {"column": "label", "kind": "label"},
+                                                       "caption": {"column": "caption", "kind": "text"}}},
+              "steps": steps, "output": {"samples_per_shard": 4}}
+    rep = build_from_hf(hf, recipe, out_dir=tmp_path / "out")
+    assert rep["num_samples"] == len(files)
+    got = precompile.open(tmp_path / "out" / "fromhf.h5")
+    assert got.label_names == ["cat", "dog"]
+    build(image_recipe(root, steps=steps), out_dir=tmp_path / "ref")      # the same files, from their folder
+    ref = precompile.open(tmp_path / "ref" / "imgs.h5")
+    by_file = {ref.key(i): ref[i] for i in range(len(ref))}
+    for i, p in enumerate(files):   # row i of the dataset: key 0000000i, the bytes of its file
+        s = got[i]
+        assert got.key(i) == f"{i:08d}"
+        want = by_file[p.relative_to(root).as_posix()]
+        assert np.array_equal(s["img"], want["image"]) and s["label"] == want["label"]
+        assert s["caption"] == f"a {p.parent.name}"
+    # nothing changed: nothing rebuilt (the staged files keep their bytes and times)
+    rep = build_from_hf(hf, recipe, out_dir=tmp_path / "out")
+    assert rep["up_to_date"]
+    # a changed row: only its shard rebuilds
+    hf2 = hf.map(lambda r, i: {"caption": "changed" if i == 5 else r["caption"]}, with_indices=True)
+    rep = build_from_hf(hf2, recipe, out_dir=tmp_path / "out")
+    assert rep["shards"]["built"] == 1
+    assert precompile.open(tmp_path / "out" / "fromhf.h5")[5]["caption"] == "changed"
+    # and back: the build as an HF dataset
+    back = to_hf(tmp_path / "out" / "fromhf.h5", cache_dir=str(tmp_path / "cache"))
+    assert back.features["label"].names == ["cat", "dog"] and back[5]["caption"] == "changed"
+
+
+def test_build_from_hf_refuses_inputs_it_sets(tmp_path):
+    from precompile.errors import RecipeError
+
+    hf = datasets.Dataset.from_dict({"x": [1, 2]})
+    with pytest.raises(RecipeError, match="inputs.root is set from the dataset"):
+        build_from_hf(hf, {"name": "n", "inputs": {"root": "."}}, out_dir=tmp_path)

@@ -1,0 +1,109 @@
+"""``precompile.lightning``: a real Lightning Trainer fits over a build per split; Lightning sets the
+epoch (each epoch's order and copies are the Loader's for that epoch), rank and world size."""
+from __future__ import annotations
+
+import importlib.util
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+if importlib.util.find_spec("lightning") is None and importlib.util.find_spec("pytorch_lightning") is None:
+    pytest.skip("Lightning is not installed (extra 'lightning': pip install 'precompile[lightning]')",
+                allow_module_level=True)
+
+from conftest import image_recipe, make_image_tree  # noqa: E402
+from precompile import build  # noqa: E402
+from precompile.reader.loader import Loader  # noqa: E402
+
+pl = pytest.importorskip("lightning.pytorch" if importlib.util.find_spec("lightning") else "pytorch_lightning")
+# Lightning's own advice (few workers, no logger, ...) and torch deprecations it triggers are not ours
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning",
+                                        "ignore::PendingDeprecationWarning", "ignore::FutureWarning")
+
+
+@pytest.fixture(scope="module")
+def splits(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pl")
+    root = make_image_tree(tmp / "data", per_class=6)
+    recipe = image_recipe(root, copies=2, steps=[{"resize": {"size": [16, 16]}}, {"random_flip": {}}],
+                          split={"fractions": {"train": 0.7, "val": 0.3}})
+    build(recipe, out_dir=tmp / "out")
+    return {s: str(tmp / "out" / f"imgs.{s}.h5") for s in ("train", "val")}
+
+
+class Recorder(pl.LightningModule):
+    """A linear model that records what every training and validation batch held."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16 * 16 * 3, 2)
+        self.seen: dict[int, list[float]] = {}
+        self.val_batches = 0
+
+    def training_step(self, batch, i):
+        x = batch["image"].float().flatten(1) / 255
+        self.seen.setdefault(self.current_epoch, []).extend(x.sum(1).tolist())
+        return torch.nn.functional.cross_entropy(self.lin(x), batch["label"])
+
+    def validation_step(self, batch, i):
+        self.val_batches += 1
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def _trainer(**kw):
+    return pl.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **kw)
+
+
+def test_fit_sets_each_epoch_like_the_loader_does(splits):
+    from precompile.lightning import LightningLoader, PrecompileDataModule
+
+    kw = dict(device="cpu", num_threads=0, seed=5)
+    dm = PrecompileDataModule(train=splits["train"], val=splits["val"], batch_size=4, **kw)
+    model = Recorder()
+    _trainer().fit(model, datamodule=dm)
+    assert sorted(model.seen) == [0, 1, 2]
+    assert isinstance(dm.loaders["train"], LightningLoader) and dm.loaders["train"].loader.epoch == 2
+    ref = Loader(splits["train"], 4, shuffle=True, **kw)
+    for e in range(3):   # Lightning set the epoch: each epoch's batches are the Loader's for that epoch
+        ref.set_epoch(e)
+        want = [v for b in ref for v in (b["image"].float().flatten(1) / 255).sum(1).tolist()]
+        np.testing.assert_allclose(model.seen[e], want, rtol=1e-6)
+    assert model.seen[0] != model.seen[1]                       # a new order (and copies) each epoch
+    val = Loader(splits["val"], 4, shuffle=False, **kw)
+    assert model.val_batches == 3 * len(val)                    # validation in order, every epoch
+
+
+def test_rank_and_world_size_come_from_the_trainer(splits):
+    from precompile.lightning import PrecompileDataModule
+
+    dm = PrecompileDataModule(train=splits["train"], val=splits["val"], batch_size=2, device="cpu", num_threads=0)
+    dm.trainer = SimpleNamespace(global_rank=1, world_size=2)
+    mine = dm.train_dataloader().loader
+    assert (mine.rank, mine.world_size) == (1, 2)
+    other = Loader(splits["train"], 2, rank=0, world_size=2, device="cpu", num_threads=0)
+    a = np.concatenate(mine.batch_indices())
+    b = np.concatenate(other.batch_indices())
+    assert len(a) == len(b) and not set(a.tolist()) & set(b.tolist())   # two disjoint shares
+    dm.trainer = SimpleNamespace(global_rank=0, world_size=1)            # one process: everything
+    assert dm.train_dataloader().loader.world_size == 1
+
+
+def test_missing_split_and_state(splits, tmp_path):
+    from precompile.lightning import PrecompileDataModule
+
+    with pytest.raises(FileNotFoundError, match="the val build .*nope.h5.* does not exist"):
+        PrecompileDataModule(train=splits["train"], val=str(tmp_path / "nope.h5"))
+    dm = PrecompileDataModule(train=splits["train"], batch_size=3, device="cpu", num_threads=0)
+    assert dm.val_dataloader() == []
+    with pytest.raises(ValueError, match="no test build was given"):
+        dm.test_dataloader()
+    ld = dm.train_dataloader()
+    it = iter(ld)
+    next(it)
+    state = ld.state_dict()
+    assert state["batch"] == 1 and ld.loader.state_dict() == state

@@ -13,24 +13,16 @@ Makes a smooth 4000x3000 JPEG (quality 92) and a 1000x800 PNG, and times, median
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from timing import median_time  # noqa: E402
 
 
-def _time(fn, repeats: int) -> float:
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def _image(h: int, w: int) -> np.ndarray:
@@ -58,10 +50,10 @@ def main() -> None:
             with Image.open(png) as im:
                 check_image_size(im, "rgb8", str(png), 1 << 30)
 
-        rows = [("JPEG scan check", _time(lambda: check_jpeg_scan(jpg.read_bytes(), str(jpg)), a.repeats)),
-                ("JPEG decode (4000x3000)", _time(lambda: decode_image_scaled(str(jpg)), a.repeats)),
-                ("PNG open + budget check", _time(png_check, a.repeats)),
-                ("PNG decode (1000x800)", _time(lambda: decode_image_scaled(str(png)), a.repeats))]
+        rows = [("JPEG scan check", median_time(lambda: check_jpeg_scan(jpg.read_bytes(), str(jpg)), a.repeats)),
+                ("JPEG decode (4000x3000)", median_time(lambda: decode_image_scaled(str(jpg)), a.repeats)),
+                ("PNG open + budget check", median_time(png_check, a.repeats)),
+                ("PNG decode (1000x800)", median_time(lambda: decode_image_scaled(str(png)), a.repeats))]
     print("| what | median ms | share of its decode |")
     print("|---|---|---|")
     for i, (name, t) in enumerate(rows):

@@ -20,15 +20,14 @@ import contextlib
 import io
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from timing import median_time  # noqa: E402
 
 
 def make_file(path: Path, n_ann: int) -> None:
@@ -59,13 +58,6 @@ def make_file(path: Path, n_ann: int) -> None:
     path.write_text(json.dumps({"images": images, "annotations": anns, "categories": cats}))
 
 
-def median_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def main() -> None:

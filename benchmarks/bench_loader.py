@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from timing import median_time  # noqa: E402
 
 from precompile.formats import names as fmt  # noqa: E402
 from precompile.sample import FieldSpec, Sample  # noqa: E402
@@ -95,13 +96,6 @@ def timed_passes(make_iter, n_samples: int, repeats: int) -> list[float]:
     return out
 
 
-def _median_time(fn, repeats: int) -> float:
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
 
 
 def _index_without_tables(index: str) -> str:
@@ -146,9 +140,9 @@ def _open_timings(index: str, old: str, bs: int, reps: int) -> dict[str, float]:
         it.close()
         loader.close()
         return dt
-    return {"open": _median_time(lambda: precompile.open(index).close(), reps), "all": _median_time(make, reps),
-            "lazy": _median_time(lambda: make(how="lazy"), reps),
-            "old": _median_time(lambda: make(old), max(1, reps // 2)),
+    return {"open": median_time(lambda: precompile.open(index).close(), reps), "all": median_time(make, reps),
+            "lazy": median_time(lambda: make(how="lazy"), reps),
+            "old": median_time(lambda: make(old), max(1, reps // 2)),
             "first": statistics.median(first_batch() for _ in range(reps))}
 
 

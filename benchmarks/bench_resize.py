@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from timing import median_time  # noqa: E402
 
 from precompile.transforms.kernels.geometry import resize_area_fast, resize_hwc  # noqa: E402
 from tests.test_resize_fast import PAIRS, psnr, scene  # noqa: E402
@@ -25,13 +24,6 @@ from tests.test_resize_fast import PAIRS, psnr, scene  # noqa: E402
 PHOTO = os.path.join(ROOT, "..", "shared", "realdata", "images", "rommel.jpg")
 
 
-def median_ms(fn, repeats: int) -> float:
-    ts = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return statistics.median(ts) * 1e3
 
 
 def sources(H: int, W: int) -> dict[str, np.ndarray]:
@@ -59,8 +51,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---:|---:|---:|---:|")
     for (H, W), (h, w) in pairs:
         for name, a in sources(H, W).items():
-            exact = median_ms(lambda: resize_hwc(a, h, w, "area"), reps)
-            fast = median_ms(lambda: resize_area_fast(a, h, w), reps)
+            exact = 1e3 * median_time(lambda: resize_hwc(a, h, w, "area"), reps)
+            fast = 1e3 * median_time(lambda: resize_area_fast(a, h, w), reps)
             q = psnr(resize_area_fast(a, h, w), resize_hwc(a, h, w, "area"))
             print(f"| {H}x{W} | {h}x{w} | {name} | {exact:.3f} | {fast:.3f} | {exact / fast:.2f} | {q:.1f} |")
 

@@ -15,15 +15,14 @@ and prints each against its baseline (open; the no-op rebuild) of the same run, 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from timing import median_time  # noqa: E402
 
 
 def _inputs(root: Path, n: int) -> None:
@@ -36,13 +35,6 @@ def _inputs(root: Path, n: int) -> None:
         Image.fromarray(np.roll(base, i, axis=1)).save(root / "a" / f"{i:05d}.bmp")
 
 
-def _time(fn, repeats: int) -> float:
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts)
 
 
 def main() -> None:
@@ -63,10 +55,10 @@ def main() -> None:
         rep = precompile.build(recipe, out_dir=out)
         index = out / "v.h5"
         size = rep["bytes"]
-        rows = [("open", _time(lambda: precompile.open(index), a.repeats)),
-                ("open + verify", _time(lambda: precompile.open(index, verify=True), a.repeats)),
-                ("no-op rebuild", _time(lambda: precompile.build(recipe, out_dir=out), a.repeats)),
-                ("build --repair", _time(lambda: precompile.build(recipe, out_dir=out, repair=True), a.repeats))]
+        rows = [("open", median_time(lambda: precompile.open(index), a.repeats)),
+                ("open + verify", median_time(lambda: precompile.open(index, verify=True), a.repeats)),
+                ("no-op rebuild", median_time(lambda: precompile.build(recipe, out_dir=out), a.repeats)),
+                ("build --repair", median_time(lambda: precompile.build(recipe, out_dir=out, repair=True), a.repeats))]
     print(f"HDF5 build: {n} samples of 1024x1024x3, {size / 2**20:.0f} MiB in {len(rep['shards']) and rep['shards']['total']} shards")
     print(f"| what | median s | vs baseline | hashed MiB/s |")
     print(f"|---|---|---|---|")

@@ -129,9 +129,6 @@ def link_fields(kinds: dict[str, Kind], links: dict[str, str] | None = None) -> 
     return links
 
 
-link_validity = link_fields   # the name the planner and the JPEG decoder import
-
-
 def tied_to(links: dict[str, str], owner: str) -> list[str]:
     """The fields tied to ``owner`` (a boxes field's labels and keypoints)."""
     return [f for f, o in links.items() if o == owner]

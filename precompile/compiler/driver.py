@@ -377,13 +377,17 @@ def _sort_shards(b: _Build, keys: dict[int, str], force: bool, damaged: Optional
 
 
 def _stored_digests(b: _Build) -> dict[str, str]:
-    """{shard file name: sha256} from the current index's entries (each name carries its key)."""
-    attrs = snapshot.read_index_attrs(b.index_path)
-    try:
-        shards = fmt.loads(attrs[fmt.A_SHARDS]) if attrs and fmt.A_SHARDS in attrs else []
-        return {os.path.basename(e["file"]): e["sha256"] for e in shards if isinstance(e.get("sha256"), str)}
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return {}
+    """{shard file name: sha256} from the entries of the current index (of every split's index, with ``split:``:
+    the build's own index name is then never written); each name carries its key."""
+    out: dict[str, str] = {}
+    for _, v in split_views(b):
+        attrs = snapshot.read_index_attrs(v.index_path)
+        try:
+            shards = fmt.loads(attrs[fmt.A_SHARDS]) if attrs and fmt.A_SHARDS in attrs else []
+            out.update({os.path.basename(e["file"]): e["sha256"] for e in shards if isinstance(e.get("sha256"), str)})
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+    return out
 
 
 def _reuse_siblings(b: _Build, keys: dict[int, str], st: _State) -> None:

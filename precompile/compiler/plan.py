@@ -17,7 +17,7 @@ from ..errors import PlanError, RecipeError
 from ..formats.base import tile_rows  # noqa: F401  (re-exported: the rule lives with the formats)
 from ..recipe import CAPTURE_RE, Recipe, pattern_regex  # noqa: F401  (pattern_regex: re-exported)
 from ..kinds import Kind
-from ..sample import FieldSpec, link_validity
+from ..sample import FieldSpec, link_fields
 
 
 @dataclass(frozen=True)
@@ -125,15 +125,11 @@ def _walk(root: str, dirs: bool) -> list[str]:
 
 
 def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
-    """Items in key order and the label names in id order."""
+    """Items in key order and the label names in id order (a table's rows, or the files ``match`` finds;
+    ``inputs.coco`` lists its images in :func:`make_plan`)."""
     from ..remote import is_url, list_tree
 
     inp = recipe.model.inputs
-    if inp.coco is not None:  # the annotation file lists the images: see compiler/coco.py
-        from .coco import load_coco
-
-        src = load_coco(recipe)
-        return src.items, src.label_names
     if inp.table is not None:
         from .tables import table_items
 
@@ -251,7 +247,7 @@ def decoder_specs(recipe: Recipe) -> dict[str, FieldSpec]:
                                   loc=f"inputs.fields.{fname}")
             specs[name] = spec
     try:
-        links = link_validity({f: s.kind for f, s in specs.items()}, {f: s.of for f, s in specs.items() if s.of})
+        links = link_fields({f: s.kind for f, s in specs.items()}, {f: s.of for f, s in specs.items() if s.of})
     except ValueError as e:
         raise RecipeError(str(e), source=recipe.source, loc="inputs.fields") from None
     return {f: s.with_(of=links[f]) if f in links else s for f, s in specs.items()}

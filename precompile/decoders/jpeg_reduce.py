@@ -124,13 +124,13 @@ def source_need(field: str, recipe: Any) -> tuple[Optional[SourceNeed], str]:
     """The need of ``field`` (an image decoder's output) under ``recipe``'s steps, or None and why."""
     from ..errors import PrecompileError
 
-    from ..sample import link_validity
+    from ..sample import link_fields
 
     specs: dict[str, Any] = {}
     try:  # the specs the steps will see, as make_plan builds them
         for fname, dec in recipe.decoders.items():
             specs.update(dec.output_specs(fname))
-        links = link_validity({f: sp.kind for f, sp in specs.items()}, {f: sp.of for f, sp in specs.items() if sp.of})
+        links = link_fields({f: sp.kind for f, sp in specs.items()}, {f: sp.of for f, sp in specs.items() if sp.of})
         specs = {f: sp.with_(of=links[f]) if f in links else sp for f, sp in specs.items()}
     except (ValueError, PrecompileError):
         return None, "the decoders' specs are not valid"

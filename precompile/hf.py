@@ -128,7 +128,7 @@ def _write_if_changed(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` unless it already holds exactly that (so its mtime, and the shard keys, stay)."""
     if os.path.isfile(path) and os.path.getsize(path) == len(data):
         with open(path, "rb") as f:
-            if hashlib.sha256(f.read()).digest() == hashlib.sha256(data).digest():
+            if f.read() == data:
                 return
     os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = path + ".tmp-hf"

@@ -35,7 +35,7 @@ class CpuFeeder:
         arrs = {f: self.pool.get((rows.size, *self.reader.shapes[f]), self.reader.dtypes[f]) for f in self.fields}
         (split or RowSplitter(self.reader, self.fields, 1, torch.device("cpu"))).gather(rows, arrs)
         batch = {f: torch.from_numpy(a) for f, a in arrs.items()}
-        batch.update(self.finisher.ragged_rows(plan.rows(k)))
+        batch.update(self.finisher.ragged_rows(rows))
         return self.finisher.finish_group(batch, plan.sizes(k), plan.epoch, plan.tasks[k][0])
 
     def feed(self, plan: PassPlan) -> Iterator[tuple[int, Batch]]:

@@ -22,6 +22,7 @@ import torch
 
 from ..errors import FormatError
 from ..formats import names as fmt
+from ..sample import tied_to
 from ..kinds import ANNOTATIONS, Kind
 
 COUNT_SUFFIX = "__count"
@@ -108,12 +109,6 @@ def _h5() -> Any:
     return h5py
 
 
-def unpad(batch: dict[str, torch.Tensor], name: str) -> list[np.ndarray]:
-    """Sample i's rows of a padded field: ``batch[name][i, :count[i]]`` as numpy arrays."""
-    a, n = batch[name].cpu().numpy(), batch[count_name(name)].cpu().numpy()
-    return [a[i, :int(n[i])] for i in range(len(n))]
-
-
 def move_annotations(step: Any, batch: dict[str, torch.Tensor], params: dict[str, np.ndarray]) -> None:
     """Move the annotation fields a device step covers (``step.bound``) with the build step's rules
     (``move_boxes``/``move_keypoints``) and each sample's drawn ``params``: one coordinate map per
@@ -127,7 +122,8 @@ def move_annotations(step: Any, batch: dict[str, torch.Tensor], params: dict[str
     hw = maps[0][1]
     M = np.stack([m for m, _ in maps]) if maps else np.zeros((0, 2, 3))
     notes = [f for f, k in step.bound.items() if k in ANNOTATIONS]
-    fields = list(dict.fromkeys([*notes, *(t for f in notes for t, o in step.links.items() if o == f and t in batch)]))
+    tied = {f: [t for t in tied_to(step.links, f) if t in batch] for f in notes}
+    fields = list(dict.fromkeys([*notes, *(t for f in notes for t in tied[f])]))
     counts = {f: batch[count_name(f)].numpy() for f in fields}
     rows = {f: batch[f].numpy()[np.arange(batch[f].shape[1]) < counts[f][:, None]] for f in fields}
     for f in notes:
@@ -139,13 +135,13 @@ def move_annotations(step: Any, batch: dict[str, torch.Tensor], params: dict[str
             continue
         keep = np.isfinite(rows[f]).all(axis=1)
         owner = np.repeat(np.arange(n), counts[f])
-        for t in [f, *(t for t, o in step.links.items() if o == f and t in batch)]:
+        for t in [f, *tied[f]]:
             if not np.array_equal(counts[t], counts[f]):
                 bad = int(np.flatnonzero(counts[t] != counts[f])[0])
                 raise ValueError(f"{step.name}: field {t!r} has {counts[t][bad]} rows for the {counts[f][bad]} "
                                  f"boxes of {f!r} in sample {bad} of the batch")
             rows[t] = rows[t][keep]
-        for t in [f, *(t for t, o in step.links.items() if o == f and t in batch)]:
+        for t in [f, *tied[f]]:
             counts[t] = np.bincount(owner[keep], minlength=n).astype(np.int64)
     for f in fields:
         parts = np.split(rows[f], np.cumsum(counts[f])[:-1]) if n else []

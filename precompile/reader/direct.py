@@ -23,8 +23,11 @@ field has a handful, one per distinct chunk alignment), so a batch is a few
 cost per batch no longer grows with the shards touched (with one map per
 shard, a shuffled batch over thousands of shards was one ``np.take`` per
 row). Small rows can land in many alignments (784-byte MNIST rows in 4 KiB
-aligned chunks); past ``MAX_VIEWS`` a field uses one fancy index over a
-strided view in which "row k" starts at byte k. ``gather_rank`` orders rows by
+aligned chunks); past ``MAX_VIEWS`` a field of rows under ``VIEW_ALL_BYTES``
+uses one fancy index over a strided view in which "row k" starts at byte k
+(larger rows keep a view per residue: a 192 KiB row lands in up to 48, and the
+fancy index's temporary, allocated and copied again per batch, ran at a quarter
+of the takes' speed). ``gather_rank`` orders rows by
 (view, address): a shuffled batch sorted by it is one take per view, read in
 address order. Chunk addresses are taken from the table, never computed: HDF5
 does not space them evenly. Where the range cannot be reserved (no POSIX
@@ -72,6 +75,9 @@ BLOCK_BYTES = 2 * 1024 * 1024
 #: at most this many residue views per shard and field; beyond (small rows in many chunk
 #: alignments, e.g. 784-byte MNIST rows), one strided fancy-index per shard does the gather
 MAX_VIEWS = 4
+#: rows of at least this many bytes get a view per residue however many there are: one np.take per view
+#: in a batch costs a few microseconds, less than copying one such row
+VIEW_ALL_BYTES = 64 << 10
 
 
 def fixed_shape(spec: dict) -> tuple[int, ...] | None:
@@ -80,6 +86,21 @@ def fixed_shape(spec: dict) -> tuple[int, ...] | None:
     if shape is None or any(d is None or int(d) < 0 for d in shape):
         return None
     return tuple(int(d) for d in shape)
+
+
+def page_aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """``np.empty(shape, dtype)`` whose data starts on a page boundary, as mapped shard rows do.
+
+    A gather copies rows between arrays, and on the x86 machines measured a copy whose destination sits 1 to
+    31 bytes past its source modulo 4 KiB runs at a quarter to half speed (192 KiB rows: 3.4 GB/s at 8
+    bytes, 7.3 at 16, 13-17 at 0 or 32 and more; benchmarks/bench_mapped.py). numpy's large arrays start 16
+    bytes into a page and HDF5 chunks (so page-multiple rows) on one: every buffer a gather writes, or reads
+    as a private copy, is allocated here, so such rows are copied page to page."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + mmap.PAGESIZE, np.uint8)
+    start = -raw.ctypes.data % mmap.PAGESIZE
+    return raw[start:start + nbytes].view(dtype).reshape(tuple(shape))
 
 
 def shard_table_of(ds: Any) -> ShardTable:
@@ -619,7 +640,7 @@ class DirectReader:
                         continue
                     g_rows, g_addr = np.concatenate(rows), np.concatenate(addr)
                 residues, rid = np.unique(g_addr % rb, return_inverse=True)
-                if len(residues) > MAX_VIEWS:
+                if len(residues) > MAX_VIEWS and rb < VIEW_ALL_BYTES:
                     vid[g_rows] = len(views)
                     vrow[g_rows] = g_addr
                     views.append(as_strided(arr, shape=(arr.size - rb + 1, rb), strides=(1, 1), writeable=False))
@@ -640,7 +661,7 @@ class DirectReader:
         adjacent rows: the kernel copies, the map takes no page faults), h5py-served rows
         through the usual fallback.
         """
-        mem = {name: np.empty((self.n, *self.shapes[name]), self.dtypes[name]) for name in self.fields}
+        mem = {name: page_aligned_empty((self.n, *self.shapes[name]), self.dtypes[name]) for name in self.fields}
         flat = {name: mem[name].reshape(self.n, -1).view(np.uint8) for name in self.fields}
         for s in range(len(self.offsets) - 1):
             lo, hi = int(self.offsets[s]), int(self.offsets[s + 1])
@@ -751,7 +772,7 @@ class DirectReader:
         cuts = np.flatnonzero(vid[1:] != vid[:-1]) + 1
         if pos is not None or (len(cuts) >= MIN_SORT_RUNS and len(cuts) + 1 > 2 * _distinct(vid)):
             order = np.argsort(vid, kind="stable")
-            tmp = np.empty((len(idx), flat.shape[1]), np.uint8)
+            tmp = page_aligned_empty((len(idx), flat.shape[1]), np.uint8)
             self._gather_runs(name, idx[order], vid[order], tmp, None)
             flat[order if pos is None else pos[order]] = tmp
             return
@@ -767,7 +788,7 @@ class DirectReader:
     def read(self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """``{field: rows}`` for ``indices`` in the given order (a fresh array per field)."""
         plan = self.plan(np.asarray(indices, dtype=np.int64))
-        return {f: self.gather(f, plan, np.empty((plan.size, *self.shapes[f]), self.dtypes[f]))
+        return {f: self.gather(f, plan, page_aligned_empty((plan.size, *self.shapes[f]), self.dtypes[f]))
                 for f in (fields or self.fields)}
 
     def _read_fallback(self, s: int, name: str, local: np.ndarray) -> np.ndarray:

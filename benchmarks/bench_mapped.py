@@ -10,7 +10,11 @@ batch, as the Loader does) of ``--batch`` samples:
    ``MAP_POPULATE`` (page tables filled at ``mmap``, time included) into a page-aligned slot.
 2. **Offsets**: the same ``np.take`` of 192 KiB rows from page-aligned private memory into slots placed
    ``d`` bytes past a page boundary: what the destination's offset from the source, modulo 4 KiB, costs.
-3. **Loader** (``--loader``): stores written through the project's writer (64x64x3 and 256x256x3, 8
+3. **First touch** (``--first-touch``): the same 80 MB as 1, 50 or 5,000 files, mapped side by side into
+   one reserved range as the Loader maps shards (``direct.Region``), then one byte read per 4 KiB page:
+   the time and page faults of that first touch per file, against a ``MADV_POPULATE_READ`` of the whole
+   range (the kernel's own loop over the same faults, no trap per fault) and a second touch.
+4. **Loader** (``--loader``): stores written through the project's writer (64x64x3 and 256x256x3, 8
    shards), ``Loader(num_threads=1, prefetch=1)``: mapped files as before this change (numpy batch buffers,
    and rows of many chunk alignments gathered through one strided fancy index), mapped now, and
    ``in_memory=True``; ratios to in-memory and to a sorted ``np.take`` from private memory.
@@ -18,7 +22,7 @@ batch, as the Loader does) of ``--batch`` samples:
 GB/s or samples/s are medians of ``--repeats`` interleaved turns (load from other jobs hits every
 contender alike).
 
-    PYTHONPATH=. python benchmarks/bench_mapped.py [--quick] [--repeats R] [--loader]
+    PYTHONPATH=. python benchmarks/bench_mapped.py [--quick] [--repeats R] [--first-touch] [--loader]
 """
 from __future__ import annotations
 
@@ -185,6 +189,65 @@ def loader_table(reps: int, quick: bool, batch: int) -> None:
                 loader.close()
 
 
+def _touch(region) -> tuple[float, int]:
+    """Seconds and minor faults of reading one byte per page of ``region``'s whole range."""
+    import resource
+
+    f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    t0 = time.perf_counter()
+    int(region.array[::mmap.PAGESIZE].sum())
+    return time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
+
+
+def first_touch_table(reps: int, quick: bool) -> None:
+    import ctypes
+    import resource
+
+    from precompile.reader.direct import Region
+
+    total = (8 if quick else 80) << 20
+    libc = Region._lib()
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    print(f"\n{total >> 20} MiB in N files, mapped into one range (direct.Region), one byte read per 4 KiB page; "
+          f"medians of {reps}")
+    print("| files | KiB each | first touch ms | faults | us per file | MADV_POPULATE_READ ms | us per file | "
+          "second touch ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    with tempfile.TemporaryDirectory() as d:
+        for count in (1, 50, 500 if quick else 5000):
+            sub = os.path.join(d, str(count))
+            os.makedirs(sub)
+            size = total // count
+            paths = [os.path.join(sub, f"{i:05d}.bin") for i in range(count)]
+            data = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+            for p in paths:
+                data.tofile(p)
+                np.fromfile(p, np.uint8)   # warm
+            got: dict[str, list[float]] = {"touch": [], "faults": [], "populate": [], "again": []}
+            for _ in range(reps):
+                for populate in (False, True):
+                    region = Region.reserve(paths, [size] * count)
+                    for i in range(count):
+                        region.map_slot(i)
+                    if populate:
+                        t0 = time.perf_counter()
+                        if libc.madvise(region.addr, region.size, 22) != 0:   # MADV_POPULATE_READ (Linux 5.14)
+                            got["populate"].append(float("nan"))
+                        else:
+                            got["populate"].append(time.perf_counter() - t0)
+                    else:
+                        dt, faults = _touch(region)
+                        got["touch"].append(dt)
+                        got["faults"].append(faults)
+                        got["again"].append(_touch(region)[0])
+                    del region
+            med = {k: statistics.median(v) for k, v in got.items()}
+            print(f"| {count} | {size >> 10} | {med['touch'] * 1e3:.2f} | {med['faults']:.0f} | "
+                  f"{med['touch'] / count * 1e6:.1f} | {med['populate'] * 1e3:.2f} | "
+                  f"{med['populate'] / count * 1e6:.1f} | {med['again'] * 1e3:.2f} |")
+    del resource
+
+
 class _before:
     """The Loader's gather as before this change, while active: buffers from ``np.empty`` (16 bytes into a page)
     and rows of many chunk alignments through one strided fancy index (``VIEW_ALL_BYTES`` off)."""
@@ -210,6 +273,7 @@ def main(argv: list[str] | None = None) -> None:
                                                         "quick 64)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--first-touch", action="store_true", help="also the first-touch table (80 MB in 1 to 5,000 files)")
     ap.add_argument("--loader", action="store_true", help="also the Loader table (writes two stores)")
     args = ap.parse_args(argv)
     reps = args.repeats or (2 if args.quick else 5)
@@ -217,6 +281,8 @@ def main(argv: list[str] | None = None) -> None:
     for sample in (64, 256):
         arrays_table(sample, args.mb or (64 if args.quick else 384), args.batch, reps)
     offsets_table(reps, args.quick)
+    if args.first_touch:
+        first_touch_table(reps, args.quick)
     if args.loader:
         loader_table(reps, args.quick, args.batch)
 

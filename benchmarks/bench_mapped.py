@@ -140,8 +140,6 @@ def offsets_table(reps: int, quick: bool) -> None:
 
 
 def loader_table(reps: int, quick: bool, batch: int) -> None:
-    import torch  # noqa: F401  (the Loader's)
-
     from bench_loader import timed_passes, write_store
     from precompile.reader import direct, feed
     from precompile.reader.loader import Loader
@@ -201,7 +199,6 @@ def _touch(region) -> tuple[float, int]:
 
 def first_touch_table(reps: int, quick: bool) -> None:
     import ctypes
-    import resource
 
     from precompile.reader.direct import Region
 
@@ -245,7 +242,6 @@ def first_touch_table(reps: int, quick: bool) -> None:
             print(f"| {count} | {size >> 10} | {med['touch'] * 1e3:.2f} | {med['faults']:.0f} | "
                   f"{med['touch'] / count * 1e6:.1f} | {med['populate'] * 1e3:.2f} | "
                   f"{med['populate'] / count * 1e6:.1f} | {med['again'] * 1e3:.2f} |")
-    del resource
 
 
 class _before:

@@ -174,7 +174,8 @@ def test_keys_are_the_opened_snapshots_after_the_index_is_replaced(tmp_path, cop
     ds.close()
 
 
-@pytest.mark.parametrize("keys", [[], ["a"], ["", "ab", "", "c"], ["żółw/ä.png", "plain", "日本/語", "tab\tand\nnl"]])
+@pytest.mark.parametrize("keys", [[], ["a"], ["", "ab", "", "c"],
+                                  ["żółw/ä.png", "plain", "日本/語", "tab\tand\nnl"]])
 def test_the_key_column_round_trips(tmp_path, keys):
     with h5py.File(tmp_path / "k.h5", "w") as f:
         write_key_column(f, keys)

@@ -452,16 +452,17 @@ class DirectReader:
         cs = np.repeat(c[sel], n)
         r = self.rows[name]
         r.served[sel], r.rows_per_chunk[sel] = True, c[sel]
-        r.addr[np.repeat(self.offsets[sel], n) + local] = t[np.repeat(first_chunk, n) + local // cs, 0] + (local % cs) * rb
+        addr = t[np.repeat(first_chunk, n) + local // cs, 0] + (local % cs) * rb
+        r.addr[np.repeat(self.offsets[sel], n) + local] = addr
 
     def _resolve_rest(self) -> None:
         """The shards with samples whose entry has no chunk table for a served field (every shard of an index
         without tables): each opened once with h5py, which says where the field's rows are or why h5py must
         read them (:meth:`_resolve`)."""
+        if not self.fields:
+            return
         counts = np.diff(self.offsets)
-        todo = counts > 0
-        if self.fields:
-            todo &= ~np.logical_and.reduce([r.served for r in self.rows.values()])
+        todo = (counts > 0) & ~np.logical_and.reduce([r.served for r in self.rows.values()])
         for s in np.flatnonzero(todo).tolist():
             path, n, lo = os.path.join(self.base, self.shard_table.file(s)), int(counts[s]), int(self.offsets[s])
             with _open_h5(path) as f:

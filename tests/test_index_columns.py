@@ -197,3 +197,21 @@ def test_shard_table_from_entries_lists_fields_in_name_order():
     c, k, start = t.spans("a")
     assert c.tolist() == [3, 0, 1] and k.tolist() == [1, 0, 1] and start.tolist() == [0, 3, 3]
     assert t.spans("missing")[0].tolist() == [0, 0, 0]
+
+
+def test_verify_names_a_columnar_copy_that_disagrees(copy_of):
+    from precompile.formats.hdf5_verify import verify_hdf5
+
+    assert verify_hdf5(copy_of, checksums=False).index_problems == []
+    with h5py.File(copy_of, "r+") as f:
+        k7 = bytes(f[fmt.KEY_UTF8][f[fmt.KEY_OFFSETS][7]:f[fmt.KEY_OFFSETS][8]]).decode()
+        f[fmt.KEY_UTF8][f[fmt.KEY_OFFSETS][7]] ^= 1                       # one bit of sample 7's key
+        rows = f[fmt.SHARD_TABLE][()]
+        rows["bytes"][2] += 1                                            # the table is current: it would be read
+        f[fmt.SHARD_TABLE][...] = rows
+    flipped = chr(ord(k7[0]) ^ 1) + k7[1:]
+    assert precompile.open(copy_of).key(7) == flipped                    # what a reader would see
+    res = verify_hdf5(copy_of, checksums=False)
+    assert res.bad_shards == [] and res.index_problems == [
+        "__shards__ column 'bytes' differs from the shard entries (first at entry 2)",
+        f"its two copies of the keys differ at sample 7: {flipped!r} in __key_utf8__, {k7!r} in __key__"]

@@ -31,8 +31,9 @@ from ``__key__``, read at open as before.
 
 They are datasets, not groups, so the index keeps only datasets at its top level besides ragged fields
 (plain-h5py code that walks the index reads every name as an array). This module owns their layout:
-writing them (:func:`write_shard_table`, :func:`write_key_column`) and reading them
-(:func:`read_shard_table`, :func:`read_key_column`).
+writing them (:func:`write_shard_table`, :func:`write_key_column`), reading them
+(:func:`read_shard_table`, :func:`read_key_column`) and, for ``verify``, checking them against what they
+copy (:func:`column_problems`).
 """
 from __future__ import annotations
 
@@ -214,3 +215,36 @@ def read_key_column(f: Any, n: int) -> KeyColumn | None:
         log.warning("%s: cannot read %s (%s); reading %s instead", f.filename, fmt.KEY_UTF8, e, fmt.KEY)
         return None
     return KeyColumn(data, offsets)
+
+
+def column_problems(path: str, entries: Sequence[dict[str, Any]], keys: Sequence[str] | None) -> list[str]:
+    """How the index's columnar copies disagree with what they copy: the shard ``entries`` (a current
+    ``__shards__`` only: a stale one is never read) and ``keys`` (the ``__key__`` column); [] when they
+    agree or are absent. For ``verify``: a damaged copy would give readers wrong counts or keys."""
+    import h5py
+
+    out: list[str] = []
+    with h5py.File(path, "r") as f:
+        text = f.attrs.get(fmt.A_SHARDS)
+        text = text.decode("utf-8") if isinstance(text, bytes) else text
+        table = read_shard_table(f, text)
+        col = read_key_column(f, len(keys)) if keys is not None else None
+        if keys is not None and (fmt.KEY_UTF8 in f) and col is None:
+            out.append(f"{fmt.KEY_UTF8}/{fmt.KEY_OFFSETS} do not hold {len(keys)} keys")
+    if table is not None:
+        want = ShardTable.from_entries(entries)
+        for column in ("num_samples", "bytes", "files", "rows_per_chunk", "chunks"):
+            a, b = getattr(table, column), getattr(want, column)
+            if a.shape != b.shape or not np.array_equal(a, b):
+                rows = np.flatnonzero((a != b).reshape(len(a), -1).any(axis=1)) if a.shape == b.shape else [0]
+                out.append(f"{fmt.SHARD_TABLE} column {column!r} differs from the shard entries (first at entry "
+                           f"{int(rows[0])})")
+        if table.fields != want.fields:
+            out.append(f"{fmt.SHARD_TABLE} lists chunk fields {list(table.fields)}, the entries {list(want.fields)}")
+    if col is not None:
+        got = col.tolist()
+        bad = next((i for i, (a, b) in enumerate(zip(got, keys)) if a != b), None)
+        if bad is not None:
+            out.append(f"its two copies of the keys differ at sample {bad}: {got[bad]!r} in {fmt.KEY_UTF8}, "
+                       f"{keys[bad]!r} in {fmt.KEY}")
+    return out

@@ -709,14 +709,14 @@ def _reorder(b: Batch, names: list[str]) -> Batch:
 
 # --- inspect and verify ------------------------------------------------------------------------
 
-def _hdf5_storage(ds: Dataset) -> dict[str, str]:
+def _hdf5_storage(ds: "H5Dataset") -> dict[str, str]:
     import h5py
 
     out = {}
     with h5py.File(ds.path, "r") as idx:
         shard0 = None
-        if ds.shards:
-            shard0 = h5py.File(os.path.join(os.path.dirname(ds.path), ds.shards[0]["file"]), "r")
+        if len(ds.shard_table):
+            shard0 = h5py.File(ds.shard_path(0), "r")
         try:
             for name in ds.field_specs:
                 if ds.variable(name):

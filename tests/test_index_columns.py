@@ -167,10 +167,13 @@ def test_keys_are_the_opened_snapshots_after_the_index_is_replaced(tmp_path, cop
         del f[fmt.KEY_UTF8], f[fmt.KEY_OFFSETS]
         write_key_column(f, [f"x{k}" for k in keys])
     ds = precompile.open(copy_of)
-    want = [k.decode() for k in h5py.File(copy_of, "r")[fmt.KEY][:]]
+    with h5py.File(copy_of, "r") as f:
+        want = [k.decode() for k in f[fmt.KEY][:]]
     os.replace(other, copy_of)                                         # a rebuild replaces the index
     assert ds.key(5) == want[5] and ds.keys == want
-    assert precompile.open(copy_of).key(5) == f"x{keys[5]}"
+    new = precompile.open(copy_of)
+    assert new.key(5) == f"x{keys[5]}"
+    new.close()
     ds.close()
 
 

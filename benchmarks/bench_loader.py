@@ -22,13 +22,16 @@ the ratios to both limits.
 
 ``--open-scale`` measures instead how opening and a shuffled epoch scale with the shard count (issue 20):
 the same small samples (default 5,000 of 64x64x3) in 2, 375, 2,500 and 5,000 shards; per store the index
-size, ``precompile.open``, ``Loader(...)`` construction (the index's chunk tables, ``map_shards`` "all"
-and "lazy"; and, for comparison, the same store through an index without tables: h5py opens every
-shard), the first batch's latency, and a full-shuffle epoch (batches of 256) against the store of 2
-shards and against a sorted ``np.take(images, idx, axis=0, out=buf, mode="clip")`` of the same batches
-from private memory. Medians over ``--repeats``, warm page cache.
+size, ``precompile.open`` and ``Loader(...)`` construction (with ``map_shards`` "all" and "lazy"), both
+also through a copy of the index without its columnar copies (``__shards__``, ``__key_utf8__``: the entry
+JSON parsed, every key read, as before them), ``Loader`` through an index without chunk tables either (h5py
+opens every shard, as before issue 20), the first batch's latency, and a full-shuffle epoch (batches of
+256) against the store of 2 shards and against a sorted ``np.take(images, idx, axis=0, out=buf,
+mode="clip")`` of the same batches from private memory, with the minor page faults of a fresh Loader's
+first epoch. Then ``--big`` samples (default 1,000,000 of 8x8x3, 100 shards): open and ``Loader(...)``
+with and without the columnar copies, and the first batch. Medians over ``--repeats``, warm page cache.
 
-    PYTHONPATH=. python benchmarks/bench_loader.py --open-scale [--samples 5000] [--shards 2,375,2500,5000]
+    PYTHONPATH=. python benchmarks/bench_loader.py --open-scale [--samples 5000] [--shards 2,375,2500,5000] [--big N]
 """
 from __future__ import annotations
 
@@ -98,40 +101,46 @@ def timed_passes(make_iter, n_samples: int, repeats: int) -> list[float]:
 
 
 
-def _index_without_tables(index: str) -> str:
-    """A copy of ``index`` beside it without the chunk tables (as written before issue 20)."""
+def _index_without_columns(index: str) -> str:
+    """A copy of ``index`` beside it without the columnar copies of the entries and keys (as before them)."""
     import shutil
 
     import h5py
 
-    other = index[:-3] + "-notables.h5"
+    other = index[:-3] + "-nocolumns.h5"
     shutil.copyfile(index, other)
+    with h5py.File(other, "r+") as f:
+        for name in (fmt.SHARD_TABLE, fmt.KEY_UTF8, fmt.KEY_OFFSETS):
+            del f[name]
+    return other
+
+
+def _index_without_tables(index: str) -> str:
+    """A copy of ``index`` beside it without the chunk tables or the columnar copies (as before issue 20)."""
+    import h5py
+
+    other = _index_without_columns(index)
     with h5py.File(other, "r+") as f:
         del f[fmt.CHUNKS]
         entries = fmt.loads(f.attrs[fmt.A_SHARDS])
         f.attrs[fmt.A_SHARDS] = fmt.dumps([{k: v for k, v in e.items() if k != fmt.E_CHUNKS} for e in entries])
-    return other
+    os.replace(other, index[:-3] + "-notables.h5")
+    return index[:-3] + "-notables.h5"
 
 
-def _table_bytes(index: str) -> int:
-    """What the chunk tables add to an index: the ``__chunks__`` dataset and the entries' ``chunks`` text."""
-    import h5py
-
-    with h5py.File(index, "r") as f:
-        entries = fmt.loads(f.attrs[fmt.A_SHARDS])
-        return int(f[fmt.CHUNKS].nbytes) + sum(len(fmt.dumps(e.get(fmt.E_CHUNKS, {}))) + 10 for e in entries)
-
-
-def _open_timings(index: str, old: str, bs: int, reps: int) -> dict[str, float]:
-    """Median seconds: open, Loader (map_shards all / lazy), Loader over the index without tables, first batch."""
+def _open_timings(index: str, old: str, bs: int, reps: int, field: str = "image") -> dict[str, float]:
+    """Median seconds: open and Loader (map_shards all / lazy), each also without the columnar copies; Loader
+    over the index without tables (``old``; skipped when None); first batch."""
     import precompile
     from precompile.reader.loader import Loader
 
+    plain = _index_without_columns(index)
+
     def make(path: str = index, how: str = "all") -> None:
-        Loader(path, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"], map_shards=how).close()
+        Loader(path, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=[field], map_shards=how).close()
 
     def first_batch() -> float:
-        loader = Loader(index, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"],
+        loader = Loader(index, batch_size=bs, shuffle="full", seed=0, device="cpu", fields=[field],
                         map_shards="lazy")
         it = iter(loader)
         t0 = time.perf_counter()
@@ -140,16 +149,24 @@ def _open_timings(index: str, old: str, bs: int, reps: int) -> dict[str, float]:
         it.close()
         loader.close()
         return dt
-    return {"open": median_time(lambda: precompile.open(index).close(), reps), "all": median_time(make, reps),
-            "lazy": median_time(lambda: make(how="lazy"), reps),
-            "old": median_time(lambda: make(old), max(1, reps // 2)),
-            "first": statistics.median(first_batch() for _ in range(reps))}
+    out = {"open": median_time(lambda: precompile.open(index).close(), reps),
+           "open plain": median_time(lambda: precompile.open(plain).close(), reps),
+           "all": median_time(make, reps), "all plain": median_time(lambda: make(plain), reps),
+           "lazy": median_time(lambda: make(how="lazy"), reps),
+           "lazy plain": median_time(lambda: make(plain, how="lazy"), reps),
+           "first": statistics.median(first_batch() for _ in range(reps))}
+    if old is not None:
+        out["old"] = median_time(lambda: make(old), max(1, reps // 2))
+    return out
 
 
 def _epochs(indexes: dict[int, str], images: np.ndarray, bs: int, reps: int) -> dict[Any, list[float]]:
     """Samples/s of full-shuffle epochs (the limit: seconds), turn by turn (noise from other jobs spreads
     over all): the sorted ``np.take`` limit (key "limit"), each store's Loader after its first epoch
-    (key k), and a fresh Loader's first epoch (key ("first", k): the shards' first page faults)."""
+    (key k), and a fresh Loader's first epoch (key ("first", k): the shards' first page faults; its minor
+    faults under ("faults", k))."""
+    import resource
+
     from precompile.reader.loader import Loader
 
     n = len(images)
@@ -158,7 +175,8 @@ def _epochs(indexes: dict[int, str], images: np.ndarray, bs: int, reps: int) -> 
                for k, p in indexes.items()}
     for loader in loaders.values():   # the first epoch of these loaders is not timed
         timed_passes(lambda _r, loader=loader: loader, n, 1)
-    out: dict[Any, list[float]] = {"limit": [], **{k: [] for k in indexes}, **{("first", k): [] for k in indexes}}
+    out: dict[Any, list[float]] = {"limit": [], **{k: [] for k in indexes}, **{("first", k): [] for k in indexes},
+                                   **{("faults", k): [] for k in indexes}}
     for r in range(reps):
         perm = np.random.default_rng(r).permutation(n)
         t0 = time.perf_counter()
@@ -171,47 +189,86 @@ def _epochs(indexes: dict[int, str], images: np.ndarray, bs: int, reps: int) -> 
             out[k].append(timed_passes(lambda _r, loader=loader: loader, n, 1)[0])
             fresh = Loader(indexes[k], batch_size=bs, shuffle="full", seed=0, device="cpu", fields=["image"])
             fresh.set_epoch(r + 1)
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             out[("first", k)].append(timed_passes(lambda _r, fresh=fresh: fresh, n, 1)[0])
+            out[("faults", k)].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
             fresh.close()
     for loader in loaders.values():
         loader.close()
     return out
 
 
-def open_scale(n: int, counts: list[int], reps: int, bs: int, where: str | None) -> None:
-    """The --open-scale table (see the module docstring)."""
+def open_scale(n: int, counts: list[int], reps: int, bs: int, where: str | None, big: int) -> None:
+    """The --open-scale tables (see the module docstring)."""
     rng = np.random.default_rng(0)
     images = rng.integers(0, 256, (n, 64, 64, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, n)
     tmp = tempfile.TemporaryDirectory(dir=where)
     print(f"{n} x 64x64x3 uint8 ({n * 12288 / 2**20:.0f} MiB) per store; batch {bs}, {reps} repeats, "
-          f"{os.cpu_count()} cpus")
+          f"{os.cpu_count()} cpus, load average {os.getloadavg()[0]:.1f}")
     indexes, opened = {}, {}
     for k in counts:
         index = indexes[k] = write_store(tmp.name, f"s{k}", images, labels, chunk_samples=min(256, n // k),
                                          num_shards=k)
-        for name in os.listdir(os.path.join(tmp.name, fmt.shard_dir_name(f"s{k}"))):  # a warm page cache
-            with open(os.path.join(tmp.name, fmt.shard_dir_name(f"s{k}"), name), "rb") as f:
-                while f.read(1 << 24):
-                    pass
+        _warm(os.path.join(tmp.name, fmt.shard_dir_name(f"s{k}")))
         opened[k] = _open_timings(index, _index_without_tables(index), bs, reps)
     ep = _epochs(indexes, images, bs, reps)
     med = {key: statistics.median(v) for key, v in ep.items()}
     lim = n / med["limit"]
-    cols = ("shards", "index KiB", "tables KiB", "open ms", "Loader ms", "lazy ms", "no tables ms",
-            "1st batch ms", "epoch samples/s", "x 2 shards", "x sorted take", "1st epoch x 2 shards")
+    cols = ("shards", "index KiB", "open ms", "open ms, no columns", "Loader ms", "Loader ms, no columns",
+            "lazy ms", "lazy ms, no columns", "no tables ms", "1st batch ms", "epoch samples/s", "x 2 shards",
+            "x sorted take", "1st epoch x 2 shards", "1st epoch faults")
     print("| " + " | ".join(cols) + " |")
     print("|" + "|".join("-" * (len(c) + 2) for c in cols) + "|")
     base = counts[0]
     for k in counts:
         t = opened[k]
-        vals = [k, f"{os.path.getsize(indexes[k]) / 1024:.0f}", f"{_table_bytes(indexes[k]) / 1024:.0f}",
-                f"{t['open'] * 1e3:.1f}", f"{t['all'] * 1e3:.1f}", f"{t['lazy'] * 1e3:.1f}", f"{t['old'] * 1e3:.0f}",
+        vals = [k, f"{os.path.getsize(indexes[k]) / 1024:.0f}", *(f"{t[c] * 1e3:.1f}" for c in (
+                "open", "open plain", "all", "all plain", "lazy", "lazy plain")), f"{t['old'] * 1e3:.0f}",
                 f"{t['first'] * 1e3:.1f}", f"{med[k]:,.0f}", f"{med[k] / med[base]:.2f}", f"{med[k] / lim:.2f}",
-                f"{med[('first', k)] / med[('first', base)]:.2f}"]
+                f"{med[('first', k)] / med[('first', base)]:.2f}", f"{med[('faults', k)]:.0f}"]
         print("| " + " | ".join(f"{v:>{len(c)}}" for v, c in zip(vals, cols)) + " |")
     print(f"\nsorted np.take from private memory: {lim:,.0f} samples/s (median of {reps})")
     tmp.cleanup()
+    if big:
+        big_open(big, reps, bs, where)
+
+
+def _warm(folder: str) -> None:
+    """Read every file under ``folder`` once (a warm page cache)."""
+    for name in os.listdir(folder):
+        with open(os.path.join(folder, name), "rb") as f:
+            while f.read(1 << 24):
+                pass
+
+
+def big_open(n: int, reps: int, bs: int, where: str | None) -> None:
+    """open, Loader() and the first batch of ``n`` samples of 8x8x3 in 100 shards, with and without the index's
+    columnar copies."""
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (n, 8, 8, 3), dtype=np.uint8)
+    tmp = tempfile.TemporaryDirectory(dir=where)
+    t0 = time.perf_counter()
+    index = write_store(tmp.name, "big", images, rng.integers(0, 10, n), chunk_samples=1024, num_shards=100)
+    _warm(os.path.join(tmp.name, fmt.shard_dir_name("big")))
+    print(f"\n{n:,} samples of 8x8x3 in 100 shards (written in {time.perf_counter() - t0:.0f} s); index "
+          f"{os.path.getsize(index) / 2**20:.1f} MiB, its columnar copies "
+          f"{_columns_bytes(index) / 2**20:.1f} MiB; medians of {reps}, load average {os.getloadavg()[0]:.1f}")
+    t = _open_timings(index, None, bs, reps)
+    print("| | open ms | Loader ms | lazy ms | 1st batch ms |")
+    print("|---|---:|---:|---:|---:|")
+    print(f"| with the columnar copies | {t['open'] * 1e3:.1f} | {t['all'] * 1e3:.1f} | {t['lazy'] * 1e3:.1f} | "
+          f"{t['first'] * 1e3:.1f} |")
+    print(f"| without (as before) | {t['open plain'] * 1e3:.1f} | {t['all plain'] * 1e3:.1f} | "
+          f"{t['lazy plain'] * 1e3:.1f} | - |")
+    tmp.cleanup()
+
+
+def _columns_bytes(index: str) -> int:
+    import h5py
+
+    with h5py.File(index, "r") as f:
+        return sum(int(f[name].id.get_storage_size()) for name in (fmt.SHARD_TABLE, fmt.KEY_UTF8, fmt.KEY_OFFSETS))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -223,10 +280,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=None, help="passes per contender (default 5, quick 3)")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--dir", default=None, help="where to write the stores (default: a temporary folder)")
+    ap.add_argument("--big", type=int, default=None, help="--open-scale: samples of the large store (default "
+                                                          "1000000, quick 20000; 0: none)")
     args = ap.parse_args(argv)
     if args.open_scale:
         open_scale(args.samples or 5000, [int(x) for x in (args.shards or "2,375,2500,5000").split(",")],
-                   args.repeats or 5, args.batch_size, args.dir)
+                   args.repeats or 5, args.batch_size, args.dir,
+                   args.big if args.big is not None else (20_000 if args.quick else 1_000_000))
         return
     n = args.samples or (4096 if args.quick else 80000)
     reps = args.repeats or (3 if args.quick else 5)

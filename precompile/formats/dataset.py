@@ -106,23 +106,32 @@ class Dataset:
     attrs: dict[str, Any]
     field_specs: dict[str, dict]
     label_names: list[str]
-    shards: list[dict]
     fields: list[str]
     keys: list[str]
     copies: np.ndarray
+    _shards: list[dict] | None = None
 
-    def _setup(self, fields: Sequence[str] | None) -> None:
+    def _setup(self, fields: Sequence[str] | None, counts: np.ndarray | None = None) -> None:
+        """Fields, labels and every shard's first sample; ``counts`` (samples per shard, entry order) when the
+        format read them without the entries (else they come from :attr:`shards`)."""
         self.field_specs = fmt.loads(self.attrs[fmt.A_FIELDS])
         self.label_names = fmt.loads(self.attrs[fmt.A_LABELS])
-        self.shards = fmt.loads(self.attrs[fmt.A_SHARDS])
         self.fields = list(fields) if fields is not None else list(self.field_specs)
         for f in self.fields:
             if f not in self.field_specs:
                 raise KeyError(f"no field {f!r} in {self.path} (fields: {', '.join(self.field_specs)})")
-        counts = np.array([s["num_samples"] for s in self.shards], dtype=np.int64)
+        if counts is None:
+            counts = np.array([s["num_samples"] for s in self.shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._n = int(self.offsets[-1])
         self._pid = None
+
+    @property
+    def shards(self) -> list[dict]:
+        """The index's shard entries (``names.SHARD_ENTRY``), parsed from its ``shards`` JSON on first use."""
+        if self._shards is None:
+            self._shards = fmt.loads(self.attrs[fmt.A_SHARDS])
+        return self._shards
 
     def variable(self, field: str) -> bool:
         """True when ``field``'s samples may differ in shape."""

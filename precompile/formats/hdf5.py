@@ -54,6 +54,7 @@ from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
 from .base import Format, ShardWriter, VerifyResult, fsync_dir, fsync_file, human_bytes, range_text, shard_digest
 from .dataset import Batch, Dataset
+from .index_columns import ShardTable, read_key_column, read_shard_table, write_key_column, write_shard_table
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 BLOCK_BYTES = 8 << 20
@@ -496,7 +497,9 @@ class Hdf5Format(Format):
     def _write_index(f: Any, shards: list[dict[str, Any]], specs: dict[str, FieldSpec], attrs: dict[str, Any],
                      base: str, total: int, keys: list[str], copies: list[np.ndarray], metas: list[str],
                      tables: list[dict[str, tuple[int, np.ndarray]]]) -> None:
-        """The index's datasets and attributes into the open file ``f`` (closed here)."""
+        """The index's datasets and attributes into the open file ``f`` (closed here): a virtual dataset per
+        field, the key/copy/meta columns, ``__chunks__``, the attributes, and the columnar copies of the keys
+        and the shard entries (:mod:`.index_columns`)."""
         h5py = _h5()
         with f:
             for name, spec in specs.items():
@@ -507,13 +510,16 @@ class Hdf5Format(Format):
                                  [(s["file"], name, s["num_samples"]) for s in shards])
             str_t = h5py.string_dtype("utf-8")
             f.create_dataset(fmt.KEY, data=np.array(keys, dtype=object), dtype=str_t, track_times=False)
+            write_key_column(f, keys)
             f.create_dataset(fmt.COPY, data=np.concatenate(copies) if copies else np.zeros(0, np.int32),
                              dtype="int32", track_times=False)
             f.create_dataset(fmt.META, data=np.array(metas, dtype=object), dtype=str_t, track_times=False)
             _write_chunk_tables(f, tables)
-            for k, v in attrs.items():
-                f.attrs[k] = v if isinstance(v, (int, float, str)) else fmt.dumps(v)
+            texts = {k: v if isinstance(v, (int, float, str)) else fmt.dumps(v) for k, v in attrs.items()}
+            for k, v in texts.items():
+                f.attrs[k] = v
             f.attrs[fmt.A_NUM] = total
+            write_shard_table(f, shards, texts[fmt.A_SHARDS])
 
     # -- read side ------------------------------------------------------------------------
     @classmethod
@@ -559,14 +565,37 @@ class H5Dataset(Dataset):
                 a = dict(f.attrs)
                 fmt.check_header(self.path, a)
                 self.attrs = {k: _attr_text(v) if isinstance(v, (bytes, str)) else v for k, v in a.items()}
-                self.keys = [k.decode() if isinstance(k, bytes) else k for k in f[fmt.KEY][:]]
+                table = read_shard_table(f, self.attrs.get(fmt.A_SHARDS))
                 self.copies = f[fmt.COPY][:]
+                self._key_column = read_key_column(f, len(self.copies))
+                self._keys: list[str] | None = None if self._key_column is not None else _read_strings(f[fmt.KEY])
         except OSError as e:
             raise FormatError(f"{self.path}: cannot open as HDF5: {e}") from None
-        self._setup(fields)
+        #: the shard entries' columns (from ``__shards__``; parsed from the entries for an index without it)
+        self.shard_table: ShardTable = table if table is not None else ShardTable.from_entries(self.shards)
+        self._setup(fields, self.shard_table.num_samples)
+        if self._n != len(self.copies):
+            raise FormatError(f"{self.path}: the index's shard entries count {self._n} samples, its {fmt.COPY} column "
+                              f"{len(self.copies)}: the index is damaged (build again)")
         self._files: dict[int, Any] = {}
         self._dsets: dict[tuple[int, str], Any] = {}
         self._ragged: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
+
+    @property
+    def keys(self) -> list[str]:
+        """Every sample's key in index order (decoded from the index's key column on first use)."""
+        if self._keys is None:
+            self._keys = self._key_column.tolist()
+        return self._keys
+
+    def key(self, i: int) -> str:
+        if self._keys is None:
+            return self._key_column.key(self._index(i))
+        return self._keys[self._index(i)]
+
+    def shard_path(self, s: int) -> str:
+        """Shard ``s``'s file (from the shard table: no entry JSON parsed)."""
+        return os.path.join(os.path.dirname(self.path), self.shard_table.file(s))
 
     def _drop_handles(self, state: dict) -> None:
         state["_files"] = {}
@@ -667,6 +696,11 @@ class H5Dataset(Dataset):
         return fmt.loads(m)
 
 
+def _read_strings(d: Any) -> list[str]:
+    """A variable-length string dataset as a list of str."""
+    return [k.decode() if isinstance(k, bytes) else k for k in d[:]]
+
+
 def _reorder(b: Batch, names: list[str]) -> Batch:
     out = Batch({n: b[n] for n in names})
     out.padded, out.shapes = b.padded, b.shapes
@@ -675,14 +709,14 @@ def _reorder(b: Batch, names: list[str]) -> Batch:
 
 # --- inspect and verify ------------------------------------------------------------------------
 
-def _hdf5_storage(ds: Dataset) -> dict[str, str]:
+def _hdf5_storage(ds: "H5Dataset") -> dict[str, str]:
     import h5py
 
     out = {}
     with h5py.File(ds.path, "r") as idx:
         shard0 = None
-        if ds.shards:
-            shard0 = h5py.File(os.path.join(os.path.dirname(ds.path), ds.shards[0]["file"]), "r")
+        if len(ds.shard_table):
+            shard0 = h5py.File(ds.shard_path(0), "r")
         try:
             for name in ds.field_specs:
                 if ds.variable(name):

@@ -21,6 +21,7 @@ import numpy as np
 
 from . import names as fmt
 from .base import VerifyResult, file_sha256
+from .index_columns import column_problems
 
 
 def _text(v: Any) -> Any:
@@ -157,5 +158,9 @@ def verify_hdf5(path: str, checksums: bool = True) -> VerifyResult:
         if bad:
             res.bad_shards.append(name)
             res.problems.extend(f"{name}: {b}" for b in bad)
+    try:
+        res.index_problems.extend(column_problems(path, shards, cols.get(fmt.KEY)))
+    except (OSError, KeyError, ValueError) as e:
+        res.index_problems.append(f"its columnar copies are unreadable ({type(e).__name__}: {e})")
     res.problems.extend(f"index: {p}" for p in res.index_problems)
     return res

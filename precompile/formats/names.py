@@ -12,7 +12,13 @@ columns ``__key__`` (sample key), ``__copy__`` (augmentation copy index) and
 ``__meta__`` (per-sample JSON). The index file holds a virtual dataset per
 field and column over the shards (so plain h5py sees one array per field),
 ``__chunks__`` (every shard's chunk byte ranges, for readers that map the shard
-files) and the metadata as JSON text attributes. Nothing is pickled.
+files), ``__shards__`` (the shard entries' sample counts, sizes, file names and
+chunk spans as one compound dataset, so that opening a build reads them with
+numpy instead of parsing the ``shards`` JSON; valid only while its
+``entries_crc32`` matches that JSON), ``__key_utf8__`` and ``__key_offsets__``
+(the keys as one byte buffer, read whole without HDF5's per-string cost; see
+``formats/index_columns.py``) and the metadata as JSON text attributes.
+Nothing is pickled.
 
 Variable-shape fields (a spec with ``None`` dims, e.g. images kept at their
 native size) are a group ``<field>`` (attribute ``layout = "ragged"``) holding
@@ -64,6 +70,11 @@ A_NUM = "num_samples"
 A_SHARDS = "shards"                 # [{file, num_samples, key, checksums, bytes, sha256}] (see SHARD_ENTRY)
 E_CHUNKS = "chunks"                 # in a shard entry: {field: [rows per chunk, chunks]} (see SHARD_ENTRY)
 CHUNKS = "__chunks__"               # index dataset: (chunks, 2) uint64 byte address, size (entry order)
+SHARD_TABLE = "__shards__"          # index dataset: the entries' columns readers need (formats/index_columns.py)
+T_FIELDS = "fields"                 # on __shards__: JSON list of the fields of its chunk columns
+T_ENTRIES_CRC = "entries_crc32"     # on __shards__: crc32 of the `shards` text it was written from
+KEY_UTF8 = "__key_utf8__"           # index dataset: every key's UTF-8 bytes, concatenated (index_columns.py)
+KEY_OFFSETS = "__key_offsets__"     # index dataset: (N+1,) int64, key i is __key_utf8__[o[i]:o[i+1]]
 A_SHARD_KEY = "shard_key"           # on a shard file: the key it was built for
 A_CHECKSUMS = "checksums"           # on a shard file: {field: sha256 of its sample bytes}
 A_SEED = "seed"

@@ -23,8 +23,11 @@ field has a handful, one per distinct chunk alignment), so a batch is a few
 cost per batch no longer grows with the shards touched (with one map per
 shard, a shuffled batch over thousands of shards was one ``np.take`` per
 row). Small rows can land in many alignments (784-byte MNIST rows in 4 KiB
-aligned chunks); past ``MAX_VIEWS`` a field uses one fancy index over a
-strided view in which "row k" starts at byte k. ``gather_rank`` orders rows by
+aligned chunks); past ``MAX_VIEWS`` a field of rows under ``VIEW_ALL_BYTES``
+uses one fancy index over a strided view in which "row k" starts at byte k
+(larger rows keep a view per residue: a 192 KiB row lands in up to 48, and the
+fancy index's temporary, allocated and copied again per batch, ran at a quarter
+of the takes' speed). ``gather_rank`` orders rows by
 (view, address): a shuffled batch sorted by it is one take per view, read in
 address order. Chunk addresses are taken from the table, never computed: HDF5
 does not space them evenly. Where the range cannot be reserved (no POSIX
@@ -61,6 +64,7 @@ from numpy.lib.stride_tricks import as_strided
 from ..errors import FormatError, PrecompileError
 from ..formats import names as fmt
 from ..formats.hdf5 import chunk_table, read_chunk_tables
+from ..formats.index_columns import ShardTable
 
 log = logging.getLogger("precompile.reader")
 
@@ -71,6 +75,9 @@ BLOCK_BYTES = 2 * 1024 * 1024
 #: at most this many residue views per shard and field; beyond (small rows in many chunk
 #: alignments, e.g. 784-byte MNIST rows), one strided fancy-index per shard does the gather
 MAX_VIEWS = 4
+#: rows of at least this many bytes get a view per residue however many there are: one np.take per view
+#: in a batch costs a few microseconds, less than copying one such row
+VIEW_ALL_BYTES = 64 << 10
 
 
 def fixed_shape(spec: dict) -> tuple[int, ...] | None:
@@ -79,6 +86,27 @@ def fixed_shape(spec: dict) -> tuple[int, ...] | None:
     if shape is None or any(d is None or int(d) < 0 for d in shape):
         return None
     return tuple(int(d) for d in shape)
+
+
+def page_aligned_empty(shape: Sequence[int], dtype: Any) -> np.ndarray:
+    """``np.empty(shape, dtype)`` whose data starts on a page boundary, as mapped shard rows do.
+
+    A gather copies rows between arrays, and on the x86 machines measured a copy whose destination sits 1 to
+    31 bytes past its source modulo 4 KiB runs at a quarter to half speed (192 KiB rows: 3.4 GB/s at 8
+    bytes, 7.3 at 16, 13-17 at 0 or 32 and more; benchmarks/bench_mapped.py). numpy's large arrays start 16
+    bytes into a page and HDF5 chunks (so page-multiple rows) on one: every buffer a gather writes, or reads
+    as a private copy, is allocated here, so such rows are copied page to page."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + mmap.PAGESIZE, np.uint8)
+    start = -raw.ctypes.data % mmap.PAGESIZE
+    return raw[start:start + nbytes].view(dtype).reshape(tuple(shape))
+
+
+def shard_table_of(ds: Any) -> ShardTable:
+    """The opened build's shard table (an H5Dataset reads it with the index), else one made from its entries."""
+    table = getattr(ds, "shard_table", None)
+    return table if table is not None else ShardTable.from_entries(ds.shards)
 
 
 _nofile_raised = False
@@ -287,12 +315,23 @@ class _Plan:
 
 @dataclass
 class _FieldShard:
-    """One field of one shard: its rows' byte addresses in the shard file (fast), or why h5py serves it."""
+    """One field of one shard as h5py resolves it: its rows' byte addresses in the shard file (fast), or why
+    h5py serves it."""
 
     n: int
     rows_per_chunk: int
     row_addr: np.ndarray | None = None     # (n,) int64 byte address of each row in the shard file
     reason: str | None = None              # why the fast path is off (None: fast)
+
+
+@dataclass
+class _FieldRows:
+    """One field over every shard, as columns: per shard whether the maps serve its rows and its rows per
+    chunk (for block shuffling and h5py reads), per global row its byte address in its shard file."""
+
+    served: np.ndarray             # (shards,) bool
+    rows_per_chunk: np.ndarray     # (shards,) int64
+    addr: np.ndarray               # (rows,) int64; meaningful where its shard is served
 
 
 @dataclass
@@ -342,35 +381,19 @@ class DirectReader:
         self._pid = os.getpid()
         self._closed = False
         self.fallbacks = {}
-        self.parts: dict[str, list[_FieldShard]] = {name: [] for name in self.fields}
-        paths: dict[int, str] = {}
-        table = self._tables = self._index_tables()
-        known = self._parts_from_table(table) if table is not None else {}
-        for s, shard in enumerate(ds.shards):
-            n = int(shard["num_samples"])
-            path = os.path.join(self.base, shard["file"])
-            if n == 0:
-                for name in self.fields:
-                    self.parts[name].append(_FieldShard(0, 1))
-                continue
-            got = {name: known[name][s] for name in known if known[name][s] is not None}
-            rest = [name for name in self.fields if name not in got]
-            if rest:
-                with _open_h5(path) as f:
-                    for name in rest:
-                        if name not in f:
-                            raise FormatError(f"{path}: shard has no dataset {name!r}")
-                        got[name] = self._resolve(s, path, f[name], name, n)
-            for name in self.fields:
-                part = got[name]
-                if part.reason is not None:
-                    self.fallbacks[(s, name)] = part.reason
-                    log.info("%s[%s]: h5py fallback (%s)", path, name, part.reason)
-                    self._h5_paths[s] = path   # opened on first read, in the reading process
-                else:
-                    paths[s] = path
-                self.parts[name].append(part)
-        self._map(paths)
+        table = self.shard_table = shard_table_of(ds)
+        counts = np.diff(self.offsets)
+        self.rows = {name: _FieldRows(np.zeros(len(counts), dtype=bool), np.ones(len(counts), dtype=np.int64),
+                                      np.zeros(self.n, dtype=np.int64)) for name in self.fields}
+        self._tables = self._index_tables()
+        if self._tables is not None:
+            self._parts_from_table(self._tables)
+        self._resolve_rest()
+        served = np.zeros(len(counts), dtype=bool)
+        for r in self.rows.values():
+            served |= r.served
+        mapped = np.flatnonzero(served)
+        self._map(dict(zip(mapped.tolist(), table.paths(self.base, mapped))))
         self._build_view_tables()
         self.chunk_rows, self.gather_rank = self._chunk_ids_and_rank()
         if self.in_memory:
@@ -379,7 +402,7 @@ class DirectReader:
     def _index_tables(self) -> np.ndarray | None:
         """The index's chunk table (None: an index without one; every shard is then resolved through
         h5py as before the tables existed)."""
-        if not any(fmt.E_CHUNKS in e for e in self.ds.shards):
+        if not self.shard_table.has_chunks():
             return None
         table = read_chunk_tables(self.ds.path)
         if table is None:
@@ -387,38 +410,25 @@ class DirectReader:
                               f"{fmt.CHUNKS} table: the index is damaged (build again)")
         return table.astype(np.int64)
 
-    def _parts_from_table(self, table: np.ndarray) -> dict[str, list[_FieldShard | None]]:
-        """Per served field and shard, its rows' addresses from the index's chunk table (None: the entry has
-        no table for it). The table's rows are the entries' chunks in order: shard by shard, a shard's fields
-        in name order. One pass over the entries in Python, the rest in numpy (whatever the shard count)."""
-        ns = len(self.ds.shards)
-        spans = {name: np.zeros((ns, 3), dtype=np.int64) for name in self.fields}   # rows per chunk, chunks, start
-        has = {name: np.zeros(ns, dtype=bool) for name in self.fields}
-        limit = np.full(ns, -1, dtype=np.int64)
-        pos = 0
-        for s, e in enumerate(self.ds.shards):
-            chunks = e.get(fmt.E_CHUNKS) or {}
-            for name in sorted(chunks):
-                c, k = chunks[name]
-                if name in spans:
-                    spans[name][s] = (c, k, pos)
-                    has[name][s] = True
-                pos += int(k)
-            if "bytes" in e:
-                limit[s] = int(e["bytes"])
-        if pos != len(table):
+    def _parts_from_table(self, table: np.ndarray) -> None:
+        """Every served field's rows whose entry lists a chunk table, from the index's ``__chunks__``: its rows
+        are the entries' chunks in order (shard by shard, a shard's fields in name order), their spans the
+        shard table's columns. Numpy over all shards at once, whatever the shard count."""
+        t = self.shard_table
+        if t.total_chunks() != len(table):
             raise FormatError(f"{self.ds.path}: the index's chunk table has {len(table)} chunks, its shard entries "
-                              f"count {pos}: the index is damaged (build again)")
+                              f"count {t.total_chunks()}: the index is damaged (build again)")
         counts = np.diff(self.offsets)
-        return {name: self._field_from_table(name, table, spans[name], has[name], counts, limit)
-                for name in self.fields}
+        for name in self.fields:
+            self._field_from_table(name, table, *t.spans(name), counts, t.bytes)
 
-    def _field_from_table(self, name: str, table: np.ndarray, span: np.ndarray, has: np.ndarray,
-                          counts: np.ndarray, limit: np.ndarray) -> list[_FieldShard | None]:
-        """One field's rows from the table (see :meth:`_parts_from_table`), every shard checked at once."""
+    def _field_from_table(self, name: str, table: np.ndarray, c: np.ndarray, k: np.ndarray, start: np.ndarray,
+                          counts: np.ndarray, limit: np.ndarray) -> None:
+        """One field's rows from the table (see :meth:`_parts_from_table`), every shard checked at once:
+        ``c``, ``k``, ``start`` per shard its rows per chunk, chunks and first row in ``table`` (``c`` and
+        ``k`` 0: no table for it), ``limit`` its file's size (-1: not recorded)."""
         rb = self.row_bytes[name]
-        c, k, start = span[:, 0], span[:, 1], span[:, 2]
-        live = has & (counts > 0)
+        live = ((c != 0) | (k != 0)) & (counts > 0)
         bad = live & ((c < 1) | (k != -(-counts // np.maximum(c, 1))))
         if bad.any():
             s = int(np.flatnonzero(bad)[0])
@@ -427,28 +437,53 @@ class DirectReader:
         sel = np.flatnonzero(live)
         shard_of_chunk = np.repeat(sel, k[sel])
         first = np.repeat(start[sel] - np.concatenate([[0], np.cumsum(k[sel])[:-1]]), k[sel])
-        chunk = np.arange(len(shard_of_chunk), dtype=np.int64) + first          # its row in the table
-        t = table[chunk]
+        t = table[np.arange(len(shard_of_chunk), dtype=np.int64) + first]          # its rows of the table
         over = (t[:, 1] != c[shard_of_chunk] * rb) | (t[:, 0] < 0) | (
             (limit[shard_of_chunk] >= 0) & (t[:, 0] + t[:, 1] > limit[shard_of_chunk]))
         if over.any():
             s = int(shard_of_chunk[np.flatnonzero(over)[0]])
             raise FormatError(f"{self._where(s, name)}: the index's chunk table points outside the shard's "
-                              f"{self.ds.shards[s].get('bytes')} bytes or disagrees with rows of {rb} bytes: the "
-                              f"index is damaged (build again)")
-        rows = np.concatenate([[0], np.cumsum(counts[sel])]).astype(np.int64)
-        shard_of_row = np.repeat(sel, counts[sel])
-        local = np.arange(int(rows[-1]), dtype=np.int64) - np.repeat(rows[:-1], counts[sel])
+                              f"{int(limit[s])} bytes or disagrees with rows of {rb} bytes: the index is damaged "
+                              f"(build again)")
+        n = counts[sel]
+        starts = np.concatenate([[0], np.cumsum(n)[:-1]]).astype(np.int64)
+        local = np.arange(int(n.sum()), dtype=np.int64) - np.repeat(starts, n)
         first_chunk = np.concatenate([[0], np.cumsum(k[sel])[:-1]]).astype(np.int64)
-        cs = c[shard_of_row]
-        addr = t[np.repeat(first_chunk, counts[sel]) + local // cs, 0] + (local % cs) * rb
-        out: list[_FieldShard | None] = [None] * len(span)
-        for j, s in enumerate(sel.tolist()):
-            out[s] = _FieldShard(int(counts[s]), int(c[s]), row_addr=addr[rows[j]:rows[j + 1]])
-        return out
+        cs = np.repeat(c[sel], n)
+        r = self.rows[name]
+        r.served[sel], r.rows_per_chunk[sel] = True, c[sel]
+        addr = t[np.repeat(first_chunk, n) + local // cs, 0] + (local % cs) * rb
+        r.addr[np.repeat(self.offsets[sel], n) + local] = addr
+
+    def _resolve_rest(self) -> None:
+        """The shards with samples whose entry has no chunk table for a served field (every shard of an index
+        without tables): each opened once with h5py, which says where the field's rows are or why h5py must
+        read them (:meth:`_resolve`)."""
+        if not self.fields:
+            return
+        counts = np.diff(self.offsets)
+        todo = (counts > 0) & ~np.logical_and.reduce([r.served for r in self.rows.values()])
+        for s in np.flatnonzero(todo).tolist():
+            path, n, lo = os.path.join(self.base, self.shard_table.file(s)), int(counts[s]), int(self.offsets[s])
+            with _open_h5(path) as f:
+                for name in self.fields:
+                    r = self.rows[name]
+                    if r.served[s]:
+                        continue
+                    if name not in f:
+                        raise FormatError(f"{path}: shard has no dataset {name!r}")
+                    part = self._resolve(s, path, f[name], name, n)
+                    r.rows_per_chunk[s] = part.rows_per_chunk
+                    if part.reason is not None:
+                        self.fallbacks[(s, name)] = part.reason
+                        log.info("%s[%s]: h5py fallback (%s)", path, name, part.reason)
+                        self._h5_paths[s] = path   # opened on first read, in the reading process
+                    else:
+                        r.served[s] = True
+                        r.addr[lo:lo + n] = part.row_addr
 
     def _where(self, s: int, name: str) -> str:
-        return f"{self.ds.path}: shard {self.ds.shards[s]['file']}, field {name!r}"
+        return f"{self.ds.path}: shard {self.shard_table.file(s)}, field {name!r}"
 
     def _map(self, paths: dict[int, str]) -> None:
         """Map the shards that have mapped fields: one region for all, else one map per shard.
@@ -456,7 +491,7 @@ class DirectReader:
         ``self._spaces`` lists (array, {shard: offset of the shard's file in the array}).
         """
         order = sorted(paths)
-        sizes_known = [int(self.ds.shards[s]["bytes"]) for s in order if "bytes" in self.ds.shards[s]]
+        sizes_known = [b for b in self.shard_table.bytes[order].tolist() if b >= 0]
         use = sizes_known if self._tables is not None and len(sizes_known) == len(order) else None
         self.region = Region.reserve([paths[s] for s in order], use) if USE_REGION else None
         self._row_slot = np.full(self.n, -1, dtype=np.int32)
@@ -493,14 +528,8 @@ class DirectReader:
 
     def _field_rows(self, name: str) -> tuple[np.ndarray, np.ndarray]:
         """Per global row of ``name``: whether the maps serve it, and its byte address in its shard file."""
-        parts = self.parts[name]
-        counts = np.diff(self.offsets)
-        served = np.repeat(np.array([p.row_addr is not None for p in parts], dtype=bool), counts)
-        addr = np.zeros(self.n, dtype=np.int64)
-        got = [p.row_addr for p in parts if p.row_addr is not None and p.n]
-        if got:
-            addr[served] = np.concatenate(got)
-        return served, addr
+        r = self.rows[name]
+        return np.repeat(r.served, np.diff(self.offsets)), r.addr
 
     # -- resolving chunk addresses (once) -------------------------------------------------
     def _resolve(self, s: int, path: str, d: Any, name: str, n: int) -> _FieldShard:
@@ -560,23 +589,22 @@ class DirectReader:
 
     def _chunk_ids_and_rank(self) -> tuple[np.ndarray, np.ndarray]:
         """Per row, from the field with the largest rows (the one that dominates I/O): a global chunk
-        id, and the row's place in gather order: (view, address) for mapped rows, then the h5py-served
-        rows by (shard, row)."""
+        id, and the row's place in gather order: the h5py-served rows first, in index order, then the
+        mapped rows by (view, address) (one sort key: a million rows in 0.05 s)."""
         name = max(self.fields, key=lambda f: self.row_bytes[f]) if self.fields else None
         counts = np.diff(self.offsets)
         shard = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-        rpc = np.array([max(1, p.rows_per_chunk) for p in self.parts[name]] if name else [1] * len(counts),
-                       dtype=np.int64)
+        rpc = np.maximum(1, self.rows[name].rows_per_chunk) if name else np.ones(len(counts), dtype=np.int64)
         first = np.concatenate([[0], np.cumsum(-(-counts // rpc))[:-1]]).astype(np.int64)
         local = np.arange(self.n, dtype=np.int64) - self.offsets[shard]
         ids = first[shard] + local // rpc[shard]
         if name is None:
             return ids, np.arange(self.n, dtype=np.int64)
         vid, vrow = self._vid[name], self._vrow[name]
-        served = vid >= 0
-        keys = (np.where(served, vrow, local), np.where(served, -1, shard), vid)
+        span = max(self.n, int(vrow.max(initial=0)) + 1)       # every served key above every row index
+        key = np.where(vid >= 0, (vid + 1) * span + vrow, np.arange(self.n, dtype=np.int64))
         rank = np.empty(self.n, dtype=np.int64)
-        rank[np.lexsort(keys)] = np.arange(self.n, dtype=np.int64)
+        rank[np.argsort(key, kind="stable")] = np.arange(self.n, dtype=np.int64)
         return ids, rank
 
     def _build_view_tables(self) -> None:
@@ -604,17 +632,18 @@ class DirectReader:
                 else:
                     rows, addr = [], []
                     for s, b in bases.items():
-                        part = self.parts[name][s]
-                        if part.row_addr is None:
+                        if not self.rows[name].served[s]:
                             continue
-                        lo = int(self.offsets[s])
-                        rows.append(np.arange(lo, lo + part.n, dtype=np.int64))
-                        addr.append(part.row_addr + b)
+                        lo, hi = int(self.offsets[s]), int(self.offsets[s + 1])
+                        rows.append(np.arange(lo, hi, dtype=np.int64))
+                        addr.append(self.rows[name].addr[lo:hi] + b)
                     if not rows:
                         continue
                     g_rows, g_addr = np.concatenate(rows), np.concatenate(addr)
-                residues, rid = np.unique(g_addr % rb, return_inverse=True)
-                if len(residues) > MAX_VIEWS:
+                res = g_addr % rb    # the same for a chunk's rows: unique over runs, not over every row
+                residues = np.unique(res[np.flatnonzero(np.diff(res, prepend=res[0] - 1))])
+                rid = np.searchsorted(residues, res)
+                if len(residues) > MAX_VIEWS and rb < VIEW_ALL_BYTES:
                     vid[g_rows] = len(views)
                     vrow[g_rows] = g_addr
                     views.append(as_strided(arr, shape=(arr.size - rb + 1, rb), strides=(1, 1), writeable=False))
@@ -635,18 +664,17 @@ class DirectReader:
         adjacent rows: the kernel copies, the map takes no page faults), h5py-served rows
         through the usual fallback.
         """
-        mem = {name: np.empty((self.n, *self.shapes[name]), self.dtypes[name]) for name in self.fields}
+        mem = {name: page_aligned_empty((self.n, *self.shapes[name]), self.dtypes[name]) for name in self.fields}
         flat = {name: mem[name].reshape(self.n, -1).view(np.uint8) for name in self.fields}
-        paths = {s: os.path.join(self.base, self.ds.shards[s]["file"]) for s in range(len(self.offsets) - 1)}
-        for s, path in paths.items():
-            mapped = [name for name in self.fields if self.parts[name][s].row_addr is not None and
-                      self.parts[name][s].n]
+        for s in range(len(self.offsets) - 1):
+            lo, hi = int(self.offsets[s]), int(self.offsets[s + 1])
+            mapped = [name for name in self.fields if self.rows[name].served[s] and hi > lo]
             if not mapped:
                 continue
-            lo = int(self.offsets[s])
+            path = os.path.join(self.base, self.shard_table.file(s))
             with open(path, "rb", buffering=0) as f:
                 for name in mapped:
-                    addr, rb = self.parts[name][s].row_addr, self.row_bytes[name]
+                    addr, rb = self.rows[name].addr[lo:hi], self.row_bytes[name]
                     cuts = [0, *(np.flatnonzero(np.diff(addr) != rb) + 1).tolist(), len(addr)]
                     for a, b in zip(cuts[:-1], cuts[1:]):
                         dest = memoryview(flat[name][lo + a:lo + b]).cast("B")
@@ -728,7 +756,7 @@ class DirectReader:
         if vid.min() < 0:  # some shards are served by h5py
             for s, pos, local in plan.groups:
                 if self._vid[name][self.offsets[s]] < 0:
-                    out[pos] = self._read_fallback(s, name, self.parts[name][s], local)
+                    out[pos] = self._read_fallback(s, name, local)
                 else:
                     self._gather_runs(name, plan.idx[pos], vid[pos], flat, pos)
             return out
@@ -747,7 +775,7 @@ class DirectReader:
         cuts = np.flatnonzero(vid[1:] != vid[:-1]) + 1
         if pos is not None or (len(cuts) >= MIN_SORT_RUNS and len(cuts) + 1 > 2 * _distinct(vid)):
             order = np.argsort(vid, kind="stable")
-            tmp = np.empty((len(idx), flat.shape[1]), np.uint8)
+            tmp = page_aligned_empty((len(idx), flat.shape[1]), np.uint8)
             self._gather_runs(name, idx[order], vid[order], tmp, None)
             flat[order if pos is None else pos[order]] = tmp
             return
@@ -763,12 +791,12 @@ class DirectReader:
     def read(self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """``{field: rows}`` for ``indices`` in the given order (a fresh array per field)."""
         plan = self.plan(np.asarray(indices, dtype=np.int64))
-        return {f: self.gather(f, plan, np.empty((plan.size, *self.shapes[f]), self.dtypes[f]))
+        return {f: self.gather(f, plan, page_aligned_empty((plan.size, *self.shapes[f]), self.dtypes[f]))
                 for f in (fields or self.fields)}
 
-    def _read_fallback(self, s: int, name: str, part: _FieldShard, local: np.ndarray) -> np.ndarray:
+    def _read_fallback(self, s: int, name: str, local: np.ndarray) -> np.ndarray:
         """h5py, cache off: read each touched chunk's rows once, then pick the requested rows."""
-        c = part.rows_per_chunk
+        c, n = int(self.rows[name].rows_per_chunk[s]), int(self.offsets[s + 1] - self.offsets[s])
         out = np.empty((len(local), *self.shapes[name]), self.dtypes[name])
         chunk = local // c
         order = np.argsort(chunk, kind="stable")
@@ -780,7 +808,7 @@ class DirectReader:
             bounds = [0, *cuts.tolist(), len(local)]
             for a, b in zip(bounds[:-1], bounds[1:]):
                 k = int(ck[a])
-                lo, hi = k * c, min(part.n, (k + 1) * c)
+                lo, hi = k * c, min(n, (k + 1) * c)
                 block = d[lo:hi]
                 sel = order[a:b]
                 out[sel] = block[local[sel] - lo]
@@ -812,7 +840,7 @@ class DirectReader:
             self._h5 = {}
             self._maps = {}
             self._spaces, self.region = [], None
-            self.parts = {name: [] for name in self.fields}
+            self.rows = {}
             self._views = {name: [] for name in self.fields}
             self._takeable = {name: [] for name in self.fields}
 

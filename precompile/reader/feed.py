@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from . import gpu
-from .direct import DirectReader
+from .direct import DirectReader, page_aligned_empty
 from .ragged import RaggedFields
 from .options import Conversion
 
@@ -108,7 +108,7 @@ class HostPool:
             for i in range(len(bufs)):
                 if sys.getrefcount(bufs[i]) == 2:  # the list and getrefcount's argument: no tensor uses it
                     return bufs[i]
-            a = np.empty(shape, dtype)
+            a = page_aligned_empty(shape, dtype)   # rows copied page to page (see page_aligned_empty)
             if len(bufs) < self.limit:
                 bufs.append(a)
             return a

@@ -116,7 +116,8 @@ def open_hdf5_build(path_or_dataset: Any, fields: Sequence[str] | None, verify: 
 
             check_intact(find_format(str(path_or_dataset.path)), str(path_or_dataset.path))
         ds = path_or_dataset
-        if not hasattr(ds, "shards") or not hasattr(ds, "field_specs"):
+        # shard_table first: asking an H5Dataset for `shards` would parse every entry's JSON
+        if not (hasattr(ds, "shard_table") or hasattr(ds, "shards")) or not hasattr(ds, "field_specs"):
             raise FormatError(f"Loader needs an HDF5 build (a path or precompile.open(...)), got {type(ds).__name__}")
     out_format = str((getattr(ds, "attrs", None) or {}).get("output_format", "hdf5"))
     if out_format != "hdf5":

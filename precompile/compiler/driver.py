@@ -152,20 +152,29 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
     recipe = with_policy(as_recipe(recipe), on_error=on_error, max_failures=max_failures, timeout_s=timeout_s,
                          stats=stats)
     t_start = time.perf_counter()
-    run = (force, progress, scheduler, content_hash, force_space, repair)
+    run = (force, progress, scheduler, force_space, repair)
     doing = f"building {recipe.output_name!r}"
     with output_for(out_dir, storage_options, recipe.output_name) as out, contextlib.ExitStack() as held:
-        if out.remote:  # the lock is the first request: no credentials, no bucket, no access stop it here
+        if out.remote:
             out.check_recipe(recipe)
-            with _faults(out, doing, "nothing was written; run build again once that is fixed"):
-                held.enter_context(out.lock(output_paths(recipe, out.root)[1], recipe.output_name))
+            with _faults(out, doing, NOTHING_WRITTEN):
+                out.listing()  # the first request: no credentials, no endpoint, no bucket stop the build here
         plan = make_plan(recipe)  # recipe and plan errors come before anything is written
         check_plan(plan)
         with _faults(out, doing):
             b = _Build.start(recipe, plan, out, n_jobs, t_start)
-            if not out.remote:
+            keys = _keys(b, content_hash)
+            if out.remote:   # nothing to do and nothing to write: one listing and the index read, no lock
+                report = None if force or repair else _settled(b, keys)
+                if report is not None:
+                    return report
+            with _faults(out, doing, NOTHING_WRITTEN):  # a store's first write: access denied stops it here
                 held.enter_context(out.lock(b.shard_dir, recipe.output_name))
-            return _stages(b, *run)
+            out.forget()   # what was listed before the lock may have changed since
+            return _stages(b, keys, *run)
+
+
+NOTHING_WRITTEN = "nothing was written; run build again once that is fixed"
 
 
 @contextlib.contextmanager
@@ -252,28 +261,24 @@ class _State:
         self.failures.extend(f.from_previous_build() for f in skipped)
 
 
-def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool,
+def _keys(b: _Build, content_hash: bool) -> dict[int, str]:
+    """Every shard's key (:func:`.keys.shard_key`), by shard index."""
+    skey = recipe_key(b.recipe)
+    return {s.index: shard_key(b.plan, s, skey, content=content_hash) for s in b.plan.shards}
+
+
+def _stages(b: _Build, keys: dict[int, str], force: bool, progress: bool, scheduler: Optional[str],
             force_space: bool = False, repair: bool = False) -> BuildReport:
-    """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize.
+    """The stages after the lock: clean -> (nothing to do?) -> sort -> reuse -> run -> finalize.
     With ``split:``, the no-op check and finalize run once per split output (:func:`split_views`)."""
     if not b.out.remote:
         _clean_temporaries(b)
-    skey = recipe_key(b.recipe)
-    keys = {s.index: shard_key(b.plan, s, skey, content=content_hash) for s in b.plan.shards}
     named = split_views(b)
     views = [v for _, v in named]
     damaged = _damaged(views) if repair and not force else None
     if not force and damaged is None:
-        reports = [_unchanged(v, keys) for v in views]
-        if all(r is not None for r in reports):
-            for v, r in zip(views, reports):
-                _ensure_report(b.out, v.index_path, r)
-                if b.recipe.model.stats:
-                    ensure_stats(v.index_path)
-            if views[0] is b:
-                return reports[0]
-            report = _merge_splits(b, named, reports, reports[0])
-            _ensure_report(b.out, b.index_path, report)
+        report = _noop(b, keys, named)
+        if report is not None:
             return report
     # the snapshot the current index replaced goes now (frees its space); the current one and the
     # shards this plan names (finished by a killed build) stay
@@ -309,6 +314,34 @@ def _index_files(out: Any, index_path: str) -> list[str]:
     """The shard files the stored index at ``index_path`` names ([] when there is none)."""
     local = out.index_copy(index_path)
     return snapshot.index_files(local) if local else []
+
+
+def _noop(b: _Build, keys: dict[int, str], named: list[tuple[Optional[str], _Build]]) -> Optional[BuildReport]:
+    """The report of a build with nothing to do (every split output unchanged), or None. Writes only a
+    missing or damaged report (and stats the recipe asks for that are not current)."""
+    views = [v for _, v in named]
+    reports = [_unchanged(v, keys) for v in views]
+    if not all(r is not None for r in reports):
+        return None
+    for v, r in zip(views, reports):
+        _ensure_report(b.out, v.index_path, r)
+        if b.recipe.model.stats:
+            ensure_stats(v.index_path)
+    if views[0] is b:
+        return reports[0]
+    report = _merge_splits(b, named, reports, reports[0])
+    _ensure_report(b.out, b.index_path, report)
+    return report
+
+
+def _settled(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
+    """A URL output with nothing to do and nothing to write (every report there): its report, without the
+    lock (the index is replaced in one PUT, so what one listing and the index say is one snapshot)."""
+    named = split_views(b)
+    paths = [v.index_path for _, v in named] + ([b.index_path] if named[0][1] is not b else [])
+    if not all(b.out.exists(os.path.splitext(p)[0] + fmt.REPORT_SUFFIX) for p in paths):
+        return None
+    return _noop(b, keys, named)
 
 
 def split_views(b: _Build) -> list[tuple[Optional[str], _Build]]:

@@ -99,6 +99,9 @@ class LocalOutput:
         return None
 
     # -- reading the stored build ---------------------------------------------------------------
+    def forget(self) -> None:
+        """Nothing is cached: every question asks the folder."""
+
     def index_attrs(self, index_path: str) -> Optional[dict[str, str]]:
         return snapshot.read_index_attrs(index_path)
 

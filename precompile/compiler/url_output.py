@@ -90,8 +90,10 @@ def url_fault(e: BaseException, url: str, options: dict[str, Any], doing: str, k
 
 
 def _refuse_userinfo(url: str) -> None:
-    if urlsplit(url).username is not None:
-        raise OutputError(f"output {url.split('@', 1)[-1]!r}: credentials in the URL are refused (the URL is "
+    parts = urlsplit(url)
+    if parts.username is not None:
+        shown = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1]).geturl()
+        raise OutputError(f"output {shown!r}: credentials in the URL are refused (the URL is "
                           f"written to the build report); set them in the store's environment or pass "
                           f"--storage-option")
 
@@ -106,7 +108,9 @@ class UrlOutput:
         _refuse_userinfo(url)
         self.root = url.rstrip("/")
         self.options = with_endpoint(url, dict(storage_options or {}))
-        self.fs = filesystem(self.root, self.options, what="--storage-option", error=OutputError)
+        # a fresh filesystem: credentials are read from the environment now, not from an earlier build's
+        self.fs = filesystem(self.root, {**self.options, "skip_instance_cache": True}, what="--storage-option",
+                             error=OutputError)
         self.name = name
         self.stage = tempfile.mkdtemp(prefix="precompile-out-")
         self.notes: list[str] = []
@@ -178,6 +182,11 @@ class UrlOutput:
             self._listing = {f"{self.root}/{k[len(base):]}": int(v.get("size") or 0) for k, v in found.items()
                              if k.startswith(base + prefix) and v.get("type", "file") == "file"}
         return self._listing
+
+    def forget(self) -> None:
+        """Drop the listing and the index copies (read again on next use: another build may have written)."""
+        self._listing = None
+        self._copies = {}
 
     def index_copy(self, index_url: str) -> Optional[str]:
         """A local copy of the index at ``index_url`` (fetched once), or None when there is none."""

@@ -60,9 +60,14 @@ def conditional_puts(fs: Any) -> bool:
     if "mode" not in inspect.signature(fs._pipe_file).parameters:
         return False
     try:
-        import botocore.session
+        client = getattr(fs, "s3", None)   # the filesystem's connected client: its model is loaded already
+        if client is not None:
+            model = client.meta.service_model
+        else:
+            import botocore.session
 
-        members = botocore.session.get_session().get_service_model("s3").operation_model("PutObject").input_shape.members
+            model = botocore.session.get_session().get_service_model("s3")
+        members = model.operation_model("PutObject").input_shape.members
     except Exception:  # not botocore's store, or a model that cannot be read: no conditions
         return False
     return "IfNoneMatch" in members and "IfMatch" in members

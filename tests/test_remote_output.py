@@ -48,6 +48,12 @@ def env(monkeypatch, tmp_path):
     monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
 
 
+def with_keys(endpoint: str) -> dict:
+    """Storage options with the credentials in them: loky workers that earlier tests started keep the
+    environment they started with (docs/reference-build.md), so -j 2 builds pass their keys this way."""
+    return {"endpoint_url": endpoint, "key": "test", "secret": SECRET}
+
+
 def objects(client, prefix: str) -> dict[str, bytes]:
     """{key under prefix: bytes} of every object under ``prefix/``."""
     out = {}
@@ -78,7 +84,7 @@ def test_url_build_is_the_local_build_byte_for_byte(tmp_path, store, env):
     files = local_files(tmp_path / "local")
     for prefix, jobs in (("same/j1", 1), ("same/j2", 2)):
         if jobs == 2:
-            precompile.build(r, out_dir=f"s3://{OUT}/{prefix}", n_jobs=2, storage_options={"endpoint_url": endpoint})
+            precompile.build(r, out_dir=f"s3://{OUT}/{prefix}", n_jobs=2, storage_options=with_keys(endpoint))
         objs = objects(client, prefix)
         # the index and every shard: the same bytes; beside them each shard's .entry.json (URL builds only)
         assert {k: v for k, v in objs.items() if k.endswith(".h5")} == {k: v for k, v in files.items()
@@ -86,7 +92,7 @@ def test_url_build_is_the_local_build_byte_for_byte(tmp_path, store, env):
         sidecars = sorted(k for k in objs if k.endswith(".entry.json"))
         assert sidecars == sorted(k + ".entry.json" for k in files if k.startswith("imgs.shards/shard-"))
         assert ".lock" not in "".join(objs)   # released
-        # neither the secret (from the environment) nor the storage options are stored anywhere
+        # the secret (from the environment, then from the storage options) and the options are stored nowhere
         assert not [k for k, v in objs.items() if SECRET.encode() in v or endpoint.encode() in v]
         report = json.loads(objs["imgs.report.json"])
         assert report["status"] == "ok" and report["num_samples"] == 10
@@ -128,7 +134,7 @@ def test_a_changed_input_rebuilds_its_shard_beside_the_old_snapshot_then_gc(tmp_
     old = {k for k in objects(client, "snap") if k.startswith("imgs.shards/shard-")}
     other = make_image_tree(tmp_path / "other", per_class=5, seed=9)
     (tmp_path / "data" / "dog" / "004.jpg").write_bytes((other / "dog" / "004.jpg").read_bytes())  # last shard
-    rep = precompile.build(r, out_dir=url, storage_options=so, n_jobs=2)
+    rep = precompile.build(r, out_dir=url, storage_options=with_keys(endpoint), n_jobs=2)
     assert rep["shards"]["built"] == 1 and rep["shards"]["skipped"] == 2
     objs = objects(client, "snap")
     shards = {k for k in objs if k.startswith("imgs.shards/shard-") and k.endswith(".h5")}

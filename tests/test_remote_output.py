@@ -328,15 +328,24 @@ def test_verify_streams_every_object_and_names_the_damaged_one(tmp_path, store, 
     assert res.returncode == FormatError.exit_code, res.stderr
     assert f"{victim}: whole-file sha256 differs from the index's: the object's bytes changed" in res.stderr
     assert f"error: 1 of 3 shard(s) failed verification: {victim}" in res.stderr
-    assert _cli(*args, "--quick").returncode == 0     # same size: --quick checks presence and sizes only
+    from precompile.tools.verify import verify
+
+    so = {"endpoint_url": endpoint}
+    assert verify(f"{url}/imgs.h5", checksums=False, storage_options=so).ok   # same size: --quick sees nothing
     client.delete_object(Bucket=OUT, Key=f"verify/{victim}")
-    quick = _cli(*args, "--quick")
-    assert quick.returncode == FormatError.exit_code and f"{victim}: file is missing" in quick.stderr
+    quick = verify(f"{url}/imgs.h5", checksums=False, storage_options=so)
+    assert quick.problems == [f"{victim}: file is missing"] and quick.exit_code == FormatError.exit_code
     client.put_object(Bucket=OUT, Key=f"verify/{victim}", Body=objs[victim])
-    ok = _cli(*args)
-    assert ok.returncode == 0 and f"{url}/imgs.h5: ok (3 shard(s), 10 samples, " in ok.stdout
-    assert _cli("verify", f"s3://{OUT}/nothing/imgs.h5", "--storage-option", f"endpoint_url={endpoint}"
-                ).stderr.strip() == f"error: s3://{OUT}/nothing/imgs.h5: no such output (build it first)"
+    ok = verify(f"{url}/imgs.h5", storage_options=so)
+    assert ok.ok and ok.bytes_checked == sum(len(v) for k, v in objs.items() if k.startswith("imgs.shards/shard-")
+                                            and k.endswith(".h5"))
+    with pytest.raises(FormatError, match=rf"^s3://{OUT}/nothing/imgs.h5: no such output \(build it first\)$"):
+        verify(f"s3://{OUT}/nothing/imgs.h5", storage_options=so)
+    # build --repair rebuilds exactly the damaged object
+    client.put_object(Bucket=OUT, Key=f"verify/{victim}", Body=bytes(data))
+    rep = precompile.build(r, out_dir=url, storage_options=so, repair=True)
+    assert rep["shards"]["built"] == 1 and rep["shards"]["skipped"] == 2
+    assert objects(client, "verify")[victim] == objs[victim] and verify(f"{url}/imgs.h5", storage_options=so).ok
 
 
 def _cli(*args: str, drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess:

@@ -34,7 +34,6 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import glob
-import json
 import os
 import shutil
 import time
@@ -48,7 +47,7 @@ from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
 from ..sample import FieldSpec
 from ..tools.stats import ensure_stats, stats_after_build, stored_stats_fields
-from ..formats.base import shard_digest, write_json_atomic
+from ..formats.base import shard_digest
 from ..formats import snapshot
 from .backends import remove_path, run_shards
 from .faults import check_space
@@ -115,11 +114,8 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
           storage_options: Optional[dict[str, Any]] = None) -> BuildReport:
     """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
 
-    ``out_dir`` may be a URL (``s3://bucket/prefix``, any fsspec URL): the same layout is written there
-    (HDF5 only), shard by shard from the workers, the index last. Credentials and the endpoint come from
-    the store's environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...) or ``storage_options`` (the
-    fsspec filesystem's options, e.g. ``{"endpoint_url": ..., "anon": True}``), never from the recipe;
-    they are never written to the index or the report (docs/reference-build.md, "Output to a URL").
+    ``out_dir`` may be a URL (``s3://bucket/prefix``): the same layout, uploaded by the workers; credentials
+    from the store's environment or ``storage_options`` (fsspec's), never stored (docs/reference-build.md).
 
     ``repair=True`` first verifies the existing output (every byte, as ``precompile verify``) and rebuilds
     exactly the shards it finds damaged, and the index when the index is damaged (docs/limits.md).

@@ -149,6 +149,9 @@ def test_a_changed_input_rebuilds_its_shard_beside_the_old_snapshot_then_gc(tmp_
 
     assert collect_garbage(f"{url}/imgs.h5", storage_options=so) == ([], 0)
     gone = sorted(k[len("imgs.shards/"):] for k in old if "shard-00002" in k)
+    dry = _cli("gc", f"{url}/imgs.h5", "--all", "--dry-run", "--storage-option", f"endpoint_url={endpoint}")
+    assert dry.returncode == 0 and dry.stdout.splitlines()[:2] == [f"would remove {n}" for n in gone], dry.stderr
+    assert objects(client, "snap") == objs
     removed, freed = collect_garbage(f"{url}/imgs.h5", keep_previous=False, storage_options=so)
     assert removed == gone and len(gone) == 2 and freed == sum(len(objs["imgs.shards/" + n]) for n in gone)
     left = objects(client, "snap")

@@ -741,7 +741,7 @@ def collect_garbage(index_path: str | os.PathLike, keep_previous: bool = True, d
         if not out.exists(index_path):
             raise FormatError(f"{index_path}: no such output (build it first)")
         shard_dir = os.path.join(out.root, fmt.shard_dir_name(name))
-        if not out.remote and not os.path.isdir(shard_dir):
+        if not (any(u.startswith(shard_dir + "/") for u in out.listing()) if out.remote else os.path.isdir(shard_dir)):
             return [], 0
         with out.lock(shard_dir, name):
             keep = out.referenced(shard_dir)

@@ -385,6 +385,29 @@ def test_the_stores_faults_are_output_errors_before_any_work(tmp_path, store, en
     assert objects(client, "faults") == {}
 
 
+def test_a_full_local_staging_folder_is_an_output_error_naming_it(tmp_path, store, env):
+    """Shards are built in a local folder before their upload: a full disk there is named (and TMPDIR)."""
+    endpoint, client = store
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root and mount): {r.stderr.strip()}")
+    try:
+        rf = write_recipe(tmp_path / "r.yaml", recipe(tmp_path))
+        sub_env = dict(os.environ, TMPDIR=str(mnt),
+                       PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+        res = subprocess.run([sys.executable, "-m", "precompile", "build", str(rf), "-o", f"s3://{OUT}/full",
+                              "--storage-option", f"endpoint_url={endpoint}", "--no-progress"],
+                             capture_output=True, text=True, env=sub_env, timeout=120)
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    assert res.returncode == OutputError.exit_code, res.stderr
+    assert res.stderr.startswith(f"error: output folder {mnt}/precompile-out-") and " is out of space: " in res.stderr
+    assert res.stderr.rstrip().endswith(f"(the local staging folder of s3://{OUT}/full/imgs.shards: TMPDIR moves it)")
+    assert "imgs.h5" not in objects(client, "full")
+
+
 def test_access_denied_is_an_output_error(tmp_path, store, env, monkeypatch):
     """Credentials that may read the bucket but not write it (moto enforcing IAM for this test only)."""
     import boto3

@@ -20,6 +20,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from ..errors import OutputError
 from ..formats import names as fmt
 from ..remote import filesystem
 from .keys import skipped_path
@@ -84,7 +85,10 @@ def run_shard_to_url(target: ShardTarget, recipe: Any, shard: Any, path: str, ke
                                                       os.path.basename(path))
     os.makedirs(os.path.dirname(local), exist_ok=True)
     try:
-        res = run_shard(recipe, shard, local, key, specs, chunking, in_worker, isolate, progress)
+        try:
+            res = run_shard(recipe, shard, local, key, specs, chunking, in_worker, isolate, progress)
+        except OutputError as e:   # the local folder it builds in (a full disk): say which one that is
+            raise OutputError(f"{e} (the local staging folder of {target.url}: TMPDIR moves it)") from None
         if not res.failed:
             upload_shard(target, local, res, key)
         return res

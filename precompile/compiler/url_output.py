@@ -36,7 +36,7 @@ from ..formats import names as fmt
 from ..formats import snapshot
 from ..formats.base import json_bytes
 from ..remote import CREDENTIALS_HINT, filesystem, is_credentials_error, protocol
-from .faults import KEPT
+from .faults import KEPT, is_output_fault, output_error
 from .keys import read_skipped, skipped_path
 from .results import Failure
 
@@ -165,6 +165,9 @@ class UrlOutput:
                 self._lock = None
 
     def fault(self, e: BaseException, doing: str, kept: str = KEPT) -> Optional[OutputError]:
+        """The OutputError for ``e``: of the local staging folder (a full disk there), else of the store."""
+        if isinstance(e, OSError) and os.path.isdir(self.stage) and is_output_fault(e, self.stage):
+            return output_error(e, self.stage, f"{doing} (in the local staging folder: TMPDIR moves it)")
         return url_fault(e, self.root, self.options, doing, kept)
 
     # -- reading the stored build ---------------------------------------------------------------

@@ -1,10 +1,12 @@
 """The stage sequence of a build and its entry point :func:`build`:
 lock -> plan -> keys -> run -> finalize -> report.
 
-:func:`build` makes the plan and takes the output's lock; :func:`_stages` runs the rest, one short
-function each: clean temporaries, shard keys, the no-op check (:func:`_unchanged`), sort shards
+:func:`build` makes the plan and the shard keys and takes the output's lock (a URL output with nothing
+to do answers first, without it); :func:`_stages` runs the rest, one short function each: clean
+temporaries, the no-op check (:func:`_unchanged`), sort shards
 (up to date or to do), reuse siblings' shards, run (:mod:`.backends`), check the outcome,
-finalize (index, then report). Shards whose stored key matches are skipped (incremental,
+finalize (index, then report). Everything that reads or writes the stored build goes through the output
+(:mod:`.output`: a local folder, or a URL). Shards whose stored key matches are skipped (incremental,
 resumable); the rest run as joblib tasks (in-process for one job, loky workers locally, or a
 dask cluster). The index and the build report are written last.
 
@@ -181,7 +183,7 @@ def _faults(out: Any, doing: str, kept: Optional[str] = None) -> Iterator[None]:
     except PrecompileError:
         raise
     except Exception as e:
-        err = out.fault(e, doing, kept) if kept else out.fault(e, doing)
+        err = out.fault(e, doing, kept)
         if err is None:
             raise
         raise err from None
@@ -414,8 +416,9 @@ def _sort_shards(b: _Build, keys: dict[int, str], force: bool, damaged: Optional
             st.todo.append((s, b.out.task_path(path)))
             continue
         st.keep(s.index, info, path, b.out.read_skipped(path, keys[s.index]))
-        if (own or parts) is not None:
-            st.parts[s.index] = own if own is not None else parts
+        chosen = own if own is not None else parts
+        if chosen is not None:
+            st.parts[s.index] = chosen
     return st
 
 

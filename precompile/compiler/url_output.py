@@ -164,11 +164,12 @@ class UrlOutput:
             finally:
                 self._lock = None
 
-    def fault(self, e: BaseException, doing: str, kept: str = KEPT) -> Optional[OutputError]:
-        """The OutputError for ``e``: of the local staging folder (a full disk there), else of the store."""
+    def fault(self, e: BaseException, doing: str, kept: Optional[str] = None) -> Optional[OutputError]:
+        """The OutputError for ``e``: of the local staging folder (a full disk there), else of the store
+        (``kept``: what the message says is kept; default: the previous build and finished shards)."""
         if isinstance(e, OSError) and os.path.isdir(self.stage) and is_output_fault(e, self.stage):
             return output_error(e, self.stage, f"{doing} (in the local staging folder: TMPDIR moves it)")
-        return url_fault(e, self.root, self.options, doing, kept)
+        return url_fault(e, self.root, self.options, doing, kept or KEPT)
 
     # -- reading the stored build ---------------------------------------------------------------
     def listing(self) -> dict[str, int]:

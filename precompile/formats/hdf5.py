@@ -56,7 +56,7 @@ from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
 from .base import Format, ShardWriter, VerifyResult, fsync_dir, fsync_file, human_bytes, range_text, shard_digest
 from .dataset import Batch, Dataset
-from .hdf5_parts import ShardParts, ragged_of, read_parts
+from .hdf5_parts import ShardParts, read_parts
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 BLOCK_BYTES = 8 << 20
@@ -303,7 +303,7 @@ def _ragged_index(f, name: str, spec: FieldSpec, shards: list[dict[str, Any]], p
         if not s["num_samples"]:
             sizes.append(0)
             continue
-        o, sh = ragged_of(p, name, nd)
+        o, sh = p.ragged[name]
         sizes.append(int(o[-1]))
         offsets.append(o[1:] + offsets[-1][-1])
         shapes.append(sh)
@@ -487,7 +487,7 @@ class Hdf5Format(Format):
         claim = None
         try:
             claim = _Claim(tmp, need)
-            self._write_index(f, shards, specs, attrs, total, keys, [p.copies for p in got if p.keys], metas, got)
+            self._write_index(f, shards, specs, attrs, total, keys, metas, got)
         except BaseException:
             if claim is not None:
                 claim.release()
@@ -503,10 +503,10 @@ class Hdf5Format(Format):
 
     @staticmethod
     def _write_index(f: Any, shards: list[dict[str, Any]], specs: dict[str, FieldSpec], attrs: dict[str, Any],
-                     total: int, keys: list[str], copies: list[np.ndarray], metas: list[str],
-                     parts: list[ShardParts]) -> None:
+                     total: int, keys: list[str], metas: list[str], parts: list[ShardParts]) -> None:
         """The index's datasets and attributes into the open file ``f`` (closed here)."""
         h5py = _h5()
+        copies = [p.copies for p in parts if p.keys]
         with f:
             for name, spec in specs.items():
                 if not spec.fixed:

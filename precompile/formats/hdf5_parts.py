@@ -16,7 +16,7 @@ Each source gives the same values, so the index bytes do not depend on where the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -102,10 +102,3 @@ def parts_from_index(index_path: str, entries: list[dict[str, Any]], wanted: set
                                         chunks if n else {}, rg)
         row += n
     return out
-
-
-def ragged_of(parts: Optional[ShardParts], name: str, ndim: int) -> tuple[np.ndarray, np.ndarray]:
-    """A ragged field's (offsets, shapes) in ``parts``; an empty shard's when there are none."""
-    if parts is None or name not in parts.ragged:
-        return np.zeros(1, np.int64), np.zeros((0, ndim), np.int64)
-    return parts.ragged[name]

@@ -11,7 +11,10 @@ Cases, each built ``--repeats`` times into a fresh folder / prefix, local and S3
 - a full build with ``-j 1`` and ``-j 2``;
 - a no-change rebuild (S3: one listing and the index, no lock, nothing written);
 - a resume: a build killed after its last shard was uploaded, before the index (the index and report
-  deleted): every shard is kept (local: read from the file; S3: from its sidecar) and the index written.
+  deleted): every shard is kept (local: read from the file; S3: from its sidecar) and the index written;
+- for scale, the upload alone: every file of the local build PUT to the store, one after the other.
+
+moto runs on the same (2-core) machine as the build, so its own CPU time is in the S3 numbers.
 
 Then finalize alone, local: the index written from the shards' parts (what the writers return, as a
 build now does) against reopening every shard file for them (what finalize did before), over
@@ -102,6 +105,17 @@ def measure(run: Callable[[str], Any], prepare: Callable[[str], None], targets: 
     return statistics.median(times)
 
 
+def _upload_alone(folder: str, endpoint: str, repeats: int) -> float:
+    """Median seconds to PUT every file of a built local output to the store (s3fs, sequentially): what any
+    uploader of these bytes pays, for scale."""
+    import s3fs
+
+    fs = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
+    files = [os.path.join(d, n) for d, _, ns in os.walk(folder) for n in ns]
+    return median_time(lambda: [fs.put_file(p, f"{BUCKET}/alone/{os.path.relpath(p, folder)}") for p in files],
+                       repeats)
+
+
 def build_table(a: argparse.Namespace, base: str, endpoint: str) -> list[tuple[str, float, float]]:
     import precompile
 
@@ -126,6 +140,8 @@ def build_table(a: argparse.Namespace, base: str, endpoint: str) -> list[tuple[s
                 got[kind].append(measure(lambda t: build(t, n_jobs=jobs), lambda t: None, [t]))
         rows.append((case, statistics.median(got["local"]), statistics.median(got["s3"])))
     done = {k: where(k, "full-j2", 0) for k in ("local", "s3")}
+    rows.append(("(upload alone: the local build's files, one PUT each, in one process)", 0.0,
+                 _upload_alone(done["local"], endpoint, a.repeats)))
     rows.append(("no-change rebuild", *(median_time(lambda k=k: build(done[k]), a.repeats)
                                         for k in ("local", "s3"))))
     resumed = [measure(lambda t: build(t, n_jobs=2), lambda t: _drop_index(t, client),
@@ -192,7 +208,7 @@ def main() -> None:
               f"load {os.getloadavg()[0]:.2f} at start\n")
         print("| case | local s | s3 (moto, loopback) s | s3 / local |\n|---|---|---|---|")
         for case, lo, rs in build_table(a, base, endpoint):
-            print(f"| {case} | {lo:.3f} | {rs:.3f} | {rs / lo:.2f} |")
+            print(f"| {case} | {lo:.3f} | {rs:.3f} | {rs / lo:.2f} |" if lo else f"| {case} | | {rs:.3f} | |")
         print("\n| shards | finalize from parts s | finalize reopening shards s | reopen / parts | same index |\n"
               "|---|---|---|---|---|")
         for n, tp, to, same in finalize_table(a, base):

@@ -44,6 +44,17 @@ def _stop(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
+def _address(sched_file: Path, log: Path) -> str:
+    """The scheduler's address from its scheduler file, once the file is there and whole."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            return json.loads(sched_file.read_text())["address"]
+        except (OSError, ValueError, KeyError):   # not written yet, or half written
+            time.sleep(0.05)
+    raise AssertionError(f"the scheduler did not start: {log.read_text()}")
+
+
 @pytest.fixture
 def cluster(tmp_path):
     """(scheduler address, [worker local directories]): one scheduler and two single-threaded workers."""
@@ -57,11 +68,7 @@ def cluster(tmp_path):
                      "--scheduler-file", str(sched_file)], tmp_path / "scheduler.log", env)]
     dirs = [tmp_path / f"worker{i}" for i in (1, 2)]
     try:
-        deadline = time.monotonic() + 30
-        while not sched_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert sched_file.exists(), (tmp_path / "scheduler.log").read_text()
-        address = json.loads(sched_file.read_text())["address"]
+        address = _address(sched_file, tmp_path / "scheduler.log")
         for i, d in enumerate(dirs, 1):
             d.mkdir()
             procs.append(_start(["distributed.cli.dask_worker", address, "--host", "127.0.0.1", "--nthreads", "1",

@@ -267,8 +267,11 @@ def _lock_body(**over) -> bytes:
     return json.dumps({**body, **over}).encode()
 
 
-def test_the_lock_stops_a_second_build_and_an_expired_one_is_taken_over(tmp_path, store, env):
+def test_the_lock_stops_a_second_build_and_an_expired_one_is_taken_over(tmp_path, store, env, monkeypatch):
+    from precompile.compiler import url_lock
+
     endpoint, client = store
+    monkeypatch.setattr(url_lock, "HEARTBEAT_S", 0.02)   # many heartbeats during a build: each If-Match holds
     so = {"endpoint_url": endpoint}
     r = recipe(tmp_path)
     url = f"s3://{OUT}/locked"

@@ -228,7 +228,8 @@ def test_a_killed_build_resumes_and_its_lock_is_taken_over(tmp_path, store, env)
     r["output"]["samples_per_shard"] = 2
     rf = write_recipe(tmp_path / "r.yaml", r)
     url = f"s3://{OUT}/killed"
-    sub_env = dict(os.environ, AWS_ENDPOINT_URL=endpoint,
+    (tmp_path / "tmp").mkdir()
+    sub_env = dict(os.environ, AWS_ENDPOINT_URL=endpoint, TMPDIR=str(tmp_path / "tmp"),
                    PYTHONPATH=os.pathsep.join([str(tmp_path / "plug"), str(REPO), os.environ.get("PYTHONPATH", "")]))
     run = "import pcplug_remote_slow, runpy; runpy.run_module('precompile', run_name='__main__')"
     cmd = [sys.executable, "-c", run, "build", str(rf), "-o", url, "--no-progress"]
@@ -246,10 +247,13 @@ def test_a_killed_build_resumes_and_its_lock_is_taken_over(tmp_path, store, env)
     assert 3 <= len(done) < 12 and "imgs.h5" not in objs and "imgs.shards/.lock" in objs
     holder = json.loads(objs["imgs.shards/.lock"])
     assert holder["pid"] == proc.pid and holder["host"] == socket.gethostname()
+    # the killed build's local staging folder is left behind (its half-built shards) ...
+    assert [p.name.startswith(f"precompile-out-{proc.pid}-") for p in (tmp_path / "tmp").iterdir()] == [True]
     r2 = subprocess.run(cmd, env=sub_env, capture_output=True, text=True, timeout=120)
     assert r2.returncode == 0, r2.stderr
     assert f"took over the stale build lock {url}/imgs.shards/.lock" in r2.stderr
     assert f"its process {proc.pid} on this host is gone" in r2.stderr
+    assert list((tmp_path / "tmp").iterdir()) == []   # ... and the next build removes it
     rep = json.loads(objects(client, "killed")["imgs.report.json"])
     assert rep["shards"]["skipped"] >= len(done) and rep["shards"]["built"] == 12 - rep["shards"]["skipped"]
     ref = subprocess.run(cmd[:-2] + [str(tmp_path / "local"), "--no-progress"], env=sub_env, capture_output=True,

@@ -42,7 +42,8 @@ def _now() -> _dt.datetime:
     return _dt.datetime.now(_dt.timezone.utc)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` of this machine exists (or may: another user's)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -83,7 +84,7 @@ def stale_reason(holder: dict[str, Any], now: Optional[_dt.datetime] = None) -> 
     """Why the lock ``holder`` (its JSON) may be taken over, or None while it holds."""
     now = now or _now()
     if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int) \
-            and not _pid_alive(holder["pid"]):
+            and not pid_alive(holder["pid"]):
         return f"its process {holder['pid']} on this host is gone"
     try:
         expires = _dt.datetime.fromisoformat(str(holder["expires"]))

@@ -24,6 +24,7 @@ report. Errors of the store become :class:`~precompile.errors.OutputError` namin
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -98,6 +99,21 @@ def _refuse_userinfo(url: str) -> None:
                           f"--storage-option")
 
 
+STAGE_PREFIX = "precompile-out-"
+
+
+def _staging_folder() -> str:
+    """A new local staging folder ``precompile-out-<pid>-*`` in the temporary folder; first the ones of
+    killed builds on this machine (their pid is gone) are removed, as a local build removes its temporaries."""
+    from .url_lock import pid_alive
+
+    for p in glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), STAGE_PREFIX + "*-*")):
+        pid = os.path.basename(p)[len(STAGE_PREFIX):].split("-", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-")
+
+
 class UrlOutput:
     """An output at a URL (see the module docstring). Use as a context manager: it owns a local staging
     folder (index copies, and the shards of local workers before their upload)."""
@@ -112,7 +128,7 @@ class UrlOutput:
         self.fs = filesystem(self.root, {**self.options, "skip_instance_cache": True}, what="--storage-option",
                              error=OutputError)
         self.name = name
-        self.stage = tempfile.mkdtemp(prefix="precompile-out-")
+        self.stage = _staging_folder()
         self.notes: list[str] = []
         self.shard_dir: Optional[str] = None
         self._listing: Optional[dict[str, int]] = None

@@ -43,6 +43,30 @@ def _jobs(ctx: click.Context, param: click.Parameter, value: int | None) -> int 
     return value
 
 
+def _storage_options(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, Any] | None:
+    """``--storage-option KEY=VALUE`` (repeatable) as a dict; values are YAML scalars (safe loader): ``anon=true``
+    is True, ``max_concurrency=8`` is 8; text that is not YAML stays text. Messages never echo a value."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in values:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter("use KEY=VALUE, e.g. --storage-option endpoint_url=http://127.0.0.1:9000")
+        try:
+            value = yaml.safe_load(text) if text.strip() else text
+        except yaml.YAMLError:
+            value = text
+        if isinstance(value, (dict, list)):
+            raise click.BadParameter(f"{key.strip()}: the value must be a scalar (text, a number, true/false)")
+        out[key.strip()] = value
+    return out or None
+
+
+_STORAGE_HELP = ("an option of the output URL's fsspec filesystem, KEY=VALUE (repeatable; e.g. endpoint_url=..., "
+                 "anon=true); credentials are better left in the store's environment")
+
+
 @click.group(cls=_Cli)
 @click.version_option(package_name="precompile")
 def main() -> None:
@@ -125,7 +149,8 @@ def plan(recipe: str) -> None:
 @click.argument("recipe", type=click.Path(dir_okay=False))
 @click.option("-j", "--jobs", type=int, default=None, callback=_jobs,
               help="parallel shard tasks (-1: all cores)  [default: 1; with --scheduler local, all cores]")
-@click.option("-o", "--out-dir", default="build", show_default=True, help="output folder")
+@click.option("-o", "--out-dir", default="build", show_default=True,
+              help="output folder, or a URL (s3://bucket/prefix: the same layout, written by the workers)")
 @click.option("--force", is_flag=True, help="rebuild every shard, even up-to-date ones")
 @click.option("--scheduler", default=None, help="run on a dask cluster: its address, or 'local'")
 @click.option("--content-hash", is_flag=True, help="fingerprint inputs by content, not size and mtime")
@@ -142,15 +167,18 @@ def plan(recipe: str) -> None:
               help="verify the existing output first (every byte) and rebuild exactly the damaged shards and index")
 @click.option("--stats", "with_stats", is_flag=True,
               help="also store the output's statistics (as `precompile stats`), as the recipe's stats: true")
+@click.option("--storage-option", "storage_options", multiple=True, callback=_storage_options,
+              metavar="KEY=VALUE", help=_STORAGE_HELP)
 def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: str | None, content_hash: bool,
           on_error: str | None, max_failures: int | None, timeout_s: float | None, progress: bool,
-          force_space: bool = False, repair: bool = False, with_stats: bool = False) -> None:
-    """Build RECIPE into OUT_DIR/<name>.h5 (shards under OUT_DIR/<name>.shards/).
+          force_space: bool = False, repair: bool = False, with_stats: bool = False,
+          storage_options: dict[str, Any] | None = None) -> None:
+    """Build RECIPE into OUT_DIR/<name>.h5 (shards under OUT_DIR/<name>.shards/); OUT_DIR may be a URL.
 
     Exit codes: 0 built (or up to date), 2 recipe or plan error, 3 inputs failed (shards failed, or
-    more than max_failures), 4 a missing optional dependency, 5 a damaged output, 6 the output folder
-    failed (out of space, read-only, vanished, I/O error, a URL), 7 a worker was killed (SIGKILL: memory).
-    See docs/faults.md."""
+    more than max_failures), 4 a missing optional dependency, 5 a damaged output, 6 the output failed
+    (out of space, read-only, vanished, I/O error; a URL's store: no credentials, unreachable, no bucket,
+    access denied), 7 a worker was killed (SIGKILL: memory). See docs/faults.md."""
     from .compiler import build as run_build
 
     if jobs == -1:
@@ -161,7 +189,7 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
         rep = run_build(recipe, out_dir=out_dir, n_jobs=jobs, force=force, progress=progress,
                         scheduler=scheduler, content_hash=content_hash, on_error=on_error,
                         max_failures=max_failures, timeout_s=timeout_s, force_space=force_space, repair=repair,
-                        stats=with_stats or None)
+                        stats=with_stats or None, storage_options=storage_options)
     except PrecompileError as e:
         _fail(e)
     sh = rep["shards"]
@@ -187,13 +215,16 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
 
 @main.command()
 @click.argument("output", type=click.Path(dir_okay=False))
-@click.option("--quick", is_flag=True, help="check files, sizes, keys and sample counts, not the data checksums")
-def verify(output: str, quick: bool) -> None:
-    """Re-read a built OUTPUT and check every shard against the checksums in its index."""
+@click.option("--quick", is_flag=True, help="check files, sizes, keys and sample counts, not the data checksums "
+              "(at a URL: presence and sizes)")
+@click.option("--storage-option", "storage_options", multiple=True, callback=_storage_options,
+              metavar="KEY=VALUE", help=_STORAGE_HELP)
+def verify(output: str, quick: bool, storage_options: dict[str, Any] | None = None) -> None:
+    """Re-read a built OUTPUT (an index file, or its URL) and check every shard against its index."""
     from .tools.verify import verify as run_verify
 
     try:
-        res = run_verify(output, checksums=not quick)
+        res = run_verify(output, checksums=not quick, storage_options=storage_options)
     except PrecompileError as e:
         _fail(e)
     for p in res.problems:
@@ -293,7 +324,9 @@ def stats(output: str, fields: tuple[str, ...], no_write: bool, as_json: bool) -
               help="also remove the snapshot the last build replaced (readers still open on it lose the shards "
                    "they have not opened yet)")
 @click.option("--dry-run", is_flag=True, help="list what would be removed, remove nothing")
-def gc(output: str, drop_previous: bool, dry_run: bool) -> None:
+@click.option("--storage-option", "storage_options", multiple=True, callback=_storage_options,
+              metavar="KEY=VALUE", help=_STORAGE_HELP)
+def gc(output: str, drop_previous: bool, dry_run: bool, storage_options: dict[str, Any] | None = None) -> None:
     """Remove the files under OUTPUT's shard folder that no index refers to (a build does this itself).
 
     Safe with readers open: a file a reader has open or mapped survives its removal. The snapshot the
@@ -302,7 +335,8 @@ def gc(output: str, drop_previous: bool, dry_run: bool) -> None:
     from .formats.base import human_bytes
 
     try:
-        removed, freed = collect_garbage(output, keep_previous=not drop_previous, dry_run=dry_run)
+        removed, freed = collect_garbage(output, keep_previous=not drop_previous, dry_run=dry_run,
+                                         storage_options=storage_options)
     except PrecompileError as e:
         _fail(e)
     verb = "would remove" if dry_run else "removed"

@@ -26,7 +26,7 @@ import tempfile
 import threading
 from typing import Any, Iterator, Optional
 
-from .errors import DecodeError, MissingDependencyError, PlanError
+from .errors import DecodeError, MissingDependencyError, PlanError, PrecompileError
 
 URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # protocol -> (extra, package that provides it)
@@ -73,8 +73,10 @@ def check_storage_options(opts: dict[str, Any]) -> Optional[str]:
     return None
 
 
-def filesystem(url: str, storage_options: Optional[dict[str, Any]] = None) -> Any:
-    """The fsspec filesystem for ``url``; a missing package is a MissingDependencyError naming the extra."""
+def filesystem(url: str, storage_options: Optional[dict[str, Any]] = None, what: str = "inputs.storage_options",
+               error: type[PrecompileError] = PlanError) -> Any:
+    """The fsspec filesystem for ``url``; a missing package is a MissingDependencyError naming the extra. Bad
+    options raise ``error`` naming them as ``what`` (the recipe's ``inputs.storage_options``, or an output's)."""
     proto = protocol(url)
     extra, pkg = EXTRAS.get(proto, ("remote", None))
     try:
@@ -88,9 +90,9 @@ def filesystem(url: str, storage_options: Optional[dict[str, Any]] = None) -> An
         raise MissingDependencyError(f"{url}: reading {proto}:// needs {what}: pip install 'precompile[{extra}]' "
                                      f"({e})") from None
     except ValueError as e:  # an unknown protocol
-        raise PlanError(f"{url}: fsspec cannot open {proto}:// URLs: {e}") from None
+        raise error(f"{url}: fsspec cannot open {proto}:// URLs: {e}") from None
     except TypeError as e:  # a storage option the filesystem does not take
-        raise PlanError(f"{url}: bad inputs.storage_options for {proto}://: {e}") from None
+        raise error(f"{url}: bad {what} for {proto}://: {e}") from None
 
 
 def _fp(info: dict[str, Any]) -> list:

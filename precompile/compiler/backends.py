@@ -46,9 +46,10 @@ def _dead_worker_result(shard: Any, why: str) -> ShardResult:
 
 def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str], plan: Plan,
                chunking: dict[int, dict[str, int]], n_jobs: Optional[int], scheduler: Optional[str],
-               events: Optional[list[str]] = None, progress: Any = None) -> Iterator[ShardResult]:
+               events: Optional[list[str]] = None, progress: Any = None, dest: Any = None) -> Iterator[ShardResult]:
     """Yield shard results as they complete (``progress``: a :class:`precompile.progress.Progress` or None):
-    inline for one job and no scheduler, on dask with a scheduler, else on loky."""
+    inline for one job and no scheduler, on dask with a scheduler, else on loky. ``dest``: for a build
+    written to a URL, the :class:`~.upload.ShardTarget` each task uploads its shard to (None: in place)."""
     if not todo:
         return
     events = [] if events is None else events
@@ -56,7 +57,12 @@ def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str]
 
     def task(s: Any, path: str, in_worker: bool = True, isolate: bool = False, sink: Any = None) -> tuple:
         """A shard task's function and arguments."""
-        return run_shard, (recipe, s, path, keys[s.index], plan.specs, chunking[s.index], in_worker, isolate, sink)
+        args = (recipe, s, path, keys[s.index], plan.specs, chunking[s.index], in_worker, isolate, sink)
+        if dest is None:
+            return run_shard, args
+        from .upload import run_shard_to_url
+
+        return run_shard_to_url, (dest, *args)
 
     if (n_jobs or 1) == 1 and scheduler is None:
         yield from run_inline(todo, task, progress)

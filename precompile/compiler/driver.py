@@ -1,10 +1,12 @@
 """The stage sequence of a build and its entry point :func:`build`:
 lock -> plan -> keys -> run -> finalize -> report.
 
-:func:`build` makes the plan and takes the output's lock; :func:`_stages` runs the rest, one short
-function each: clean temporaries, shard keys, the no-op check (:func:`_unchanged`), sort shards
+:func:`build` makes the plan and the shard keys and takes the output's lock (a URL output with nothing
+to do answers first, without it); :func:`_stages` runs the rest, one short function each: clean
+temporaries, the no-op check (:func:`_unchanged`), sort shards
 (up to date or to do), reuse siblings' shards, run (:mod:`.backends`), check the outcome,
-finalize (index, then report). Shards whose stored key matches are skipped (incremental,
+finalize (index, then report). Everything that reads or writes the stored build goes through the output
+(:mod:`.output`: a local folder, or a URL). Shards whose stored key matches are skipped (incremental,
 resumable); the rest run as joblib tasks (in-process for one job, loky workers locally, or a
 dask cluster). The index and the build report are written last.
 
@@ -34,12 +36,11 @@ import contextlib
 import dataclasses
 import datetime as _dt
 import glob
-import json
 import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 from .. import __version__
 from ..formats import names as fmt
@@ -48,11 +49,12 @@ from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
 from ..sample import FieldSpec
 from ..tools.stats import ensure_stats, stats_after_build, stored_stats_fields
-from ..formats.base import shard_digest, write_json_atomic
+from ..formats.base import shard_digest
 from ..formats import snapshot
 from .backends import remove_path, run_shards
-from .faults import check_space, is_output_fault, output_error, refuse_url
-from .keys import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
+from .faults import check_space
+from .keys import find_reusable, recipe_key, shard_key, skipped_path
+from .output import output_for
 from .plan import Plan, make_plan, plan_specs
 from .results import BuildReport, Failure, count_inputs, zero_timings
 
@@ -110,8 +112,12 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
           force: bool = False, progress: bool = False, scheduler: Optional[str] = None,
           content_hash: bool = False, on_error: Optional[str] = None,
           max_failures: Optional[int] = None, timeout_s: Optional[float] = None,
-          force_space: bool = False, repair: bool = False, stats: Optional[bool] = None) -> BuildReport:
+          force_space: bool = False, repair: bool = False, stats: Optional[bool] = None,
+          storage_options: Optional[dict[str, Any]] = None) -> BuildReport:
     """Build a recipe into ``out_dir``; returns the build report (also written as JSON).
+
+    ``out_dir`` may be a URL (``s3://bucket/prefix``): the same layout, uploaded by the workers; credentials
+    from the store's environment or ``storage_options`` (fsspec's), never stored (docs/reference-build.md).
 
     ``repair=True`` first verifies the existing output (every byte, as ``precompile verify``) and rebuilds
     exactly the shards it finds damaged, and the index when the index is damaged (docs/limits.md).
@@ -126,8 +132,9 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
 
     Before any shard is built, the plan's estimated size of the shards to write is compared with the
     free space of ``out_dir``; a build that cannot fit is refused with both numbers (``force_space=True``
-    skips the check). The output folder's faults (out of space, read-only, vanished, I/O errors, a URL
-    given as ``out_dir``) stop the build with an :class:`~precompile.errors.OutputError` (exit code 6);
+    skips the check; a URL output has no free space to check). The output's faults (out of space,
+    read-only, vanished, I/O errors; for a URL: no credentials, an unreachable endpoint, a missing bucket,
+    access denied) stop the build with an :class:`~precompile.errors.OutputError` (exit code 6);
     a worker killed by SIGKILL twice with a :class:`~precompile.errors.WorkerKilledError` (exit code 7).
     Either way the previous build stays readable and finished shards are kept.
 
@@ -140,42 +147,46 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
     """
     if n_jobs is None and scheduler != "local":
         n_jobs = 1
-    refuse_url(str(out_dir))
     recipe = with_policy(as_recipe(recipe), on_error=on_error, max_failures=max_failures, timeout_s=timeout_s,
                          stats=stats)
     t_start = time.perf_counter()
-    plan = make_plan(recipe)  # recipe and plan errors come before anything is written
-    check_plan(plan)
-    out = os.path.abspath(str(out_dir))
-    try:
-        b = _Build.start(recipe, plan, out, n_jobs, t_start)
-        with _output_lock(b.shard_dir, recipe.output_name):
-            return _stages(b, force, progress, scheduler, content_hash, force_space, repair)
-    except OSError as e:
-        if not is_output_fault(e, out):
-            raise
-        raise output_error(e, out, f"building {recipe.output_name!r}") from None
+    run = (force, progress, scheduler, force_space, repair)
+    doing = f"building {recipe.output_name!r}"
+    with output_for(out_dir, storage_options, recipe.output_name) as out, contextlib.ExitStack() as held:
+        if out.remote:
+            out.check_recipe(recipe)
+            with _faults(out, doing, NOTHING_WRITTEN):
+                out.listing()  # the first request: no credentials, no endpoint, no bucket stop the build here
+        plan = make_plan(recipe)  # recipe and plan errors come before anything is written
+        check_plan(plan)
+        with _faults(out, doing):
+            b = _Build.start(recipe, plan, out, n_jobs, t_start)
+            keys = _keys(b, content_hash)
+            if out.remote:   # nothing to do and nothing to write: one listing and the index read, no lock
+                report = None if force or repair else _settled(b, keys)
+                if report is not None:
+                    return report
+            with _faults(out, doing, NOTHING_WRITTEN):  # a store's first write: access denied stops it here
+                held.enter_context(out.lock(b.shard_dir, recipe.output_name))
+            out.forget()   # what was listed before the lock may have changed since
+            return _stages(b, keys, *run)
+
+
+NOTHING_WRITTEN = "nothing was written; run build again once that is fixed"
 
 
 @contextlib.contextmanager
-def _output_lock(shard_dir: str, name: str):
-    """An exclusive lock on ``<shard folder>/.lock`` for the build's duration (released if it dies)."""
+def _faults(out: Any, doing: str, kept: Optional[str] = None) -> Iterator[None]:
+    """The output's errors (a full disk, a store that refuses) as its OutputError; others unchanged."""
     try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock
         yield
-        return
-    path = os.path.join(shard_dir, ".lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BuildError(f"another build of {name!r} into {os.path.dirname(shard_dir)} is running (lock {path}); "
-                             f"wait for it to finish") from None
-        yield
-    finally:
-        os.close(fd)
+    except PrecompileError:
+        raise
+    except Exception as e:
+        err = out.fault(e, doing, kept)
+        if err is None:
+            raise
+        raise err from None
 
 
 def as_recipe(recipe: Recipe | dict | str | os.PathLike) -> Recipe:
@@ -204,21 +215,14 @@ class _Build:
     n_jobs: Optional[int]
     t_start: float
     rhash: str
+    out: Any          # where it goes: output.LocalOutput or url_output.UrlOutput
 
     @classmethod
-    def start(cls, recipe: Recipe, plan: Plan, out_dir: str | os.PathLike, n_jobs: Optional[int],
-              t_start: float) -> "_Build":
-        out = os.path.abspath(str(out_dir))
-        index_path, shard_dir = output_paths(recipe, out)
-        try:
-            os.makedirs(shard_dir, exist_ok=True)
-        except OSError as e:
-            from ..errors import OutputError
-
-            raise OutputError(f"cannot create the output folder {shard_dir}: {e.strerror or e}"
-                              + (f" ({e.filename})" if e.filename and e.filename != shard_dir else "")) from None
-        return cls(recipe, plan, out, index_path, shard_dir, WRITERS.get(recipe.model.output.format)(), n_jobs,
-                   t_start, recipe.content_hash())
+    def start(cls, recipe: Recipe, plan: Plan, out: Any, n_jobs: Optional[int], t_start: float) -> "_Build":
+        index_path, shard_dir = output_paths(recipe, out.root)
+        out.prepare(shard_dir)
+        return cls(recipe, plan, out.root, index_path, shard_dir, WRITERS.get(recipe.model.output.format)(), n_jobs,
+                   t_start, recipe.content_hash(), out)
 
     def shard_name(self, s: Any, key: str) -> str:
         """The shard's file name: its index and content key (a changed shard gets a new name)."""
@@ -245,63 +249,97 @@ class _State:
     events: list[str] = field(default_factory=list)
 
     known: dict[str, str] = field(default_factory=dict)   # shard file name -> whole-shard sha256 (stored index)
+    parts: dict[int, Any] = field(default_factory=dict)   # shard index -> its share of the index (hdf5_parts)
 
-    def keep(self, index: int, info: dict[str, Any], path: str, key: str) -> None:
-        """A finished shard with the right key: its info (with the whole-shard sha256 the index recorded for
-        it, else computed), and the inputs it skipped when it was built."""
-        info["sha256"] = self.known.get(os.path.basename(path)) or shard_digest(path)
+    def keep(self, index: int, info: dict[str, Any], path: str, skipped: list[Failure]) -> None:
+        """A finished shard with the right key: its info (with the whole-shard sha256 the index or its sidecar
+        recorded for it, else computed), and the inputs it ``skipped`` when it was built."""
+        info["sha256"] = info.get("sha256") or self.known.get(os.path.basename(path)) or shard_digest(path)
         self.infos[index] = info
-        self.failures.extend(f.from_previous_build() for f in read_skipped(path, key))
+        self.failures.extend(f.from_previous_build() for f in skipped)
 
 
-def _stages(b: _Build, force: bool, progress: bool, scheduler: Optional[str], content_hash: bool,
-            force_space: bool = False, repair: bool = False) -> BuildReport:
-    """The stages after the lock: clean -> keys -> (nothing to do?) -> sort -> reuse -> run -> finalize.
-    With ``split:``, the no-op check and finalize run once per split output (:func:`split_views`)."""
-    _clean_temporaries(b)
+def _keys(b: _Build, content_hash: bool) -> dict[int, str]:
+    """Every shard's key (:func:`.keys.shard_key`), by shard index."""
     skey = recipe_key(b.recipe)
-    keys = {s.index: shard_key(b.plan, s, skey, content=content_hash) for s in b.plan.shards}
+    return {s.index: shard_key(b.plan, s, skey, content=content_hash) for s in b.plan.shards}
+
+
+def _stages(b: _Build, keys: dict[int, str], force: bool, progress: bool, scheduler: Optional[str],
+            force_space: bool = False, repair: bool = False) -> BuildReport:
+    """The stages after the lock: clean -> (nothing to do?) -> sort -> reuse -> run -> finalize.
+    With ``split:``, the no-op check and finalize run once per split output (:func:`split_views`)."""
+    if not b.out.remote:
+        _clean_temporaries(b)
     named = split_views(b)
     views = [v for _, v in named]
     damaged = _damaged(views) if repair and not force else None
     if not force and damaged is None:
-        reports = [_unchanged(v, keys) for v in views]
-        if all(r is not None for r in reports):
-            for v, r in zip(views, reports):
-                _ensure_report(v.index_path, r)
-                if b.recipe.model.stats:
-                    ensure_stats(v.index_path)
-            if views[0] is b:
-                return reports[0]
-            report = _merge_splits(b, named, reports, reports[0])
-            _ensure_report(b.index_path, report)
+        report = _noop(b, keys, named)
+        if report is not None:
             return report
     # the snapshot the current index replaced goes now (frees its space); the current one and the
     # shards this plan names (finished by a killed build) stay
     planned = {b.shard_name(s, keys[s.index]) for s in b.plan.shards}
-    snapshot.collect(b.shard_dir, snapshot.referenced(b.shard_dir) | planned)
+    b.out.collect(b.shard_dir, b.out.referenced(b.shard_dir) | planned)
     st = _sort_shards(b, keys, force, damaged)
-    if not force:
+    st.events.extend(b.out.notes)
+    if not force and not b.out.remote:   # siblings are local folders
         _reuse_siblings(b, keys, st)
-    if not force_space:
+    if not force_space and not b.out.remote:   # a store has no free space to check
         _check_space(b, st)
     try:
         _run_stage(b, keys, st, progress, scheduler)
     except (OSError, PrecompileError):
-        _clean_temporaries(b)  # a full disk: the half-written shards' space back (finished shards are kept)
+        if not b.out.remote:
+            _clean_temporaries(b)  # a full disk: the half-written shards' space back (finished shards are kept)
         raise
     report = _report(b, st)
     _check_outcome(b, st, report)
-    replaced = [f for v in views for f in snapshot.index_files(v.index_path)]
+    replaced = [f for v in views for f in _index_files(b.out, v.index_path)]
     if views[0] is b:
         report = _finalize(b, st, report)
     else:
         done = [_finalize(v, st, dataclasses.replace(report, output=v.index_path, inputs=len(v.plan.items)))
                 for v in views]
         report = _merge_splits(b, named, done, report)
-        _write_report(b.index_path, report)
+        _write_report(b.out, b.index_path, report)
     _retire(b, replaced)
     return report
+
+
+def _index_files(out: Any, index_path: str) -> list[str]:
+    """The shard files the stored index at ``index_path`` names ([] when there is none)."""
+    local = out.index_copy(index_path)
+    return snapshot.index_files(local) if local else []
+
+
+def _noop(b: _Build, keys: dict[int, str], named: list[tuple[Optional[str], _Build]]) -> Optional[BuildReport]:
+    """The report of a build with nothing to do (every split output unchanged), or None. Writes only a
+    missing or damaged report (and stats the recipe asks for that are not current)."""
+    views = [v for _, v in named]
+    reports = [_unchanged(v, keys) for v in views]
+    if not all(r is not None for r in reports):
+        return None
+    for v, r in zip(views, reports):
+        _ensure_report(b.out, v.index_path, r)
+        if b.recipe.model.stats:
+            ensure_stats(v.index_path)
+    if views[0] is b:
+        return reports[0]
+    report = _merge_splits(b, named, reports, reports[0])
+    _ensure_report(b.out, b.index_path, report)
+    return report
+
+
+def _settled(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
+    """A URL output with nothing to do and nothing to write (every report there): its report, without the
+    lock (the index is replaced in one PUT, so what one listing and the index say is one snapshot)."""
+    named = split_views(b)
+    paths = [v.index_path for _, v in named] + ([b.index_path] if named[0][1] is not b else [])
+    if not all(b.out.exists(os.path.splitext(p)[0] + fmt.REPORT_SUFFIX) for p in paths):
+        return None
+    return _noop(b, keys, named)
 
 
 def split_views(b: _Build) -> list[tuple[Optional[str], _Build]]:
@@ -340,8 +378,8 @@ def _merge_splits(b: _Build, named: list[tuple[Optional[str], _Build]], reports:
 
 def _retire(b: _Build, replaced: list[str]) -> None:
     """After the new index is in place: remember the snapshot it replaced, remove what no index refers to."""
-    snapshot.remember_previous(b.shard_dir, replaced)
-    snapshot.collect(b.shard_dir, snapshot.referenced(b.shard_dir) | snapshot.previous(b.shard_dir))
+    b.out.remember_previous(b.shard_dir, replaced)
+    b.out.collect(b.shard_dir, b.out.referenced(b.shard_dir) | b.out.previous(b.shard_dir))
 
 
 def _check_space(b: _Build, st: _State) -> None:
@@ -364,30 +402,53 @@ def _clean_temporaries(b: _Build) -> None:
 
 def _sort_shards(b: _Build, keys: dict[int, str], force: bool, damaged: Optional[frozenset[str]] = None) -> _State:
     """Shards whose stored key matches are kept; the rest (and those ``verify`` found ``damaged``) are to do.
-    A repair hashes the kept shards again rather than trust the sha256s of an index that may be damaged."""
-    st = _State(known=_stored_digests(b) if damaged is None else {})
+    A kept shard's parts (its share of the index) come from the index it is in, or from the output (a URL
+    output's sidecar); a repair trusts neither the sha256s nor the rows of an index that may be damaged."""
+    known, stored = _stored(b, keys) if damaged is None else ({}, {})
+    st = _State(known=known)
     for s in b.plan.shards:
         path = b.shard_path(s, keys[s.index])
-        info = None if force or os.path.basename(path) in (damaged or ()) else b.writer.read_shard_info(path)
-        if info is not None and info["key"] == keys[s.index]:
-            st.keep(s.index, info, path, keys[s.index])
-        else:
-            st.todo.append((s, path))
+        name = os.path.basename(path)
+        entry, parts = stored.get(name, (None, None))
+        info, own = (None, None) if force or name in (damaged or ()) else \
+            b.out.finished_shard(b.writer, path, keys[s.index], entry, parts)
+        if info is None:
+            st.todo.append((s, b.out.task_path(path)))
+            continue
+        st.keep(s.index, info, path, b.out.read_skipped(path, keys[s.index]))
+        chosen = own if own is not None else parts
+        if chosen is not None:
+            st.parts[s.index] = chosen
     return st
 
 
-def _stored_digests(b: _Build) -> dict[str, str]:
-    """{shard file name: sha256} from the entries of the current index (of every split's index, with ``split:``:
-    the build's own index name is then never written); each name carries its key."""
-    out: dict[str, str] = {}
+def _stored(b: _Build, keys: dict[int, str]) -> tuple[dict[str, str], dict[str, tuple[dict[str, Any], Any]]]:
+    """What the current index (every split's index, with ``split:``: the build's own index name is then never
+    written) says of its shards: {file name: sha256} of every entry (each name carries its key), and
+    {file name: (entry, parts)} of the entries this plan names with the same key (HDF5: parts from the
+    index's rows, :func:`precompile.formats.hdf5_parts.parts_from_index`; None when it has no chunk tables)."""
+    digests: dict[str, str] = {}
+    stored: dict[str, tuple[dict[str, Any], Any]] = {}
     for _, v in split_views(b):
-        attrs = snapshot.read_index_attrs(v.index_path)
+        attrs = b.out.index_attrs(v.index_path)
         try:
             shards = fmt.loads(attrs[fmt.A_SHARDS]) if attrs and fmt.A_SHARDS in attrs else []
-            out.update({os.path.basename(e["file"]): e["sha256"] for e in shards if isinstance(e.get("sha256"), str)})
+            digests.update({os.path.basename(e["file"]): e["sha256"] for e in shards
+                            if isinstance(e.get("sha256"), str)})
+            planned = {v.shard_entry_file(s, keys[s.index]): keys[s.index] for s in v.plan.shards}
+            mine = [e for e in shards if planned.get(e.get("file")) == e.get("key")]
         except (ValueError, TypeError, KeyError, AttributeError):
             continue
-    return out
+        parts = {}
+        if mine and b.writer.name == "hdf5":
+            from ..formats.hdf5_parts import parts_from_index
+
+            try:
+                parts = parts_from_index(b.out.index_copy(v.index_path), shards, {e["file"] for e in mine})
+            except (OSError, KeyError, ValueError, TypeError):  # an unreadable index: the shards' own parts
+                parts = {}
+        stored.update({os.path.basename(e["file"]): (e, parts.get(e["file"])) for e in mine})
+    return digests, stored
 
 
 def _reuse_siblings(b: _Build, keys: dict[int, str], st: _State) -> None:
@@ -399,7 +460,7 @@ def _reuse_siblings(b: _Build, keys: dict[int, str], st: _State) -> None:
             info = b.writer.read_shard_info(path)
             if info is not None and info["key"] == keys[s.index]:
                 st.reused += 1
-                st.keep(s.index, info, path, keys[s.index])
+                st.keep(s.index, info, path, b.out.read_skipped(path, keys[s.index]))
                 continue
         todo.append((s, path))
     st.todo = todo
@@ -418,7 +479,9 @@ def _run_stage(b: _Build, keys: dict[int, str], st: _State, progress: bool, sche
         bar = Progress(len(plan.items), sum(len(s.items) for s in plan.shards if s.index in st.infos), r.name,
                        {s.index: len(s.items) for s, _ in st.todo})
     try:
-        for res in run_shards(r, st.todo, keys, plan, chunking, b.n_jobs, scheduler, st.events, bar):
+        # a cluster's workers build in their own folders (the ones of another machine are not this one's)
+        dest = b.out.shard_target(private=scheduler is not None)
+        for res in run_shards(r, st.todo, keys, plan, chunking, b.n_jobs, scheduler, st.events, bar, dest):
             for k in st.timings:
                 st.timings[k] += res.timings[k]
             st.failures.extend(res.failures)
@@ -430,6 +493,8 @@ def _run_stage(b: _Build, keys: dict[int, str], st: _State, progress: bool, sche
                     break
             else:
                 st.infos[res.index] = res.info(keys[res.index])
+                if res.parts is not None:
+                    st.parts[res.index] = res.parts
             if mf is not None and count_inputs(st.failures) > mf:
                 break
     finally:
@@ -461,7 +526,7 @@ def _check_outcome(b: _Build, st: _State, report: BuildReport) -> None:
     if st.failed_shards or too_many:
         report.status = "failed"
         report.shards["built"] = sum(1 for s in plan.shards if s.index in st.infos) - report.shards["skipped"]
-        _write_report(b.index_path, report)
+        _write_report(b.out, b.index_path, report)
         inputs = [f for f in failures if not f.policy]
         first = (inputs or failures)[0].message if failures else "unknown error"
         if too_many:
@@ -474,7 +539,7 @@ def _check_outcome(b: _Build, st: _State, report: BuildReport) -> None:
                          f"Finished shards are kept; {hint} and run build again.")
     if failures and not sum(st.infos[s.index]["num_samples"] for s in plan.shards):
         report.status = "failed"
-        _write_report(b.index_path, report)
+        _write_report(b.out, b.index_path, report)
         raise BuildError(f"build of {r.name!r}: every input failed ({n_bad} skipped), nothing to write; "
                          f"first error: {failures[0].message}")
 
@@ -490,11 +555,12 @@ def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:
                        "bytes": info["bytes"], "sha256": info["sha256"]})
     attrs = _index_attrs(r, plan, b.rhash) | {fmt.A_BUILD_DATE: _build_date(), fmt.A_SHARDS: shards}
     t0 = time.perf_counter()
-    previous = stored_stats_fields(b.index_path)   # the index about to be replaced
-    b.writer.finalize(b.index_path, shards, plan.specs, attrs)
+    # the stats of the index about to be replaced (a URL output never holds any: check_recipe)
+    previous = None if b.out.remote else stored_stats_fields(b.index_path)
+    b.out.finalize(b.writer, b.index_path, shards, plan.specs, attrs, [st.parts.get(s.index) for s in plan.shards])
     report.stage_seconds["finalize"] = round(time.perf_counter() - t0, 4)
     t0 = time.perf_counter()
-    if stats_after_build(b.index_path, r.model.stats, previous) is not None:
+    if not b.out.remote and stats_after_build(b.index_path, r.model.stats, previous) is not None:
         report.stage_seconds["stats"] = round(time.perf_counter() - t0, 4)
     report.num_samples = sum(s["num_samples"] for s in shards)
     report.bytes = sum(s["bytes"] for s in shards)
@@ -503,7 +569,7 @@ def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:
     report.samples_built = sum(st.infos[s.index]["num_samples"] for s in plan.shards
                                if s.index in built and s.index in st.infos)
     report.samples_per_second = _rate(report.samples_built, report.wall_seconds)
-    _write_report(b.index_path, report)
+    _write_report(b.out, b.index_path, report)
     return report
 
 
@@ -544,7 +610,7 @@ def _unchanged(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
         path = _intact_shard(b, s, info, keys[s.index])
         if path is None:
             return None
-        failures.extend(f.from_previous_build() for f in read_skipped(path, keys[s.index]))
+        failures.extend(f.from_previous_build() for f in b.out.read_skipped(path, keys[s.index]))
     recipe, plan = b.recipe, b.plan
     wall = round(time.perf_counter() - b.t_start, 4)
     n = sum(int(s["num_samples"]) for s in shards)
@@ -562,7 +628,7 @@ def _unchanged(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
 def _stored_shards(b: _Build) -> Optional[list[dict[str, Any]]]:
     """The stored index's shard list when every other attribute is what this build would write and it
     has the plan's shard count; else None."""
-    stored = snapshot.read_index_attrs(b.index_path)
+    stored = b.out.index_attrs(b.index_path)
     if stored is None or fmt.A_SHARDS not in stored:
         return None
     json_index = b.index_path.endswith(fmt.INDEX_JSON_EXT)
@@ -582,11 +648,8 @@ def _intact_shard(b: _Build, s: Any, info: dict[str, Any], key: str) -> Optional
     if info.get("file") != b.shard_entry_file(s, key) or info.get("key") != key:
         return None
     path = b.shard_path(s, key)
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    if b.writer.shard_ext and st.st_size != info.get("bytes"):
+    size = b.out.size(path)
+    if size is None or (b.writer.shard_ext and size != info.get("bytes")):
         return None
     return path
 
@@ -631,10 +694,10 @@ def _damaged(views: list[_Build]) -> Optional[frozenset[str]]:
     names: set[str] = set()
     index_bad = False
     for v in views:
-        if not os.path.exists(v.index_path):
+        if not v.out.exists(v.index_path):
             continue
         try:
-            res = verify(v.index_path)
+            res = verify(v.index_path, storage_options=v.out.options if v.out.remote else None)
         except FormatError:
             index_bad = True
             continue
@@ -643,52 +706,54 @@ def _damaged(views: list[_Build]) -> Optional[frozenset[str]]:
     return frozenset(names) if names or index_bad else None
 
 
-def _ensure_report(index_path: str, report: BuildReport) -> None:
+def _ensure_report(out: Any, index_path: str, report: BuildReport) -> None:
     """A build with nothing to do writes nothing, unless its report is missing or damaged (e.g. truncated):
-    then it is written again, whole (atomically, as every report is)."""
+    then it is written again, whole (atomically, as every report is). An object at a URL is never partial:
+    a listed report is kept without reading it (the no-op build reads only the index and one listing)."""
     path = os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX
-    try:
-        with open(path, encoding="utf-8") as f:
-            old = json.load(f)
-        if isinstance(old, dict) and old.get("recipe_hash") == report.recipe_hash and "status" in old:
-            return
-    except (OSError, ValueError):
-        pass
-    _write_report(index_path, report)
+    if out.remote and out.exists(path):
+        return
+    old = out.read_json(path)
+    if isinstance(old, dict) and old.get("recipe_hash") == report.recipe_hash and "status" in old:
+        return
+    _write_report(out, index_path, report)
 
 
-def _write_report(index_path: str, report: BuildReport) -> None:
-    write_json_atomic(os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX, report.to_json(), indent=2)
+def _write_report(out: Any, index_path: str, report: BuildReport) -> None:
+    out.write_json(os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX, report.to_json(), indent=2)
 
 
 __all__ = ["as_recipe", "build", "check_plan", "collect_garbage", "output_paths", "with_policy"]
 
 
-def collect_garbage(index_path: str | os.PathLike, keep_previous: bool = True,
-                    dry_run: bool = False) -> tuple[list[str], int]:
+def collect_garbage(index_path: str | os.PathLike, keep_previous: bool = True, dry_run: bool = False,
+                    storage_options: Optional[dict[str, Any]] = None) -> tuple[list[str], int]:
     """``precompile gc``: remove the files of ``index_path``'s shard folder that no index beside it refers
     to (and, unless ``keep_previous``, the snapshot the last build replaced); returns (names, bytes freed).
+    ``index_path`` may be a URL (``storage_options`` as for :func:`build`).
 
     Takes the build lock, so it never runs beside a build of the same output. Safe with readers open: an open
     or mapped file survives its unlink on POSIX; a reader still holding the replaced snapshot that has not
     opened a shard yet gets a FormatError that says to open the output again."""
-    from ..errors import FormatError
-
-    index_path = os.path.abspath(str(index_path))
-    if not os.path.isfile(index_path):
-        raise FormatError(f"{index_path}: no such output (build it first)")
+    index_path = str(index_path)
     name = os.path.splitext(os.path.basename(index_path))[0]
-    shard_dir = os.path.join(os.path.dirname(index_path), fmt.shard_dir_name(name))
-    if not os.path.isdir(shard_dir):
-        return [], 0
-    with _output_lock(shard_dir, name):
-        keep = snapshot.referenced(shard_dir)
-        if not keep:
-            raise FormatError(f"{index_path}: the index names no shard in {shard_dir} (unreadable or of another "
-                              f"layout); nothing removed")
-        if keep_previous:
-            keep |= snapshot.previous(shard_dir)
-        removed = snapshot.collect(shard_dir, keep, dry_run)  # a killed build's temporaries too: the lock is ours
-        if not keep_previous and not dry_run:
-            snapshot.remember_previous(shard_dir, [])
-        return removed
+    with output_for(os.path.dirname(index_path) or ".", storage_options, name.split(".")[0]) as out, \
+            _faults(out, f"collecting the garbage of {index_path}"):
+        if not out.remote:
+            index_path = os.path.abspath(index_path)
+        if not out.exists(index_path):
+            raise FormatError(f"{index_path}: no such output (build it first)")
+        shard_dir = os.path.join(out.root, fmt.shard_dir_name(name))
+        if not (any(u.startswith(shard_dir + "/") for u in out.listing()) if out.remote else os.path.isdir(shard_dir)):
+            return [], 0
+        with out.lock(shard_dir, name):
+            keep = out.referenced(shard_dir)
+            if not keep:
+                raise FormatError(f"{index_path}: the index names no shard in {shard_dir} (unreadable or of another "
+                                  f"layout); nothing removed")
+            if keep_previous:
+                keep |= out.previous(shard_dir)
+            removed = out.collect(shard_dir, keep, dry_run)  # a killed build's temporaries too: the lock is ours
+            if not keep_previous and not dry_run:
+                out.remember_previous(shard_dir, [])
+            return removed

@@ -1,12 +1,12 @@
 """Faults of the machine, told as they are: the output folder's (out of space, read-only, vanished, I/O
-errors, not a local folder) and a worker killed by the kernel. Neither is ever blamed on an input nor
-answered with ``on_error: skip``; see ``docs/faults.md`` for the table of faults, messages and exit codes.
+errors; a URL output's store: :func:`.url_output.url_fault`) and a worker killed by the kernel. Neither is
+ever blamed on an input nor answered with ``on_error: skip``; see ``docs/faults.md`` for the table of
+faults, messages and exit codes.
 """
 from __future__ import annotations
 
 import errno
 import os
-import re
 import shutil
 from typing import Optional
 
@@ -16,17 +16,9 @@ from ..formats.base import human_bytes
 #: errnos that are always about the output (the build writes nowhere else)
 _OUTPUT_ERRNOS = {errno.ENOSPC: "out of space", errno.EDQUOT: "over its disk quota",
                   errno.EROFS: "read-only", errno.EFBIG: "over the file size limit"}
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 KEPT = ("nothing built before is lost (the index still names the previous build, finished shards are kept); "
         "run build again once that is fixed")
-
-
-def refuse_url(out_dir: str) -> None:
-    """Raise :class:`OutputError` for an output folder given as a URL (no remote output yet)."""
-    if _URL.match(out_dir):
-        raise OutputError(f"output {out_dir!r} is a URL: precompile writes to a local folder only (remote output "
-                          f"is not supported yet); build into a local folder and copy it")
 
 
 def free_bytes(folder: str) -> Optional[int]:

@@ -123,7 +123,7 @@ def find_reusable(out_dir: str, shard_dir: str, file_name: str, key: str, writer
 
 def skipped_path(shard_path: str) -> str:
     """The sidecar that lists a finished shard's skipped inputs (absent when none were skipped)."""
-    return shard_path + ".skipped.json"
+    return shard_path + fmt.SKIPPED_SIDECAR
 
 
 def read_skipped(shard_path: str, key: str) -> list[Failure]:

@@ -81,6 +81,9 @@ class ShardResult:
     bytes: int = 0
     checksums: Any = None
     sha256: Optional[str] = None
+    #: the shard's share of the index (HDF5: :class:`precompile.formats.hdf5_parts.ShardParts`), so that
+    #: finalize need not reopen the shard; None for formats that keep it in the shard (file folders)
+    parts: Any = None
 
     @property
     def failed(self) -> bool:

@@ -443,7 +443,8 @@ class _ShardTask:
         info = self.writer.close()
         self.timings["write"] += time.perf_counter() - t0
         return ShardResult(self.shard.index, "built", self.failures, self.timings, time.perf_counter() - self.t_start,
-                           info["num_samples"], info["bytes"], info["checksums"], info.get("sha256"))
+                           info["num_samples"], info["bytes"], info["checksums"], info.get("sha256"),
+                           info.get("parts"))
 
 
 def _write_skipped(shard_path: str, key: str, failures: list[Failure]) -> None:

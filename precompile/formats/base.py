@@ -75,7 +75,8 @@ class ShardWriter:
         raise NotImplementedError
 
     def close(self) -> dict[str, Any]:
-        """Finish the shard (rename into place); returns {num_samples, bytes, checksums, sha256}."""
+        """Finish the shard (rename into place); returns {num_samples, bytes, checksums, sha256} and, for a
+        format whose index gathers from its shards, ``parts`` (what finalize needs, see ``Format.finalize``)."""
         raise NotImplementedError
 
     def abort(self) -> None:
@@ -149,7 +150,9 @@ class Format:
         raise NotImplementedError
 
     def finalize(self, out_path: str, shards: list[dict[str, Any]], specs: dict[str, FieldSpec],
-                 attrs: dict[str, Any]) -> None:
+                 attrs: dict[str, Any], parts: Sequence[Any] | None = None) -> None:
+        """Write the index at ``out_path`` over ``shards`` (their entries, in order). ``parts``: per shard, what
+        its writer's ``close`` returned as ``parts`` (None where unknown: the format reads its shard)."""
         raise NotImplementedError
 
     # -- read side ------------------------------------------------------------------------
@@ -246,13 +249,17 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def json_bytes(obj: Any, indent: int | None = None) -> bytes:
+    """The bytes every JSON file of a build holds: sorted keys, UTF-8, compact unless indented, a newline."""
+    return (json.dumps(obj, sort_keys=True, ensure_ascii=False, indent=indent,
+                       separators=None if indent else (",", ":")) + "\n").encode("utf-8")
+
+
 def write_json_atomic(path: str, obj: Any, indent: int | None = None) -> None:
     """JSON text to ``path`` via a temporary name (``*.tmp-<pid>``), fsync and rename."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, sort_keys=True, ensure_ascii=False, indent=indent,
-                  separators=None if indent else (",", ":"))
-        f.write("\n")
+    with open(tmp, "wb") as f:
+        f.write(json_bytes(obj, indent))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)

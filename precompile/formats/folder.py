@@ -245,7 +245,7 @@ class FolderFormat(Format):
             return None
 
     def finalize(self, out_path: str, shards: list[dict[str, Any]], specs: dict[str, FieldSpec],
-                 attrs: dict[str, Any]) -> None:
+                 attrs: dict[str, Any], parts: Sequence[Any] | None = None) -> None:
         base = os.path.dirname(out_path)
         samples: list[dict[str, Any]] = []
         storage = None

@@ -5,9 +5,11 @@ no filters, ``libver='latest'``, 4 KiB alignment, no timestamps (so the same
 inputs give the same bytes). Index: a virtual dataset per field over the
 shards, the key/copy/meta columns gathered, metadata as JSON attributes, and
 every shard's chunk byte ranges (``__chunks__`` plus each entry's ``chunks``:
-:func:`shard_chunk_tables`, read at finalize from the shard files, which
-finalize opens anyway for their columns), so that a reader mapping the
-shards needs only the index (``reader/direct.py``).
+:func:`shard_chunk_tables`), so that a reader mapping the shards needs only
+the index (``reader/direct.py``). Finalize takes each shard's columns, chunk
+tables and ragged tables from :mod:`.hdf5_parts` (the writer's, as it closed
+the shard, or the replaced index's for a kept shard): it opens a shard file
+only when neither has them, and never for a build written to a URL.
 
 Variable-shape fields (``None`` dims in the plan's spec) are stored "ragged":
 a group ``<field>`` with a flat 1-D ``data`` array (chunked by bytes, no
@@ -54,6 +56,7 @@ from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
 from .base import Format, ShardWriter, VerifyResult, fsync_dir, fsync_file, human_bytes, range_text, shard_digest
 from .dataset import Batch, Dataset
+from .hdf5_parts import ShardParts, read_parts
 from .index_columns import ShardTable, read_key_column, read_shard_table, write_key_column, write_shard_table
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
@@ -214,10 +217,22 @@ class Hdf5ShardWriter(ShardWriter):
         self.claim.trim()
         fsync_file(self.tmp_path)
         digest = shard_digest(self.tmp_path)   # read back from the page cache
+        parts = self._parts()
         os.replace(self.tmp_path, self.path)
         fsync_dir(os.path.dirname(self.path))
         return {"num_samples": self.count, "bytes": os.path.getsize(self.path), "checksums": self.checksums(),
-                "sha256": digest}
+                "sha256": digest, "parts": parts}
+
+    def _parts(self) -> ShardParts:
+        """The shard's share of the index (so that finalize never reopens it): the columns and ragged tables
+        as written, the chunk tables read back from the closed file (from the page cache)."""
+        with _h5().File(self.tmp_path, "r") as f:
+            chunks = shard_chunk_tables(f, list(self.dsets))
+        ragged = {n: (np.asarray(r.offsets, dtype=np.int64),
+                      np.asarray(r.shapes, dtype=np.int64).reshape(-1, len(r.spec.shape)))
+                  for n, r in self.ragged.items()}
+        return ShardParts(list(self.colbuf[fmt.KEY]), np.asarray(self.colbuf[fmt.COPY], dtype=np.int32),
+                          list(self.colbuf[fmt.META]), chunks, ragged)
 
     def abort(self) -> None:
         self.claim.release()  # space for HDF5's last metadata writes, whatever filled the disk
@@ -281,27 +296,24 @@ class _Ragged:
                               track_times=False)
 
 
-def _ragged_index(f, name: str, spec: FieldSpec, shards: list[dict[str, Any]], base: str) -> None:
+def _ragged_index(f, name: str, spec: FieldSpec, shards: list[dict[str, Any]], parts: list[ShardParts]) -> None:
     """The index's view of a ragged field: virtual ``data``, global ``offsets``, gathered ``shapes``."""
-    h5py = _h5()
+    nd = len(spec.shape)
     sizes, offsets, shapes = [], [np.zeros(1, np.int64)], []
-    for s in shards:
+    for s, p in zip(shards, parts):
         if not s["num_samples"]:
             sizes.append(0)
             continue
-        with h5py.File(os.path.join(base, s["file"]), "r") as sf:
-            g = sf[name]
-            o = g[fmt.RAGGED_OFFSETS][:]
-            sizes.append(int(o[-1]))
-            offsets.append(o[1:] + offsets[-1][-1])
-            shapes.append(g[fmt.RAGGED_SHAPES][:])
+        o, sh = p.ragged[name]
+        sizes.append(int(o[-1]))
+        offsets.append(o[1:] + offsets[-1][-1])
+        shapes.append(sh)
     total = int(sum(sizes))
     g = f.create_group(name)
     g.attrs[fmt.A_LAYOUT] = fmt.LAYOUT_RAGGED
     _virtual_dataset(g, fmt.RAGGED_DATA, (total,), spec.dtype,
                      [(s["file"], f"{name}/{fmt.RAGGED_DATA}", n) for s, n in zip(shards, sizes)])
     g.create_dataset(fmt.RAGGED_OFFSETS, data=np.concatenate(offsets), track_times=False)
-    nd = len(spec.shape)
     g.create_dataset(fmt.RAGGED_SHAPES, data=np.concatenate(shapes) if shapes else np.zeros((0, nd), np.int64),
                      track_times=False)
 
@@ -450,25 +462,22 @@ class Hdf5Format(Format):
             return None
 
     def finalize(self, out_path: str, shards: list[dict[str, Any]], specs: dict[str, FieldSpec],
-                 attrs: dict[str, Any]) -> None:
-        h5py = _h5()
+                 attrs: dict[str, Any], parts: Optional[Sequence[Optional[ShardParts]]] = None) -> None:
+        """Write the index at ``out_path``. ``parts[i]`` is shard ``i``'s share of it (:mod:`.hdf5_parts`);
+        a shard without one is opened (beside the index) to read it."""
         base = os.path.dirname(out_path)
         total = sum(s["num_samples"] for s in shards)
         tmp = f"{out_path}.tmp-{os.getpid()}"
-        keys: list[str] = []
-        copies: list[np.ndarray] = []
-        metas: list[str] = []
-        tables: list[dict[str, tuple[int, np.ndarray]]] = []
-        fixed = [n for n, spec in specs.items() if spec.fixed]
-        for s in shards:
+        got: list[ShardParts] = []
+        for s, p in zip(shards, parts or [None] * len(shards)):
             if not s["num_samples"]:
-                tables.append({})
-                continue
-            with h5py.File(os.path.join(base, s["file"]), "r") as sf:
-                keys.extend(k.decode() if isinstance(k, bytes) else k for k in sf[fmt.KEY][:])
-                copies.append(sf[fmt.COPY][:])
-                metas.extend(m.decode() if isinstance(m, bytes) else m for m in sf[fmt.META][:])
-                tables.append(shard_chunk_tables(sf, fixed))
+                p = ShardParts([], np.zeros(0, np.int32), [], {}, {})
+            elif p is None:
+                p = read_parts(os.path.join(base, s["file"]), specs)
+            got.append(p)
+        keys = [k for p in got for k in p.keys]
+        metas = [m for p in got for m in p.metas]
+        tables = [p.chunks for p in got]
         shards = attach_chunk_entries(shards, tables)
         attrs = {**attrs, fmt.A_SHARDS: shards}
         per_shard = sum(2 * len(s["file"]) + 256 for s in shards) * (len(specs) + 1)
@@ -479,7 +488,7 @@ class Hdf5Format(Format):
         claim = None
         try:
             claim = _Claim(tmp, need)
-            self._write_index(f, shards, specs, attrs, base, total, keys, copies, metas, tables)
+            self._write_index(f, shards, specs, attrs, total, keys, metas, got)
         except BaseException:
             if claim is not None:
                 claim.release()
@@ -495,16 +504,16 @@ class Hdf5Format(Format):
 
     @staticmethod
     def _write_index(f: Any, shards: list[dict[str, Any]], specs: dict[str, FieldSpec], attrs: dict[str, Any],
-                     base: str, total: int, keys: list[str], copies: list[np.ndarray], metas: list[str],
-                     tables: list[dict[str, tuple[int, np.ndarray]]]) -> None:
+                     total: int, keys: list[str], metas: list[str], parts: list[ShardParts]) -> None:
         """The index's datasets and attributes into the open file ``f`` (closed here): a virtual dataset per
         field, the key/copy/meta columns, ``__chunks__``, the attributes, and the columnar copies of the keys
         and the shard entries (:mod:`.index_columns`)."""
         h5py = _h5()
+        copies = [p.copies for p in parts if p.keys]
         with f:
             for name, spec in specs.items():
                 if not spec.fixed:
-                    _ragged_index(f, name, spec, shards, base)
+                    _ragged_index(f, name, spec, shards, parts)
                     continue
                 _virtual_dataset(f, name, (total, *spec.shape), spec.dtype,
                                  [(s["file"], name, s["num_samples"]) for s in shards])
@@ -514,7 +523,7 @@ class Hdf5Format(Format):
             f.create_dataset(fmt.COPY, data=np.concatenate(copies) if copies else np.zeros(0, np.int32),
                              dtype="int32", track_times=False)
             f.create_dataset(fmt.META, data=np.array(metas, dtype=object), dtype=str_t, track_times=False)
-            _write_chunk_tables(f, tables)
+            _write_chunk_tables(f, [p.chunks for p in parts])
             texts = {k: v if isinstance(v, (int, float, str)) else fmt.dumps(v) for k, v in attrs.items()}
             for k, v in texts.items():
                 f.attrs[k] = v

@@ -100,6 +100,12 @@ STORE_INDEX = "index"
 SHARD_DIR_SUFFIX = ".shards"
 PREVIOUS_SNAPSHOT = "previous.json"  # in a shard folder: {"files": [...]} of the snapshot the last build replaced
 LOCK_FILE = ".lock"                  # in a shard folder: the build lock
+SKIPPED_SIDECAR = ".skipped.json"    # <shard>.skipped.json: the inputs skipped while building it (when any)
+#: <shard>.entry.json (builds written to a URL): the shard's index entry and its parts
+#: (formats/hdf5_parts.py), uploaded after the shard, so a resumed build needs neither the shard's bytes
+#: nor an index that names it
+ENTRY_SIDECAR = ".entry.json"
+SIDECARS = (SKIPPED_SIDECAR, ENTRY_SIDECAR)
 KEY_CHARS = 16                       # hex digits of the shard key in a shard's file name
 
 #: the keys of one entry of the index's shard list. ``checksums``: {field: sha256 of its samples' bytes};

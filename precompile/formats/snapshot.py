@@ -71,13 +71,18 @@ def indexes_in(out_dir: str) -> list[str]:
     return sorted(found)
 
 
+def names_in(shard_dir: str, files: Iterable[str]) -> set[str]:
+    """The names inside ``shard_dir`` of ``files`` (paths relative to the index's folder, as indexes name them)."""
+    prefix = os.path.basename(shard_dir) + "/"
+    return {f[len(prefix):] for f in files if f.startswith(prefix)}
+
+
 def referenced(shard_dir: str) -> set[str]:
     """Names inside ``shard_dir`` that an index beside it refers to (every index in its folder is asked, so
     outputs that share a shard folder keep each other's files)."""
-    out_dir, prefix = os.path.dirname(shard_dir), os.path.basename(shard_dir) + "/"
     keep = set()
-    for index in indexes_in(out_dir):
-        keep.update(f[len(prefix):] for f in index_files(index) if f.startswith(prefix))
+    for index in indexes_in(os.path.dirname(shard_dir)):
+        keep |= names_in(shard_dir, index_files(index))
     return keep
 
 
@@ -92,25 +97,35 @@ def previous(shard_dir: str) -> set[str]:
 
 def remember_previous(shard_dir: str, files: Iterable[str]) -> None:
     """Record the replaced snapshot's files (names relative to the index's folder) in ``previous.json``."""
-    prefix = os.path.basename(shard_dir) + "/"
-    names = sorted({f[len(prefix):] for f in files if f.startswith(prefix)})
-    write_json_atomic(os.path.join(shard_dir, fmt.PREVIOUS_SNAPSHOT), {"files": names})
+    write_json_atomic(os.path.join(shard_dir, fmt.PREVIOUS_SNAPSHOT), {"files": sorted(names_in(shard_dir, files))})
+
+
+def owner(name: str) -> str:
+    """The entry of a shard folder that ``name`` belongs to: a sidecar's shard, else itself."""
+    for suffix in fmt.SIDECARS:
+        if name.endswith(suffix):
+            return name[:-len(suffix)]
+    return name
+
+
+def removable(name: str, keep: set[str]) -> bool:
+    """True for an entry of a shard folder that :func:`collect` removes: not the lock, not ``previous.json``,
+    not kept, nor a sidecar of a kept shard."""
+    return name not in (fmt.LOCK_FILE, fmt.PREVIOUS_SNAPSHOT) and owner(name) not in keep
 
 
 def collect(shard_dir: str, keep: set[str], dry_run: bool = False) -> tuple[list[str], int]:
-    """Remove every entry of ``shard_dir`` that is not in ``keep`` (a kept shard's ``.skipped.json`` sidecar
-    stays with it; the lock and ``previous.json`` always stay). Returns (removed names, bytes freed).
+    """Remove every entry of ``shard_dir`` that is not in ``keep`` (a kept shard's sidecars stay with it; the
+    lock and ``previous.json`` always stay). Returns (removed names, bytes freed).
 
     Safe with readers open: on POSIX an open or memory-mapped file survives its unlink."""
     removed, freed = [], 0
-    fixed = {fmt.LOCK_FILE, fmt.PREVIOUS_SNAPSHOT}
     try:
         entries = sorted(os.listdir(shard_dir))
     except FileNotFoundError:
         return [], 0
     for n in entries:
-        owner = n[:-len(".skipped.json")] if n.endswith(".skipped.json") else n
-        if n in fixed or owner in keep:
+        if not removable(n, keep):
             continue
         p = os.path.join(shard_dir, n)
         freed += _size(p)

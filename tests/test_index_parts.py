@@ -80,7 +80,10 @@ def _datasets(path: Path) -> dict:
 
     out = {}
     with h5py.File(path, "r") as f:
-        f.visititems(lambda n, o: out.__setitem__(n, o[()].tolist() if isinstance(o, h5py.Dataset) else None))
+        def value(o):   # a compound dataset (the __shards__ table) by its bytes: tolist() nests arrays
+            return None if not isinstance(o, h5py.Dataset) else o[()].tobytes() if o.dtype.names else o[()].tolist()
+
+        f.visititems(lambda n, o: out.__setitem__(n, value(o)))
     return out
 
 

@@ -80,7 +80,8 @@ def upload(reader: DirectReader, fields: Sequence[str], rows: np.ndarray, device
         buf = np.empty((min(step, rows.size), *shape), dtype)
         for lo in range(0, rows.size, step):
             part = rows[lo:lo + step]
-            reader.gather(f, reader.plan(part), buf[:part.size])
+            with reader.plan(part) as plan:
+                reader.gather(f, plan, buf[:part.size])
             t[lo:lo + part.size].copy_(torch.from_numpy(buf[:part.size]))
         out[f] = t
     return out

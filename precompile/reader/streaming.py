@@ -1,0 +1,332 @@
+"""Reading a build from a URL: shards mapped while batches need them, fetched ahead in the order a pass needs them.
+
+A build opened from a URL (:mod:`precompile.formats.hdf5_url`) has its shards in the local cache
+(:mod:`precompile.shard_cache`), where they may be evicted whenever no process pins them. Two pieces sit on the
+:class:`~precompile.reader.direct.DirectReader` over such a build:
+
+- :class:`StreamingSlots`: the reader's slots (one per shard, in one reserved address range) mapped on the first
+  batch that needs them, the shard pinned in the cache while mapped. Every plan (``reader.plan(rows)``) counts as a
+  use of the slots it reads until its ``with`` block ends; a slot is unmapped (an anonymous ``PROT_NONE`` map over
+  it) only when no gather uses it, and only then unpinned: a file is never evicted while mapped, so the cache
+  limit counts every byte on disk. When the cache has no room for a shard a batch needs, the reader first lets go
+  of its own unused slots.
+- :class:`ShardWindow`: one Loader pass. The pass's gather tasks are known in advance (the
+  :class:`~precompile.reader.feed.PassPlan`), so background threads (:data:`FETCH_THREADS`) fetch the shards of the
+  tasks in flight and then of the next tasks, in first-use order, up to ``fetch_ahead`` bytes beyond them; as the
+  consumer moves on, slots and prefetched shards that no task within that reach needs are let go. The Loader
+  checks at construction (and at the start of every pass) that the shards the tasks in flight touch at once fit
+  in ``cache_limit``.
+
+Nothing here changes which rows a batch holds: the same seed gives the same batches as the local build.
+Imports neither torch nor h5py.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import CacheError, PrecompileError
+from ..shard_cache import human, parse_size
+
+log = logging.getLogger("precompile.reader")
+
+#: shards fetched at once by a Loader's window
+FETCH_THREADS = 4
+#: fetch_ahead when none is given: this share of cache_limit, at most DEFAULT_AHEAD_MAX bytes
+DEFAULT_AHEAD_SHARE = 0.25
+DEFAULT_AHEAD_MAX = 1 << 30
+
+
+class StreamingSlots:
+    """The slots of a :class:`~precompile.reader.direct.DirectReader` whose shards come from a URL."""
+
+    def __init__(self, reader: Any, shard_of_slot: Sequence[int]):
+        self.reader, self.source, self.region = reader, reader.source, reader.region
+        self.shard_of_slot = np.asarray(shard_of_slot, dtype=np.int64)
+        self.slot_of_shard = np.full(len(reader.offsets) - 1, -1, dtype=np.int64)
+        self.slot_of_shard[self.shard_of_slot] = np.arange(len(self.shard_of_slot))
+        self.uses = np.zeros(len(self.shard_of_slot), dtype=np.int64)
+
+    @classmethod
+    def for_reader(cls, reader: Any, order: Sequence[int]) -> "StreamingSlots":
+        """Slots in ``order`` (the shards the region reserved); with ``map_shards="all"`` every one mapped now."""
+        slots = cls(reader, order)
+        if not reader.lazy and len(order):
+            total = int(sum(reader.source.size(s) for s in order))
+            if total > reader.source.cache.limit:
+                raise CacheError(f"{reader.source.url}: map_shards='all' holds every shard in the cache, "
+                                 f"{human(total)}; cache_limit is {human(reader.source.cache.limit)}: raise "
+                                 f"cache_limit, or use map_shards='lazy'")
+            slots.plan(np.asarray(reader.offsets[np.asarray(order)], dtype=np.int64)).__exit__()
+        return slots
+
+    def mapped_shards(self) -> np.ndarray:
+        return self.shard_of_slot[self.region.mapped] if self.region is not None else np.zeros(0, np.int64)
+
+    def plan(self, idx: np.ndarray) -> Any:
+        """The reader's plan of rows ``idx`` with its shards mapped; they stay mapped until the plan's ``with``
+        block ends (``plan.release``)."""
+        from .direct import _Plan
+
+        r = self.reader
+        slots = r._row_slot[idx]
+        used = np.flatnonzero(np.bincount(slots[slots >= 0], minlength=len(self.uses)))
+        with r._lock:
+            r._check_open()
+            self.uses[used] += 1
+            missing = used[~self.region.mapped[used]]
+        try:
+            for i in missing.tolist():
+                self._map(i)
+        except BaseException:
+            self._done(used)
+            raise
+        plan = _Plan(r, idx)
+        plan.release = lambda: self._done(used)
+        return plan
+
+    def _done(self, used: np.ndarray) -> None:
+        with self.reader._lock:
+            self.uses[used] -= 1
+
+    def _map(self, i: int) -> None:
+        """Map slot ``i`` (its shard fetched and pinned first); no-op if another thread mapped it meanwhile."""
+        r, s = self.reader, int(self.shard_of_slot[i])
+        if self.source.pin(s, wait=False) is None:   # no room: first let go of this reader's own unused slots
+            self.release_unused()
+            self.source.pin(s)
+        with r._lock:
+            if r._closed or self.region.mapped[i]:
+                self.source.unpin(s)
+                r._check_open()
+                return
+            try:
+                self.region.map_slot(i, r.ds.path)
+            except BaseException:
+                self.source.unpin(s)
+                raise
+            r._unmapped -= 1
+
+    def unmap(self, shards: Sequence[int]) -> None:
+        """Unmap (and unpin) the slots of ``shards`` that are mapped and that no gather uses now."""
+        r = self.reader
+        gone = []
+        with r._lock:
+            if r._closed:
+                return
+            for s in shards:
+                i = int(self.slot_of_shard[int(s)])
+                if i >= 0 and self.region.mapped[i] and not self.uses[i]:
+                    self.region.unmap_slot(i)
+                    r._unmapped += 1
+                    gone.append(int(s))
+        for s in gone:
+            self.source.unpin(s)
+
+    def release_unused(self) -> None:
+        """Unmap every slot no gather uses now (the cache needs room)."""
+        self.unmap(self.mapped_shards().tolist())
+
+    def close(self) -> None:
+        """Unpin every mapped shard (the reader drops the whole range; call with the reader's lock held)."""
+        if self.region is not None:
+            for s in self.mapped_shards().tolist():
+                self.source.unpin(int(s))
+            self.region = None
+
+
+def default_fetch_ahead(limit: int) -> int:
+    return int(min(DEFAULT_AHEAD_MAX, limit * DEFAULT_AHEAD_SHARE))
+
+
+class ShardWindow:
+    """One Loader's shards from a URL, pass by pass (see the module docstring).
+
+    ``ahead``: gather tasks in flight beyond the one consumed (``PassPlan.ahead``); ``fetch_ahead``: bytes of
+    shards fetched (and pinned) beyond the shards those tasks need; 0 fetches nothing ahead (each shard is fetched
+    by the gather that first needs it)."""
+
+    def __init__(self, slots: StreamingSlots, fetch_ahead: int):
+        self.slots, self.source = slots, slots.source
+        self.sizes = np.array([self.source.size(s) for s in range(len(slots.slot_of_shard))], dtype=np.int64)
+        self.fetch_ahead = int(fetch_ahead)
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    # -- what a pass needs -------------------------------------------------------------------------
+    def _pairs(self, plan: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The shards each task of ``plan`` reads, flat: (where each task's start in ``shard``, plus the end; shard)."""
+        offsets = self.slots.reader.offsets
+        per = [np.unique(np.searchsorted(offsets, plan.rows(k), side="right") - 1) for k in range(len(plan.tasks))]
+        start = np.concatenate([[0], np.cumsum([len(p) for p in per])]).astype(np.int64)
+        shard = np.concatenate(per).astype(np.int64) if per else np.zeros(0, np.int64)
+        return start, shard
+
+    def need(self, plan: Any, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[int, int]:
+        """The most bytes of shards that the tasks in flight at once read, and the first task where it happens."""
+        start, shard = pairs or self._pairs(plan)
+        best, at = 0, 0
+        for k in range(len(plan.tasks)):
+            sel = np.unique(shard[start[k]:start[min(k + plan.ahead + 1, len(plan.tasks))]])
+            b = int(self.sizes[sel].sum())
+            if b > best:
+                best, at = b, k
+        return best, at
+
+    advice = "raise cache_limit, or lower prefetch or batch_size"
+
+    def check(self, plan: Any, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """CacheError when the shards of the tasks in flight at once cannot fit in the cache."""
+        best, at = self.need(plan, pairs)
+        limit = self.source.cache.limit
+        if best > limit:
+            raise CacheError(f"{self.source.url}: the batches in flight at once (from batch {plan.tasks[at][0]} of "
+                             f"epoch {plan.epoch}: {plan.ahead + 1} gather task(s) of {plan.group} batch(es)) read "
+                             f"{human(best)} of shards, more than cache_limit {human(limit)}: {self.advice}")
+
+    # -- a pass --------------------------------------------------------------------------------------
+    def start(self, plan: Any) -> None:
+        """Follow ``plan`` (the pass about to run) in the background until :meth:`stop`."""
+        self.stop()
+        pairs = self._pairs(plan)
+        self.check(plan, pairs)
+        self._start, self._shard = pairs
+        self._ahead, self._first, self._group = plan.ahead, plan.tasks[0][0] if plan.tasks else 0, plan.group
+        self._pos, self._pins, self._busy, self._failed, self._dirty = 0, set(), set(), set(), True
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="precompile-fetch")
+        self._thread = threading.Thread(target=self._run, name="precompile-window", daemon=True)
+        self._thread.start()
+
+    def advance(self, batch: int) -> None:
+        """The consumer has batch ``batch`` of the pass."""
+        with self._cv:
+            k = (batch - self._first) // self._group
+            if k > self._pos:
+                self._pos, self._dirty = k, True
+                self._cv.notify_all()
+
+    def stop(self) -> None:
+        """End the pass: downloads in progress are abandoned, prefetched shards let go (mapped slots stay
+        mapped until the next pass's window moves past them, or the Loader closes)."""
+        if self._thread is None:
+            return
+        self._stop.set()
+        with self._cv:
+            self._cv.notify_all()
+        self._thread.join()
+        self._pool.shutdown(wait=True)
+        self._thread = None
+        for s in list(self._pins):
+            self.source.unpin(s)
+        self._pins = set()
+
+    def _run(self) -> None:
+        """Each time the consumer moves on or a fetch lands: let go of what is out of reach, fetch what is in it."""
+        while True:
+            with self._cv:
+                while not self._dirty and not self._stop.is_set():
+                    self._cv.wait()
+                if self._stop.is_set():
+                    return
+                self._dirty, pos = False, self._pos
+            must, extra = self._wanted(pos)
+            self._let_go(np.concatenate([must, extra]))
+            self._fetch([*must.tolist(), *extra.tolist()])
+
+    def _wanted(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
+        """Shards of the tasks in flight from task ``pos`` (in first-use order), and those of later tasks that
+        fit in ``fetch_ahead`` bytes."""
+        n = len(self._start) - 1
+        if pos >= n:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        lo, mid = int(self._start[pos]), int(self._start[min(n, pos + self._ahead + 1)])
+        must = _first_seen(self._shard[lo:mid])
+        if not self.fetch_ahead:
+            return must, np.zeros(0, np.int64)
+        hi, extra = mid, np.zeros(0, np.int64)
+        while hi < len(self._shard):   # widen the look-ahead until fetch_ahead bytes of new shards are in it
+            hi = min(len(self._shard), hi + max(1024, hi - lo))
+            seen = _first_seen(self._shard[mid:hi])
+            extra = seen[~np.isin(seen, must)]
+            if self.sizes[extra].sum() >= self.fetch_ahead:
+                break
+        keep = np.cumsum(self.sizes[extra]) <= self.fetch_ahead
+        return must, extra[keep]
+
+    def _let_go(self, wanted: np.ndarray) -> None:
+        """Unmap slots and unpin prefetched shards that no task within reach needs."""
+        keep = set(wanted.tolist())
+        self.slots.unmap([s for s in self.slots.mapped_shards().tolist() if s not in keep])
+        with self._cv:
+            drop = [s for s in self._pins if s not in keep]
+            self._pins.difference_update(drop)
+        for s in drop:
+            self.source.unpin(s)
+
+    def _fetch(self, wanted: list[int]) -> None:
+        """Start fetching the first wanted shards not yet pinned or mapped (at most FETCH_THREADS at once)."""
+        mapped = set(self.slots.mapped_shards().tolist())
+        with self._cv:
+            todo = [s for s in wanted if s not in self._pins and s not in self._busy and s not in mapped
+                    and s not in self._failed]
+            for s in todo[:max(0, FETCH_THREADS - len(self._busy))]:
+                self._busy.add(s)
+                self._pool.submit(self._fetch_one, s)
+
+    def _fetch_one(self, s: int) -> None:
+        """Fetch and pin shard ``s`` (without waiting for room: with none, it is tried again when the consumer
+        moves on)."""
+        try:
+            got = self.source.pin(s, wait=False, cancel=self._stop)
+        except PrecompileError as e:   # the gather that needs it fetches it again and raises the error there
+            log.debug("prefetch of shard %d failed: %s", s, e)
+            got = None
+            with self._cv:
+                self._failed.add(s)
+        except Exception as e:  # noqa: BLE001  (a cancelled download, a store error: the gather will say)
+            log.debug("prefetch of shard %d stopped: %s", s, e)
+            got = None
+        with self._cv:
+            self._busy.discard(s)
+            if got is not None:
+                if self._stop.is_set():
+                    self.source.unpin(s)
+                else:
+                    self._pins.add(s)
+                    self._dirty = True
+                    self._cv.notify_all()
+
+
+def _first_seen(a: np.ndarray) -> np.ndarray:
+    """The distinct values of ``a`` in the order they first appear."""
+    if not a.size:
+        return a
+    uniq, first = np.unique(a, return_index=True)
+    return uniq[np.argsort(first, kind="stable")]
+
+
+def loader_window(loader: Any, fetch_ahead: int | str | None) -> ShardWindow | None:
+    """The window of a Loader that maps a URL's shards lazily (None otherwise), checked against the cache for
+    the Loader's current epoch; ``fetch_ahead`` bytes (0: none; None: :func:`default_fetch_ahead`)."""
+    slots = loader.reader.streaming
+    if getattr(loader.ds, "remote", None) is None:
+        if fetch_ahead is not None:
+            raise ValueError("fetch_ahead applies to a build read from a URL (precompile.Loader('s3://...', ...))")
+        return None
+    if slots is None or not loader.reader.lazy or loader.in_memory == "gpu":
+        return None   # in memory already, or every shard mapped for the Loader's life
+    limit = slots.source.cache.limit
+    ahead = default_fetch_ahead(limit) if fetch_ahead is None else (
+        0 if fetch_ahead == 0 else parse_size(fetch_ahead, "fetch_ahead"))
+    w = ShardWindow(slots, ahead)
+    if loader.mode == "full":
+        w.advice = (f"a full shuffle reads from nearly every shard in every batch: set cache_limit above the build's "
+                    f"size ({human(int(w.sizes.sum()))}), or use shuffle='shard' (or 'block'), or in_memory=True")
+    w.check(loader.pass_plan(loader.epoch))
+    return w

@@ -205,12 +205,13 @@ class ShardCache:
         """Bytes of every file in the cache folder, downloads in progress included (their full size)."""
         return sum(size for _, size, _ in self._scan(clean=False))
 
-    def check_fits(self, size: int, url: str) -> None:
+    def check_fits(self, size: int, url: str, what: str = "shard") -> None:
         """CacheError when a file of ``size`` bytes can never fit under the limit."""
         if size > self.limit:
-            raise CacheError(f"{url}: the shard is {human(size)}, more than cache_limit {human(self.limit)} of "
-                             f"{self.root}: raise cache_limit above the largest shard (or build with a smaller "
-                             f"samples_per_shard)")
+            fix = "above the largest shard (or build with a smaller samples_per_shard)" if what == "shard" else \
+                "above the index's size"
+            raise CacheError(f"{url}: the {what} is {human(size)}, more than cache_limit {human(self.limit)} of "
+                             f"{self.root}: raise cache_limit {fix}")
 
     # -- pins ------------------------------------------------------------------------------------
     def pin(self, sha: str) -> None:
@@ -266,7 +267,8 @@ class ShardCache:
             os.utime(path)
         except OSError:
             pass
-        self.node.stats.hits += 1
+        with self.node.mu:
+            self.node.stats.hits += 1
         return True
 
     def _fetch(self, sha: str, size: int, url: str, opener: Callable[[], BinaryIO], index: str, wait: bool,
@@ -292,8 +294,9 @@ class ShardCache:
                                   f"names. Nothing was kept in the cache; run precompile verify on the build, or "
                                   f"build it again")
             os.replace(part, path)
-            n.stats.downloads += 1
-            n.stats.downloaded_bytes += size
+            with n.mu:
+                n.stats.downloads += 1
+                n.stats.downloaded_bytes += size
             return path
         finally:
             n.unlock(_FETCH + _offset(sha))
@@ -331,6 +334,7 @@ class ShardCache:
 
     def open_index(self, url: str, data: bytes) -> tuple[str, str]:
         """Put an index's bytes (read in one GET) in the cache under their digest; (local path, sha256), pinned."""
+        self.check_fits(len(data), url, "index")
         sha = hashlib.sha256(data).hexdigest()
         token = secrets.token_hex(16)
         n = self.node

@@ -71,7 +71,8 @@ class RemoteSource:
     def __init__(self, url: str, shards: Sequence[dict], cache: ShardCache, storage_options: Optional[dict[str, Any]],
                  fs: Any = None):
         self.url, self.base = url, url.rsplit("/", 1)[0]
-        self.cache, self.storage_options, self._fs = cache, dict(storage_options or {}), fs
+        self.cache, self.storage_options = cache, dict(storage_options or {})
+        self._fs, self._fs_pid = fs, os.getpid()
         self.files, self.shas, self.sizes = [], [], []
         for i, e in enumerate(shards):
             if not isinstance(e.get("sha256"), str) or not isinstance(e.get("bytes"), int):
@@ -86,8 +87,9 @@ class RemoteSource:
         return {**self.__dict__, "_fs": None}
 
     def fs(self) -> Any:
-        if self._fs is None:
-            self._fs = store(self.url, self.storage_options)
+        """The store's filesystem, made in this process (an s3fs client is not fork-safe)."""
+        if self._fs is None or self._fs_pid != os.getpid():
+            self._fs, self._fs_pid = store(self.url, self.storage_options), os.getpid()
         return self._fs
 
     def shard_url(self, s: int) -> str:

@@ -277,6 +277,8 @@ class Loader:
         self.stats = LoaderStats()
         self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool(), self.ragged)
         self.window = streaming.loader_window(self, fetch_ahead)   # None unless reading a URL's shards from maps
+        if self.window is not None:
+            self.window.check(self.pass_plan(self.epoch))
         self.feeder: Feeder = self.make_feeder()
 
     def make_feeder(self, make_ring: Callable[..., Any] | None = None) -> Feeder:
@@ -414,6 +416,8 @@ class Loader:
     def pass_plan(self, epoch: int, start: int = 0) -> PassPlan:
         """The gather tasks of ``epoch`` from batch ``start`` (what a pass over it runs)."""
         group = group_size(sum(self.reader.row_bytes.values()), self.batch_size)
+        if self.window is not None:   # from a URL: a task reads about one shard's rows, not a whole cache's
+            group = min(group, self.window.max_group(self.batch_size))
         return PassPlan.make(epoch, self.batch_indices(epoch), start, group, self.prefetch)
 
     def _texts(self, rows: np.ndarray) -> dict[str, list[str]]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
@@ -50,6 +51,8 @@ class StreamingSlots:
         self.slot_of_shard = np.full(len(reader.offsets) - 1, -1, dtype=np.int64)
         self.slot_of_shard[self.shard_of_slot] = np.arange(len(self.shard_of_slot))
         self.uses = np.zeros(len(self.shard_of_slot), dtype=np.int64)
+        # a reader dropped without close() lets go of its shards too (pins would outlive it otherwise)
+        self._finalizer = weakref.finalize(reader, _unpin_mapped, self.source, self.region.mapped, self.shard_of_slot)
 
     @classmethod
     def for_reader(cls, reader: Any, order: Sequence[int]) -> "StreamingSlots":
@@ -133,10 +136,14 @@ class StreamingSlots:
 
     def close(self) -> None:
         """Unpin every mapped shard (the reader drops the whole range; call with the reader's lock held)."""
-        if self.region is not None:
-            for s in self.mapped_shards().tolist():
-                self.source.unpin(int(s))
-            self.region = None
+        self._finalizer()
+        self.region = None
+
+
+def _unpin_mapped(source: Any, mapped: np.ndarray, shard_of_slot: np.ndarray) -> None:
+    for s in shard_of_slot[mapped].tolist():
+        source.unpin(int(s))
+    mapped[:] = False
 
 
 def default_fetch_ahead(limit: int) -> int:
@@ -179,6 +186,11 @@ class ShardWindow:
         return best, at
 
     advice = "raise cache_limit, or lower prefetch or batch_size"
+
+    def max_group(self, batch_size: int) -> int:
+        """Batches per gather task such that a task holds about one shard's rows (the median shard's)."""
+        counts = np.diff(self.slots.reader.offsets)
+        return max(1, int(np.median(counts[counts > 0])) // max(1, batch_size)) if counts.any() else 1
 
     def check(self, plan: Any, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """CacheError when the shards of the tasks in flight at once cannot fit in the cache."""
@@ -328,5 +340,4 @@ def loader_window(loader: Any, fetch_ahead: int | str | None) -> ShardWindow | N
     if loader.mode == "full":
         w.advice = (f"a full shuffle reads from nearly every shard in every batch: set cache_limit above the build's "
                     f"size ({human(int(w.sizes.sum()))}), or use shuffle='shard' (or 'block'), or in_memory=True")
-    w.check(loader.pass_plan(loader.epoch))
     return w

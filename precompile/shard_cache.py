@@ -28,8 +28,9 @@ The rules:
   cache-wide lock, so processes downloading at once cannot overshoot the limit together. A ``.part`` file whose
   download lock nobody holds (its process died) is removed by the next download.
 
-This module knows no file format and imports neither h5py nor torch; callers give it an ``opener`` that
-returns a readable file object (``fs.open(url, "rb")``). POSIX only (``fcntl``); the folder must be on a local
+This module knows no file format and imports neither h5py nor torch; callers give it a ``read(start, end)``
+that returns those bytes of the object (``fs.cat_file(url, start=, end=)``: range GETs of :data:`BLOCK` bytes,
+no metadata request, the size being the index's). POSIX only (``fcntl``); the folder must be on a local
 file system (record locks over NFS are not to be relied on).
 """
 from __future__ import annotations
@@ -43,7 +44,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Optional
+from typing import Any, Callable, Optional
 
 from .errors import CacheError, FormatError
 
@@ -189,9 +190,24 @@ class ShardCache:
     def node(self) -> _Node:
         with _nodes_lock:
             n = _nodes.get(self.root)
-            if n is None or n.pid != os.getpid():   # a child process holds none of its parent's locks
-                n = _nodes[self.root] = _Node(self.root)
+            if n is None or n.pid != os.getpid() or self._gone(n):
+                n = _nodes[self.root] = _Node(self.root)   # a child process holds none of its parent's locks
             return n
+
+    _checked: Optional[_Node] = None
+
+    def _gone(self, n: _Node) -> bool:
+        """True (once per ShardCache object: each open makes one) when the folder was removed or replaced
+        since this process made its state for it: the lock file is then not the one other processes use."""
+        if self._checked is n:
+            return False
+        try:
+            gone = os.stat(os.path.join(self.root, "locks")).st_ino != os.fstat(n.fd).st_ino
+        except FileNotFoundError:
+            gone = True
+        if not gone:
+            self._checked = n
+        return gone
 
     @property
     def stats(self) -> CacheStats:
@@ -234,19 +250,19 @@ class ShardCache:
                 n.unlock(_PIN + _offset(sha))
 
     # -- getting files ---------------------------------------------------------------------------
-    def open(self, sha: str, size: int, url: str, opener: Callable[[], BinaryIO], index: str = "",
+    def open(self, sha: str, size: int, url: str, read: Callable[[int, int], bytes], index: str = "",
              wait: bool = True, cancel: Optional[threading.Event] = None) -> Optional[str]:
         """The local path of the file ``url`` whose index (``index``) records ``sha`` and ``size``, pinned (call
-        :meth:`unpin` when done): found in the cache, or downloaded with ``opener()`` and verified. ``wait=False``:
-        None instead of waiting for room. Raises CacheError when it cannot fit, FormatError on a mismatch;
-        whatever ``opener`` or its reads raise passes through (nothing is kept)."""
+        :meth:`unpin` when done): found in the cache, or downloaded with ``read(start, end)`` and verified.
+        ``wait=False``: None instead of waiting for room. Raises CacheError when it cannot fit, FormatError on a
+        mismatch; whatever ``read`` raises passes through (nothing is kept)."""
         self.check_fits(size, url)
         with self.node.key_lock(sha):
             self.pin(sha)
             try:
                 path = self.path(sha)
                 if not self._present(path, size):
-                    path = self._fetch(sha, size, url, opener, index, wait, cancel)
+                    path = self._fetch(sha, size, url, read, index, wait, cancel)
                 if path is None:
                     self.unpin(sha)
                 return path
@@ -271,7 +287,7 @@ class ShardCache:
             self.node.stats.hits += 1
         return True
 
-    def _fetch(self, sha: str, size: int, url: str, opener: Callable[[], BinaryIO], index: str, wait: bool,
+    def _fetch(self, sha: str, size: int, url: str, read: Callable[[int, int], bytes], index: str, wait: bool,
                cancel: Optional[threading.Event]) -> Optional[str]:
         """Download ``url`` into place (the caller pins ``sha``), once per node: see the module docstring."""
         n = self.node
@@ -285,11 +301,10 @@ class ShardCache:
             part = self._reserve(sha, size, url, wait)
             if part is None:
                 return None
-            got, nbytes = self._download(opener, part, size, url, cancel)
+            got, nbytes = self._download(read, part, size, url, cancel)
             if nbytes != size or got != sha:
                 os.remove(part)
-                more = "more than " if nbytes > size else ""
-                raise FormatError(f"{url}: read {more}{nbytes} bytes with sha256 {got}; the index {index} records "
+                raise FormatError(f"{url}: read {nbytes} bytes with sha256 {got}; the index {index} records "
                                   f"{size} bytes with sha256 {sha}: the object is damaged or not the one the index "
                                   f"names. Nothing was kept in the cache; run precompile verify on the build, or "
                                   f"build it again")
@@ -303,23 +318,22 @@ class ShardCache:
             with n.mu:
                 n.fetching.discard(sha)
 
-    def _download(self, opener: Callable[[], BinaryIO], part: str, size: int, url: str,
+    def _download(self, read: Callable[[int, int], bytes], part: str, size: int, url: str,
                   cancel: Optional[threading.Event]) -> tuple[str, int]:
-        """Stream ``opener()`` into ``part`` while hashing (at most ``size`` + 1 bytes); (sha256, bytes read).
-        The part file is removed on any error."""
+        """The object's first ``size`` bytes into ``part`` by ranges of BLOCK bytes, hashed on the way; (sha256,
+        bytes read: fewer when the object is shorter). The part file is removed on any error."""
         h, got = hashlib.sha256(), 0
         fd = os.open(part, os.O_WRONLY)
         try:
-            with opener() as src:
-                while got <= size:
-                    if cancel is not None and cancel.is_set():
-                        raise Cancelled(url)
-                    block = src.read(min(BLOCK, size + 1 - got))
-                    if not block:
-                        break
-                    h.update(block)
-                    got += len(block)
-                    _write_all(fd, block[:max(0, size - (got - len(block)))])
+            while got < size:
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled(url)
+                block = read(got, min(size, got + BLOCK))
+                h.update(block)
+                got += len(block)
+                _write_all(fd, block)
+                if len(block) < min(BLOCK, size - got + len(block)):
+                    break   # the object ends early
             os.fsync(fd)
         except BaseException as e:
             os.close(fd)

@@ -171,7 +171,7 @@ def test_limits_are_clear_errors_at_construction(remote, tmp_path):
         precompile.open(url, cache_dir=tmp_path / "c", cache_limit=1000, storage_options=so)
     with pytest.raises(CacheError, match=rf"s3://x/y.h5: the shard is .* \({max(sizes)} bytes\), more than "
                                          rf"cache_limit .* \(1000 bytes\) of .*: raise cache_limit above the largest"):
-        ShardCache(tmp_path / "c", 1000).open("ab" * 32, max(sizes), "s3://x/y.h5", lambda: None)
+        ShardCache(tmp_path / "c", 1000).open("ab" * 32, max(sizes), "s3://x/y.h5", lambda start, end: b"")
     limit = 4 * max(sizes)
     with pytest.raises(CacheError, match=r"the batches in flight at once .* read .* of shards, more than cache_limit "
                                          rf".* \({limit} bytes\): a full shuffle reads from nearly every shard"):

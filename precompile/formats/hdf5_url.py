@@ -28,7 +28,7 @@ import numpy as np
 from . import names as fmt
 from ..errors import FormatError, PrecompileError
 from ..remote import CREDENTIALS_HINT, filesystem, is_credentials_error, protocol
-from ..shard_cache import BLOCK, ShardCache
+from ..shard_cache import ShardCache
 from .hdf5 import HDF5_MAGIC, H5Dataset
 
 #: shard files a dataset keeps open (and pinned in the cache) at most
@@ -108,8 +108,8 @@ class RemoteSource:
         url = self.shard_url(s)
         try:
             return self.cache.open(self.shas[s], self.sizes[s], url,
-                                   lambda: self.fs().open(url, "rb", block_size=BLOCK), index=self.url, wait=wait,
-                                   cancel=cancel)
+                                   lambda start, end: self.fs().cat_file(url, start=start, end=end), index=self.url,
+                                   wait=wait, cancel=cancel)
         except Exception as e:  # noqa: BLE001  (the store's own errors are not OSErrors: botocore, aiohttp)
             raise store_error(url, e, self.url) from None
 

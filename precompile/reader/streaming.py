@@ -51,6 +51,8 @@ class StreamingSlots:
         self.slot_of_shard = np.full(len(reader.offsets) - 1, -1, dtype=np.int64)
         self.slot_of_shard[self.shard_of_slot] = np.arange(len(self.shard_of_slot))
         self.uses = np.zeros(len(self.shard_of_slot), dtype=np.int64)
+        self.last = np.zeros(len(self.shard_of_slot), dtype=np.int64)   # when each slot was last planned
+        self._tick = 0
         # a reader dropped without close() lets go of its shards too (pins would outlive it otherwise)
         self._finalizer = weakref.finalize(reader, _unpin_mapped, self.source, self.region.mapped, self.shard_of_slot)
 
@@ -81,6 +83,8 @@ class StreamingSlots:
         with r._lock:
             r._check_open()
             self.uses[used] += 1
+            self._tick += 1
+            self.last[used] = self._tick
             missing = used[~self.region.mapped[used]]
         try:
             for i in missing.tolist():
@@ -248,7 +252,7 @@ class ShardWindow:
                     return
                 self._dirty, pos = False, self._pos
             must, extra = self._wanted(pos)
-            self._let_go(np.concatenate([must, extra]))
+            self._let_go(must, extra)
             self._fetch([*must.tolist(), *extra.tolist()])
 
     def _wanted(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
@@ -271,10 +275,22 @@ class ShardWindow:
         keep = np.cumsum(self.sizes[extra]) <= self.fetch_ahead
         return must, extra[keep]
 
-    def _let_go(self, wanted: np.ndarray) -> None:
-        """Unmap slots and unpin prefetched shards that no task within reach needs."""
-        keep = set(wanted.tolist())
-        self.slots.unmap([s for s in self.slots.mapped_shards().tolist() if s not in keep])
+    def _let_go(self, must: np.ndarray, extra: np.ndarray) -> None:
+        """Unpin prefetched shards that no task within reach needs; unmap the slots no task within reach needs,
+        but the most recently used while they fit in what ``fetch_ahead`` leaves (a shard read again soon, as
+        in the next epoch of a small build, is then not mapped again)."""
+        keep = set(must.tolist()) | set(extra.tolist())
+        room = self.fetch_ahead - int(self.sizes[extra].sum())
+        slots = self.slots
+        out = sorted((s for s in slots.mapped_shards().tolist() if s not in keep),
+                     key=lambda s: -int(slots.last[slots.slot_of_shard[s]]))
+        drop = []
+        for s in out:
+            if self.sizes[s] <= room:
+                room -= int(self.sizes[s])
+            else:
+                drop.append(s)
+        slots.unmap(drop)
         with self._cv:
             drop = [s for s in self._pins if s not in keep]
             self._pins.difference_update(drop)

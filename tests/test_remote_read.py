@@ -433,3 +433,18 @@ def test_a_killed_reader_leaves_no_pins_and_a_dead_download_no_part(remote, tmp_
     stale.write_bytes(b"x" * 100)
     np.testing.assert_array_equal(ds[2 * PER_SHARD]["image"], precompile.open(index)[2 * PER_SHARD]["image"])
     assert not stale.exists() and ShardCache(cache).usage() <= limit
+
+
+def test_inspect_a_url_with_the_stores_environment(remote, tmp_path):
+    from click.testing import CliRunner
+
+    from precompile.cli import main
+
+    url, so, index, _ = remote
+    env = {"PRECOMPILE_CACHE": str(tmp_path / "c"), "AWS_ENDPOINT_URL": so["endpoint_url"],
+           "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+    got = CliRunner(env=env).invoke(main, ["inspect", url])
+    assert got.exit_code == 0, got.output
+    want = CliRunner().invoke(main, ["inspect", str(index)]).output
+    assert got.output.split("\n", 1)[1] == want.split("\n", 1)[1] and got.output.startswith(url)
+    assert (tmp_path / "c" / "files").is_dir()

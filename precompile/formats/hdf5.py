@@ -680,24 +680,18 @@ def _hdf5_storage(ds: Dataset) -> dict[str, str]:
 
     out = {}
     with h5py.File(ds.path, "r") as idx:
-        shard0 = None
-        if ds.shards:
-            shard0 = h5py.File(os.path.join(os.path.dirname(ds.path), ds.shards[0]["file"]), "r")
-        try:
-            for name in ds.field_specs:
-                if ds.variable(name):
-                    shapes = idx[name][fmt.RAGGED_SHAPES][:]
-                    text = f"ragged: flat data + offsets + shapes, shapes {range_text(shapes)}"
-                    if shard0 is not None and shard0[name][fmt.RAGGED_DATA].chunks:
-                        d = shard0[name][fmt.RAGGED_DATA]
-                        text += f", chunks of {human_bytes(d.dtype.itemsize * d.chunks[0])}"
-                    out[name] = text
-                elif shard0 is not None and shard0[name].chunks:
-                    d = shard0[name]
-                    out[name] = f"chunks of {d.chunks[0]} sample(s), {human_bytes(int(d.dtype.itemsize * math.prod(d.chunks)))}"
-        finally:
-            if shard0 is not None:
-                shard0.close()
+        shard0 = ds._file(0) if ds.shards else None   # the dataset's handle (from a URL: fetched into the cache)
+        for name in ds.field_specs:
+            if ds.variable(name):
+                shapes = idx[name][fmt.RAGGED_SHAPES][:]
+                text = f"ragged: flat data + offsets + shapes, shapes {range_text(shapes)}"
+                if shard0 is not None and shard0[name][fmt.RAGGED_DATA].chunks:
+                    d = shard0[name][fmt.RAGGED_DATA]
+                    text += f", chunks of {human_bytes(d.dtype.itemsize * d.chunks[0])}"
+                out[name] = text
+            elif shard0 is not None and shard0[name].chunks:
+                d = shard0[name]
+                out[name] = f"chunks of {d.chunks[0]} sample(s), {human_bytes(int(d.dtype.itemsize * math.prod(d.chunks)))}"
     return out
 
 

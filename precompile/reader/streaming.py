@@ -11,11 +11,13 @@ A build opened from a URL (:mod:`precompile.formats.hdf5_url`) has its shards in
   limit counts every byte on disk. When the cache has no room for a shard a batch needs, the reader first lets go
   of its own unused slots.
 - :class:`ShardWindow`: one Loader pass. The pass's gather tasks are known in advance (the
-  :class:`~precompile.reader.feed.PassPlan`), so background threads (:data:`FETCH_THREADS`) fetch the shards of the
-  tasks in flight and then of the next tasks, in first-use order, up to ``fetch_ahead`` bytes beyond them; as the
-  consumer moves on, slots and prefetched shards that no task within that reach needs are let go. The Loader
-  checks at construction (and at the start of every pass) that the shards the tasks in flight touch at once fit
-  in ``cache_limit``.
+  :class:`~precompile.reader.feed.PassPlan`), so fetch threads (:data:`FETCH_THREADS`) fetch the shards of the
+  tasks in flight and then of the next tasks, in first-use order, up to ``fetch_ahead`` bytes beyond them. Each
+  time the consumer reaches a new task (a few numpy operations in its thread: no thread of its own to wake),
+  prefetched shards that no task within reach needs are let go, and so are mapped slots, but for the most recently
+  used that fit in what ``fetch_ahead`` leaves. The Loader checks at construction (and at the start of every pass)
+  that the shards the tasks in flight read at once fit in ``cache_limit``; it cuts gather tasks to about one
+  shard's rows (:meth:`ShardWindow.max_group`).
 
 Nothing here changes which rows a batch holds: the same seed gives the same batches as the local build.
 Imports neither torch nor h5py.
@@ -165,8 +167,8 @@ class ShardWindow:
         self.slots, self.source = slots, slots.source
         self.sizes = np.array([self.source.size(s) for s in range(len(slots.slot_of_shard))], dtype=np.int64)
         self.fetch_ahead = int(fetch_ahead)
-        self._cv = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
 
     # -- what a pass needs -------------------------------------------------------------------------
@@ -207,53 +209,47 @@ class ShardWindow:
 
     # -- a pass --------------------------------------------------------------------------------------
     def start(self, plan: Any) -> None:
-        """Follow ``plan`` (the pass about to run) in the background until :meth:`stop`."""
+        """Follow ``plan`` (the pass about to run) until :meth:`stop`: fetch what its first tasks need."""
         self.stop()
         pairs = self._pairs(plan)
         self.check(plan, pairs)
         self._start, self._shard = pairs
         self._ahead, self._first, self._group = plan.ahead, plan.tasks[0][0] if plan.tasks else 0, plan.group
-        self._pos, self._pins, self._busy, self._failed, self._dirty = 0, set(), set(), set(), True
+        self._pos, self._pins, self._busy, self._failed, self._queue = 0, set(), set(), set(), []
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="precompile-fetch")
-        self._thread = threading.Thread(target=self._run, name="precompile-window", daemon=True)
-        self._thread.start()
+        self._refresh(0)
 
     def advance(self, batch: int) -> None:
-        """The consumer has batch ``batch`` of the pass."""
-        with self._cv:
-            k = (batch - self._first) // self._group
-            if k > self._pos:
-                self._pos, self._dirty = k, True
-                self._cv.notify_all()
+        """The consumer has batch ``batch`` of the pass: let go of what is out of reach, fetch what is in it
+        (a few numpy operations in the consumer's thread, on the first batch of each task)."""
+        if self._pool is None:
+            return
+        k = (batch - self._first) // self._group
+        if k > self._pos:
+            self._pos = k
+            self._refresh(k)
 
     def stop(self) -> None:
         """End the pass: downloads in progress are abandoned, prefetched shards let go (mapped slots stay
         mapped until the next pass's window moves past them, or the Loader closes)."""
-        if self._thread is None:
+        if self._pool is None:
             return
         self._stop.set()
-        with self._cv:
-            self._cv.notify_all()
-        self._thread.join()
-        self._pool.shutdown(wait=True)
-        self._thread = None
-        for s in list(self._pins):
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool = None
+        with self._lock:
+            drop, self._pins, self._busy = list(self._pins), set(), set()
+        for s in drop:
             self.source.unpin(s)
-        self._pins = set()
 
-    def _run(self) -> None:
-        """Each time the consumer moves on or a fetch lands: let go of what is out of reach, fetch what is in it."""
-        while True:
-            with self._cv:
-                while not self._dirty and not self._stop.is_set():
-                    self._cv.wait()
-                if self._stop.is_set():
-                    return
-                self._dirty, pos = False, self._pos
-            must, extra = self._wanted(pos)
-            self._let_go(must, extra)
-            self._fetch([*must.tolist(), *extra.tolist()])
+    def _refresh(self, pos: int) -> None:
+        must, extra = self._wanted(pos)
+        self._let_go(must, extra)
+        mapped = set(self.slots.mapped_shards().tolist())
+        with self._lock:
+            self._queue = [s for s in [*must.tolist(), *extra.tolist()] if s not in mapped]
+            self._pump()
 
     def _wanted(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
         """Shards of the tasks in flight from task ``pos`` (in first-use order), and those of later tasks that
@@ -291,44 +287,44 @@ class ShardWindow:
             else:
                 drop.append(s)
         slots.unmap(drop)
-        with self._cv:
+        with self._lock:
             drop = [s for s in self._pins if s not in keep]
             self._pins.difference_update(drop)
         for s in drop:
             self.source.unpin(s)
 
-    def _fetch(self, wanted: list[int]) -> None:
-        """Start fetching the first wanted shards not yet pinned or mapped (at most FETCH_THREADS at once)."""
-        mapped = set(self.slots.mapped_shards().tolist())
-        with self._cv:
-            todo = [s for s in wanted if s not in self._pins and s not in self._busy and s not in mapped
-                    and s not in self._failed]
-            for s in todo[:max(0, FETCH_THREADS - len(self._busy))]:
+    def _pump(self) -> None:
+        """Start fetching the first queued shards not yet pinned (at most FETCH_THREADS at once; call with the
+        lock held)."""
+        while self._queue and len(self._busy) < FETCH_THREADS and not self._stop.is_set():
+            s = self._queue.pop(0)
+            if s not in self._pins and s not in self._busy and s not in self._failed:
+                try:
+                    self._pool.submit(self._fetch_one, s)
+                except RuntimeError:   # the pass is ending (the pool shuts down)
+                    return
                 self._busy.add(s)
-                self._pool.submit(self._fetch_one, s)
 
     def _fetch_one(self, s: int) -> None:
         """Fetch and pin shard ``s`` (without waiting for room: with none, it is tried again when the consumer
-        moves on)."""
+        moves on), then the next queued one."""
         try:
             got = self.source.pin(s, wait=False, cancel=self._stop)
         except PrecompileError as e:   # the gather that needs it fetches it again and raises the error there
             log.debug("prefetch of shard %d failed: %s", s, e)
             got = None
-            with self._cv:
+            with self._lock:
                 self._failed.add(s)
         except Exception as e:  # noqa: BLE001  (a cancelled download, a store error: the gather will say)
             log.debug("prefetch of shard %d stopped: %s", s, e)
             got = None
-        with self._cv:
+        with self._lock:
             self._busy.discard(s)
-            if got is not None:
-                if self._stop.is_set():
-                    self.source.unpin(s)
-                else:
-                    self._pins.add(s)
-                    self._dirty = True
-                    self._cv.notify_all()
+            if got is not None and self._stop.is_set():
+                self.source.unpin(s)
+            elif got is not None:
+                self._pins.add(s)
+                self._pump()
 
 
 def _first_seen(a: np.ndarray) -> np.ndarray:

@@ -448,3 +448,17 @@ def test_inspect_a_url_with_the_stores_environment(remote, tmp_path):
     want = CliRunner().invoke(main, ["inspect", str(index)]).output
     assert got.output.split("\n", 1)[1] == want.split("\n", 1)[1] and got.output.startswith(url)
     assert (tmp_path / "c" / "files").is_dir()
+
+
+def test_the_resident_upload_streams_through_a_small_cache(remote, tmp_path):
+    from precompile.reader.resident import ResidentFeeder
+
+    url, so, index, _ = remote
+    sizes = [e["bytes"] for e in entries(index)]
+    limit = index.stat().st_size + 3 * max(sizes)
+    kw = dict(batch_size=8, device="cpu", shuffle=False, prefetch=1)
+    got = Loader(url, cache_dir=tmp_path / "c", cache_limit=limit, storage_options=so, **kw)
+    got.window = None   # as in_memory="gpu" makes it, with the device's tensors on the CPU
+    got.feeder = ResidentFeeder.for_loader(got, torch.device("cpu"))
+    assert got.reader.mapped_shards == 0 and ShardCache(tmp_path / "c").usage() <= limit
+    assert same_batches(Loader(str(index), **kw), got) == 2 * len(got)

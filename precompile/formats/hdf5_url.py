@@ -145,9 +145,9 @@ class RemoteH5Dataset(H5Dataset):
     def _file(self, shard: int) -> Any:
         import h5py
 
+        if self._pid != os.getpid():   # first use in this process (unpickled in a worker, or inherited by a fork)
+            self._own(None)
         with self._lock:
-            if self._pid != os.getpid():   # first use in this process (unpickled in a worker, or just made)
-                self._own(None)
             f = self._files.get(shard)
             if f is not None:
                 self._held.move_to_end(shard)
@@ -159,7 +159,8 @@ class RemoteH5Dataset(H5Dataset):
                 f = h5py.File(path, "r", rdcc_nbytes=0)
             except OSError as e:
                 self.remote.unpin(shard)
-                raise FormatError(f"{self.remote.shard_url(shard)} (cached as {path}): cannot open shard: {e}") from None
+                raise FormatError(f"{self.remote.shard_url(shard)} (cached as {path}): cannot open shard: "
+                                  f"{e}") from None
             self._files[shard] = self._held[shard] = f
             return f
 

@@ -71,6 +71,11 @@ class StreamingSlots:
             slots.plan(np.asarray(reader.offsets[np.asarray(order)], dtype=np.int64)).__exit__()
         return slots
 
+    def shard_rows(self) -> int:
+        """Rows of the smallest shard that has any (a run of that many rows reads at most two shards)."""
+        counts = np.diff(self.reader.offsets)
+        return int(counts[counts > 0].min()) if counts.any() else 1
+
     def mapped_shards(self) -> np.ndarray:
         return self.shard_of_slot[self.region.mapped] if self.region is not None else np.zeros(0, np.int64)
 

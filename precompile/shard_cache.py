@@ -35,6 +35,7 @@ file system (record locks over NFS are not to be relied on).
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import logging
@@ -44,7 +45,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .errors import CacheError, FormatError
 
@@ -219,7 +220,20 @@ class ShardCache:
 
     def usage(self) -> int:
         """Bytes of every file in the cache folder, downloads in progress included (their full size)."""
-        return sum(size for _, size, _ in self._scan(clean=False))
+        with self._locked():
+            return sum(size for _, size, _ in self._scan(clean=False))
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The cache-wide lock: what is in the folder changes only under it (new parts, renames, evictions), so
+        a scan under it neither misses nor counts twice a file being renamed (``readdir`` may, during a rename)."""
+        n = self.node
+        with n.room:
+            n.lock(_GLOBAL)
+            try:
+                yield
+            finally:
+                n.unlock(_GLOBAL)
 
     def check_fits(self, size: int, url: str, what: str = "shard") -> None:
         """CacheError when a file of ``size`` bytes can never fit under the limit."""
@@ -308,7 +322,8 @@ class ShardCache:
                                   f"{size} bytes with sha256 {sha}: the object is damaged or not the one the index "
                                   f"names. Nothing was kept in the cache; run precompile verify on the build, or "
                                   f"build it again")
-            os.replace(part, path)
+            with self._locked():
+                os.replace(part, path)
             with n.mu:
                 n.stats.downloads += 1
                 n.stats.downloaded_bytes += size
@@ -366,7 +381,8 @@ class ShardCache:
                     os.fsync(fd)
                 finally:
                     os.close(fd)
-                os.replace(part, path)
+                with self._locked():
+                    os.replace(part, path)
             return path, sha
         except BaseException:
             self.unpin(sha)
@@ -403,20 +419,16 @@ class ShardCache:
         n = self.node
         deadline = time.monotonic() + WAIT_S
         while True:
-            with n.room:
-                n.lock(_GLOBAL)
-                try:
-                    short, held = self._make_room(size)
-                    if short <= 0:
-                        part = os.path.join(n.files, f"{name}.part")
-                        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                        try:
-                            os.ftruncate(fd, size)
-                        finally:
-                            os.close(fd)
-                        return part
-                finally:
-                    n.unlock(_GLOBAL)
+            with self._locked():
+                short, held = self._make_room(size)
+                if short <= 0:
+                    part = os.path.join(n.files, f"{name}.part")
+                    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    try:
+                        os.ftruncate(fd, size)
+                    finally:
+                        os.close(fd)
+                    return part
             if not wait:
                 return None
             if time.monotonic() > deadline:

@@ -172,6 +172,7 @@ class ShardWindow:
         self.slots, self.source = slots, slots.source
         self.sizes = np.array([self.source.size(s) for s in range(len(slots.slot_of_shard))], dtype=np.int64)
         self.fetch_ahead = int(fetch_ahead)
+        self.live = np.diff(slots.reader.offsets) > 0   # shards that hold rows
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
@@ -221,6 +222,7 @@ class ShardWindow:
         self._start, self._shard = pairs
         self._ahead, self._first, self._group = plan.ahead, plan.tasks[0][0] if plan.tasks else 0, plan.group
         self._pos, self._pins, self._busy, self._failed, self._queue = 0, set(), set(), set(), []
+        self._settled = False
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=FETCH_THREADS, thread_name_prefix="precompile-fetch")
         self._refresh(0)
@@ -231,7 +233,7 @@ class ShardWindow:
         if self._pool is None:
             return
         k = (batch - self._first) // self._group
-        if k > self._pos:
+        if k > self._pos and not self._settled:
             self._pos = k
             self._refresh(k)
 
@@ -254,6 +256,9 @@ class ShardWindow:
         mapped = set(self.slots.mapped_shards().tolist())
         with self._lock:
             self._queue = [s for s in [*must.tolist(), *extra.tolist()] if s not in mapped]
+            # every shard within reach and none to fetch: nothing changes until the pass ends (a build that
+            # fits within reach, as with a full shuffle), so the next tasks skip this
+            self._settled = not self._queue and len(must) + len(extra) == int(np.count_nonzero(self.live))
             self._pump()
 
     def _wanted(self, pos: int) -> tuple[np.ndarray, np.ndarray]:

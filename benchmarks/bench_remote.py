@@ -135,15 +135,18 @@ def loader_rows(index: Path, url: str, so: dict, tmp: Path, shuffle: str, bs: in
     rates: dict[str, list[float]] = {"local": [], "url cold, prefetch": [], "url cold, fetch_ahead=0": [],
                                      "url warm": []}
     for r in range(repeats):   # in turns, so that load changes hit every contender alike
-        rates["local"] += [epoch_rate(local, WARM * r + e, step) for e in range(1, WARM + 1)]
-        for name, ahead in (("url cold, prefetch", None), ("url cold, fetch_ahead=0", 0)):
+        loaders = {}
+        for name, ahead in (("url cold, fetch_ahead=0", 0), ("url cold, prefetch", None)):
             cache = tmp / f"cache-{index.stem}-{shuffle}-{r}-{ahead}"
-            ld = Loader(url, cache_dir=cache, storage_options=so, fetch_ahead=ahead, **kw)
-            rates[name].append(epoch_rate(ld, WARM * r, step))
-            if ahead is None:
-                rates["url warm"] += [epoch_rate(ld, WARM * r + e, step) for e in range(1, WARM + 1)]
+            loaders[name] = Loader(url, cache_dir=cache, storage_options=so, fetch_ahead=ahead, **kw)
+            rates[name].append(epoch_rate(loaders[name], WARM * r, step))
+        warm = loaders["url cold, prefetch"]
+        for e in range(1, WARM + 1):   # local and warm epochs alternate
+            rates["local"].append(epoch_rate(local, WARM * r + e, step))
+            rates["url warm"].append(epoch_rate(warm, WARM * r + e, step))
+        for name, ld in loaders.items():
             ld.close()
-            shutil.rmtree(cache)
+            shutil.rmtree(ld.ds.remote.cache.root)
     local.close()
     return [(k, statistics.median(v)) for k, v in rates.items()]
 

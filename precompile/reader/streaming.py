@@ -164,9 +164,9 @@ def default_fetch_ahead(limit: int) -> int:
 class ShardWindow:
     """One Loader's shards from a URL, pass by pass (see the module docstring).
 
-    ``ahead``: gather tasks in flight beyond the one consumed (``PassPlan.ahead``); ``fetch_ahead``: bytes of
-    shards fetched (and pinned) beyond the shards those tasks need; 0 fetches nothing ahead (each shard is fetched
-    by the gather that first needs it)."""
+    ``fetch_ahead``: bytes of shards fetched (and pinned) beyond the shards the gather tasks in flight need
+    (``PassPlan.ahead`` tasks beyond the one consumed), which are fetched first; 0 fetches nothing in the
+    background (each shard is fetched by the gather that first needs it)."""
 
     def __init__(self, slots: StreamingSlots, fetch_ahead: int):
         self.slots, self.source = slots, slots.source
@@ -254,8 +254,8 @@ class ShardWindow:
         must, extra = self._wanted(pos)
         self._let_go(must, extra)
         mapped = set(self.slots.mapped_shards().tolist())
-        with self._lock:
-            self._queue = [s for s in [*must.tolist(), *extra.tolist()] if s not in mapped]
+        with self._lock:   # (fetch_ahead=0: no fetching here at all; each gather fetches what it reads)
+            self._queue = [s for s in [*must.tolist(), *extra.tolist()] if s not in mapped] if self.fetch_ahead else []
             # every shard within reach and none to fetch: nothing changes until the pass ends (a build that
             # fits within reach, as with a full shuffle), so the next tasks skip this
             self._settled = not self._queue and len(must) + len(extra) == int(np.count_nonzero(self.live))

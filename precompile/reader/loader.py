@@ -166,7 +166,8 @@ class Loader:
 
     Parameters: ``path_or_dataset`` an index file or an opened build;
     ``shuffle`` True (= ``"full"``), False (sequential), ``"full"`` or
-    ``"block"`` (whole chunks, ``block_window`` chunks mixed at a time);
+    ``"block"`` (whole chunks, ``block_window`` chunks mixed at a time) or ``"shard"`` (the same over whole
+    shards: what a build read from a URL through a cache smaller than it wants);
     ``seed`` with the epoch decides the order and batch steps; ``device``
     ``"auto"`` (CUDA when present), ``"cuda"`` or ``"cpu"``; ``fields`` to
     load (default all); ``drop_last`` drops a short last batch; ``rank`` /
@@ -216,6 +217,11 @@ class Loader:
     so the Loader keeps reading its snapshot through any number of rebuilds; ``"lazy"`` maps a
     shard on the first batch that needs it (a shard no batch touches is never opened; like
     ``precompile.open``, it then survives one rebuild, see docs/faults.md).
+    ``path_or_dataset`` may be the URL of an HDF5 build's index (``s3://bucket/prefix/images.h5``, any fsspec
+    URL): its shards are fetched into the local cache ``cache_dir`` (at most ``cache_limit`` bytes, shared by the
+    node's processes) with the store's ``storage_options``, ``fetch_ahead`` bytes ahead of the batches in flight
+    in the order the epoch needs them, mapped while batches read them (``map_shards`` defaults to ``"lazy"``);
+    the batches are the local build's (:mod:`precompile.reader.streaming`, docs/reference-reader.md).
     Ragged annotation fields (``boxes``, ``box_labels``, ``keypoints``: a row count per sample)
     come as padded tensors (B, Nmax, ...) (NaN, or -1 for labels, past a sample's count) plus
     ``<field>__count`` (B,) int64 (:mod:`precompile.reader.ragged`; docs/annotations.md).
@@ -448,7 +454,7 @@ class Loader:
         self.feeder.release()
 
     def __repr__(self) -> str:
-        return (f"Loader({self.ds.path!r}, batch_size={self.batch_size}, shuffle={self.mode!r}, device={self.device}, "
+        return (f"Loader({getattr(self.ds, 'url', self.ds.path)!r}, batch_size={self.batch_size}, shuffle={self.mode!r}, device={self.device}, "
                 f"fields={self.fields}, rank={self.rank}/{self.world_size}"
                 + (" (from torch.distributed)" if self.distribution.source == "torch.distributed" else "")
                 + f", fast={self.reader.fast})")

@@ -142,3 +142,9 @@ class WorkerKilledError(PrecompileError):
     out-of-memory killer). Not about an input: the message suggests fewer jobs or smaller shards."""
 
     exit_code = 7
+
+
+class CacheError(PrecompileError):
+    """The local cache of a build read from a URL cannot hold what the reader needs: a shard larger than
+    ``cache_limit``, batches that need more than it at once, files in use by other processes filling it,
+    or a cache folder that cannot be used. Names the folder and both sizes; nothing in the cache is lost."""

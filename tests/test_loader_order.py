@@ -1,4 +1,4 @@
-"""The Loader's order: shuffles as functions of (seed, epoch), block windows of whole chunks, batches in
+"""The Loader's order: shuffles as functions of (seed, epoch), block windows of whole chunks (or shards), batches in
 file order, DDP shares, and resume (state_dict, set_epoch, a new pass, len).
 
 Builds: ``built`` (120 samples, loader_cases) and ``small_build`` (10 samples of 32x32, conftest tree).
@@ -78,6 +78,29 @@ def test_block_shuffle_reads_whole_chunks(built, ds, window):
     np.testing.assert_array_equal(order, np.concatenate(
         Loader(built, batch_size=8, shuffle="block", seed=2, device="cpu", block_window=window,
                sort_batches=False).batch_indices(0)))
+    _assert_same_as_dataset(loader, ds, epoch=0)
+
+
+@pytest.mark.parametrize("window", [1, 2])
+def test_shard_shuffle_reads_whole_shards_in_one_stretch(built, ds, window):
+    shard_of = np.repeat(np.arange(len(ds.shards)), [s["num_samples"] for s in ds.shards])
+    loader = Loader(built, batch_size=8, shuffle="shard", seed=4, device="cpu", block_window=window,
+                    sort_batches=False)
+    order = np.concatenate(loader.batch_indices(0))
+    assert sorted(order.tolist()) == list(range(N))
+    shards_in_order = list(dict.fromkeys(shard_of[order].tolist()))
+    pos = 0
+    for g in range(0, len(shards_in_order), window):   # each window of shards: exactly their rows, then the next
+        rows = np.flatnonzero(np.isin(shard_of, shards_in_order[g:g + window]))
+        assert sorted(order[pos:pos + len(rows)].tolist()) == rows.tolist()
+        pos += len(rows)
+    assert pos == N and shards_in_order != sorted(shards_in_order)
+    if window == 1:   # rows are permuted within their shard
+        assert not np.array_equal(order, np.sort(order))
+    assert not np.array_equal(order, np.concatenate(loader.batch_indices(1)))
+    again = Loader(built, batch_size=8, shuffle="shard", seed=4, device="cpu", block_window=window,
+                   sort_batches=False)
+    np.testing.assert_array_equal(order, np.concatenate(again.batch_indices(0)))
     _assert_same_as_dataset(loader, ds, epoch=0)
 
 

@@ -18,7 +18,7 @@ with ``@WRITERS.register()``, and its import below.
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Any, Sequence
 
 from ..errors import FormatError
 from ..registry import WRITERS
@@ -58,11 +58,27 @@ def find_format(path: str | os.PathLike, by_extension: bool = False) -> Format |
     return None
 
 
-def open_dataset(path: str | os.PathLike, fields: Sequence[str] | None = None, verify: bool = False) -> Dataset:
+def open_dataset(path: str | os.PathLike, fields: Sequence[str] | None = None, verify: bool = False,
+                 cache_dir: str | os.PathLike | None = None, cache_limit: int | str | None = None,
+                 storage_options: dict[str, Any] | None = None) -> Dataset:
     """Open a built output (the index file written by ``precompile build``), whatever its format.
 
     ``verify=True`` first checks every stored byte against the index (as ``precompile verify`` does: the
-    cost is one read of the whole output, see docs/limits.md) and raises FormatError naming what is damaged."""
+    cost is one read of the whole output, see docs/limits.md) and raises FormatError naming what is damaged.
+
+    ``path`` may be the URL of an HDF5 build's index (``s3://bucket/prefix/images.h5``, any fsspec URL): its
+    shards are then read through the local cache ``cache_dir`` of at most ``cache_limit`` bytes, with the
+    store's ``storage_options`` (:mod:`precompile.formats.hdf5_url`); ``verify=True`` then re-hashes the
+    cached copies of its shards."""
+    from ..remote import is_url
+
+    if is_url(path):
+        from .hdf5_url import open_url
+
+        return open_url(str(path), fields, verify, cache_dir, cache_limit, storage_options)
+    if cache_dir is not None or cache_limit is not None or storage_options is not None:
+        raise ValueError(f"{path}: cache_dir, cache_limit and storage_options apply to a build read from a URL "
+                         f"(s3://..., gs://..., https://...), not to a local path")
     p = str(path)
     if not os.path.exists(p):
         raise FormatError(f"{p}: no such file (build the recipe first)")

@@ -619,7 +619,7 @@ class H5Dataset(Dataset):
             self._pid = os.getpid()
         f = self._files.get(shard)
         if f is None:
-            p = os.path.join(os.path.dirname(self.path), self.shards[shard]["file"])
+            p = self.shard_path(shard)
             try:
                 f = h5py.File(p, "r", rdcc_nbytes=0)
             except OSError as e:
@@ -723,24 +723,19 @@ def _hdf5_storage(ds: "H5Dataset") -> dict[str, str]:
 
     out = {}
     with h5py.File(ds.path, "r") as idx:
-        shard0 = None
-        if len(ds.shard_table):
-            shard0 = h5py.File(ds.shard_path(0), "r")
-        try:
-            for name in ds.field_specs:
-                if ds.variable(name):
-                    shapes = idx[name][fmt.RAGGED_SHAPES][:]
-                    text = f"ragged: flat data + offsets + shapes, shapes {range_text(shapes)}"
-                    if shard0 is not None and shard0[name][fmt.RAGGED_DATA].chunks:
-                        d = shard0[name][fmt.RAGGED_DATA]
-                        text += f", chunks of {human_bytes(d.dtype.itemsize * d.chunks[0])}"
-                    out[name] = text
-                elif shard0 is not None and shard0[name].chunks:
-                    d = shard0[name]
-                    out[name] = f"chunks of {d.chunks[0]} sample(s), {human_bytes(int(d.dtype.itemsize * math.prod(d.chunks)))}"
-        finally:
-            if shard0 is not None:
-                shard0.close()
+        # the dataset's own handle (a build read from a URL: fetched into the cache)
+        shard0 = ds._file(0) if len(ds.shard_table) else None
+        for name in ds.field_specs:
+            if ds.variable(name):
+                shapes = idx[name][fmt.RAGGED_SHAPES][:]
+                text = f"ragged: flat data + offsets + shapes, shapes {range_text(shapes)}"
+                if shard0 is not None and shard0[name][fmt.RAGGED_DATA].chunks:
+                    d = shard0[name][fmt.RAGGED_DATA]
+                    text += f", chunks of {human_bytes(d.dtype.itemsize * d.chunks[0])}"
+                out[name] = text
+            elif shard0 is not None and shard0[name].chunks:
+                d = shard0[name]
+                out[name] = f"chunks of {d.chunks[0]} sample(s), {human_bytes(int(d.dtype.itemsize * math.prod(d.chunks)))}"
     return out
 
 

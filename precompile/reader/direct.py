@@ -49,6 +49,7 @@ a fork). This module imports neither torch nor anything from the build path.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import mmap
@@ -56,7 +57,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -278,6 +279,16 @@ class Region:
             raise FormatError(f"{path}: cannot map shard (mmap failed, errno {ctypes_errno()})")
         self.mapped[i] = True
 
+    def unmap_slot(self, i: int) -> None:
+        """Let go of file ``i``: its slot becomes reserved ``PROT_NONE`` space again (an anonymous map over it with
+        ``MAP_FIXED``), so the file keeps no blocks once unlinked (a build read from a URL: the cache evicts it)."""
+        addr = self.addr + int(self.bases[i])
+        got = self._lib().mmap(addr, int(self.sizes[i]), mmap.PROT_NONE if hasattr(mmap, "PROT_NONE") else 0,
+                               mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x10, -1, 0)
+        if got != addr:
+            raise FormatError(f"{self.paths[i]}: cannot unmap shard (mmap failed, errno {ctypes_errno()})")
+        self.mapped[i] = False
+
 
 class _Unmap:
     """Unmaps a region's range when the last array on it is gone (see ``Region.__init__``)."""
@@ -299,6 +310,15 @@ class _Plan:
         self.idx = idx
         self.size = int(idx.size)
         self._groups: list[tuple[int, np.ndarray, np.ndarray]] | None = None
+        self.release: Any = None   # a build read from a URL: lets go of the shards the plan holds mapped
+
+    def __enter__(self) -> "_Plan":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.release is not None:
+            self.release()
+            self.release = None
 
     @property
     def groups(self) -> list[tuple[int, np.ndarray, np.ndarray]]:
@@ -358,6 +378,9 @@ class DirectReader:
         ds = self.ds
         self.fields = list(self.fields) if self.fields is not None else list(ds.fields)
         self.base = os.path.dirname(os.path.abspath(ds.path))
+        # a build read from a URL (formats/hdf5_url.py): shards come through the local cache, mapped while used
+        self.source = getattr(ds, "remote", None)
+        self.streaming: Any = None
         self.offsets = np.asarray(ds.offsets, dtype=np.int64)
         self.n = int(self.offsets[-1])
         self.shapes, self.dtypes, self.row_bytes = {}, {}, {}
@@ -393,7 +416,12 @@ class DirectReader:
         for r in self.rows.values():
             served |= r.served
         mapped = np.flatnonzero(served)
-        self._map(dict(zip(mapped.tolist(), table.paths(self.base, mapped))))
+        paths = dict(zip(mapped.tolist(), self._paths(mapped)))
+        self._map(paths)
+        if self.source is not None:
+            from .streaming import StreamingSlots
+
+            self.streaming = StreamingSlots.for_reader(self, order=sorted(paths))
         self._build_view_tables()
         self.chunk_rows, self.gather_rank = self._chunk_ids_and_rank()
         if self.in_memory:
@@ -464,7 +492,11 @@ class DirectReader:
         counts = np.diff(self.offsets)
         todo = (counts > 0) & ~np.logical_and.reduce([r.served for r in self.rows.values()])
         for s in np.flatnonzero(todo).tolist():
-            path, n, lo = os.path.join(self.base, self.shard_table.file(s)), int(counts[s]), int(self.offsets[s])
+            if self.source is not None:
+                name = next(f for f in self.fields if not self.rows[f].served[s])
+                raise FormatError(f"{self._where(s, name)}: the index has no chunk table for it; reading a build "
+                                  f"from a URL needs the chunk tables of builds since issue 20: build it again")
+            path, n, lo = self._path(s), int(counts[s]), int(self.offsets[s])
             with _open_h5(path) as f:
                 for name in self.fields:
                     r = self.rows[name]
@@ -485,6 +517,28 @@ class DirectReader:
     def _where(self, s: int, name: str) -> str:
         return f"{self.ds.path}: shard {self.shard_table.file(s)}, field {name!r}"
 
+    def _path(self, s: int) -> str:
+        """Shard ``s``'s file: beside the index, or (a build read from a URL) its place in the local cache."""
+        return self.source.path(s) if self.source is not None else os.path.join(self.base, self.shard_table.file(s))
+
+    def _paths(self, shards: np.ndarray) -> list[str]:
+        """The files of ``shards`` (see :meth:`_path`), without a Python pass over the entries locally."""
+        if self.source is not None:
+            return [self.source.path(s) for s in shards.tolist()]
+        return self.shard_table.paths(self.base, shards)
+
+    @contextlib.contextmanager
+    def _local_file(self, s: int) -> Iterator[str]:
+        """Shard ``s``'s file while it is read (a build read from a URL: fetched and held in the cache meanwhile)."""
+        if self.source is None:
+            yield self._path(s)
+            return
+        path = self.source.pin(s)
+        try:
+            yield path
+        finally:
+            self.source.unpin(s)
+
     def _map(self, paths: dict[int, str]) -> None:
         """Map the shards that have mapped fields: one region for all, else one map per shard.
 
@@ -502,10 +556,13 @@ class DirectReader:
             slot = np.full(len(self.offsets) - 1, -1, dtype=np.int32)
             slot[order] = np.arange(len(order), dtype=np.int32)
             self._row_slot = np.repeat(slot, np.diff(self.offsets))
-            if not self.lazy:
+            if not self.lazy and self.source is None:   # from a URL: StreamingSlots maps them
                 for i in range(len(order)):
                     self.region.map_slot(i, self.ds.path)
             self._unmapped = int(np.count_nonzero(~self.region.mapped))
+        elif self.source is not None:
+            raise FormatError(f"{self.ds.path}: reading a build from a URL maps its shards into one reserved address "
+                              f"range, which this platform does not allow (POSIX mmap through ctypes)")
         else:
             _ensure_nofile(len(order))
             self._spaces = []
@@ -671,8 +728,7 @@ class DirectReader:
             mapped = [name for name in self.fields if self.rows[name].served[s] and hi > lo]
             if not mapped:
                 continue
-            path = os.path.join(self.base, self.shard_table.file(s))
-            with open(path, "rb", buffering=0) as f:
+            with self._local_file(s) as path, open(path, "rb", buffering=0) as f:
                 for name in mapped:
                     addr, rb = self.rows[name].addr[lo:hi], self.row_bytes[name]
                     cuts = [0, *(np.flatnonzero(np.diff(addr) != rb) + 1).tolist(), len(addr)]
@@ -698,6 +754,9 @@ class DirectReader:
         self.gather_rank = np.arange(self.n, dtype=np.int64)
         self._spaces, self._maps, self.region = [], {}, None
         self._unmapped = 0
+        if self.streaming is not None:
+            self.streaming.close()
+            self.streaming = None
 
     def order_batch(self, indices: np.ndarray) -> np.ndarray:
         """The same rows, ordered for gathering: grouped by shard and view, in address order."""
@@ -721,6 +780,8 @@ class DirectReader:
         idx = np.asarray(indices, dtype=np.int64)
         if idx.size and (idx.min() < 0 or idx.max() >= self.n):
             raise IndexError(f"row index out of range for {self.n} rows")
+        if self.streaming is not None:
+            return self.streaming.plan(idx)
         if self._unmapped and idx.size:
             slots = self._row_slot[idx]
             slots = slots[slots >= 0]
@@ -790,9 +851,9 @@ class DirectReader:
 
     def read(self, indices: Sequence[int] | np.ndarray, fields: Sequence[str] | None = None) -> dict[str, np.ndarray]:
         """``{field: rows}`` for ``indices`` in the given order (a fresh array per field)."""
-        plan = self.plan(np.asarray(indices, dtype=np.int64))
-        return {f: self.gather(f, plan, page_aligned_empty((plan.size, *self.shapes[f]), self.dtypes[f]))
-                for f in (fields or self.fields)}
+        with self.plan(np.asarray(indices, dtype=np.int64)) as plan:
+            return {f: self.gather(f, plan, page_aligned_empty((plan.size, *self.shapes[f]), self.dtypes[f]))
+                    for f in (fields or self.fields)}
 
     def _read_fallback(self, s: int, name: str, local: np.ndarray) -> np.ndarray:
         """h5py, cache off: read each touched chunk's rows once, then pick the requested rows."""
@@ -840,6 +901,8 @@ class DirectReader:
             self._h5 = {}
             self._maps = {}
             self._spaces, self.region = [], None
+            if self.streaming is not None:
+                self.streaming.close()
             self.rows = {}
             self._views = {name: [] for name in self.fields}
             self._takeable = {name: [] for name in self.fields}

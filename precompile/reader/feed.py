@@ -231,9 +231,9 @@ class RowSplitter:
         return int(max(1, min(self.threads, n, (n * row_bytes) // SPLIT_BYTES)))
 
     def _gather(self, rows: np.ndarray, out: dict[str, np.ndarray], lo: int, hi: int) -> None:
-        plan = self.reader.plan(rows[lo:hi])
-        for f in self.fields:
-            self.reader.gather(f, plan, out[f][lo:hi])
+        with self.reader.plan(rows[lo:hi]) as plan:   # (from a URL: its shards stay mapped until the with ends)
+            for f in self.fields:
+                self.reader.gather(f, plan, out[f][lo:hi])
 
     def gather(self, rows: np.ndarray, out: dict[str, np.ndarray]) -> None:
         """Fill ``out[f][:len(rows)]`` for every field with ``rows`` (global row indices, gather order)."""
@@ -241,9 +241,7 @@ class RowSplitter:
         row_bytes = sum(out[f][0].nbytes for f in self.fields) if n else 0
         k = self.parts(n, row_bytes) if self._pool is not None else 1
         if k == 1:
-            plan = self.reader.plan(rows)
-            for f in self.fields:
-                self.reader.gather(f, plan, out[f][:n])
+            self._gather(rows, out, 0, n)
             return
         bounds = [n * i // k for i in range(k + 1)]
         futs = [self._pool.submit(self._gather, rows, out, bounds[i], bounds[i + 1]) for i in range(1, k)]

@@ -45,14 +45,14 @@ import numpy as np
 import torch
 
 from ..errors import FormatError, PrecompileError
-from . import gpu
+from . import gpu, streaming
 from .copies import CopySchedule
 from .cpu_feeder import CpuFeeder
 from .cuda_feeder import CudaFeeder
 from .direct import DirectReader
 from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size
 from .options import CONVERT_KINDS, Conversion, Distribution, Order
-from .sampler import epoch_order, rank_share, split_batches
+from .sampler import epoch_order, rank_share, shard_ids, split_batches
 from .ragged import RaggedFields, is_ragged_annotation
 
 __all__ = ["CONVERT_KINDS", "HostPool", "Loader", "LoaderStats", "default_threads"]
@@ -103,15 +103,23 @@ def default_threads(device: torch.device) -> int:
     return max(0, min(4, cpus - torch.get_num_threads()))
 
 
-def open_hdf5_build(path_or_dataset: Any, fields: Sequence[str] | None, verify: bool = False) -> Any:
-    """The opened HDF5 build behind ``path_or_dataset`` (an index path or an opened build); ``verify``:
-    every stored byte checked against the index first (``precompile.open(path, verify=True)``)."""
+def open_hdf5_build(path_or_dataset: Any, fields: Sequence[str] | None, verify: bool = False,
+                    **remote: Any) -> Any:
+    """The opened HDF5 build behind ``path_or_dataset`` (an index path or URL, or an opened build); ``verify``:
+    every stored byte checked against the index first (``precompile.open(path, verify=True)``); ``remote``:
+    ``cache_dir``, ``cache_limit``, ``storage_options`` for a URL."""
     if isinstance(path_or_dataset, (str, os.PathLike)):
         from . import open_dataset
 
-        ds = open_dataset(path_or_dataset, fields=fields, verify=verify)
+        ds = open_dataset(path_or_dataset, fields=fields, verify=verify,
+                          **{k: v for k, v in remote.items() if v is not None})
     else:
-        if verify and hasattr(path_or_dataset, "path"):
+        if any(v is not None for v in remote.values()):
+            raise ValueError("cache_dir, cache_limit and storage_options are for a URL; pass them to "
+                             "precompile.open(url, ...) for a build opened already")
+        if verify and hasattr(path_or_dataset, "verify_cached"):   # a build read from a URL
+            path_or_dataset.verify_cached()
+        elif verify and hasattr(path_or_dataset, "path"):
             from ..formats import check_intact, find_format
 
             check_intact(find_format(str(path_or_dataset.path)), str(path_or_dataset.path))
@@ -159,7 +167,8 @@ class Loader:
 
     Parameters: ``path_or_dataset`` an index file or an opened build;
     ``shuffle`` True (= ``"full"``), False (sequential), ``"full"`` or
-    ``"block"`` (whole chunks, ``block_window`` chunks mixed at a time);
+    ``"block"`` (whole chunks, ``block_window`` chunks mixed at a time) or ``"shard"`` (the same over whole
+    shards: what a build read from a URL through a cache smaller than it wants);
     ``seed`` with the epoch decides the order and batch steps; ``device``
     ``"auto"`` (CUDA when present), ``"cuda"`` or ``"cpu"``; ``fields`` to
     load (default all); ``drop_last`` drops a short last batch; ``rank`` /
@@ -209,6 +218,11 @@ class Loader:
     so the Loader keeps reading its snapshot through any number of rebuilds; ``"lazy"`` maps a
     shard on the first batch that needs it (a shard no batch touches is never opened; like
     ``precompile.open``, it then survives one rebuild, see docs/faults.md).
+    ``path_or_dataset`` may be the URL of an HDF5 build's index (``s3://bucket/prefix/images.h5``, any fsspec
+    URL): its shards are fetched into the local cache ``cache_dir`` (at most ``cache_limit`` bytes, shared by the
+    node's processes) with the store's ``storage_options``, ``fetch_ahead`` bytes ahead of the batches in flight
+    in the order the epoch needs them, mapped while batches read them (``map_shards`` defaults to ``"lazy"``);
+    the batches are the local build's (:mod:`precompile.reader.streaming`, docs/reference-reader.md).
     Ragged annotation fields (``boxes``, ``box_labels``, ``keypoints``: a row count per sample)
     come as padded tensors (B, Nmax, ...) (NaN, or -1 for labels, past a sample's count) plus
     ``<field>__count`` (B,) int64 (:mod:`precompile.reader.ragged`; docs/annotations.md).
@@ -223,8 +237,13 @@ class Loader:
                  convert_fields: Sequence[str] | None = None, copies: Literal["epoch", "all"] = "epoch",
                  include_original: bool = True, sort_batches: bool = True, in_memory: bool | str = False,
                  gpu_budget: float | int | None = None, verify: bool = False,
-                 map_shards: Literal["all", "lazy"] = "all"):
-        ds = self.ds = open_hdf5_build(path_or_dataset, fields, verify)
+                 map_shards: Literal["all", "lazy"] | None = None, cache_dir: str | os.PathLike | None = None,
+                 cache_limit: int | str | None = None, storage_options: dict[str, Any] | None = None,
+                 fetch_ahead: int | str | None = None):
+        ds = self.ds = open_hdf5_build(path_or_dataset, fields, verify, cache_dir=cache_dir, cache_limit=cache_limit,
+                                       storage_options=storage_options)
+        remote = getattr(ds, "remote", None)   # a build read from a URL (formats/hdf5_url.py)
+        map_shards = map_shards or ("lazy" if remote is not None else "all")
         if map_shards not in ("all", "lazy"):
             raise ValueError(f"map_shards must be 'all' or 'lazy', got {map_shards!r}")
         if int(batch_size) < 1:
@@ -264,6 +283,9 @@ class Loader:
         self._active: weakref.ref | None = None
         self.stats = LoaderStats()
         self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool(), self.ragged)
+        self.window = streaming.loader_window(self, fetch_ahead)   # None unless reading a URL's shards from maps
+        if self.window is not None:
+            self.window.check(self.pass_plan(self.epoch))
         self.feeder: Feeder = self.make_feeder()
 
     def make_feeder(self, make_ring: Callable[..., Any] | None = None) -> Feeder:
@@ -305,7 +327,8 @@ class Loader:
         got = self._orders.get(e)
         if got is None:
             rows = np.asarray(self._epoch_rows(e), dtype=np.int64)
-            order = epoch_order(rows, self.reader.chunk_rows[rows], self.mode, self.seed, e, self.block_window)
+            groups = shard_ids(self.reader.offsets) if self.mode == "shard" else self.reader.chunk_rows
+            order = epoch_order(rows, groups[rows], self.mode, self.seed, e, self.block_window)
             share = rank_share(order, self.rank, self.world_size, self.uneven)
             got = split_batches(share, self.batch_size, self.drop_last)
             if self.sort_batches and self.mode != "sequential":
@@ -365,10 +388,11 @@ class Loader:
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
         """The feeder's batches, with the wait for each measured and the resume point kept."""
         epoch = self.epoch
-        group = group_size(sum(self.reader.row_bytes.values()), self.batch_size)
-        plan = PassPlan.make(epoch, self.batch_indices(epoch), self._pos, group, self.prefetch)
+        plan = self.pass_plan(epoch, self._pos)
         stats = self.stats
         stats.reset()
+        if self.window is not None:
+            self.window.start(plan)
         feed = self.feeder.feed(plan)
         try:
             while True:
@@ -379,6 +403,8 @@ class Loader:
                 if got is None:
                     break
                 b, out = got
+                if self.window is not None:
+                    self.window.advance(b)
                 if self.text_fields:
                     out.update(self._texts(self.batch_indices(epoch)[b]))
                 t1 = time.perf_counter()
@@ -391,13 +417,23 @@ class Loader:
             self.epoch, self._pos = epoch + 1, 0
         finally:
             feed.close()
+            if self.window is not None:
+                self.window.stop()
+
+    def pass_plan(self, epoch: int, start: int = 0) -> PassPlan:
+        """The gather tasks of ``epoch`` from batch ``start`` (what a pass over it runs)."""
+        group = group_size(sum(self.reader.row_bytes.values()), self.batch_size)
+        if self.window is not None:   # from a URL: a task reads about one shard's rows, not a whole cache's
+            group = min(group, self.window.max_group(self.batch_size))
+        return PassPlan.make(epoch, self.batch_indices(epoch), start, group, self.prefetch)
 
     def _texts(self, rows: np.ndarray) -> dict[str, list[str]]:
         """The text fields of batch ``rows``, each a list of str in batch order."""
         if self._text_ds is None:
             from . import open_dataset
 
-            self._text_ds = open_dataset(self.ds.path, fields=self.text_fields)
+            reopen = getattr(self.ds, "reopen", None)   # a build read from a URL: its shards are in the cache
+            self._text_ds = reopen(self.text_fields) if reopen else open_dataset(self.ds.path, fields=self.text_fields)
         b = self._text_ds.batch(rows)
         return {f: b[f] for f in self.text_fields}
 
@@ -413,11 +449,13 @@ class Loader:
         Iterating afterwards is a :class:`~precompile.errors.PrecompileError` ("reader is closed").
         """
         self._close_active()
+        if self.window is not None:
+            self.window.stop()
         self.reader.close()
         self.feeder.release()
 
     def __repr__(self) -> str:
-        return (f"Loader({self.ds.path!r}, batch_size={self.batch_size}, shuffle={self.mode!r}, device={self.device}, "
+        return (f"Loader({getattr(self.ds, 'url', self.ds.path)!r}, batch_size={self.batch_size}, shuffle={self.mode!r}, device={self.device}, "
                 f"fields={self.fields}, rank={self.rank}/{self.world_size}"
                 + (" (from torch.distributed)" if self.distribution.source == "torch.distributed" else "")
                 + f", fast={self.reader.fast})")

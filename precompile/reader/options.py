@@ -27,8 +27,9 @@ CONVERT_KINDS = ("image", "video")
 
 @dataclass(frozen=True)
 class Order:
-    """The order of a pass: ``mode`` (``shuffle`` as given: True, False, ``"full"`` or ``"block"``;
-    stored normalised to ``"sequential" | "full" | "block"``), with ``seed`` and the epoch."""
+    """The order of a pass: ``mode`` (``shuffle`` as given: True, False, ``"full"``, ``"block"`` or ``"shard"``;
+    stored normalised to ``"sequential" | "full" | "block" | "shard"``), with ``seed`` and the epoch;
+    ``block_window`` chunks (``"shard"``: shards) are mixed at a time."""
 
     mode: bool | str = True
     seed: int = 0

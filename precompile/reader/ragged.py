@@ -69,8 +69,11 @@ class RaggedFields:
                 if any(d is None for d in inner):
                     raise FormatError(f"{ds.path}: field {name!r} has shape {tuple(spec['shape'])}: the Loader pads "
                                       f"rows, and needs every other dimension fixed")
-                g = f[name]
-                self.data[name] = (g[fmt.RAGGED_DATA][:], g[fmt.RAGGED_OFFSETS][:], g[fmt.RAGGED_SHAPES][:])
+                if hasattr(ds, "ragged_arrays"):   # a build read from a URL: the data is in the shards only
+                    self.data[name] = ds.ragged_arrays(name)
+                else:
+                    g = f[name]
+                    self.data[name] = (g[fmt.RAGGED_DATA][:], g[fmt.RAGGED_OFFSETS][:], g[fmt.RAGGED_SHAPES][:])
                 self.inner[name], self.dtypes[name] = tuple(int(d) for d in inner), np.dtype(spec["dtype"])
 
     def rows(self, name: str, i: int) -> np.ndarray:

@@ -77,10 +77,13 @@ def upload(reader: DirectReader, fields: Sequence[str], rows: np.ndarray, device
         shape, dtype = reader.shapes[f], reader.dtypes[f]
         t = torch.empty((rows.size, *shape), dtype=gpu.numpy_to_torch_dtype(dtype), device=device)
         step = max(1, PIECE_BYTES // max(1, reader.row_bytes[f]))
+        if reader.streaming is not None:   # from a URL: a piece reads a shard or two, whatever the cache holds
+            step = min(step, reader.streaming.shard_rows())
         buf = np.empty((min(step, rows.size), *shape), dtype)
         for lo in range(0, rows.size, step):
             part = rows[lo:lo + step]
-            reader.gather(f, reader.plan(part), buf[:part.size])
+            with reader.plan(part) as plan:
+                reader.gather(f, plan, buf[:part.size])
             t[lo:lo + part.size].copy_(torch.from_numpy(buf[:part.size]))
         out[f] = t
     return out
@@ -96,6 +99,8 @@ class ResidentFeeder:
         self.dense = bool(self.rows.size == len(reader.chunk_rows) and
                           (self.rows.size == 0 or self.rows[-1] == self.rows.size - 1))
         self.tensors = upload(reader, self.fields, self.rows, device, budget)
+        if reader.streaming is not None:   # a build read from a URL: its shards are not read again
+            reader.streaming.release_unused()
 
     @classmethod
     def for_loader(cls, loader: Any, device: torch.device, budget: float | int | None = None) -> ResidentFeeder:

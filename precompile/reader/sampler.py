@@ -1,4 +1,4 @@
-"""Sample orders for the Loader: sequential, full random permutation, block-shuffled; DDP shares.
+"""Sample orders for the Loader: sequential, full random permutation, block- or shard-shuffled; DDP shares.
 
 Every order is a pure function of ``(seed, epoch)`` and the rows it is given:
 the generator is ``np.random.default_rng([seed, epoch, MODE_STREAM])``, so
@@ -11,6 +11,11 @@ run the same order as the run it resumes. No global RNG is touched.
   chunks are put in random order, cut into windows of ``window`` chunks, and
   the rows of each window are permuted among themselves. A batch then touches
   at most a few chunks, and every chunk is read exactly once per epoch.
+- ``shard``: the same over whole shards: the shards in random order, ``window``
+  shards at a time, their rows permuted among themselves. Every shard is read in
+  one stretch of the epoch, so a build read from a URL through a cache smaller
+  than the build fetches each shard once per epoch (``block`` visits a shard's
+  chunks at random places of the epoch: each visit may fetch the shard again).
 
 :func:`rank_share` cuts a global order into ``world_size`` disjoint, equal,
 contiguous shares (padding by wrapping around to the start, or dropping the
@@ -22,9 +27,9 @@ from typing import Literal
 
 import numpy as np
 
-MODES = ("sequential", "full", "block")
+MODES = ("sequential", "full", "block", "shard")
 DEFAULT_MODE = "full"
-_STREAM = {"full": 1, "block": 2}
+_STREAM = {"full": 1, "block": 2, "shard": 3}
 
 
 def normalize_mode(shuffle: bool | str) -> str:
@@ -48,7 +53,7 @@ def epoch_order(rows: np.ndarray, chunk_ids: np.ndarray | None, mode: str, seed:
                 window: int = 8) -> np.ndarray:
     """The global order of ``rows`` for one epoch.
 
-    ``chunk_ids[i]`` is the storage chunk of ``rows[i]`` (needed by ``block``).
+    ``chunk_ids[i]`` is the storage chunk of ``rows[i]`` (needed by ``block``), or its shard (``shard``).
     """
     rows = np.asarray(rows, dtype=np.int64)
     if mode == "sequential":
@@ -56,11 +61,11 @@ def epoch_order(rows: np.ndarray, chunk_ids: np.ndarray | None, mode: str, seed:
     rng = _rng(seed, epoch, mode)
     if mode == "full":
         return rows[rng.permutation(len(rows))]
-    if mode == "block":
+    if mode in ("block", "shard"):
         if chunk_ids is None or len(chunk_ids) != len(rows):
-            raise ValueError("block shuffling needs a chunk id per row")
+            raise ValueError(f"{mode} shuffling needs a {'chunk' if mode == 'block' else 'shard'} id per row")
         if window < 1:
-            raise ValueError(f"window must be >= 1 chunk, got {window}")
+            raise ValueError(f"window must be >= 1 {'chunk' if mode == 'block' else 'shard'}, got {window}")
         uniq, inv = np.unique(np.asarray(chunk_ids, dtype=np.int64), return_inverse=True)
         place = np.empty(len(uniq), dtype=np.int64)
         place[rng.permutation(len(uniq))] = np.arange(len(uniq))   # chunk -> its position in the new order
@@ -68,6 +73,12 @@ def epoch_order(rows: np.ndarray, chunk_ids: np.ndarray | None, mode: str, seed:
         key = rng.random(len(rows))
         return rows[np.lexsort((key, win))]
     raise ValueError(f"unknown order {mode!r} (one of {', '.join(MODES)})")
+
+
+def shard_ids(offsets: np.ndarray) -> np.ndarray:
+    """The shard of every row of a build whose shards start at rows ``offsets`` (plus the end)."""
+    counts = np.diff(np.asarray(offsets, dtype=np.int64))
+    return np.repeat(np.arange(len(counts), dtype=np.int64), counts)
 
 
 def rank_share(order: np.ndarray, rank: int, world_size: int,

@@ -31,8 +31,10 @@ def field_table(specs: dict[str, dict], where: dict[str, str]) -> list[str]:
 
 
 def describe(path: str) -> str:
+    """The text of ``precompile inspect`` for the output at ``path`` (a URL too: read through the default cache,
+    with the store's environment)."""
     ds = open_dataset(path)
-    form = find_format(path)
+    form = find_format(ds.path)   # (a URL's index: its copy in the cache)
     assert form is not None   # open_dataset found it
     a = ds.attrs
     lines = [f"{path}", f"  format       {ds.output_format} (precompile format v{a.get(fmt.A_VERSION)})",

@@ -1,0 +1,464 @@
+"""Reading a build from a URL (a moto S3 server on 127.0.0.1; the fixture is test_remote's) through the local
+cache: the same samples and batches as the local build, downloads checked against the index, eviction within
+cache_limit, several processes sharing one cache, and clear errors."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import precompile
+from precompile.errors import CacheError, FormatError
+from precompile.recipe import parse_recipe
+from precompile.shard_cache import ShardCache, default_cache_dir, parse_size
+from loader_cases import _make_inputs
+from test_remote import BUCKET, s3, upload_tree  # noqa: F401  (s3: the fixture; skips without s3fs/moto)
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the Loader needs it)")
+from precompile.reader.loader import Loader  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+PER_SHARD = 8   # 120 samples of 8x8x3: 15 shards of about 10 KB
+
+
+def build(root: Path, name: str = "t", seed_inputs: bool = True) -> Path:
+    """120 samples of 8x8 RGB, 8 per shard, 4 per chunk; returns the index."""
+    if seed_inputs:
+        _make_inputs(str(root / "in"))
+    recipe = parse_recipe({
+        "name": name, "seed": 0,
+        "inputs": {"root": "in", "match": "{label}/{name}.{ext}", "where": {"ext": "png|jpg"},
+                   "fields": {"image": {"decoder": "image"}}, "label": {"capture": "label"}},
+        "steps": [{"resize": {"size": [8, 8]}}],
+        "output": {"format": "hdf5", "samples_per_shard": PER_SHARD, "chunk_samples": 4},
+    }, base_dir=str(root))
+    precompile.build(recipe, out_dir=str(root / "out"))
+    return root / "out" / f"{name}.h5"
+
+
+@pytest.fixture(scope="module")
+def remote(s3, tmp_path_factory):  # noqa: F811
+    """(index URL, storage_options, local index, boto3 client): the build uploaded under ``read1/``."""
+    endpoint, client = s3
+    root = tmp_path_factory.mktemp("remote_read")
+    index = build(root)
+    upload_tree(client, index.parent, "read1")
+    return f"s3://{BUCKET}/read1/t.h5", {"endpoint_url": endpoint, "anon": True}, index, client
+
+
+def entries(index: Path) -> list[dict]:
+    return precompile.open(index).shards
+
+
+def cache_files(cache: Path) -> list[str]:
+    return sorted(os.listdir(cache / "files"))
+
+
+def same_batches(a: Loader, b: Loader, epochs: int = 2) -> int:
+    """Every batch of ``epochs`` epochs equal, byte for byte; the number of batches compared."""
+    n = 0
+    for e in range(epochs):
+        a.set_epoch(e)
+        b.set_epoch(e)
+        for x, y in zip(a, b, strict=True):
+            assert x.keys() == y.keys()
+            for k in x:
+                assert x[k].dtype == y[k].dtype and torch.equal(x[k], y[k]), (e, n, k)
+            n += 1
+    return n
+
+
+def test_open_url_gives_the_local_samples_and_caches_verified_copies(remote, tmp_path):
+    url, so, index, _ = remote
+    local = precompile.open(index)
+    ds = precompile.open(url, cache_dir=tmp_path / "c", storage_options=so)
+    assert url in repr(ds) and len(ds) == len(local) == 120
+    for i in range(len(ds)):
+        assert ds.key(i) == local.key(i) and ds.meta(i) == local.meta(i)
+        for f in ("image", "label"):
+            np.testing.assert_array_equal(ds[i][f], local[i][f])
+    order = [7, 119, 0, 64, 3]
+    for f in ("image", "label"):
+        np.testing.assert_array_equal(ds.batch(order)[f], local.batch(order)[f])
+    shas = {e["sha256"] for e in entries(index)}
+    index_sha = hashlib.sha256(index.read_bytes()).hexdigest()
+    assert cache_files(tmp_path / "c") == sorted(f"{h}.h5" for h in shas | {index_sha})
+    for e in entries(index):   # each copy is the shard's bytes, under the name of its digest
+        assert (tmp_path / "c" / "files" / f"{e['sha256']}.h5").read_bytes() == (index.parent / e["file"]).read_bytes()
+    before = ds.remote.cache.stats.downloads
+    again = precompile.open(url, cache_dir=tmp_path / "c", storage_options=so)
+    for i in range(len(again)):
+        again[i]
+    assert again.remote.cache.stats.downloads == before   # every shard a cache hit
+    assert len(ds._held) <= 8   # a dataset keeps at most OPEN_SHARDS shard files open
+
+
+@pytest.mark.parametrize("kw", [dict(shuffle="full", seed=3), dict(shuffle="block", seed=1),
+                                dict(shuffle="shard", seed=2, block_window=2), dict(shuffle=False),
+                                dict(shuffle="full", seed=5, rank=1, world_size=3),
+                                dict(shuffle="block", seed=4, rank=0, world_size=2, uneven="drop", drop_last=True),
+                                dict(shuffle="full", seed=6, in_memory=True)],
+                         ids=["full", "block", "shard", "sequential", "rank1of3", "rank0of2", "in_memory"])
+def test_loader_from_url_gives_the_local_batches(remote, tmp_path, kw):
+    url, so, index, _ = remote
+    a = Loader(str(index), batch_size=12, device="cpu", **kw)
+    b = Loader(url, batch_size=12, device="cpu", cache_dir=tmp_path / "c", storage_options=so, **kw)
+    assert same_batches(a, b) == 2 * len(a)
+    if kw.get("in_memory"):
+        assert b.reader.streaming is None and b.window is None
+    a.close()
+    b.close()
+
+
+def test_in_memory_loads_a_build_larger_than_the_cache(remote, tmp_path):
+    url, so, index, _ = remote
+    sizes = [e["bytes"] for e in entries(index)]
+    limit = index.stat().st_size + 2 * max(sizes)
+    b = Loader(url, batch_size=16, device="cpu", shuffle="full", in_memory=True, cache_dir=tmp_path / "c",
+               cache_limit=limit, storage_options=so)
+    a = Loader(str(index), batch_size=16, device="cpu", shuffle="full")
+    assert sum(sizes) > limit and same_batches(a, b, epochs=1) == len(a)
+    assert ShardCache(tmp_path / "c").usage() <= limit
+
+
+def deleted_cache_maps(cache: Path) -> list[str]:
+    """Files of the cache that this process maps although they were unlinked (blocks the limit cannot see)."""
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        return []
+    return [ln for ln in maps.read_text().splitlines() if str(cache) in ln and ln.endswith("(deleted)")]
+
+
+def test_a_cache_smaller_than_the_build_streams_within_its_limit(remote, tmp_path):
+    url, so, index, _ = remote
+    sizes = [e["bytes"] for e in entries(index)]
+    limit = index.stat().st_size + 4 * max(sizes)
+    assert sum(sizes) > limit + 4 * max(sizes)
+    cache = tmp_path / "c"
+    a = Loader(str(index), batch_size=8, device="cpu", shuffle="shard", block_window=1, seed=9)
+    b = Loader(url, batch_size=8, device="cpu", shuffle="shard", block_window=1, seed=9, cache_dir=cache,
+               cache_limit=limit, storage_options=so, prefetch=1, fetch_ahead=max(sizes))
+    stats = b.ds.remote.cache.stats
+    first = stats.downloads
+    peak = 0
+    for e in range(2):
+        a.set_epoch(e)
+        b.set_epoch(e)
+        for x, y in zip(a, b, strict=True):
+            assert torch.equal(x["image"], y["image"]) and torch.equal(x["label"], y["label"])
+            peak = max(peak, ShardCache(cache).usage())
+            assert not deleted_cache_maps(cache)
+    assert peak <= limit
+    # one stretch per shard and epoch: each shard fetched at most once per epoch (a shard still cached when the
+    # next epoch starts with it is a hit), the least recently used evicted to make room
+    assert 2 * len(sizes) - 4 <= stats.downloads - first <= 2 * len(sizes)
+    assert stats.evictions >= stats.downloads - first - 4
+    b.close()
+
+
+def test_limits_are_clear_errors_at_construction(remote, tmp_path):
+    url, so, index, _ = remote
+    sizes = [e["bytes"] for e in entries(index)]
+    with pytest.raises(CacheError, match=rf"{url}: the index is .* \({index.stat().st_size} bytes\), more than "
+                                         rf"cache_limit 1000 B \(1000 bytes\) of {tmp_path / 'c'}: raise cache_limit"):
+        precompile.open(url, cache_dir=tmp_path / "c", cache_limit=1000, storage_options=so)
+    with pytest.raises(CacheError, match=rf"s3://x/y.h5: the shard is .* \({max(sizes)} bytes\), more than "
+                                         rf"cache_limit .* \(1000 bytes\) of .*: raise cache_limit above the largest"):
+        ShardCache(tmp_path / "c", 1000).open("ab" * 32, max(sizes), "s3://x/y.h5", lambda start, end: b"")
+    limit = 4 * max(sizes)
+    with pytest.raises(CacheError, match=r"the batches in flight at once .* read .* of shards, more than cache_limit "
+                                         rf".* \({limit} bytes\): a full shuffle reads from nearly every shard"):
+        Loader(url, batch_size=32, device="cpu", shuffle="full", cache_dir=tmp_path / "c", cache_limit=limit,
+               storage_options=so)
+    with pytest.raises(CacheError, match=r"map_shards='all' holds every shard in the cache"):
+        Loader(url, batch_size=8, device="cpu", map_shards="all", cache_dir=tmp_path / "c", cache_limit=limit,
+               storage_options=so)
+    with pytest.raises(ValueError, match=r"cache_limit must be a number of bytes >= 1 or a size such as '20GiB'"):
+        precompile.open(url, cache_dir=tmp_path / "c", cache_limit="lots", storage_options=so)
+    with pytest.raises(ValueError, match="cache_dir, cache_limit and storage_options apply to a build read from a URL"):
+        precompile.open(index, cache_limit="1GiB")
+    with pytest.raises(ValueError, match="fetch_ahead applies to a build read from a URL"):
+        Loader(str(index), batch_size=8, device="cpu", fetch_ahead="1MiB")
+
+
+def test_parse_size_and_default_folder(monkeypatch):
+    assert parse_size(123) == 123 and parse_size("20GiB") == 20 << 30 and parse_size("1.5 KB") == 1500
+    assert parse_size("2mib") == 2 << 20 and parse_size(" 7 ") == 7
+    for bad in ("0", "-1", "1 XB", True, 2.5, None):
+        with pytest.raises(ValueError, match="must be a number of bytes >= 1"):
+            parse_size(bad)
+    monkeypatch.setenv("PRECOMPILE_CACHE", "/some/where")
+    assert default_cache_dir() == "/some/where"
+    monkeypatch.delenv("PRECOMPILE_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/xdg")
+    assert default_cache_dir() == "/xdg/precompile"
+
+
+def test_a_damaged_object_is_refused_and_nothing_is_kept(remote, tmp_path):
+    url, so, index, client = remote
+    upload_tree(client, index.parent, "read2")
+    e = entries(index)[3]
+    data = bytearray((index.parent / e["file"]).read_bytes())
+    data[-100] ^= 0xFF
+    client.put_object(Bucket=BUCKET, Key=f"read2/{e['file']}", Body=bytes(data), ACL="public-read")
+    bad = hashlib.sha256(bytes(data)).hexdigest()
+    ds = precompile.open(f"s3://{BUCKET}/read2/t.h5", cache_dir=tmp_path / "c", storage_options=so)
+    ds[0]
+    with pytest.raises(FormatError, match=rf"s3://{BUCKET}/read2/{e['file']}: read {len(data)} bytes with sha256 "
+                                          rf"{bad}; the index s3://{BUCKET}/read2/t.h5 records {e['bytes']} bytes "
+                                          rf"with sha256 {e['sha256']}: the object is damaged"):
+        ds[3 * PER_SHARD]
+    names = cache_files(tmp_path / "c")
+    assert f"{e['sha256']}.h5" not in names and not [n for n in names if n.endswith(".part")]
+    client.put_object(Bucket=BUCKET, Key=f"read2/{e['file']}", Body=bytes(data[:-1]), ACL="public-read")
+    with pytest.raises(FormatError, match=rf"read {len(data) - 1} bytes with sha256 \w+; the index .* records "
+                                          rf"{e['bytes']} bytes"):
+        ds[3 * PER_SHARD]
+
+
+def test_a_cached_copy_is_rehashed_by_verify(remote, tmp_path):
+    url, so, index, _ = remote
+    ds = precompile.open(url, cache_dir=tmp_path / "c", storage_options=so)
+    want = ds[0]["image"].copy()
+    ds.close()
+    e = entries(index)[0]
+    path = tmp_path / "c" / "files" / f"{e['sha256']}.h5"
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    ds = precompile.open(url, cache_dir=tmp_path / "c", storage_options=so, verify=True)
+    assert not path.exists()   # damaged: removed, fetched again when read
+    np.testing.assert_array_equal(ds[0]["image"], want)
+    assert path.read_bytes() == (index.parent / e["file"]).read_bytes()
+    assert ds.verify_cached() == {"intact": 1, "damaged": 0, "absent": len(entries(index)) - 1}
+
+
+def test_a_replaced_build_is_seen_by_the_next_open(remote, tmp_path):
+    url, so, index, client = remote
+    root = tmp_path / "b"
+    build(root)
+    upload_tree(client, root / "out", "read3")
+    u = f"s3://{BUCKET}/read3/t.h5"
+    old = precompile.open(u, cache_dir=tmp_path / "c", storage_options=so)
+    old[0]
+    # the last input changes: its shard (the last) is rebuilt under a new name, the new index uploaded last
+    last = len(old) - 1
+    src = root / "in" / old.key(last)
+    from PIL import Image
+
+    Image.fromarray(np.full((10, 12, 3), 7, np.uint8)).save(src)
+    before = {e["file"] for e in entries(root / "out" / "t.h5")}
+    build(root, seed_inputs=False)
+    new_entries = entries(root / "out" / "t.h5")
+    assert [i for i, e in enumerate(new_entries) if e["file"] not in before] == [len(new_entries) - 1]
+    upload_tree(client, root / "out", "read3")
+    stats = old.remote.cache.stats
+    n0, cached = stats.downloads, set(cache_files(tmp_path / "c"))
+    new = precompile.open(u, cache_dir=tmp_path / "c", storage_options=so)
+    local = precompile.open(root / "out" / "t.h5")
+    for i in range(len(new)):
+        np.testing.assert_array_equal(new[i]["image"], local[i]["image"])
+    # unchanged shards keep their names and digests: the one cached already is a hit
+    assert f"{new_entries[0]['sha256']}.h5" in cached
+    assert stats.downloads - n0 == len([e for e in new_entries if f"{e['sha256']}.h5" not in cached])
+    assert (new[last]["image"] != old[last]["image"]).any()   # the old dataset still reads its own snapshot
+    np.testing.assert_array_equal(new[last]["image"], local[last]["image"])
+
+
+def test_missing_objects_credentials_and_endpoints_are_clear(remote, tmp_path, monkeypatch):
+    url, so, index, client = remote
+    with pytest.raises(FormatError, match=rf"s3://{BUCKET}/nowhere/t.h5: no such object: build to this URL first"):
+        precompile.open(f"s3://{BUCKET}/nowhere/t.h5", cache_dir=tmp_path / "c", storage_options=so)
+    upload_tree(client, index.parent, "read4")
+    ds = precompile.open(f"s3://{BUCKET}/read4/t.h5", cache_dir=tmp_path / "c2", storage_options=so)
+    client.delete_object(Bucket=BUCKET, Key=f"read4/{ds.shards[2]['file']}")
+    with pytest.raises(FormatError, match=rf"read4/{ds.shards[2]['file']}: no such object: the build was replaced "
+                                          rf"and its old snapshot collected since s3://{BUCKET}/read4/t.h5 was "
+                                          rf"opened: open it again"):
+        ds[2 * PER_SHARD]
+    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    with pytest.raises(FormatError, match=rf"{url}: no credentials for s3:// \(NoCredentialsError\); set "
+                                          r"AWS_ACCESS_KEY_ID"):
+        precompile.open(url, cache_dir=tmp_path / "c", storage_options={"endpoint_url": so["endpoint_url"]})
+    closed = {"endpoint_url": "http://127.0.0.1:9", "anon": True,
+              "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
+    with pytest.raises(FormatError, match=rf"{url}: cannot read from the store: \w+: .*; check the endpoint"):
+        precompile.open(url, cache_dir=tmp_path / "c", storage_options=closed)
+    with pytest.raises(FormatError, match=r"a JSON index \(a png, bmp or wav build\); reading from a URL serves "
+                                          r"HDF5 builds only"):
+        client.put_object(Bucket=BUCKET, Key="read4/x.json", Body=b'{"attrs": {}}', ACL="public-read")
+        precompile.open(f"s3://{BUCKET}/read4/x.json", cache_dir=tmp_path / "c", storage_options=so)
+
+
+def test_dataloader_workers_share_the_cache(remote, tmp_path):
+    url, so, index, _ = remote
+    ds = precompile.open(url, cache_dir=tmp_path / "c", storage_options=so)
+    local = precompile.open(index)
+    dl = torch.utils.data.DataLoader(ds, batch_size=10, num_workers=2, shuffle=False)
+    got = torch.cat([b["image"] for b in dl])
+    np.testing.assert_array_equal(got.numpy(), local.batch(range(len(local)))["image"])
+    shas = {e["sha256"] for e in entries(index)}
+    assert shas <= {n[:-3] for n in cache_files(tmp_path / "c")}   # the workers' downloads, in the shared cache
+
+
+READER = r"""
+import hashlib, json, os, sys, time
+import numpy as np
+import precompile
+from precompile.shard_cache import ShardCache
+url, so, cache, limit, me, out, mode = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), \
+    int(sys.argv[5]), sys.argv[6], sys.argv[7]
+open(os.path.join(out, f"ready-{me}"), "w").close()
+while not os.path.exists(os.path.join(out, "go")):
+    time.sleep(0.01)
+h, peak, deleted = hashlib.sha256(), 0, 0
+if mode == "dataset":
+    ds = precompile.open(url, cache_dir=cache, cache_limit=limit, storage_options=so)
+    for i in np.random.default_rng(me).permutation(len(ds)):
+        h.update(int(i).to_bytes(4, "little") + ds[int(i)]["image"].tobytes())
+    stats = ds.remote.cache.stats
+else:
+    from precompile.reader.loader import Loader
+    ld = Loader(url, batch_size=8, device="cpu", shuffle="shard", block_window=1, seed=me, prefetch=1,
+                fetch_ahead=0, cache_dir=cache, cache_limit=limit, storage_options=so)
+    for e in range(2):
+        ld.set_epoch(e)
+        for b in ld:
+            h.update(b["image"].numpy().tobytes())
+            peak = max(peak, ShardCache(cache).usage())
+            deleted += sum(1 for ln in open("/proc/self/maps") if cache in ln and ln.rstrip().endswith("(deleted)"))
+    stats = ld.ds.remote.cache.stats
+json.dump({"digest": h.hexdigest(), "downloads": stats.downloads, "evictions": stats.evictions, "peak": peak,
+           "deleted": deleted}, open(os.path.join(out, f"done-{me}.json"), "w"))
+"""
+
+
+def run_readers(url: str, so: dict, cache: Path, limit: int, n: int, out: Path, mode: str) -> list[dict]:
+    """``n`` processes that wait at a barrier, then read the whole build through one cache folder."""
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    procs = [subprocess.Popen([sys.executable, "-c", READER, url, json.dumps(so), str(cache), str(limit), str(i),
+                               str(out), mode], env=env) for i in range(n)]
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(out.glob("ready-*"))) < n and time.monotonic() < deadline:
+            time.sleep(0.02)
+        (out / "go").touch()
+        for p in procs:
+            assert p.wait(timeout=180) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return [json.loads((out / f"done-{i}.json").read_text()) for i in range(n)]
+
+
+def test_processes_sharing_a_cache_download_each_shard_once(remote, tmp_path):
+    url, so, index, _ = remote
+    local = precompile.open(index)
+    got = run_readers(url, so, tmp_path / "c", 1 << 30, 4, tmp_path / "out", "dataset")
+    for i, r in enumerate(got):
+        h = hashlib.sha256()
+        for j in np.random.default_rng(i).permutation(len(local)):
+            h.update(int(j).to_bytes(4, "little") + local[int(j)]["image"].tobytes())
+        assert r["digest"] == h.hexdigest()
+    assert sum(r["downloads"] for r in got) == len(local.shards)   # asked at once by four: fetched once each
+
+
+def test_processes_streaming_through_a_small_cache(remote, tmp_path):
+    url, so, index, _ = remote
+    sizes = [e["bytes"] for e in entries(index)]
+    limit = index.stat().st_size + 10 * max(sizes)
+    assert sum(sizes) > limit
+    got = run_readers(url, so, tmp_path / "c", limit, 3, tmp_path / "out", "loader")
+    for i, r in enumerate(got):
+        a = Loader(str(index), batch_size=8, device="cpu", shuffle="shard", block_window=1, seed=i)
+        h = hashlib.sha256()
+        for e in range(2):
+            a.set_epoch(e)
+            for b in a:
+                h.update(b["image"].numpy().tobytes())
+        assert r["digest"] == h.hexdigest() and r["peak"] <= limit and r["deleted"] == 0
+    assert sum(r["evictions"] for r in got) > 0
+
+
+HOLDER = r"""
+import json, sys, time
+import precompile
+ds = precompile.open(sys.argv[1], cache_dir=sys.argv[3], storage_options=json.loads(sys.argv[2]))
+ds[0]   # shard 0 open: pinned by this process
+print("held", flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_killed_reader_leaves_no_pins_and_a_dead_download_no_part(remote, tmp_path, monkeypatch):
+    url, so, index, _ = remote
+    import precompile.shard_cache as sc
+
+    monkeypatch.setattr(sc, "WAIT_S", 0.3)
+    cache = tmp_path / "c"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, url, json.dumps(so), str(cache)], env=env,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        sizes = [e["bytes"] for e in entries(index)]
+        limit = index.stat().st_size + sizes[0] + sizes[1]   # the index, shard 0 (held elsewhere), one more
+        ds = precompile.open(url, cache_dir=cache, cache_limit=limit, storage_options=so)
+        ds[PER_SHARD]   # shard 1 fits beside the held shard 0, and stays open here
+        held = limit
+        with pytest.raises(CacheError, match=rf"the cache {cache} is full: .*shard-00002-\w+.h5 needs .* \({sizes[2]} "
+                                             rf"bytes\), cache_limit is .* \({limit} bytes\), and .* \({held} "
+                                             rf"bytes\) of it are files open or mapped by readers"):
+            ds[2 * PER_SHARD]   # the index and shard 1 are held here, shard 0 by the other process: no room
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+    # the kernel dropped the killed process's locks: shard 0 can go now; a download left half done by a dead
+    # process (no one holds its lock) is removed by the next download
+    stale = cache / "files" / ("f" * 64 + ".part")
+    stale.write_bytes(b"x" * 100)
+    np.testing.assert_array_equal(ds[2 * PER_SHARD]["image"], precompile.open(index)[2 * PER_SHARD]["image"])
+    assert not stale.exists() and ShardCache(cache).usage() <= limit
+
+
+def test_inspect_a_url_with_the_stores_environment(remote, tmp_path):
+    from click.testing import CliRunner
+
+    from precompile.cli import main
+
+    url, so, index, _ = remote
+    env = {"PRECOMPILE_CACHE": str(tmp_path / "c"), "AWS_ENDPOINT_URL": so["endpoint_url"],
+           "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test"}
+    got = CliRunner(env=env).invoke(main, ["inspect", url])
+    assert got.exit_code == 0, got.output
+    want = CliRunner().invoke(main, ["inspect", str(index)]).output
+    assert got.output.split("\n", 1)[1] == want.split("\n", 1)[1] and got.output.startswith(url)
+    assert (tmp_path / "c" / "files").is_dir()
+
+
+def test_the_resident_upload_streams_through_a_small_cache(remote, tmp_path):
+    from precompile.reader.resident import ResidentFeeder
+
+    url, so, index, _ = remote
+    sizes = [e["bytes"] for e in entries(index)]
+    limit = index.stat().st_size + 3 * max(sizes)
+    kw = dict(batch_size=8, device="cpu", shuffle=False, prefetch=1)
+    got = Loader(url, cache_dir=tmp_path / "c", cache_limit=limit, storage_options=so, **kw)
+    got.window = None   # as in_memory="gpu" makes it, with the device's tensors on the CPU
+    got.feeder = ResidentFeeder.for_loader(got, torch.device("cpu"))
+    assert got.reader.mapped_shards == 0 and ShardCache(tmp_path / "c").usage() <= limit
+    assert same_batches(Loader(str(index), **kw), got) == 2 * len(got)

@@ -172,7 +172,7 @@ def test_limits_are_clear_errors_at_construction(remote, tmp_path):
     with pytest.raises(CacheError, match=rf"s3://x/y.h5: the shard is .* \({max(sizes)} bytes\), more than "
                                          rf"cache_limit .* \(1000 bytes\) of .*: raise cache_limit above the largest"):
         ShardCache(tmp_path / "c", 1000).open("ab" * 32, max(sizes), "s3://x/y.h5", lambda start, end: b"")
-    limit = 4 * max(sizes)
+    limit = index.stat().st_size + 4 * max(sizes)   # the index fits; four shards beside it, not a full shuffle's
     with pytest.raises(CacheError, match=r"the batches in flight at once .* read .* of shards, more than cache_limit "
                                          rf".* \({limit} bytes\): a full shuffle reads from nearly every shard"):
         Loader(url, batch_size=32, device="cpu", shuffle="full", cache_dir=tmp_path / "c", cache_limit=limit,

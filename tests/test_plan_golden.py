@@ -5,7 +5,7 @@ names that sort around ``/``) equal the keys computed before the plan became col
 The expected keys in ``golden/plan_shard_keys.json`` were produced on main at 231d9a9 (before
 the columnar plan) with this very module::
 
-    PYTHONPATH=/work/main python tests/test_plan_golden.py --write tests/golden/plan_shard_keys.json
+    PYTHONPATH=<a checkout of main> python tests/test_plan_golden.py --write tests/golden/plan_shard_keys.json
 
 It copies ``recipes/`` and ``sample_data/`` into a temporary folder, adds the variants, sets every file's
 mtime to one fixed instant (so (size, mtime) fingerprints are the same on every machine), pins the package

@@ -313,9 +313,8 @@ def split_views(b: _Build) -> list[tuple[Optional[str], _Build]]:
     if not names:
         return [(None, b)]
     stem, ext = b.index_path[:-len(b.writer.index_ext)], b.writer.index_ext
-    return [(name, dataclasses.replace(b, index_path=f"{stem}.{name}{ext}", plan=dataclasses.replace(
-        b.plan, items=[it for it in b.plan.items if it.split == name],
-        shards=[s for s in b.plan.shards if s.split == name]))) for name in names]
+    return [(name, dataclasses.replace(b, index_path=f"{stem}.{name}{ext}", plan=b.plan.split_view(name)))
+            for name in names]
 
 
 def _merge_splits(b: _Build, named: list[tuple[Optional[str], _Build]], reports: list[BuildReport],

@@ -44,6 +44,65 @@ def _dead_worker_result(shard: Any, why: str) -> ShardResult:
                                                        shard=shard.index)], zero_timings(), 0.0)
 
 
+#: the warm-up of the loky workers started by :func:`start_pool` (a joblib result generator), or None
+_warm: Any = None
+
+
+def start_pool(n_jobs: Optional[int], scheduler: Optional[str], index_path: str, recipe_hash: str,
+               force: bool = False) -> None:
+    """Start the local worker processes now, in the background, and import the shard task with every
+    decoder and step in each, so that their start overlaps planning (:func:`run_loky` then reuses the
+    warm pool; joblib keeps one loky pool per process). Nothing for one job or a dask scheduler, nor when
+    an index of this output (``index_path``, or a split's beside it) records ``recipe_hash`` and the build
+    is not forced: most likely a rebuild with little or nothing to do, whose workers would only cost time."""
+    global _warm
+    if scheduler is not None or (n_jobs or 1) == 1 or (not force and _same_recipe(index_path, recipe_hash)):
+        return
+    import atexit
+
+    import joblib
+
+    _settle_warm()
+    n = joblib.effective_n_jobs(n_jobs)
+    if n > 1:
+        _warm = joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered")(
+            joblib.delayed(warm_worker)() for _ in range(n))
+        atexit.register(_settle_warm)   # a warm-up no build used: collected before the pool shuts down
+
+
+def _same_recipe(index_path: str, recipe_hash: str) -> bool:
+    """True when an index of this output (or of one of its splits) records ``recipe_hash``."""
+    from ..formats import names as fmt, snapshot
+
+    stem, ext = os.path.splitext(index_path)
+    for p in [index_path, *glob.glob(glob.escape(stem) + ".*" + glob.escape(ext))]:
+        attrs = snapshot.read_index_attrs(p) if os.path.isfile(p) else None
+        if attrs is not None and attrs.get(fmt.A_RECIPE_HASH) in (recipe_hash, fmt.dumps(recipe_hash)):
+            return True
+    return False
+
+
+def warm_worker() -> int:
+    """In a worker: import what a shard task needs (the task, the decoders, the steps, the writers)."""
+    from . import shard  # noqa: F401
+    from ..registry import load_builtins
+
+    load_builtins()
+    return os.getpid()
+
+
+def _settle_warm() -> None:
+    """Wait for the warm-up started by :func:`start_pool`, if any (its failures are the real run's to report)."""
+    global _warm
+    warm, _warm = _warm, None
+    if warm is not None:
+        try:
+            for _ in warm:
+                pass
+        except Exception:   # a worker that cannot start fails the real tasks too, with their own message
+            pass
+
+
 def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str], plan: Plan,
                chunking: dict[int, dict[str, int]], n_jobs: Optional[int], scheduler: Optional[str],
                events: Optional[list[str]] = None, progress: Any = None) -> Iterator[ShardResult]:
@@ -125,6 +184,7 @@ def run_loky(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Op
     import joblib
     from joblib.externals.loky.process_executor import BrokenProcessPool, TerminatedWorkerError
 
+    _settle_warm()
     remaining, isolated = list(todo), set()
     sink = progress.queue_sink() if progress is not None else None
     while remaining:

@@ -50,7 +50,7 @@ from ..sample import FieldSpec
 from ..tools.stats import ensure_stats, stats_after_build, stored_stats_fields
 from ..formats.base import shard_digest, write_json_atomic
 from ..formats import snapshot
-from .backends import remove_path, run_shards
+from .backends import remove_path, run_shards, start_pool
 from .faults import check_space, is_output_fault, output_error, refuse_url
 from .keys import find_reusable, read_skipped, recipe_key, shard_key, skipped_path
 from .plan import Plan, make_plan, plan_specs
@@ -144,9 +144,11 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
     recipe = with_policy(as_recipe(recipe), on_error=on_error, max_failures=max_failures, timeout_s=timeout_s,
                          stats=stats)
     t_start = time.perf_counter()
+    out = os.path.abspath(str(out_dir))
+    # loky workers start (and import the decoders) while the parent plans
+    start_pool(n_jobs, scheduler, output_paths(recipe, out)[0], recipe.content_hash(), force or repair)
     plan = make_plan(recipe)  # recipe and plan errors come before anything is written
     check_plan(plan)
-    out = os.path.abspath(str(out_dir))
     try:
         b = _Build.start(recipe, plan, out, n_jobs, t_start)
         with _output_lock(b.shard_dir, recipe.output_name):

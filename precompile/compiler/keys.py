@@ -118,13 +118,15 @@ def items_text(table: ItemTable, rows: Rows, content: bool = False) -> str:
 
 
 def _listed_texts(table: ItemTable, idx: Any, keys: list[str], labels: list) -> list[str]:
-    """:func:`item_text` of items whose every field's fingerprint is the listing's (size, mtime)."""
+    """:func:`item_text` of items whose every field's fingerprint is the listing's (size, mtime), each
+    formatted with one ``%``: ``[key,label,{"field":[size,mtime],...}]`` (field names need no escaping)."""
     size, mtime = table.size[idx].tolist(), table.mtime[idx].tolist()
-    body = ",".join(f"{_STR(f)}:[{{0}},{{1}}]" for f in sorted(table.paths))   # e.g. "image":[{0},{1}]
-    texts = [f"[{_STR(k)},{'null' if lab is None else lab},{{{body.format(s, m)}}}]"
-             for k, lab, s, m in zip(keys, labels, size, mtime)]
+    fields = sorted(table.paths)
+    form = "[%s,%s,{" + ",".join(f"{_STR(f)}:[%d,%d]" for f in fields) + "}]"
+    labs = ["null" if lab is None else lab for lab in labels]
+    texts = list(map(form.__mod__, zip(map(_STR, keys), labs, *([size, mtime] * len(fields)))))
     for j in [j for j, s in enumerate(size) if s < 0]:   # not stat-able at listing time: ["missing"]
-        texts[j] = item_text(keys[j], labels[j], [(f, ["missing"]) for f in sorted(table.paths)])
+        texts[j] = item_text(keys[j], labels[j], [(f, ["missing"]) for f in fields])
     return texts
 
 

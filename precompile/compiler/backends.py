@@ -91,16 +91,18 @@ def warm_worker() -> int:
     return os.getpid()
 
 
-def _settle_warm() -> None:
-    """Wait for the warm-up started by :func:`start_pool`, if any (its failures are the real run's to report)."""
+def _settle_warm() -> list[int]:
+    """Wait for the warm-up started by :func:`start_pool`, if any: the process ids of the workers that ran
+    a warm-up task (its failures are the real run's to report)."""
     global _warm
     warm, _warm = _warm, None
+    pids: list[int] = []
     if warm is not None:
         try:
-            for _ in warm:
-                pass
+            pids.extend(warm)
         except Exception:   # a worker that cannot start fails the real tasks too, with their own message
             pass
+    return pids
 
 
 def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str], plan: Plan,

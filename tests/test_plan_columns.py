@@ -179,6 +179,16 @@ def test_strings_round_trip_take_and_sort():
     assert pickle.loads(pickle.dumps(s.take(range(2, 4)))).to_list() == words[2:4]
 
 
+def test_strings_sort_without_pyarrow(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "pyarrow", None)   # import pyarrow now raises ImportError
+    words = ["b", "", "ä/ß", "a", "🙂", "a/b", "a-b", "b", "zz" * 40, "a"]
+    order = Strings.from_list(words).argsort()
+    assert [words[i] for i in order] == sorted(words)
+    assert list(order[:3]) == [1, 3, 9]   # stable: the two "a" keep their order
+
+
 def test_a_plan_holds_about_a_hundred_bytes_per_input(tmp_path):
     """200k inputs of 26-byte keys: the key blob, its offsets, label, size and mtime (58 bytes an input), not an
     object per input (a list of 200k str alone is ~16 MB, 80 bytes an input)."""

@@ -53,12 +53,12 @@ class Strings:
         """Each string's length in bytes (of ``rows``, default all)."""
         if rows is None:
             return np.diff(self.offsets)
-        return self.offsets[_plus_one(rows)] - self.offsets[_index(rows)]
+        return self.offsets[_plus_one(rows)] - self.offsets[row_index(rows)]
 
     def to_list(self, rows: Optional[Rows] = None) -> list[str]:
         """The strings of ``rows`` (default all) as Python strings."""
         rows = range(len(self)) if rows is None else rows
-        starts = self.offsets[_index(rows)].tolist()
+        starts = self.offsets[row_index(rows)].tolist()
         ends = self.offsets[_plus_one(rows)].tolist()
         mv = memoryview(self.blob)
         if isinstance(rows, range) and rows.step == 1 and len(rows):
@@ -73,7 +73,7 @@ class Strings:
         """A compact copy holding only ``rows``, in that order."""
         if isinstance(rows, range) and rows.step == 1:
             return Strings(self.blob, self.offsets[rows.start:rows.stop + 1])
-        rows = _index(rows)
+        rows = row_index(rows)
         starts, lens = self.offsets[rows], self.offsets[rows + 1] - self.offsets[rows]
         offsets = np.zeros(len(rows) + 1, np.int64)
         np.cumsum(lens, out=offsets[1:])
@@ -97,11 +97,6 @@ class Strings:
         arr = pa.Array.from_buffers(pa.large_binary(), len(self),
                                     [None, pa.py_buffer(self.offsets), pa.py_buffer(self.blob)])
         return pc.sort_indices(arr).to_numpy()
-
-    def is_sorted(self) -> bool:
-        """True when every string is <= the next (bytewise)."""
-        lst = self.to_list()
-        return all(a <= b for a, b in zip(lst, lst[1:]))
 
 
 class StringsBuilder:
@@ -128,7 +123,7 @@ class StringsBuilder:
         return Strings(np.frombuffer(self._buf, np.uint8) if self._buf else np.zeros(0, np.uint8), offsets)
 
 
-def _index(rows: Rows) -> Any:
+def row_index(rows: Rows) -> Any:
     """``rows`` as something numpy can index with (a slice for a contiguous range)."""
     if isinstance(rows, range):
         return slice(rows.start, rows.stop, rows.step) if rows.step > 0 else np.asarray(rows, np.int64)
@@ -173,7 +168,7 @@ class ItemTable:
         """A copy holding only ``rows`` (in that order); columns shared between fields stay shared."""
         if isinstance(rows, range) and rows == range(len(self)):
             return self
-        idx = _index(rows)
+        idx = row_index(rows)
         done: dict[int, Strings] = {id(self.keys): self.keys.take(rows)}
         for s in self.paths.values():
             if id(s) not in done:
@@ -196,7 +191,7 @@ class ItemTable:
         from .plan import Item
 
         n = len(rows)
-        idx = _index(rows)
+        idx = row_index(rows)
         keys = self.keys.to_list(rows)
         paths = {id(self.keys): keys}
         for s in self.paths.values():
@@ -219,7 +214,7 @@ class ItemTable:
         """Each row's column fields as :func:`precompile.compiler.tables.row_values` gives them."""
         if not self.values:
             return [{} for _ in range(n)]
-        idx = _index(rows)
+        idx = row_index(rows)
         cols = []
         for f, v in self.values.items():
             cols.append((f, v.to_list(rows) if isinstance(v, Strings) else v[idx].tolist()))

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import __version__
 from ..formats import names as fmt
-from .items import ItemTable, Rows, _index
+from .items import ItemTable, Rows, row_index
 from .plan import Plan, ShardPlan
 from .results import Failure
 from ..recipe import Recipe
@@ -98,7 +98,7 @@ def items_text(table: ItemTable, rows: Rows, content: bool = False) -> str:
     the table's arrays; other paths are fingerprinted here (:func:`fingerprint`)."""
     n = len(rows)
     keys = table.keys.to_list(rows)
-    idx = _index(rows)
+    idx = row_index(rows)
     labels = [None] * n if table.label is None else table.label[idx].tolist()
     if table.size is not None and not content and all(f in table.listed for f in table.paths):   # every fingerprint from the listing: each item's text formatted at once
         texts = _listed_texts(table, idx, keys, labels)

@@ -20,7 +20,7 @@ from ..formats.base import tile_rows  # noqa: F401  (re-exported: the rule lives
 from ..recipe import CAPTURE_RE, Recipe, pattern_regex  # noqa: F401  (pattern_regex: re-exported)
 from ..kinds import Kind
 from ..sample import FieldSpec, link_fields
-from .items import Items, ItemTable, Rows, Strings
+from .items import Items, ItemTable, Rows, Strings, row_index
 from .listing import Factors, Listed, Matched, match_listing, walk
 
 
@@ -80,7 +80,7 @@ class Plan:
         t = self.table
         code = t.split_names.index(name)
         base = self.items.rows
-        sel = np.flatnonzero(t.split[_rows_index(base)] == code)
+        sel = np.flatnonzero(t.split[row_index(base)] == code)
         sub = sel + base.start if isinstance(base, range) and base.step == 1 else np.asarray(base)[sel]
         return dataclasses.replace(self, items=Items(t, sub), shards=[s for s in self.shards if s.split == name])
 
@@ -90,7 +90,7 @@ class Plan:
         names = split_names(self.recipe, self.items)
         if not names:
             return {}
-        counts = np.bincount(t.split[_rows_index(self.items.rows)], minlength=len(t.split_names))
+        counts = np.bincount(t.split[row_index(self.items.rows)], minlength=len(t.split_names))
         return {n: int(counts[t.split_names.index(n)]) for n in names}
 
     @property
@@ -145,10 +145,6 @@ class Plan:
         return sum(estimate(self.specs, self.shard_samples(s), self.chunking(s),
                             s.table.key_bytes(s.rows) * self.copies_per_item)
                    for s in self.shards)
-
-
-def _rows_index(rows: Rows) -> Any:
-    return slice(rows.start, rows.stop) if isinstance(rows, range) and rows.step == 1 else np.asarray(rows)
 
 
 def fill_template(template: str, captures: dict[str, str]) -> str:
@@ -221,7 +217,7 @@ def split_names(recipe: Recipe, items: Sequence[Item]) -> list[str]:
         return list(sp.fractions)
     if isinstance(items, Items):
         t = items.table
-        return sorted(t.split_names[c] for c in np.unique(t.split[_rows_index(items.rows)]))
+        return sorted(t.split_names[c] for c in np.unique(t.split[row_index(items.rows)]))
     return sorted({it.split for it in items})
 
 

@@ -30,24 +30,28 @@ _WS = r"[\t\n\x0b\x0c\r\x1c-\x20\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{
 _INT_SPEC = re.compile(r"(0?)(\d*)d")
 
 
-class _Columns:
-    """The table's columns (each one arrow array, large_string for text) and one row as a dict."""
+def _is_text(pa: Any, t: Any) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
 
-    def __init__(self, table: Any):
+
+class _Columns:
+    """The columns the recipe reads, each one arrow array in its own type, and one row of them as a dict."""
+
+    def __init__(self, recipe: Any, path: str):
         self.pa = _pyarrow()
-        self.table, self.n = table, table.num_rows
+        table = read_table(path, recipe.source, lambda names: _check_columns(recipe, path, names))
+        self.n = table.num_rows
         self._cols: dict[str, Any] = {}
+        for name in table.column_names:   # each column's chunks are freed once it is one array
+            self._cols[name] = table.column(name).combine_chunks()
+            table = table.drop_columns([name])
+        self.pa.default_memory_pool().release_unused()
 
     def col(self, name: str) -> Any:
-        if name not in self._cols:
-            arr = self.table.column(name).combine_chunks()
-            if self.pa.types.is_string(arr.type):
-                arr = arr.cast(self.pa.large_string())
-            self._cols[name] = arr
         return self._cols[name]
 
     def row(self, i: int) -> dict[str, Any]:
-        return {c: self.table.column(c)[i].as_py() for c in self.table.column_names}
+        return {c: a[i].as_py() for c, a in self._cols.items()}
 
     def blank(self, name: str) -> np.ndarray:
         """Per row: the cell is blank (null, only whitespace, NaN), as :func:`tables._blank` says."""
@@ -55,7 +59,7 @@ class _Columns:
 
         arr = self.col(name)
         mask = pc.is_null(arr)
-        if self.pa.types.is_large_string(arr.type):
+        if _is_text(self.pa, arr.type):
             mask = pc.or_(mask, pc.match_substring_regex(arr, f"^{_WS}*$"))
         elif self.pa.types.is_floating(arr.type):
             mask = pc.or_(mask, pc.is_nan(arr))
@@ -69,10 +73,9 @@ def _bools(arr: Any) -> np.ndarray:
 def table_items(recipe: Any) -> Matched:
     """The items of a table recipe in key order, the label names in id order, and the factors of the
     columns ``split:`` reads."""
-    inp, source = recipe.model.inputs, recipe.source
+    inp = recipe.model.inputs
     path = table_path(recipe)
-    cols = _Columns(read_table(path, source))
-    _check_columns(recipe, path, list(cols.table.column_names))
+    cols = _Columns(recipe, path)
     label_names, values = _column_values(recipe, path, cols)
     if not cols.n:
         return Matched(ItemTable(keys=Strings.from_list([]), prefix="", paths={}), label_names, {})
@@ -80,12 +83,12 @@ def table_items(recipe: Any) -> Matched:
     keys = rels[None] if inp.key is None else _key_texts(cols, inp.key)
     if inp.key is not None:
         bad |= cols.blank(inp.key)
-    order, dup = _order(keys)
+    order, sorted_keys, dup = _order(keys)
     first = _first(bad, dup)
     options = _options(recipe, path, cols, first if first is not None else cols.n)
     if first is not None:
         _row_error(recipe, path, cols, first, order)
-    return _assemble(recipe, cols, keys, rels, order, label_names, values, options)
+    return _assemble(recipe, cols, (keys, sorted_keys), rels, order, label_names, values, options)
 
 
 def _column_values(recipe: Any, path: str, cols: _Columns) -> tuple[list[str], dict[str, Any]]:
@@ -106,7 +109,7 @@ def _column_values(recipe: Any, path: str, cols: _Columns) -> tuple[list[str], d
             out[f] = arr[:, 0] if c.column is not None else arr
         elif c.kind == "text":
             arr = cols.col(c.column)
-            if not cols.pa.types.is_large_string(arr.type):
+            if not _is_text(cols.pa, arr.type):
                 arr = cols.pa.array(["" if v is None else str(v) for v in arr.to_pylist()], cols.pa.large_string())
             out[f] = pc.fill_null(arr, "")
     return names, out
@@ -187,16 +190,16 @@ def _fast_slot(cols: _Columns, arr: Any, blank: np.ndarray, spec: Optional[str])
     import pyarrow.compute as pc
 
     pa, t = cols.pa, arr.type
-    text = pa.types.is_large_string(t)
+    text = _is_text(pa, t)
     if not spec:
         if text:
-            return pc.fill_null(arr, "")
-        return arr.cast(pa.large_string()).fill_null("") if pa.types.is_integer(t) else None
+            return pc.fill_null(arr, "") if arr.null_count else arr
+        return arr.cast(pa.string()).fill_null("") if pa.types.is_integer(t) else None
     m = _INT_SPEC.fullmatch(spec)
     if m is None or not (text or pa.types.is_integer(t)):
         return None
     if text:
-        filled = pc.if_else(pa.array(blank), pa.scalar("0", pa.large_string()), arr)
+        filled = pc.if_else(pa.array(blank), pa.scalar("0", t), arr)
         if not pc.all(pc.match_substring_regex(filled, "^[0-9]+$")).as_py():
             return None
         try:
@@ -205,7 +208,7 @@ def _fast_slot(cols: _Columns, arr: Any, blank: np.ndarray, spec: Optional[str])
             return None
     if pc.any(pc.less(arr, 0)).as_py() or pc.any(pc.greater(arr, 2 ** 53)).as_py():
         return None   # _as_int reads a number through float: exact up to 2**53
-    out = arr.cast(pa.large_string()).fill_null("")
+    out = arr.cast(pa.string()).fill_null("")
     width = int(m.group(2) or 0)
     return pc.utf8_lpad(out, width=width, padding="0" if m.group(1) else " ") if width else out
 
@@ -216,17 +219,21 @@ def _fill(cols: _Columns, template: str) -> tuple[Any, np.ndarray]:
     import pyarrow.compute as pc
 
     pa = cols.pa
-    pieces, bad, pos = [], np.zeros(cols.n, bool), 0
+    lits, texts, bad, pos = [], [], np.zeros(cols.n, bool), 0
     for m in TEMPLATE_RE.finditer(template):
         text, b = _slot(cols, template, m.group(1), m.group(2))
-        pieces += [pa.scalar(template[pos:m.start()], pa.large_string()), text]
+        lits.append(template[pos:m.start()])
+        texts.append(text)
         bad |= b
         pos = m.end()
-    pieces.append(pa.scalar(template[pos:], pa.large_string()))
-    if len(pieces) == 1:
-        out = pa.repeat(pieces[0], cols.n)
+    if len(texts) == 1 and not lits[0] and pos == len(template):
+        out = texts[0]   # "{column}": the column's own texts
+    elif not texts:
+        out = pa.repeat(pa.scalar(template, pa.string()), cols.n)
     else:
-        out = pc.binary_join_element_wise(*pieces, pa.scalar("", pa.large_string()))
+        typ = pa.large_string() if any(pa.types.is_large_string(t.type) for t in texts) else pa.string()
+        pieces = [p for lit, t in zip(lits, texts) for p in (pa.scalar(lit, typ), t.cast(typ))]
+        out = pc.binary_join_element_wise(*pieces, pa.scalar(template[pos:], typ), pa.scalar("", typ))
     leaves = pc.or_(pc.starts_with(out, "/"), pc.match_substring_regex(out, r"(^|/)\.\.(/|$)"))
     return out, bad | _bools(leaves)
 
@@ -254,15 +261,16 @@ def _key_texts(cols: _Columns, name: str) -> Any:
     """The key column as text: ``str`` of each cell (blank cells are flagged by the caller)."""
     pa = cols.pa
     arr = cols.col(name)
-    if pa.types.is_large_string(arr.type):
-        return arr.fill_null("")
+    if _is_text(pa, arr.type):
+        return arr.fill_null("") if arr.null_count else arr
     if pa.types.is_integer(arr.type):
-        return arr.cast(pa.large_string()).fill_null("")
+        return arr.cast(pa.string()).fill_null("")
     return pa.array([str(v) for v in arr.to_pylist()], pa.large_string())
 
 
-def _order(keys: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The rows in key order (stable), and per row whether its key repeats an earlier row's."""
+def _order(keys: Any) -> tuple[np.ndarray, Any, np.ndarray]:
+    """The rows in key order (stable), the keys in that order, and per row whether its key repeats an
+    earlier row's."""
     import pyarrow.compute as pc
 
     order = pc.sort_indices(keys).to_numpy()
@@ -271,7 +279,7 @@ def _order(keys: Any) -> tuple[np.ndarray, np.ndarray]:
     if len(order) > 1:
         same = _bools(pc.equal(srt.slice(1), srt.slice(0, len(order) - 1)))
         dup[order[1:][same]] = True   # the second and later rows of a run of equal keys
-    return order, dup
+    return order, srt, dup
 
 
 def _first(bad: np.ndarray, dup: np.ndarray) -> Optional[int]:
@@ -328,9 +336,10 @@ def _row_error(recipe: Any, path: str, cols: _Columns, i: int, order: np.ndarray
                 f"repeat)", "inputs.key" if inp.key else "inputs.path")
 
 
-def _assemble(recipe: Any, cols: _Columns, keys: Any, rels: dict, order: np.ndarray, label_names: list[str],
-              values: dict[str, Any], options: Optional[list]) -> Matched:
-    """The columns in key order as the plan's :class:`ItemTable`."""
+def _assemble(recipe: Any, cols: _Columns, keys: tuple[Any, Any], rels: dict, order: np.ndarray,
+              label_names: list[str], values: dict[str, Any], options: Optional[list]) -> Matched:
+    """The columns in key order as the plan's :class:`ItemTable` (``keys``: the key texts in row order and
+    in key order)."""
     pa = cols.pa
     inp = recipe.model.inputs
     root = recipe.input_root
@@ -341,10 +350,10 @@ def _assemble(recipe: Any, cols: _Columns, keys: Any, rels: dict, order: np.ndar
     def strings(arr: Any, path: bool = False) -> Strings:
         local = path and not remote and os.sep != "/"   # a local path column: '/' as the OS separator
         if (id(arr), local) not in done:
-            done[(id(arr), local)] = _strings(arr.take(idx), local)
+            done[(id(arr), local)] = _strings(keys[1] if arr is keys[0] else arr.take(idx), local)
         return done[(id(arr), local)]
 
-    table = ItemTable(keys=strings(keys), prefix=f"{root}/" if remote else root + os.sep,
+    table = ItemTable(keys=strings(keys[0]), prefix=f"{root}/" if remote else root + os.sep,
                       paths={f: strings(rels[f], True) for f in inp.fields}, row=order.astype(np.int64) + 1,
                       values={f: (strings(v) if isinstance(v, pa.Array) else v[order]) for f, v in values.items()},
                       options=[options[i] for i in order.tolist()] if options is not None else None)
@@ -358,14 +367,16 @@ def _assemble(recipe: Any, cols: _Columns, keys: Any, rels: dict, order: np.ndar
 
 
 def _strings(arr: Any, os_sep: bool) -> Strings:
-    """An arrow large_string array as :class:`Strings` (its buffers, no copy); with ``os_sep``, '/' replaced
-    by the OS separator (a local path column on Windows)."""
+    """An arrow string array as :class:`Strings` (its data buffer, no copy; int32 offsets widened); with
+    ``os_sep``, '/' replaced by the OS separator (a local path column on Windows)."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     if os_sep:
         arr = pc.replace_substring(arr, "/", os.sep)
     _, offsets, data = arr.buffers()
-    off = np.frombuffer(offsets, np.int64)[arr.offset:arr.offset + len(arr) + 1]
+    width = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+    off = np.asarray(np.frombuffer(offsets, width)[arr.offset:arr.offset + len(arr) + 1], np.int64)
     return Strings(np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8), off)
 
 

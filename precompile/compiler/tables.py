@@ -79,24 +79,27 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
-def read_table(path: str, source: Optional[str] = None) -> Any:
+def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = None) -> Any:
     """The table file as a pyarrow Table (CSV and TSV cells as text); a RecipeError naming the file when it
-    cannot be read."""
+    cannot be read. ``select(column names) -> the names to read`` (it may raise): only those columns are read
+    (a CSV's and a Parquet file's columns are known before their rows are read)."""
     pa = _pyarrow()
     kind = table_format(path)
     if not os.path.isfile(path):
         raise RecipeError(f"table file {path!r} does not exist", source=source, loc="inputs.table")
+    pick = select or (lambda names: names)
     try:
         if kind in ("csv", "tsv"):
             parse = pa.csv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
             with pa.csv.open_csv(path, parse_options=parse) as r:
-                names = list(r.schema.names)
+                names = pick(list(r.schema.names))
             conv = pa.csv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False,
-                                         quoted_strings_can_be_null=False)
+                                         quoted_strings_can_be_null=False, include_columns=names)
             return pa.csv.read_csv(path, parse_options=parse, convert_options=conv)
         if kind == "jsonl":
-            return pa.json.read_json(path)
-        return pa.parquet.read_table(path)
+            table = pa.json.read_json(path)
+            return table.select(pick(list(table.column_names)))
+        return pa.parquet.read_table(path, columns=pick(list(pa.parquet.read_schema(path).names)))
     except (pa.ArrowException, OSError, ValueError) as e:
         raise RecipeError(f"table file {path!r} cannot be read as {kind}: {e}", source=source,
                           loc="inputs.table") from None
@@ -248,8 +251,9 @@ def table_path(recipe: Any) -> str:
     return t if os.path.isabs(t) else os.path.normpath(os.path.join(recipe.base_dir, t))
 
 
-def _check_columns(recipe: Any, table: str, names: list[str]) -> None:
-    """Every column the recipe names exists in the table (a RecipeError naming the key and the columns)."""
+def _check_columns(recipe: Any, table: str, names: list[str]) -> list[str]:
+    """The columns the recipe reads, in the table's order; each must exist (a RecipeError naming the key
+    and the table's columns)."""
     inp, have = recipe.model.inputs, set(names)
     wanted: list[tuple[str, str]] = []
     if inp.path is not None:
@@ -272,6 +276,8 @@ def _check_columns(recipe: Any, table: str, names: list[str]) -> None:
         if col not in have:
             raise RecipeError(f"{table}: no column {col!r} (columns: {', '.join(names)})",
                               source=recipe.source, loc=loc)
+    used = {c for c, _ in wanted}
+    return [n for n in names if n in used]
 
 
 def _row_options(recipe: Any, row: dict[str, Any], where: Any) -> dict[str, dict[str, Any]]:

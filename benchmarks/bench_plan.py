@@ -82,7 +82,6 @@ if case == "synthetic":
         P._walk = lambda root, dirs: sorted(rel for rels, _, _ in synthetic(args["n"]) for rel in rels)
         p = P.make_plan(r)
     res["plan_s"], res["n"] = time.perf_counter() - t, len(p.items)
-    res["plan_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     if hasattr(P, "Listed"):
         res["keys_s"] = keys_of(p)
 elif case == "walk":
@@ -108,15 +107,15 @@ elif case == "walk":
 elif case == "table":
     from precompile.compiler.plan import make_plan
     from precompile.recipe import parse_recipe
-    r = parse_recipe({"name": "tab", "inputs": {"root": "/synthetic/root", "table": args["table"], "path": "{path}",
+    r = parse_recipe({"name": "tab", "inputs": {"root": args["root"], "table": args["table"], "path": "{path}",
                       "fields": {"image": {"decoder": "image", "mode": "rgb8"}},
                       "columns": {"label": {"column": "cls", "kind": "label"}, "y": {"column": "y", "kind": "target"}}},
                       "output": {"samples_per_shard": 256}})
     t = time.perf_counter()
     p = make_plan(r)
     res["plan_s"], res["n"] = time.perf_counter() - t, len(p.items)
-    res["plan_rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    res["keys_s"] = keys_of(p)
+    if args["keys"]:
+        res["keys_s"] = keys_of(p)
 elif case in ("build", "noop"):
     from precompile import build
     rep = build(args["recipe"], args["out"], n_jobs=args.get("jobs", 1))
@@ -154,7 +153,10 @@ elif case == "jobs":
     res["run_s"], res["n"] = marks["done"] - marks["run"], rep["inputs"]
     res["wait_s"] = marks["ready"] - marks["run"] if "ready" in marks and not args["cold"] else 0.0
     res["summed_s"] = sum(rep["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
-res["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
+try:   # this process's own peak (ru_maxrss would count the benchmark's pages from before the exec)
+    res["rss"] = next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmHWM"))
+except OSError:
+    res["rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
 res["inner_s"] = time.perf_counter() - t0
 print(json.dumps(res))
 """
@@ -189,7 +191,8 @@ def child(args: dict, code_dir: str = REPO) -> dict:
     """Run one case in a fresh process on the code in ``code_dir``: its result, wall time and peak RSS."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([code_dir, os.environ.get("PYTHONPATH", "")]))
     t0 = time.perf_counter()
-    p = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True, env=env)
+    p = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True, env=env,
+                       cwd=code_dir)   # `python -c` puts its folder first on sys.path
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"{args['case']} failed:\n{p.stderr[-3000:]}")
@@ -216,18 +219,26 @@ def empty_tree(root: str, n: int, per: int = 1000) -> None:
 
 
 def make_table(path: str, n: int) -> None:
-    """A table of ``n`` rows: path, class name, float target (CSV or Parquet by extension; kept for a later run)."""
+    """A table of ``n`` rows naming the files :func:`empty_tree` makes for ``n``: path, class name, a float
+    target (CSV or Parquet by extension; kept for a later run)."""
     import numpy as np
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.csv
     import pyarrow.parquet
 
     if os.path.exists(path):
         return
-    i = np.arange(n)
-    cls = np.char.add("n", np.char.zfill((i // 1000 % 1000).astype(str), 8))
-    paths = np.char.add(np.char.add(np.char.add("train/", cls), "/"), np.char.add(np.char.zfill(i.astype(str), 9), ".JPEG"))
-    t = pa.table({"path": pa.array(paths), "cls": pa.array(cls), "y": pa.array((i % 97) / 7.0)})
+    per, classes = 1000, max(1, min(1000, n // 1000))
+    subs = max(1, n // (per * classes))
+    j = np.arange(n)
+
+    def digits(v: np.ndarray, w: int) -> pa.Array:
+        return pc.utf8_lpad(pa.array(v).cast(pa.string()), width=w, padding="0")
+    cls = pc.binary_join_element_wise("n", digits(j // (subs * per), 8), "")
+    name = pc.binary_join_element_wise(cls, "_", digits(j % (subs * per), 8), "")
+    paths = pc.binary_join_element_wise("train/", cls, "/", digits(j // per % subs, 4), "/", name, ".JPEG", "")
+    t = pa.table({"path": paths, "cls": cls, "y": pa.array((j % 97) / 7.0)})
     tmp = path + ".tmp"
     (pyarrow.parquet.write_table if path.endswith(".parquet") else pyarrow.csv.write_csv)(t, tmp)
     os.replace(tmp, path)
@@ -253,14 +264,19 @@ def scale_table(args: argparse.Namespace, work: str) -> None:
             rows.append(("synthetic listing: shard keys", n, a["keys_s"], None, None, None))
             print(f"synthetic {n}: plan {a['plan_s']:.2f} s, keys {a['keys_s']:.2f} s, {mib(a['rss'])} MiB", flush=True)
         if "table" in cases:
+            keys = n <= args.noop_files   # the rows name files of the no-op tree: their keys stat real files
+            root = os.path.join(work, f"noop-{args.noop_files}")
+            if keys:
+                empty_tree(root, args.noop_files)
             for ext in ("parquet", "csv"):
                 path = os.path.join(work, f"table-{n}.{ext}")
                 make_table(path, n)
-                a = child({"case": "table", "table": path})
-                b = child({"case": "table", "table": path}, args.before) if args.before and n <= args.before_max \
-                    else None
+                job = {"case": "table", "table": path, "root": root, "keys": keys}
+                a = child(job)
+                b = child(dict(job, keys=False), args.before) if args.before and n <= args.before_max else None
                 rows.append((f"{ext} table: plan", n, a["plan_s"], a["rss"], b and b["plan_s"], b and b["rss"]))
-                rows.append((f"{ext} table: shard keys (a stat per row)", n, a["keys_s"], None, None, None))
+                if keys:
+                    rows.append((f"{ext} table: shard keys (a stat per row)", n, a["keys_s"], None, None, None))
                 print(f"{ext} {n}: plan {a['plan_s']:.2f} s, {mib(a['rss'])} MiB", flush=True)
     if "walk" in cases:
         root = os.path.join(work, f"walk-{args.walk_files}")
@@ -301,7 +317,13 @@ def noop_rows(args: argparse.Namespace, work: str) -> list[tuple]:
                                    "fields": {"image": {"decoder": "bench_empty"}}, "label": {"capture": "label"}},
                         "output": {"format": "hdf5", "samples_per_shard": 256}}, f)
     out = os.path.join(work, f"noop-out-{n}")
-    first = child({"case": "build", "recipe": recipe, "out": out, "jobs": 2})
+    first_file = os.path.join(work, f"noop-first-{n}.json")
+    if not os.path.exists(first_file):   # the first build, once (a later run with --dir reuses it)
+        first = child({"case": "build", "recipe": recipe, "out": out, "jobs": 2})
+        with open(first_file, "w") as f:
+            json.dump(first, f)
+    with open(first_file) as f:
+        first = json.load(f)
     print(f"noop {n}: first build -j2 {first['wall']:.1f} s", flush=True)
     a = child({"case": "noop", "recipe": recipe, "out": out})
     assert a["up_to_date"] and a["built"] == 0, a

@@ -171,7 +171,9 @@ def test_items_view_reads_like_a_list(tmp_path):
 def test_strings_round_trip_take_and_sort():
     words = ["b", "", "ä/ß", "a", "🙂", "a/b", "a-b", "a\x00z"[:1], "zz" * 40]
     s = Strings.from_list(words)
-    assert s.to_list() == words and [s[i] for i in range(len(words))] == words
+    assert s.to_list() == words and [s[i] for i in range(len(words))] == words and s[-1] == words[-1]
+    with pytest.raises(IndexError):
+        s[len(words)]
     rows = np.array([4, 0, 0, 8])
     assert s.take(rows).to_list() == [words[i] for i in rows]
     assert s.take(range(2, 5)).to_list() == words[2:5]

@@ -41,6 +41,7 @@ class Strings:
         return len(self.offsets) - 1
 
     def __getitem__(self, i: int) -> str:
+        i = range(len(self))[i]   # an IndexError out of range, negative counted from the end
         a, b = int(self.offsets[i]), int(self.offsets[i + 1])
         return str(memoryview(self.blob)[a:b], "utf-8")
 

@@ -5,6 +5,11 @@ The match pattern is a relative path with ``{name}`` captures (each matches one
 path component or part of one); ``where`` narrows captures with regular
 expressions. Items are sorted by key, so the plan's order is the same on every
 machine and for every job count.
+
+The plan holds its items by column (:mod:`.items`: an :class:`ItemTable`), listed and
+matched folder by folder (:mod:`.listing`) or read from a table by column
+(:mod:`.table_columns`); ``Plan.items`` and ``ShardPlan.items`` build :class:`Item`
+objects when read, and a shard pickled for a worker carries only its own rows.
 """
 from __future__ import annotations
 
@@ -26,6 +31,9 @@ from .listing import Factors, Listed, Matched, match_listing, walk
 
 @dataclass(frozen=True)
 class Item:
+    """One input as a shard task reads it (built from the plan's columns, per shard). ``captures``: the
+    plan uses the match's captures while it plans; the items it builds leave them empty."""
+
     key: str                         # relative path of the match, '/'-separated
     paths: dict[str, str]            # field -> absolute input path
     label: Optional[int] = None

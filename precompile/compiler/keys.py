@@ -139,8 +139,8 @@ def _extra_texts(table: ItemTable, rows: Rows, n: int) -> Optional[list[str]]:
     lst = rows if isinstance(rows, range) else np.asarray(rows).tolist()
     options = [table.options[i] for i in lst] if table.options is not None else [{}] * n
     anns = [table.annotations[i] for i in lst] if table.annotations is not None else [None] * n
-    return [(fmt.dumps([v, o]) if v or o else "") + (a.digest if a is not None else "")
-            for v, o, a in zip(values, options, anns)]
+    return [(_ENCODER.encode([v, o]) if v or o else "") + (a.digest if a is not None else "")
+            for v, o, a in zip(values, options, anns)]   # _ENCODER.encode: fmt.dumps without a new encoder
 
 
 def item_text(key: str, label: Optional[int], fps: list[tuple[str, list]]) -> str:

@@ -12,9 +12,11 @@ Cases (``--cases``, comma-separated):
   do not exist: the keys stat each path and find nothing, as they would find a missing file).
 - ``noop``: a real tree of ``--noop-files`` empty files, built once (-j2, a decoder that reads nothing),
   then rebuilt with nothing changed: index read, listing, keys, compared, nothing written.
-- ``jobs``: ``--photos`` JPEGs (500x375) resized to 64x64, -j1 and -j2, with the workers started
-  warm (the default) and cold (``start_pool`` switched off): the wall time split into the plan, the time
-  from the run's start to its first shard result, the rest, and the stage times summed over workers.
+- ``jobs``: ``--photos`` JPEGs (500x375) resized to 64x64 (and with ``--jobs-tree N``, N empty files
+  through a decoder that reads nothing: a plan that takes longer), -j1 and -j2, with the workers started
+  warm (the default) and cold (``start_pool`` switched off): the wall time split into the plan, how long
+  the run waited for the warm pool, the time from the run's start to its first shard result, the run,
+  and the stage times summed over workers.
 
 With ``--before DIR`` (a checkout of the code before the columnar plan, e.g. main), the ``synthetic``
 (plan only: its old walk is replaced by the same list), ``walk``, ``table`` and ``noop`` cases run on it
@@ -335,7 +337,8 @@ def noop_rows(args: argparse.Namespace, work: str) -> list[tuple]:
 
 
 def jobs_table(args: argparse.Namespace, work: str) -> None:
-    """-j1/-j2 builds of photos to 64x64, workers warm and cold: where the wall time goes."""
+    """-j1/-j2 builds, workers warm and cold, where the wall time goes: photos to 64x64, and (with
+    ``--jobs-tree N``) N empty files through a decoder that reads nothing, where the plan takes longer."""
     import yaml
 
     sys.path.insert(0, os.path.join(REPO, "benchmarks"))
@@ -343,33 +346,47 @@ def jobs_table(args: argparse.Namespace, work: str) -> None:
 
     root = os.path.join(work, f"photos-{args.photos}")
     make_photos(root, args.photos)
-    recipe = os.path.join(work, "photos.yaml")
-    with open(recipe, "w") as f:
-        yaml.safe_dump({"name": "photos", "seed": 0,
-                        "inputs": {"root": root, "match": "{label}/{name}.jpg",
-                                   "fields": {"image": {"decoder": "image", "mode": "rgb8"}}, "label": {"capture": "label"}},
-                        "steps": [{"resize": {"size": [64, 64]}}],
-                        "output": {"format": "hdf5", "samples_per_shard": 64}}, f)
-    print(f"\n{args.photos} JPEGs 500x375 -> 64x64, 64 a shard; {os.cpu_count()} cpus; medians of {args.repeats}")
-    print(fmt_row(["-j", "workers", "wall s", "plan s", "run waits for the warm pool s",
-                   "run start -> first result s", "run s", "summed stage s", "samples/s", "wall cold / warm"]))
-    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for j in (int(x) for x in args.jobs.split(",")):
-        got = {}
-        for cold in (True, False):
-            rs = []
-            for _ in range(args.repeats):
-                out = os.path.join(work, f"jobs-out-{j}-{cold}")
-                shutil.rmtree(out, ignore_errors=True)
-                rs.append(child({"case": "jobs", "recipe": recipe, "out": out, "jobs": j, "cold": cold}))
-                shutil.rmtree(out, ignore_errors=True)
-            got[cold] = {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in rs[0] if isinstance(rs[0][k], float)}
-        for cold in (True, False):
-            g = got[cold]
-            print(fmt_row([str(j), "cold" if cold else "warm", f"{g['wall']:.2f}", f"{g['plan_s']:.2f}",
-                           f"{g['wait_s']:.2f}" if not cold and j > 1 else "-", f"{g['first_s']:.2f}", f"{g['run_s']:.2f}", f"{g['summed_s']:.2f}",
-                           f"{args.photos / g['wall']:.0f}",
-                           f"{got[True]['wall'] / g['wall']:.2f}" if not cold else "-"]), flush=True)
+    scenarios = [(f"{args.photos} JPEGs 500x375 -> 64x64", args.photos, os.path.join(work, "photos.yaml"), {
+        "name": "photos", "seed": 0, "inputs": {"root": root, "match": "{label}/{name}.jpg",
+                                                "fields": {"image": {"decoder": "image", "mode": "rgb8"}},
+                                                "label": {"capture": "label"}},
+        "steps": [{"resize": {"size": [64, 64]}}], "output": {"format": "hdf5", "samples_per_shard": 64}})]
+    if args.jobs_tree:
+        n = args.jobs_tree
+        empty_tree(os.path.join(work, f"noop-{n}"), n)
+        with open(os.path.join(work, "bench_empty_decoder.py"), "w") as f:
+            f.write(_DECODER)
+        scenarios.append((f"{n:,} empty files, a decoder that reads nothing", n, os.path.join(work, "tree.yaml"), {
+            "name": "tree", "seed": 0, "imports": ["bench_empty_decoder"],
+            "inputs": {"root": os.path.join(work, f"noop-{n}"), "match": "train/{label}/{sub}/{name}.JPEG",
+                       "fields": {"image": {"decoder": "bench_empty"}}, "label": {"capture": "label"}},
+            "output": {"format": "hdf5", "samples_per_shard": 1000}}))
+    print(f"\n{os.cpu_count()} cpus; load average before: {args.load}; medians of {args.repeats}")
+    print(fmt_row(["inputs", "-j", "workers", "wall s", "plan s", "run waits for the warm pool s",
+                   "run start -> first result s", "run s", "summed stage s", "inputs/s", "wall cold / warm"]))
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for label, n, recipe, data in scenarios:
+        with open(recipe, "w") as f:
+            yaml.safe_dump(data, f)
+        for j in (int(x) for x in args.jobs.split(",")):
+            got = {cold: _median_runs(args, work, recipe, j, cold) for cold in (True, False)}
+            for cold in (True, False):
+                g = got[cold]
+                print(fmt_row([label, str(j), "cold" if cold else "warm", f"{g['wall']:.2f}", f"{g['plan_s']:.2f}",
+                               f"{g['wait_s']:.2f}" if not cold and j > 1 else "-", f"{g['first_s']:.2f}",
+                               f"{g['run_s']:.2f}", f"{g['summed_s']:.2f}", f"{n / g['wall']:.0f}",
+                               f"{got[True]['wall'] / g['wall']:.2f}" if not cold else "-"]), flush=True)
+
+
+def _median_runs(args: argparse.Namespace, work: str, recipe: str, j: int, cold: bool) -> dict:
+    """The median of each figure over ``--repeats`` fresh builds."""
+    rs = []
+    for _ in range(args.repeats):
+        out = os.path.join(work, f"jobs-out-{j}-{cold}")
+        shutil.rmtree(out, ignore_errors=True)
+        rs.append(child({"case": "jobs", "recipe": recipe, "out": out, "jobs": j, "cold": cold}))
+        shutil.rmtree(out, ignore_errors=True)
+    return {k: sorted(r[k] for r in rs)[len(rs) // 2] for k in rs[0] if isinstance(rs[0][k], float)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -380,6 +397,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--noop-files", type=int, default=1_000_000)
     ap.add_argument("--photos", type=int, default=2000)
     ap.add_argument("--jobs", default="1,2")
+    ap.add_argument("--jobs-tree", type=int, default=0, help="jobs case: also N empty files (0: not)")
     ap.add_argument("--repeats", type=int, default=3, help="jobs case: runs per cell (median)")
     ap.add_argument("--before", default=None, help="a checkout of the code to compare with (e.g. main)")
     ap.add_argument("--before-max", type=int, default=1_000_000, help="largest N run on --before")

@@ -115,9 +115,12 @@ def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str]
     events = [] if events is None else events
     from .shard import run_shard
 
+    shipped = RecipeOnce(recipe)
+
     def task(s: Any, path: str, in_worker: bool = True, isolate: bool = False, sink: Any = None) -> tuple:
-        """A shard task's function and arguments."""
-        return run_shard, (recipe, s, path, keys[s.index], plan.specs, chunking[s.index], in_worker, isolate, sink)
+        """A shard task's function and arguments (a worker rebuilds the recipe once, not once per task)."""
+        r = shipped if in_worker else recipe
+        return run_shard, (r, s, path, keys[s.index], plan.specs, chunking[s.index], in_worker, isolate, sink)
 
     if (n_jobs or 1) == 1 and scheduler is None:
         yield from run_inline(todo, task, progress)
@@ -125,6 +128,41 @@ def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str]
         yield from run_dask(todo, task, n_jobs, scheduler, events, progress)
     else:
         yield from run_loky(todo, task, n_jobs, events, progress)
+
+
+class RecipeOnce:
+    """A recipe as a shard task ships it: pickled once in the parent, rebuilt once per worker process.
+
+    Rebuilding a :class:`Recipe` (its decoders, steps and the user-code check) takes about 0.1 s; a
+    worker keeps the recipes it rebuilt by the digest of their pickled bytes, so its later tasks of the
+    same build get the same object."""
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self._blob: Optional[tuple[str, bytes]] = None
+
+    def __reduce__(self) -> tuple:
+        if self._blob is None:
+            import hashlib
+            import pickle
+
+            blob = pickle.dumps(self.recipe)
+            self._blob = (hashlib.sha256(blob).hexdigest(), blob)
+        return _worker_recipe, self._blob
+
+
+#: digest of a pickled recipe -> the recipe rebuilt from it in this (worker) process
+_RECIPES: dict[str, Recipe] = {}
+
+
+def _worker_recipe(digest: str, blob: bytes) -> Recipe:
+    if digest not in _RECIPES:
+        import pickle
+
+        if len(_RECIPES) >= 4:
+            _RECIPES.clear()
+        _RECIPES[digest] = pickle.loads(blob)
+    return _RECIPES[digest]
 
 
 def run_inline(todo: list[tuple[Any, str]], task: Callable[..., tuple], progress: Any) -> Iterator[ShardResult]:

@@ -173,13 +173,11 @@ def match_inputs(recipe: Recipe, listing: Optional[Iterable[Listed]] = None) -> 
         return table_items(recipe)
     root = recipe.input_root
     remote = is_url(root)
-    if listing is not None:
-        pass
-    elif remote:
+    if listing is None and remote:
         listing = [Listed(list_tree(root, inp.kind == "dir", inp.storage_options))]  # fingerprints kept
-    elif not os.path.isdir(root):
-        raise RecipeError(f"input root {root!r} is not a folder", source=recipe.source, loc="inputs.root")
-    else:
+    elif listing is None:
+        if not os.path.isdir(root):
+            raise RecipeError(f"input root {root!r} is not a folder", source=recipe.source, loc="inputs.root")
         listing = walk(root, inp.kind == "dir")
     return match_listing(recipe, listing, remote)
 

@@ -1,7 +1,9 @@
 """Tables as inputs: one sample per row of a CSV, TSV, JSON Lines or Parquet file (``inputs.table``).
 
 The table is read with pyarrow (the ``tables`` extra), imported only here and
-only when a recipe has a table. CSV and TSV cells are read as text (``"00012"``
+only when a recipe has a table, and only the columns the recipe names;
+:mod:`precompile.compiler.table_columns` turns them into the plan's columns, by
+column, with this module's per-cell rules. CSV and TSV cells are read as text (``"00012"``
 stays ``"00012"``; numbers are parsed where a field needs them); JSON Lines and
 Parquet keep their own types.
 
@@ -277,7 +279,7 @@ def _check_columns(recipe: Any, table: str, names: list[str]) -> list[str]:
             raise RecipeError(f"{table}: no column {col!r} (columns: {', '.join(names)})",
                               source=recipe.source, loc=loc)
     used = {c for c, _ in wanted}
-    return [n for n in names if n in used]
+    return [n for n in names if n in used] or names[:1]   # one column at least: it gives the row count
 
 
 def _row_options(recipe: Any, row: dict[str, Any], where: Any) -> dict[str, dict[str, Any]]:

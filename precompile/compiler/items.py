@@ -170,22 +170,22 @@ class ItemTable:
         if isinstance(rows, range) and rows == range(len(self)):
             return self
         idx = row_index(rows)
-        done: dict[int, Strings] = {id(self.keys): self.keys.take(rows)}
-        for s in self.paths.values():
+        done: dict[int, Strings] = {}
+
+        def strings(s: Strings) -> Strings:
             if id(s) not in done:
                 done[id(s)] = s.take(rows)
-        out = {}
+            return done[id(s)]
+        out: dict[str, Any] = {"keys": strings(self.keys), "paths": {f: strings(s) for f, s in self.paths.items()},
+                               "values": {f: strings(v) if isinstance(v, Strings) else v[idx]
+                                          for f, v in self.values.items()}}
         for f in fields(self):
             v = getattr(self, f.name)
-            if f.name == "keys" or f.name == "paths":
-                continue
             if isinstance(v, np.ndarray):
                 out[f.name] = v[idx]
             elif isinstance(v, list):
-                out[f.name] = [v[i] for i in (rows if isinstance(rows, range) else idx.tolist())]
-        out["values"] = {k: (done.setdefault(id(v), v.take(rows)) if isinstance(v, Strings) else v[idx])
-                         for k, v in self.values.items()}
-        return replace(self, keys=done[id(self.keys)], paths={f: done[id(s)] for f, s in self.paths.items()}, **out)
+                out[f.name] = self.objects(f.name, rows, None)
+        return replace(self, **out)
 
     def items(self, rows: Rows) -> list:
         """The :class:`~precompile.compiler.plan.Item` of each row in ``rows``, built now."""
@@ -194,32 +194,37 @@ class ItemTable:
         n = len(rows)
         idx = row_index(rows)
         keys = self.keys.to_list(rows)
-        paths = {id(self.keys): keys}
+        texts = {id(self.keys): keys}
         for s in self.paths.values():
-            if id(s) not in paths:
-                paths[id(s)] = s.to_list(rows)
+            if id(s) not in texts:
+                texts[id(s)] = s.to_list(rows)
         pre = self.prefix
-        cols = [(f, paths[id(s)]) for f, s in self.paths.items()]
+        cols = [(f, texts[id(s)]) for f, s in self.paths.items()]
         labels = self.label[idx].tolist() if self.label is not None else [None] * n
         data_rows = self.row[idx].tolist() if self.row is not None else [None] * n
         splits = ([self.split_names[c] for c in self.split[idx].tolist()] if self.split is not None
                   else [None] * n)
-        values = self._values(rows, n)
-        lst = rows if isinstance(rows, range) else idx.tolist()
-        options = [self.options[i] for i in lst] if self.options is not None else [{}] * n
-        anns = [self.annotations[i] for i in lst] if self.annotations is not None else [None] * n
+        values = self.column_values(rows)
+        options, anns = self.objects("options", rows, {}), self.objects("annotations", rows, None)
         return [Item(key=keys[j], paths={f: pre + col[j] for f, col in cols}, label=labels[j], row=data_rows[j],
                      values=values[j], options=options[j], split=splits[j], annotations=anns[j]) for j in range(n)]
 
-    def _values(self, rows: Rows, n: int) -> list[dict[str, Any]]:
-        """Each row's column fields as :func:`precompile.compiler.tables.row_values` gives them."""
+    def objects(self, name: str, rows: Rows, default: Any) -> list:
+        """The per-row objects of the list column ``name`` (``options``, ``annotations``) for ``rows``, or
+        ``default`` for each row when the table has no such column."""
+        col = getattr(self, name)
+        if col is None:
+            return [default] * len(rows)
+        return [col[i] for i in (rows if isinstance(rows, range) else np.asarray(rows).tolist())]
+
+    def column_values(self, rows: Rows) -> list[dict[str, Any]]:
+        """Each row's column fields (``Item.values``): label ids as int, targets as float (a vector as a
+        list of floats), texts as str."""
         if not self.values:
-            return [{} for _ in range(n)]
+            return [{} for _ in range(len(rows))]
         idx = row_index(rows)
-        cols = []
-        for f, v in self.values.items():
-            cols.append((f, v.to_list(rows) if isinstance(v, Strings) else v[idx].tolist()))
-        return [{f: col[j] for f, col in cols} for j in range(n)]
+        cols = [(f, v.to_list(rows) if isinstance(v, Strings) else v[idx].tolist()) for f, v in self.values.items()]
+        return [{f: col[j] for f, col in cols} for j in range(len(rows))]
 
     def key_bytes(self, rows: Rows) -> int:
         """The bytes the keys of ``rows`` take in an HDF5 shard (each padded to 8)."""

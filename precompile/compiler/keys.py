@@ -100,20 +100,23 @@ def items_text(table: ItemTable, rows: Rows, content: bool = False) -> str:
     keys = table.keys.to_list(rows)
     idx = row_index(rows)
     labels = [None] * n if table.label is None else table.label[idx].tolist()
-    if table.size is not None and not content and all(f in table.listed for f in table.paths):   # every fingerprint from the listing: each item's text formatted at once
+    listed = {f for f in table.paths if f in table.listed and table.size is not None and not content}
+    if listed == set(table.paths) and listed:   # every fingerprint from the listing: formatted at once
         texts = _listed_texts(table, idx, keys, labels)
     else:
         fps = {}
         for f in sorted(table.paths):
-            if f in table.listed and table.size is not None and not content:
+            if f in listed:
                 fps[f] = [[s, m] if s >= 0 else ["missing"] for s, m in zip(table.size[idx].tolist(),
                                                                              table.mtime[idx].tolist())]
             else:
                 fps[f] = [fingerprint(table.prefix + p, content) for p in table.paths[f].to_list(rows)]
         texts = [item_text(keys[j], labels[j], [(f, col[j]) for f, col in fps.items()]) for j in range(n)]
-    extra = _extra_texts(table, rows, n)
-    if extra is not None:
-        texts = [t + e for t, e in zip(texts, extra)]
+    if table.values or table.options is not None or table.annotations is not None:
+        extra = zip(table.column_values(rows), table.objects("options", rows, {}),
+                    table.objects("annotations", rows, None))
+        texts = [t + (_ENCODER.encode([v, o]) if v or o else "") + (a.digest if a is not None else "")
+                 for t, (v, o, a) in zip(texts, extra)]   # _ENCODER.encode: fmt.dumps without a new encoder
     return "".join(texts)
 
 
@@ -128,19 +131,6 @@ def _listed_texts(table: ItemTable, idx: Any, keys: list[str], labels: list) -> 
     for j in [j for j, s in enumerate(size) if s < 0]:   # not stat-able at listing time: ["missing"]
         texts[j] = item_text(keys[j], labels[j], [(f, ["missing"]) for f in fields])
     return texts
-
-
-def _extra_texts(table: ItemTable, rows: Rows, n: int) -> Optional[list[str]]:
-    """Per item, what follows its :func:`item_text` in a shard key: a table row's values and decoder
-    options (when it has either), a COCO image's annotations digest; None when no item has any."""
-    if not table.values and table.options is None and table.annotations is None:
-        return None
-    values = table._values(rows, n)
-    lst = rows if isinstance(rows, range) else np.asarray(rows).tolist()
-    options = [table.options[i] for i in lst] if table.options is not None else [{}] * n
-    anns = [table.annotations[i] for i in lst] if table.annotations is not None else [None] * n
-    return [(_ENCODER.encode([v, o]) if v or o else "") + (a.digest if a is not None else "")
-            for v, o, a in zip(values, options, anns)]   # _ENCODER.encode: fmt.dumps without a new encoder
 
 
 def item_text(key: str, label: Optional[int], fps: list[tuple[str, list]]) -> str:

@@ -75,12 +75,9 @@ def main() -> None:
 
 def _echo_plan_splits(p: Any) -> None:
     """``splits    train 80 (80.0%), val 10 (10.0%), ...``: inputs per split of a ``split:`` recipe."""
-    from .compiler.plan import split_names
-
-    names = split_names(p.recipe, p.items)
-    if names:
+    counts = p.split_counts()
+    if counts:
         n = max(1, len(p.items))
-        counts = {s: sum(1 for it in p.items if it.split == s) for s in names}
         click.echo("splits    " + ", ".join(f"{s} {c} ({c / n:.1%})" for s, c in counts.items()))
 
 

@@ -44,6 +44,67 @@ def _dead_worker_result(shard: Any, why: str) -> ShardResult:
                                                        shard=shard.index)], zero_timings(), 0.0)
 
 
+#: the warm-up of the loky workers started by :func:`start_pool` (a joblib result generator), or None
+_warm: Any = None
+
+
+def start_pool(n_jobs: Optional[int], scheduler: Optional[str], index_path: str, recipe_hash: str,
+               force: bool = False) -> None:
+    """Start the local worker processes now, in the background, and import the shard task with every
+    decoder and step in each, so that their start overlaps planning (:func:`run_loky` then reuses the
+    warm pool; joblib keeps one loky pool per process). Nothing for one job or a dask scheduler, nor when
+    an index of this output (``index_path``, or a split's beside it) records ``recipe_hash`` and the build
+    is not forced: most likely a rebuild with little or nothing to do, whose workers would only cost time."""
+    global _warm
+    if scheduler is not None or (n_jobs or 1) == 1 or (not force and _same_recipe(index_path, recipe_hash)):
+        return
+    import atexit
+
+    import joblib
+
+    _settle_warm()
+    n = joblib.effective_n_jobs(n_jobs)
+    if n > 1:
+        _warm = joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered")(
+            joblib.delayed(warm_worker)() for _ in range(n))
+        atexit.register(_settle_warm)   # a warm-up no build used: collected before the pool shuts down
+
+
+def _same_recipe(index_path: str, recipe_hash: str) -> bool:
+    """True when an index of this output (or of one of its splits) records ``recipe_hash``."""
+    from ..formats import names as fmt, snapshot
+
+    stem, ext = os.path.splitext(index_path)
+    for p in [index_path, *glob.glob(glob.escape(stem) + ".*" + glob.escape(ext))]:
+        attrs = snapshot.read_index_attrs(p) if os.path.isfile(p) else None
+        if attrs is not None and attrs.get(fmt.A_RECIPE_HASH) in (recipe_hash, fmt.dumps(recipe_hash)):
+            return True
+    return False
+
+
+def warm_worker() -> int:
+    """In a worker: import what a shard task needs (the task, the decoders, the steps, the writers)."""
+    from . import shard  # noqa: F401
+    from ..registry import load_builtins
+
+    load_builtins()
+    return os.getpid()
+
+
+def _settle_warm() -> list[int]:
+    """Wait for the warm-up started by :func:`start_pool`, if any: the process ids of the workers that ran
+    a warm-up task (its failures are the real run's to report)."""
+    global _warm
+    warm, _warm = _warm, None
+    pids: list[int] = []
+    if warm is not None:
+        try:
+            pids.extend(warm)
+        except Exception:   # a worker that cannot start fails the real tasks too, with their own message
+            pass
+    return pids
+
+
 def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str], plan: Plan,
                chunking: dict[int, dict[str, int]], n_jobs: Optional[int], scheduler: Optional[str],
                events: Optional[list[str]] = None, progress: Any = None, dest: Any = None) -> Iterator[ShardResult]:
@@ -55,9 +116,12 @@ def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str]
     events = [] if events is None else events
     from .shard import run_shard
 
+    shipped = RecipeOnce(recipe)
+
     def task(s: Any, path: str, in_worker: bool = True, isolate: bool = False, sink: Any = None) -> tuple:
-        """A shard task's function and arguments."""
-        args = (recipe, s, path, keys[s.index], plan.specs, chunking[s.index], in_worker, isolate, sink)
+        """A shard task's function and arguments (a worker rebuilds the recipe once, not once per task)."""
+        r = shipped if in_worker else recipe
+        args = (r, s, path, keys[s.index], plan.specs, chunking[s.index], in_worker, isolate, sink)
         if dest is None:
             return run_shard, args
         from .upload import run_shard_to_url
@@ -70,6 +134,41 @@ def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str]
         yield from run_dask(todo, task, n_jobs, scheduler, events, progress)
     else:
         yield from run_loky(todo, task, n_jobs, events, progress)
+
+
+class RecipeOnce:
+    """A recipe as a shard task ships it: pickled once in the parent, rebuilt once per worker process.
+
+    Rebuilding a :class:`Recipe` (its decoders, steps and the user-code check) takes about 0.1 s; a
+    worker keeps the recipes it rebuilt by the digest of their pickled bytes, so its later tasks of the
+    same build get the same object."""
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self._blob: Optional[tuple[str, bytes]] = None
+
+    def __reduce__(self) -> tuple:
+        if self._blob is None:
+            import hashlib
+            import pickle
+
+            blob = pickle.dumps(self.recipe)
+            self._blob = (hashlib.sha256(blob).hexdigest(), blob)
+        return _worker_recipe, self._blob
+
+
+#: digest of a pickled recipe -> the recipe rebuilt from it in this (worker) process
+_RECIPES: dict[str, Recipe] = {}
+
+
+def _worker_recipe(digest: str, blob: bytes) -> Recipe:
+    if digest not in _RECIPES:
+        import pickle
+
+        if len(_RECIPES) >= 4:
+            _RECIPES.clear()
+        _RECIPES[digest] = pickle.loads(blob)
+    return _RECIPES[digest]
 
 
 def run_inline(todo: list[tuple[Any, str]], task: Callable[..., tuple], progress: Any) -> Iterator[ShardResult]:
@@ -131,6 +230,7 @@ def run_loky(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Op
     import joblib
     from joblib.externals.loky.process_executor import BrokenProcessPool, TerminatedWorkerError
 
+    _settle_warm()
     remaining, isolated = list(todo), set()
     sink = progress.queue_sink() if progress is not None else None
     while remaining:

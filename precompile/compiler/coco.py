@@ -191,10 +191,17 @@ class CocoSource:
     """What :func:`load_coco` makes of the annotation file: the plan's items (key order), the label names
     (categories in id order), the annotation fields' specs and the index attribute (:data:`ATTR`)."""
 
-    items: list
+    table: Any   # an ItemTable (compiler/items.py): keys, paths, each image's annotations
+    factors: dict[str, tuple[np.ndarray, list]]   # the captures (file_name, stem, image_id) a split: reads
     label_names: list[str]
     specs: dict[str, FieldSpec]
     attrs: dict[str, Any]
+
+    @property
+    def items(self) -> Any:
+        from .items import Items
+
+        return Items(self.table)
 
 
 def coco_path(recipe: Any) -> str:
@@ -418,19 +425,23 @@ def load_coco(recipe: Any) -> CocoSource:
     per = _group(data, path, images, cats, spec.crowd)
     dtype = mask_dtype(spec.mask, len(cats.names))
     anns = data.get("annotations", [])
-    items = _items(recipe, {iid: _image(iid, info, per[iid], anns, path, cats, spec, dtype)
+    table, factors = _items(recipe, {iid: _image(iid, info, per[iid], anns, path, cats, spec, dtype)
                             for iid, info in images.items()}, images)
     ignore = int(np.iinfo(dtype).max) if spec.crowd == "ignore" and spec.mask != "none" else None
     attrs = {ATTR: {"categories": cats.records, "keypoints": cats.keypoints if spec.keypoints else [],
                     "skeleton": cats.skeleton if spec.keypoints else [], "crowd": spec.crowd, "mask": spec.mask,
                     "mask_ignore": ignore}}
-    return CocoSource(items, cats.names, _specs(spec, len(cats.keypoints), dtype, len(cats.names)), attrs)
+    return CocoSource(table, factors, cats.names, _specs(spec, len(cats.keypoints), dtype, len(cats.names)), attrs)
 
 
-def _items(recipe: Any, annotations: dict[int, CocoImage], images: dict) -> list:
-    """One plan item per image, in key (file_name) order: each field's path (the image's file_name, or the
-    field's ``path`` template over ``file_name``, ``stem`` and ``image_id``) under ``inputs.root``."""
-    from .plan import Item, fill_template
+def _items(recipe: Any, annotations: dict[int, CocoImage], images: dict) -> tuple[Any, dict]:
+    """The plan's items as an :class:`~precompile.compiler.items.ItemTable`, one per image in key
+    (file_name) order: each field's path (the image's file_name, or the field's ``path`` template over
+    ``file_name``, ``stem`` and ``image_id``) under ``inputs.root``, and the image's annotations; and the
+    factors of those three captures (for ``split:``)."""
+    from .items import ItemTable, Strings
+    from .listing import factorize, local_prefix
+    from .plan import fill_template
     from ..remote import is_url, list_tree
 
     inp = recipe.model.inputs
@@ -440,18 +451,25 @@ def _items(recipe: Any, annotations: dict[int, CocoImage], images: dict) -> list
         list_tree(root, False, inp.storage_options)   # records the fingerprints
     elif not os.path.isdir(root):
         raise RecipeError(f"input root {root!r} is not a folder", source=recipe.source, loc="inputs.root")
-    items = []
-    for iid, (fn, _, _) in images.items():
+    prefix = local_prefix(root, remote)
+    order = sorted(images, key=lambda iid: images[iid][0])
+    paths: dict[str, list[str]] = {f: [] for f in inp.fields}
+    captures: dict[str, list[str]] = {"file_name": [], "stem": [], "image_id": []}
+    for iid in order:
+        fn = images[iid][0]
         base = fn.rsplit("/", 1)[-1]
         caps = {"file_name": fn, "stem": fn[:len(fn) - len(base)] + base.rsplit(".", 1)[0] if "." in base else fn,
                 "image_id": str(iid)}
-        paths = {}
+        for k, v in caps.items():
+            captures[k].append(v)
         for fname, decl in inp.fields.items():
             rp = fn if decl.path is None else fill_template(decl.path, caps)
-            paths[fname] = f"{root}/{rp}" if remote else os.path.join(root, *rp.split("/"))
-        items.append(Item(key=fn, paths=paths, captures=caps, annotations=annotations[iid]))
-    items.sort(key=lambda it: it.key)
-    return items
+            full = f"{root}/{rp}" if remote else os.path.join(root, *rp.split("/"))
+            paths[fname].append(full[len(prefix):])   # join keeps the root's text in front (POSIX)
+    table = ItemTable(keys=Strings.from_list([images[iid][0] for iid in order]), prefix=prefix,
+                      paths={f: Strings.from_list(col) for f, col in paths.items()},
+                      annotations=[annotations[iid] for iid in order])
+    return table, {k: factorize(v) for k, v in captures.items()}
 
 
 def add_specs(recipe: Any, specs: dict[str, FieldSpec], extra: dict[str, FieldSpec]) -> dict[str, FieldSpec]:

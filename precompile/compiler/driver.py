@@ -51,7 +51,7 @@ from ..sample import FieldSpec
 from ..tools.stats import ensure_stats, stats_after_build, stored_stats_fields
 from ..formats.base import shard_digest
 from ..formats import snapshot
-from .backends import remove_path, run_shards
+from .backends import remove_path, run_shards, start_pool
 from .faults import check_space
 from .keys import find_reusable, recipe_key, shard_key, skipped_path
 from .output import output_for
@@ -157,6 +157,9 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
             out.check_recipe(recipe)
             with _faults(out, doing, NOTHING_WRITTEN):
                 out.listing()  # the first request: no credentials, no endpoint, no bucket stop the build here
+        else:   # loky workers start (and import the decoders) while the parent plans; a URL output's no-op
+            #     check needs the store's index first, so its workers start when its shards run
+            start_pool(n_jobs, scheduler, output_paths(recipe, out.root)[0], recipe.content_hash(), force or repair)
         plan = make_plan(recipe)  # recipe and plan errors come before anything is written
         check_plan(plan)
         with _faults(out, doing):
@@ -351,9 +354,8 @@ def split_views(b: _Build) -> list[tuple[Optional[str], _Build]]:
     if not names:
         return [(None, b)]
     stem, ext = b.index_path[:-len(b.writer.index_ext)], b.writer.index_ext
-    return [(name, dataclasses.replace(b, index_path=f"{stem}.{name}{ext}", plan=dataclasses.replace(
-        b.plan, items=[it for it in b.plan.items if it.split == name],
-        shards=[s for s in b.plan.shards if s.split == name]))) for name in names]
+    return [(name, dataclasses.replace(b, index_path=f"{stem}.{name}{ext}", plan=b.plan.split_view(name)))
+            for name in names]
 
 
 def _merge_splits(b: _Build, named: list[tuple[Optional[str], _Build]], reports: list[BuildReport],

@@ -21,8 +21,11 @@ import os
 import stat
 from typing import Any, Optional
 
+import numpy as np
+
 from .. import __version__
 from ..formats import names as fmt
+from .items import ItemTable, Rows, row_index
 from .plan import Plan, ShardPlan
 from .results import Failure
 from ..recipe import Recipe
@@ -82,15 +85,52 @@ def shard_key(plan: Plan, shard: ShardPlan, recipe_hash: str, content: bool = Fa
     # the package version too: new code may write other bytes, and a compiler does not reuse stale objects
     h.update(fmt.dumps({"format_version": fmt.FORMAT_VERSION, "precompile": __version__, "recipe": recipe_hash,
                         "labels": plan.label_names, "shard": shard.index}).encode())
-    for it in shard.items:
-        h.update(item_text(it.key, it.label, [(f, fingerprint(p, content)) for f, p in sorted(it.paths.items())]).encode())
-        if it.values or it.options:  # a table row's values decide bytes too: a changed row rebuilds its shard
-            h.update(fmt.dumps([it.values, it.options]).encode())
-        if it.annotations is not None:  # inputs.coco: the image's annotations decide its bytes too
-            h.update(it.annotations.digest.encode())
+    h.update(items_text(shard.table, shard.rows, content).encode())
     if shard.split is not None:
         h.update(fmt.dumps({"split": shard.split}).encode())
     return h.hexdigest()
+
+
+def items_text(table: ItemTable, rows: Rows, content: bool = False) -> str:
+    """What a shard key hashes of each item of ``rows``, concatenated: :func:`item_text` (key, label and
+    each field's fingerprint), then a table row's values and decoder options and a COCO image's
+    annotations digest where it has them. Fingerprints the listing gave (size, mtime) are formatted from
+    the table's arrays; other paths are fingerprinted here (:func:`fingerprint`)."""
+    n = len(rows)
+    keys = table.keys.to_list(rows)
+    idx = row_index(rows)
+    labels = [None] * n if table.label is None else table.label[idx].tolist()
+    listed = {f for f in table.paths if f in table.listed and table.size is not None and not content}
+    if listed == set(table.paths) and listed:   # every fingerprint from the listing: formatted at once
+        texts = _listed_texts(table, idx, keys, labels)
+    else:
+        fps = {}
+        for f in sorted(table.paths):
+            if f in listed:
+                fps[f] = [[s, m] if s >= 0 else ["missing"] for s, m in zip(table.size[idx].tolist(),
+                                                                             table.mtime[idx].tolist())]
+            else:
+                fps[f] = [fingerprint(table.prefix + p, content) for p in table.paths[f].to_list(rows)]
+        texts = [item_text(keys[j], labels[j], [(f, col[j]) for f, col in fps.items()]) for j in range(n)]
+    if table.values or table.options is not None or table.annotations is not None:
+        extra = zip(table.column_values(rows), table.objects("options", rows, {}),
+                    table.objects("annotations", rows, None))
+        texts = [t + (_ENCODER.encode([v, o]) if v or o else "") + (a.digest if a is not None else "")
+                 for t, (v, o, a) in zip(texts, extra)]   # _ENCODER.encode: fmt.dumps without a new encoder
+    return "".join(texts)
+
+
+def _listed_texts(table: ItemTable, idx: Any, keys: list[str], labels: list) -> list[str]:
+    """:func:`item_text` of items whose every field's fingerprint is the listing's (size, mtime), each
+    formatted with one ``%``: ``[key,label,{"field":[size,mtime],...}]`` (field names need no escaping)."""
+    size, mtime = table.size[idx].tolist(), table.mtime[idx].tolist()
+    fields = sorted(table.paths)
+    form = "[%s,%s,{" + ",".join(f"{_STR(f)}:[%d,%d]" for f in fields) + "}]"
+    labs = ["null" if lab is None else lab for lab in labels]
+    texts = list(map(form.__mod__, zip(map(_STR, keys), labs, *([size, mtime] * len(fields)))))
+    for j in [j for j, s in enumerate(size) if s < 0]:   # not stat-able at listing time: ["missing"]
+        texts[j] = item_text(keys[j], labels[j], [(f, ["missing"]) for f in fields])
+    return texts
 
 
 def item_text(key: str, label: Optional[int], fps: list[tuple[str, list]]) -> str:

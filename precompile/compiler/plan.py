@@ -5,23 +5,35 @@ The match pattern is a relative path with ``{name}`` captures (each matches one
 path component or part of one); ``where`` narrows captures with regular
 expressions. Items are sorted by key, so the plan's order is the same on every
 machine and for every job count.
+
+The plan holds its items by column (:mod:`.items`: an :class:`ItemTable`), listed and
+matched folder by folder (:mod:`.listing`) or read from a table by column
+(:mod:`.table_columns`); ``Plan.items`` and ``ShardPlan.items`` build :class:`Item`
+objects when read, and a shard pickled for a worker carries only its own rows.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
 
 from ..errors import PlanError, RecipeError
 from ..formats.base import tile_rows  # noqa: F401  (re-exported: the rule lives with the formats)
 from ..recipe import CAPTURE_RE, Recipe, pattern_regex  # noqa: F401  (pattern_regex: re-exported)
 from ..kinds import Kind
 from ..sample import FieldSpec, link_fields
+from .items import Items, ItemTable, Rows, Strings, row_index
+from .listing import Factors, Listed, Matched, match_listing, walk
 
 
 @dataclass(frozen=True)
 class Item:
+    """One input as a shard task reads it (built from the plan's columns, per shard). ``captures``: the
+    plan uses the match's captures while it plans; the items it builds leave them empty."""
+
     key: str                         # relative path of the match, '/'-separated
     paths: dict[str, str]            # field -> absolute input path
     label: Optional[int] = None
@@ -33,22 +45,61 @@ class Item:
     annotations: Any = field(default=None, compare=False, repr=False)   # inputs.coco: a coco.CocoImage
 
 
-@dataclass(frozen=True)
 class ShardPlan:
-    index: int
-    items: tuple[Item, ...]
-    split: Optional[str] = None
+    """One shard: a range (or, with ``split:``, an index array) of rows of the plan's :class:`ItemTable`.
+    ``items`` builds its :class:`Item` objects when read; pickled for a worker, a shard carries only its
+    own rows (:meth:`ItemTable.take`)."""
+
+    __slots__ = ("index", "table", "rows", "split")
+
+    def __init__(self, index: int, table: ItemTable, rows: Rows, split: Optional[str] = None):
+        self.index, self.table, self.rows, self.split = index, table, rows, split
+
+    @property
+    def items(self) -> Items:
+        return Items(self.table, self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __reduce__(self) -> tuple:
+        return ShardPlan, (self.index, self.table.take(self.rows), range(len(self.rows)), self.split)
+
+    def __repr__(self) -> str:
+        return f"ShardPlan(index={self.index}, items={len(self.rows)}, split={self.split!r})"
 
 
 @dataclass
 class Plan:
     recipe: Recipe
-    items: list[Item]
+    items: Items                           # every item in key order (built when read: see compiler/items.py)
     shards: list[ShardPlan]
     specs: dict[str, FieldSpec]            # final field specs, in output order
     label_names: list[str]
     expands: bool                          # a step may turn one sample into several
     attrs: dict[str, Any] = field(default_factory=dict)   # extra index attributes (inputs.coco: categories...)
+
+    @property
+    def table(self) -> ItemTable:
+        return self.items.table
+
+    def split_view(self, name: str) -> "Plan":
+        """The plan of one split's output: its items (in key order) and its shards."""
+        t = self.table
+        code = t.split_names.index(name)
+        base = self.items.rows
+        sel = np.flatnonzero(t.split[row_index(base)] == code)
+        sub = sel + base.start if isinstance(base, range) and base.step == 1 else np.asarray(base)[sel]
+        return dataclasses.replace(self, items=Items(t, sub), shards=[s for s in self.shards if s.split == name])
+
+    def split_counts(self) -> dict[str, int]:
+        """Inputs per split, in output order (empty without ``split:``)."""
+        t = self.table
+        names = split_names(self.recipe, self.items)
+        if not names:
+            return {}
+        counts = np.bincount(t.split[row_index(self.items.rows)], minlength=len(t.split_names))
+        return {n: int(counts[t.split_names.index(n)]) for n in names}
 
     @property
     def copies_per_item(self) -> int:
@@ -76,7 +127,7 @@ class Plan:
 
     def shard_samples(self, shard: ShardPlan) -> int:
         """Samples a shard will hold (a lower bound when a step expands samples)."""
-        return len(shard.items) * self.copies_per_item
+        return len(shard) * self.copies_per_item
 
     def chunking(self, shard: Optional[ShardPlan] = None) -> dict[str, int]:
         """Rows per chunk of each field in ``shard`` (default: a full shard), as the output format
@@ -100,7 +151,7 @@ class Plan:
         if estimate is None:
             return data
         return sum(estimate(self.specs, self.shard_samples(s), self.chunking(s),
-                            sum(-(-len(it.key.encode()) // 8) * 8 for it in s.items) * self.copies_per_item)
+                            s.table.key_bytes(s.rows) * self.copies_per_item)
                    for s in self.shards)
 
 
@@ -109,70 +160,26 @@ def fill_template(template: str, captures: dict[str, str]) -> str:
     return CAPTURE_RE.sub(lambda m: captures[m.group(1)], template)
 
 
-def _walk(root: str, dirs: bool) -> list[str]:
-    """Relative '/'-separated paths under root: files (or folders), sorted."""
-    found = []
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        rel = os.path.relpath(dirpath, root)
-        names = dirnames if dirs else filenames
-        for n in names:
-            if n.startswith("."):
-                continue
-            p = n if rel == "." else f"{rel}/{n}".replace(os.sep, "/")
-            found.append(p)
-    return sorted(found)
-
-
-def match_inputs(recipe: Recipe) -> tuple[list[Item], list[str]]:
-    """Items in key order and the label names in id order (a table's rows, or the files ``match`` finds;
-    ``inputs.coco`` lists its images in :func:`make_plan`)."""
+def match_inputs(recipe: Recipe, listing: Optional[Iterable[Listed]] = None) -> Matched:
+    """The items in key order, the label names in id order and the factors of the captures ``split:`` reads:
+    a table's rows, or the files ``match`` finds under ``inputs.root`` (``listing``: batches to match in
+    place of walking the root, e.g. a synthetic listing; ``inputs.coco`` lists its images in :func:`make_plan`)."""
     from ..remote import is_url, list_tree
 
     inp = recipe.model.inputs
     if inp.table is not None:
-        from .tables import table_items
+        from .table_columns import table_items
 
         return table_items(recipe)
     root = recipe.input_root
     remote = is_url(root)
-    if remote:
-        listing = list_tree(root, inp.kind == "dir", inp.storage_options)  # once, here; fingerprints kept
-    elif not os.path.isdir(root):
-        raise RecipeError(f"input root {root!r} is not a folder", source=recipe.source, loc="inputs.root")
-    else:
-        listing = _walk(root, inp.kind == "dir")
-    rx = pattern_regex(inp.match, inp.where)
-    matches = []
-    for rel in listing:
-        m = rx.fullmatch(rel)
-        if m:
-            matches.append((rel, m.groupdict()))
-    label_names: list[str] = []
-    lab = inp.label
-    if lab is not None:
-        values = sorted({caps[lab.capture] for _, caps in matches})
-        if lab.classes is not None:
-            unknown = [v for v in values if v not in lab.classes]
-            if unknown:
-                raise RecipeError(f"inputs have classes not in the list: {unknown}", source=recipe.source,
-                                  loc="inputs.label.classes")
-            label_names = list(lab.classes)
-        else:
-            label_names = values
-    ids = {n: i for i, n in enumerate(label_names)}
-    items = []
-    prefix = f"{root}/" if remote else os.path.join(root, "")
-    for rel, caps in matches:
-        paths = {}
-        for fname, decl in inp.fields.items():
-            if decl.path is None:   # a listed path: relative, no empty parts; joined by concatenation (hot)
-                paths[fname] = prefix + (rel if remote else rel.replace("/", os.sep))
-                continue
-            rp = fill_template(decl.path, caps)
-            paths[fname] = f"{root}/{rp}" if remote else os.path.join(root, *rp.split("/"))
-        items.append(Item(key=rel, paths=paths, label=ids[caps[lab.capture]] if lab else None, captures=caps))
-    return items, label_names
+    if listing is None and remote:
+        listing = [Listed(list_tree(root, inp.kind == "dir", inp.storage_options))]  # fingerprints kept
+    elif listing is None:
+        if not os.path.isdir(root):
+            raise RecipeError(f"input root {root!r} is not a folder", source=recipe.source, loc="inputs.root")
+        listing = walk(root, inp.kind == "dir")
+    return match_listing(recipe, listing, remote)
 
 
 def _add_column_specs(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
@@ -188,30 +195,35 @@ def _add_column_specs(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
         specs[name] = spec
 
 
-def _make_shards(recipe: Recipe, items: list[Item]) -> list[ShardPlan]:
-    """Items to shards in key order; with ``split:``, each split's items in shards of their own."""
+def _make_shards(recipe: Recipe, table: ItemTable, factors: Factors) -> tuple[ItemTable, list[ShardPlan]]:
+    """Items to shards in key order; with ``split:``, each split's items in shards of their own. Returns the
+    table too: ``item_options`` may make several items of one (:func:`split_items`)."""
     per = recipe.model.output.samples_per_shard
     if recipe.model.split is None:
-        items[:] = split_items(recipe, items)
-        return [ShardPlan(i // per, tuple(items[i:i + per])) for i in range(0, len(items), per)]
+        table = split_items(recipe, table)
+        n = len(table)
+        return table, [ShardPlan(i // per, table, range(i, min(i + per, n))) for i in range(0, n, per)]
     from .tables import assign_splits
 
-    items[:] = split_items(recipe, assign_splits(recipe, items))   # a file's volumes share its split
+    table = split_items(recipe, assign_splits(recipe, table, factors))   # a file's volumes share its split
     shards: list[ShardPlan] = []
-    for name in split_names(recipe, items):
-        mine = [it for it in items if it.split == name]
+    for name in split_names(recipe, Items(table)):
+        mine = np.flatnonzero(table.split == table.split_names.index(name))
         for i in range(0, len(mine), per):
-            shards.append(ShardPlan(len(shards), tuple(mine[i:i + per]), split=name))
-    return shards
+            shards.append(ShardPlan(len(shards), table, mine[i:i + per], split=name))
+    return table, shards
 
 
-def split_names(recipe: Recipe, items: list[Item]) -> list[str]:
+def split_names(recipe: Recipe, items: Sequence[Item]) -> list[str]:
     """The split names in output order: the fractions' order, or (by column) sorted."""
     sp = recipe.model.split
     if sp is None:
         return []
     if sp.fractions:
         return list(sp.fractions)
+    if isinstance(items, Items):
+        t = items.table
+        return sorted(t.split_names[c] for c in np.unique(t.split[row_index(items.rows)]))
     return sorted({it.split for it in items})
 
 
@@ -290,27 +302,36 @@ def check_sample_budget(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
                         f"over the per-sample budget of {fmt_bytes(budget)} (limits.sample_bytes)")
 
 
-def split_items(recipe: Recipe, items: list[Item]) -> list[Item]:
+def split_items(recipe: Recipe, table: ItemTable) -> ItemTable:
     """Items whose file makes several samples (a decoder's ``item_options``: NIfTI ``index: all`` on a 4D
     file) become one item per sample, keyed ``<key>#v<n>``, each with its own decoder options; fields
     that split one item must agree on the count."""
     hooks = {f: d.item_options for f, d in recipe.decoders.items() if callable(getattr(d, "item_options", None))}
     if not hooks:
-        return items
-    out: list[Item] = []
-    for it in items:
-        per = {f: opts for f, fn in hooks.items() if f in it.paths
-               for opts in [fn(it.paths[f])] if opts is not None}
-        counts = {f: len(v) for f, v in per.items()}
-        if len(set(counts.values())) > 1:
-            raise PlanError(f"{it.key}: fields split into different numbers of samples ({counts}); "
+        return table
+    n = len(table)
+    keys = table.keys.to_list()
+    paths = {f: [table.prefix + p for p in table.paths[f].to_list()] for f in hooks if f in table.paths}
+    counts, new_keys, new_opts = np.ones(n, np.int64), [], []
+    for i in range(n):
+        opts0 = table.options[i] if table.options is not None else {}
+        per = {f: opts for f, fn in hooks.items() if f in paths for opts in [fn(paths[f][i])] if opts is not None}
+        sizes = {f: len(v) for f, v in per.items()}
+        if len(set(sizes.values())) > 1:
+            raise PlanError(f"{keys[i]}: fields split into different numbers of samples ({sizes}); "
                             f"index: all needs as many volumes in each")
         if not per:
-            out.append(it)
+            new_keys.append(keys[i])
+            new_opts.append(opts0)
             continue
-        for i in range(next(iter(counts.values()))):
-            opts = {**it.options, **{f: {**it.options.get(f, {}), **v[i]} for f, v in per.items()}}
-            out.append(dataclasses.replace(it, key=f"{it.key}#v{i}", options=opts))
+        counts[i] = next(iter(sizes.values()))
+        for k in range(counts[i]):
+            new_keys.append(f"{keys[i]}#v{k}")
+            new_opts.append({**opts0, **{f: {**opts0.get(f, {}), **v[k]} for f, v in per.items()}})
+    out = table.take(np.repeat(np.arange(n), counts))
+    out.keys = Strings.from_list(new_keys)
+    out.paths = {f: (out.keys if s is table.keys else s) for f, s in out.paths.items()}
+    out.options = new_opts
     return out
 
 
@@ -331,27 +352,28 @@ def _clip_audio(recipe: Recipe, step: Any, specs: dict[str, FieldSpec]) -> dict[
     return specs
 
 
-def make_plan(recipe: Recipe) -> Plan:
-    """Match inputs and work out every shape; raises RecipeError/PlanError before any decoding."""
+def make_plan(recipe: Recipe, listing: Optional[Iterable[Listed]] = None) -> Plan:
+    """Match inputs and work out every shape; raises RecipeError/PlanError before any decoding.
+    ``listing``: batches of names to match in place of walking ``inputs.root`` (:func:`match_inputs`)."""
     m = recipe.model
     coco = None
     if m.inputs.coco is not None:
         from .coco import load_coco
 
         coco = load_coco(recipe)
-        items, label_names = coco.items, coco.label_names
+        matched = Matched(coco.table, coco.label_names, coco.factors)
     else:
-        items, label_names = match_inputs(recipe)
+        matched = match_inputs(recipe, listing)
     specs, expands = plan_specs(recipe, coco.specs if coco is not None else None)
-    if not items:
+    if not len(matched.table):
         if m.inputs.table is not None:
             raise PlanError(f"table {m.inputs.table!r} has no rows")
         raise PlanError(f"no inputs under {recipe.input_root!r} match {m.inputs.match!r}"
                         + (f" with {m.inputs.where}" if m.inputs.where else ""))
     check_sample_budget(recipe, specs)
-    shards = _make_shards(recipe, items)
-    return Plan(recipe=recipe, items=items, shards=shards, specs=specs,
-                label_names=label_names, expands=expands, attrs=coco.attrs if coco is not None else {})
+    table, shards = _make_shards(recipe, matched.table, matched.factors)
+    return Plan(recipe=recipe, items=Items(table), shards=shards, specs=specs,
+                label_names=matched.label_names, expands=expands, attrs=coco.attrs if coco is not None else {})
 
 
 def video_reads(plan: Plan, limit: int = 100) -> list[str]:

@@ -1,7 +1,9 @@
 """Tables as inputs: one sample per row of a CSV, TSV, JSON Lines or Parquet file (``inputs.table``).
 
 The table is read with pyarrow (the ``tables`` extra), imported only here and
-only when a recipe has a table. CSV and TSV cells are read as text (``"00012"``
+only when a recipe has a table, and only the columns the recipe names;
+:mod:`precompile.compiler.table_columns` turns them into the plan's columns, by
+column, with this module's per-cell rules. CSV and TSV cells are read as text (``"00012"``
 stays ``"00012"``; numbers are parsed where a field needs them); JSON Lines and
 Parquet keep their own types.
 
@@ -79,28 +81,30 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
-def read_table(path: str, source: Optional[str] = None) -> tuple[list[str], list[dict[str, Any]]]:
-    """(column names, rows as dicts) of a table file; a RecipeError naming the file when it cannot be read."""
+def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = None) -> Any:
+    """The table file as a pyarrow Table (CSV and TSV cells as text); a RecipeError naming the file when it
+    cannot be read. ``select(column names) -> the names to read`` (it may raise): only those columns are read
+    (a CSV's and a Parquet file's columns are known before their rows are read)."""
     pa = _pyarrow()
     kind = table_format(path)
     if not os.path.isfile(path):
         raise RecipeError(f"table file {path!r} does not exist", source=source, loc="inputs.table")
+    pick = select or (lambda names: names)
     try:
         if kind in ("csv", "tsv"):
             parse = pa.csv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
             with pa.csv.open_csv(path, parse_options=parse) as r:
-                names = list(r.schema.names)
+                names = pick(list(r.schema.names))
             conv = pa.csv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False,
-                                         quoted_strings_can_be_null=False)
-            table = pa.csv.read_csv(path, parse_options=parse, convert_options=conv)
-        elif kind == "jsonl":
+                                         quoted_strings_can_be_null=False, include_columns=names)
+            return pa.csv.read_csv(path, parse_options=parse, convert_options=conv)
+        if kind == "jsonl":
             table = pa.json.read_json(path)
-        else:
-            table = pa.parquet.read_table(path)
+            return table.select(pick(list(table.column_names)))
+        return pa.parquet.read_table(path, columns=pick(list(pa.parquet.read_schema(path).names)))
     except (pa.ArrowException, OSError, ValueError) as e:
         raise RecipeError(f"table file {path!r} cannot be read as {kind}: {e}", source=source,
                           loc="inputs.table") from None
-    return list(table.column_names), table.to_pylist()
 
 
 class TableError(RecipeError):
@@ -249,8 +253,9 @@ def table_path(recipe: Any) -> str:
     return t if os.path.isabs(t) else os.path.normpath(os.path.join(recipe.base_dir, t))
 
 
-def _check_columns(recipe: Any, table: str, names: list[str]) -> None:
-    """Every column the recipe names exists in the table (a RecipeError naming the key and the columns)."""
+def _check_columns(recipe: Any, table: str, names: list[str]) -> list[str]:
+    """The columns the recipe reads, in the table's order; each must exist (a RecipeError naming the key
+    and the table's columns)."""
     inp, have = recipe.model.inputs, set(names)
     wanted: list[tuple[str, str]] = []
     if inp.path is not None:
@@ -273,65 +278,8 @@ def _check_columns(recipe: Any, table: str, names: list[str]) -> None:
         if col not in have:
             raise RecipeError(f"{table}: no column {col!r} (columns: {', '.join(names)})",
                               source=recipe.source, loc=loc)
-
-
-def _label_names(recipe: Any, table: str, rows: list[dict[str, Any]]) -> tuple[Optional[str], list[str]]:
-    """(the label field, its class names in id order) of the table's label column, if any."""
-    inp = recipe.model.inputs
-    lab = next((f for f, c in inp.columns.items() if c.kind == "label"), None)
-    if lab is None:
-        return None, []
-    c = inp.columns[lab]
-    for i, row in enumerate(rows, 1):
-        if _blank(row[c.column]):
-            raise TableError(table, i, c.column, "blank class name", recipe.source, f"inputs.columns.{lab}")
-    values = sorted({str(row[c.column]) for row in rows})
-    if c.classes is None:
-        return lab, values
-    known = set(c.classes)
-    for i, row in enumerate(rows, 1):
-        if str(row[c.column]) not in known:
-            raise TableError(table, i, c.column, f"class {str(row[c.column])!r} is not in classes {c.classes}",
-                             recipe.source, f"inputs.columns.{lab}.classes")
-    return lab, list(c.classes)
-
-
-def _target_arrays(recipe: Any, table: str, rows: list[dict[str, Any]]) -> dict[str, np.ndarray]:
-    """Every target field as an (rows, columns) float32 array. Each distinct cell value of a column is
-    converted once (:func:`_number`); the first row holding one that is not a number is named."""
-    out = {}
-    for f, c in recipe.model.inputs.columns.items():
-        if c.kind != "target":
-            continue
-        cols = [c.column] if c.column is not None else c.columns
-        arr = np.empty((len(rows), len(cols)), np.float32)
-        for j, col in enumerate(cols):
-            cells = [(type(row[col]), row[col]) for row in rows]   # typed: True is not 1 here
-            conv: dict[Any, float] = {}
-            for t, v in set(cells):
-                try:
-                    conv[(t, v)] = _number(v, c.map)
-                except ValueError as e:
-                    i = cells.index((t, v)) + 1
-                    raise TableError(table, i, col, str(e), recipe.source, f"inputs.columns.{f}") from None
-            arr[:, j] = [conv[tv] for tv in cells]
-        out[f] = arr
-    return out
-
-
-def _row_values(columns: dict, ids: dict[str, int], targets: dict[str, np.ndarray], row: dict[str, Any],
-                i: int) -> dict[str, Any]:
-    """The column fields of data row ``i`` (0-based here): label id, float or list of floats, text."""
-    out: dict[str, Any] = {}
-    for f, c in columns.items():
-        if c.kind == "label":
-            out[f] = ids[str(row[c.column])]
-        elif c.kind == "text":
-            v = row[c.column]
-            out[f] = "" if v is None else str(v)
-        else:
-            out[f] = float(targets[f][i, 0]) if c.column is not None else targets[f][i].tolist()
-    return out
+    used = {c for c, _ in wanted}
+    return [n for n in names if n in used] or names[:1]   # one column at least: it gives the row count
 
 
 def _row_options(recipe: Any, row: dict[str, Any], where: Any) -> dict[str, dict[str, Any]]:
@@ -387,40 +335,6 @@ def _path_filler(recipe: Any, root: str) -> Any:
     return paths
 
 
-def table_items(recipe: Any) -> tuple[list, list[str]]:
-    """The items of a table recipe in key order, and the label names in id order."""
-    from .plan import Item
-
-    inp, source = recipe.model.inputs, recipe.source
-    table = table_path(recipe)
-    names, rows = read_table(table, source)
-    _check_columns(recipe, table, names)
-    lab, label_names = _label_names(recipe, table, rows)
-    ids = {n: i for i, n in enumerate(label_names)}
-    targets = _target_arrays(recipe, table, rows)
-    row_paths = _path_filler(recipe, recipe.input_root)
-    items, seen = [], {}
-    for i, row in enumerate(rows, 1):
-        def where(col: Optional[str], what: str, loc: str, _i: int = i) -> TableError:
-            return TableError(table, _i, col, what, source, loc)
-
-        rel, paths = row_paths(row, where)
-        key = rel if inp.key is None else str(row[inp.key])
-        if inp.key is not None and _blank(row[inp.key]):
-            raise where(inp.key, "blank key", "inputs.key")
-        if key in seen:
-            cols = template_columns(inp.path) if inp.key is None else [inp.key]
-            raise where(cols[0] if len(cols) == 1 else None,
-                        f"key {key!r} repeats data row {seen[key]} (give inputs.key a column whose values "
-                        f"are unique when paths repeat)", "inputs.key" if inp.key else "inputs.path")
-        seen[key] = i
-        items.append(Item(key=key, paths=paths, label=None, captures=row, row=i,
-                          values=_row_values(inp.columns, ids, targets, row, i - 1),
-                          options=_row_options(recipe, row, where)))
-    items.sort(key=lambda it: it.key)
-    return items, label_names
-
-
 def split_group(spec: Any, captures: dict[str, Any]) -> Optional[str]:
     """An item's group value under ``split.group`` (None without one); the pattern's first group when given."""
     g = spec.group
@@ -451,39 +365,99 @@ def hash_split(fractions: dict[str, float], seed: int, name: str) -> str:
     return last
 
 
-def assign_splits(recipe: Any, items: list) -> list:
-    """``items`` with ``split`` set (see the module docstring); a RecipeError naming the input whose
-    group or split value is unusable, or a group found in two splits of a ``by: column`` table."""
-    import dataclasses
-
+def assign_splits(recipe: Any, table: Any, factors: dict[str, tuple[np.ndarray, list]]) -> Any:
+    """``table`` (an :class:`~precompile.compiler.items.ItemTable`) with each item's split set (see the
+    module docstring), from the factors of the columns or captures the split reads (code per item, distinct
+    values: :data:`precompile.compiler.listing.Factors`); each distinct value is checked and hashed once.
+    A RecipeError names the first input (in key order) whose group or split value is unusable, or whose
+    group is in two splits of a ``by: column`` split."""
     sp, source = recipe.model.split, recipe.source
     seed = recipe.seed if sp.seed is None else sp.seed
-    where = table_path(recipe) if recipe.model.inputs.table is not None else "input"
-    out, group_split, hashed = [], {}, {}
-    for it in items:
-        at = f"{where}: data row {it.row} (1-based, header not counted)" if it.row else f"input {it.key!r}"
-        for col in (sp.column, sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)):
-            if col is not None and col not in it.captures:
-                raise RecipeError(f"{col!r} is neither a table column nor a capture of match", source=source,
-                                  loc="split")
-        try:
-            group = split_group(sp, it.captures)
-        except ValueError as e:
-            raise RecipeError(f"{at}: {e}", source=source, loc="split.group") from None
-        if sp.by == "column":
-            name = it.captures[sp.column]
-            if _blank(name) or not NAME_RE.match(str(name)):
-                raise RecipeError(f"{at}, column {sp.column!r}: split name {name!r} must be letters, digits, "
-                                  f"'_', '.', '-'", source=source, loc="split.column")
-            name = str(name)
-            if group is not None and group_split.setdefault(group, (name, at))[0] != name:
-                first = group_split[group]
-                raise RecipeError(f"{at}: group {group!r} is in split {name!r} here and in {first[0]!r} at "
-                                  f"{first[1]} (a group must not be in two splits)", source=source, loc="split.group")
-        elif group is None:
-            name = hash_split(sp.fractions, seed, it.key)
+    gcol = sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)
+    for col in (sp.column, gcol):
+        if col is not None and col not in factors:
+            raise RecipeError(f"{col!r} is neither a table column nor a capture of match", source=source, loc="split")
+    at = _where(recipe, table)
+    groups = _Groups(sp, gcol, factors[gcol], at) if gcol is not None else None
+    checks = [groups.check] if groups is not None else []
+    if sp.by == "column":
+        codes, names = _column_splits(recipe, factors[sp.column], groups, checks, at)
+    else:
+        _raise_first(recipe, checks)
+        names = list(sp.fractions)
+        pos = {s: i for i, s in enumerate(names)}
+        if groups is None:
+            codes = np.fromiter((pos[hash_split(sp.fractions, seed, k)] for k in table.keys.to_list()),
+                                np.int64, len(table))
         else:
-            name = hashed.get(group) or hashed.setdefault(group, hash_split(sp.fractions, seed, group))
-        out.append(dataclasses.replace(it, split=name))
-    return out
+            codes = np.array([pos[hash_split(sp.fractions, seed, g)] for g in groups.values], np.int64)[groups.ids]
+    table.split, table.split_names = codes.astype(np.int16), tuple(names)
+    return table
 
+
+def _where(recipe: Any, table: Any) -> Any:
+    """``i -> "table.csv: data row 7 (...)"`` or ``"input 'a/b.png'"``: how a message names item ``i``."""
+    where = table_path(recipe) if recipe.model.inputs.table is not None else "input"
+
+    def at(i: int) -> str:
+        row = int(table.row[i]) if table.row is not None else None
+        return f"{where}: data row {row} (1-based, header not counted)" if row else f"input {table.keys[i]!r}"
+    return at
+
+
+class _Groups:
+    """The ``split.group`` of every item: each distinct cell through :func:`split_group` once; ``ids`` (per
+    item, -1 where the cell is unusable) index ``values``; ``check`` flags and names the unusable ones."""
+
+    def __init__(self, sp: Any, col: str, factor: tuple[np.ndarray, list], at: Any):
+        codes, cells = factor
+        found: dict[str, int] = {}
+        per = np.full(len(cells), -1, np.int64)
+        msgs = [""] * len(cells)
+        for u, v in enumerate(cells):
+            try:
+                per[u] = found.setdefault(split_group(sp, {col: v}), len(found))
+            except ValueError as e:
+                msgs[u] = str(e)
+        self.ids, self.values = per[codes], list(found)
+        self.check = (self.ids < 0, lambda i: (f"{at(i)}: {msgs[codes[i]]}", "split.group"))
+
+
+def _column_splits(recipe: Any, factor: tuple[np.ndarray, list], groups: Optional[_Groups], checks: list,
+                   at: Any) -> tuple[np.ndarray, list[str]]:
+    """``by: column``: each item's split code and the split names (sorted); raises the first input's error
+    among ``checks`` and these: a split name that is not one, a group in two splits."""
+    sp = recipe.model.split
+    codes, cells = factor
+    valid = [not _blank(v) and NAME_RE.match(str(v)) is not None for v in cells]
+    names = sorted({str(v) for v, ok in zip(cells, valid) if ok})
+    pos = {s: i for i, s in enumerate(names)}
+    split = np.array([pos[str(v)] if ok else -1 for v, ok in zip(cells, valid)], np.int64)[codes]
+    checks.append((split < 0, lambda i: (f"{at(i)}, column {sp.column!r}: split name {cells[codes[i]]!r} must be "
+                                         f"letters, digits, '_', '.', '-'", "split.column")))
+    if groups is not None and len(split):
+        g = groups.ids
+        ok = (g >= 0) & (split >= 0)
+        first = np.full(len(groups.values), -1, np.int64)   # each group's first usable item
+        gids, at_first = np.unique(g[ok], return_index=True)
+        first[gids] = np.flatnonzero(ok)[at_first]
+        f = np.where(g >= 0, first[np.maximum(g, 0)], -1)
+        clash = ok & (f >= 0) & (split != split[np.maximum(f, 0)])
+        checks.append((clash, lambda i: (f"{at(i)}: group {groups.values[g[i]]!r} is in split {names[split[i]]!r} "
+                                         f"here and in {names[split[f[i]]]!r} at {at(int(f[i]))} (a group must not "
+                                         f"be in two splits)", "split.group")))
+    _raise_first(recipe, checks)
+    return split, names
+
+
+def _raise_first(recipe: Any, checks: list[tuple[np.ndarray, Any]]) -> None:
+    """The error of the first input any check flags (``checks``: (flag per input, ``i -> (message, loc)``),
+    in the order one input is checked); nothing when none does."""
+    firsts = [int(np.argmax(flags)) for flags, _ in checks if flags.any()]
+    if not firsts:
+        return
+    i = min(firsts)
+    for flags, message in checks:
+        if flags[i]:
+            msg, loc = message(i)
+            raise RecipeError(msg, source=recipe.source, loc=loc)

@@ -1,0 +1,238 @@
+"""Listing ``inputs.root`` and matching ``inputs.match``, streamed folder by folder into the plan's columns.
+
+The local walk (:func:`walk`) reads one folder at a time with ``os.scandir`` and yields its names as a
+:class:`Listed` batch, in the sorted order of the relative paths (a folder's entries are visited in the
+order of ``name`` for files and ``name + "/"`` for folders, which is exactly the order of the full
+paths), so no global sort is needed; the matches of a batch are ``stat``-ed once, there, for their
+fingerprint (size, mtime_ns). A listing can be given in the walk's place (:func:`match_listing`'s
+``batches``): a remote store's listing, or a benchmark's synthetic one. A listing that is not in
+sorted order is sorted once at the end.
+
+:func:`match_listing` matches each batch's names at once and appends the matches to the columns of an
+:class:`~precompile.compiler.items.ItemTable` (keys, template paths, label codes, fingerprints); the
+captures a ``split:`` needs are kept as codes into their distinct values (:data:`Factors`).
+"""
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, Optional
+
+import numpy as np
+
+from ..errors import PlanError, RecipeError
+from ..recipe import Recipe, pattern_regex
+from .items import ItemTable, Strings, StringsBuilder
+
+#: column or capture name -> (int64 code per item, the distinct values the codes index)
+Factors = dict[str, tuple[np.ndarray, list]]
+
+
+def factorize(values: list) -> tuple[np.ndarray, list]:
+    """(code per value, the distinct values in first-seen order)."""
+    seen: dict[Any, int] = {}
+    codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), np.int64, len(values))
+    return codes, list(seen)
+
+
+@dataclass
+class Listed:
+    """One folder's names in sorted order: relative '/'-separated paths, and where the listing knows
+    them, their fingerprints: ``entries`` (a local walk's ``os.DirEntry`` objects, ``stat``-ed only for the
+    names that match) or ``size``/``mtime`` arrays (a listing that carries them)."""
+
+    rels: list[str]
+    entries: Optional[list] = None
+    size: Optional[np.ndarray] = None
+    mtime: Optional[np.ndarray] = None
+
+    def fingerprints(self, idx: list[int]) -> Optional[tuple[np.ndarray, np.ndarray]]:
+        """(size, mtime_ns) of the names at ``idx`` (size -1 where the file cannot be stat'ed), or None."""
+        if self.size is not None and self.mtime is not None:
+            return np.asarray(self.size)[idx], np.asarray(self.mtime)[idx]
+        if self.entries is None:
+            return None
+        size, mtime = np.full(len(idx), -1, np.int64), np.zeros(len(idx), np.int64)
+        for j, i in enumerate(idx):
+            try:
+                st = self.entries[i].stat()
+            except OSError:
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                size[j], mtime[j] = st.st_size, st.st_mtime_ns
+        return size, mtime
+
+
+def walk(root: str, dirs: bool) -> Iterator[Listed]:
+    """The files (or with ``dirs`` the folders) under ``root`` as :class:`Listed` batches, one per run of
+    a folder's names; names starting with '.' are left out (hidden folders are still walked into); folders
+    that cannot be read and symlinked folders' contents are skipped, as ``os.walk`` does. Files come in
+    sorted order of their relative paths; folders in walk order (:func:`match_listing` sorts them)."""
+    yield from _walk_dir(root, "", dirs)
+
+
+def _walk_dir(path: str, rel: str, dirs: bool) -> Iterator[Listed]:
+    try:
+        with os.scandir(path) as it:
+            entries = list(it)
+    except OSError:
+        return
+    keyed = []
+    for e in entries:
+        try:
+            is_dir = e.is_dir()
+        except OSError:
+            is_dir = False
+        keyed.append((e.name + "/" if is_dir else e.name, is_dir, e))
+    keyed.sort(key=lambda t: t[0])
+    names: list[str] = []
+    ents: list[Any] = []
+    for _, is_dir, e in keyed:
+        if not is_dir:
+            if not dirs and not e.name.startswith("."):
+                names.append(rel + e.name)
+                ents.append(e)
+            continue
+        if dirs and not e.name.startswith("."):
+            names.append(rel + e.name)
+        if names and not dirs:
+            yield Listed(names, ents)
+            names, ents = [], []
+        try:
+            link = e.is_symlink()
+        except OSError:
+            link = True
+        if not link:
+            yield from _walk_dir(e.path, f"{rel}{e.name}/", dirs)
+    if names:
+        yield Listed(names, None if dirs else ents)
+
+
+@dataclass
+class Matched:
+    """What matching gives the plan: the items' table, the label names in id order, the factors of the
+    captures a ``split:`` reads."""
+
+    table: ItemTable
+    label_names: list[str]
+    factors: Factors
+
+
+def local_prefix(root: str, remote: bool) -> str:
+    """What every input path of a folder listing starts with (a listed path is this plus its relative path)."""
+    return f"{root}/" if remote else os.path.join(root, "")
+
+
+def match_listing(recipe: Recipe, batches: Iterable[Listed], remote: bool) -> Matched:
+    """Match every listed name against ``inputs.match`` (with ``where``): the table of the matches in key
+    order, with each field's path (the listed one, or its template over the captures), the label id and the
+    listing's fingerprint of the listed fields."""
+    inp = recipe.model.inputs
+    root = recipe.input_root
+    acc = _Accumulator(recipe, pattern_regex(inp.match, inp.where), local_prefix(root, remote), remote)
+    for b in batches:
+        acc.add(b)
+    return acc.finish()
+
+
+class _Accumulator:
+    """The growing columns of :func:`match_listing`."""
+
+    def __init__(self, recipe: Recipe, rx: Any, prefix: str, remote: bool):
+        inp = recipe.model.inputs
+        self.recipe, self.rx, self.prefix, self.remote = recipe, rx, prefix, remote
+        self.keys = StringsBuilder()
+        self.templates = {f: d.path for f, d in inp.fields.items() if d.path is not None}
+        self.tpaths = {f: StringsBuilder() for f in self.templates}
+        self.label = inp.label
+        self.label_group = rx.groupindex.get(inp.label.capture) if inp.label is not None else None
+        self.label_codes: dict[str, int] = {}
+        self.labels: list[np.ndarray] = []
+        sp = recipe.model.split
+        wanted = [] if sp is None else [sp.column, sp.group if isinstance(sp.group, str) else
+                                        getattr(sp.group, "column", None)]
+        self.factor_cols = {c: {} for c in wanted if c is not None and c in rx.groupindex}
+        self.factor_codes: dict[str, list[np.ndarray]] = {c: [] for c in self.factor_cols}
+        self.fps: list[tuple[np.ndarray, np.ndarray]] = []
+        self.fp_known = inp.kind == "file" and not remote
+        self.last: Optional[str] = None
+        self.in_order = True
+
+    def add(self, b: Listed) -> None:
+        rels = b.rels
+        ms = list(map(self.rx.fullmatch, rels))
+        idx = [i for i, m in enumerate(ms) if m is not None]
+        if not idx:
+            return
+        if len(idx) < len(rels):
+            rels, ms = [rels[i] for i in idx], [ms[i] for i in idx]
+        if self.in_order:
+            self.in_order = (self.last is None or self.last < rels[0]) and all(a < b for a, b in zip(rels, rels[1:]))
+        self.last = rels[-1]
+        self.keys.add(rels)
+        if self.label_group is not None:
+            codes, g = self.label_codes, self.label_group
+            self.labels.append(np.fromiter((codes.setdefault(m.group(g), len(codes)) for m in ms), np.int64, len(ms)))
+        for c, seen in self.factor_cols.items():
+            self.factor_codes[c].append(np.fromiter((seen.setdefault(m.group(c), len(seen)) for m in ms),
+                                                    np.int64, len(ms)))
+        for f, t in self.templates.items():
+            self.tpaths[f].add([self._template_path(t, m.groupdict()) for m in ms])
+        if self.fp_known:
+            fp = b.fingerprints(idx)
+            if fp is None:
+                self.fp_known = False
+            else:
+                self.fps.append(fp)
+
+    def _template_path(self, template: str, caps: dict[str, str]) -> str:
+        """A field's ``path`` template filled with the captures, after the prefix (as the plan joined it)."""
+        from .plan import fill_template
+
+        rp = fill_template(template, caps)
+        if self.remote:
+            return rp
+        full = os.path.join(self.prefix, *rp.split("/"))
+        if not full.startswith(self.prefix):
+            raise PlanError(f"{template!r} filled with {caps} gives {rp!r}, which leaves inputs.root")
+        return full[len(self.prefix):]
+
+    def finish(self) -> Matched:
+        recipe, inp = self.recipe, self.recipe.model.inputs
+        keys = self.keys.build()
+        listed = keys if self.remote or os.sep == "/" else Strings.from_list(
+            [k.replace("/", os.sep) for k in keys.to_list()])
+        paths = {f: (self.tpaths[f].build() if f in self.templates else listed) for f in inp.fields}
+        label_names, label = self._labels()
+        table = ItemTable(keys=keys, prefix=self.prefix, paths=paths, label=label)
+        if self.fp_known and len(keys):
+            table.size = np.concatenate([s for s, _ in self.fps])
+            table.mtime = np.concatenate([m for _, m in self.fps])
+            table.listed = tuple(f for f in inp.fields if f not in self.templates)
+        factors = {c: (np.concatenate(self.factor_codes[c]) if self.factor_codes[c] else np.zeros(0, np.int64),
+                       list(self.factor_cols[c])) for c in self.factor_cols}
+        if not self.in_order:
+            order = keys.argsort()
+            table = table.take(order)
+            factors = {c: (codes[order], vals) for c, (codes, vals) in factors.items()}
+        return Matched(table, label_names, factors)
+
+    def _labels(self) -> tuple[list[str], Optional[np.ndarray]]:
+        """The label names in id order and each item's id (``inputs.label``), or ([], None)."""
+        lab = self.label
+        if lab is None:
+            return [], None
+        values = sorted(self.label_codes)
+        if lab.classes is not None:
+            unknown = [v for v in values if v not in lab.classes]
+            if unknown:
+                raise RecipeError(f"inputs have classes not in the list: {unknown}", source=self.recipe.source,
+                                  loc="inputs.label.classes")
+            names = list(lab.classes)
+        else:
+            names = values
+        ids = {n: i for i, n in enumerate(names)}
+        lookup = np.array([ids[v] for v in self.label_codes], np.int64)
+        codes = np.concatenate(self.labels) if self.labels else np.zeros(0, np.int64)
+        return names, lookup[codes]

@@ -1,0 +1,388 @@
+"""A table's rows (``inputs.table``) as the plan's columns, a column at a time with pyarrow.
+
+:func:`table_items` reads the table once and makes every per-row value the plan needs (each field's
+path from its template, the key, label ids, targets, texts, the split's columns) as arrays; it never
+builds a dict per row. The rules are :mod:`precompile.compiler.tables`' per-cell ones: where a
+column's type or a template's format spec has no exact columnar equivalent (a float cell under
+``{x:.1f}``, say) that one template slot is filled cell by cell with :func:`tables._cell_text`. Only
+per-row decoder options are validated row by row (each distinct combination once).
+
+Errors are the same as the row-by-row reading gave: every check is computed for all rows, and the first
+row any check flags is read again as a dict and put through the per-row code, which raises the
+:class:`~precompile.compiler.tables.TableError` naming the file, the data row and the column.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Optional
+
+import numpy as np
+
+from .items import ItemTable, Strings
+from .listing import Matched
+from .tables import (TEMPLATE_RE, CellError, TableError, _cell_text, _check_columns, _number, _path_filler,
+                     _pyarrow, _row_options, read_table, table_path, template_columns)
+
+#: what Python's ``str.isspace`` calls whitespace, as an RE2 class: a cell of only these is blank
+_WS = r"[\t\n\x0b\x0c\r\x1c-\x20\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
+#: integer format specs with an exact columnar form for non-negative integers: zero or space padding
+_INT_SPEC = re.compile(r"(0?)(\d*)d")
+
+
+def _is_text(pa: Any, t: Any) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+class _Columns:
+    """The columns the recipe reads, each one arrow array in its own type, and one row of them as a dict."""
+
+    def __init__(self, recipe: Any, path: str):
+        self.pa = _pyarrow()
+        table = read_table(path, recipe.source, lambda names: _check_columns(recipe, path, names))
+        self.n = table.num_rows
+        self._cols: dict[str, Any] = {}
+        for name in table.column_names:   # each column's chunks are freed once it is one array
+            self._cols[name] = table.column(name).combine_chunks()
+            table = table.drop_columns([name])
+        self.pa.default_memory_pool().release_unused()
+
+    def col(self, name: str) -> Any:
+        return self._cols[name]
+
+    def row(self, i: int) -> dict[str, Any]:
+        return {c: a[i].as_py() for c, a in self._cols.items()}
+
+    def blank(self, name: str) -> np.ndarray:
+        """Per row: the cell is blank (null, only whitespace, NaN), as :func:`tables._blank` says."""
+        import pyarrow.compute as pc
+
+        arr = self.col(name)
+        mask = pc.is_null(arr)
+        if _is_text(self.pa, arr.type):
+            mask = pc.or_(mask, pc.match_substring_regex(arr, f"^{_WS}*$"))
+        elif self.pa.types.is_floating(arr.type):
+            mask = pc.or_(mask, pc.is_nan(arr))
+        return _bools(mask)
+
+
+def _bools(arr: Any) -> np.ndarray:
+    return arr.fill_null(True).to_numpy(zero_copy_only=False).astype(bool)
+
+
+def table_items(recipe: Any) -> Matched:
+    """The items of a table recipe in key order, the label names in id order, and the factors of the
+    columns ``split:`` reads."""
+    inp = recipe.model.inputs
+    path = table_path(recipe)
+    cols = _Columns(recipe, path)
+    label_names, values = _column_values(recipe, path, cols)
+    if not cols.n:
+        return Matched(ItemTable(keys=Strings.from_list([]), prefix="", paths={}), label_names, {})
+    rels, bad = _paths(recipe, cols)
+    keys = rels[None] if inp.key is None else _key_texts(cols, inp.key)
+    if inp.key is not None:
+        bad |= cols.blank(inp.key)
+    order, sorted_keys, dup = _order(keys)
+    first = _first(bad, dup)
+    options = _options(recipe, path, cols, first if first is not None else cols.n)
+    if first is not None:
+        _row_error(recipe, path, cols, first, order)
+    return _assemble(recipe, cols, (keys, sorted_keys), rels, order, label_names, values, options)
+
+
+def _column_values(recipe: Any, path: str, cols: _Columns) -> tuple[list[str], dict[str, Any]]:
+    """The label names and every column field by column (unsorted rows): label ids (int64), targets
+    (float32, one or two dimensions), texts (arrow strings)."""
+    import pyarrow.compute as pc
+
+    names: list[str] = []
+    out: dict[str, Any] = {}
+    inp = recipe.model.inputs
+    lab = next((f for f, c in inp.columns.items() if c.kind == "label"), None)
+    if lab is not None:
+        names, out[lab] = _labels(recipe, path, cols, lab)
+    for f, c in inp.columns.items():
+        if c.kind == "target":
+            cs = [c.column] if c.column is not None else c.columns
+            arr = np.stack([_numbers(recipe, path, cols, f, col, c.map) for col in cs], axis=1)
+            out[f] = arr[:, 0] if c.column is not None else arr
+        elif c.kind == "text":
+            arr = cols.col(c.column)
+            if not _is_text(cols.pa, arr.type):
+                arr = cols.pa.array(["" if v is None else str(v) for v in arr.to_pylist()], cols.pa.large_string())
+            out[f] = pc.fill_null(arr, "")
+    return names, out
+
+
+def _labels(recipe: Any, path: str, cols: _Columns, field: str) -> tuple[list[str], np.ndarray]:
+    """A label column's class names in id order and each row's id; the first blank cell, or the first class
+    not in ``classes``, is a TableError."""
+    import pyarrow.compute as pc
+
+    c = recipe.model.inputs.columns[field]
+    blank = cols.blank(c.column)
+    if blank.any():
+        raise TableError(path, int(np.argmax(blank)) + 1, c.column, "blank class name", recipe.source,
+                         f"inputs.columns.{field}")
+    enc = pc.dictionary_encode(cols.col(c.column))
+    cells = [str(v) for v in enc.dictionary.to_pylist()]
+    codes = enc.indices.to_numpy(zero_copy_only=False)
+    if c.classes is None:
+        names = sorted(set(cells))
+    else:
+        known = set(c.classes)
+        unknown = np.array([v not in known for v in cells], bool)
+        if unknown.any() and unknown[codes].any():
+            i = int(np.argmax(unknown[codes]))
+            raise TableError(path, i + 1, c.column, f"class {cells[codes[i]]!r} is not in classes {c.classes}",
+                             recipe.source, f"inputs.columns.{field}.classes")
+        names = list(c.classes)
+    ids = {n: i for i, n in enumerate(names)}
+    return names, np.array([ids[v] for v in cells], np.int64)[codes] if cells else np.zeros(0, np.int64)
+
+
+def _numbers(recipe: Any, path: str, cols: _Columns, field: str, col: str, mapping: dict) -> np.ndarray:
+    """A target column as float32: each distinct cell through :func:`tables._number` once; the first row
+    whose cell is not a number is a TableError."""
+    import pyarrow.compute as pc
+
+    enc = pc.dictionary_encode(cols.col(col), null_encoding="encode")
+    cells = enc.dictionary.to_pylist()
+    codes = enc.indices.to_numpy(zero_copy_only=False)
+    conv = np.zeros(len(cells), np.float32)
+    bad: dict[int, str] = {}
+    for u, v in enumerate(cells):
+        try:
+            conv[u] = _number(v, mapping)
+        except ValueError as e:
+            bad[u] = str(e)
+    if bad:
+        flags = np.zeros(len(cells), bool)
+        flags[list(bad)] = True
+        i = int(np.argmax(flags[codes]))
+        raise TableError(path, i + 1, col, bad[int(codes[i])], recipe.source, f"inputs.columns.{field}")
+    return conv[codes]
+
+
+def _slot(cols: _Columns, template: str, name: str, spec: Optional[str]) -> tuple[Any, np.ndarray]:
+    """One ``{name:spec}`` slot of ``template`` for every row: (texts, flag per row whose cell it cannot
+    use). Columnar where that is exact, else cell by cell (:func:`tables._cell_text`)."""
+    pa = cols.pa
+    arr, blank = cols.col(name), cols.blank(name)
+    fast = _fast_slot(cols, arr, blank, spec)
+    if fast is not None:
+        return fast, blank
+    texts, bad = [], np.zeros(cols.n, bool)
+    for i, v in enumerate(arr.to_pylist()):
+        try:
+            texts.append(_cell_text(template, name, spec, v))
+        except CellError:
+            texts.append("")
+            bad[i] = True
+    return pa.array(texts, pa.large_string()), bad
+
+
+def _fast_slot(cols: _Columns, arr: Any, blank: np.ndarray, spec: Optional[str]) -> Any:
+    """The slot's texts computed by column, or None where that would not be exactly ``_cell_text``: text
+    cells with no spec; integers with no spec; non-negative integers (or cells of ASCII digits) under
+    ``d``, ``6d`` or ``06d``."""
+    import pyarrow.compute as pc
+
+    pa, t = cols.pa, arr.type
+    text = _is_text(pa, t)
+    if not spec:
+        if text:
+            return pc.fill_null(arr, "") if arr.null_count else arr
+        return arr.cast(pa.string()).fill_null("") if pa.types.is_integer(t) else None
+    m = _INT_SPEC.fullmatch(spec)
+    if m is None or not (text or pa.types.is_integer(t)):
+        return None
+    if text:
+        filled = pc.if_else(pa.array(blank), pa.scalar("0", t), arr)
+        if not pc.all(pc.match_substring_regex(filled, "^[0-9]+$")).as_py():
+            return None
+        try:
+            arr = filled.cast(pa.int64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+    if pc.any(pc.less(arr, 0)).as_py() or pc.any(pc.greater(arr, 2 ** 53)).as_py():
+        return None   # _as_int reads a number through float: exact up to 2**53
+    out = arr.cast(pa.string()).fill_null("")
+    width = int(m.group(2) or 0)
+    return pc.utf8_lpad(out, width=width, padding="0" if m.group(1) else " ") if width else out
+
+
+def _fill(cols: _Columns, template: str) -> tuple[Any, np.ndarray]:
+    """A path template filled for every row: (texts, flag per row it cannot be filled for or whose path
+    leaves inputs.root)."""
+    import pyarrow.compute as pc
+
+    pa = cols.pa
+    lits, texts, bad, pos = [], [], np.zeros(cols.n, bool), 0
+    for m in TEMPLATE_RE.finditer(template):
+        text, b = _slot(cols, template, m.group(1), m.group(2))
+        lits.append(template[pos:m.start()])
+        texts.append(text)
+        bad |= b
+        pos = m.end()
+    if len(texts) == 1 and not lits[0] and pos == len(template):
+        out = texts[0]   # "{column}": the column's own texts
+    elif not texts:
+        out = pa.repeat(pa.scalar(template, pa.string()), cols.n)
+    else:
+        typ = pa.large_string() if any(pa.types.is_large_string(t.type) for t in texts) else pa.string()
+        pieces = [p for lit, t in zip(lits, texts) for p in (pa.scalar(lit, typ), t.cast(typ))]
+        out = pc.binary_join_element_wise(*pieces, pa.scalar(template[pos:], typ), pa.scalar("", typ))
+    leaves = pc.or_(pc.starts_with(out, "/"), pc.match_substring_regex(out, r"(^|/)\.\.(/|$)"))
+    return out, bad | _bools(leaves)
+
+
+def _paths(recipe: Any, cols: _Columns) -> tuple[dict[Optional[str], Any], np.ndarray]:
+    """Each field's path relative to the root (``None``: ``inputs.path``'s), and the rows any of them fails for."""
+    inp = recipe.model.inputs
+    out: dict[Optional[str], Any] = {}
+    bad = np.zeros(cols.n, bool)
+    if inp.path is not None:
+        out[None], bad = _fill(cols, inp.path)
+    for f, d in inp.fields.items():
+        if d.path is not None:
+            out[f], b = _fill(cols, d.path)
+            bad |= b
+        elif inp.path is None:
+            bad[:] = True   # a field without a path: the row-by-row code names it at row 1
+            out[f] = None
+        else:
+            out[f] = out[None]
+    return out, bad
+
+
+def _key_texts(cols: _Columns, name: str) -> Any:
+    """The key column as text: ``str`` of each cell (blank cells are flagged by the caller)."""
+    pa = cols.pa
+    arr = cols.col(name)
+    if _is_text(pa, arr.type):
+        return arr.fill_null("") if arr.null_count else arr
+    if pa.types.is_integer(arr.type):
+        return arr.cast(pa.string()).fill_null("")
+    return pa.array([str(v) for v in arr.to_pylist()], pa.large_string())
+
+
+def _order(keys: Any) -> tuple[np.ndarray, Any, np.ndarray]:
+    """The rows in key order (stable), the keys in that order, and per row whether its key repeats an
+    earlier row's."""
+    import pyarrow.compute as pc
+
+    order = pc.sort_indices(keys).to_numpy()
+    srt = keys.take(order)
+    dup = np.zeros(len(order), bool)
+    if len(order) > 1:
+        same = _bools(pc.equal(srt.slice(1), srt.slice(0, len(order) - 1)))
+        dup[order[1:][same]] = True   # the second and later rows of a run of equal keys
+    return order, srt, dup
+
+
+def _first(bad: np.ndarray, dup: np.ndarray) -> Optional[int]:
+    """The first row (0-based) a path, key or duplicate check flags, or None."""
+    flags = bad | dup
+    return int(np.argmax(flags)) if flags.any() else None
+
+
+def _options(recipe: Any, path: str, cols: _Columns, upto: int) -> Optional[list[dict]]:
+    """Each row's decoder options from its cells (:func:`tables._row_options`, each distinct combination
+    once), for the rows before ``upto`` (the first row with another error: its options come after); None
+    when the recipe takes no option from the table."""
+    if not recipe.row_options:
+        return None
+    used = sorted({c for opts in recipe.row_options.values() for c in opts.values()})
+    lists = [cols.col(c).to_pylist() for c in used]
+    seen: dict[tuple, dict] = {}
+    out = []
+    for i in range(upto):
+        vals = [lst[i] for lst in lists]
+        try:
+            cells: Any = tuple((type(v), v) for v in vals)
+            hit = seen.get(cells)
+        except TypeError:   # a list cell (JSON Lines): not cached
+            cells, hit = None, None
+        if hit is None:
+            def where(col: Optional[str], what: str, loc: str, _i: int = i) -> TableError:
+                return TableError(path, _i + 1, col, what, recipe.source, loc)
+            hit = _row_options(recipe, dict(zip(used, vals)), where)
+            if cells is not None:
+                seen[cells] = hit
+        out.append(hit)
+    return out
+
+
+def _row_error(recipe: Any, path: str, cols: _Columns, i: int, order: np.ndarray) -> None:
+    """Raise the error of row ``i`` (0-based) as the row-by-row reading raised it: its paths, then a blank
+    key, then a key that repeats an earlier row's."""
+    inp = recipe.model.inputs
+
+    def where(col: Optional[str], what: str, loc: str) -> TableError:
+        return TableError(path, i + 1, col, what, recipe.source, loc)
+
+    row = cols.row(i)
+    rel, _ = _path_filler(recipe, recipe.input_root)(row, where)
+    if inp.key is not None and cols.blank(inp.key)[i]:
+        raise where(inp.key, "blank key", "inputs.key")
+    key = rel if inp.key is None else str(row[inp.key])
+    pos = int(np.flatnonzero(order == i)[0])
+    first = int(order[pos - 1]) + 1
+    cs = template_columns(inp.path) if inp.key is None else [inp.key]
+    raise where(cs[0] if len(cs) == 1 else None,
+                f"key {key!r} repeats data row {first} (give inputs.key a column whose values are unique when paths "
+                f"repeat)", "inputs.key" if inp.key else "inputs.path")
+
+
+def _assemble(recipe: Any, cols: _Columns, keys: tuple[Any, Any], rels: dict, order: np.ndarray,
+              label_names: list[str], values: dict[str, Any], options: Optional[list]) -> Matched:
+    """The columns in key order as the plan's :class:`ItemTable` (``keys``: the key texts in row order and
+    in key order)."""
+    pa = cols.pa
+    inp = recipe.model.inputs
+    root = recipe.input_root
+    remote = "://" in root
+    idx = pa.array(order)
+    done: dict[tuple[int, bool], Strings] = {}
+
+    def strings(arr: Any, path: bool = False) -> Strings:
+        local = path and not remote and os.sep != "/"   # a local path column: '/' as the OS separator
+        if (id(arr), local) not in done:
+            done[(id(arr), local)] = _strings(keys[1] if arr is keys[0] else arr.take(idx), local)
+        return done[(id(arr), local)]
+
+    table = ItemTable(keys=strings(keys[0]), prefix=f"{root}/" if remote else root + os.sep,
+                      paths={f: strings(rels[f], True) for f in inp.fields}, row=order.astype(np.int64) + 1,
+                      values={f: (strings(v) if isinstance(v, pa.Array) else v[order]) for f, v in values.items()},
+                      options=[options[i] for i in order.tolist()] if options is not None else None)
+    sp = recipe.model.split
+    factors = {}
+    if sp is not None:
+        for c in (sp.column, sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)):
+            if c is not None:
+                factors[c] = _factor(cols, c, order)
+    return Matched(table, label_names, factors)
+
+
+def _strings(arr: Any, os_sep: bool) -> Strings:
+    """An arrow string array as :class:`Strings` (its data buffer, no copy; int32 offsets widened); with
+    ``os_sep``, '/' replaced by the OS separator (a local path column on Windows)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if os_sep:
+        arr = pc.replace_substring(arr, "/", os.sep)
+    _, offsets, data = arr.buffers()
+    width = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+    off = np.asarray(np.frombuffer(offsets, width)[arr.offset:arr.offset + len(arr) + 1], np.int64)
+    return Strings(np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8), off)
+
+
+def _factor(cols: _Columns, name: str, order: np.ndarray) -> tuple[np.ndarray, list]:
+    """A column's distinct cells and each row's code into them (rows in key order)."""
+    import pyarrow.compute as pc
+
+    enc = pc.dictionary_encode(cols.col(name), null_encoding="encode")
+    return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)[order], enc.dictionary.to_pylist()

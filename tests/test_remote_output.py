@@ -387,6 +387,8 @@ def test_the_stores_faults_are_output_errors_before_any_work(tmp_path, store, en
                   f"output s3://{OUT}/faults: cannot reach the endpoint {dead} (EndpointConnectionError"))
     cases.append(({"endpoint_url": endpoint}, "s3://no-such-bucket/out",
                   "output s3://no-such-bucket/out: the bucket 'no-such-bucket' does not exist"))
+    cases.append(({"endpoint_url": endpoint, "no_such_option": 1}, f"s3://{OUT}/faults",
+                  f"output s3://{OUT}/faults: a --storage-option that s3:// does not take ("))
     for so, url, msg in cases:
         with pytest.raises(OutputError) as e:
             precompile.build(rf, out_dir=url, storage_options=so)

@@ -290,6 +290,8 @@ def test_missing_objects_credentials_and_endpoints_are_clear(remote, tmp_path, m
     with pytest.raises(FormatError, match=rf"{url}: no credentials for s3:// \(NoCredentialsError\); set "
                                           r"AWS_ACCESS_KEY_ID"):
         precompile.open(url, cache_dir=tmp_path / "c", storage_options={"endpoint_url": so["endpoint_url"]})
+    with pytest.raises(FormatError, match=rf"{url}: bad storage_options for s3://: .*no_such_option"):
+        precompile.open(url, cache_dir=tmp_path / "c", storage_options={**so, "no_such_option": 1})
     closed = {"endpoint_url": "http://127.0.0.1:9", "anon": True,
               "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}}
     with pytest.raises(FormatError, match=rf"{url}: cannot read from the store: \w+: .*; check the endpoint"):

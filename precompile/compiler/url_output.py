@@ -68,6 +68,9 @@ def url_fault(e: BaseException, url: str, options: dict[str, Any], doing: str, k
     names = {c.__name__ for c in type(e).__mro__}
     proto = protocol(url)
     text = str(e)
+    if isinstance(e, TypeError) and "keyword argument" in text:   # s3fs passes its options on at first use
+        return OutputError(f"output {url}: a --storage-option that {proto}:// does not take ({text}), while "
+                           f"{doing}; {kept}")
     if is_credentials_error(e):
         head = f"no credentials for {proto}://"
         hint = (f"{CREDENTIALS_HINT.get(proto, 'set the store credentials in its environment')} "

@@ -51,16 +51,15 @@ def store_error(url: str, e: BaseException, index_url: Optional[str] = None) -> 
     if isinstance(e, PermissionError):
         return FormatError(f"{url}: access denied ({e}); check the store's credentials (environment, or "
                            f"storage_options)")
+    if isinstance(e, TypeError) and "keyword argument" in str(e):   # s3fs passes options on at first use
+        return FormatError(f"{url}: bad storage_options for {protocol(url)}://: {e}")
     return FormatError(f"{url}: cannot read from the store: {type(e).__name__}: {e}; check the endpoint "
                        f"(storage_options endpoint_url, or AWS_ENDPOINT_URL for s3) and the network")
 
 
 def store(url: str, storage_options: Optional[dict[str, Any]]) -> Any:
     """The fsspec filesystem for ``url`` (MissingDependencyError names the extra to install)."""
-    try:
-        return filesystem(url, storage_options)
-    except PrecompileError as e:
-        raise type(e)(f"{url}: cannot open the store: {e}") from None
+    return filesystem(url, storage_options, what="storage_options", error=FormatError)
 
 
 class RemoteSource:

@@ -64,3 +64,16 @@ def test_a_build_that_stops_at_its_plan_leaves_no_warning_and_no_worker(tmp_path
                        text=True, env=env, timeout=120)
     assert r.stdout.strip() == "PlanError", r.stderr
     assert "Warning" not in r.stderr, r.stderr
+
+
+def test_the_exit_hook_is_registered_once_for_many_builds(tmp_path, monkeypatch):
+    import atexit
+
+    hooks: list = []
+    real_register = atexit.register
+    monkeypatch.setattr(atexit, "register", lambda f, *a, **k: hooks.append(f) or real_register(f, *a, **k))
+    monkeypatch.setattr(backends, "_exit_hook", False)
+    for i in range(3):
+        backends.start_pool(2, None, str(tmp_path / "nothing.h5"), "0" * 64)
+        assert len(backends._settle_warm()) == 2
+    assert hooks.count(backends._settle_warm) == 1

@@ -55,11 +55,9 @@ def start_pool(n_jobs: Optional[int], scheduler: Optional[str], index_path: str,
     warm pool; joblib keeps one loky pool per process). Nothing for one job or a dask scheduler, nor when
     an index of this output (``index_path``, or a split's beside it) records ``recipe_hash`` and the build
     is not forced: most likely a rebuild with little or nothing to do, whose workers would only cost time."""
-    global _warm
+    global _warm, _exit_hook
     if scheduler is not None or (n_jobs or 1) == 1 or (not force and _same_recipe(index_path, recipe_hash)):
         return
-    import atexit
-
     import joblib
 
     _settle_warm()
@@ -67,7 +65,15 @@ def start_pool(n_jobs: Optional[int], scheduler: Optional[str], index_path: str,
     if n > 1:
         _warm = joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered")(
             joblib.delayed(warm_worker)() for _ in range(n))
-        atexit.register(_settle_warm)   # a warm-up no build used: collected before the pool shuts down
+        if not _exit_hook:   # a warm-up no build used (the plan failed, nothing to build): collected at exit
+            import atexit   # (waiting for it, not cancelling it: loky's executor can fail on a cancel in flight)
+
+            atexit.register(_settle_warm)
+            _exit_hook = True
+
+
+#: whether :func:`_settle_warm` is registered to run at exit (once per process)
+_exit_hook = False
 
 
 def _same_recipe(index_path: str, recipe_hash: str) -> bool:

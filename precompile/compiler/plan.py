@@ -39,6 +39,7 @@ class Item:
     label: Optional[int] = None
     captures: dict[str, str] = field(default_factory=dict)
     row: Optional[int] = None                                   # table inputs: the data row (1-based)
+    row_file: Optional[str] = None                              # table inputs: the table file of that row
     values: dict[str, Any] = field(default_factory=dict)         # table inputs: column field -> value
     options: dict[str, dict[str, Any]] = field(default_factory=dict)  # field -> decoder options from the row
     split: Optional[str] = None                                  # with ``split:``: the split it belongs to

@@ -168,9 +168,9 @@ def _segments(c: dict[str, np.ndarray], prefix: str, sizes: np.ndarray) -> list:
     from .items import Strings
 
     kind, npoly = c[f"{prefix}_kind"].tolist(), c[f"{prefix}_polygons"].tolist()
-    coords = np.split(c[f"{prefix}_coords"], np.cumsum(c[f"{prefix}_polygon_len"])[:-1])
+    coords = _split(c[f"{prefix}_coords"], c[f"{prefix}_polygon_len"])
     texts = iter(Strings(c[f"{prefix}_rle_text"], c[f"{prefix}_rle_text_offsets"]).to_list())
-    counts = iter(np.split(c[f"{prefix}_rle_counts"], np.cumsum(c[f"{prefix}_rle_len"])[:-1]))
+    counts = iter(_split(c[f"{prefix}_rle_counts"], c[f"{prefix}_rle_len"]))
     out: list = []
     pos = 0
     for k, n, hw in zip(kind, npoly, sizes.tolist()):
@@ -182,6 +182,12 @@ def _segments(c: dict[str, np.ndarray], prefix: str, sizes: np.ndarray) -> list:
         else:
             out.append(None)
     return out
+
+
+def _split(flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+    """``flat`` cut into pieces of ``lengths`` (views; np.split costs three times as much per piece)."""
+    ends = np.cumsum(lengths).tolist()
+    return [flat[a:b] for a, b in zip([0] + ends[:-1], ends)]
 
 
 def _from_columns(c: dict[str, np.ndarray], meta: dict[str, Any]) -> CocoParse:

@@ -47,7 +47,7 @@ class _Columns:
         tables = [read_table(f, recipe.source, lambda names, f=f: _check_columns(recipe, f, names), opts)
                   for f in self.files]
         self.starts = np.cumsum([0] + [t.num_rows for t in tables]).astype(np.int64)   # each file's first row
-        table = tables[0] if len(tables) == 1 else _concat(self.pa, tables, self.files)
+        table = tables[0] if len(tables) == 1 else _concat(self.pa, tables, self.files, recipe.source)
         del tables
         self.n = table.num_rows
         self._cols: dict[str, Any] = {}
@@ -92,7 +92,7 @@ def _bools(arr: Any) -> np.ndarray:
     return arr.fill_null(True).to_numpy(zero_copy_only=False).astype(bool)
 
 
-def _concat(pa: Any, tables: list, files: list[str]) -> Any:
+def _concat(pa: Any, tables: list, files: list[str], source: Optional[str]) -> Any:
     """The tables of several files as one, in file order; a column's types unify where no value changes
     (int32 and int64, int and float, a column all null in one file); else a RecipeError naming the column and
     two files whose types differ."""
@@ -106,8 +106,8 @@ def _concat(pa: Any, tables: list, files: list[str]) -> Any:
             other = next(((f, ty) for f, ty in typed if ty != typed[0][1]), None)
             if other is not None:
                 raise RecipeError(f"column {n!r} is {typed[0][1]} in {typed[0][0]} but {other[1]} in {other[0]}: "
-                                  f"the table files must agree ({e})", loc="inputs.table") from None
-        raise RecipeError(f"the table files cannot be joined: {e}", loc="inputs.table") from None
+                                  f"the table files must agree ({e})", source=source, loc="inputs.table") from None
+        raise RecipeError(f"the table files cannot be joined: {e}", source=source, loc="inputs.table") from None
 
 
 def table_items(recipe: Any) -> Matched:

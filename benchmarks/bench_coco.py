@@ -121,7 +121,7 @@ def build_rows(ann: Path, tmp: str, repeats: int, px: int) -> dict[str, float]:
     times["no-change rebuild, parse kept (default)"] = median_time(lambda: precompile.build(r, out), repeats)
 
     def parsing():
-        kept.unlink()
+        kept.unlink(missing_ok=True)
         precompile.build(r, out)
     real, coco_cache.Pending.write = coco_cache.Pending.write, lambda self: False   # the code path before
     try:

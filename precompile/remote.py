@@ -8,7 +8,12 @@
 - A shard task fetches each input it decodes into a private temporary folder
   (a folder input, such as a DICOM series, is fetched whole), decodes the local
   copy and deletes it (:func:`local_copy`). The output stays local.
-- ``inputs.storage_options`` are passed to ``fsspec.filesystem`` (e.g.
+- An ``inputs.table`` (a file or a glob: :func:`glob_urls`) or ``inputs.coco.file`` at a URL is read once,
+  at plan time, in the parent; :func:`file_fingerprint` asks the store for one file's fingerprint (the
+  COCO parse kept in the output is keyed by it). The store's refusals while listing or reading (a missing
+  object, access denied, no credentials) are PlanErrors naming the URL and what to do (:func:`store_error`).
+- ``inputs.storage_options`` (the same for the root, the table and the COCO file) are passed to
+  ``fsspec.filesystem`` (e.g.
   ``endpoint_url``, ``anon``, ``requester_pays``). Credentials do not belong in
   a recipe (the resolved recipe is stored in the output): they are refused there;
   use the store's usual environment variables or config files.

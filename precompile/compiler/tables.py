@@ -1,5 +1,9 @@
 """Tables as inputs: one sample per row of a CSV, TSV, JSON Lines or Parquet file (``inputs.table``).
 
+The table may be a local file, a URL (streamed from the store through its fsspec filesystem, with
+``inputs.storage_options``), a glob of either, or a list of such (:func:`table_files`): the rows of every
+file, in sorted file order, each row's messages naming its own file and data row.
+
 The table is read with pyarrow (the ``tables`` extra), imported only here and
 only when a recipe has a table, and only the columns the recipe names;
 :mod:`precompile.compiler.table_columns` turns them into the plan's columns, by

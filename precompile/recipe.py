@@ -189,7 +189,9 @@ class Inputs(_Model):
     root: str
     storage_options: dict[str, Any] = Field(default_factory=dict,
                                             description="fsspec options for a remote root (s3://, gs://, https://)")
-    table: Optional[str] = Field(None, description="a CSV, TSV, JSON Lines or Parquet file: one sample per row")
+    table: Optional[Union[str, list[str]]] = Field(
+        None, description="a CSV, TSV, JSON Lines or Parquet file (a path, a URL or a glob, or a list of them: "
+                          "their rows in sorted file order): one sample per row")
     coco: Optional[CocoSpec] = Field(None, description="a COCO annotation file (or {file: ..., options}) listing "
                                                        "the images under root and their annotations",
                                      json_schema_extra=_also_a_string)
@@ -208,11 +210,13 @@ class Inputs(_Model):
 
     @field_validator("table")
     @classmethod
-    def _table(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None:
-            from .compiler.tables import table_format
+    def _table(cls, v: Optional[str | list[str]]) -> Optional[str | list[str]]:
+        if isinstance(v, list) and not v:
+            raise ValueError("an empty list of table files")
+        from .compiler.tables import table_format
 
-            table_format(v)  # a ValueError naming the known extensions
+        for entry in [v] if isinstance(v, str) else v or []:
+            table_format(entry)  # a ValueError naming the known extensions
         return v
 
     @field_validator("columns")
@@ -495,9 +499,12 @@ class Recipe:
         from .remote import is_url
 
         model = self.model
-        if model.inputs.storage_options and not is_url(model.inputs.root):
-            raise RecipeError("storage_options apply only to a remote root (s3://, gs://, https://, ...)",
-                              source=self.source, loc="inputs.storage_options")
+        inp = model.inputs
+        table = [inp.table] if isinstance(inp.table, str) else inp.table or []
+        urls = [inp.root, *table, inp.coco.file if inp.coco is not None else None]
+        if inp.storage_options and not any(is_url(u) for u in urls):
+            raise RecipeError("storage_options apply only to a remote root (s3://, gs://, https://, ...), table or "
+                              "coco file", source=self.source, loc="inputs.storage_options")
         if model.output.format not in WRITERS:
             e = UnknownName("output format", model.output.format, list(WRITERS))
             raise RecipeError(str(e), source=self.source, loc="output.format")

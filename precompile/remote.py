@@ -8,7 +8,12 @@
 - A shard task fetches each input it decodes into a private temporary folder
   (a folder input, such as a DICOM series, is fetched whole), decodes the local
   copy and deletes it (:func:`local_copy`). The output stays local.
-- ``inputs.storage_options`` are passed to ``fsspec.filesystem`` (e.g.
+- An ``inputs.table`` (a file or a glob: :func:`glob_urls`) or ``inputs.coco.file`` at a URL is read once,
+  at plan time, in the parent; :func:`file_fingerprint` asks the store for one file's fingerprint (the
+  COCO parse kept in the output is keyed by it). The store's refusals while listing or reading (a missing
+  object, access denied, no credentials) are PlanErrors naming the URL and what to do (:func:`store_error`).
+- ``inputs.storage_options`` (the same for the root, the table and the COCO file) are passed to
+  ``fsspec.filesystem`` (e.g.
   ``endpoint_url``, ``anon``, ``requester_pays``). Credentials do not belong in
   a recipe (the resolved recipe is stored in the output): they are refused there;
   use the store's usual environment variables or config files.
@@ -111,6 +116,25 @@ def _fp(info: dict[str, Any]) -> list:
     return ["remote", etag, None if size is None else int(size), mtime]
 
 
+_VERBS = {"list": ("listing", "listed"), "read": ("reading", "read")}
+
+
+def store_error(what: str, url: str, e: Exception, verb: str, missing: str = "does not exist") -> PlanError:
+    """The error a store raised while it was asked to ``verb`` (``list``, ``read``) ``what`` (e.g. ``input
+    root 's3://b/x'``, at ``url``), as a PlanError saying what to do: a missing object, access denied, no
+    credentials (with what to set), or anything else by its type."""
+    doing, done = _VERBS[verb]
+    if isinstance(e, FileNotFoundError):
+        return PlanError(f"{what} {missing}")
+    if isinstance(e, PermissionError):
+        return PlanError(f"{what}: permission denied while {doing} ({e}); check the store's credentials in the "
+                         f"environment, or storage_options such as anon: true")
+    if is_credentials_error(e):
+        return PlanError(f"{what}: no credentials for {protocol(url)}:// ({type(e).__name__}: {e}); "
+                         f"{CREDENTIALS_HINT.get(protocol(url), 'set the store credentials in its environment')}")
+    return PlanError(f"{what} cannot be {done}: {type(e).__name__}: {e}")
+
+
 def list_tree(root: str, dirs: bool, storage_options: Optional[dict[str, Any]] = None) -> list[str]:
     """Relative '/'-separated paths of the files (or folders) under ``root``, sorted; fingerprints are recorded."""
     fs = filesystem(root, storage_options)
@@ -119,19 +143,8 @@ def list_tree(root: str, dirs: bool, storage_options: Optional[dict[str, Any]] =
     fs.invalidate_cache()  # a cached listing from an earlier build in this process would hide changes
     try:
         found = fs.find(base, detail=True)
-    except FileNotFoundError:
-        raise PlanError(f"input root {root!r} does not exist (nothing listed)") from None
-    except PermissionError as e:
-        raise PlanError(f"input root {root!r}: permission denied while listing ({e}); check the store's "
-                        f"credentials in the environment, or storage_options such as anon: true") from None
-    except OSError as e:
-        raise PlanError(f"input root {root!r} cannot be listed: {type(e).__name__}: {e}") from None
-    except Exception as e:  # the store's own errors (botocore's NoCredentialsError, ...) are not OSErrors
-        if is_credentials_error(e):
-            raise PlanError(f"input root {root!r}: no credentials for {protocol(root)}:// ({type(e).__name__}: {e}); "
-                            f"{CREDENTIALS_HINT.get(protocol(root), 'set the store credentials in its environment')}"
-                            ) from None
-        raise PlanError(f"input root {root!r} cannot be listed: {type(e).__name__}: {e}") from None
+    except Exception as e:  # OSErrors, and the store's own errors (botocore's NoCredentialsError, ...)
+        raise store_error(f"input root {root!r}", root, e, "list", "does not exist (nothing listed)") from None
     files: dict[str, list] = {}
     for name, info in found.items():
         if info.get("type", "file") != "file":
@@ -159,6 +172,35 @@ def list_tree(root: str, dirs: bool, storage_options: Optional[dict[str, Any]] =
                 LISTED[f"{base}/{d}"] = content
             return sorted(folders)
     return sorted(files)
+
+
+def glob_urls(pattern: str, storage_options: Optional[dict[str, Any]] = None, what: str = "") -> list[str]:
+    """The URLs of the files matching the glob ``pattern`` (``s3://bucket/meta/part-*.parquet``), sorted; a
+    PlanError naming ``what`` when none does or the store refuses the listing."""
+    fs = filesystem(pattern, storage_options)
+    fs.invalidate_cache()
+    what = what or repr(pattern)
+    try:
+        found = fs.glob(pattern, detail=True)
+    except Exception as e:  # OSErrors, and the store's own errors (botocore's NoCredentialsError, ...)
+        raise store_error(what, pattern, e, "list", "matches nothing (nothing listed)") from None
+    proto = protocol(pattern)
+    urls = sorted(f"{proto}://{fs._strip_protocol(p)}" for p, info in found.items()
+                  if info.get("type", "file") == "file")
+    if not urls:
+        raise PlanError(f"{what} matches no object")
+    return urls
+
+
+def file_fingerprint(url: str, storage_options: Optional[dict[str, Any]] = None, what: str = "") -> list:
+    """The fingerprint of one remote file (ETag, size, modification time, as the store reports them): one
+    request; a PlanError naming ``what`` when the store refuses it or the file is missing."""
+    fs = filesystem(url, storage_options)
+    fs.invalidate_cache()
+    try:
+        return _fp(fs.info(url))
+    except Exception as e:  # OSErrors, and the store's own errors
+        raise store_error(what or repr(url), url, e, "read") from None
 
 
 def fingerprint(url: str) -> list:

@@ -217,9 +217,9 @@ pa = pytest.importorskip("pyarrow", reason="table inputs need pyarrow (the table
 
 def _row_by_row(recipe) -> list[tuple[str, dict]]:
     """(key, {field: path}) per row in key order, by the per-row template code."""
-    from precompile.compiler.tables import _path_filler, read_table, table_path
+    from precompile.compiler.tables import _path_filler, read_table, table_files
 
-    rows = read_table(table_path(recipe)).to_pylist()
+    rows = read_table(table_files(recipe)[0]).to_pylist()
     fill = _path_filler(recipe, recipe.input_root)
 
     def where(col, what, loc):

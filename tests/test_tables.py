@@ -266,7 +266,7 @@ def test_row_whose_file_is_missing_is_a_per_input_failure(table_tree):
     (f,) = rep["failures"]
     assert f["key"] == "p0/s3.png" and f["stage"] == "decode" and f["path"].endswith("p0/s3.png")
     assert f["message"].endswith("input file is missing (the recipe's path for this field points to nothing, "
-                                 "from data row 4 of t.csv)")
+                                 f"from data row 4 of {root / 't.csv'})")
     ds = precompile.open(rep["output"])
     _check_output(ds, [r for i, r in enumerate(rows) if i != 3], [a for i, a in enumerate(imgs) if i != 3])
 

@@ -187,15 +187,37 @@ def _hash_segment(h: Any, seg: Any) -> None:
 # -- plan side: the JSON, parsed once ------------------------------------------------------------
 
 @dataclass
+class CocoParse:
+    """What the annotation file gives, whatever ``inputs.root`` and the fields' paths are: every image
+    (file order) as ``(file_name, height, width)`` and its :class:`CocoImage`, the label names (categories in
+    id order), the index attribute (:data:`ATTR`), the keypoints per category and the mask dtype. This is
+    what :mod:`.coco_cache` keeps in the output folder."""
+
+    images: dict[Any, tuple[str, int, int]]
+    annotations: dict[Any, CocoImage]
+    label_names: list[str]
+    attrs: dict[str, Any]
+    num_keypoints: int
+    mask_dtype: str
+
+    def specs(self, spec: Any) -> dict[str, FieldSpec]:
+        """The annotation fields' specs under ``spec`` (the recipe's ``inputs.coco``)."""
+        return _specs(spec, self.num_keypoints, np.dtype(self.mask_dtype), len(self.label_names))
+
+
+@dataclass
 class CocoSource:
     """What :func:`load_coco` makes of the annotation file: the plan's items (key order), the label names
-    (categories in id order), the annotation fields' specs and the index attribute (:data:`ATTR`)."""
+    (categories in id order), the annotation fields' specs and the index attribute (:data:`ATTR`).
+    ``pending``: the parse to keep in the output folder once the build holds its lock
+    (:class:`.coco_cache.Pending`; None when it was read from there, or no cache was asked for)."""
 
     table: Any   # an ItemTable (compiler/items.py): keys, paths, each image's annotations
     factors: dict[str, tuple[np.ndarray, list]]   # the captures (file_name, stem, image_id) a split: reads
     label_names: list[str]
     specs: dict[str, FieldSpec]
     attrs: dict[str, Any]
+    pending: Any = None
 
     @property
     def items(self) -> Any:
@@ -205,18 +227,40 @@ class CocoSource:
 
 
 def coco_path(recipe: Any) -> str:
-    """The annotation file's path (relative paths are relative to the recipe's folder, like ``inputs.root``)."""
-    return os.path.normpath(os.path.join(recipe.base_dir, os.path.expanduser(recipe.model.inputs.coco.file)))
+    """The annotation file's path (relative paths are relative to the recipe's folder, like ``inputs.root``)
+    or URL."""
+    from ..remote import is_url
+
+    file = recipe.model.inputs.coco.file
+    if is_url(file):
+        return file
+    return os.path.normpath(os.path.join(recipe.base_dir, os.path.expanduser(file)))
+
+
+def _file_bytes(path: str, recipe: Any) -> bytes:
+    """The annotation file's bytes: a local file, or a URL's object fetched whole (``inputs.storage_options``;
+    the store's refusals are a PlanError naming the URL)."""
+    from ..remote import filesystem, is_url, store_error
+
+    if not is_url(path):
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            raise RecipeError(f"cannot read the COCO annotation file {path}: {e.strerror or e}",
+                              source=recipe.source, loc="inputs.coco.file") from None
+    fs = filesystem(path, recipe.model.inputs.storage_options)
+    try:
+        return fs.cat_file(path)
+    except Exception as e:  # OSErrors, and the store's own errors (botocore's NoCredentialsError, ...)
+        raise store_error(f"COCO annotation file {path!r}", path, e, "read") from None
 
 
 def read_json(path: str, recipe: Any) -> dict:
     """The parsed file; unreadable or malformed JSON is a :class:`RecipeError` naming it."""
+    raw = _file_bytes(path, recipe)
     try:
-        with open(path, "rb") as f:
-            data = json.load(f)
-    except OSError as e:
-        raise RecipeError(f"cannot read the COCO annotation file {path}: {e.strerror or e}", source=recipe.source,
-                          loc="inputs.coco.file") from None
+        data = json.loads(raw)
     except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
         where = f"line {e.lineno}, column {e.colno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else str(e)
         raise RecipeError(f"not valid JSON: {where}", source=path) from None
@@ -411,11 +455,10 @@ def _specs(spec: Any, k: int, dtype: np.dtype, num_classes: int) -> dict[str, Fi
     return out
 
 
-def load_coco(recipe: Any) -> CocoSource:
-    """Parse the recipe's annotation file once: items in key order, label names, specs, index attribute."""
+def parse_coco(recipe: Any) -> CocoParse:
+    """Parse the recipe's annotation file: every annotation checked and grouped by image in one pass, each
+    image's arrays and digest made."""
     spec = recipe.model.inputs.coco
-    if spec.mask != "none":
-        pycocotools_mask()   # a missing extra fails the plan, not every input
     path = coco_path(recipe)
     data = read_json(path, recipe)
     cats = _categories(data, path)
@@ -425,13 +468,36 @@ def load_coco(recipe: Any) -> CocoSource:
     per = _group(data, path, images, cats, spec.crowd)
     dtype = mask_dtype(spec.mask, len(cats.names))
     anns = data.get("annotations", [])
-    table, factors = _items(recipe, {iid: _image(iid, info, per[iid], anns, path, cats, spec, dtype)
-                            for iid, info in images.items()}, images)
+    annotations = {iid: _image(iid, info, per[iid], anns, path, cats, spec, dtype) for iid, info in images.items()}
     ignore = int(np.iinfo(dtype).max) if spec.crowd == "ignore" and spec.mask != "none" else None
     attrs = {ATTR: {"categories": cats.records, "keypoints": cats.keypoints if spec.keypoints else [],
                     "skeleton": cats.skeleton if spec.keypoints else [], "crowd": spec.crowd, "mask": spec.mask,
                     "mask_ignore": ignore}}
-    return CocoSource(table, factors, cats.names, _specs(spec, len(cats.keypoints), dtype, len(cats.names)), attrs)
+    return CocoParse(images, annotations, cats.names, attrs, len(cats.keypoints), dtype.name)
+
+
+def load_coco(recipe: Any, cache: Optional[str] = None, content: bool = False) -> CocoSource:
+    """The recipe's annotation file as the plan's items, label names, specs and index attribute. With
+    ``cache`` (a file in the output folder, :mod:`.coco_cache`), the parse kept there is used when it was
+    made from this file as it is now (its fingerprint: size and mtime, with ``content`` the sha256 of its
+    bytes; a URL's ETag, size and mtime) under the same options; else the file is parsed and the parse is
+    owed to the cache (``pending``)."""
+    spec = recipe.model.inputs.coco
+    if spec.mask != "none":
+        pycocotools_mask()   # a missing extra fails the plan, not every input
+    parsed, pending = None, None
+    if cache is not None:
+        from . import coco_cache
+
+        key = coco_cache.cache_key(recipe, coco_path(recipe), content)
+        parsed = coco_cache.load(cache, key)
+        pending = None if parsed is not None else coco_cache.Pending(cache, key)
+    if parsed is None:
+        parsed = parse_coco(recipe)
+        if pending is not None:
+            pending.parsed = parsed
+    table, factors = _items(recipe, parsed.annotations, parsed.images)
+    return CocoSource(table, factors, parsed.label_names, parsed.specs(spec), parsed.attrs, pending)
 
 
 def _items(recipe: Any, annotations: dict[int, CocoImage], images: dict) -> tuple[Any, dict]:

@@ -87,9 +87,9 @@ def check_recipe(recipe: Recipe) -> dict[str, FieldSpec]:
     same RecipeError the plan would; returns the specs."""
     extra = None
     if recipe.model.inputs.coco is not None:
-        from .coco import load_coco
+        from .coco import parse_coco
 
-        extra = load_coco(recipe).specs
+        extra = parse_coco(recipe).specs(recipe.model.inputs.coco)
     specs, _ = plan_specs(recipe, extra)
     check_output(recipe, specs)
     return specs
@@ -160,7 +160,8 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
         else:   # loky workers start (and import the decoders) while the parent plans; a URL output's no-op
             #     check needs the store's index first, so its workers start when its shards run
             start_pool(n_jobs, scheduler, output_paths(recipe, out.root)[0], recipe.content_hash(), force or repair)
-        plan = make_plan(recipe)  # recipe and plan errors come before anything is written
+        cache = None if out.remote else os.path.join(output_paths(recipe, out.root)[1], fmt.COCO_PLAN_CACHE)
+        plan = make_plan(recipe, coco_cache=cache, content_hash=content_hash)  # errors before anything is written
         check_plan(plan)
         with _faults(out, doing):
             b = _Build.start(recipe, plan, out, n_jobs, t_start)
@@ -274,6 +275,8 @@ def _stages(b: _Build, keys: dict[int, str], force: bool, progress: bool, schedu
     With ``split:``, the no-op check and finalize run once per split output (:func:`split_views`)."""
     if not b.out.remote:
         _clean_temporaries(b)
+        if b.plan.pending is not None:
+            b.plan.pending.write()   # the parsed annotation file, for the next build (coco_cache)
     named = split_views(b)
     views = [v for _, v in named]
     damaged = _damaged(views) if repair and not force else None

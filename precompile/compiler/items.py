@@ -144,7 +144,8 @@ class ItemTable:
     ``paths[f]`` holds field ``f``'s input path after ``prefix`` (the same :class:`Strings` object when
     fields share it, or share it with the keys). ``size``/``mtime`` (int64; size -1: the file could not be
     stat'ed) are the listing's fingerprint of the fields named in ``listed``; other fields are fingerprinted
-    when the shard keys are computed. ``values`` holds a table's column fields: int64 (a label id),
+    when the shard keys are computed. A table's rows: ``row`` is each item's data row (1-based) in its
+    file, ``row_files[row_file]`` that file. ``values`` holds a table's column fields: int64 (a label id),
     float32 of one dimension (a target), float32 of two (a target vector), :class:`Strings` (a text).
     """
 
@@ -156,6 +157,8 @@ class ItemTable:
     mtime: Optional[np.ndarray] = None
     listed: tuple[str, ...] = ()
     row: Optional[np.ndarray] = None
+    row_file: Optional[np.ndarray] = None
+    row_files: tuple[str, ...] = ()
     values: dict[str, Any] = field(default_factory=dict)
     options: Optional[list] = None
     annotations: Optional[list] = None
@@ -202,12 +205,15 @@ class ItemTable:
         cols = [(f, texts[id(s)]) for f, s in self.paths.items()]
         labels = self.label[idx].tolist() if self.label is not None else [None] * n
         data_rows = self.row[idx].tolist() if self.row is not None else [None] * n
+        row_files = ([self.row_files[c] for c in self.row_file[idx].tolist()] if self.row_file is not None
+                     else [None] * n)
         splits = ([self.split_names[c] for c in self.split[idx].tolist()] if self.split is not None
                   else [None] * n)
         values = self.column_values(rows)
         options, anns = self.objects("options", rows, {}), self.objects("annotations", rows, None)
         return [Item(key=keys[j], paths={f: pre + col[j] for f, col in cols}, label=labels[j], row=data_rows[j],
-                     values=values[j], options=options[j], split=splits[j], annotations=anns[j]) for j in range(n)]
+                     row_file=row_files[j], values=values[j], options=options[j], split=splits[j],
+                     annotations=anns[j]) for j in range(n)]
 
     def objects(self, name: str, rows: Rows, default: Any) -> list:
         """The per-row objects of the list column ``name`` (``options``, ``annotations``) for ``rows``, or

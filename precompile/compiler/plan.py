@@ -39,6 +39,7 @@ class Item:
     label: Optional[int] = None
     captures: dict[str, str] = field(default_factory=dict)
     row: Optional[int] = None                                   # table inputs: the data row (1-based)
+    row_file: Optional[str] = None                              # table inputs: the table file of that row
     values: dict[str, Any] = field(default_factory=dict)         # table inputs: column field -> value
     options: dict[str, dict[str, Any]] = field(default_factory=dict)  # field -> decoder options from the row
     split: Optional[str] = None                                  # with ``split:``: the split it belongs to
@@ -78,6 +79,7 @@ class Plan:
     label_names: list[str]
     expands: bool                          # a step may turn one sample into several
     attrs: dict[str, Any] = field(default_factory=dict)   # extra index attributes (inputs.coco: categories...)
+    pending: Any = field(default=None, repr=False)   # inputs.coco: a parse owed to the output's cache (coco_cache)
 
     @property
     def table(self) -> ItemTable:
@@ -352,15 +354,19 @@ def _clip_audio(recipe: Recipe, step: Any, specs: dict[str, FieldSpec]) -> dict[
     return specs
 
 
-def make_plan(recipe: Recipe, listing: Optional[Iterable[Listed]] = None) -> Plan:
+def make_plan(recipe: Recipe, listing: Optional[Iterable[Listed]] = None, coco_cache: Optional[str] = None,
+              content_hash: bool = False) -> Plan:
     """Match inputs and work out every shape; raises RecipeError/PlanError before any decoding.
-    ``listing``: batches of names to match in place of walking ``inputs.root`` (:func:`match_inputs`)."""
+    ``listing``: batches of names to match in place of walking ``inputs.root`` (:func:`match_inputs`).
+    ``coco_cache``: where the output keeps the parsed ``inputs.coco`` file (:mod:`.coco_cache`; the plan's
+    ``pending`` is then the parse to write there, if it was not read from there), fingerprinted by content
+    with ``content_hash``."""
     m = recipe.model
     coco = None
     if m.inputs.coco is not None:
         from .coco import load_coco
 
-        coco = load_coco(recipe)
+        coco = load_coco(recipe, coco_cache, content_hash)
         matched = Matched(coco.table, coco.label_names, coco.factors)
     else:
         matched = match_inputs(recipe, listing)
@@ -372,8 +378,9 @@ def make_plan(recipe: Recipe, listing: Optional[Iterable[Listed]] = None) -> Pla
                         + (f" with {m.inputs.where}" if m.inputs.where else ""))
     check_sample_budget(recipe, specs)
     table, shards = _make_shards(recipe, matched.table, matched.factors)
-    return Plan(recipe=recipe, items=Items(table), shards=shards, specs=specs,
-                label_names=matched.label_names, expands=expands, attrs=coco.attrs if coco is not None else {})
+    return Plan(recipe=recipe, items=Items(table), shards=shards, specs=specs, label_names=matched.label_names,
+                expands=expands, attrs=coco.attrs if coco is not None else {},
+                pending=coco.pending if coco is not None else None)
 
 
 def video_reads(plan: Plan, limit: int = 100) -> list[str]:

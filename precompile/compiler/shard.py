@@ -61,7 +61,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
             if "://" in path and is_url(path):
                 arrays, m = _decode_remote(recipe, dec, path, fname)
             elif not os.path.exists(path):
-                row = f", from data row {item.row} of {recipe.model.inputs.table}" if item.row else ""
+                row = f", from data row {item.row} of {item.row_file}" if item.row else ""
                 raise DecodeError(f"input file is missing (the recipe's path for this field points to nothing{row})")
             elif stream is not None and fname == stream.field:
                 arrays, m, stream.source = dec.open_stream(path, fname)

@@ -21,8 +21,9 @@ import numpy as np
 
 from .items import ItemTable, Strings
 from .listing import Matched
+from ..errors import RecipeError
 from .tables import (TEMPLATE_RE, CellError, TableError, _cell_text, _check_columns, _number, _path_filler,
-                     _pyarrow, _row_options, read_table, table_path, template_columns)
+                     _pyarrow, _row_options, read_table, table_files, template_columns)
 
 #: what Python's ``str.isspace`` calls whitespace, as an RE2 class: a cell of only these is blank
 _WS = r"[\t\n\x0b\x0c\r\x1c-\x20\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
@@ -35,17 +36,38 @@ def _is_text(pa: Any, t: Any) -> bool:
 
 
 class _Columns:
-    """The columns the recipe reads, each one arrow array in its own type, and one row of them as a dict."""
+    """The columns the recipe reads, each one arrow array in its own type (the rows of every table file,
+    in file order), one row of them as a dict, and the file and data row a row came from."""
 
-    def __init__(self, recipe: Any, path: str):
+    def __init__(self, recipe: Any):
         self.pa = _pyarrow()
-        table = read_table(path, recipe.source, lambda names: _check_columns(recipe, path, names))
+        self.source = recipe.source
+        self.files = table_files(recipe)
+        opts = recipe.model.inputs.storage_options
+        tables = [read_table(f, recipe.source, lambda names, f=f: _check_columns(recipe, f, names), opts)
+                  for f in self.files]
+        self.starts = np.cumsum([0] + [t.num_rows for t in tables]).astype(np.int64)   # each file's first row
+        table = tables[0] if len(tables) == 1 else _concat(self.pa, tables, self.files, recipe.source)
+        del tables
         self.n = table.num_rows
         self._cols: dict[str, Any] = {}
         for name in table.column_names:   # each column's chunks are freed once it is one array
             self._cols[name] = table.column(name).combine_chunks()
             table = table.drop_columns([name])
         self.pa.default_memory_pool().release_unused()
+
+    def where(self, i: int) -> tuple[str, int]:
+        """Row ``i`` (0-based, over every file) as (its file, its data row there, 1-based)."""
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self.files[k], i - int(self.starts[k]) + 1
+
+    def error(self, i: int, column: Optional[str], what: str, loc: str) -> TableError:
+        """The :class:`TableError` of row ``i`` (0-based, over every file), naming its file and data row."""
+        return TableError(*self.where(i), column, what, self.source, loc)
+
+    def file_codes(self) -> np.ndarray:
+        """Per row: the index of its file in :attr:`files`."""
+        return np.repeat(np.arange(len(self.files), dtype=np.int32), np.diff(self.starts))
 
     def col(self, name: str) -> Any:
         return self._cols[name]
@@ -70,13 +92,30 @@ def _bools(arr: Any) -> np.ndarray:
     return arr.fill_null(True).to_numpy(zero_copy_only=False).astype(bool)
 
 
+def _concat(pa: Any, tables: list, files: list[str], source: Optional[str]) -> Any:
+    """The tables of several files as one, in file order; a column's types unify where no value changes
+    (int32 and int64, int and float, a column all null in one file); else a RecipeError naming the column and
+    two files whose types differ."""
+    names = list(dict.fromkeys(n for t in tables for n in t.column_names))
+    tables = [t.select([n for n in names if n in t.column_names]) for t in tables]
+    try:
+        return pa.concat_tables(tables, promote_options="permissive")
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+        for n in names:
+            typed = [(f, t.schema.field(n).type) for f, t in zip(files, tables) if n in t.column_names]
+            other = next(((f, ty) for f, ty in typed if ty != typed[0][1]), None)
+            if other is not None:
+                raise RecipeError(f"column {n!r} is {typed[0][1]} in {typed[0][0]} but {other[1]} in {other[0]}: "
+                                  f"the table files must agree ({e})", source=source, loc="inputs.table") from None
+        raise RecipeError(f"the table files cannot be joined: {e}", source=source, loc="inputs.table") from None
+
+
 def table_items(recipe: Any) -> Matched:
     """The items of a table recipe in key order, the label names in id order, and the factors of the
     columns ``split:`` reads."""
     inp = recipe.model.inputs
-    path = table_path(recipe)
-    cols = _Columns(recipe, path)
-    label_names, values = _column_values(recipe, path, cols)
+    cols = _Columns(recipe)
+    label_names, values = _column_values(recipe, cols)
     if not cols.n:
         return Matched(ItemTable(keys=Strings.from_list([]), prefix="", paths={}), label_names, {})
     rels, bad = _paths(recipe, cols)
@@ -85,13 +124,13 @@ def table_items(recipe: Any) -> Matched:
         bad |= cols.blank(inp.key)
     order, sorted_keys, dup = _order(keys)
     first = _first(bad, dup)
-    options = _options(recipe, path, cols, first if first is not None else cols.n)
+    options = _options(recipe, cols, first if first is not None else cols.n)
     if first is not None:
-        _row_error(recipe, path, cols, first, order)
+        _row_error(recipe, cols, first, order)
     return _assemble(recipe, cols, (keys, sorted_keys), rels, order, label_names, values, options)
 
 
-def _column_values(recipe: Any, path: str, cols: _Columns) -> tuple[list[str], dict[str, Any]]:
+def _column_values(recipe: Any, cols: _Columns) -> tuple[list[str], dict[str, Any]]:
     """The label names and every column field by column (unsorted rows): label ids (int64), targets
     (float32, one or two dimensions), texts (arrow strings)."""
     import pyarrow.compute as pc
@@ -101,11 +140,11 @@ def _column_values(recipe: Any, path: str, cols: _Columns) -> tuple[list[str], d
     inp = recipe.model.inputs
     lab = next((f for f, c in inp.columns.items() if c.kind == "label"), None)
     if lab is not None:
-        names, out[lab] = _labels(recipe, path, cols, lab)
+        names, out[lab] = _labels(recipe, cols, lab)
     for f, c in inp.columns.items():
         if c.kind == "target":
             cs = [c.column] if c.column is not None else c.columns
-            arr = np.stack([_numbers(recipe, path, cols, f, col, c.map) for col in cs], axis=1)
+            arr = np.stack([_numbers(recipe, cols, f, col, c.map) for col in cs], axis=1)
             out[f] = arr[:, 0] if c.column is not None else arr
         elif c.kind == "text":
             arr = cols.col(c.column)
@@ -115,7 +154,7 @@ def _column_values(recipe: Any, path: str, cols: _Columns) -> tuple[list[str], d
     return names, out
 
 
-def _labels(recipe: Any, path: str, cols: _Columns, field: str) -> tuple[list[str], np.ndarray]:
+def _labels(recipe: Any, cols: _Columns, field: str) -> tuple[list[str], np.ndarray]:
     """A label column's class names in id order and each row's id; the first blank cell, or the first class
     not in ``classes``, is a TableError."""
     import pyarrow.compute as pc
@@ -123,8 +162,7 @@ def _labels(recipe: Any, path: str, cols: _Columns, field: str) -> tuple[list[st
     c = recipe.model.inputs.columns[field]
     blank = cols.blank(c.column)
     if blank.any():
-        raise TableError(path, int(np.argmax(blank)) + 1, c.column, "blank class name", recipe.source,
-                         f"inputs.columns.{field}")
+        raise cols.error(int(np.argmax(blank)), c.column, "blank class name", f"inputs.columns.{field}")
     enc = pc.dictionary_encode(cols.col(c.column))
     cells = [str(v) for v in enc.dictionary.to_pylist()]
     codes = enc.indices.to_numpy(zero_copy_only=False)
@@ -135,14 +173,14 @@ def _labels(recipe: Any, path: str, cols: _Columns, field: str) -> tuple[list[st
         unknown = np.array([v not in known for v in cells], bool)
         if unknown.any() and unknown[codes].any():
             i = int(np.argmax(unknown[codes]))
-            raise TableError(path, i + 1, c.column, f"class {cells[codes[i]]!r} is not in classes {c.classes}",
-                             recipe.source, f"inputs.columns.{field}.classes")
+            raise cols.error(i, c.column, f"class {cells[codes[i]]!r} is not in classes {c.classes}",
+                             f"inputs.columns.{field}.classes")
         names = list(c.classes)
     ids = {n: i for i, n in enumerate(names)}
     return names, np.array([ids[v] for v in cells], np.int64)[codes] if cells else np.zeros(0, np.int64)
 
 
-def _numbers(recipe: Any, path: str, cols: _Columns, field: str, col: str, mapping: dict) -> np.ndarray:
+def _numbers(recipe: Any, cols: _Columns, field: str, col: str, mapping: dict) -> np.ndarray:
     """A target column as float32: each distinct cell through :func:`tables._number` once; the first row
     whose cell is not a number is a TableError."""
     import pyarrow.compute as pc
@@ -161,7 +199,7 @@ def _numbers(recipe: Any, path: str, cols: _Columns, field: str, col: str, mappi
         flags = np.zeros(len(cells), bool)
         flags[list(bad)] = True
         i = int(np.argmax(flags[codes]))
-        raise TableError(path, i + 1, col, bad[int(codes[i])], recipe.source, f"inputs.columns.{field}")
+        raise cols.error(i, col, bad[int(codes[i])], f"inputs.columns.{field}")
     return conv[codes]
 
 
@@ -288,7 +326,7 @@ def _first(bad: np.ndarray, dup: np.ndarray) -> Optional[int]:
     return int(np.argmax(flags)) if flags.any() else None
 
 
-def _options(recipe: Any, path: str, cols: _Columns, upto: int) -> Optional[list[dict]]:
+def _options(recipe: Any, cols: _Columns, upto: int) -> Optional[list[dict]]:
     """Each row's decoder options from its cells (:func:`tables._row_options`, each distinct combination
     once), for the rows before ``upto`` (the first row with another error: its options come after); None
     when the recipe takes no option from the table."""
@@ -307,7 +345,7 @@ def _options(recipe: Any, path: str, cols: _Columns, upto: int) -> Optional[list
             cells, hit = None, None
         if hit is None:
             def where(col: Optional[str], what: str, loc: str, _i: int = i) -> TableError:
-                return TableError(path, _i + 1, col, what, recipe.source, loc)
+                return cols.error(_i, col, what, loc)
             hit = _row_options(recipe, dict(zip(used, vals)), where)
             if cells is not None:
                 seen[cells] = hit
@@ -315,13 +353,13 @@ def _options(recipe: Any, path: str, cols: _Columns, upto: int) -> Optional[list
     return out
 
 
-def _row_error(recipe: Any, path: str, cols: _Columns, i: int, order: np.ndarray) -> None:
+def _row_error(recipe: Any, cols: _Columns, i: int, order: np.ndarray) -> None:
     """Raise the error of row ``i`` (0-based) as the row-by-row reading raised it: its paths, then a blank
     key, then a key that repeats an earlier row's."""
     inp = recipe.model.inputs
 
     def where(col: Optional[str], what: str, loc: str) -> TableError:
-        return TableError(path, i + 1, col, what, recipe.source, loc)
+        return cols.error(i, col, what, loc)
 
     row = cols.row(i)
     rel, _ = _path_filler(recipe, recipe.input_root)(row, where)
@@ -329,11 +367,12 @@ def _row_error(recipe: Any, path: str, cols: _Columns, i: int, order: np.ndarray
         raise where(inp.key, "blank key", "inputs.key")
     key = rel if inp.key is None else str(row[inp.key])
     pos = int(np.flatnonzero(order == i)[0])
-    first = int(order[pos - 1]) + 1
+    file, first = cols.where(int(order[pos - 1]))
+    other = "" if file == cols.where(i)[0] else f" of {file}"
     cs = template_columns(inp.path) if inp.key is None else [inp.key]
     raise where(cs[0] if len(cs) == 1 else None,
-                f"key {key!r} repeats data row {first} (give inputs.key a column whose values are unique when paths "
-                f"repeat)", "inputs.key" if inp.key else "inputs.path")
+                f"key {key!r} repeats data row {first}{other} (give inputs.key a column whose values are unique when "
+                f"paths repeat)", "inputs.key" if inp.key else "inputs.path")
 
 
 def _assemble(recipe: Any, cols: _Columns, keys: tuple[Any, Any], rels: dict, order: np.ndarray,
@@ -353,8 +392,11 @@ def _assemble(recipe: Any, cols: _Columns, keys: tuple[Any, Any], rels: dict, or
             done[(id(arr), local)] = _strings(keys[1] if arr is keys[0] else arr.take(idx), local)
         return done[(id(arr), local)]
 
+    files = cols.file_codes()[order]
     table = ItemTable(keys=strings(keys[0]), prefix=f"{root}/" if remote else root + os.sep,
-                      paths={f: strings(rels[f], True) for f in inp.fields}, row=order.astype(np.int64) + 1,
+                      paths={f: strings(rels[f], True) for f in inp.fields},
+                      row=order.astype(np.int64) + 1 - cols.starts[files], row_file=files,
+                      row_files=tuple(cols.files),
                       values={f: (strings(v) if isinstance(v, pa.Array) else v[order]) for f, v in values.items()},
                       options=[options[i] for i in order.tolist()] if options is not None else None)
     sp = recipe.model.split

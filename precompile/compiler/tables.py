@@ -1,5 +1,9 @@
 """Tables as inputs: one sample per row of a CSV, TSV, JSON Lines or Parquet file (``inputs.table``).
 
+The table may be a local file, a URL (streamed from the store through its fsspec filesystem, with
+``inputs.storage_options``), a glob of either, or a list of such (:func:`table_files`): the rows of every
+file, in sorted file order, each row's messages naming its own file and data row.
+
 The table is read with pyarrow (the ``tables`` extra), imported only here and
 only when a recipe has a table, and only the columns the recipe names;
 :mod:`precompile.compiler.table_columns` turns them into the plan's columns, by
@@ -81,30 +85,101 @@ def _pyarrow() -> Any:
     return pyarrow
 
 
-def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = None) -> Any:
-    """The table file as a pyarrow Table (CSV and TSV cells as text); a RecipeError naming the file when it
-    cannot be read. ``select(column names) -> the names to read`` (it may raise): only those columns are read
-    (a CSV's and a Parquet file's columns are known before their rows are read)."""
+def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = None,
+               storage_options: Optional[dict[str, Any]] = None) -> Any:
+    """The table file (a local path or a URL, streamed from the store) as a pyarrow Table (CSV and TSV
+    cells as text); a RecipeError naming the file when it cannot be read, a PlanError naming the URL when
+    the store refuses it (missing, access denied, no credentials). ``select(column names) -> the names to
+    read`` (it may raise): only those columns are read (a CSV's and a Parquet file's columns are known
+    before their rows are read)."""
+    from ..remote import file_fingerprint, is_url, store_error
+
     pa = _pyarrow()
     kind = table_format(path)
-    if not os.path.isfile(path):
+    remote = is_url(path)
+    if remote:   # the store's own answer (pyarrow's fsspec handler calls every refusal "not found")
+        file_fingerprint(path, storage_options, f"table {path!r}")
+    elif not os.path.isfile(path):
         raise RecipeError(f"table file {path!r} does not exist", source=source, loc="inputs.table")
+    fs, name = _arrow_filesystem(path, storage_options)
     pick = select or (lambda names: names)
     try:
         if kind in ("csv", "tsv"):
             parse = pa.csv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
-            with pa.csv.open_csv(path, parse_options=parse) as r:
+            with fs.open_input_stream(name, compression="detect") as f, pa.csv.open_csv(f, parse_options=parse) as r:
                 names = pick(list(r.schema.names))
             conv = pa.csv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False,
                                          quoted_strings_can_be_null=False, include_columns=names)
-            return pa.csv.read_csv(path, parse_options=parse, convert_options=conv)
+            with fs.open_input_stream(name, compression="detect") as f:
+                return pa.csv.read_csv(f, parse_options=parse, convert_options=conv)
         if kind == "jsonl":
-            table = pa.json.read_json(path)
+            with fs.open_input_stream(name, compression="detect") as f:
+                table = pa.json.read_json(f)
             return table.select(pick(list(table.column_names)))
-        return pa.parquet.read_table(path, columns=pick(list(pa.parquet.read_schema(path).names)))
+        with fs.open_input_file(name) as f:
+            pq = pa.parquet.ParquetFile(f)
+            return pq.read(columns=pick(list(pq.schema_arrow.names)))
     except (pa.ArrowException, OSError, ValueError) as e:
+        if remote and _store_fault(pa, e):
+            raise store_error(f"table {path!r}", path, e, "read") from None
         raise RecipeError(f"table file {path!r} cannot be read as {kind}: {e}", source=source,
                           loc="inputs.table") from None
+    except Exception as e:  # a store's own errors (botocore's NoCredentialsError, ...) are not OSErrors
+        if remote:
+            raise store_error(f"table {path!r}", path, e, "read") from None
+        raise
+
+
+def _store_fault(pa: Any, e: BaseException) -> bool:
+    """Whether reading a remote table failed in the store (a missing object, access denied, the network),
+    not in its bytes."""
+    return isinstance(e, (FileNotFoundError, PermissionError)) or (isinstance(e, OSError)
+                                                                   and not isinstance(e, pa.ArrowException))
+
+
+def _arrow_filesystem(path: str, storage_options: Optional[dict[str, Any]]) -> tuple[Any, str]:
+    """A pyarrow filesystem that opens ``path`` and the name to open it by: the local one, or the URL's fsspec
+    filesystem (:func:`precompile.remote.filesystem`) seen through pyarrow, so a remote table is streamed."""
+    import pyarrow.fs as pafs
+
+    from ..remote import filesystem, is_url
+
+    if not is_url(path):
+        return pafs.LocalFileSystem(), path
+    fs = filesystem(path, storage_options)
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), fs._strip_protocol(path)
+
+
+#: a table entry with one of these is a glob pattern
+GLOB_CHARS = re.compile(r"[*?[]")
+
+
+def table_files(recipe: Any) -> list[str]:
+    """Every file ``inputs.table`` names, sorted, each once: a path relative to the recipe's folder (or
+    absolute), a URL (read with ``inputs.storage_options``), or a glob of either (``meta/part-*.parquet``);
+    a list of such entries. A glob that matches nothing is an error naming it."""
+    import glob
+
+    from ..remote import glob_urls, is_url
+
+    t = recipe.model.inputs.table
+    found: set[str] = set()
+    for entry in [t] if isinstance(t, str) else t:
+        pattern = GLOB_CHARS.search(entry) is not None
+        if is_url(entry):
+            found.update(glob_urls(entry, recipe.model.inputs.storage_options, f"table {entry!r}") if pattern
+                         else [entry])
+            continue
+        path = entry if os.path.isabs(entry) else os.path.normpath(os.path.join(recipe.base_dir, entry))
+        if not pattern:
+            found.add(path)
+            continue
+        matches = [m for m in glob.glob(path) if os.path.isfile(m)]
+        if not matches:
+            raise RecipeError(f"table {entry!r} matches no file (under {recipe.base_dir})", source=recipe.source,
+                              loc="inputs.table")
+        found.update(matches)
+    return sorted(found)
 
 
 class TableError(RecipeError):
@@ -248,11 +323,6 @@ def column_arrays(columns: dict, values: dict[str, Any]) -> dict[str, tuple[np.n
     return out
 
 
-def table_path(recipe: Any) -> str:
-    t = recipe.model.inputs.table
-    return t if os.path.isabs(t) else os.path.normpath(os.path.join(recipe.base_dir, t))
-
-
 def _check_columns(recipe: Any, table: str, names: list[str]) -> list[str]:
     """The columns the recipe reads, in the table's order; each must exist (a RecipeError naming the key
     and the table's columns)."""
@@ -377,7 +447,7 @@ def assign_splits(recipe: Any, table: Any, factors: dict[str, tuple[np.ndarray, 
     for col in (sp.column, gcol):
         if col is not None and col not in factors:
             raise RecipeError(f"{col!r} is neither a table column nor a capture of match", source=source, loc="split")
-    at = _where(recipe, table)
+    at = _where(table)
     groups = _Groups(sp, gcol, factors[gcol], at) if gcol is not None else None
     checks = [groups.check] if groups is not None else []
     if sp.by == "column":
@@ -395,13 +465,12 @@ def assign_splits(recipe: Any, table: Any, factors: dict[str, tuple[np.ndarray, 
     return table
 
 
-def _where(recipe: Any, table: Any) -> Any:
+def _where(table: Any) -> Any:
     """``i -> "table.csv: data row 7 (...)"`` or ``"input 'a/b.png'"``: how a message names item ``i``."""
-    where = table_path(recipe) if recipe.model.inputs.table is not None else "input"
-
     def at(i: int) -> str:
-        row = int(table.row[i]) if table.row is not None else None
-        return f"{where}: data row {row} (1-based, header not counted)" if row else f"input {table.keys[i]!r}"
+        if table.row is None:
+            return f"input {table.keys[i]!r}"
+        return f"{table.row_files[int(table.row_file[i])]}: data row {int(table.row[i])} (1-based, header not counted)"
     return at
 
 

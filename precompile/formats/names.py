@@ -100,6 +100,7 @@ STORE_INDEX = "index"
 SHARD_DIR_SUFFIX = ".shards"
 PREVIOUS_SNAPSHOT = "previous.json"  # in a shard folder: {"files": [...]} of the snapshot the last build replaced
 LOCK_FILE = ".lock"                  # in a shard folder: the build lock
+COCO_PLAN_CACHE = "coco-plan.h5"     # in a shard folder: the parsed inputs.coco file (compiler/coco_cache.py)
 SKIPPED_SIDECAR = ".skipped.json"    # <shard>.skipped.json: the inputs skipped while building it (when any)
 #: <shard>.entry.json (builds written to a URL): the shard's index entry and its parts
 #: (formats/hdf5_parts.py), uploaded after the shard, so a resumed build needs neither the shard's bytes

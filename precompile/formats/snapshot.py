@@ -110,13 +110,13 @@ def owner(name: str) -> str:
 
 def removable(name: str, keep: set[str]) -> bool:
     """True for an entry of a shard folder that :func:`collect` removes: not the lock, not ``previous.json``,
-    not kept, nor a sidecar of a kept shard."""
-    return name not in (fmt.LOCK_FILE, fmt.PREVIOUS_SNAPSHOT) and owner(name) not in keep
+    not the parsed COCO file, not kept, nor a sidecar of a kept shard."""
+    return name not in (fmt.LOCK_FILE, fmt.PREVIOUS_SNAPSHOT, fmt.COCO_PLAN_CACHE) and owner(name) not in keep
 
 
 def collect(shard_dir: str, keep: set[str], dry_run: bool = False) -> tuple[list[str], int]:
     """Remove every entry of ``shard_dir`` that is not in ``keep`` (a kept shard's sidecars stay with it; the
-    lock and ``previous.json`` always stay). Returns (removed names, bytes freed).
+    lock, ``previous.json`` and the parsed COCO file always stay). Returns (removed names, bytes freed).
 
     Safe with readers open: on POSIX an open or memory-mapped file survives its unlink."""
     removed, freed = [], 0

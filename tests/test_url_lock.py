@@ -4,7 +4,8 @@
 Ownership is decided by the store: a heartbeat, a create or a takeover whose answer is lost (the PUT was
 applied) keeps the lock by its nonce; a holder cut off while another builder takes its lock over finds out
 in ``check()``; a holder whose heartbeats have not reached the store for the TTL has lost the lock; a holder
-that stops removes the lock only while it is its own."""
+that stops removes the lock only while it is its own. Staging folders are removed only when no process
+holds their owner lock (not by a pid, which another pid namespace sharing ``/tmp`` cannot see)."""
 from __future__ import annotations
 
 import errno
@@ -12,7 +13,9 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -233,3 +236,35 @@ def test_the_lock_body_records_the_identity_and_a_nonce(fs, store, me):
     assert {k: body[k] for k in me} == me and body["nonce"] == lk.nonce and len(lk.nonce) == 32
     assert body["owner"] == f"{body['user']}@{me['host']} pid {os.getpid()}"
 
+
+# -- staging folders ---------------------------------------------------------------------------------------
+
+def test_a_staging_folder_is_removed_only_when_no_process_holds_it(store, tmp_path, monkeypatch):
+    """A folder named with a pid this process cannot see (another pid namespace sharing /tmp) is kept while
+    its owner's flock is held; removed once its owner is gone; one never locked (being created) is kept."""
+    from precompile.compiler.url_output import UrlOutput
+
+    endpoint, client = store
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    held, dead, fresh = (tmp_path / f"precompile-out-{dead_pid()}-{n}" for n in ("held", "dead", "fresh"))
+    for d in (held, dead, fresh):
+        d.mkdir()
+    (dead / ".owner").write_text("4242\n")    # its build was killed: nobody holds the lock
+    (fresh / ".owner").touch()                # its build is about to take the lock
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'1'); print('held', flush=True); time.sleep(60)")
+    owner = subprocess.Popen([sys.executable, "-c", hold, str(held / ".owner")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline() == "held\n"
+        with UrlOutput(f"s3://{LOCKS}/stage", {"endpoint_url": endpoint}) as out:
+            mine = out.stage
+            assert sorted(os.listdir(tmp_path)) == sorted([held.name, fresh.name, os.path.basename(mine)])
+            assert os.path.basename(mine).startswith(f"precompile-out-{os.getpid()}-")
+            assert (Path(mine) / ".owner").read_text() == f"{os.getpid()}\n"
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+    assert not os.path.exists(mine)
+    with UrlOutput(f"s3://{LOCKS}/stage", {"endpoint_url": endpoint}) as out:
+        assert sorted(os.listdir(tmp_path)) == sorted([fresh.name, os.path.basename(out.stage)])

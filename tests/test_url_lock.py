@@ -85,20 +85,24 @@ def wait_for(cond, what: str, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
-def test_a_holder_cut_off_while_its_lock_is_taken_over_stops_at_check(fs, store, monkeypatch):
+@pytest.mark.parametrize("conditional", [True, False], ids=["if-match", "best-effort"])
+def test_a_holder_cut_off_while_its_lock_is_taken_over_stops_at_check(fs, store, monkeypatch, conditional):
     """The reviewer's partition: A's heartbeats fail (network errors, not 412), B takes the expired lock over;
-    when the network is back, A's check() asks the store and stops A; A leaves B's lock alone."""
+    when the network is back, A's check() asks the store and stops A; A leaves B's lock alone. (Without
+    conditional PUTs, the store's nonce tells A the same.)"""
     endpoint, client = store
     net = Network(fs, monkeypatch)
-    url = f"s3://{LOCKS}/part/x.shards/.lock"
-    with url_lock.UrlLock(fs, url, "'x'", conditional=True) as a:
+    url = f"s3://{LOCKS}/part-{conditional}/x.shards/.lock"
+    key = f"part-{conditional}/x.shards/.lock"
+    with url_lock.UrlLock(fs, url, "'x'", conditional=conditional) as a:
         a.check()
         net.down = True
         wait_for(lambda: net.dropped >= 3, "A's heartbeats to fail")
-        body = stored(client, "part/x.shards/.lock")   # meanwhile A's lock expires: B takes it over
-        client.put_object(Bucket=LOCKS, Key="part/x.shards/.lock",
+        body = stored(client, key)   # meanwhile A's lock expires: B takes it over
+        client.put_object(Bucket=LOCKS, Key=key,
                           Body=json.dumps({**body, "expires": "2000-01-01T00:00:00+00:00"}).encode())
-        b = url_lock.UrlLock(s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True), url, "'x'", True)
+        other = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
+        b = url_lock.UrlLock(other, url, "'x'", conditional)
         b.acquire()
         assert b.took_over is not None and "expired at 2000-01-01T00:00:00+00:00" in b.took_over
         net.down = False
@@ -107,9 +111,9 @@ def test_a_holder_cut_off_while_its_lock_is_taken_over_stops_at_check(fs, store,
         assert str(e.value) == (f"build of 'x' stopped: the build lock {url} was taken over by another build (or "
                                 f"removed); nothing was removed and the index was not replaced; finished shards "
                                 f"are kept, run build again")
-    assert stored(client, "part/x.shards/.lock")["nonce"] == b.nonce != a.nonce   # B's lock, untouched by A
+    assert stored(client, key)["nonce"] == b.nonce != a.nonce   # B's lock, untouched by A
     b.release()
-    assert stored(client, "part/x.shards/.lock") is None
+    assert stored(client, key) is None
 
 
 def test_a_lock_without_a_heartbeat_for_its_ttl_is_lost_then_released(fs, store, monkeypatch):

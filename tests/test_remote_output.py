@@ -360,6 +360,44 @@ def test_verify_streams_every_object_and_names_the_damaged_one(tmp_path, store, 
     assert objects(client, "verify")[victim] == objs[victim] and verify(f"{url}/imgs.h5", storage_options=so).ok
 
 
+def test_verify_checks_the_index_copies_readers_use_and_repair_rewrites_it(tmp_path, store, env):
+    """The reviewer's flipped key byte: a URL's verify runs the index checks of a local verify on the index it
+    fetched (no shard read, --quick too), so wrong keys a reader would serve are named; --repair rewrites it."""
+    import h5py
+
+    from precompile.formats import names as fmt
+    from precompile.tools.verify import verify
+
+    endpoint, client = store
+    so = {"endpoint_url": endpoint}
+    r = recipe(tmp_path)
+    url = f"s3://{OUT}/vidx"
+    precompile.build(r, out_dir=url, storage_options=so)
+    good = objects(client, "vidx")["imgs.h5"]
+    local = tmp_path / "imgs.h5"
+    local.write_bytes(good)
+    with h5py.File(local, "r+") as f:
+        f[fmt.KEY_UTF8][0] ^= 1                      # 'cat/000.jpg' -> 'bat/000.jpg' in the copy readers use
+        rows = f[fmt.SHARD_TABLE][()]
+        rows["bytes"][1] += 1                        # and a row of its shard table
+        f[fmt.SHARD_TABLE][...] = rows
+    client.put_object(Bucket=OUT, Key="vidx/imgs.h5", Body=local.read_bytes())
+    assert precompile.open(f"{url}/imgs.h5", cache_dir=tmp_path / "c1", storage_options=so).key(0) == "bat/000.jpg"
+    want = ["__shards__ column 'bytes' differs from the shard entries (first at entry 1)",
+            "its two copies of the keys differ at sample 0: 'bat/000.jpg' in __key_utf8__, 'cat/000.jpg' in __key__"]
+    for checksums in (True, False):
+        res = verify(f"{url}/imgs.h5", checksums=checksums, storage_options=so)
+        assert res.bad_shards == [] and res.index_problems == want and res.index_damaged
+        assert res.problems == [f"index: {p}" for p in want] and res.exit_code == FormatError.exit_code
+    cli = _cli("verify", f"{url}/imgs.h5", "--quick", "--storage-option", f"endpoint_url={endpoint}")
+    assert cli.returncode == FormatError.exit_code and "error: the index is damaged (every shard is intact)" in \
+        cli.stderr, cli.stderr
+    rep = precompile.build(r, out_dir=url, storage_options=so, repair=True)
+    assert rep["shards"]["built"] == 0 and rep["shards"]["skipped"] == 3   # the index written again, no shard
+    assert objects(client, "vidx")["imgs.h5"] == good and verify(f"{url}/imgs.h5", storage_options=so).ok
+    assert precompile.open(f"{url}/imgs.h5", cache_dir=tmp_path / "c2", storage_options=so).key(0) == "cat/000.jpg"
+
+
 def _cli(*args: str, drop: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])

@@ -103,18 +103,43 @@ def _refuse_userinfo(url: str) -> None:
 
 
 STAGE_PREFIX = "precompile-out-"
+#: the file in a staging folder that its build holds an ``flock`` on while it runs
+STAGE_OWNER = ".owner"
 
 
-def _staging_folder() -> str:
-    """A new local staging folder ``precompile-out-<pid>-*`` in the temporary folder; first the ones of
-    killed builds on this machine (their pid is gone) are removed, as a local build removes its temporaries."""
-    from .url_lock import pid_alive
+def _abandoned(folder: str) -> bool:
+    """True when no running build holds ``folder``'s owner lock: its build died (the kernel released the
+    ``flock``). A folder without an owner file (one being created) is never abandoned."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(folder, STAGE_OWNER), os.O_RDONLY)
+    except OSError:   # being created, or another user's
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return os.fstat(fd).st_size > 0   # empty: its build has not yet taken the lock it is about to take
+    except OSError:
+        return False   # held: its build runs
+    finally:
+        os.close(fd)
+
+
+def _staging_folder() -> tuple[str, int]:
+    """(a new local staging folder ``precompile-out-<pid>-*`` in the temporary folder, the descriptor
+    holding its owner lock). First the folders of builds that died are removed, as a local build removes
+    its temporaries: those whose owner ``flock`` no process holds (any process on this kernel, whatever its
+    pid namespace: containers sharing ``/tmp`` see each other's locks; a pid in the name would not do)."""
+    import fcntl
 
     for p in glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), STAGE_PREFIX + "*-*")):
-        pid = os.path.basename(p)[len(STAGE_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
+        if _abandoned(p):
             shutil.rmtree(p, ignore_errors=True)
-    return tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-")
+    folder = tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-")
+    fd = os.open(os.path.join(folder, STAGE_OWNER), os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)   # waits only while a cleaner looks at the new, still empty file
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return folder, fd
 
 
 class UrlOutput:
@@ -131,7 +156,7 @@ class UrlOutput:
         self.fs = filesystem(self.root, {**self.options, "skip_instance_cache": True}, what="--storage-option",
                              error=OutputError)
         self.name = name
-        self.stage = _staging_folder()
+        self.stage, self._stage_fd = _staging_folder()
         self.notes: list[str] = []
         self.shard_dir: Optional[str] = None
         self._listing: Optional[dict[str, int]] = None
@@ -144,6 +169,7 @@ class UrlOutput:
 
     def __exit__(self, *exc: Any) -> None:
         shutil.rmtree(self.stage, ignore_errors=True)
+        os.close(self._stage_fd)
 
     def check_recipe(self, recipe: Any) -> None:
         """Refuse what a URL output cannot take, before any work: formats other than HDF5, stored stats."""

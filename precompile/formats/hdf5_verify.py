@@ -132,6 +132,30 @@ def check_shard(sp: str, s: dict[str, Any], fields: dict[str, Any], cols: dict[s
     return shard, index, nbytes + nb
 
 
+def index_count_and_columns(path: str, shards: list[dict[str, Any]], total: int
+                            ) -> tuple[list[str], dict[str, np.ndarray]]:
+    """(what is wrong with the index at ``path`` before any shard is read: its sample count against its
+    entries, columns it cannot read; its columns, for the shards' checks). A URL's verify runs it too."""
+    problems = []
+    if sum(int(s["num_samples"]) for s in shards) != total:
+        problems.append(f"num_samples {total} differs from the sum over its shards")
+    try:
+        cols = _index_columns(path)
+    except (OSError, KeyError, ValueError) as e:
+        problems.append(f"its columns are unreadable ({type(e).__name__}: {e})")
+        cols = {}
+    return problems, cols
+
+
+def columnar_copy_problems(path: str, shards: list[dict[str, Any]], cols: dict[str, np.ndarray]) -> list[str]:
+    """How the index's columnar copies (``__shards__``, ``__key_utf8__``) disagree with its entries and
+    ``__key__`` column (:func:`~.index_columns.column_problems`); no shard is read."""
+    try:
+        return column_problems(path, shards, cols.get(fmt.KEY))
+    except (OSError, KeyError, ValueError) as e:
+        return [f"its columnar copies are unreadable ({type(e).__name__}: {e})"]
+
+
 def verify_hdf5(path: str, checksums: bool = True) -> VerifyResult:
     """Check every shard of the HDF5 output at ``path``; raises FormatError only when the index itself is
     unusable. Damage to the index (``index_problems``) is told apart from damage to a shard."""
@@ -140,13 +164,7 @@ def verify_hdf5(path: str, checksums: bool = True) -> VerifyResult:
     fields, shards, total = _read_index(path)
     base = os.path.dirname(os.path.abspath(path))
     res = VerifyResult(num_shards=len(shards), counted="bytes of shard files" if checksums else "bytes")
-    if sum(int(s["num_samples"]) for s in shards) != total:
-        res.index_problems.append(f"num_samples {total} differs from the sum over its shards")
-    try:
-        cols = _index_columns(path)
-    except (OSError, KeyError, ValueError) as e:
-        res.index_problems.append(f"its columns are unreadable ({type(e).__name__}: {e})")
-        cols = {}
+    res.index_problems, cols = index_count_and_columns(path, shards, total)
     start = 0
     for s in shards:
         name = s["file"]
@@ -158,9 +176,6 @@ def verify_hdf5(path: str, checksums: bool = True) -> VerifyResult:
         if bad:
             res.bad_shards.append(name)
             res.problems.extend(f"{name}: {b}" for b in bad)
-    try:
-        res.index_problems.extend(column_problems(path, shards, cols.get(fmt.KEY)))
-    except (OSError, KeyError, ValueError) as e:
-        res.index_problems.append(f"its columnar copies are unreadable ({type(e).__name__}: {e})")
+    res.index_problems.extend(columnar_copy_problems(path, shards, cols))
     res.problems.extend(f"index: {p}" for p in res.index_problems)
     return res

@@ -6,6 +6,13 @@ named with the messages of a local verify (``formats/hdf5_verify.py``), and the 
 ``checksums=False`` (``--quick``) checks presence and sizes only (one listing, no object read). A
 damaged object is not localised further (to a field, column or sample): that needs its bytes on disk
 (copy it and verify the copy). Objects are hashed four at a time, in blocks of 8 MiB.
+
+The index copy gets the checks of a local verify that read no shard (with ``--quick`` too): its sample
+count, its columns, and its columnar copies (the ``__shards__`` table against the entries, the
+``__key_utf8__`` key column against ``__key__``), so damage that readers of the URL would serve (wrong
+keys, counts) is named as index damage and ``build --repair`` writes the index again. What only the
+shards' bytes tell (an index row or field checksum that disagrees with its intact shard) is left to a
+local verify of a copy.
 """
 from __future__ import annotations
 
@@ -46,6 +53,16 @@ def _check_object(out: Any, s: dict[str, Any], checksums: bool) -> tuple[list[st
     return [], size
 
 
+def _index_problems(local: str, index_url: str, shards: list[dict[str, Any]], total: int) -> list[str]:
+    """The checks of a local verify that need the index only (its copy at ``local``): its sample count,
+    its columns, and its columnar copies (shard table, key column) against its entries and ``__key__``."""
+    from ..formats.hdf5_verify import columnar_copy_problems, index_count_and_columns
+
+    problems, cols = index_count_and_columns(local, shards, total)
+    problems += columnar_copy_problems(local, shards, cols)
+    return [p.replace(local, index_url) for p in problems]
+
+
 def verify_url(index_url: str, checksums: bool = True, storage_options: Optional[dict[str, Any]] = None
                ) -> VerifyResult:
     """Check every shard object of the HDF5 build whose index is at ``index_url``; raises FormatError only
@@ -66,8 +83,7 @@ def verify_url(index_url: str, checksums: bool = True, storage_options: Optional
             except FormatError as e:
                 raise FormatError(str(e).replace(local, index_url)) from None
             res = VerifyResult(num_shards=len(shards), counted="bytes of shard objects" if checksums else "bytes")
-            if sum(int(s["num_samples"]) for s in shards) != total:
-                res.index_problems.append(f"num_samples {total} differs from the sum over its shards")
+            res.index_problems = _index_problems(local, index_url, shards, total)
             with ThreadPoolExecutor(STREAMS) as pool:
                 found = list(pool.map(lambda s: _check_object(out, s, checksums), shards))
         except PrecompileError:

@@ -1,0 +1,274 @@
+"""The build lock of an output at a URL against a store that drops answers and partitions (a moto S3 server on
+127.0.0.1: tests/test_remote.py's fixture), and how a builder tells that a holder on its own host is gone.
+
+Ownership is decided by the store: a heartbeat, a create or a takeover whose answer is lost (the PUT was
+applied) keeps the lock by its nonce; a holder cut off while another builder takes its lock over finds out
+in ``check()``; a holder whose heartbeats have not reached the store for the TTL has lost the lock; a holder
+that stops removes the lock only while it is its own. Staging folders are removed only when no process
+holds their owner lock (not by a pid, which another pid namespace sharing ``/tmp`` cannot see)."""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from precompile.errors import BuildError
+from test_remote import s3  # noqa: F401  (the module's moto server)
+
+s3fs = pytest.importorskip("s3fs", reason="s3fs is not installed (extra 's3')")
+
+from precompile.compiler import url_lock  # noqa: E402
+
+LOCKS = "precompile-test-lock"
+
+
+@pytest.fixture(scope="module")
+def store(s3):  # noqa: F811
+    endpoint, client = s3
+    client.create_bucket(Bucket=LOCKS)
+    return endpoint, client
+
+
+@pytest.fixture
+def fs(store, monkeypatch):
+    """A fresh s3fs filesystem on the moto server that sends conditional PUTs; heartbeats every 20 ms."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
+    monkeypatch.setattr(url_lock, "HEARTBEAT_S", 0.02)
+    f = s3fs.S3FileSystem(endpoint_url=store[0], skip_instance_cache=True)
+    f.ls(f"{LOCKS}/")   # connected: conditional_puts reads the client's model
+    if not url_lock.conditional_puts(f):
+        pytest.skip("this s3fs/botocore sends no conditional PUTs (s3fs < 2024.12)")
+    return f
+
+
+class Network:
+    """``fs.pipe_file`` (the lock's only writer) behind a switch: ``down`` drops every PUT before it reaches
+    the store; ``lose`` (a predicate on the PUT's keyword arguments) lets one reach the store and then
+    raises ``lose_with`` instead of its answer, as a timed-out request (or botocore's retry of it) does."""
+
+    def __init__(self, fs, monkeypatch):
+        self.real, self.down, self.lose, self.dropped = fs.pipe_file, False, None, 0
+        self.lose_with: BaseException = ConnectionError("Read timed out")
+        monkeypatch.setattr(fs, "pipe_file", self)
+
+    def __call__(self, path, value, **kw):
+        if self.down:
+            self.dropped += 1
+            raise ConnectionError("Could not connect to the endpoint URL")
+        out = self.real(path, value, **kw)
+        if self.lose is not None and self.lose(kw):
+            self.lose = None
+            raise self.lose_with
+        return out
+
+
+def stored(client, key: str):
+    """The lock object's JSON, or None when there is none."""
+    try:
+        return json.loads(client.get_object(Bucket=LOCKS, Key=key)["Body"].read())
+    except client.exceptions.NoSuchKey:
+        return None
+
+
+def wait_for(cond, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("conditional", [True, False], ids=["if-match", "best-effort"])
+def test_a_holder_cut_off_while_its_lock_is_taken_over_stops_at_check(fs, store, monkeypatch, conditional):
+    """The reviewer's partition: A's heartbeats fail (network errors, not 412), B takes the expired lock over;
+    when the network is back, A's check() asks the store and stops A; A leaves B's lock alone. (Without
+    conditional PUTs, the store's nonce tells A the same.)"""
+    endpoint, client = store
+    net = Network(fs, monkeypatch)
+    url = f"s3://{LOCKS}/part-{conditional}/x.shards/.lock"
+    key = f"part-{conditional}/x.shards/.lock"
+    with url_lock.UrlLock(fs, url, "'x'", conditional=conditional) as a:
+        a.check()
+        net.down = True
+        wait_for(lambda: net.dropped >= 3, "A's heartbeats to fail")
+        body = stored(client, key)   # meanwhile A's lock expires: B takes it over
+        client.put_object(Bucket=LOCKS, Key=key,
+                          Body=json.dumps({**body, "expires": "2000-01-01T00:00:00+00:00"}).encode())
+        other = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
+        b = url_lock.UrlLock(other, url, "'x'", conditional)
+        b.acquire()
+        assert b.took_over is not None and "expired at 2000-01-01T00:00:00+00:00" in b.took_over
+        net.down = False
+        with pytest.raises(BuildError) as e:
+            a.check()
+        assert str(e.value) == (f"build of 'x' stopped: the build lock {url} was taken over by another build (or "
+                                f"removed); nothing was removed and the index was not replaced; finished shards "
+                                f"are kept, run build again")
+    assert stored(client, key)["nonce"] == b.nonce != a.nonce   # B's lock, untouched by A
+    b.release()
+    assert stored(client, key) is None
+
+
+def test_a_lock_without_a_heartbeat_for_its_ttl_is_lost_then_released(fs, store, monkeypatch):
+    """No heartbeat reached the store for longer than the TTL (the clock that counts it is moved on): the lock
+    is lost even though nobody took it over and the store answers again; stopping, A removes it (its own)."""
+    endpoint, client = store
+    now = [1000.0]
+    monkeypatch.setattr(url_lock, "elapsed", lambda: now[0])
+    net = Network(fs, monkeypatch)
+    url = f"s3://{LOCKS}/ttl/x.shards/.lock"
+    with pytest.raises(BuildError, match=r"^build of 'x' stopped: no heartbeat of the build lock s3://\S+ "
+                                         r"reached the store for 121 s \(more than its 120 s expiry\): another "
+                                         r"build may have taken it over meanwhile; nothing was removed"):
+        with url_lock.UrlLock(fs, url, "'x'", conditional=True) as a:
+            net.down = True
+            wait_for(lambda: net.dropped >= 3, "the heartbeats to fail")
+            now[0] += url_lock.TTL_S + 1
+            net.down = False
+            time.sleep(0.1)   # heartbeats reach the store again: they do not win the lock back
+            assert stored(client, "ttl/x.shards/.lock")["nonce"] == a.nonce
+            a.check()
+    assert stored(client, "ttl/x.shards/.lock") is None
+
+
+def test_a_heartbeat_whose_answer_is_lost_keeps_the_lock(fs, store, monkeypatch):
+    """The reviewer's lost answer: the heartbeat's PUT is applied, its answer never arrives; the next If-Match
+    gets 412; the stored nonce is ours, so the holder adopts the stored ETag and goes on, then releases."""
+    endpoint, client = store
+    net = Network(fs, monkeypatch)
+    url = f"s3://{LOCKS}/lost/x.shards/.lock"
+    with url_lock.UrlLock(fs, url, "'x'", conditional=True) as lk:
+        first = lk.etag
+        net.lose = lambda kw: "IfMatch" in kw
+        wait_for(lambda: net.lose is None, "a heartbeat to lose its answer")
+        wait_for(lambda: lk.etag != first and client.head_object(Bucket=LOCKS, Key="lost/x.shards/.lock")["ETag"]
+                 == lk.etag, "the stored ETag to be adopted")
+        lk.check()
+        assert lk.lost is None
+    assert stored(client, "lost/x.shards/.lock") is None
+
+
+def _expired(**over) -> bytes:
+    return json.dumps({"owner": "ana@gpu-07 pid 4242", "host": "gpu-07", "pid": 4242, "nonce": "theirs",
+                       "expires": "2000-01-01T00:00:00+00:00", **over}).encode()
+
+
+def test_a_create_or_takeover_whose_answer_is_lost_is_adopted(fs, store, monkeypatch):
+    """A create (If-None-Match) applied whose retry gets 412 (FileExistsError), and a takeover (If-Match)
+    applied whose retry gets 412, are ours by their nonce; a create applied whose answer is a network error
+    stops the build and the lock it wrote is removed."""
+    endpoint, client = store
+    net = Network(fs, monkeypatch)
+    url = f"s3://{LOCKS}/adopt/x.shards/.lock"
+    net.lose, net.lose_with = (lambda kw: kw.get("mode") == "create"), FileExistsError("pre-conditions failed")
+    with url_lock.UrlLock(fs, url, "'x'", conditional=True) as lk:
+        assert stored(client, "adopt/x.shards/.lock")["nonce"] == lk.nonce and lk.took_over is None
+        lk.check()
+    assert stored(client, "adopt/x.shards/.lock") is None
+
+    client.put_object(Bucket=LOCKS, Key="adopt/x.shards/.lock", Body=_expired())
+    net.lose = lambda kw: "IfMatch" in kw
+    net.lose_with = OSError(errno.EINVAL, "At least one of the pre-conditions you specified did not hold")
+    with url_lock.UrlLock(fs, url, "'x'", conditional=True) as lk:
+        assert lk.took_over.startswith(f"took over the stale build lock {url} (held by ana@gpu-07 pid 4242")
+        lk.check()
+    assert stored(client, "adopt/x.shards/.lock") is None
+
+    net.lose, net.lose_with = (lambda kw: kw.get("mode") == "create"), ConnectionError("Read timed out")
+    with pytest.raises(ConnectionError):
+        with url_lock.UrlLock(fs, url, "'x'", conditional=True):
+            pass
+    assert stored(client, "adopt/x.shards/.lock") is None
+
+
+def test_a_lock_of_another_builder_is_refused_with_its_holder_named(fs, store):
+    endpoint, client = store
+    client.put_object(Bucket=LOCKS, Key="held/x.shards/.lock", Body=_expired(expires="2999-01-01T00:00:00+00:00"))
+    url = f"s3://{LOCKS}/held/x.shards/.lock"
+    with pytest.raises(BuildError, match=r"^another build of 'x' is running \(lock s3://\S+, held by ana@gpu-07 "
+                                         r"pid 4242 since \?, last heartbeat \?\)"):
+        url_lock.UrlLock(fs, url, "'x'", conditional=True).acquire()
+    assert stored(client, "held/x.shards/.lock")["nonce"] == "theirs"
+
+
+# -- who is gone: a process of this host's boot and pid namespace, nothing else ---------------------------
+
+@pytest.fixture
+def me():
+    ident = url_lock.process_identity()
+    if ident["pid_ns"] is None or ident["boot_id"] is None or ident["pid_start"] is None:
+        pytest.skip("no /proc here (boot id, pid namespace, process start times): only expiry frees a lock")
+    return ident
+
+
+def dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+FUTURE = {"expires": "2999-01-01T00:00:00+00:00"}
+
+
+def test_a_holder_is_gone_only_where_its_pid_means_the_same_process(me):
+    dead = dead_pid()
+    assert url_lock.stale_reason({**me, **FUTURE, "pid": dead}) == f"its process {dead} on this host is gone"
+    assert url_lock.stale_reason({**me, **FUTURE}) is None    # this process: alive, same start time
+    assert url_lock.stale_reason({**me, **FUTURE, "pid_start": me["pid_start"] + 1}) == \
+        f"its process {me['pid']} on this host is gone (the pid is now another process's)"
+    # a container sharing the host name (host networking) but not the pid namespace: its pids are not ours
+    assert url_lock.stale_reason({**me, **FUTURE, "pid": dead, "pid_ns": "pid:[1]"}) is None
+    # another boot of a machine of that name, another machine, a lock without an identity: expiry only
+    assert url_lock.stale_reason({**me, **FUTURE, "pid": dead, "boot_id": "0" * 36}) is None
+    assert url_lock.stale_reason({**me, **FUTURE, "pid": dead, "host": "elsewhere"}) is None
+    assert url_lock.stale_reason({"host": me["host"], "pid": dead, **FUTURE}) is None
+    assert url_lock.stale_reason({**me, "pid": os.getpid(), "expires": "2000-01-01T00:00:00+00:00"}) == \
+        "it expired at 2000-01-01T00:00:00+00:00 (no heartbeat for 120 s)"
+
+
+def test_the_lock_body_records_the_identity_and_a_nonce(fs, store, me):
+    endpoint, client = store
+    with url_lock.UrlLock(fs, f"s3://{LOCKS}/body/x.shards/.lock", "'x'", conditional=True) as lk:
+        body = stored(client, "body/x.shards/.lock")
+    assert {k: body[k] for k in me} == me and body["nonce"] == lk.nonce and len(lk.nonce) == 32
+    assert body["owner"] == f"{body['user']}@{me['host']} pid {os.getpid()}"
+
+
+# -- staging folders ---------------------------------------------------------------------------------------
+
+def test_a_staging_folder_is_removed_only_when_no_process_holds_it(store, tmp_path, monkeypatch):
+    """A folder named with a pid this process cannot see (another pid namespace sharing /tmp) is kept while
+    its owner's flock is held; removed once its owner is gone; one never locked (being created) is kept."""
+    from precompile.compiler.url_output import UrlOutput
+
+    endpoint, client = store
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    held, dead, fresh = (tmp_path / f"precompile-out-{dead_pid()}-{n}" for n in ("held", "dead", "fresh"))
+    for d in (held, dead, fresh):
+        d.mkdir()
+    (dead / ".owner").write_text("4242\n")    # its build was killed: nobody holds the lock
+    (fresh / ".owner").touch()                # its build is about to take the lock
+    hold = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'1'); print('held', flush=True); time.sleep(60)")
+    owner = subprocess.Popen([sys.executable, "-c", hold, str(held / ".owner")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout.readline() == "held\n"
+        with UrlOutput(f"s3://{LOCKS}/stage", {"endpoint_url": endpoint}) as out:
+            mine = out.stage
+            assert sorted(os.listdir(tmp_path)) == sorted([held.name, fresh.name, os.path.basename(mine)])
+            assert os.path.basename(mine).startswith(f"precompile-out-{os.getpid()}-")
+            assert (Path(mine) / ".owner").read_text() == f"{os.getpid()}\n"
+    finally:
+        owner.kill()
+        owner.wait()
+        owner.stdout.close()
+    assert not os.path.exists(mine)
+    with UrlOutput(f"s3://{LOCKS}/stage", {"endpoint_url": endpoint}) as out:
+        assert sorted(os.listdir(tmp_path)) == sorted([fresh.name, os.path.basename(out.stage)])

@@ -32,7 +32,23 @@ _INT_SPEC = re.compile(r"(0?)(\d*)d")
 
 
 def _is_text(pa: Any, t: Any) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
+    return pa.types.is_large_string(t)   # every text column is read as large_string (_plain)
+
+
+def _plain(pa: Any, table: Any) -> Any:
+    """``table`` (one file's) with its columns in the types the plan's code reads: dictionary columns
+    (pandas categoricals) decoded, so unused categories are no values and nulls plain nulls; text
+    (string, string_view) as large_string, cast chunk by chunk, so a column of more than 2 GiB of text
+    keeps its offsets when its chunks are joined. Files whose types differ only so (a categorical in one,
+    text in another) then join."""
+    cols = []
+    for col in table.columns:
+        typ = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+        if pa.types.is_string(typ) or (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(typ)):
+            typ = pa.large_string()   # (is_string_view: pyarrow >= 16; the floor, 14.0.1, has no such type)
+        chunks = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in col.chunks]
+        cols.append(pa.chunked_array([c.cast(typ) for c in chunks], typ))
+    return pa.Table.from_arrays(cols, names=table.column_names)
 
 
 class _Columns:
@@ -44,15 +60,16 @@ class _Columns:
         self.source = recipe.source
         self.files = table_files(recipe)
         opts = recipe.model.inputs.storage_options
-        tables = [read_table(f, recipe.source, lambda names, f=f: _check_columns(recipe, f, names), opts)
-                  for f in self.files]
+        tables = [_plain(self.pa, read_table(f, recipe.source, lambda names, f=f: _check_columns(recipe, f, names),
+                                             opts)) for f in self.files]
         self.starts = np.cumsum([0] + [t.num_rows for t in tables]).astype(np.int64)   # each file's first row
         table = tables[0] if len(tables) == 1 else _concat(self.pa, tables, self.files, recipe.source)
         del tables
         self.n = table.num_rows
         self._cols: dict[str, Any] = {}
         for name in table.column_names:   # each column's chunks are freed once it is one array
-            self._cols[name] = table.column(name).combine_chunks()
+            col = table.column(name)
+            self._cols[name] = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
             table = table.drop_columns([name])
         self.pa.default_memory_pool().release_unused()
 

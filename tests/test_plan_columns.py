@@ -407,3 +407,24 @@ def test_a_categorical_in_one_file_and_text_in_another_join(tmp_path):
     assert [(it.key, it.values["lab"], it.row_file, it.row) for it in plan.items] == [
         ("a.png", 1, str(tmp_path / "1.parquet"), 1), ("b.png", 2, str(tmp_path / "1.parquet"), 2),
         ("c.png", 0, str(tmp_path / "2.parquet"), 1)]
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_a_column_the_recipe_reads_twice_in_the_header_is_a_recipe_error(tmp_path, kind):
+    import pyarrow.parquet
+
+    path = tmp_path / f"t.{kind}"
+    if kind == "csv":
+        _csv(path, ["p", "x", "p", "x"], [["a.png", "1", "b.png", "2"]])
+    else:
+        pyarrow.parquet.write_table(pa.Table.from_arrays([pa.array([v]) for v in ("a.png", "1", "b.png", "2")],
+                                                         names=["p", "x", "p", "x"]), str(path))
+    recipe = {"name": "t", "inputs": {"root": "in", "table": str(path), "path": "{p}",
+                                      "fields": {"image": {"decoder": "image"}}}}
+    with pytest.raises(RecipeError) as e:
+        make_plan(load_recipe(str(write_recipe(tmp_path / "r.yaml", recipe))))
+    assert str(e.value) == (f"{tmp_path / 'r.yaml'}: inputs.path: {path}: column 'p' is in the header 2 times "
+                            f"(columns: p, x, p, x): give each column its own name")
+    if kind == "csv":   # a repeated column the recipe does not read is no error
+        _csv(path, ["p", "x", "x"], [["a.png", "1", "2"]])
+        assert [it.key for it in make_plan(load_recipe(str(tmp_path / "r.yaml"))).items] == ["a.png"]
+

@@ -428,3 +428,12 @@ def test_a_column_the_recipe_reads_twice_in_the_header_is_a_recipe_error(tmp_pat
         _csv(path, ["p", "x", "x"], [["a.png", "1", "2"]])
         assert [it.key for it in make_plan(load_recipe(str(tmp_path / "r.yaml"))).items] == ["a.png"]
 
+def test_minus_zero_and_zero_stay_apart_in_row_options_and_targets(tmp_path):
+    """Each distinct combination of option cells is checked once: -0.0 and 0.0 are two (a 0.0 row took
+    the options of an earlier -0.0 row). Targets keep their sign too (the row-by-row code made a 0.0 after
+    a -0.0 -0.0: see tests/test_plan_golden.py)."""
+    plan = _table_plan(tmp_path, {"p": ["a.mp4", "b.mp4", "c.mp4", "d.mp4"], "s": [-0.0, 0.0, 1.0, -0.0]},
+                       {"fields": {"video": {"decoder": "video", "start_s": {"column": "s"}}},
+                        "columns": {"t": {"kind": "target", "column": "s"}}})
+    assert [math.copysign(1, it.options["video"]["start_s"]) for it in plan.items] == [-1, 1, 1, -1]
+    assert [math.copysign(1, it.values["t"]) for it in plan.items] == [-1, 1, 1, -1]

@@ -356,7 +356,7 @@ def _options(recipe: Any, cols: _Columns, upto: int) -> Optional[list[dict]]:
     for i in range(upto):
         vals = [lst[i] for lst in lists]
         try:
-            cells: Any = tuple((type(v), v) for v in vals)
+            cells: Any = tuple((type(v), repr(v) if isinstance(v, float) else v) for v in vals)   # -0.0 != 0.0
             hit = seen.get(cells)
         except TypeError:   # a list cell (JSON Lines): not cached
             cells, hit = None, None

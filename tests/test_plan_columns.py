@@ -22,7 +22,7 @@ from precompile.compiler import keys as K
 from precompile.compiler.items import Items, Strings
 from precompile.compiler.listing import Listed, walk
 from precompile.compiler.plan import make_plan
-from precompile.errors import RecipeError
+from precompile.errors import PlanError, RecipeError
 from precompile.formats import names as fmt
 from precompile.recipe import load_recipe, parse_recipe
 
@@ -300,6 +300,24 @@ def test_a_folder_split_by_capture_names_the_first_bad_input(tmp_path):
     assert [s.split for s in plan.shards] == ["a", "b"]
 
 
+def test_a_file_name_that_is_not_utf8_is_a_plan_error_naming_it(tmp_path):
+    root = tmp_path / "in"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "ok.png").write_bytes(b"x")
+    bad = os.path.join(os.fsencode(root / "a"), b"\xff.png")
+    try:
+        open(bad, "wb").close()
+    except OSError:
+        pytest.skip("this file system refuses names that are not UTF-8")
+    with pytest.raises(PlanError) as e:
+        make_plan(parse_recipe(_folder_recipe(root)))
+    assert str(e.value) == (f"input file {bad!r} has a name that is not valid UTF-8 (sample keys and paths are stored "
+                            f"as UTF-8): rename it, or leave it out with inputs.where (a capture's pattern that does "
+                            f"not match it)")
+    plan = make_plan(parse_recipe(_folder_recipe(root, where={"rel": "[ -~]+"})))   # as the message says
+    assert [it.key for it in plan.items] == ["a/ok.png"]
+
+
 # ---- tables: every arrow type a file can hold reads as the per-row code read its cells ---------------
 
 def _table_plan(tmp: Path, columns: dict, inputs: dict, **top):
@@ -392,7 +410,6 @@ def test_text_columns_are_widened_to_large_strings_chunk_by_chunk(tmp_path):
         (f"k{i:02d}", os.path.join(str(tmp_path / "in"), f"{i}.png"), i % 2) for i in range(n)]
 
 
-
 def test_a_categorical_in_one_file_and_text_in_another_join(tmp_path):
     import pyarrow.parquet
 
@@ -427,6 +444,7 @@ def test_a_column_the_recipe_reads_twice_in_the_header_is_a_recipe_error(tmp_pat
     if kind == "csv":   # a repeated column the recipe does not read is no error
         _csv(path, ["p", "x", "x"], [["a.png", "1", "2"]])
         assert [it.key for it in make_plan(load_recipe(str(tmp_path / "r.yaml"))).items] == ["a.png"]
+
 
 def test_minus_zero_and_zero_stay_apart_in_row_options_and_targets(tmp_path):
     """Each distinct combination of option cells is checked once: -0.0 and 0.0 are two (a 0.0 row took

@@ -349,8 +349,8 @@ P4 = ["a.png", "b.png", "c.png", "d.png"]
 
 
 def test_a_categorical_label_column_names_only_the_classes_its_rows_have(tmp_path):
-    plan = _table_plan(tmp_path, {"p": P4[:3], "lab": _categorical(["dog", "cat", "dog"], ["bird", "cat", "dog", "eel"])},
-                       {"columns": {"lab": {"kind": "label", "column": "lab"}}})
+    lab = _categorical(["dog", "cat", "dog"], ["bird", "cat", "dog", "eel"])
+    plan = _table_plan(tmp_path, {"p": P4[:3], "lab": lab}, {"columns": {"lab": {"kind": "label", "column": "lab"}}})
     assert plan.label_names == ["cat", "dog"]
     assert [it.values["lab"] for it in plan.items] == [1, 0, 1]
 

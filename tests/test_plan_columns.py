@@ -425,6 +425,22 @@ def test_a_categorical_in_one_file_and_text_in_another_join(tmp_path):
         ("a.png", 1, str(tmp_path / "1.parquet"), 1), ("b.png", 2, str(tmp_path / "1.parquet"), 2),
         ("c.png", 0, str(tmp_path / "2.parquet"), 1)]
 
+
+def test_files_whose_column_types_do_not_join_name_that_column_and_its_types_as_stored(tmp_path):
+    import pyarrow.parquet
+
+    pyarrow.parquet.write_table(pa.table({"n": pa.array([1], pa.int32()), "p": ["a.png"], "lab": [1]}),
+                                str(tmp_path / "1.parquet"))
+    pyarrow.parquet.write_table(pa.table({"n": [2], "p": ["b.png"], "lab": ["x"]}), str(tmp_path / "2.parquet"))
+    recipe = {"name": "t", "inputs": {"root": "in", "table": "*.parquet", "path": "{p}_{n}",
+                                      "fields": {"image": {"decoder": "image"}},
+                                      "columns": {"lab": {"kind": "label", "column": "lab"}}}}
+    with pytest.raises(RecipeError) as e:   # n, int32 and int64, joins: lab does not
+        make_plan(load_recipe(str(write_recipe(tmp_path / "r.yaml", recipe))))
+    assert e.value.detail == (f"column 'lab' is int64 in {tmp_path / '1.parquet'} but string in "
+                              f"{tmp_path / '2.parquet'}: the table files must agree")
+
+
 @pytest.mark.parametrize("kind", ["csv", "parquet"])
 def test_a_column_the_recipe_reads_twice_in_the_header_is_a_recipe_error(tmp_path, kind):
     import pyarrow.parquet

@@ -9,7 +9,8 @@ Cases (``--cases``, comma-separated):
 - ``walk``: a real tree of ``--walk-files`` empty files: the plan (scandir walk + a stat per match +
   match), against ``os.walk`` alone and ``os.walk`` + ``os.stat`` of every file.
 - ``table``: a CSV and a Parquet table of N rows (path, class, a float target), planned (the rows' files
-  do not exist: the keys stat each path and find nothing, as they would find a missing file).
+  do not exist: the keys stat each path and find nothing, as they would find a missing file); medians of
+  ``--repeats`` runs, alternating with ``--before``.
 - ``noop``: a real tree of ``--noop-files`` empty files, built once (-j2, a decoder that reads nothing),
   then rebuilt with nothing changed: index read, listing, keys, compared, nothing written.
 - ``jobs``: ``--photos`` JPEGs (500x375) resized to 64x64 (and with ``--jobs-tree N``, N empty files
@@ -30,6 +31,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -274,8 +276,7 @@ def scale_table(args: argparse.Namespace, work: str) -> None:
                 path = os.path.join(work, f"table-{n}.{ext}")
                 make_table(path, n)
                 job = {"case": "table", "table": path, "root": root, "keys": keys}
-                a = child(job)
-                b = child(dict(job, keys=False), args.before) if args.before and n <= args.before_max else None
+                a, b = _table_runs(args, job, args.before if args.before and n <= args.before_max else None)
                 rows.append((f"{ext} table: plan", n, a["plan_s"], a["rss"], b and b["plan_s"], b and b["rss"]))
                 if keys:
                     rows.append((f"{ext} table: shard keys (a stat per row)", n, a["keys_s"], None, None, None))
@@ -294,13 +295,29 @@ def scale_table(args: argparse.Namespace, work: str) -> None:
     if "noop" in cases:
         rows += noop_rows(args, work)
     print()
-    print(f"{os.cpu_count()} cpus; load average before: {args.load}; each case a fresh process")
+    print(f"{os.cpu_count()} cpus; load average before: {args.load}; each case a fresh process (table rows: medians "
+          f"of {args.repeats})")
     print()
     print(fmt_row(["case", "N", "s", "us / input", "peak RSS MiB", "before s", "before RSS MiB", "s after / before"]))
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for label, n, s, rss, bs, brss in rows:
         print(fmt_row([label, f"{n:,}", f"{s:.2f}", f"{1e6 * s / n:.2f}", mib(rss) if rss else "-",
                        f"{bs:.2f}" if bs else "-", mib(brss) if brss else "-", f"{s / bs:.3f}" if bs else "-"]))
+
+
+def _table_runs(args: argparse.Namespace, job: dict, before: str | None) -> tuple[dict, dict | None]:
+    """The table case ``--repeats`` times on this code and on ``before`` (plan only), alternately: the
+    median of each figure of each."""
+    mine, old = [], []
+    for _ in range(args.repeats):
+        mine.append(child(job))
+        if before:
+            old.append(child(dict(job, keys=False), before))
+    return _medians(mine), _medians(old) if old else None
+
+
+def _medians(rs: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in rs) for k in rs[0] if isinstance(rs[0][k], (int, float))}
 
 
 def noop_rows(args: argparse.Namespace, work: str) -> list[tuple]:
@@ -398,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--photos", type=int, default=2000)
     ap.add_argument("--jobs", default="1,2")
     ap.add_argument("--jobs-tree", type=int, default=0, help="jobs case: also N empty files (0: not)")
-    ap.add_argument("--repeats", type=int, default=3, help="jobs case: runs per cell (median)")
+    ap.add_argument("--repeats", type=int, default=3, help="jobs and table cases: runs per cell (median)")
     ap.add_argument("--before", default=None, help="a checkout of the code to compare with (e.g. main)")
     ap.add_argument("--before-max", type=int, default=1_000_000, help="largest N run on --before")
     ap.add_argument("--dir", default=None, help="work folder (inputs kept for a later run)")

@@ -230,6 +230,7 @@ def test_index_all_splits_4d_files_into_one_sample_per_volume(tmp_path):
     """A folder mixing 3D and 4D files builds with one recipe: each 4D file gives <key>#v<n> per volume."""
     from precompile.compiler.plan import make_plan
     from precompile.errors import PlanError
+    from precompile.recipe import load_recipe
 
     vol = volume()
     root = tmp_path / "in"
@@ -245,6 +246,8 @@ def test_index_all_splits_4d_files_into_one_sample_per_volume(tmp_path):
     ds = precompile.open(str(tmp_path / "out" / "v.h5"))
     keys = [ds.key(i) for i in range(len(ds))]
     assert keys == ["a.nii.gz", "b.nii#v0", "b.nii#v1", "b.nii#v2", "c.nii"]
+    plan = make_plan(load_recipe(str(tmp_path / "r.yaml")))   # each volume's path is its file's (no #v<n>)
+    assert [it.paths["ct"] for it in plan.items] == [str(root / n) for n in ["a.nii.gz"] + ["b.nii"] * 3 + ["c.nii"]]
     want = [vol, vol + 1, vol + 2, vol + 3, vol * 2]
     for i, w in enumerate(want):
         np.testing.assert_array_equal(ds[i]["ct"], w.astype(np.float32))

@@ -8,6 +8,7 @@ per-row template/option code (:func:`tables.fill_row_template`, ``_path_filler``
 from __future__ import annotations
 
 import csv
+import math
 import os
 import pickle
 import tracemalloc
@@ -21,7 +22,7 @@ from precompile.compiler import keys as K
 from precompile.compiler.items import Items, Strings
 from precompile.compiler.listing import Listed, walk
 from precompile.compiler.plan import make_plan
-from precompile.errors import RecipeError
+from precompile.errors import PlanError, RecipeError
 from precompile.formats import names as fmt
 from precompile.recipe import load_recipe, parse_recipe
 
@@ -297,3 +298,176 @@ def test_a_folder_split_by_capture_names_the_first_bad_input(tmp_path):
     assert plan.split_counts() == {"a": 1, "b": 2}
     assert [it.key for it in plan.split_view("b").items] == ["b/y.png", "b/z.png"]
     assert [s.split for s in plan.shards] == ["a", "b"]
+
+
+def test_a_file_name_that_is_not_utf8_is_a_plan_error_naming_it(tmp_path):
+    root = tmp_path / "in"
+    (root / "a").mkdir(parents=True)
+    (root / "a" / "ok.png").write_bytes(b"x")
+    bad = os.path.join(os.fsencode(root / "a"), b"\xff.png")
+    try:
+        open(bad, "wb").close()
+    except OSError:
+        pytest.skip("this file system refuses names that are not UTF-8")
+    with pytest.raises(PlanError) as e:
+        make_plan(parse_recipe(_folder_recipe(root)))
+    assert str(e.value) == (f"input file {bad!r} has a name that is not valid UTF-8 (sample keys and paths are stored "
+                            f"as UTF-8): rename it, or leave it out with inputs.where (a capture's pattern that does "
+                            f"not match it)")
+    plan = make_plan(parse_recipe(_folder_recipe(root, where={"rel": "[ -~]+"})))   # as the message says
+    assert [it.key for it in plan.items] == ["a/ok.png"]
+
+
+# ---- tables: every arrow type a file can hold reads as the per-row code read its cells ---------------
+
+def _table_plan(tmp: Path, columns: dict, inputs: dict, **top):
+    """The plan of a Parquet table of ``columns`` (arrow arrays or lists), ``path: "{p}"``, an image field."""
+    import pyarrow.parquet
+
+    tmp.mkdir(parents=True, exist_ok=True)
+    pyarrow.parquet.write_table(pa.table(columns), str(tmp / "t.parquet"))
+    recipe = {"name": "t", "seed": 1, "inputs": {"root": "in", "table": str(tmp / "t.parquet"), "path": "{p}",
+                                                  "fields": {"image": {"decoder": "image"}}, **inputs}, **top}
+    return make_plan(load_recipe(str(write_recipe(tmp / "r.yaml", recipe))))
+
+
+def _categorical(values: list, categories: list[str]):
+    """``values`` as pandas writes a categorical column: a dictionary of ``categories`` (unused ones too)."""
+    codes = pa.array([None if v is None else categories.index(v) for v in values], pa.int8())
+    return pa.DictionaryArray.from_arrays(codes, pa.array(categories))
+
+
+def _typed(kind: str, values: list):
+    if kind == "categorical":
+        return _categorical(values, sorted({v for v in values if v is not None}))
+    if not hasattr(pa, "string_view"):
+        pytest.skip("pyarrow < 16 has no string_view type")
+    return pa.array(values, pa.string_view())
+
+
+P4 = ["a.png", "b.png", "c.png", "d.png"]
+
+
+def test_a_categorical_label_column_names_only_the_classes_its_rows_have(tmp_path):
+    lab = _categorical(["dog", "cat", "dog"], ["bird", "cat", "dog", "eel"])
+    plan = _table_plan(tmp_path, {"p": P4[:3], "lab": lab}, {"columns": {"lab": {"kind": "label", "column": "lab"}}})
+    assert plan.label_names == ["cat", "dog"]
+    assert [it.values["lab"] for it in plan.items] == [1, 0, 1]
+
+
+@pytest.mark.parametrize("kind", ["categorical", "string_view"])
+@pytest.mark.parametrize("use, what", [("key", "blank key"), ("label", "blank class name")])
+def test_blank_keys_and_class_names_of_categorical_and_view_columns_are_refused(tmp_path, kind, use, what):
+    inputs = {"key": "c"} if use == "key" else {"columns": {"lab": {"kind": "label", "column": "c"}}}
+    with pytest.raises(RecipeError) as e:
+        _table_plan(tmp_path, {"p": P4[:3], "c": _typed(kind, ["k1", " \t", "k3"])}, inputs)
+    assert e.value.detail == f"{tmp_path / 't.parquet'}: data row 2 (1-based, header not counted), column 'c': {what}"
+
+
+def test_nulls_in_categorical_columns_read_as_in_text_columns(tmp_path):
+    """A null cell: a NaN target, the group "None" (``str`` of the cell, as for a text column), and as a
+    split name an error naming its row."""
+    from precompile.compiler.tables import hash_split
+
+    cells = {"num": ["1.5", None, "2", "1.5"], "g": ["p1", None, "p2", "p1"]}
+    split = {"by": "hash", "group": "g", "fractions": {"a": 0.5, "b": 0.5}}
+    got = {}
+    for kind in ("text", "categorical"):
+        cols = {"p": P4, **{c: (v if kind == "text" else _typed(kind, v)) for c, v in cells.items()}}
+        plan = _table_plan(tmp_path / kind, cols, {"columns": {"t": {"kind": "target", "column": "num"}}}, split=split)
+        got[kind] = [(it.key, "nan" if math.isnan(it.values["t"]) else it.values["t"], it.split) for it in plan.items]
+    groups = ["p1", "None", "p2", "p1"]
+    assert got["categorical"] == got["text"] == [
+        (p, t, hash_split(split["fractions"], 1, g)) for p, t, g in zip(P4, [1.5, "nan", 2.0, 1.5], groups)]
+    with pytest.raises(RecipeError) as e:
+        _table_plan(tmp_path / "c", {"p": P4, "g": _typed("categorical", cells["g"])}, {},
+                    split={"by": "column", "column": "g"})
+    assert e.value.detail == (f"{tmp_path / 'c' / 't.parquet'}: data row 2 (1-based, header not counted), column 'g': "
+                              f"split name None must be letters, digits, '_', '.', '-'")
+
+
+def test_text_columns_are_widened_to_large_strings_chunk_by_chunk(tmp_path):
+    """A text column of more than 2 GiB (24M paths) overflowed string's int32 offsets when its chunks were
+    joined; each chunk is now widened to large_string first. Shown on a file of several row groups, each
+    read as its own chunk (a multi-GB file has no place in the suite)."""
+    import pyarrow.parquet
+
+    from precompile.compiler.table_columns import _Columns
+
+    n = 10
+    table = pa.table({"p": [f"{i}.png" for i in range(n)], "k": [f"k{i:02d}" for i in range(n)],
+                      "lab": _categorical([["x", "y"][i % 2] for i in range(n)], ["x", "y", "z"])})
+    pyarrow.parquet.write_table(table, str(tmp_path / "t.parquet"), row_group_size=3)
+    assert pyarrow.parquet.read_table(str(tmp_path / "t.parquet")).column("p").num_chunks == 4
+    recipe = load_recipe(str(write_recipe(tmp_path / "r.yaml", {
+        "name": "t", "inputs": {"root": "in", "table": str(tmp_path / "t.parquet"), "path": "{p}", "key": "k",
+                                "fields": {"image": {"decoder": "image"}},
+                                "columns": {"lab": {"kind": "label", "column": "lab"}}}})))
+    cols = _Columns(recipe)
+    assert {c: str(cols.col(c).type) for c in ("p", "k", "lab")} == dict.fromkeys(("p", "k", "lab"), "large_string")
+    plan = make_plan(recipe)
+    assert [(it.key, it.paths["image"], it.values["lab"]) for it in plan.items] == [
+        (f"k{i:02d}", os.path.join(str(tmp_path / "in"), f"{i}.png"), i % 2) for i in range(n)]
+
+
+def test_a_categorical_in_one_file_and_text_in_another_join(tmp_path):
+    import pyarrow.parquet
+
+    pyarrow.parquet.write_table(pa.table({"p": ["a.png", "b.png"], "lab": _categorical(["x", "y"], ["w", "x", "y"])}),
+                                str(tmp_path / "1.parquet"))
+    pyarrow.parquet.write_table(pa.table({"p": ["c.png"], "lab": ["w"]}), str(tmp_path / "2.parquet"))
+    recipe = {"name": "t", "inputs": {"root": "in", "table": "*.parquet", "path": "{p}",
+                                      "fields": {"image": {"decoder": "image"}},
+                                      "columns": {"lab": {"kind": "label", "column": "lab"}}}}
+    plan = make_plan(load_recipe(str(write_recipe(tmp_path / "r.yaml", recipe))))
+    assert plan.label_names == ["w", "x", "y"]
+    assert [(it.key, it.values["lab"], it.row_file, it.row) for it in plan.items] == [
+        ("a.png", 1, str(tmp_path / "1.parquet"), 1), ("b.png", 2, str(tmp_path / "1.parquet"), 2),
+        ("c.png", 0, str(tmp_path / "2.parquet"), 1)]
+
+
+def test_files_whose_column_types_do_not_join_name_that_column_and_its_types_as_stored(tmp_path):
+    import pyarrow.parquet
+
+    pyarrow.parquet.write_table(pa.table({"n": pa.array([1], pa.int32()), "p": ["a.png"], "lab": [1]}),
+                                str(tmp_path / "1.parquet"))
+    pyarrow.parquet.write_table(pa.table({"n": [2], "p": ["b.png"], "lab": ["x"]}), str(tmp_path / "2.parquet"))
+    recipe = {"name": "t", "inputs": {"root": "in", "table": "*.parquet", "path": "{p}_{n}",
+                                      "fields": {"image": {"decoder": "image"}},
+                                      "columns": {"lab": {"kind": "label", "column": "lab"}}}}
+    with pytest.raises(RecipeError) as e:   # n, int32 and int64, joins: lab does not
+        make_plan(load_recipe(str(write_recipe(tmp_path / "r.yaml", recipe))))
+    assert e.value.detail == (f"column 'lab' is int64 in {tmp_path / '1.parquet'} but string in "
+                              f"{tmp_path / '2.parquet'}: the table files must agree")
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_a_column_the_recipe_reads_twice_in_the_header_is_a_recipe_error(tmp_path, kind):
+    import pyarrow.parquet
+
+    path = tmp_path / f"t.{kind}"
+    if kind == "csv":
+        _csv(path, ["p", "x", "p", "x"], [["a.png", "1", "b.png", "2"]])
+    else:
+        pyarrow.parquet.write_table(pa.Table.from_arrays([pa.array([v]) for v in ("a.png", "1", "b.png", "2")],
+                                                         names=["p", "x", "p", "x"]), str(path))
+    recipe = {"name": "t", "inputs": {"root": "in", "table": str(path), "path": "{p}",
+                                      "fields": {"image": {"decoder": "image"}}}}
+    with pytest.raises(RecipeError) as e:
+        make_plan(load_recipe(str(write_recipe(tmp_path / "r.yaml", recipe))))
+    assert str(e.value) == (f"{tmp_path / 'r.yaml'}: inputs.path: {path}: column 'p' is in the header 2 times "
+                            f"(columns: p, x, p, x): give each column its own name")
+    if kind == "csv":   # a repeated column the recipe does not read is no error
+        _csv(path, ["p", "x", "x"], [["a.png", "1", "2"]])
+        assert [it.key for it in make_plan(load_recipe(str(tmp_path / "r.yaml"))).items] == ["a.png"]
+
+
+def test_minus_zero_and_zero_stay_apart_in_row_options_and_targets(tmp_path):
+    """Each distinct combination of option cells is checked once: -0.0 and 0.0 are two (a 0.0 row took
+    the options of an earlier -0.0 row). Targets keep their sign too (the row-by-row code made a 0.0 after
+    a -0.0 -0.0: see tests/test_plan_golden.py)."""
+    plan = _table_plan(tmp_path, {"p": ["a.mp4", "b.mp4", "c.mp4", "d.mp4"], "s": [-0.0, 0.0, 1.0, -0.0]},
+                       {"fields": {"video": {"decoder": "video", "start_s": {"column": "s"}}},
+                        "columns": {"t": {"kind": "target", "column": "s"}}})
+    assert [math.copysign(1, it.options["video"]["start_s"]) for it in plan.items] == [-1, 1, 1, -1]
+    assert [math.copysign(1, it.values["t"]) for it in plan.items] == [-1, 1, 1, -1]

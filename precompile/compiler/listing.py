@@ -109,6 +109,14 @@ def _walk_dir(path: str, rel: str, dirs: bool) -> Iterator[Listed]:
         yield Listed(names, None if dirs else ents)
 
 
+def _encodes(s: str) -> bool:
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 @dataclass
 class Matched:
     """What matching gives the plan: the items' table, the label names in id order, the factors of the
@@ -170,7 +178,10 @@ class _Accumulator:
         if self.in_order:
             self.in_order = (self.last is None or self.last < rels[0]) and all(a < b for a, b in zip(rels, rels[1:]))
         self.last = rels[-1]
-        self.keys.add(rels)
+        try:
+            self.keys.add(rels)
+        except UnicodeEncodeError:
+            raise self._not_utf8(rels) from None
         if self.label_group is not None:
             codes, g = self.label_codes, self.label_group
             self.labels.append(np.fromiter((codes.setdefault(m.group(g), len(codes)) for m in ms), np.int64, len(ms)))
@@ -185,6 +196,15 @@ class _Accumulator:
                 self.fp_known = False
             else:
                 self.fps.append(fp)
+
+    def _not_utf8(self, rels: list[str]) -> PlanError:
+        """The error for the first of ``rels`` that is not valid UTF-8: a local name whose bytes are not,
+        which ``os.scandir`` gives with surrogate escapes (keys and paths are stored as UTF-8)."""
+        rel = next(r for r in rels if not _encodes(r))
+        name = os.fsencode(self.prefix + rel)
+        return PlanError(f"input file {name!r} has a name that is not valid UTF-8 (sample keys and paths are stored "
+                         f"as UTF-8): rename it, or leave it out with inputs.where (a capture's pattern that does not "
+                         f"match it)")
 
     def _template_path(self, template: str, caps: dict[str, str]) -> str:
         """A field's ``path`` template filled with the captures, after the prefix (as the plan joined it)."""

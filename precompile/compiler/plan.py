@@ -331,8 +331,7 @@ def split_items(recipe: Recipe, table: ItemTable) -> ItemTable:
             new_keys.append(f"{keys[i]}#v{k}")
             new_opts.append({**opts0, **{f: {**opts0.get(f, {}), **v[k]} for f, v in per.items()}})
     out = table.take(np.repeat(np.arange(n), counts))
-    out.keys = Strings.from_list(new_keys)
-    out.paths = {f: (out.keys if s is table.keys else s) for f, s in out.paths.items()}
+    out.keys = Strings.from_list(new_keys)   # the paths keep the file's name (no #v<n>), even where they were the keys
     out.options = new_opts
     return out
 

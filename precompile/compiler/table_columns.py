@@ -32,7 +32,23 @@ _INT_SPEC = re.compile(r"(0?)(\d*)d")
 
 
 def _is_text(pa: Any, t: Any) -> bool:
-    return pa.types.is_string(t) or pa.types.is_large_string(t)
+    return pa.types.is_large_string(t)   # every text column is read as large_string (_plain)
+
+
+def _plain(pa: Any, table: Any) -> Any:
+    """``table`` (one file's) with its columns in the types the plan's code reads: dictionary columns
+    (pandas categoricals) decoded, so unused categories are no values and nulls plain nulls; text
+    (string, string_view) as large_string, cast chunk by chunk, so a column of more than 2 GiB of text
+    keeps its offsets when its chunks are joined. Files whose types differ only so (a categorical in one,
+    text in another) then join."""
+    cols = []
+    for col in table.columns:
+        typ = col.type.value_type if pa.types.is_dictionary(col.type) else col.type
+        if pa.types.is_string(typ) or (hasattr(pa.types, "is_string_view") and pa.types.is_string_view(typ)):
+            typ = pa.large_string()   # (is_string_view: pyarrow >= 16; the floor, 14.0.1, has no such type)
+        chunks = [c.dictionary_decode() if pa.types.is_dictionary(c.type) else c for c in col.chunks]
+        cols.append(pa.chunked_array([c.cast(typ) for c in chunks], typ))
+    return pa.Table.from_arrays(cols, names=table.column_names)
 
 
 class _Columns:
@@ -46,13 +62,16 @@ class _Columns:
         opts = recipe.model.inputs.storage_options
         tables = [read_table(f, recipe.source, lambda names, f=f: _check_columns(recipe, f, names), opts)
                   for f in self.files]
+        schemas = [t.schema for t in tables]   # the types as the files hold them, for messages
+        tables = [_plain(self.pa, t) for t in tables]
         self.starts = np.cumsum([0] + [t.num_rows for t in tables]).astype(np.int64)   # each file's first row
-        table = tables[0] if len(tables) == 1 else _concat(self.pa, tables, self.files, recipe.source)
+        table = tables[0] if len(tables) == 1 else _concat(self.pa, tables, schemas, self.files, recipe.source)
         del tables
         self.n = table.num_rows
         self._cols: dict[str, Any] = {}
         for name in table.column_names:   # each column's chunks are freed once it is one array
-            self._cols[name] = table.column(name).combine_chunks()
+            col = table.column(name)
+            self._cols[name] = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
             table = table.drop_columns([name])
         self.pa.default_memory_pool().release_unused()
 
@@ -92,22 +111,28 @@ def _bools(arr: Any) -> np.ndarray:
     return arr.fill_null(True).to_numpy(zero_copy_only=False).astype(bool)
 
 
-def _concat(pa: Any, tables: list, files: list[str], source: Optional[str]) -> Any:
+def _concat(pa: Any, tables: list, schemas: list, files: list[str], source: Optional[str]) -> Any:
     """The tables of several files as one, in file order; a column's types unify where no value changes
     (int32 and int64, int and float, a column all null in one file); else a RecipeError naming the column and
-    two files whose types differ."""
+    two files whose types do not join, as the files hold them (``schemas``)."""
     names = list(dict.fromkeys(n for t in tables for n in t.column_names))
     tables = [t.select([n for n in names if n in t.column_names]) for t in tables]
+    errors = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError)
     try:
         return pa.concat_tables(tables, promote_options="permissive")
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
-        for n in names:
-            typed = [(f, t.schema.field(n).type) for f, t in zip(files, tables) if n in t.column_names]
-            other = next(((f, ty) for f, ty in typed if ty != typed[0][1]), None)
-            if other is not None:
-                raise RecipeError(f"column {n!r} is {typed[0][1]} in {typed[0][0]} but {other[1]} in {other[0]}: "
-                                  f"the table files must agree ({e})", source=source, loc="inputs.table") from None
-        raise RecipeError(f"the table files cannot be joined: {e}", source=source, loc="inputs.table") from None
+    except errors as e:
+        reason = e
+    for n in names:   # the first column whose types do not join: the first file holding it against another
+        have = [k for k, t in enumerate(tables) if n in t.column_names]
+        for k in have[1:]:
+            try:
+                pa.concat_tables([tables[have[0]].select([n]), tables[k].select([n])], promote_options="permissive")
+            except errors:
+                a = have[0]
+                raise RecipeError(f"column {n!r} is {schemas[a].field(n).type} in {files[a]} but "
+                                  f"{schemas[k].field(n).type} in {files[k]}: the table files must agree",
+                                  source=source, loc="inputs.table") from None
+    raise RecipeError(f"the table files cannot be joined: {reason}", source=source, loc="inputs.table") from None
 
 
 def table_items(recipe: Any) -> Matched:
@@ -339,7 +364,7 @@ def _options(recipe: Any, cols: _Columns, upto: int) -> Optional[list[dict]]:
     for i in range(upto):
         vals = [lst[i] for lst in lists]
         try:
-            cells: Any = tuple((type(v), v) for v in vals)
+            cells: Any = tuple((type(v), repr(v) if isinstance(v, float) else v) for v in vals)   # -0.0 != 0.0
             hit = seen.get(cells)
         except TypeError:   # a list cell (JSON Lines): not cached
             cells, hit = None, None

@@ -324,8 +324,8 @@ def column_arrays(columns: dict, values: dict[str, Any]) -> dict[str, tuple[np.n
 
 
 def _check_columns(recipe: Any, table: str, names: list[str]) -> list[str]:
-    """The columns the recipe reads, in the table's order; each must exist (a RecipeError naming the key
-    and the table's columns)."""
+    """The columns the recipe reads, in the table's order; each must exist, once (a RecipeError naming the
+    key and the table's columns)."""
     inp, have = recipe.model.inputs, set(names)
     wanted: list[tuple[str, str]] = []
     if inp.path is not None:
@@ -348,6 +348,10 @@ def _check_columns(recipe: Any, table: str, names: list[str]) -> list[str]:
         if col not in have:
             raise RecipeError(f"{table}: no column {col!r} (columns: {', '.join(names)})",
                               source=recipe.source, loc=loc)
+        if names.count(col) > 1:
+            raise RecipeError(f"{table}: column {col!r} is in the header {names.count(col)} times (columns: "
+                              f"{', '.join(names)}): give each column its own name", source=recipe.source,
+                              loc=loc)
     used = {c for c, _ in wanted}
     return [n for n in names if n in used] or names[:1]   # one column at least: it gives the row count
 

@@ -5,7 +5,7 @@ Layout of a cache folder (default :func:`default_cache_dir`)::
 
     <cache_dir>/files/<sha256>.h5     a verified copy of an index or shard file, named by the sha256 of its bytes
     <cache_dir>/files/<key>.part      a download in progress (already its final size: the space is reserved)
-    <cache_dir>/locks                 byte-range locks (POSIX record locks) that the processes share
+    <cache_dir>/locks                 byte-range locks that the processes share (see "Locks" below)
 
 The rules:
 
@@ -17,7 +17,8 @@ The rules:
   costs a ``stat`` (its size must be the index's ``bytes``), not a re-hash (one read of the file, about 1 s per
   GiB); ``precompile.open(url, verify=True)`` re-hashes the cached copies of that build.
 - **Pins.** A process holds a shared lock on a file's byte of ``locks`` while it has the file open or mapped. The
-  kernel drops a process's locks when it exits, however it ends, so a killed reader pins nothing.
+  kernel drops a process's locks when it exits, however it ends, so a killed reader pins nothing (a forked child
+  closes its copy of the parent's lock file first thing, so it never keeps the parent's locks).
 - **Least recently used first.** A file's modification time is its last use (set when it is pinned). To make room
   for a download, the oldest files that nobody pins are removed (an exclusive lock taken without waiting: a file
   open or mapped anywhere is never removed, so the limit counts every byte on disk; on POSIX an unlinked file
@@ -27,6 +28,15 @@ The rules:
   asking for the same file waits for it, then finds the file in place. Its size is reserved first, under the
   cache-wide lock, so processes downloading at once cannot overshoot the limit together. A ``.part`` file whose
   download lock nobody holds (its process died) is removed by the next download.
+
+**Locks.** Open-file-description locks (``F_OFD_SETLKW``, Linux >= 3.15): they belong to the process's one open
+file of ``locks``, so the threads of a process share them (its own threads are kept apart by in-process locks), a
+descriptor of the file closed elsewhere in the process does not drop them (POSIX record locks would all go), and
+the kernel does not check them for deadlocks between processes. POSIX record locks, checked per process, failed
+a wait with EDEADLK when threads of two processes waited on each other's downloads although no thread waited on
+itself; no thread here holds one lock while it waits for another that a waiter could hold (a download waits for
+room by polling, not by locking), so there is no deadlock for the kernel to find. Where those locks are absent
+(macOS, older kernels) POSIX record locks are used, and a wait failed with EDEADLK is tried again.
 
 This module knows no file format and imports neither h5py nor torch; callers give it a ``read(start, end)``
 that returns those bytes of the object (``fs.cat_file(url, start=, end=)``: range GETs of :data:`BLOCK` bytes,
@@ -42,6 +52,7 @@ import logging
 import os
 import re
 import secrets
+import struct
 import threading
 import time
 from dataclasses import dataclass
@@ -124,10 +135,11 @@ class _Node:
         self.root, self.files = root, os.path.join(root, "files")
         try:
             os.makedirs(self.files, exist_ok=True)
-            self.fd = os.open(os.path.join(root, "locks"), os.O_RDWR | os.O_CREAT, 0o666)
+            self.fd = os.open(os.path.join(root, "locks"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         except OSError as e:
             raise CacheError(f"cannot use the cache folder {root}: {e.strerror or e}; pass cache_dir=... or set "
                              f"${ENV_DIR} to a writable folder on a local disk") from None
+        self.ofd = _ofd_locks(fcntl, self.fd)
         self.mu = threading.Lock()       # pins, fetching
         self.room = threading.Lock()     # one thread of this process in the cache-wide lock at a time
         self.pins: dict[str, int] = {}   # name -> this process's users of the file
@@ -137,17 +149,32 @@ class _Node:
         self.pid = os.getpid()
 
     def lock(self, offset: int, shared: bool = False, block: bool = True) -> bool:
+        """Lock byte ``offset`` of the lock file (True), or False when ``block`` is False and another process
+        holds it. Open-file-description locks where the kernel has them (see :func:`_ofd_locks`); else POSIX
+        record locks, whose waits the kernel may fail with EDEADLK when threads of two processes wait on each
+        other's locks (no thread waits on itself: the wait is tried again)."""
         f = self.fcntl
-        try:
-            f.lockf(self.fd, (f.LOCK_SH if shared else f.LOCK_EX) | (0 if block else f.LOCK_NB), 1, offset)
-            return True
-        except OSError as e:
-            if not block and e.errno in (errno.EACCES, errno.EAGAIN):
-                return False
-            raise
+        while True:
+            try:
+                if self.ofd:
+                    f.fcntl(self.fd, f.F_OFD_SETLKW if block else f.F_OFD_SETLK,
+                            _flock(f.F_RDLCK if shared else f.F_WRLCK, offset))
+                else:
+                    f.lockf(self.fd, (f.LOCK_SH if shared else f.LOCK_EX) | (0 if block else f.LOCK_NB), 1, offset)
+                return True
+            except OSError as e:
+                if not block and e.errno in (errno.EACCES, errno.EAGAIN):
+                    return False
+                if e.errno != errno.EDEADLK:
+                    raise
+            time.sleep(0.01)
 
     def unlock(self, offset: int) -> None:
-        self.fcntl.lockf(self.fd, self.fcntl.LOCK_UN, 1, offset)
+        f = self.fcntl
+        if self.ofd:
+            f.fcntl(self.fd, f.F_OFD_SETLK, _flock(f.F_UNLCK, offset))
+        else:
+            f.lockf(self.fd, f.LOCK_UN, 1, offset)
 
     def key_lock(self, name: str) -> threading.Lock:
         with self.mu:
@@ -161,9 +188,36 @@ _nodes_lock = threading.Lock()
 def _reset_after_fork() -> None:
     global _nodes_lock
     _nodes_lock = threading.Lock()   # a lock held by another thread at the fork would never be released here
+    # the parent's lock files: with open-file-description locks, a child that kept them open would hold its
+    # parent's pins after the parent died (the child makes its own state on first use: ShardCache.node)
+    for n in _nodes.values():
+        with contextlib.suppress(OSError):
+            os.close(n.fd)
+    _nodes.clear()
 
 
 os.register_at_fork(after_in_child=_reset_after_fork)
+
+_FLOCK = "hhqqi4x"   # struct flock on 64-bit Linux: l_type, l_whence, l_start, l_len, l_pid
+
+
+def _flock(kind: int, offset: int) -> bytes:
+    """A ``struct flock`` for one byte at ``offset`` (``l_pid`` 0, as open-file-description locks need)."""
+    return struct.pack(_FLOCK, kind, os.SEEK_SET, offset, 1, 0)
+
+
+def _ofd_locks(fcntl: Any, fd: int) -> bool:
+    """Whether this system has open-file-description locks (Linux >= 3.15, 64-bit). They belong to the open
+    file, not the process: the kernel does not check them for deadlocks between processes (POSIX record locks
+    fail a wait with EDEADLK when threads of two processes wait on each other's locks, although no thread
+    waits on itself), and closing another descriptor of the file elsewhere in the process does not drop them."""
+    if not hasattr(fcntl, "F_OFD_SETLKW") or struct.calcsize(_FLOCK) != 32 or struct.calcsize("P") != 8:
+        return False
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_UNLCK, _GLOBAL))
+        return True
+    except OSError:   # EINVAL: a kernel older than the constants Python was built with
+        return False
 
 
 def _offset(name: str) -> int:

@@ -4,7 +4,9 @@ safely by every process of a node (DDP ranks, DataLoader workers).
 Layout of a cache folder (default :func:`default_cache_dir`)::
 
     <cache_dir>/files/<sha256>.h5     a verified copy of an index or shard file, named by the sha256 of its bytes
-    <cache_dir>/files/<key>.part      a download in progress (already its final size: the space is reserved)
+    <cache_dir>/files/<key>.part      a download in progress (its final size from the start, so the limit counts
+                                      all of it; its disk blocks allocated before the first read, where the file
+                                      system can)
     <cache_dir>/locks                 byte-range locks that the processes share (see "Locks" below)
 
 The rules:
@@ -394,6 +396,7 @@ class ShardCache:
         h, got = hashlib.sha256(), 0
         fd = os.open(part, os.O_WRONLY)
         try:
+            _allocate(fd, size)
             while got < size:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled(url)
@@ -555,6 +558,18 @@ class ShardCache:
             finally:
                 n.unlock(_FETCH + _offset(name))
         return True
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Take the disk blocks of a file of ``size`` bytes now (a full disk is an OSError here, before any download),
+    where the platform and file system can; otherwise the file stays sparse until written."""
+    if not hasattr(os, "posix_fallocate"):
+        return
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise
 
 
 def _write_all(fd: int, data: bytes) -> None:

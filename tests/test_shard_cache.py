@@ -146,3 +146,23 @@ def test_a_killed_reader_with_forked_workers_leaves_no_pins(tmp_path):
                     pass
         p.wait()
         p.stdout.close()
+
+
+def test_a_download_takes_its_disk_space_before_its_bytes_arrive(tmp_path):
+    """The limit counts a download at its full size from the start: its blocks are allocated then too, so a
+    full disk is found before anything is read (where the file system allocates ahead: ext4, xfs, tmpfs)."""
+    if not hasattr(os, "posix_fallocate"):
+        pytest.skip("os.posix_fallocate is absent on this platform (the .part file is then sparse)")
+    size = 3 << 20
+    data, sha = blob(3, size)
+    seen = []
+
+    def read(a: int, b: int) -> bytes:
+        part = tmp_path / "c" / "files" / f"{sha}.part"
+        seen.append((os.stat(part).st_size, os.stat(part).st_blocks * 512))
+        return data[a:b]
+
+    cache = ShardCache(tmp_path / "c", 8 << 20)
+    path = cache.open(sha, len(data), "mem://x/3", read)
+    assert seen[0][0] == size and seen[0][1] >= size, seen
+    assert Path(path).read_bytes() == data

@@ -173,8 +173,9 @@ def test_limits_are_clear_errors_at_construction(remote, tmp_path):
                                          rf"cache_limit .* \(1000 bytes\) of .*: raise cache_limit above the largest"):
         ShardCache(tmp_path / "c", 1000).open("ab" * 32, max(sizes), "s3://x/y.h5", lambda start, end: b"")
     limit = index.stat().st_size + 4 * max(sizes)   # the index fits; four shards beside it, not a full shuffle's
-    with pytest.raises(CacheError, match=r"the batches in flight at once .* read .* of shards, more than cache_limit "
-                                         rf".* \({limit} bytes\): a full shuffle reads from nearly every shard"):
+    with pytest.raises(CacheError, match=r"the batches in flight at once .* read .* of shards, plus the index .* that "
+                                         rf"the reader holds: more than cache_limit .* \({limit} bytes\): a full "
+                                         r"shuffle reads from nearly every shard"):
         Loader(url, batch_size=32, device="cpu", shuffle="full", cache_dir=tmp_path / "c", cache_limit=limit,
                storage_options=so)
     with pytest.raises(CacheError, match=r"map_shards='all' holds every shard in the cache"):
@@ -186,6 +187,34 @@ def test_limits_are_clear_errors_at_construction(remote, tmp_path):
         precompile.open(index, cache_limit="1GiB")
     with pytest.raises(ValueError, match="fetch_ahead applies to a build read from a URL"):
         Loader(str(index), batch_size=8, device="cpu", fetch_ahead="1MiB")
+
+
+def test_limit_checks_count_the_index_the_reader_holds(remote, tmp_path, monkeypatch):
+    """Every shard fits the limit, the shards and the index a reader pins while open do not: a clear error when
+    the reader is made (it waited, then failed 'the cache is full' in the middle of an epoch)."""
+    import precompile.shard_cache as sc
+
+    monkeypatch.setattr(sc, "WAIT_S", 0.3)
+    url, so, index, _ = remote
+    sizes, isz = [e["bytes"] for e in entries(index)], index.stat().st_size
+    limit = sum(sizes) + isz // 2
+    kw = dict(cache_dir=tmp_path / "c", cache_limit=limit, storage_options=so)
+    with pytest.raises(CacheError, match=rf"{url}: the batches in flight at once .* read .* \({sum(sizes)} bytes\) "
+                                         rf"of shards, plus the index .* \({isz} bytes\) that the reader holds: more "
+                                         rf"than cache_limit .* \({limit} bytes\): a full shuffle .* set cache_limit "
+                                         rf"above the build's size, .* \({sum(sizes) + isz} bytes\)"):
+        Loader(url, batch_size=32, device="cpu", shuffle="full", **kw)
+    with pytest.raises(CacheError, match=rf"{url}: map_shards='all' holds every shard in the cache, .* "
+                                         rf"\({sum(sizes)} bytes\), plus the index .* \({isz} bytes\) that the reader "
+                                         rf"holds; cache_limit is .* \({limit} bytes\): raise cache_limit"):
+        Loader(url, batch_size=8, device="cpu", map_shards="all", **kw)
+    big = int(np.argmax(sizes))
+    small = isz + sizes[big] - 1
+    with pytest.raises(CacheError, match=rf"s3://{BUCKET}/read1/{entries(index)[big]['file']}: the shard is .* "
+                                         rf"\({sizes[big]} bytes\), plus the index .* \({isz} bytes\) that the reader "
+                                         rf"holds: more than cache_limit .* \({small} bytes\) of .*: raise cache_limit "
+                                         rf"to at least .* \({isz + max(sizes)} bytes\)"):
+        precompile.open(url, cache_dir=tmp_path / "c", cache_limit=small, storage_options=so)
 
 
 def test_parse_size_and_default_folder(monkeypatch):

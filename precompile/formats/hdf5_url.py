@@ -26,9 +26,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from . import names as fmt
-from ..errors import FormatError, PrecompileError
+from ..errors import CacheError, FormatError, PrecompileError
 from ..remote import CREDENTIALS_HINT, filesystem, is_credentials_error, protocol
-from ..shard_cache import ShardCache
+from ..shard_cache import ShardCache, human
 from .hdf5 import HDF5_MAGIC, H5Dataset
 
 #: shard files a dataset keeps open (and pinned in the cache) at most
@@ -68,10 +68,12 @@ class RemoteSource:
     Pickles without handles: the fsspec filesystem is made again in each process."""
 
     def __init__(self, url: str, shards: Sequence[dict], cache: ShardCache, storage_options: Optional[dict[str, Any]],
-                 fs: Any = None):
+                 fs: Any = None, index_bytes: int = 0):
         self.url, self.base = url, url.rsplit("/", 1)[0]
         self.cache, self.storage_options = cache, dict(storage_options or {})
         self._fs, self._fs_pid = fs, os.getpid()
+        #: the size of the index's cached copy, which the dataset pins while it is open (in every limit check)
+        self.index_bytes = int(index_bytes)
         self.files, self.shas, self.sizes = [], [], []
         for i, e in enumerate(shards):
             if not isinstance(e.get("sha256"), str) or not isinstance(e.get("bytes"), int):
@@ -81,6 +83,15 @@ class RemoteSource:
             self.shas.append(e["sha256"])
             self.sizes.append(int(e["bytes"]))
             cache.check_fits(self.sizes[-1], self.shard_url(i))
+        if self.sizes and max(self.sizes) + self.index_bytes > cache.limit:
+            big = int(np.argmax(self.sizes))
+            raise CacheError(f"{self.shard_url(big)}: the shard is {human(self.sizes[big])}, {self.with_index()}: "
+                             f"more than cache_limit {human(cache.limit)} of {cache.root}: raise cache_limit to at "
+                             f"least {human(self.sizes[big] + self.index_bytes)}")
+
+    def with_index(self) -> str:
+        """The words that add the index to a size in a message about the cache limit."""
+        return f"plus the index {human(self.index_bytes)} that the reader holds"
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_fs": None}
@@ -123,7 +134,7 @@ class RemoteH5Dataset(H5Dataset):
                  fields: Sequence[str] | None = None, fs: Any = None):
         super().__init__(index_path, fields=fields)
         self.url = url
-        self.remote = RemoteSource(url, self.shards, cache, storage_options, fs)
+        self.remote = RemoteSource(url, self.shards, cache, storage_options, fs, os.path.getsize(index_path))
         self._start()
 
     def _start(self) -> None:

@@ -63,11 +63,12 @@ class StreamingSlots:
         """Slots in ``order`` (the shards the region reserved); with ``map_shards="all"`` every one mapped now."""
         slots = cls(reader, order)
         if not reader.lazy and len(order):
-            total = int(sum(reader.source.size(s) for s in order))
-            if total > reader.source.cache.limit:
-                raise CacheError(f"{reader.source.url}: map_shards='all' holds every shard in the cache, "
-                                 f"{human(total)}; cache_limit is {human(reader.source.cache.limit)}: raise "
-                                 f"cache_limit, or use map_shards='lazy'")
+            src = reader.source
+            total = int(sum(src.size(s) for s in order))
+            if total + src.index_bytes > src.cache.limit:
+                raise CacheError(f"{src.url}: map_shards='all' holds every shard in the cache, {human(total)}, "
+                                 f"{src.with_index()}; cache_limit is {human(src.cache.limit)}: raise cache_limit "
+                                 f"above {human(total + src.index_bytes)}, or use map_shards='lazy'")
             slots.plan(np.asarray(reader.offsets[np.asarray(order)], dtype=np.int64)).__exit__()
         return slots
 
@@ -205,13 +206,15 @@ class ShardWindow:
         return max(1, int(np.median(counts[counts > 0])) // max(1, batch_size)) if counts.any() else 1
 
     def check(self, plan: Any, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """CacheError when the shards of the tasks in flight at once cannot fit in the cache."""
+        """CacheError when the shards of the tasks in flight at once, beside the index the reader holds, cannot fit
+        in the cache."""
         best, at = self.need(plan, pairs)
-        limit = self.source.cache.limit
-        if best > limit:
-            raise CacheError(f"{self.source.url}: the batches in flight at once (from batch {plan.tasks[at][0]} of "
-                             f"epoch {plan.epoch}: {plan.ahead + 1} gather task(s) of {plan.group} batch(es)) read "
-                             f"{human(best)} of shards, more than cache_limit {human(limit)}: {self.advice}")
+        src = self.source
+        if best + src.index_bytes > src.cache.limit:
+            raise CacheError(f"{src.url}: the batches in flight at once (from batch {plan.tasks[at][0]} of epoch "
+                             f"{plan.epoch}: {plan.ahead + 1} gather task(s) of {plan.group} batch(es)) read "
+                             f"{human(best)} of shards, {src.with_index()}: more than cache_limit "
+                             f"{human(src.cache.limit)}: {self.advice}")
 
     # -- a pass --------------------------------------------------------------------------------------
     def start(self, plan: Any) -> None:
@@ -361,5 +364,6 @@ def loader_window(loader: Any, fetch_ahead: int | str | None) -> ShardWindow | N
     w = ShardWindow(slots, ahead)
     if loader.mode == "full":
         w.advice = (f"a full shuffle reads from nearly every shard in every batch: set cache_limit above the build's "
-                    f"size ({human(int(w.sizes.sum()))}), or use shuffle='shard' (or 'block'), or in_memory=True")
+                    f"size, {human(int(w.sizes.sum()) + slots.source.index_bytes)} with its index, or use "
+                    f"shuffle='shard' (or 'block'), or in_memory=True")
     return w

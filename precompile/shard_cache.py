@@ -125,6 +125,17 @@ class CacheStats:
     evicted_bytes: int = 0
 
 
+@dataclass(frozen=True)
+class Room:
+    """How a download that finds the cache full behaves. ``headroom``: bytes it must leave free besides its own
+    (a prefetch leaves room for the downloads a batch waits for); ``let_go``: called before any wait, it lets go
+    of files the caller itself holds and no read needs now, and says whether it let go of any (room is then
+    sought again at once)."""
+
+    headroom: int = 0
+    let_go: Optional[Callable[[], bool]] = None
+
+
 class _Node:
     """This process's state for one cache folder: the lock file, the pins it holds, the downloads it runs."""
 
@@ -321,18 +332,20 @@ class ShardCache:
 
     # -- getting files ---------------------------------------------------------------------------
     def open(self, sha: str, size: int, url: str, read: Callable[[int, int], bytes], index: str = "",
-             wait: bool = True, cancel: Optional[threading.Event] = None) -> Optional[str]:
+             wait: bool = True, cancel: Optional[threading.Event] = None, room: Optional[Room] = None
+             ) -> Optional[str]:
         """The local path of the file ``url`` whose index (``index``) records ``sha`` and ``size``, pinned (call
         :meth:`unpin` when done): found in the cache, or downloaded with ``read(start, end)`` and verified.
-        ``wait=False``: None instead of waiting for room. Raises CacheError when it cannot fit, FormatError on a
-        mismatch; whatever ``read`` raises passes through (nothing is kept)."""
+        ``wait=False``: None instead of waiting for room; ``room``: how a download that finds no room behaves
+        (:class:`Room`). Raises CacheError when it cannot fit, FormatError on a mismatch; whatever ``read``
+        raises passes through (nothing is kept)."""
         self.check_fits(size, url)
         with self.node.key_lock(sha):
             self.pin(sha)
             try:
                 path = self.path(sha)
                 if not self._present(path, size):
-                    path = self._fetch(sha, size, url, read, index, wait, cancel)
+                    path = self._fetch(sha, size, url, read, index, wait, cancel, room or Room())
                 if path is None:
                     self.unpin(sha)
                 return path
@@ -358,7 +371,7 @@ class ShardCache:
         return True
 
     def _fetch(self, sha: str, size: int, url: str, read: Callable[[int, int], bytes], index: str, wait: bool,
-               cancel: Optional[threading.Event]) -> Optional[str]:
+               cancel: Optional[threading.Event], room: Room) -> Optional[str]:
         """Download ``url`` into place (the caller pins ``sha``), once per node: see the module docstring."""
         n = self.node
         with n.mu:
@@ -368,7 +381,7 @@ class ShardCache:
             path = self.path(sha)
             if self._present(path, size):   # another process brought it in while this one waited
                 return path
-            part = self._reserve(sha, size, url, wait)
+            part = self._reserve(sha, size, url, wait, room)
             if part is None:
                 return None
             got, nbytes = self._download(read, part, size, url, cancel)
@@ -431,7 +444,7 @@ class ShardCache:
         try:
             path = self.path(sha)
             if not self._present(path, len(data)):
-                part = self._reserve(token, len(data), url, True)
+                part = self._reserve(token, len(data), url, True, Room())
                 fd = os.open(part, os.O_WRONLY)
                 try:
                     _write_all(fd, data)
@@ -470,14 +483,15 @@ class ShardCache:
             self.unpin(sha)
 
     # -- room --------------------------------------------------------------------------------------
-    def _reserve(self, name: str, size: int, url: str, wait: bool) -> Optional[str]:
-        """``<name>.part`` created at ``size`` bytes once that fits in the limit (evicting least recently used
-        files nobody pins); None when it does not fit and ``wait`` is False."""
+    def _reserve(self, name: str, size: int, url: str, wait: bool, room: Room) -> Optional[str]:
+        """``<name>.part`` created at ``size`` bytes once that fits in the limit, ``room.headroom`` bytes to spare
+        (evicting least recently used files nobody pins); while it does not, the caller lets go of its own
+        files (``room.let_go``); then None when ``wait`` is False, else a wait of up to WAIT_S for others."""
         n = self.node
         deadline = time.monotonic() + WAIT_S
         while True:
             with self._locked():
-                short, held = self._make_room(size)
+                short, held = self._make_room(size + room.headroom)
                 if short <= 0:
                     part = os.path.join(n.files, f"{name}.part")
                     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -486,13 +500,15 @@ class ShardCache:
                     finally:
                         os.close(fd)
                     return part
+            if room.let_go is not None and room.let_go():
+                continue
             if not wait:
                 return None
             if time.monotonic() > deadline:
                 raise CacheError(
                     f"the cache {self.root} is full: {url} needs {human(size)}, cache_limit is {human(self.limit)}, "
                     f"and {human(held)} of it are files open or mapped by readers (this process's and others') "
-                    f"after waiting {WAIT_S:.0f} s: raise cache_limit, read with fewer processes, or use "
+                    f"after waiting {WAIT_S:g} s: raise cache_limit, read with fewer processes, or use "
                     f"shuffle='shard' (fewer shards in use at once)")
             time.sleep(0.1)
 

@@ -217,6 +217,24 @@ def test_limit_checks_count_the_index_the_reader_holds(remote, tmp_path, monkeyp
         precompile.open(url, cache_dir=tmp_path / "c", cache_limit=small, storage_options=so)
 
 
+def test_a_dataset_lets_go_of_its_own_shards_when_the_cache_is_full(remote, tmp_path, monkeypatch):
+    """A dataset keeps up to 8 shards open; when the cache has no room for the next one, it closes its own least
+    recently used ones first (it waited for other processes, then failed 'the cache is full')."""
+    import precompile.shard_cache as sc
+
+    monkeypatch.setattr(sc, "WAIT_S", 0.3)
+    url, so, index, _ = remote
+    sizes = [e["bytes"] for e in entries(index)]
+    limit = index.stat().st_size + 3 * max(sizes)   # the index and three shards
+    local = precompile.open(index)
+    ds = precompile.open(url, cache_dir=tmp_path / "c", cache_limit=limit, storage_options=so)
+    for i in [*range(0, len(ds), PER_SHARD), 5, 119, 64]:
+        np.testing.assert_array_equal(ds[i]["image"], local[i]["image"])
+        assert ShardCache(tmp_path / "c").usage() <= limit
+    assert len(ds._held) <= 3 and list(ds._held)[-1] == 8 and ds.remote.cache.stats.evictions >= len(sizes) - 3
+    np.testing.assert_array_equal(ds.batch([118, 3, 70, 9])["image"], local.batch([118, 3, 70, 9])["image"])
+
+
 def test_parse_size_and_default_folder(monkeypatch):
     assert parse_size(123) == 123 and parse_size("20GiB") == 20 << 30 and parse_size("1.5 KB") == 1500
     assert parse_size("2mib") == 2 << 20 and parse_size(" 7 ") == 7
@@ -446,14 +464,14 @@ def test_a_killed_reader_leaves_no_pins_and_a_dead_download_no_part(remote, tmp_
     try:
         assert p.stdout.readline().strip() == "held"
         sizes = [e["bytes"] for e in entries(index)]
-        limit = index.stat().st_size + sizes[0] + sizes[1]   # the index, shard 0 (held elsewhere), one more
+        limit = index.stat().st_size + sizes[0] + sizes[2] - 1   # the index, shard 0 (held elsewhere), not shard 2
         ds = precompile.open(url, cache_dir=cache, cache_limit=limit, storage_options=so)
-        ds[PER_SHARD]   # shard 1 fits beside the held shard 0, and stays open here
-        held = limit
+        held = index.stat().st_size + sizes[0]
         with pytest.raises(CacheError, match=rf"the cache {cache} is full: .*shard-00002-\w+.h5 needs .* \({sizes[2]} "
                                              rf"bytes\), cache_limit is .* \({limit} bytes\), and .* \({held} "
-                                             rf"bytes\) of it are files open or mapped by readers"):
-            ds[2 * PER_SHARD]   # the index and shard 1 are held here, shard 0 by the other process: no room
+                                             rf"bytes\) of it are files open or mapped by readers .* after waiting "
+                                             rf"0.3 s"):
+            ds[2 * PER_SHARD]   # the index is held here (no shard of its own to let go), shard 0 by the other
     finally:
         p.kill()
         p.wait()

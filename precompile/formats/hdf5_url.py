@@ -11,7 +11,8 @@ by its digest: a build replaced at the same URL is seen by the next open, and an
 file), and opens it as a :class:`RemoteH5Dataset`: an :class:`~precompile.formats.hdf5.H5Dataset` whose shard
 files are fetched into the cache when first read, checked against the index, and held (pinned) while open. A
 dataset keeps at most :data:`OPEN_SHARDS` shard files open (the least recently used is closed and let go first),
-so that many DataLoader workers leave the cache room. It pickles without handles or pins; each process fetches
+so that many DataLoader workers leave the cache room, and when the cache has no room for the shard it opens, it
+closes its own least recently used ones before it waits for other processes. It pickles without handles or pins; each process fetches
 through the same cache folder. The Loader reads the same shards through the reader's hooks
 (``RemoteH5Dataset.remote``: :class:`RemoteSource`; :mod:`precompile.reader.streaming`).
 """
@@ -28,7 +29,7 @@ import numpy as np
 from . import names as fmt
 from ..errors import CacheError, FormatError, PrecompileError
 from ..remote import CREDENTIALS_HINT, filesystem, is_credentials_error, protocol
-from ..shard_cache import ShardCache, human
+from ..shard_cache import Room, ShardCache, human
 from .hdf5 import HDF5_MAGIC, H5Dataset
 
 #: shard files a dataset keeps open (and pinned in the cache) at most
@@ -112,14 +113,15 @@ class RemoteSource:
     def size(self, s: int) -> int:
         return self.sizes[s]
 
-    def pin(self, s: int, wait: bool = True, cancel: Optional[threading.Event] = None) -> Optional[str]:
+    def pin(self, s: int, wait: bool = True, cancel: Optional[threading.Event] = None,
+            room: Optional[Room] = None) -> Optional[str]:
         """Shard ``s``'s local path, fetched if needed and held until :meth:`unpin` (None: no room and not
-        ``wait``)."""
+        ``wait``; ``room``: see :class:`~precompile.shard_cache.Room`)."""
         url = self.shard_url(s)
         try:
             return self.cache.open(self.shas[s], self.sizes[s], url,
                                    lambda start, end: self.fs().cat_file(url, start=start, end=end), index=self.url,
-                                   wait=wait, cancel=cancel)
+                                   wait=wait, cancel=cancel, room=room)
         except Exception as e:  # noqa: BLE001  (the store's own errors are not OSErrors: botocore, aiohttp)
             raise store_error(url, e, self.url) from None
 
@@ -164,7 +166,7 @@ class RemoteH5Dataset(H5Dataset):
                 return f
             while len(self._held) >= OPEN_SHARDS:
                 self._close_shard(next(iter(self._held)))
-            path = self.remote.pin(shard)
+            path = self.remote.pin(shard, room=Room(let_go=self._close_oldest))
             try:
                 f = h5py.File(path, "r", rdcc_nbytes=0)
             except OSError as e:
@@ -180,6 +182,14 @@ class RemoteH5Dataset(H5Dataset):
         self._start()
         self._pid = os.getpid()
         self._finalizer = weakref.finalize(self, _let_go, self.remote, self._held, index_sha)
+
+    def _close_oldest(self) -> bool:
+        """Close (and let go of) the least recently used shard this dataset holds, when the cache has no room for
+        the one it opens (called with the lock held: no read is using it); False when it holds none."""
+        if not self._held:
+            return False
+        self._close_shard(next(iter(self._held)))
+        return True
 
     def _close_shard(self, shard: int) -> None:
         f = self._held.pop(shard)

@@ -372,35 +372,59 @@ class ShardCache:
 
     def _fetch(self, sha: str, size: int, url: str, read: Callable[[int, int], bytes], index: str, wait: bool,
                cancel: Optional[threading.Event], room: Room) -> Optional[str]:
-        """Download ``url`` into place (the caller pins ``sha``), once per node: see the module docstring."""
+        """Download ``url`` into place (the caller pins ``sha``), once per node: see the module docstring. None
+        when ``wait`` is False and there is no room, or another process downloads it now."""
         n = self.node
         with n.mu:
             n.fetching.add(sha)
-        n.lock(_FETCH + _offset(sha))   # waits while another process downloads it
         try:
-            path = self.path(sha)
-            if self._present(path, size):   # another process brought it in while this one waited
-                return path
-            part = self._reserve(sha, size, url, wait, room)
-            if part is None:
+            if not self._lock_download(sha, room, wait):
                 return None
-            got, nbytes = self._download(read, part, size, url, cancel)
-            if nbytes != size or got != sha:
-                os.remove(part)
-                raise FormatError(f"{url}: read {nbytes} bytes with sha256 {got}; the index {index} records "
-                                  f"{size} bytes with sha256 {sha}: the object is damaged or not the one the index "
-                                  f"names. Nothing was kept in the cache; run precompile verify on the build, or "
-                                  f"build it again")
-            with self._locked():
-                os.replace(part, path)
-            with n.mu:
-                n.stats.downloads += 1
-                n.stats.downloaded_bytes += size
-            return path
+            try:
+                path = self.path(sha)
+                if self._present(path, size):   # another process brought it in while this one waited
+                    return path
+                part = self._reserve(sha, size, url, wait, room)
+                if part is None:
+                    return None
+                self._check(part, *self._download(read, part, size, url, cancel), sha, size, url, index)
+                with self._locked():
+                    os.replace(part, path)
+                with n.mu:
+                    n.stats.downloads += 1
+                    n.stats.downloaded_bytes += size
+                return path
+            finally:
+                n.unlock(_FETCH + _offset(sha))
         finally:
-            n.unlock(_FETCH + _offset(sha))
             with n.mu:
                 n.fetching.discard(sha)
+
+    @staticmethod
+    def _check(part: str, got: str, nbytes: int, sha: str, size: int, url: str, index: str) -> None:
+        """FormatError (and the part file removed) when a download is not the file its index records."""
+        if nbytes != size or got != sha:
+            os.remove(part)
+            raise FormatError(f"{url}: read {nbytes} bytes with sha256 {got}; the index {index} records "
+                              f"{size} bytes with sha256 {sha}: the object is damaged or not the one the index "
+                              f"names. Nothing was kept in the cache; run precompile verify on the build, or "
+                              f"build it again")
+
+    def _lock_download(self, sha: str, room: Room, wait: bool) -> bool:
+        """Take the download lock of ``sha`` (False: another process downloads it and ``wait`` is False). While
+        another process downloads it, the caller lets go of its own files (``room.let_go``) as it waits: that
+        process may be waiting for the room they take."""
+        n = self.node
+        if n.lock(_FETCH + _offset(sha), block=False):
+            return True
+        if not wait:
+            return False
+        if room.let_go is None:
+            return n.lock(_FETCH + _offset(sha))
+        while not n.lock(_FETCH + _offset(sha), block=False):
+            room.let_go()
+            time.sleep(0.05)
+        return True
 
     def _download(self, read: Callable[[int, int], bytes], part: str, size: int, url: str,
                   cancel: Optional[threading.Event]) -> tuple[str, int]:

@@ -377,9 +377,11 @@ if mode == "dataset":
         h.update(int(i).to_bytes(4, "little") + ds[int(i)]["image"].tobytes())
     stats = ds.remote.cache.stats
 else:
+    import precompile.shard_cache as sc
     from precompile.reader.loader import Loader
-    ld = Loader(url, batch_size=8, device="cpu", shuffle="shard", block_window=1, seed=me, prefetch=1,
-                fetch_ahead=0, cache_dir=cache, cache_limit=limit, storage_options=so)
+    kw = json.loads(mode)[me]   # this process's Loader options
+    sc.WAIT_S = kw.pop("wait_s", sc.WAIT_S)
+    ld = Loader(url, device="cpu", seed=me, cache_dir=cache, cache_limit=limit, storage_options=so, **kw)
     for e in range(2):
         ld.set_epoch(e)
         for b in ld:
@@ -393,7 +395,8 @@ json.dump({"digest": h.hexdigest(), "downloads": stats.downloads, "evictions": s
 
 
 def run_readers(url: str, so: dict, cache: Path, limit: int, n: int, out: Path, mode: str) -> list[dict]:
-    """``n`` processes that wait at a barrier, then read the whole build through one cache folder."""
+    """``n`` processes that wait at a barrier, then read the whole build through one cache folder: ``mode``
+    "dataset" (``ds[i]`` in a random order), or a JSON list of each process's Loader options (two epochs)."""
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     procs = [subprocess.Popen([sys.executable, "-c", READER, url, json.dumps(so), str(cache), str(limit), str(i),
@@ -425,14 +428,11 @@ def test_processes_sharing_a_cache_download_each_shard_once(remote, tmp_path):
     assert sum(r["downloads"] for r in got) == len(local.shards)   # asked at once by four: fetched once each
 
 
-def test_processes_streaming_through_a_small_cache(remote, tmp_path):
-    url, so, index, _ = remote
-    sizes = [e["bytes"] for e in entries(index)]
-    limit = index.stat().st_size + 10 * max(sizes)
-    assert sum(sizes) > limit
-    got = run_readers(url, so, tmp_path / "c", limit, 3, tmp_path / "out", "loader")
-    for i, r in enumerate(got):
-        a = Loader(str(index), batch_size=8, device="cpu", shuffle="shard", block_window=1, seed=i)
+def check_streamed(got: list[dict], index: Path, options: list[dict], limit: int) -> None:
+    """Each reader of :func:`run_readers` got the local build's batches, within the limit, mapping no evicted file."""
+    for i, (r, kw) in enumerate(zip(got, options)):
+        kw = {k: v for k, v in kw.items() if k not in ("fetch_ahead", "wait_s")}
+        a = Loader(str(index), device="cpu", seed=i, **kw)
         h = hashlib.sha256()
         for e in range(2):
             a.set_epoch(e)
@@ -440,6 +440,31 @@ def test_processes_streaming_through_a_small_cache(remote, tmp_path):
                 h.update(b["image"].numpy().tobytes())
         assert r["digest"] == h.hexdigest() and r["peak"] <= limit and r["deleted"] == 0
     assert sum(r["evictions"] for r in got) > 0
+
+
+def test_processes_streaming_through_a_small_cache(remote, tmp_path):
+    url, so, index, _ = remote
+    sizes = [e["bytes"] for e in entries(index)]
+    limit = index.stat().st_size + 10 * max(sizes)
+    assert sum(sizes) > limit
+    options = [dict(batch_size=8, shuffle="shard", block_window=1, prefetch=1, fetch_ahead=0)] * 3
+    got = run_readers(url, so, tmp_path / "c", limit, 3, tmp_path / "out", json.dumps(options))
+    check_streamed(got, index, options, limit)
+
+
+def test_processes_prefetching_share_a_small_cache(remote, tmp_path):
+    """Three Loaders that fetch ahead, in one cache whose limit holds the index and 6 shards. Each holds more than
+    a third of it at times (its tasks in flight, what it fetched ahead); a gather that finds no room (or waits for
+    another process's download) makes its process let go of what no gather reads now, and a prefetch leaves a
+    shard's room free and never waits. Before, prefetched shards stayed pinned while gathers everywhere waited,
+    and a process failed 'the cache is full'."""
+    url, so, index, _ = remote
+    sizes = [e["bytes"] for e in entries(index)]
+    limit = index.stat().st_size + 6 * max(sizes)
+    kw = dict(batch_size=5, block_window=1, prefetch=3, num_threads=2, fetch_ahead=limit // 6, wait_s=20)
+    options = [dict(kw, shuffle="shard"), dict(kw, shuffle="shard"), dict(kw, shuffle=False)]
+    got = run_readers(url, so, tmp_path / "c", limit, 3, tmp_path / "out", json.dumps(options))
+    check_streamed(got, index, options, limit)
 
 
 HOLDER = r"""

@@ -166,3 +166,29 @@ def test_a_download_takes_its_disk_space_before_its_bytes_arrive(tmp_path):
     path = cache.open(sha, len(data), "mem://x/3", read)
     assert seen[0][0] == size and seen[0][1] >= size, seen
     assert Path(path).read_bytes() == data
+
+
+def test_a_download_leaves_headroom_and_first_lets_go_of_the_callers_files(tmp_path):
+    """Room(headroom=...): a download (a Loader's prefetch) that would leave less than that free does not
+    happen; Room(let_go=...): before it waits, the caller lets go of its own files, and the download goes on."""
+    from precompile.shard_cache import Room
+
+    cache = ShardCache(tmp_path / "c", 120_000)
+    (a, sha_a), (b, sha_b) = blob(1), blob(2)
+    cache.open(sha_a, len(a), "mem://x/1", lambda s, e: a[s:e])          # pinned: 50 000 of 120 000 bytes
+    assert cache.open(sha_b, len(b), "mem://x/2", lambda s, e: b[s:e], wait=False, room=Room(headroom=30_000)) is None
+    assert sorted(os.listdir(tmp_path / "c" / "files")) == [f"{sha_a}.h5"]
+    cache.open(sha_b, len(b), "mem://x/2", lambda s, e: b[s:e], wait=False, room=Room(headroom=20_000))
+    c, sha_c = blob(3)   # 150 000 bytes with the two pinned: the caller lets go of one, then it fits
+    calls = []
+
+    def let_go() -> bool:
+        calls.append(len(calls))
+        if len(calls) > 1:
+            return False
+        cache.unpin(sha_a)
+        return True
+
+    assert cache.open(sha_c, len(c), "mem://x/3", lambda s, e: c[s:e], room=Room(let_go=let_go)) is not None
+    assert calls == [0] and sorted(os.listdir(tmp_path / "c" / "files")) == sorted(f"{h}.h5" for h in (sha_b, sha_c))
+    assert cache.stats.evictions == 1

@@ -8,11 +8,13 @@ A build opened from a URL (:mod:`precompile.formats.hdf5_url`) has its shards in
   batch that needs them, the shard pinned in the cache while mapped. Every plan (``reader.plan(rows)``) counts as a
   use of the slots it reads until its ``with`` block ends; a slot is unmapped (an anonymous ``PROT_NONE`` map over
   it) only when no gather uses it, and only then unpinned: a file is never evicted while mapped, so the cache
-  limit counts every byte on disk. When the cache has no room for a shard a batch needs, the reader first lets go
-  of its own unused slots.
+  limit counts every byte on disk. When the cache has no room for a shard a gather needs (or another process is
+  downloading it), the reader first lets go of what no gather reads now: its unused slots and its window's
+  prefetched shards (:meth:`ShardWindow.drop_idle`), before it waits for other processes.
 - :class:`ShardWindow`: one Loader pass. The pass's gather tasks are known in advance (the
   :class:`~precompile.reader.feed.PassPlan`), so fetch threads (:data:`FETCH_THREADS`) fetch the shards of the
-  tasks in flight and then of the next tasks, in first-use order, up to ``fetch_ahead`` bytes beyond them. Each
+  tasks in flight and then of the next tasks, in first-use order, up to ``fetch_ahead`` bytes beyond them; a fetch
+  never waits, and leaves the largest shard's size of the cache free (``headroom``) for the gathers. Each
   time the consumer reaches a new task (a few numpy operations in its thread: no thread of its own to wake),
   prefetched shards that no task within reach needs are let go, and so are mapped slots, but for the most recently
   used that fit in what ``fetch_ahead`` leaves. The Loader checks at construction (and at the start of every pass)
@@ -33,7 +35,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import CacheError, PrecompileError
-from ..shard_cache import human, parse_size
+from ..shard_cache import Room, human, parse_size
 
 log = logging.getLogger("precompile.reader")
 
@@ -55,6 +57,8 @@ class StreamingSlots:
         self.uses = np.zeros(len(self.shard_of_slot), dtype=np.int64)
         self.last = np.zeros(len(self.shard_of_slot), dtype=np.int64)   # when each slot was last planned
         self._tick = 0
+        self.window: ShardWindow | None = None   # a Loader's, whose prefetched shards go first when room is short
+        self._room = Room(let_go=self._let_go)
         # a reader dropped without close() lets go of its shards too (pins would outlive it otherwise)
         self._finalizer = weakref.finalize(reader, _unpin_mapped, self.source, self.region.mapped, self.shard_of_slot)
 
@@ -111,9 +115,7 @@ class StreamingSlots:
     def _map(self, i: int) -> None:
         """Map slot ``i`` (its shard fetched and pinned first); no-op if another thread mapped it meanwhile."""
         r, s = self.reader, int(self.shard_of_slot[i])
-        if self.source.pin(s, wait=False) is None:   # no room: first let go of this reader's own unused slots
-            self.release_unused()
-            self.source.pin(s)
+        self.source.pin(s, room=self._room)
         with r._lock:
             if r._closed or self.region.mapped[i]:
                 self.source.unpin(s)
@@ -126,13 +128,20 @@ class StreamingSlots:
                 raise
             r._unmapped -= 1
 
-    def unmap(self, shards: Sequence[int]) -> None:
-        """Unmap (and unpin) the slots of ``shards`` that are mapped and that no gather uses now."""
+    def _let_go(self) -> bool:
+        """The cache has no room for a shard a gather needs: let go of the shards fetched ahead and of the mapped
+        slots that no gather reads now (True when there were any)."""
+        dropped = self.window is not None and self.window.drop_idle()
+        return self.release_unused() or dropped
+
+    def unmap(self, shards: Sequence[int]) -> bool:
+        """Unmap (and unpin) the slots of ``shards`` that are mapped and that no gather uses now (True when there
+        were any)."""
         r = self.reader
         gone = []
         with r._lock:
             if r._closed:
-                return
+                return False
             for s in shards:
                 i = int(self.slot_of_shard[int(s)])
                 if i >= 0 and self.region.mapped[i] and not self.uses[i]:
@@ -141,10 +150,17 @@ class StreamingSlots:
                     gone.append(int(s))
         for s in gone:
             self.source.unpin(s)
+        return bool(gone)
 
-    def release_unused(self) -> None:
-        """Unmap every slot no gather uses now (the cache needs room)."""
-        self.unmap(self.mapped_shards().tolist())
+    def release_unused(self) -> bool:
+        """Unmap every slot no gather uses now (True when there were any)."""
+        return self.unmap(self.mapped_shards().tolist())
+
+    def in_use(self, shards: Sequence[int]) -> np.ndarray:
+        """Which of ``shards`` a gather reads now."""
+        i = self.slot_of_shard[np.asarray(shards, dtype=np.int64)]
+        with self.reader._lock:
+            return (i >= 0) & (self.uses[np.maximum(i, 0)] > 0)
 
     def close(self) -> None:
         """Unpin every mapped shard (the reader drops the whole range; call with the reader's lock held)."""
@@ -173,10 +189,14 @@ class ShardWindow:
         self.slots, self.source = slots, slots.source
         self.sizes = np.array([self.source.size(s) for s in range(len(slots.slot_of_shard))], dtype=np.int64)
         self.fetch_ahead = int(fetch_ahead)
+        # a prefetch leaves this much of the cache free: room for the shard a gather (here or elsewhere) waits for
+        self.headroom = int(self.sizes.max()) if len(self.sizes) else 0
         self.live = np.diff(slots.reader.offsets) > 0   # shards that hold rows
+        slots.window = self
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
+        self._pins: set[int] = set()   # prefetched shards this pass holds (pinned, not yet mapped by a gather)
 
     # -- what a pass needs -------------------------------------------------------------------------
     def _pairs(self, plan: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -306,6 +326,19 @@ class ShardWindow:
         for s in drop:
             self.source.unpin(s)
 
+    def drop_idle(self) -> bool:
+        """A gather found no room: let go of the prefetched shards that no gather reads now (fetched again, if
+        evicted meanwhile, when the consumer moves on); True when there were any."""
+        with self._lock:
+            pins = list(self._pins)
+        idle = [s for s, used in zip(pins, self.slots.in_use(pins).tolist()) if not used]
+        with self._lock:
+            idle = [s for s in idle if s in self._pins]
+            self._pins.difference_update(idle)
+        for s in idle:
+            self.source.unpin(s)
+        return bool(idle)
+
     def _pump(self) -> None:
         """Start fetching the first queued shards not yet pinned (at most FETCH_THREADS at once; call with the
         lock held)."""
@@ -319,10 +352,10 @@ class ShardWindow:
                 self._busy.add(s)
 
     def _fetch_one(self, s: int) -> None:
-        """Fetch and pin shard ``s`` (without waiting for room: with none, it is tried again when the consumer
-        moves on), then the next queued one."""
+        """Fetch and pin shard ``s`` (without waiting for room, and only while ``headroom`` bytes stay free
+        besides it: otherwise it is tried again when the consumer moves on), then the next queued one."""
         try:
-            got = self.source.pin(s, wait=False, cancel=self._stop)
+            got = self.source.pin(s, wait=False, cancel=self._stop, room=Room(headroom=self.headroom))
         except PrecompileError as e:   # the gather that needs it fetches it again and raises the error there
             log.debug("prefetch of shard %d failed: %s", s, e)
             got = None

@@ -524,8 +524,8 @@ class ShardCache:
                     finally:
                         os.close(fd)
                     return part
-            if room.let_go is not None and room.let_go():
-                continue
+            if room.let_go is not None and room.let_go() and time.monotonic() <= deadline:
+                continue   # the caller let go of some of its own files: try again at once
             if not wait:
                 return None
             if time.monotonic() > deadline:

@@ -6,16 +6,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
 import precompile
-from precompile.errors import CacheError, FormatError
+from precompile.errors import CacheError, FormatError, PrecompileError
 from precompile.recipe import parse_recipe
 from precompile.shard_cache import ShardCache, default_cache_dir, parse_size
 from loader_cases import _make_inputs
@@ -347,6 +349,76 @@ def test_missing_objects_credentials_and_endpoints_are_clear(remote, tmp_path, m
                                           r"HDF5 builds only"):
         client.put_object(Bucket=BUCKET, Key="read4/x.json", Body=b'{"attrs": {}}', ACL="public-read")
         precompile.open(f"s3://{BUCKET}/read4/x.json", cache_dir=tmp_path / "c", storage_options=so)
+
+
+@pytest.fixture(scope="module")
+def text_build(s3, tmp_path_factory):  # noqa: F811
+    """(index URL, storage_options, local index): a build of a target and a text column only, uploaded."""
+    endpoint, client = s3
+    root = tmp_path_factory.mktemp("text_build")
+    (root / "t.jsonl").write_text("".join(json.dumps({"id": f"r{i:03d}", "x": i / 4, "t": "ab" * (i % 7)}) + "\n"
+                                          for i in range(40)))
+    recipe = parse_recipe({"name": "c", "inputs": {"root": ".", "table": "t.jsonl", "key": "id", "columns": {
+        "x": {"column": "x", "kind": "target"}, "t": {"column": "t", "kind": "text"}}},
+        "output": {"format": "hdf5", "samples_per_shard": 8}}, base_dir=str(root))
+    precompile.build(recipe, out_dir=str(root / "out"))
+    upload_tree(client, root / "out", "text1")
+    return f"s3://{BUCKET}/text1/c.h5", {"endpoint_url": endpoint, "anon": True}, root / "out" / "c.h5"
+
+
+def test_a_loader_that_maps_no_field_reads_from_a_url(remote, text_build, tmp_path):
+    """fields=[] or only text fields: nothing to map, so no address range to reserve (it failed 'this platform
+    does not allow' naming the cached index)."""
+    url, so, index = text_build
+    kw = dict(batch_size=6, device="cpu", shuffle=True, seed=4)
+    for fields in (["t"], []):
+        a = Loader(str(index), fields=fields, **kw)
+        b = Loader(url, fields=fields, cache_dir=tmp_path / "c", storage_options=so, **kw)
+        assert b.reader.streaming is None and b.window is None
+        got = list(b)
+        assert got == list(a) and len(got) == 7
+        assert not fields or [t for batch in got for t in batch["t"]] == [
+            precompile.open(index)[int(i)]["t"] for i in np.concatenate(b.batch_indices(0))]
+        a.close()
+        b.close()
+    url, so, index, _ = remote
+    b = Loader(url, fields=[], batch_size=8, device="cpu", cache_dir=tmp_path / "c2", storage_options=so)
+    assert len(list(b)) == 15 and b.reader.mapped_shards == 0 and b.ds.remote.cache.stats.downloads == 0
+
+
+def test_reader_messages_name_the_url(remote, tmp_path):
+    url, so, index, client = remote
+    b = Loader(url, batch_size=8, device="cpu", cache_dir=tmp_path / "c", storage_options=so)
+    next(iter(b))
+    b.close()
+    with pytest.raises(PrecompileError, match=rf"^{url}: reader is closed \(open a new Loader to read again\)"):
+        next(iter(b))
+    # the index's chunk table points past shard 0's end: the message names the URL, the shard and the field
+    bad = tmp_path / "bad"
+    shutil.copytree(index.parent, bad)
+    first_label_chunk = entries(index)[0]["chunks"]["image"][1]
+    with h5py.File(bad / "t.h5", "r+") as f:
+        f["__chunks__"][first_label_chunk, 0] = 10 ** 9
+    upload_tree(client, bad, "read6")
+    u = f"s3://{BUCKET}/read6/t.h5"
+    with pytest.raises(FormatError, match=rf"^{u}: shard {entries(index)[0]['file']}, field 'label': the index's "
+                                          r"chunk table points outside the shard's \d+ bytes"):
+        Loader(u, batch_size=8, device="cpu", cache_dir=tmp_path / "c", storage_options=so)
+    # a cached copy removed behind the reader's back (its pin stops precompile, not rm): URL and cache folder named
+    ld = Loader(url, batch_size=8, device="cpu", shuffle=False, cache_dir=tmp_path / "c2", storage_options=so)
+    pin = ld.ds.remote.pin
+
+    def pin_then_lose(s: int, *args: object, **kw: object) -> str:
+        path = pin(s, *args, **kw)
+        os.remove(path)
+        return path
+
+    ld.ds.remote.pin = pin_then_lose
+    with pytest.raises(FormatError, match=rf"^s3://{BUCKET}/read1/{entries(index)[0]['file']}: its verified copy "
+                                          rf"{tmp_path / 'c2' / 'files'}/\w+\.h5 is gone while held open: something "
+                                          rf"other than precompile removed it from the cache folder {tmp_path / 'c2'}"):
+        next(iter(ld))
+    ld.close()
 
 
 def test_dataloader_workers_share_the_cache(remote, tmp_path):

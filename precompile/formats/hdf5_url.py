@@ -113,6 +113,12 @@ class RemoteSource:
     def size(self, s: int) -> int:
         return self.sizes[s]
 
+    def lost(self, s: int) -> str:
+        """The message for shard ``s``'s cached copy gone while this process held it."""
+        return (f"{self.shard_url(s)}: its verified copy {self.path(s)} is gone while held open: something other "
+                f"than precompile removed it from the cache folder {self.cache.root} (precompile never removes a "
+                f"file a reader holds); open the build again, and leave the cache folder to precompile")
+
     def pin(self, s: int, wait: bool = True, cancel: Optional[threading.Event] = None,
             room: Optional[Room] = None) -> Optional[str]:
         """Shard ``s``'s local path, fetched if needed and held until :meth:`unpin` (None: no room and not

@@ -27,6 +27,7 @@ Imports neither torch nor h5py.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import CacheError, PrecompileError
+from ..errors import CacheError, FormatError, PrecompileError
 from ..shard_cache import Room, human, parse_size
 
 log = logging.getLogger("precompile.reader")
@@ -122,9 +123,11 @@ class StreamingSlots:
                 r._check_open()
                 return
             try:
-                self.region.map_slot(i, r.ds.path)
+                self.region.map_slot(i)
             except BaseException:
                 self.source.unpin(s)
+                if not os.path.exists(self.region.paths[i]):   # pinned, so never evicted: removed by hand
+                    raise FormatError(self.source.lost(s)) from None
                 raise
             r._unmapped -= 1
 

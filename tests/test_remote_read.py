@@ -386,6 +386,27 @@ def test_a_loader_that_maps_no_field_reads_from_a_url(remote, text_build, tmp_pa
     assert len(list(b)) == 15 and b.reader.mapped_shards == 0 and b.ds.remote.cache.stats.downloads == 0
 
 
+def test_closing_a_loader_lets_go_of_everything_it_held_in_the_cache(text_build, tmp_path):
+    """Its text fields' dataset (up to 8 shards) and the dataset it opened (the index, ragged fields' shards) were
+    left to the garbage collector: another process could not evict them after close()."""
+    from test_shard_cache import evict_from_another_process
+
+    url, so, index = text_build
+    ld = Loader(url, batch_size=6, device="cpu", shuffle=False, cache_dir=tmp_path / "c", storage_options=so)
+    assert [t for b in ld for t in b["t"]] == [precompile.open(index)[i]["t"] for i in range(40)]
+    used = ShardCache(tmp_path / "c").usage()
+    assert evict_from_another_process(tmp_path / "c", used, used) == "no room"
+    ds = ld.ds
+    ld.close()
+    assert evict_from_another_process(tmp_path / "c", used, used) == "evicted"
+    with pytest.raises(PrecompileError, match=rf"^{url}: the dataset was released when the Loader that opened it "
+                                              r"closed: open the build again"):
+        ds[0]
+    mine = precompile.open(url, cache_dir=tmp_path / "c", storage_options=so)
+    Loader(mine, batch_size=6, device="cpu").close()   # a dataset given to a Loader stays the caller's
+    assert mine[39]["t"] == "ab" * (39 % 7)
+
+
 def test_reader_messages_name_the_url(remote, tmp_path):
     url, so, index, client = remote
     b = Loader(url, batch_size=8, device="cpu", cache_dir=tmp_path / "c", storage_options=so)

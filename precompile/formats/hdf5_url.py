@@ -142,6 +142,7 @@ class RemoteH5Dataset(H5Dataset):
                  fields: Sequence[str] | None = None, fs: Any = None):
         super().__init__(index_path, fields=fields)
         self.url = url
+        self._released = False
         self.remote = RemoteSource(url, self.shards, cache, storage_options, fs, os.path.getsize(index_path))
         self._start()
 
@@ -166,6 +167,7 @@ class RemoteH5Dataset(H5Dataset):
         if self._pid != os.getpid():   # first use in this process (unpickled in a worker, or inherited by a fork)
             self._own(None)
         with self._lock:
+            self._check_held()
             f = self._files.get(shard)
             if f is not None:
                 self._held.move_to_end(shard)
@@ -206,10 +208,25 @@ class RemoteH5Dataset(H5Dataset):
         self.remote.unpin(shard)
 
     def close(self) -> None:
+        """Close the open shard files and let go of them (they are opened again when read)."""
         with self._lock:
             if self._pid == os.getpid():
                 for shard in list(self._held):
                     self._close_shard(shard)
+
+    def release(self) -> None:
+        """:meth:`close`, and let go of the index's cached copy too, for good: reading afterwards is a
+        PrecompileError (a Loader that opened the dataset calls this when it closes)."""
+        with self._lock:
+            self.close()
+            self._released = True
+            if self._pid == os.getpid():
+                self._finalizer()
+
+    def _check_held(self) -> None:
+        if self._released:
+            raise PrecompileError(f"{self.url}: the dataset was released when the Loader that opened it closed: "
+                                  f"open the build again (precompile.open)")
 
     def batch(self, indices: Any, pad: Any = False) -> Any:
         with self._lock:   # a shard file is never closed while another thread reads it
@@ -225,6 +242,7 @@ class RemoteH5Dataset(H5Dataset):
 
     def reopen(self, fields: Sequence[str]) -> "RemoteH5Dataset":
         """The same snapshot serving only ``fields``, with its own handles (while this dataset holds the index)."""
+        self._check_held()
         r = self.remote
         return RemoteH5Dataset(self.path, self.url, r.cache, r.storage_options, fields, r._fs)
 
@@ -233,6 +251,7 @@ class RemoteH5Dataset(H5Dataset):
         beside it, which a cached index has not), global offsets and shapes."""
         import h5py
 
+        self._check_held()
         with h5py.File(self.path, "r") as f:
             offsets, shapes = f[name][fmt.RAGGED_OFFSETS][:], f[name][fmt.RAGGED_SHAPES][:]
         with self._lock:

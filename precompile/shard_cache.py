@@ -26,6 +26,10 @@ The rules:
   open or mapped anywhere is never removed, so the limit counts every byte on disk; on POSIX an unlinked file
   would keep its blocks while mapped). When pinned files fill the limit, a download waits up to
   :data:`WAIT_S` for other processes to let go, then raises :class:`~precompile.errors.CacheError`.
+- **Reads before prefetches.** A download that waits for room holds a shared lock on the ``_WAITING`` byte of
+  ``locks`` while it waits; a prefetch (:class:`Room` ``prefetch``) that finds any such lock held, in this process
+  or another, takes no room. A download first lets go of what its caller holds and no read uses now
+  (``Room.let_go``), also while it waits for another process's download of the same file.
 - **One download per file.** A download holds an exclusive lock on its file's byte of a second range; a process
   asking for the same file waits for it, then finds the file in place. Its size is reserved first, under the
   cache-wide lock, so processes downloading at once cannot overshoot the limit together. A ``.part`` file whose
@@ -72,8 +76,9 @@ ENV_DIR = "PRECOMPILE_CACHE"
 BLOCK = 8 << 20
 #: how long a download waits for files pinned by other processes to be let go before CacheError
 WAIT_S = 60.0
-# offsets in the lock file: the cache-wide lock, then one byte per file in two ranges (pins, downloads)
-_GLOBAL, _PIN, _FETCH = 0, 1 << 61, 1 << 62
+# offsets in the lock file: the cache-wide lock, the waits for room, then one byte per file in two ranges (pins,
+# downloads)
+_GLOBAL, _WAITING, _PIN, _FETCH = 0, 1, 1 << 61, 1 << 62
 _SIZE_RE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*")
 _UNITS = {"": 1, "b": 1, "k": 10 ** 3, "kb": 10 ** 3, "m": 10 ** 6, "mb": 10 ** 6, "g": 10 ** 9, "gb": 10 ** 9,
           "t": 10 ** 12, "tb": 10 ** 12, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -127,13 +132,13 @@ class CacheStats:
 
 @dataclass(frozen=True)
 class Room:
-    """How a download that finds the cache full behaves. ``headroom``: bytes it must leave free besides its own
-    (a prefetch leaves room for the downloads a batch waits for); ``let_go``: called before any wait, it lets go
-    of files the caller itself holds and no read needs now, and says whether it let go of any (room is then
-    sought again at once)."""
+    """How a download that finds the cache full behaves. ``let_go``: called before any wait, it lets go of files
+    the caller itself holds and no read needs now, and says whether it let go of any (room is then sought again
+    at once); ``prefetch``: a download no read waits for (a Loader's fetch ahead), which takes no room while a
+    read anywhere on the node waits for room."""
 
-    headroom: int = 0
     let_go: Optional[Callable[[], bool]] = None
+    prefetch: bool = False
 
 
 class _Node:
@@ -157,6 +162,7 @@ class _Node:
         self.room = threading.Lock()     # one thread of this process in the cache-wide lock at a time
         self.pins: dict[str, int] = {}   # name -> this process's users of the file
         self.fetching: set[str] = set()  # names this process downloads (or waits to)
+        self.waiting = 0                 # this process's threads waiting for room
         self.key_locks: dict[str, threading.Lock] = {}
         self.stats = CacheStats()
         self.pid = os.getpid()
@@ -508,33 +514,69 @@ class ShardCache:
 
     # -- room --------------------------------------------------------------------------------------
     def _reserve(self, name: str, size: int, url: str, wait: bool, room: Room) -> Optional[str]:
-        """``<name>.part`` created at ``size`` bytes once that fits in the limit, ``room.headroom`` bytes to spare
-        (evicting least recently used files nobody pins); while it does not, the caller lets go of its own
-        files (``room.let_go``); then None when ``wait`` is False, else a wait of up to WAIT_S for others."""
-        n = self.node
+        """``<name>.part`` created at ``size`` bytes once that fits in the limit (evicting least recently used
+        files nobody pins); while it does not, the caller lets go of its own files (``room.let_go``), then None
+        when ``wait`` is False, else a wait of up to WAIT_S for others, marked as a wait for room (which stops
+        every prefetch on the node: ``room.prefetch``)."""
         deadline = time.monotonic() + WAIT_S
-        while True:
-            with self._locked():
-                short, held = self._make_room(size + room.headroom)
-                if short <= 0:
-                    part = os.path.join(n.files, f"{name}.part")
-                    fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                    try:
-                        os.ftruncate(fd, size)
-                    finally:
-                        os.close(fd)
-                    return part
-            if room.let_go is not None and room.let_go() and time.monotonic() <= deadline:
-                continue   # the caller let go of some of its own files: try again at once
-            if not wait:
-                return None
-            if time.monotonic() > deadline:
-                raise CacheError(
-                    f"the cache {self.root} is full: {url} needs {human(size)}, cache_limit is {human(self.limit)}, "
-                    f"and {human(held)} of it are files open or mapped by readers (this process's and others') "
-                    f"after waiting {WAIT_S:g} s: raise cache_limit, read with fewer processes, or use "
-                    f"shuffle='shard' (fewer shards in use at once)")
-            time.sleep(0.1)
+        marked = False
+        try:
+            while True:
+                if room.prefetch and self._someone_waits():
+                    return None
+                with self._locked():
+                    short, held = self._make_room(size)
+                    if short <= 0:
+                        return self._new_part(name, size)
+                if room.let_go is not None and room.let_go() and time.monotonic() <= deadline:
+                    continue   # the caller let go of some of its own files: try again at once
+                if not wait:
+                    return None
+                if time.monotonic() > deadline:
+                    raise CacheError(
+                        f"the cache {self.root} is full: {url} needs {human(size)}, cache_limit is "
+                        f"{human(self.limit)}, and {human(held)} of it are files open or mapped by readers (this "
+                        f"process's and others') after waiting {WAIT_S:g} s: raise cache_limit, read with fewer "
+                        f"processes, or use shuffle='shard' (fewer shards in use at once)")
+                if not marked:
+                    marked = self._mark_waiting(1)
+                time.sleep(0.1)
+        finally:
+            if marked:
+                self._mark_waiting(-1)
+
+    def _new_part(self, name: str, size: int) -> str:
+        """``<name>.part`` at ``size`` bytes (sparse: its blocks are taken when its download starts)."""
+        part = os.path.join(self.node.files, f"{name}.part")
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+        finally:
+            os.close(fd)
+        return part
+
+    def _mark_waiting(self, step: int) -> bool:
+        """Count a thread of this process in (``step`` 1) or out (-1) of a wait for room; the process holds a
+        shared lock on the ``_WAITING`` byte while any of its threads waits."""
+        n = self.node
+        with n.mu:
+            n.waiting += step
+            if step > 0 and n.waiting == 1:
+                n.lock(_WAITING, shared=True)
+            elif step < 0 and n.waiting == 0:
+                n.unlock(_WAITING)
+        return True
+
+    def _someone_waits(self) -> bool:
+        """Whether a read of this process or another waits for room now (a prefetch then takes none)."""
+        n = self.node
+        with n.mu:   # never tested while this process holds the byte itself (the test would take its lock)
+            if n.waiting:
+                return True
+            if not n.lock(_WAITING, block=False):
+                return True
+            n.unlock(_WAITING)
+            return False
 
     def _make_room(self, size: int) -> tuple[int, int]:
         """Evict until ``size`` more bytes fit (call under the cache-wide lock); (bytes still short, bytes of

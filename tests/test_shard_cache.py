@@ -168,18 +168,57 @@ def test_a_download_takes_its_disk_space_before_its_bytes_arrive(tmp_path):
     assert Path(path).read_bytes() == data
 
 
-def test_a_download_leaves_headroom_and_first_lets_go_of_the_callers_files(tmp_path):
-    """Room(headroom=...): a download (a Loader's prefetch) that would leave less than that free does not
-    happen; Room(let_go=...): before it waits, the caller lets go of its own files, and the download goes on."""
+WAITER = r"""
+import hashlib, sys
+import precompile.shard_cache as sc
+sc.WAIT_S = 30.0
+data = bytes([9]) * 100_000
+print("asking", flush=True)
+sc.ShardCache(sys.argv[1], 120_000).open(hashlib.sha256(data).hexdigest(), len(data), "mem://x/9",
+                                         lambda a, b: data[a:b])
+print("got it", flush=True)
+"""
+
+
+def test_a_prefetch_takes_no_room_while_another_process_waits_for_some(tmp_path):
+    """Room(prefetch=True): a download that fits is not made while a read elsewhere waits for room (a Loader's
+    fetch ahead gives way to the batches of every process on the node)."""
+    from precompile.shard_cache import Room
+
+    cache = ShardCache(tmp_path / "c", 120_000)
+    (a, sha_a), (b, sha_b) = blob(1), blob(2, 20_000)
+    cache.open(sha_a, len(a), "mem://x/1", lambda s, e: a[s:e])   # pinned: the waiter's 100 000 bytes cannot fit
+    p = spawn(WAITER, tmp_path / "c")
+    try:
+        assert p.stdout.readline().strip() == "asking"
+        refused, deadline = False, time.monotonic() + 20
+        while not refused and time.monotonic() < deadline:   # until the other process is in its wait
+            got = cache.open(sha_b, len(b), "mem://x/2", lambda s, e: b[s:e], wait=False, room=Room(prefetch=True))
+            refused = got is None
+            if got is not None:
+                cache.unpin(sha_b)
+                os.remove(got)
+            time.sleep(0.05)
+        assert refused   # 50 000 + 20 000 bytes fit in 120 000: refused only because the other process waits
+        cache.unpin(sha_a)
+        assert p.stdout.readline().strip() == "got it" and p.wait(timeout=30) == 0
+    finally:
+        p.kill()
+        p.wait()
+        p.stdout.close()
+    got = cache.open(sha_b, len(b), "mem://x/2", lambda s, e: b[s:e], wait=False, room=Room(prefetch=True))
+    assert got is not None and Path(got).read_bytes() == b   # nobody waits now
+
+
+def test_a_download_first_lets_go_of_the_callers_files(tmp_path):
+    """Room(let_go=...): before it waits, the caller lets go of its own files, and the download goes on."""
     from precompile.shard_cache import Room
 
     cache = ShardCache(tmp_path / "c", 120_000)
     (a, sha_a), (b, sha_b) = blob(1), blob(2)
-    cache.open(sha_a, len(a), "mem://x/1", lambda s, e: a[s:e])          # pinned: 50 000 of 120 000 bytes
-    assert cache.open(sha_b, len(b), "mem://x/2", lambda s, e: b[s:e], wait=False, room=Room(headroom=30_000)) is None
-    assert sorted(os.listdir(tmp_path / "c" / "files")) == [f"{sha_a}.h5"]
-    cache.open(sha_b, len(b), "mem://x/2", lambda s, e: b[s:e], wait=False, room=Room(headroom=20_000))
-    c, sha_c = blob(3)   # 150 000 bytes with the two pinned: the caller lets go of one, then it fits
+    cache.open(sha_a, len(a), "mem://x/1", lambda s, e: a[s:e])
+    cache.open(sha_b, len(b), "mem://x/2", lambda s, e: b[s:e])   # both pinned: 100 000 of 120 000 bytes
+    c, sha_c = blob(3)   # 150 000 bytes with the two: the caller lets go of one, then it fits
     calls = []
 
     def let_go() -> bool:

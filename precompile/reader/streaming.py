@@ -14,7 +14,7 @@ A build opened from a URL (:mod:`precompile.formats.hdf5_url`) has its shards in
 - :class:`ShardWindow`: one Loader pass. The pass's gather tasks are known in advance (the
   :class:`~precompile.reader.feed.PassPlan`), so fetch threads (:data:`FETCH_THREADS`) fetch the shards of the
   tasks in flight and then of the next tasks, in first-use order, up to ``fetch_ahead`` bytes beyond them; a fetch
-  never waits, and leaves the largest shard's size of the cache free (``headroom``) for the gathers. Each
+  never waits, and takes no room while a read anywhere on the node waits for room. Each
   time the consumer reaches a new task (a few numpy operations in its thread: no thread of its own to wake),
   prefetched shards that no task within reach needs are let go, and so are mapped slots, but for the most recently
   used that fit in what ``fetch_ahead`` leaves. The Loader checks at construction (and at the start of every pass)
@@ -42,6 +42,7 @@ log = logging.getLogger("precompile.reader")
 
 #: shards fetched at once by a Loader's window
 FETCH_THREADS = 4
+_PREFETCH = Room(prefetch=True)
 #: fetch_ahead when none is given: this share of cache_limit, at most DEFAULT_AHEAD_MAX bytes
 DEFAULT_AHEAD_SHARE = 0.25
 DEFAULT_AHEAD_MAX = 1 << 30
@@ -192,8 +193,6 @@ class ShardWindow:
         self.slots, self.source = slots, slots.source
         self.sizes = np.array([self.source.size(s) for s in range(len(slots.slot_of_shard))], dtype=np.int64)
         self.fetch_ahead = int(fetch_ahead)
-        # a prefetch leaves this much of the cache free: room for the shard a gather (here or elsewhere) waits for
-        self.headroom = int(self.sizes.max()) if len(self.sizes) else 0
         self.live = np.diff(slots.reader.offsets) > 0   # shards that hold rows
         slots.window = self
         self._lock = threading.Lock()
@@ -355,10 +354,11 @@ class ShardWindow:
                 self._busy.add(s)
 
     def _fetch_one(self, s: int) -> None:
-        """Fetch and pin shard ``s`` (without waiting for room, and only while ``headroom`` bytes stay free
-        besides it: otherwise it is tried again when the consumer moves on), then the next queued one."""
+        """Fetch and pin shard ``s`` (without waiting for room or for another process's download, and taking no
+        room while a read on the node waits for room: it is tried again when the consumer moves on), then the
+        next queued one."""
         try:
-            got = self.source.pin(s, wait=False, cancel=self._stop, room=Room(headroom=self.headroom))
+            got = self.source.pin(s, wait=False, cancel=self._stop, room=_PREFETCH)
         except PrecompileError as e:   # the gather that needs it fetches it again and raises the error there
             log.debug("prefetch of shard %d failed: %s", s, e)
             got = None

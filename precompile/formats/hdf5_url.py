@@ -12,8 +12,8 @@ file), and opens it as a :class:`RemoteH5Dataset`: an :class:`~precompile.format
 files are fetched into the cache when first read, checked against the index, and held (pinned) while open. A
 dataset keeps at most :data:`OPEN_SHARDS` shard files open (the least recently used is closed and let go first),
 so that many DataLoader workers leave the cache room, and when the cache has no room for the shard it opens, it
-closes its own least recently used ones before it waits for other processes. It pickles without handles or pins; each process fetches
-through the same cache folder. The Loader reads the same shards through the reader's hooks
+closes its own least recently used ones before it waits for other processes. It pickles without handles or pins;
+each process fetches through the same cache folder. The Loader reads the same shards through the reader's hooks
 (``RemoteH5Dataset.remote``: :class:`RemoteSource`; :mod:`precompile.reader.streaming`).
 """
 from __future__ import annotations

@@ -42,6 +42,7 @@ log = logging.getLogger("precompile.reader")
 
 #: shards fetched at once by a Loader's window
 FETCH_THREADS = 4
+# how the window's fetches ask for room: never waiting, and taking none while a read on the node waits for some
 _PREFETCH = Room(prefetch=True)
 #: fetch_ahead when none is given: this share of cache_limit, at most DEFAULT_AHEAD_MAX bytes
 DEFAULT_AHEAD_SHARE = 0.25
@@ -329,7 +330,7 @@ class ShardWindow:
             self.source.unpin(s)
 
     def drop_idle(self) -> bool:
-        """A gather found no room: let go of the prefetched shards that no gather reads now (fetched again, if
+        """A gather needs room: let go of the prefetched shards that no gather reads now (fetched again, if
         evicted meanwhile, when the consumer moves on); True when there were any."""
         with self._lock:
             pins = list(self._pins)

@@ -29,7 +29,8 @@ The rules:
 - **Reads before prefetches.** A download that waits for room holds a shared lock on the ``_WAITING`` byte of
   ``locks`` while it waits; a prefetch (:class:`Room` ``prefetch``) that finds any such lock held, in this process
   or another, takes no room. A download first lets go of what its caller holds and no read uses now
-  (``Room.let_go``), also while it waits for another process's download of the same file.
+  (``Room.let_go``), and so does a wait for another process's download of the same file while a read waits for
+  room (that download may be the one waiting).
 - **One download per file.** A download holds an exclusive lock on its file's byte of a second range; a process
   asking for the same file waits for it, then finds the file in place. Its size is reserved first, under the
   cache-wide lock, so processes downloading at once cannot overshoot the limit together. A ``.part`` file whose
@@ -418,8 +419,8 @@ class ShardCache:
 
     def _lock_download(self, sha: str, room: Room, wait: bool) -> bool:
         """Take the download lock of ``sha`` (False: another process downloads it and ``wait`` is False). While
-        another process downloads it, the caller lets go of its own files (``room.let_go``) as it waits: that
-        process may be waiting for the room they take."""
+        another process downloads it and a read on the node waits for room (that download's, perhaps), the
+        caller lets go of its own files (``room.let_go``) as it waits."""
         n = self.node
         if n.lock(_FETCH + _offset(sha), block=False):
             return True
@@ -428,7 +429,8 @@ class ShardCache:
         if room.let_go is None:
             return n.lock(_FETCH + _offset(sha))
         while not n.lock(_FETCH + _offset(sha), block=False):
-            room.let_go()
+            if self._someone_waits():
+                room.let_go()
             time.sleep(0.05)
         return True
 

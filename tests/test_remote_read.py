@@ -6,16 +6,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 
 import precompile
-from precompile.errors import CacheError, FormatError
+from precompile.errors import CacheError, FormatError, PrecompileError
 from precompile.recipe import parse_recipe
 from precompile.shard_cache import ShardCache, default_cache_dir, parse_size
 from loader_cases import _make_inputs
@@ -173,8 +175,9 @@ def test_limits_are_clear_errors_at_construction(remote, tmp_path):
                                          rf"cache_limit .* \(1000 bytes\) of .*: raise cache_limit above the largest"):
         ShardCache(tmp_path / "c", 1000).open("ab" * 32, max(sizes), "s3://x/y.h5", lambda start, end: b"")
     limit = index.stat().st_size + 4 * max(sizes)   # the index fits; four shards beside it, not a full shuffle's
-    with pytest.raises(CacheError, match=r"the batches in flight at once .* read .* of shards, more than cache_limit "
-                                         rf".* \({limit} bytes\): a full shuffle reads from nearly every shard"):
+    with pytest.raises(CacheError, match=r"the batches in flight at once .* read .* of shards, plus the index .* that "
+                                         rf"the reader holds: more than cache_limit .* \({limit} bytes\): a full "
+                                         r"shuffle reads from nearly every shard"):
         Loader(url, batch_size=32, device="cpu", shuffle="full", cache_dir=tmp_path / "c", cache_limit=limit,
                storage_options=so)
     with pytest.raises(CacheError, match=r"map_shards='all' holds every shard in the cache"):
@@ -186,6 +189,52 @@ def test_limits_are_clear_errors_at_construction(remote, tmp_path):
         precompile.open(index, cache_limit="1GiB")
     with pytest.raises(ValueError, match="fetch_ahead applies to a build read from a URL"):
         Loader(str(index), batch_size=8, device="cpu", fetch_ahead="1MiB")
+
+
+def test_limit_checks_count_the_index_the_reader_holds(remote, tmp_path, monkeypatch):
+    """Every shard fits the limit, the shards and the index a reader pins while open do not: a clear error when
+    the reader is made (it waited, then failed 'the cache is full' in the middle of an epoch)."""
+    import precompile.shard_cache as sc
+
+    monkeypatch.setattr(sc, "WAIT_S", 0.3)
+    url, so, index, _ = remote
+    sizes, isz = [e["bytes"] for e in entries(index)], index.stat().st_size
+    limit = sum(sizes) + isz // 2
+    kw = dict(cache_dir=tmp_path / "c", cache_limit=limit, storage_options=so)
+    with pytest.raises(CacheError, match=rf"{url}: the batches in flight at once .* read .* \({sum(sizes)} bytes\) "
+                                         rf"of shards, plus the index .* \({isz} bytes\) that the reader holds: more "
+                                         rf"than cache_limit .* \({limit} bytes\): a full shuffle .* set cache_limit "
+                                         rf"above the build's size, .* \({sum(sizes) + isz} bytes\)"):
+        Loader(url, batch_size=32, device="cpu", shuffle="full", **kw)
+    with pytest.raises(CacheError, match=rf"{url}: map_shards='all' holds every shard in the cache, .* "
+                                         rf"\({sum(sizes)} bytes\), plus the index .* \({isz} bytes\) that the reader "
+                                         rf"holds; cache_limit is .* \({limit} bytes\): raise cache_limit"):
+        Loader(url, batch_size=8, device="cpu", map_shards="all", **kw)
+    big = int(np.argmax(sizes))
+    small = isz + sizes[big] - 1
+    with pytest.raises(CacheError, match=rf"s3://{BUCKET}/read1/{entries(index)[big]['file']}: the shard is .* "
+                                         rf"\({sizes[big]} bytes\), plus the index .* \({isz} bytes\) that the reader "
+                                         rf"holds: more than cache_limit .* \({small} bytes\) of .*: raise cache_limit "
+                                         rf"to at least .* \({isz + max(sizes)} bytes\)"):
+        precompile.open(url, cache_dir=tmp_path / "c", cache_limit=small, storage_options=so)
+
+
+def test_a_dataset_lets_go_of_its_own_shards_when_the_cache_is_full(remote, tmp_path, monkeypatch):
+    """A dataset keeps up to 8 shards open; when the cache has no room for the next one, it closes its own least
+    recently used ones first (it waited for other processes, then failed 'the cache is full')."""
+    import precompile.shard_cache as sc
+
+    monkeypatch.setattr(sc, "WAIT_S", 0.3)
+    url, so, index, _ = remote
+    sizes = [e["bytes"] for e in entries(index)]
+    limit = index.stat().st_size + 3 * max(sizes)   # the index and three shards
+    local = precompile.open(index)
+    ds = precompile.open(url, cache_dir=tmp_path / "c", cache_limit=limit, storage_options=so)
+    for i in [*range(0, len(ds), PER_SHARD), 5, 119, 64]:
+        np.testing.assert_array_equal(ds[i]["image"], local[i]["image"])
+        assert ShardCache(tmp_path / "c").usage() <= limit
+    assert len(ds._held) <= 3 and list(ds._held)[-1] == 8 and ds.remote.cache.stats.evictions >= len(sizes) - 3
+    np.testing.assert_array_equal(ds.batch([118, 3, 70, 9])["image"], local.batch([118, 3, 70, 9])["image"])
 
 
 def test_parse_size_and_default_folder(monkeypatch):
@@ -302,6 +351,97 @@ def test_missing_objects_credentials_and_endpoints_are_clear(remote, tmp_path, m
         precompile.open(f"s3://{BUCKET}/read4/x.json", cache_dir=tmp_path / "c", storage_options=so)
 
 
+@pytest.fixture(scope="module")
+def text_build(s3, tmp_path_factory):  # noqa: F811
+    """(index URL, storage_options, local index): a build of a target and a text column only, uploaded."""
+    endpoint, client = s3
+    root = tmp_path_factory.mktemp("text_build")
+    (root / "t.jsonl").write_text("".join(json.dumps({"id": f"r{i:03d}", "x": i / 4, "t": "ab" * (i % 7)}) + "\n"
+                                          for i in range(40)))
+    recipe = parse_recipe({"name": "c", "inputs": {"root": ".", "table": "t.jsonl", "key": "id", "columns": {
+        "x": {"column": "x", "kind": "target"}, "t": {"column": "t", "kind": "text"}}},
+        "output": {"format": "hdf5", "samples_per_shard": 8}}, base_dir=str(root))
+    precompile.build(recipe, out_dir=str(root / "out"))
+    upload_tree(client, root / "out", "text1")
+    return f"s3://{BUCKET}/text1/c.h5", {"endpoint_url": endpoint, "anon": True}, root / "out" / "c.h5"
+
+
+def test_a_loader_that_maps_no_field_reads_from_a_url(remote, text_build, tmp_path):
+    """fields=[] or only text fields: nothing to map, so no address range to reserve (it failed 'this platform
+    does not allow' naming the cached index)."""
+    url, so, index = text_build
+    kw = dict(batch_size=6, device="cpu", shuffle=True, seed=4)
+    for fields in (["t"], []):
+        a = Loader(str(index), fields=fields, **kw)
+        b = Loader(url, fields=fields, cache_dir=tmp_path / "c", storage_options=so, **kw)
+        assert b.reader.streaming is None and b.window is None
+        got = list(b)
+        assert got == list(a) and len(got) == 7
+        assert not fields or [t for batch in got for t in batch["t"]] == [
+            precompile.open(index)[int(i)]["t"] for i in np.concatenate(b.batch_indices(0))]
+        a.close()
+        b.close()
+    url, so, index, _ = remote
+    b = Loader(url, fields=[], batch_size=8, device="cpu", cache_dir=tmp_path / "c2", storage_options=so)
+    assert len(list(b)) == 15 and b.reader.mapped_shards == 0 and b.ds.remote.cache.stats.downloads == 0
+
+
+def test_closing_a_loader_lets_go_of_everything_it_held_in_the_cache(text_build, tmp_path):
+    """Its text fields' dataset (up to 8 shards) and the dataset it opened (the index, ragged fields' shards) were
+    left to the garbage collector: another process could not evict them after close()."""
+    from test_shard_cache import evict_from_another_process
+
+    url, so, index = text_build
+    ld = Loader(url, batch_size=6, device="cpu", shuffle=False, cache_dir=tmp_path / "c", storage_options=so)
+    assert [t for b in ld for t in b["t"]] == [precompile.open(index)[i]["t"] for i in range(40)]
+    used = ShardCache(tmp_path / "c").usage()
+    assert evict_from_another_process(tmp_path / "c", used, used) == "no room"
+    ds = ld.ds
+    ld.close()
+    assert evict_from_another_process(tmp_path / "c", used, used) == "evicted"
+    with pytest.raises(PrecompileError, match=rf"^{url}: the dataset was released when the Loader that opened it "
+                                              r"closed: open the build again"):
+        ds[0]
+    mine = precompile.open(url, cache_dir=tmp_path / "c", storage_options=so)
+    Loader(mine, batch_size=6, device="cpu").close()   # a dataset given to a Loader stays the caller's
+    assert mine[39]["t"] == "ab" * (39 % 7)
+
+
+def test_reader_messages_name_the_url(remote, tmp_path):
+    url, so, index, client = remote
+    b = Loader(url, batch_size=8, device="cpu", cache_dir=tmp_path / "c", storage_options=so)
+    next(iter(b))
+    b.close()
+    with pytest.raises(PrecompileError, match=rf"^{url}: reader is closed \(open a new Loader to read again\)"):
+        next(iter(b))
+    # the index's chunk table points past shard 0's end: the message names the URL, the shard and the field
+    bad = tmp_path / "bad"
+    shutil.copytree(index.parent, bad)
+    first_label_chunk = entries(index)[0]["chunks"]["image"][1]
+    with h5py.File(bad / "t.h5", "r+") as f:
+        f["__chunks__"][first_label_chunk, 0] = 10 ** 9
+    upload_tree(client, bad, "read6")
+    u = f"s3://{BUCKET}/read6/t.h5"
+    with pytest.raises(FormatError, match=rf"^{u}: shard {entries(index)[0]['file']}, field 'label': the index's "
+                                          r"chunk table points outside the shard's \d+ bytes"):
+        Loader(u, batch_size=8, device="cpu", cache_dir=tmp_path / "c", storage_options=so)
+    # a cached copy removed behind the reader's back (its pin stops precompile, not rm): URL and cache folder named
+    ld = Loader(url, batch_size=8, device="cpu", shuffle=False, cache_dir=tmp_path / "c2", storage_options=so)
+    pin = ld.ds.remote.pin
+
+    def pin_then_lose(s: int, *args: object, **kw: object) -> str:
+        path = pin(s, *args, **kw)
+        os.remove(path)
+        return path
+
+    ld.ds.remote.pin = pin_then_lose
+    with pytest.raises(FormatError, match=rf"^s3://{BUCKET}/read1/{entries(index)[0]['file']}: its verified copy "
+                                          rf"{tmp_path / 'c2' / 'files'}/\w+\.h5 is gone while held open: something "
+                                          rf"other than precompile removed it from the cache folder {tmp_path / 'c2'}"):
+        next(iter(ld))
+    ld.close()
+
+
 def test_dataloader_workers_share_the_cache(remote, tmp_path):
     url, so, index, _ = remote
     ds = precompile.open(url, cache_dir=tmp_path / "c", storage_options=so)
@@ -330,9 +470,11 @@ if mode == "dataset":
         h.update(int(i).to_bytes(4, "little") + ds[int(i)]["image"].tobytes())
     stats = ds.remote.cache.stats
 else:
+    import precompile.shard_cache as sc
     from precompile.reader.loader import Loader
-    ld = Loader(url, batch_size=8, device="cpu", shuffle="shard", block_window=1, seed=me, prefetch=1,
-                fetch_ahead=0, cache_dir=cache, cache_limit=limit, storage_options=so)
+    kw = json.loads(mode)[me]   # this process's Loader options
+    sc.WAIT_S = kw.pop("wait_s", sc.WAIT_S)
+    ld = Loader(url, device="cpu", seed=me, cache_dir=cache, cache_limit=limit, storage_options=so, **kw)
     for e in range(2):
         ld.set_epoch(e)
         for b in ld:
@@ -346,7 +488,8 @@ json.dump({"digest": h.hexdigest(), "downloads": stats.downloads, "evictions": s
 
 
 def run_readers(url: str, so: dict, cache: Path, limit: int, n: int, out: Path, mode: str) -> list[dict]:
-    """``n`` processes that wait at a barrier, then read the whole build through one cache folder."""
+    """``n`` processes that wait at a barrier, then read the whole build through one cache folder: ``mode``
+    "dataset" (``ds[i]`` in a random order), or a JSON list of each process's Loader options (two epochs)."""
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     procs = [subprocess.Popen([sys.executable, "-c", READER, url, json.dumps(so), str(cache), str(limit), str(i),
@@ -378,14 +521,11 @@ def test_processes_sharing_a_cache_download_each_shard_once(remote, tmp_path):
     assert sum(r["downloads"] for r in got) == len(local.shards)   # asked at once by four: fetched once each
 
 
-def test_processes_streaming_through_a_small_cache(remote, tmp_path):
-    url, so, index, _ = remote
-    sizes = [e["bytes"] for e in entries(index)]
-    limit = index.stat().st_size + 10 * max(sizes)
-    assert sum(sizes) > limit
-    got = run_readers(url, so, tmp_path / "c", limit, 3, tmp_path / "out", "loader")
-    for i, r in enumerate(got):
-        a = Loader(str(index), batch_size=8, device="cpu", shuffle="shard", block_window=1, seed=i)
+def check_streamed(got: list[dict], index: Path, options: list[dict], limit: int) -> None:
+    """Each reader of :func:`run_readers` got the local build's batches, within the limit, mapping no evicted file."""
+    for i, (r, kw) in enumerate(zip(got, options)):
+        kw = {k: v for k, v in kw.items() if k not in ("fetch_ahead", "wait_s")}
+        a = Loader(str(index), device="cpu", seed=i, **kw)
         h = hashlib.sha256()
         for e in range(2):
             a.set_epoch(e)
@@ -393,6 +533,31 @@ def test_processes_streaming_through_a_small_cache(remote, tmp_path):
                 h.update(b["image"].numpy().tobytes())
         assert r["digest"] == h.hexdigest() and r["peak"] <= limit and r["deleted"] == 0
     assert sum(r["evictions"] for r in got) > 0
+
+
+def test_processes_streaming_through_a_small_cache(remote, tmp_path):
+    url, so, index, _ = remote
+    sizes = [e["bytes"] for e in entries(index)]
+    limit = index.stat().st_size + 10 * max(sizes)
+    assert sum(sizes) > limit
+    options = [dict(batch_size=8, shuffle="shard", block_window=1, prefetch=1, fetch_ahead=0)] * 3
+    got = run_readers(url, so, tmp_path / "c", limit, 3, tmp_path / "out", json.dumps(options))
+    check_streamed(got, index, options, limit)
+
+
+def test_processes_prefetching_share_a_small_cache(remote, tmp_path):
+    """Three Loaders that fetch ahead, in one cache whose limit holds the index and 6 shards. Each holds more than
+    a third of it at times (its tasks in flight, what it fetched ahead); a gather that finds no room (or waits for
+    another process's download) makes its process let go of what no gather reads now, and a prefetch leaves a
+    shard's room free and never waits. Before, prefetched shards stayed pinned while gathers everywhere waited,
+    and a process failed 'the cache is full'."""
+    url, so, index, _ = remote
+    sizes = [e["bytes"] for e in entries(index)]
+    limit = index.stat().st_size + 6 * max(sizes)
+    kw = dict(batch_size=5, block_window=1, prefetch=3, num_threads=2, fetch_ahead=limit // 6, wait_s=20)
+    options = [dict(kw, shuffle="shard"), dict(kw, shuffle="shard"), dict(kw, shuffle=False)]
+    got = run_readers(url, so, tmp_path / "c", limit, 3, tmp_path / "out", json.dumps(options))
+    check_streamed(got, index, options, limit)
 
 
 HOLDER = r"""
@@ -417,14 +582,14 @@ def test_a_killed_reader_leaves_no_pins_and_a_dead_download_no_part(remote, tmp_
     try:
         assert p.stdout.readline().strip() == "held"
         sizes = [e["bytes"] for e in entries(index)]
-        limit = index.stat().st_size + sizes[0] + sizes[1]   # the index, shard 0 (held elsewhere), one more
+        limit = index.stat().st_size + sizes[0] + sizes[2] - 1   # the index, shard 0 (held elsewhere), not shard 2
         ds = precompile.open(url, cache_dir=cache, cache_limit=limit, storage_options=so)
-        ds[PER_SHARD]   # shard 1 fits beside the held shard 0, and stays open here
-        held = limit
+        held = index.stat().st_size + sizes[0]
         with pytest.raises(CacheError, match=rf"the cache {cache} is full: .*shard-00002-\w+.h5 needs .* \({sizes[2]} "
                                              rf"bytes\), cache_limit is .* \({limit} bytes\), and .* \({held} "
-                                             rf"bytes\) of it are files open or mapped by readers"):
-            ds[2 * PER_SHARD]   # the index and shard 1 are held here, shard 0 by the other process: no room
+                                             rf"bytes\) of it are files open or mapped by readers .* after waiting "
+                                             rf"0.3 s"):
+            ds[2 * PER_SHARD]   # the index is held here (no shard of its own to let go), shard 0 by the other
     finally:
         p.kill()
         p.wait()

@@ -11,8 +11,9 @@ by its digest: a build replaced at the same URL is seen by the next open, and an
 file), and opens it as a :class:`RemoteH5Dataset`: an :class:`~precompile.formats.hdf5.H5Dataset` whose shard
 files are fetched into the cache when first read, checked against the index, and held (pinned) while open. A
 dataset keeps at most :data:`OPEN_SHARDS` shard files open (the least recently used is closed and let go first),
-so that many DataLoader workers leave the cache room. It pickles without handles or pins; each process fetches
-through the same cache folder. The Loader reads the same shards through the reader's hooks
+so that many DataLoader workers leave the cache room, and when the cache has no room for the shard it opens, it
+closes its own least recently used ones before it waits for other processes. It pickles without handles or pins;
+each process fetches through the same cache folder. The Loader reads the same shards through the reader's hooks
 (``RemoteH5Dataset.remote``: :class:`RemoteSource`; :mod:`precompile.reader.streaming`).
 """
 from __future__ import annotations
@@ -26,9 +27,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from . import names as fmt
-from ..errors import FormatError, PrecompileError
+from ..errors import CacheError, FormatError, PrecompileError
 from ..remote import CREDENTIALS_HINT, filesystem, is_credentials_error, protocol
-from ..shard_cache import ShardCache
+from ..shard_cache import Room, ShardCache, human
 from .hdf5 import HDF5_MAGIC, H5Dataset
 
 #: shard files a dataset keeps open (and pinned in the cache) at most
@@ -68,10 +69,12 @@ class RemoteSource:
     Pickles without handles: the fsspec filesystem is made again in each process."""
 
     def __init__(self, url: str, shards: Sequence[dict], cache: ShardCache, storage_options: Optional[dict[str, Any]],
-                 fs: Any = None):
+                 fs: Any = None, index_bytes: int = 0):
         self.url, self.base = url, url.rsplit("/", 1)[0]
         self.cache, self.storage_options = cache, dict(storage_options or {})
         self._fs, self._fs_pid = fs, os.getpid()
+        #: the size of the index's cached copy, which the dataset pins while it is open (in every limit check)
+        self.index_bytes = int(index_bytes)
         self.files, self.shas, self.sizes = [], [], []
         for i, e in enumerate(shards):
             if not isinstance(e.get("sha256"), str) or not isinstance(e.get("bytes"), int):
@@ -81,6 +84,15 @@ class RemoteSource:
             self.shas.append(e["sha256"])
             self.sizes.append(int(e["bytes"]))
             cache.check_fits(self.sizes[-1], self.shard_url(i))
+        if self.sizes and max(self.sizes) + self.index_bytes > cache.limit:
+            big = int(np.argmax(self.sizes))
+            raise CacheError(f"{self.shard_url(big)}: the shard is {human(self.sizes[big])}, {self.with_index()}: "
+                             f"more than cache_limit {human(cache.limit)} of {cache.root}: raise cache_limit to at "
+                             f"least {human(self.sizes[big] + self.index_bytes)}")
+
+    def with_index(self) -> str:
+        """The words that add the index to a size in a message about the cache limit."""
+        return f"plus the index {human(self.index_bytes)} that the reader holds"
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_fs": None}
@@ -101,14 +113,21 @@ class RemoteSource:
     def size(self, s: int) -> int:
         return self.sizes[s]
 
-    def pin(self, s: int, wait: bool = True, cancel: Optional[threading.Event] = None) -> Optional[str]:
+    def lost(self, s: int) -> str:
+        """The message for shard ``s``'s cached copy gone while this process held it."""
+        return (f"{self.shard_url(s)}: its verified copy {self.path(s)} is gone while held open: something other "
+                f"than precompile removed it from the cache folder {self.cache.root} (precompile never removes a "
+                f"file a reader holds); open the build again, and leave the cache folder to precompile")
+
+    def pin(self, s: int, wait: bool = True, cancel: Optional[threading.Event] = None,
+            room: Optional[Room] = None) -> Optional[str]:
         """Shard ``s``'s local path, fetched if needed and held until :meth:`unpin` (None: no room and not
-        ``wait``)."""
+        ``wait``; ``room``: see :class:`~precompile.shard_cache.Room`)."""
         url = self.shard_url(s)
         try:
             return self.cache.open(self.shas[s], self.sizes[s], url,
                                    lambda start, end: self.fs().cat_file(url, start=start, end=end), index=self.url,
-                                   wait=wait, cancel=cancel)
+                                   wait=wait, cancel=cancel, room=room)
         except Exception as e:  # noqa: BLE001  (the store's own errors are not OSErrors: botocore, aiohttp)
             raise store_error(url, e, self.url) from None
 
@@ -123,7 +142,8 @@ class RemoteH5Dataset(H5Dataset):
                  fields: Sequence[str] | None = None, fs: Any = None):
         super().__init__(index_path, fields=fields)
         self.url = url
-        self.remote = RemoteSource(url, self.shards, cache, storage_options, fs)
+        self._released = False
+        self.remote = RemoteSource(url, self.shards, cache, storage_options, fs, os.path.getsize(index_path))
         self._start()
 
     def _start(self) -> None:
@@ -147,13 +167,14 @@ class RemoteH5Dataset(H5Dataset):
         if self._pid != os.getpid():   # first use in this process (unpickled in a worker, or inherited by a fork)
             self._own(None)
         with self._lock:
+            self._check_held()
             f = self._files.get(shard)
             if f is not None:
                 self._held.move_to_end(shard)
                 return f
             while len(self._held) >= OPEN_SHARDS:
                 self._close_shard(next(iter(self._held)))
-            path = self.remote.pin(shard)
+            path = self.remote.pin(shard, room=Room(let_go=self._close_oldest))
             try:
                 f = h5py.File(path, "r", rdcc_nbytes=0)
             except OSError as e:
@@ -170,6 +191,14 @@ class RemoteH5Dataset(H5Dataset):
         self._pid = os.getpid()
         self._finalizer = weakref.finalize(self, _let_go, self.remote, self._held, index_sha)
 
+    def _close_oldest(self) -> bool:
+        """Close (and let go of) the least recently used shard this dataset holds, when the cache has no room for
+        the one it opens (called with the lock held: no read is using it); False when it holds none."""
+        if not self._held:
+            return False
+        self._close_shard(next(iter(self._held)))
+        return True
+
     def _close_shard(self, shard: int) -> None:
         f = self._held.pop(shard)
         self._files.pop(shard, None)
@@ -179,10 +208,25 @@ class RemoteH5Dataset(H5Dataset):
         self.remote.unpin(shard)
 
     def close(self) -> None:
+        """Close the open shard files and let go of them (they are opened again when read)."""
         with self._lock:
             if self._pid == os.getpid():
                 for shard in list(self._held):
                     self._close_shard(shard)
+
+    def release(self) -> None:
+        """:meth:`close`, and let go of the index's cached copy too, for good: reading afterwards is a
+        PrecompileError (a Loader that opened the dataset calls this when it closes)."""
+        with self._lock:
+            self.close()
+            self._released = True
+            if self._pid == os.getpid():
+                self._finalizer()
+
+    def _check_held(self) -> None:
+        if self._released:
+            raise PrecompileError(f"{self.url}: the dataset was released when the Loader that opened it closed: "
+                                  f"open the build again (precompile.open)")
 
     def batch(self, indices: Any, pad: Any = False) -> Any:
         with self._lock:   # a shard file is never closed while another thread reads it
@@ -198,6 +242,7 @@ class RemoteH5Dataset(H5Dataset):
 
     def reopen(self, fields: Sequence[str]) -> "RemoteH5Dataset":
         """The same snapshot serving only ``fields``, with its own handles (while this dataset holds the index)."""
+        self._check_held()
         r = self.remote
         return RemoteH5Dataset(self.path, self.url, r.cache, r.storage_options, fields, r._fs)
 
@@ -206,6 +251,7 @@ class RemoteH5Dataset(H5Dataset):
         beside it, which a cached index has not), global offsets and shapes."""
         import h5py
 
+        self._check_held()
         with h5py.File(self.path, "r") as f:
             offsets, shapes = f[name][fmt.RAGGED_OFFSETS][:], f[name][fmt.RAGGED_SHAPES][:]
         with self._lock:

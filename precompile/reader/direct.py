@@ -380,18 +380,20 @@ class DirectReader:
         self.base = os.path.dirname(os.path.abspath(ds.path))
         # a build read from a URL (formats/hdf5_url.py): shards come through the local cache, mapped while used
         self.source = getattr(ds, "remote", None)
+        #: what messages name the build by: its index's URL (a build read from one), else its path
+        self.location = self.source.url if self.source is not None else ds.path
         self.streaming: Any = None
         self.offsets = np.asarray(ds.offsets, dtype=np.int64)
         self.n = int(self.offsets[-1])
         self.shapes, self.dtypes, self.row_bytes = {}, {}, {}
         for name in self.fields:
             if name not in ds.field_specs:
-                raise KeyError(f"no field {name!r} in {ds.path} (fields: {', '.join(ds.field_specs)})")
+                raise KeyError(f"no field {name!r} in {self.location} (fields: {', '.join(ds.field_specs)})")
             spec = ds.field_specs[name]
             shape = fixed_shape(spec)
             if shape is None:
                 raise FormatError(
-                    f"{ds.path}: field {name!r} has shape {tuple(spec.get('shape') or ())} with unknown "
+                    f"{self.location}: field {name!r} has shape {tuple(spec.get('shape') or ())} with unknown "
                     f"dimensions; the Loader gathers fixed-shape fields only (resize/crop to a fixed size in the "
                     f"recipe, or read it with precompile.open(path) inside a DataLoader)")
             self.shapes[name] = shape
@@ -418,7 +420,7 @@ class DirectReader:
         mapped = np.flatnonzero(served)
         paths = dict(zip(mapped.tolist(), self._paths(mapped)))
         self._map(paths)
-        if self.source is not None:
+        if self.source is not None and paths:
             from .streaming import StreamingSlots
 
             self.streaming = StreamingSlots.for_reader(self, order=sorted(paths))
@@ -434,7 +436,7 @@ class DirectReader:
             return None
         table = read_chunk_tables(self.ds.path)
         if table is None:
-            raise FormatError(f"{self.ds.path}: the shard entries list chunks but the index has no "
+            raise FormatError(f"{self.location}: the shard entries list chunks but the index has no "
                               f"{fmt.CHUNKS} table: the index is damaged (build again)")
         return table.astype(np.int64)
 
@@ -444,7 +446,7 @@ class DirectReader:
         shard table's columns. Numpy over all shards at once, whatever the shard count."""
         t = self.shard_table
         if t.total_chunks() != len(table):
-            raise FormatError(f"{self.ds.path}: the index's chunk table has {len(table)} chunks, its shard entries "
+            raise FormatError(f"{self.location}: the index's chunk table has {len(table)} chunks, its shard entries "
                               f"count {t.total_chunks()}: the index is damaged (build again)")
         counts = np.diff(self.offsets)
         for name in self.fields:
@@ -515,7 +517,7 @@ class DirectReader:
                         r.addr[lo:lo + n] = part.row_addr
 
     def _where(self, s: int, name: str) -> str:
-        return f"{self.ds.path}: shard {self.shard_table.file(s)}, field {name!r}"
+        return f"{self.location}: shard {self.shard_table.file(s)}, field {name!r}"
 
     def _path(self, s: int) -> str:
         """Shard ``s``'s file: beside the index, or (a build read from a URL) its place in the local cache."""
@@ -560,8 +562,8 @@ class DirectReader:
                 for i in range(len(order)):
                     self.region.map_slot(i, self.ds.path)
             self._unmapped = int(np.count_nonzero(~self.region.mapped))
-        elif self.source is not None:
-            raise FormatError(f"{self.ds.path}: reading a build from a URL maps its shards into one reserved address "
+        elif self.source is not None and order:
+            raise FormatError(f"{self.location}: reading a build from a URL maps its shards into one reserved address "
                               f"range, which this platform does not allow (POSIX mmap through ctypes)")
         else:
             _ensure_nofile(len(order))
@@ -771,7 +773,7 @@ class DirectReader:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise PrecompileError(f"{self.ds.path}: reader is closed (open a new Loader to read again)")
+            raise PrecompileError(f"{self.location}: reader is closed (open a new Loader to read again)")
 
     def plan(self, indices: np.ndarray) -> _Plan:
         """Check a batch's global row indices once (and map the shards they need); shared by all fields'

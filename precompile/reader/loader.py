@@ -242,6 +242,7 @@ class Loader:
                  fetch_ahead: int | str | None = None):
         ds = self.ds = open_hdf5_build(path_or_dataset, fields, verify, cache_dir=cache_dir, cache_limit=cache_limit,
                                        storage_options=storage_options)
+        self._owns_ds = isinstance(path_or_dataset, (str, os.PathLike))   # opened here: closed by close()
         remote = getattr(ds, "remote", None)   # a build read from a URL (formats/hdf5_url.py)
         map_shards = map_shards or ("lazy" if remote is not None else "all")
         if map_shards not in ("all", "lazy"):
@@ -444,7 +445,9 @@ class Loader:
         self._active = None
 
     def close(self) -> None:
-        """Stop an unfinished pass (its threads and copies end first), then release the shard maps.
+        """Stop an unfinished pass (its threads and copies end first), then release the shard maps, the files
+        the text fields were read from, and the build if this Loader opened it (from a URL: everything it held
+        in the cache, its copy of the index included).
 
         Iterating afterwards is a :class:`~precompile.errors.PrecompileError` ("reader is closed").
         """
@@ -453,6 +456,10 @@ class Loader:
             self.window.stop()
         self.reader.close()
         self.feeder.release()
+        if self._text_ds is not None:
+            self._text_ds.close()
+        if self._owns_ds:
+            getattr(self.ds, "release", self.ds.close)()
 
     def __repr__(self) -> str:
         return (f"Loader({getattr(self.ds, 'url', self.ds.path)!r}, batch_size={self.batch_size}, shuffle={self.mode!r}, device={self.device}, "

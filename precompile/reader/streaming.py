@@ -8,11 +8,13 @@ A build opened from a URL (:mod:`precompile.formats.hdf5_url`) has its shards in
   batch that needs them, the shard pinned in the cache while mapped. Every plan (``reader.plan(rows)``) counts as a
   use of the slots it reads until its ``with`` block ends; a slot is unmapped (an anonymous ``PROT_NONE`` map over
   it) only when no gather uses it, and only then unpinned: a file is never evicted while mapped, so the cache
-  limit counts every byte on disk. When the cache has no room for a shard a batch needs, the reader first lets go
-  of its own unused slots.
+  limit counts every byte on disk. When the cache has no room for a shard a gather needs (or another process is
+  downloading it), the reader first lets go of what no gather reads now: its unused slots and its window's
+  prefetched shards (:meth:`ShardWindow.drop_idle`), before it waits for other processes.
 - :class:`ShardWindow`: one Loader pass. The pass's gather tasks are known in advance (the
   :class:`~precompile.reader.feed.PassPlan`), so fetch threads (:data:`FETCH_THREADS`) fetch the shards of the
-  tasks in flight and then of the next tasks, in first-use order, up to ``fetch_ahead`` bytes beyond them. Each
+  tasks in flight and then of the next tasks, in first-use order, up to ``fetch_ahead`` bytes beyond them; a fetch
+  never waits, and takes no room while a read anywhere on the node waits for room. Each
   time the consumer reaches a new task (a few numpy operations in its thread: no thread of its own to wake),
   prefetched shards that no task within reach needs are let go, and so are mapped slots, but for the most recently
   used that fit in what ``fetch_ahead`` leaves. The Loader checks at construction (and at the start of every pass)
@@ -25,6 +27,7 @@ Imports neither torch nor h5py.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -32,13 +35,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import CacheError, PrecompileError
-from ..shard_cache import human, parse_size
+from ..errors import CacheError, FormatError, PrecompileError
+from ..shard_cache import Room, human, parse_size
 
 log = logging.getLogger("precompile.reader")
 
 #: shards fetched at once by a Loader's window
 FETCH_THREADS = 4
+# how the window's fetches ask for room: never waiting, and taking none while a read on the node waits for some
+_PREFETCH = Room(prefetch=True)
 #: fetch_ahead when none is given: this share of cache_limit, at most DEFAULT_AHEAD_MAX bytes
 DEFAULT_AHEAD_SHARE = 0.25
 DEFAULT_AHEAD_MAX = 1 << 30
@@ -55,6 +60,8 @@ class StreamingSlots:
         self.uses = np.zeros(len(self.shard_of_slot), dtype=np.int64)
         self.last = np.zeros(len(self.shard_of_slot), dtype=np.int64)   # when each slot was last planned
         self._tick = 0
+        self.window: ShardWindow | None = None   # a Loader's, whose prefetched shards go first when room is short
+        self._room = Room(let_go=self._let_go)
         # a reader dropped without close() lets go of its shards too (pins would outlive it otherwise)
         self._finalizer = weakref.finalize(reader, _unpin_mapped, self.source, self.region.mapped, self.shard_of_slot)
 
@@ -63,11 +70,12 @@ class StreamingSlots:
         """Slots in ``order`` (the shards the region reserved); with ``map_shards="all"`` every one mapped now."""
         slots = cls(reader, order)
         if not reader.lazy and len(order):
-            total = int(sum(reader.source.size(s) for s in order))
-            if total > reader.source.cache.limit:
-                raise CacheError(f"{reader.source.url}: map_shards='all' holds every shard in the cache, "
-                                 f"{human(total)}; cache_limit is {human(reader.source.cache.limit)}: raise "
-                                 f"cache_limit, or use map_shards='lazy'")
+            src = reader.source
+            total = int(sum(src.size(s) for s in order))
+            if total + src.index_bytes > src.cache.limit:
+                raise CacheError(f"{src.url}: map_shards='all' holds every shard in the cache, {human(total)}, "
+                                 f"{src.with_index()}; cache_limit is {human(src.cache.limit)}: raise cache_limit "
+                                 f"above {human(total + src.index_bytes)}, or use map_shards='lazy'")
             slots.plan(np.asarray(reader.offsets[np.asarray(order)], dtype=np.int64)).__exit__()
         return slots
 
@@ -110,28 +118,35 @@ class StreamingSlots:
     def _map(self, i: int) -> None:
         """Map slot ``i`` (its shard fetched and pinned first); no-op if another thread mapped it meanwhile."""
         r, s = self.reader, int(self.shard_of_slot[i])
-        if self.source.pin(s, wait=False) is None:   # no room: first let go of this reader's own unused slots
-            self.release_unused()
-            self.source.pin(s)
+        self.source.pin(s, room=self._room)
         with r._lock:
             if r._closed or self.region.mapped[i]:
                 self.source.unpin(s)
                 r._check_open()
                 return
             try:
-                self.region.map_slot(i, r.ds.path)
+                self.region.map_slot(i)
             except BaseException:
                 self.source.unpin(s)
+                if not os.path.exists(self.region.paths[i]):   # pinned, so never evicted: removed by hand
+                    raise FormatError(self.source.lost(s)) from None
                 raise
             r._unmapped -= 1
 
-    def unmap(self, shards: Sequence[int]) -> None:
-        """Unmap (and unpin) the slots of ``shards`` that are mapped and that no gather uses now."""
+    def _let_go(self) -> bool:
+        """The cache has no room for a shard a gather needs: let go of the shards fetched ahead and of the mapped
+        slots that no gather reads now (True when there were any)."""
+        dropped = self.window is not None and self.window.drop_idle()
+        return self.release_unused() or dropped
+
+    def unmap(self, shards: Sequence[int]) -> bool:
+        """Unmap (and unpin) the slots of ``shards`` that are mapped and that no gather uses now (True when there
+        were any)."""
         r = self.reader
         gone = []
         with r._lock:
             if r._closed:
-                return
+                return False
             for s in shards:
                 i = int(self.slot_of_shard[int(s)])
                 if i >= 0 and self.region.mapped[i] and not self.uses[i]:
@@ -140,10 +155,17 @@ class StreamingSlots:
                     gone.append(int(s))
         for s in gone:
             self.source.unpin(s)
+        return bool(gone)
 
-    def release_unused(self) -> None:
-        """Unmap every slot no gather uses now (the cache needs room)."""
-        self.unmap(self.mapped_shards().tolist())
+    def release_unused(self) -> bool:
+        """Unmap every slot no gather uses now (True when there were any)."""
+        return self.unmap(self.mapped_shards().tolist())
+
+    def in_use(self, shards: Sequence[int]) -> np.ndarray:
+        """Which of ``shards`` a gather reads now."""
+        i = self.slot_of_shard[np.asarray(shards, dtype=np.int64)]
+        with self.reader._lock:
+            return (i >= 0) & (self.uses[np.maximum(i, 0)] > 0)
 
     def close(self) -> None:
         """Unpin every mapped shard (the reader drops the whole range; call with the reader's lock held)."""
@@ -173,9 +195,11 @@ class ShardWindow:
         self.sizes = np.array([self.source.size(s) for s in range(len(slots.slot_of_shard))], dtype=np.int64)
         self.fetch_ahead = int(fetch_ahead)
         self.live = np.diff(slots.reader.offsets) > 0   # shards that hold rows
+        slots.window = self
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
         self._stop = threading.Event()
+        self._pins: set[int] = set()   # prefetched shards this pass holds (pinned, not yet mapped by a gather)
 
     # -- what a pass needs -------------------------------------------------------------------------
     def _pairs(self, plan: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -205,13 +229,15 @@ class ShardWindow:
         return max(1, int(np.median(counts[counts > 0])) // max(1, batch_size)) if counts.any() else 1
 
     def check(self, plan: Any, pairs: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """CacheError when the shards of the tasks in flight at once cannot fit in the cache."""
+        """CacheError when the shards of the tasks in flight at once, beside the index the reader holds, cannot fit
+        in the cache."""
         best, at = self.need(plan, pairs)
-        limit = self.source.cache.limit
-        if best > limit:
-            raise CacheError(f"{self.source.url}: the batches in flight at once (from batch {plan.tasks[at][0]} of "
-                             f"epoch {plan.epoch}: {plan.ahead + 1} gather task(s) of {plan.group} batch(es)) read "
-                             f"{human(best)} of shards, more than cache_limit {human(limit)}: {self.advice}")
+        src = self.source
+        if best + src.index_bytes > src.cache.limit:
+            raise CacheError(f"{src.url}: the batches in flight at once (from batch {plan.tasks[at][0]} of epoch "
+                             f"{plan.epoch}: {plan.ahead + 1} gather task(s) of {plan.group} batch(es)) read "
+                             f"{human(best)} of shards, {src.with_index()}: more than cache_limit "
+                             f"{human(src.cache.limit)}: {self.advice}")
 
     # -- a pass --------------------------------------------------------------------------------------
     def start(self, plan: Any) -> None:
@@ -303,6 +329,19 @@ class ShardWindow:
         for s in drop:
             self.source.unpin(s)
 
+    def drop_idle(self) -> bool:
+        """A gather needs room: let go of the prefetched shards that no gather reads now (fetched again, if
+        evicted meanwhile, when the consumer moves on); True when there were any."""
+        with self._lock:
+            pins = list(self._pins)
+        idle = [s for s, used in zip(pins, self.slots.in_use(pins).tolist()) if not used]
+        with self._lock:
+            idle = [s for s in idle if s in self._pins]
+            self._pins.difference_update(idle)
+        for s in idle:
+            self.source.unpin(s)
+        return bool(idle)
+
     def _pump(self) -> None:
         """Start fetching the first queued shards not yet pinned (at most FETCH_THREADS at once; call with the
         lock held)."""
@@ -316,10 +355,11 @@ class ShardWindow:
                 self._busy.add(s)
 
     def _fetch_one(self, s: int) -> None:
-        """Fetch and pin shard ``s`` (without waiting for room: with none, it is tried again when the consumer
-        moves on), then the next queued one."""
+        """Fetch and pin shard ``s`` (without waiting for room or for another process's download, and taking no
+        room while a read on the node waits for room: it is tried again when the consumer moves on), then the
+        next queued one."""
         try:
-            got = self.source.pin(s, wait=False, cancel=self._stop)
+            got = self.source.pin(s, wait=False, cancel=self._stop, room=_PREFETCH)
         except PrecompileError as e:   # the gather that needs it fetches it again and raises the error there
             log.debug("prefetch of shard %d failed: %s", s, e)
             got = None
@@ -361,5 +401,6 @@ def loader_window(loader: Any, fetch_ahead: int | str | None) -> ShardWindow | N
     w = ShardWindow(slots, ahead)
     if loader.mode == "full":
         w.advice = (f"a full shuffle reads from nearly every shard in every batch: set cache_limit above the build's "
-                    f"size ({human(int(w.sizes.sum()))}), or use shuffle='shard' (or 'block'), or in_memory=True")
+                    f"size, {human(int(w.sizes.sum()) + slots.source.index_bytes)} with its index, or use "
+                    f"shuffle='shard' (or 'block'), or in_memory=True")
     return w

@@ -16,29 +16,73 @@ from conftest import image_recipe, index_shards, make_image_tree, write_recipe
 from precompile.errors import MissingDependencyError, PlanError, RecipeError
 
 pytest.importorskip("s3fs", reason="s3fs is not installed (extra 's3')")
-moto_server = pytest.importorskip("moto.server", reason="moto is not installed (test dependency)")
+pytest.importorskip("moto.server", reason="moto is not installed (test dependency)")
 
 BUCKET = "precompile-test-data"
 
 
+# The moto server runs in its own process, as a real store does: a server thread inside the test process would be
+# forked with it (DataLoader workers, multiprocessing) while it may hold a lock or be importing, and a forked
+# child that needs that lock waits for ever. Its werkzeug request log goes to a file (Server.requests).
+SERVER = r"""
+import logging, sys
+from moto.server import ThreadedMotoServer
+log = logging.getLogger("werkzeug")   # one line per request served, to the file the test names
+handler = logging.FileHandler(sys.argv[1])
+handler.setFormatter(logging.Formatter("%(message)s"))
+log.addHandler(handler)
+log.setLevel(logging.INFO)
+log.propagate = False
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+host, port = server.get_host_and_port()
+print(host, port, flush=True)
+sys.stdin.read()   # serves until the test closes stdin (or ends, however it ends)
+server.stop()
+"""
+
+
+class Server(tuple):
+    """``(endpoint, boto3 client)``; ``requests()`` the request lines the server logged so far (werkzeug's)."""
+
+    log: Path
+
+    def requests(self) -> list[str]:
+        return self.log.read_text().splitlines()
+
+
 @pytest.fixture(scope="module")
-def s3():
-    """A moto S3 server on 127.0.0.1 (a free port), a bucket, and a boto3 client for uploads."""
+def s3(tmp_path_factory):
+    """A moto S3 server on 127.0.0.1 (a free port) in a process of its own, a bucket, and a boto3 client for
+    uploads."""
+    import subprocess
+
     import boto3
 
     old = {k: os.environ.get(k) for k in ("AWS_EC2_METADATA_DISABLED",)}
     os.environ["AWS_EC2_METADATA_DISABLED"] = "true"  # never ask a cloud metadata service for credentials
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    client = boto3.client("s3", endpoint_url=url, aws_access_key_id="test", aws_secret_access_key="test",
-                          region_name="us-east-1")
-    client.create_bucket(Bucket=BUCKET)
+    log = tmp_path_factory.mktemp("moto") / "requests.log"
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(log)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
     try:
-        yield url, client
+        line = proc.stdout.readline().split()
+        if len(line) != 2:
+            raise RuntimeError(f"the moto server did not start (exit status {proc.wait(timeout=30)})")
+        url = f"http://{line[0]}:{line[1]}"
+        client = boto3.client("s3", endpoint_url=url, aws_access_key_id="test", aws_secret_access_key="test",
+                              region_name="us-east-1")
+        client.create_bucket(Bucket=BUCKET)
+        server = Server((url, client))
+        server.log = log
+        yield server
     finally:
-        server.stop()
+        proc.stdin.close()   # the server stops
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
         for k, v in old.items():
             if v is None:
                 os.environ.pop(k, None)

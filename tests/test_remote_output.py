@@ -101,29 +101,42 @@ def test_url_build_is_the_local_build_byte_for_byte(tmp_path, store, env):
     assert ds.key(0) == "cat/000.jpg"
 
 
-def test_endpoint_from_the_environment_travels_and_a_noop_reads_only_the_index_and_a_listing(tmp_path, store,
-                                                                                              env, monkeypatch,
-                                                                                              caplog):
+def test_endpoint_from_the_environment_travels_and_a_noop_reads_only_the_index_and_a_listing(
+        tmp_path, s3, store, env, monkeypatch):  # noqa: F811  (s3: the server, for its request log)
     endpoint, client = store
     monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)   # botocore's own variable: no --storage-option needed
     r = recipe(tmp_path)
     first = precompile.build(r, out_dir=f"s3://{OUT}/noop")
     assert first["shards"]["built"] == 3
     before = objects(client, "noop")
-    import logging
-
-    caplog.set_level(logging.INFO, logger="werkzeug")   # the moto server logs every request it serves
-    caplog.clear()
+    seen = len(served_since(s3, 0, "before"))
     again = precompile.build(r, out_dir=f"s3://{OUT}/noop")
     assert again["up_to_date"] and again["shards"] == {"total": 3, "built": 0, "skipped": 3, "reused": 0,
                                                         "failed": 0}
-    served = [m.group(1, 2) for m in (re.search(r'"(\w+) (\S+) HTTP', rec.getMessage()) for rec in caplog.records
-                                      if rec.name == "werkzeug") if m]
+    served = [m.group(1, 2) for m in (re.search(r'"(\w+) (\S+) HTTP', ln) for ln in served_since(s3, seen, "after"))
+              if m]
     # one listing, then the index read (a HEAD too, with some s3fs versions): no lock, no write
     assert served[0][0] == "GET" and served[0][1].startswith(f"/{OUT}?list-type=2"), served
     assert set(served[1:]) <= {("GET", f"/{OUT}/noop/imgs.h5"), ("HEAD", f"/{OUT}/noop/imgs.h5")}, served
     assert ("GET", f"/{OUT}/noop/imgs.h5") in served
     assert objects(client, "noop") == before
+
+
+def served_since(server, start: int, mark: str) -> list[str]:
+    """The request lines the moto server logged after the first ``start``, up to a marker request made now (the
+    server logs a request after answering it, so the marker's line says the lines before it are written)."""
+    import requests
+
+    marker = f"/{OUT}/marker-{mark}-{time.monotonic_ns()}"
+    requests.get(f"{server[0]}{marker}", timeout=10)
+    deadline = time.monotonic() + 10
+    while True:
+        lines = server.requests()
+        if any(marker in ln for ln in lines[start:]) or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    time.sleep(0.05)   # the lines of requests answered just before the marker, from the server's other threads
+    return [ln for ln in server.requests()[start:] if marker not in ln]
 
 
 def test_a_changed_input_rebuilds_its_shard_beside_the_old_snapshot_then_gc(tmp_path, store, env):

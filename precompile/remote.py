@@ -20,6 +20,9 @@
 
 fsspec and the protocol's package are optional extras; a missing one is a
 :class:`MissingDependencyError` naming the extra (``s3``, ``gcs``, ``http``).
+
+A forked child (a DataLoader worker) gets fsspec's IO loop state reset (:func:`_reset_fsspec_after_fork`): the
+loop belongs to a thread that a fork does not copy.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import contextlib
 import os
 import re
 import shutil
+import sys
 import tempfile
 import threading
 from typing import Any, Iterator, Optional
@@ -42,6 +46,21 @@ SECRET_KEYS = re.compile(r"(secret|password|passwd|token|credential|private|^key
 # url -> fingerprint of every file listed at plan time in this process
 LISTED: dict[str, list] = {}
 _lock = threading.Lock()
+
+
+def _reset_fsspec_after_fork() -> None:
+    """In a forked child, forget fsspec's IO loop (and its lock): the loop runs on a thread of the parent, which
+    the fork does not copy, so a filesystem made in the child would hand its requests to a loop nobody runs and
+    wait for ever. fsspec 2024.12 resets nothing at a fork; later versions reset the loop but not the lock (a
+    typo: ``global lock``). ``reset_lock`` is fsspec's own function for this, in every supported version."""
+    asyn = sys.modules.get("fsspec.asyn")
+    reset = getattr(asyn, "reset_lock", None)
+    if reset is not None:
+        reset()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_fsspec_after_fork)
 
 
 def is_url(path: Any) -> bool:

@@ -453,6 +453,43 @@ def test_dataloader_workers_share_the_cache(remote, tmp_path):
     assert shas <= {n[:-3] for n in cache_files(tmp_path / "c")}   # the workers' downloads, in the shared cache
 
 
+def test_a_forked_child_reads_through_a_loop_of_its_own(remote, tmp_path):
+    """fsspec's IO loop runs on a thread of the parent, which a fork does not copy: a child that used the parent's
+    loop state would send its requests to a loop nobody runs and wait for ever (fsspec 2024.12 resets nothing at
+    a fork; later versions leave its lock). precompile resets both in the child."""
+    import multiprocessing
+    import queue
+
+    import fsspec.asyn
+
+    url, so, index, _ = remote
+    ds = precompile.open(url, cache_dir=tmp_path / "c", storage_options=so)   # the index came through the loop
+    fsspec.asyn.get_lock()
+    assert fsspec.asyn.loop[0] is not None
+    last = len(ds) - 1
+    ctx = multiprocessing.get_context("fork")
+    q = ctx.Queue()
+
+    def child():
+        fresh = (fsspec.asyn.loop[0] is None, fsspec.asyn._lock is None)
+        q.put((*fresh, ds[last]["image"].tobytes()))   # a shard nobody fetched yet: a request from the child
+
+    p = ctx.Process(target=child)
+    p.start()
+    try:
+        got = q.get(timeout=60)
+    except queue.Empty:
+        pytest.fail("the forked child's read did not finish in 60 s")
+    finally:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    assert got[:2] == (True, True)
+    assert got[2] == precompile.open(index)[last]["image"].tobytes()
+    assert p.exitcode == 0
+
+
 READER = r"""
 import hashlib, json, os, sys, time
 import numpy as np

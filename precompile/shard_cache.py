@@ -421,14 +421,14 @@ class ShardCache:
         """Take the download lock of ``sha`` (False: another process downloads it and ``wait`` is False). While
         another process downloads it and a read on the node waits for room (that download's, perhaps), the
         caller lets go of its own files (``room.let_go``) as it waits."""
-        n = self.node
-        if n.lock(_FETCH + _offset(sha), block=False):
+        n, at = self.node, _FETCH + _offset(sha)
+        if n.lock(at, block=False):
             return True
         if not wait:
             return False
         if room.let_go is None:
-            return n.lock(_FETCH + _offset(sha))
-        while not n.lock(_FETCH + _offset(sha), block=False):
+            return n.lock(at)
+        while not n.lock(at, block=False):
             if self._someone_waits():
                 room.let_go()
             time.sleep(0.05)
@@ -541,7 +541,8 @@ class ShardCache:
                         f"process's and others') after waiting {WAIT_S:g} s: raise cache_limit, read with fewer "
                         f"processes, or use shuffle='shard' (fewer shards in use at once)")
                 if not marked:
-                    marked = self._mark_waiting(1)
+                    self._mark_waiting(1)
+                    marked = True
                 time.sleep(0.1)
         finally:
             if marked:
@@ -557,7 +558,7 @@ class ShardCache:
             os.close(fd)
         return part
 
-    def _mark_waiting(self, step: int) -> bool:
+    def _mark_waiting(self, step: int) -> None:
         """Count a thread of this process in (``step`` 1) or out (-1) of a wait for room; the process holds a
         shared lock on the ``_WAITING`` byte while any of its threads waits."""
         n = self.node
@@ -567,7 +568,6 @@ class ShardCache:
                 n.lock(_WAITING, shared=True)
             elif step < 0 and n.waiting == 0:
                 n.unlock(_WAITING)
-        return True
 
     def _someone_waits(self) -> bool:
         """Whether a read of this process or another waits for room now (a prefetch then takes none)."""

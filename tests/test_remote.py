@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -55,8 +56,6 @@ class Server(tuple):
 def s3(tmp_path_factory):
     """A moto S3 server on 127.0.0.1 (a free port) in a process of its own, a bucket, and a boto3 client for
     uploads."""
-    import subprocess
-
     import boto3
 
     old = {k: os.environ.get(k) for k in ("AWS_EC2_METADATA_DISABLED",)}

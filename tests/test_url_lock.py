@@ -50,14 +50,29 @@ def fs(store, monkeypatch):
 
 
 class Network:
-    """``fs.pipe_file`` (the lock's only writer) behind a switch: ``down`` drops every PUT before it reaches
-    the store; ``lose`` (a predicate on the PUT's keyword arguments) lets one reach the store and then
-    raises ``lose_with`` instead of its answer, as a timed-out request (or botocore's retry of it) does."""
+    """The lock's requests through ``fs`` behind a switch: ``down`` drops (and counts) every PUT (``fs.pipe_file``,
+    the lock's only writer) and every read (``info``, ``cat_file``, ``exists``) before it reaches the store, as a
+    partition does; ``lose`` (a predicate on the PUT's keyword arguments) lets one PUT reach the store and
+    then raises ``lose_with`` instead of its answer, as a timed-out request (or botocore's retry of it) does.
+
+    Reads are dropped too: a partition that let the heartbeat read its own nonce while another builder took
+    the lock over, and let its PUT through once the switch is back, would test the best-effort mode's
+    read-then-write window (inherent without conditional PUTs), not the partition."""
 
     def __init__(self, fs, monkeypatch):
         self.real, self.down, self.lose, self.dropped = fs.pipe_file, False, None, 0
         self.lose_with: BaseException = ConnectionError("Read timed out")
         monkeypatch.setattr(fs, "pipe_file", self)
+        for name in ("info", "cat_file", "exists"):
+            monkeypatch.setattr(fs, name, self._read(getattr(fs, name)))
+
+    def _read(self, real):
+        def read(*args, **kw):
+            if self.down:
+                self.dropped += 1
+                raise ConnectionError("Could not connect to the endpoint URL")
+            return real(*args, **kw)
+        return read
 
     def __call__(self, path, value, **kw):
         if self.down:

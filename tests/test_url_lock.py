@@ -66,18 +66,20 @@ class Network:
         for name in ("info", "cat_file", "exists"):
             monkeypatch.setattr(fs, name, self._read(getattr(fs, name)))
 
+    def _reach(self) -> None:
+        """A request leaving for the store: dropped (counted, a network error) while ``down``."""
+        if self.down:
+            self.dropped += 1
+            raise ConnectionError("Could not connect to the endpoint URL")
+
     def _read(self, real):
         def read(*args, **kw):
-            if self.down:
-                self.dropped += 1
-                raise ConnectionError("Could not connect to the endpoint URL")
+            self._reach()
             return real(*args, **kw)
         return read
 
     def __call__(self, path, value, **kw):
-        if self.down:
-            self.dropped += 1
-            raise ConnectionError("Could not connect to the endpoint URL")
+        self._reach()
         out = self.real(path, value, **kw)
         if self.lose is not None and self.lose(kw):
             self.lose = None

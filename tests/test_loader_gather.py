@@ -40,6 +40,24 @@ def test_full_shuffle_matches_dataset_from_maps_and_memory(built, ds, in_memory)
     assert _assert_same_as_dataset(loader, ds, epoch=1) == 8
 
 
+@pytest.mark.parametrize("shuffle", [True, "block"])
+def test_in_memory_gives_the_mapped_loaders_batches(built, shuffle):
+    # sort_batches orders a batch's rows by their place in the files; the in-memory copy keeps that order, so
+    # in_memory=True changes where the rows are read from, not the batches. (It used to sort by row index: the
+    # same members in another order wherever the files' order is not the rows' order, as in this build.)
+    kw = dict(batch_size=16, shuffle=shuffle, seed=3, device="cpu")
+    mapped, mem = Loader(built, **kw), Loader(built, in_memory=True, **kw)
+    assert not np.array_equal(np.argsort(mapped.reader.gather_rank), np.arange(N))   # the orders differ here
+    for epoch in (0, 1):
+        mapped.set_epoch(epoch)
+        mem.set_epoch(epoch)
+        n = 0
+        for x, y in zip(mapped, mem, strict=True):
+            assert torch.equal(x["image"], y["image"]) and torch.equal(x["label"], y["label"])
+            n += 1
+        assert n == 8
+
+
 @pytest.mark.parametrize("batches_per_task", [1, 32])
 def test_sequential_batches_match_dataset(built, ds, batches_per_task, monkeypatch):
     monkeypatch.setattr(feed, "GROUP_BYTES", batches_per_task * 16 * (8 * 8 * 3 + 8))

@@ -753,7 +753,8 @@ class DirectReader:
             self._takeable[name] = [True]
             self._vid[name] = np.zeros(self.n, dtype=np.int64)
             self._vrow[name] = np.arange(self.n, dtype=np.int64)
-        self.gather_rank = np.arange(self.n, dtype=np.int64)
+        # gather_rank stays the files' (view, address) order: a sorted batch keeps the mapped Loader's row order,
+        # so in_memory=True gives the same batches (in memory any order gathers at the same speed)
         self._spaces, self._maps, self.region = [], {}, None
         self._unmapped = 0
         if self.streaming is not None:

@@ -1,6 +1,7 @@
 """The GPU-resident mode (``in_memory="gpu"``): the resident feeder driven on CPU tensors gives the CPU
 Loader's batches exactly (uint8, converted dtypes, gpu_steps, block shuffle, ranks, resume); its budget,
-its share per rank and its errors; on CUDA (skipped without it) the Loader itself against the CPU Loader."""
+its share per rank and its errors; on CUDA (skipped without it) the Loader itself against the CPU Loader, in
+every mode (mapped, ``in_memory=True``, ``"gpu"``), and resumed mid-epoch."""
 from __future__ import annotations
 
 import numpy as np
@@ -130,6 +131,45 @@ def test_cuda_resident_batches_are_the_cpu_loaders(built, case):
         batches = list(got)
         assert all(t.device.type == "cuda" for b in batches for t in b.values())
         same(batches, list(ref))
+
+
+@needs_cuda
+@pytest.mark.parametrize("in_memory", [False, True], ids=["mapped", "in_memory"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_loader_batches_are_the_cpu_loaders(built, case, in_memory):
+    # the pinned ring and the copy stream: the same batches as the CPU Loader, also with the work split over
+    # threads and several batches in flight
+    kw = CASES[case]
+    ref = Loader(built, batch_size=7, device="cpu", **kw)
+    for threads, prefetch in ((1, 1), (4, 3)):
+        got = Loader(built, batch_size=7, device="cuda", in_memory=in_memory, num_threads=threads, prefetch=prefetch,
+                     **kw)
+        for epoch in (0, 1):
+            got.set_epoch(epoch)
+            ref.set_epoch(epoch)
+            batches = list(got)
+            assert all(t.device.type == "cuda" for b in batches for t in b.values())
+            same(batches, list(ref))
+        got.close()
+
+
+@needs_cuda
+@pytest.mark.parametrize("in_memory", [False, True, "gpu"])
+def test_cuda_loader_resumes_mid_epoch(built, in_memory):
+    kw = CASES["float32 normalised, steps"]
+    a = Loader(built, batch_size=7, device="cuda", in_memory=in_memory, **kw)
+    a.set_epoch(2)
+    it = iter(a)
+    first = [next(it) for _ in range(4)]
+    state = a.state_dict()
+    rest = list(it)
+    b = Loader(built, batch_size=7, device="cuda", in_memory=in_memory, **kw)
+    b.load_state_dict(state)
+    b.set_epoch(2)
+    same(list(b), rest)
+    ref = Loader(built, batch_size=7, device="cpu", **kw)
+    ref.set_epoch(2)
+    same(first + rest, list(ref))
 
 
 @needs_cuda

@@ -20,8 +20,13 @@ On a GPU node the defaults run in about 5 minutes (H100-class).
    one batch kept on the device (the compute bound), so ``x bound`` is what the data path costs. A light
    model is where the data path shows.
 
+3. The contender users have: ``--jpegs`` photo-like 500x375 JPEGs (default 4,096) read by a ``DataLoader``
+   (``cpu_count - 1`` workers, pinned, ``non_blocking`` copies) through torchvision's ``RandomResizedCrop(size)``,
+   ``RandomHorizontalFlip``, ``ToTensor``, ``Normalize``, trained the same way; where torchvision is absent
+   (this project does not depend on it) the same four transforms written by hand with PIL, and the row says so.
+
     PYTHONPATH=. python benchmarks/bench_gpu.py [--samples 4096] [--size 224] [--threads 1,2,4,8]
-        [--prefetch 1,2,4,8] [--repeats 3] [--steps 60] [--batch-size 256] [--quick]
+        [--prefetch 1,2,4,8] [--repeats 3] [--steps 60] [--batch-size 256] [--jpegs 4096] [--quick]
 """
 from __future__ import annotations
 
@@ -167,8 +172,16 @@ def training(index: str, dev: Any, args: argparse.Namespace) -> None:
 
     torch.backends.cudnn.benchmark = True
     bs, s = args.batch_size, args.size
-    kw = dict(batch_size=bs, shuffle=True, dtype="float16", mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225],
+    kw = dict(batch_size=bs, shuffle=True, dtype="float16", mean=list(MEAN), std=list(STD),
               channels_first=True, drop_last=True, gpu_steps=[{"random_flip": {}}])
+    jpegs = None
+    if args.jpegs:
+        from benchmarks.bench_scale import make_photos
+
+        jpegs = os.path.join(args.work, f"jpegs-{args.jpegs}")
+        t0 = time.perf_counter()
+        make_photos(jpegs, args.jpegs)
+        print(f"\n{args.jpegs} photo-like 500x375 JPEGs written in {time.perf_counter() - t0:.1f} s")
     print(f"\nbf16 autocast, channels_last, batch {bs}, {args.steps} steps, {s}x{s} images on {dev}")
     print("| model | contender | images/s | x bound | data wait share |\n|---|---|---:|---:|---:|")
     for depth in (18, 50):
@@ -194,6 +207,97 @@ def training(index: str, dev: Any, args: argparse.Namespace) -> None:
             loader.close()
             ips = rate * bs
             print(f"| ResNet-{depth} | Loader {mode} | {ips:,.0f} | {ips / bound:.2f} | {100 * share:.1f}% |", flush=True)
+        if jpegs:
+            try:
+                next_batch, close, what = jpeg_batches(jpegs, dev, args)
+                rate, share = train_rate(step, next_batch, args.steps, dev, args.warmup)
+                close()
+                ips = rate * bs
+                print(f"| ResNet-{depth} | {what} | {ips:,.0f} | {ips / bound:.2f} | {100 * share:.1f}% |", flush=True)
+            except Exception as e:   # the contender's failure must not cost the rest of an unattended GPU run
+                print(f"| ResNet-{depth} | JPEG pipeline failed: {type(e).__name__}: {e} | - | - | - |", flush=True)
+
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def jpeg_transform(size: int) -> tuple[Callable, str]:
+    """torchvision's ImageNet training transform, or the same four steps by hand where torchvision is absent."""
+    try:
+        import torchvision.transforms as T
+
+        return (T.Compose([T.RandomResizedCrop(size), T.RandomHorizontalFlip(), T.ToTensor(), T.Normalize(MEAN, STD)]),
+                "torchvision RandomResizedCrop + flip + ToTensor + Normalize")
+    except ImportError:
+        pass
+    import math
+    import random
+
+    import torch
+    from PIL import Image
+
+    mean, std = torch.tensor(MEAN).view(3, 1, 1), torch.tensor(STD).view(3, 1, 1)
+
+    def by_hand(img: Any) -> Any:
+        w, h = img.size   # RandomResizedCrop(scale=(0.08, 1), ratio=(3/4, 4/3)), as torchvision draws it
+        for _ in range(10):
+            area = w * h * random.uniform(0.08, 1.0)
+            ar = math.exp(random.uniform(math.log(3 / 4), math.log(4 / 3)))
+            cw, ch = int(round(math.sqrt(area * ar))), int(round(math.sqrt(area / ar)))
+            if 0 < cw <= w and 0 < ch <= h:
+                x0, y0 = random.randint(0, w - cw), random.randint(0, h - ch)
+                break
+        else:
+            cw = ch = min(w, h)
+            x0, y0 = (w - cw) // 2, (h - ch) // 2
+        img = img.resize((size, size), Image.BILINEAR, box=(x0, y0, x0 + cw, y0 + ch))
+        if random.random() < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        t = torch.frombuffer(bytearray(img.tobytes()), dtype=torch.uint8).view(size, size, 3).permute(2, 0, 1)
+        return (t.float().div_(255) - mean) / std
+
+    return by_hand, "hand-written RandomResizedCrop + flip + ToTensor + Normalize (no torchvision here)"
+
+
+class JpegFolder:
+    """A list of (path, label) read as PIL RGB images through ``transform``: an ImageFolder without torchvision."""
+
+    def __init__(self, root: str, transform: Callable):
+        self.items = [(os.path.join(root, c, f), int(c[1:])) for c in sorted(os.listdir(root)) if c.startswith("c")
+                      for f in sorted(os.listdir(os.path.join(root, c)))]
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> tuple[Any, int]:
+        from PIL import Image
+
+        path, label = self.items[i]
+        with Image.open(path) as im:
+            return self.transform(im.convert("RGB")), label
+
+
+def jpeg_batches(root: str, dev: Any, args: argparse.Namespace) -> tuple[Callable, Callable, str]:
+    """An endless source of (images, labels) on ``dev`` from the JPEG pipeline, a closer, and its name."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    # workers pass one collated tensor per batch; file_system sharing avoids the fd passing that hung once
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    transform, what = jpeg_transform(args.size)
+    workers = max(1, (os.cpu_count() or 2) - 1)
+    dl = DataLoader(JpegFolder(root, transform), batch_size=args.batch_size, shuffle=True, drop_last=True,
+                    num_workers=workers, pin_memory=dev.type == "cuda", persistent_workers=True, prefetch_factor=4)
+
+    def gen():
+        while True:
+            for x, y in dl:
+                yield x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+
+    it = gen()
+    pinned = "pinned" if dev.type == "cuda" else "no pinning on CPU"
+    return (lambda: next(it)), it.close, f"DataLoader, {workers} workers, {pinned}: {what}"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -206,6 +310,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--repeats", type=int, default=None, help="passes per contender, default 3 (quick 1)")
     ap.add_argument("--steps", type=int, default=None, help="training steps measured, default 60 (quick 1)")
     ap.add_argument("--batch-size", type=int, default=None, help="default 256 (quick 16)")
+    ap.add_argument("--jpegs", type=int, default=None, help="JPEGs for the torchvision-style contender, default "
+                    "4096 (quick 64); 0 leaves it out")
     ap.add_argument("--dir", default=None)
     a = ap.parse_args(argv)
     q = a.quick
@@ -215,6 +321,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.prefetch = [int(x) for x in (a.prefetch or ("1,2" if q else "1,2,4,8")).split(",")]
     a.repeats, a.steps, a.warmup = a.repeats or (1 if q else 3), a.steps or (1 if q else 60), 1 if q else 5
     a.batch_size = a.batch_size or (16 if q else 256)
+    a.jpegs = (64 if q else 4096) if a.jpegs is None else a.jpegs
     return a
 
 
@@ -235,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
           f"({n * row / 2**20:.0f} MiB), batch {args.batch_size}")
     rng = np.random.default_rng(0)
     tmp = tempfile.TemporaryDirectory(dir=args.dir)
+    args.work = tmp.name
     args.index = write_store(tmp.name, "gpu", rng.integers(0, 256, (n, s, s, 3), dtype=np.uint8),
                              rng.integers(0, 1000, n), samples_per_shard=256, chunk_samples=8)
     for fname in sorted(os.listdir(os.path.join(tmp.name, "gpu.shards"))):   # warm the page cache

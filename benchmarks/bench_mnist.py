@@ -19,8 +19,14 @@ Contenders, all in this run, same model initialisation:
 
 The table gives total seconds, the median epoch and the ratio to the bound
 (median epoch / bound's median epoch). The target is the Loader within 1.1x.
+Every step reads ``loss.item()``, as the seeds' training loop does.
 
-    PYTHONPATH=. python benchmarks/bench_mnist.py [--quick] [--epochs 5] [--cache DIR]
+``--device cuda`` runs the same on a GPU, as the seeds' published run did: the model, the bound's
+set and the Loader's batches on the device; the DataLoader's batches copied there
+(``non_blocking`` where pinned); ``--workers`` sets the DataLoader's worker count (default 2).
+
+    PYTHONPATH=. python benchmarks/bench_mnist.py [--quick] [--epochs 5] [--cache DIR] [--device cuda]
+        [--workers 8]
 """
 from __future__ import annotations
 
@@ -104,6 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch intra-op threads for training (default 1: a 64-sample MLP step gains nothing from "
                          "more, and OpenMP spinning makes timings erratic on a shared 2-core machine)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    ap.add_argument("--workers", type=int, default=2, help="DataLoader workers of the multi-worker rows (default 2)")
     ap.add_argument("--only", default=None, help="comma-separated contender prefixes to run (bound always runs)")
     args = ap.parse_args(argv)
     n = args.samples or (12000 if args.quick else 60000)
@@ -118,6 +126,16 @@ def main(argv: list[str] | None = None) -> None:
     from precompile.reader.loader import Loader
 
     torch.set_num_threads(args.threads)
+    dev = torch.device(args.device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("bench_mnist: --device cuda but torch.cuda.is_available() is False")
+    dv, nw = dev.type, args.workers
+    if dv == "cuda":   # on the H100 node a DataLoader once hung passing workers' tensors by file descriptor
+        torch.multiprocessing.set_sharing_strategy("file_system")
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
 
     index = build_set(args.cache, n)
     ds = precompile.open(index)
@@ -148,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
     def model_and_opt():
         torch.manual_seed(0)
         m = nn.Sequential(nn.Flatten(), nn.Linear(784, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 10))
+        m = m.to(dev)
         return m, torch.optim.Adam(m.parameters(), lr=1e-3)
 
     loss_fn = nn.CrossEntropyLoss()
@@ -155,30 +174,34 @@ def main(argv: list[str] | None = None) -> None:
     def run_epoch(state, batches_for_epoch, e) -> float:
         model, opt = state[0], state[1]
         batches = batches_for_epoch(e)  # generators do their work inside the timed loop; the bound's is done here
+        sync()
         t0 = time.perf_counter()
         for x, y in batches:
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
+            last = loss.item()
+        sync()
         dt = time.perf_counter() - t0
-        state[2:] = [float(loss.detach())]
+        state[2:] = [last]
         return dt
 
     results: dict[str, tuple[list[float], float, str]] = {}
 
-    xall = ((data.float() / 255 - MEAN) / STD).view(-1, 784)
+    xall = ((data.float() / 255 - MEAN) / STD).view(-1, 784).to(dev)
+    tall = targets.to(dev)
 
     def bound(e):
         # not a generator: the epoch's permuted copy is made before the clock starts, so only slicing is timed
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(e))
-        xs, ys = xall[perm], targets[perm]
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(e)).to(dev)
+        xs, ys = xall[perm], tall[perm]
         return [(xs[i:i + 64], ys[i:i + 64]) for i in range(0, n, 64)]
 
     def bound_shuffled(e):
         # the same, with the epoch's shuffled copy of the in-memory set made inside the timed loop
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(e))
-        xs, ys = xall[perm], targets[perm]
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(e)).to(dev)
+        xs, ys = xall[perm], tall[perm]
         for i in range(0, n, 64):
             yield xs[i:i + 64], ys[i:i + 64]
 
@@ -187,10 +210,11 @@ def main(argv: list[str] | None = None) -> None:
 
         def epoch_iter(e):
             g = torch.Generator().manual_seed(e)
-            yield from DataLoader(dset, batch_size=64, shuffle=True, num_workers=workers, pin_memory=pin, generator=g)
+            for x, y in DataLoader(dset, batch_size=64, shuffle=True, num_workers=workers, pin_memory=pin, generator=g):
+                yield x.to(dev, non_blocking=pin), y.to(dev, non_blocking=pin)
         return epoch_iter
 
-    loader = Loader(index, batch_size=64, shuffle=True, seed=0, device="cpu", dtype="float32", mean=MEAN, std=STD)
+    loader = Loader(index, batch_size=64, shuffle=True, seed=0, device=dv, dtype="float32", mean=MEAN, std=STD)
     waits = []
 
     def precompiled(e):
@@ -199,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
             yield b["image"].view(-1, 784), b["label"]
         waits.append(loader.stats.wait_share)
 
-    threaded = Loader(index, batch_size=64, shuffle=True, seed=0, device="cpu", dtype="float32", mean=MEAN, std=STD,
+    threaded = Loader(index, batch_size=64, shuffle=True, seed=0, device=dv, dtype="float32", mean=MEAN, std=STD,
                       num_threads=0)
 
     def precompiled_threaded(e):
@@ -210,16 +234,16 @@ def main(argv: list[str] | None = None) -> None:
     contenders = [
         ("pure compute (lower bound)", bound),
         ("pure compute + in-memory shuffle per epoch", bound_shuffled),
-        (f"precompile Loader (cpu, default: {loader.num_threads} threads)", precompiled),
-        ("precompile Loader (cpu, num_threads=0)", precompiled_threaded),
+        (f"precompile Loader ({dv}, default: {loader.num_threads} threads)", precompiled),
+        (f"precompile Loader ({dv}, num_threads=0)", precompiled_threaded),
         ("DataLoader(MNIST-style), 0 workers", dataloader(0, False)),
-        ("DataLoader(MNIST-style), 2 workers", dataloader(2, False)),
-        ("DataLoader(MNIST-style), 2 workers + pin_memory", dataloader(2, True)),
+        (f"DataLoader(MNIST-style), {nw} workers", dataloader(nw, False)),
+        (f"DataLoader(MNIST-style), {nw} workers + pin_memory", dataloader(nw, True)),
     ]
     only = [s.strip() for s in args.only.split(",")] if args.only else None
     contenders = [(name, fn) for name, fn in contenders
                   if not only or name.startswith("pure") or any(name.startswith(o) for o in only)]
-    print(f"{n} images, batch 64, {epochs} epochs, torch threads {torch.get_num_threads()}, {os.cpu_count()} cpus; "
+    print(f"{n} images, batch 64, {epochs} epochs, on {dev}, torch threads {torch.get_num_threads()}, {os.cpu_count()} cpus; "
           f"contenders take turns epoch by epoch (the machine is shared: noise spreads evenly)")
     states = {name: [*model_and_opt()] for name, _ in contenders}
     times: dict[str, list[float]] = {name: [] for name, _ in contenders}
@@ -241,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, (times, loss, note) in results.items():
         med = statistics.median(times)
         print(f"| {name:<48} | {sum(times):>8.2f} | {med:>14.3f} | {med / ref:>7.2f} | {loss:.2e} {note}")
-    default_name = f"precompile Loader (cpu, default: {loader.num_threads} threads)"
+    default_name = f"precompile Loader ({dv}, default: {loader.num_threads} threads)"
     if default_name in results:
         r = statistics.median(results[default_name][0]) / ref
         print()

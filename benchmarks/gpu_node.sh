@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Issue 26's checks on a GPU node in one unattended run: the CUDA tests, the GPU feeding benchmark, -j scaling of
+# builds, gather threads, the whole suite and the seeds' MNIST experiment on CUDA. Each part writes its log to
+# $OUT/<part>.txt and one line to $OUT/summary.txt; each has its own time limit, and no part starts after BUDGET
+# seconds (default 540), so a slow or stuck part costs only itself.
+#
+#     OUT=logs BUDGET=540 bash benchmarks/gpu_node.sh [PART ...]
+#
+# PARTs (default all, in this order): cuda_tests bench_gpu suite bench_scale bench_threads mnist.
+#
+# Python packages the node lacks can come as wheels in .whl/ (see ../shared/notes/gpu-h100.md): they are
+# installed into /tmp/site first.
+set -u
+OUT=${OUT:-gpu-node-logs}
+BUDGET=${BUDGET:-540}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+PY=${PY:-python3}
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+
+{
+    echo "## node: $(nproc) cpus, $(free -g | awk '/Mem:/{print $2}') GiB"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1
+    $PY -c "import torch, numpy, h5py; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+'numpy', numpy.__version__, 'h5py', h5py.__version__, 'python', __import__('sys').version.split()[0])" 2>&1
+} >> "$OUT/summary.txt"
+
+WANT=" ${*:-cuda_tests bench_gpu suite bench_scale bench_threads mnist} "
+part() {   # part NAME LIMIT_S COMMAND...
+    local name=$1 limit=$2 left=$((BUDGET - SECONDS)) t0=$SECONDS rc
+    shift 2
+    case "$WANT" in *" $name "*) ;; *) return ;; esac
+    if [ "$left" -lt 20 ]; then echo "## $name: not started, $left s of the budget left" >> "$OUT/summary.txt"; return; fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    timeout -k 5 "$limit" "$@" > "$OUT/$name.txt" 2>&1
+    rc=$?
+    echo "## $name: exit $rc after $((SECONDS - t0)) s (limit $limit s)" >> "$OUT/summary.txt"
+    tail -n 4 "$OUT/$name.txt" >> "$OUT/summary.txt"
+}
+
+part cuda_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/test_loader_device.py tests/test_loader_resident.py
+part bench_gpu 200 $PY benchmarks/bench_gpu.py --samples 8192 --threads 1,2,4,8,15 --prefetch 1,2,4,8 --repeats 5
+part suite 150 bash -c "$PY -m pytest -q -n 16 -p no:benchmark --timeout 300 -rs 2>&1 | tail -n 40; \
+    echo '--- the failures again, in one process (no xdist):'; \
+    $PY -m pytest -q --lf --lfnf=none --timeout 300 -p no:xdist -p no:benchmark 2>&1 | tail -n 40"
+part bench_scale 150 $PY benchmarks/bench_scale.py --jobs 1,2,4,8,16 --photos 4000
+part bench_threads 60 $PY benchmarks/bench_threads.py --threads 1,2,4,8,15
+part mnist 120 $PY benchmarks/bench_mnist.py --device cuda --workers 8 --epochs 3
+cat "$OUT/summary.txt"

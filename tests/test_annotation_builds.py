@@ -11,39 +11,17 @@ import yaml
 
 import precompile
 from precompile import build as run_build
-from precompile.decoders.base import Decoder
-from precompile.registry import DECODERS, STEPS, load_builtins
-from precompile.sample import FieldSpec, Sample
+from precompile.registry import STEPS, load_builtins
+from precompile.sample import Sample
 from precompile.transforms.base import replay
+
+from annotated_decoder import K   # registers the test decoder; a build's workers import that module, not this one
 
 load_builtins()
 
-K = 3
 STEP_LIST = [{"resize": {"size": [40, 48]}},
              {"random_crop": {"size": [32, 32], "padding": 4, "min_visibility": 0.3}},
              {"random_flip": {"horizontal": 0.5, "vertical": 0.5, "flip_pairs": [[0, 1]]}}]
-
-
-class _Annotated(Decoder):
-    """Test decoder: an .npz (no pickles) -> an image and its boxes, labels and keypoints."""
-
-    name = "_annotations_test"
-    kind = "image"
-
-    def output_specs(self, field):
-        return {field: FieldSpec("image", (None, None, 3), "uint8"),
-                "boxes": FieldSpec("boxes", (None, 4), "float32"),
-                "box_labels": FieldSpec("box_labels", (None,), "int64", of="boxes"),
-                "keypoints": FieldSpec("keypoints", (None, K, 3), "float32", of="boxes")}
-
-    def decode(self, path, field):
-        with np.load(path, allow_pickle=False) as z:
-            return {field: z["image"], "boxes": z["boxes"], "box_labels": z["box_labels"],
-                    "keypoints": z["keypoints"]}, {}
-
-
-if _Annotated.name not in DECODERS:
-    DECODERS.register()(_Annotated)
 
 
 def make_inputs(root: str, n: int = 7) -> dict[str, dict[str, np.ndarray]]:

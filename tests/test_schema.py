@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 from typing import Literal
 
-import jsonschema
 import pytest
 import yaml
 from click.testing import CliRunner
@@ -22,6 +21,8 @@ from precompile.recipe import parse_params, parse_recipe
 from precompile.registry import DECODERS, STEPS, WRITERS, load_builtins
 from precompile.tools.schema import DIALECT, recipe_schema
 from precompile.transforms.base import Step, StepParams
+
+jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed (test dependency)")
 
 REPO = Path(__file__).resolve().parents[1]
 CASE_MODULES = (step_cases_planar, step_cases_random, step_cases_temporal_audio_volume)

@@ -8,8 +8,14 @@
 #
 # PARTs (default all, in this order): cuda_tests bench_gpu suite bench_scale bench_threads mnist.
 #
-# Python packages the node lacks can come as wheels in .whl/ (see ../shared/notes/gpu-h100.md): they are
-# installed into /tmp/site first.
+# Python packages the node lacks come as wheels in .whl/ (ignored by git; carried to the node), downloaded
+# here for its Python (3.12) with, for each of pydantic pydantic_core annotated-types typing-inspection
+# typing_extensions soundfile cffi pycparser pydicom soxr av pycocotools jsonschema (+ its attrs,
+# jsonschema-specifications, referencing, rpds-py) nibabel:
+#     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl NAME
+# They go into the node's own environment (a throwaway machine), with this checkout installed editable, so
+# that the tests' subprocesses, which set PYTHONPATH themselves, find them too; /tmp/site where that fails.
 set -u
 OUT=${OUT:-gpu-node-logs}
 BUDGET=${BUDGET:-540}
@@ -18,9 +24,11 @@ export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 
 if ls .whl/*.whl >/dev/null 2>&1; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH=/tmp/site
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/*.whl 2>/dev/null \
+        || { $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+                 .whl/*.whl && export PYTHONPATH=/tmp/site; }
 fi
+$PY -m pip install -q --no-index --no-deps --no-build-isolation -e . >/dev/null 2>&1 || echo "(not installed: PYTHONPATH)"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 
 {

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from precompile.errors import PrecompileError
-from precompile.reader import resident
+from precompile.reader import feed, resident
 from precompile.reader.loader import Loader
 from precompile.reader.resident import ResidentFeeder
 
@@ -136,12 +136,17 @@ def test_cuda_resident_batches_are_the_cpu_loaders(built, case):
 @needs_cuda
 @pytest.mark.parametrize("in_memory", [False, True], ids=["mapped", "in_memory"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_cuda_loader_batches_are_the_cpu_loaders(built, case, in_memory):
-    # the pinned ring and the copy stream: the same batches as the CPU Loader, also with the work split over
-    # threads and several batches in flight
+def test_cuda_loader_batches_are_the_cpu_loaders(built, case, in_memory, monkeypatch):
+    # the pinned ring and the copy stream: the same batches as the CPU Loader, with one task for the whole pass
+    # (this build's rows are small), then with a task per batch, 3 slots in flight and every task's rows split
+    # over 4 threads
     kw = CASES[case]
     ref = Loader(built, batch_size=7, device="cpu", **kw)
-    for threads, prefetch in ((1, 1), (4, 3)):
+    row = ref.reader.row_bytes["image"] + ref.reader.row_bytes["label"]
+    for threads, prefetch, split in ((1, 1, False), (4, 3, True)):
+        if split:
+            monkeypatch.setattr(feed, "GROUP_BYTES", 7 * row)   # one batch per gather task
+            monkeypatch.setattr(feed, "SPLIT_BYTES", 1)         # each task's rows cut into ranges, one per thread
         got = Loader(built, batch_size=7, device="cuda", in_memory=in_memory, num_threads=threads, prefetch=prefetch,
                      **kw)
         for epoch in (0, 1):

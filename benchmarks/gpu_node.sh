@@ -53,9 +53,15 @@ part() {   # part NAME LIMIT_S COMMAND...
 
 part cuda_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/test_loader_device.py tests/test_loader_resident.py
 part bench_gpu 200 $PY benchmarks/bench_gpu.py --samples 8192 --threads 1,2,4,8,15 --prefetch 1,2,4,8 --repeats 5
-part suite 150 bash -c "$PY -m pytest -q -n 16 -p no:benchmark --timeout 300 -rs 2>&1 | tail -n 40; \
-    echo '--- the failures again, in one process (no xdist):'; \
-    $PY -m pytest -q --lf --lfnf=none --timeout 300 -p no:xdist -p no:benchmark 2>&1 | tail -n 40"
+suite() {   # the whole suite on every core, then its failures again in one process (xdist artefacts go there)
+    set -o pipefail
+    $PY -m pytest -q -n 16 -p no:benchmark --timeout 300 -rs 2>&1 | tail -n 40 && return 0
+    echo "--- the failures again, in one process (no xdist):"
+    $PY -m pytest -q --lf --timeout 300 -p no:xdist -p no:benchmark 2>&1 | tail -n 40
+}   # (the node's image has pytest-xdist and pytest-timeout; elsewhere bring their wheels too)
+export -f suite
+export PY
+part suite 150 bash -c suite
 part bench_scale 150 $PY benchmarks/bench_scale.py --jobs 1,2,4,8,16 --photos 4000
 part bench_threads 60 $PY benchmarks/bench_threads.py --threads 1,2,4,8,15
 part mnist 120 $PY benchmarks/bench_mnist.py --device cuda --workers 8 --epochs 3

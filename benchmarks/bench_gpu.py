@@ -247,8 +247,13 @@ def jpeg_transform(size: int) -> tuple[Callable, str]:
             if 0 < cw <= w and 0 < ch <= h:
                 x0, y0 = random.randint(0, w - cw), random.randint(0, h - ch)
                 break
-        else:
-            cw = ch = min(w, h)
+        else:   # torchvision's fallback: the centre crop of the whole image, its ratio clamped to [3/4, 4/3]
+            if w / h < 3 / 4:
+                cw, ch = w, int(round(w / (3 / 4)))
+            elif w / h > 4 / 3:
+                ch, cw = h, int(round(h * (4 / 3)))
+            else:
+                cw, ch = w, h
             x0, y0 = (w - cw) // 2, (h - ch) // 2
         img = img.resize((size, size), Image.BILINEAR, box=(x0, y0, x0 + cw, y0 + ch))
         if random.random() < 0.5:
@@ -297,7 +302,14 @@ def jpeg_batches(root: str, dev: Any, args: argparse.Namespace) -> tuple[Callabl
 
     it = gen()
     pinned = "pinned" if dev.type == "cuda" else "no pinning on CPU"
-    return (lambda: next(it)), it.close, f"DataLoader, {workers} workers, {pinned}: {what}"
+
+    def close() -> None:   # persistent workers outlive the generator: stop them before the next model's rows
+        it.close()
+        if getattr(dl, "_iterator", None) is not None:
+            dl._iterator._shutdown_workers()
+            dl._iterator = None
+
+    return (lambda: next(it)), close, f"DataLoader, {workers} workers, {pinned}: {what}"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

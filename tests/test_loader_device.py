@@ -25,6 +25,7 @@ def test_cuda_without_cuda_is_a_clear_error(built):
 
 def test_default_threads_on_cuda_follow_the_source(monkeypatch):
     # the peaks measured on a 16-core H200 node: 4 threads from mapped files, 8 from memory; one core trains
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     from precompile.reader.loader import default_threads
 
     cuda = torch.device("cuda", 0)
@@ -34,6 +35,14 @@ def test_default_threads_on_cuda_follow_the_source(monkeypatch):
     assert default_threads(cuda) == 2 and default_threads(cuda, in_memory=True) == 2
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert default_threads(cuda, in_memory=True) == 1
+    # 8 ranks of torchrun on a 16-core node: each has 2 cores, one of them trains
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    assert default_threads(cuda) == 1 and default_threads(cuda, in_memory=True) == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert default_threads(cuda) == 4 and default_threads(cuda, in_memory=True) == 7
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
+    assert default_threads(cuda, in_memory=True) == 8
 
 
 def test_cuda_device_gets_an_explicit_index(monkeypatch):

@@ -91,8 +91,10 @@ class LoaderStats:
 def default_threads(device: torch.device, in_memory: bool = False) -> int:
     """Gather threads that help: only cores that training leaves idle (at most 4; 8 on CUDA in memory).
 
-    On CUDA the training thread mostly launches kernels: every core but one,
-    at most 4 from mapped files and 8 from memory. Measured on an H200 node
+    On CUDA the training thread mostly launches kernels: every core of this
+    rank's share but one (the node's cores over ``LOCAL_WORLD_SIZE``, which
+    torchrun sets for each process of a node), at most 4 from mapped files
+    and 8 from memory. Measured on an H200 node
     with 16 cores (benchmarks/bench_gpu.py, 224x224 batches of 256): mapped
     files peak at 4 threads (0.27x the pinned copy; 8 threads 0.23x, 15
     threads 0.16x), a gather from memory at 8 (0.36-0.40x; 4 threads 0.28x).
@@ -103,7 +105,11 @@ def default_threads(device: torch.device, in_memory: bool = False) -> int:
     """
     cpus = os.cpu_count() or 1
     if device.type == "cuda":
-        return max(1, min(8 if in_memory else 4, cpus - 1))
+        try:
+            local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        except ValueError:
+            local = 1
+        return max(1, min(8 if in_memory else 4, cpus // local - 1))
     return max(0, min(4, cpus - torch.get_num_threads()))
 
 
@@ -191,7 +197,7 @@ class Loader:
     NCHW views of 4-d converted fields; ``num_threads`` gather threads (0:
     gather in the training thread, just in time: no thread contention, which
     wins when the machine has no idle core to give; default
-    :func:`default_threads`: on CUDA every core but one, at most 4 from mapped files and
+    :func:`default_threads`: on CUDA every core of this rank's share but one, at most 4 from mapped files and
     8 from memory; on CPU the cores torch's threads leave idle, at most 4). In a build with augmented
     ``copies``, ``copies="epoch"`` (default) makes each epoch show every sample
     once, as the copy ``f(build seed, epoch, key)`` (a different variant each

@@ -10,6 +10,8 @@ On a GPU node the defaults run in about 5 minutes (H100-class).
    ``--batch-size``, full shuffle, uint8 delivered, medians of ``--repeats`` passes, contenders taking turns:
 
    - ``pinned .to(cuda, non_blocking=True)`` (the limit): one pinned batch copied ``samples / batch`` times;
+     beside it the same from a ring of pinned batches as large as the set (at most 64), which the host's caches
+     cannot hold: a fairer bar for gathers that read the whole set;
    - ``Loader`` from mapped files and with ``in_memory=True``, for every ``--threads`` x ``--prefetch`` pair;
    - ``Loader(in_memory="gpu")``: the set uploaded once, every batch gathered on the GPU (its ``x limit``
      can pass 1: no bus per batch).
@@ -115,20 +117,27 @@ def bandwidth(index: str, dev: Any, args: argparse.Namespace, row: int) -> None:
     bs, nb = args.batch_size, args.samples // args.batch_size
     host = torch.empty((bs, row), dtype=torch.uint8)
     host = host.pin_memory() if dev.type == "cuda" else host
+    # the same copy from a ring of pinned batches with as many bytes as the set (at most 64 batches): no batch is
+    # copied twice in a row, so the host's caches cannot serve the DMA (the one-buffer row may be served from them)
+    ring = [torch.full((bs, row), i % 251, dtype=torch.uint8) for i in range(max(2, min(nb, 64)))]
+    ring = [b.pin_memory() for b in ring] if dev.type == "cuda" else ring
     kw = dict(batch_size=bs, shuffle=True, fields=["image"], drop_last=True)
     loaders = {f"Loader {m}, {t} threads, prefetch {p}":
                make_loader(args.index, dev, m, num_threads=t, prefetch=p, **kw)
                for m in ("mapped", "in_memory") for t in args.threads for p in args.prefetch}
     loaders["Loader in_memory='gpu' (resident)"] = make_loader(args.index, dev, "gpu", **kw)
-    rows: dict[str, list[float]] = {"pinned copy (limit)": [], **{k: [] for k in loaders}}
+    ringed = f"pinned copy from a ring of {len(ring)} batches"
+    rows: dict[str, list[float]] = {"pinned copy (limit)": [], ringed: [], **{k: [] for k in loaders}}
     for r in range(args.repeats):   # contenders take turns pass by pass
-        sync(dev)
-        t0 = time.perf_counter()
-        for _ in range(nb):
-            x = host.to(dev, non_blocking=True) if dev.type == "cuda" else host.clone()
-        sync(dev)
-        rows["pinned copy (limit)"].append(nb * bs * row / (time.perf_counter() - t0))
-        del x
+        for name, source in (("pinned copy (limit)", lambda i: host), (ringed, lambda i: ring[i % len(ring)])):
+            sync(dev)
+            t0 = time.perf_counter()
+            for i in range(nb):
+                b = source(i)
+                x = b.to(dev, non_blocking=True) if dev.type == "cuda" else b.clone()
+            sync(dev)
+            rows[name].append(nb * bs * row / (time.perf_counter() - t0))
+            del x
         for k, loader in loaders.items():
             s, seen = timed_pass(loader, r, dev)
             rows[k].append(seen * row / s)

@@ -38,6 +38,34 @@ def same(a: list[dict], b: list[dict]) -> None:
             assert torch.equal(x[f].cpu(), y[f].cpu()), f
 
 
+def same_two_epochs(got: Loader, ref: Loader, device: str = "cpu") -> None:
+    """Epochs 0 and 1 of ``got`` (its batches on ``device``) equal ``ref``'s."""
+    for epoch in (0, 1):
+        got.set_epoch(epoch)
+        ref.set_epoch(epoch)
+        batches = list(got)
+        assert all(t.device.type == device for b in batches for t in b.values())
+        same(batches, list(ref))
+
+
+def same_after_resume(built: str, make, kw: dict) -> None:
+    """A Loader from ``make(**kw)`` stopped after 4 batches of epoch 2 and resumed from its state_dict in a
+    fresh one gives the rest of the epoch; both parts together are the CPU Loader's epoch."""
+    a = make(**kw)
+    a.set_epoch(2)
+    it = iter(a)
+    first = [next(it) for _ in range(4)]
+    state = a.state_dict()
+    rest = list(it)
+    b = make(**kw)
+    b.load_state_dict(state)
+    b.set_epoch(2)
+    same(list(b), rest)
+    ref = Loader(built, batch_size=7, device="cpu", **kw)
+    ref.set_epoch(2)
+    same(first + rest, list(ref))
+
+
 def resident_on_cpu(built: str, budget=None, **kw) -> Loader:
     loader = Loader(built, batch_size=7, device="cpu", **kw)
     loader.feeder = ResidentFeeder.for_loader(loader, CPU, budget)
@@ -47,28 +75,11 @@ def resident_on_cpu(built: str, budget=None, **kw) -> Loader:
 @pytest.mark.parametrize("case", list(CASES))
 def test_resident_batches_are_the_cpu_loaders(built, case):
     kw = CASES[case]
-    ref, got = Loader(built, batch_size=7, device="cpu", num_threads=1, **kw), resident_on_cpu(built, **kw)
-    for epoch in (0, 1):
-        ref.set_epoch(epoch)
-        got.set_epoch(epoch)
-        same(list(got), list(ref))
+    same_two_epochs(resident_on_cpu(built, **kw), Loader(built, batch_size=7, device="cpu", num_threads=1, **kw))
 
 
 def test_resident_resumes_mid_epoch(built):
-    kw = CASES["float32 normalised, steps"]
-    a = resident_on_cpu(built, **kw)
-    a.set_epoch(2)
-    it = iter(a)
-    first = [next(it) for _ in range(4)]
-    state = a.state_dict()
-    rest = list(it)
-    b = resident_on_cpu(built, **kw)
-    b.load_state_dict(state)
-    b.set_epoch(2)
-    same(list(b), rest)
-    ref = Loader(built, batch_size=7, device="cpu", **kw)
-    ref.set_epoch(2)
-    same(first + rest, list(ref))
+    same_after_resume(built, lambda **kw: resident_on_cpu(built, **kw), CASES["float32 normalised, steps"])
 
 
 def test_a_rank_holds_its_share_when_the_share_is_fixed(built, ds):
@@ -124,13 +135,7 @@ def test_cuda_resident_batches_are_the_cpu_loaders(built, case):
     kw = CASES[case]
     got = Loader(built, batch_size=7, device="cuda", in_memory="gpu", **kw)
     assert isinstance(got.feeder, ResidentFeeder)
-    ref = Loader(built, batch_size=7, device="cpu", **kw)
-    for epoch in (0, 1):
-        got.set_epoch(epoch)
-        ref.set_epoch(epoch)
-        batches = list(got)
-        assert all(t.device.type == "cuda" for b in batches for t in b.values())
-        same(batches, list(ref))
+    same_two_epochs(got, Loader(built, batch_size=7, device="cpu", **kw), "cuda")
 
 
 @needs_cuda
@@ -149,32 +154,15 @@ def test_cuda_loader_batches_are_the_cpu_loaders(built, case, in_memory, monkeyp
             monkeypatch.setattr(feed, "SPLIT_BYTES", 1)         # each task's rows cut into ranges, one per thread
         got = Loader(built, batch_size=7, device="cuda", in_memory=in_memory, num_threads=threads, prefetch=prefetch,
                      **kw)
-        for epoch in (0, 1):
-            got.set_epoch(epoch)
-            ref.set_epoch(epoch)
-            batches = list(got)
-            assert all(t.device.type == "cuda" for b in batches for t in b.values())
-            same(batches, list(ref))
+        same_two_epochs(got, ref, "cuda")
         got.close()
 
 
 @needs_cuda
 @pytest.mark.parametrize("in_memory", [False, True, "gpu"])
 def test_cuda_loader_resumes_mid_epoch(built, in_memory):
-    kw = CASES["float32 normalised, steps"]
-    a = Loader(built, batch_size=7, device="cuda", in_memory=in_memory, **kw)
-    a.set_epoch(2)
-    it = iter(a)
-    first = [next(it) for _ in range(4)]
-    state = a.state_dict()
-    rest = list(it)
-    b = Loader(built, batch_size=7, device="cuda", in_memory=in_memory, **kw)
-    b.load_state_dict(state)
-    b.set_epoch(2)
-    same(list(b), rest)
-    ref = Loader(built, batch_size=7, device="cpu", **kw)
-    ref.set_epoch(2)
-    same(first + rest, list(ref))
+    same_after_resume(built, lambda **kw: Loader(built, batch_size=7, device="cuda", in_memory=in_memory, **kw),
+                      CASES["float32 normalised, steps"])
 
 
 @needs_cuda

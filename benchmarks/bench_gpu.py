@@ -44,6 +44,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)   # ImageNet's, for every contender
+
 
 def _conv_bn(cin: int, cout: int, k: int, stride: int = 1):
     import torch.nn as nn
@@ -225,9 +227,6 @@ def training(index: str, dev: Any, args: argparse.Namespace) -> None:
                 print(f"| ResNet-{depth} | {what} | {ips:,.0f} | {ips / bound:.2f} | {100 * share:.1f}% |", flush=True)
             except Exception as e:   # the contender's failure must not cost the rest of an unattended GPU run
                 print(f"| ResNet-{depth} | JPEG pipeline failed: {type(e).__name__}: {e} | - | - | - |", flush=True)
-
-
-MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
 def jpeg_transform(size: int) -> tuple[Callable, str]:

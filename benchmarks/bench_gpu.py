@@ -342,6 +342,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     a.repeats, a.steps, a.warmup = a.repeats or (1 if q else 3), a.steps or (1 if q else 60), 1 if q else 5
     a.batch_size = a.batch_size or (16 if q else 256)
     a.jpegs = (64 if q else 4096) if a.jpegs is None else a.jpegs
+    if 0 < a.jpegs < a.batch_size:   # drop_last would leave no batch, and the endless source would spin forever
+        ap.error(f"--jpegs {a.jpegs} is less than one batch ({a.batch_size}); give at least that many, or 0")
     return a
 
 

@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.utils.data import DataLoader, Dataset
 
     import precompile
+    from benchmarks.bench_gpu import sync
     from precompile.reader.loader import Loader
 
     torch.set_num_threads(args.threads)
@@ -132,10 +133,6 @@ def main(argv: list[str] | None = None) -> None:
     dv, nw = dev.type, args.workers
     if dv == "cuda":   # on the H100 node a DataLoader once hung passing workers' tensors by file descriptor
         torch.multiprocessing.set_sharing_strategy("file_system")
-
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize(dev)
 
     index = build_set(args.cache, n)
     ds = precompile.open(index)
@@ -174,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
     def run_epoch(state, batches_for_epoch, e) -> float:
         model, opt = state[0], state[1]
         batches = batches_for_epoch(e)  # generators do their work inside the timed loop; the bound's is done here
-        sync()
+        sync(dev)
         t0 = time.perf_counter()
         for x, y in batches:
             opt.zero_grad(set_to_none=True)
@@ -182,7 +179,7 @@ def main(argv: list[str] | None = None) -> None:
             loss.backward()
             opt.step()
             last = loss.item()
-        sync()
+        sync(dev)
         dt = time.perf_counter() - t0
         state[2:] = [last]
         return dt

@@ -221,3 +221,13 @@ def test_mpo_decodes_its_first_frame(tmp_path):
     with Image.open(p) as im:
         assert im.format == "MPO"
     assert _same(p, ("rgb8",)) > 0
+
+
+def test_image_decoder_version_is_in_the_recipe_key(tmp_path):
+    """Shards built before JPEG warnings were errors may hold grey images: the decoder's output_version 2
+    enters the recipe key, so they rebuild."""
+    from precompile.recipe import load_recipe
+
+    tree = make_image_tree(tmp_path / "data", per_class=1)
+    r = load_recipe(write_recipe(tmp_path / "r.yaml", image_recipe(tree)))
+    assert r.content_dict()["output_versions"] == {"decoders.image": 2}

@@ -96,6 +96,7 @@ class ImageDecoder(Decoder):
 
     name = "image"
     kind = "image"
+    output_version = 2   # 2: a JPEG libjpeg warns about (a scan cut short) is an error, no longer stored grey
 
     class Params(DecoderParams):
         mode: Literal["rgb8", "gray8", "gray16", "rgba8"] = Field(

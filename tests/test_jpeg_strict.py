@@ -147,6 +147,8 @@ def _cases(tmp: Path) -> list[Path]:
             ex = Image.Exif()
             ex[0x0112] = o
             put(f"o{o}_{h}x{w}", jpeg_bytes(a, quality=90, exif=ex))
+            if o in (2, 5, 7, 8):
+                put(f"grayo{o}_{h}x{w}", jpeg_bytes(photo(h, w, 1)[..., 0], quality=90, exif=ex))
     return out
 
 

@@ -61,7 +61,8 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
         path = item.paths[fname]
         try:
             if "://" in path and is_url(path):
-                arrays, m = _decode_remote(recipe, dec, path, fname)
+                arrays, m = _decode_remote(recipe, dec, path, fname, stream if stream is not None and
+                                           stream.clips is None and fname == stream.field else None)
             elif not os.path.exists(path):
                 row = f", from data row {item.row} of {item.row_file}" if item.row else ""
                 raise DecodeError(f"input file is missing (the recipe's path for this field points to nothing{row})")
@@ -100,12 +101,16 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
     return Sample(key=item.key, fields=fields, kinds=kinds, meta=meta, links=links)
 
 
-def _decode_remote(recipe: Recipe, dec: Any, url: str, fname: str) -> tuple[dict, dict]:
-    """Decode a local copy of a remote input; errors name the URL, not the temporary copy."""
+def _decode_remote(recipe: Recipe, dec: Any, url: str, fname: str, frames: Any = None) -> tuple[dict, dict]:
+    """Decode a local copy of a remote input (through ``frames``' per-frame steps: a FrameSteps plan);
+    errors name the URL, not the temporary copy."""
     from ..remote import local_copy
 
     with local_copy(url, recipe.model.inputs.storage_options, folder=dec.reads_dirs) as local:
         try:
+            if frames is not None:
+                arrays, m, frames.source = frames.open(dec, local, fname)
+                return arrays, m
             return dec.decode(local, fname)
         except InputError as e:
             err = type(e)(e.detail.replace(local, url), path=url, stage=e.stage, field=e.field, key=e.key)
@@ -423,12 +428,15 @@ class _ShardTask:
                 raise StepError(str(e), path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
                                 stage="write", field=e.field, key=item.key) from e
 
-        if stream is not None and stream.clips is not None:  # a video streamed through clips: checked as made,
-            return stream_item(recipe, stream, item, self.timings, check, os.path.dirname(self.path))  # spilled
-        if stream is not None:   # FrameSteps: the decode may run the leading per-frame steps (then sets source)
-            stream.source = None
+        clips = stream is not None and stream.clips is not None
+        if clips and not is_url(item.paths[stream.field]):   # a video streamed through clips: checked as
+            return stream_item(recipe, stream, item, self.timings, check, os.path.dirname(self.path))  # made, spilled
+        # (a remote video is fetched to a temporary copy for the decode alone: it is decoded whole)
+        frames = stream if stream is not None and not clips else None
+        if frames is not None:   # FrameSteps: the decode may run the leading per-frame steps (then sets source)
+            frames.source = None
         sample = decode(item)
-        first = stream.first if stream is not None and stream.source is not None else 0
+        first = frames.first if frames is not None and frames.source is not None else 0
         samples = [s for c in copy_indices(recipe) for s in run_steps(recipe, sample, c, item, self.timings, first)]
         for s in samples:
             check(s)

@@ -15,7 +15,7 @@ with medians of --repeats builds:
   leaves out the waits for a core that the builds pay.
 
 A second table times decoding alone at each scale, Pillow's draft (what the decoder
-uses) against OpenCV's IMREAD_REDUCED_COLOR_k, and says whether their pixels agree.
+used before issue 32.9; libjpeg-turbo through simplejpeg now, the same pixels: bench_jpeg_decoders.py) against OpenCV's IMREAD_REDUCED_COLOR_k, and says whether their pixels agree.
 
     PYTHONPATH=. python benchmarks/bench_decode.py [--repeats 5] [--scale 1.0] [--jobs N]
 """

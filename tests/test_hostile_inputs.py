@@ -18,7 +18,6 @@ import precompile
 from precompile.decoders.audio import AudioDecoder
 from precompile.decoders.dicom import DicomDecoder
 from precompile.decoders.image import ImageDecoder
-from precompile.decoders.jpeg_scan import check_jpeg_scan
 from precompile.decoders.video import VideoDecoder
 from precompile.errors import DecodeError
 
@@ -123,21 +122,30 @@ def dicom_rle(path: Path, side: int) -> Path:
 # -- each hostile file: a per-input DecodeError naming the file, the declared size and the budget ------------
 
 def test_jpeg_header_larger_than_its_scan_is_an_error_not_a_grey_image(tmp_path):
+    """A 64x64 JPEG whose header declares 9000x9000: over the default budget it is refused before decoding;
+    within a larger one libjpeg-turbo's warning on the scan's early end is the error (issue 32.9: the
+    hand-written one-bit-per-block bound this replaced is gone)."""
     p = jpeg_bomb(tmp_path / "bomb.jpg")
     with pytest.raises(DecodeError) as e:
         ImageDecoder().read(str(p))
-    d = p.read_bytes()
-    sos = d.find(b"\xff\xda")
-    held = d.rfind(b"\xff\xd9") - (sos + 2 + int.from_bytes(d[sos + 2:sos + 4], "big"))
-    blocks = (-(-9000 // 16)) ** 2 * 6   # 4:2:0: 16x16 MCUs of 4 Y + Cb + Cr blocks
-    assert str(e.value) == (f"{p}, stage decode: scan data ends early: the header declares 9000x9000 pixels, "
-                            f"whose scan needs at least {-(-blocks // 8)} bytes, but it holds {held}")
+    n = 9000 * 9000 * (4 + 4 + 6) + p.stat().st_size
+    assert str(e.value) == (f"{p}, stage decode: declares 9000x9000 pixels (RGB): decoding it needs {n} bytes "
+                            f"(1.1 GiB), over the per-input budget of 1073741824 bytes (1.0 GiB) (limits.input_bytes)")
+    dec = ImageDecoder()
+    dec.max_bytes = 2 * GiB
+    with pytest.raises(DecodeError) as e:
+        dec.read(str(p))
+    assert str(e.value) == (f"{p}, stage decode: truncated or corrupt JPEG data "
+                            f"(libjpeg-turbo: Corrupt JPEG data: premature end of data segment)")
     from PIL import ImageFile
     assert ImageFile.LOAD_TRUNCATED_IMAGES is False
 
 
-def test_sound_jpegs_pass_the_scan_check():
-    """Baseline, progressive, every subsampling, flat and noisy: the bound never refuses a whole file."""
+def test_sound_jpegs_decode_strictly():
+    """Baseline, progressive, every subsampling, flat and noisy, optimised tables: no libjpeg warning, and
+    Pillow's pixels."""
+    from precompile.decoders.jpeg_strict import decode_jpeg_strict
+
     rng = np.random.default_rng(3)
     n = 0
     for shape in [(37, 91, 3), (1, 1, 3), (200, 120, 3), (64, 48)]:
@@ -148,7 +156,10 @@ def test_sound_jpegs_pass_the_scan_check():
                     b = io.BytesIO()
                     Image.fromarray(a).save(b, "JPEG", quality=1 if flat else 90, progressive=prog,
                                             subsampling=sub, optimize=True)
-                    check_jpeg_scan(b.getvalue(), "x.jpg")
+                    with Image.open(b) as im:
+                        want = np.asarray(im)
+                        got = decode_jpeg_strict(b.getvalue(), im.size[1], im.size[0], im.mode, 1, "x.jpg")
+                    assert got.reshape(want.shape).tobytes() == want.tobytes()
                     n += 1
     assert n == 48
 
@@ -239,7 +250,9 @@ def test_build_loses_only_the_hostile_inputs(tmp_path):
     rep = precompile.build(write_recipe(tmp_path / "r.yaml", r), out_dir=tmp_path / "out")
     fails = {Path(f["path"]).relative_to(tree).as_posix(): f["message"] for f in rep["failures"]}
     assert set(fails) == {"cat/000.jpg", "dog/001.png"}
-    assert "scan data ends early" in fails["cat/000.jpg"]
+    # decoded at 1/8 (reduce: auto before the resize), within the budget: libjpeg's warning is the error
+    assert fails["cat/000.jpg"].endswith("truncated or corrupt JPEG data (libjpeg-turbo: Corrupt JPEG data: "
+                                         "premature end of data segment)")
     assert "declares 3000x2000 pixels (RGB): decoding it needs 84000000 bytes" in fails["dog/001.png"]
     assert "over the per-input budget of 67108864 bytes (64.0 MiB) (limits.input_bytes)" in fails["dog/001.png"]
     ds = precompile.open(tmp_path / "out" / "imgs.h5")

@@ -224,3 +224,37 @@ def test_missing_credentials_name_the_store_and_what_to_set(tmp_path, s3, monkey
                                         rf"\(NoCredentialsError: .*\); set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"):
         precompile.build(r, out_dir=tmp_path / "out")
     assert not (tmp_path / "out" / "imgs.h5").exists()
+
+
+@pytest.mark.parametrize("steps", [
+    [{"clips": {"length": 4, "stride": 6}}, {"resize": {"size": [24, 32]}}],   # clips: a remote video decodes whole
+    [{"resize": {"size": [24, 32]}}, {"clips": {"length": 4, "stride": 6}}],
+    [{"resize": {"size": [24, 32]}}],                                             # frame steps on the fetched copy
+], ids=["clips-resize", "resize-clips", "resize"])
+def test_remote_videos_build_as_local_ones(tmp_path, s3, steps):
+    """Videos at a URL are fetched to a temporary copy for their decode: with ``clips`` they are decoded whole
+    (the copy is gone before the clips would be read), and cut as a local video's stream is; a per-frame
+    resize runs on each frame of the copy. The samples equal a local build's."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from test_video import _dump, _write_av
+
+    endpoint, client = s3
+    local = tmp_path / "videos"
+    local.mkdir()
+    _write_av(local / "a.mp4", 30, fps=25)
+    _write_av(local / "b.mp4", 12, fps=25, size=(80, 60))
+    prefix = f"videos-{'-'.join(next(iter(s)) for s in steps)}"
+    upload_tree(client, local, prefix)
+
+    def recipe(root: str) -> dict:
+        r = {"name": "v", "inputs": {"root": root, "match": "{name}.mp4", "fields": {"video": {"decoder": "video"}}},
+             "steps": steps, "output": {"format": "hdf5", "samples_per_shard": 2}}
+        if root.startswith("s3://"):
+            r["inputs"]["storage_options"] = {"endpoint_url": endpoint, "anon": True}
+        return r
+
+    precompile.build(recipe(str(local)), out_dir=tmp_path / "local")
+    rep = precompile.build(recipe(f"s3://{BUCKET}/{prefix}"), out_dir=tmp_path / "remote")
+    assert rep["failures"] == []
+    want = _dump(tmp_path / "local" / "v.h5")
+    assert len(want) >= 2 and _dump(tmp_path / "remote" / "v.h5") == want

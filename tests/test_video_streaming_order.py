@@ -133,7 +133,13 @@ def test_plan_prints_how_videos_are_read_and_the_memory_a_whole_video_needs(tmp_
     whole = _recipe(tmp_path, root, [{"resize": {"size": [8, 8]}}])
     res = CliRunner().invoke(main, ["plan", str(whole)])
     assert res.exit_code == 0, res.output
-    # the largest declared video: a.mp4, 75 frames of 48x64x3 (the file's header; the decode may differ)
+    # the largest declared video: a.mp4, 75 frames of 48x64x3 (the file's header; the decode may differ),
+    # held after the resize, which runs on each frame as it is decoded (issue 32.10): 75 x 8 x 8 x 3
+    assert "video     video: no clips step: each video is held whole after resize (run on each frame as it is " \
+           "decoded), up to 75 x 8 x 8 x 3 = 14,400 bytes per video (largest header of 3 input(s))" in res.output
+    held = _recipe(tmp_path, root, [{"random_flip": {}}, {"resize": {"size": [8, 8]}}])
+    res = CliRunner().invoke(main, ["plan", str(held)])
+    assert res.exit_code == 0, res.output
     assert "video     video: no clips step: each video is held whole, up to 75 x 48 x 64 x 3 = 691,200 " \
            "bytes per video (largest header of 3 input(s))" in res.output
     streamed = _recipe(tmp_path, root, [{"resize": {"size": [8, 8]}}, {"clips": {"length": 4}}])
@@ -150,8 +156,8 @@ def test_plan_prints_how_videos_are_read_and_the_memory_a_whole_video_needs(tmp_
         "root": str(mkv), "match": "{name}.mkv", "fields": {"video": {"decoder": "video"}}})
     res = CliRunner().invoke(main, ["plan", str(r)])
     assert res.exit_code == 0, res.output
-    assert "video     video: no clips step: each video is held whole, memory unknown (no container header of " \
-           "1 probed input(s) declares a frame count)" in res.output
+    assert "video     video: no clips step: each video is held whole after resize (run on each frame as it is " \
+           "decoded), memory unknown (no container header of 1 probed input(s) declares a frame count)" in res.output
 
 
 def test_a_failing_step_before_clips_names_the_input_and_step_as_without_streaming(tmp_path, monkeypatch):

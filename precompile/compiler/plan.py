@@ -387,7 +387,7 @@ def video_reads(plan: Plan, limit: int = 100) -> list[str]:
     memory), or whole, with the memory one video needs: frames x H x W x C from the largest of the
     first ``limit`` inputs' container headers (the declared size; "unknown" where none declares it)."""
     from ..remote import is_url
-    from ..transforms.temporal import stream_plan, whole_video_reason
+    from ..transforms.temporal import frame_steps_plan, stream_plan, whole_video_reason
 
     recipe = plan.recipe
     stream = stream_plan(recipe.decoders, recipe.steps)
@@ -396,19 +396,42 @@ def video_reads(plan: Plan, limit: int = 100) -> list[str]:
     reason = whole_video_reason(recipe.decoders, recipe.steps)
     if reason is None:
         return []
+    frames = frame_steps_plan(recipe.decoders, recipe.steps)
     out = []
     for fname, dec in recipe.decoders.items():
         if not hasattr(dec, "declared_shape"):
             continue
         items = [it for it in plan.items[:limit] if not is_url(it.paths[fname])]
         shapes = [recipe.decoder_for(fname, it.options.get(fname)).declared_shape(it.paths[fname]) for it in items]
+        why = reason
+        if frames is not None and frames.field == fname:   # held after its per-frame steps: their output's size
+            why = f"{reason} after {frames.names()} (run on each frame as it is decoded)"
+            memo: dict[tuple[int, int, int], tuple[int, ...]] = {}
+            shapes = [_after_frame_steps(frames, s, memo) for s in shapes]
         known = [s for s in shapes if s is not None]
         if not known:
-            out.append(f"{fname}: {reason}, memory unknown (no container header of {len(items)} probed "
+            out.append(f"{fname}: {why}, memory unknown (no container header of {len(items)} probed "
                        f"input(s) declares a frame count)")
             continue
         t, h, w, c = max(known, key=lambda s: s[0] * s[1] * s[2] * s[3])
         unknown = f"; {len(shapes) - len(known)} declare no frame count" if len(known) < len(shapes) else ""
-        out.append(f"{fname}: {reason}, up to {t} x {h} x {w} x {c} = {t * h * w * c:,} bytes per video "
+        out.append(f"{fname}: {why}, up to {t} x {h} x {w} x {c} = {t * h * w * c:,} bytes per video "
                    f"(largest header of {len(items)} input(s){unknown})")
     return out
+
+
+def _after_frame_steps(frames: Any, shape: Optional[tuple[int, int, int, int]],
+                       memo: dict[tuple[int, int, int], tuple[int, ...]]) -> Optional[tuple[int, int, int, int]]:
+    """A declared (T, H, W, C) after ``frames``' per-frame steps (run on one black frame of that size,
+    once per size: ``memo``); the declared shape when they fail on it (the build reports that input)."""
+    if shape is None:
+        return None
+    t, h, w, c = shape
+    if (h, w, c) not in memo:
+        from ..errors import InputError
+
+        try:
+            memo[h, w, c] = frames.apply(np.zeros((h, w, c), np.uint8)).shape
+        except InputError:
+            memo[h, w, c] = (h, w, c)
+    return (t, *memo[h, w, c])

@@ -51,7 +51,9 @@ from ..formats.base import write_json_atomic
 
 def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: Any = None) -> Sample:
     """Decode every field of ``item``. With ``stream`` (a StreamPlan), its field is opened for
-    streaming instead: a placeholder array, and ``stream.source`` is set to the frame generator."""
+    streaming instead: a placeholder array, and ``stream.source`` is set to the frame generator;
+    with a FrameSteps plan, its field is decoded through the plan's per-frame steps (``stream.source``
+    set when they ran). See transforms.temporal."""
     t0 = time.perf_counter()
     fields, kinds, meta, links = {}, {}, {}, {}
     for fname in recipe.decoders:
@@ -59,12 +61,13 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
         path = item.paths[fname]
         try:
             if "://" in path and is_url(path):
-                arrays, m = _decode_remote(recipe, dec, path, fname)
+                arrays, m = _decode_remote(recipe, dec, path, fname, stream if stream is not None and
+                                           stream.clips is None and fname == stream.field else None)
             elif not os.path.exists(path):
                 row = f", from data row {item.row} of {item.row_file}" if item.row else ""
                 raise DecodeError(f"input file is missing (the recipe's path for this field points to nothing{row})")
             elif stream is not None and fname == stream.field:
-                arrays, m, stream.source = dec.open_stream(path, fname)
+                arrays, m, stream.source = stream.open(dec, path, fname)
             else:
                 arrays, m = dec.decode(path, fname)
         except InputError as e:
@@ -98,12 +101,16 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
     return Sample(key=item.key, fields=fields, kinds=kinds, meta=meta, links=links)
 
 
-def _decode_remote(recipe: Recipe, dec: Any, url: str, fname: str) -> tuple[dict, dict]:
-    """Decode a local copy of a remote input; errors name the URL, not the temporary copy."""
+def _decode_remote(recipe: Recipe, dec: Any, url: str, fname: str, frames: Any = None) -> tuple[dict, dict]:
+    """Decode a local copy of a remote input (through ``frames``' per-frame steps: a FrameSteps plan);
+    errors name the URL, not the temporary copy."""
     from ..remote import local_copy
 
     with local_copy(url, recipe.model.inputs.storage_options, folder=dec.reads_dirs) as local:
         try:
+            if frames is not None:
+                arrays, m, frames.source = frames.open(dec, local, fname)
+                return arrays, m
             return dec.decode(local, fname)
         except InputError as e:
             err = type(e)(e.detail.replace(local, url), path=url, stage=e.stage, field=e.field, key=e.key)
@@ -363,14 +370,19 @@ def _one_thread_per_worker() -> None:
 
 def _decoder(recipe: Recipe, isolate: bool, timings: dict[str, float]) -> tuple[Callable[[Item], Sample], Any]:
     """(decode one item, the stream plan or None): in this process, or in the isolated helper (``isolate`` or a
-    ``timeout_s``; it returns whole arrays, so nothing streams)."""
+    ``timeout_s``; it returns whole arrays, so clips do not stream, but a video's leading per-frame steps
+    run in the helper as each frame is decoded: transforms.temporal.FrameSteps)."""
+    from ..transforms.temporal import frame_steps_plan, stream_plan
+
     timeout = recipe.model.timeout_s
+    frames = frame_steps_plan(recipe.decoders, recipe.steps)
     if isolate or timeout is not None:
         iso = isolated_decoder(recipe)
-        return (lambda item: iso.decode(item, timeout, timings)), None
-    from ..transforms.temporal import stream_plan
-
-    return (lambda item: decode_item(recipe, item, timings)), stream_plan(recipe.decoders, recipe.steps)
+        return (lambda item: iso.decode(item, timeout, timings, frames)), frames
+    stream = stream_plan(recipe.decoders, recipe.steps) or frames
+    if stream is not None and stream.clips is None:
+        return (lambda item: decode_item(recipe, item, timings, stream)), stream
+    return (lambda item: decode_item(recipe, item, timings)), stream
 
 
 class _ShardTask:
@@ -416,10 +428,16 @@ class _ShardTask:
                 raise StepError(str(e), path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
                                 stage="write", field=e.field, key=item.key) from e
 
-        if stream is not None:  # a video streamed through clips: checked as made, spilled to disk
-            return stream_item(recipe, stream, item, self.timings, check, os.path.dirname(self.path))
+        clips = stream is not None and stream.clips is not None
+        if clips and not is_url(item.paths[stream.field]):   # a video streamed through clips: checked as
+            return stream_item(recipe, stream, item, self.timings, check, os.path.dirname(self.path))  # made, spilled
+        # (a remote video is fetched to a temporary copy for the decode alone: it is decoded whole)
+        frames = stream if stream is not None and not clips else None
+        if frames is not None:   # FrameSteps: the decode may run the leading per-frame steps (then sets source)
+            frames.source = None
         sample = decode(item)
-        samples = [s for c in copy_indices(recipe) for s in run_steps(recipe, sample, c, item, self.timings)]
+        first = frames.first if frames is not None and frames.source is not None else 0
+        samples = [s for c in copy_indices(recipe) for s in run_steps(recipe, sample, c, item, self.timings, first)]
         for s in samples:
             check(s)
         return samples
@@ -546,7 +564,9 @@ class IsolatedDecoder:
         if self.proc is not None:
             self._reap()
 
-    def decode(self, item: Item, timeout: Optional[float], timings: dict[str, float]) -> Sample:
+    def decode(self, item: Item, timeout: Optional[float], timings: dict[str, float], frames: Any = None) -> Sample:
+        """The helper's decode of ``item``; with ``frames`` (the recipe's FrameSteps), ``frames.source`` tells
+        whether the helper ran its per-frame steps (it computes the same plan from the same recipe)."""
         import numpy as np
 
         if self.proc is None:
@@ -590,6 +610,8 @@ class IsolatedDecoder:
             timings["decode"] += time.perf_counter() - t0
         if item.annotations is not None:  # the helper decodes the files; the annotations are here
             item.annotations.add_fields(fields, kinds, hdr["meta"], self.recipe.model.inputs.coco, item)
+        if frames is not None:
+            frames.source = True if hdr.get("frame_steps") else None
         return Sample(key=item.key, fields=fields, kinds=kinds, meta=hdr["meta"])
 
 
@@ -659,6 +681,9 @@ def _decode_server() -> None:
     except Exception as e:  # reported to the parent, which fails the shard with this message
         w.send_bytes(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
         return
+    from ..transforms.temporal import frame_steps_plan
+
+    frames = frame_steps_plan(recipe.decoders, recipe.steps)   # the parent's plan: the same recipe
     w.send_bytes(b'{"ready": true}')
     while True:
         try:
@@ -667,14 +692,17 @@ def _decode_server() -> None:
             return
         item = Item(key=req["key"], paths=req["paths"], label=req["label"], captures=req["captures"],
                     values=req.get("values", {}), options=req.get("options", {}))
+        if frames is not None:
+            frames.source = None
         try:
-            s = decode_item(recipe, item, {"decode": 0.0})
+            s = decode_item(recipe, item, {"decode": 0.0}, frames)
         except InputError as e:
             w.send_bytes(json.dumps({"error": Failure.from_error(e).to_json()}).encode())
             continue
         arrays = [(n, np.asarray(a).copy(order="C")) for n, a in s.fields.items()]  # keeps 0-d shapes
         w.send_bytes(json.dumps({"fields": [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape),
                                              "nbytes": a.nbytes, "kind": s.kinds[n]} for n, a in arrays],
-                                 "meta": s.meta}).encode())
+                                 "meta": s.meta,
+                                 "frame_steps": frames is not None and frames.source is not None}).encode())
         for _, a in arrays:
             w.send_bytes(a.data.cast("B") if a.nbytes else b"")

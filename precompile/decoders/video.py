@@ -10,7 +10,9 @@ base) is recorded too, so variable-frame-rate files can be cut by time.
 Two ways to read a file:
 
 - :func:`read_video` decodes the whole video into one array (what the
-  ``video`` decoder's ``read`` returns when no ``clips`` step follows);
+  ``video`` decoder's ``read`` returns when no ``clips`` step follows), or,
+  for ``read_through``, the array after a recipe's leading per-frame steps,
+  run on each frame as it is decoded (only their output is held);
 - :func:`iter_frames` yields frames one at a time and converts only those a
   caller asks for, which is how the engine streams a video through
   ``clips`` (and a following ``resize``) holding at most the frames of the
@@ -537,16 +539,34 @@ def frame_budget(path: str, mode: str, budget: int) -> tuple[int, int, int]:
 
 def read_video(path: str, mode: str = "rgb8", max_frames: Optional[int] = None,
                every: int = 1, start_s: Optional[float] = None,
-               end_s: Optional[float] = None) -> tuple[np.ndarray, dict[str, Any]]:
+               end_s: Optional[float] = None, apply: Optional[Callable[[np.ndarray], np.ndarray]] = None,
+               hold: Optional[Callable[[int, np.ndarray], None]] = None) -> tuple[np.ndarray, dict[str, Any]]:
     """Decode frames 0, every, 2*every, ... (up to ``max_frames`` kept; of the frames in
-    [``start_s``, ``end_s``) when given) -> (T, H, W, C) uint8, meta."""
+    [``start_s``, ``end_s``) when given) -> (T, H, W, C) uint8, meta.
+
+    ``apply`` maps each frame as it is decoded (the per-frame steps of a recipe): only its output is
+    held, and stacked. ``hold(n, frame)`` is told of each frame kept (n of them so far) and may raise
+    (a budget). The meta describes the source frames (width, height) and the kept ones (pts)."""
     info: dict[str, Any] = {}
     frames, pts = [], []
-    for _, t, get in iter_frames(path, mode, every, max_frames, info=info, start_s=start_s, end_s=end_s):
-        frames.append(get())
-        pts.append(t)
+    size = None
+    it = iter_frames(path, mode, every, max_frames, info=info, start_s=start_s, end_s=end_s)
+    try:
+        for _, t, get in it:
+            frame = get()
+            if apply is not None:
+                size = size or frame.shape[:2]
+                frame = apply(frame)
+                if frame.base is not None:   # a view (a crop) would keep the whole decoded frame alive
+                    frame = frame.copy()
+            frames.append(frame)
+            pts.append(t)
+            if hold is not None:
+                hold(len(frames), frame)
+    finally:
+        it.close()
     arr = np.stack(frames)
-    h, w = arr.shape[1:3]
+    h, w = size or arr.shape[1:3]
     meta = {"fps": info["fps"], "decoded_frames": info["decoded_frames"], "claimed_frames": info["claimed_frames"],
             "every": every, "width": int(w), "height": int(h), "codec": info["codec"], "pts": pts,
             "decode_errors": info["decode_errors"]}
@@ -645,6 +665,31 @@ class VideoDecoder(Decoder):
         if len(arr) > cap:
             check_budget(path, f"more than {cap} frames of {w}x{h}", 2 * arr[:cap + 1].nbytes, self.max_bytes)
         return arr, meta
+
+    def read_through(self, path: str, field: str, apply: Callable[[np.ndarray], np.ndarray],
+                     ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """``decode`` with ``apply`` (a recipe's leading per-frame steps, see
+        :func:`precompile.transforms.temporal.frame_steps_plan`) run on each frame as it is decoded:
+        only its output is held. The budget counts what is held: the frames kept after ``apply``,
+        twice (the list, then the stacked array), and one decoded frame in flight; a source frame
+        alone over the budget is refused before decoding. The arrays and meta are ``decode``'s with
+        ``apply`` run on the video afterwards (a per-frame step maps each frame alone)."""
+        p = self.params
+        w, h, _ = frame_budget(path, p.mode, self.max_bytes)
+        flight = w * h * (3 + (3 if p.mode == "rgb8" else 1))
+
+        def hold(n: int, frame: np.ndarray) -> None:
+            need = flight + 2 * n * frame.nbytes
+            if need > self.max_bytes:
+                check_budget(path, f"more than {n - 1} frames of {frame.shape[1]}x{frame.shape[0]} after the "
+                             f"per-frame steps", need, self.max_bytes)
+
+        arr, meta = read_video(path, p.mode, p.max_frames, p.every, p.start_s, p.end_s, apply, hold)
+        out = {field: arr}
+        if p.audio_field is not None:
+            out[p.audio_field], meta["audio"] = self.read_audio(path)
+            meta["audio"]["field"] = p.audio_field
+        return out, meta
 
     def read_audio(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params

@@ -26,7 +26,10 @@ give the same samples, byte for byte. While streaming, the cutter tells the
 decoder the next frame a clip needs (:meth:`ClipCutter.ahead`), so sparse clips
 seek to keyframes instead of decoding every frame between them; deterministic
 per-frame steps before ``clips`` run on each frame as it arrives
-(:func:`stream_plan`).
+(:func:`stream_plan`). A video that is not cut while streaming (no ``clips``,
+or a step before it that cannot stream) still runs its leading per-frame
+steps on each frame as it is decoded and holds only their output
+(:func:`frame_steps_plan`).
 """
 from __future__ import annotations
 
@@ -414,6 +417,12 @@ class StreamPlan:
         self.at = at
         self.pre = list(pre or [])
         self.post = [(at + 1, resize)] if resize is not None else []
+        self.source: Any = None
+
+    def open(self, dec: Any, path: str, field: str) -> tuple[dict[str, np.ndarray], dict[str, Any], Any]:
+        """The engine's decode of the streamed field (``compiler.shard.decode_item``): placeholder
+        arrays, the meta, and the frame source (``dec.open_stream``)."""
+        return dec.open_stream(path, field)
 
     def frames(self, frames: Iterable[tuple[int, float, Callable[[], np.ndarray]]]) -> Iterator[FrameIn]:
         """The decoder's frames as the cutter takes them: a 1-tuple of pixels, through the per-frame
@@ -427,19 +436,51 @@ class StreamPlan:
                 yield pos, t, (lambda get=get: (self._apply(get(), chain),))
 
     def _apply(self, frame: np.ndarray, chain: list[tuple[int, Step]]) -> np.ndarray:
-        for i, step in chain:
-            try:
-                frame = step.apply(frame[None], Kind.VIDEO)[0]
-            except StepError as e:
-                raise e.with_context(field=self.field, stage=f"steps[{i}] {step.name}") from e.__cause__
-            except (ValueError, TypeError, IndexError) as e:
-                raise StepError(f"{step.name}: {e}", field=self.field, stage=f"steps[{i}] {step.name}") from e
-        return frame
+        return _apply_chain(self.field, frame, chain)
 
     def describe(self) -> str:
         """One line for ``precompile plan``: what streams, and in which order."""
         names = [s.name for _, s in self.pre] + ["clips"] + [s.name for _, s in self.post]
         return f"{self.field}: streamed frame by frame ({' -> '.join(names)}), one clip at a time in memory"
+
+
+def _apply_chain(field: str, frame: np.ndarray, chain: list[tuple[int, Step]]) -> np.ndarray:
+    """Steps ``chain`` ((index, step) pairs) on one (H, W, C) frame, as each does on a video's frames;
+    errors name the field and the step."""
+    for i, step in chain:
+        try:
+            frame = step.apply(frame[None], Kind.VIDEO)[0]
+        except StepError as e:
+            raise e.with_context(field=field, stage=f"steps[{i}] {step.name}") from e.__cause__
+        except (ValueError, TypeError, IndexError) as e:
+            raise StepError(f"{step.name}: {e}", field=field, stage=f"steps[{i}] {step.name}") from e
+    return frame
+
+
+class FrameSteps:
+    """How the engine decodes a video field whose first steps are per-frame steps on it, outside the
+    ``clips`` stream (no ``clips``, or a step before it that cannot stream): ``pre`` runs on each frame
+    as it is decoded (the decoder's ``read_through``) and only its output is held, so the per-input
+    budget counts the video after those steps, not the source; the steps from ``first`` on run on the
+    assembled video as without streaming. The bytes are the same (a per-frame step on a frame alone
+    is what it does to that frame in the whole video). ``source`` is set by the decode that ran
+    ``pre`` (None: it did not, e.g. a URL input decoded whole, and every step runs)."""
+
+    clips = None
+
+    def __init__(self, field: str, decoder: Any, pre: list[tuple[int, Step]], first: int):
+        self.field, self.decoder, self.pre, self.first = field, decoder, list(pre), first
+        self.source: Any = None
+
+    def open(self, dec: Any, path: str, field: str) -> tuple[dict[str, np.ndarray], dict[str, Any], Any]:
+        arrays, meta = dec.read_through(path, field, self.apply)
+        return arrays, meta, True
+
+    def apply(self, frame: np.ndarray) -> np.ndarray:
+        return _apply_chain(self.field, frame, self.pre)
+
+    def names(self) -> str:
+        return ", ".join(s.name for _, s in self.pre)
 
 
 def _field_specs(decoders: dict[str, Any]) -> tuple[dict[str, FieldSpec], dict[str, str]]:
@@ -486,6 +527,39 @@ def stream_plan(decoders: dict[str, Any], steps: list[Step]) -> Optional[StreamP
     pre = [(i, s) for i, (s, t) in enumerate(zip(steps[:at], pre_targets)) if t]
     resize = _fused_resize(steps, at, before, field)
     return StreamPlan(field, dec, steps[at], resize, at + (2 if resize is not None else 1), at, pre)
+
+
+def frame_steps_plan(decoders: dict[str, Any], steps: list[Step]) -> Optional[FrameSteps]:
+    """A :class:`FrameSteps` for the leading steps of ``steps`` that are per-frame steps
+    (:func:`streams_frames`) on one video field alone, made by a decoder that can run them as it
+    decodes (``read_through``); steps that change no field (``fields: []``) may sit among them. None
+    when the first step that changes a field is not such a step."""
+    specs, owner = _field_specs(decoders)
+    pre: list[tuple[int, Step]] = []
+    field, first = None, len(steps)
+    for i, step in enumerate(steps):
+        if step.random or step.expands:
+            first = i
+            break
+        try:
+            targets = step.targets(specs)
+        except ValueError:
+            return None   # the plan reports it
+        f = targets[0] if len(targets) == 1 else None
+        if targets and not (streams_frames(step) and f is not None and field in (None, f) and owner.get(f) == f
+                            and specs[f].kind is Kind.VIDEO and hasattr(decoders[f], "read_through")):
+            first = i
+            break
+        try:
+            specs = step.plan(specs)
+        except ValueError:
+            return None
+        if targets:
+            field = f
+            pre.append((i, step))
+    if not pre:
+        return None
+    return FrameSteps(field, decoders[field], pre, first)
 
 
 def _fused_resize(steps: list[Step], at: int, specs: dict[str, FieldSpec], field: str) -> Optional[Step]:

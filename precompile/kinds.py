@@ -139,6 +139,13 @@ def kinds(*names: Any) -> frozenset[Kind]:
     return frozenset(Kind.of(n) for n in names)
 
 
+def pad_value(dtype: Any) -> Any:
+    """What pads the missing rows of a ragged annotation field (``boxes``, ``box_labels``, ``keypoints``)
+    in a batch: NaN for float fields, -1 for integer ones, never a real box, point or class id (0 is a
+    class). The one rule of the Loader's padded batches and ``ds.batch(pad=True)``."""
+    return np.nan if np.issubdtype(np.dtype(dtype), np.floating) else -1
+
+
 def flow_validity(flow: np.ndarray) -> np.ndarray:
     """The ``flow_valid`` array of a flow field: (..., H, W, 1) uint8, 1 where u and v are finite."""
     return np.isfinite(flow).all(axis=-1, keepdims=True).astype(np.uint8)

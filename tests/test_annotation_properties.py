@@ -517,9 +517,10 @@ def test_device_steps_move_padded_annotations_like_the_pixels(name, params, seed
     from precompile.reader.ragged import count_name, pad_rows
 
     scenes = [scene(seed + i, H, W) for i in range(4)]
-    grids = ("image", "objects", "marks")
+    grids = GRIDS
     notes = ("boxes", "box_labels", "keypoints")
-    specs = {f: {"kind": scenes[0].kinds[f].value, **({"of": "boxes"} if f in notes[1:] else {})} for f in scenes[0].fields}
+    specs = {f: {"kind": scenes[0].kinds[f].value, **({"of": scenes[0].links[f]} if f in scenes[0].links else {})}
+             for f in scenes[0].fields}
     shapes = {**{f: scenes[0].fields[f].shape for f in grids}, "boxes": (None, 4), "box_labels": (None,),
               "keypoints": (None, K, 3)}
     step = gpu.parse_steps([{name: params}])[0]
@@ -532,18 +533,143 @@ def test_device_steps_move_padded_annotations_like_the_pixels(name, params, seed
     out = gpu.run_steps(dict(batch), [step], [p])
     for i, s in enumerate(scenes):
         one = {k: (bool(v[i]) if v.dtype == bool else int(v[i])) for k, v in p.items()}
-        got = Sample(s.key, {f: out[f][i].numpy() for f in grids}, {f: s.kinds[f] for f in grids},
-                     meta={"augment": [{"step": name, **one}]})
+        fields = {f: out[f][i].numpy() for f in grids}
         for f in notes:
             c = int(out[count_name(f)][i])
             rows = out[f][i].numpy()
             assert (np.isnan(rows[c:]).all() if rows.dtype.kind == "f" else (rows[c:] == -1).all()), f
-            got.fields[f], got.kinds[f] = rows[:c], s.kinds[f]
+            fields[f] = rows[:c]
+        got = Sample(s.key, fields, dict(s.kinds), meta={"augment": [{"step": name, **one}]}, links=dict(s.links))
         msg = f"device {name} {params} seed={seed} {H}x{W} sample {i} {one}"
         kept = expected_kept(name, s, got, params.get("min_visibility", 0.0))
         np.testing.assert_array_equal(got.fields["box_labels"], s.fields["box_labels"][kept], err_msg=msg)
         check_boxes(name, s, got, kept, msg)
+        check_instances(name, s, got, kept, msg)
         check_keypoints(name, params, s, got, kept, msg)
         ref = step.step.replay(s, one)   # and exactly the build step's result
         for f in (*grids, *notes):
             np.testing.assert_array_equal(got.fields[f], ref.fields[f], err_msg=f"{msg}: {f} != build")
+
+
+# -- Loader side: chains of device steps, each on the grid the one before it made (issue 32.2) ---------------
+#: the k-th crop of a chain (each fits what the ones before it leave: 34x38 of a 40x44 or larger scene, then
+#: 26x30 with padding, then a padded 30x20)
+CHAIN_CROPS = [{"size": [34, 38], "min_visibility": 0.3}, {"size": [26, 30], "padding": 3},
+               {"size": [30, 20], "pad": True, "min_visibility": 0.5}]
+CHAIN_FLIP = {"horizontal": 0.5, "vertical": 0.5, "flip_pairs": PAIRS}
+CHAINS = [c for n in (1, 2, 3) for c in __import__("itertools").product(("random_flip", "random_crop"), repeat=n)]
+
+
+def _chain(names: tuple[str, ...]) -> list[dict]:
+    crops = iter(CHAIN_CROPS)
+    return [{n: dict(CHAIN_FLIP) if n == "random_flip" else next(crops)} for n in names]
+
+
+def _device_samples(batch: dict, scenes: list[Sample]) -> list[Sample]:
+    """A device batch back as samples (rows cut to each sample's count)."""
+    from precompile.reader.ragged import count_name
+
+    out = []
+    for i, s in enumerate(scenes):
+        fields = {f: batch[f][i].numpy() for f in GRIDS}
+        for f in ("boxes", "box_labels", "keypoints"):
+            fields[f] = batch[f][i].numpy()[:int(batch[count_name(f)][i])]
+        out.append(Sample(s.key, fields, dict(s.kinds), links=dict(s.links)))
+    return out
+
+
+def check_chain_step(name: str, params: dict, before: Sample, after: Sample, rec: dict, slots: np.ndarray,
+                     msg: str) -> np.ndarray:
+    """One device step of a chain against the pixels. Box labels are the objects' own ids (label L is
+    object L): the boxes kept are those whose object keeps a visible fraction > 0 and >= min_visibility
+    (the objects mask before and after, both exact: crops and flips move pixels without resampling); each
+    box is its object's pixel box; the instance mask's row ids are the objects'; a keypoint is invisible
+    exactly when it was or lands off the image [0, w] x [0, h], else it sits on its marker. ``slots[L, j]``
+    is the marker of keypoint slot j of object L (flip pairs swap them); returns it after this step."""
+    H, W = after.fields["image"].shape[:2]
+    obj0, obj1 = before.fields["objects"][..., 0], after.fields["objects"][..., 0]
+    labels0 = before.fields["box_labels"].tolist()
+    min_vis = params.get("min_visibility", 0.0)
+    kept = [L for L in labels0 if (obj1 == L + 1).sum() > 0 and (obj1 == L + 1).sum() / (obj0 == L + 1).sum() >= min_vis]
+    assert after.fields["box_labels"].tolist() == kept, f"{msg}: kept {after.fields['box_labels']} want {kept}"
+    for row, L in enumerate(kept):
+        np.testing.assert_array_equal(after.fields["boxes"][row], pixel_box(after.fields["objects"], L + 1),
+                                      err_msg=f"{msg}: box {row} (object {L})")
+    inst = after.fields["instances"][..., 0]
+    assert set(np.unique(inst).tolist()) <= {0, IGNORE, *range(1, len(kept) + 1)}, msg
+    np.testing.assert_array_equal(inst == IGNORE, after.fields["crowd"][..., 0] == 1, err_msg=f"{msg}: ignore")
+    for row, L in enumerate(kept):
+        np.testing.assert_array_equal(inst == row + 1, obj1 == L + 1, err_msg=f"{msg}: instance {row} (object {L})")
+        colour = before.fields["image"][obj0 == L + 1][0]
+        np.testing.assert_array_equal(inst == row + 1, (after.fields["image"] == colour).all(-1), err_msg=msg)
+    slots = slots.copy()
+    if name == "random_flip" and rec["horizontal"] != rec["vertical"]:
+        for a, b in PAIRS:
+            slots[:, [a, b]] = slots[:, [b, a]]
+    marks = after.fields["marks"][..., 0]
+    kp0 = {L: before.fields["keypoints"][r] for r, L in enumerate(labels0)}
+    for row, L in enumerate(kept):
+        for j in range(K):
+            x, y, v = (float(c) for c in after.fields["keypoints"][row, j])
+            inside = 0 <= x <= W and 0 <= y <= H
+            assert (v == 0) == (not inside or _was_hidden(kp0[L], slots, L, j, name, rec)), \
+                f"{msg}: keypoint {j} of object {L} at ({x}, {y}) visibility {v}"
+            if v:
+                ys, xs = np.nonzero(marks == 3 * L + slots[L, j] + 1)
+                d = np.maximum(np.maximum(xs - x, x - (xs + 1)), np.maximum(ys - y, y - (ys + 1))).clip(0).min()
+                assert d <= 1e-4, f"{msg}: keypoint {j} of object {L} at ({x}, {y}) is {d} px from its marker"
+    return slots
+
+
+def _was_hidden(kp_before: np.ndarray, slots: np.ndarray, L: int, j: int, name: str, rec: dict) -> bool:
+    """Whether keypoint slot j of object L had visibility 0 before the step (a mirror swaps the pairs' slots)."""
+    src = j
+    if name == "random_flip" and rec["horizontal"] != rec["vertical"]:
+        for a, b in PAIRS:
+            src = b if j == a else a if j == b else src
+    return float(kp_before[src][2]) == 0
+
+
+@pytest.mark.parametrize("names", [pytest.param(c, id="+".join(n.split("_")[1] for n in c)) for c in CHAINS])
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), H=st.integers(40, 48), W=st.integers(44, 52))
+def test_device_step_chains_see_the_grid_before_them(names, seed, H, W):
+    """Every chain of 1-3 device steps (flips and crops): each step moves boxes, keypoints and the instance
+    mask on the grid the step before it made. The batch equals the build steps replayed sample by sample
+    with the same parameters (the reference: same names, same rules), and each step agrees with the
+    painted pixels."""
+    import torch
+
+    from precompile.reader import gpu
+    from precompile.reader.ragged import count_name, pad_rows
+
+    scenes = [scene(seed + i, H, W) for i in range(4)]
+    for s in scenes:   # label L is object L: what survives each step is read off the labels
+        s.fields["box_labels"] = np.arange(len(s.fields["boxes"]), dtype=np.int64)
+    notes = ("boxes", "box_labels", "keypoints")
+    s0 = scenes[0]
+    specs = {f: {"kind": s0.kinds[f].value, **({"of": s0.links[f]} if f in s0.links else {})} for f in s0.fields}
+    shapes = {**{f: s0.fields[f].shape for f in GRIDS}, "boxes": (None, 4), "box_labels": (None,),
+              "keypoints": (None, K, 3)}
+    chain = _chain(names)
+    steps = gpu.parse_steps(chain)
+    gpu.bind_steps(steps, specs, shapes)
+    batch = {f: torch.from_numpy(np.stack([s.fields[f] for s in scenes])) for f in GRIDS}
+    for f in notes:
+        a, n = pad_rows([s.fields[f] for s in scenes], s0.fields[f].shape[1:], s0.fields[f].dtype)
+        batch[f], batch[count_name(f)] = torch.from_numpy(a), torch.from_numpy(n)
+    params = gpu.step_params(steps, seed, 0, 0, 0, len(scenes))
+    stages = [_device_samples(batch, scenes)]
+    for step, p in zip(steps, params):
+        batch = gpu.run_steps(dict(batch), [step], [p])
+        stages.append(_device_samples(batch, scenes))
+    for i, s in enumerate(scenes):
+        ref, slots = s, np.tile(np.arange(K), (len(s.fields["boxes"]), 1))
+        for k, (step, p) in enumerate(zip(steps, params)):
+            one = {key: (bool(v[i]) if v.dtype == bool else int(v[i])) for key, v in p.items()}
+            msg = f"chain {chain} seed={seed} {H}x{W} sample {i} step {k} {one}"
+            ref = step.step.replay(ref, one)
+            got = stages[k + 1][i]
+            for f in (*GRIDS, *notes):
+                np.testing.assert_array_equal(got.fields[f], ref.fields[f], err_msg=f"{msg}: {f} != build")
+            slots = check_chain_step(step.name, step.params.model_dump(), stages[k][i], got, one, slots, msg)

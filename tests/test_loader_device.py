@@ -77,6 +77,21 @@ def test_conversion_and_normalisation(built, ds):
         Loader(built, batch_size=4, device="cpu", mean=mean, std=std)
 
 
+def test_channels_first_without_dtype_gives_nchw_views_of_the_stored_bytes(built, ds):
+    """Issue 32: channels_first=True without dtype was silently ignored (the batch stayed NHWC). It gives NCHW
+    views of the image fields in their stored dtype, after the device steps; labels are untouched."""
+    steps = [{"random_crop": {"size": [6, 5]}}]
+    for kw in ({}, {"gpu_steps": steps}):
+        plain = list(Loader(built, batch_size=12, shuffle=False, device="cpu", **kw))
+        nchw = list(Loader(built, batch_size=12, shuffle=False, device="cpu", channels_first=True, **kw))
+        assert len(plain) == len(nchw) == 10
+        for a, b in zip(plain, nchw):
+            assert b["image"].dtype == torch.uint8 and b["image"].shape == (12, 3, *a["image"].shape[1:3])
+            assert torch.equal(b["image"], a["image"].permute(0, 3, 1, 2)) and torch.equal(b["label"], a["label"])
+    first = next(iter(Loader(built, batch_size=12, shuffle=False, device="cpu", channels_first=True)))
+    np.testing.assert_array_equal(first["image"].numpy(), ds.batch(range(12))["image"].transpose(0, 3, 1, 2))
+
+
 def test_batch_steps_are_seeded_and_match_numpy(built, ds):
     steps = [{"random_flip": {"horizontal": 0.5}}, {"random_crop": {"size": [6, 5], "padding": 1}}]
     loader = Loader(built, batch_size=10, shuffle=True, seed=8, device="cpu", gpu_steps=steps)

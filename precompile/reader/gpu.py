@@ -101,9 +101,11 @@ def numpy_to_torch_dtype(dt: np.dtype) -> torch.dtype:
 # -- conversion ---------------------------------------------------------------------------
 @dataclass
 class Convert:
-    """uint8 (or any) -> ``dtype``; uint8 is scaled by 1/255; then per-channel ``(x - mean) / std``."""
+    """uint8 (or any) -> ``dtype``; uint8 is scaled by 1/255; then per-channel ``(x - mean) / std``;
+    ``channels_first``: an NCHW view of a 4-d result. ``dtype`` None converts nothing (the stored dtype,
+    only the NCHW view)."""
 
-    dtype: torch.dtype
+    dtype: torch.dtype | None
     mean: Sequence[float] | None = None
     std: Sequence[float] | None = None
     channels_first: bool = False
@@ -132,10 +134,13 @@ class Convert:
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Convert ``x``; ``out`` (float32, ``x``'s shape and device) receives the result if given."""
-        a, b = self._coeffs(x.device, x.shape[-1] if x.ndim >= 2 else 1)
-        y = (out.copy_(x) if out is not None else x.to(torch.float32)).mul_(a).add_(b)
-        if self.dtype != torch.float32:
-            y = y.to(self.dtype)
+        if self.dtype is None:
+            y = x
+        else:
+            a, b = self._coeffs(x.device, x.shape[-1] if x.ndim >= 2 else 1)
+            y = (out.copy_(x) if out is not None else x.to(torch.float32)).mul_(a).add_(b)
+            if self.dtype != torch.float32:
+                y = y.to(self.dtype)
         if self.channels_first and y.ndim == 4:
             y = y.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last memory format, no copy
         return y

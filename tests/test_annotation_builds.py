@@ -143,6 +143,36 @@ def test_loader_gives_padded_annotations_and_counts(det_build):
     assert seen == len(ds)
 
 
+@pytest.mark.parametrize("fmt", ["hdf5", "png"])
+def test_batch_pad_true_pads_annotations_like_the_loader(tmp_path, fmt):
+    """Issue 32: ds.batch(pad=True) padded box_labels with 0, a real class. Annotation fields pad by the
+    Loader's one rule (precompile.kinds.pad_value): -1 for box_labels, NaN for boxes and keypoints; other
+    fields still pad with 0, and a number given pads every field with it."""
+    make_inputs(str(tmp_path / "in"), n=7)
+    out = run_build(recipe(tmp_path, fmt), out_dir=str(tmp_path / "out"))["output"]
+    ds = precompile.open(out)
+    idx = list(range(len(ds)))
+    counts = [len(ds[i]["boxes"]) for i in idx]
+    assert min(counts) == 0 < max(counts)
+    b = ds.batch(idx, pad=True)
+    for name, value in (("boxes", np.nan), ("box_labels", -1), ("keypoints", np.nan)):
+        a, v = b[name], b.padded[name]["value"]
+        assert a.shape[:2] == (len(idx), max(counts)), name
+        assert np.isnan(v) if value is np.nan else v == value, (name, v)
+        for p, i in enumerate(idx):
+            np.testing.assert_array_equal(a[p, :counts[p]], ds[i][name])
+            tail = a[p, counts[p]:]
+            assert (np.isnan(tail).all() if value is np.nan else (tail == -1).all()), (name, p, tail)
+    if fmt == "hdf5":   # the Loader pads the same rows with the same values
+        from precompile.reader.ragged import RaggedFields
+
+        lb = RaggedFields(ds, list(NOTES)).batch(np.asarray(idx))
+        for name in NOTES:
+            np.testing.assert_array_equal(lb[name].numpy(), b[name], err_msg=name)
+    seven = ds.batch(idx, pad=7)
+    assert (seven["box_labels"][np.asarray(counts) == 0] == 7).all() and seven.padded["boxes"]["value"] == 7
+
+
 def _build_replay(ds, rows, steps, params):
     """The build steps' own rules, sample by sample, with the device steps' drawn parameters."""
     out = []

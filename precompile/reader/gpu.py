@@ -220,9 +220,17 @@ class BatchStep:
         return self.apply_image(x, **params)  # image, and video (every frame at once)
 
 
-#: torch has no flip or index_copy_ kernel for these (a COCO instance mask is uint16): such a tensor is moved
-#: through a view as the signed type of the same width (the same bits)
+#: torch has no flip, index_copy_ (CPU) or advanced-indexing (CUDA) kernel for these (a COCO instance mask is
+#: uint16; seen with torch 2.11 on an H200 and 2.13 on CPU): such a tensor is moved through a view as the
+#: signed type of the same width (the same bits)
 _SIGNED_TWIN = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
+def _twin_value(value: float, dtype: torch.dtype, twin: torch.dtype) -> int:
+    """``value`` as ``dtype`` holds it, read as ``twin``'s bits (a pad value for the signed view)."""
+    np_of = {torch.uint16: np.uint16, torch.uint32: np.uint32, torch.uint64: np.uint64,
+             torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64}
+    return int(np.asarray(value).astype(np_of[dtype]).view(np_of[twin]))
 
 
 def _hw_dims(x: torch.Tensor) -> tuple[int, int]:
@@ -293,6 +301,9 @@ class RandomCrop(BatchStep):
         return {"top": rng.integers(0, PH - h + 1, n), "left": rng.integers(0, PW - w + 1, n)}
 
     def _crop(self, x: torch.Tensor, top: np.ndarray, left: np.ndarray, value: float) -> torch.Tensor:
+        twin = _SIGNED_TWIN.get(x.dtype)
+        if twin is not None:
+            return self._crop(x.view(twin), top, left, _twin_value(value, x.dtype, twin)).view(x.dtype)
         H, W = self.hw
         PH, PW = self.padded
         p = self.params.padding

@@ -10,8 +10,9 @@ decides that again.
 kind        layout            rule
 ========== ================= ==================================================
 image       (H, W, C)         pixels; interpolated (area when shrinking, linear)
-mask        (H, W, 1)         a label map (binary or multi-class): nearest
-                              neighbour only, values never invented
+mask        (H, W, 1)         a label map (binary or multi-class; tied to boxes:
+                              instance ids): nearest neighbour only, values
+                              never invented
 flow        (H, W, 2) float32 optical flow (u, v) in pixels, NaN where unknown;
                               vectors follow the geometry (a flip negates u, a
                               resize scales them)
@@ -48,7 +49,15 @@ only boxes field; none is an error), and a ``keypoints`` field may belong to
 one (``<boxes>_keypoints``, or else the only boxes field; with no boxes field
 it stands alone). Row i of a tied field describes box i: a step that drops a
 box (nothing, or less than its ``min_visibility``, left in view) drops row i of
-every field tied to it. ``flow_valid`` is tied to its flow the same way.
+every field tied to it. ``flow_valid`` is tied to its flow the same way. A
+``mask`` tied to a boxes field (declared only, never guessed: ``of`` in its
+spec; ``inputs.coco`` with ``mask: instance`` declares it) is an *instance
+mask*: ``mask == i + 1`` is the pixels of box i, 0 background, the dtype's
+largest value an ignored region; a step that drops a box renumbers it (the
+dropped box's pixels become 0, later boxes' ids move down with their rows).
+
+A batch pads the missing rows of a ragged annotation field with
+:func:`pad_value`: NaN (boxes, keypoints) or -1 (box_labels).
 """
 from __future__ import annotations
 
@@ -128,6 +137,13 @@ ANNOTATIONS = frozenset({Kind.BOXES, Kind.BOX_LABELS, Kind.KEYPOINTS})
 
 def kinds(*names: Any) -> frozenset[Kind]:
     return frozenset(Kind.of(n) for n in names)
+
+
+def pad_value(dtype: Any) -> Any:
+    """What pads the missing rows of a ragged annotation field (``boxes``, ``box_labels``, ``keypoints``)
+    in a batch: NaN for float fields, -1 for integer ones, never a real box, point or class id (0 is a
+    class). The one rule of the Loader's padded batches and ``ds.batch(pad=True)``."""
+    return np.nan if np.issubdtype(np.dtype(dtype), np.floating) else -1
 
 
 def flow_validity(flow: np.ndarray) -> np.ndarray:

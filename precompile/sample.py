@@ -11,7 +11,11 @@ Some fields are tied to another (``Sample.links``, ``FieldSpec.of``; the rule is
 can leave it disagreeing with the flow's NaNs. A ``box_labels`` field and a
 ``keypoints`` field are tied to their ``boxes`` field: row i of each describes box i,
 so a step that drops a box drops the same row of every field tied to it
-(:func:`precompile.transforms.annotations.move_annotations`).
+(:func:`precompile.transforms.annotations.move_annotations`). A ``mask`` field may be tied to a
+``boxes`` field too, but only when the tie is declared (``of``, ``links``, or :class:`Tied` as its
+kind): it is then an *instance mask*, ``mask == i + 1`` the pixels of box i (0 background, the
+dtype's largest value an ignored region), and a step that drops box i renumbers it so that this
+stays true. A plain mask (a label map of classes) is never tied by a guess from its name.
 """
 from __future__ import annotations
 
@@ -98,11 +102,30 @@ TIES: dict[Kind, tuple[Kind, str]] = {
 }
 #: kinds that may stand alone (keypoints with no boxes field: a single pose, landmarks of one face)
 _OPTIONAL_TIES = frozenset({Kind.KEYPOINTS})
+#: ties that hold only where declared (never inferred): a mask tied to a boxes field is an instance mask
+DECLARED_TIES: dict[Kind, Kind] = {Kind.MASK: Kind.BOXES}
+
+
+class Tied(str):
+    """A field's kind with the field it is tied to, for code that names kinds only (``kinds[f] = Tied("mask",
+    "boxes")``): :class:`Sample` takes the tie into its ``links`` and keeps the plain kind. An instance mask
+    made beside its boxes (``inputs.coco`` with ``mask: instance``) is declared this way."""
+
+    of: str
+
+    def __new__(cls, kind: Kind | str, of: str) -> "Tied":
+        obj = super().__new__(cls, Kind.of(kind).value)
+        obj.of = of
+        return obj
+
+    def __reduce__(self) -> Any:
+        return (Tied, (str(self), self.of))
 
 
 def link_fields(kinds: dict[str, Kind], links: dict[str, str] | None = None) -> dict[str, str]:
     """``{field: the field it belongs to}`` for every tied field of ``kinds`` (see :data:`TIES`):
-    ``flow_valid`` -> its flow, ``box_labels`` -> its boxes, ``keypoints`` -> its boxes.
+    ``flow_valid`` -> its flow, ``box_labels`` -> its boxes, ``keypoints`` -> its boxes; and, only as
+    ``links`` declares it (:data:`DECLARED_TIES`), an instance ``mask`` -> its boxes.
 
     A field not named in ``links`` is tied to ``<name>`` when it is called ``<name><suffix>``
     (``flow_valid``, ``boxes_labels``, ``boxes_keypoints``), or else to the only field of the kind
@@ -123,14 +146,16 @@ def link_fields(kinds: dict[str, Kind], links: dict[str, str] | None = None) -> 
                              f"({owner.value} fields: {owners or 'none'}; name it <{owner.value} field>{suffix})")
     for v, f in links.items():
         k = kinds.get(v)
-        if k not in TIES or kinds.get(f) is not TIES[k][0]:
-            raise ValueError(f"{v!r} -> {f!r} ties no field to the kind it belongs to "
-                             f"({', '.join(f'{a.value} -> {b.value}' for a, (b, _) in TIES.items())})")
+        owner = TIES[k][0] if k in TIES else DECLARED_TIES.get(k)
+        if owner is None or kinds.get(f) is not owner:
+            ties = [f"{a.value} -> {b.value}" for a, (b, _) in TIES.items()]
+            ties += [f"{a.value} -> {b.value} (an instance mask)" for a, b in DECLARED_TIES.items()]
+            raise ValueError(f"{v!r} -> {f!r} ties no field to the kind it belongs to ({', '.join(ties)})")
     return links
 
 
 def tied_to(links: dict[str, str], owner: str) -> list[str]:
-    """The fields tied to ``owner`` (a boxes field's labels and keypoints)."""
+    """The fields tied to ``owner`` (a boxes field's labels, keypoints and instance masks)."""
     return [f for f, o in links.items() if o == owner]
 
 
@@ -145,6 +170,9 @@ class Sample:
 
     def __post_init__(self) -> None:
         if not all(isinstance(k, Kind) for k in self.kinds.values()):
+            declared = {f: k.of for f, k in self.kinds.items() if isinstance(k, Tied)}
+            if declared:
+                self.links = {**declared, **self.links}
             self.kinds = {f: Kind.of(k) for f, k in self.kinds.items()}
         if self.links or any(k in TIES for k in self.kinds.values()):
             self.links = link_fields(self.kinds, self.links)

@@ -1,7 +1,10 @@
 """Property tests: boxes and keypoints through every step that moves them, checked against the pixels.
 
 A scene is an image with up to 9 filled rectangles ("objects", distinct colours, never
-overlapping), an instance mask ``objects`` (object i has id i + 1), the objects' boxes
+overlapping), an instance mask ``objects`` (object i has id i + 1; a plain mask, so its ids stay
+the objects' own: the reference), the same ids in ``instances``, an instance mask tied to the
+boxes (so ``instances == i + 1`` must stay box i's pixels; a crowd patch in it holds the ignore
+id 65535, also drawn in the plain mask ``crowd``), the objects' boxes
 (x1, y1, x2, y2: the rectangles' pixel edges), a class label per box, and 3 keypoints
 per object at pixel centres (its top-left pixel, top-right pixel, a middle pixel) whose
 pixels are marked in the mask ``marks`` (keypoint j of object i has id 3 i + j + 1).
@@ -19,6 +22,9 @@ After each step, over many seeds and sizes (hypothesis):
   independent rotation formula;
 - the boxes dropped are exactly those whose visible fraction (object pixels left / object
   pixels, from the masks) is 0 or under ``min_visibility``; labels and keypoint rows follow;
+- the tied instance mask: ``instances == row + 1`` is exactly the pixels of the object of box
+  ``row`` (and, for steps that move pixels exactly, of its painted colour); a dropped object's
+  pixels are 0; the crowd patch keeps the ignore id;
 - a keypoint has visibility 0 exactly when it left the grid, and otherwise lands on its marker
   pixel (exact steps), or within a pixel of it (resampling steps: a 1-pixel marker may vanish);
   a mirror swaps the declared ``flip_pairs``.
@@ -34,7 +40,7 @@ from hypothesis import assume, given, settings, strategies as st
 from precompile.errors import StepError
 from precompile.kinds import ANNOTATIONS, Kind
 from precompile.registry import STEPS, load_builtins
-from precompile.sample import Sample, link_fields
+from precompile.sample import Sample, Tied, link_fields
 from precompile.seeding import rng_for
 
 load_builtins()
@@ -68,11 +74,12 @@ def scene(seed: int, H: int, W: int) -> Sample:
     image = np.zeros((H, W, 3), np.uint8)
     objects = np.zeros((H, W, 1), np.uint8)
     marks = np.zeros((H, W, 1), np.uint8)
-    boxes, kps = [], []
+    boxes, kps, empty = [], [], []
     ch, cw = H // 3, W // 3
     for cy in range(3):
         for cx in range(3):
             if r.random() < 0.25:
+                empty.append((cy * ch + 1, cx * cw + 1))
                 continue
             h, w = int(r.integers(4, ch + 1)), int(r.integers(4, cw + 1))
             y1, x1 = cy * ch + int(r.integers(0, ch - h + 1)), cx * cw + int(r.integers(0, cw - w + 1))
@@ -85,12 +92,20 @@ def scene(seed: int, H: int, W: int) -> Sample:
             boxes.append([x1, y1, x1 + w, y1 + h])
             kps.append([[px + 0.5, py + 0.5, 2.0] for px, py in pts])
     boxes_a = np.asarray(boxes, np.float32).reshape(-1, 4)
-    fields = {"image": image, "objects": objects, "marks": marks, "boxes": boxes_a,
-              "box_labels": r.integers(0, 5, len(boxes)).astype(np.int64),
+    crowd = np.zeros((H, W, 1), np.uint8)
+    for y, x in empty[:1]:   # a crowd region: the ignore id in the instance mask
+        crowd[y:y + 3, x:x + 3] = 1
+    instances = np.where(crowd == 1, np.uint16(IGNORE), objects.astype(np.uint16))
+    fields = {"image": image, "objects": objects, "marks": marks, "instances": instances, "crowd": crowd,
+              "boxes": boxes_a, "box_labels": r.integers(0, 5, len(boxes)).astype(np.int64),
               "keypoints": np.asarray(kps, np.float32).reshape(-1, K, 3)}
-    kinds = {"image": "image", "objects": "mask", "marks": "mask", "boxes": "boxes", "box_labels": "box_labels",
-             "keypoints": "keypoints"}
+    kinds = {"image": "image", "objects": "mask", "marks": "mask", "instances": Tied("mask", "boxes"), "crowd": "mask",
+             "boxes": "boxes", "box_labels": "box_labels", "keypoints": "keypoints"}
     return Sample(f"scene/{seed}", fields, kinds)
+
+
+IGNORE = 65535   # the instance mask's ignore id: uint16's largest value
+GRIDS = ("image", "objects", "marks", "instances", "crowd")
 
 
 def pixel_box(mask: np.ndarray, v: int) -> np.ndarray | None:
@@ -186,6 +201,24 @@ def check_boxes(name: str, before: Sample, after: Sample, kept: list[int], msg: 
         assert np.abs(pix - b).max() <= tol, f"{msg}: box {b} vs object {i} pixels {pix}"
 
 
+def check_instances(name: str, before: Sample, after: Sample, kept: list[int], msg: str) -> None:
+    """The tied instance mask after the step: ``instances == row + 1`` is the object of box ``row`` (the plain
+    ``objects`` mask, moved alike, holds the objects' own ids), and for exact steps its painted colour; the ids
+    of dropped boxes are gone; the crowd patch keeps the ignore id; no other value appears."""
+    inst, obj = after.fields["instances"][..., 0], after.fields["objects"][..., 0]
+    assert inst.dtype == np.uint16, msg
+    assert set(np.unique(inst).tolist()) <= {0, IGNORE, *range(1, len(kept) + 1)}, f"{msg}: ids {np.unique(inst)}"
+    np.testing.assert_array_equal(inst == IGNORE, after.fields["crowd"][..., 0] == 1, err_msg=f"{msg}: ignore")
+    for row, i in enumerate(kept):
+        np.testing.assert_array_equal(inst == row + 1, obj == i + 1, err_msg=f"{msg}: box {row} is object {i}")
+        if name in EXACT and (obj == i + 1).any():
+            colour = before.fields["image"][before.fields["objects"][..., 0] == i + 1][0]
+            painted = (after.fields["image"] == colour).all(-1)
+            np.testing.assert_array_equal(inst == row + 1, painted, err_msg=f"{msg}: box {row}: colour {colour}")
+    for i in sorted(set(range(len(before.fields["boxes"]))) - set(kept)):
+        assert not inst[obj == i + 1].any(), f"{msg}: the pixels of dropped object {i} keep an id"
+
+
 def _mirrored(name: str, after: Sample) -> bool:
     if name != "random_flip":
         return False
@@ -228,9 +261,11 @@ def test_every_step_that_moves_annotations_has_cases():
 
 def test_scene_is_its_own_reference():
     s = scene(5, 40, 44)
-    assert len(s.fields["boxes"]) >= 1 and s.links == {"box_labels": "boxes", "keypoints": "boxes"}
+    assert len(s.fields["boxes"]) >= 1 and s.links == {"instances": "boxes", "box_labels": "boxes", "keypoints": "boxes"}
+    assert (s.fields["crowd"] == 1).sum() == 9
     for i, b in enumerate(s.fields["boxes"]):
         np.testing.assert_array_equal(pixel_box(s.fields["objects"], i + 1), b)
+    check_instances("random_crop", s, s, list(range(len(s.fields["boxes"]))), "identity")
     check_keypoints("random_crop", {}, s, s, list(range(len(s.fields["boxes"]))), "identity")
 
 
@@ -249,6 +284,7 @@ def test_boxes_and_keypoints_follow_the_pixels(name, params, seed, H, W):
         labels = before.fields["box_labels"][kept]
         np.testing.assert_array_equal(after.fields["box_labels"], labels, err_msg=msg)
         check_boxes(name, before, after, kept, msg)
+        check_instances(name, before, after, kept, msg)
         check_keypoints(name, params, before, after, kept, msg)
 
 
@@ -259,6 +295,109 @@ def test_dropped_boxes_take_their_labels_and_keypoints():
     n = len(out.fields["boxes"])
     assert n < len(s.fields["boxes"]) and len(out.fields["box_labels"]) == n and len(out.fields["keypoints"]) == n
     assert out.fields["boxes"].shape == (n, 4) and out.fields["boxes"].dtype == np.float32
+
+
+def _rectangles(H: int = 60, W: int = 80, rects=((0, 0, 12, 12), (30, 20, 50, 40), (60, 40, 76, 56))):
+    """Issue 32's example: an H x W image with rectangles (x1, y1, x2, y2) painted in their own colours, the
+    instance mask of their ids (i + 1), their boxes and labels 5, 6, 7..."""
+    colours = np.array([(200, 30, 30), (30, 200, 30), (30, 30, 200), (200, 200, 30)][:len(rects)], np.uint8)
+    image = np.zeros((H, W, 3), np.uint8)
+    mask = np.zeros((H, W, 1), np.uint16)
+    for i, (x1, y1, x2, y2) in enumerate(rects):
+        image[y1:y2, x1:x2], mask[y1:y2, x1:x2] = colours[i], i + 1
+    fields = {"image": image, "mask": mask, "boxes": np.array(rects, np.float32),
+              "box_labels": np.arange(5, 5 + len(rects), dtype=np.int64)}
+    return fields, colours
+
+
+def test_instance_mask_ids_follow_the_boxes_a_step_drops():
+    """Issue 32.1: center_crop 40x40 of a 60x80 image drops boxes 0 and 2; box 1 becomes box 0, so its
+    pixels must carry id 1 (they kept id 2, and mask == 1 was empty)."""
+    fields, colours = _rectangles()
+    fields["mask"][55:60, 0:5] = IGNORE   # a crowd region (ignore id) outside the crop, one inside
+    fields["mask"][28:31, 38:41] = IGNORE
+    for kinds, links in (({"mask": Tied("mask", "boxes")}, {}), ({"mask": "mask"}, {"mask": "boxes"})):
+        s = Sample("k", dict(fields), {"image": "image", "boxes": "boxes", "box_labels": "box_labels", **kinds},
+                   links=links)
+        assert s.links == {"mask": "boxes", "box_labels": "boxes"}
+        (out,) = _make("center_crop", {"size": [40, 40]}).run(s, rng_for(0, "k", 0))
+        np.testing.assert_array_equal(out.fields["boxes"], [[10, 10, 30, 30]])
+        np.testing.assert_array_equal(out.fields["box_labels"], [6])
+        m = out.fields["mask"][..., 0]
+        assert m.dtype == np.uint16 and set(np.unique(m).tolist()) == {0, 1, IGNORE}
+        painted = (out.fields["image"] == colours[1]).all(-1)
+        np.testing.assert_array_equal(m == 1, painted & (m != IGNORE))
+        np.testing.assert_array_equal(pixel_box(out.fields["mask"], 1), [10, 10, 30, 30])
+        assert out.specs()["mask"].of == "boxes"
+    # a plain mask (a label map of classes) is not an instance mask: its values are classes, never renumbered
+    plain = Sample("k", dict(fields), {"image": "image", "mask": "mask", "boxes": "boxes", "box_labels": "box_labels"})
+    assert plain.links == {"box_labels": "boxes"}
+    (out,) = _make("center_crop", {"size": [40, 40]}).run(plain, rng_for(0, "k", 0))
+    assert set(np.unique(out.fields["mask"]).tolist()) == {0, 2, IGNORE}
+
+
+@pytest.mark.parametrize("name, params", [("center_crop", {"size": [40, 40]}),
+                                          ("random_crop", {"size": [40, 40], "min_visibility": 0.9}),
+                                          ("random_resized_crop", {"size": [40, 40], "scale": [0.2, 0.4]}),
+                                          ("random_affine", {"degrees": 30, "translate": 0.4, "min_visibility": 0.7})])
+def test_every_dropping_step_renumbers_a_tied_instance_mask(name, params):
+    """Over many draws each of the four steps that drop boxes: mask == row + 1 is the object of box row (the
+    plain mask of the objects' own ids, moved alike), and its painted colour where the step moves pixels
+    exactly."""
+    fields, _ = _rectangles(rects=((0, 0, 12, 12), (30, 20, 50, 40), (60, 40, 76, 56), (14, 44, 28, 58)))
+    fields["objects"] = fields["mask"].astype(np.uint8)
+    fields["instances"] = fields.pop("mask")
+    fields["crowd"] = np.zeros_like(fields["objects"])
+    s = Sample("k", fields, {"image": "image", "objects": "mask", "crowd": "mask", "instances": Tied("mask", "boxes"),
+                             "boxes": "boxes", "box_labels": "box_labels"})
+    step, dropped = _make(name, params), 0
+    for copy in range(40):
+        (out,) = step.run(s, rng_for(7, "k", copy))
+        kept = [int(v) - 5 for v in out.fields["box_labels"]]
+        dropped += 4 - len(kept)
+        check_instances(name, s, out, kept, f"{name} copy {copy}")
+        if name != "random_affine":
+            check_boxes(name, s, out, kept, f"{name} copy {copy}")
+    assert dropped > 0
+
+
+def test_an_instance_id_with_no_box_is_an_error_naming_step_and_field():
+    fields, _ = _rectangles()
+    fields["mask"][15, 25] = 9   # inside the crop window
+    s = Sample("k", fields, {"image": "image", "mask": Tied("mask", "boxes"), "boxes": "boxes",
+                             "box_labels": "box_labels"})
+    with pytest.raises(StepError, match=r"center_crop: field 'mask' tied to 'boxes': instance id 9 names no box "
+                                        r"\(3 boxes: mask == i \+ 1 is box i\)") as e:
+        _make("center_crop", {"size": [40, 40]}).run(s, rng_for(0, "k", 0))
+    assert e.value.field == "mask"
+
+
+@pytest.mark.parametrize("H, W", [(10, 14), (7, 9)])
+def test_a_flip_of_a_flip_is_the_identity_for_keypoints_on_the_edges(H, W):
+    """Issue 32: a keypoint at x = 0 mirrors to x = W, on the image's edge: it stays in view (the image
+    spans [0, W] x [0, H]), and a second flip brings every in-image point back with its visibility."""
+    xy = [(0, 0), (W, H), (0, H), (W, 0), (0.5, 3.25), (W - 0.5, H / 2), (W / 2, 0)]
+    kp = np.array([[[x, y, 2] for x, y in xy], [[x, y, 1] for x, y in xy]], np.float32)
+    out_of_view = np.array([[[-0.01, 1, 2], [W + 0.01, 1, 2], [1, -0.01, 2], [1, H + 0.01, 2], *[[1, 1, 0]] * 3]] * 2,
+                           np.float32)
+    for pts in (kp, out_of_view):
+        s = Sample("k", {"image": np.zeros((H, W, 3), np.uint8), "boxes": np.zeros((2, 4), np.float32),
+                         "keypoints": pts}, {"image": "image", "boxes": "boxes", "keypoints": "keypoints"})
+        for h, v in ((True, False), (False, True), (True, True)):
+            flip = _make("random_flip", {"horizontal": float(h), "vertical": float(v), "flip_pairs": []})
+            (once,) = flip.run(s, rng_for(0, "k", 1))
+            want = pts.copy()
+            want[..., 0] = W - pts[..., 0] if h else pts[..., 0]
+            want[..., 1] = H - pts[..., 1] if v else pts[..., 1]
+            inside = (want[..., 0] >= 0) & (want[..., 0] <= W) & (want[..., 1] >= 0) & (want[..., 1] <= H)
+            want[..., 2] = np.where(inside, pts[..., 2], 0)
+            np.testing.assert_array_equal(once.fields["keypoints"], want)
+            (twice,) = flip.run(once, rng_for(0, "k", 1))
+            if pts is kp:   # in the image: back where they were, visibility unchanged
+                np.testing.assert_array_equal(twice.fields["keypoints"], pts)
+            else:           # out of view stays out of view
+                np.testing.assert_allclose(twice.fields["keypoints"][..., :2], pts[..., :2], atol=1e-5)
+                assert not twice.fields["keypoints"][..., 2].any()
 
 
 def test_min_visibility_boundary_is_inclusive():
@@ -286,6 +425,15 @@ def test_links_tie_labels_and_keypoints_to_their_boxes():
         link_fields({"cls": L})
     with pytest.raises(ValueError, match=r"'cls' -> 'img' ties no field to the kind it belongs to"):
         link_fields({"cls": L, "img": Kind.IMAGE}, {"cls": "img"})
+    # an instance mask is tied only where declared: a mask beside boxes is a label map unless it says so
+    M = Kind.MASK
+    assert link_fields({"gt": B, "gt_mask": M, "mask": M}) == {}
+    assert link_fields({"gt": B, "mask": M}, {"mask": "gt"}) == {"mask": "gt"}
+    with pytest.raises(ValueError, match=r"'mask' -> 'img' ties no field .*mask -> boxes \(an instance mask\)"):
+        link_fields({"mask": M, "img": Kind.IMAGE}, {"mask": "img"})
+    s = Sample("k", {"m": np.zeros((2, 2, 1), np.uint16), "b": np.zeros((0, 4), np.float32)},
+               {"m": Tied(Kind.MASK, "b"), "b": "boxes"})
+    assert s.kinds == {"m": Kind.MASK, "b": Kind.BOXES} and s.links == {"m": "b"}
 
 
 def test_tied_rows_must_match_their_boxes():
@@ -369,9 +517,10 @@ def test_device_steps_move_padded_annotations_like_the_pixels(name, params, seed
     from precompile.reader.ragged import count_name, pad_rows
 
     scenes = [scene(seed + i, H, W) for i in range(4)]
-    grids = ("image", "objects", "marks")
+    grids = GRIDS
     notes = ("boxes", "box_labels", "keypoints")
-    specs = {f: {"kind": scenes[0].kinds[f].value, **({"of": "boxes"} if f in notes[1:] else {})} for f in scenes[0].fields}
+    specs = {f: {"kind": scenes[0].kinds[f].value, **({"of": scenes[0].links[f]} if f in scenes[0].links else {})}
+             for f in scenes[0].fields}
     shapes = {**{f: scenes[0].fields[f].shape for f in grids}, "boxes": (None, 4), "box_labels": (None,),
               "keypoints": (None, K, 3)}
     step = gpu.parse_steps([{name: params}])[0]
@@ -384,18 +533,143 @@ def test_device_steps_move_padded_annotations_like_the_pixels(name, params, seed
     out = gpu.run_steps(dict(batch), [step], [p])
     for i, s in enumerate(scenes):
         one = {k: (bool(v[i]) if v.dtype == bool else int(v[i])) for k, v in p.items()}
-        got = Sample(s.key, {f: out[f][i].numpy() for f in grids}, {f: s.kinds[f] for f in grids},
-                     meta={"augment": [{"step": name, **one}]})
+        fields = {f: out[f][i].numpy() for f in grids}
         for f in notes:
             c = int(out[count_name(f)][i])
             rows = out[f][i].numpy()
             assert (np.isnan(rows[c:]).all() if rows.dtype.kind == "f" else (rows[c:] == -1).all()), f
-            got.fields[f], got.kinds[f] = rows[:c], s.kinds[f]
+            fields[f] = rows[:c]
+        got = Sample(s.key, fields, dict(s.kinds), meta={"augment": [{"step": name, **one}]}, links=dict(s.links))
         msg = f"device {name} {params} seed={seed} {H}x{W} sample {i} {one}"
         kept = expected_kept(name, s, got, params.get("min_visibility", 0.0))
         np.testing.assert_array_equal(got.fields["box_labels"], s.fields["box_labels"][kept], err_msg=msg)
         check_boxes(name, s, got, kept, msg)
+        check_instances(name, s, got, kept, msg)
         check_keypoints(name, params, s, got, kept, msg)
         ref = step.step.replay(s, one)   # and exactly the build step's result
         for f in (*grids, *notes):
             np.testing.assert_array_equal(got.fields[f], ref.fields[f], err_msg=f"{msg}: {f} != build")
+
+
+# -- Loader side: chains of device steps, each on the grid the one before it made (issue 32.2) ---------------
+#: the k-th crop of a chain (each fits what the ones before it leave: 34x38 of a 40x44 or larger scene, then
+#: 26x30 with padding, then a padded 30x20)
+CHAIN_CROPS = [{"size": [34, 38], "min_visibility": 0.3}, {"size": [26, 30], "padding": 3},
+               {"size": [30, 20], "pad": True, "min_visibility": 0.5}]
+CHAIN_FLIP = {"horizontal": 0.5, "vertical": 0.5, "flip_pairs": PAIRS}
+CHAINS = [c for n in (1, 2, 3) for c in __import__("itertools").product(("random_flip", "random_crop"), repeat=n)]
+
+
+def _chain(names: tuple[str, ...]) -> list[dict]:
+    crops = iter(CHAIN_CROPS)
+    return [{n: dict(CHAIN_FLIP) if n == "random_flip" else next(crops)} for n in names]
+
+
+def _device_samples(batch: dict, scenes: list[Sample]) -> list[Sample]:
+    """A device batch back as samples (rows cut to each sample's count)."""
+    from precompile.reader.ragged import count_name
+
+    out = []
+    for i, s in enumerate(scenes):
+        fields = {f: batch[f][i].numpy() for f in GRIDS}
+        for f in ("boxes", "box_labels", "keypoints"):
+            fields[f] = batch[f][i].numpy()[:int(batch[count_name(f)][i])]
+        out.append(Sample(s.key, fields, dict(s.kinds), links=dict(s.links)))
+    return out
+
+
+def check_chain_step(name: str, params: dict, before: Sample, after: Sample, rec: dict, slots: np.ndarray,
+                     msg: str) -> np.ndarray:
+    """One device step of a chain against the pixels. Box labels are the objects' own ids (label L is
+    object L): the boxes kept are those whose object keeps a visible fraction > 0 and >= min_visibility
+    (the objects mask before and after, both exact: crops and flips move pixels without resampling); each
+    box is its object's pixel box; the instance mask's row ids are the objects'; a keypoint is invisible
+    exactly when it was or lands off the image [0, w] x [0, h], else it sits on its marker. ``slots[L, j]``
+    is the marker of keypoint slot j of object L (flip pairs swap them); returns it after this step."""
+    H, W = after.fields["image"].shape[:2]
+    obj0, obj1 = before.fields["objects"][..., 0], after.fields["objects"][..., 0]
+    labels0 = before.fields["box_labels"].tolist()
+    min_vis = params.get("min_visibility", 0.0)
+    kept = [L for L in labels0 if (obj1 == L + 1).sum() > 0 and (obj1 == L + 1).sum() / (obj0 == L + 1).sum() >= min_vis]
+    assert after.fields["box_labels"].tolist() == kept, f"{msg}: kept {after.fields['box_labels']} want {kept}"
+    for row, L in enumerate(kept):
+        np.testing.assert_array_equal(after.fields["boxes"][row], pixel_box(after.fields["objects"], L + 1),
+                                      err_msg=f"{msg}: box {row} (object {L})")
+    inst = after.fields["instances"][..., 0]
+    assert set(np.unique(inst).tolist()) <= {0, IGNORE, *range(1, len(kept) + 1)}, msg
+    np.testing.assert_array_equal(inst == IGNORE, after.fields["crowd"][..., 0] == 1, err_msg=f"{msg}: ignore")
+    for row, L in enumerate(kept):
+        np.testing.assert_array_equal(inst == row + 1, obj1 == L + 1, err_msg=f"{msg}: instance {row} (object {L})")
+        colour = before.fields["image"][obj0 == L + 1][0]
+        np.testing.assert_array_equal(inst == row + 1, (after.fields["image"] == colour).all(-1), err_msg=msg)
+    slots = slots.copy()
+    if name == "random_flip" and rec["horizontal"] != rec["vertical"]:
+        for a, b in PAIRS:
+            slots[:, [a, b]] = slots[:, [b, a]]
+    marks = after.fields["marks"][..., 0]
+    kp0 = {L: before.fields["keypoints"][r] for r, L in enumerate(labels0)}
+    for row, L in enumerate(kept):
+        for j in range(K):
+            x, y, v = (float(c) for c in after.fields["keypoints"][row, j])
+            inside = 0 <= x <= W and 0 <= y <= H
+            assert (v == 0) == (not inside or _was_hidden(kp0[L], slots, L, j, name, rec)), \
+                f"{msg}: keypoint {j} of object {L} at ({x}, {y}) visibility {v}"
+            if v:
+                ys, xs = np.nonzero(marks == 3 * L + slots[L, j] + 1)
+                d = np.maximum(np.maximum(xs - x, x - (xs + 1)), np.maximum(ys - y, y - (ys + 1))).clip(0).min()
+                assert d <= 1e-4, f"{msg}: keypoint {j} of object {L} at ({x}, {y}) is {d} px from its marker"
+    return slots
+
+
+def _was_hidden(kp_before: np.ndarray, slots: np.ndarray, L: int, j: int, name: str, rec: dict) -> bool:
+    """Whether keypoint slot j of object L had visibility 0 before the step (a mirror swaps the pairs' slots)."""
+    src = j
+    if name == "random_flip" and rec["horizontal"] != rec["vertical"]:
+        for a, b in PAIRS:
+            src = b if j == a else a if j == b else src
+    return float(kp_before[src][2]) == 0
+
+
+@pytest.mark.parametrize("names", [pytest.param(c, id="+".join(n.split("_")[1] for n in c)) for c in CHAINS])
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 2 ** 31), H=st.integers(40, 48), W=st.integers(44, 52))
+def test_device_step_chains_see_the_grid_before_them(names, seed, H, W):
+    """Every chain of 1-3 device steps (flips and crops): each step moves boxes, keypoints and the instance
+    mask on the grid the step before it made. The batch equals the build steps replayed sample by sample
+    with the same parameters (the reference: same names, same rules), and each step agrees with the
+    painted pixels."""
+    import torch
+
+    from precompile.reader import gpu
+    from precompile.reader.ragged import count_name, pad_rows
+
+    scenes = [scene(seed + i, H, W) for i in range(4)]
+    for s in scenes:   # label L is object L: what survives each step is read off the labels
+        s.fields["box_labels"] = np.arange(len(s.fields["boxes"]), dtype=np.int64)
+    notes = ("boxes", "box_labels", "keypoints")
+    s0 = scenes[0]
+    specs = {f: {"kind": s0.kinds[f].value, **({"of": s0.links[f]} if f in s0.links else {})} for f in s0.fields}
+    shapes = {**{f: s0.fields[f].shape for f in GRIDS}, "boxes": (None, 4), "box_labels": (None,),
+              "keypoints": (None, K, 3)}
+    chain = _chain(names)
+    steps = gpu.parse_steps(chain)
+    gpu.bind_steps(steps, specs, shapes)
+    batch = {f: torch.from_numpy(np.stack([s.fields[f] for s in scenes])) for f in GRIDS}
+    for f in notes:
+        a, n = pad_rows([s.fields[f] for s in scenes], s0.fields[f].shape[1:], s0.fields[f].dtype)
+        batch[f], batch[count_name(f)] = torch.from_numpy(a), torch.from_numpy(n)
+    params = gpu.step_params(steps, seed, 0, 0, 0, len(scenes))
+    stages = [_device_samples(batch, scenes)]
+    for step, p in zip(steps, params):
+        batch = gpu.run_steps(dict(batch), [step], [p])
+        stages.append(_device_samples(batch, scenes))
+    for i, s in enumerate(scenes):
+        ref, slots = s, np.tile(np.arange(K), (len(s.fields["boxes"]), 1))
+        for k, (step, p) in enumerate(zip(steps, params)):
+            one = {key: (bool(v[i]) if v.dtype == bool else int(v[i])) for key, v in p.items()}
+            msg = f"chain {chain} seed={seed} {H}x{W} sample {i} step {k} {one}"
+            ref = step.step.replay(ref, one)
+            got = stages[k + 1][i]
+            for f in (*GRIDS, *notes):
+                np.testing.assert_array_equal(got.fields[f], ref.fields[f], err_msg=f"{msg}: {f} != build")
+            slots = check_chain_step(step.name, step.params.model_dump(), stages[k][i], got, one, slots, msg)

@@ -1,7 +1,9 @@
 """Fixes that change stored bytes for the same recipe make the shards built before them stale
 (issue 27): reduced JPEG geometry (the reduce rule's version), damaged video decoding
 (``video``'s ``output_version``), and the meta/fields that ``temporal_jitter``, ``random_rot90``,
-``random_flip3d``, ``crop_pad_volume`` and ``patches3d`` now carry along (theirs).
+``random_flip3d``, ``crop_pad_volume`` and ``patches3d`` now carry along (theirs); and (issue 32) the 2D
+steps that move keypoints (a point on the image's right or bottom edge stays in view) and the four that drop
+boxes (a tied instance mask is renumbered).
 
 Each test builds with the code's previous version number patched in (what an old build's
 keys hold), then with the current one: every shard rebuilds; a third build rebuilds nothing.
@@ -60,14 +62,15 @@ def test_video_decode_fix_rebuilds_video_builds(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["temporal_jitter", "random_rot90", "random_flip3d", "crop_pad_volume", "patches3d",
-                                  "resample_volume"])
+                                  "resample_volume", "resize", "center_crop", "random_crop", "random_resized_crop",
+                                  "random_flip", "random_affine"])
 def test_fixed_steps_name_their_output_version_in_the_recipe_key(name):
     """The recipe key holds each changed step's version (so its shards rebuild, as above), and
     only theirs: a recipe without them keeps its key."""
     cls = STEPS.get(name)
     assert cls.output_version == 2
     assert output_versions({}, [cls.__new__(cls)]) == {"steps[0]": 2}
-    assert output_versions({"image": object()}, [STEPS.get("resize").__new__(STEPS.get("resize"))]) == {}
+    assert output_versions({"image": object()}, [STEPS.get("color_jitter").__new__(STEPS.get("color_jitter"))]) == {}
 
 
 def test_recipe_hash_moves_with_a_step_version(tmp_path, monkeypatch):

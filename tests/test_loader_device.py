@@ -77,6 +77,21 @@ def test_conversion_and_normalisation(built, ds):
         Loader(built, batch_size=4, device="cpu", mean=mean, std=std)
 
 
+def test_channels_first_without_dtype_gives_nchw_views_of_the_stored_bytes(built, ds):
+    """Issue 32: channels_first=True without dtype was silently ignored (the batch stayed NHWC). It gives NCHW
+    views of the image fields in their stored dtype, after the device steps; labels are untouched."""
+    steps = [{"random_crop": {"size": [6, 5]}}]
+    for kw in ({}, {"gpu_steps": steps}):
+        plain = list(Loader(built, batch_size=12, shuffle=False, device="cpu", **kw))
+        nchw = list(Loader(built, batch_size=12, shuffle=False, device="cpu", channels_first=True, **kw))
+        assert len(plain) == len(nchw) == 10
+        for a, b in zip(plain, nchw):
+            assert b["image"].dtype == torch.uint8 and b["image"].shape == (12, 3, *a["image"].shape[1:3])
+            assert torch.equal(b["image"], a["image"].permute(0, 3, 1, 2)) and torch.equal(b["label"], a["label"])
+    first = next(iter(Loader(built, batch_size=12, shuffle=False, device="cpu", channels_first=True)))
+    np.testing.assert_array_equal(first["image"].numpy(), ds.batch(range(12))["image"].transpose(0, 3, 1, 2))
+
+
 def test_batch_steps_are_seeded_and_match_numpy(built, ds):
     steps = [{"random_flip": {"horizontal": 0.5}}, {"random_crop": {"size": [6, 5], "padding": 1}}]
     loader = Loader(built, batch_size=10, shuffle=True, seed=8, device="cpu", gpu_steps=steps)
@@ -157,3 +172,23 @@ def test_ring_pipeline_gives_the_cpu_batches(built, prefetch, threads, split, ba
     assert len(ref) == 20 and ringed.feeder.ring.launches == -(-20 // min(batches_per_task, 20))
     for x, y in zip(got, ref):
         assert torch.equal(x["image"], y["image"]) and torch.equal(x["label"], y["label"])
+
+
+def test_uint16_fields_move_like_the_build_kernels():
+    """torch lacks uint16 kernels for flips (CPU) and advanced indexing (CUDA, seen on an H200): the device
+    steps move uint16 fields through an int16 view of the same bits. Pixels equal the build step's kernels,
+    a pad value past int16's range included."""
+    rng = np.random.default_rng(5)
+    x = torch.from_numpy(rng.integers(0, 65536, (6, 9, 11, 1)).astype(np.uint16))
+    steps = gpu.parse_steps([{"random_flip": {"horizontal": 0.5, "vertical": 0.5}},
+                             {"random_crop": {"size": [8, 12], "padding": 2, "pad_value": 40000}}])
+    gpu.bind_steps(steps, {"img": {"kind": "image"}}, {"img": (9, 11, 1)})
+    params = gpu.step_params(steps, 1, 0, 0, 0, 6)
+    out = gpu.run_steps({"img": x}, steps, params)["img"]
+    assert out.dtype == torch.uint16 and out.shape == (6, 8, 12, 1)
+    for i in range(6):
+        a = x[i].numpy()
+        for step, p in zip(steps, params):
+            a = step.step.apply_image(a, **{k: (bool(v[i]) if v.dtype == bool else int(v[i])) for k, v in p.items()})
+        np.testing.assert_array_equal(out[i].numpy(), a)
+    assert (out.numpy() == 40000).any()

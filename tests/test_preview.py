@@ -428,3 +428,21 @@ def test_coco_semantic_mask_legend_names_the_categories(tmp_path):
     ids = sorted(int(v) for v in np.unique(ds[i]["mask"]) if v)
     panel = pv.legend(ids, names)
     assert panel.caption[1:] == [f"{k}: {ds.label_names[k - 1]}" for k in ids]
+
+
+@pytest.mark.parametrize("name", ["café", "猫", "Ærø-ß"])
+def test_class_names_the_font_lacks_are_not_drawn_as_missing_glyph_boxes(name):
+    """Issue 32: a class name with characters Pillow's default font has no glyph for was drawn as a row of
+    missing-glyph boxes. Such a character is written as its base letter (é -> e) or its escape (猫 ->
+    \\u732b): the tag drawn for the name differs from the one a missing glyph gives, and is legible ASCII."""
+    rgb = np.zeros((32, 80, 3), np.uint8)
+    boxes = np.array([[1, 1, 78, 30]], np.float32)
+
+    def tag(text):
+        return pv.draw_annotations(rgb, boxes, np.array([0]), [text], None, min_side=320)
+
+    missing = "".join("\U0010FFFD" if ord(c) > 127 else c for c in name)   # a code point no font draws
+    assert not np.array_equal(tag(name), tag(missing))
+    shown = pv._printable(name)
+    assert shown.isascii() and shown == {"café": "cafe", "猫": "\\u732b", "Ærø-ß": "\\u00c6r\\u00f8-\\u00df"}[name]
+    assert pv._printable("plain ascii 123") == "plain ascii 123"

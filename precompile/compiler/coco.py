@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import DecodeError, MissingDependencyError, RecipeError
 from ..kinds import Kind
-from ..sample import FieldSpec
+from ..sample import FieldSpec, Tied
 
 #: the fields an ``inputs.coco`` adds (beside the image field)
 BOXES, BOX_LABELS, KEYPOINTS, MASK = "boxes", "box_labels", "keypoints", "mask"
@@ -109,7 +109,7 @@ class CocoImage:
         if spec.mask != "none":
             h, w = fields[spec.image].shape[:2]
             fields[MASK] = self.rasterise(spec.mask, np.dtype(self.mask_dtype), k, (h, w))
-            kinds[MASK] = Kind.MASK
+            kinds[MASK] = Tied(Kind.MASK, BOXES) if spec.mask == "instance" else Kind.MASK   # ids follow boxes
 
     def _scale(self, image: np.ndarray, meta: dict, path: str, key: str, fname: str) -> int:
         from ..decoders.jpeg_reduce import reduced_size
@@ -450,7 +450,7 @@ def _specs(spec: Any, k: int, dtype: np.dtype, num_classes: int) -> dict[str, Fi
     if spec.keypoints:
         out[KEYPOINTS] = FieldSpec(Kind.KEYPOINTS, (None, k, 3), "float32", of=BOXES)
     if spec.mask != "none":
-        out[MASK] = FieldSpec(Kind.MASK, (None, None, 1), dtype.name,
+        out[MASK] = FieldSpec(Kind.MASK, (None, None, 1), dtype.name, of=BOXES if spec.mask == "instance" else None,
                               classes=num_classes + 1 if spec.mask == "semantic" else None)
     return out
 

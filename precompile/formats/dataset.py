@@ -19,7 +19,9 @@ raises :class:`ShapeMismatchError` naming the field and two shapes, unless
 ``pad`` is given (``True`` pads with 0, a number pads with that value): each
 field is then padded at the end of every dimension to the batch's largest
 size, and the returned :class:`Batch` says what it padded (``batch.padded``)
-and every sample's own shape (``batch.shapes``).
+and every sample's own shape (``batch.shapes``). ``pad=True`` pads the rows of
+an annotation field as the Loader does (:func:`precompile.kinds.pad_value`:
+-1 for ``box_labels``, whose 0 is a class; NaN for boxes and keypoints).
 
 This module owns :class:`Dataset` (metadata, indexing, stacking), :class:`Batch`
 and :func:`stack_field`; it knows the on-disk names (``formats.names``), never
@@ -35,6 +37,7 @@ import numpy as np
 
 from . import names as fmt
 from ..errors import ShapeMismatchError
+from ..kinds import ANNOTATIONS, pad_value
 
 __all__ = ["Batch", "Dataset", "ShapeMismatchError", "stack_field"]
 
@@ -47,6 +50,9 @@ class Batch(dict):
         super().__init__(*a, **kw)
         self.padded: dict[str, dict[str, Any]] = {}
         self.shapes: dict[str, np.ndarray] = {}
+
+
+_ANNOTATION_KINDS = frozenset(k.value for k in ANNOTATIONS)
 
 
 def _pad_value(pad: Any) -> Any:
@@ -84,6 +90,8 @@ def stack_field(name: str, arrays: list[np.ndarray], spec: dict, pad: Any, out: 
         out[name] = np.stack(arrays)
         return
     value = _pad_value(pad)
+    if pad is True and spec.get("kind") in _ANNOTATION_KINDS:   # the Loader's rule: a padded row is never a real one
+        value = pad_value(dtype)
     if value is None:
         raise ShapeMismatchError(
             f"field {name!r}: cannot stack samples of different shapes {first} (batch position 0) and "

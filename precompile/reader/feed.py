@@ -128,6 +128,8 @@ def converts_for(conv: Conversion, ds: Any, reader: DirectReader, fields: Sequen
     chosen = conv.fields_of(fields, specs)
     conv.check_norm()
     out: dict[str, gpu.Convert] = {}
+    if dtype is None and conv.channels_first:   # no conversion asked for: NCHW views of the stored bytes
+        return dtype, {f: gpu.Convert(None, channels_first=True) for f in chosen}
     if dtype is not None:
         for f in chosen:
             scale = 1 / 255 if reader.dtypes[f] == np.uint8 else 1.0

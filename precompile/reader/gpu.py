@@ -16,7 +16,10 @@
   ops on whatever device the batch is on, so CPU and CUDA get the same crops
   and flips. Draw once per sample, apply to every field the step covers. On
   CUDA the parameters go to the device from pinned memory, asynchronously on
-  the side stream.
+  the side stream. Steps are bound in order (:func:`bind_steps`): each sees the
+  shapes the one before it made (a crop's size, then a flip about that grid).
+  A box a step drops takes its tied rows along and renumbers a tied instance
+  mask (:func:`renumber_masks`, the build's rule).
 - :class:`CudaRing` holds the pinned host buffers (allocated once), the side
   stream and one event per slot: host-to-device copies (uint8 over the bus)
   and the conversion run on the side stream while the previous batch trains;
@@ -98,9 +101,11 @@ def numpy_to_torch_dtype(dt: np.dtype) -> torch.dtype:
 # -- conversion ---------------------------------------------------------------------------
 @dataclass
 class Convert:
-    """uint8 (or any) -> ``dtype``; uint8 is scaled by 1/255; then per-channel ``(x - mean) / std``."""
+    """uint8 (or any) -> ``dtype``; uint8 is scaled by 1/255; then per-channel ``(x - mean) / std``;
+    ``channels_first``: an NCHW view of a 4-d result. ``dtype`` None converts nothing (the stored dtype,
+    only the NCHW view)."""
 
-    dtype: torch.dtype
+    dtype: torch.dtype | None
     mean: Sequence[float] | None = None
     std: Sequence[float] | None = None
     channels_first: bool = False
@@ -129,10 +134,13 @@ class Convert:
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """Convert ``x``; ``out`` (float32, ``x``'s shape and device) receives the result if given."""
-        a, b = self._coeffs(x.device, x.shape[-1] if x.ndim >= 2 else 1)
-        y = (out.copy_(x) if out is not None else x.to(torch.float32)).mul_(a).add_(b)
-        if self.dtype != torch.float32:
-            y = y.to(self.dtype)
+        if self.dtype is None:
+            y = x
+        else:
+            a, b = self._coeffs(x.device, x.shape[-1] if x.ndim >= 2 else 1)
+            y = (out.copy_(x) if out is not None else x.to(torch.float32)).mul_(a).add_(b)
+            if self.dtype != torch.float32:
+                y = y.to(self.dtype)
         if self.channels_first and y.ndim == 4:
             y = y.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last memory format, no copy
         return y
@@ -193,8 +201,13 @@ class BatchStep:
             raise ValueError(f"{self.name}: boxes and keypoints move on the grid of the image fields the step covers; "
                              f"name one with them in fields")
         self.bound = {f: kinds[f] for f in chosen}
+        self.kinds = kinds
         self.hw = next(iter(hw.values())) if hw else None
         return chosen
+
+    def out_shapes(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        """The per-row shapes of the batch after this step (bound first): what the next step sees."""
+        return dict(shapes)
 
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
         raise NotImplementedError
@@ -205,6 +218,19 @@ class BatchStep:
         if kind.labels:  # mask, flow_valid: gathered, padded with 0
             return self.apply_mask(x, **params)
         return self.apply_image(x, **params)  # image, and video (every frame at once)
+
+
+#: torch has no flip, index_copy_ (CPU) or advanced-indexing (CUDA) kernel for these (a COCO instance mask is
+#: uint16; seen with torch 2.11 on an H200 and 2.13 on CPU): such a tensor is moved through a view as the
+#: signed type of the same width (the same bits)
+_SIGNED_TWIN = {torch.uint16: torch.int16, torch.uint32: torch.int32, torch.uint64: torch.int64}
+
+
+def _twin_value(value: float, dtype: torch.dtype, twin: torch.dtype) -> int:
+    """``value`` as ``dtype`` holds it, read as ``twin``'s bits (a pad value for the signed view)."""
+    np_of = {torch.uint16: np.uint16, torch.uint32: np.uint32, torch.uint64: np.uint64,
+             torch.int16: np.int16, torch.int32: np.int32, torch.int64: np.int64}
+    return int(np.asarray(value).astype(np_of[dtype]).view(np_of[twin]))
 
 
 def _hw_dims(x: torch.Tensor) -> tuple[int, int]:
@@ -224,6 +250,9 @@ class RandomFlip(BatchStep):
                 "vertical": rng.random(n) < self.params.vertical}
 
     def apply_image(self, x: torch.Tensor, horizontal: np.ndarray, vertical: np.ndarray) -> torch.Tensor:
+        twin = _SIGNED_TWIN.get(x.dtype)
+        if twin is not None:
+            return self.apply_image(x.view(twin), horizontal, vertical).view(x.dtype)
         dh, dw = _hw_dims(x)
         shape = (-1,) + (1,) * (x.ndim - 1)
         for flip, dim in ((horizontal, dw), (vertical, dh)):
@@ -260,11 +289,21 @@ class RandomCrop(BatchStep):
                 raise ValueError(f"{self.name}: {e}") from None
         return chosen
 
+    def out_shapes(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        out = dict(shapes)
+        for f, k in self.bound.items():
+            if k not in ANNOTATIONS:
+                out[f] = (*shapes[f][:-3], *self.params.size, shapes[f][-1])
+        return out
+
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
         (PH, PW), (h, w) = self.padded, self.params.size
         return {"top": rng.integers(0, PH - h + 1, n), "left": rng.integers(0, PW - w + 1, n)}
 
     def _crop(self, x: torch.Tensor, top: np.ndarray, left: np.ndarray, value: float) -> torch.Tensor:
+        twin = _SIGNED_TWIN.get(x.dtype)
+        if twin is not None:
+            return self._crop(x.view(twin), top, left, _twin_value(value, x.dtype, twin)).view(x.dtype)
         H, W = self.hw
         PH, PW = self.padded
         p = self.params.padding
@@ -322,6 +361,17 @@ def parse_steps(steps: Sequence[Any] | None) -> list[BatchStep]:
     return out
 
 
+def bind_steps(steps: Sequence[BatchStep], specs: dict[str, dict],
+               shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Bind ``steps`` in order to the loaded fields (stored ``specs``, per-row ``shapes``): each step sees
+    the shapes the step before it produced, so a flip after a crop mirrors about the crop's grid and a
+    second crop draws its window in the first one's. Returns the shapes after the last step."""
+    for s in steps:
+        s.bind(specs, shapes)
+        shapes = s.out_shapes(shapes)
+    return shapes
+
+
 def step_params(steps: Sequence[BatchStep], seed: int, epoch: int, rank: int, batch: int, n: int) -> list[dict]:
     """Every step's parameters for one batch: a function of (seed, epoch, rank, batch) only."""
     return [s.draw(np.random.default_rng([int(seed), int(epoch), int(rank), int(batch), i, 3]), n)
@@ -334,8 +384,32 @@ def run_steps(batch: dict[str, torch.Tensor], steps: Sequence[BatchStep], params
             if kind not in ANNOTATIONS:
                 batch[f] = step.apply(batch[f], kind, **p)
         if ANNOTATIONS.intersection(step.bound.values()):
-            move_annotations(step, batch, p)
+            for f, (rows, ids) in move_annotations(step, batch, p).items():
+                batch[f] = renumber_masks(batch[f], rows, ids)
     return batch
+
+
+
+def renumber_masks(mask: torch.Tensor, rows: np.ndarray, ids: np.ndarray) -> torch.Tensor:
+    """Instance masks of a batch (``mask == i + 1`` is box i of the sample) renumbered after boxes were
+    dropped: sample ``rows[r]`` maps id v to ``ids[r, v]`` (:func:`precompile.transforms.annotations.instance_ids`
+    per sample); values past the table (the ignore id) stay. On the batch's device; a new tensor."""
+    if len(rows) == 0:
+        return mask
+    dev, k, top = mask.device, len(rows), ids.shape[1] - 1
+    sel = to_device(rows.astype(np.int64), dev)
+    old = mask.index_select(0, sel).long().reshape(k, -1)
+    new = torch.gather(to_device(ids, dev), 1, old.clamp(0, top))
+    new = torch.where((old > top) | (old < 0), old, new).reshape((k, *mask.shape[1:])).to(mask.dtype)
+    if k == mask.shape[0]:
+        return new
+    twin = _SIGNED_TWIN.get(mask.dtype)
+    out = mask.clone()
+    if twin is None:
+        out.index_copy_(0, sel, new)
+    else:
+        out.view(twin).index_copy_(0, sel, new.view(twin))
+    return out
 
 
 # -- the CUDA ring --------------------------------------------------------------------------

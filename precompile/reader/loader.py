@@ -189,12 +189,12 @@ class Loader:
     batch steps (``{"random_flip": {...}}``, ``{"random_crop": {"size": .., "padding": ..}}``
     or :class:`~precompile.reader.gpu.BatchStep` objects) with the build
     steps' names, options and per-kind rules (images, masks, clips, flow, boxes,
-    keypoints); ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
+    keypoints, instance masks), each on the shapes the step before it made; ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
     image/video fields (``convert_fields``) on the device, uint8 scaled to
     [0, 1] then ``(x - mean) / std`` per channel (``mean="stats"`` /
     ``std="stats"``: each field's values stored by ``precompile stats``, in the
     same [0, 1] scale); ``channels_first`` gives
-    NCHW views of 4-d converted fields; ``num_threads`` gather threads (0:
+    NCHW views of the 4-d converted fields (without ``dtype``: of the image fields in their stored dtype); ``num_threads`` gather threads (0:
     gather in the training thread, just in time: no thread contention, which
     wins when the machine has no idle core to give; default
     :func:`default_threads`: on CUDA every core of this rank's share but one, at most 4 from mapped files and
@@ -275,6 +275,10 @@ class Loader:
         self.fields = [f for f in wanted if f not in self.text_fields]
         self._text_ds: Any = None
         self.specs = {f: ds.field_specs[f] for f in self.fields}
+        coco = getattr(ds, "coco", None)
+        if coco and coco.get("mask") == "instance" and "of" not in self.specs.get("mask", {"of": None}):
+            # an inputs.coco build from before its instance mask declared its tie (issue 32): tied all the same
+            self.specs["mask"] = {**self.specs["mask"], "of": "boxes"}
         ragged = [f for f in self.fields if is_ragged_annotation(self.specs[f])]   # boxes etc.: padded + counts
         self.ragged = RaggedFields(ds, ragged) if ragged else None
         self.in_memory, self.gpu_budget = check_in_memory(in_memory, gpu_budget, self.device)
@@ -285,8 +289,7 @@ class Loader:
         self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.reader.fields, self.specs)
         self.steps = gpu.parse_steps(gpu_steps)
         shapes = {**self.reader.shapes, **{f: tuple(self.specs[f]["shape"]) for f in ragged}}
-        for s in self.steps:
-            s.bind(self.specs, shapes)
+        gpu.bind_steps(self.steps, self.specs, shapes)   # each step sees the shapes of the one before it
         self._copies = copy_schedule(ds, copies, include_original, self.seed)
 
         self.epoch = 0

@@ -96,7 +96,7 @@ def process_group() -> tuple[int, int] | None:
 @dataclass(frozen=True)
 class Conversion:
     """The device conversion: ``dtype`` (None keeps the stored dtype), per-channel ``mean``/``std``
-    (numbers or ``"stats"``), ``channels_first`` NCHW views, and the fields it applies to
+    (numbers or ``"stats"``), ``channels_first`` NCHW views (with or without ``dtype``), and the fields it applies to
     (``convert_fields``; default: the loaded image/video fields, see :meth:`fields_of`)."""
 
     dtype: Any = None

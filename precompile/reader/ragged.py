@@ -5,13 +5,15 @@ HDF5). They are small (16 bytes a box), so :class:`RaggedFields` reads each one 
 when the Loader is made and pads the rows of a batch:
 
 - ``batch[field]``: (B, Nmax, ...) with Nmax the largest count of the batch (at least 1); rows past
-  a sample's count are NaN (float fields: boxes, keypoints) or -1 (integer fields: box_labels);
+  a sample's count are NaN (float fields: boxes, keypoints) or -1 (integer fields: box_labels):
+  :func:`precompile.kinds.pad_value`, the rule ``ds.batch(pad=True)`` follows too;
 - ``batch[field + "__count"]``: (B,) int64, the sample's number of rows.
 
 Device steps move annotations with the build step's own rules (:func:`move_annotations`): for each
 sample, the step's drawn parameters go through the build step's ``apply_boxes``/``apply_keypoints``
-(numpy, on the host: a few rows per sample), a dropped box takes the rows tied to it, and the batch
-is padded again. So CPU and CUDA batches are equal, and equal the build step's replay.
+(numpy, on the host: a few rows per sample), a dropped box takes the rows tied to it (and renumbers a
+tied instance mask on the batch's device: the build's rule, ``instance_ids``), and the batch is padded
+again. So CPU and CUDA batches are equal, and equal the build step's replay.
 """
 from __future__ import annotations
 
@@ -23,7 +25,8 @@ import torch
 from ..errors import FormatError
 from ..formats import names as fmt
 from ..sample import tied_to
-from ..kinds import ANNOTATIONS, Kind
+from ..kinds import ANNOTATIONS, Kind, pad_value
+from ..transforms.annotations import instance_ids
 
 COUNT_SUFFIX = "__count"
 
@@ -37,11 +40,6 @@ def is_ragged_annotation(spec: dict) -> bool:
     """A boxes / box_labels / keypoints field whose row count varies (stored ragged)."""
     shape = spec.get("shape") or ()
     return Kind.of(spec.get("kind")) in ANNOTATIONS and len(shape) > 0 and shape[0] is None
-
-
-def pad_value(dtype: np.dtype) -> Any:
-    """NaN for float fields, -1 for integer ones: never a real box, point or class id."""
-    return np.nan if np.issubdtype(dtype, np.floating) else -1
 
 
 def pad_rows(rows: Sequence[np.ndarray], inner: tuple[int, ...], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -112,12 +110,17 @@ def _h5() -> Any:
     return h5py
 
 
-def move_annotations(step: Any, batch: dict[str, torch.Tensor], params: dict[str, np.ndarray]) -> None:
+def move_annotations(step: Any, batch: dict[str, torch.Tensor],
+                     params: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Move the annotation fields a device step covers (``step.bound``) with the build step's rules
     (``move_boxes``/``move_keypoints``) and each sample's drawn ``params``: one coordinate map per
     sample, every row of the batch at once (the same float64 operations as the build's per-sample
-    call, so the same bytes). Dropped boxes take their tied rows along; the fields are padded again
-    (in place in ``batch``, on the host)."""
+    call, so the same bytes), on the grid the step sees (``step.hw``: what the step before it made).
+    Dropped boxes take their tied rows along; the fields are padded again (in place in ``batch``, on
+    the host). Returns, for each instance mask tied to boxes that lost a row, the samples to renumber
+    and each one's id table (:func:`~precompile.transforms.annotations.instance_ids`, the build's rule;
+    ids past a sample's boxes map to themselves): ``{mask: (rows, ids)}`` for
+    :func:`~precompile.reader.gpu.renumber_masks`."""
     build = step.step
     n = len(next(iter(params.values()))) if params else len(next(iter(batch.values())))
     maps = [build.coord_map(step.hw, **{k: (bool(v[i]) if v.dtype == bool else int(v[i])) for k, v in params.items()})
@@ -125,7 +128,10 @@ def move_annotations(step: Any, batch: dict[str, torch.Tensor], params: dict[str
     hw = maps[0][1]
     M = np.stack([m for m, _ in maps]) if maps else np.zeros((0, 2, 3))
     notes = [f for f, k in step.bound.items() if k in ANNOTATIONS]
-    tied = {f: [t for t in tied_to(step.links, f) if t in batch] for f in notes}
+    kinds = getattr(step, "kinds", step.bound)
+    tied = {f: [t for t in tied_to(step.links, f) if t in batch and kinds.get(t) in ANNOTATIONS] for f in notes}
+    masks = {f: [t for t in tied_to(step.links, f) if t in batch and kinds.get(t) is Kind.MASK] for f in notes}
+    renumber: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     fields = list(dict.fromkeys([*notes, *(t for f in notes for t in tied[f])]))
     counts = {f: batch[count_name(f)].numpy() for f in fields}
     rows = {f: batch[f].numpy()[np.arange(batch[f].shape[1]) < counts[f][:, None]] for f in fields}
@@ -138,6 +144,9 @@ def move_annotations(step: Any, batch: dict[str, torch.Tensor], params: dict[str
             continue
         keep = np.isfinite(rows[f]).all(axis=1)
         owner = np.repeat(np.arange(n), counts[f])
+        if masks[f] and not keep.all():
+            ids = _instance_tables(keep, counts[f], owner)
+            renumber.update({m: ids for m in masks[f]})
         for t in [f, *tied[f]]:
             if not np.array_equal(counts[t], counts[f]):
                 bad = int(np.flatnonzero(counts[t] != counts[f])[0])
@@ -150,3 +159,15 @@ def move_annotations(step: Any, batch: dict[str, torch.Tensor], params: dict[str
         parts = np.split(rows[f], np.cumsum(counts[f])[:-1]) if n else []
         a, c = pad_rows(parts, tuple(batch[f].shape[2:]), batch[f].numpy().dtype)
         batch[f], batch[count_name(f)] = torch.from_numpy(a), torch.from_numpy(c)
+    return renumber
+
+
+def _instance_tables(keep: np.ndarray, counts: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The samples that lost a box and, per sample, its instance mask's id table: :func:`instance_ids` of its
+    boxes' ``keep``, the identity past its count (0 .. the batch's largest count)."""
+    start = np.concatenate([[0], np.cumsum(counts)])
+    lost = np.flatnonzero(np.bincount(owner[~keep], minlength=len(counts)))
+    ids = np.tile(np.arange(int(counts.max(initial=0)) + 1, dtype=np.int64), (len(lost), 1))
+    for r, j in enumerate(lost):
+        ids[r, :counts[j] + 1] = instance_ids(keep[start[j]:start[j + 1]])
+    return lost, ids

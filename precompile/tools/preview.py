@@ -33,6 +33,7 @@ import functools
 import json
 import math
 import os
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -685,14 +686,48 @@ def _font():
     return ImageFont.load_default()
 
 
-def _printable(s: str) -> str:
-    """``s`` as the default font can draw it: Pillow >= 10.1 gives a FreeType font (any character); older
-    Pillow a bitmap font that knows Latin-1 only, so other characters become '?' rather than an error."""
-    from PIL import ImageFont
+#: a code point no font has a glyph for: what the default font draws for a character it lacks
+_NO_GLYPH = "\U0010FFFD"
 
-    if isinstance(_font(), ImageFont.FreeTypeFont):
-        return s
-    return s.encode("latin-1", "replace").decode("latin-1")
+
+@functools.lru_cache(maxsize=4096)
+def _drawable(ch: str) -> bool:
+    """Whether the default font has a glyph for ``ch`` (its drawing differs from a missing glyph's). Pillow's
+    default font (Aileron from 10.1 on, a Latin-1 bitmap font before) lacks most letters past ASCII."""
+    if not ch.isprintable():
+        return False
+    if ch == " ":
+        return True
+    font = _font()
+
+    def drawn(c: str) -> tuple:
+        m = font.getmask(c)
+        return m.size, bytes(m)
+
+    try:
+        got = drawn(ch)
+    except (UnicodeError, ValueError, OSError):   # a bitmap font cannot encode it
+        return False
+    try:
+        return got != drawn(_NO_GLYPH)
+    except (UnicodeError, ValueError, OSError):   # ... nor the probe: it drew ch, so it has it
+        return True
+
+
+def _printable(s: str) -> str:
+    """``s`` as the default font can draw it, never as missing-glyph boxes: a character the font lacks is
+    written as its base letters when it has them (é -> e, ﬁ -> fi), else as its escape (猫 -> \\u732b)."""
+    out = []
+    for ch in s:
+        if _drawable(ch):
+            out.append(ch)
+            continue
+        base = "".join(c for c in unicodedata.normalize("NFKD", ch) if not unicodedata.combining(c))
+        if base and base != ch and all(_drawable(c) for c in base):
+            out.append(base)
+        else:
+            out.append(f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}")
+    return "".join(out)
 
 
 def _text_width(font: Any, s: str) -> int:

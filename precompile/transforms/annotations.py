@@ -6,6 +6,10 @@ A step that applies to ``boxes``/``keypoints`` gets, besides its parameters, ``g
 visible, or less than ``min_visibility``); :func:`move_annotations` then removes those rows
 from the boxes *and* from every field tied to them (``box_labels``, ``keypoints``: see
 :func:`precompile.sample.link_fields`), so row i of each still describes the same object.
+An instance mask tied to the boxes (``mask == i + 1`` is box i) is renumbered in the same
+place (:func:`instance_ids`: the one rule the Loader's device steps use too), so that
+stays true: a dropped box's pixels become 0 (background), a kept box's take its new row + 1,
+and the ignored regions (the dtype's largest value) stay.
 """
 from __future__ import annotations
 
@@ -33,10 +37,12 @@ def annotation_grid(sample: Sample) -> tuple[int, int]:
 
 
 def move_annotations(step: Any, sample: Sample, targets: list[str],
-                     params_of: Callable[[str], dict[str, Any]]) -> dict[str, np.ndarray]:
+                     params_of: Callable[[str], dict[str, Any]],
+                     moved: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """The new arrays of the annotation fields ``targets`` and of every field tied to a boxes field
     among them: moved by ``step`` (``apply(array, kind, grid=..., **params)``), dropped boxes' rows
-    removed everywhere."""
+    removed everywhere and a tied instance mask renumbered (``moved``: the grid fields the step already
+    made, an instance mask among them)."""
     try:
         grid = annotation_grid(sample)
     except ValueError as e:
@@ -51,14 +57,56 @@ def move_annotations(step: Any, sample: Sample, targets: list[str],
             raise StepError(f"{step.name}: {e}", field=f) from e
     for f in targets:
         if sample.kinds[f] is Kind.BOXES:
-            _drop_rows(step.name, f, out, sample)
+            _drop_rows(step.name, f, out, sample, moved or {})
     return out
 
 
-def _drop_rows(step: str, boxes: str, out: dict[str, np.ndarray], sample: Sample) -> None:
-    """Remove the NaN rows of ``out[boxes]`` and the same rows of every field tied to it."""
+def instance_ids(keep: np.ndarray) -> np.ndarray:
+    """The renumbering of an instance mask when boxes are dropped: ``ids[old]`` is the new id of old id
+    ``old`` in 0..N, for the N boxes ``keep`` (True: kept) describes. 0 (background) stays 0, box i's
+    id i + 1 becomes its new row + 1 if it is kept and 0 if it is dropped. (N + 1,) int64."""
+    keep = np.asarray(keep, bool)
+    ids = np.zeros(len(keep) + 1, np.int64)
+    ids[1:][keep] = np.arange(1, int(keep.sum()) + 1)
+    return ids
+
+
+def ignore_id(dtype: np.dtype) -> int:
+    """The id of an instance mask's ignored regions (COCO's ``crowd: ignore``): its dtype's largest value."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "ui":
+        raise ValueError(f"an instance mask holds integer ids, not {dtype}")
+    return int(np.iinfo(dtype).max)
+
+
+def renumber_instances(mask: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """``mask`` (any shape, integer ids) with :func:`instance_ids` applied: ids of dropped boxes -> 0,
+    kept ones -> their new row + 1, 0 and the ignore id as they are. An id that names no box (above
+    N, not the ignore id) is a ValueError: the mask does not describe these boxes."""
+    top, n = ignore_id(mask.dtype), len(keep)
+    stray = (mask > n) & (mask != top) if n < top else np.zeros((), bool)
+    if mask.dtype.kind == "i":
+        stray = stray | (mask < 0)
+    if stray.any():
+        bad = int(mask[stray].flat[0])
+        raise ValueError(f"instance id {bad} names no box ({n} boxes: mask == i + 1 is box i)")
+    ids = instance_ids(keep).astype(mask.dtype)
+    return np.where(mask == top, mask, ids[np.minimum(mask, n)])
+
+
+def _drop_rows(step: str, boxes: str, out: dict[str, np.ndarray], sample: Sample,
+               moved: dict[str, np.ndarray]) -> None:
+    """Remove the NaN rows of ``out[boxes]`` and the same rows of every field tied to it; renumber a tied
+    instance mask (the one ``moved`` holds if the step moved it, else the sample's)."""
     keep = np.isfinite(out[boxes]).all(axis=1)
     for g in tied_to(sample.links, boxes):
+        if sample.kinds[g] is Kind.MASK:   # an instance mask: ids, not rows
+            if not keep.all():
+                try:
+                    out[g] = renumber_instances(moved.get(g, sample.fields[g]), keep)
+                except ValueError as e:
+                    raise StepError(f"{step}: field {g!r} tied to {boxes!r}: {e}", field=g) from e
+            continue
         rows = out.get(g, sample.fields[g])
         if len(rows) != len(keep):
             raise StepError(f"{step}: field {g!r} has {len(rows)} rows for the {len(keep)} boxes of {boxes!r} "

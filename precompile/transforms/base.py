@@ -166,7 +166,8 @@ def apply_fields(step: Step, sample: Sample, targets: list[str],
                  params_of: Callable[[str], dict[str, Any]]) -> dict[str, np.ndarray]:
     """``{field: new array}`` for ``targets``: grid fields through ``step.apply(array, kind, **params)``,
     annotation fields (boxes, keypoints) through :func:`~precompile.transforms.annotations.move_annotations`
-    (which also drops the rows of fields tied to a dropped box). Errors name the step and field."""
+    (which also drops the rows of fields tied to a dropped box and renumbers a tied instance mask).
+    Errors name the step and field."""
     new = {}
     notes = []
     for f in targets:
@@ -180,7 +181,7 @@ def apply_fields(step: Step, sample: Sample, targets: list[str],
         except (ValueError, TypeError, IndexError, KeyError) as e:
             raise StepError(f"{step.name}: {e}", field=f) from e
     if notes:
-        new.update(move_annotations(step, sample, notes, params_of))
+        new.update(move_annotations(step, sample, notes, params_of, new))
     return new
 
 

@@ -167,6 +167,7 @@ class Resize(PlanarStep):
 
     name = "resize"
     per_frame = True
+    output_version = 2   # 2: keypoints on the right/bottom edge (x == w, y == h) stay in view
 
     class Params(_SizeParams):
         model_config = ConfigDict(json_schema_extra=one_of_required("size", "shorter", "longer"))
@@ -249,6 +250,7 @@ class CenterCrop(PlanarStep):
 
     name = "center_crop"
     per_frame = True
+    output_version = 2   # 2: a tied instance mask renumbered when a box is dropped; edge keypoints in view
 
     class Params(_SizeParams, _MinVisibility):
         model_config = ConfigDict(json_schema_extra={"required": ["size"]})
@@ -334,6 +336,7 @@ class RandomCrop(_Spatial2D):
 
     name = "random_crop"
     Params = _CropParams
+    output_version = 2   # 2: a tied instance mask renumbered when a box is dropped; edge keypoints in view
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         p = 2 * self.params.padding
@@ -398,6 +401,7 @@ class RandomResizedCrop(_Spatial2D):
     ``size`` (resize + centre crop)."""
 
     name = "random_resized_crop"
+    output_version = 2   # 2: a tied instance mask renumbered when a box is dropped; edge keypoints in view
 
     class Params(RandomParams, _MinVisibility):
         size: Union[int, list[int]] = Field(description="output size [height, width] (one integer: a square)",
@@ -484,6 +488,7 @@ class RandomFlip(_Spatial2D):
     Original copy: no flip."""
 
     name = "random_flip"
+    output_version = 2   # 2: keypoints on the right/bottom edge (x == w, y == h) in view: flip twice = identity
 
     class Params(RandomParams):
         horizontal: float = Field(0.5, description="probability of a left-right mirror",
@@ -558,6 +563,7 @@ class RandomAffine(_Spatial2D):
     nearest neighbour. Original copy: the identity."""
 
     name = "random_affine"
+    output_version = 2   # 2: a tied instance mask renumbered when a box is dropped; edge keypoints in view
 
     class Params(RandomParams, _MinVisibility):
         degrees: Union[float, list[float]] = Field(0.0, description="rotation in degrees: x for [-x, x], or "

@@ -308,8 +308,9 @@ def map_boxes(boxes: np.ndarray, M: np.ndarray, hw: tuple[int, int], min_visibil
 
 def map_keypoints(kp: np.ndarray, M: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
     """Move (N, K, 3) keypoints (x, y, visibility) with the forward map ``M`` exactly; a point that
-    lands off the (h, w) grid ([0, w) x [0, h)) or is not finite gets visibility 0, and keeps its
-    moved coordinates."""
+    lands off the (h, w) grid (outside [0, w] x [0, h]: the image's extent, edges included, so a
+    mirror maps the points in view onto the points in view) or is not finite gets visibility 0, and
+    keeps its moved coordinates."""
     k = np.asarray(kp)
     if k.ndim != 3 or k.shape[2] != 3:
         raise ValueError(f"keypoints must be (N, K, 3) x, y, visibility, got shape {k.shape}")
@@ -318,7 +319,7 @@ def map_keypoints(kp: np.ndarray, M: np.ndarray, hw: tuple[int, int]) -> np.ndar
     h, w = hw
     with np.errstate(invalid="ignore"):
         x, y = xy[..., 0], xy[..., 1]
-        seen = np.isfinite(xy).all(axis=-1) & (x >= 0) & (x < w) & (y >= 0) & (y < h)
+        seen = np.isfinite(xy).all(axis=-1) & (x >= 0) & (x <= w) & (y >= 0) & (y <= h)
     vis = np.where(seen, k[..., 2], 0.0)
     return np.concatenate([xy, vis[..., None]], axis=-1).astype(np.float32)
 

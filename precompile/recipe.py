@@ -207,6 +207,10 @@ class Inputs(_Model):
     key: Optional[str] = Field(None, description="table: the column whose value is the sample key "
                                                  "(default: the row's path)")
     columns: dict[str, ColumnDecl] = Field(default_factory=dict, description="table: fields made of columns")
+    follow_links: Literal["inside", "outside"] = Field(
+        "inside", description="symbolic links under a local root: `inside` (default) reads an input only when its "
+                              "path, links resolved, stays under root; `outside` also follows links that lead out "
+                              "of it (a trusted layout). '..' and absolute paths are refused either way")
 
     @field_validator("table")
     @classmethod
@@ -611,6 +615,8 @@ class Recipe:
         for k in ("table", "path", "key", "columns", "match", "coco"):   # absent keys: hashes as before they existed
             if not d["inputs"][k]:
                 del d["inputs"][k]
+        if d["inputs"]["follow_links"] == "inside":
+            del d["inputs"]["follow_links"]   # the default: hashes as before the key existed
         if d["split"] is None:
             del d["split"]
         if d["limits"] == Limits().model_dump(mode="json"):

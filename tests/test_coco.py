@@ -400,10 +400,12 @@ def test_more_fields_with_path_templates(tmp_path, sample_copy):
     (sample_copy / "by_id").mkdir()
     for name in os.listdir(sample_copy / "images"):
         shutil.copy(sample_copy / "images" / name, sample_copy / "by_id" / f"id{int(name[:-4])}.png")
-    r = coco_recipe(sample_copy / "images", sample_copy / "annotations" / "instances.json")
-    r["inputs"]["fields"] = {"image": {"decoder": "image"}, "same": {"decoder": "image", "path": "{stem}.png"},
-                             "by_id": {"decoder": "image", "path": "../by_id/id{image_id}.png", "mode": "gray8"}}
+    r = coco_recipe(sample_copy, sample_copy / "annotations" / "instances.json")    # root: the common folder
+    r["inputs"]["fields"] = {"image": {"decoder": "image", "path": "images/{file_name}"},
+                             "same": {"decoder": "image", "path": "images/{stem}.png"},
+                             "by_id": {"decoder": "image", "path": "by_id/id{image_id}.png", "mode": "gray8"}}
     _, ds = build(tmp_path, r)
+    assert sorted(by_key(ds)) == sorted(os.listdir(sample_copy / "images"))     # keys: the file names
     for s in by_key(ds).values():
         assert np.array_equal(s["same"], s["image"]) and s["by_id"].shape == s["image"].shape[:2] + (1,)
 

@@ -29,6 +29,7 @@ import atexit
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -49,15 +50,74 @@ from ..seeding import LazyRng
 from ..formats.base import write_json_atomic
 
 
+class InputRoot:
+    """The path rule (docs/reference-recipe.md, "Paths and symlinks"): every input read lies under
+    ``inputs.root``, as written (no '..' part, nothing outside the root's text) and, for a local root, once
+    symbolic links are resolved (unless ``inputs.follow_links: outside``). Made once per recipe and process:
+    the root's own resolved path is worked out once, and only the parts of a path below the root are looked
+    at (one ``lstat`` each, folders found plain remembered); a link among them is resolved in full
+    (``os.path.realpath``) and must lead back under the root (benchmarks/bench_input_paths.py)."""
+
+    def __init__(self, recipe: Recipe):
+        root = recipe.input_root
+        self.remote = is_url(root)
+        self.root = root.rstrip("/") + "/" if self.remote else os.path.join(root, "")
+        self.real = None if self.remote else os.path.join(os.path.realpath(root), "")
+        self.follow = recipe.model.inputs.follow_links == "outside"
+        self.plain: set[str] = set()   # folders below the root found to be no link
+
+    @classmethod
+    def of(cls, recipe: Recipe) -> "InputRoot":
+        rule = recipe.__dict__.get("_input_root")
+        if rule is None:
+            rule = recipe.__dict__["_input_root"] = cls(recipe)
+        return rule
+
+    def check(self, path: str) -> None:
+        """A DecodeError (the input's) when ``path`` leaves the root; the caller adds the field and key."""
+        sep = "/" if self.remote else os.sep
+        if not path.startswith(self.root) or ".." in path[len(self.root):].split(sep):
+            what = "another place" if self.remote else "an absolute path"
+            raise DecodeError(f"the path leaves inputs.root {self.root[:-1]!r} ('..' or {what})", path=path,
+                              stage="decode")
+        if self.remote or self.follow or self._plain(path):
+            return
+        real = os.path.realpath(path)
+        if not (real + os.sep).startswith(self.real):
+            raise DecodeError(f"the path resolves to {real!r}, outside inputs.root {self.real[:-1]!r} (a "
+                              f"symbolic link out of the root; `inputs.follow_links: outside` allows it for a "
+                              f"trusted layout)", path=path, stage="decode")
+
+    def _plain(self, path: str) -> bool:
+        """Whether no part of ``path`` below the root is a symbolic link (False: resolve it in full)."""
+        d = self.root[:-1]
+        parts = [p for p in path[len(self.root):].split(os.sep) if p and p != "."]
+        try:
+            for i, part in enumerate(parts):
+                d = f"{d}{os.sep}{part}"
+                if d in self.plain:
+                    continue
+                if stat.S_ISLNK(os.lstat(d).st_mode):
+                    return False
+                if i < len(parts) - 1:
+                    self.plain.add(d)
+        except OSError:
+            return False   # missing or unreadable: realpath decides, the decoder then reports it
+        return True
+
+
 def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: Any = None) -> Sample:
     """Decode every field of ``item``. With ``stream`` (a StreamPlan), its field is opened for
-    streaming instead: a placeholder array, and ``stream.source`` is set to the frame generator."""
+    streaming instead: a placeholder array, and ``stream.source`` is set to the frame generator.
+    Every path is checked against the path rule (:class:`InputRoot`) before it is opened."""
     t0 = time.perf_counter()
     fields, kinds, meta, links = {}, {}, {}, {}
+    rule = InputRoot.of(recipe)
     for fname in recipe.decoders:
         dec = recipe.decoder_for(fname, item.options.get(fname))
         path = item.paths[fname]
         try:
+            rule.check(path)
             if "://" in path and is_url(path):
                 arrays, m = _decode_remote(recipe, dec, path, fname)
             elif not os.path.exists(path):

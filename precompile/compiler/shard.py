@@ -55,8 +55,9 @@ class InputRoot:
     ``inputs.root``, as written (no '..' part, nothing outside the root's text) and, for a local root, once
     symbolic links are resolved (unless ``inputs.follow_links: outside``). Made once per recipe and process:
     the root's own resolved path is worked out once, and only the parts of a path below the root are looked
-    at (one ``lstat`` each, folders found plain remembered); a link among them is resolved in full
-    (``os.path.realpath``) and must lead back under the root (benchmarks/bench_input_paths.py)."""
+    at (one ``lstat`` each, the folders found free of links remembered: about one ``lstat`` an input, which
+    also tells that it exists); a link among them is resolved in full (``os.path.realpath``) and must lead
+    back under the root (benchmarks/bench_input_paths.py)."""
 
     def __init__(self, recipe: Recipe):
         root = recipe.input_root
@@ -64,7 +65,7 @@ class InputRoot:
         self.root = root.rstrip("/") + "/" if self.remote else os.path.join(root, "")
         self.real = None if self.remote else os.path.join(os.path.realpath(root), "")
         self.follow = recipe.model.inputs.follow_links == "outside"
-        self.plain: set[str] = set()   # folders below the root found to be no link
+        self.plain: set[str] = set()   # folders below the root with no link on the way
 
     @classmethod
     def of(cls, recipe: Recipe) -> "InputRoot":
@@ -73,37 +74,44 @@ class InputRoot:
             rule = recipe.__dict__["_input_root"] = cls(recipe)
         return rule
 
-    def check(self, path: str) -> None:
-        """A DecodeError (the input's) when ``path`` leaves the root; the caller adds the field and key."""
+    def check(self, path: str) -> bool:
+        """A DecodeError (the input's) when ``path`` leaves the root; the caller adds the field and key.
+        Returns True when the look-ups found that the path exists (no ``os.path.exists`` needed then)."""
         sep = "/" if self.remote else os.sep
         if not path.startswith(self.root) or ".." in path[len(self.root):].split(sep):
             what = "another place" if self.remote else "an absolute path"
             raise DecodeError(f"the path leaves inputs.root {self.root[:-1]!r} ('..' or {what})", path=path,
                               stage="decode")
-        if self.remote or self.follow or self._plain(path):
-            return
+        if self.remote or self.follow:
+            return False
+        if self._plain(path):
+            return True
         real = os.path.realpath(path)
         if not (real + os.sep).startswith(self.real):
             raise DecodeError(f"the path resolves to {real!r}, outside inputs.root {self.real[:-1]!r} (a "
                               f"symbolic link out of the root; `inputs.follow_links: outside` allows it for a "
                               f"trusted layout)", path=path, stage="decode")
+        return False
 
     def _plain(self, path: str) -> bool:
-        """Whether no part of ``path`` below the root is a symbolic link (False: resolve it in full)."""
-        d = self.root[:-1]
-        parts = [p for p in path[len(self.root):].split(os.sep) if p and p != "."]
+        """Whether ``path`` exists and no part of it below the root is a symbolic link (False: a link, or a
+        part missing or unreadable: resolve it in full, and let the caller look for the file). ``plain``
+        remembers the folders whose every part below the root is no link: then one ``lstat`` decides."""
+        path = path.rstrip(os.sep)   # (an lstat of "link/" would follow the link)
+        if len(path) < len(self.root):
+            return False   # the root itself
         try:
-            for i, part in enumerate(parts):
-                d = f"{d}{os.sep}{part}"
-                if d in self.plain:
-                    continue
-                if stat.S_ISLNK(os.lstat(d).st_mode):
-                    return False
-                if i < len(parts) - 1:
-                    self.plain.add(d)
+            folder = path.rpartition(os.sep)[0]
+            if folder + os.sep != self.root and folder not in self.plain:
+                d = self.root[:-1]
+                for part in folder[len(self.root):].split(os.sep):
+                    d = f"{d}{os.sep}{part}"
+                    if part not in ("", ".") and stat.S_ISLNK(os.lstat(d).st_mode):
+                        return False
+                self.plain.add(folder)
+            return not stat.S_ISLNK(os.lstat(path).st_mode)
         except OSError:
-            return False   # missing or unreadable: realpath decides, the decoder then reports it
-        return True
+            return False
 
 
 def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: Any = None) -> Sample:
@@ -117,10 +125,10 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
         dec = recipe.decoder_for(fname, item.options.get(fname))
         path = item.paths[fname]
         try:
-            rule.check(path)
+            found = rule.check(path)   # (a local file it found exists needs no os.path.exists)
             if "://" in path and is_url(path):
                 arrays, m = _decode_remote(recipe, dec, path, fname)
-            elif not os.path.exists(path):
+            elif not (found or os.path.exists(path)):
                 row = f", from data row {item.row} of {item.row_file}" if item.row else ""
                 raise DecodeError(f"input file is missing (the recipe's path for this field points to nothing{row})")
             elif stream is not None and fname == stream.field:

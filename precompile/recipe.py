@@ -561,6 +561,11 @@ class Recipe:
             if bad:
                 raise RecipeError(f"uses capture(s) {sorted(bad)} that inputs.coco does not define",
                                   source=source, loc=f"inputs.fields.{fname}.path")
+            if decl.path is not None and (decl.path.startswith("/") or ".." in decl.path.split("/")):
+                raise RecipeError("must stay inside inputs.root (no leading '/' or '..'): make root the folder "
+                                  "that holds every field's files, e.g. root: coco, image path: "
+                                  "'train2017/{file_name}', depth path: 'depth/{stem}.png'", source=source,
+                                  loc=f"inputs.fields.{fname}.path")
 
     def decoder_for(self, fname: str, options: Optional[dict[str, Any]] = None) -> Any:
         """The decoder of ``fname`` for one input: with a table row's decoder options (already checked at
@@ -643,6 +648,10 @@ class Recipe:
         if scales:
             d["decode_scale"] = scales  # the rule picking each JPEG's decode scale decides bytes too
         versions = output_versions(self.decoders, self.steps)
+        if self.model.inputs.coco is not None:
+            from .compiler.coco import OUTPUT_VERSION
+
+            versions["inputs.coco"] = OUTPUT_VERSION   # how the annotation fields are made from the file
         if versions:
             d["output_versions"] = versions  # a decoder or step whose bytes changed for the same params
         return d

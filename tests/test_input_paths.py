@@ -137,6 +137,38 @@ def test_coco_file_names_through_links_out_are_refused(tree):
     assert sorted(_open(tree / "out")) == ["a.png", "subalias/c.png"]
 
 
+@pytest.mark.parametrize("name", ["../secret/s.png", "/x/secret/s.png", "sub/../../secret/s.png"])
+def test_coco_file_names_leaving_the_root_as_written_fail_their_image(tree, name):
+    r = _coco(tree, [(1, "a.png"), (2, name)])
+    rep = precompile.build(r, tree / "out", n_jobs=1)
+    (f,) = rep.failures
+    assert f.key == name and f.stage == "annotations"
+    assert f"images[1]: image id 2: file_name {name!r} must be a relative path inside inputs.root" in f.message
+    r["on_error"] = "fail"
+    with pytest.raises(RecipeError) as e:
+        precompile.build(r, tree / "fail", n_jobs=1)
+    assert e.value.loc == "images[1]"
+
+
+def test_a_coco_image_id_cannot_choose_the_path(tree):
+    """A string image id '../secret/s' in a field template '{image_id}.png' read root/../secret/s.png: the
+    annotation file chose the path. Now that image fails (its path and the root named), the others build."""
+    fields = {"image": {"decoder": "image", "path": "{image_id}.png"}}
+    r = _coco(tree, [("a", "first.png"), ("../secret/s", "second.png"), ("/abs", "third.png")], fields)
+    rep = precompile.build(r, tree / "out", n_jobs=1)
+    fails = {f.key: f for f in rep.failures}
+    assert sorted(fails) == ["second.png", "third.png"]
+    assert ("images[1]: image id '../secret/s' ('second.png'): the path '../secret/s.png' of field 'image' "
+            f"(template '{{image_id}}.png') leaves inputs.root {str(tree / 'root')!r}") in fails["second.png"].message
+    assert fails["second.png"].stage == "annotations" and "'/abs.png'" in fails["third.png"].message
+    got = _open(tree / "out")
+    assert sorted(got) == ["first.png"] and got["first.png"]["image"].max() == 10
+    r["on_error"] = "fail"
+    with pytest.raises(RecipeError) as e:
+        precompile.build(r, tree / "fail", n_jobs=1)
+    assert e.value.loc == "images[1]" and "leaves inputs.root" in e.value.detail
+
+
 def test_a_coco_image_id_through_a_link_inside_is_read(tree):
     fields = {"image": {"decoder": "image", "path": "{image_id}.png"}}
     r = _coco(tree, [("subalias/c", "x.png"), ("alias", "y.png")], fields)

@@ -37,6 +37,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
+from .coco import echo
 from .faults import is_output_fault, output_error
 from .keys import skipped_path
 from ..errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
@@ -80,7 +81,7 @@ class InputRoot:
         sep = "/" if self.remote else os.sep
         if not path.startswith(self.root) or ".." in path[len(self.root):].split(sep):
             what = "another place" if self.remote else "an absolute path"
-            raise DecodeError(f"the path leaves inputs.root {self.root[:-1]!r} ('..' or {what})", path=path,
+            raise DecodeError(f"the path leaves inputs.root {echo(self.root[:-1])} ('..' or {what})", path=path,
                               stage="decode")
         if self.remote or self.follow:
             return False
@@ -88,7 +89,7 @@ class InputRoot:
             return True
         real = os.path.realpath(path)
         if not (real + os.sep).startswith(self.real):
-            raise DecodeError(f"the path resolves to {real!r}, outside inputs.root {self.real[:-1]!r} (a "
+            raise DecodeError(f"the path resolves to {echo(real)}, outside inputs.root {echo(self.real[:-1])} (a "
                               f"symbolic link out of the root; `inputs.follow_links: outside` allows it for a "
                               f"trusted layout)", path=path, stage="decode")
         return False
@@ -114,12 +115,33 @@ class InputRoot:
             return False
 
 
+def _annotations(recipe: Recipe, item: Item, fields: dict, kinds: dict, meta: dict) -> None:
+    """inputs.coco: the annotation fields beside the decoded image (compiler/coco.py); whatever goes wrong is
+    this input's error (stage annotations), naming the image."""
+    from .coco import STAGE, _id
+
+    spec = recipe.model.inputs.coco
+    try:
+        item.annotations.add_fields(fields, kinds, meta, spec, item, recipe.model.limits.input_bytes)
+    except InputError:
+        raise
+    except (MemoryError, MissingDependencyError):
+        raise  # not the input's fault
+    except Exception as e:
+        raise DecodeError(f"image id {_id(item.annotations.image_id)}: {type(e).__name__}: {e}",
+                          path=item.paths.get(spec.image), stage=STAGE, field=spec.image, key=item.key) from e
+
+
 def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: Any = None) -> Sample:
     """Decode every field of ``item``. With ``stream`` (a StreamPlan), its field is opened for
     streaming instead: a placeholder array, and ``stream.source`` is set to the frame generator.
     Every path is checked against the path rule (:class:`InputRoot`) before it is opened."""
     t0 = time.perf_counter()
     fields, kinds, meta, links = {}, {}, {}, {}
+    if item.annotations is not None:   # inputs.coco: an image refused at plan time fails before any decoding
+        from .coco import check_item
+
+        check_item(recipe, item)
     rule = InputRoot.of(recipe)
     for fname in recipe.decoders:
         dec = recipe.decoder_for(fname, item.options.get(fname))
@@ -150,7 +172,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
         if m:
             meta[fname] = m
     if item.annotations is not None:  # inputs.coco: boxes, labels, keypoints, mask (compiler/coco.py)
-        item.annotations.add_fields(fields, kinds, meta, recipe.model.inputs.coco, item)
+        _annotations(recipe, item, fields, kinds, meta)
     timings["decode"] += time.perf_counter() - t0
     lab = recipe.model.inputs.label
     if lab is not None:
@@ -617,6 +639,10 @@ class IsolatedDecoder:
     def decode(self, item: Item, timeout: Optional[float], timings: dict[str, float]) -> Sample:
         import numpy as np
 
+        if item.annotations is not None:   # inputs.coco: refused at plan time, nothing to decode
+            from .coco import check_item
+
+            check_item(self.recipe, item)
         if self.proc is None:
             self._start()
         names = list(item.paths)
@@ -657,7 +683,7 @@ class IsolatedDecoder:
         finally:
             timings["decode"] += time.perf_counter() - t0
         if item.annotations is not None:  # the helper decodes the files; the annotations are here
-            item.annotations.add_fields(fields, kinds, hdr["meta"], self.recipe.model.inputs.coco, item)
+            _annotations(self.recipe, item, fields, kinds, hdr["meta"])
         return Sample(key=item.key, fields=fields, kinds=kinds, meta=hdr["meta"])
 
 

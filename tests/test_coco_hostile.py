@@ -316,3 +316,57 @@ def test_a_build_with_every_image_bad_names_them(tmp_path):
     root, ann = make_set(tmp_path, {"bbox": [1, 2, -3, 4]}, n_good=0)
     with pytest.raises(BuildError, match="every input failed"):
         precompile.build(recipe(root, ann), tmp_path / "out", n_jobs=1)
+
+
+# -- a generated corpus of malformed files -----------------------------------------------------------------
+
+_ODD_VALUES = [None, True, -1, 0, 2 ** 40, 10 ** 400, -1e300, 3e38, 1e39, float("nan"), float("inf"), "", "x" * 300,
+               "../x", "/etc/passwd", [], [1], [[1, 2]], {}, {"counts": "0[", "size": [H, W]},
+               {"counts": [H * W], "size": [H, W]}, [[0, 0, 1e9, 0, 1e9, 1e9]], [0.5] * 7, [[1, 2, 3]]]
+
+
+def _mutations(seed: int, n: int) -> list[tuple[str, int, str, object]]:
+    """``n`` random (section, index, key, value) edits of the set make_set writes."""
+    rng = np.random.default_rng(seed)
+    keys = {"images": ["id", "file_name", "height", "width"],
+            "annotations": ["id", "image_id", "category_id", "bbox", "iscrowd", "segmentation", "keypoints"],
+            "categories": ["id", "name", "keypoints"]}
+    out = []
+    for _ in range(n):
+        section = str(rng.choice(list(keys)))
+        out.append((section, int(rng.integers(0, 3)), str(rng.choice(keys[section])),
+                    _ODD_VALUES[int(rng.integers(0, len(_ODD_VALUES)))]))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_generated_malformed_files_never_crash(tmp_path, seed):
+    """Random fields of a small valid file replaced by hostile values (huge and non-finite numbers, wrong
+    types, bad RLEs, far polygons, paths out of the root), one edit per build, both error policies: every
+    build either stores finite annotations or stops with a RecipeError naming the file, or (skip) fails
+    single images at stage annotations; never another exception, never a crash."""
+    root, ann = make_set(tmp_path, {})
+    good = json.loads(ann.read_text())
+    for k, (section, index, key, value) in enumerate(_mutations(seed, 8)):
+        data = json.loads(json.dumps(good))
+        entries = data[section]
+        if index < len(entries):
+            entries[index][key] = value
+        ann.write_text(json.dumps(data))
+        for policy in ("skip", "fail"):
+            out = tmp_path / f"o{k}{policy}"
+            try:
+                rep = precompile.build(recipe(root, ann, on_error=policy, keypoints=True, crowd="keep"), out,
+                                       n_jobs=1)
+            except RecipeError as e:
+                assert e.source == str(ann) or e.loc.startswith("inputs"), (section, key, value, e)
+                continue
+            except BuildError as e:   # skip: every input failed; fail: an image failed while being read
+                assert "stage annotations" in str(e) or "stage decode" in str(e), (section, key, value, e)
+                continue
+            assert all(f.stage in ("annotations", "decode") for f in rep.failures), (section, key, value)
+            ds = precompile.open(str(out / "c.h5"))
+            for i in range(len(ds)):
+                s = ds[i]
+                assert np.isfinite(s["boxes"]).all() and np.isfinite(s["keypoints"]).all()
+                assert s["mask"].shape == s["image"].shape[:2] + (1,)

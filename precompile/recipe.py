@@ -77,6 +77,15 @@ class FieldDecl(BaseModel):
     path: Optional[str] = None
     decoder: str
 
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and (v.startswith("/") or ".." in v.split("/")):
+            raise ValueError("must stay inside inputs.root (no leading '/' or '..'): make root the folder that "
+                             "holds every field's files and name their folders in the templates (docs/"
+                             "reference-recipe.md, Paths and symlinks)")
+        return v
+
 
 class ColumnDecl(_Model):
     """A field made of table columns (``inputs.columns``): a class label, a float32 target or a text."""
@@ -561,11 +570,6 @@ class Recipe:
             if bad:
                 raise RecipeError(f"uses capture(s) {sorted(bad)} that inputs.coco does not define",
                                   source=source, loc=f"inputs.fields.{fname}.path")
-            if decl.path is not None and (decl.path.startswith("/") or ".." in decl.path.split("/")):
-                raise RecipeError("must stay inside inputs.root (no leading '/' or '..'): make root the folder "
-                                  "that holds every field's files, e.g. root: coco, image path: "
-                                  "'train2017/{file_name}', depth path: 'depth/{stem}.png'", source=source,
-                                  loc=f"inputs.fields.{fname}.path")
 
     def decoder_for(self, fname: str, options: Optional[dict[str, Any]] = None) -> Any:
         """The decoder of ``fname`` for one input: with a table row's decoder options (already checked at

@@ -77,6 +77,15 @@ class FieldDecl(BaseModel):
     path: Optional[str] = None
     decoder: str
 
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and (v.startswith("/") or ".." in v.split("/")):
+            raise ValueError("must stay inside inputs.root (no leading '/' or '..'): make root the folder that "
+                             "holds every field's files and name their folders in the templates (docs/"
+                             "reference-recipe.md, Paths and symlinks)")
+        return v
+
 
 class ColumnDecl(_Model):
     """A field made of table columns (``inputs.columns``): a class label, a float32 target or a text."""
@@ -207,6 +216,10 @@ class Inputs(_Model):
     key: Optional[str] = Field(None, description="table: the column whose value is the sample key "
                                                  "(default: the row's path)")
     columns: dict[str, ColumnDecl] = Field(default_factory=dict, description="table: fields made of columns")
+    follow_links: Literal["inside", "outside"] = Field(
+        "inside", description="symbolic links under a local root: `inside` (default) reads an input only when its "
+                              "path, links resolved, stays under root; `outside` also follows links that lead out "
+                              "of it (a trusted layout). '..' and absolute paths are refused either way")
 
     @field_validator("table")
     @classmethod
@@ -611,6 +624,8 @@ class Recipe:
         for k in ("table", "path", "key", "columns", "match", "coco"):   # absent keys: hashes as before they existed
             if not d["inputs"][k]:
                 del d["inputs"][k]
+        if d["inputs"]["follow_links"] == "inside":
+            del d["inputs"]["follow_links"]   # the default: hashes as before the key existed
         if d["split"] is None:
             del d["split"]
         if d["limits"] == Limits().model_dump(mode="json"):
@@ -637,6 +652,10 @@ class Recipe:
         if scales:
             d["decode_scale"] = scales  # the rule picking each JPEG's decode scale decides bytes too
         versions = output_versions(self.decoders, self.steps)
+        if self.model.inputs.coco is not None:
+            from .compiler.coco import OUTPUT_VERSION
+
+            versions["inputs.coco"] = OUTPUT_VERSION   # how the annotation fields are made from the file
         if versions:
             d["output_versions"] = versions  # a decoder or step whose bytes changed for the same params
         return d

@@ -16,9 +16,9 @@ def test_skipped_input_leaves_no_rows_in_any_field(tmp_path):
     # img goes to a per-shard .npy, audio to WAV files; only tone_16k.wav is at the forced 16 kHz
     recipe = {
         "name": "mix", "on_error": "skip",
-        "inputs": {"root": str(REPO / "sample_data" / "audio"), "match": "{name}.{ext}", "where": {"ext": "wav|flac|ogg"},
+        "inputs": {"root": str(REPO / "sample_data"), "match": "audio/{name}.{ext}", "where": {"ext": "wav|flac|ogg"},
                    "fields": {"audio": {"decoder": "audio", "mono": True, "dtype": "float32"},
-                              "img": {"decoder": "image", "path": "../images/beach/beach_01.jpg"}}},
+                              "img": {"decoder": "image", "path": "images/beach/beach_01.jpg"}}},
         "steps": [{"resize": {"size": [8, 8]}}],
         "output": {"format": "wav", "options": {"sample_rate": 16000}},
     }
@@ -33,7 +33,7 @@ def test_skipped_input_leaves_no_rows_in_any_field(tmp_path):
     assert np.load(shard / "img.npy", allow_pickle=False).shape == (1, 8, 8, 3)   # no orphan rows
     assert sorted(p.name for p in shard.glob("*.wav")) == ["000000.wav"]
     ds = precompile.open(tmp_path / "out" / "mix.json")
-    assert ds.keys == ["tone_16k.wav"] and ds[0]["img"].shape == (8, 8, 3)
+    assert ds.keys == ["audio/tone_16k.wav"] and ds[0]["img"].shape == (8, 8, 3)
 
 
 

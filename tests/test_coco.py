@@ -241,31 +241,49 @@ def _plan_error(tmp_path: Path, sample_copy: Path, **coco) -> RecipeError:
     return e.value
 
 
-@pytest.mark.parametrize("edit, loc, message", [
+@pytest.mark.parametrize("edit, loc, message, key", [
     (lambda d: d["annotations"][3].update(image_id=999), "annotations[3]",
-     "annotation id 4: image_id 999 is not in images"),
+     "annotation id 4: image_id 999 is not in images", None),
     (lambda d: d["annotations"][0].update(category_id=2), "annotations[0]",
-     "annotation id 1: category_id 2 is not in categories"),
+     "annotation id 1 (image id 101, '000000000101.png'): category_id 2 is not in categories", "101"),
     (lambda d: d["annotations"][5].update(bbox=[1, 2, -3, 4]), "annotations[5]",
-     "annotation id 6: bbox [1, 2, -3, 4] has a negative width or height"),
+     "annotation id 6 (image id 103, '000000000103.png'): bbox [1, 2, -3, 4] has a negative width or height", "103"),
     (lambda d: d["annotations"][1].pop("bbox"), "annotations[1]",
-     "annotation id 2: needs an integer id, image_id, category_id and bbox [x, y, w, h] of 4 numbers"),
+     "annotation id 2 (image id 101, '000000000101.png'): needs an integer id, image_id, category_id and bbox "
+     "[x, y, w, h] of 4 numbers", "101"),
     (lambda d: d["annotations"][2].update(id=1), "annotations[2]",
-     "annotation id 1 is listed twice (annotations[0] too)"),
+     "annotation id 1 is listed twice (annotations[0] too)", None),
     (lambda d: d["images"][1].update(file_name="../x.png"), "images[1]",
-     "file_name '../x.png' must be a relative path inside inputs.root"),
+     "image id 105: file_name '../x.png' must be a relative path inside inputs.root", "../x"),
     (lambda d: d["annotations"][1].update(keypoints=[1, 2]), "annotations[1]",
-     "annotation id 2: keypoints must be 15 numbers"),
+     "annotation id 2 (image id 101, '000000000101.png'): keypoints must be 15 numbers", "101"),
     (lambda d: d["annotations"][4]["segmentation"].update(size=[10, 10]), "annotations[4]",
-     "annotation id 5: RLE size [10, 10] is not its image's [height, width] [48, 64]"),
+     "annotation id 5 (image id 103, '000000000103.png'): RLE size [10, 10] is not its image's [height, width] "
+     "[48, 64]", "103"),
 ])
-def test_bad_annotations_are_plan_time_errors_naming_file_and_annotation(tmp_path, sample_copy, edit, loc, message):
+def test_bad_annotations_are_errors_naming_file_image_and_annotation(tmp_path, sample_copy, edit, loc, message,
+                                                                     key):
+    """on_error: fail stops the plan at a bad entry, naming the file, the entry, the annotation and its image;
+    on_error: skip fails only the image the entry belongs to (one whose image is unknown, or a duplicate id, is
+    the file's error either way)."""
     ann = sample_copy / "annotations" / "instances.json"
     _edit(ann, lambda d: d["annotations"][1].update(category_id=1))     # annotation id 2: a person now
     _edit(ann, edit)
     e = _plan_error(tmp_path, sample_copy, keypoints=True, mask="semantic", crowd="keep")
     assert e.source == str(ann) and e.loc == loc and message in e.detail
     assert str(e).startswith(f"{ann}: {loc}: ")
+    r = coco_recipe(sample_copy / "images", ann, keypoints=True, mask="semantic", crowd="keep")
+    r["on_error"] = "skip"
+    if key is None:
+        with pytest.raises(RecipeError) as e2:
+            precompile.build(r, tmp_path / "skip", n_jobs=1)
+        assert e2.value.detail == e.detail
+        return
+    rep, ds = build(tmp_path, r, name="skip")
+    (f,) = rep.failures
+    assert f.key == (f"000000000{key}.png" if key.isdigit() else f"{key}.png")
+    assert f.stage == "annotations" and f.message.endswith(f"{ann}: {loc}: {e.detail}")
+    assert len(ds) == 7 and f.key not in [ds.key(i) for i in range(len(ds))]
 
 
 def test_malformed_json_names_the_file_and_line(tmp_path, sample_copy):
@@ -400,12 +418,19 @@ def test_more_fields_with_path_templates(tmp_path, sample_copy):
     (sample_copy / "by_id").mkdir()
     for name in os.listdir(sample_copy / "images"):
         shutil.copy(sample_copy / "images" / name, sample_copy / "by_id" / f"id{int(name[:-4])}.png")
-    r = coco_recipe(sample_copy / "images", sample_copy / "annotations" / "instances.json")
-    r["inputs"]["fields"] = {"image": {"decoder": "image"}, "same": {"decoder": "image", "path": "{stem}.png"},
-                             "by_id": {"decoder": "image", "path": "../by_id/id{image_id}.png", "mode": "gray8"}}
+    r = coco_recipe(sample_copy, sample_copy / "annotations" / "instances.json")    # root: the common folder
+    r["inputs"]["fields"] = {"image": {"decoder": "image", "path": "images/{file_name}"},
+                             "same": {"decoder": "image", "path": "images/{stem}.png"},
+                             "by_id": {"decoder": "image", "path": "by_id/id{image_id}.png", "mode": "gray8"}}
     _, ds = build(tmp_path, r)
+    assert sorted(by_key(ds)) == sorted(os.listdir(sample_copy / "images"))     # keys: the file names
     for s in by_key(ds).values():
         assert np.array_equal(s["same"], s["image"]) and s["by_id"].shape == s["image"].shape[:2] + (1,)
+    r["inputs"]["fields"]["by_id"]["path"] = "../by_id/id{image_id}.png"            # a template out of the root
+    with pytest.raises(RecipeError) as e:
+        build(tmp_path, r, name="out2")
+    assert e.value.loc == "inputs.fields.by_id.path" and e.value.detail.startswith(
+        "must stay inside inputs.root (no leading '/' or '..')")
 
 
 @pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
@@ -494,13 +519,90 @@ def test_string_image_ids_and_a_bad_image_record(tmp_path, sample_copy):
     assert ds.meta(0)["coco"]["image_id"] == "img" + str(ref.meta(0)["coco"]["image_id"])
     _edit(ann, lambda d: d["images"][2].pop("height"))
     e = _plan_error(tmp_path, sample_copy)
-    assert e.loc == "images[2]" and e.detail == ("an image needs an id (an integer or a string), a file_name and "
-                                                 "positive integer height and width")
+    assert e.loc == "images[2]" and e.detail == ("image id 'img108' ('000000000108.png'): height and width must be "
+                                                 "whole numbers from 1 to 2147483647, got None and 64")
+    _edit(ann, lambda d: d["images"][2].pop("file_name"))
+    e = _plan_error(tmp_path, sample_copy)
+    assert e.loc == "images[2]" and e.detail == "an image needs an id (an integer or a string) and a file_name"
 
 
-def test_exif_turned_image_names_the_cause_and_exif_transpose_false_builds(tmp_path, sample_copy):
-    """A JPEG stored 48x64 with EXIF orientation 6 decodes upright as 64x48: the annotations (made on the
-    stored pixels) do not fit, and the message says why; exif_transpose: false builds it."""
+# -- EXIF orientation: the annotations describe the stored pixels, and move with them -----------------------
+
+SQUARE_OBJECTS = [   # (x, y, w, h) on a 64x64 image, each painted in its own colour; edges on 8-pixel blocks
+    ((8, 0, 16, 24), (230, 30, 30)), ((40, 8, 24, 8), (30, 230, 30)), ((16, 40, 8, 16), (30, 30, 230)),
+    ((48, 48, 8, 8), (230, 230, 30))]
+
+
+def _square_with_exif(tmp_path: Path, orientation: int) -> tuple[Path, Path]:
+    """A 64x64 JPEG whose stored pixels hold SQUARE_OBJECTS (4:4:4, quality 95), with EXIF ``orientation``,
+    and its COCO file: a box, a rectangle polygon and a keypoint at the centre of each object."""
+    from PIL import Image
+
+    img = np.zeros((64, 64, 3), np.uint8)
+    anns = []
+    for i, ((x, y, w, h), colour) in enumerate(SQUARE_OBJECTS):
+        img[y:y + h, x:x + w] = colour
+        anns.append({"id": i + 1, "image_id": 1, "category_id": 1, "bbox": [x, y, w, h], "iscrowd": 0,
+                     "segmentation": [[x, y, x + w, y, x + w, y + h, x, y + h]],
+                     "keypoints": [x + w / 2, y + h / 2, 2]})
+    (tmp_path / "img").mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    Image.fromarray(img).save(tmp_path / "img" / "sq.jpg", exif=exif.tobytes(), quality=95, subsampling=0)
+    (tmp_path / "a.json").write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "sq.jpg", "height": 64, "width": 64}], "annotations": anns,
+        "categories": [{"id": 1, "name": "thing", "keypoints": ["centre"], "skeleton": []}]}))
+    return tmp_path / "img", tmp_path / "a.json"
+
+
+def _nearest_colour(image: np.ndarray) -> np.ndarray:
+    """Each pixel's object (1 + index into SQUARE_OBJECTS), or 0 for the black background."""
+    palette = np.array([[0, 0, 0]] + [c for _, c in SQUARE_OBJECTS], np.float64)
+    d = ((image[..., None, :].astype(np.float64) - palette) ** 2).sum(-1)
+    return d.argmin(-1)
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_orientation_moves_boxes_keypoints_and_mask_with_the_image(tmp_path, orientation):
+    """A square JPEG turned by its EXIF orientation (the size check cannot notice a square): each box is the
+    extent of its colour in the decoded (upright) image, each keypoint the centre of it, and `mask == i + 1`
+    its pixels; the mask equals the stored pixels' mask turned by Pillow's own exif_transpose."""
+    from PIL import Image, ImageOps
+
+    root, ann = _square_with_exif(tmp_path, orientation)
+    r = coco_recipe(root, ann, mask="instance", keypoints=True)
+    if orientation in (2, 4, 5, 7):   # mirrored: which keypoints swap sides is unknown, so keypoints are refused
+        r["on_error"] = "skip"
+        with pytest.raises(BuildError, match="every input failed") as e:
+            precompile.build(r, tmp_path / "kp", n_jobs=1)
+        assert (f"stage annotations, field 'image': image id 1 ('sq.jpg') has labelled keypoints and its EXIF "
+                f"orientation {orientation} mirrors the image") in str(e.value)
+        assert "exif_transpose: false" in str(e.value)
+        r = coco_recipe(root, ann, mask="instance")
+    _, ds = build(tmp_path, r)
+    s = ds[0]
+    objects = _nearest_colour(s["image"])
+    for i in range(len(SQUARE_OBJECTS)):
+        ys, xs = np.nonzero(objects == i + 1)
+        assert s["boxes"][i].tolist() == [xs.min(), ys.min(), xs.max() + 1, ys.max() + 1], (orientation, i)
+        assert np.array_equal(s["mask"][..., 0] == i + 1, objects == i + 1), (orientation, i)
+        if "keypoints" in s:
+            assert s["keypoints"][i, 0].tolist() == [(xs.min() + xs.max() + 1) / 2, (ys.min() + ys.max() + 1) / 2, 2]
+    stored = _, plain = build(tmp_path, coco_recipe(root, ann, mask="instance") | {
+        "inputs": {"root": str(root), "coco": {"file": str(ann), "mask": "instance"},
+                   "fields": {"image": {"decoder": "image", "exif_transpose": False}}}}, name="stored")
+    assert stored and plain[0]["image"].shape == (64, 64, 3)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    m = Image.fromarray(plain[0]["mask"][..., 0].astype(np.uint8))
+    m.info["exif"] = exif.tobytes()
+    assert np.array_equal(s["mask"][..., 0], np.asarray(ImageOps.exif_transpose(m)))
+    assert ds.meta(0).get("image") == ({"orientation": orientation} if orientation != 1 else None)
+
+
+def test_image_of_the_turned_size_names_the_orientation(tmp_path, sample_copy):
+    """A JPEG stored 48x64 with EXIF orientation 6 now builds, its boxes turned; an image whose size fits
+    neither way fails, saying what the decoder did."""
     from PIL import Image
 
     img = Image.open(sample_copy / "images" / "000000000101.png").convert("RGB")
@@ -510,12 +612,95 @@ def test_exif_turned_image_names_the_cause_and_exif_transpose_false_builds(tmp_p
     ann = sample_copy / "annotations" / "instances.json"
     _edit(ann, lambda d: next(im for im in d["images"] if im["id"] == 101).update(file_name="000000000101.jpg"))
     r = coco_recipe(sample_copy / "images", ann)
+    rep, ds = build(tmp_path, r, name="turned")
+    s = by_key(ds)["000000000101.jpg"]
+    x, y, w, h = json.loads(ann.read_text())["annotations"][0]["bbox"]
+    assert not rep.failures and s["image"].shape == (64, 48, 3)
+    assert s["boxes"][0].tolist() == [48 - (y + h), x, 48 - y, x + w]      # turned a quarter clockwise
+    _edit(ann, lambda d: next(im for im in d["images"] if im["id"] == 101).update(height=40))
     r["on_error"] = "skip"
-    rep, _ = build(tmp_path, r, name="turned")
+    rep, _ = build(tmp_path, r, name="wrong")
     (f,) = rep.failures
-    assert f.message.endswith("the image is 64x48 (h x w) but the annotation file gives 48x64 for image id 101; "
-                              "turned by its EXIF orientation? (annotations of the stored pixels: "
-                              "exif_transpose: false)")
-    r["inputs"]["fields"] = {"image": {"decoder": "image", "exif_transpose": False}}
-    rep, ds = build(tmp_path, r, name="stored")
-    assert not rep.failures and by_key(ds)["000000000101.jpg"]["image"].shape == (48, 64, 3)
+    assert f.message.endswith("the image is 64x48 (h x w) (turned by its EXIF orientation 6) but the annotation "
+                              "file gives 40x64 for image id 101 ('000000000101.jpg'), so it should be 64x40")
+
+
+# -- a reduced JPEG decode at a size not divisible by k ---------------------------------------------------
+
+REDUCE_OBJECTS = [((900, 650, 125, 120), (230, 30, 30)), ((11, 21, 289, 179), (30, 230, 30)),
+                  ((505, 301, 380, 300), (30, 30, 230))]
+
+
+def _painted_1033x777(tmp_path: Path) -> tuple[Path, Path]:
+    from PIL import Image
+
+    img = np.zeros((777, 1033, 3), np.uint8)
+    anns = []
+    for i, ((x, y, w, h), colour) in enumerate(REDUCE_OBJECTS):
+        img[y:y + h, x:x + w] = colour
+        anns.append({"id": i + 1, "image_id": 1, "category_id": 1, "bbox": [x, y, w, h], "iscrowd": 0,
+                     "segmentation": [[x, y, x + w, y, x + w, y + h, x, y + h]]})
+    (tmp_path / "img").mkdir()
+    Image.fromarray(img).save(tmp_path / "img" / "p.jpg", quality=95, subsampling=0)
+    (tmp_path / "a.json").write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "p.jpg", "height": 777, "width": 1033}], "annotations": anns,
+        "categories": [{"id": 1, "name": "thing"}]}))
+    return tmp_path / "img", tmp_path / "a.json"
+
+
+def _coverage(image: np.ndarray, colour) -> np.ndarray:
+    """How much of each pixel is the painted colour (its projection on the colour, 0 = black background)."""
+    c = np.asarray(colour, np.float64)
+    return (image.astype(np.float64) @ c) / (c @ c)
+
+
+def test_reduced_decode_at_a_size_not_divisible_by_k_keeps_boxes_on_the_image(tmp_path):
+    """1033x777 -> 48x64 decodes at 1/8 (130x98 covering the whole source). Each box edge equals the painted
+    colour's edge in the output (measured by the colour's mass across it) and the reduce: off build's box to
+    0.05 px (before: coordinates divided by 8 put them up to 0.43 px off)."""
+    root, ann = _painted_1033x777(tmp_path)
+    r = coco_recipe(root, ann)
+    r["steps"] = [{"resize": {"size": [48, 64]}}]
+    _, auto = build(tmp_path, r, name="auto")
+    assert auto.meta(0)["image"]["reduce"] == 8
+    r["inputs"]["fields"] = {"image": {"decoder": "image", "reduce": "off"}}
+    _, off = build(tmp_path, r, name="off")
+    assert np.abs(auto[0]["boxes"] - off[0]["boxes"]).max() < 0.05
+    img = auto[0]["image"]
+    for (box, colour), got in zip(REDUCE_OBJECTS, auto[0]["boxes"]):
+        cov = _coverage(img, colour)
+        x1, y1, x2, y2 = got.tolist()
+        rows, cols = slice(int(y1) + 2, int(y2) - 1), slice(int(x1) + 2, int(x2) - 1)
+        edges = []   # each edge from the colour's mass in a window across it (robust to the resampling's blur)
+        for lo, hi, prof in ((x1, x2, cov[rows].mean(0)), (y1, y2, cov[:, cols].mean(1))):
+            a, b = max(int(lo) - 2, 0), int(lo) + 2
+            edges.append(b - prof[a:b].sum() if int(lo) >= 2 else lo)
+            c, d = int(hi) - 1, min(int(hi) + 3, len(prof))
+            edges.append(c + prof[c:d].sum())
+        want = [edges[0], edges[2], edges[1], edges[3]]
+        assert np.abs(np.array(want) - got).max() < 0.15, (box, want, got.tolist())
+
+
+def test_reduced_decode_samples_the_mask_at_the_reduced_pixels_centres(tmp_path):
+    """reduce: 8 on 1033x777 gives 130x98 covering the source: the mask's pixel (i, j) shows the source at the
+    reduced pixel's centre, so it agrees with the decoded image's colour wherever a pixel is mostly one
+    object or background (before: every 8th source pixel, drifting by up to 7 source pixels)."""
+    root, ann = _painted_1033x777(tmp_path)
+    r = coco_recipe(root, ann, mask="instance")
+    r["inputs"]["fields"] = {"image": {"decoder": "image", "reduce": 8}}
+    _, ds = build(tmp_path, r)
+    s = ds[0]
+    assert s["image"].shape == (98, 130, 3) and s["mask"].shape == (98, 130, 1)
+    sx, sy = 1033 / 130, 777 / 98
+    checked = 0
+    for i, ((x, y, w, h), colour) in enumerate(REDUCE_OBJECTS):
+        # the analytic share of each reduced pixel's footprint inside the box, per axis
+        fx = np.clip(np.minimum((np.arange(130) + 1) * sx, x + w) - np.maximum(np.arange(130) * sx, x), 0, sx) / sx
+        fy = np.clip(np.minimum((np.arange(98) + 1) * sy, y + h) - np.maximum(np.arange(98) * sy, y), 0, sy) / sy
+        share = fy[:, None] * fx[None, :]
+        clear = (share > 0.7) | (share < 0.3)
+        seen = _coverage(s["image"], colour) > 0.5
+        assert np.array_equal((s["mask"][..., 0] == i + 1)[clear], seen[clear]), i
+        assert np.array_equal(seen[clear], (share > 0.5)[clear]), i      # the image itself agrees
+        checked += int(clear.sum())
+    assert checked > 3 * 98 * 130 * 0.9

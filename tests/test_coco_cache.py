@@ -65,8 +65,8 @@ def _same_parse(a: coco.CocoParse, b: coco.CocoParse) -> None:
     assert list(a.annotations) == list(b.annotations)
     for iid, x in a.annotations.items():
         y = b.annotations[iid]
-        assert (x.image_id, x.height, x.width, x.mask_dtype, x.digest) == (y.image_id, y.height, y.width,
-                                                                          y.mask_dtype, y.digest)
+        assert (x.image_id, x.height, x.width, x.mask_dtype, x.digest, x.error) == (
+            y.image_id, y.height, y.width, y.mask_dtype, y.digest, y.error)
         for f in ("boxes", "labels", "keypoints"):
             u, v = getattr(x, f), getattr(y, f)
             assert (u is None) == (v is None)
@@ -112,14 +112,17 @@ def test_no_change_rebuild_reads_the_kept_parse_and_writes_the_same_bytes(tmp_pa
 def test_the_kept_parse_equals_a_fresh_one(tmp_path, ann, opts):
     data = json.loads(ann.read_text())
     a = data["annotations"]
-    a[0]["segmentation"] = {"counts": [100, 20, 300, 7, 10], "size": [data["images"][0]["height"],
-                                                                       data["images"][0]["width"]]}
+    a[0]["segmentation"] = {"counts": [100, 20, 300, 7, 48 * 64 - 427], "size": [data["images"][0]["height"],
+                                                                                data["images"][0]["width"]]}
     a[0]["image_id"] = data["images"][0]["id"]   # an uncompressed RLE (counts a list)
     a[1]["segmentation"] = [[1, 1, 4, 1, 4, 4, 1, 4], [9, 9, 12, 9, 12, 12]]   # two polygons
     a[2]["segmentation"] = []                                                  # none
+    a[5]["bbox"] = [1, 2, -3, 4]                                               # its image fails (kept: its error)
     ann.write_text(json.dumps(data))
     r = load_recipe(_recipe(ann, **opts))
     parsed = parse_coco(r)
+    assert [i for i, x in parsed.annotations.items() if x.error] == [a[5]["image_id"]]
+    assert parsed.annotations[a[0]["image_id"]].error == ()
     key = coco_cache.cache_key(r, str(ann), False)
     path = str(tmp_path / "kept.h5")
     assert coco_cache.save(path, key, parsed)
@@ -135,9 +138,12 @@ def test_string_image_ids_round_trip(tmp_path, ann):
     for a in data["annotations"]:
         a["image_id"] = ids[a["image_id"]]
     data["images"][0]["id"] = 7   # ids of both kinds in one file
+    data["images"][1]["id"] = 2 ** 70   # and an integer past int64
     for a in data["annotations"]:
         if a["image_id"] == f"img-{list(ids)[0]}":
             a["image_id"] = 7
+        if a["image_id"] == f"img-{list(ids)[1]}":
+            a["image_id"] = 2 ** 70
     ann.write_text(json.dumps(data))
     r = load_recipe(_recipe(ann))
     parsed = parse_coco(r)
@@ -145,7 +151,7 @@ def test_string_image_ids_round_trip(tmp_path, ann):
     assert coco_cache.save(str(tmp_path / "kept.h5"), key, parsed)
     back = coco_cache.load(str(tmp_path / "kept.h5"), key)
     _same_parse(parsed, back)
-    assert 7 in back.images and "img-105" in back.images
+    assert 7 in back.images and 2 ** 70 in back.images and "img-108" in back.images
 
 
 def test_a_changed_file_is_parsed_again(tmp_path, ann, parses):

@@ -232,4 +232,4 @@ def test_image_decoder_version_is_in_the_recipe_key(tmp_path):
 
     tree = make_image_tree(tmp_path / "data", per_class=1)
     r = load_recipe(write_recipe(tmp_path / "r.yaml", image_recipe(tree)))
-    assert r.content_dict()["output_versions"]["decoders.image"] == 2
+    assert r.content_dict()["output_versions"]["decoders.image"] >= 2

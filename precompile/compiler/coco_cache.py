@@ -16,7 +16,8 @@ out again every time: it is cheap, and it keeps the cache independent of them.
 The file is HDF5 (libver ``latest``: its metadata carries checksums) holding one flat, Fletcher-32
 checksummed dataset per column (file names as UTF-8 with offsets, sizes, box and keypoint arrays,
 segmentations as polygon coordinates with counts, RLE texts and counts, digests) and ``meta``, the key and
-the small parts (label names, the index attribute) as JSON bytes. Nothing is pickled. It is written to a
+the small parts (label names, the index attribute, the errors of the images refused at plan time) as JSON
+bytes. Nothing is pickled. It is written to a
 temporary beside it and renamed (a killed build leaves no half file under its name; the next build's
 clean-up removes the temporary), only in a local output folder (a URL output parses every time), and
 never outside the output folder. ``precompile gc`` keeps it.
@@ -34,7 +35,8 @@ import numpy as np
 from .coco import CocoImage, CocoParse
 
 #: bumped whenever what is stored, or how it is read, changes (an older file is then parsed again)
-VERSION = 1
+#: 2: each image's error (its record or an annotation refused at plan time) kept in the meta
+VERSION = 2
 #: segment kinds
 NONE, POLYGONS, RLE_TEXT, RLE_COUNTS = 0, 1, 2, 3
 
@@ -119,10 +121,11 @@ def _columns(parsed: CocoParse, meta: dict[str, Any]) -> dict[str, np.ndarray]:
            "boxes": _cat([a.boxes.reshape(-1) for a in imgs], np.float32),
            "labels": _cat([a.labels for a in imgs], np.int64),
            "digest": np.frombuffer(bytes.fromhex("".join(a.digest for a in imgs)), np.uint8)}
-    if all(type(i) is int for i in ids):
+    if all(type(i) is int and -(1 << 63) <= i < (1 << 63) for i in ids):
         out["image_id"] = np.array(ids, np.int64)
     else:
         meta["image_ids"] = ids
+    meta["errors"] = [[j, *a.error] for j, a in enumerate(imgs) if a.error]
     if imgs and imgs[0].keypoints is not None:
         out["keypoints"] = _cat([a.keypoints.reshape(-1) for a in imgs], np.float32)
     if parsed.attrs["coco"]["mask"] != "none":
@@ -216,4 +219,6 @@ def _from_columns(c: dict[str, np.ndarray], meta: dict[str, Any]) -> CocoParse:
         annotations[iid] = CocoImage(iid, h, w, boxes[a:b], labels[a:b], kp[a:b] if kp is not None else None,
                                      segs[a:b] if mask else [], ignore[ign_off[j]:ign_off[j + 1]], dtype,
                                      digests[j].tobytes().hex())
+    for j, loc, detail in meta["errors"]:
+        annotations[ids[j]].error = (loc, detail)
     return CocoParse(images, annotations, meta["label_names"], meta["attrs"], meta["num_keypoints"], dtype)

@@ -16,7 +16,9 @@ full size, ``2 | 4 | 8`` at that scale (other formats are then area-resized to
 the same ceil(H/k) x ceil(W/k), so every input comes out at 1/k). A reduced
 JPEG covers exactly the source, as a full decode does, whatever its size (see
 :func:`_cover_source`). A sample decoded at a reduced scale records it in its
-meta: ``{"reduce": k}``.
+meta: ``{"reduce": k}``; one turned by its EXIF orientation (2..8) records the
+orientation applied: ``{"orientation": o}`` (annotations of the stored pixels,
+compiler/coco.py, are moved by it).
 """
 from __future__ import annotations
 
@@ -96,7 +98,8 @@ class ImageDecoder(Decoder):
 
     name = "image"
     kind = "image"
-    output_version = 2   # 2: a JPEG libjpeg warns about (a scan cut short) is an error, no longer stored grey
+    output_version = 3   # 2: a JPEG libjpeg warns about (a scan cut short) is an error, no longer stored grey;
+    #                      3: the meta records the EXIF orientation applied ({"orientation": o})
 
     class Params(DecoderParams):
         mode: Literal["rgb8", "gray8", "gray16", "rgba8"] = Field(
@@ -128,8 +131,10 @@ class ImageDecoder(Decoder):
     def read(self, path: str) -> np.ndarray | tuple[np.ndarray, dict[str, Any]]:
         r = self.params.reduce
         reduce: int | SourceNeed | None = r if isinstance(r, int) else (self.need if r == "auto" else None)
-        arr, k = decode_image_scaled(path, self.params.mode, self.params.exif_transpose, reduce, self.max_bytes)
-        return (arr, {"reduce": k}) if k > 1 else arr
+        info: dict[str, Any] = {}
+        arr, k = decode_image_scaled(path, self.params.mode, self.params.exif_transpose, reduce, self.max_bytes, info)
+        meta = {**({"reduce": k} if k > 1 else {}), **info}
+        return (arr, meta) if meta else arr
 
 
 def decode_image_file(path: str, mode: str = "rgb8", exif_transpose: bool = True,
@@ -219,13 +224,14 @@ def _cover_source(img, extent: Optional[tuple[float, float]]):
 
 def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = True,
                         reduce: int | SourceNeed | None = None,
-                        budget: int = DEFAULT_INPUT_BYTES) -> tuple[np.ndarray, int]:
+                        budget: int = DEFAULT_INPUT_BYTES, info: Optional[dict] = None) -> tuple[np.ndarray, int]:
     """Decode ``path``, a JPEG at reduced scale when ``reduce`` asks; returns (array, k), decoded at 1/k.
 
     ``reduce``: None decodes at full size; an int k gives a 1/k image for any format (JPEG
     by scaled IDCT, others by an area resize); a :class:`SourceNeed` lets the file's size
     and orientation pick the JPEG scale (other formats: full size). ``budget``: the most bytes the
-    decode may take (:func:`check_image_size`, checked before pixels are decoded).
+    decode may take (:func:`check_image_size`, checked before pixels are decoded). ``info``, when given,
+    gets ``orientation``: the EXIF orientation (2..8) that ``exif_transpose`` applied, if any.
     """
     from PIL import Image, ImageFile, UnidentifiedImageError
 
@@ -248,10 +254,13 @@ def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = Tr
                     if exif_transpose and _orientation(img) in (5, 6, 7, 8):
                         W, H = H, W  # shown turned a quarter: the steps see the axes swapped
                     want = reduce.scale_for(H, W)
+                o = _orientation(img) if exif_transpose else 1   # what both decode paths turn by
                 if img.format in _JPEG and img.mode in TURBO_MODES:
                     arr, k = _decode_jpeg(img, path, mode, exif_transpose, want, budget)
                 else:
                     arr, k = _decode_pillow(img, path, mode, exif_transpose, want, budget)
+                if info is not None and o in (2, 3, 4, 5, 6, 7, 8):
+                    info["orientation"] = o
             if isinstance(reduce, int) and reduce > 1 and k == 1:
                 # not a JPEG (or too small for libjpeg's scale): area-resize the full image to the same 1/k
                 from ..transforms.kernels.geometry import resize_hwc

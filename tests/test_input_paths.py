@@ -1,0 +1,191 @@
+"""The input path rule (issue 34.4; docs/reference-recipe.md, "Paths and symlinks"): every path a folder
+listing, a table row, a COCO file_name or a template over a COCO image id produces must stay under
+``inputs.root``, as written and once symbolic links are resolved, unless the recipe says
+``inputs.follow_links: outside`` (links only; '..' and absolute paths never). A refusal fails that input
+only, naming the path and the root, and obeys ``on_error``. A root that is itself a link, and links that stay
+inside the root, keep working."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import precompile
+from precompile.errors import BuildError, DecodeError, RecipeError
+
+
+def _png(path: Path, value: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(np.full((4, 6, 3), value, np.uint8)).save(path)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """root/{a,b}.png and root/sub/c.png inside; secret/s.png outside; links out of the root (a file and a
+    folder) and links that stay inside (a file and a folder)."""
+    root = tmp_path / "root"
+    _png(root / "a.png", 10)
+    _png(root / "b.png", 20)
+    _png(root / "sub" / "c.png", 30)
+    _png(tmp_path / "secret" / "s.png", 250)
+    os.symlink(tmp_path / "secret" / "s.png", root / "link.png")          # a file link leading out
+    os.symlink(tmp_path / "secret", root / "outdir")                      # a folder link leading out
+    os.symlink(root / "a.png", root / "alias.png")                        # links that stay inside
+    os.symlink("sub", root / "subalias")
+    return tmp_path
+
+
+def _open(out: Path, name: str = "p"):
+    ds = precompile.open(str(out / f"{name}.h5"))
+    return {ds.key(i): ds[i] for i in range(len(ds))}
+
+
+def _refused(f, tmp: Path, path: str) -> None:
+    """A failure naming the path, the resolved target outside and the root."""
+    assert f.stage == "decode" and f.path == str(tmp / "root" / path)
+    assert f"outside inputs.root {str(tmp / 'root')!r}" in f.message and "secret" in f.message
+    assert "inputs.follow_links: outside" in f.message
+
+
+def _listing(root: Path, **inputs) -> dict:
+    return {"name": "p", "inputs": {"root": str(root), "match": "{n}.png", "fields": {"image": {"decoder": "image"}},
+                                    **inputs}, "on_error": "skip"}
+
+
+def test_a_listed_link_out_of_the_root_fails_that_input(tree):
+    rep = precompile.build(_listing(tree / "root"), tree / "out", n_jobs=1)
+    (f,) = rep.failures
+    assert f.key == "link.png"
+    _refused(f, tree, "link.png")
+    got = _open(tree / "out")
+    assert sorted(got) == ["a.png", "alias.png", "b.png"]                 # a link inside still reads
+    assert all(s["image"].max() < 250 for s in got.values())             # nothing of secret/ was stored
+    r = _listing(tree / "root")
+    r["on_error"] = "fail"
+    with pytest.raises(BuildError, match="resolves to '.*secret/s.png', outside inputs.root"):
+        precompile.build(r, tree / "fail", n_jobs=1)
+
+
+def test_follow_links_outside_reads_them_and_is_part_of_the_key(tree):
+    rep = precompile.build(_listing(tree / "root"), tree / "out", n_jobs=1)
+    assert len(rep.failures) == 1
+    trusted = precompile.build(_listing(tree / "root", follow_links="outside"), tree / "out", n_jobs=1)
+    assert not trusted.failures and trusted["shards"]["built"] == 1        # the changed rule rebuilt the shard
+    assert _open(tree / "out")["link.png"]["image"].max() == 250
+    assert trusted["recipe_hash"] != rep["recipe_hash"]
+
+
+def test_a_root_that_is_itself_a_link_works(tree):
+    os.symlink(tree / "root", tree / "rootlink")
+    rep = precompile.build(_listing(tree / "rootlink"), tree / "out", n_jobs=1)
+    assert [f.key for f in rep.failures] == ["link.png"]
+    assert sorted(_open(tree / "out")) == ["a.png", "alias.png", "b.png"]
+
+
+def _table(tmp: Path, rows: list[str], **inputs) -> dict:
+    (tmp / "t.csv").write_text("p\n" + "".join(f"{r}\n" for r in rows))
+    return {"name": "p", "inputs": {"root": str(tmp / "root"), "table": str(tmp / "t.csv"), "path": "{p}",
+                                    "fields": {"image": {"decoder": "image"}}, **inputs}, "on_error": "skip"}
+
+
+def test_table_rows_through_links_out_are_refused_and_links_inside_read(tree):
+    r = _table(tree, ["a.png", "link.png", "outdir/s.png", "alias.png", "subalias/c.png", "sub/c.png"])
+    rep = precompile.build(r, tree / "out", n_jobs=1)
+    assert sorted(f.key for f in rep.failures) == ["link.png", "outdir/s.png"]
+    for f in rep.failures:
+        _refused(f, tree, f.key)
+    got = _open(tree / "out")
+    assert sorted(got) == ["a.png", "alias.png", "sub/c.png", "subalias/c.png"]
+    assert got["subalias/c.png"]["image"].max() == 30
+
+
+@pytest.mark.parametrize("row", ["../secret/s.png", "/{tmp}/secret/s.png", "sub/../../secret/s.png"])
+def test_table_rows_with_dotdot_or_absolute_paths_are_refused(tree, row):
+    """(The table reader refused these before the path rule, as an error of the table naming the row; the
+    worker's check refuses them again as written.)"""
+    from precompile.compiler.shard import InputRoot
+    from precompile.recipe import load_recipe
+
+    row = row.format(tmp=str(tree).lstrip("/"))
+    r = _table(tree, ["a.png", row])
+    with pytest.raises(RecipeError, match=r"data row 2 .*leaves inputs.root"):
+        precompile.build(r, tree / "out", n_jobs=1)
+    with pytest.raises(DecodeError, match=f"leaves inputs.root {str(tree / 'root')!r}"):
+        InputRoot(load_recipe(r)).check(os.path.join(str(tree / "root"), row))
+
+
+def _coco(tmp: Path, images: list[tuple], fields=None, **inputs) -> dict:
+    ann = tmp / "ann.json"
+    ann.write_text(json.dumps({"images": [{"id": i, "file_name": fn, "height": 4, "width": 6} for i, fn in images],
+                               "annotations": [], "categories": [{"id": 1, "name": "t"}]}))
+    inp = {"root": str(tmp / "root"), "coco": {"file": str(ann)}, **inputs}
+    if fields is not None:
+        inp["fields"] = fields
+    return {"name": "p", "inputs": inp, "on_error": "skip"}
+
+
+def test_coco_file_names_through_links_out_are_refused(tree):
+    r = _coco(tree, [(1, "a.png"), (2, "link.png"), (3, "outdir/s.png"), (4, "subalias/c.png")])
+    rep = precompile.build(r, tree / "out", n_jobs=1)
+    assert sorted(f.key for f in rep.failures) == ["link.png", "outdir/s.png"]
+    for f in rep.failures:
+        _refused(f, tree, f.key)
+    assert sorted(_open(tree / "out")) == ["a.png", "subalias/c.png"]
+
+
+@pytest.mark.parametrize("name", ["../secret/s.png", "/x/secret/s.png", "sub/../../secret/s.png"])
+def test_coco_file_names_leaving_the_root_as_written_fail_their_image(tree, name):
+    r = _coco(tree, [(1, "a.png"), (2, name)])
+    rep = precompile.build(r, tree / "out", n_jobs=1)
+    (f,) = rep.failures
+    assert f.key == name and f.stage == "annotations"
+    assert f"images[1]: image id 2: file_name {name!r} must be a relative path inside inputs.root" in f.message
+    r["on_error"] = "fail"
+    with pytest.raises(RecipeError) as e:
+        precompile.build(r, tree / "fail", n_jobs=1)
+    assert e.value.loc == "images[1]"
+
+
+def test_a_coco_image_id_cannot_choose_the_path(tree):
+    """A string image id '../secret/s' in a field template '{image_id}.png' read root/../secret/s.png: the
+    annotation file chose the path. Now that image fails (its path and the root named), the others build."""
+    fields = {"image": {"decoder": "image", "path": "{image_id}.png"}}
+    r = _coco(tree, [("a", "first.png"), ("../secret/s", "second.png"), ("/abs", "third.png")], fields)
+    rep = precompile.build(r, tree / "out", n_jobs=1)
+    fails = {f.key: f for f in rep.failures}
+    assert sorted(fails) == ["second.png", "third.png"]
+    assert ("images[1]: image id '../secret/s' ('second.png'): the path '../secret/s.png' of field 'image' "
+            f"(template '{{image_id}}.png') leaves inputs.root {str(tree / 'root')!r}") in fails["second.png"].message
+    assert fails["second.png"].stage == "annotations" and "'/abs.png'" in fails["third.png"].message
+    got = _open(tree / "out")
+    assert sorted(got) == ["first.png"] and got["first.png"]["image"].max() == 10
+    r["on_error"] = "fail"
+    with pytest.raises(RecipeError) as e:
+        precompile.build(r, tree / "fail", n_jobs=1)
+    assert e.value.loc == "images[1]" and "leaves inputs.root" in e.value.detail
+
+
+def test_a_coco_image_id_through_a_link_inside_is_read(tree):
+    fields = {"image": {"decoder": "image", "path": "{image_id}.png"}}
+    r = _coco(tree, [("subalias/c", "x.png"), ("alias", "y.png")], fields)
+    rep = precompile.build(r, tree / "out", n_jobs=1)
+    assert not rep.failures
+    assert [s["image"].max() for _, s in sorted(_open(tree / "out").items())] == [30, 10]
+
+
+def test_remote_roots_are_checked_as_written():
+    """A URL root has no links to resolve: the rule is the text (a '..' part or another place fails)."""
+    from precompile.compiler.shard import InputRoot
+    from precompile.recipe import load_recipe
+
+    rec = load_recipe({"name": "p", "inputs": {"root": "s3://bucket/data", "match": "{n}.png",
+                                               "fields": {"image": {"decoder": "image"}}}})
+    rule = InputRoot(rec)
+    rule.check("s3://bucket/data/a/b.png")
+    for bad in ("s3://bucket/data/../secret.png", "s3://bucket/other/x.png", "s3://bucket/data-x/y.png"):
+        with pytest.raises(DecodeError, match="leaves inputs.root 's3://bucket/data'"):
+            rule.check(bad)

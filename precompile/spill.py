@@ -22,10 +22,11 @@ DEFAULT_LIMIT = 64 << 20
 
 
 class _Spilled:
-    __slots__ = ("key", "kinds", "meta", "copy", "arrays")
+    __slots__ = ("key", "kinds", "meta", "copy", "links", "arrays")
 
     def __init__(self, s: Sample, arrays: list[tuple[str, str, tuple, int, int]]):
-        self.key, self.kinds, self.meta, self.copy, self.arrays = s.key, s.kinds, s.meta, s.copy, arrays
+        self.key, self.kinds, self.meta, self.copy, self.links = s.key, s.kinds, s.meta, s.copy, s.links
+        self.arrays = arrays
 
 
 class SampleSpill:
@@ -82,7 +83,7 @@ class SampleSpill:
                     if got != nbytes:
                         raise OSError(f"spill file gave {got} of {nbytes} bytes")
                 fields[name] = np.frombuffer(buf, dtype=np.dtype(dtype)).reshape(shape)
-            yield Sample(key=e.key, fields=fields, kinds=e.kinds, meta=e.meta, copy=e.copy)
+            yield Sample(key=e.key, fields=fields, kinds=e.kinds, meta=e.meta, copy=e.copy, links=e.links)
 
     def close(self) -> None:
         self.entries = []

@@ -543,3 +543,37 @@ def test_renumber_masks_on_cuda_equals_cpu():
         for j in range(5):
             want = np.where(m[j] == top, top, ids[list(rows).index(j)][np.minimum(m[j], 5)]) if j in rows else m[j]
             np.testing.assert_array_equal(a[j].numpy(), want)
+
+
+def test_declared_instance_tie_survives_isolated_decoding(tmp_path):
+    """A decoder's declared tie (instances -> boxes) reaches the steps when the input is decoded in a helper
+    process (``timeout_s``): a center crop that drops boxes renumbers the mask there as inline. Before, the
+    helper's reply carried kinds only and the mask kept its old ids."""
+    make_instance_inputs(str(tmp_path / "in"), n=4)
+    r = {"name": "iso", "seed": 1, "timeout_s": 60,
+         "inputs": {"root": str(tmp_path / "in"), "match": "{label}/{name}.npz",
+                    "fields": {"image": {"decoder": "_instances_test"}}},
+         "steps": [{"center_crop": {"size": [40, 40]}}], "output": {"format": "hdf5"}}
+    ds = precompile.open(run_build(r, out_dir=str(tmp_path / "out"))["output"])
+    assert ds.field_specs["instances"]["of"] == "boxes"
+    dropped = 0
+    for i in range(len(ds)):
+        s = ds[i]
+        dropped += 3 - len(s["boxes"])
+        _check_painted(s["image"], s["instances"], s["boxes"], s["box_labels"], s["keypoints"], f"sample {i}")
+    assert dropped > 0   # the crop did drop boxes, so ids had to move
+
+
+def test_spilled_samples_keep_their_ties(tmp_path):
+    """A sample spilled to disk (streamed clips) comes back with its links, so later steps still renumber a
+    tied mask."""
+    from precompile.spill import SampleSpill
+
+    s = Sample("k", {"image": np.zeros((4, 4, 3), np.uint8), "inst": np.zeros((4, 4, 1), np.uint16),
+                     "boxes": np.zeros((0, 4), np.float32)},
+               {"image": "image", "inst": "mask", "boxes": "boxes"}, links={"inst": "boxes"})
+    spill = SampleSpill(str(tmp_path), limit=0)
+    spill.add(s)
+    (back,) = list(spill)
+    spill.close()
+    assert back.links == {"inst": "boxes"}

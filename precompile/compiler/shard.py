@@ -706,7 +706,7 @@ class IsolatedDecoder:
             _annotations(self.recipe, item, fields, kinds, hdr["meta"])
         if frames is not None:
             frames.source = True if hdr.get("frame_steps") else None
-        return Sample(key=item.key, fields=fields, kinds=kinds, meta=hdr["meta"])
+        return Sample(key=item.key, fields=fields, kinds=kinds, meta=hdr["meta"], links=hdr.get("links", {}))
 
 
 def _recipe_ident(recipe: Recipe) -> str:
@@ -796,7 +796,7 @@ def _decode_server() -> None:
         arrays = [(n, np.asarray(a).copy(order="C")) for n, a in s.fields.items()]  # keeps 0-d shapes
         w.send_bytes(json.dumps({"fields": [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape),
                                              "nbytes": a.nbytes, "kind": s.kinds[n]} for n, a in arrays],
-                                 "meta": s.meta,
+                                 "meta": s.meta, "links": s.links,
                                  "frame_steps": frames is not None and frames.source is not None}).encode())
         for _, a in arrays:
             w.send_bytes(a.data.cast("B") if a.nbytes else b"")

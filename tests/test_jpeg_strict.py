@@ -233,3 +233,24 @@ def test_image_decoder_version_is_in_the_recipe_key(tmp_path):
     tree = make_image_tree(tmp_path / "data", per_class=1)
     r = load_recipe(write_recipe(tmp_path / "r.yaml", image_recipe(tree)))
     assert r.content_dict()["output_versions"]["decoders.image"] >= 2
+
+
+def test_jpeg_label_maps_are_strict_too_and_their_decoders_versions_move(tmp_path):
+    """The mask and flow_mask decoders read through the same strict JPEG path: a cut label map is an error
+    naming the file, and both decoders' output_version 2 enters the recipe key (shards that stored it grey
+    rebuild)."""
+    from precompile.decoders.flo import FlowMaskDecoder
+    from precompile.decoders.mask import MaskDecoder
+    from precompile.recipe import parse_recipe
+
+    d = jpeg_bytes(photo(600, 800, c=1)[..., 0], quality=90)
+    p = tmp_path / "cut.jpg"
+    p.write_bytes(d[:len(d) // 3] + b"\xff\xd9")
+    for dec in (MaskDecoder(), FlowMaskDecoder()):
+        with pytest.raises(DecodeError, match="premature end of data segment"):
+            dec.read(str(p))
+    r = parse_recipe({"name": "m", "inputs": {"root": str(tmp_path), "match": "{n}.jpg",
+                                              "fields": {"m": {"decoder": "mask"}, "v": {"decoder": "flow_mask"}}},
+                      "output": {"format": "hdf5"}}, base_dir=str(tmp_path))
+    versions = r.content_dict()["output_versions"]
+    assert versions["decoders.m"] == 2 and versions["decoders.v"] == 2   # keyed by field

@@ -107,6 +107,7 @@ class FlowMaskDecoder(Decoder):
 
     name = "flow_mask"
     kind = "mask"
+    output_version = 2   # 2: a JPEG libjpeg warns about (a scan cut short) is an error, no longer stored
 
     class Params(DecoderParams):
         invert: bool = False       # 1 where the pixel is zero (e.g. turn an 'invalid' map into a valid mask)

@@ -31,6 +31,7 @@ class MaskDecoder(Decoder):
 
     name = "mask"
     kind = Kind.MASK
+    output_version = 2   # 2: a JPEG label map libjpeg warns about (a scan cut short) is an error, no longer stored
 
     class Params(DecoderParams):
         classes: Optional[list[int]] = None     # the ids masks may hold (in order, for remap)

@@ -139,3 +139,13 @@ def test_other_decoders_raise_only_precompile_errors(name):
                 dec.decode(target, "f")
             except PrecompileError:
                 pass
+
+
+def test_interlaced_palette_png_cut_in_half_is_a_decode_error(tmp_path):
+    """Found by test_image_truncated: Pillow's PNG decoder setup raises TypeError ("function takes at most 3
+    arguments") on the real interlaced palette PNG cut in half; it is the input's DecodeError, not a crash."""
+    data = realdata("images", "pil123p.png").read_bytes()
+    p = tmp_path / "cut.png"
+    p.write_bytes(data[:len(data) // 2])
+    with pytest.raises(InputError, match=r"damaged image data \(TypeError"):
+        decode_image_file(str(p), "rgb8")

@@ -23,6 +23,7 @@ compiler/coco.py, are moved by it).
 from __future__ import annotations
 
 import os
+import struct
 import warnings
 from typing import Any, Literal, Optional, Union
 
@@ -276,6 +277,10 @@ def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = Tr
         if "truncated" in msg.lower() or "broken data stream" in msg.lower():
             msg = f"truncated or corrupt image data ({msg})"
         raise DecodeError(msg, path=path, stage="decode") from None
+    except (TypeError, IndexError, KeyError, struct.error, EOFError) as e:
+        # Pillow's plugins let some damaged files escape as these (a palette PNG cut in half gives
+        # "TypeError: function takes at most 3 arguments (4 given)" from its decoder's setup)
+        raise DecodeError(f"damaged image data ({type(e).__name__}: {e})", path=path, stage="decode") from None
     return np.ascontiguousarray(arr), k
 
 

@@ -323,3 +323,23 @@ def test_precompile_s_own_attribute_writer_keeps_the_checksums_true(copy_of):
     from precompile.tools.verify import verify
 
     assert verify(copy_of, checksums=False).index_problems == []
+
+
+def test_a_file_of_a_folder_build_deleted_by_hand_is_reported_missing(tmp_path, image_tree):
+    """A png build's sample file deleted by hand under its unchanged JSON index: missing, not "rebuilt"."""
+    from conftest import image_recipe
+
+    precompile.build(image_recipe(image_tree, output={"format": "png", "samples_per_shard": 4}),
+                     out_dir=tmp_path / "out")
+    index = str(tmp_path / "out" / "imgs.json")
+    ds = precompile.open(index)
+    victim = os.path.join(os.path.dirname(index), ds.samples[5]["files"]["image"])
+    os.remove(victim)
+    with pytest.raises(FormatError) as e:
+        ds[5]
+    assert str(e.value) == _missing(victim, index)
+    os.replace(index, index + ".old")                                    # the index replaced since it was opened
+    shutil.copyfile(index + ".old", index)
+    with pytest.raises(FormatError, match=r"the shard file is gone: the output was rebuilt since .* open the "
+                                          r"output again to read the new build$"):
+        ds[5]

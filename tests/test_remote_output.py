@@ -279,8 +279,12 @@ def test_a_killed_build_resumes_and_its_lock_is_taken_over(tmp_path, store, env)
 
 
 def _lock_body(**over) -> bytes:
+    """A lock another builder holds: written now, expiring in 120 s (``over`` changes it)."""
+    import datetime as dt
+
+    soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=120)).isoformat()
     body = {"owner": "ana@gpu-07 pid 4242", "host": "gpu-07", "pid": 4242, "started": "2026-01-01T00:00:00+00:00",
-            "heartbeat": "2026-01-01T00:00:00+00:00", "expires": "2999-01-01T00:00:00+00:00", "ttl_s": 120.0}
+            "heartbeat": "2026-01-01T00:00:00+00:00", "expires": soon, "ttl_s": 120.0}
     return json.dumps({**body, **over}).encode()
 
 

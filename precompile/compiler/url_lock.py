@@ -7,8 +7,8 @@ with a :class:`~precompile.errors.BuildError` that names the lock and its holder
 does). The holder refreshes it every :data:`HEARTBEAT_S` seconds with ``If-Match: <its ETag>``; a build
 that is killed stops refreshing, and its lock is taken over (``If-Match`` on the stale ETag, so of two
 builders taking over only one wins) once it has expired (:data:`TTL_S` after the last heartbeat, by the
-holder's clock, or after the object was last written, by the store's: builders' and the store's clocks must
-agree to within a fraction of it), or at once when its process is known to be gone (:func:`process_gone`).
+holder's clock: builders' clocks must agree to within a fraction of it; a damaged lock: below), or at once
+when its process is known to be gone (:func:`process_gone`).
 
 Owning the lock is decided by the store, never assumed:
 
@@ -31,11 +31,13 @@ A lock object that cannot be read (not JSON, not an object, empty, binary, large
 whose expiry or time-to-live cannot (no ``expires``, one without a timezone or not a date, a ``ttl_s`` that
 is not a number of seconds up to :data:`MAX_TTL_S`) is *damaged* (:func:`read_lock`): it is held like any
 lock, and the message names it, what is wrong and its age; it is taken over, with the same conditional PUT
-as any stale lock, once its time-to-live (its own when usable, else :data:`TTL_S`) has passed since the
-object was last written. The age is the store's: the object's last-modified time (:func:`modified_of`), which
-every PUT of a live holder renews (a body's own times are the holder's clock, and may be what is damaged).
-So a lock whose ``expires`` is centuries away (a flipped digit) blocks no longer than a TTL after its
-holder stopped writing it. Values echoed from a lock body are cut (:func:`shown`).
+as any stale lock, once it expired (a usable ``expires``), or else once its time-to-live (its own when
+usable, else :data:`TTL_S`) has passed since the object was last written. That age is the store's: the
+object's last-modified time (:func:`modified_of`), which every PUT of a holder renews (a body's own times
+are the holder's clock, and may be what is damaged). An ``expires`` more than :data:`MAX_TTL_S` after the
+object's last write is damage too (a holder writes its heartbeat's time plus its TTL), so a lock whose
+expiry is centuries away (a flipped digit) blocks no longer than a TTL after it was last written. A sound
+lock is judged by its expiry alone, as before. Values echoed from a lock body are cut (:func:`shown`).
 
 Conditional requests are S3's (AWS since 2024, moto, MinIO), sent when the client can (s3fs >= 2024.12 and
 a botocore that knows ``IfNoneMatch`` / ``IfMatch``: :func:`conditional_puts`); otherwise, and on other
@@ -237,12 +239,15 @@ def read_lock(data: bytes, etag: Optional[str] = None, modified: Optional[_dt.da
     if not isinstance(body, dict):
         kind = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
         return StoredLock({}, [f"it is JSON but not an object ({kind.get(type(body), 'null')})"], etag, modified)
-    damaged = [why for why in (_expires(body)[1], _ttl(body)[1]) if why]
+    damaged = [why for why in (_expires(body, modified)[1], _ttl(body)[1]) if why]
     return StoredLock(body, damaged, etag, modified)
 
 
-def _expires(holder: dict[str, Any]) -> tuple[Optional[_dt.datetime], Optional[str]]:
-    """(the body's ``expires`` as an aware datetime, None) or (None, why it cannot be used)."""
+def _expires(holder: dict[str, Any], modified: Optional[_dt.datetime] = None
+             ) -> tuple[Optional[_dt.datetime], Optional[str]]:
+    """(the body's ``expires`` as an aware datetime, None) or (None, why it cannot be used): none, not a date,
+    no timezone, or (``modified``: when the store last wrote the object) more than :data:`MAX_TTL_S` after that
+    write, which no holder writes (its expiry is its heartbeat's time plus its TTL)."""
     v = holder.get("expires")
     if v is None:
         return None, "no 'expires'"
@@ -255,9 +260,12 @@ def _expires(holder: dict[str, Any]) -> tuple[Optional[_dt.datetime], Optional[s
     if t.tzinfo is None or t.utcoffset() is None:
         return None, f"'expires' has no timezone ({shown(v)})"
     try:
-        return t.astimezone(_dt.timezone.utc), None
+        t = t.astimezone(_dt.timezone.utc)
     except (OverflowError, ValueError):   # beyond datetime's range in UTC (year 1 or 9999 with an offset)
         return None, f"'expires' is not a date ({shown(v)})"
+    if modified is not None and (t - modified).total_seconds() > MAX_TTL_S:
+        return None, f"'expires' is more than {MAX_TTL_S:.0f} s after the lock was last written ({shown(v)})"
+    return t, None
 
 
 def _ttl(holder: dict[str, Any]) -> tuple[float, Optional[str]]:
@@ -303,16 +311,17 @@ def stale_reason(holder: dict[str, Any], now: Optional[_dt.datetime] = None,
                  modified: Optional[_dt.datetime] = None) -> Optional[str]:
     """Why the lock ``holder`` (its JSON; {} when it cannot be read), last written at ``modified`` (the
     store's time; None: unknown), may be taken over, or None while it holds: its process is gone; its
-    ``expires`` has passed; or its time-to-live (its ``ttl_s``, or :data:`TTL_S`) has passed since it was
-    last written."""
+    ``expires`` has passed (the holder's clock, as always); or, when its ``expires`` cannot be used (damaged:
+    :func:`_expires`), its time-to-live (its ``ttl_s``, or :data:`TTL_S`) has passed since the store last
+    wrote it. A sound lock is judged by its own expiry alone, as before damaged ones were handled."""
     now = now or _now()
     gone = process_gone(holder)
     if gone:
         return gone
-    expires, _ = _expires(holder)
+    expires, _ = _expires(holder, modified)
     ttl, _ = _ttl(holder)
-    if expires is not None and expires < now:
-        return f"it expired at {_text(holder['expires'])} (no heartbeat for {ttl:.0f} s)"
+    if expires is not None:
+        return f"it expired at {_text(holder['expires'])} (no heartbeat for {ttl:.0f} s)" if expires < now else None
     age = lock_age(modified, now)
     if age is not None and age > ttl:
         return f"it was last written {age:.0f} s ago, more than its time-to-live of {ttl:.0f} s"
@@ -473,11 +482,16 @@ class UrlLock:
                     f"wait for it to finish (a lock without a heartbeat for {TTL_S:.0f} s is taken over)")
         lead = (f"another build of {self.what} may be running: its lock {self.url} is damaged "
                 f"({', '.join(found.damaged)})" + (f" ({describe(found.body)})" if found.body else ""))
-        if age is None and _expires(found.body)[0] is None:
+        expires = _expires(found.body, found.modified)[0]
+        if expires is not None:   # only its ttl_s is damaged: it expires as any lock does
+            until = f"until it expires at {_text(found.body['expires'])}"
+        elif age is None:
             return (f"{lead}, and its age cannot be told (the store gives no modification time): if no build of "
                     f"{self.what} is running, remove the lock object {self.url} by hand")
-        return (f"{lead}{written}; it is held like any lock until it is {_ttl(found.body)[0]:.0f} s old, then a "
-                f"build takes it over: wait for the build that holds it, or build again after that")
+        else:
+            until = f"until it is {_ttl(found.body)[0]:.0f} s old"
+        return (f"{lead}{written}; it is held like any lock {until}, then a build takes it over: wait for the "
+                f"build that holds it, or build again after that")
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S) and not self.lost:

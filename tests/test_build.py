@@ -202,6 +202,26 @@ def test_a_second_concurrent_build_of_the_same_output_is_refused(tmp_path, image
     assert precompile.build(image_recipe_file, out_dir=tmp_path / "out")["status"] == "ok"
 
 
+def test_the_local_lock_never_reads_its_file_and_a_lock_that_is_no_file_is_named(tmp_path, image_recipe_file):
+    """The local lock is an flock on ``<name>.shards/.lock``: its content is never read, so garbage in it
+    changes nothing (unlike a URL lock object, whose body is read). A ``.lock`` that cannot be opened as a
+    file (a folder in its place) is an OutputError naming it, not an I/O error of the output folder."""
+    out = tmp_path / "out"
+    precompile.build(image_recipe_file, out_dir=out)
+    lock = out / "imgs.shards" / ".lock"
+    lock.write_bytes(bytes(range(256)) * 64)
+    assert precompile.build(image_recipe_file, out_dir=out, force=True)["status"] == "ok"
+    lock.unlink()
+    lock.mkdir()
+    with pytest.raises(precompile.errors.OutputError) as e:
+        precompile.build(image_recipe_file, out_dir=out, force=True)
+    assert str(e.value) == (f"cannot open the build lock {lock}: Is a directory; it must be a file (its content is "
+                            f"never read): remove what is there")
+    assert e.value.exit_code == 6
+    lock.rmdir()
+    assert precompile.build(image_recipe_file, out_dir=out)["status"] == "ok"
+
+
 def test_every_input_failing_is_an_error_not_an_empty_dataset(tmp_path, image_tree):
     for p in image_tree.rglob("*.*"):
         p.write_bytes(b"broken")

@@ -139,7 +139,8 @@ def test_damaged_index_is_told_apart_from_the_shards(built):
         f"entry of {names[1]}: field 'image': checksum 0000000000000000... in the index differs from the "
         f"shard's own {good[:16]}...",
         f"entry of {names[1]}: column '__key__' differs from the index's at sample 1 (key 'dog/999.jpg')",
-        "its two copies of the keys differ at sample 5: 'dog/000.jpg' in __key_utf8__, 'dog/999.jpg' in __key__"]
+        "its two copies of the keys differ at sample 5: 'dog/000.jpg' in __key_utf8__, 'dog/999.jpg' in __key__",
+        "the crc32 of its key column (__key__) is not the one the build recorded"]
     assert all(p.startswith("index: ") for p in res.problems)
     r = _cli("verify", str(index))
     assert r.returncode == 5 and "error: the index is damaged (every shard is intact)" in r.stderr

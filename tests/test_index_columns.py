@@ -21,7 +21,7 @@ pytest.importorskip("torch", reason="the Loader needs torch")
 import precompile  # noqa: E402
 from precompile.errors import FormatError  # noqa: E402
 from precompile.formats import names as fmt  # noqa: E402
-from precompile.formats.index_columns import ShardTable, read_key_column, write_key_column  # noqa: E402
+from precompile.formats.index_columns import ShardTable, index_crcs, read_key_column, write_key_column  # noqa: E402
 from precompile.reader.direct import DirectReader  # noqa: E402
 from precompile.reader.loader import Loader  # noqa: E402
 
@@ -39,6 +39,13 @@ def copy_of(tmp_path, index):
     out = tmp_path / "out"
     shutil.copytree(os.path.dirname(index), out)
     return str(out / os.path.basename(index))
+
+
+def _unseal(path: str) -> None:
+    """The index without its own checksums (``index_crc32``), as written before them or by a tool that changed
+    what they cover: the checks behind them are reached."""
+    with h5py.File(path, "r+") as f:
+        del f.attrs[fmt.A_INDEX_CRC]
 
 
 def _drop_columns(path: str) -> None:
@@ -125,12 +132,18 @@ def test_a_table_not_written_from_the_entries_is_not_read(index, copy_of):
 
 
 def test_a_damaged_table_falls_back_to_the_entries(copy_of, caplog):
+    """A table that cannot be read as one: the index's own checksum refuses it (tests/test_index_checksum.py);
+    in an index without that checksum (written before it, or by a tool that removed it) the entries are read."""
     with h5py.File(copy_of, "r+") as f:
         crc = f[fmt.SHARD_TABLE].attrs[fmt.T_ENTRIES_CRC]
         del f[fmt.SHARD_TABLE]
         d = f.create_dataset(fmt.SHARD_TABLE, data=np.arange(4))      # not a table of entries
         d.attrs[fmt.T_ENTRIES_CRC] = crc
         d.attrs[fmt.T_FIELDS] = "[]"
+    with pytest.raises(FormatError, match=r"t\.h5: the index is damaged: the crc32 of its shard table \(__shards__\) "
+                                          r"is not the one the build recorded"):
+        precompile.open(copy_of)
+    _unseal(copy_of)
     ds = precompile.open(copy_of)
     assert ds.shard_table.source == "entries" and len(ds) == N
     assert f"cannot read {fmt.SHARD_TABLE}" in caplog.text and "reading the shard entries instead" in caplog.text
@@ -141,6 +154,7 @@ def test_a_damaged_table_falls_back_to_the_entries(copy_of, caplog):
 
 
 def test_a_table_that_disagrees_with_the_chunk_table_is_refused(copy_of):
+    _unseal(copy_of)                                                   # (else its own checksum refuses it first)
     with h5py.File(copy_of, "r+") as f:                                # the crc still matches: the table is read
         rows = f[fmt.SHARD_TABLE][()]
         rows["chunks"][1, 0] += 3
@@ -166,6 +180,7 @@ def test_keys_are_the_opened_snapshots_after_the_index_is_replaced(tmp_path, cop
         keys = [k.decode() for k in f[fmt.KEY][:]]
         del f[fmt.KEY_UTF8], f[fmt.KEY_OFFSETS]
         write_key_column(f, [f"x{k}" for k in keys])
+        f.attrs[fmt.A_INDEX_CRC] = fmt.dumps(index_crcs(f))            # as that build would record them
     ds = precompile.open(copy_of)
     with h5py.File(copy_of, "r") as f:
         want = [k.decode() for k in f[fmt.KEY][:]]
@@ -213,8 +228,11 @@ def test_verify_names_a_columnar_copy_that_disagrees(copy_of):
         rows["bytes"][2] += 1                                            # the table is current: it would be read
         f[fmt.SHARD_TABLE][...] = rows
     flipped = chr(ord(k7[0]) ^ 1) + k7[1:]
-    assert precompile.open(copy_of).key(7) == flipped                    # what a reader would see
+    with pytest.raises(FormatError, match="the index is damaged"):    # a reader served the flipped key before
+        precompile.open(copy_of)
     res = verify_hdf5(copy_of, checksums=False)
     assert res.bad_shards == [] and res.index_problems == [
         "__shards__ column 'bytes' differs from the shard entries (first at entry 2)",
-        f"its two copies of the keys differ at sample 7: {flipped!r} in __key_utf8__, {k7!r} in __key__"]
+        f"its two copies of the keys differ at sample 7: {flipped!r} in __key_utf8__, {k7!r} in __key__",
+        "the crc32 of its sample keys (__key_utf8__) is not the one the build recorded",
+        "the crc32 of its shard table (__shards__) is not the one the build recorded"]

@@ -279,8 +279,12 @@ def test_a_killed_build_resumes_and_its_lock_is_taken_over(tmp_path, store, env)
 
 
 def _lock_body(**over) -> bytes:
+    """A lock another builder holds: written now, expiring in 120 s (``over`` changes it)."""
+    import datetime as dt
+
+    soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=120)).isoformat()
     body = {"owner": "ana@gpu-07 pid 4242", "host": "gpu-07", "pid": 4242, "started": "2026-01-01T00:00:00+00:00",
-            "heartbeat": "2026-01-01T00:00:00+00:00", "expires": "2999-01-01T00:00:00+00:00", "ttl_s": 120.0}
+            "heartbeat": "2026-01-01T00:00:00+00:00", "expires": soon, "ttl_s": 120.0}
     return json.dumps({**body, **over}).encode()
 
 
@@ -312,6 +316,47 @@ def test_the_lock_stops_a_second_build_and_an_expired_one_is_taken_over(tmp_path
     with pytest.raises(BuildError, match="another build of 'imgs' .* is running"):
         collect_garbage(f"{url}/imgs.h5", storage_options=so)
     client.delete_object(Bucket=OUT, Key="locked/imgs.shards/.lock")
+
+
+@pytest.mark.parametrize("body,problem", [
+    (b"\x00\xff lock", "it is not UTF-8 text"),
+    (_lock_body(expires="2999-01-01T00:00:00"), "'expires' has no timezone ('2999-01-01T00:00:00')"),
+    (_lock_body(ttl_s="120", expires="2000-01-01T00:00:00+00:00"), None),
+], ids=["binary", "expires-without-timezone", "ttl_s-a-string"])
+def test_a_damaged_lock_stops_a_build_until_its_ttl_then_a_build_takes_it_over(tmp_path, store, env, monkeypatch,
+                                                                               body, problem):
+    """A lock object a build cannot read (or whose expiry it cannot) gave TypeError / ValueError at every
+    build until removed by hand. Now it is held like any lock (exit 3: another build may be running), named
+    with its age; once older than the time-to-live a build takes it over and succeeds. A readable expiry
+    in the past with a string ttl_s: the lock expired, taken over at once (the message no longer crashes)."""
+    import datetime as dt
+
+    from precompile.compiler import url_lock
+
+    endpoint, client = store
+    so = {"endpoint_url": endpoint}
+    r = recipe(tmp_path)
+    case = re.sub(r"\W+", "-", str(problem))
+    url = f"s3://{OUT}/damaged-{case}"
+    client.put_object(Bucket=OUT, Key=f"damaged-{case}/imgs.shards/.lock", Body=body)
+    if problem is not None:
+        with pytest.raises(BuildError) as e:
+            precompile.build(r, out_dir=url, storage_options=so)
+        assert e.value.exit_code == 3
+        assert str(e.value).startswith(f"another build of 'imgs' into {url} may be running: its lock "
+                                       f"{url}/imgs.shards/.lock is damaged ({problem})"), str(e.value)
+        assert re.search(r", last written \d+ s ago; it is held like any lock until it is 120 s old", str(e.value))
+        assert set(objects(client, f"damaged-{case}")) == {"imgs.shards/.lock"}   # nothing else written
+        real = url_lock._now
+        monkeypatch.setattr(url_lock, "_now", lambda: real() + dt.timedelta(seconds=url_lock.TTL_S + 5))
+    rep = precompile.build(r, out_dir=url, storage_options=so)
+    assert rep["status"] == "ok" and rep["shards"]["built"] == 3
+    took = [ev for ev in rep["events"] if ev.startswith(f"took over the stale build lock {url}/imgs.shards/.lock")]
+    assert len(took) == 1 and (f"(damaged: {problem}" in took[0] and re.search(r"it was last written 1[2-9]\d s ago, "
+                                                                              r"more than its time-to-live of 120 s$",
+                                                                              took[0])
+                               if problem else "it expired at 2000-01-01T00:00:00+00:00" in took[0]), took
+    assert "imgs.shards/.lock" not in objects(client, f"damaged-{case}")
 
 
 def test_a_lock_taken_over_while_held_stops_the_build_before_the_index(store, env, monkeypatch):
@@ -395,9 +440,15 @@ def test_verify_checks_the_index_copies_readers_use_and_repair_rewrites_it(tmp_p
         rows["bytes"][1] += 1                        # and a row of its shard table
         f[fmt.SHARD_TABLE][...] = rows
     client.put_object(Bucket=OUT, Key="vidx/imgs.h5", Body=local.read_bytes())
-    assert precompile.open(f"{url}/imgs.h5", cache_dir=tmp_path / "c1", storage_options=so).key(0) == "bat/000.jpg"
+    with pytest.raises(FormatError) as e:           # a reader served 'bat/000.jpg' before the index's own checksums
+        precompile.open(f"{url}/imgs.h5", cache_dir=tmp_path / "c1", storage_options=so)
+    assert str(e.value).startswith(f"{url}/imgs.h5: the index is damaged: the crc32 of its shard table (__shards__) "
+                                   f"is not the one the build recorded (index_crc32); write the index again with: "
+                                   f"precompile build <recipe> --repair (with the same -o")
     want = ["__shards__ column 'bytes' differs from the shard entries (first at entry 1)",
-            "its two copies of the keys differ at sample 0: 'bat/000.jpg' in __key_utf8__, 'cat/000.jpg' in __key__"]
+            "its two copies of the keys differ at sample 0: 'bat/000.jpg' in __key_utf8__, 'cat/000.jpg' in __key__",
+            "the crc32 of its sample keys (__key_utf8__) is not the one the build recorded",
+            "the crc32 of its shard table (__shards__) is not the one the build recorded"]
     for checksums in (True, False):
         res = verify(f"{url}/imgs.h5", checksums=checksums, storage_options=so)
         assert res.bad_shards == [] and res.index_problems == want and res.index_damaged

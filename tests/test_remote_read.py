@@ -326,12 +326,36 @@ def test_missing_objects_credentials_and_endpoints_are_clear(remote, tmp_path, m
     with pytest.raises(FormatError, match=rf"s3://{BUCKET}/nowhere/t.h5: no such object: build to this URL first"):
         precompile.open(f"s3://{BUCKET}/nowhere/t.h5", cache_dir=tmp_path / "c", storage_options=so)
     upload_tree(client, index.parent, "read4")
-    ds = precompile.open(f"s3://{BUCKET}/read4/t.h5", cache_dir=tmp_path / "c2", storage_options=so)
+    u4 = f"s3://{BUCKET}/read4/t.h5"
+    ds = precompile.open(u4, cache_dir=tmp_path / "c2", storage_options=so)
+    again = precompile.open(u4, cache_dir=tmp_path / "c2", storage_options=so)
+    # a shard object deleted by hand under the same index: not "the build was replaced ... open it again"
     client.delete_object(Bucket=BUCKET, Key=f"read4/{ds.shards[2]['file']}")
-    with pytest.raises(FormatError, match=rf"read4/{ds.shards[2]['file']}: no such object: the build was replaced "
-                                          rf"and its old snapshot collected since s3://{BUCKET}/read4/t.h5 was "
-                                          rf"opened: open it again"):
+    shard = f"s3://{BUCKET}/read4/{ds.shards[2]['file']}"
+    missing = (f"{shard}: no such object: {u4} is the index this reader opened, and the index names this shard, but "
+               f"there is no such object: it was deleted (not by precompile, which never collects a shard that an "
+               f"index names) or never uploaded; see which shards are missing with: precompile verify {u4}; build "
+               f"to this URL again to upload them")
+    with pytest.raises(FormatError) as e:
         ds[2 * PER_SHARD]
+    assert str(e.value) == missing
+    loader = Loader(ds, batch_size=PER_SHARD, device="cpu")
+    with pytest.raises(FormatError) as e:          # the Loader's reads from a URL fetch through the same source
+        for _ in loader:
+            pass
+    assert str(e.value) == missing
+    loader.close()
+    # the index replaced since (another build uploaded over it): the snapshot was collected, open it again
+    with open(index, "rb") as f:
+        client.put_object(Bucket=BUCKET, Key="read4/t.h5", Body=f.read() + b"\0", ACL="public-read")
+    with pytest.raises(FormatError) as e:
+        again[2 * PER_SHARD]
+    assert str(e.value) == (f"{shard}: no such object: the build was replaced and its old snapshot collected "
+                            f"since {u4} was opened: open it again (precompile.open, or a new Loader)")
+    client.delete_object(Bucket=BUCKET, Key="read4/t.h5")     # and removed altogether
+    with pytest.raises(FormatError, match=rf"^{shard}: no such object, nor is there an index at {u4} now: the "
+                                          rf"build was removed since it was opened$"):
+        again[2 * PER_SHARD + 1]
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
@@ -422,6 +446,12 @@ def test_reader_messages_name_the_url(remote, tmp_path):
         f["__chunks__"][first_label_chunk, 0] = 10 ** 9
     upload_tree(client, bad, "read6")
     u = f"s3://{BUCKET}/read6/t.h5"
+    with pytest.raises(FormatError, match=rf"^{u}: the index is damaged: the crc32 of its chunk tables "
+                                          r"\(__chunks__\) is not the one the build recorded"):
+        Loader(u, batch_size=8, device="cpu", cache_dir=tmp_path / "c", storage_options=so)
+    with h5py.File(bad / "t.h5", "r+") as f:   # as a tool that changed it would: no checksums, the table's checks
+        del f.attrs["index_crc32"]
+    upload_tree(client, bad, "read6")
     with pytest.raises(FormatError, match=rf"^{u}: shard {entries(index)[0]['file']}, field 'label': the index's "
                                           r"chunk table points outside the shard's \d+ bytes"):
         Loader(u, batch_size=8, device="cpu", cache_dir=tmp_path / "c", storage_options=so)

@@ -8,9 +8,11 @@ that stops removes the lock only while it is its own. Staging folders are remove
 holds their owner lock (not by a pid, which another pid namespace sharing ``/tmp`` cannot see)."""
 from __future__ import annotations
 
+import datetime as dt
 import errno
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -207,10 +209,12 @@ def test_a_create_or_takeover_whose_answer_is_lost_is_adopted(fs, store, monkeyp
 
 def test_a_lock_of_another_builder_is_refused_with_its_holder_named(fs, store):
     endpoint, client = store
-    client.put_object(Bucket=LOCKS, Key="held/x.shards/.lock", Body=_expired(expires="2999-01-01T00:00:00+00:00"))
+    soon = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=120)).isoformat()
+    client.put_object(Bucket=LOCKS, Key="held/x.shards/.lock", Body=_expired(expires=soon))
     url = f"s3://{LOCKS}/held/x.shards/.lock"
     with pytest.raises(BuildError, match=r"^another build of 'x' is running \(lock s3://\S+, held by ana@gpu-07 "
-                                         r"pid 4242 since \?, last heartbeat \?\)"):
+                                         r"pid 4242 since \?, last heartbeat \?, last written \d s ago\); wait for "
+                                         r"it to finish"):
         url_lock.UrlLock(fs, url, "'x'", conditional=True).acquire()
     assert stored(client, "held/x.shards/.lock")["nonce"] == "theirs"
 
@@ -289,3 +293,158 @@ def test_a_staging_folder_is_removed_only_when_no_process_holds_it(store, tmp_pa
     assert not os.path.exists(mine)
     with UrlOutput(f"s3://{LOCKS}/stage", {"endpoint_url": endpoint}) as out:
         assert sorted(os.listdir(tmp_path)) == sorted([fresh.name, os.path.basename(out.stage)])
+
+
+# -- a damaged lock object: held like any lock, named with its age, taken over after its time-to-live ----------
+
+def _live(**over) -> bytes:
+    """A lock body as a running holder writes it (heartbeat now, expiry a TTL on), with ``over`` changed
+    (a value None: the key left out)."""
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    body = {"owner": "ana@gpu-07 pid 4242", "host": "gpu-07", "pid": 4242, "nonce": "theirs",
+            "started": now.isoformat(), "heartbeat": now.isoformat(),
+            "expires": (now + dt.timedelta(seconds=120)).isoformat(), "ttl_s": 120.0, **over}
+    return json.dumps({k: v for k, v in body.items() if v is not None}).encode()
+
+
+DAMAGED = {   # the lock object's bytes (made when the test runs: its times are now), what the message says
+    "not JSON": (b'{"owner": "ana@gpu-07 pid 4242", "expires": ', "it is not JSON"),
+    "JSON, not an object": (b'["ana@gpu-07 pid 4242", 4242]', "it is JSON but not an object (a list)"),
+    "expires without timezone": (lambda: _live(expires="2999-01-01T00:00:00"),
+                                 "'expires' has no timezone ('2999-01-01T00:00:00')"),
+    "expires not a date": (lambda: _live(expires="next tuesday"), "'expires' is not a date ('next tuesday')"),
+    "expires not a string": (lambda: _live(expires=17), "'expires' is not a date (17)"),
+    "ttl_s a string": (lambda: _live(ttl_s="120"), "'ttl_s' is not a number of seconds from 0 to 3600 ('120')"),
+    "ttl_s negative": (lambda: _live(ttl_s=-5), "'ttl_s' is not a number of seconds from 0 to 3600 (-5)"),
+    "ttl_s huge": (lambda: _live(ttl_s=1e300), "'ttl_s' is not a number of seconds from 0 to 3600 (1e+300)"),
+    "ttl_s NaN": (lambda: _live(ttl_s=float("nan")), "'ttl_s' is not a number of seconds from 0 to 3600 (nan)"),
+    "fields missing": (b'{"owner": "ana@gpu-07 pid 4242"}', "no 'expires'"),
+    "empty": (b"", "it is empty"),
+    "binary garbage": (bytes(range(256)) * 4, "it is not UTF-8 text"),
+    "nested 20,000 deep": (b"[" * 20_000 + b"]" * 20_000, "it is not JSON"),
+}
+
+
+_REAL_NOW = url_lock._now
+
+
+def _later(monkeypatch, seconds: float) -> None:
+    """The lock's clock (its ``_now``) ``seconds`` ahead of the real one: the stored object is that much older."""
+    monkeypatch.setattr(url_lock, "_now", lambda: _REAL_NOW() + dt.timedelta(seconds=seconds))
+
+
+@pytest.mark.parametrize("case", list(DAMAGED))
+def test_a_damaged_lock_is_held_named_with_its_age_then_taken_over(fs, store, monkeypatch, case):
+    """The attack: a lock whose body cannot be read (or whose expiry or time-to-live cannot) gave TypeError or
+    ValueError, and every later build failed until the lock was removed by hand. Now it is held like any
+    lock: the message names it, what is wrong with it and its age (from the object's last-modified time);
+    once it is older than its time-to-live (the default 120 s when its own is unusable) a build takes it over,
+    with the same conditional PUT as any takeover, and holds it."""
+    endpoint, client = store
+    data, problem = DAMAGED[case]
+    data = data() if callable(data) else data
+    key = f"damaged/{case.replace(' ', '-')}/x.shards/.lock"
+    url = f"s3://{LOCKS}/{key}"
+    client.put_object(Bucket=LOCKS, Key=key, Body=data)
+    with pytest.raises(BuildError) as e:
+        url_lock.UrlLock(fs, url, "'x'", conditional=True).acquire()
+    msg = str(e.value)
+    assert msg.startswith(f"another build of 'x' may be running: its lock {url} is damaged ({problem})"), msg
+    assert re.search(r", last written \d s ago; it is held like any lock until it (is 120 s old|expires at \S+), "
+                     r"then a build takes it over: wait for the build that holds it, or build again after that$",
+                     msg), msg
+    assert client.get_object(Bucket=LOCKS, Key=key)["Body"].read() == data       # left alone
+
+    _later(monkeypatch, url_lock.TTL_S - 10)                                      # not yet
+    with pytest.raises(BuildError, match=r"last written 1[01]\d s ago; it is held"):
+        url_lock.UrlLock(fs, url, "'x'", conditional=True).acquire()
+
+    _later(monkeypatch, url_lock.TTL_S + 5)
+    taker = url_lock.UrlLock(fs, url, "'x'", conditional=True)
+    with taker:
+        assert stored(client, key)["nonce"] == taker.nonce
+        assert taker.took_over.startswith(f"took over the stale build lock {url} (damaged: {problem}")
+        assert re.search(r"(it was last written 1(2[5-9]|3\d) s ago, more than its time-to-live of 120 s|"
+                         r"it expired at \S+ \(no heartbeat for 120 s\))$", taker.took_over), taker.took_over
+        taker.check()
+    assert stored(client, key) is None
+
+
+def test_a_damaged_lock_keeps_its_own_usable_time_to_live(fs, store, monkeypatch):
+    """An expiry that cannot be read with a usable ``ttl_s`` of 10 s: taken over 10 s after its last write."""
+    endpoint, client = store
+    key = "damaged/own-ttl/x.shards/.lock"
+    url = f"s3://{LOCKS}/{key}"
+    client.put_object(Bucket=LOCKS, Key=key, Body=_live(expires="soon", ttl_s=10))
+    _later(monkeypatch, 5)
+    with pytest.raises(BuildError, match=r"is damaged \('expires' is not a date \('soon'\)\) \(held by "
+                                         r"ana@gpu-07 pid 4242 since .*, last written [5-9] s ago; it is held like "
+                                         r"any lock until it is 10 s old"):
+        url_lock.UrlLock(fs, url, "'x'", conditional=True).acquire()
+    _later(monkeypatch, 12)
+    with url_lock.UrlLock(fs, url, "'x'", conditional=True) as lk:
+        assert re.search(r"\): it was last written 1[2-9] s ago, more than its time-to-live of 10 s$", lk.took_over)
+
+
+def test_a_lock_whose_expiry_is_far_off_is_taken_over_a_ttl_after_its_last_write(fs, store, monkeypatch):
+    """A lock whose expiry is centuries away (a flipped digit of its year: no holder writes an expiry more than
+    an hour after its write) is damaged: held while it is written to, and taken over once its time-to-live
+    has passed since its last write, instead of blocking every build until that year."""
+    endpoint, client = store
+    key = "damaged/far/x.shards/.lock"
+    url = f"s3://{LOCKS}/{key}"
+    client.put_object(Bucket=LOCKS, Key=key, Body=_live(expires="2999-01-01T00:00:00+00:00"))
+    with pytest.raises(BuildError, match=r"^another build of 'x' may be running: its lock s3://\S+ is damaged "
+                                         r"\('expires' is more than 3600 s after the lock was last written "
+                                         r"\('2999-01-01T00:00:00\+00:00'\)\) \(held by ana@gpu-07 pid 4242 since "
+                                         r"\S+, last heartbeat \S+\), last written \d s ago; it is held like any lock "
+                                         r"until it is 120 s old"):
+        url_lock.UrlLock(fs, url, "'x'", conditional=True).acquire()
+    _later(monkeypatch, url_lock.TTL_S + 5)
+    with url_lock.UrlLock(fs, url, "'x'", conditional=True) as lk:
+        assert re.search(r"\): it was last written 1(2[5-9]|3\d) s ago, more than its time-to-live of 120 s$",
+                         lk.took_over)
+
+
+def test_a_damaged_lock_of_unknown_age_says_to_remove_it_by_hand(fs, store, monkeypatch):
+    """A store that gives no modification time, and a body that gives no usable time either: the age cannot
+    be told, so the lock is never taken over by itself; the message says so and names the object."""
+    endpoint, client = store
+    key = "damaged/ageless/x.shards/.lock"
+    url = f"s3://{LOCKS}/{key}"
+    client.put_object(Bucket=LOCKS, Key=key, Body=b"garbage")
+    real = fs.info
+    monkeypatch.setattr(fs, "info", lambda path, **kw: {k: v for k, v in real(path, **kw).items()
+                                                        if k not in ("LastModified", "last_modified")})
+    with pytest.raises(BuildError) as e:
+        url_lock.UrlLock(fs, url, "'x'", conditional=True).acquire()
+    assert str(e.value) == (f"another build of 'x' may be running: its lock {url} is damaged (it is not JSON), "
+                            f"and its age cannot be told (the store gives no modification time): if no build of "
+                            f"'x' is running, remove the lock object {url} by hand")
+
+
+def test_a_huge_lock_object_is_not_read_and_values_echoed_are_cut(fs, store, monkeypatch):
+    endpoint, client = store
+    key = "damaged/huge/x.shards/.lock"
+    url = f"s3://{LOCKS}/{key}"
+    client.put_object(Bucket=LOCKS, Key=key, Body=b"x" * (1 << 20))
+    reads = []
+    real = fs.cat_file
+    monkeypatch.setattr(fs, "cat_file", lambda path, *a, **kw: (reads.append(path), real(path, *a, **kw))[1])
+    with pytest.raises(BuildError, match=r"is damaged \(it is 1048576 bytes, more than a lock body\), last "
+                                         r"written \d s ago"):
+        url_lock.UrlLock(fs, url, "'x'", conditional=True).acquire()
+    assert reads == []
+    client.put_object(Bucket=LOCKS, Key=key, Body=_live(owner="o" * 20_000, started=["x"] * 2_000,
+                                                          expires="z" * 20_000))
+    with pytest.raises(BuildError) as e:
+        url_lock.UrlLock(fs, url, "'x'", conditional=True).acquire()
+    assert len(str(e.value)) < 800 and "held by oooo" in str(e.value) and "'expires' is not a date ('zzz" in \
+        str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("pid", ["4242", True, -1, 0, 2**70, 4242.0, None])
+def test_a_holder_with_a_pid_that_is_no_pid_is_never_gone(me, pid):
+    """Only a positive int of this machine's pid space names a process: anything else waits for the expiry
+    (a huge pid gave OverflowError, -1 or 0 would name a group)."""
+    assert url_lock.stale_reason({**me, **FUTURE, "pid": pid}) is None

@@ -46,14 +46,19 @@ def output_for(out_dir: str | os.PathLike, storage_options: Optional[dict[str, A
 
 @contextlib.contextmanager
 def folder_lock(shard_dir: str, name: str) -> Iterator[None]:
-    """An exclusive lock on ``<shard folder>/.lock`` for the build's duration (released if it dies)."""
+    """An exclusive lock on ``<shard folder>/.lock`` for the build's duration (released if it dies). The
+    file's content is never read or written: only its ``flock`` counts."""
     try:
         import fcntl
     except ImportError:  # not POSIX: no lock
         yield
         return
     path = os.path.join(shard_dir, fmt.LOCK_FILE)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except IsADirectoryError as e:   # something else in its place: named (other errors: the output's faults)
+        raise OutputError(f"cannot open the build lock {path}: {e.strerror}; it must be a file (its content is "
+                          f"never read): remove what is there") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -7,8 +7,8 @@ with a :class:`~precompile.errors.BuildError` that names the lock and its holder
 does). The holder refreshes it every :data:`HEARTBEAT_S` seconds with ``If-Match: <its ETag>``; a build
 that is killed stops refreshing, and its lock is taken over (``If-Match`` on the stale ETag, so of two
 builders taking over only one wins) once it has expired (:data:`TTL_S` after the last heartbeat, by the
-holder's clock: builders' clocks must agree to within a fraction of it), or at once when its process is
-known to be gone (:func:`process_gone`).
+holder's clock: builders' clocks must agree to within a fraction of it; a damaged lock: below), or at once
+when its process is known to be gone (:func:`process_gone`).
 
 Owning the lock is decided by the store, never assumed:
 
@@ -27,6 +27,18 @@ Owning the lock is decided by the store, never assumed:
 The window left (a takeover between :meth:`~UrlLock.check` and the index PUT) needs that PUT to take the
 whole TTL.
 
+A lock object that cannot be read (not JSON, not an object, empty, binary, larger than any lock body) or
+whose expiry or time-to-live cannot (no ``expires``, one without a timezone or not a date, a ``ttl_s`` that
+is not a number of seconds up to :data:`MAX_TTL_S`) is *damaged* (:func:`read_lock`): it is held like any
+lock, and the message names it, what is wrong and its age; it is taken over, with the same conditional PUT
+as any stale lock, once it expired (a usable ``expires``), or else once its time-to-live (its own when
+usable, else :data:`TTL_S`) has passed since the object was last written. That age is the store's: the
+object's last-modified time (:func:`modified_of`), which every PUT of a holder renews (a body's own times
+are the holder's clock, and may be what is damaged). An ``expires`` more than :data:`MAX_TTL_S` after the
+object's last write is damage too (a holder writes its heartbeat's time plus its TTL), so a lock whose
+expiry is centuries away (a flipped digit) blocks no longer than a TTL after it was last written. A sound
+lock is judged by its expiry alone, as before. Values echoed from a lock body are cut (:func:`shown`).
+
 Conditional requests are S3's (AWS since 2024, moto, MinIO), sent when the client can (s3fs >= 2024.12 and
 a botocore that knows ``IfNoneMatch`` / ``IfMatch``: :func:`conditional_puts`); otherwise, and on other
 stores, the lock is created by "exists, then write", and refreshed by "read the nonce, then write", which
@@ -39,11 +51,14 @@ import datetime as _dt
 import functools
 import getpass
 import json
+import math
 import os
+import reprlib
 import secrets
 import socket
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .. import __version__
@@ -53,6 +68,16 @@ from ..errors import BuildError
 TTL_S = 120.0
 #: seconds between heartbeats
 HEARTBEAT_S = 30.0
+#: the largest ``ttl_s`` a lock body may give (a larger one is unusable: :data:`TTL_S` applies)
+MAX_TTL_S = 3600.0
+#: a lock object larger than this is no lock body (this package writes about 500 bytes): it is not read
+MAX_LOCK_BYTES = 64 << 10
+#: the largest pid a lock body may name (Linux's pid_max is at most 2**22)
+MAX_PID = 2 ** 31 - 1
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 60
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxdict = 2, 4, 4
 
 
 def _now() -> _dt.datetime:
@@ -120,13 +145,13 @@ def process_gone(holder: dict[str, Any]) -> Optional[str]:
     name but not a pid namespace, or another machine of the same name, never qualify); then its pid is gone,
     or belongs to a process started at another time (the pid was reused)."""
     pid, mine = holder.get("pid"), process_identity()
-    if not isinstance(pid, int) or any(holder.get(k) is None or holder.get(k) != mine[k]
+    if not _is_pid(pid) or any(holder.get(k) is None or holder.get(k) != mine[k]
                                        for k in ("host", "boot_id", "pid_ns")):
         return None
     if not pid_alive(pid):
         return f"its process {pid} on this host is gone"
     started = pid_start(pid)
-    if started is not None and isinstance(holder.get("pid_start"), int) and started != holder["pid_start"]:
+    if started is not None and _is_int(holder.get("pid_start")) and started != holder["pid_start"]:
         return f"its process {pid} on this host is gone (the pid is now another process's)"
     return None
 
@@ -160,25 +185,157 @@ def _refused(e: BaseException) -> bool:
         (isinstance(e, OSError) and ("pre-condition" in text or "precondition" in text))
 
 
-def stale_reason(holder: dict[str, Any], now: Optional[_dt.datetime] = None) -> Optional[str]:
-    """Why the lock ``holder`` (its JSON) may be taken over, or None while it holds."""
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_pid(v: Any) -> bool:
+    """A pid that names one process (not a group: 0, -1; not a bool; not beyond any pid space)."""
+    return _is_int(v) and 0 < v <= MAX_PID
+
+
+def shown(v: Any) -> str:
+    """A value from a lock body for a message: its repr, cut to a bounded length."""
+    return _REPR.repr(v)
+
+
+def _text(v: Any) -> str:
+    """A lock body's informational value (owner, times) for a message: a string as it is, else its repr; cut."""
+    if isinstance(v, str):
+        return v if len(v) <= 60 else v[:57] + "..."
+    return shown(v)
+
+
+@dataclass
+class StoredLock:
+    """The lock object as found: its ``body`` (the JSON object; {} when it cannot be read), what is
+    ``damaged`` in it (why it cannot be read, or which of its times cannot: [] for a sound lock), the store's
+    ETag and the object's last-modified time (``modified``; None when the store gives none)."""
+
+    body: dict[str, Any]
+    damaged: list[str] = field(default_factory=list)
+    etag: Optional[str] = None
+    modified: Optional[_dt.datetime] = None
+
+    def unreadable(self) -> bool:
+        """True when nothing of the body could be read (not a JSON object)."""
+        return bool(self.damaged) and not self.body
+
+
+def read_lock(data: bytes, etag: Optional[str] = None, modified: Optional[_dt.datetime] = None) -> StoredLock:
+    """The lock object's bytes ``data`` read as a :class:`StoredLock` (never raises)."""
+    if not data:
+        return StoredLock({}, ["it is empty"], etag, modified)
+    if len(data) > MAX_LOCK_BYTES:
+        return StoredLock({}, [f"it is {len(data)} bytes, more than a lock body"], etag, modified)
+    try:
+        text = bytes(data).decode("utf-8")
+    except UnicodeDecodeError:
+        return StoredLock({}, ["it is not UTF-8 text"], etag, modified)
+    try:
+        body = json.loads(text)
+    except (ValueError, RecursionError):
+        return StoredLock({}, ["it is not JSON"], etag, modified)
+    if not isinstance(body, dict):
+        kind = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+        return StoredLock({}, [f"it is JSON but not an object ({kind.get(type(body), 'null')})"], etag, modified)
+    damaged = [why for why in (_expires(body, modified)[1], _ttl(body)[1]) if why]
+    return StoredLock(body, damaged, etag, modified)
+
+
+def _expires(holder: dict[str, Any], modified: Optional[_dt.datetime] = None
+             ) -> tuple[Optional[_dt.datetime], Optional[str]]:
+    """(the body's ``expires`` as an aware datetime, None) or (None, why it cannot be used): none, not a date,
+    no timezone, or (``modified``: when the store last wrote the object) more than :data:`MAX_TTL_S` after that
+    write, which no holder writes (its expiry is its heartbeat's time plus its TTL)."""
+    v = holder.get("expires")
+    if v is None:
+        return None, "no 'expires'"
+    if not isinstance(v, str):
+        return None, f"'expires' is not a date ({shown(v)})"
+    try:
+        t = _dt.datetime.fromisoformat(v)
+    except ValueError:
+        return None, f"'expires' is not a date ({shown(v)})"
+    if t.tzinfo is None or t.utcoffset() is None:
+        return None, f"'expires' has no timezone ({shown(v)})"
+    try:
+        t = t.astimezone(_dt.timezone.utc)
+    except (OverflowError, ValueError):   # beyond datetime's range in UTC (year 1 or 9999 with an offset)
+        return None, f"'expires' is not a date ({shown(v)})"
+    if modified is not None and (t - modified).total_seconds() > MAX_TTL_S:
+        return None, f"'expires' is more than {MAX_TTL_S:.0f} s after the lock was last written ({shown(v)})"
+    return t, None
+
+
+def _ttl(holder: dict[str, Any]) -> tuple[float, Optional[str]]:
+    """(the body's time-to-live in seconds, None), or (:data:`TTL_S`, why its own cannot be used); a body
+    without ``ttl_s`` gets :data:`TTL_S` (not damage)."""
+    if "ttl_s" not in holder:
+        return TTL_S, None
+    v = holder["ttl_s"]
+    if (isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+            or not 0 < v <= MAX_TTL_S):
+        return TTL_S, f"'ttl_s' is not a number of seconds from 0 to {MAX_TTL_S:.0f} ({shown(v)})"
+    return float(v), None
+
+
+def modified_of(info: dict[str, Any]) -> Optional[_dt.datetime]:
+    """The object's last-modified time from the store's ``info`` (aware, UTC), or None when it gives none
+    (s3fs: ``LastModified``; other fsspec stores: ``last_modified``, ``mtime``, ``updated``, ``created``)."""
+    for key in ("LastModified", "last_modified", "mtime", "updated", "modified", "created"):
+        v = info.get(key)
+        try:
+            if isinstance(v, _dt.datetime):
+                t = v
+            elif isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                t = _dt.datetime.fromtimestamp(v, _dt.timezone.utc)
+            elif isinstance(v, str):
+                t = _dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+            else:
+                continue
+            return (t if t.tzinfo is not None else t.replace(tzinfo=_dt.timezone.utc)).astimezone(_dt.timezone.utc)
+        except (ValueError, OverflowError, OSError):
+            continue
+    return None
+
+
+def lock_age(modified: Optional[_dt.datetime], now: Optional[_dt.datetime] = None) -> Optional[float]:
+    """Seconds since the lock object was last written (by the store's clock against ours), or None."""
+    if modified is None:
+        return None
+    return max(0.0, ((now or _now()) - modified).total_seconds())
+
+
+def stale_reason(holder: dict[str, Any], now: Optional[_dt.datetime] = None,
+                 modified: Optional[_dt.datetime] = None) -> Optional[str]:
+    """Why the lock ``holder`` (its JSON; {} when it cannot be read), last written at ``modified`` (the
+    store's time; None: unknown), may be taken over, or None while it holds: its process is gone; its
+    ``expires`` has passed (the holder's clock, as always); or, when its ``expires`` cannot be used (damaged:
+    :func:`_expires`), its time-to-live (its ``ttl_s``, or :data:`TTL_S`) has passed since the store last
+    wrote it. A sound lock is judged by its own expiry alone, as before damaged ones were handled."""
     now = now or _now()
     gone = process_gone(holder)
     if gone:
         return gone
-    try:
-        expires = _dt.datetime.fromisoformat(str(holder["expires"]))
-    except (KeyError, ValueError):
-        return "it is unreadable"
-    if expires < now:
-        return f"it expired at {holder['expires']} (no heartbeat for {holder.get('ttl_s', TTL_S):.0f} s)"
+    expires, _ = _expires(holder, modified)
+    ttl, _ = _ttl(holder)
+    if expires is not None:
+        return f"it expired at {_text(holder['expires'])} (no heartbeat for {ttl:.0f} s)" if expires < now else None
+    age = lock_age(modified, now)
+    if age is not None and age > ttl:
+        return f"it was last written {age:.0f} s ago, more than its time-to-live of {ttl:.0f} s"
     return None
 
 
-def describe(holder: dict[str, Any]) -> str:
-    """'user@host pid 123, since ..., last heartbeat ...' for messages."""
-    return (f"held by {holder.get('owner', '?')} since {holder.get('started', '?')}, last heartbeat "
-            f"{holder.get('heartbeat', '?')}")
+def describe(holder: dict[str, Any], damaged: Optional[list[str]] = None) -> str:
+    """'held by user@host pid 123 since ..., last heartbeat ...' for messages (``damaged``: what cannot be
+    read, said first); values from the body cut."""
+    words = f"held by {_text(holder.get('owner', '?'))} since {_text(holder.get('started', '?'))}, last " \
+            f"heartbeat {_text(holder.get('heartbeat', '?'))}"
+    if not damaged:
+        return words
+    return f"damaged: {', '.join(damaged)}" + (f"; {words}" if holder else "")
 
 
 class UrlLock:
@@ -214,29 +371,30 @@ class UrlLock:
         self.etag = out.get("ETag") if isinstance(out, dict) else None   # None: read with the nonce (_ours)
         self._last_ok = sent
 
-    def _stored(self) -> tuple[Optional[str], Optional[dict[str, Any]]]:
-        """(ETag, body) of the lock object now, or (None, None) when there is none. The ETag is read before
-        the body: when the body is ours, so is the version the ETag names (no other writer puts our nonce
-        back, and this holder sends one request at a time), so :meth:`_ours` may adopt it."""
+    def _stored(self) -> Optional[StoredLock]:
+        """The lock object now (:func:`read_lock`: never raises for its content), or None when there is none.
+        The ETag is read before the body: when the body is ours, so is the version the ETag names (no other
+        writer puts our nonce back, and this holder sends one request at a time), so :meth:`_ours` may adopt
+        it. An object larger than any lock body is not read."""
         self.fs.invalidate_cache(self.url)
         try:
-            etag = self.fs.info(self.url).get("ETag")
-            text = self.fs.cat_file(self.url)
+            info = self.fs.info(self.url)
+            size = info.get("size")
+            if isinstance(size, int) and size > MAX_LOCK_BYTES:
+                return StoredLock({}, [f"it is {size} bytes, more than a lock body"], info.get("ETag"),
+                                  modified_of(info))
+            data = self.fs.cat_file(self.url)
         except FileNotFoundError:
-            return None, None
-        try:
-            holder = json.loads(text)
-        except ValueError:
-            holder = {}
-        return etag, holder if isinstance(holder, dict) else {}
+            return None
+        return read_lock(data, info.get("ETag"), modified_of(info))
 
     def _ours(self) -> bool:
         """Whether the stored lock is this holder's (its nonce); adopts its ETag (a PUT of ours whose answer
         was lost was applied)."""
-        etag, holder = self._stored()
-        if holder is None or holder.get("nonce") != self.nonce:
+        found = self._stored()
+        if found is None or found.body.get("nonce") != self.nonce:
             return False
-        self.etag = etag
+        self.etag = found.etag
         return True
 
     def _rewrite(self) -> bool:
@@ -288,22 +446,23 @@ class UrlLock:
                     return
             except FileExistsError:
                 pass
-            etag, holder = self._stored()
-            if holder is not None and holder.get("nonce") == self.nonce:   # our create, its answer lost
-                self.etag, self._last_ok = etag, sent
+            found = self._stored()
+            if found is not None and found.body.get("nonce") == self.nonce:   # our create, its answer lost
+                self.etag, self._last_ok = found.etag, sent
                 return
-            if holder is not None and self._take_over(etag, holder):
+            if found is not None and self._take_over(found):
                 return
         raise BuildError(f"cannot take the build lock {self.url}: other builds of {self.what} keep taking "
                          f"and releasing it; run build again")
 
-    def _take_over(self, etag: Optional[str], holder: dict[str, Any]) -> bool:
-        """Take over the stale lock ``holder`` (stored as ``etag``): True when done, False when it changed
-        meanwhile (look again); BuildError while it holds."""
-        why = stale_reason(holder)
+    def _take_over(self, found: StoredLock) -> bool:
+        """Take over the stale lock ``found``: True when done, False when it changed meanwhile (look again);
+        BuildError while it holds."""
+        holder, now = found.body, _now()
+        why = stale_reason(holder, now, found.modified)
         if why is None:
-            raise BuildError(f"another build of {self.what} is running (lock {self.url}, {describe(holder)}); "
-                             f"wait for it to finish (a lock without a heartbeat for {TTL_S:.0f} s is taken over)")
+            raise BuildError(self._held(found, now))
+        etag = found.etag
         try:
             self._put(**({"IfMatch": etag} if self.conditional and etag else {}))
         except OSError as e:
@@ -311,8 +470,28 @@ class UrlLock:
                 raise
             if not self._ours():   # another builder took it over first (or it was released): look again
                 return False
-        self.took_over = f"took over the stale build lock {self.url} ({describe(holder)}): {why}"
+        self.took_over = f"took over the stale build lock {self.url} ({describe(holder, found.damaged)}): {why}"
         return True
+
+    def _held(self, found: StoredLock, now: _dt.datetime) -> str:
+        """The message for the lock ``found``, which holds: its holder (what is damaged in it) and its age."""
+        age = lock_age(found.modified, now)
+        written = f", last written {age:.0f} s ago" if age is not None else ""
+        if not found.damaged:
+            return (f"another build of {self.what} is running (lock {self.url}, {describe(found.body)}{written}); "
+                    f"wait for it to finish (a lock without a heartbeat for {TTL_S:.0f} s is taken over)")
+        lead = (f"another build of {self.what} may be running: its lock {self.url} is damaged "
+                f"({', '.join(found.damaged)})" + (f" ({describe(found.body)})" if found.body else ""))
+        expires = _expires(found.body, found.modified)[0]
+        if expires is not None:   # only its ttl_s is damaged: it expires as any lock does
+            until = f"until it expires at {_text(found.body['expires'])}"
+        elif age is None:
+            return (f"{lead}, and its age cannot be told (the store gives no modification time): if no build of "
+                    f"{self.what} is running, remove the lock object {self.url} by hand")
+        else:
+            until = f"until it is {_ttl(found.body)[0]:.0f} s old"
+        return (f"{lead}{written}; it is held like any lock {until}, then a build takes it over: wait for the "
+                f"build that holds it, or build again after that")
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S) and not self.lost:

@@ -321,11 +321,17 @@ class FileDataset(Dataset):
 
     def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None):
         self.path = os.path.abspath(str(path))
+        from .snapshot import file_identity
+
+        #: the index file's identity when opened: tells a rebuild from a shard file deleted by hand (snapshot.gone)
+        self._identity = file_identity(self.path)
         try:
             with open(self.path, encoding="utf-8") as f:
                 index = json.load(f)
         except (OSError, ValueError) as e:
             raise FormatError(f"{self.path}: cannot read as a JSON index: {e}") from None
+        if self._identity != file_identity(self.path):
+            self._identity = None   # replaced while it was read: which one was read is not known
         if not isinstance(index, dict) or not isinstance(index.get(fmt.J_ATTRS), dict):
             raise FormatError(f"{self.path}: not a precompile index (no {fmt.J_ATTRS!r} object)")
         raw = index[fmt.J_ATTRS]
@@ -363,7 +369,7 @@ class FileDataset(Dataset):
                 if not os.path.exists(p):
                     from .snapshot import gone
 
-                    raise FormatError(gone(p, self.path)) from None
+                    raise FormatError(gone(p, self.path, self._identity)) from None
                 raise FormatError(f"{p}: cannot read: {e}") from None
             self._npy[(shard, name)] = a
         return a
@@ -396,7 +402,7 @@ class FileDataset(Dataset):
                 if not os.path.exists(p):
                     from .snapshot import gone
 
-                    raise FormatError(gone(p, self.path)) from None
+                    raise FormatError(gone(p, self.path, self._identity)) from None
                 raise
         s, j = self.locate(i)
         a = self._npy_array(s, name)

@@ -57,7 +57,9 @@ from ..sample import FieldSpec, Sample
 from .base import Format, ShardWriter, VerifyResult, fsync_dir, fsync_file, human_bytes, range_text, shard_digest
 from .dataset import Batch, Dataset
 from .hdf5_parts import ShardParts, read_parts
-from .index_columns import ShardTable, read_key_column, read_shard_table, write_key_column, write_shard_table
+from .index_columns import (ShardTable, array_crc, check_attrs, check_dataset, read_key_column, read_shard_table,
+                            recorded_crcs, seal, strings_crc, write_key_column, write_shard_table)
+from .snapshot import file_identity
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
 BLOCK_BYTES = 8 << 20
@@ -296,8 +298,10 @@ class _Ragged:
                               track_times=False)
 
 
-def _ragged_index(f, name: str, spec: FieldSpec, shards: list[dict[str, Any]], parts: list[ShardParts]) -> None:
-    """The index's view of a ragged field: virtual ``data``, global ``offsets``, gathered ``shapes``."""
+def _ragged_index(f, name: str, spec: FieldSpec, shards: list[dict[str, Any]], parts: list[ShardParts]
+                  ) -> dict[str, int]:
+    """The index's view of a ragged field: virtual ``data``, global ``offsets``, gathered ``shapes``; returns
+    the crc32s of ``offsets`` and ``shapes`` (:func:`~.index_columns.array_crc`)."""
     nd = len(spec.shape)
     sizes, offsets, shapes = [], [np.zeros(1, np.int64)], []
     for s, p in zip(shards, parts):
@@ -313,9 +317,12 @@ def _ragged_index(f, name: str, spec: FieldSpec, shards: list[dict[str, Any]], p
     g.attrs[fmt.A_LAYOUT] = fmt.LAYOUT_RAGGED
     _virtual_dataset(g, fmt.RAGGED_DATA, (total,), spec.dtype,
                      [(s["file"], f"{name}/{fmt.RAGGED_DATA}", n) for s, n in zip(shards, sizes)])
-    g.create_dataset(fmt.RAGGED_OFFSETS, data=np.concatenate(offsets), track_times=False)
-    g.create_dataset(fmt.RAGGED_SHAPES, data=np.concatenate(shapes) if shapes else np.zeros((0, nd), np.int64),
-                     track_times=False)
+    offsets_all = np.concatenate(offsets)
+    shapes_all = np.concatenate(shapes) if shapes else np.zeros((0, nd), np.int64)
+    g.create_dataset(fmt.RAGGED_OFFSETS, data=offsets_all, track_times=False)
+    g.create_dataset(fmt.RAGGED_SHAPES, data=shapes_all, track_times=False)
+    return {f"{name}/{fmt.RAGGED_OFFSETS}": array_crc(offsets_all),
+            f"{name}/{fmt.RAGGED_SHAPES}": array_crc(shapes_all)}
 
 
 def _virtual_dataset(parent: Any, name: str, shape: tuple[int, ...], dtype: str,
@@ -394,30 +401,35 @@ def attach_chunk_entries(shards: list[dict[str, Any]],
     return out
 
 
-def _write_chunk_tables(f: Any, tables: list[dict[str, tuple[int, np.ndarray]]]) -> None:
+def _write_chunk_tables(f: Any, tables: list[dict[str, tuple[int, np.ndarray]]]) -> int:
     """``__chunks__``: (chunks, 2) uint64 of byte address and size, shard by shard, and within a shard field
     by field in name order (the order of its entry's ``chunks``); one flat dataset, so the index keeps
-    only datasets at its top level besides ragged fields."""
+    only datasets at its top level besides ragged fields. Returns its crc32."""
     parts = [t[name][1] for t in tables for name in sorted(t)]
-    data = np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64)
+    data = (np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64)).astype("<u8")
     f.create_dataset(fmt.CHUNKS, data=data, dtype="<u8", track_times=False)
+    return array_crc(data)
 
 
-def read_chunk_tables(path: str) -> np.ndarray | None:
+def read_chunk_tables(path: str, where: Optional[str] = None) -> np.ndarray | None:
     """The index's ``__chunks__`` table (see :func:`_write_chunk_tables`), or None for an index written
-    before the tables existed."""
+    before the tables existed; checked against the index's recorded crc32 (FormatError naming ``where``,
+    default ``path``)."""
     h5py = _h5()
+    where = where or path
     try:
         with h5py.File(path, "r") as f:
             d = f.get(fmt.CHUNKS)
             if d is None:
                 return None
             if not isinstance(d, h5py.Dataset) or d.ndim != 2 or d.shape[1] != 2:
-                raise FormatError(f"{path}: the index's {fmt.CHUNKS} table is not (chunks, 2): the index is "
+                raise FormatError(f"{where}: the index's {fmt.CHUNKS} table is not (chunks, 2): the index is "
                                   f"damaged (build again)")
-            return d[:]
+            table = d[:]
+            check_dataset(where, recorded_crcs(f, where), fmt.CHUNKS, table)
+            return table
     except OSError as e:
-        raise FormatError(f"{path}: cannot read the index's chunk tables: {e}") from None
+        raise FormatError(f"{where}: cannot read the index's chunk tables: {e}") from None
 
 
 @WRITERS.register()
@@ -510,25 +522,29 @@ class Hdf5Format(Format):
         and the shard entries (:mod:`.index_columns`)."""
         h5py = _h5()
         copies = [p.copies for p in parts if p.keys]
+        crcs: dict[str, int] = {}   # of every dataset readers take from the index (index_columns.seal)
         with f:
             for name, spec in specs.items():
                 if not spec.fixed:
-                    _ragged_index(f, name, spec, shards, parts)
+                    crcs.update(_ragged_index(f, name, spec, shards, parts))
                     continue
                 _virtual_dataset(f, name, (total, *spec.shape), spec.dtype,
                                  [(s["file"], name, s["num_samples"]) for s in shards])
             str_t = h5py.string_dtype("utf-8")
             f.create_dataset(fmt.KEY, data=np.array(keys, dtype=object), dtype=str_t, track_times=False)
-            write_key_column(f, keys)
-            f.create_dataset(fmt.COPY, data=np.concatenate(copies) if copies else np.zeros(0, np.int32),
-                             dtype="int32", track_times=False)
+            crcs.update(write_key_column(f, keys))
+            copy = (np.concatenate(copies) if copies else np.zeros(0, np.int32)).astype(np.int32)
+            f.create_dataset(fmt.COPY, data=copy, dtype="int32", track_times=False)
+            crcs[fmt.COPY] = array_crc(copy)
             f.create_dataset(fmt.META, data=np.array(metas, dtype=object), dtype=str_t, track_times=False)
-            _write_chunk_tables(f, [p.chunks for p in parts])
+            crcs[fmt.META] = strings_crc([m.encode("utf-8") for m in metas])
+            crcs[fmt.CHUNKS] = _write_chunk_tables(f, [p.chunks for p in parts])
             texts = {k: v if isinstance(v, (int, float, str)) else fmt.dumps(v) for k, v in attrs.items()}
             for k, v in texts.items():
                 f.attrs[k] = v
             f.attrs[fmt.A_NUM] = total
-            write_shard_table(f, shards, texts[fmt.A_SHARDS])
+            crcs[fmt.SHARD_TABLE] = write_shard_table(f, shards, texts[fmt.A_SHARDS])
+            seal(f, {**texts, fmt.A_NUM: total}, crcs)
 
     # -- read side ------------------------------------------------------------------------
     @classmethod
@@ -545,12 +561,19 @@ class Hdf5Format(Format):
         return verify_hdf5(path, checksums)
 
     def set_index_attr(self, path: str, name: str, text: str) -> None:
+        """Set attribute ``name`` (keeping the index's ``index_crc32`` true when it records that attribute)."""
+        from .index_columns import attr_crc
+
         h5py = _h5()
         tmp = f"{path}.tmp-{os.getpid()}"
         try:
             shutil.copyfile(path, tmp)
             with h5py.File(tmp, "r+") as f:
                 f.attrs[name] = text
+                crcs = recorded_crcs(f, path)
+                if crcs is not None and name in crcs["attrs"]:
+                    crcs["attrs"][name] = attr_crc(text)
+                    f.attrs[fmt.A_INDEX_CRC] = fmt.dumps(crcs)
             fsync_file(tmp)
             os.replace(tmp, path)
         finally:
@@ -565,40 +588,101 @@ class H5Dataset(Dataset):
 
     MAX_GAP = 16  # rows skipped inside one read before a batch read is split in two
 
-    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None):
+    def __init__(self, path: str | os.PathLike, fields: Sequence[str] | None = None, where: Optional[str] = None):
         import h5py
 
         self.path = os.path.abspath(str(path))
+        #: what messages call the index (its path; a build read from a URL: its URL)
+        self.where = where or self.path
+        #: (device, inode, size, mtime) of the index file opened: tells a rebuild from a shard deleted by hand
+        self._identity = file_identity(self.path)
         try:
             with h5py.File(self.path, "r") as f:
                 a = dict(f.attrs)
-                fmt.check_header(self.path, a)
+                fmt.check_header(self.where, a)
+                #: the index's recorded crc32s (index_columns.seal; None: written before them)
+                self._crcs = recorded_crcs(a, self.where)
+                check_attrs(self.where, self._crcs, a)
                 self.attrs = {k: _attr_text(v) if isinstance(v, (bytes, str)) else v for k, v in a.items()}
-                table = read_shard_table(f, self.attrs.get(fmt.A_SHARDS))
-                self.copies = f[fmt.COPY][:]
-                self._key_column = read_key_column(f, len(self.copies))
+                table = read_shard_table(f, self.attrs.get(fmt.A_SHARDS), self._crcs, self.where)
+                self._copies = f[fmt.COPY][:]
+                self._key_column = read_key_column(f, len(self._copies))
+                if self._key_column is None and self._crcs is not None and fmt.KEY_UTF8 in f:
+                    for name in (fmt.KEY_UTF8, fmt.KEY_OFFSETS):   # damaged beyond reading: name which
+                        check_dataset(self.where, self._crcs, name, f[name][()])
                 self._keys: list[str] | None = None if self._key_column is not None else _read_strings(f[fmt.KEY])
         except OSError as e:
-            raise FormatError(f"{self.path}: cannot open as HDF5: {e}") from None
+            raise FormatError(f"{self.where}: cannot open as HDF5: {e}") from None
+        # the per-sample columns read above are checked on first use (index_columns: no cost at open)
+        self._unchecked = {fmt.COPY} | ({fmt.KEY_UTF8, fmt.KEY_OFFSETS} if self._key_column is not None else set())
+        if self._identity is not None and self._identity != file_identity(self.path):
+            self._identity = None   # replaced while it was read: which one was read is not known
         #: the shard entries' columns (from ``__shards__``; parsed from the entries for an index without it)
-        self.shard_table: ShardTable = table if table is not None else ShardTable.from_entries(self.shards)
+        self.shard_table: ShardTable = table if table is not None else self._table_from_entries()
         self._setup(fields, self.shard_table.num_samples)
-        if self._n != len(self.copies):
-            raise FormatError(f"{self.path}: the index's shard entries count {self._n} samples, its {fmt.COPY} column "
-                              f"{len(self.copies)}: the index is damaged (build again)")
+        if self._n != len(self._copies):
+            raise FormatError(f"{self.where}: the index's shard entries count {self._n} samples, its {fmt.COPY} "
+                              f"column {len(self._copies)}: the index is damaged (build again)")
         self._files: dict[int, Any] = {}
         self._dsets: dict[tuple[int, str], Any] = {}
         self._ragged: dict[tuple[int, str], tuple[np.ndarray, np.ndarray]] = {}
+
+    def _entries(self) -> list[dict]:
+        """:attr:`shards`, or FormatError when the index's entries are not a JSON list of objects (damaged)."""
+        try:
+            shards = self.shards
+            if not isinstance(shards, list) or not all(isinstance(e, dict) for e in shards):
+                raise ValueError("not a list of entries")
+            return shards
+        except (ValueError, RecursionError) as e:
+            self._shards = None
+            raise self._bad_entries(e) from None
+
+    def _table_from_entries(self) -> ShardTable:
+        try:
+            return ShardTable.from_entries(self._entries())
+        except (KeyError, ValueError, TypeError) as e:
+            raise self._bad_entries(e) from None
+
+    def _bad_entries(self, e: BaseException) -> FormatError:
+        return FormatError(f"{self.where}: the index is damaged: its shard entries ({fmt.A_SHARDS}) cannot be read "
+                           f"({type(e).__name__}: {str(e)[:100]}); write the index again with: precompile build "
+                           f"<recipe> --repair (with the same -o)")
+
+    def _check(self, *names: str) -> None:
+        """Check the per-sample columns ``names`` against the index's crc32s, once (FormatError on a mismatch)."""
+        todo = [n for n in names if n in self._unchecked]
+        for name in todo:
+            a = {fmt.COPY: self._copies, fmt.KEY_UTF8: getattr(self._key_column, "data", None),
+                 fmt.KEY_OFFSETS: getattr(self._key_column, "offsets", None)}[name]
+            check_dataset(self.where, self._crcs, name, a)
+            self._unchecked.discard(name)
+
+    def check_index_dataset(self, name: str, values: Any) -> None:
+        """FormatError unless ``values``, read from the index's dataset ``name`` (a ragged field's
+        ``<field>/offsets``, ...), have the crc32 the build recorded for it (nothing to check for an index
+        written before the checksums)."""
+        check_dataset(self.where, self._crcs, name, values)
+
+    @property
+    def copies(self) -> np.ndarray:
+        """Every sample's copy index (``__copy__``), checked on first use."""
+        if self._unchecked:
+            self._check(fmt.COPY)
+        return self._copies
 
     @property
     def keys(self) -> list[str]:
         """Every sample's key in index order (decoded from the index's key column on first use)."""
         if self._keys is None:
+            self._check(fmt.KEY_UTF8, fmt.KEY_OFFSETS)
             self._keys = self._key_column.tolist()
         return self._keys
 
     def key(self, i: int) -> str:
         if self._keys is None:
+            if self._unchecked:
+                self._check(fmt.KEY_UTF8, fmt.KEY_OFFSETS)
             return self._key_column.key(self._index(i))
         return self._keys[self._index(i)]
 
@@ -626,7 +710,7 @@ class H5Dataset(Dataset):
                 if not os.path.exists(p):
                     from .snapshot import gone
 
-                    raise FormatError(gone(p, self.path)) from None
+                    raise FormatError(gone(p, self.path, self._identity)) from None
                 raise FormatError(f"{p}: cannot open shard: {e}") from None
             self._files[shard] = f
         return f

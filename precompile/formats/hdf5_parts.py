@@ -78,17 +78,31 @@ def parts_from_index(index_path: str, entries: list[dict[str, Any]], wanted: set
 
     ``entries`` is the index's shard list (its ``shards`` attribute, in order): sample rows, chunk-table
     rows and ragged offsets follow it. An index without chunk tables (written before they existed) gives
-    nothing (the caller falls back to the shard's own parts)."""
+    nothing (the caller falls back to the shard's own parts). Every row taken is checked against the index's
+    recorded crc32s (``index_crc32``): a damaged index raises ValueError (the caller then reads the shards'
+    own parts), so a rebuild never copies damaged rows into the index it writes."""
     import h5py
+
+    from ..errors import FormatError
+    from .index_columns import check_dataset, dataset_values, recorded_crcs
 
     out: dict[str, ShardParts] = {}
     with h5py.File(index_path, "r") as f:
         if fmt.CHUNKS not in f or not wanted:
             return out
-        keys, copies, metas = _texts(f[fmt.KEY][:]), f[fmt.COPY][:], _texts(f[fmt.META][:])
-        table = f[fmt.CHUNKS][:]
-        ragged = {n: (g[fmt.RAGGED_OFFSETS][:], g[fmt.RAGGED_SHAPES][:]) for n, g in f.items()
-                  if isinstance(g, h5py.Group) and g.attrs.get(fmt.A_LAYOUT) == fmt.LAYOUT_RAGGED}
+        try:
+            crcs = recorded_crcs(f, index_path)
+            raw = {name: dataset_values(f, name) for name in (fmt.KEY, fmt.META)}
+            keys, copies, metas = _texts(raw[fmt.KEY]), f[fmt.COPY][:], _texts(raw[fmt.META])
+            table = f[fmt.CHUNKS][:]
+            ragged = {n: (g[fmt.RAGGED_OFFSETS][:], g[fmt.RAGGED_SHAPES][:]) for n, g in f.items()
+                      if isinstance(g, h5py.Group) and g.attrs.get(fmt.A_LAYOUT) == fmt.LAYOUT_RAGGED}
+            for name, values in [*raw.items(), (fmt.COPY, copies), (fmt.CHUNKS, table),
+                                 *((f"{n}/{fmt.RAGGED_OFFSETS}", o) for n, (o, _) in ragged.items()),
+                                 *((f"{n}/{fmt.RAGGED_SHAPES}", sh) for n, (_, sh) in ragged.items())]:
+                check_dataset(index_path, crcs, name, values)
+        except FormatError as e:
+            raise ValueError(str(e)) from None
     row = chunk_row = 0
     for e in entries:
         n = int(e["num_samples"])

@@ -36,15 +36,34 @@ from .hdf5 import HDF5_MAGIC, H5Dataset
 OPEN_SHARDS = 8
 
 
-def store_error(url: str, e: BaseException, index_url: Optional[str] = None) -> PrecompileError:
-    """The error to raise for a store's exception while reading ``url`` (a shard of ``index_url``, or an index)."""
+#: what :func:`index_now` found: the index is the one opened, another one, none, or it could not be asked
+SAME, REPLACED, REMOVED, UNKNOWN = "same", "replaced", "removed", "unknown"
+
+
+def store_error(url: str, e: BaseException, index_url: Optional[str] = None, index_state: str = REPLACED
+                ) -> PrecompileError:
+    """The error to raise for a store's exception while reading ``url`` (a shard of ``index_url``, or an index).
+    A shard that is no object: ``index_state`` (:func:`index_now`) tells a build replaced since the index was
+    opened (its old snapshot collected: open it again) from a shard missing under the same index (deleted
+    by hand, or never uploaded: reopening mends nothing)."""
     if isinstance(e, PrecompileError):
         return e
     if isinstance(e, FileNotFoundError):
         if index_url is None:
             return FormatError(f"{url}: no such object: build to this URL first, or check the bucket and path")
-        return FormatError(f"{url}: no such object: the build was replaced and its old snapshot collected since "
-                           f"{index_url} was opened: open it again (precompile.open, or a new Loader)")
+        replaced = (f"the build was replaced and its old snapshot collected since {index_url} was opened: open it "
+                    f"again (precompile.open, or a new Loader)")
+        missing = (f"the index names this shard, but there is no such object: it was deleted (not by precompile, "
+                   f"which never collects a shard that an index names) or never uploaded; see which shards are "
+                   f"missing with: precompile verify {index_url}; build to this URL again to upload them")
+        if index_state == SAME:
+            return FormatError(f"{url}: no such object: {index_url} is the index this reader opened, and {missing}")
+        if index_state == REMOVED:
+            return FormatError(f"{url}: no such object, nor is there an index at {index_url} now: the build was "
+                               f"removed since it was opened")
+        if index_state == UNKNOWN:
+            return FormatError(f"{url}: no such object: either {replaced}; or {missing}")
+        return FormatError(f"{url}: no such object: {replaced}")
     if is_credentials_error(e):
         hint = CREDENTIALS_HINT.get(protocol(url), "set the store's credentials in its environment")
         return FormatError(f"{url}: no credentials for {protocol(url)}:// ({type(e).__name__}); {hint}, or pass "
@@ -58,6 +77,25 @@ def store_error(url: str, e: BaseException, index_url: Optional[str] = None) -> 
                        f"(storage_options endpoint_url, or AWS_ENDPOINT_URL for s3) and the network")
 
 
+def index_now(fs: Any, index_url: str, sha: Optional[str], size: int) -> str:
+    """Whether the index at ``index_url`` is still the one opened (its sha256 ``sha``, ``size`` bytes):
+    :data:`SAME`, :data:`REPLACED`, :data:`REMOVED`, or :data:`UNKNOWN` when the store cannot be asked (the
+    index is fetched only when its size is the one opened: asked only when a shard is found missing)."""
+    import hashlib
+
+    if sha is None:
+        return UNKNOWN
+    try:
+        fs.invalidate_cache(index_url)
+        if int(fs.info(index_url).get("size", -1)) != size:
+            return REPLACED
+        return SAME if hashlib.sha256(fs.cat_file(index_url)).hexdigest() == sha else REPLACED
+    except FileNotFoundError:
+        return REMOVED
+    except Exception:  # noqa: BLE001  (the store's own errors: the message then says both causes)
+        return UNKNOWN
+
+
 def store(url: str, storage_options: Optional[dict[str, Any]]) -> Any:
     """The fsspec filesystem for ``url`` (MissingDependencyError names the extra to install)."""
     return filesystem(url, storage_options, what="storage_options", error=FormatError)
@@ -69,12 +107,14 @@ class RemoteSource:
     Pickles without handles: the fsspec filesystem is made again in each process."""
 
     def __init__(self, url: str, shards: Sequence[dict], cache: ShardCache, storage_options: Optional[dict[str, Any]],
-                 fs: Any = None, index_bytes: int = 0):
+                 fs: Any = None, index_bytes: int = 0, index_sha: Optional[str] = None):
         self.url, self.base = url, url.rsplit("/", 1)[0]
         self.cache, self.storage_options = cache, dict(storage_options or {})
         self._fs, self._fs_pid = fs, os.getpid()
         #: the size of the index's cached copy, which the dataset pins while it is open (in every limit check)
         self.index_bytes = int(index_bytes)
+        #: the opened index's sha256 (tells a replaced build from a shard missing under it; None: unknown)
+        self.index_sha = index_sha
         self.files, self.shas, self.sizes = [], [], []
         for i, e in enumerate(shards):
             if not isinstance(e.get("sha256"), str) or not isinstance(e.get("bytes"), int):
@@ -129,7 +169,9 @@ class RemoteSource:
                                    lambda start, end: self.fs().cat_file(url, start=start, end=end), index=self.url,
                                    wait=wait, cancel=cancel, room=room)
         except Exception as e:  # noqa: BLE001  (the store's own errors are not OSErrors: botocore, aiohttp)
-            raise store_error(url, e, self.url) from None
+            state = index_now(self.fs(), self.url, self.index_sha, self.index_bytes) \
+                if isinstance(e, FileNotFoundError) else REPLACED
+            raise store_error(url, e, self.url, state) from None
 
     def unpin(self, s: int) -> None:
         self.cache.unpin(self.shas[s])
@@ -140,10 +182,13 @@ class RemoteH5Dataset(H5Dataset):
 
     def __init__(self, index_path: str, url: str, cache: ShardCache, storage_options: Optional[dict[str, Any]],
                  fields: Sequence[str] | None = None, fs: Any = None):
-        super().__init__(index_path, fields=fields)
+        super().__init__(index_path, fields=fields, where=url)
         self.url = url
         self._released = False
-        self.remote = RemoteSource(url, self.shards, cache, storage_options, fs, os.path.getsize(index_path))
+        name = os.path.splitext(os.path.basename(index_path))[0]   # the cache names the index by its sha256
+        sha = name if len(name) == 64 and all(c in "0123456789abcdef" for c in name) else None
+        self.remote = RemoteSource(url, self._entries(), cache, storage_options, fs, os.path.getsize(index_path),
+                                   sha)
         self._start()
 
     def _start(self) -> None:
@@ -254,6 +299,8 @@ class RemoteH5Dataset(H5Dataset):
         self._check_held()
         with h5py.File(self.path, "r") as f:
             offsets, shapes = f[name][fmt.RAGGED_OFFSETS][:], f[name][fmt.RAGGED_SHAPES][:]
+        self.check_index_dataset(f"{name}/{fmt.RAGGED_OFFSETS}", offsets)
+        self.check_index_dataset(f"{name}/{fmt.RAGGED_SHAPES}", shapes)
         with self._lock:
             parts = [self._file(s)[name][fmt.RAGGED_DATA][:] for s in range(len(self.shards))
                      if self.shards[s]["num_samples"]]

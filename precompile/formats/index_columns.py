@@ -34,6 +34,27 @@ They are datasets, not groups, so the index keeps only datasets at its top level
 writing them (:func:`write_shard_table`, :func:`write_key_column`), reading them
 (:func:`read_shard_table`, :func:`read_key_column`) and, for ``verify``, checking them against what they
 copy (:func:`column_problems`).
+
+**The index's own checksums.** ``index_crc32``, a JSON attribute ``{"attrs": {name: crc32}, "datasets":
+{name: crc32}}``, records the crc32 of what readers take from the index without another check: every
+attribute but ``shards`` (label names, field shapes and dtypes, the recipe, ...: :func:`attr_crc` of its
+value as stored) and the datasets ``__key_utf8__``, ``__key_offsets__``, ``__copy__``, ``__shards__``,
+``__chunks__``, ``__key__``, ``__meta__`` and each ragged field's ``offsets`` and ``shapes``
+(:func:`array_crc`: their little-endian bytes; the string columns :func:`strings_crc`). The writer computes
+them from the arrays it writes (:func:`seal`); a reader checks each one before it serves anything read
+from it (:func:`check_attrs`, :func:`check_dataset`): the attributes and ``__shards__`` at open, the
+per-sample columns on first use (a key, the keys, a copy index: opening a build of a million samples
+reads 14 MB of columns, whose crc32 would add most of a millisecond per 100,000 samples to an open of a
+few ms; benchmarks/bench_index_checksum.py), ``__chunks__`` when the Loader reads it, a rebuild the rows
+it keeps. A mismatch is a :class:`~precompile.errors.FormatError` naming the index, what is damaged and
+what to do (:func:`damaged`); ``verify`` reports it as damage to the index (:func:`checksum_problems`),
+and ``build --repair`` writes the index again from the shards.
+
+``shards`` is not covered: it has its own rule (``__shards__`` is used only while its ``entries_crc32``
+matches the text, so a tool that rewrites the entries makes readers parse them), and what a reader takes
+from it is checked downstream (the sample count against ``__copy__``, each file's size, a URL's shards
+by their sha256). An index without ``index_crc32`` (written before it) is read as before; a tool that
+rewrites a covered item must remove ``index_crc32`` (the index then reads as one written before it).
 """
 from __future__ import annotations
 
@@ -41,11 +62,12 @@ import logging
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
 from . import names as fmt
+from ..errors import FormatError
 
 log = logging.getLogger("precompile.formats")
 
@@ -123,9 +145,9 @@ def _row_dtype(nfields: int, name_bytes: int) -> np.dtype:
     return np.dtype(cols)
 
 
-def write_shard_table(f: Any, entries: Sequence[dict[str, Any]], text: str) -> None:
+def write_shard_table(f: Any, entries: Sequence[dict[str, Any]], text: str) -> int:
     """``__shards__`` into the open index ``f``: the columns of ``entries``, whose JSON is ``text`` (the
-    ``shards`` attribute, byte for byte)."""
+    ``shards`` attribute, byte for byte); returns the rows' :func:`array_crc`."""
     t = ShardTable.from_entries(entries)
     names = t.files.tolist()
     rows = np.zeros(len(t), dtype=_row_dtype(len(t.fields), max((len(n) for n in names), default=1)))
@@ -135,12 +157,15 @@ def write_shard_table(f: Any, entries: Sequence[dict[str, Any]], text: str) -> N
     d = f.create_dataset(fmt.SHARD_TABLE, data=rows, track_times=False)
     d.attrs[fmt.T_FIELDS] = fmt.dumps(list(t.fields))
     d.attrs[fmt.T_ENTRIES_CRC] = np.int64(entries_crc(text))
+    return array_crc(rows)
 
 
-def read_shard_table(f: Any, text: str | bytes | None) -> ShardTable | None:
+def read_shard_table(f: Any, text: str | bytes | None, crcs: Optional[dict[str, Any]] = None,
+                     where: Optional[str] = None) -> ShardTable | None:
     """The index's ``__shards__`` table, or None when it has none, or one that was not made from ``text``
     (the ``shards`` attribute as read: the table is then stale) or that cannot be read as one: the caller
-    parses the entries instead (:meth:`ShardTable.from_entries`)."""
+    parses the entries instead (:meth:`ShardTable.from_entries`). A table made from ``text`` whose rows do
+    not match the index's recorded ``crcs`` (:func:`recorded_crcs`) is a FormatError naming ``where``."""
     d = f.get(fmt.SHARD_TABLE)
     if d is None or text is None:
         return None
@@ -153,6 +178,7 @@ def read_shard_table(f: Any, text: str | bytes | None) -> ShardTable | None:
                      fmt.SHARD_TABLE)
             return None
         rows = d[()]
+        check_dataset(where or path, crcs, fmt.SHARD_TABLE, rows)
         n, nf = len(rows), len(fields)
         names = ("num_samples", "bytes", "file") + (("rows_per_chunk", "chunks") if nf else ())
         if rows.ndim != 1 or not set(names) <= set(rows.dtype.names or ()):
@@ -191,13 +217,17 @@ class KeyColumn:
         return [raw[a:b].decode("utf-8") for a, b in zip(o[:-1], o[1:])]
 
 
-def write_key_column(f: Any, keys: Sequence[str]) -> None:
-    """``__key_utf8__`` and ``__key_offsets__`` of ``keys`` into the open index ``f``."""
+def write_key_column(f: Any, keys: Sequence[str]) -> dict[str, int]:
+    """``__key_utf8__`` and ``__key_offsets__`` of ``keys`` into the open index ``f``; returns their crc32s,
+    and that of the ``__key__`` column of the same keys (:func:`strings_crc`: the same bytes)."""
     enc = [k.encode("utf-8") for k in keys]
     offsets = np.zeros(len(enc) + 1, dtype=np.int64)
     offsets[1:] = np.cumsum([len(b) for b in enc], dtype=np.int64)
-    f.create_dataset(fmt.KEY_UTF8, data=np.frombuffer(b"".join(enc), dtype=np.uint8), track_times=False)
+    data = np.frombuffer(b"".join(enc), dtype=np.uint8)
+    f.create_dataset(fmt.KEY_UTF8, data=data, track_times=False)
     f.create_dataset(fmt.KEY_OFFSETS, data=offsets, track_times=False)
+    at = array_crc(offsets)
+    return {fmt.KEY_UTF8: array_crc(data), fmt.KEY_OFFSETS: at, fmt.KEY: zlib.crc32(data, at)}
 
 
 def read_key_column(f: Any, n: int) -> KeyColumn | None:
@@ -247,4 +277,168 @@ def column_problems(path: str, entries: Sequence[dict[str, Any]], keys: Sequence
         if bad is not None:
             out.append(f"its two copies of the keys differ at sample {bad}: {got[bad]!r} in {fmt.KEY_UTF8}, "
                        f"{keys[bad]!r} in {fmt.KEY}")
-    return out
+    return out + checksum_problems(path)
+
+
+# -- the index's own checksums (see the module docstring) ------------------------------------------------
+
+#: the datasets whose crc32 an index records (besides each ragged field's offsets and shapes)
+SEALED_DATASETS = (fmt.KEY, fmt.COPY, fmt.META, fmt.KEY_UTF8, fmt.KEY_OFFSETS, fmt.SHARD_TABLE, fmt.CHUNKS)
+#: the attributes it does not record: the entries (their own rule) and the record itself
+UNSEALED_ATTRS = (fmt.A_SHARDS, fmt.A_INDEX_CRC)
+#: string columns (variable-length UTF-8): :func:`strings_crc`
+STRING_COLUMNS = (fmt.KEY, fmt.META)
+_WORDS = {fmt.KEY_UTF8: "sample keys", fmt.KEY_OFFSETS: "key offsets", fmt.COPY: "copy column",
+          fmt.KEY: "key column", fmt.META: "meta column", fmt.SHARD_TABLE: "shard table",
+          fmt.CHUNKS: "chunk tables"}
+
+
+def array_crc(a: np.ndarray) -> int:
+    """crc32 of an array's bytes in C order, little-endian (what a little-endian reader gets from the file)."""
+    a = np.ascontiguousarray(a)
+    le = a.dtype.newbyteorder("<")
+    if le != a.dtype:
+        a = a.astype(le)
+    return zlib.crc32(a.reshape(-1).view(np.uint8))
+
+
+def strings_crc(encoded: Sequence[bytes]) -> int:
+    """crc32 of a string column (its values' UTF-8 ``encoded``): of their N+1 int64 offsets, then of their
+    bytes concatenated (so ``__key__``'s equals that of ``__key_utf8__`` continued from ``__key_offsets__``)."""
+    offsets = np.zeros(len(encoded) + 1, dtype="<i8")
+    offsets[1:] = np.cumsum([len(b) for b in encoded], dtype=np.int64)
+    return zlib.crc32(b"".join(encoded), array_crc(offsets))
+
+
+def attr_crc(v: Any) -> int:
+    """crc32 of an attribute's value: text as its UTF-8, anything else as its canonical JSON (``names.dumps``),
+    written (Python values) or read back (h5py's numpy scalars) alike."""
+    if isinstance(v, bytes):
+        b = v
+    elif isinstance(v, str):
+        b = v.encode("utf-8")
+    else:
+        if isinstance(v, np.ndarray):
+            v = v.tolist()
+        elif isinstance(v, np.generic):
+            v = v.item()
+        b = fmt.dumps(v).encode("utf-8")
+    return zlib.crc32(b)
+
+
+def seal(f: Any, attrs: Mapping[str, Any], datasets: Mapping[str, int]) -> None:
+    """Record ``index_crc32`` in the open index ``f``: the crc32 of every attribute in ``attrs`` (as written)
+    but those of :data:`UNSEALED_ATTRS`, and the crc32s ``datasets`` the writer computed."""
+    rec = {"attrs": {k: attr_crc(v) for k, v in sorted(attrs.items()) if k not in UNSEALED_ATTRS},
+           "datasets": dict(sorted(datasets.items()))}
+    f.attrs[fmt.A_INDEX_CRC] = fmt.dumps(rec)
+
+
+def _advice(where: str) -> str:
+    return (f"write the index again with: precompile build <recipe> --repair (with the same -o: it checks every "
+            f"shard and rewrites the index from them); see what is damaged with: precompile verify {where}")
+
+
+def words(kind: str, name: str) -> str:
+    """What a recorded item is called in messages."""
+    if kind == "attrs":
+        return f"attribute {name!r}"
+    if name in _WORDS:
+        return f"{_WORDS[name]} ({name})"
+    field, _, part = name.rpartition("/")
+    return f"{part} of field {field!r} ({name})"
+
+
+def damaged(where: str, what: str) -> str:
+    """The message for the recorded item ``what`` (:func:`words`) of the index at ``where`` whose crc32 differs."""
+    return (f"{where}: the index is damaged: the crc32 of its {what} is not the one the build recorded "
+            f"({fmt.A_INDEX_CRC}); {_advice(where)}")
+
+
+def recorded_crcs(f: Any, where: str) -> Optional[dict[str, dict[str, int]]]:
+    """The ``index_crc32`` (``{"attrs": {...}, "datasets": {...}}``) of the open index ``f`` (or of its
+    attributes, already read: a mapping), or None for an index written before it; FormatError (naming
+    ``where``) when it cannot be read."""
+    raw = (f.attrs if hasattr(f, "attrs") else f).get(fmt.A_INDEX_CRC)
+    if raw is None:
+        return None
+    try:
+        rec = fmt.loads(raw if isinstance(raw, (str, bytes)) else str(raw))
+        if not isinstance(rec, dict) or not all(
+                isinstance(rec.get(k), dict) and all(isinstance(v, int) for v in rec[k].values())
+                for k in ("attrs", "datasets")):
+            raise ValueError("not {'attrs': {name: crc32}, 'datasets': {name: crc32}}")
+    except (ValueError, TypeError, RecursionError):
+        raise FormatError(f"{where}: the index is damaged: its checksums ({fmt.A_INDEX_CRC}) cannot be read; "
+                          f"{_advice(where)}") from None
+    return {"attrs": rec["attrs"], "datasets": rec["datasets"]}
+
+
+def check_attrs(where: str, crcs: Optional[dict[str, Any]], attrs: Mapping[str, Any]) -> None:
+    """FormatError (:func:`damaged`) unless every recorded attribute is in ``attrs`` with its crc32."""
+    if crcs is None:
+        return
+    for name, crc in crcs["attrs"].items():
+        if name not in attrs:
+            raise FormatError(f"{where}: the index is damaged: its attribute {name!r} is missing; {_advice(where)}")
+        if attr_crc(attrs[name]) != crc:
+            raise FormatError(damaged(where, words("attrs", name)))
+
+
+def check_dataset(where: str, crcs: Optional[dict[str, Any]], name: str, a: Any) -> None:
+    """FormatError (:func:`damaged`) when dataset ``name``'s values ``a`` (an array; a string column: its
+    values' UTF-8) do not have the crc32 recorded for it (nothing to check: no record, or none for it)."""
+    if crcs is None or name not in crcs["datasets"]:
+        return
+    got = strings_crc(a) if name in STRING_COLUMNS else array_crc(a)
+    if got != crcs["datasets"][name]:
+        raise FormatError(damaged(where, words("datasets", name)))
+
+
+def _sealed_datasets(f: Any) -> list[str]:
+    import h5py
+
+    names = [n for n in SEALED_DATASETS if n in f]
+    for n, g in f.items():
+        if isinstance(g, h5py.Group) and g.attrs.get(fmt.A_LAYOUT) == fmt.LAYOUT_RAGGED:
+            names += [f"{n}/{fmt.RAGGED_OFFSETS}", f"{n}/{fmt.RAGGED_SHAPES}"]
+    return names
+
+
+def dataset_values(f: Any, name: str) -> Any:
+    """Dataset ``name`` of the open index ``f`` as :func:`check_dataset` takes it."""
+    d = f[name]
+    if name in STRING_COLUMNS:
+        return [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in d[:]]
+    return d[()]
+
+
+def index_crcs(f: Any, names: Optional[dict[str, Any]] = None) -> dict[str, dict[str, int]]:
+    """The crc32s of the open index ``f``'s items computed from the file: those ``names`` records (absent
+    ones left out), or every item an index records (:func:`seal`)."""
+    attrs = {k: attr_crc(v) for k, v in f.attrs.items()
+             if k not in UNSEALED_ATTRS and (names is None or k in names["attrs"])}
+    datasets = {}
+    for name in (names["datasets"] if names is not None else _sealed_datasets(f)):
+        if name in f:
+            v = dataset_values(f, name)
+            datasets[name] = strings_crc(v) if name in STRING_COLUMNS else array_crc(v)
+    return {"attrs": attrs, "datasets": datasets}
+
+
+def checksum_problems(path: str) -> list[str]:
+    """How the index at ``path`` differs from its own ``index_crc32`` (for ``verify``); [] when it agrees or
+    records none."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        try:
+            rec = recorded_crcs(f, path)
+        except FormatError:
+            return [f"its checksums ({fmt.A_INDEX_CRC}) cannot be read"]
+        if rec is None:
+            return []
+        got = index_crcs(f, rec)
+    return [f"the crc32 of its {words(kind, name)} is not the one the build recorded"
+            + ("" if name in got[kind] else " (it is missing)")
+            for kind in ("attrs", "datasets") for name, crc in rec[kind].items() if got[kind].get(name) != crc]

@@ -17,7 +17,9 @@ chunk spans as one compound dataset, so that opening a build reads them with
 numpy instead of parsing the ``shards`` JSON; valid only while its
 ``entries_crc32`` matches that JSON), ``__key_utf8__`` and ``__key_offsets__``
 (the keys as one byte buffer, read whole without HDF5's per-string cost; see
-``formats/index_columns.py``) and the metadata as JSON text attributes.
+``formats/index_columns.py``), the metadata as JSON text attributes, and
+``index_crc32``: the crc32 of every attribute but ``shards`` and of every
+dataset a reader takes from the index, checked before any of it is served.
 Nothing is pickled.
 
 Variable-shape fields (a spec with ``None`` dims, e.g. images kept at their
@@ -75,6 +77,8 @@ T_FIELDS = "fields"                 # on __shards__: JSON list of the fields of 
 T_ENTRIES_CRC = "entries_crc32"     # on __shards__: crc32 of the `shards` text it was written from
 KEY_UTF8 = "__key_utf8__"           # index dataset: every key's UTF-8 bytes, concatenated (index_columns.py)
 KEY_OFFSETS = "__key_offsets__"     # index dataset: (N+1,) int64, key i is __key_utf8__[o[i]:o[i+1]]
+A_INDEX_CRC = "index_crc32"         # index attribute: JSON {"attrs": {name: crc32}, "datasets": {name: crc32}}
+                                    # of what readers take from the index (formats/index_columns.py)
 A_SHARD_KEY = "shard_key"           # on a shard file: the key it was built for
 A_CHECKSUMS = "checksums"           # on a shard file: {field: sha256 of its sample bytes}
 A_SEED = "seed"

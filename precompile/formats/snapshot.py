@@ -158,8 +158,30 @@ def _size(path: str) -> int:
 
 
 
-def gone(path: str, index_path: str) -> str:
-    """The message for a shard file that vanished under a reader: its snapshot was removed."""
-    return (f"{path}: the shard file is gone: the output was rebuilt since {index_path} was opened, and the "
-            f"snapshot this reader holds was removed (a build keeps the snapshot it replaces until the next build "
-            f"starts, or until 'precompile gc --all'); open the output again to read the new build")
+def file_identity(path: str) -> Optional[tuple[int, int, int, int]]:
+    """(device, inode, size, mtime in ns) of the file at ``path``, or None when there is none: a rebuild renames
+    a new index over the old one (another inode), so an index whose identity is unchanged is the one opened."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def gone(path: str, index_path: str, opened: Optional[tuple[int, int, int, int]] = None) -> str:
+    """The message for a shard file missing under a reader of the index ``index_path`` (``opened``: the
+    index's :func:`file_identity` when the reader opened it). The index replaced since: its snapshot was
+    removed (reopen). The index unchanged: the shard it names is missing (deleted, or never written), which
+    no reopening mends. Not known (no identity): both are said."""
+    rebuilt = (f"the output was rebuilt since {index_path} was opened, and the snapshot this reader holds was "
+               f"removed (a build keeps the snapshot it replaces until the next build starts, or until "
+               f"'precompile gc --all')")
+    missing = (f"{index_path} names it, but it is not there: it was deleted (not by precompile, which never "
+               f"removes a shard that an index names) or never written (an output copied without all its shards); "
+               f"see which shards are missing with: precompile verify {index_path}; build again to write them")
+    if opened is None:
+        return (f"{path}: the shard file is gone: either {rebuilt}: open the output again to read the new build; "
+                f"or {missing}")
+    if file_identity(index_path) == opened:
+        return f"{path}: the shard file is missing: the index is the one this reader opened, and {missing}"
+    return f"{path}: the shard file is gone: {rebuilt}; open the output again to read the new build"

@@ -254,9 +254,10 @@ class Region:
         region.mapped = np.zeros(len(paths), dtype=bool)
         return region
 
-    def map_slot(self, i: int, index: str | None = None) -> None:
-        """Map file ``i`` over its slot; FormatError when it is gone, or its size is not the one its slot
-        was reserved for (the file is not the shard the index describes)."""
+    def map_slot(self, i: int, index: str | None = None, opened: tuple[int, int, int, int] | None = None) -> None:
+        """Map file ``i`` over its slot; FormatError when it is gone (``index``: the index that names it,
+        ``opened``: that index's identity when it was opened, :func:`~precompile.formats.snapshot.gone`), or its
+        size is not the one its slot was reserved for (the file is not the shard the index describes)."""
         path, size = self.paths[i], int(self.sizes[i])
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -264,7 +265,7 @@ class Region:
             if not os.path.exists(path) and index is not None:
                 from ..formats.snapshot import gone
 
-                raise FormatError(gone(path, index)) from None
+                raise FormatError(gone(path, index, opened)) from None
             raise FormatError(f"{path}: cannot map shard: {e}") from None
         try:
             have = os.fstat(fd).st_size
@@ -434,7 +435,7 @@ class DirectReader:
         h5py as before the tables existed)."""
         if not self.shard_table.has_chunks():
             return None
-        table = read_chunk_tables(self.ds.path)
+        table = read_chunk_tables(self.ds.path, self.location)
         if table is None:
             raise FormatError(f"{self.location}: the shard entries list chunks but the index has no "
                               f"{fmt.CHUNKS} table: the index is damaged (build again)")
@@ -560,7 +561,7 @@ class DirectReader:
             self._row_slot = np.repeat(slot, np.diff(self.offsets))
             if not self.lazy and self.source is None:   # from a URL: StreamingSlots maps them
                 for i in range(len(order)):
-                    self.region.map_slot(i, self.ds.path)
+                    self.region.map_slot(i, self.ds.path, getattr(self.ds, "_identity", None))
             self._unmapped = int(np.count_nonzero(~self.region.mapped))
         elif self.source is not None and order:
             raise FormatError(f"{self.location}: reading a build from a URL maps its shards into one reserved address "
@@ -570,6 +571,10 @@ class DirectReader:
             self._spaces = []
             sizes = {}
             for s in order:
+                if not os.path.exists(paths[s]):
+                    from ..formats.snapshot import gone
+
+                    raise FormatError(gone(paths[s], self.ds.path, getattr(self.ds, "_identity", None)))
                 mm = self._maps[s] = map_file(paths[s])  # a plain ndarray on the map: no np.memmap __getitem__
                 if use is not None and mm.size != use[len(sizes)]:
                     raise FormatError(size_mismatch(paths[s], mm.size, use[len(sizes)]))
@@ -799,7 +804,7 @@ class DirectReader:
             self._check_open()
             for i in slots.tolist():
                 if not self.region.mapped[i]:
-                    self.region.map_slot(i, self.ds.path)
+                    self.region.map_slot(i, self.ds.path, getattr(self.ds, "_identity", None))
                     self._unmapped -= 1
 
     @property

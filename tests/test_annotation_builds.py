@@ -578,3 +578,23 @@ def test_spilled_samples_keep_their_ties(tmp_path):
     (back,) = list(spill)
     spill.close()
     assert back.links == {"inst": "boxes"}
+
+
+def test_loader_refuses_a_damaged_ragged_table_of_the_index(inst_build, tmp_path):
+    """The Loader's padded annotation rows come from the index's ``<field>/offsets`` and ``/shapes``: one
+    flipped bit there is the index's FormatError (its recorded crc32), never rows of another sample."""
+    import shutil
+
+    import h5py
+
+    from precompile.errors import FormatError
+
+    out = tmp_path / "copy"
+    shutil.copytree(os.path.dirname(inst_build), out)
+    index = str(out / os.path.basename(inst_build))
+    with h5py.File(index, "r+") as f:
+        a = f["boxes/offsets"][()]
+        a.reshape(-1).view(np.uint8)[8] ^= 1
+        f["boxes/offsets"][...] = a
+    with pytest.raises(FormatError, match=r"the index is damaged: .*boxes/offsets"):
+        Loader(index, batch_size=2, device="cpu", fields=["image", "boxes"])

@@ -72,6 +72,10 @@ class RaggedFields:
                 else:
                     g = f[name]
                     self.data[name] = (g[fmt.RAGGED_DATA][:], g[fmt.RAGGED_OFFSETS][:], g[fmt.RAGGED_SHAPES][:])
+                    check = getattr(ds, "check_index_dataset", None)   # the index's own crc32s (HDF5)
+                    if check is not None:
+                        check(f"{name}/{fmt.RAGGED_OFFSETS}", self.data[name][1])
+                        check(f"{name}/{fmt.RAGGED_SHAPES}", self.data[name][2])
                 self.inner[name], self.dtypes[name] = tuple(int(d) for d in inner), np.dtype(spec["dtype"])
 
     def rows(self, name: str, i: int) -> np.ndarray:

@@ -237,8 +237,8 @@ def _colour_check(R: Report, key: str, img: np.ndarray, ch: Chain, items: list, 
         if min(w, h) < 3 + 2 * sl.e:
             continue
         got = extent(colour_mask(img, colour, grey))
-        if got is None and clipped and not rect:
-            continue   # a clipped box may hold none of a non-rectangular object's pixels
+        if got is None and not rect:
+            continue   # a clipped box, or an interior by luma, may hold none of a non-rectangular object's pixels
         msg = box_vs_extent(box, got, Slack(sl.e, sl.loose or clipped)) if got is not None else "no pixel of its colour"
         R.check("colour_truth", msg is None, lambda: f"{what} {name}: {msg}", key)
 

@@ -44,7 +44,7 @@ def draw_table(seed: int) -> dict:
                and (quotes or fmt not in ("tsv", "tab") or not c.startswith('"'))]
     rows = []
     nfiles = int(_choice(r, [1, 1, 1, 2])) if not big else 1
-    for i in range(n):
+    for i in range(0 if big else n):
         file = f"f{i:04d}.png"
         part = i % nfiles
         tname = f"meta{part}"
@@ -121,7 +121,7 @@ def draw_table(seed: int) -> dict:
     if mixed:
         rows[min(3, n - 1)]["label"] = 17     # a number among strings
     return {"seed": seed, "family": "table",
-            "inputs": {"format": fmt, "rows": rows, "files": [f.replace("$IN/", "") for f in files], "gz": gz,
+            "inputs": {"format": fmt, "rows": rows, **({"big_rows": n} if big else {}), "files": [f.replace("$IN/", "") for f in files], "gz": gz,
                        "big": big, "mixed": mixed, "images": not text_only},
             "recipe": recipe, "loader": None, "j2": bool(r.random() < 0.05)}
 
@@ -149,10 +149,23 @@ def _read_back(path: str, fmt: str) -> list[dict]:
         return [json.loads(ln) for ln in f if ln.strip()]
 
 
+def big_rows(n: int) -> list[dict]:
+    """The rows of a CSV past 1 MiB: captions of 8 lines (quoted cells spanning lines), each naming its row."""
+    tail = "".join(f"\nline {j} of a caption that spans lines, long enough for 1 MiB in all" for j in range(2, 9))
+    return [{"id": f"r{i:04d}", "file": f"f{i:04d}.png", "label": "cat", "caption": f"meta0 row {i}, a caption" + tail,
+             "t1": "1", "t2": "", "grp": f"g{i % 4}", "split": "train", "ex": "true", "when": "", "_file": 0}
+            for i in range(n)]
+
+
+def rows_of(case: dict) -> list[dict]:
+    inp = case["inputs"]
+    return big_rows(inp["big_rows"]) if inp.get("big_rows") else inp["rows"]
+
+
 def write(case: dict, root: str) -> dict:
     inp = case["inputs"]
     fmt = inp["format"]
-    rows = inp["rows"]
+    rows = rows_of(case)
     for part, fname in enumerate(inp["files"]):
         path = os.path.join(root, fname)
         mine = [{k: v for k, v in row.items() if k != "_file"} for row in rows if row["_file"] == part]
@@ -298,7 +311,7 @@ def check_error(case: dict, e: Any, truth: dict, R: Report) -> None:
         return
     if not R.check("error_message", e is not None, "a column of numbers and strings built without an error"):
         return
-    bad = next(i for i, row in enumerate(case["inputs"]["rows"]) if not isinstance(row["label"], str))
+    bad = next(i for i, row in enumerate(rows_of(case)) if not isinstance(row["label"], str))
     R.check("error_message", f"data row {bad + 1}" in str(e) and "'label'" in str(e),
             f"the error does not name data row {bad + 1}, column 'label': {str(e)[:300]}")
 

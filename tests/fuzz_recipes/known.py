@@ -16,6 +16,8 @@ class Known:
     title: str
     oracles: frozenset
     applies: Callable[[dict], bool]
+    #: why no kept case shows it every time (the entry still excuses it where it shows), or None
+    flaky: str | None = None
 
 
 def _steps(case: dict) -> list[tuple[str, dict]]:
@@ -66,6 +68,18 @@ def _edge_keypoint_mirrored(case: dict) -> bool:
     mirrored_exif = _image_dec(case).get("exif_transpose", True) and any(
         im.get("edge_kp") and im["orientation"] in (2, 3, 6, 7) for im in case["inputs"]["images"])
     return bool(flips) or mirrored_exif
+
+
+def _uint8_then_negative_pad(case: dict) -> bool:
+    u8 = False
+    for n, p in _steps(case):
+        if n == "hu_window":
+            u8 = p.get("dtype") == "uint8"
+        if n in ("standardise",):
+            u8 = False
+        if u8 and n in ("crop_pad_volume", "patches3d") and (p.get("pad_value", 0) < 0 or p.get("pad_value", 0) > 255):
+            return True
+    return False
 
 
 def _clips(case: dict):
@@ -122,7 +136,9 @@ KNOWN: dict[str, Known] = {
     "32.rle": Known("COCO RLE counts that sum short of h*w leave uninitialised mask bytes",
                     frozenset({"mask_background", "crowd_ignore", "semantic_mask", "instance_mask", "coco_reference"}),
                     lambda c: c["family"] == "coco" and c["inputs"].get("short_rle")
-                    and _coco(c).get("mask", "none") != "none" and _coco(c).get("crowd", "drop") != "drop"),
+                    and _coco(c).get("mask", "none") != "none" and _coco(c).get("crowd", "drop") != "drop",
+                    flaky="the bytes past a short RLE are whatever malloc returns: zeros in every build on the test "
+                          "machine (pycocotools' decode after freeing non-zero buffers shows them every time)"),
     "32.nonfinite": Known("non-finite COCO keypoints stored",
                           frozenset({"finite", "keypoint_reference", "keypoint_visibility", "keypoint_marker"}),
                           lambda c: c["family"] == "coco" and c["inputs"].get("bad") == "nan_keypoint"),
@@ -155,6 +171,12 @@ NEW: dict[str, Known] = {
                 lambda c: c["family"] == "video" and (_clips(c) or {}).get("fps") is not None
                 and c["recipe"]["inputs"]["fields"]["video"].get("audio_rate") is not None
                 and any(n == "temporal_jitter" for n, _ in _steps(c))),
+    "N5": Known("new finding: a pad_value (or fill) outside the field's dtype range wraps around silently: "
+                "crop_pad_volume with pad_value -7 on a uint8 volume (hu_window dtype: uint8) stores 249; likewise "
+                "center_crop / random_crop pad_value -5 on a uint8 image stores 251, resize keep_aspect pad_value "
+                "300 stores 44",
+                frozenset({"volume_truth"}),
+                lambda c: c["family"] in ("volume", "dicom") and _uint8_then_negative_pad(c)),
 }
 KNOWN.update(NEW)
 

@@ -268,13 +268,22 @@ def classify(res: Result) -> tuple[list[Finding], list[str]]:
     return known.excuse(res.case, res.findings)
 
 
+def signature(f: Finding) -> str:
+    """A finding's oracle and, when its message names one, the exception type: what a smaller case must keep."""
+    import re
+
+    m = re.search(r"\b([A-Z][A-Za-z]*(?:Error|Exception))\b", f.message)
+    return f.oracle + (":" + m.group(1) if m else "")
+
+
 def minimise(case: dict, target: set[str], budget_s: float = 60.0) -> dict:
-    """A smaller case whose findings still include one of ``target``'s oracles: steps dropped one at a time,
-    then inputs, then options (loader, copies, splits, -j2) left out."""
+    """A smaller case whose findings still include one of ``target``'s oracles (or oracle:ErrorType
+    signatures): steps dropped one at a time, then inputs, then options (loader, copies, splits, -j2) left out."""
     t_end = time.perf_counter() + budget_s
 
     def fails(c: dict) -> bool:
-        return bool(run_case(c).oracles & target)
+        res = run_case(c)
+        return bool(({signature(f) for f in res.findings} | res.oracles) & target)
 
     best = copy.deepcopy(case)
     for key in ("j2",):

@@ -250,7 +250,7 @@ def _rle(obj: Obj, short: bool) -> dict:
     from pycocotools import mask as M
 
     h, w = obj.raster.shape
-    if obj.seg == "rle":
+    if obj.seg == "rle" and not short:
         enc = M.encode(np.asfortranarray(obj.raster.astype(np.uint8)))
         return {"counts": enc["counts"].decode("ascii"), "size": [h, w]}
     flat = obj.raster.T.reshape(-1).astype(np.uint8)   # column-major, as COCO's RLE

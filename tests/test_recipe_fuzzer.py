@@ -163,3 +163,43 @@ def test_explore():
     n = int(os.environ["PRECOMPILE_FUZZ_EXPLORE"])
     start = int(os.environ["PRECOMPILE_FUZZ_START"]) if os.environ.get("PRECOMPILE_FUZZ_START") else None
     assert runner.explore(n, start, float(os.environ.get("PRECOMPILE_FUZZ_MINIMISE_S", "60"))) == 0
+
+
+# -- the references themselves ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("orientation", range(1, 9))
+def test_exif_map_agrees_with_pillow(orientation):
+    """reference.exif_map (stored -> displayed coordinates) moves a pixel's box where Pillow's exif_transpose moves
+    the pixel, and truth.exif_transpose gives the displayed size."""
+    import numpy as np
+
+    from fuzz_recipes import reference, truth
+
+    H, W = 7, 11
+    a = np.zeros((H, W), np.uint16)
+    a[1, 8] = 5
+    shown = truth.exif_transpose(a, orientation)
+    M, hw = reference.exif_map(orientation, H, W)
+    assert shown.shape == hw
+    ys, xs = np.nonzero(shown == 5)
+    box = reference.move_box(np.array([8.0, 1.0, 9.0, 2.0]), reference.Move("exif", M, hw, "none", 0.0)).box
+    np.testing.assert_allclose(box, [xs[0], ys[0], xs[0] + 1, ys[0] + 1])
+
+
+def test_scene_truth_is_consistent():
+    """A drawn scene is its own reference: each COCO bbox is its colour's pixel extent, its ids pixels and its
+    pycocotools raster; each keypoint sits on its marker."""
+    import numpy as np
+
+    from fuzz_recipes import oracles, truth
+
+    for seed in range(20):
+        sc = truth.make_scene(seed, 40 + seed, 52 - seed, 5, True, seed % 3 == 0, ["poly", "rle", "rle_list"])
+        for o in sc.objects:
+            ext = oracles.extent(sc.ids == o.index)
+            np.testing.assert_array_equal(ext, o.box)
+            np.testing.assert_array_equal(oracles.extent(oracles.colour_mask(sc.image, o.colour)), o.box)
+            for j, m in enumerate(o.markers):
+                if m is not None:
+                    assert sc.marks[m[1], m[0]] == 3 * (o.index - 1) + j + 1
+                    x, y = o.keypoints[j, :2]
+                    assert m[0] <= x <= m[0] + 1 and m[1] <= y <= m[1] + 1

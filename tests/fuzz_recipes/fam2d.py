@@ -25,6 +25,7 @@ def write(case: dict, root: str) -> dict:
     if fam == "coco":
         images, per = [], []
         first = 1
+        shared: dict[str, Any] = {"path": os.path.join(root, "ann.json")}
         for n, im in enumerate(inp["images"]):
             sc = _scene(im)
             o = im["orientation"]
@@ -39,7 +40,7 @@ def write(case: dict, root: str) -> dict:
             first += len(anns) + 3
             images.append({"id": iid, "file_name": im["name"], "height": im["H"], "width": im["W"]})
             per.append(anns)
-            truth[im["name"]] = {"scene": sc, "im": im, "anns": anns}
+            truth[im["name"]] = {"scene": sc, "im": im, "anns": anns, "image_id": iid, "shared": shared}
         order = list(rng_of(case["seed"], "order").permutation(len(images)))
         write_coco(os.path.join(root, "ann.json"), [images[i] for i in order], per, rng_of(case["seed"], "anns"))
     elif fam == "folder":
@@ -298,6 +299,8 @@ def _check_coco(case, info, key, s, ch: Chain, R: Report, field, im, k) -> None:
         _check_ids_boxes(R, key, s, rows, anns, ch, rec)
     if "mask" in s:
         _check_mask(R, key, s, rows, ch, rec, coco, info, k)
+        if k == 1 and not ch.moves and not case["recipe"].get("steps"):
+            _check_coco_reference(R, key, s, case, info, ch)
     _colour_check(R, key, s[field], ch, [(a.obj.colour, boxes[r], f"row {r}", a.clipped, is_rect(a.obj)) for r, a in enumerate(rows)], im, k,
                   "box")
 
@@ -377,6 +380,58 @@ def _check_ids_boxes(R: Report, key, s, rows: list[Ann], anns: list[Ann], ch: Ch
             n = int((ids == _ids_value(rec, a.obj.index)).sum())
             R.check("pixel_truth", n == 0, lambda: f"object {a.obj.index} shows {n} pixels but its box was dropped",
                     key)
+
+
+def _coco_api(info: dict) -> Any:
+    """pycocotools' COCO API over the written annotation file (parsed once per case)."""
+    api = info["shared"].get("coco")
+    if api is None:
+        import contextlib
+        import io as _io
+
+        from pycocotools.coco import COCO
+
+        with contextlib.redirect_stdout(_io.StringIO()):
+            api = info["shared"]["coco"] = COCO(info["shared"]["path"])
+    return api
+
+
+def _check_coco_reference(R: Report, key, s, case: dict, info: dict, ch: Chain) -> None:
+    """With no step, the stored mask is pycocotools' annToMask of each kept annotation (file order), drawn by
+    decreasing pixel count, crowd regions per the crowd policy (docs/coco.md), turned by the EXIF orientation."""
+    import warnings
+
+    coco = case["recipe"]["inputs"]["coco"]
+    mode, crowd = coco.get("mask", "none"), coco.get("crowd", "drop")
+    api = _coco_api(info)
+    iid = info["image_id"]
+    anns = [a for a in api.dataset["annotations"] if a["image_id"] == iid]
+    m = s["mask"][..., 0].astype(np.int64)
+    top = int(np.iinfo(s["mask"].dtype).max)
+    want = np.zeros((info["im"]["H"], info["im"]["W"]), np.int64)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"__array__ implementation doesn't accept a copy keyword", DeprecationWarning)
+        if crowd == "ignore":
+            for a in anns:
+                if a["iscrowd"] and "segmentation" in a:
+                    want[api.annToMask(a) > 0] = top
+        kept = [a for a in anns if not a["iscrowd"] or crowd == "keep"]
+        drawn = [(i, api.annToMask(a)) for i, a in enumerate(kept) if a.get("segmentation")]
+    drawn.sort(key=lambda im: -int(np.count_nonzero(im[1])))
+    for i, mk in drawn:
+        want[mk > 0] = (CATEGORY_LABEL[kept[i]["category_id"]] + 1) if mode == "semantic" else i + 1
+    want = exif_transpose(want.astype(np.uint16), ch_orientation(case, info)).astype(np.int64)
+    if want.shape != m.shape:
+        R.check("coco_reference", False, f"mask {m.shape} vs annToMask's {want.shape}", key)
+        return
+    bad = m != want
+    R.check("coco_reference", not bad.any(), lambda: f"{int(bad.sum())} mask pixels differ from pycocotools' annToMask "
+            f"(e.g. at {np.argwhere(bad)[:2].tolist()}: {m[bad][:2].tolist()} vs {want[bad][:2].tolist()})", key)
+
+
+def ch_orientation(case: dict, info: dict) -> int:
+    dec = case["recipe"]["inputs"]["fields"][(case["recipe"]["inputs"]["coco"] or {}).get("image", "image")]
+    return info["im"]["orientation"] if dec.get("exif_transpose", True) else 1
 
 
 def _check_mask(R: Report, key, s, rows: list[Ann], ch: Chain, rec: dict, coco: dict, info: dict, k: int) -> None:

@@ -119,6 +119,8 @@ def draw_video(seed: int) -> dict:
         elif n_ == "random_affine":
             p_["degrees"], p_.pop("scale", None), p_.pop("translate", None)
             p_["degrees"] = 15
+        for k in ("pad_value", "fill"):   # padding stays black: a frame shows its index in every other pixel
+            p_.pop(k, None)
         new = [out_hw(*next(iter(s.items())), hw) for hw in sizes]
         if min(min(h, w) for h, w in new) < 4:
             continue

@@ -95,7 +95,8 @@ def _has_uint16(case: dict) -> bool:
 
 _DATE = re.compile(r"^\d{4}-\d{2}-\d{2}")
 _ANNOT = {"box_reference", "keypoint_reference", "pixel_truth", "keypoint_marker", "colour_truth", "instance_mask",
-          "semantic_mask", "mask_background", "crowd_ignore", "keypoint_visibility", "keypoint_visible_on_marker"}
+          "semantic_mask", "mask_background", "crowd_ignore", "keypoint_visibility", "keypoint_visible_on_marker",
+          "coco_reference"}
 
 KNOWN: dict[str, Known] = {
     "32.1": Known("instance-mask ids not renumbered when a step drops a box",

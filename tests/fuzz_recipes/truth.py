@@ -403,6 +403,8 @@ def frame_index(frame: np.ndarray, gray: bool = False) -> int:
     black padding or fill), -1 for a black frame."""
     a = frame.reshape(-1, frame.shape[-1]).astype(np.float64)
     keep = (a[:, :3].max(axis=1) < 240) & (a[:, :3].max(axis=1) > 12)
+    if not gray:
+        keep &= np.abs(a[:, 2] - 128) < 40     # the frame's own colour has B = 128 (padding, fill, object do not)
     if keep.sum() == 0:
         return -1
     med = np.median(a[keep], axis=0)

@@ -187,8 +187,8 @@ def draw_audio(seed: int) -> dict:
     if r.random() < 0.15:
         steps.append({"gaussian_noise": {"std": 0.001}})
     out: dict[str, Any] = {"format": _choice(r, ["hdf5", "wav"], [1, 1]), "samples_per_shard": int(r.integers(1, 5))}
-    if out["format"] == "wav" and r.random() < 0.5:
-        out["options"] = {"subtype": _choice(r, ["auto", "PCM_16", "FLOAT"])}
+    if out["format"] == "wav" and r.random() < 0.5:   # int16 audio is written as PCM_16 (FLOAT is refused)
+        out["options"] = {"subtype": _choice(r, ["auto", "PCM_16"] + (["FLOAT"] if dec.get("dtype") != "int16" else []))}
     recipe = {"name": "fz", "seed": int(r.integers(0, 100)),
               "inputs": {"root": "$IN", "match": "{name}.{ext}", "where": {"ext": "wav|flac"}, "fields": {"audio": dec}},
               "steps": steps, "output": out}

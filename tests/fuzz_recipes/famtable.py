@@ -120,10 +120,18 @@ def draw_table(seed: int) -> dict:
                 row["split"] = "train" if int(re.search(r"row (\d)", row["caption"]).group(1)) % 2 == 0 else "val"
     if mixed:
         rows[min(3, n - 1)]["label"] = 17     # a number among strings
+    loader = None
+    if not big and recipe["output"]["format"] == "hdf5" and "split" not in recipe and r.random() < 0.4 \
+            and (text_only or recipe.get("steps")):
+        from .draw import draw_loader
+
+        loader = draw_loader(r, (8, 10), False, n)
+        if text_only:
+            loader["gpu_steps"] = []
     return {"seed": seed, "family": "table",
             "inputs": {"format": fmt, "rows": rows, **({"big_rows": n} if big else {}), "files": [f.replace("$IN/", "") for f in files], "gz": gz,
                        "big": big, "mixed": mixed, "images": not text_only},
-            "recipe": recipe, "loader": None, "j2": bool(r.random() < 0.05)}
+            "recipe": recipe, "loader": loader, "j2": bool(r.random() < 0.05)}
 
 
 # -- writing ------------------------------------------------------------------------------------------------------

@@ -120,7 +120,8 @@ KNOWN: dict[str, Known] = {
                      lambda c: bool((c.get("loader") or {}).get("convert", {}).get("channels_first"))
                      and not (c.get("loader") or {}).get("convert", {}).get("dtype")),
     "32.3": Known("TSV tables read with CSV quoting",
-                  frozenset({"table_rows", "table_cells", "inputs_accounted", "build_error", "split_rows"}),
+                  frozenset({"table_rows", "table_cells", "inputs_accounted", "build_error", "split_rows", "labels",
+                             "split_groups", "table_image", "loader_text"}),
                   lambda c: c["family"] == "table" and c["inputs"]["format"] in ("tsv", "tab")
                   and any(str(v).startswith('"') for row in c["inputs"]["rows"] for v in row.values())),
     "32.4": Known("CSV over 1 MiB with quoted cells spanning lines misparsed",
@@ -141,7 +142,8 @@ KNOWN: dict[str, Known] = {
                     flaky="the bytes past a short RLE are whatever malloc returns: zeros in every build on the test "
                           "machine (pycocotools' decode after freeing non-zero buffers shows them every time)"),
     "32.nonfinite": Known("non-finite COCO keypoints stored",
-                          frozenset({"finite", "keypoint_reference", "keypoint_visibility", "keypoint_marker"}),
+                          frozenset({"finite", "keypoint_reference", "keypoint_visibility", "keypoint_marker",
+                                     "keypoint_visible_on_marker", "loader_reference"}),
                           lambda c: c["family"] == "coco" and c["inputs"].get("bad") == "nan_keypoint"),
 }
 
@@ -153,8 +155,10 @@ NEW: dict[str, Known] = {
                 "boxes annotate?'), though reduce: auto is the default and docs/coco.md shows such fields",
                 frozenset({"input_failure", "build_error", "inputs_accounted"}),
                 lambda c: c["family"] == "coco" and len(c["recipe"]["inputs"]["fields"]) > 1
-                and _image_dec(c).get("reduce", "auto") not in ("off", False)
-                and any(max(im["H"], im["W"]) >= 100 for im in c["inputs"]["images"])),
+                and (isinstance(_image_dec(c).get("reduce", "auto"), int) and _image_dec(c).get("reduce") is not False
+                     or _image_dec(c).get("reduce", "auto") == "auto"
+                     and any(im["fmt"] == "jpg" for im in c["inputs"]["images"])
+                     and any(n in ("resize", "random_resized_crop") for n, _ in _steps(c)))),
     "N2": Known("new finding: the Loader's device random_flip raises NotImplementedError ('flip_cpu' not "
                 "implemented for 'UInt16') on a uint16 field: every COCO instance mask, a gray16 image, a uint16 mask",
                 frozenset({"loader_dtype"}),

@@ -132,6 +132,7 @@ def _check(case: dict, ld: dict, ds: Any, path: str, R: Report, gpu: Any) -> Non
     if any(ds.variable(f) for f in ds.fields if kinds[f] in GRID):
         return   # the Loader reads fixed-shape grids only (a case whose chain lost its fixed size: nothing to load)
     fields = [f for f in ds.fields if not ds.variable(f) or kinds[f] in NOTES]
+    texts = [f for f in fields if kinds[f] == "text"]
     fields = [f for f in fields if kinds[f] != "text"]
     coco = case["recipe"]["inputs"].get("coco") or {}
     instance = {"mask"} if coco.get("mask") == "instance" else set()
@@ -140,7 +141,7 @@ def _check(case: dict, ld: dict, ds: Any, path: str, R: Report, gpu: Any) -> Non
     shares = []
     for rank in ranks:
         try:
-            L = precompile.Loader(path, **_kw(ld, fields, rank))
+            L = precompile.Loader(path, **_kw(ld, fields + texts, rank))
         except Exception as e:
             conv = ld.get("convert") or {}
             refused = isinstance(e, ValueError) and "channels_first" in str(e) and not conv.get("dtype")
@@ -163,6 +164,9 @@ def _check(case: dict, ld: dict, ds: Any, path: str, R: Report, gpu: Any) -> Non
             for b, (rows, out) in enumerate(zip(idx, got)):
                 params = gpu.step_params(L.steps, ld["seed"], epoch, rank, b, len(rows))
                 _compare_batch(case, ld, ds, rows, out, params, kinds, fields, instance, R)
+                for f in texts:   # text: a list of str per batch (docs/tables.md)
+                    want = [ds[int(r)][f] for r in rows]
+                    R.check("loader_text", out.get(f) == want, lambda: f"{f}: {out.get(f)} vs {want}")
             if rank == 0 and ld.get("resume_at") is not None:
                 _check_resume(ld, fields, path, epoch, got, R)
         finally:
@@ -235,6 +239,7 @@ def conv_fields(conv: dict, fields: list, kinds: dict) -> list:
 
 
 def _check_resume(ld: dict, fields: list, path: str, epoch: int, full: list, R: Report) -> None:
+    """A Loader restored from state_dict() after k batches yields the rest of the epoch, batch for batch."""
     import precompile
 
     k = ld["resume_at"]

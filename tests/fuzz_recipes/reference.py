@@ -202,11 +202,11 @@ def geometric_records(steps: list[dict], augment: list[dict]) -> list[tuple[str,
         (name, p), = s.items()
         p = p or {}
         rec = None
+        if name in RANDOM_STEPS and p.get("fields") == []:
+            out.append((name, p, None))   # a step told to change nothing records no draw
+            continue
         if name in RANDOM_STEPS:
             j = next((i for i, r in enumerate(recs) if r.get("step") == name), None)
-            if j is None and p.get("fields") == []:
-                out.append((name, p, None))   # a step told to change nothing need not record a draw
-                continue
             if j is None:
                 raise LookupError(f"meta['augment'] has no record of step {name!r}: {augment}")
             rec = recs.pop(j)

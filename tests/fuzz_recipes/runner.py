@@ -110,8 +110,15 @@ def _run(case: dict, work: str, R: Report, j2: bool) -> None:
     truth = fam.write(case, inp)
     recipe = substitute(case["recipe"], inp)
     out = os.path.join(work, "out")
+    source: Any = recipe
+    if case["seed"] % 7 == 3:   # some cases as a YAML file (the CLI's path), the rest as a dict
+        import yaml
+
+        source = os.path.join(work, "recipe.yaml")
+        with open(source, "w", encoding="utf-8") as f:
+            yaml.safe_dump(recipe, f, allow_unicode=True, sort_keys=False)
     try:
-        rep = build(recipe, out)
+        rep = build(source, out)
     except PrecompileError as e:
         if hasattr(fam, "check_error"):
             fam.check_error(case, e, truth, R)

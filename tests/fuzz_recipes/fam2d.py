@@ -156,10 +156,11 @@ class Chain:
         return sl
 
     def colour_slack(self, source_err: float, rect: bool = True) -> Slack:
+        """As ids_slack, and a blurring resample of any scale may wash out a non-rectangular object's thin tips."""
         sl = Slack(source_err)
         for m, b in zip(self.moves, self.blurs):
             sl = sl.after(m, b)
-            if not rect and m.resample == "scale" and min(m.scale) < 1:
+            if not rect and m.resample == "scale" and (min(m.scale) < 1 or b > 0.5):
                 sl = Slack(sl.e, True)
         return sl
 

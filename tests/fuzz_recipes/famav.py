@@ -364,7 +364,10 @@ def check_sample(case: dict, truth: dict, key: str, s: dict, meta: dict, R: Repo
     if got and got[0] != -2:
         R.check("frame_truth", got == want, f"stored frames show {got}, the docs' rule takes {want}", key)
     # every frame of one sample moved alike: the white object sits at one place in all of them
-    obj = [np.argwhere(fr[..., 0] > 245).mean(0) if (fr[..., 0] > 245).sum() >= 2 else None for fr in v]
+    def white(fr: np.ndarray) -> np.ndarray:   # the object: bright in every channel (frames: B = 128, grey <= 224)
+        return fr[..., :3].min(-1) > (200 if fr.shape[-1] >= 3 and not info["v"]["gray"] else 238)
+
+    obj = [np.argwhere(white(fr)).mean(0) if white(fr).sum() >= 6 else None for fr in v]
     shown = np.array([o for o in obj if o is not None])
     spread = float(np.abs(shown - shown.mean(0)).max()) if len(shown) > 1 else 0.0
     R.check("frames_alike", spread <= 1.5, f"the object's centre moves {spread:.2f} px between frames of one sample",

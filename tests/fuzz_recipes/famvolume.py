@@ -433,6 +433,8 @@ class Ref:
         self.vol, self.mask, self.tol = vol, mask, tol
         self.exact_geometry = True
         self.intensity_changed = False
+        # voxels that hold data (not padding), moved by the exact steps; None once padding went through a resample
+        self.valid: Optional[np.ndarray] = np.ones(vol.shape, bool) if vol is not None else None
 
 
 def _apply_steps(case: dict, ref: Ref, meta: dict, R: Report, key: str, patch: Optional[dict]) -> Ref:
@@ -449,12 +451,14 @@ def _apply_steps(case: dict, ref: Ref, meta: dict, R: Report, key: str, patch: O
         if name == "crop_pad_volume":
             ref.vol = _crop_pad(ref.vol, p["shape"], p.get("pad_value", 0))
             ref.mask = _crop_pad(ref.mask, p["shape"], 0)
+            ref.valid = _crop_pad(ref.valid, p["shape"], 0) > 0 if ref.valid is not None else None
         elif name == "random_flip3d" and rec is not None:
             ax = tuple(rec.get("axes", []))
-            ref.vol, ref.mask = (_moved(a, lambda x: np.flip(x, ax) if ax else x) for a in (ref.vol, ref.mask))
+            ref.vol, ref.mask, ref.valid = (_moved(a, lambda x: np.flip(x, ax) if ax else x)
+                                            for a in (ref.vol, ref.mask, ref.valid))
         elif name == "random_rot90" and rec is not None:
-            ref.vol, ref.mask = (_moved(a, lambda x: np.rot90(x, rec["k"], axes=tuple(rec["plane"])))
-                                 for a in (ref.vol, ref.mask))
+            ref.vol, ref.mask, ref.valid = (_moved(a, lambda x: np.rot90(x, rec["k"], axes=tuple(rec["plane"])))
+                                            for a in (ref.vol, ref.mask, ref.valid))
         elif name == "patches3d":
             if patch is None:
                 R.check("patches", False, "a patch without meta['patch']", key)
@@ -462,11 +466,15 @@ def _apply_steps(case: dict, ref: Ref, meta: dict, R: Report, key: str, patch: O
             c, size = patch["corner"], patch["size"]
             ref.vol = _take(ref.vol, c, size, p.get("pad_value", 0))
             ref.mask = _take(ref.mask, c, size, 0)
+            ref.valid = _take(ref.valid, c, size, 0) > 0 if ref.valid is not None else None
         elif name in ("resample_volume", "elastic"):
             if name == "elastic" and rec is not None and float(rec.get("magnitude", 1)) == 0:
                 continue
             shape = p.get("shape") or (meta.get("volume") or {}).get("shape")
             ref.exact_geometry = False
+            shape_out = tuple(p["shape"]) if name == "resample_volume" and "shape" in p else \
+                (ref.vol.shape if ref.vol is not None else None)
+            ref.valid = np.ones(shape_out, bool) if ref.valid is not None and shape_out and ref.valid.all() else None
             ref.vol = _ShapeOnly(tuple(p["shape"])) if name == "resample_volume" and "shape" in p else (
                 _ShapeOnly(ref.vol.shape) if ref.vol is not None else None)
             ref.mask = _ShapeOnly(ref.vol.shape) if ref.mask is not None and ref.vol is not None else None
@@ -611,8 +619,8 @@ def check_sample(case: dict, truth: dict, key: str, s: dict, meta: dict, R: Repo
             t1, t2 = _thresholds(it)
             add = 100.0 * (vidx or (dec.get("index") if isinstance(dec.get("index"), int) else 0) or 0)
             want = label_of_volume(got - add, t1, t2) if dec.get("rescale", True) else None
-            if want is not None:
-                agree = float((want == seg).mean())
+            if want is not None and ref.valid is not None and ref.valid.shape == seg.shape and ref.valid.any():
+                agree = float((want == seg)[ref.valid].mean())
                 R.check("mask_truth", agree >= 0.8, f"labels agree with the intensities they were cut from at "
                         f"{agree:.0%} of voxels", key)
     if "lungs" in s:

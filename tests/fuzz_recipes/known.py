@@ -79,6 +79,8 @@ def _uint8_then_negative_pad(case: dict) -> bool:
             u8 = False
         if u8 and n in ("crop_pad_volume", "patches3d") and (p.get("pad_value", 0) < 0 or p.get("pad_value", 0) > 255):
             return True
+        if u8 and n == "apply_mask" and (p.get("fill", 0) < 0 or p.get("fill", 0) > 255):
+            return True
     return False
 
 
@@ -177,11 +179,23 @@ NEW: dict[str, Known] = {
                 and c["recipe"]["inputs"]["fields"]["video"].get("audio_rate") is not None
                 and any(n == "temporal_jitter" for n, _ in _steps(c))),
     "N5": Known("new finding: a pad_value (or fill) outside the field's dtype range wraps around silently: "
-                "crop_pad_volume with pad_value -7 on a uint8 volume (hu_window dtype: uint8) stores 249; likewise "
+                "crop_pad_volume with pad_value -7 on a uint8 volume (hu_window dtype: uint8) stores 249, apply_mask "
+                "fill -1000 stores 24; likewise "
                 "center_crop / random_crop pad_value -5 on a uint8 image stores 251, resize keep_aspect pad_value "
                 "300 stores 44",
                 frozenset({"volume_truth"}),
                 lambda c: c["family"] in ("volume", "dicom") and _uint8_then_negative_pad(c)),
+    "N6": Known("new finding: a streamed video cut by frame clips with short: pad and pad: last pads with the last "
+                "frame it read, not the video's last frame, when a seek skipped the rest (12 frames, decoder every 3, "
+                "clips length 4 every 2: streamed [0, 6, 6, 6], decoded whole [0, 6, 9, 9])",
+                frozenset({"frame_truth", "index_field", "stream_vs_whole"}),
+                lambda c: c["family"] == "video" and (_clips(c) or {}).get("short") == "pad"
+                and (_clips(c) or {}).get("pad", "last") == "last" and (_clips(c) or {}).get("fps") is None),
+    "N7": Known("new finding: a streamed video cut by time clips (fps) ignores the decoder's max_frames: it cuts "
+                "clips from frames past it (max_frames 8 at 25 fps: a clip of frame 10; decoded whole: no such clip)",
+                frozenset({"clip_count", "frame_truth", "index_field", "stream_vs_whole", "audio_truth"}),
+                lambda c: c["family"] == "video" and (_clips(c) or {}).get("fps") is not None
+                and c["recipe"]["inputs"]["fields"]["video"].get("max_frames") is not None),
 }
 KNOWN.update(NEW)
 

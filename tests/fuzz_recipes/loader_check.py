@@ -23,7 +23,12 @@ NOTES = {"boxes", "box_labels", "keypoints"}
 
 
 def _kw(ld: dict, fields: list[str], rank: int = 0) -> dict:
-    kw: dict[str, Any] = {"batch_size": ld["batch_size"], "shuffle": ld["shuffle"], "seed": ld["seed"], "device": "cpu",
+    """The Loader's arguments; ``PRECOMPILE_FUZZ_DEVICE=cuda`` runs the same oracles on the CUDA feeder (and
+    ``in_memory: true`` cases as ``in_memory="gpu"``, the resident feeder)."""
+    import os
+
+    device = os.environ.get("PRECOMPILE_FUZZ_DEVICE", "cpu")
+    kw: dict[str, Any] = {"batch_size": ld["batch_size"], "shuffle": ld["shuffle"], "seed": ld["seed"], "device": device,
                           "fields": fields, "gpu_steps": ld.get("gpu_steps") or None,
                           "drop_last": ld.get("drop_last", False)}
     if ld.get("world_size"):
@@ -33,6 +38,8 @@ def _kw(ld: dict, fields: list[str], rank: int = 0) -> dict:
     for k in ("num_threads", "in_memory", "copies"):
         if k in ld:
             kw[k] = ld[k]
+    if device == "cuda" and kw.get("in_memory") is True:
+        kw["in_memory"] = "gpu"
     kw.update(ld.get("convert") or {})
     return kw
 
@@ -185,7 +192,7 @@ def _compare_batch(case, ld, ds, rows, out, params, kinds, fields, instance, R: 
             k = kinds[f]
             if k in NOTES:
                 c = int(out[f + "__count"][i])
-                g = out[f][i].numpy()
+                g = out[f][i].cpu().numpy()
                 w = np.asarray(want[f])
                 R.check("loader_reference", c == len(w),
                         lambda: f"{f}: {c} rows, the reference keeps {len(w)} ({np.asarray(s['boxes']).tolist()})", key)
@@ -206,7 +213,7 @@ def _compare_batch(case, ld, ds, rows, out, params, kinds, fields, instance, R: 
                     R.check("loader_reference", np.abs(g.astype(np.float64) - w).max(initial=0) <= 2e-3,
                             lambda: f"{f} {g.tolist()} vs reference {np.round(w, 3).tolist()}", key)
                 continue
-            g = out[f][i].numpy() if hasattr(out[f], "numpy") else np.asarray(out[f][i])
+            g = out[f][i].cpu().numpy() if hasattr(out[f], "cpu") else np.asarray(out[f][i])
             w = want[f]
             if f in conv_fields(conv, fields, kinds):
                 if conv.get("dtype"):

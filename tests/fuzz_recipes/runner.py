@@ -381,6 +381,25 @@ def explore(n: int, start: Optional[int] = None, minimise_s: float = 60.0, keep:
     return bad
 
 
+def loader_cases(n: int, start: int = 0) -> int:
+    """The Loader oracles over the first ``n`` drawn cases with a Loader (the device from PRECOMPILE_FUZZ_DEVICE)."""
+    out: dict[str, Any] = {"device": os.environ.get("PRECOMPILE_FUZZ_DEVICE", "cpu"), "cases": [], "new": 0}
+    seed = start
+    while len(out["cases"]) < n and seed < start + 20 * n:
+        case = draw.draw_case(seed)
+        seed += 1
+        if not case.get("loader") or case["recipe"].get("output", {}).get("format", "hdf5") != "hdf5":
+            continue
+        case = dict(case, j2=False, whole=False)
+        res = run_case(case)
+        new, ids = classify(res)
+        loader = {k: v for k, v in res.per_oracle.items() if k.startswith("loader")}
+        out["cases"].append({"seed": case["seed"], "known": ids, "new": [str(f)[:400] for f in new], "loader_checks": loader})
+        out["new"] += bool(new)
+    print(json.dumps(out, indent=1))
+    return int(out["new"] > 0)
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     import argparse
 
@@ -391,7 +410,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--show", action="store_true", help="print the case")
     ap.add_argument("--keep", action="store_true", help="append each new failure's minimal case to regressions.json")
     ap.add_argument("--minimise-s", type=float, default=60.0)
+    ap.add_argument("--loader-cases", type=int, help="run the first N seeds whose case has a Loader (with "
+                    "PRECOMPILE_FUZZ_DEVICE=cuda: on the GPU); print a JSON summary")
     a = ap.parse_args(argv)
+    if a.loader_cases:
+        return loader_cases(a.loader_cases, a.start or 0)
     if a.seed is not None:
         case = draw.draw_case(a.seed)
         if a.show:

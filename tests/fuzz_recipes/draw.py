@@ -80,8 +80,9 @@ def draw_2d_step(r: np.random.Generator, sizes: list[tuple[int, int]], keypoints
             p["fast"] = True
     elif name == "center_crop":
         pad = r.random() < 0.25
-        h = int(r.integers(6, (int(mh * 1.3) if pad else mh) + 1))
-        w = int(r.integers(6, (int(mw * 1.3) if pad else mw) + 1))
+        hi_h, hi_w = (int(mh * 1.3) if pad else mh), (int(mw * 1.3) if pad else mw)
+        h = int(r.integers(min(6, hi_h), hi_h + 1))
+        w = int(r.integers(min(6, hi_w), hi_w + 1))
         if (h > mh or w > mw) and not pad:
             return None
         p = {"size": [h, w]} if h != w or r.random() < 0.5 else {"size": h}
@@ -95,8 +96,9 @@ def draw_2d_step(r: np.random.Generator, sizes: list[tuple[int, int]], keypoints
         padding = int(_choice(r, [0, 0, 0, 2, 4]))
         pad = r.random() < 0.2
         lim_h, lim_w = mh + 2 * padding, mw + 2 * padding
-        h = int(r.integers(6, (int(lim_h * 1.3) if pad else lim_h) + 1))
-        w = int(r.integers(6, (int(lim_w * 1.3) if pad else lim_w) + 1))
+        hi_h, hi_w = (int(lim_h * 1.3) if pad else lim_h), (int(lim_w * 1.3) if pad else lim_w)
+        h = int(r.integers(min(6, hi_h), hi_h + 1))
+        w = int(r.integers(min(6, hi_w), hi_w + 1))
         p = {"size": [h, w]}
         if padding:
             p["padding"] = padding

@@ -359,7 +359,12 @@ def explore(n: int, start: Optional[int] = None, minimise_s: float = 60.0, keep:
     bad = 0
     t0 = time.perf_counter()
     for seed in range(start, start + n):
-        case = draw.draw_case(seed)
+        try:
+            case = draw.draw_case(seed)
+        except Exception as e:   # the drawer itself failed: a fuzzer bug, named with its seed
+            bad += 1
+            print(f"FAIL seed {seed}: drawing the case raised {type(e).__name__}: {e}", flush=True)
+            continue
         res = run_case(case)
         new, ids = classify(res)
         tag = f"seed {seed} ({case['family']}, {res.seconds:.2f} s)"

@@ -314,7 +314,8 @@ def write_flo(path: str, flow: np.ndarray) -> None:
 def flow_pair(scene: Scene, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """img2, ids2 and the flow of a known warp: object i moves by its own integer translation (dx, dy), the
     background stays; ``flow`` holds (dx, dy) on object i's pixels of img1, 0 on the background and NaN on a
-    block of unknown vectors away from the objects. Returns (img2, ids2, flow, moves)."""
+    block of unknown vectors away from the objects. Returns (img2, ids2, flow, moves); an object whose moved
+    pixels another one covers, or that left the image in part, has moves[i] = (99, 99): not judged."""
     rng = rng_of(seed, "flow")
     H, W = scene.H, scene.W
     img2 = np.zeros_like(scene.image)
@@ -329,6 +330,12 @@ def flow_pair(scene: Scene, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
         img2[ys[ok] + dy, xs[ok] + dx] = PALETTE[o.colour]
         ids2[ys[ok] + dy, xs[ok] + dx] = o.index
         flow[ys, xs] = (dx, dy)
+    for o in scene.objects:
+        ys, xs = np.nonzero(o.raster)
+        dx, dy = moves[o.index]
+        inside = ((ys + dy >= 0) & (ys + dy < H) & (xs + dx >= 0) & (xs + dx < W)).all()
+        if not inside or int((ids2 == o.index).sum()) != len(ys):
+            moves[o.index] = (99, 99)
     free = scene.ids == 0
     if free.any() and rng.random() < 0.7:
         y, x = int(rng.integers(0, max(1, H - 3))), int(rng.integers(0, max(1, W - 3)))

@@ -234,7 +234,8 @@ def _colour_check(R: Report, key: str, img: np.ndarray, ch: Chain, items: list, 
         sl = ch.colour_slack(_source_colour_err(im, k), rect)
         grey = img.shape[-1] == 1 or im["fmt"] == "jpg" or ch.grey
         # judged by luma one pixel in from the edge: a non-rectangular object's thin tips may hold no interior
-        sl = Slack(sl.e + extra + (1.0 if grey else 0.0), sl.loose or (grey and not rect))
+        # a reduced decode is a resample too: a non-rectangular object's thin tips may wash out
+        sl = Slack(sl.e + extra + (1.0 if grey else 0.0), sl.loose or (not rect and (grey or k > 1)))
         w, h = box[2] - box[0], box[3] - box[1]
         if min(w, h) < 3 + 2 * sl.e:
             continue
@@ -258,7 +259,7 @@ def _check_coco(case, info, key, s, ch: Chain, R: Report, field, im, k) -> None:
             if o.crowd and crowd != "keep":
                 continue
             kp = o.keypoints if o.keypoints is not None else np.zeros((K, 3), np.float32)
-            if case["inputs"].get("bad") == "nan_keypoint" and o is sc.objects[0] and o.keypoints is not None:
+            if case["inputs"].get("bad") == "nan_keypoint" and sc.objects and o is sc.objects[0] and o.keypoints is not None:
                 kp = kp.copy()
                 kp[1, 0] = np.nan
             a = Ann(o, CATEGORY_LABEL[o.category], np.asarray(o.box, np.float64), kp.astype(np.float64), list(range(K)))

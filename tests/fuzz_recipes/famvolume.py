@@ -591,6 +591,8 @@ def check_sample(case: dict, truth: dict, key: str, s: dict, meta: dict, R: Repo
     else:
         vol = dicom_reference(case, info)
         tol = 0.51 if dec.get("dtype") == "int16" else 1e-3
+        if dec.get("dtype") == "int16" and (info["it"]["uneven"] or dec.get("slice_spacing")):
+            tol = 1.01   # an interpolated slice rounded to int16: a value near .5 may round either way
         mask = None
         if vol is not None and not case["recipe"].get("steps"):
             R.check("dicom_order", vol.shape == s["volume"].shape,

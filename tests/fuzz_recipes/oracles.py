@@ -144,23 +144,34 @@ def follow(anns: list[Ann], moves: list[ref.Move]) -> None:
                     a.perm[x], a.perm[y] = a.perm[y], a.perm[x]
 
 
-def match_rows(got: np.ndarray, anns: list[Ann], tol: float) -> Optional[list[Ann]]:
+def match_rows(got: np.ndarray, anns: list[Ann], tol: float, labels: Optional[np.ndarray] = None) -> Optional[list[Ann]]:
     """The annotation each stored row is, in order: every unambiguous survivor must be there, an ambiguous one
-    may be; None when the rows cannot be matched."""
+    (a keep decision within float noise of its threshold at some step) may be, with coordinates that need not
+    match (a box kept by a hair can come out anywhere after a later rotation); None when the rows cannot be
+    matched."""
+    cands = [a for a in anns if a.alive or a.ambiguous]
     out: list[Ann] = []
     j = 0
-    cands = [a for a in anns if a.alive or a.ambiguous]
-    for row in got:
+    for r, row in enumerate(got):
+        row = row.astype(np.float64)
+        lab = None if labels is None else int(labels[r])
+        hit = None
         while j < len(cands):
             a = cands[j]
             j += 1
-            if np.abs(row.astype(np.float64) - a.box).max() <= tol:
-                out.append(a)
+            if np.abs(row - a.box).max() <= tol:
+                hit = a
                 break
-            if a.alive and not a.ambiguous:
-                return None
-        else:
+            if a.ambiguous:
+                later = [b for b in cands[j:] if np.abs(row - b.box).max() <= tol]
+                if not later and (lab is None or lab == a.label):
+                    hit = a          # this row is the ambiguous box, kept by the code
+                    break
+                continue             # dropped by the code; the row is a later one
+            return None              # an unambiguous survivor is missing
+        if hit is None:
             return None
+        out.append(hit)
     if any(a.alive and not a.ambiguous for a in cands[j:]):
         return None
     return out

@@ -15,7 +15,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .reference import pair, resize_target, side_round
+from .reference import pair, resize_target
 from .truth import FLIP_PAIRS, MAX_OBJECTS, rng_of
 
 # family -> weight in the fixed-seed run

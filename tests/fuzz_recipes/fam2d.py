@@ -1,15 +1,14 @@
 """2D families: COCO files, folders with a label capture, flow pairs. Inputs, and the oracles on each sample."""
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Optional
 
 import numpy as np
 
 from . import reference as ref
-from .oracles import Ann, Report, Slack, box_tol, box_vs_extent, close, colour_mask, extent, fmt_box, follow, match_rows
-from .truth import (CATEGORY_LABEL, CROWD_ID, FLIP_PAIRS, K, LABEL_NAMES, MAX_OBJECTS, coco_annotations,
+from .oracles import Ann, Report, Slack, box_tol, box_vs_extent, colour_mask, extent, fmt_box, follow, match_rows
+from .truth import (CATEGORY_LABEL, CROWD_ID, K, MAX_OBJECTS, coco_annotations,
                     exif_transpose, flow_pair, make_scene, rng_of, save_image, write_coco, write_flo)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import reference as ref
 from .oracles import Report
-from .truth import audio_ramp, frame_index, gray_level, pyav_frames, rng_of, write_video, write_wav_int16
+from .truth import audio_ramp, frame_index, pyav_frames, rng_of, write_video, write_wav_int16
 
 CONTAINERS = {"mpeg4": ["mp4", "avi"], "libx264": ["mp4", "mkv"], "ffv1": ["mkv"], "mjpeg": ["avi"]}
 

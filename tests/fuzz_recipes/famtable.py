@@ -10,7 +10,6 @@ import csv
 import gzip
 import io
 import json
-import math
 import os
 import re
 from typing import Any, Optional

@@ -2,14 +2,13 @@
 oracle; tolerances are derived from what the chain did (see :class:`Slack`)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
 
 from . import reference as ref
-from .truth import CROWD_ID, K, LUMA, PALETTE
+from .truth import K, LUMA, PALETTE
 
 
 @dataclass

@@ -32,7 +32,7 @@ if __name__ == "__main__":   # run as a script: the tests folder and the reposit
     sys.path[:0] = [os.path.dirname(HERE), os.path.dirname(os.path.dirname(HERE))]
 
 from fuzz_recipes import draw, known  # noqa: E402
-from fuzz_recipes.oracles import Finding, Report, close, fmt_box  # noqa: E402
+from fuzz_recipes.oracles import Finding, Report  # noqa: E402
 
 REGRESSIONS = os.path.join(HERE, "regressions.json")
 

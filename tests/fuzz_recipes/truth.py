@@ -12,7 +12,6 @@ pixels of their object; the marker mask (``marks``) holds ``3 i + j + 1`` at key
 """
 from __future__ import annotations
 
-import io
 import json
 import math
 import os

@@ -1,0 +1,301 @@
+"""The Loader against the map-style dataset and a numpy reference of its device steps.
+
+- every batch equals ``ds`` rows passed through flips and crops done here in numpy with the drawn parameters
+  (docs/reference-reader.md: a function of (seed, epoch, rank, batch)); boxes and keypoints through the
+  documented maps (reference.py), a dropped box taking its rows and its instance id (ids above it move down);
+  padded rows NaN / -1 and counts;
+- the conversion: uint8 / 255, then (x - mean) / std, NCHW with ``channels_first``;
+- DDP: the ranks' shares are disjoint (``uneven: pad`` repeats to equal shares, ``drop`` trims) and cover the
+  epoch; every epoch shows each key once (``copies: epoch``) or every row (``all``);
+- resume: a Loader restored from ``state_dict()`` after k batches yields exactly the remaining batches.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import reference as ref
+from .oracles import Report
+
+GRID = {"image", "mask", "flow", "flow_valid", "video"}
+NOTES = {"boxes", "box_labels", "keypoints"}
+
+
+def _kw(ld: dict, fields: list[str], rank: int = 0) -> dict:
+    """The Loader's arguments; ``PRECOMPILE_FUZZ_DEVICE=cuda`` runs the same oracles on the CUDA feeder (and
+    ``in_memory: true`` cases as ``in_memory="gpu"``, the resident feeder)."""
+    import os
+
+    device = os.environ.get("PRECOMPILE_FUZZ_DEVICE", "cpu")
+    kw: dict[str, Any] = {"batch_size": ld["batch_size"], "shuffle": ld["shuffle"], "seed": ld["seed"], "device": device,
+                          "fields": fields, "gpu_steps": ld.get("gpu_steps") or None,
+                          "drop_last": ld.get("drop_last", False)}
+    if ld.get("world_size"):
+        kw.update(rank=rank, world_size=ld["world_size"], uneven=ld.get("uneven", "pad"))
+    else:
+        kw.update(rank=0, world_size=1)
+    for k in ("num_threads", "in_memory", "copies"):
+        if k in ld:
+            kw[k] = ld[k]
+    if device == "cuda" and kw.get("in_memory") is True:
+        kw["in_memory"] = "gpu"
+    kw.update(ld.get("convert") or {})
+    return kw
+
+
+def _flip(a: np.ndarray, kind: str, h: bool, v: bool) -> np.ndarray:
+    hd, wd = (a.ndim - 3, a.ndim - 2)
+    if h:
+        a = np.flip(a, wd)
+    if v:
+        a = np.flip(a, hd)
+    a = a.copy()
+    if kind == "flow":
+        if h:
+            a[..., 0] = -a[..., 0]
+        if v:
+            a[..., 1] = -a[..., 1]
+    return a
+
+
+def _crop(a: np.ndarray, kind: str, p: dict, top: int, left: int, pad_img: float) -> np.ndarray:
+    h, w = ref.pair(p["size"])
+    H, W = a.shape[-3], a.shape[-2]
+    pad = p.get("padding", 0)
+    PH, PW = max(H + 2 * pad, h), max(W + 2 * pad, w)
+    t, l_ = pad + (PH - H - 2 * pad) // 2, pad + (PW - W - 2 * pad) // 2
+    value = np.nan if kind == "flow" else (0 if kind in ("mask", "flow_valid") else pad_img)
+    if (PH, PW) != (H, W):
+        widths = [(0, 0)] * a.ndim
+        widths[-3], widths[-2] = (t, PH - H - t), (l_, PW - W - l_)
+        a = np.pad(a, widths, constant_values=value)
+    return a[..., top:top + h, left:left + w, :].copy()
+
+
+def _renumber(mask: np.ndarray, dropped: list[int]) -> np.ndarray:
+    """An instance mask after rows ``dropped`` (0-based) left: their ids become 0, later ids move down."""
+    out = mask.astype(np.int64).copy()
+    m = mask.astype(np.int64)
+    for d in sorted(dropped):
+        out[m == d + 1] = 0
+    for v in np.unique(m):
+        if v > 0 and v - 1 not in dropped and v < np.iinfo(mask.dtype).max:
+            out[m == v] = v - sum(1 for d in dropped if d < v - 1)
+    return out.astype(mask.dtype)
+
+
+def reference_sample(s: dict, kinds: dict, steps: list[dict], params: list[dict], i: int, instance: set) -> dict:
+    s = {k: (np.asarray(v).copy() if not isinstance(v, str) else v) for k, v in s.items()}
+    for step, prm in zip(steps, params):
+        (name, p), = step.items()
+        one = {k: (bool(v[i]) if np.asarray(v).dtype == bool else int(v[i])) for k, v in prm.items()}
+        grids = [f for f in s if kinds[f] in GRID]
+        if not grids:
+            continue
+        hw = s[grids[0]].shape[-3:-1]
+        m = ref.step_move(name, p, one, tuple(hw))
+        for f in grids:
+            if name == "random_flip":
+                s[f] = _flip(s[f], kinds[f], one["horizontal"], one["vertical"])
+            else:
+                s[f] = _crop(s[f], kinds[f], p, one["top"], one["left"], p.get("pad_value", 0))
+        if "boxes" in s:
+            keep, new = [], []
+            for r, b in enumerate(s["boxes"].astype(np.float64)):
+                br = ref.move_box(b, m)
+                if br.kept:
+                    keep.append(r)
+                    new.append(br.box)
+            dropped = [r for r in range(len(s["boxes"])) if r not in keep]
+            s["boxes"] = np.asarray(new, np.float64).reshape(-1, 4)
+            for f in [f for f in s if kinds[f] in ("box_labels", "keypoints")]:
+                s[f] = s[f][keep]
+            for f in instance:
+                if f in s and dropped:
+                    s[f] = _renumber(s[f], dropped)
+        for f in [f for f in s if kinds[f] == "keypoints"]:
+            s[f] = ref.move_keypoints(s[f], m, (m.params or {}).get("pairs", []))
+    return s
+
+
+def check(case: dict, truth: dict, path: str, R: Report) -> None:
+    import precompile
+    from precompile.reader import gpu
+
+    ld = case["loader"]
+    ds = precompile.open(path)
+    try:
+        _check(case, ld, ds, path, R, gpu)
+    finally:
+        ds.close()
+
+
+def _check(case: dict, ld: dict, ds: Any, path: str, R: Report, gpu: Any) -> None:
+    import precompile
+
+    specs = ds.field_specs
+    kinds = {f: specs[f]["kind"] for f in ds.fields}
+    if any(ds.variable(f) for f in ds.fields if kinds[f] in GRID):
+        return   # the Loader reads fixed-shape grids only (a case whose chain lost its fixed size: nothing to load)
+    fields = [f for f in ds.fields if not ds.variable(f) or kinds[f] in NOTES]
+    texts = [f for f in fields if kinds[f] == "text"]
+    fields = [f for f in fields if kinds[f] != "text"]
+    coco = case["recipe"]["inputs"].get("coco") or {}
+    instance = {"mask"} if coco.get("mask") == "instance" else set()
+    ranks = range(ld.get("world_size") or 1)
+    epoch = ld.get("epoch", 0)
+    shares = []
+    for rank in ranks:
+        try:
+            L = precompile.Loader(path, **_kw(ld, fields + texts, rank))
+        except Exception as e:
+            conv = ld.get("convert") or {}
+            refused = isinstance(e, ValueError) and "channels_first" in str(e) and not conv.get("dtype")
+            R.check("loader_convert" if conv.get("channels_first") and not conv.get("dtype") else "loader_crash",
+                    refused, f"Loader(...) raised {type(e).__name__}: {e}")
+            return
+        try:
+            L.set_epoch(epoch)
+            idx = [np.asarray(b) for b in L.batch_indices()]
+            shares.append(np.concatenate(idx) if idx else np.zeros(0, np.int64))
+            try:
+                got = list(L)
+            except NotImplementedError as e:   # a torch kernel missing for a stored dtype
+                R.check("loader_dtype", False, f"iterating the Loader raised {type(e).__name__}: {str(e)[:300]}")
+                return
+            except Exception as e:
+                R.check("loader_crash", False, f"iterating the Loader raised {type(e).__name__}: {str(e)[:300]}")
+                return
+            R.check("loader_batches", len(got) == len(idx), f"{len(got)} batches for {len(idx)} index lists")
+            for b, (rows, out) in enumerate(zip(idx, got)):
+                params = gpu.step_params(L.steps, ld["seed"], epoch, rank, b, len(rows))
+                _compare_batch(case, ld, ds, rows, out, params, kinds, fields, instance, R)
+                for f in texts:   # text: a list of str per batch (docs/tables.md)
+                    want = [ds[int(r)][f] for r in rows]
+                    R.check("loader_text", out.get(f) == want, lambda: f"{f}: {out.get(f)} vs {want}")
+            if rank == 0 and ld.get("resume_at") is not None:
+                _check_resume(ld, fields, path, epoch, got, R)
+        finally:
+            L.close()
+    _check_shares(case, ld, ds, shares, R)
+
+
+def _compare_batch(case, ld, ds, rows, out, params, kinds, fields, instance, R: Report) -> None:
+    steps = ld.get("gpu_steps") or []
+    conv = ld.get("convert") or {}
+    for i, row in enumerate(rows):
+        s = {f: ds[int(row)][f] for f in fields}
+        want = reference_sample(s, kinds, steps, params, i, instance)
+        key = ds.key(int(row))
+        for f in fields:
+            k = kinds[f]
+            if k in NOTES:
+                c = int(out[f + "__count"][i])
+                g = out[f][i].cpu().numpy()
+                w = np.asarray(want[f])
+                R.check("loader_reference", c == len(w),
+                        lambda: f"{f}: {c} rows, the reference keeps {len(w)} ({np.asarray(s['boxes']).tolist()})", key)
+                if c != len(w):
+                    continue
+                pad = g[c:]
+                R.check("loader_padding", (np.isnan(pad).all() if pad.dtype.kind == "f" else (pad == -1).all()),
+                        f"{f}: padding rows hold {pad.reshape(-1)[:6].tolist()}", key)
+                g = g[:c]
+                if k == "keypoints":
+                    edge = (np.abs(w[..., 0] - want_hw(want, kinds)[1]) < 1e-6) | \
+                           (np.abs(w[..., 1] - want_hw(want, kinds)[0]) < 1e-6)
+                    okxy = np.abs(g[..., :2] - w[..., :2]).max(initial=0) <= 2e-3
+                    okv = ((g[..., 2] == w[..., 2]) | edge).all()
+                    R.check("loader_reference", okxy and okv,
+                            lambda: f"keypoints {g.tolist()} vs reference {w.round(3).tolist()}", key)
+                else:
+                    R.check("loader_reference", np.abs(g.astype(np.float64) - w).max(initial=0) <= 2e-3,
+                            lambda: f"{f} {g.tolist()} vs reference {np.round(w, 3).tolist()}", key)
+                continue
+            g = out[f][i].cpu().numpy() if hasattr(out[f], "cpu") else np.asarray(out[f][i])
+            w = want[f]
+            if f in conv_fields(conv, fields, kinds):
+                if conv.get("dtype"):
+                    scale = 1 / 255 if w.dtype == np.uint8 else 1.0
+                    w = ((w.astype(np.float32) * np.float32(scale)) - np.float32(conv.get("mean", 0.0))) / \
+                        np.float32(conv.get("std", 1.0))
+                if conv.get("channels_first") and w.ndim == 3:
+                    w = np.moveaxis(w, -1, 0)
+                ok = g.shape == w.shape and np.allclose(g, w, atol=1e-5, equal_nan=True)
+                R.check("loader_convert", ok, lambda: f"{f}: converted {g.shape} differs from (x/255 - mean)/std "
+                                                      f"{w.shape}" + (" in NCHW" if conv.get("channels_first") else ""), key)
+                continue
+            ok = g.shape == w.shape and np.array_equal(g, w, equal_nan=g.dtype.kind == "f")
+            oracle = "loader_instance_mask" if f in instance and g.shape == w.shape else "loader_reference"
+            R.check(oracle, ok, lambda: f"{f}: batch row {i} {g.shape} differs from the reference {w.shape} "
+                                        f"({int((g != w).sum()) if g.shape == w.shape else 'shape'} values)", key)
+
+
+def want_hw(want: dict, kinds: dict) -> tuple[int, int]:
+    for f, k in kinds.items():
+        if k in ("image", "mask", "flow") and f in want:
+            return tuple(want[f].shape[-3:-1])
+    return (0, 0)
+
+
+def conv_fields(conv: dict, fields: list, kinds: dict) -> list:
+    if not conv.get("dtype") and not conv.get("channels_first"):
+        return []
+    return [f for f in fields if kinds[f] in ("image", "video")]
+
+
+def _check_resume(ld: dict, fields: list, path: str, epoch: int, full: list, R: Report) -> None:
+    """A Loader restored from state_dict() after k batches yields the rest of the epoch, batch for batch."""
+    import precompile
+
+    k = ld["resume_at"]
+    if k >= len(full):
+        return
+    A = precompile.Loader(path, **_kw(ld, fields))
+    try:
+        A.set_epoch(epoch)
+        it = iter(A)
+        for _ in range(k):
+            next(it)
+        state = A.state_dict()
+    finally:
+        A.close()
+    B = precompile.Loader(path, **_kw(ld, fields))
+    try:
+        B.load_state_dict(state)
+        B.set_epoch(epoch)
+        rest = list(B)
+    finally:
+        B.close()
+    same = len(rest) == len(full) - k and all(
+        all(np.array_equal(np.asarray(x[f]), np.asarray(y[f]), equal_nan=True) for f in x if not isinstance(x[f], list))
+        for x, y in zip(rest, full[k:]))
+    R.check("loader_resume", same, f"resumed after {k} of {len(full)} batches: {len(rest)} batches, not the rest")
+
+
+def _check_shares(case: dict, ld: dict, ds: Any, shares: list, R: Report) -> None:
+    W = len(shares)
+    rows = np.concatenate(shares) if shares else np.zeros(0)
+    n_keys = len(set(ds.keys))
+    copies = ld.get("copies", "epoch")
+    total = len(ds) if copies == "all" or not case["recipe"].get("copies") else n_keys
+    uniq = set(rows.tolist())
+    lens = {len(s) for s in shares}
+    if W > 1:
+        R.check("loader_ddp", len(lens) == 1, f"rank shares differ in size: {[len(s) for s in shares]}")
+        if ld.get("uneven", "pad") == "drop":
+            want = (total // W) * W
+            if ld.get("drop_last"):
+                want = None
+            R.check("loader_ddp", want is None or len(rows) == want and len(uniq) == want,
+                    f"uneven=drop: {len(rows)} rows ({len(uniq)} distinct) over {W} ranks of {total}")
+        else:
+            R.check("loader_ddp", ld.get("drop_last") or len(uniq) == total,
+                    f"uneven=pad: the ranks cover {len(uniq)} of {total} rows")
+    elif not ld.get("drop_last"):
+        R.check("loader_epoch", len(rows) == total and len(uniq) == total,
+                f"one epoch reads {len(rows)} rows ({len(uniq)} distinct), expected {total}")
+    if copies != "all" and case["recipe"].get("copies"):
+        keys = [ds.key(int(r)) for r in uniq]
+        R.check("loader_epoch", len(keys) == len(set(keys)), "an epoch shows some key twice")

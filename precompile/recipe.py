@@ -27,7 +27,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from .formats import names as fmt
-from .errors import RecipeError
+from .errors import RecipeError, clip
 from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -207,6 +207,10 @@ class Inputs(_Model):
     key: Optional[str] = Field(None, description="table: the column whose value is the sample key "
                                                  "(default: the row's path)")
     columns: dict[str, ColumnDecl] = Field(default_factory=dict, description="table: fields made of columns")
+    quoting: Optional[Literal["csv", "none"]] = Field(
+        None, description="table: how a CSV or TSV file quotes its cells: `csv` (RFC 4180: a quoted cell may hold "
+                          "separators, doubled quotes and line breaks) or `none` (a quote is plain text); default "
+                          "csv for .csv files, none for .tsv/.tab files (TSV has no quoting)")
 
     @field_validator("table")
     @classmethod
@@ -217,6 +221,16 @@ class Inputs(_Model):
 
         for entry in [v] if isinstance(v, str) else v or []:
             table_format(entry)  # a ValueError naming the known extensions
+        return v
+
+    @field_validator("quoting")
+    @classmethod
+    def _quoting(cls, v: Optional[str], info: ValidationInfo) -> Optional[str]:
+        from .compiler.tables import table_format
+
+        t = info.data.get("table")
+        if v is not None and not any(table_format(x) in ("csv", "tsv") for x in ([t] if isinstance(t, str) else t or [])):
+            raise ValueError("applies to CSV and TSV tables (inputs.table names none)")
         return v
 
     @field_validator("columns")
@@ -377,8 +391,7 @@ def _pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: 
     elif first["type"] == "extra_forbidden":
         msg = "unknown key"
     elif "input" in first and first["type"] not in ("value_error",):
-        got = repr(first["input"])
-        msg = f"{msg}, got {got if len(got) <= 200 else got[:200] + '... (' + str(len(got)) + ' characters)'}"
+        msg = f"{msg}, got {clip(repr(first['input']))}"
     msg = msg.removeprefix("Value error, ")
     more = len(err.errors()) - 1
     if more:

@@ -60,7 +60,8 @@ class _Columns:
         self.source = recipe.source
         self.files = table_files(recipe)
         opts = recipe.model.inputs.storage_options
-        tables = [read_table(f, recipe.source, lambda names, f=f: _check_columns(recipe, f, names), opts)
+        quoting = recipe.model.inputs.quoting
+        tables = [read_table(f, recipe.source, lambda names, f=f: _check_columns(recipe, f, names), opts, quoting)
                   for f in self.files]
         schemas = [t.schema for t in tables]   # the types as the files hold them, for messages
         tables = [_plain(self.pa, t) for t in tables]

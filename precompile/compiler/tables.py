@@ -47,10 +47,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import MissingDependencyError, RecipeError
+from ..errors import MissingDependencyError, RecipeError, clip
 from ..kinds import Kind
 from ..recipe import NAME_RE
 from ..sample import FieldSpec
+from .table_read import TableError  # noqa: F401  (re-exported: table_columns and tests raise and catch it)
 
 #: extension -> reader name
 TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
@@ -86,13 +87,15 @@ def _pyarrow() -> Any:
 
 
 def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = None,
-               storage_options: Optional[dict[str, Any]] = None) -> Any:
+               storage_options: Optional[dict[str, Any]] = None, quoting: Optional[str] = None) -> Any:
     """The table file (a local path or a URL, streamed from the store) as a pyarrow Table (CSV and TSV
-    cells as text); a RecipeError naming the file when it cannot be read, a PlanError naming the URL when
-    the store refuses it (missing, access denied, no credentials). ``select(column names) -> the names to
-    read`` (it may raise): only those columns are read (a CSV's and a Parquet file's columns are known
-    before their rows are read)."""
+    cells as text), read as Python's csv and json modules read it (:mod:`.table_read`); a RecipeError
+    naming the file (and the row) when it cannot be read, a PlanError naming the URL when the store
+    refuses it (missing, access denied, no credentials). ``select(column names) -> the names to read``
+    (it may raise): only those columns are kept. ``quoting`` (``inputs.quoting``): ``csv`` or ``none``
+    for a CSV or TSV file (default: ``csv`` for .csv, ``none`` for .tsv/.tab: TSV has no quoting)."""
     from ..remote import file_fingerprint, is_url, store_error
+    from .table_read import read_delimited, read_jsonl
 
     pa = _pyarrow()
     kind = table_format(path)
@@ -105,25 +108,24 @@ def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = 
     pick = select or (lambda names: names)
     try:
         if kind in ("csv", "tsv"):
-            parse = pa.csv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
-            with fs.open_input_stream(name, compression="detect") as f, pa.csv.open_csv(f, parse_options=parse) as r:
-                names = pick(list(r.schema.names))
-            conv = pa.csv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False,
-                                         quoted_strings_can_be_null=False, include_columns=names)
             with fs.open_input_stream(name, compression="detect") as f:
-                return pa.csv.read_csv(f, parse_options=parse, convert_options=conv)
+                data = f.read()
+            quote = (quoting or ("csv" if kind == "csv" else "none")) == "csv"
+            return read_delimited(pa, data, path, "\t" if kind == "tsv" else ",", quote, pick, source)
         if kind == "jsonl":
             with fs.open_input_stream(name, compression="detect") as f:
-                table = pa.json.read_json(f)
-            return table.select(pick(list(table.column_names)))
+                data = f.read()
+            return read_jsonl(pa, data, path, pick, source)
         with fs.open_input_file(name) as f:
             pq = pa.parquet.ParquetFile(f)
             return pq.read(columns=pick(list(pq.schema_arrow.names)))
     except (pa.ArrowException, OSError, ValueError) as e:
         if remote and _store_fault(pa, e):
             raise store_error(f"table {path!r}", path, e, "read") from None
-        raise RecipeError(f"table file {path!r} cannot be read as {kind}: {e}", source=source,
+        raise RecipeError(f"table file {path!r} cannot be read as {kind}: {clip(str(e))}", source=source,
                           loc="inputs.table") from None
+    except RecipeError:
+        raise
     except Exception as e:  # a store's own errors (botocore's NoCredentialsError, ...) are not OSErrors
         if remote:
             raise store_error(f"table {path!r}", path, e, "read") from None
@@ -180,14 +182,6 @@ def table_files(recipe: Any) -> list[str]:
                               loc="inputs.table")
         found.update(matches)
     return sorted(found)
-
-
-class TableError(RecipeError):
-    """A problem in one row of a table: names the file, the data row (1-based) and the column."""
-
-    def __init__(self, table: str, row: int, column: Optional[str], what: str, source: Optional[str], loc: str):
-        col = f", column {column!r}" if column is not None else ""
-        super().__init__(f"{table}: data row {row} (1-based, header not counted){col}: {what}", source=source, loc=loc)
 
 
 def _blank(v: Any) -> bool:

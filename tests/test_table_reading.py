@@ -1,0 +1,197 @@
+"""Reading a table file as Python's csv and json modules read it (the truth here): TSV without quoting,
+`inputs.quoting`, quoted cells spanning lines in files of many pyarrow blocks, unterminated quotes, JSON
+Lines strings that look like dates, type changes in a JSON Lines column, cells longer than a block, cells
+and paths the plan cannot use, and messages whose echoed input is cut."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from precompile.compiler.plan import make_plan
+from precompile.errors import RecipeError
+from precompile.recipe import load_recipe
+
+pa = pytest.importorskip("pyarrow", reason="table inputs need pyarrow (the tables extra)")
+
+
+def _recipe(table: Path, key: str, texts: list[str], **inputs) -> dict:
+    cols = {f"c{i}": {"column": c, "kind": "text"} for i, c in enumerate(texts)}
+    return {"name": "t", "inputs": {"root": str(table.parent), "table": str(table), "key": key, "columns": cols,
+                                    **inputs}}
+
+
+def _read(table: Path, key: str, texts: list[str], **inputs) -> list[list[str]]:
+    """Each row's key and text cells, in data row order (the rows numbered 1, 2, ... with no gap)."""
+    plan = make_plan(load_recipe(_recipe(table, key, texts, **inputs)))
+    items = sorted(plan.items, key=lambda it: it.row)
+    assert [it.row for it in items] == list(range(1, len(items) + 1))
+    return [[it.key] + [it.values[f"c{i}"] for i in range(len(texts))] for it in items]
+
+
+def _csv_truth(data: bytes, cols: list[str], **fmt) -> list[list[str]]:
+    """The rows Python's csv module reads (blank lines are no rows, as csv.DictReader), ``cols`` of each."""
+    rows = [r for r in csv.reader(io.StringIO(data.decode("utf-8-sig"), newline=""), **fmt) if r]
+    header = rows[0]
+    return [[r[header.index(c)] for c in cols] for r in rows[1:]]
+
+
+def _error(r: dict) -> RecipeError:
+    with pytest.raises(RecipeError) as ei:
+        make_plan(load_recipe(r))
+    return ei.value
+
+
+# -- TSV has no quoting; inputs.quoting --------------------------------------------------------------
+
+TSV = b'p\tc\na.png\t"quoted start\nb.png\tx\nc.png\ty"z\nd.png\t"w"\n'
+
+
+def test_tsv_reads_quotes_as_text_as_csv_quote_none_does(tmp_path):
+    for ext in ("tsv", "tab"):
+        t = tmp_path / f"t.{ext}"
+        t.write_bytes(TSV)
+        truth = _csv_truth(TSV, ["p", "c"], delimiter="\t", quoting=csv.QUOTE_NONE)
+        assert len(truth) == 4
+        assert _read(t, "p", ["c"]) == truth
+
+
+def test_quoting_option_reads_quoted_tsv_and_literal_csv(tmp_path):
+    quoted = b'p\tc\na.png\t"tab\there, ""quote"", line\nbreak"\nb.png\tplain\n'
+    t = tmp_path / "q.tsv"
+    t.write_bytes(quoted)
+    assert _read(t, "p", ["c"], quoting="csv") == _csv_truth(quoted, ["p", "c"], delimiter="\t") == [
+        ["a.png", 'tab\there, "quote", line\nbreak'], ["b.png", "plain"]]
+    literal = b'p,c\na.png,"5"" screen\nb.png,x\n'
+    c = tmp_path / "l.csv"
+    c.write_bytes(literal)
+    assert _read(c, "p", ["c"], quoting="none") == _csv_truth(literal, ["p", "c"], quoting=csv.QUOTE_NONE) == [
+        ["a.png", '"5"" screen'], ["b.png", "x"]]
+
+
+def test_quoting_is_checked_at_load(tmp_path):
+    t = tmp_path / "t.parquet"
+    with pytest.raises(RecipeError, match=r"inputs.quoting: .*CSV and TSV"):
+        load_recipe(_recipe(t, "p", [], quoting="csv"))
+    with pytest.raises(RecipeError, match=r"inputs.quoting: Input should be 'csv' or 'none'"):
+        load_recipe(_recipe(tmp_path / "t.csv", "p", [], quoting="double"))
+
+
+# -- CSV over many blocks whose quoted cells span lines -----------------------------------------------
+
+def _captions(n: int) -> bytes:
+    s = io.StringIO()
+    w = csv.writer(s)
+    w.writerow(["p", "c", "y"])
+    for i in range(n):
+        w.writerow([f"img{i:05d}.png", "\n".join(f'row {i} line {k}: "{"x" * 40}", {k}' for k in range(8)), str(i)])
+    return s.getvalue().encode()
+
+
+def test_csv_past_one_block_with_multi_line_cells_reads_every_row(tmp_path):
+    data = _captions(2500)
+    assert len(data) > 1 << 20   # more than one of pyarrow's blocks
+    t = tmp_path / "caps.csv"
+    t.write_bytes(data)
+    truth = _csv_truth(data, ["p", "c"])
+    assert len(truth) == 2500
+    assert _read(t, "p", ["c"]) == truth
+    # a row far past the first block is named by its data row in the file
+    rows = list(csv.reader(io.StringIO(data.decode(), newline="")))
+    rows[2001][2] = "forty"
+    s = io.StringIO()
+    csv.writer(s).writerows(rows)
+    t.write_text(s.getvalue())
+    r = _recipe(t, "p", ["c"])
+    r["inputs"]["columns"]["y"] = {"column": "y", "kind": "target"}
+    assert f"{t}: data row 2001 (1-based, header not counted), column 'y': 'forty' is not a number" in str(_error(r))
+
+
+# -- unterminated and malformed quotes -----------------------------------------------------------------
+
+def test_unterminated_quote_is_an_error_naming_the_row_where_it_opens(tmp_path):
+    t = tmp_path / "u.csv"
+    t.write_bytes(b'p,q\na.png,"open\nb.png,x\nc.png,y')
+    assert list(csv.reader(io.StringIO(t.read_text(), newline="")))[1:] == [["a.png", "open\nb.png,x\nc.png,y"]]
+    e = _error(_recipe(t, "p", ["q"]))
+    assert e.loc == "inputs.table"
+    assert e.detail.startswith(f"{t}: data row 1 (1-based, header not counted): a quote opens a cell in the row that "
+                               f"starts on line 2 and is never closed")
+    assert "which rows are lost in it cannot be known" in e.detail
+    t.write_bytes(b'p,q\n\n\na.png,x\nb.png,"open\n')   # blank lines are no rows, but count as lines
+    assert _error(_recipe(t, "p", ["q"])).detail.startswith(
+        f"{t}: data row 2 (1-based, header not counted): a quote opens a cell in the row that starts on line 5 and "
+        f"is never closed")
+
+
+def test_quote_closed_inside_a_cell_is_an_error_not_swallowed_rows(tmp_path):
+    t = tmp_path / "m.csv"
+    t.write_bytes(b'p,q\na.png,"open\nb.png,x\nc.png,"y"z\nd.png,w\n')
+    e = _error(_recipe(t, "p", ["q"]))
+    assert e.detail.startswith(f"{t}: data row 1 (1-based, header not counted): not valid CSV in the row that starts "
+                             f"on line 2: ',' expected after '\"'")
+
+
+def test_quotes_inside_unquoted_cells_are_text_as_csv_reads_them(tmp_path):
+    data = b'p,q\na"b.png,5" tall\n c.png, "x"\n'
+    t = tmp_path / "lit.csv"
+    t.write_bytes(data)
+    assert _read(t, "p", ["q"]) == _csv_truth(data, ["p", "q"], strict=True) == [
+        ['a"b.png', '5" tall'], [" c.png", ' "x"']]
+
+
+def test_ragged_row_names_its_data_row_and_line(tmp_path):
+    t = tmp_path / "r.csv"
+    t.write_bytes(b'p,q\na.png,"two\nlines"\nb.png,x,extra\n')
+    e = _error(_recipe(t, "p", ["q"]))
+    assert e.detail == (f"{t}: data row 2 (1-based, header not counted): 3 cells, the header has 2 (the row "
+                        f"starts on line 4)")
+
+
+# -- JSON Lines: a string stays a string; one type per column ----------------------------------------
+
+def test_jsonl_strings_that_look_like_dates_stay_strings(tmp_path):
+    rows = [{"d": "2020-01-01", "t": "2021-03-04T10:11:12+02:00", "c": "1999-12-31"},
+            {"d": "2020-01-02", "t": "2021-03-04 10:11:12.5", "c": "2000-01-01T00:00:00Z"}]
+    t = tmp_path / "d.jsonl"
+    t.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = _recipe(t, "d", ["t", "c"], path="{d}.png", fields={"image": {"decoder": "image"}})
+    r["inputs"]["columns"]["label"] = {"column": "c", "kind": "label"}
+    plan = make_plan(load_recipe(r))
+    got = sorted(plan.items, key=lambda it: it.row)
+    truth = [json.loads(line) for line in t.read_text().splitlines()]
+    assert [it.key for it in got] == [x["d"] for x in truth]
+    assert [it.values["c0"] for it in got] == [x["t"] for x in truth]
+    assert [it.values["c1"] for it in got] == [x["c"] for x in truth]
+    assert plan.label_names == sorted(x["c"] for x in truth)
+    assert [Path(it.paths["image"]).name for it in got] == [x["d"] + ".png" for x in truth]
+
+
+def test_jsonl_date_strings_nested_beside_used_columns_do_not_change_them(tmp_path):
+    t = tmp_path / "n.jsonl"
+    t.write_text('{"k": "a", "meta": {"when": "2020-01-01"}, "t": "2020-01-01"}\n'
+                 '{"k": "b", "meta": {"when": "2020-01-02"}, "t": "2020-01-02 03:04:05"}\n')
+    assert _read(t, "k", ["t"]) == [["a", "2020-01-01"], ["b", "2020-01-02 03:04:05"]]
+
+
+def test_jsonl_column_changing_type_names_the_data_row_and_column(tmp_path):
+    t = tmp_path / "m.jsonl"
+    t.write_text("".join(json.dumps({"k": f"r{i}", "y": i}) + "\n" for i in range(4)) + '{"k": "r4", "y": "a"}\n')
+    e = _error(_recipe(t, "k", ["y"]))
+    assert e.loc == "inputs.table"
+    assert str(e).endswith(f"{t}: data row 5 (1-based, header not counted), column 'y': a string here but a number "
+                           f"in data row 1 (a JSON Lines column keeps one JSON type; null is allowed anywhere)")
+
+
+def test_jsonl_type_change_far_past_the_first_block(tmp_path):
+    t = tmp_path / "far.jsonl"
+    lines = [json.dumps({"k": f"r{i:06d}", "y": i, "pad": "p" * 20}) for i in range(40000)]
+    lines[33332] = json.dumps({"k": "r033332", "y": [1], "pad": ""})
+    t.write_text("\n".join(lines) + "\n")
+    assert t.stat().st_size > 1 << 20
+    assert str(_error(_recipe(t, "k", ["pad"]))).endswith(
+        f"{t}: data row 33333 (1-based, header not counted), column 'y': a list here but a number in data row 1 (a "
+        f"JSON Lines column keeps one JSON type; null is allowed anywhere)")

@@ -70,12 +70,32 @@ class LabelSpec(_Model):
     classes: Optional[list[str]] = Field(None, description="class names in id order; default: sorted unique values")
 
 
+#: the widest a path template may pad or cut one cell (``{n:>WIDTH}``, ``{x:.PRECISION}``): no path is longer
+MAX_TEMPLATE_WIDTH = 4096
+
+
+def check_template(v: Optional[str]) -> Optional[str]:
+    """A path template whose format specs ask for no width or precision over :data:`MAX_TEMPLATE_WIDTH`
+    (``{p:>100000000}`` would make a 100-million-character path of every row); a ValueError naming the slot."""
+    for m in re.finditer(r"\{([^{}:]+):([^{}]*)\}", v or ""):
+        if any(len(d.lstrip("0")) > len(str(MAX_TEMPLATE_WIDTH)) or int(d) > MAX_TEMPLATE_WIDTH
+               for d in re.findall(r"\d+", m.group(2))):
+            raise ValueError(f"{clip(m.group(0), 60)} asks for a width or precision over {MAX_TEMPLATE_WIDTH} "
+                             f"characters (no path is longer)")
+    return v
+
+
 class FieldDecl(BaseModel):
     """One field of a sample: where its file is and how to decode it (extra keys are decoder options)."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
     path: Optional[str] = None
     decoder: str
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, v: Optional[str]) -> Optional[str]:
+        return check_template(v)
 
 
 class ColumnDecl(_Model):
@@ -293,7 +313,7 @@ class Inputs(_Model):
                              "annotation file)")
         if v is not None and (v.startswith("/") or ".." in Path(v).parts):
             raise ValueError("must be a relative pattern inside root (no leading '/' or '..')")
-        return v
+        return check_template(v) if info.field_name == "path" else v
 
     @field_validator("storage_options")
     @classmethod

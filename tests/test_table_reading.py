@@ -34,7 +34,11 @@ def _read(table: Path, key: str, texts: list[str], **inputs) -> list[list[str]]:
 
 def _csv_truth(data: bytes, cols: list[str], **fmt) -> list[list[str]]:
     """The rows Python's csv module reads (blank lines are no rows, as csv.DictReader), ``cols`` of each."""
-    rows = [r for r in csv.reader(io.StringIO(data.decode("utf-8-sig"), newline=""), **fmt) if r]
+    limit = csv.field_size_limit(1 << 30)
+    try:
+        rows = [r for r in csv.reader(io.StringIO(data.decode("utf-8-sig"), newline=""), **fmt) if r]
+    finally:
+        csv.field_size_limit(limit)
     header = rows[0]
     return [[r[header.index(c)] for c in cols] for r in rows[1:]]
 
@@ -195,3 +199,108 @@ def test_jsonl_type_change_far_past_the_first_block(tmp_path):
     assert str(_error(_recipe(t, "k", ["pad"]))).endswith(
         f"{t}: data row 33333 (1-based, header not counted), column 'y': a list here but a number in data row 1 (a "
         f"JSON Lines column keeps one JSON type; null is allowed anywhere)")
+
+
+# -- cells the plan cannot use: a clear error naming the row and the column -----------------------------
+
+def _image_recipe(table: Path, template: str = "{p}", **inputs) -> dict:
+    return {"name": "t", "inputs": {"root": str(table.parent), "table": str(table), "path": template,
+                                    "fields": {"image": {"decoder": "image"}}, **inputs}}
+
+
+def test_nul_byte_in_a_path_or_key_cell_names_row_and_column(tmp_path):
+    t = tmp_path / "n.csv"
+    t.write_bytes(b"p,k\na.png,a\nb\x00.png,b\n")
+    e = _error(_image_recipe(t))
+    assert e.loc == "inputs.path"
+    assert e.detail == (f"{t}: data row 2 (1-based, header not counted), column 'p': the path 'b\\x00.png' holds a "
+                        f"NUL byte, which no file name can")
+    t.write_bytes(b"k,c\na,x\nb\x00,y\n")
+    e = _error(_recipe(t, "k", ["c"]))
+    assert e.loc == "inputs.key"
+    assert e.detail == (f"{t}: data row 2 (1-based, header not counted), column 'k': the key 'b\\x00' holds a NUL "
+                        f"byte, which a stored key cannot")
+
+
+def _nested(tmp_path: Path, fmt: str) -> Path:
+    cols = {"p": ["a.png", "b.png", "c.png"], "s": [None, {"a": 1}, {"a": 2}], "l": [["x"], None, ["y", "z"]]}
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        t = tmp_path / "n.parquet"
+        pq.write_table(pa.table(cols), t)
+    else:
+        t = tmp_path / "n.jsonl"
+        t.write_text("".join(json.dumps({k: v[i] for k, v in cols.items()}) + "\n" for i in range(3)))
+    return t
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("use", ["label", "target", "text", "key", "path", "group"])
+def test_struct_or_list_column_used_as_a_value_names_row_and_column(tmp_path, fmt, use):
+    t = _nested(tmp_path, fmt)
+    item = "element" if fmt == "parquet" else "item"   # how each format names a list's values
+    for col, typ, row in (("s", "struct<a: int64>", 2), ("l", f"list<{item}: string>", 1)):
+        r = _image_recipe(t)
+        inp, loc = r["inputs"], f"inputs.columns.{use}"
+        if use in ("label", "target", "text"):
+            inp["columns"] = {use: {"column": col, "kind": use}}
+        elif use == "key":
+            inp["key"], loc = col, "inputs.key"
+        elif use == "path":
+            inp["path"], loc = "{p}/{" + col + "}", "inputs.path"
+        else:
+            r["split"], loc = {"group": col, "fractions": {"a": 0.5, "b": 0.5}}, "split.group"
+        e = _error(r)
+        assert e.loc == loc
+        assert e.detail == (f"{t}: data row {row} (1-based, header not counted), column {col!r}: holds {typ} values; "
+                            f"a {use if use in ('label', 'target', 'text', 'key', 'group') else 'path'} needs text, "
+                            f"numbers or booleans")
+
+
+def test_cells_longer_than_a_block_are_read(tmp_path):
+    big = "x" * 3_000_000
+    for name, data, fmt in (("c.csv", f'p,c\na.png,"{big}\nline"\nb.png,{big}\n', {}),
+                            ("t.tsv", f"p\tc\na.png\t{big}\nb.png\tshort\n", {"delimiter": "\t",
+                                                                               "quoting": csv.QUOTE_NONE})):
+        t = tmp_path / name
+        t.write_text(data)
+        truth = _csv_truth(data.encode(), ["p", "c"], **fmt)
+        assert max(len(c) for r in truth for c in r) >= 3_000_000
+        assert _read(t, "p", ["c"]) == truth
+    t = tmp_path / "j.jsonl"
+    t.write_text(json.dumps({"p": "a", "c": big * 10}) + "\n" + json.dumps({"p": "b", "c": "s"}) + "\n")
+    assert _read(t, "p", ["c"]) == [["a", big * 10], ["b", "s"]]
+
+
+def test_jsonl_numbers_as_text_are_what_json_loads_gives(tmp_path):
+    rows = [{"k": 1, "t": 1.5}, {"k": 2.5, "t": 3}, {"k": 12345678901234567890, "t": 1e100}, {"k": -0.0, "t": 7}]
+    t = tmp_path / "n.jsonl"
+    t.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    truth = [json.loads(line) for line in t.read_text().splitlines()]
+    assert _read(t, "k", ["t"]) == [[str(x["k"]), str(x["t"])] for x in truth]
+    assert _read(t, "k", ["t"], path="{k}/{t}.png", fields={"image": {"decoder": "image"}})[0] == ["1", "1.5"]
+
+
+# -- messages of bounded size ------------------------------------------------------------------------------
+
+def test_a_huge_path_cell_is_refused_in_a_short_message(tmp_path):
+    t = tmp_path / "h.csv"
+    t.write_text("p\na.png\n" + "b" * 20_000_000 + ".png\n")
+    e = _error(_image_recipe(t))
+    assert len(str(e)) < 1000
+    assert e.detail == (f"{t}: data row 2 (1-based, header not counted), column 'p': the path {'b' * 200!r}... "
+                        f"(20000004 characters) is longer than 4096 characters, which no file system takes")
+
+
+def test_absurd_template_widths_are_refused_at_load(tmp_path):
+    t = tmp_path / "t.csv"
+    for template, loc in (("{p:>100000000}", "inputs.path"), ("{p:.5000f}.png", "inputs.path")):
+        with pytest.raises(RecipeError, match="width or precision over 4096") as ei:
+            load_recipe(_image_recipe(t, template))
+        assert ei.value.loc == loc and len(str(ei.value)) < 400
+    r = _image_recipe(t, fields={"image": {"decoder": "image", "path": "{p:0" + "9" * 5000 + "d}"}})
+    with pytest.raises(RecipeError, match="width or precision over 4096") as ei:
+        load_recipe(r)
+    assert ei.value.loc == "inputs.fields.image.path" and len(str(ei.value)) < 400
+    load_recipe(_image_recipe(t, "{p:>4096}"))   # the longest a path can be

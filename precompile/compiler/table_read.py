@@ -255,9 +255,13 @@ def _json_shape(data: bytes) -> tuple[int, bool]:
     return len(top), True
 
 
-def read_jsonl(pa: Any, data: bytes, path: str, select: Callable, source: Optional[str]) -> Any:
+def read_jsonl(pa: Any, data: bytes, path: str, select: Callable, source: Optional[str],
+               texts: Optional[set[str]] = None) -> Any:
     """A JSON Lines file's bytes as a table of the columns ``select(column names)`` names, each in its
-    JSON type (strings as text, never timestamps)."""
+    JSON type (strings as text, never timestamps). A column of ``texts`` (read as text) that pyarrow
+    made float though some of its numbers may be integers (``1`` beside ``1.5``, or an integer beyond
+    int64) holds ``str`` of each value as ``json.loads`` gives it (``"1"``, ``"1.5"``; NaN and null are
+    null)."""
     if data.startswith(BOM):
         data = data[len(BOM):]
     objects, sound = _json_shape(data)
@@ -287,7 +291,36 @@ def read_jsonl(pa: Any, data: bytes, path: str, select: Callable, source: Option
         _json_truth(data, path, source)
         raise RecipeError(f"{path}: pyarrow cannot read it ({clip(str(e))}), though Python's json module can",
                           source=source, loc=LOC) from None
+    import pyarrow.compute as pc
+
+    redo = [c for c in table.column_names if c in (texts or ()) and pa.types.is_floating(table.column(c).type)
+            and pc.any(pc.equal(pc.floor(table.column(c)), table.column(c))).as_py()]
+    for c, values in _json_values(data, redo).items():
+        cells = [None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in values]
+        table = table.set_column(table.column_names.index(c), c, pa.array(cells, pa.string()))
     return table
+
+
+def _lines_of(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """Each non-blank line of ``data`` with its number (from 1)."""
+    number = pos = 0
+    while pos <= len(data):
+        end = data.find(b"\n", pos)
+        end = len(data) if end < 0 else end
+        raw, pos, number = data[pos:end], end + 1, number + 1
+        if raw.strip(b" \t\r"):
+            yield number, raw
+
+
+def _json_values(data: bytes, names: list[str]) -> dict[str, list[Any]]:
+    """The values of the columns ``names`` in each row, as ``json.loads`` gives them."""
+    out: dict[str, list[Any]] = {c: [] for c in names}
+    if names:
+        for _, raw in _lines_of(data):
+            row = json.loads(raw)
+            for c in names:
+                out[c].append(row.get(c))
+    return out
 
 
 def _no_dates(pa: Any, t: Any) -> Any:
@@ -363,13 +396,8 @@ def _json_truth(data: bytes, path: str, source: Optional[str]) -> None:
     """Read the file a line at a time with ``json.loads``: raise a :class:`TableError` for the first line that
     is not one JSON object pyarrow reads as Python does; return when there is none."""
     seen: dict[str, tuple[str, int]] = {}
-    n = number = pos = 0
-    while pos <= len(data):
-        end = data.find(b"\n", pos)
-        end = len(data) if end < 0 else end
-        raw, pos, number = data[pos:end], end + 1, number + 1
-        if not raw.strip(b" \t\r"):
-            continue
+    n = 0
+    for number, raw in _lines_of(data):
         n += 1
         line = f" (line {number})" if number != n else ""
 

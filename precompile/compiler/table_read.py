@@ -80,12 +80,11 @@ def _grow_blocks(pa: Any, read: Callable[[int], Any], size: int) -> Any:
 def read_delimited(pa: Any, data: bytes, path: str, delimiter: str, quoting: bool, select: Callable,
                    source: Optional[str]) -> Any:
     """A CSV or TSV file's bytes as a table of text columns, the columns ``select(header names)`` names."""
-    if data.startswith(BOM):
-        data = data[len(BOM):]
+    buf = pa.py_buffer(data)   # pyarrow skips one byte order mark, as utf-8-sig does; the checks read the rest
+    data = data[len(BOM):] if data.startswith(BOM) else data
     quoted = quoting and b'"' in data
     parse = pa.csv.ParseOptions(delimiter=delimiter, quote_char='"' if quoting else False,
                                 newlines_in_values=quoted)
-    buf = pa.py_buffer(data)
 
     def header(block: int) -> list[str]:
         with pa.csv.open_csv(pa.BufferReader(buf), read_options=pa.csv.ReadOptions(block_size=block),
@@ -260,16 +259,15 @@ def read_jsonl(pa: Any, data: bytes, path: str, select: Callable, source: Option
     """A JSON Lines file's bytes as a table of the columns ``select(column names)`` names, each in its
     JSON type (strings as text, never timestamps). A column of ``texts`` (read as text) that pyarrow
     made float though some of its numbers may be integers (``1`` beside ``1.5``, or an integer beyond
-    int64) holds ``str`` of each value as ``json.loads`` gives it (``"1"``, ``"1.5"``; NaN and null are
-    null)."""
-    if data.startswith(BOM):
-        data = data[len(BOM):]
+    int64) holds ``str`` of each value as ``json.loads`` gives it (``"1"``, ``"1.5"``; NaN, blank as
+    everywhere, and null are null)."""
+    buf = pa.py_buffer(data)   # pyarrow skips one byte order mark, as utf-8-sig does; the checks read the rest
+    data = data[len(BOM):] if data.startswith(BOM) else data
     objects, sound = _json_shape(data)
     if not sound:
         _json_truth(data, path, source)   # raises the error naming the line
         raise RecipeError(f"{path}: a JSON value spans lines, two share one, or nesting is deeper than "
                           f"{MAX_JSON_DEPTH} levels", source=source, loc=LOC)
-    buf = pa.py_buffer(data)
 
     def read(schema: Any) -> Callable[[int], Any]:
         parse = pa.json.ParseOptions(explicit_schema=schema) if schema is not None else None
@@ -368,11 +366,14 @@ def _kind(v: Any) -> str:
 
 
 def _depth(v: Any) -> int:
-    if isinstance(v, dict):
-        return 1 + max((_depth(x) for x in v.values()), default=0)
-    if isinstance(v, list):
-        return 1 + max((_depth(x) for x in v), default=0)
-    return 0
+    """How deep lists and objects nest in ``v`` (a scalar: 0), without recursion."""
+    best, todo = 0, [(v, 0)]
+    while todo:
+        x, d = todo.pop()
+        if isinstance(x, (dict, list)):
+            best = max(best, d + 1)
+            todo.extend((y, d + 1) for y in (x.values() if isinstance(x, dict) else x))
+    return best
 
 
 def _types(v: Any, at: str, seen: dict[str, tuple[str, int]], row: int) -> Optional[tuple[str, str, str, int]]:

@@ -280,6 +280,10 @@ def test_jsonl_numbers_as_text_are_what_json_loads_gives(tmp_path):
     truth = [json.loads(line) for line in t.read_text().splitlines()]
     assert _read(t, "k", ["t"]) == [[str(x["k"]), str(x["t"])] for x in truth]
     assert _read(t, "k", ["t"], path="{k}/{t}.png", fields={"image": {"decoder": "image"}})[0] == ["1", "1.5"]
+    # NaN (which json.dumps writes for a missing float) is a blank cell: as text, the empty string
+    for text in ('{"k": 1, "t": 1.5}\n{"k": 2, "t": NaN}\n', '{"k": 1, "t": 1}\n{"k": 2, "t": NaN}\n'):
+        t.write_text(text)
+        assert _read(t, "k", ["t"]) == [["1", "1.5" if "1.5" in text else "1"], ["2", ""]]
 
 
 # -- messages of bounded size ------------------------------------------------------------------------------
@@ -304,3 +308,25 @@ def test_absurd_template_widths_are_refused_at_load(tmp_path):
         load_recipe(r)
     assert ei.value.loc == "inputs.fields.image.path" and len(str(ei.value)) < 400
     load_recipe(_image_recipe(t, "{p:>4096}"))   # the longest a path can be
+
+
+# -- found by tests/test_table_fuzz.py, kept as fixed cases --------------------------------------------
+
+def test_a_second_byte_order_mark_is_text_as_utf_8_sig_leaves_it(tmp_path):
+    t = tmp_path / "b.csv"
+    t.write_bytes(b"\xef\xbb\xbf\xef\xbb\xbfid,a\nr0,x\n")   # csv via utf-8-sig: the header is '\ufeffid'
+    assert "no column 'id' (columns: \ufeffid, a)" in str(_error(_recipe(t, "id", ["a"])))
+    t.write_bytes(b"\xef\xbb\xbfid,a\nr0,x\n")
+    assert _read(t, "id", ["a"]) == [["r0", "x"]]
+    j = tmp_path / "b.jsonl"
+    j.write_bytes(b'\xef\xbb\xbf\xef\xbb\xbf{"id": "r0", "a": "x"}\n')
+    assert "data row 1 (1-based, header not counted): not valid JSON: Unexpected UTF-8 BOM" in str(
+        _error(_recipe(j, "id", ["a"])))
+
+
+@pytest.mark.parametrize("depth", [101, 400, 40000])
+def test_deep_json_is_refused_naming_the_row(tmp_path, depth):
+    t = tmp_path / "d.jsonl"
+    t.write_text('{"id": "r0", "a": []}\n{"id": "r1", "a": ' + "[" * depth + "]" * depth + "}\n")
+    e = _error(_recipe(t, "id", ["id"]))
+    assert e.detail == f"{t}: data row 2 (1-based, header not counted): nested deeper than 100 levels"

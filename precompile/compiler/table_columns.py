@@ -22,8 +22,8 @@ import numpy as np
 from .items import ItemTable, Strings
 from .listing import Matched
 from ..errors import RecipeError, echo
-from .tables import (MAX_PATH_CHARS, TEMPLATE_RE, CellError, TableError, _cell_text, _check_columns, _number,
-                     _path_filler, _pyarrow, _row_options, read_table, table_files, template_columns)
+from .tables import (MAX_PATH_CHARS, TEMPLATE_RE, CellError, TableError, _blank, _cell_text, _check_columns,
+                     _number, _path_filler, _pyarrow, _row_options, read_table, table_files, template_columns)
 
 #: what Python's ``str.isspace`` calls whitespace, as an RE2 class: a cell of only these is blank
 _WS = r"[\t\n\x0b\x0c\r\x1c-\x20\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
@@ -227,7 +227,7 @@ def _column_values(recipe: Any, cols: _Columns) -> tuple[list[str], dict[str, An
         elif c.kind == "text":
             arr = cols.col(c.column)
             if not _is_text(cols.pa, arr.type):
-                arr = cols.pa.array(["" if v is None else str(v) for v in arr.to_pylist()], cols.pa.large_string())
+                arr = cols.pa.array(["" if _blank(v) else str(v) for v in arr.to_pylist()], cols.pa.large_string())
             out[f] = pc.fill_null(arr, "")
     return names, out
 

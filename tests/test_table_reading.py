@@ -222,6 +222,13 @@ def test_nul_byte_in_a_path_or_key_cell_names_row_and_column(tmp_path):
                         f"byte, which a stored key cannot")
 
 
+def test_a_path_no_file_can_have_fingerprints_as_missing(tmp_path):
+    from precompile.compiler.keys import fingerprint
+
+    assert fingerprint(str(tmp_path / "a\x00b.png")) == ["missing"]   # was ValueError: embedded null byte
+    assert fingerprint(str(tmp_path / ("c" * 5000))) == ["missing"]
+
+
 def _nested(tmp_path: Path, fmt: str) -> Path:
     cols = {"p": ["a.png", "b.png", "c.png"], "s": [None, {"a": 1}, {"a": 2}], "l": [["x"], None, ["y", "z"]]}
     if fmt == "parquet":

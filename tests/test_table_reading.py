@@ -337,3 +337,21 @@ def test_deep_json_is_refused_naming_the_row(tmp_path, depth):
     t.write_text('{"id": "r0", "a": []}\n{"id": "r1", "a": ' + "[" * depth + "]" * depth + "}\n")
     e = _error(_recipe(t, "id", ["id"]))
     assert e.detail == f"{t}: data row 2 (1-based, header not counted): nested deeper than 100 levels"
+
+
+@pytest.mark.parametrize("line, what", [
+    (b'{"id": "b", "t": "x"} 5', "not valid JSON: Extra data: line 1 column 23 (char 22)"),
+    (b'{"id": "b", "t": "x"}\r{"id": "c", "t": "y"}', "not valid JSON: Extra data: line 1 column 23 (char 22)"),
+    (b'{"id": "b", "t": "x\ty"}', "not valid JSON: Invalid control character at: line 1 column 20 (char 19)"),
+    (b'{"id": "b",\n "t": "x"}', "not valid JSON: Expecting property name enclosed in double quotes: line 1 column "
+                                 "12 (char 11)"),
+    (b"null", "a JSON Lines row is one object ({...}); this line holds a null"),
+    (b"[1]", "a JSON Lines row is one object ({...}); this line holds a list"),
+    (b'{"id": "b", "id": "c"}', "key 'id' is given twice in one object"),
+    (b'{"id": "b", "t": 1e400}', "the number 1e400 is too large for a 64-bit float"),
+    (b'{"id": "b", "t": "\xff"}', "not UTF-8 text (byte 18 of the line)"),
+])
+def test_a_jsonl_line_that_is_not_one_object_names_its_row(tmp_path, line, what):
+    t = tmp_path / "l.jsonl"
+    t.write_bytes(b'{"id": "a", "t": "x"}\n' + line + b'\n{"id": "z", "t": "z"}\n')
+    assert _error(_recipe(t, "id", ["t"])).detail == f"{t}: data row 2 (1-based, header not counted): {what}"

@@ -134,7 +134,7 @@ def _strict_quotes(a: np.ndarray, delimiter: int) -> bool:
 
 
 def _lines(text: str) -> Iterator[str]:
-    """The lines of ``text`` with their ends (``\n``, ``\r\n`` or ``\r``), one at a time."""
+    r"""The lines of ``text`` with their ends (``\n``, ``\r\n`` or ``\r``), one at a time."""
     for m in _LINE.finditer(text):
         yield m.group()
 
@@ -356,6 +356,8 @@ def _float(text: str) -> float:
 
 
 def _kind(v: Any) -> str:
+    if v is None:
+        return "null"
     if isinstance(v, bool):
         return "boolean"
     if isinstance(v, (int, float)):
@@ -418,7 +420,9 @@ def _json_truth(data: bytes, path: str, source: Optional[str]) -> None:
         except ValueError as e:
             raise fail(f"not valid JSON: {clip(str(e))}") from None
         if not isinstance(v, dict):
-            raise fail(f"a JSON Lines row is one object ({{...}}); this line holds a {_kind(v)}")
+            kind = _kind(v)
+            raise fail(f"a JSON Lines row is one object ({{...}}); this line holds {'an' if kind[0] in 'ao' else 'a'} "
+                       f"{kind}")
         if _depth(v) > MAX_JSON_DEPTH:
             raise fail(f"nested deeper than {MAX_JSON_DEPTH} levels")
         for k, x in v.items():

@@ -355,3 +355,10 @@ def test_a_jsonl_line_that_is_not_one_object_names_its_row(tmp_path, line, what)
     t = tmp_path / "l.jsonl"
     t.write_bytes(b'{"id": "a", "t": "x"}\n' + line + b'\n{"id": "z", "t": "z"}\n')
     assert _error(_recipe(t, "id", ["t"])).detail == f"{t}: data row 2 (1-based, header not counted): {what}"
+
+
+def test_an_empty_csv_says_it_has_no_header(tmp_path):
+    t = tmp_path / "e.csv"
+    for data in (b"", b"\n\n", b"\xef\xbb\xbf"):
+        t.write_bytes(data)
+        assert _error(_recipe(t, "p", ["c"])).detail == f"{t}: no header row (the file is empty or blank)"

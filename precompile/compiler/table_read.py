@@ -112,25 +112,23 @@ def read_delimited(pa: Any, data: bytes, path: str, delimiter: str, quoting: boo
 
 def _strict_quotes(a: np.ndarray, delimiter: int) -> bool:
     """Whether every quote in ``a`` (a file's bytes) is where RFC 4180 puts one, so that pyarrow and
-    ``csv.reader(strict=True)`` surely read the same cells: a run of quotes starting outside a quoted cell
-    starts a cell; a run leaving a quoted cell (odd inside, even from outside) ends one; and no quoted cell
-    is open at the end. False does not mean wrong: a quote inside an unquoted cell (``5" tall``) is text
-    to both readers, but the file is then checked by the csv module."""
+    ``csv.reader(strict=True)`` surely read the same cells. Then quotes alternate: the 1st, 3rd, ... open a
+    cell (at the file's start, after a separator or a line end, or right after a closing quote: ``""`` is a
+    quote inside the cell) and the 2nd, 4th, ... close it (before a separator, a line end, the file's end or
+    an opening quote), and their count is even (no cell open at the end). False does not mean wrong: a quote
+    inside an unquoted cell (``5" tall``) is text to both readers, but the file is then checked by the csv
+    module."""
     q = np.flatnonzero(a == 34)
     if not len(q):
         return True
-    cut = np.flatnonzero(np.diff(q) != 1)
-    first, last = q[np.r_[0, cut + 1]], q[np.r_[cut, len(q) - 1]]
-    length = last - first + 1
-    before = np.cumsum(length) - length
-    inside, after = (before & 1) == 1, ((before + length) & 1) == 1
-    sep = np.zeros(256, bool)
-    sep[[delimiter, 10, 13]] = True
-    starts = np.ones(len(first), bool)
-    starts[first > 0] = sep[a[first[first > 0] - 1]]
-    ends = np.ones(len(last), bool)
-    ends[last < len(a) - 1] = sep[a[last[last < len(a) - 1] + 1]]
-    return bool(((inside | starts) & (after | ends)).all()) and not after[-1]
+    if len(q) % 2:
+        return False
+    ok = np.zeros(256, bool)
+    ok[[delimiter, 10, 13, 34]] = True
+    opens, closes = q[0::2], q[1::2]
+    first = opens[0] == 0 or ok[a[opens[0] - 1]]
+    last = closes[-1] == len(a) - 1 or ok[a[closes[-1] + 1]]
+    return bool(first and last and ok[a[opens[1:] - 1]].all() and ok[a[closes[:-1] + 1]].all())
 
 
 def _lines(text: str) -> Iterator[str]:
@@ -197,6 +195,8 @@ def _csv_truth(data: bytes, path: str, delimiter: str, quoting: bool, names: Opt
                     raise TableError(path, n, c, f"pyarrow read {echo(got[c][n - 1] if n <= len(got[c]) else None)}"
                                      f" where Python's csv module reads {echo(cell)}: please report this file",
                                      source, LOC)
+        if header is None:
+            raise RecipeError(f"{path}: no header row (the file is empty or blank)", source=source, loc=LOC)
         if table is not None and n != table.num_rows:
             raise TableError(path, min(n, table.num_rows) + 1, None, f"pyarrow read {table.num_rows} rows where "
                              f"Python's csv module reads {n}: please report this file", source, LOC)
@@ -241,13 +241,14 @@ def _json_shape(data: bytes) -> tuple[int, bool]:
     if ((s == 10) & inside).any():
         return 0, False
     t = s[~(inside | quote)]
-    depth = np.cumsum(_DEPTH[t], dtype=np.int32)
+    step = _DEPTH[t]
+    depth = np.cumsum(step, dtype=np.int32)
     if len(depth) and (depth.max() > MAX_JSON_DEPTH or depth.min() < 0 or depth[-1] != 0):
         return 0, False
     line = t == 10
     if (depth[line] != 0).any():
         return 0, False
-    top = np.flatnonzero((_DEPTH[t] == 1) & (depth == 1))
+    top = np.flatnonzero((step == 1) & (depth == 1))
     lines = np.cumsum(line)[top]
     if len(lines) > 1 and (np.diff(lines) == 0).any():
         return 0, False

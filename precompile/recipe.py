@@ -641,7 +641,8 @@ class Recipe:
             del d["imports"]
         if not d["inputs"]["storage_options"]:
             del d["inputs"]["storage_options"]
-        for k in ("table", "path", "key", "columns", "match", "coco"):   # absent keys: hashes as before they existed
+        # absent keys: hashes as before they existed
+        for k in ("table", "path", "key", "columns", "match", "coco", "quoting"):
             if not d["inputs"][k]:
                 del d["inputs"][k]
         if d["split"] is None:

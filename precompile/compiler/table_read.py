@@ -63,6 +63,14 @@ class TableError(RecipeError):
         super().__init__(f"{table}: data row {row} (1-based, header not counted){col}: {what}", source=source, loc=loc)
 
 
+def _threads(pa: Any) -> bool:
+    """Whether pyarrow may read a CSV or JSON file with its thread pool. Not before pyarrow 24: a threaded
+    read that fails early (a parse error, a row longer than the block) can deadlock in the reader's
+    destructor, in the read or at the process's exit (apache/arrow GH-48741, fixed in January 2026;
+    GH-38676 before 15.0); the serial reader cannot."""
+    return int(pa.__version__.split(".")[0]) >= 24
+
+
 def _grow_blocks(pa: Any, read: Callable[[int], Any], size: int) -> Any:
     """``read(block_size)``, again with a larger block while pyarrow finds a row longer than its block."""
     block = BLOCK
@@ -86,14 +94,16 @@ def read_delimited(pa: Any, data: bytes, path: str, delimiter: str, quoting: boo
     parse = pa.csv.ParseOptions(delimiter=delimiter, quote_char='"' if quoting else False,
                                 newlines_in_values=quoted)
 
+    threads = _threads(pa)
+
     def header(block: int) -> list[str]:
-        with pa.csv.open_csv(pa.BufferReader(buf), read_options=pa.csv.ReadOptions(block_size=block),
-                             parse_options=parse) as r:
+        with pa.csv.open_csv(pa.BufferReader(buf), read_options=pa.csv.ReadOptions(
+                block_size=block, use_threads=threads), parse_options=parse) as r:
             return list(r.schema.names)
 
     def rows(block: int) -> Any:
-        return pa.csv.read_csv(pa.BufferReader(buf), read_options=pa.csv.ReadOptions(block_size=block),
-                               parse_options=parse, convert_options=conv)
+        return pa.csv.read_csv(pa.BufferReader(buf), read_options=pa.csv.ReadOptions(
+            block_size=block, use_threads=threads), parse_options=parse, convert_options=conv)
 
     names = None
     try:
@@ -270,10 +280,12 @@ def read_jsonl(pa: Any, data: bytes, path: str, select: Callable, source: Option
         raise RecipeError(f"{path}: a JSON value spans lines, two share one, or nesting is deeper than "
                           f"{MAX_JSON_DEPTH} levels", source=source, loc=LOC)
 
+    threads = _threads(pa)
+
     def read(schema: Any) -> Callable[[int], Any]:
         parse = pa.json.ParseOptions(explicit_schema=schema) if schema is not None else None
         return lambda block: pa.json.read_json(pa.BufferReader(buf), read_options=pa.json.ReadOptions(
-            block_size=block), parse_options=parse)
+            block_size=block, use_threads=threads), parse_options=parse)
 
     try:
         table = _grow_blocks(pa, read(None), len(data))

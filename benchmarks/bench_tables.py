@@ -10,13 +10,18 @@ Writes a CheXpert-style train.csv of N rows (Path with the patient id, Sex, Age,
                targets with map: {-1: nan}, the patient-grouped hash split, shards
 and prints rows/s and the ratio against the loop.
 
-    python benchmarks/bench_tables.py [--n 20000 100000] [--repeats 3]
+--format csv-quoted writes every cell in quotes (csv.QUOTE_ALL: the reader's quote checks run, and
+pyarrow is told cells may hold line breaks); --format jsonl writes the rows as JSON Lines (numbers as
+numbers, blanks as null) and the loop reads them with json.loads.
+
+    python benchmarks/bench_tables.py [--n 20000 100000] [--repeats 3] [--format csv|csv-quoted|jsonl]
 """
 from __future__ import annotations
 
 import argparse
 import csv
 import hashlib
+import json
 import math
 import re
 import statistics
@@ -24,6 +29,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,36 +37,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sample_data"))
 
 
-def write_table(path: Path, n: int) -> list[str]:
+def write_table(path: Path, n: int, fmt: str = "csv") -> list[str]:
     from make_sample_data import FINDINGS
 
     rng = np.random.default_rng(0)
     cells = rng.choice(["1.0", "0.0", "-1.0", ""], size=(n, len(FINDINGS)), p=[0.2, 0.3, 0.1, 0.4])
+    header = ["Path", "Sex", "Age", "Frontal/Lateral", "AP/PA", *FINDINGS]
     with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["Path", "Sex", "Age", "Frontal/Lateral", "AP/PA", *FINDINGS])
+        w = csv.writer(f, quoting=csv.QUOTE_ALL if fmt == "csv-quoted" else csv.QUOTE_MINIMAL)
+        if fmt != "jsonl":
+            w.writerow(header)
         for i in range(n):
             p = i // 3
-            w.writerow([f"CheXpert-v1.0/train/patient{p:05d}/study{i % 3 + 1}/view1_frontal.jpg",
-                        ["Female", "Male"][p % 2], 20 + p % 70, "Frontal", "AP", *cells[i]])
+            row = [f"CheXpert-v1.0/train/patient{p:05d}/study{i % 3 + 1}/view1_frontal.jpg",
+                   ["Female", "Male"][p % 2], 20 + p % 70, "Frontal", "AP", *cells[i]]
+            if fmt == "jsonl":
+                f.write(json.dumps(dict(zip(header, row[:5] + [float(c) if c else None for c in cells[i]]))) + "\n")
+            else:
+                w.writerow(row)
     return list(FINDINGS)
+
+
+def _rows(path: Path) -> Any:
+    """The table's rows as dicts: csv.DictReader, or json.loads per line."""
+    with open(path, newline="") as f:
+        if path.suffix == ".jsonl":
+            yield from (json.loads(line) for line in f)
+        else:
+            yield from csv.DictReader(f)
 
 
 def csv_loop(path: Path, findings: list[str]) -> float:
     t0 = time.perf_counter()
     seen, out, splits = set(), [], {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            key = row["Path"]
-            if key in seen:
-                raise ValueError(key)
-            seen.add(key)
-            y = [math.nan if row[c] in ("", "-1.0") else float(row[c]) for c in findings]
-            out.append((key, np.asarray(y + [float(row["Age"])], np.float32)))
-            pid = re.search(r"patient(\d+)", key).group(1)
-            if pid not in splits:
-                u = int.from_bytes(hashlib.blake2b(pid.encode(), digest_size=8).digest(), "little") / 2.0 ** 64
-                splits[pid] = "train" if u < 0.8 else "val" if u < 0.9 else "test"
+    for row in _rows(path):
+        key = row["Path"]
+        if key in seen:
+            raise ValueError(key)
+        seen.add(key)
+        y = [math.nan if row[c] in ("", "-1.0", None, -1.0) else float(row[c]) for c in findings]
+        out.append((key, np.asarray(y + [float(row["Age"])], np.float32)))
+        pid = re.search(r"patient(\d+)", key).group(1)
+        if pid not in splits:
+            u = int.from_bytes(hashlib.blake2b(pid.encode(), digest_size=8).digest(), "little") / 2.0 ** 64
+            splits[pid] = "train" if u < 0.8 else "val" if u < 0.9 else "test"
     return time.perf_counter() - t0
 
 
@@ -84,12 +104,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, nargs="+", default=[20000, 100000])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--format", choices=["csv", "csv-quoted", "jsonl"], default="csv")
     a = ap.parse_args()
     print(f"{'rows':>8} {'csv loop s':>11} {'make_plan s':>12} {'loop rows/s':>12} {'plan rows/s':>12} {'plan/loop':>10}")
     with tempfile.TemporaryDirectory() as d:
         for n in a.n:
-            path = Path(d) / f"train_{n}.csv"
-            findings = write_table(path, n)
+            path = Path(d) / f"train_{n}.{'jsonl' if a.format == 'jsonl' else 'csv'}"
+            findings = write_table(path, n, a.format)
             loop = statistics.median(csv_loop(path, findings) for _ in range(a.repeats))
             plan = statistics.median(plan_time(path, findings) for _ in range(a.repeats))
             print(f"{n:>8} {loop:>11.3f} {plan:>12.3f} {n / loop:>12.0f} {n / plan:>12.0f} {plan / loop:>10.2f}")

@@ -5,6 +5,24 @@ file and a stage) so the CLI can print one clean line and an exit code.
 """
 from __future__ import annotations
 
+from typing import Any
+
+#: how many characters of an input's own text (a cell, a path, a parser's words about it) a message echoes
+ECHO_CHARS = 200
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was: a message never grows with its input."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def echo(value: Any, limit: int = ECHO_CHARS) -> str:
+    """``repr(value)`` as a message quotes it, cut like :func:`clip` (a long string's repr is never built
+    whole)."""
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    return clip(repr(value), limit)
+
 
 class PrecompileError(Exception):
     """Base of every error precompile raises on purpose."""

@@ -27,7 +27,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from .formats import names as fmt
-from .errors import RecipeError
+from .errors import RecipeError, clip
 from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -70,6 +70,21 @@ class LabelSpec(_Model):
     classes: Optional[list[str]] = Field(None, description="class names in id order; default: sorted unique values")
 
 
+#: the widest a path template may pad or cut one cell (``{n:>WIDTH}``, ``{x:.PRECISION}``): no path is longer
+MAX_TEMPLATE_WIDTH = 4096
+
+
+def check_template(v: Optional[str]) -> Optional[str]:
+    """A path template whose format specs ask for no width or precision over :data:`MAX_TEMPLATE_WIDTH`
+    (``{p:>100000000}`` would make a 100-million-character path of every row); a ValueError naming the slot."""
+    for m in re.finditer(r"\{([^{}:]+):([^{}]*)\}", v or ""):
+        if any(len(d.lstrip("0")) > len(str(MAX_TEMPLATE_WIDTH)) or int(d) > MAX_TEMPLATE_WIDTH
+               for d in re.findall(r"\d+", m.group(2))):
+            raise ValueError(f"{clip(m.group(0), 60)} asks for a width or precision over {MAX_TEMPLATE_WIDTH} "
+                             f"characters (no path is longer)")
+    return v
+
+
 class FieldDecl(BaseModel):
     """One field of a sample: where its file is and how to decode it (extra keys are decoder options)."""
 
@@ -84,7 +99,7 @@ class FieldDecl(BaseModel):
             raise ValueError("must stay inside inputs.root (no leading '/' or '..'): make root the folder that "
                              "holds every field's files and name their folders in the templates (docs/"
                              "reference-recipe.md, Paths and symlinks)")
-        return v
+        return check_template(v)
 
 
 class ColumnDecl(_Model):
@@ -220,6 +235,10 @@ class Inputs(_Model):
         "inside", description="symbolic links under a local root: `inside` (default) reads an input only when its "
                               "path, links resolved, stays under root; `outside` also follows links that lead out "
                               "of it (a trusted layout). '..' and absolute paths are refused either way")
+    quoting: Optional[Literal["csv", "none"]] = Field(
+        None, description="table: how a CSV or TSV file quotes its cells: `csv` (RFC 4180: a quoted cell may hold "
+                          "separators, doubled quotes and line breaks) or `none` (a quote is plain text); default "
+                          "csv for .csv files, none for .tsv/.tab files (TSV has no quoting)")
 
     @field_validator("table")
     @classmethod
@@ -230,6 +249,16 @@ class Inputs(_Model):
 
         for entry in [v] if isinstance(v, str) else v or []:
             table_format(entry)  # a ValueError naming the known extensions
+        return v
+
+    @field_validator("quoting")
+    @classmethod
+    def _quoting(cls, v: Optional[str], info: ValidationInfo) -> Optional[str]:
+        from .compiler.tables import table_format
+
+        t = info.data.get("table")
+        if v is not None and not any(table_format(x) in ("csv", "tsv") for x in ([t] if isinstance(t, str) else t or [])):
+            raise ValueError("applies to CSV and TSV tables (inputs.table names none)")
         return v
 
     @field_validator("columns")
@@ -292,7 +321,7 @@ class Inputs(_Model):
                              "annotation file)")
         if v is not None and (v.startswith("/") or ".." in Path(v).parts):
             raise ValueError("must be a relative pattern inside root (no leading '/' or '..')")
-        return v
+        return check_template(v) if info.field_name == "path" else v
 
     @field_validator("storage_options")
     @classmethod
@@ -390,8 +419,7 @@ def _pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: 
     elif first["type"] == "extra_forbidden":
         msg = "unknown key"
     elif "input" in first and first["type"] not in ("value_error",):
-        got = repr(first["input"])
-        msg = f"{msg}, got {got if len(got) <= 200 else got[:200] + '... (' + str(len(got)) + ' characters)'}"
+        msg = f"{msg}, got {clip(repr(first['input']))}"
     msg = msg.removeprefix("Value error, ")
     more = len(err.errors()) - 1
     if more:
@@ -621,7 +649,8 @@ class Recipe:
             del d["imports"]
         if not d["inputs"]["storage_options"]:
             del d["inputs"]["storage_options"]
-        for k in ("table", "path", "key", "columns", "match", "coco"):   # absent keys: hashes as before they existed
+        # absent keys: hashes as before they existed
+        for k in ("table", "path", "key", "columns", "match", "coco", "quoting"):
             if not d["inputs"][k]:
                 del d["inputs"][k]
         if d["inputs"]["follow_links"] == "inside":

@@ -135,7 +135,8 @@ def test_other_table_formats_give_the_same_samples(table_tree, kind):
                      {"Finding": pa.array([float(r["Finding"]) if r["Finding"] else None for r in rows]),
                       "Age": pa.array([int(r["Age"]) for r in rows])})
         pq.write_table(t, root / "t.parquet")
-    rep = precompile.build(_recipe(f"t.{kind}"), "out")
+    # csv.writer quotes the caption with a line break: a quoted TSV, read with quoting: csv (TSV has none)
+    rep = precompile.build(_recipe(f"t.{kind}", **({"quoting": "csv"} if kind == "tsv" else {})), "out")
     _check_output(precompile.open(rep["output"]), rows, imgs)
 
 

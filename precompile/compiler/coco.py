@@ -47,6 +47,7 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .. import errors
 from ..errors import DecodeError, MissingDependencyError, RecipeError
 from ..kinds import Kind
 from ..sample import FieldSpec, Tied
@@ -68,9 +69,9 @@ MAX_COUNT = (1 << 32) - 1
 
 
 def echo(v: Any) -> str:
-    """``repr(v)`` cut to :data:`ECHO` characters (a message never carries a whole hostile value)."""
-    r = repr(v)
-    return r if len(r) <= ECHO else f"{r[:ECHO]}... ({len(r)} characters)"
+    """``repr(v)`` cut to :data:`ECHO` characters (:func:`precompile.errors.echo`: a message never carries a
+    whole hostile value)."""
+    return errors.echo(v, ECHO)
 
 
 class BadImage(Exception):

@@ -43,7 +43,7 @@ def fingerprint(path: str, content: bool = False) -> list:
             return remote_fingerprint(path)
     try:
         st = os.stat(path)
-    except OSError:
+    except (OSError, ValueError):   # ValueError: a NUL byte, which no file name holds
         return ["missing"]
     if stat.S_ISDIR(st.st_mode):
         out = []

@@ -37,7 +37,7 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from .coco import echo
+from ..errors import echo
 from .faults import is_output_fault, output_error
 from .keys import skipped_path
 from ..errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError

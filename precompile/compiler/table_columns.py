@@ -21,9 +21,9 @@ import numpy as np
 
 from .items import ItemTable, Strings
 from .listing import Matched
-from ..errors import RecipeError
-from .tables import (TEMPLATE_RE, CellError, TableError, _cell_text, _check_columns, _number, _path_filler,
-                     _pyarrow, _row_options, read_table, table_files, template_columns)
+from ..errors import RecipeError, echo
+from .tables import (MAX_PATH_CHARS, TEMPLATE_RE, CellError, TableError, _blank, _cell_text, _check_columns,
+                     _number, _path_filler, _pyarrow, _row_options, read_table, table_files, template_columns)
 
 #: what Python's ``str.isspace`` calls whitespace, as an RE2 class: a cell of only these is blank
 _WS = r"[\t\n\x0b\x0c\r\x1c-\x20\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
@@ -60,8 +60,9 @@ class _Columns:
         self.source = recipe.source
         self.files = table_files(recipe)
         opts = recipe.model.inputs.storage_options
-        tables = [read_table(f, recipe.source, lambda names, f=f: _check_columns(recipe, f, names), opts)
-                  for f in self.files]
+        quoting, texts = recipe.model.inputs.quoting, _text_columns(recipe)
+        tables = [read_table(f, recipe.source, lambda names, f=f: _check_columns(recipe, f, names), opts, quoting,
+                             texts) for f in self.files]
         schemas = [t.schema for t in tables]   # the types as the files hold them, for messages
         tables = [_plain(self.pa, t) for t in tables]
         self.starts = np.cumsum([0] + [t.num_rows for t in tables]).astype(np.int64)   # each file's first row
@@ -140,19 +141,71 @@ def table_items(recipe: Any) -> Matched:
     columns ``split:`` reads."""
     inp = recipe.model.inputs
     cols = _Columns(recipe)
+    _check_values(recipe, cols)
     label_names, values = _column_values(recipe, cols)
     if not cols.n:
         return Matched(ItemTable(keys=Strings.from_list([]), prefix="", paths={}), label_names, {})
     rels, bad = _paths(recipe, cols)
     keys = rels[None] if inp.key is None else _key_texts(cols, inp.key)
     if inp.key is not None:
-        bad |= cols.blank(inp.key)
+        import pyarrow.compute as pc
+
+        bad |= cols.blank(inp.key) | _bools(pc.match_substring(keys, "\x00"))
     order, sorted_keys, dup = _order(keys)
     first = _first(bad, dup)
     options = _options(recipe, cols, first if first is not None else cols.n)
     if first is not None:
         _row_error(recipe, cols, first, order)
     return _assemble(recipe, cols, (keys, sorted_keys), rels, order, label_names, values, options)
+
+
+#: the format types that read a cell as a number (``{n:06d}``, ``{x:.1f}``)
+_NUMBER_SPECS = set("bcdoxXneEfFgG%")
+
+
+def _uses(recipe: Any) -> list[tuple[str, str, str, bool]]:
+    """Every column the recipe reads as a value, with its use, the recipe key that reads it, and whether it is
+    read as text: (column, use, loc, as text). Decoder options taken from the row are not here (their own
+    option models check them: a list may be a size)."""
+    inp, out = recipe.model.inputs, []
+    temps = ([("inputs.path", inp.path)] if inp.path is not None else []) + [
+        (f"inputs.fields.{f}.path", d.path) for f, d in inp.fields.items() if d.path is not None]
+    for loc, template in temps:
+        for m in TEMPLATE_RE.finditer(template):   # {x:.1f} and {n:06d} read numbers; others, text
+            out.append((m.group(1), "path", loc, (m.group(2) or "")[-1:] not in _NUMBER_SPECS))
+    if inp.key is not None:
+        out.append((inp.key, "key", "inputs.key", True))
+    for f, c in inp.columns.items():
+        for col in [c.column] if c.column is not None else c.columns:
+            out.append((col, c.kind, f"inputs.columns.{f}", c.kind != "target"))
+    sp = recipe.model.split
+    if sp is not None and sp.column is not None:
+        out.append((sp.column, "split column", "split.column", True))
+    if sp is not None and sp.group is not None:
+        out.append((sp.group if isinstance(sp.group, str) else sp.group.column, "group", "split.group", True))
+    return out
+
+
+def _text_columns(recipe: Any) -> set[str]:
+    """The columns the recipe reads as text (a key, a label, a text field, a template slot without a numeric
+    format, a split column or group)."""
+    return {col for col, _, _, text in _uses(recipe) if text}
+
+
+def _check_values(recipe: Any, cols: _Columns) -> None:
+    """Each column read as a value holds text, numbers or booleans: a struct, list, map or binary column is
+    an error naming its first non-null row."""
+    import pyarrow.compute as pc
+
+    pa = cols.pa
+    if not cols.n:
+        return
+    for col, use, loc, _ in _uses(recipe):
+        t = cols.col(col).type
+        if pa.types.is_nested(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t) or \
+                pa.types.is_fixed_size_binary(t):
+            i = int(np.argmax(_bools(pc.is_valid(cols.col(col)))))
+            raise cols.error(i, col, f"holds {t} values; a {use} needs text, numbers or booleans", loc)
 
 
 def _column_values(recipe: Any, cols: _Columns) -> tuple[list[str], dict[str, Any]]:
@@ -174,7 +227,7 @@ def _column_values(recipe: Any, cols: _Columns) -> tuple[list[str], dict[str, An
         elif c.kind == "text":
             arr = cols.col(c.column)
             if not _is_text(cols.pa, arr.type):
-                arr = cols.pa.array(["" if v is None else str(v) for v in arr.to_pylist()], cols.pa.large_string())
+                arr = cols.pa.array(["" if _blank(v) else str(v) for v in arr.to_pylist()], cols.pa.large_string())
             out[f] = pc.fill_null(arr, "")
     return names, out
 
@@ -198,7 +251,7 @@ def _labels(recipe: Any, cols: _Columns, field: str) -> tuple[list[str], np.ndar
         unknown = np.array([v not in known for v in cells], bool)
         if unknown.any() and unknown[codes].any():
             i = int(np.argmax(unknown[codes]))
-            raise cols.error(i, c.column, f"class {cells[codes[i]]!r} is not in classes {c.classes}",
+            raise cols.error(i, c.column, f"class {echo(cells[codes[i]])} is not in classes {c.classes}",
                              f"inputs.columns.{field}.classes")
         names = list(c.classes)
     ids = {n: i for i, n in enumerate(names)}
@@ -298,7 +351,8 @@ def _fill(cols: _Columns, template: str) -> tuple[Any, np.ndarray]:
         pieces = [p for lit, t in zip(lits, texts) for p in (pa.scalar(lit, typ), t.cast(typ))]
         out = pc.binary_join_element_wise(*pieces, pa.scalar(template[pos:], typ), pa.scalar("", typ))
     leaves = pc.or_(pc.starts_with(out, "/"), pc.match_substring_regex(out, r"(^|/)\.\.(/|$)"))
-    return out, bad | _bools(leaves)
+    unusable = pc.or_(pc.match_substring(out, "\x00"), pc.greater(pc.utf8_length(out), MAX_PATH_CHARS))
+    return out, bad | _bools(leaves) | _bools(unusable)
 
 
 def _paths(recipe: Any, cols: _Columns) -> tuple[dict[Optional[str], Any], np.ndarray]:
@@ -391,12 +445,14 @@ def _row_error(recipe: Any, cols: _Columns, i: int, order: np.ndarray) -> None:
     if inp.key is not None and cols.blank(inp.key)[i]:
         raise where(inp.key, "blank key", "inputs.key")
     key = rel if inp.key is None else str(row[inp.key])
+    if "\x00" in key:
+        raise where(inp.key, f"the key {echo(key)} holds a NUL byte, which a stored key cannot", "inputs.key")
     pos = int(np.flatnonzero(order == i)[0])
     file, first = cols.where(int(order[pos - 1]))
     other = "" if file == cols.where(i)[0] else f" of {file}"
     cs = template_columns(inp.path) if inp.key is None else [inp.key]
     raise where(cs[0] if len(cs) == 1 else None,
-                f"key {key!r} repeats data row {first}{other} (give inputs.key a column whose values are unique when "
+                f"key {echo(key)} repeats data row {first}{other} (give inputs.key a column whose values are unique when "
                 f"paths repeat)", "inputs.key" if inp.key else "inputs.path")
 
 

@@ -47,16 +47,19 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import MissingDependencyError, RecipeError
+from ..errors import MissingDependencyError, RecipeError, clip, echo
 from ..kinds import Kind
 from ..recipe import NAME_RE
 from ..sample import FieldSpec
+from .table_read import TableError  # noqa: F401  (re-exported: table_columns and tests raise and catch it)
 
 #: extension -> reader name
 TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
                  ".parquet": "parquet", ".pq": "parquet"}
 #: ``{column}`` or ``{column:spec}`` in a path template (any column name without braces or colons)
 TEMPLATE_RE = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
+#: the longest path a row may give (Linux's PATH_MAX): a longer one names no file on any file system
+MAX_PATH_CHARS = 4096
 
 
 def table_format(path: str) -> str:
@@ -86,13 +89,18 @@ def _pyarrow() -> Any:
 
 
 def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = None,
-               storage_options: Optional[dict[str, Any]] = None) -> Any:
+               storage_options: Optional[dict[str, Any]] = None, quoting: Optional[str] = None,
+               texts: Optional[set[str]] = None) -> Any:
     """The table file (a local path or a URL, streamed from the store) as a pyarrow Table (CSV and TSV
-    cells as text); a RecipeError naming the file when it cannot be read, a PlanError naming the URL when
-    the store refuses it (missing, access denied, no credentials). ``select(column names) -> the names to
-    read`` (it may raise): only those columns are read (a CSV's and a Parquet file's columns are known
-    before their rows are read)."""
+    cells as text), read as Python's csv and json modules read it (:mod:`.table_read`); a RecipeError
+    naming the file (and the row) when it cannot be read, a PlanError naming the URL when the store
+    refuses it (missing, access denied, no credentials). ``select(column names) -> the names to read``
+    (it may raise): only those columns are kept. ``quoting`` (``inputs.quoting``): ``csv`` or ``none``
+    for a CSV or TSV file (default: ``csv`` for .csv, ``none`` for .tsv/.tab: TSV has no quoting).
+    ``texts``: the columns read as text (a JSON Lines number column among them holds the numbers'
+    texts as ``str`` of ``json.loads``' values: ``1``, not pyarrow's ``1.0``)."""
     from ..remote import file_fingerprint, is_url, store_error
+    from .table_read import read_delimited, read_jsonl
 
     pa = _pyarrow()
     kind = table_format(path)
@@ -105,25 +113,24 @@ def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = 
     pick = select or (lambda names: names)
     try:
         if kind in ("csv", "tsv"):
-            parse = pa.csv.ParseOptions(delimiter="\t" if kind == "tsv" else ",")
-            with fs.open_input_stream(name, compression="detect") as f, pa.csv.open_csv(f, parse_options=parse) as r:
-                names = pick(list(r.schema.names))
-            conv = pa.csv.ConvertOptions(column_types={n: pa.string() for n in names}, strings_can_be_null=False,
-                                         quoted_strings_can_be_null=False, include_columns=names)
             with fs.open_input_stream(name, compression="detect") as f:
-                return pa.csv.read_csv(f, parse_options=parse, convert_options=conv)
+                data = f.read()
+            quote = (quoting or ("csv" if kind == "csv" else "none")) == "csv"
+            return read_delimited(pa, data, path, "\t" if kind == "tsv" else ",", quote, pick, source)
         if kind == "jsonl":
             with fs.open_input_stream(name, compression="detect") as f:
-                table = pa.json.read_json(f)
-            return table.select(pick(list(table.column_names)))
+                data = f.read()
+            return read_jsonl(pa, data, path, pick, source, texts or set())
         with fs.open_input_file(name) as f:
             pq = pa.parquet.ParquetFile(f)
             return pq.read(columns=pick(list(pq.schema_arrow.names)))
     except (pa.ArrowException, OSError, ValueError) as e:
         if remote and _store_fault(pa, e):
             raise store_error(f"table {path!r}", path, e, "read") from None
-        raise RecipeError(f"table file {path!r} cannot be read as {kind}: {e}", source=source,
+        raise RecipeError(f"table file {path!r} cannot be read as {kind}: {clip(str(e))}", source=source,
                           loc="inputs.table") from None
+    except RecipeError:
+        raise
     except Exception as e:  # a store's own errors (botocore's NoCredentialsError, ...) are not OSErrors
         if remote:
             raise store_error(f"table {path!r}", path, e, "read") from None
@@ -182,14 +189,6 @@ def table_files(recipe: Any) -> list[str]:
     return sorted(found)
 
 
-class TableError(RecipeError):
-    """A problem in one row of a table: names the file, the data row (1-based) and the column."""
-
-    def __init__(self, table: str, row: int, column: Optional[str], what: str, source: Optional[str], loc: str):
-        col = f", column {column!r}" if column is not None else ""
-        super().__init__(f"{table}: data row {row} (1-based, header not counted){col}: {what}", source=source, loc=loc)
-
-
 def _blank(v: Any) -> bool:
     return v is None or (isinstance(v, str) and not v.strip()) or (isinstance(v, float) and math.isnan(v))
 
@@ -212,9 +211,9 @@ def _as_int(v: Any, name: str, spec: str) -> int:
     try:
         f = float(v)
     except (TypeError, ValueError):
-        raise CellError(name, f"{v!r} is not an integer (format {{{name}:{spec}}})") from None
+        raise CellError(name, f"{echo(v)} is not an integer (format {{{name}:{spec}}})") from None
     if not f.is_integer():
-        raise CellError(name, f"{v!r} is not an integer (format {{{name}:{spec}}})")
+        raise CellError(name, f"{echo(v)} is not an integer (format {{{name}:{spec}}})")
     return int(f)
 
 
@@ -231,7 +230,7 @@ def _cell_text(template: str, name: str, spec: Optional[str], v: Any) -> str:
             v = float(v)
         return format(v, spec)
     except (TypeError, ValueError) as e:
-        raise CellError(name, str(e)) from None
+        raise CellError(name, clip(str(e))) from None
 
 
 def compile_template(template: str) -> Any:
@@ -245,7 +244,25 @@ def compile_template(template: str) -> Any:
 
     def fill(row: dict[str, Any]) -> str:
         return "".join([lit + _cell_text(template, name, spec, row[name]) for lit, name, spec in parts]) + tail
+    fill.columns = [name for _, name, _ in parts]   # type: ignore[attr-defined]
     return fill
+
+
+def path_problem(rel: str) -> Optional[str]:
+    """Why a path a row gives can name no file (a NUL byte, more than :data:`MAX_PATH_CHARS` characters),
+    or None."""
+    if "\x00" in rel:
+        return f"the path {echo(rel)} holds a NUL byte, which no file name can"
+    if len(rel) > MAX_PATH_CHARS:
+        return f"the path {echo(rel)} is longer than {MAX_PATH_CHARS} characters, which no file system takes"
+    return None
+
+
+def _culprit(columns: list[str], row: dict[str, Any]) -> Optional[str]:
+    """The column of a template whose cell makes its path unusable: the first holding a NUL byte, else the
+    longest."""
+    texts = {c: str(row[c]) for c in columns}
+    return next((c for c in columns if "\x00" in texts[c]), max(columns, key=lambda c: len(texts[c]), default=None))
 
 
 def fill_row_template(template: str, row: dict[str, Any]) -> str:
@@ -288,7 +305,7 @@ def _number(v: Any, mapping: dict) -> float:
     try:
         x = float(v)
     except (TypeError, ValueError):
-        raise ValueError(f"{v!r} is not a number (a target needs numbers; blank = NaN; map: turns other values "
+        raise ValueError(f"{echo(v)} is not a number (a target needs numbers; blank = NaN; map: turns other values "
                          f"into numbers)") from None
     for k, m in mapping.items():
         if _key_number(k) == x:
@@ -392,8 +409,11 @@ def _path_filler(recipe: Any, root: str) -> Any:
             rel = template(row)
         except CellError as e:
             raise where(e.column, str(e), loc) from None
+        problem = path_problem(rel)
+        if problem is not None:
+            raise where(_culprit(template.columns, row), problem, loc)
         if rel.startswith("/") or ".." in rel.split("/"):
-            raise where(None, f"path {rel!r} leaves inputs.root (no leading '/' or '..')", loc)
+            raise where(None, f"path {echo(rel)} leaves inputs.root (no leading '/' or '..')", loc)
         return rel
 
     def paths(row: dict[str, Any], where: Any) -> tuple[Optional[str], dict[str, str]]:
@@ -420,7 +440,7 @@ def split_group(spec: Any, captures: dict[str, Any]) -> Optional[str]:
         return v
     m = re.search(g.pattern, v)
     if m is None:
-        raise ValueError(f"split.group pattern {g.pattern!r} does not match {v!r}")
+        raise ValueError(f"split.group pattern {g.pattern!r} does not match {echo(v)}")
     return m.group(1) if m.groups() else m.group(0)
 
 
@@ -473,7 +493,7 @@ def _where(table: Any) -> Any:
     """``i -> "table.csv: data row 7 (...)"`` or ``"input 'a/b.png'"``: how a message names item ``i``."""
     def at(i: int) -> str:
         if table.row is None:
-            return f"input {table.keys[i]!r}"
+            return f"input {echo(table.keys[i])}"
         return f"{table.row_files[int(table.row_file[i])]}: data row {int(table.row[i])} (1-based, header not counted)"
     return at
 
@@ -506,7 +526,7 @@ def _column_splits(recipe: Any, factor: tuple[np.ndarray, list], groups: Optiona
     names = sorted({str(v) for v, ok in zip(cells, valid) if ok})
     pos = {s: i for i, s in enumerate(names)}
     split = np.array([pos[str(v)] if ok else -1 for v, ok in zip(cells, valid)], np.int64)[codes]
-    checks.append((split < 0, lambda i: (f"{at(i)}, column {sp.column!r}: split name {cells[codes[i]]!r} must be "
+    checks.append((split < 0, lambda i: (f"{at(i)}, column {sp.column!r}: split name {echo(cells[codes[i]])} must be "
                                          f"letters, digits, '_', '.', '-'", "split.column")))
     if groups is not None and len(split):
         g = groups.ids
@@ -516,7 +536,7 @@ def _column_splits(recipe: Any, factor: tuple[np.ndarray, list], groups: Optiona
         first[gids] = np.flatnonzero(ok)[at_first]
         f = np.where(g >= 0, first[np.maximum(g, 0)], -1)
         clash = ok & (f >= 0) & (split != split[np.maximum(f, 0)])
-        checks.append((clash, lambda i: (f"{at(i)}: group {groups.values[g[i]]!r} is in split {names[split[i]]!r} "
+        checks.append((clash, lambda i: (f"{at(i)}: group {echo(groups.values[g[i]])} is in split {names[split[i]]!r} "
                                          f"here and in {names[split[f[i]]]!r} at {at(int(f[i]))} (a group must not "
                                          f"be in two splits)", "split.group")))
     _raise_first(recipe, checks)

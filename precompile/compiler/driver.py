@@ -295,11 +295,30 @@ def _stages(b: _Build, keys: dict[int, str], force: bool, progress: bool, schedu
     if not force_space and not b.out.remote:   # a store has no free space to check
         _check_space(b, st)
     try:
-        _run_stage(b, keys, st, progress, scheduler)
-    except (OSError, PrecompileError):
+        try:
+            _run_stage(b, keys, st, progress, scheduler)
+        except (OSError, PrecompileError):
+            if not b.out.remote:
+                _clean_temporaries(b)  # a full disk: the half-written shards' space back (finished shards are kept)
+            raise
+        return _conclude(b, st, views, named)
+    except KeyboardInterrupt:   # Ctrl-C: the workers are stopped by now; say what is kept
         if not b.out.remote:
-            _clean_temporaries(b)  # a full disk: the half-written shards' space back (finished shards are kept)
-        raise
+            _clean_temporaries(b)
+        raise BuildInterrupted(sum(1 for s in b.plan.shards if s.index in st.infos), len(b.plan.shards)) from None
+
+
+class BuildInterrupted(KeyboardInterrupt):
+    """A build stopped by Ctrl-C (a KeyboardInterrupt, as any other) once its shards had started: ``kept``
+    of ``total`` shards are written and kept (a rerun skips them); the half-written ones were removed."""
+
+    def __init__(self, kept: int, total: int):
+        self.kept, self.total = kept, total
+        super().__init__(f"{kept} of {total} shards written and kept; run the same command again to finish")
+
+
+def _conclude(b: _Build, st: _State, views: list[_Build], named: list[tuple[Optional[str], _Build]]) -> BuildReport:
+    """After the run: check the outcome, finalize (each split's index), retire the replaced snapshot."""
     report = _report(b, st)
     _check_outcome(b, st, report)
     replaced = [f for v in views for f in _index_files(b.out, v.index_path)]
@@ -728,7 +747,7 @@ def _write_report(out: Any, index_path: str, report: BuildReport) -> None:
     out.write_json(os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX, report.to_json(), indent=2)
 
 
-__all__ = ["as_recipe", "build", "check_plan", "collect_garbage", "output_paths", "with_policy"]
+__all__ = ["BuildInterrupted", "as_recipe", "build", "check_plan", "collect_garbage", "output_paths", "with_policy"]
 
 
 def collect_garbage(index_path: str | os.PathLike, keep_previous: bool = True, dry_run: bool = False,

@@ -1,0 +1,234 @@
+"""The build's worker processes (compiler/backends.py): none outlives its build, whatever ends the build.
+
+A real ``precompile build -j 2`` runs in a subprocess on inputs made slow by a test-only decoder (a
+plugin module that sleeps per input), so it is mid-build when it is stopped. Its process tree (children
+and grandchildren, read from /proc before the stop) is then watched: every process of it must be gone
+within 3 s, whether the build was killed with SIGKILL, with SIGTERM, or interrupted with Ctrl-C (SIGINT to
+its process group), which must also say what was kept and how to finish.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import REPO
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads the process tree from /proc")
+
+N_INPUTS, PER_SHARD = 48, 4
+N_SHARDS = N_INPUTS // PER_SHARD
+PLUGIN_MOD = "pcplug_workers_slow"
+PLUGIN = f'''"""Test-only decoder: the image decoder, 40 ms slower per input."""
+import time
+
+from precompile.decoders.image import ImageDecoder
+from precompile.registry import DECODERS
+
+
+@DECODERS.register()
+class SlowImage(ImageDecoder):
+    name = "{PLUGIN_MOD}"
+
+    def read(self, path):
+        time.sleep(0.04)
+        return super().read(path)
+'''
+
+
+@pytest.fixture(scope="module")
+def slow(tmp_path_factory):
+    """(recipe writer, environment): 48 tiny PNGs decoded 40 ms each, 4 per shard."""
+    from PIL import Image
+
+    base = tmp_path_factory.mktemp("workers")
+    (base / "plug").mkdir()
+    (base / "plug" / f"{PLUGIN_MOD}.py").write_text(PLUGIN)
+    root = base / "in"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(N_INPUTS):
+        Image.fromarray(rng.integers(0, 256, (10, 10, 3), dtype=np.uint8)).save(root / f"img_{i:04d}.png")
+
+    def recipe(name: str = "r.yaml", **top) -> str:
+        data = {"name": "wk", "seed": 3, "inputs": {"root": str(root), "match": "{name}.png",
+                                                     "fields": {"image": {"decoder": PLUGIN_MOD}}},
+                "steps": [{"resize": {"size": [6, 6]}}], "output": {"samples_per_shard": PER_SHARD}, **top}
+        (base / name).write_text(yaml.safe_dump(data))
+        return str(base / name)
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(base / "plug"), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    return recipe, env
+
+
+def _cmd(recipe: str, out, *extra: str) -> list[str]:
+    run = f"import {PLUGIN_MOD}, runpy; runpy.run_module('precompile', run_name='__main__')"
+    return [sys.executable, "-c", run, "build", recipe, "-o", str(out), *extra]
+
+
+def _children(pid: int) -> list[int]:
+    kids: list[int] = []
+    for f in glob.glob(f"/proc/{pid}/task/*/children"):
+        try:
+            with open(f) as fh:
+                kids.extend(int(x) for x in fh.read().split())
+        except OSError:
+            pass
+    return kids
+
+
+def _tree(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (children, grandchildren, ...)."""
+    out, todo = [], _children(pid)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(_children(p))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie is dead: nothing reaps an orphan's zombie in some containers)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:200]
+    except OSError:
+        return "?"
+
+
+def _finished(out) -> list[str]:
+    return sorted(glob.glob(os.path.join(str(out), "wk.shards", "shard-*.h5")))
+
+
+def _start(cmd: list[str], env: dict, out, grandchildren: bool = False) -> tuple[subprocess.Popen, list[int]]:
+    """Start the build in its own session, its output to files (an orphan holding a pipe open would hang the
+    read); return it and its process tree once it is mid-build: two workers (and with ``grandchildren``, their
+    helpers) running and at least one shard finished, not the last."""
+    logs = os.path.dirname(str(out))
+    with open(os.path.join(logs, "stdout"), "w") as o, open(os.path.join(logs, "stderr"), "w") as e:
+        proc = subprocess.Popen(cmd, env=env, stdout=o, stderr=e, start_new_session=True)
+    deadline = time.monotonic() + 120
+    tree: list[int] = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        kids = _children(proc.pid)
+        tree = _tree(proc.pid)
+        helpers = [p for p in tree if p not in kids]
+        if len(kids) >= 2 and (helpers or not grandchildren) and _finished(out):
+            break
+        time.sleep(0.005)
+    if proc.poll() is not None or len(_finished(out)) >= N_SHARDS:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        pytest.fail(f"the build ended before it could be stopped mid-build: {_stderr(out)[-2000:]}")
+    return proc, tree
+
+
+def _stderr(out) -> str:
+    with open(os.path.join(os.path.dirname(str(out)), "stderr")) as f:
+        return f.read()
+
+
+def _gone_within(tree: list[int], seconds: float) -> list[str]:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        left = [p for p in tree if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.02)
+    return [f"{p}: {_cmdline(p)}" for p in tree if _alive(p)]
+
+
+@pytest.mark.parametrize("sig,extra,workers", [(signal.SIGKILL, (), "fork"), (signal.SIGTERM, (), "fork"),
+                                               (signal.SIGKILL, ("--timeout", "60"), "fork"),
+                                               (signal.SIGKILL, (), "loky")],
+                         ids=["sigkill", "sigterm", "sigkill-isolated-decoding", "sigkill-loky"])
+def test_no_process_outlives_a_killed_build(slow, tmp_path, sig, extra, workers):
+    """Workers (and, with --timeout, the decoding helpers each worker starts; with loky, its helpers and the
+    progress bar's queue manager) exit when the build dies."""
+    recipe, env = slow
+    out = tmp_path / "out"
+    env = dict(env, PRECOMPILE_WORKERS=workers)
+    proc, tree = _start(_cmd(recipe(), out, "-j", "2", *extra), env, out, grandchildren=bool(extra))
+    try:
+        assert len(tree) >= 2 + (2 if extra else 0), [_cmdline(p) for p in tree]
+        os.kill(proc.pid, sig)   # the build's own process only: its workers are not told
+        proc.wait(timeout=30)
+        left = _gone_within(tree, 3.0)
+        assert not left, f"still running 3 s after the build died by {sig.name}: {left}"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def test_ctrl_c_says_what_was_kept_and_a_rerun_finishes(slow, tmp_path):
+    recipe, env = slow
+    out = tmp_path / "out"
+    r = recipe()
+    proc, tree = _start(_cmd(r, out, "-j", "2"), env, out)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)   # what a terminal's Ctrl-C does
+        proc.wait(timeout=60)
+        left = _gone_within(tree, 3.0)
+        err = _stderr(out)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    kept = len(_finished(out))
+    assert 0 < kept < N_SHARDS
+    assert proc.returncode == 130, err[-2000:]
+    assert f"interrupted: {kept} of {N_SHARDS} shards written and kept; run the same command again to finish" in err, err
+    assert "Aborted!" not in err and "Traceback" not in err, err[-2000:]
+    assert not left, f"still running 3 s after Ctrl-C: {left}"
+    assert not glob.glob(os.path.join(str(out), "wk.shards", "*.tmp-*"))   # the half-written shards are removed
+    again = subprocess.run(_cmd(r, out, "-j", "2", "--no-progress"), env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr
+    rep = json.loads((out / "wk.report.json").read_text())
+    assert rep["shards"]["skipped"] == kept and rep["shards"]["built"] == N_SHARDS - kept
+
+
+_CV2_USED = """
+import sys
+import cv2
+import numpy as np
+from precompile import build
+cv2.setNumThreads(2)
+a = np.random.default_rng(0).random((1500, 1500), dtype=np.float32)
+for _ in range(3):   # OpenCV's thread pool is now running in this process
+    cv2.GaussianBlur(cv2.resize(a, (2500, 2500)), (9, 9), 0)
+rep = build(sys.argv[1], sys.argv[2], n_jobs=2)
+print(rep["shards"]["built"], cv2.getNumThreads())
+"""
+
+
+def test_workers_forked_after_opencv_used_its_threads_do_not_hang(tmp_path):
+    """A process that used OpenCV's thread pool forks workers that change their thread count (one each):
+    that hangs in the child unless the parent drops to one thread around the fork (and back after)."""
+    from conftest import image_recipe, make_image_tree, write_recipe
+
+    recipe = write_recipe(tmp_path / "r.yaml", image_recipe(make_image_tree(tmp_path / "in", per_class=3)))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", _CV2_USED, str(recipe), str(tmp_path / "out")], capture_output=True,
+                       text=True, env=env, timeout=120, start_new_session=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["2", "2"]   # both shards built; this process keeps its two OpenCV threads

@@ -7,8 +7,8 @@ temporaries, the no-op check (:func:`_unchanged`), sort shards
 (up to date or to do), reuse siblings' shards, run (:mod:`.backends`), check the outcome,
 finalize (index, then report). Everything that reads or writes the stored build goes through the output
 (:mod:`.output`: a local folder, or a URL). Shards whose stored key matches are skipped (incremental,
-resumable); the rest run as joblib tasks (in-process for one job, loky workers locally, or a
-dask cluster). The index and the build report are written last.
+resumable); the rest run as shard tasks (in-process for one job, worker processes forked from this one
+locally, or a dask cluster). A Ctrl-C once they run stops the workers and raises :class:`BuildInterrupted`. The index and the build report are written last.
 
 Guarantees kept here:
 
@@ -29,6 +29,8 @@ Guarantees kept here:
   retried once with decoding isolated in a helper process, so a crashing codec
   fails only its input, and a second death fails the shard with a message that
   names it and its inputs.
+- lifetime: no worker process outlives the build, however it ends
+  (:mod:`.forkpool`); a Ctrl-C says how many shards were kept.
 """
 from __future__ import annotations
 

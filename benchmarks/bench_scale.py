@@ -17,6 +17,15 @@ The table gives each figure per N and its growth factor per 10x in N
 index file's bytes (keys, metadata, the virtual datasets).
 
     PYTHONPATH=. python benchmarks/bench_scale.py [--sizes 1000,10000,100000] [--dir DIR] [--keep]
+
+Worker start and -j scaling (issue 33; each a fresh process per run, medians over ``--repeats``):
+
+    python benchmarks/bench_scale.py --pool 1,2 [--repeats 7]           # N workers ready, after the imports
+    python benchmarks/bench_scale.py --recipes 'recipes/*.yaml' [--repeats 5]   # the tour's -j1 against -j2
+    python benchmarks/bench_scale.py --jobs 1,2 --photos 2000 [--repeats 3]     # wall, summed work, serial part
+
+``--repo PATH`` measures another checkout of precompile (e.g. the main branch, for a before/after table in one
+run); ``PRECOMPILE_WORKERS=loky`` selects loky's worker start instead of the fork.
 """
 from __future__ import annotations
 
@@ -31,7 +40,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # --repo replaces it (the code measured)
 
 _STEP = r"""
 import json, resource, sys, time
@@ -74,6 +83,31 @@ elif step in ("build", "rebuild"):
     res["worker_rss"] = peak["workers"]
     res["built"], res["up_to_date"], res["bytes"] = rep["shards"]["built"], bool(rep.get("up_to_date")), rep["bytes"]
     res["stage_seconds"], res["build_s"] = dict(rep["stage_seconds"]), rep["wall_seconds"]
+elif step == "pool":   # N workers ready (each answered a trivial task), timed after this process's imports
+    import os
+    n = int(sys.argv[4])
+    from precompile.compiler import backends
+    method = getattr(backends, "worker_start", lambda: "loky")()   # a checkout from before issue 33: loky
+    if method == "fork":
+        backends.preload()
+        from precompile.compiler.forkpool import ForkPool
+        t1 = time.perf_counter()
+        pool = ForkPool(n, lambda tid, isolate, sink: os.getpid())
+        pool.start()
+        for tid in range(n):
+            pool.send(pool.idle(), tid, False)
+        pids = set()
+        while len(pids) < n:
+            pids.update(r for _, kind, r in pool.events() if kind == "ok")
+        t2 = time.perf_counter()
+        pool.close()
+    else:   # loky: the warm-up a build starts while it plans (the workers import the build path)
+        import joblib
+        import precompile.compiler.shard  # noqa: F401  (what the parent has imported when its shards run)
+        t1 = time.perf_counter()
+        pids = set(joblib.Parallel(n_jobs=n, backend="loky")(joblib.delayed(backends.warm_worker)() for _ in range(n)))
+        t2 = time.perf_counter()
+    res["method"], res["start_s"], res["workers"] = method, t2 - t1, len(pids)
 elif step == "open":
     import precompile
     ds = precompile.open(out + "/tiny.h5")
@@ -126,7 +160,7 @@ def run_step(step: str, recipe: str, out: str, *extra: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", _STEP, step, recipe, out, *extra], capture_output=True, text=True,
-                       env=env)
+                       env=env, cwd=REPO)   # the folder first on sys.path: the checkout measured
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"{step} failed:\n{p.stderr}")
@@ -144,7 +178,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--photos", type=int, default=2000, help="with --jobs: how many 500x375 JPEG inputs")
     ap.add_argument("--targets", default="256,64", help="with --jobs: resize targets (shorter side; 64 = 64x64)")
     ap.add_argument("--fast", action="store_true", help="with --jobs: resize with fast: true")
+    ap.add_argument("--repeats", type=int, default=1, help="with --jobs, --recipes, --pool: runs per figure (medians)")
+    ap.add_argument("--recipes", default=None, help="the -j1 against -j2 table of these recipes (a glob under the "
+                    "repository, e.g. 'recipes/*.yaml'), each a fresh `precompile build --force` process")
+    ap.add_argument("--pool", default=None, help="worker counts, e.g. 1,2: how long N workers take to start "
+                    "(each answers a trivial task) after the parent's own imports")
+    ap.add_argument("--repo", default=None, help="the precompile checkout to measure (default: this one)")
     args = ap.parse_args(argv)
+    if args.repo:
+        global REPO
+        REPO = os.path.abspath(args.repo)
+    print(f"measuring {REPO}; {os.cpu_count()} cpus; load average before: {_load()}")
+    if args.pool:
+        return pool_table(args)
+    if args.recipes:
+        return recipes_table(args)
     if args.jobs:
         return jobs_table(args)
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -202,6 +250,79 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs))
+
+
+def pool_table(args: argparse.Namespace) -> None:
+    """Seconds until N workers have each answered a trivial task, from a process that has imported the build
+    path (what a build's parent has done when its shards run): the worker start a parallel build pays."""
+    print("| workers | start | start s (median) | runs |")
+    print("|---:|---|---:|---|")
+    for n in (int(x) for x in args.pool.split(",")):
+        runs = [run_step("pool", "-", "-", str(n)) for _ in range(args.repeats)]
+        assert all(r["workers"] == n for r in runs), runs
+        print(f"| {n} | {runs[0]['method']} | {_median([r['start_s'] for r in runs]):.3f} | "
+              + ", ".join(f"{r['start_s']:.3f}" for r in runs) + " |", flush=True)
+    print(f"load average after: {_load()}")
+
+
+def _cli_build(recipe: str, out: str, j: int) -> dict:
+    """``precompile build RECIPE -o OUT -j J --force --no-progress`` in a fresh process: its wall seconds and
+    its report's (stage seconds, summed over workers)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "precompile", "build", recipe, "-o", out, "-j", str(j), "--force",
+                        "--no-progress"], capture_output=True, text=True, env=env, cwd=REPO)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{recipe} -j{j} failed:\n{p.stderr}")
+    reports = [os.path.join(out, f) for f in os.listdir(out) if f.endswith(".report.json") and f.count(".") == 2]
+    with open(max(reports, key=os.path.getmtime)) as f:
+        rep = json.load(f)
+    work = sum(rep["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
+    return {"wall_s": wall, "work_s": work, "inputs": rep["inputs"], "shards": rep["shards"]["total"]}
+
+
+def recipes_table(args: argparse.Namespace) -> None:
+    """The README tour's ``precompile build RECIPE -j 1`` against ``-j 2`` for each recipe, as a user runs it
+    (a fresh process, imports included; ``--force`` so every run builds every shard), -j1 and -j2 taking turns:
+    median wall seconds, -j2 / -j1, and the serial part: wall - summed work / j (the imports, plan, worker
+    start, the parent and finalize)."""
+    import glob
+
+    jobs = [int(j) for j in (args.jobs or "1,2").split(",")]
+    recipes = sorted(glob.glob(os.path.join(REPO, args.recipes)))
+    work = tempfile.mkdtemp(prefix="precompile-bench-recipes-")
+    print(f"{len(recipes)} recipe(s); medians of {args.repeats} run(s)")
+    print("| recipe | inputs | shards | -j | wall s | x -j1 wall | work s (summed) | serial s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    totals = {j: 0.0 for j in jobs}
+    try:
+        for r in recipes:
+            runs: dict[int, list[dict]] = {j: [] for j in jobs}
+            for _ in range(args.repeats):
+                for j in jobs:
+                    runs[j].append(_cli_build(r, os.path.join(work, f"j{j}"), j))
+            base = _median([x["wall_s"] for x in runs[jobs[0]]])
+            for j in jobs:
+                wall, w = _median([x["wall_s"] for x in runs[j]]), _median([x["work_s"] for x in runs[j]])
+                totals[j] += wall
+                x = runs[j][0]
+                print(f"| {os.path.relpath(r, REPO)} | {x['inputs']} | {x['shards']} | {j} | {wall:.2f} | "
+                      f"{wall / base:.2f} | {w:.2f} | {wall - w / j:.2f} |", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print("| all | | | " + " / ".join(str(j) for j in jobs) + " | "
+          + " / ".join(f"{totals[j]:.2f}" for j in jobs) + " | "
+          + " / ".join(f"{totals[j] / totals[jobs[0]]:.2f}" for j in jobs) + " | | |")
+    print(f"load average after: {_load()}")
+
+
 def make_photos(root: str, n: int) -> None:
     """``n`` photo-like 500x375 (or 375x500) JPEG files in 10 class folders (kept for a later run with --dir)."""
     import cv2
@@ -232,7 +353,8 @@ def jobs_table(args: argparse.Namespace) -> None:
     work = args.dir or tempfile.mkdtemp(prefix="precompile-bench-jobs-")
     root = os.path.join(work, f"photos-{args.photos}")
     make_photos(root, args.photos)
-    print(f"{args.photos} JPEGs 500x375 in {work}; {os.cpu_count()} cpus; fast={args.fast}")
+    print(f"{args.photos} JPEGs 500x375 in {work}; {os.cpu_count()} cpus; fast={args.fast}; "
+          f"medians of {args.repeats} run(s)")
     print("| target | -j | wall s | samples/s | x -j1 | of linear | work s (summed) | work/s/core | ideal s "
           "| serial s |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -248,18 +370,24 @@ def jobs_table(args: argparse.Namespace) -> None:
                                        "label": {"capture": "label"}},
                             "steps": [{"resize": resize}, {"center_crop": {"size": [t, t]}}],
                             "output": {"format": "hdf5", "samples_per_shard": 256}}, f)
+        runs: dict[int, list[dict]] = {j: [] for j in jobs}
+        for _ in range(args.repeats):   # the job counts take turns, so a busy spell of the machine hits each
+            for j in jobs:
+                out = os.path.join(work, f"out-{t}-{j}")
+                shutil.rmtree(out, ignore_errors=True)
+                r = run_step("build", recipe, out, str(j))
+                r["work_s"] = sum(r["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
+                runs[j].append(r)
+                shutil.rmtree(out, ignore_errors=True)
         base = None
         for j in jobs:
-            out = os.path.join(work, f"out-{t}-{j}")
-            shutil.rmtree(out, ignore_errors=True)
-            r = run_step("build", recipe, out, str(j))
-            summed = sum(r["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
-            rate = args.photos / r["wall_s"]
+            wall, summed = _median([r["wall_s"] for r in runs[j]]), _median([r["work_s"] for r in runs[j]])
+            rate = args.photos / wall
             base = base or rate
             ideal = summed / j
-            print(f"| {t} | {j} | {r['wall_s']:.2f} | {rate:.0f} | {rate / base:.2f} | {rate / base / j:.2f} | "
-                  f"{summed:.2f} | {args.photos / summed:.0f} | {ideal:.2f} | {r['wall_s'] - ideal:.2f} |", flush=True)
-            shutil.rmtree(out, ignore_errors=True)
+            print(f"| {t} | {j} | {wall:.2f} | {rate:.0f} | {rate / base:.2f} | {rate / base / j:.2f} | "
+                  f"{summed:.2f} | {args.photos / summed:.0f} | {ideal:.2f} | {wall - ideal:.2f} |", flush=True)
+    print(f"load average after: {_load()}")
     if not args.keep and not args.dir:
         shutil.rmtree(work, ignore_errors=True)
 

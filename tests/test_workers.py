@@ -116,10 +116,15 @@ def _finished(out) -> list[str]:
     return sorted(glob.glob(os.path.join(str(out), "wk.shards", "shard-*.h5")))
 
 
-def _start(cmd: list[str], env: dict, out, grandchildren: bool = False) -> tuple[subprocess.Popen, list[int]]:
+def _tmps(out) -> list[str]:
+    return glob.glob(os.path.join(str(out), "wk.shards", "*.tmp-*"))
+
+
+def _start(cmd: list[str], env: dict, out, grandchildren: bool = False, workers: int = 2,
+           forced: bool = False) -> tuple[subprocess.Popen, list[int]]:
     """Start the build in its own session, its output to files (an orphan holding a pipe open would hang the
-    read); return it and its process tree once it is mid-build: two workers (and with ``grandchildren``, their
-    helpers) running and at least one shard finished, not the last."""
+    read); return it and its process tree once it is mid-build: ``workers`` workers (and with ``grandchildren``,
+    their helpers) running and at least one shard finished, not the last (``forced``: one being written)."""
     logs = os.path.dirname(str(out))
     with open(os.path.join(logs, "stdout"), "w") as o, open(os.path.join(logs, "stderr"), "w") as e:
         proc = subprocess.Popen(cmd, env=env, stdout=o, stderr=e, start_new_session=True)
@@ -129,10 +134,10 @@ def _start(cmd: list[str], env: dict, out, grandchildren: bool = False) -> tuple
         kids = _children(proc.pid)
         tree = _tree(proc.pid)
         helpers = [p for p in tree if p not in kids]
-        if len(kids) >= 2 and (helpers or not grandchildren) and _finished(out):
+        if len(kids) >= workers and (helpers or not grandchildren) and (_tmps(out) if forced else _finished(out)):
             break
         time.sleep(0.005)
-    if proc.poll() is not None or len(_finished(out)) >= N_SHARDS:
+    if proc.poll() is not None or (not forced and len(_finished(out)) >= N_SHARDS):
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         pytest.fail(f"the build ended before it could be stopped mid-build: {_stderr(out)[-2000:]}")
@@ -171,6 +176,11 @@ def test_no_process_outlives_a_killed_build(slow, tmp_path, sig, extra, workers)
         proc.wait(timeout=30)
         left = _gone_within(tree, 3.0)
         assert not left, f"still running 3 s after the build died by {sig.name}: {left}"
+        if sig == signal.SIGTERM:   # the CLI stops as for Ctrl-C: what was kept, exit 143
+            kept = len(_finished(out))
+            assert proc.returncode == 143, _stderr(out)[-2000:]
+            assert f"terminated (SIGTERM): {kept} of {N_SHARDS} shards written and kept; run the same command " \
+                   f"again to finish" in _stderr(out)
     finally:
         try:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -178,11 +188,12 @@ def test_no_process_outlives_a_killed_build(slow, tmp_path, sig, extra, workers)
             pass
 
 
-def test_ctrl_c_says_what_was_kept_and_a_rerun_finishes(slow, tmp_path):
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_ctrl_c_says_what_was_kept_and_a_rerun_finishes(slow, tmp_path, jobs):
     recipe, env = slow
     out = tmp_path / "out"
     r = recipe()
-    proc, tree = _start(_cmd(r, out, "-j", "2"), env, out)
+    proc, tree = _start(_cmd(r, out, "-j", jobs), env, out, workers=int(jobs) if jobs != "1" else 0)
     try:
         os.killpg(proc.pid, signal.SIGINT)   # what a terminal's Ctrl-C does
         proc.wait(timeout=60)
@@ -199,7 +210,7 @@ def test_ctrl_c_says_what_was_kept_and_a_rerun_finishes(slow, tmp_path):
     assert f"interrupted: {kept} of {N_SHARDS} shards written and kept; run the same command again to finish" in err, err
     assert "Aborted!" not in err and "Traceback" not in err, err[-2000:]
     assert not left, f"still running 3 s after Ctrl-C: {left}"
-    assert not glob.glob(os.path.join(str(out), "wk.shards", "*.tmp-*"))   # the half-written shards are removed
+    assert not _tmps(out)   # the half-written shards are removed
     again = subprocess.run(_cmd(r, out, "-j", "2", "--no-progress"), env=env, capture_output=True, text=True,
                            timeout=120)
     assert again.returncode == 0, again.stderr
@@ -232,3 +243,26 @@ def test_workers_forked_after_opencv_used_its_threads_do_not_hang(tmp_path):
                        text=True, env=env, timeout=120, start_new_session=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["2", "2"]   # both shards built; this process keeps its two OpenCV threads
+
+
+def test_ctrl_c_of_a_forced_rebuild_says_to_run_without_force(slow, tmp_path):
+    """--force rebuilds shards whose files (same key, same name) are there already: a rerun without --force
+    keeps all of them, and that is what the message says."""
+    recipe, env = slow
+    out = tmp_path / "out"
+    r = recipe()
+    first = subprocess.run(_cmd(r, out, "-j", "2", "--no-progress"), env=env, capture_output=True, text=True,
+                           timeout=120)
+    assert first.returncode == 0, first.stderr
+    proc, tree = _start(_cmd(r, out, "-j", "2", "--force"), env, out, forced=True)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=60)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert proc.returncode == 130 and not _tmps(out)
+    assert (f"interrupted: {N_SHARDS} of {N_SHARDS} shards written and kept; run the same command again without "
+            f"--force to finish") in _stderr(out)

@@ -296,6 +296,9 @@ def _stages(b: _Build, keys: dict[int, str], force: bool, progress: bool, schedu
         _reuse_siblings(b, keys, st)
     if not force_space and not b.out.remote:   # a store has no free space to check
         _check_space(b, st)
+    # shard files to do that are there already (damaged, for --repair): a Ctrl-C's count leaves them out (a
+    # rerun rebuilds them), unless --force (a rerun without it keeps them)
+    stale = set() if b.out.remote or force else {p for _, p in st.todo if os.path.exists(p)}
     try:
         try:
             _run_stage(b, keys, st, progress, scheduler)
@@ -305,18 +308,22 @@ def _stages(b: _Build, keys: dict[int, str], force: bool, progress: bool, schedu
             raise
         return _conclude(b, st, views, named)
     except KeyboardInterrupt:   # Ctrl-C: the workers are stopped by now; say what is kept
+        kept = {s.index for s in b.plan.shards if s.index in st.infos}
         if not b.out.remote:
             _clean_temporaries(b)
-        raise BuildInterrupted(sum(1 for s in b.plan.shards if s.index in st.infos), len(b.plan.shards)) from None
+            # and those renamed into place whose results had not come back yet (a rerun keeps them too)
+            kept |= {s.index for s, p in st.todo if p not in stale and os.path.exists(p)}
+        raise BuildInterrupted(len(kept), len(b.plan.shards), force) from None
 
 
 class BuildInterrupted(KeyboardInterrupt):
     """A build stopped by Ctrl-C (a KeyboardInterrupt, as any other) once its shards had started: ``kept``
     of ``total`` shards are written and kept (a rerun skips them); the half-written ones were removed."""
 
-    def __init__(self, kept: int, total: int):
+    def __init__(self, kept: int, total: int, force: bool = False):
         self.kept, self.total = kept, total
-        super().__init__(f"{kept} of {total} shards written and kept; run the same command again to finish")
+        again = "run the same command again without --force" if force else "run the same command again"
+        super().__init__(f"{kept} of {total} shards written and kept; {again} to finish")
 
 
 def _conclude(b: _Build, st: _State, views: list[_Build], named: list[tuple[Optional[str], _Build]]) -> BuildReport:

@@ -335,10 +335,18 @@ def make_photos(root: str, n: int) -> None:
     base = [scene(375, 500, s) for s in range(8)]
     for c in range(10):
         os.makedirs(os.path.join(root, f"c{c}"), exist_ok=True)
-    for i in range(n):
-        img = np.roll(base[i % 8], i * 7, axis=1)
-        img = img if i % 3 else np.ascontiguousarray(img.transpose(1, 0, 2))
-        cv2.imwrite(os.path.join(root, f"c{i % 10}", f"{i:07d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+
+    def write(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            img = np.roll(base[i % 8], i * 7, axis=1)
+            img = img if i % 3 else np.ascontiguousarray(img.transpose(1, 0, 2))
+            cv2.imwrite(os.path.join(root, f"c{i % 10}", f"{i:07d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+
+    from concurrent.futures import ThreadPoolExecutor   # cv2 releases the GIL while it encodes
+
+    k = os.cpu_count() or 1
+    with ThreadPoolExecutor(k) as ex:
+        list(ex.map(lambda j: write(j * n // k, (j + 1) * n // k), range(k)))
     open(done, "w").close()
 
 

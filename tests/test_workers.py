@@ -266,3 +266,64 @@ def test_ctrl_c_of_a_forced_rebuild_says_to_run_without_force(slow, tmp_path):
     assert proc.returncode == 130 and not _tmps(out)
     assert (f"interrupted: {N_SHARDS} of {N_SHARDS} shards written and kept; run the same command again without "
             f"--force to finish") in _stderr(out)
+
+
+# --- the pool itself (compiler/forkpool.py), in this process ---------------------------------------------
+
+def _pool_run(serve, tasks: int, n: int = 2, progress=None):
+    from precompile.compiler.forkpool import ForkPool
+
+    pool = ForkPool(n, serve, progress)
+    out: dict[int, tuple] = {}
+    try:
+        pool.start()
+        pending = list(range(tasks))
+        while pending or pool.running():
+            while pending and (w := pool.idle()) is not None:
+                assert pool.send(w, pending.pop(0), False)
+            for tid, kind, payload in pool.events():
+                out[tid] = (kind, payload)
+    finally:
+        pool.close()
+    return out
+
+
+def _worker_facts(tid, isolate, sink):
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    sig = ctypes.c_int(0)
+    libc.prctl(2, ctypes.byref(sig), 0, 0, 0)   # PR_GET_PDEATHSIG
+    return os.getpid(), os.getppid(), sig.value, signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+
+
+def test_a_forked_worker_asks_to_die_with_the_build_and_leaves_ctrl_c_to_it():
+    out = _pool_run(_worker_facts, 2)
+    assert {k for k, _ in out.values()} == {"ok"}
+    for pid, ppid, deathsig, ignores_int in (p for _, p in out.values()):
+        assert pid != os.getpid() and ppid == os.getpid()
+        assert deathsig == signal.SIGKILL and ignores_int
+
+
+def _crash_one(tid, isolate, sink):
+    if sink is not None:
+        sink(tid, 1)
+    if tid == 1:
+        import faulthandler
+
+        faulthandler.disable()   # pytest's, inherited: no stack printed for this crash
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if tid == 2:
+        raise ValueError(f"task {tid} refuses")
+    return tid * 10
+
+
+def test_a_dead_worker_names_its_task_and_an_exception_comes_back_with_its_traceback():
+    seen: list[tuple[int, int]] = []
+    out = _pool_run(_crash_one, 5, progress=lambda shard, n: seen.append((shard, n)))
+    assert out[0] == ("ok", 0) and out[3] == ("ok", 30) and out[4] == ("ok", 40)
+    assert out[1] == ("died", "exit SIGSEGV(-11)")   # as loky words it; the other tasks went on
+    kind, (exc, tb) = out[2]
+    assert kind == "err" and isinstance(exc, ValueError) and str(exc) == "task 2 refuses"
+    assert "_crash_one" in tb and "ValueError: task 2 refuses" in tb
+    assert sorted(seen) == [(i, 1) for i in range(5)]

@@ -34,6 +34,9 @@ from typing import Any, Callable, Iterator, Optional
 #: prctl option: the signal sent to this process when the thread that forked it ends
 PR_SET_PDEATHSIG = 1
 
+#: signals held back while a worker is forked and registered
+_STOPS = {signal.SIGINT, signal.SIGTERM}
+
 
 def die_with_parent(parent_pid: int) -> bool:
     """In a child: ask Linux to SIGKILL this process when its parent (the forking thread) ends; exit at once
@@ -134,55 +137,67 @@ class ForkPool:
                 s.flush()
             except (OSError, ValueError, AttributeError):
                 pass
-        cv2_threads = _cv2_one_thread()
-        gc.freeze()   # the parent's objects stay out of the child's collections (fewer copied pages)
+        # a Ctrl-C waits until the worker is forked and known here (it would be left running otherwise)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
         try:
-            with warnings.catch_warnings():
-                # Python 3.12+ warns on fork with threads; the build's threads hold nothing a worker uses
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pid = os.fork()
-        except OSError as e:
-            for fd in (task_r, task_w, res_r, res_w):
-                os.close(fd)
-            from ..errors import BuildError
-
-            raise BuildError(f"cannot start a worker process: {e.strerror or e}; try fewer jobs (-j)") from None
-        finally:
-            if os.getpid() == self.parent:
-                gc.unfreeze()
-                if cv2_threads is not None:
-                    import cv2
-
-                    cv2.setNumThreads(cv2_threads)
-        if pid == 0:   # the worker: never returns
-            code = 1
+            cv2_threads = _cv2_one_thread()
+            gc.freeze()   # the parent's objects stay out of the child's collections (fewer copied pages)
             try:
-                for fd in [task_w, res_r, *inherited]:
+                with warnings.catch_warnings():
+                    # Python 3.12+ warns on fork with threads; the build's threads hold nothing a worker uses
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    pid = os.fork()
+            except OSError as e:
+                for fd in (task_r, task_w, res_r, res_w):
                     os.close(fd)
-                code = self._child(Connection(task_r, writable=False), Connection(res_w, readable=False))
-            except SystemExit as e:   # a task that calls sys.exit ends the worker, as a crash would
-                code = e.code if isinstance(e.code, int) else 1
-            except BaseException:
-                traceback.print_exc()
+                from ..errors import BuildError
+
+                raise BuildError(f"cannot start a worker process: {e.strerror or e}; try fewer jobs (-j)") from None
             finally:
-                try:
-                    if self.cleanup is not None:
-                        self.cleanup()
-                    for s in (sys.stdout, sys.stderr):
-                        s.flush()
-                finally:
-                    os._exit(code)
-        os.close(task_r)
-        os.close(res_w)
-        w = Worker(pid, Connection(task_w, readable=False), Connection(res_r, writable=False))
-        self.workers.append(w)
-        return w
+                if os.getpid() == self.parent:
+                    gc.unfreeze()
+                    if cv2_threads is not None:
+                        import cv2
+
+                        cv2.setNumThreads(cv2_threads)
+            if pid == 0:   # the worker: never returns
+                self._worker(mask, Connection(task_r, writable=False), Connection(res_w, readable=False),
+                             [task_w, res_r, *inherited])
+            os.close(task_r)
+            os.close(res_w)
+            w = Worker(pid, Connection(task_w, readable=False), Connection(res_r, writable=False))
+            self.workers.append(w)
+            return w
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+    def _worker(self, mask: Any, tasks: Connection, results: Connection, close: list[int]) -> None:
+        """The worker process, from the fork to its exit (never returns)."""
+        code = 1
+        try:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the parent's to handle
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+                signal.signal(sig, signal.SIG_DFL)             # whatever handlers the parent set
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            for fd in close:   # the parent's ends of this worker's pipes and of the workers forked before it
+                os.close(fd)
+            die_with_parent(self.parent)
+            code = self._child(tasks, results)
+        except SystemExit as e:   # a task that calls sys.exit ends the worker, as a crash would
+            code = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            try:
+                if self.cleanup is not None:
+                    self.cleanup()
+                for s in (sys.stdout, sys.stderr):
+                    s.flush()
+            finally:
+                os._exit(code)
 
     def _child(self, tasks: Connection, results: Connection) -> int:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)      # Ctrl-C is the parent's to handle
-        for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-            signal.signal(sig, signal.SIG_DFL)             # whatever handlers the parent set
-        die_with_parent(self.parent)
+        """The worker's loop: a task number in, its result (or exception) out, until the task pipe ends."""
         sink = None
         if self.progress is not None:
             def sink(shard: int, n: int = 1) -> None:

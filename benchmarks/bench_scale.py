@@ -354,7 +354,9 @@ def jobs_table(args: argparse.Namespace) -> None:
     """-j1..-jN scaling of a build of ``--photos`` JPEGs, each resize target: wall seconds (a fresh process,
     imports included), samples/s, speed-up over -j1 and its share of linear, and against the work itself:
     the stage seconds (decode + steps + write) summed over the workers, as a rate per core (``work/s/core``),
-    ``ideal s`` = summed / j, ``serial s`` = wall - ideal (plan, worker start, the parent, finalize)."""
+    ``ideal s`` = summed / j, ``serial s`` = wall - ideal (imports, plan, worker start, the parent, finalize,
+    exit); ``build() s`` and its ``x -j1``: the same without the interpreter's start, imports and exit (the
+    report's wall seconds, from the call of ``build`` to its return)."""
     import yaml
 
     jobs = [int(j) for j in args.jobs.split(",")]
@@ -364,8 +366,8 @@ def jobs_table(args: argparse.Namespace) -> None:
     print(f"{args.photos} JPEGs 500x375 in {work}; {os.cpu_count()} cpus; fast={args.fast}; "
           f"medians of {args.repeats} run(s)")
     print("| target | -j | wall s | samples/s | x -j1 | of linear | work s (summed) | work/s/core | ideal s "
-          "| serial s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| serial s | build() s | x -j1 |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in (int(x) for x in args.targets.split(",")):
         resize = {"size": [64, 64]} if t == 64 else {"shorter": t}
         if args.fast:
@@ -387,14 +389,16 @@ def jobs_table(args: argparse.Namespace) -> None:
                 r["work_s"] = sum(r["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
                 runs[j].append(r)
                 shutil.rmtree(out, ignore_errors=True)
-        base = None
+        base = inner_base = None
         for j in jobs:
             wall, summed = _median([r["wall_s"] for r in runs[j]]), _median([r["work_s"] for r in runs[j]])
+            inner = _median([r["build_s"] for r in runs[j]])
             rate = args.photos / wall
-            base = base or rate
+            base, inner_base = base or rate, inner_base or inner
             ideal = summed / j
             print(f"| {t} | {j} | {wall:.2f} | {rate:.0f} | {rate / base:.2f} | {rate / base / j:.2f} | "
-                  f"{summed:.2f} | {args.photos / summed:.0f} | {ideal:.2f} | {wall - ideal:.2f} |", flush=True)
+                  f"{summed:.2f} | {args.photos / summed:.0f} | {ideal:.2f} | {wall - ideal:.2f} | {inner:.2f} | "
+                  f"{inner_base / inner:.2f} |", flush=True)
     print(f"load average after: {_load()}")
     if not args.keep and not args.dir:
         shutil.rmtree(work, ignore_errors=True)

@@ -4,16 +4,18 @@ tasks by number, and never outlive the build.
 Why fork is safe here: the build path never imports torch, and the parent forks from the thread that runs
 the build, after planning, when its other threads (a progress bar's monitor, OpenBLAS's pool, which
 re-forms itself after a fork) hold nothing a worker uses; a worker runs only shard tasks and the pipe
-protocol below. It inherits the parent's imported modules (the shard task, every decoder, step and
-writer, user code from ``imports:``) and the task table itself, so a task is sent as its number, never
-pickled: only results (and progress events) travel, over one pipe per worker.
+protocol below. OpenCV's thread pool, the one library state known to break in a child, is set to one thread
+around each fork (:func:`_cv2_one_thread`). A worker inherits the parent's imported modules (the shard
+task, every decoder, step and writer, user code from ``imports:``) and the task table itself, so a task is
+sent as its number, never pickled: only results (and progress events) travel, over one pipe per worker.
 
 Lifetime: each worker asks Linux to SIGKILL it when the thread that forked it (the build's) ends
 (``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so a build killed by any signal leaves no worker behind; it checks
 its parent is still the build's process after the request (the parent may have died in between). The
 decoding helper a worker starts (:class:`~precompile.compiler.shard.IsolatedDecoder`) asks the same of
 its worker, so the chain ends with the build. Workers ignore SIGINT: a Ctrl-C to the process group is the
-parent's to handle (it stops the workers, removes their half-written shards and says what was kept).
+parent's to handle (it stops the workers, removes their half-written shards and says what was kept); the
+parent holds SIGINT and SIGTERM back while it forks and registers a worker, so none is left unknown.
 
 Deaths: a worker that dies while running a task is reported with that task's number and how it ended
 (``exit SIGKILL(-9)``, ``exit 7``); the other workers go on. :func:`.backends.run_fork` decides what to do.
@@ -38,16 +40,27 @@ PR_SET_PDEATHSIG = 1
 _STOPS = {signal.SIGINT, signal.SIGTERM}
 
 
+_prctl: Any = None
+
+
+def _load_prctl() -> Any:
+    """libc's prctl (loaded once, in the parent: a forked worker inherits it), or False where there is none."""
+    global _prctl
+    if _prctl is None:
+        try:
+            import ctypes
+
+            _prctl = ctypes.CDLL(None, use_errno=True).prctl
+        except (OSError, AttributeError):
+            _prctl = False
+    return _prctl
+
+
 def die_with_parent(parent_pid: int) -> bool:
     """In a child: ask Linux to SIGKILL this process when its parent (the forking thread) ends; exit at once
     when the parent is already gone (it died before the request took effect). False where prctl is missing."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        ok = libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        ok = False
+    prctl = _load_prctl()
+    ok = bool(prctl) and prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0
     if os.getppid() != parent_pid:
         os._exit(0)
     return ok
@@ -125,6 +138,7 @@ class ForkPool:
     # -- starting ---------------------------------------------------------------------------------
     def start(self) -> None:
         """Fork every worker now (each a few milliseconds)."""
+        _load_prctl()
         while len(self.workers) < self.n:
             self._fork()
 

@@ -40,7 +40,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # --repo replaces it (the code measured)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the code measured, unless --repo
 
 _STEP = r"""
 import json, resource, sys, time
@@ -156,11 +156,12 @@ def write_recipe(path: str, root: str) -> None:
                         "output": {"format": "hdf5", "samples_per_shard": 256}}, f)
 
 
-def run_step(step: str, recipe: str, out: str, *extra: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+def run_step(step: str, recipe: str, out: str, *extra: str, repo: str | None = None) -> dict:
+    repo = repo or REPO
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", _STEP, step, recipe, out, *extra], capture_output=True, text=True,
-                       env=env, cwd=REPO)   # the folder first on sys.path: the checkout measured
+                       env=env, cwd=repo)   # the folder first on sys.path: the checkout measured
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"{step} failed:\n{p.stderr}")
@@ -183,12 +184,12 @@ def main(argv: list[str] | None = None) -> None:
                     "repository, e.g. 'recipes/*.yaml'), each a fresh `precompile build --force` process")
     ap.add_argument("--pool", default=None, help="worker counts, e.g. 1,2: how long N workers take to start "
                     "(each answers a trivial task) after the parent's own imports")
-    ap.add_argument("--repo", default=None, help="the precompile checkout to measure (default: this one)")
+    ap.add_argument("--repo", default=None, help="the precompile checkout(s) to measure, comma-separated (default: "
+                    "this one); with --recipes and --jobs their runs take turns (a before/after table in one run)")
     args = ap.parse_args(argv)
-    if args.repo:
-        global REPO
-        REPO = os.path.abspath(args.repo)
-    print(f"measuring {REPO}; {os.cpu_count()} cpus; load average before: {_load()}")
+    args.repos = [os.path.abspath(r) for r in args.repo.split(",")] if args.repo else [REPO]
+    print(f"measuring {', '.join(_label(r) for r in args.repos)}; {os.cpu_count()} cpus; "
+          f"load average before: {_load()}")
     if args.pool:
         return pool_table(args)
     if args.recipes:
@@ -250,6 +251,15 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _label(repo: str) -> str:
+    """A checkout as ``folder@commit`` (``+`` when it has changes not committed)."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", repo, *a], capture_output=True, text=True).stdout.strip()
+
+    return f"{os.path.basename(repo)}@{git('rev-parse', '--short', 'HEAD')}" + \
+        ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -261,23 +271,24 @@ def _median(xs: list[float]) -> float:
 def pool_table(args: argparse.Namespace) -> None:
     """Seconds until N workers have each answered a trivial task, from a process that has imported the build
     path (what a build's parent has done when its shards run): the worker start a parallel build pays."""
-    print("| workers | start | start s (median) | runs |")
-    print("|---:|---|---:|---|")
+    print("| workers | checkout | start | start s (median) | runs |")
+    print("|---:|---|---|---:|---|")
     for n in (int(x) for x in args.pool.split(",")):
-        runs = [run_step("pool", "-", "-", str(n)) for _ in range(args.repeats)]
-        assert all(r["workers"] == n for r in runs), runs
-        print(f"| {n} | {runs[0]['method']} | {_median([r['start_s'] for r in runs]):.3f} | "
-              + ", ".join(f"{r['start_s']:.3f}" for r in runs) + " |", flush=True)
+        for repo in args.repos:
+            runs = [run_step("pool", "-", "-", str(n), repo=repo) for _ in range(args.repeats)]
+            assert all(r["workers"] == n for r in runs), runs
+            print(f"| {n} | {_label(repo)} | {runs[0]['method']} | {_median([r['start_s'] for r in runs]):.3f} | "
+                  + ", ".join(f"{r['start_s']:.3f}" for r in runs) + " |", flush=True)
     print(f"load average after: {_load()}")
 
 
-def _cli_build(recipe: str, out: str, j: int) -> dict:
-    """``precompile build RECIPE -o OUT -j J --force --no-progress`` in a fresh process: its wall seconds and
-    its report's (stage seconds, summed over workers)."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+def _cli_build(recipe: str, out: str, j: int, repo: str) -> dict:
+    """``precompile build RECIPE -o OUT -j J --force --no-progress`` in a fresh process of ``repo``'s code: its wall
+    seconds and its report's (stage seconds, summed over workers)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "precompile", "build", recipe, "-o", out, "-j", str(j), "--force",
-                        "--no-progress"], capture_output=True, text=True, env=env, cwd=REPO)
+                        "--no-progress"], capture_output=True, text=True, env=env, cwd=repo)
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"{recipe} -j{j} failed:\n{p.stderr}")
@@ -290,36 +301,40 @@ def _cli_build(recipe: str, out: str, j: int) -> dict:
 
 def recipes_table(args: argparse.Namespace) -> None:
     """The README tour's ``precompile build RECIPE -j 1`` against ``-j 2`` for each recipe, as a user runs it
-    (a fresh process, imports included; ``--force`` so every run builds every shard), -j1 and -j2 taking turns:
-    median wall seconds, -j2 / -j1, and the serial part: wall - summed work / j (the imports, plan, worker
-    start, the parent and finalize)."""
+    (a fresh process, imports included; ``--force`` so every run builds every shard), the job counts (and the
+    checkouts) taking turns: median wall seconds, the ratio to -j1's, and the serial part: wall - summed work / j
+    (the imports, plan, worker start, the parent and finalize)."""
     import glob
 
     jobs = [int(j) for j in (args.jobs or "1,2").split(",")]
-    recipes = sorted(glob.glob(os.path.join(REPO, args.recipes)))
+    recipes = sorted(glob.glob(os.path.join(args.repos[0], args.recipes)))
     work = tempfile.mkdtemp(prefix="precompile-bench-recipes-")
     print(f"{len(recipes)} recipe(s); medians of {args.repeats} run(s)")
-    print("| recipe | inputs | shards | -j | wall s | x -j1 wall | work s (summed) | serial s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
-    totals = {j: 0.0 for j in jobs}
+    print("| recipe | inputs | shards | checkout | -j | wall s | x -j1 wall | work s (summed) | serial s |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    totals = {(repo, j): 0.0 for repo in args.repos for j in jobs}
     try:
         for r in recipes:
-            runs: dict[int, list[dict]] = {j: [] for j in jobs}
+            rel = os.path.relpath(r, args.repos[0])
+            runs: dict[tuple[str, int], list[dict]] = {k: [] for k in totals}
             for _ in range(args.repeats):
+                for repo in args.repos:
+                    for j in jobs:
+                        runs[repo, j].append(_cli_build(os.path.join(repo, rel), os.path.join(work, f"j{j}"), j, repo))
+            for repo in args.repos:
+                base = _median([x["wall_s"] for x in runs[repo, jobs[0]]])
                 for j in jobs:
-                    runs[j].append(_cli_build(r, os.path.join(work, f"j{j}"), j))
-            base = _median([x["wall_s"] for x in runs[jobs[0]]])
-            for j in jobs:
-                wall, w = _median([x["wall_s"] for x in runs[j]]), _median([x["work_s"] for x in runs[j]])
-                totals[j] += wall
-                x = runs[j][0]
-                print(f"| {os.path.relpath(r, REPO)} | {x['inputs']} | {x['shards']} | {j} | {wall:.2f} | "
-                      f"{wall / base:.2f} | {w:.2f} | {wall - w / j:.2f} |", flush=True)
+                    wall, w = _median([x["wall_s"] for x in runs[repo, j]]), _median([x["work_s"] for x in runs[repo, j]])
+                    totals[repo, j] += wall
+                    x = runs[repo, j][0]
+                    print(f"| {rel} | {x['inputs']} | {x['shards']} | {_label(repo)} | {j} | {wall:.2f} | "
+                          f"{wall / base:.2f} | {w:.2f} | {wall - w / j:.2f} |", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("| all | | | " + " / ".join(str(j) for j in jobs) + " | "
-          + " / ".join(f"{totals[j]:.2f}" for j in jobs) + " | "
-          + " / ".join(f"{totals[j] / totals[jobs[0]]:.2f}" for j in jobs) + " | | |")
+    for repo in args.repos:
+        print(f"| all | | | {_label(repo)} | " + " / ".join(str(j) for j in jobs) + " | "
+              + " / ".join(f"{totals[repo, j]:.2f}" for j in jobs) + " | "
+              + " / ".join(f"{totals[repo, j] / totals[repo, jobs[0]]:.2f}" for j in jobs) + " | | |")
     print(f"load average after: {_load()}")
 
 
@@ -365,9 +380,9 @@ def jobs_table(args: argparse.Namespace) -> None:
     make_photos(root, args.photos)
     print(f"{args.photos} JPEGs 500x375 in {work}; {os.cpu_count()} cpus; fast={args.fast}; "
           f"medians of {args.repeats} run(s)")
-    print("| target | -j | wall s | samples/s | x -j1 | of linear | work s (summed) | work/s/core | ideal s "
-          "| serial s | build() s | x -j1 |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("| target | checkout | -j | wall s | samples/s | x -j1 | of linear | work s (summed) | work/s/core "
+          "| ideal s | serial s | build() s | x -j1 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in (int(x) for x in args.targets.split(",")):
         resize = {"size": [64, 64]} if t == 64 else {"shorter": t}
         if args.fast:
@@ -380,25 +395,28 @@ def jobs_table(args: argparse.Namespace) -> None:
                                        "label": {"capture": "label"}},
                             "steps": [{"resize": resize}, {"center_crop": {"size": [t, t]}}],
                             "output": {"format": "hdf5", "samples_per_shard": 256}}, f)
-        runs: dict[int, list[dict]] = {j: [] for j in jobs}
-        for _ in range(args.repeats):   # the job counts take turns, so a busy spell of the machine hits each
+        runs: dict[tuple[str, int], list[dict]] = {(repo, j): [] for repo in args.repos for j in jobs}
+        for _ in range(args.repeats):   # job counts and checkouts take turns: a busy spell of the machine hits each
+            for repo in args.repos:
+                for j in jobs:
+                    out = os.path.join(work, f"out-{t}-{j}")
+                    shutil.rmtree(out, ignore_errors=True)
+                    r = run_step("build", recipe, out, str(j), repo=repo)
+                    r["work_s"] = sum(r["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
+                    runs[repo, j].append(r)
+                    shutil.rmtree(out, ignore_errors=True)
+        for repo in args.repos:
+            base = inner_base = None
             for j in jobs:
-                out = os.path.join(work, f"out-{t}-{j}")
-                shutil.rmtree(out, ignore_errors=True)
-                r = run_step("build", recipe, out, str(j))
-                r["work_s"] = sum(r["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
-                runs[j].append(r)
-                shutil.rmtree(out, ignore_errors=True)
-        base = inner_base = None
-        for j in jobs:
-            wall, summed = _median([r["wall_s"] for r in runs[j]]), _median([r["work_s"] for r in runs[j]])
-            inner = _median([r["build_s"] for r in runs[j]])
-            rate = args.photos / wall
-            base, inner_base = base or rate, inner_base or inner
-            ideal = summed / j
-            print(f"| {t} | {j} | {wall:.2f} | {rate:.0f} | {rate / base:.2f} | {rate / base / j:.2f} | "
-                  f"{summed:.2f} | {args.photos / summed:.0f} | {ideal:.2f} | {wall - ideal:.2f} | {inner:.2f} | "
-                  f"{inner_base / inner:.2f} |", flush=True)
+                rs = runs[repo, j]
+                wall, summed = _median([r["wall_s"] for r in rs]), _median([r["work_s"] for r in rs])
+                inner = _median([r["build_s"] for r in rs])
+                rate = args.photos / wall
+                base, inner_base = base or rate, inner_base or inner
+                ideal = summed / j
+                print(f"| {t} | {_label(repo)} | {j} | {wall:.2f} | {rate:.0f} | {rate / base:.2f} | "
+                      f"{rate / base / j:.2f} | {summed:.2f} | {args.photos / summed:.0f} | {ideal:.2f} | "
+                      f"{wall - ideal:.2f} | {inner:.2f} | {inner_base / inner:.2f} |", flush=True)
     print(f"load average after: {_load()}")
     if not args.keep and not args.dir:
         shutil.rmtree(work, ignore_errors=True)

@@ -327,3 +327,56 @@ def test_a_dead_worker_names_its_task_and_an_exception_comes_back_with_its_trace
     assert kind == "err" and isinstance(exc, ValueError) and str(exc) == "task 2 refuses"
     assert "_crash_one" in tb and "ValueError: task 2 refuses" in tb
     assert sorted(seen) == [(i, 1) for i in range(5)]
+
+
+_NEW_MODULES = """
+import json, shutil, sys
+from precompile import build
+from precompile.compiler import backends
+
+real = backends.run_fork
+
+
+def run_fork(todo, task, *a, **k):   # each task reports the packages its worker imported while it ran
+    def watched(s, path, in_worker=True, isolate=False, sink=None, ship=True):
+        fn, args = task(s, path, in_worker, isolate, sink, ship)
+
+        def run(*args):
+            before = {m.split(".")[0] for m in sys.modules}
+            res = fn(*args)
+            res.events = sorted({m.split(".")[0] for m in sys.modules} - before)   # whole packages, not submodules
+            return res
+        return run, args
+    for res in real(todo, watched, *a, **k):
+        print(json.dumps(res.events))
+        yield res
+
+
+backends.run_fork = run_fork
+shutil.rmtree(sys.argv[2], ignore_errors=True)
+build(sys.argv[1], sys.argv[2], n_jobs=2)
+"""
+
+
+@pytest.mark.parametrize("recipe", ["images.yaml", "video.yaml"])
+def test_forked_workers_import_nothing_on_their_first_task(tmp_path, recipe):
+    """The build imports, before it forks, what the recipe's decoders, steps and writer import lazily (Pillow,
+    OpenCV, PyAV, ...): a worker's first task imports no package of its own (it would in every worker)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", _NEW_MODULES, str(REPO / "recipes" / recipe), str(tmp_path / "out")],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    per_task = [json.loads(line) for line in r.stdout.split()]
+    assert len(per_task) >= 2 and all(new == [] for new in per_task), per_task
+
+
+def test_lazy_imports_are_read_from_the_source_of_the_recipes_code():
+    from precompile.compiler.backends import lazy_imports
+    from precompile.registry import load_builtins
+
+    load_builtins()
+    dicom = lazy_imports("precompile.decoders.dicom")
+    assert {"pydicom", "scipy.ndimage"} <= set(dicom)               # `from scipy import ndimage` in a function
+    assert "scipy.ndimage" in lazy_imports("precompile.transforms.volume")   # through its kernels module
+    assert "av" in lazy_imports("precompile.decoders.video")
+    assert not [m for m in dicom if m.split(".")[0] in ("precompile", "os", "warnings")]   # own and stdlib: no

@@ -176,7 +176,7 @@ def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str]
     elif scheduler is not None:
         yield from run_dask(todo, task, n_jobs, scheduler, events, progress)
     elif worker_start() == "fork":
-        yield from run_fork(todo, task, n_jobs, events, progress)
+        yield from run_fork(todo, task, n_jobs, events, progress, recipe)
     else:
         yield from run_loky(todo, task, n_jobs, events, progress)
 
@@ -264,7 +264,7 @@ def run_dask(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Op
 
 
 def run_fork(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Optional[int], events: list[str],
-             progress: Any) -> Iterator[ShardResult]:
+             progress: Any, recipe: Optional[Recipe] = None) -> Iterator[ShardResult]:
     """Shards on worker processes forked from this one (:class:`.forkpool.ForkPool`), with the dead-worker retry.
 
     Each task goes to the next idle worker by its number in ``todo`` (the workers inherit the table). A
@@ -283,7 +283,7 @@ def run_fork(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Op
         fn, args = task(s, path, True, isolate, sink, ship=False)
         return fn(*args)
 
-    preload()
+    preload(recipe)
     pool = ForkPool(min(n_workers(n_jobs), len(todo)), serve, progress.add if progress is not None else None,
                     shutdown_isolated)
     pending, suspects, isolated = deque(range(len(todo))), deque(), set()   # suspects: tids to retry alone
@@ -324,23 +324,88 @@ def run_fork(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Op
                 remove_path(t)
 
 
-def preload() -> None:
+def preload(recipe: Optional[Recipe] = None) -> list[str]:
     """Import in this process what every forked worker would otherwise import on its first task: the shard
-    task with every decoder, step and writer, and the codecs they load lazily (Pillow's common formats,
-    OpenCV). Imported once here, they are shared by the workers' pages, not repeated in each."""
-    from ..registry import load_builtins
+    task with every decoder, step and writer, the codecs they load lazily (Pillow's common formats, OpenCV),
+    and with a ``recipe`` the modules its decoders, steps and writer import inside their functions
+    (:func:`lazy_imports`: pydicom and scipy for DICOM series, PyAV for video, ...). Imported once here, they
+    are shared by the workers' pages instead of imported again in each. Returns the modules imported now."""
+    import importlib
+
+    from ..registry import WRITERS, load_builtins
 
     load_builtins()
-    try:
-        from PIL import Image
+    want = ["PIL.Image", "cv2"]
+    if recipe is not None:
+        classes = {type(d) for d in recipe.decoders.values()} | {type(s) for s in recipe.steps}
+        classes.add(WRITERS.get(recipe.model.output.format))
+        for mod in sorted({c.__module__ for c in classes}):
+            want.extend(lazy_imports(mod))
+    done = []
+    for name in dict.fromkeys(want):
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except Exception:   # an optional codec that is not installed: the task says so if it needs it
+            pass
+    if "PIL.Image" in sys.modules:
+        sys.modules["PIL.Image"].preinit()   # Pillow's common format plugins, else loaded on the first open
+    return done
 
-        Image.preinit()
-    except ImportError:
-        pass
+
+#: module -> the modules it imports inside its functions (and those of the precompile modules it imports)
+_LAZY: dict[str, tuple[str, ...]] = {}
+
+
+def lazy_imports(module: str, follow: bool = True) -> tuple[str, ...]:
+    """The modules ``module`` imports inside its functions (read from its source), and with ``follow`` those of
+    the precompile modules it imports at its top (a step's kernels, a decoder's helpers): what its code will
+    import when it first runs. Other packages' modules only, never precompile's own (imported already)."""
+    key = f"{module}:{follow}"
+    if key in _LAZY:
+        return _LAZY[key]
+    import ast
+
+    found: list[str] = []
+    mod = sys.modules.get(module)
+    path = getattr(mod, "__file__", None)
     try:
-        import cv2  # noqa: F401
-    except ImportError:
-        pass
+        with open(path or "", encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        tree = None
+    package = getattr(mod, "__package__", None) or ""
+    for node in ast.walk(tree) if tree is not None else ():
+        inner = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for n in ast.walk(node) if inner else [node] if node in tree.body else []:
+            if isinstance(n, ast.Import):
+                names = [a.name for a in n.names]
+            elif isinstance(n, ast.ImportFrom) and (base := _absolute(n, package)):
+                # ``from scipy import ndimage``: the names may be submodules (a name that is not fails quietly)
+                names = [base] + ([f"{base}.{a.name}" for a in n.names] if inner else [])
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top != "precompile":
+                    if inner and top not in sys.stdlib_module_names:   # the standard library's are cheap
+                        found.append(name)
+                elif follow and not inner and name in sys.modules and name != module:
+                    found.extend(lazy_imports(name, follow=False))
+    _LAZY[key] = tuple(dict.fromkeys(found))
+    return _LAZY[key]
+
+
+def _absolute(node: Any, package: str) -> Optional[str]:
+    """The absolute module name of a ``from X import ...`` statement in a module of ``package``."""
+    if not node.level:
+        return node.module
+    base = package.split(".")
+    if node.level > 1:
+        base = base[:-(node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else [])) or None
 
 
 def _dispatch(pool: Any, pending: Any, suspects: Any) -> None:

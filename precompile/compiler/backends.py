@@ -358,54 +358,54 @@ def preload(recipe: Optional[Recipe] = None) -> list[str]:
 #: module -> the modules it imports inside its functions (and those of the precompile modules it imports)
 _LAZY: dict[str, tuple[str, ...]] = {}
 
+#: an import statement: indented (inside a function or block) or at the top of a module
+_IMPORT = re.compile(r"^([ \t]*)(?:import[ \t]+([\w.]+)|from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+\(?([\w, \t]*))",
+                     re.MULTILINE)
+
 
 def lazy_imports(module: str, follow: bool = True) -> tuple[str, ...]:
-    """The modules ``module`` imports inside its functions (read from its source), and with ``follow`` those of
-    the precompile modules it imports at its top (a step's kernels, a decoder's helpers): what its code will
-    import when it first runs. Other packages' modules only, never precompile's own (imported already)."""
+    """The modules ``module`` imports in indented code (inside its functions; read from its source), and with
+    ``follow`` those of the precompile modules it imports at its top (a step's kernels, a decoder's helpers):
+    what its code will import when it first runs. Other packages' modules only, not precompile's own nor the
+    standard library's (cheap). ``from scipy import ndimage`` gives ``scipy`` and ``scipy.ndimage``."""
     key = f"{module}:{follow}"
     if key in _LAZY:
         return _LAZY[key]
-    import ast
-
-    found: list[str] = []
     mod = sys.modules.get(module)
-    path = getattr(mod, "__file__", None)
     try:
-        with open(path or "", encoding="utf-8") as f:
-            tree = ast.parse(f.read())
-    except (OSError, SyntaxError, ValueError):
-        tree = None
+        with open(getattr(mod, "__file__", None) or "", encoding="utf-8") as f:
+            source = f.read()
+    except (OSError, ValueError):
+        source = ""
     package = getattr(mod, "__package__", None) or ""
-    for node in ast.walk(tree) if tree is not None else ():
-        inner = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-        for n in ast.walk(node) if inner else [node] if node in tree.body else []:
-            if isinstance(n, ast.Import):
-                names = [a.name for a in n.names]
-            elif isinstance(n, ast.ImportFrom) and (base := _absolute(n, package)):
-                # ``from scipy import ndimage``: the names may be submodules (a name that is not fails quietly)
-                names = [base] + ([f"{base}.{a.name}" for a in n.names] if inner else [])
-            else:
-                continue
-            for name in names:
-                top = name.split(".")[0]
-                if top != "precompile":
-                    if inner and top not in sys.stdlib_module_names:   # the standard library's are cheap
-                        found.append(name)
-                elif follow and not inner and name in sys.modules and name != module:
-                    found.extend(lazy_imports(name, follow=False))
+    found: list[str] = []
+    for m in _IMPORT.finditer(source):
+        indent, plain, base, names = m.groups()
+        if plain:
+            mods = [plain]
+        else:
+            base = _absolute(base, package)
+            mods = [base] + [f"{base}.{n.strip()}" for n in (names or "").split(",") if n.strip()] if base else []
+        for name in mods:
+            top = name.split(".")[0]
+            if top != "precompile":
+                if indent and top not in sys.stdlib_module_names:
+                    found.append(name)
+            elif follow and not indent and name in sys.modules and name != module:
+                found.extend(lazy_imports(name, follow=False))
     _LAZY[key] = tuple(dict.fromkeys(found))
     return _LAZY[key]
 
 
-def _absolute(node: Any, package: str) -> Optional[str]:
-    """The absolute module name of a ``from X import ...`` statement in a module of ``package``."""
-    if not node.level:
-        return node.module
+def _absolute(name: str, package: str) -> Optional[str]:
+    """The absolute module name of ``from NAME import ...`` (NAME may be relative) in a module of ``package``."""
+    level = len(name) - len(name.lstrip("."))
+    if not level:
+        return name
     base = package.split(".")
-    if node.level > 1:
-        base = base[:-(node.level - 1)]
-    return ".".join(base + ([node.module] if node.module else [])) or None
+    if level > 1:
+        base = base[:-(level - 1)]
+    return ".".join(base + ([name[level:]] if name[level:] else [])) or None
 
 
 def _dispatch(pool: Any, pending: Any, suspects: Any) -> None:

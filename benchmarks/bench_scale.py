@@ -256,8 +256,9 @@ def _label(repo: str) -> str:
     def git(*a: str) -> str:
         return subprocess.run(["git", "-C", repo, *a], capture_output=True, text=True).stdout.strip()
 
-    return f"{os.path.basename(repo)}@{git('rev-parse', '--short', 'HEAD')}" + \
-        ("+" if git("status", "--porcelain", "--untracked-files=no") else "")
+    head = git("rev-parse", "--short", "HEAD")   # none for an exported tree (git archive)
+    return os.path.basename(repo) + (f"@{head}" if head else "") + \
+        ("+" if head and git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 def _load() -> str:

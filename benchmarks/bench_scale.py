@@ -272,14 +272,14 @@ def _median(xs: list[float]) -> float:
 def pool_table(args: argparse.Namespace) -> None:
     """Seconds until N workers have each answered a trivial task, from a process that has imported the build
     path (what a build's parent has done when its shards run): the worker start a parallel build pays."""
-    print("| workers | checkout | start | start s (median) | runs |")
+    print("| workers | checkout | start | start s (median) | runs (workers that answered) |")
     print("|---:|---|---|---:|---|")
     for n in (int(x) for x in args.pool.split(",")):
         for repo in args.repos:
             runs = [run_step("pool", "-", "-", str(n), repo=repo) for _ in range(args.repeats)]
-            assert all(r["workers"] == n for r in runs), runs
+            # loky: the warm-up a build starts (n tasks; a quick worker may take two); -j1 runs no worker at all
             print(f"| {n} | {_label(repo)} | {runs[0]['method']} | {_median([r['start_s'] for r in runs]):.3f} | "
-                  + ", ".join(f"{r['start_s']:.3f}" for r in runs) + " |", flush=True)
+                  + ", ".join(f"{r['start_s']:.3f} ({r['workers']})" for r in runs) + " |", flush=True)
     print(f"load average after: {_load()}")
 
 

@@ -380,3 +380,6 @@ def test_lazy_imports_are_read_from_the_source_of_the_recipes_code():
     assert "scipy.ndimage" in lazy_imports("precompile.transforms.volume")   # through its kernels module
     assert "av" in lazy_imports("precompile.decoders.video")
     assert not [m for m in dicom if m.split(".")[0] in ("precompile", "os", "warnings")]   # own and stdlib: no
+    image = {m.split(".")[0] for mod in ("precompile.decoders.image", "precompile.transforms.geometry",
+                                         "precompile.formats.hdf5") for m in lazy_imports(mod)}
+    assert {"PIL", "cv2", "h5py"} <= image and not image & {"soundfile", "av", "pydicom", "scipy"}   # only theirs

@@ -326,17 +326,19 @@ def run_fork(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Op
 
 def preload(recipe: Optional[Recipe] = None) -> list[str]:
     """Import in this process what every forked worker would otherwise import on its first task: the shard
-    task with every decoder, step and writer, the codecs they load lazily (Pillow's common formats, OpenCV),
-    and with a ``recipe`` the modules its decoders, steps and writer import inside their functions
-    (:func:`lazy_imports`: pydicom and scipy for DICOM series, PyAV for video, ...). Imported once here, they
-    are shared by the workers' pages instead of imported again in each. Returns the modules imported now."""
+    task with every decoder, step and writer, OpenCV, and the modules the ``recipe``'s decoders, steps and
+    writer import inside their functions (:func:`lazy_imports`: Pillow (with its common formats) for images,
+    pydicom and scipy for DICOM series, PyAV for video, ...; without a recipe, Pillow). Imported once here,
+    they are shared by the workers' pages instead of imported again in each. Returns the modules imported."""
     import importlib
 
     from ..registry import WRITERS, load_builtins
 
     load_builtins()
-    want = ["PIL.Image", "cv2"]
-    if recipe is not None:
+    want = ["cv2"]   # every worker sets OpenCV's threads to one (shard._one_thread_per_worker)
+    if recipe is None:
+        want.append("PIL.Image")
+    else:
         classes = {type(d) for d in recipe.decoders.values()} | {type(s) for s in recipe.steps}
         classes.add(WRITERS.get(recipe.model.output.format))
         for mod in sorted({c.__module__ for c in classes}):
@@ -363,14 +365,15 @@ _IMPORT = re.compile(r"^([ \t]*)(?:import[ \t]+([\w.]+)|from[ \t]+(\.*[\w.]*)[ \
                      re.MULTILINE)
 
 
-def lazy_imports(module: str, follow: bool = True) -> tuple[str, ...]:
-    """The modules ``module`` imports in indented code (inside its functions; read from its source), and with
-    ``follow`` those of the precompile modules it imports at its top (a step's kernels, a decoder's helpers):
+def lazy_imports(module: str, _seen: Optional[set[str]] = None) -> tuple[str, ...]:
+    """The modules ``module`` imports in indented code (inside its functions; read from its source), and those
+    of the precompile modules it imports (not packages), and theirs (a step's kernels, a decoder's helpers):
     what its code will import when it first runs. Other packages' modules only, not precompile's own nor the
     standard library's (cheap). ``from scipy import ndimage`` gives ``scipy`` and ``scipy.ndimage``."""
-    key = f"{module}:{follow}"
-    if key in _LAZY:
-        return _LAZY[key]
+    if module in _LAZY:
+        return _LAZY[module]
+    seen = _seen if _seen is not None else set()
+    seen.add(module)
     mod = sys.modules.get(module)
     try:
         with open(getattr(mod, "__file__", None) or "", encoding="utf-8") as f:
@@ -391,10 +394,13 @@ def lazy_imports(module: str, follow: bool = True) -> tuple[str, ...]:
             if top != "precompile":
                 if indent and top not in sys.stdlib_module_names:
                     found.append(name)
-            elif follow and not indent and name in sys.modules and name != module:
-                found.extend(lazy_imports(name, follow=False))
-    _LAZY[key] = tuple(dict.fromkeys(found))
-    return _LAZY[key]
+            elif name not in seen and not hasattr(sys.modules.get(name), "__path__"):
+                # a module of precompile's (a package's __init__ would lead everywhere): what it imports lazily
+                found.extend(lazy_imports(name, seen))
+    out = tuple(dict.fromkeys(found))
+    if _seen is None:   # a module reached inside a cycle may miss what its cycle's first module adds
+        _LAZY[module] = out
+    return out
 
 
 def _absolute(name: str, package: str) -> Optional[str]:

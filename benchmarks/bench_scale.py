@@ -325,9 +325,10 @@ def recipes_table(args: argparse.Namespace) -> None:
             for repo in args.repos:
                 base = _median([x["wall_s"] for x in runs[repo, jobs[0]]])
                 for j in jobs:
-                    wall, w = _median([x["wall_s"] for x in runs[repo, j]]), _median([x["work_s"] for x in runs[repo, j]])
+                    rs = runs[repo, j]
+                    wall, w = _median([x["wall_s"] for x in rs]), _median([x["work_s"] for x in rs])
                     totals[repo, j] += wall
-                    x = runs[repo, j][0]
+                    x = rs[0]
                     print(f"| {rel} | {x['inputs']} | {x['shards']} | {_label(repo)} | {j} | {wall:.2f} | "
                           f"{wall / base:.2f} | {w:.2f} | {wall - w / j:.2f} |", flush=True)
     finally:

@@ -65,7 +65,8 @@ def slow(tmp_path_factory):
         (base / name).write_text(yaml.safe_dump(data))
         return str(base / name)
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(base / "plug"), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join([str(base / "plug"), str(REPO), os.environ.get("PYTHONPATH", "")]))
     return recipe, env
 
 
@@ -207,7 +208,8 @@ def test_ctrl_c_says_what_was_kept_and_a_rerun_finishes(slow, tmp_path, jobs):
     kept = len(_finished(out))
     assert 0 < kept < N_SHARDS
     assert proc.returncode == 130, err[-2000:]
-    assert f"interrupted: {kept} of {N_SHARDS} shards written and kept; run the same command again to finish" in err, err
+    assert (f"interrupted: {kept} of {N_SHARDS} shards written and kept; run the same command again to finish"
+            in err), err
     assert "Aborted!" not in err and "Traceback" not in err, err[-2000:]
     assert not left, f"still running 3 s after Ctrl-C: {left}"
     assert not _tmps(out)   # the half-written shards are removed

@@ -8,7 +8,8 @@ temporaries, the no-op check (:func:`_unchanged`), sort shards
 finalize (index, then report). Everything that reads or writes the stored build goes through the output
 (:mod:`.output`: a local folder, or a URL). Shards whose stored key matches are skipped (incremental,
 resumable); the rest run as shard tasks (in-process for one job, worker processes forked from this one
-locally, or a dask cluster). A Ctrl-C once they run stops the workers and raises :class:`BuildInterrupted`. The index and the build report are written last.
+locally, or a dask cluster). The index and the build report are written last. A Ctrl-C once the shards
+run stops the workers and raises :class:`BuildInterrupted`.
 
 Guarantees kept here:
 

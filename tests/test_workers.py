@@ -3,7 +3,7 @@
 A real ``precompile build -j 2`` runs in a subprocess on inputs made slow by a test-only decoder (a
 plugin module that sleeps per input), so it is mid-build when it is stopped. Its process tree (children
 and grandchildren, read from /proc before the stop) is then watched: every process of it must be gone
-within 3 s, whether the build was killed with SIGKILL, with SIGTERM, or interrupted with Ctrl-C (SIGINT to
+within 2 s (3 s for loky's), whether the build was killed with SIGKILL, with SIGTERM, or interrupted with Ctrl-C (SIGINT to
 its process group), which must also say what was kept and how to finish.
 """
 from __future__ import annotations
@@ -175,8 +175,9 @@ def test_no_process_outlives_a_killed_build(slow, tmp_path, sig, extra, workers)
         assert len(tree) >= 2 + (2 if extra else 0), [_cmdline(p) for p in tree]
         os.kill(proc.pid, sig)   # the build's own process only: its workers are not told
         proc.wait(timeout=30)
-        left = _gone_within(tree, 3.0)
-        assert not left, f"still running 3 s after the build died by {sig.name}: {left}"
+        limit = 2.0 if workers == "fork" else 3.0   # loky's helpers check their parent every 0.5 s
+        left = _gone_within(tree, limit)
+        assert not left, f"still running {limit} s after the build died by {sig.name}: {left}"
         if sig == signal.SIGTERM:   # the CLI stops as for Ctrl-C: what was kept, exit 143
             kept = len(_finished(out))
             assert proc.returncode == 143, _stderr(out)[-2000:]

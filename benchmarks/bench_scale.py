@@ -17,6 +17,15 @@ The table gives each figure per N and its growth factor per 10x in N
 index file's bytes (keys, metadata, the virtual datasets).
 
     PYTHONPATH=. python benchmarks/bench_scale.py [--sizes 1000,10000,100000] [--dir DIR] [--keep]
+
+Worker start and -j scaling (issue 33; each a fresh process per run, medians over ``--repeats``):
+
+    python benchmarks/bench_scale.py --pool 1,2 [--repeats 7]           # N workers ready, after the imports
+    python benchmarks/bench_scale.py --recipes 'recipes/*.yaml' [--repeats 5]   # the tour's -j1 against -j2
+    python benchmarks/bench_scale.py --jobs 1,2 --photos 2000 [--repeats 3]     # wall, summed work, serial part
+
+``--repo PATH`` measures another checkout of precompile (e.g. the main branch, for a before/after table in one
+run); ``PRECOMPILE_WORKERS=loky`` selects loky's worker start instead of the fork.
 """
 from __future__ import annotations
 
@@ -31,7 +40,7 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the code measured, unless --repo
 
 _STEP = r"""
 import json, resource, sys, time
@@ -74,6 +83,31 @@ elif step in ("build", "rebuild"):
     res["worker_rss"] = peak["workers"]
     res["built"], res["up_to_date"], res["bytes"] = rep["shards"]["built"], bool(rep.get("up_to_date")), rep["bytes"]
     res["stage_seconds"], res["build_s"] = dict(rep["stage_seconds"]), rep["wall_seconds"]
+elif step == "pool":   # N workers ready (each answered a trivial task), timed after this process's imports
+    import os
+    n = int(sys.argv[4])
+    from precompile.compiler import backends
+    method = getattr(backends, "worker_start", lambda: "loky")()   # a checkout from before issue 33: loky
+    if method == "fork":
+        backends.preload()
+        from precompile.compiler.forkpool import ForkPool
+        t1 = time.perf_counter()
+        pool = ForkPool(n, lambda tid, isolate, sink: os.getpid())
+        pool.start()
+        for tid in range(n):
+            pool.send(pool.idle(), tid, False)
+        pids = set()
+        while len(pids) < n:
+            pids.update(r for _, kind, r in pool.events() if kind == "ok")
+        t2 = time.perf_counter()
+        pool.close()
+    else:   # loky: the warm-up a build starts while it plans (the workers import the build path)
+        import joblib
+        import precompile.compiler.shard  # noqa: F401  (what the parent has imported when its shards run)
+        t1 = time.perf_counter()
+        pids = set(joblib.Parallel(n_jobs=n, backend="loky")(joblib.delayed(backends.warm_worker)() for _ in range(n)))
+        t2 = time.perf_counter()
+    res["method"], res["start_s"], res["workers"] = method, t2 - t1, len(pids)
 elif step == "open":
     import precompile
     ds = precompile.open(out + "/tiny.h5")
@@ -122,11 +156,12 @@ def write_recipe(path: str, root: str) -> None:
                         "output": {"format": "hdf5", "samples_per_shard": 256}}, f)
 
 
-def run_step(step: str, recipe: str, out: str, *extra: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
+def run_step(step: str, recipe: str, out: str, *extra: str, repo: str | None = None) -> dict:
+    repo = repo or REPO
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-c", _STEP, step, recipe, out, *extra], capture_output=True, text=True,
-                       env=env)
+                       env=env, cwd=repo)   # the folder first on sys.path: the checkout measured
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         raise RuntimeError(f"{step} failed:\n{p.stderr}")
@@ -144,7 +179,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--photos", type=int, default=2000, help="with --jobs: how many 500x375 JPEG inputs")
     ap.add_argument("--targets", default="256,64", help="with --jobs: resize targets (shorter side; 64 = 64x64)")
     ap.add_argument("--fast", action="store_true", help="with --jobs: resize with fast: true")
+    ap.add_argument("--repeats", type=int, default=1, help="with --jobs, --recipes, --pool: runs per figure (medians)")
+    ap.add_argument("--recipes", default=None, help="the -j1 against -j2 table of these recipes (a glob under the "
+                    "repository, e.g. 'recipes/*.yaml'), each a fresh `precompile build --force` process")
+    ap.add_argument("--pool", default=None, help="worker counts, e.g. 1,2: how long N workers take to start "
+                    "(each answers a trivial task) after the parent's own imports")
+    ap.add_argument("--repo", default=None, help="the precompile checkout(s) to measure, comma-separated (default: "
+                    "this one); with --recipes and --jobs their runs take turns (a before/after table in one run)")
     args = ap.parse_args(argv)
+    args.repos = [os.path.abspath(r) for r in args.repo.split(",")] if args.repo else [REPO]
+    print(f"measuring {', '.join(_label(r) for r in args.repos)}; {os.cpu_count()} cpus; "
+          f"load average before: {_load()}")
+    if args.pool:
+        return pool_table(args)
+    if args.recipes:
+        return recipes_table(args)
     if args.jobs:
         return jobs_table(args)
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -202,6 +251,95 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _label(repo: str) -> str:
+    """A checkout as ``folder@commit`` (``+`` when it has changes not committed)."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", repo, *a], capture_output=True, text=True).stdout.strip()
+
+    head = git("rev-parse", "--short", "HEAD")   # none for an exported tree (git archive)
+    return os.path.basename(repo) + (f"@{head}" if head else "") + \
+        ("+" if head and git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs))
+
+
+def pool_table(args: argparse.Namespace) -> None:
+    """Seconds until N workers have each answered a trivial task, from a process that has imported the build
+    path (what a build's parent has done when its shards run): the worker start a parallel build pays."""
+    print("| workers | checkout | start | start s (median) | runs (workers that answered) |")
+    print("|---:|---|---|---:|---|")
+    for n in (int(x) for x in args.pool.split(",")):
+        for repo in args.repos:
+            runs = [run_step("pool", "-", "-", str(n), repo=repo) for _ in range(args.repeats)]
+            # loky: the warm-up a build starts (n tasks; a quick worker may take two); -j1 runs no worker at all
+            print(f"| {n} | {_label(repo)} | {runs[0]['method']} | {_median([r['start_s'] for r in runs]):.3f} | "
+                  + ", ".join(f"{r['start_s']:.3f} ({r['workers']})" for r in runs) + " |", flush=True)
+    print(f"load average after: {_load()}")
+
+
+def _cli_build(recipe: str, out: str, j: int, repo: str) -> dict:
+    """``precompile build RECIPE -o OUT -j J --force --no-progress`` in a fresh process of ``repo``'s code: its wall
+    seconds and its report's (stage seconds, summed over workers)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")]))
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-m", "precompile", "build", recipe, "-o", out, "-j", str(j), "--force",
+                        "--no-progress"], capture_output=True, text=True, env=env, cwd=repo)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"{recipe} -j{j} failed:\n{p.stderr}")
+    reports = [os.path.join(out, f) for f in os.listdir(out) if f.endswith(".report.json") and f.count(".") == 2]
+    with open(max(reports, key=os.path.getmtime)) as f:
+        rep = json.load(f)
+    work = sum(rep["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
+    return {"wall_s": wall, "work_s": work, "inputs": rep["inputs"], "shards": rep["shards"]["total"]}
+
+
+def recipes_table(args: argparse.Namespace) -> None:
+    """The README tour's ``precompile build RECIPE -j 1`` against ``-j 2`` for each recipe, as a user runs it
+    (a fresh process, imports included; ``--force`` so every run builds every shard), the job counts (and the
+    checkouts) taking turns: median wall seconds, the ratio to -j1's, and the serial part: wall - summed work / j
+    (the imports, plan, worker start, the parent and finalize)."""
+    import glob
+
+    jobs = [int(j) for j in (args.jobs or "1,2").split(",")]
+    recipes = sorted(glob.glob(os.path.join(args.repos[0], args.recipes)))
+    work = tempfile.mkdtemp(prefix="precompile-bench-recipes-")
+    print(f"{len(recipes)} recipe(s); medians of {args.repeats} run(s)")
+    print("| recipe | inputs | shards | checkout | -j | wall s | x -j1 wall | work s (summed) | serial s |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    totals = {(repo, j): 0.0 for repo in args.repos for j in jobs}
+    try:
+        for r in recipes:
+            rel = os.path.relpath(r, args.repos[0])
+            runs: dict[tuple[str, int], list[dict]] = {k: [] for k in totals}
+            for _ in range(args.repeats):
+                for repo in args.repos:
+                    for j in jobs:
+                        runs[repo, j].append(_cli_build(os.path.join(repo, rel), os.path.join(work, f"j{j}"), j, repo))
+            for repo in args.repos:
+                base = _median([x["wall_s"] for x in runs[repo, jobs[0]]])
+                for j in jobs:
+                    rs = runs[repo, j]
+                    wall, w = _median([x["wall_s"] for x in rs]), _median([x["work_s"] for x in rs])
+                    totals[repo, j] += wall
+                    x = rs[0]
+                    print(f"| {rel} | {x['inputs']} | {x['shards']} | {_label(repo)} | {j} | {wall:.2f} | "
+                          f"{wall / base:.2f} | {w:.2f} | {wall - w / j:.2f} |", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    for repo in args.repos:
+        print(f"| all | | | {_label(repo)} | " + " / ".join(str(j) for j in jobs) + " | "
+              + " / ".join(f"{totals[repo, j]:.2f}" for j in jobs) + " | "
+              + " / ".join(f"{totals[repo, j] / totals[repo, jobs[0]]:.2f}" for j in jobs) + " | | |")
+    print(f"load average after: {_load()}")
+
+
 def make_photos(root: str, n: int) -> None:
     """``n`` photo-like 500x375 (or 375x500) JPEG files in 10 class folders (kept for a later run with --dir)."""
     import cv2
@@ -214,10 +352,18 @@ def make_photos(root: str, n: int) -> None:
     base = [scene(375, 500, s) for s in range(8)]
     for c in range(10):
         os.makedirs(os.path.join(root, f"c{c}"), exist_ok=True)
-    for i in range(n):
-        img = np.roll(base[i % 8], i * 7, axis=1)
-        img = img if i % 3 else np.ascontiguousarray(img.transpose(1, 0, 2))
-        cv2.imwrite(os.path.join(root, f"c{i % 10}", f"{i:07d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+
+    def write(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            img = np.roll(base[i % 8], i * 7, axis=1)
+            img = img if i % 3 else np.ascontiguousarray(img.transpose(1, 0, 2))
+            cv2.imwrite(os.path.join(root, f"c{i % 10}", f"{i:07d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 90])
+
+    from concurrent.futures import ThreadPoolExecutor   # cv2 releases the GIL while it encodes
+
+    k = os.cpu_count() or 1
+    with ThreadPoolExecutor(k) as ex:
+        list(ex.map(lambda j: write(j * n // k, (j + 1) * n // k), range(k)))
     open(done, "w").close()
 
 
@@ -225,17 +371,20 @@ def jobs_table(args: argparse.Namespace) -> None:
     """-j1..-jN scaling of a build of ``--photos`` JPEGs, each resize target: wall seconds (a fresh process,
     imports included), samples/s, speed-up over -j1 and its share of linear, and against the work itself:
     the stage seconds (decode + steps + write) summed over the workers, as a rate per core (``work/s/core``),
-    ``ideal s`` = summed / j, ``serial s`` = wall - ideal (plan, worker start, the parent, finalize)."""
+    ``ideal s`` = summed / j, ``serial s`` = wall - ideal (imports, plan, worker start, the parent, finalize,
+    exit); ``build() s`` and its ``x -j1``: the same without the interpreter's start, imports and exit (the
+    report's wall seconds, from the call of ``build`` to its return)."""
     import yaml
 
     jobs = [int(j) for j in args.jobs.split(",")]
     work = args.dir or tempfile.mkdtemp(prefix="precompile-bench-jobs-")
     root = os.path.join(work, f"photos-{args.photos}")
     make_photos(root, args.photos)
-    print(f"{args.photos} JPEGs 500x375 in {work}; {os.cpu_count()} cpus; fast={args.fast}")
-    print("| target | -j | wall s | samples/s | x -j1 | of linear | work s (summed) | work/s/core | ideal s "
-          "| serial s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"{args.photos} JPEGs 500x375 in {work}; {os.cpu_count()} cpus; fast={args.fast}; "
+          f"medians of {args.repeats} run(s)")
+    print("| target | checkout | -j | wall s | samples/s | x -j1 | of linear | work s (summed) | work/s/core "
+          "| ideal s | serial s | build() s | x -j1 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in (int(x) for x in args.targets.split(",")):
         resize = {"size": [64, 64]} if t == 64 else {"shorter": t}
         if args.fast:
@@ -248,18 +397,29 @@ def jobs_table(args: argparse.Namespace) -> None:
                                        "label": {"capture": "label"}},
                             "steps": [{"resize": resize}, {"center_crop": {"size": [t, t]}}],
                             "output": {"format": "hdf5", "samples_per_shard": 256}}, f)
-        base = None
-        for j in jobs:
-            out = os.path.join(work, f"out-{t}-{j}")
-            shutil.rmtree(out, ignore_errors=True)
-            r = run_step("build", recipe, out, str(j))
-            summed = sum(r["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
-            rate = args.photos / r["wall_s"]
-            base = base or rate
-            ideal = summed / j
-            print(f"| {t} | {j} | {r['wall_s']:.2f} | {rate:.0f} | {rate / base:.2f} | {rate / base / j:.2f} | "
-                  f"{summed:.2f} | {args.photos / summed:.0f} | {ideal:.2f} | {r['wall_s'] - ideal:.2f} |", flush=True)
-            shutil.rmtree(out, ignore_errors=True)
+        runs: dict[tuple[str, int], list[dict]] = {(repo, j): [] for repo in args.repos for j in jobs}
+        for _ in range(args.repeats):   # job counts and checkouts take turns: a busy spell of the machine hits each
+            for repo in args.repos:
+                for j in jobs:
+                    out = os.path.join(work, f"out-{t}-{j}")
+                    shutil.rmtree(out, ignore_errors=True)
+                    r = run_step("build", recipe, out, str(j), repo=repo)
+                    r["work_s"] = sum(r["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
+                    runs[repo, j].append(r)
+                    shutil.rmtree(out, ignore_errors=True)
+        for repo in args.repos:
+            base = inner_base = None
+            for j in jobs:
+                rs = runs[repo, j]
+                wall, summed = _median([r["wall_s"] for r in rs]), _median([r["work_s"] for r in rs])
+                inner = _median([r["build_s"] for r in rs])
+                rate = args.photos / wall
+                base, inner_base = base or rate, inner_base or inner
+                ideal = summed / j
+                print(f"| {t} | {_label(repo)} | {j} | {wall:.2f} | {rate:.0f} | {rate / base:.2f} | "
+                      f"{rate / base / j:.2f} | {summed:.2f} | {args.photos / summed:.0f} | {ideal:.2f} | "
+                      f"{wall - ideal:.2f} | {inner:.2f} | {inner_base / inner:.2f} |", flush=True)
+    print(f"load average after: {_load()}")
     if not args.keep and not args.dir:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -3,8 +3,9 @@ and a :class:`PrecompileError` becomes one clean line on stderr and an exit code
 """
 from __future__ import annotations
 
+import contextlib
 import sys
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import click
 
@@ -175,20 +176,24 @@ def build(recipe: str, jobs: int | None, out_dir: str, force: bool, scheduler: s
     Exit codes: 0 built (or up to date), 2 recipe or plan error, 3 inputs failed (shards failed, or
     more than max_failures), 4 a missing optional dependency, 5 a damaged output, 6 the output failed
     (out of space, read-only, vanished, I/O error; a URL's store: no credentials, unreachable, no bucket,
-    access denied), 7 a worker was killed (SIGKILL: memory). See docs/faults.md."""
+    access denied), 7 a worker was killed (SIGKILL: memory), 130 interrupted (Ctrl-C), 143 terminated
+    (SIGTERM); the last two say how many shards were kept. See docs/faults.md."""
     from .compiler import build as run_build
 
     if jobs == -1:
         import os
 
         jobs = os.cpu_count() or 1
-    try:
-        rep = run_build(recipe, out_dir=out_dir, n_jobs=jobs, force=force, progress=progress,
-                        scheduler=scheduler, content_hash=content_hash, on_error=on_error,
-                        max_failures=max_failures, timeout_s=timeout_s, force_space=force_space, repair=repair,
-                        stats=with_stats or None, storage_options=storage_options)
-    except PrecompileError as e:
-        _fail(e)
+    with _interruptible() as stopped:
+        try:
+            rep = run_build(recipe, out_dir=out_dir, n_jobs=jobs, force=force, progress=progress,
+                            scheduler=scheduler, content_hash=content_hash, on_error=on_error,
+                            max_failures=max_failures, timeout_s=timeout_s, force_space=force_space, repair=repair,
+                            stats=with_stats or None, storage_options=storage_options)
+        except PrecompileError as e:
+            _fail(e)
+        except KeyboardInterrupt as e:
+            _interrupted(e, stopped)
     sh = rep["shards"]
     st = rep["stage_seconds"]
     reused = f", {sh['reused']} reused from a sibling output" if sh.get("reused") else ""
@@ -340,6 +345,42 @@ def gc(output: str, drop_previous: bool, dry_run: bool, storage_options: dict[st
     for n in removed:
         click.echo(f"{verb} {n}")
     click.echo(f"{output}: {verb} {len(removed)} unreferenced file(s), {human_bytes(freed)}")
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[list[int]]:
+    """While a build runs: SIGTERM stops it as Ctrl-C does (a KeyboardInterrupt: the workers are stopped, the
+    half-written shards removed, what was kept is said); the signal that stopped it is appended to the list."""
+    import signal
+
+    stopped: list[int] = []
+
+    def on_term(signum: int, frame: Any) -> None:
+        stopped.append(signum)
+        raise KeyboardInterrupt
+
+    try:
+        old = signal.signal(signal.SIGTERM, on_term)
+    except ValueError:   # not the main thread (a test runner's): SIGTERM keeps its default
+        old = None
+    try:
+        yield stopped
+    finally:
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+
+
+def _interrupted(e: KeyboardInterrupt, stopped: list[int]) -> None:
+    """Say what a stopped build kept and how to finish it; exit 130 (Ctrl-C) or 143 (SIGTERM)."""
+    from .compiler.driver import BuildInterrupted
+
+    what = "terminated (SIGTERM)" if stopped else "interrupted"
+    if isinstance(e, BuildInterrupted):
+        click.echo(f"\n{what}: {e}", err=True)
+    else:
+        click.echo(f"\n{what} before any shard was built: nothing new was written; run the same command again "
+                   f"to build", err=True)
+    sys.exit(143 if stopped else 130)
 
 
 def _rate_note(rep: dict) -> str:

@@ -4,7 +4,9 @@ A shard task calls its *sink* once per input it finishes (built or failed): the
 sink is a small picklable object, chosen by where the task runs:
 
 - ``-j1``: a direct call in the parent;
-- loky workers: a ``multiprocessing.Manager`` queue that a parent thread drains;
+- forked workers (:mod:`precompile.compiler.forkpool`): a message on the worker's own result pipe;
+- loky workers: a ``multiprocessing.Manager`` queue that a parent thread drains (the manager process
+  exits with the build, as the workers do);
 - dask: the worker's ``log_event`` on a topic the parent's client subscribes to
   (works on any cluster, local or remote).
 
@@ -62,7 +64,10 @@ class Progress:
         import multiprocessing
 
         if self._manager is None:
-            self._manager = multiprocessing.Manager()
+            from multiprocessing.managers import SyncManager
+
+            self._manager = SyncManager(ctx=multiprocessing.get_context())
+            self._manager.start(_manager_init)   # as multiprocessing.Manager(), but ends with the build
             self._queue = self._manager.Queue()
             self._thread = threading.Thread(target=self._drain, name="precompile-progress", daemon=True)
             self._thread.start()
@@ -105,6 +110,13 @@ class Progress:
             except Exception:  # the client may be closed already
                 pass
         self.bar.close()
+
+
+def _manager_init() -> None:
+    """In the queue's manager process: exit when the build's process dies (nothing else would end it)."""
+    from .compiler.forkpool import watch_parent
+
+    watch_parent()
 
 
 class LocalSink:

@@ -6,7 +6,8 @@ Modules, each owning one part:
 - :mod:`.keys`: fingerprints and shard keys (what decides a rebuild), sibling-shard reuse, the
   skipped-inputs sidecar.
 - :mod:`.driver`: :func:`build`, the stage sequence (lock, plan, keys, run, finalize, report).
-- :mod:`.backends`: running shard tasks inline, on loky workers (dead-worker retry) or on dask.
+- :mod:`.backends`: running shard tasks inline, on local workers (dead-worker retry; forked from the build
+  by :mod:`.forkpool`, or loky) or on dask.
 - :mod:`.shard`: one shard task (decode, steps, copies, write) and the isolated decoder.
 - :mod:`.results`: failures, shard results and the build report as dataclasses.
 - :mod:`.output`: where a build goes: a local folder, or (:mod:`.url_output`) a URL, with its lock

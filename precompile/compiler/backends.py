@@ -1,12 +1,14 @@
 """Backends that run shard tasks and yield their results as they complete: inline (one job, this
-process), loky (local worker processes, with the dead-worker retry) and dask (a local or remote cluster).
+process), local worker processes (forked from this process on Linux, :mod:`.forkpool`; loky elsewhere,
+or with ``PRECOMPILE_WORKERS=loky``), each with the dead-worker retry, and dask (a local or remote cluster).
 
-Owns the choice of backend and the loky retry: a loky worker that dies has its shards retried once
-with decoding isolated in a helper process, so a crashing codec fails only its input, and a second
-death fails the shard with a message that names it and its inputs, unless both deaths were SIGKILL (on
-Linux, the kernel's out-of-memory killer): that stops the build with a
-:class:`~precompile.errors.WorkerKilledError` that says so. Imported only when a shard must
-be built (a no-op rebuild never imports this module's task, :mod:`precompile.compiler.shard`, nor joblib).
+Owns the choice of backend and the retry: a worker that dies has its shards retried once, alone, with
+decoding isolated in a helper process, so a crashing codec fails only its input, and a second death fails
+the shard with a message that names it and its inputs, unless both deaths were SIGKILL (on Linux, the
+kernel's out-of-memory killer): that stops the build with a :class:`~precompile.errors.WorkerKilledError`
+that says so. No local worker outlives the build (docs/reference-build.md#worker-processes). Imported only
+when a shard must be built (a no-op rebuild never imports this module's task, :mod:`precompile.compiler.shard`,
+nor joblib).
 """
 from __future__ import annotations
 
@@ -44,19 +46,42 @@ def _dead_worker_result(shard: Any, why: str) -> ShardResult:
                                                        shard=shard.index)], zero_timings(), 0.0)
 
 
+#: ``PRECOMPILE_WORKERS``: how local workers start (``fork`` or ``loky``; unset: fork where it can)
+WORKERS_ENV = "PRECOMPILE_WORKERS"
+
+
+def worker_start() -> str:
+    """How this build's local workers start: ``"fork"`` (Linux: forked from this process when the shards
+    run, in milliseconds, :mod:`.forkpool`) or ``"loky"`` (fresh interpreters that import the build path,
+    started warm while the parent plans: other systems, or ``PRECOMPILE_WORKERS=loky``)."""
+    want = os.environ.get(WORKERS_ENV, "").strip().lower()
+    if want not in ("", "fork", "loky"):
+        raise BuildError(f"{WORKERS_ENV}={want[:40]!r}: use fork or loky (or leave it unset)")
+    can_fork = sys.platform.startswith("linux") and hasattr(os, "fork")
+    return "fork" if want != "loky" and can_fork else "loky"
+
+
+def n_workers(n_jobs: Optional[int]) -> int:
+    """Worker processes for ``n_jobs`` (joblib's convention: -1 all cores, -2 all but one, ...)."""
+    n = n_jobs or 1
+    return max(1, (os.cpu_count() or 1) + 1 + n) if n < 0 else n
+
+
 #: the warm-up of the loky workers started by :func:`start_pool` (a joblib result generator), or None
 _warm: Any = None
 
 
 def start_pool(n_jobs: Optional[int], scheduler: Optional[str], index_path: str, recipe_hash: str,
                force: bool = False) -> None:
-    """Start the local worker processes now, in the background, and import the shard task with every
+    """Loky workers only: start them now, in the background, and import the shard task with every
     decoder and step in each, so that their start overlaps planning (:func:`run_loky` then reuses the
     warm pool; joblib keeps one loky pool per process). Nothing for one job or a dask scheduler, nor when
     an index of this output (``index_path``, or a split's beside it) records ``recipe_hash`` and the build
-    is not forced: most likely a rebuild with little or nothing to do, whose workers would only cost time."""
+    is not forced: most likely a rebuild with little or nothing to do, whose workers would only cost time.
+    Forked workers need no warm-up: they start when the shards run, with the build path imported."""
     global _warm, _exit_hook
-    if scheduler is not None or (n_jobs or 1) == 1 or (not force and _same_recipe(index_path, recipe_hash)):
+    if scheduler is not None or (n_jobs or 1) == 1 or worker_start() == "fork" \
+            or (not force and _same_recipe(index_path, recipe_hash)):
         return
     import joblib
 
@@ -89,12 +114,22 @@ def _same_recipe(index_path: str, recipe_hash: str) -> bool:
 
 
 def warm_worker() -> int:
-    """In a worker: import what a shard task needs (the task, the decoders, the steps, the writers)."""
+    """In a loky worker: import what a shard task needs (the task, the decoders, the steps, the writers)."""
+    from .forkpool import watch_parent
     from . import shard  # noqa: F401
     from ..registry import load_builtins
 
+    watch_parent()
     load_builtins()
     return os.getpid()
+
+
+def loky_task(fn: Callable[..., ShardResult], *args: Any) -> ShardResult:
+    """A shard task in a loky worker: the worker first makes sure it exits with the build (watch_parent)."""
+    from .forkpool import watch_parent
+
+    watch_parent()
+    return fn(*args)
 
 
 def _settle_warm() -> list[int]:
@@ -124,9 +159,11 @@ def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str]
 
     shipped = RecipeOnce(recipe)
 
-    def task(s: Any, path: str, in_worker: bool = True, isolate: bool = False, sink: Any = None) -> tuple:
-        """A shard task's function and arguments (a worker rebuilds the recipe once, not once per task)."""
-        r = shipped if in_worker else recipe
+    def task(s: Any, path: str, in_worker: bool = True, isolate: bool = False, sink: Any = None,
+             ship: bool = True) -> tuple:
+        """A shard task's function and arguments; ``ship``: to be pickled for another process (which then
+        rebuilds the recipe once, not once per task); a forked worker has the recipe itself."""
+        r = shipped if in_worker and ship else recipe
         args = (r, s, path, keys[s.index], plan.specs, chunking[s.index], in_worker, isolate, sink)
         if dest is None:
             return run_shard, args
@@ -138,6 +175,8 @@ def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str]
         yield from run_inline(todo, task, progress)
     elif scheduler is not None:
         yield from run_dask(todo, task, n_jobs, scheduler, events, progress)
+    elif worker_start() == "fork":
+        yield from run_fork(todo, task, n_jobs, events, progress, recipe)
     else:
         yield from run_loky(todo, task, n_jobs, events, progress)
 
@@ -224,6 +263,190 @@ def run_dask(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Op
             cluster.close()
 
 
+def run_fork(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Optional[int], events: list[str],
+             progress: Any, recipe: Optional[Recipe] = None) -> Iterator[ShardResult]:
+    """Shards on worker processes forked from this one (:class:`.forkpool.ForkPool`), with the dead-worker retry.
+
+    Each task goes to the next idle worker by its number in ``todo`` (the workers inherit the table). A
+    worker that dies names the shard it was building: that shard is retried once with decoding isolated,
+    alone (nothing else runs beside it, so memory is all its own), while the others go on; a second death
+    fails it (:func:`_dead_shard`). Stopped early (an exception, the consumer closing this generator, a
+    Ctrl-C), the workers still running are killed and their half-written shards removed.
+    """
+    from collections import deque
+
+    from .forkpool import ForkPool, RemoteTraceback
+    from .shard import shutdown_isolated
+
+    def serve(tid: int, isolate: bool, sink: Any) -> ShardResult:
+        s, path = todo[tid]
+        fn, args = task(s, path, True, isolate, sink, ship=False)
+        return fn(*args)
+
+    preload(recipe)
+    pool = ForkPool(min(n_workers(n_jobs), len(todo)), serve, progress.add if progress is not None else None,
+                    shutdown_isolated)
+    pending, suspects, isolated = deque(range(len(todo))), deque(), set()   # suspects: tids to retry alone
+    finished = False
+    try:
+        pool.start()
+        while pending or suspects or pool.running():
+            _dispatch(pool, pending, suspects)
+            if not pool.running():
+                raise BuildError("the worker processes exit as soon as they start; run build again with -j 1 "
+                                 "to see why")
+            for tid, kind, payload in pool.events():
+                s, path = todo[tid]
+                if kind == "ok":
+                    yield payload
+                elif kind == "err":
+                    exc, tb = payload
+                    if exc is None:
+                        raise BuildError(f"shard {s.index} failed in a worker process: "
+                                         f"{tb.strip().splitlines()[-1]}") from RemoteTraceback(tb)
+                    raise exc from RemoteTraceback(tb)
+                else:   # died
+                    for t in glob.glob(glob.escape(path) + ".tmp-*"):
+                        remove_path(t)
+                    events.append(f"a worker process died again ({payload}) while shard {s.index} was being built "
+                                  f"alone with decoding isolated" if s.index in isolated else
+                                  f"a worker process died ({payload}) while shard {s.index} was being built; "
+                                  f"retrying it alone with decoding isolated")
+                    res = _dead_shard(s, payload, isolated)
+                    if res is None:
+                        suspects.append(tid)
+                    else:
+                        yield res
+        finished = True
+    finally:
+        for tid in pool.close(kill=not finished):   # killed mid-task: their temporaries are ours to remove
+            for t in glob.glob(glob.escape(todo[tid][1]) + ".tmp-*"):
+                remove_path(t)
+
+
+def preload(recipe: Optional[Recipe] = None) -> list[str]:
+    """Import in this process what every forked worker would otherwise import on its first task: the shard
+    task with every decoder, step and writer, OpenCV, and the modules the ``recipe``'s decoders, steps and
+    writer import inside their functions (:func:`lazy_imports`: Pillow (with its common formats) for images,
+    pydicom and scipy for DICOM series, PyAV for video, ...; without a recipe, Pillow). Imported once here,
+    they are shared by the workers' pages instead of imported again in each. Returns the modules imported."""
+    import importlib
+
+    from ..registry import WRITERS, load_builtins
+
+    load_builtins()
+    want = ["cv2"]   # every worker sets OpenCV's threads to one (shard._one_thread_per_worker)
+    if recipe is None:
+        want.append("PIL.Image")
+    else:
+        classes = {type(d) for d in recipe.decoders.values()} | {type(s) for s in recipe.steps}
+        classes.add(WRITERS.get(recipe.model.output.format))
+        for mod in sorted({c.__module__ for c in classes}):
+            want.extend(lazy_imports(mod))
+    done = []
+    for name in dict.fromkeys(want):
+        if name in sys.modules:
+            continue
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except Exception:   # an optional codec that is not installed: the task says so if it needs it
+            pass
+    if "PIL.Image" in sys.modules:
+        sys.modules["PIL.Image"].preinit()   # Pillow's common format plugins, else loaded on the first open
+    return done
+
+
+#: module -> the modules it imports inside its functions (and those of the precompile modules it imports)
+_LAZY: dict[str, tuple[str, ...]] = {}
+
+#: an import statement: indented (inside a function or block) or at the top of a module
+_IMPORT = re.compile(r"^([ \t]*)(?:import[ \t]+([\w.]+)|from[ \t]+(\.*[\w.]*)[ \t]+import[ \t]+\(?([\w, \t]*))",
+                     re.MULTILINE)
+
+
+def lazy_imports(module: str, _seen: Optional[set[str]] = None) -> tuple[str, ...]:
+    """The modules ``module`` imports in indented code (inside its functions; read from its source), and those
+    of the precompile modules it imports (not packages), and theirs (a step's kernels, a decoder's helpers):
+    what its code will import when it first runs. Other packages' modules only, not precompile's own nor the
+    standard library's (cheap). ``from scipy import ndimage`` gives ``scipy`` and ``scipy.ndimage``."""
+    if module in _LAZY:
+        return _LAZY[module]
+    seen = _seen if _seen is not None else set()
+    seen.add(module)
+    mod = sys.modules.get(module)
+    try:
+        with open(getattr(mod, "__file__", None) or "", encoding="utf-8") as f:
+            source = f.read()
+    except (OSError, ValueError):
+        source = ""
+    package = getattr(mod, "__package__", None) or ""
+    found: list[str] = []
+    for m in _IMPORT.finditer(source):
+        indent, plain, base, names = m.groups()
+        if plain:
+            mods = [plain]
+        else:
+            base = _absolute(base, package)
+            mods = [base] + [f"{base}.{n.strip()}" for n in (names or "").split(",") if n.strip()] if base else []
+        for name in mods:
+            top = name.split(".")[0]
+            if top != "precompile":
+                if indent and top not in sys.stdlib_module_names:
+                    found.append(name)
+            elif name not in seen and not hasattr(sys.modules.get(name), "__path__"):
+                # a module of precompile's (a package's __init__ would lead everywhere): what it imports lazily
+                found.extend(lazy_imports(name, seen))
+    out = tuple(dict.fromkeys(found))
+    if _seen is None:   # a module reached inside a cycle may miss what its cycle's first module adds
+        _LAZY[module] = out
+    return out
+
+
+def _absolute(name: str, package: str) -> Optional[str]:
+    """The absolute module name of ``from NAME import ...`` (NAME may be relative) in a module of ``package``."""
+    level = len(name) - len(name.lstrip("."))
+    if not level:
+        return name
+    base = package.split(".")
+    if level > 1:
+        base = base[:-(level - 1)]
+    return ".".join(base + ([name[level:]] if name[level:] else [])) or None
+
+
+def _dispatch(pool: Any, pending: Any, suspects: Any) -> None:
+    """Give idle workers tasks: a suspect alone once nothing runs, else the pending tasks in order."""
+    for _ in range(4 * pool.n + 4):   # each try forks at most one worker (one that is gone is dropped)
+        if suspects:
+            if pool.running():
+                return
+            queue, isolate = suspects, True
+        elif pending:
+            queue, isolate = pending, False
+        else:
+            return
+        w = pool.idle()
+        if w is None:
+            return
+        if pool.send(w, queue[0], isolate):
+            queue.popleft()
+            if isolate:
+                return
+
+
+def _dead_shard(s: Any, why: str, isolated: set[int]) -> Optional[ShardResult]:
+    """A shard whose worker died: the first time it is marked for isolated decoding (None: retry it); the
+    second time it fails (its result), or, when that death was SIGKILL, the build stops (memory, not input)."""
+    if s.index not in isolated:
+        isolated.add(s.index)
+        return None
+    if "SIGKILL" in why:  # killed from outside twice, the second time alone: memory, not an input
+        from .faults import worker_killed
+
+        raise worker_killed(s.index, _inputs(s), why)
+    return _dead_worker_result(s, why)
+
+
 def run_loky(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Optional[int], events: list[str],
              progress: Any) -> Iterator[ShardResult]:
     """Shards on local loky worker processes, with the dead-worker retry.
@@ -242,7 +465,7 @@ def run_loky(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Op
     while remaining:
         done: set[int] = set()
         batch = [(s, p) for s, p in remaining if s.index in isolated][:1] or remaining  # a suspect runs alone
-        tasks = (joblib.delayed(fn)(*args)
+        tasks = (joblib.delayed(loky_task)(fn, *args)
                  for fn, args in (task(s, path, True, s.index in isolated, sink) for s, path in batch))
         try:
             with warnings.catch_warnings():
@@ -274,14 +497,10 @@ def _after_dead_worker(e: Exception, remaining: list[tuple[Any, str]], done: set
     events.append(f"a worker process died ({why}) while shard(s) {', '.join(str(s.index) for s, _ in hit)} "
                   f"were being built; retrying them with decoding isolated")
     for s, _ in hit:
-        if s.index in isolated:
-            if "SIGKILL" in why:  # killed from outside twice, the second time alone: memory, not an input
-                from .faults import worker_killed
-
-                raise worker_killed(s.index, _inputs(s), why)
+        res = _dead_shard(s, why, isolated)
+        if res is not None:
             done.add(s.index)
-            yield _dead_worker_result(s, why)
-    isolated.update(s.index for s, _ in hit)
+            yield res
 
 
 def _dashboard_note(client: Any, workers: int, events: list[str], show: bool) -> None:

@@ -7,8 +7,9 @@ temporaries, the no-op check (:func:`_unchanged`), sort shards
 (up to date or to do), reuse siblings' shards, run (:mod:`.backends`), check the outcome,
 finalize (index, then report). Everything that reads or writes the stored build goes through the output
 (:mod:`.output`: a local folder, or a URL). Shards whose stored key matches are skipped (incremental,
-resumable); the rest run as joblib tasks (in-process for one job, loky workers locally, or a
-dask cluster). The index and the build report are written last.
+resumable); the rest run as shard tasks (in-process for one job, worker processes forked from this one
+locally, or a dask cluster). The index and the build report are written last. A Ctrl-C once the shards
+run stops the workers and raises :class:`BuildInterrupted`.
 
 Guarantees kept here:
 
@@ -29,6 +30,8 @@ Guarantees kept here:
   retried once with decoding isolated in a helper process, so a crashing codec
   fails only its input, and a second death fails the shard with a message that
   names it and its inputs.
+- lifetime: no worker process outlives the build, however it ends
+  (:mod:`.forkpool`); a Ctrl-C says how many shards were kept.
 """
 from __future__ import annotations
 
@@ -294,12 +297,38 @@ def _stages(b: _Build, keys: dict[int, str], force: bool, progress: bool, schedu
         _reuse_siblings(b, keys, st)
     if not force_space and not b.out.remote:   # a store has no free space to check
         _check_space(b, st)
+    # shard files to do that are there already (damaged, for --repair): a Ctrl-C's count leaves them out (a
+    # rerun rebuilds them), unless --force (a rerun without it keeps them)
+    stale = set() if b.out.remote or force else {p for _, p in st.todo if os.path.exists(p)}
     try:
-        _run_stage(b, keys, st, progress, scheduler)
-    except (OSError, PrecompileError):
+        try:
+            _run_stage(b, keys, st, progress, scheduler)
+        except (OSError, PrecompileError):
+            if not b.out.remote:
+                _clean_temporaries(b)  # a full disk: the half-written shards' space back (finished shards are kept)
+            raise
+        return _conclude(b, st, views, named)
+    except KeyboardInterrupt:   # Ctrl-C: the workers are stopped by now; say what is kept
+        kept = {s.index for s in b.plan.shards if s.index in st.infos}
         if not b.out.remote:
-            _clean_temporaries(b)  # a full disk: the half-written shards' space back (finished shards are kept)
-        raise
+            _clean_temporaries(b)
+            # and those renamed into place whose results had not come back yet (a rerun keeps them too)
+            kept |= {s.index for s, p in st.todo if p not in stale and os.path.exists(p)}
+        raise BuildInterrupted(len(kept), len(b.plan.shards), force) from None
+
+
+class BuildInterrupted(KeyboardInterrupt):
+    """A build stopped by Ctrl-C (a KeyboardInterrupt, as any other) once its shards had started: ``kept``
+    of ``total`` shards are written and kept (a rerun skips them); the half-written ones were removed."""
+
+    def __init__(self, kept: int, total: int, force: bool = False):
+        self.kept, self.total = kept, total
+        again = "run the same command again without --force" if force else "run the same command again"
+        super().__init__(f"{kept} of {total} shards written and kept; {again} to finish")
+
+
+def _conclude(b: _Build, st: _State, views: list[_Build], named: list[tuple[Optional[str], _Build]]) -> BuildReport:
+    """After the run: check the outcome, finalize (each split's index), retire the replaced snapshot."""
     report = _report(b, st)
     _check_outcome(b, st, report)
     replaced = [f for v in views for f in _index_files(b.out, v.index_path)]
@@ -728,7 +757,7 @@ def _write_report(out: Any, index_path: str, report: BuildReport) -> None:
     out.write_json(os.path.splitext(index_path)[0] + fmt.REPORT_SUFFIX, report.to_json(), indent=2)
 
 
-__all__ = ["as_recipe", "build", "check_plan", "collect_garbage", "output_paths", "with_policy"]
+__all__ = ["BuildInterrupted", "as_recipe", "build", "check_plan", "collect_garbage", "output_paths", "with_policy"]
 
 
 def collect_garbage(index_path: str | os.PathLike, keep_previous: bool = True, dry_run: bool = False,

@@ -68,7 +68,9 @@ class Clips(Step):
     name = "clips"
     applies = kinds(Kind.VIDEO)
     expands = True
-    output_version = 2   # 2: time clips' audio is stored with its fixed length when the decoder fixes the rate
+    output_version = 3   # 2: time clips' audio is stored with its fixed length when the decoder fixes the rate
+    # 3: a streamed clip is never cut from a frame past the decoder's max_frames (a seek landed past it), and
+    #    a short video streamed through frame clips is padded with its last frame, not the last one read
 
     class Params(StepParams):
         length: Optional[int] = Field(None, ge=1)  # frames per clip (T)
@@ -321,8 +323,12 @@ class ClipCutter:
         """The next frame an unfinished clip needs, when frames before it are needed by none:
         ``("position", p)`` (frame clips: the smallest position a clip takes, past the frames seen),
         ``("time", t)`` (time clips whose next clip has not begun: its first slot takes the last
-        frame at or before ``t``); None when the next frame may be needed."""
+        frame at or before ``t``); None when the next frame may be needed. Frame clips that pad a
+        short video with its last frame (``short: pad``, ``pad: last``) skip nothing until the first
+        clip is complete: the video may end before it, and the last frame must then be seen."""
         if self.done or self.prev is None:
+            return None
+        if not self.by_time and self.next == 0 and self.short == "pad" and self.pad == "last":
             return None
         if self.by_time:
             start = self._start(self.next)

@@ -186,18 +186,6 @@ NEW: dict[str, Known] = {
                 "300 stores 44",
                 frozenset({"volume_truth"}),
                 lambda c: c["family"] in ("volume", "dicom") and _uint8_then_negative_pad(c)),
-    "N6": Known("new finding: a streamed video cut by frame clips with short: pad and pad: last pads with the last "
-                "frame it read, not the video's last frame, when a seek skipped the rest (12 frames, decoder every 3, "
-                "clips length 4 every 2: streamed [0, 6, 6, 6], decoded whole [0, 6, 9, 9])",
-                frozenset({"frame_truth", "index_field", "stream_vs_whole"}),
-                lambda c: c["family"] == "video" and (_clips(c) or {}).get("short") == "pad"
-                and (_clips(c) or {}).get("pad", "last") == "last" and (_clips(c) or {}).get("fps") is None),
-    "N7": Known("new finding: a streamed video cut by clips ignores the decoder's max_frames where it seeks or cuts "
-                "by time: it cuts clips from frames past it (time clips: max_frames 8 at 25 fps gives a clip of frame "
-                "10; frame clips of length 1 every 4 frames, max_frames 7: a clip of frame 8); decoded whole: none",
-                frozenset({"clip_count", "frame_truth", "index_field", "stream_vs_whole", "audio_truth"}),
-                lambda c: c["family"] == "video" and _clips(c) is not None
-                and c["recipe"]["inputs"]["fields"]["video"].get("max_frames") is not None),
 }
 KNOWN.update(NEW)
 

@@ -172,13 +172,6 @@ NEW: dict[str, Known] = {
                 frozenset({"audio_truth"}),
                 lambda c: c["family"] == "audio" and c["recipe"]["inputs"]["fields"]["audio"].get("dtype") == "int16"
                 and any(n == "random_gain" for n, _ in _steps(c))),
-    "N4": Known("new finding: temporal_jitter after clips cut by time (fps) with a fixed audio_rate cuts the clip's "
-                "audio to the kept frames' span but leaves its planned fixed length: the write stage fails the input "
-                "('shape (1, 640) differs from the declared (1, 1280)')",
-                frozenset({"build_error", "input_failure", "inputs_accounted"}),
-                lambda c: c["family"] == "video" and (_clips(c) or {}).get("fps") is not None
-                and c["recipe"]["inputs"]["fields"]["video"].get("audio_rate") is not None
-                and any(n == "temporal_jitter" for n, _ in _steps(c))),
     "N5": Known("new finding: a pad_value (or fill) outside the field's dtype range wraps around silently: "
                 "crop_pad_volume with pad_value -7 on a uint8 volume (hu_window dtype: uint8) stores 249, apply_mask "
                 "fill -1000 stores 24; likewise "

@@ -68,8 +68,8 @@ def test_fixed_steps_name_their_output_version_in_the_recipe_key(name):
     """The recipe key holds each changed step's version (so its shards rebuild, as above), and
     only theirs: a recipe without them keeps its key."""
     cls = STEPS.get(name)
-    assert cls.output_version == 2
-    assert output_versions({}, [cls.__new__(cls)]) == {"steps[0]": 2}
+    assert cls.output_version >= 2
+    assert output_versions({}, [cls.__new__(cls)]) == {"steps[0]": cls.output_version}
     assert output_versions({"image": object()}, [STEPS.get("color_jitter").__new__(STEPS.get("color_jitter"))]) == {}
 
 

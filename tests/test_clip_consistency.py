@@ -153,3 +153,64 @@ def test_jitter_on_a_whole_video_moves_pts_and_audio():
     got = np.rint(out.fields["sound"][0] * 32768).astype(np.int64) + WRAP // 2
     np.testing.assert_array_equal(got, np.arange(2 * PER_FRAME, 9 * PER_FRAME))
     assert out.meta["video"]["audio"]["start"] == pytest.approx(float(Fraction(2, FPS)))
+
+
+# -- temporal_jitter after clips cut by time, the decoder fixing the audio rate (fuzzer finding N4) ---------------------
+def build_timed(tmp_path, clips: dict, jitter: dict) -> precompile.Dataset:
+    root = tmp_path / "in"
+    root.mkdir(exist_ok=True)
+    write_numbered(root / "a.mkv", 60)
+    recipe = {"name": "v", "seed": 5, "copies": 3,
+              "inputs": {"root": str(root), "match": "{name}.mkv",
+                         "fields": {"video": {"decoder": "video", "audio_field": "sound", "audio_rate": RATE}}},
+              "steps": [{"clips": {**clips, "index_field": "idx"}}, {"temporal_jitter": jitter}],
+              "output": {"format": "hdf5"}}
+    precompile.build(write_recipe(tmp_path / "r.yaml", recipe), out_dir=str(tmp_path / "o"))
+    return precompile.open(str(tmp_path / "o" / "v.h5"))
+
+
+def check_timed(s: dict, meta: dict, fps: float, stride_s: float) -> tuple[int, int]:
+    """The kept clip slots j0 .. jL (the jitter's recorded indices) play from ``start + j0 / fps`` to
+    ``start + (jL + 1) / fps``: the audio holds the track's samples of that time, to the sample; its values
+    (each sample holds its own number) say where it was cut from. Returns (slot span, samples)."""
+    clip, slots = meta["clip"], meta["augment"][-1]["indices"]
+    start = clip["index"] * stride_s
+    idx = s["idx"].tolist()
+    assert clip["start"] == pytest.approx(idx[0] / FPS, abs=1e-9)   # (the first kept frame's pts)
+    assert [_number(f) for f in s["video"]] == idx == clip["frames"]
+    assert idx == [int(Fraction(repr(start)) * FPS + Fraction(j) * FPS / Fraction(repr(fps))) for j in slots]
+    first, n = clip["audio"]["first_sample"], clip["audio"]["samples"]
+    assert abs(first - (start + slots[0] / fps) * RATE) <= 1
+    assert abs(first + n - (start + (slots[-1] + 1) / fps) * RATE) <= 1
+    got = np.rint(s["sound"][0] * 32768).astype(np.int64) + WRAP // 2
+    assert got.shape == (n,)
+    np.testing.assert_array_equal(got, (first + np.arange(n)) % WRAP)
+    return slots[-1] - slots[0] + 1, n
+
+
+def test_jitter_after_time_clips_with_a_fixed_audio_rate_keeps_the_kept_frames_audio(tmp_path):
+    """The fuzzer's case: time clips of 2 frames at 12.5 fps hold 0.16 s of audio (2,560 samples, declared
+    fixed); temporal_jitter with strides [1, 2] and jitter 1 keeps 1 or 2 of their slots, so the audio of the
+    kept frames is 1,280 or 2,560 samples: the field is declared variable in length (the write stage failed
+    the input: 'shape (1, 1280) differs from the declared (1, 2560)')."""
+    ds = build_timed(tmp_path, {"fps": 12.5, "length": 2, "stride_s": 0.5, "max_clips": 3},
+                     {"length": 2, "strides": [1, 2], "jitter": 1})
+    assert len(ds) == 3 * 4   # (the original and 3 copies of each clip)
+    assert ds.field_specs["sound"]["shape"] == [1, None]
+    spans = {check_timed(ds[i], ds.meta(i), 12.5, 0.5) for i in range(len(ds))}
+    assert spans == {(1, 1280), (2, 2560)}
+
+
+def test_jitter_after_time_clips_with_one_span_keeps_a_fixed_audio_length(tmp_path):
+    """Clips of 3 frames at 7 fps hold round(3 / 7 * 16000) = 6,857 samples, 2,285.67 per frame; a jitter of
+    one frame keeps one slot: always round(6857 / 3) = 2,286 samples, wherever the slot (it was 2,286, 2,285 or
+    2,286 by slot, against a declared 6,857), so the field is declared (1, 2286) and the Loader batches it."""
+    ds = build_timed(tmp_path, {"fps": 7, "length": 3, "stride_s": 0.5, "max_clips": 4},
+                     {"length": 1, "strides": [1, 3]})
+    assert len(ds) == 4 * 4
+    assert ds.field_specs["sound"]["shape"] == [1, 2286]
+    got = {check_timed(ds[i], ds.meta(i), 7, 0.5) for i in range(len(ds))}
+    assert got == {(1, 2286)}
+    assert len({ds.meta(i)["augment"][-1]["indices"][0] for i in range(len(ds))}) > 1   # slots drawn apart
+    batch = next(iter(precompile.Loader(str(tmp_path / "o" / "v.h5"), batch_size=4, fields=["sound"])))
+    assert tuple(batch["sound"].shape) == (4, 1, 2286)

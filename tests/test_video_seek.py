@@ -296,3 +296,67 @@ def test_seek_equals_whole_for_any_time_clips(tmp_path):
 
     prop()
     assert sum(1 for n in seeks if n) >= 3
+
+
+# -- a seek never changes what a clip is cut from (fuzzer findings N6, N7) --------------------------------------------
+def _numbers(got, size=(64, 48)):
+    """The numbers the frames of streamed()/whole() clips show."""
+    w, h = size
+    return [[_number(f) for f in np.frombuffer(b, np.uint8).reshape(-1, h, w, 3)] for _, _, b in got]
+
+
+def test_padding_a_short_video_repeats_its_last_frame_not_the_last_one_read(tmp_path):
+    """12 frames, decoder every 3 (frames 0, 3, 6, 9), clips of 4 taking every 2nd kept frame: the video is
+    shorter than one clip, padded with its last frame, 9. The seek to the keyframe at 10 after frame 6 (for the
+    clip's next frame, 12, past the end) skipped 9, and the clip was padded with 6."""
+    p = write_gop(tmp_path / "g.mp4", 12, gop=10, bframes=0)
+    clips, dec = {"length": 4, "every": 2, "stride": 2, "short": "pad"}, {"every": 3}
+    got = check(p, clips, dec, min_seeks=0)
+    assert _numbers(got) == [[0, 6, 9, 9]] and got[0][1]["frames"] == [0, 6, 9, 9]
+    assert _numbers(whole(p, clips, dec)) == [[0, 6, 9, 9]]
+    # pad: zero is unchanged (black frames, index -1)
+    assert streamed(p, {**clips, "pad": "zero"}, dec)[0][0][1]["frames"] == [0, 6, -1, -1]
+
+
+def test_max_frames_bounds_clips_cut_by_frames_after_a_seek(tmp_path):
+    """max_frames: 7 keeps frames 0..6; clips of 1 frame every 4: frames 0 and 4. The seek to keyframe 8 (the
+    next clip's frame) gave a third clip of frame 8."""
+    p = write_gop(tmp_path / "g.mp4", 16, gop=4, bframes=0)
+    got = check(p, {"length": 1, "stride": 4}, {"max_frames": 7})
+    assert _numbers(got) == [[0], [4]]
+
+
+def test_max_frames_bounds_clips_cut_by_time_after_a_seek(tmp_path):
+    """25 fps, max_frames: 8 (0.00 .. 0.28 s); a 1-frame clip every 0.2 s at 5 fps: frames 0 and 5. The seek to
+    keyframe 10 (on screen at 0.4 s) gave a third clip of frame 10."""
+    p = write_gop(tmp_path / "g.mp4", 21, gop=5, bframes=0, fps=25)
+    got = check(p, {"fps": 5, "length": 1}, {"max_frames": 8})
+    assert _numbers(got) == [[0], [5]]
+    assert [m["frames"] for _, m, _ in got] == [[0], [5]]
+
+
+def test_seek_equals_whole_with_max_frames_and_short_videos(tmp_path):
+    """Property: decoder every / max_frames and clips that may be longer than the video (padded), cut by frames
+    or by time, give the whole-video path's clips."""
+    from hypothesis import given, settings, strategies as st
+
+    p = write_gop(tmp_path / "g.mp4", 16, gop=4, bframes=0, fps=25)
+    seeks = []
+
+    @settings(max_examples=40, deadline=None, derandomize=True)
+    @given(length=st.integers(1, 6), every=st.integers(1, 5), stride=st.integers(1, 12),
+           fps=st.one_of(st.none(), st.sampled_from([2.5, 5, 7, 12.5])), short=st.sampled_from(["drop", "pad"]),
+           pad=st.sampled_from(["last", "zero"]), dec_every=st.integers(1, 3),
+           max_frames=st.one_of(st.none(), st.integers(1, 14)))
+    def prop(length, every, stride, fps, short, pad, dec_every, max_frames):
+        if fps is None:
+            clips = {"length": length, "every": every, "stride": stride, "short": short, "pad": pad}
+        else:
+            clips = {"fps": fps, "length": length, "stride_s": stride / 25, "short": short, "pad": pad}
+        dec = {"every": dec_every, "max_frames": max_frames}
+        got, n = streamed(p, clips, dec)
+        seeks.append(n)
+        assert got == whole(p, clips, dec)
+
+    prop()
+    assert sum(1 for n in seeks if n) >= 5

@@ -278,7 +278,7 @@ def plan_specs(recipe: Recipe, extra: Optional[dict[str, FieldSpec]] = None) -> 
     expands = False
     for i, step in enumerate(recipe.steps):
         try:
-            specs = _clip_audio(recipe, step, step.plan(specs))
+            specs = _clip_audio(recipe, step, specs, step.plan(specs))
         except ValueError as e:
             raise RecipeError(str(e), source=recipe.source, loc=f"steps[{i}].{step.name}") from None
         expands = expands or step.expands
@@ -336,20 +336,22 @@ def split_items(recipe: Recipe, table: ItemTable) -> ItemTable:
     return out
 
 
-def _clip_audio(recipe: Recipe, step: Any, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
-    """Clips cut by time hold a video's audio track (the video decoder's ``audio_field``) for exactly
-    ``length / fps`` seconds: where the decoder fixes the rate (``audio_rate``), the audio field's
-    length is known at plan time and stored fixed, so readers (the Loader) take it without a ``fix_length``."""
-    audio_samples = getattr(step, "audio_samples", None)
-    if audio_samples is None:
+def _clip_audio(recipe: Recipe, step: Any, before: dict[str, FieldSpec],
+                specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
+    """A video's audio track (the video decoder's ``audio_field``) follows the steps that cut its frames in
+    time (their ``audio_spec``): clips cut by time hold exactly ``length / fps`` seconds, so where the decoder
+    fixes the rate (``audio_rate``) the audio field's length is known at plan time and stored fixed (readers,
+    the Loader, take it without a ``fix_length``); ``temporal_jitter`` keeps the kept frames' span, fixed only
+    when every draw spans as many frames."""
+    audio_spec = getattr(step, "audio_spec", None)
+    if audio_spec is None:
         return specs
-    for f in step.targets(specs):
+    for f in step.targets(before):
         p = getattr(recipe.decoders.get(f), "params", None)
-        afield, rate = getattr(p, "audio_field", None), getattr(p, "audio_rate", None)
+        afield = getattr(p, "audio_field", None)
         spec = specs.get(afield) if afield else None
-        n = audio_samples(rate) if rate else None
-        if spec is not None and n is not None and spec.shape and spec.shape[-1] is None:
-            specs[afield] = spec.with_(shape=(*spec.shape[:-1], n))
+        if spec is not None:
+            specs[afield] = audio_spec(spec, getattr(p, "audio_rate", None), before[f])
     return specs
 
 

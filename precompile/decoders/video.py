@@ -264,6 +264,8 @@ def _iter_all(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optiona
             info["decoded_frames"] = i + 1
             if i % every:
                 continue
+            if max_frames is not None and i // every >= max_frames:
+                break   # a seek may land past the last frame kept: it is not given
             last = i // every
             yield last, clock(frame), _getter(frame, i, mode, shape, path)
             if max_frames is not None and last + 1 >= max_frames:

@@ -68,7 +68,9 @@ class Clips(Step):
     name = "clips"
     applies = kinds(Kind.VIDEO)
     expands = True
-    output_version = 2   # 2: time clips' audio is stored with its fixed length when the decoder fixes the rate
+    output_version = 3   # 2: time clips' audio is stored with its fixed length when the decoder fixes the rate
+    # 3: a streamed clip is never cut from a frame past the decoder's max_frames (a seek landed past it), and
+    #    a short video streamed through frame clips is padded with its last frame, not the last one read
 
     class Params(StepParams):
         length: Optional[int] = Field(None, ge=1)  # frames per clip (T)
@@ -128,6 +130,14 @@ class Clips(Step):
         if not self.by_time:
             return None
         return int(round(Fraction(self.frames_per_clip) / _exact(self.params.fps) * rate))
+
+    def audio_spec(self, spec: FieldSpec, rate: Optional[int], video: FieldSpec) -> FieldSpec:
+        """The spec of the video's audio track (the decoder's ``audio_field``, at ``rate`` when the decoder
+        fixes it) after this step: a fixed length for time clips at a fixed rate, else as it was."""
+        n = self.audio_samples(rate) if rate else None
+        if n is None or not spec.shape or spec.shape[-1] is not None:
+            return spec
+        return spec.with_(shape=(*spec.shape[:-1], n))
 
     def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         out = super().plan(specs)
@@ -321,8 +331,12 @@ class ClipCutter:
         """The next frame an unfinished clip needs, when frames before it are needed by none:
         ``("position", p)`` (frame clips: the smallest position a clip takes, past the frames seen),
         ``("time", t)`` (time clips whose next clip has not begun: its first slot takes the last
-        frame at or before ``t``); None when the next frame may be needed."""
+        frame at or before ``t``); None when the next frame may be needed. Frame clips that pad a
+        short video with its last frame (``short: pad``, ``pad: last``) skip nothing until the first
+        clip is complete: the video may end before it, and the last frame must then be seen."""
         if self.done or self.prev is None:
+            return None
+        if not self.by_time and self.next == 0 and self.short == "pad" and self.pad == "last":
             return None
         if self.by_time:
             start = self._start(self.next)
@@ -606,7 +620,8 @@ class TemporalJitter(RandomStep):
 
     name = "temporal_jitter"
     applies = kinds(Kind.VIDEO)
-    output_version = 2   # 2: the index field, clip meta and audio follow the kept frames
+    output_version = 3   # 2: the index field, clip meta and audio follow the kept frames
+    # 3: a clip's audio holds round(span * N / T) samples, whatever the kept frames' place (it varied by one)
 
     class Params(RandomParams):
         length: int = Field(description="frames per output clip", json_schema_extra=checked(ge=1))
@@ -652,6 +667,27 @@ class TemporalJitter(RandomStep):
         span = (self.params.length - 1) * stride + 1
         return {"indices": jitter_indices(T, self.params.length, stride, max(0, (T - span) // 2))}
 
+    def spans(self, T: Optional[int]) -> Optional[set[int]]:
+        """The frame spans (last kept - first kept + 1) the draws may give on a clip of ``T`` frames; None
+        when ``T`` is unknown or jitter moves the ends (any span)."""
+        p = self.params
+        if p.length == 1 or T == 1:
+            return {1}
+        if T is None or p.jitter:
+            return None
+        return {min((p.length - 1) * s + 1, T) for s in p.strides}
+
+    def audio_spec(self, spec: FieldSpec, rate: Optional[int], video: FieldSpec) -> FieldSpec:
+        """The spec of the clip's audio (the decoder's ``audio_field``) after this step: it spans the kept
+        frames (:func:`follow_frames`), so a fixed length stays fixed, at :func:`span_samples`, only when every
+        draw spans as many frames; otherwise its length varies with the draw."""
+        if not spec.shape or spec.shape[-1] is None:
+            return spec
+        T = video.shape[0] if video.shape else None
+        spans = self.spans(T)
+        n = span_samples(next(iter(spans)), spec.shape[-1], T) if spans is not None and len(spans) == 1 else None
+        return spec.with_(shape=(*spec.shape[:-1], n))
+
     def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         out = super().plan(specs)
         frames = {specs[f].shape[0] for f in self.targets(specs)}
@@ -687,7 +723,10 @@ def frame_index_fields(kinds_: dict[str, Kind], shapes: dict[str, tuple], frames
 def follow_frames(out: Sample, before: Sample, targets: list[str], idx: list[int]) -> Sample:
     """``out`` (``before`` with the frames ``idx`` of its clip fields taken) with the index fields,
     ``meta["clip"]`` and the audio describing the taken frames; audio spans the kept frames
-    ``idx[0]`` .. ``idx[-1]`` (both whole), whatever the stride between them."""
+    ``idx[0]`` .. ``idx[-1]`` (both whole), whatever the stride between them: of a clip of ``T`` frames
+    and ``n`` samples, :func:`span_samples` of the span from :func:`span_samples` of ``idx[0]`` (moved back
+    when that would run past the end by the rounding), so a span of as many frames gets as many samples
+    wherever it sits (:meth:`TemporalJitter.audio_spec` declares that length when every draw spans alike)."""
     T = before.fields[targets[0]].shape[0]
     new: dict[str, np.ndarray] = {}
     for f in frame_index_fields(before.kinds, {f: a.shape for f, a in before.fields.items()}, {T}):
@@ -702,13 +741,20 @@ def follow_frames(out: Sample, before: Sample, targets: list[str], idx: list[int
         afield = _audio_field(before, targets)
         if isinstance(audio, dict) and afield is not None:
             n = before.fields[afield].shape[1]
-            lo, hi = int(round(idx[0] * n / T)), int(round((idx[-1] + 1) * n / T))
-            new[afield] = np.ascontiguousarray(before.fields[afield][:, lo:hi])
-            clip["audio"] = {**audio, "first_sample": int(audio["first_sample"]) + lo, "samples": hi - lo}
+            count = span_samples(idx[-1] - idx[0] + 1, n, T)
+            lo = min(span_samples(idx[0], n, T), n - count)
+            new[afield] = np.ascontiguousarray(before.fields[afield][:, lo:lo + count])
+            clip["audio"] = {**audio, "first_sample": int(audio["first_sample"]) + lo, "samples": count}
         meta["clip"] = clip
     else:
         new.update(_follow_track(before, targets, idx, meta))
     return out.replace_fields(new, meta=meta)
+
+
+def span_samples(frames: int, n: int, T: int) -> int:
+    """Samples of ``frames`` frames of a clip of ``T`` frames holding ``n`` audio samples:
+    ``frames * n / T`` rounded half up, exactly (the same count wherever the frames sit in the clip)."""
+    return (2 * frames * n + T) // (2 * T)
 
 
 def _audio_field(sample: Sample, targets: list[str]) -> Optional[str]:

@@ -79,13 +79,6 @@ NEW: dict[str, Known] = {
                 frozenset({"audio_truth"}),
                 lambda c: c["family"] == "audio" and c["recipe"]["inputs"]["fields"]["audio"].get("dtype") == "int16"
                 and any(n == "random_gain" for n, _ in _steps(c))),
-    "N4": Known("new finding: temporal_jitter after clips cut by time (fps) with a fixed audio_rate cuts the clip's "
-                "audio to the kept frames' span but leaves its planned fixed length: the write stage fails the input "
-                "('shape (1, 640) differs from the declared (1, 1280)')",
-                frozenset({"build_error", "input_failure", "inputs_accounted"}),
-                lambda c: c["family"] == "video" and (_clips(c) or {}).get("fps") is not None
-                and c["recipe"]["inputs"]["fields"]["video"].get("audio_rate") is not None
-                and any(n == "temporal_jitter" for n, _ in _steps(c))),
     "N5": Known("new finding: a pad_value (or fill) outside the field's dtype range wraps around silently: "
                 "crop_pad_volume with pad_value -7 on a uint8 volume (hu_window dtype: uint8) stores 249, apply_mask "
                 "fill -1000 stores 24; likewise "
@@ -93,18 +86,6 @@ NEW: dict[str, Known] = {
                 "300 stores 44",
                 frozenset({"volume_truth"}),
                 lambda c: c["family"] in ("volume", "dicom") and _uint8_then_negative_pad(c)),
-    "N6": Known("new finding: a streamed video cut by frame clips with short: pad and pad: last pads with the last "
-                "frame it read, not the video's last frame, when a seek skipped the rest (12 frames, decoder every 3, "
-                "clips length 4 every 2: streamed [0, 6, 6, 6], decoded whole [0, 6, 9, 9])",
-                frozenset({"frame_truth", "index_field", "stream_vs_whole"}),
-                lambda c: c["family"] == "video" and (_clips(c) or {}).get("short") == "pad"
-                and (_clips(c) or {}).get("pad", "last") == "last" and (_clips(c) or {}).get("fps") is None),
-    "N7": Known("new finding: a streamed video cut by clips ignores the decoder's max_frames where it seeks or cuts "
-                "by time: it cuts clips from frames past it (time clips: max_frames 8 at 25 fps gives a clip of frame "
-                "10; frame clips of length 1 every 4 frames, max_frames 7: a clip of frame 8); decoded whole: none",
-                frozenset({"clip_count", "frame_truth", "index_field", "stream_vs_whole", "audio_truth"}),
-                lambda c: c["family"] == "video" and _clips(c) is not None
-                and c["recipe"]["inputs"]["fields"]["video"].get("max_frames") is not None),
 }
 KNOWN.update(NEW)
 

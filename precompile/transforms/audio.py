@@ -109,15 +109,18 @@ class Windows(Step):
 @STEPS.register()
 class RandomGain(RandomStep):
     """Multiply (C, N) audio by a gain drawn uniformly in decibels from ``db`` (x means [-x, x]);
-    ``clip: true`` clips to [-1, 1]. Original copy: 0 dB."""
+    ``clip: true`` clips float audio to [-1, 1]. Integer (int16) audio is scaled in float, rounded and
+    saturated to its dtype's range (its full scale: what ``clip`` means there). Original copy: 0 dB."""
 
     name = "random_gain"
     applies = kinds(Kind.AUDIO)
+    output_version = 2   # 2: int16 audio scaled in float and saturated (the gain was cast to int16: 0 or 1)
 
     class Params(RandomParams):
         db: Union[float, list[float]] = Field(6.0, description="gain in decibels: x for [-x, x], or [low, high]",
                                               json_schema_extra=checked(ge=0))
-        clip: bool = Field(False, description="clip the result to [-1, 1]")
+        clip: bool = Field(False, description="clip the result to [-1, 1] (int16 audio: always saturated to "
+                           "its full scale, -32768..32767)")
 
         @field_validator("db", mode="before")
         @classmethod

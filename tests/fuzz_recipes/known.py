@@ -166,12 +166,6 @@ NEW: dict[str, Known] = {
                 "implemented for 'UInt16') on a uint16 field: every COCO instance mask, a gray16 image, a uint16 mask",
                 frozenset({"loader_dtype"}),
                 lambda c: any(n == "random_flip" for n, _ in _gpu(c)) and _has_uint16(c)),
-    "N3": Known("new finding: random_gain on an int16 audio field (audio decoder dtype: int16) casts the gain to "
-                "int16: every gain under 0 dB stores silence, gains of 0 to 6 dB change nothing, and clip: true clips "
-                "to +-1 (silence)",
-                frozenset({"audio_truth"}),
-                lambda c: c["family"] == "audio" and c["recipe"]["inputs"]["fields"]["audio"].get("dtype") == "int16"
-                and any(n == "random_gain" for n, _ in _steps(c))),
     "N4": Known("new finding: temporal_jitter after clips cut by time (fps) with a fixed audio_rate cuts the clip's "
                 "audio to the kept frames' span but leaves its planned fixed length: the write stage fails the input "
                 "('shape (1, 640) differs from the declared (1, 1280)')",

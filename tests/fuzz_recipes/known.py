@@ -70,20 +70,6 @@ def _edge_keypoint_mirrored(case: dict) -> bool:
     return bool(flips) or mirrored_exif
 
 
-def _uint8_then_negative_pad(case: dict) -> bool:
-    u8 = False
-    for n, p in _steps(case):
-        if n == "hu_window":
-            u8 = p.get("dtype") == "uint8"
-        if n in ("standardise",):
-            u8 = False
-        if u8 and n in ("crop_pad_volume", "patches3d") and (p.get("pad_value", 0) < 0 or p.get("pad_value", 0) > 255):
-            return True
-        if u8 and n == "apply_mask" and (p.get("fill", 0) < 0 or p.get("fill", 0) > 255):
-            return True
-    return False
-
-
 def _clips(case: dict):
     return next((p for n, p in _steps(case) if n == "clips"), None)
 
@@ -173,13 +159,6 @@ NEW: dict[str, Known] = {
                 lambda c: c["family"] == "video" and (_clips(c) or {}).get("fps") is not None
                 and c["recipe"]["inputs"]["fields"]["video"].get("audio_rate") is not None
                 and any(n == "temporal_jitter" for n, _ in _steps(c))),
-    "N5": Known("new finding: a pad_value (or fill) outside the field's dtype range wraps around silently: "
-                "crop_pad_volume with pad_value -7 on a uint8 volume (hu_window dtype: uint8) stores 249, apply_mask "
-                "fill -1000 stores 24; likewise "
-                "center_crop / random_crop pad_value -5 on a uint8 image stores 251, resize keep_aspect pad_value "
-                "300 stores 44",
-                frozenset({"volume_truth"}),
-                lambda c: c["family"] in ("volume", "dicom") and _uint8_then_negative_pad(c)),
     "N6": Known("new finding: a streamed video cut by frame clips with short: pad and pad: last pads with the last "
                 "frame it read, not the video's last frame, when a seek skipped the rest (12 frames, decoder every 3, "
                 "clips length 4 every 2: streamed [0, 6, 6, 6], decoded whole [0, 6, 9, 9])",

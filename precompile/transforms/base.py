@@ -225,7 +225,7 @@ def check_fill(option: str, value: float, field: str, dtype: Any) -> None:
     r = value_range(dtype)
     if r is not None and not float(r[0]) <= value <= float(r[1]):   # Python floats: no cast to the dtype
         raise ValueError(f"{option} {_num(value)} is outside the range of field {field!r}: its dtype "
-                         f"{np.dtype(dtype).name} holds {str(r[0])} to {str(r[1])}; give a value in that range")
+                         f"{np.dtype(dtype).name} holds {r[0]!s} to {r[1]!s}; give a value in that range")
 
 
 def follow_flows(specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:

@@ -36,6 +36,13 @@ def audio(c: int = 2, n: int = 400) -> Sample:
     return Sample("a/x.wav", {"audio": (r.normal(0, 0.2, (c, n))).astype(np.float32)}, {"audio": "audio"})
 
 
+def audio_int16(c: int = 2, n: int = 400) -> Sample:
+    """int16 PCM (the audio decoder's ``dtype: int16``), loud enough that a gain saturates some samples."""
+    r = _rng(4)
+    x = np.clip(np.rint(r.normal(0, 12000, (c, n))), -32768, 32767).astype(np.int16)
+    return Sample("a/x16.wav", {"audio": x}, {"audio": "audio"})
+
+
 def long_clip() -> Sample:
     return clip(t=12, h=8, w=10)
 
@@ -86,10 +93,12 @@ CASES = {
     "random_gain": [
         ({"db": 6}, audio),
         ({"db": [-20, 3], "clip": True}, audio),
+        ({"db": 12}, audio_int16),
     ],
     "time_shift": [
         ({"max_fraction": 0.25}, audio),
         ({"max_shift": 50, "mode": "zero"}, audio),
+        ({"max_shift": 50, "mode": "zero"}, audio_int16),
     ],
     "random_flip3d": [
         ({"prob": 0.5}, volume_mask),

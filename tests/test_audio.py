@@ -133,3 +133,49 @@ def test_fuzz_only_project_errors(tmp_path, data, cut):
         except PrecompileError:
             continue
         assert a.dtype == np.float32 and a.shape[0] == 1
+
+
+def _gain_build(tmp_path, ints: np.ndarray, gain: dict, fmt: str = "hdf5") -> np.ndarray:
+    """Build one int16 WAV through ``random_gain`` (decoder dtype int16) and return the stored (C, N) samples."""
+    import precompile
+
+    (tmp_path / "in").mkdir()
+    sf.write(str(tmp_path / "in" / "a.wav"), ints.T, 8000, subtype="PCM_16")
+    recipe = {"name": "g", "seed": 3, "inputs": {"root": str(tmp_path / "in"), "match": "{name}.wav",
+                                                  "fields": {"audio": {"decoder": "audio", "mono": False,
+                                                                       "dtype": "int16"}}},
+              "steps": [{"random_gain": gain}], "output": {"format": fmt, "samples_per_shard": 1}}
+    precompile.build(recipe, out_dir=str(tmp_path / "out"))
+    ds = precompile.open(str(tmp_path / "out" / ("g.h5" if fmt == "hdf5" else "g.json")))
+    a = ds[0]["audio"]
+    assert a.dtype == np.int16 and ds.meta(0)["augment"][0]["step"] == "random_gain"
+    return a
+
+
+@pytest.mark.parametrize("db, clip", [(-6.0, False), (3.0, False), (3.0, True), (12.0, True), (12.0, False)])
+def test_random_gain_on_int16_audio_scales_rounds_and_saturates(tmp_path, db, clip):
+    """int16 audio: the gain is computed in float, rounded and saturated to [-32768, 32767] (clip or not: an
+    int16 cannot hold more); it once cast the gain itself to int16 (0 below 0 dB: silence; 1 from 0 to 6 dB:
+    unchanged; clip: [-1, 1])."""
+    ints = np.array([[0, 1, -1, 100, -100, 1000, -20000, 20000, 32767, -32768, 12345, -7]], np.int16)
+    a = _gain_build(tmp_path, ints, {"db": [db, db], "clip": clip})
+    want = np.clip(np.rint(ints.astype(np.float64) * 10 ** (db / 20)), -32768, 32767).astype(np.int16)
+    np.testing.assert_array_equal(a, want)
+    # the float32 decoder with the same gain gives the same audio, to one PCM step
+    ref = ints.astype(np.float64) / 32768 * 10 ** (db / 20)
+    ref = np.clip(ref, -1, 32767 / 32768)
+    assert np.abs(a / 32768 - ref).max() <= 0.5 / 32768 + 1e-12
+
+
+def test_random_gain_on_int16_audio_kernel_and_wav_output(tmp_path):
+    from precompile.transforms.kernels.audio import apply_gain
+
+    ints = np.array([[-32768, -3, 0, 3, 32767]], np.int16)
+    np.testing.assert_array_equal(apply_gain(ints, -6.0), np.rint(ints * 10 ** (-6 / 20)).astype(np.int16))
+    np.testing.assert_array_equal(apply_gain(ints, 6.0, clip=True), [[-32768, -6, 0, 6, 32767]])
+    assert apply_gain(ints, 6.0).dtype == np.int16
+    # through the wav writer: the stored PCM_16 file holds the scaled samples
+    rng = np.random.default_rng(5)
+    pcm = rng.integers(-20000, 20000, (1, 300)).astype(np.int16)
+    a = _gain_build(tmp_path, pcm, {"db": [-3.0, -3.0]}, fmt="wav")
+    np.testing.assert_array_equal(a, np.rint(pcm * 10 ** (-3 / 20)).astype(np.int16))

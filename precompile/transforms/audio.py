@@ -48,6 +48,9 @@ class FixLength(Step):
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return spec.with_(shape=tuple(spec.shape[:-1]) + (self.params.length,))
 
+    def fill_values(self):
+        return {"pad_value": (self.params.pad_value, AUDIO)}
+
     def apply_audio(self, a: np.ndarray, **_: Any) -> np.ndarray:
         return fix_length(a, self.params.length, self.params.align, self.params.pad_value)[0]
 
@@ -75,6 +78,10 @@ class Windows(Step):
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return spec.with_(shape=tuple(spec.shape[:-1]) + (self.params.length,))
 
+    def fill_values(self):
+        p = self.params
+        return {"pad_value": (p.pad_value, AUDIO)} if "pad" in (p.short, p.tail) else {}
+
     def starts(self, n: int) -> list[int]:
         p = self.params
         s = clip_starts(n, p.length, p.hop, p.short)
@@ -88,6 +95,11 @@ class Windows(Step):
         if not targets:
             return [sample]
         n = sample.fields[targets[0]].shape[-1]
+        for f in targets:
+            try:
+                self.check_fills(f, sample.kinds[f], sample.fields[f].dtype)
+            except ValueError as e:
+                raise StepError(f"windows: {e}", field=f) from e
         for f in targets[1:]:
             if sample.fields[f].shape[-1] != n:
                 raise StepError(f"windows: audio fields differ in length ({targets[0]}: {n}, "
@@ -109,15 +121,18 @@ class Windows(Step):
 @STEPS.register()
 class RandomGain(RandomStep):
     """Multiply (C, N) audio by a gain drawn uniformly in decibels from ``db`` (x means [-x, x]);
-    ``clip: true`` clips to [-1, 1]. Original copy: 0 dB."""
+    ``clip: true`` clips float audio to [-1, 1]. Integer (int16) audio is scaled in float, rounded and
+    saturated to its dtype's range (its full scale: what ``clip`` means there). Original copy: 0 dB."""
 
     name = "random_gain"
     applies = kinds(Kind.AUDIO)
+    output_version = 2   # 2: int16 audio scaled in float and saturated (the gain was cast to int16: 0 or 1)
 
     class Params(RandomParams):
         db: Union[float, list[float]] = Field(6.0, description="gain in decibels: x for [-x, x], or [low, high]",
                                               json_schema_extra=checked(ge=0))
-        clip: bool = Field(False, description="clip the result to [-1, 1]")
+        clip: bool = Field(False, description="clip the result to [-1, 1] (int16 audio: always saturated to "
+                           "its full scale, -32768..32767)")
 
         @field_validator("db", mode="before")
         @classmethod

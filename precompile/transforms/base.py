@@ -123,6 +123,19 @@ class Step:
         """The spec this step produces from ``spec``; raise ValueError if it cannot apply."""
         return spec
 
+    def fill_values(self) -> dict[str, tuple[float, frozenset[Kind]]]:
+        """The constants this step writes into arrays (a padding, a fill), as ``{option: (value, the kinds of
+        the fields that get it)}``; only options that may be written with these params. Each must fit the
+        field's dtype: checked at plan time against the field's spec and again on the array at apply time
+        (:meth:`check_fills`), never wrapped around or cut silently."""
+        return {}
+
+    def check_fills(self, field: str, kind: Kind, dtype: Any) -> None:
+        """ValueError when a value of :meth:`fill_values` meant for a field of ``kind`` does not fit ``dtype``."""
+        for option, (value, to) in self.fill_values().items():
+            if kind in to:
+                check_fill(option, value, field, dtype)
+
     def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         out = dict(specs)
         for f in self.targets(specs):
@@ -130,6 +143,7 @@ class Step:
                 for g in [f, *(t for t, s in specs.items() if s.of == f and s.kind in ANNOTATIONS)]:
                     out[g] = out[g].with_(shape=(None, *out[g].shape[1:]))
             else:
+                self.check_fills(f, specs[f].kind, specs[f].dtype)
                 out[f] = self.output_spec(specs[f])
         return follow_flows(out)
 
@@ -175,6 +189,7 @@ def apply_fields(step: Step, sample: Sample, targets: list[str],
             notes.append(f)
             continue
         try:
+            step.check_fills(f, sample.kinds[f], sample.fields[f].dtype)
             new[f] = step.apply(sample.fields[f], sample.kinds[f], **params_of(f))
         except StepError:
             raise
@@ -183,6 +198,34 @@ def apply_fields(step: Step, sample: Sample, targets: list[str],
     if notes:
         new.update(move_annotations(step, sample, notes, params_of, new))
     return new
+
+
+def value_range(dtype: Any) -> Optional[tuple[Any, Any]]:
+    """The least and greatest value a ``dtype`` holds (integers and floats; None for any other)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return None
+    if dt.kind in "iu":
+        info = np.iinfo(dt)
+        return int(info.min), int(info.max)
+    if dt.kind == "f":
+        finfo = np.finfo(dt)
+        return finfo.min, finfo.max
+    return None
+
+
+def _num(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() and abs(v) < 1e15 else repr(float(v))
+
+
+def check_fill(option: str, value: float, field: str, dtype: Any) -> None:
+    """ValueError naming the option, the value, the field and its dtype's range when ``value`` is outside the
+    range ``dtype`` holds (stored, it would wrap around: -7 in uint8 is 249)."""
+    r = value_range(dtype)
+    if r is not None and not float(r[0]) <= value <= float(r[1]):   # Python floats: no cast to the dtype
+        raise ValueError(f"{option} {_num(value)} is outside the range of field {field!r}: its dtype "
+                         f"{np.dtype(dtype).name} holds {r[0]!s} to {r[1]!s}; give a value in that range")
 
 
 def follow_flows(specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:

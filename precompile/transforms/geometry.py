@@ -110,6 +110,9 @@ class PlanarStep(Step):
         return np.stack([self.apply_image(fr, **params) for fr in a])
 
 
+#: the kinds that get a 2D step's pad_value or fill (masks get 0, flow NaN)
+_PADDED = kinds(Kind.IMAGE, Kind.VIDEO)
+
 MAX_SIDE = 32768   # the largest output side a 2D step accepts (OpenCV's warps index pixels with 16-bit shorts)
 
 
@@ -203,6 +206,9 @@ class Resize(PlanarStep):
             return _set_hw(spec, *p.size)
         return _set_hw(spec, None, None)
 
+    def fill_values(self):
+        return {"pad_value": (self.params.pad_value, _PADDED)} if self.params.keep_aspect else {}
+
     def target_size(self, H: int, W: int) -> tuple[int, int]:
         p = self.params
         if p.shorter is not None:
@@ -265,6 +271,9 @@ class CenterCrop(PlanarStep):
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return crop_spec(spec, self.params.size, self.params.pad)
+
+    def fill_values(self):
+        return {"pad_value": (self.params.pad_value, _PADDED)} if self.params.pad else {}
 
     def _padded(self, H: int, W: int) -> tuple[int, int]:
         h, w = self.params.size
@@ -346,6 +355,10 @@ class RandomCrop(_Spatial2D):
                 shape[ax] = None if shape[ax] is None else shape[ax] + p
             spec = spec.with_(shape=tuple(shape))
         return crop_spec(spec, self.params.size, self.params.pad)
+
+    def fill_values(self):
+        p = self.params
+        return {"pad_value": (p.pad_value, _PADDED)} if p.pad or p.padding else {}
 
     def _padded(self, H: int, W: int) -> tuple[int, int]:
         h, w = self.params.size
@@ -607,6 +620,9 @@ class RandomAffine(_Spatial2D):
 
     def neutral_params(self, sample, targets):
         return {"angle": 0.0, "scale": 1.0, "tx": 0.0, "ty": 0.0}
+
+    def fill_values(self):
+        return {"fill": (self.params.fill, _PADDED)}
 
     def coord_map(self, grid, angle: float, scale: float, tx: float, ty: float, **_):
         return continuous_map(affine_matrix(*grid, angle, scale, tx, ty)), tuple(grid)

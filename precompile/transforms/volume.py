@@ -334,6 +334,9 @@ class ApplyMask(Step):
             raise ValueError(f"{self.params.mask!r} is a {specs[self.params.mask].kind.value}, not a volume_mask")
         return super().plan(specs)
 
+    def fill_values(self):
+        return {"fill": (self.params.fill, kinds(Kind.VOLUME))}
+
     def sample_params(self, rng: np.random.Generator, sample: Sample, targets: list[str]) -> dict[str, Any]:
         if self.params.mask not in sample.fields:
             raise StepError(f"apply_mask: no mask field {self.params.mask!r}")
@@ -365,6 +368,9 @@ class CropPadVolume(VolumeStep):
 
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return spec.with_(shape=tuple(self.params.shape))
+
+    def fill_values(self):
+        return {"pad_value": (self.params.pad_value, kinds(Kind.VOLUME))}   # masks pad with 0
 
     def apply_volume(self, a: np.ndarray, value: float | None = None, **_: Any) -> np.ndarray:
         if a.ndim != 3:
@@ -422,6 +428,9 @@ class Patches3d(VolumeStep):
     def output_spec(self, spec: FieldSpec) -> FieldSpec:
         return spec.with_(shape=tuple(self.params.size))
 
+    def fill_values(self):
+        return {"pad_value": (self.params.pad_value, kinds(Kind.VOLUME))} if self.params.pad else {}   # masks: 0
+
     def plan(self, specs: dict[str, FieldSpec]) -> dict[str, FieldSpec]:
         if self.params.mask is not None and self.params.mask not in specs:
             raise ValueError(f"no mask field {self.params.mask!r}")
@@ -443,6 +452,11 @@ class Patches3d(VolumeStep):
                 raise StepError(f"patches3d: {f} has shape {sample.fields[f].shape}, {targets[0]} {shape}", field=f)
         if len(shape) != 3:
             raise StepError(f"patches3d: expected (D, H, W) volumes, got {shape}", field=targets[0])
+        for f in targets:
+            try:
+                self.check_fills(f, sample.kinds[f], sample.fields[f].dtype)
+            except ValueError as e:
+                raise StepError(f"patches3d: {e}", field=f) from e
         size = tuple(p.size)
         arrays = {f: sample.fields[f] for f in targets}
         if p.mask is not None and p.mask not in targets:

@@ -368,6 +368,40 @@ def input_keys(case: dict, truth: dict) -> list[str]:
     return list(truth)
 
 
+_RANGES = {"uint8": (0, 255), "int16": (-32768, 32767)}
+_FILLS = {"crop_pad_volume": "pad_value", "patches3d": "pad_value", "apply_mask": "fill"}
+
+
+def refused_fill(case: dict) -> Optional[str]:
+    """docs/reference-steps.md: a pad_value or fill outside the volume's dtype range (a uint8 volume after
+    ``hu_window dtype: uint8``) is a plan-time error naming the step, the option, the value, the field and the
+    range; the message the build must give, or None."""
+    dtype = case["recipe"]["inputs"]["fields"]["volume"].get("dtype", "float32")
+    for i, st in enumerate(case["recipe"].get("steps", [])):
+        (name, p), = st.items()
+        p = p or {}
+        if name == "hu_window":
+            dtype = p.get("dtype", "float32")
+        elif name == "standardise":
+            dtype = "float32"
+        opt = _FILLS.get(name)
+        if opt is None or dtype not in _RANGES or (name == "patches3d" and p.get("pad", True) is False):
+            continue
+        v, (lo, hi) = p.get(opt, 0), _RANGES[dtype]
+        if not lo <= v <= hi:
+            return (f"steps[{i}].{name}: {opt} {v:g} is outside the range of field 'volume': its dtype {dtype} "
+                    f"holds {lo} to {hi}; give a value in that range")
+    return None
+
+
+def expected_error(case: dict, e: Any, truth: dict) -> Optional[str]:
+    """The plan-time refusal of :func:`refused_fill` (the build must fail with its message, and only then)."""
+    want = refused_fill(case)
+    if e is None:
+        return None if want is None else f"the docs refuse it at plan time: {want}"
+    return "a pad_value or fill outside the volume's dtype refused" if want and want in str(e) else None
+
+
 def dropped_keys(case: dict, truth: dict) -> set:
     """patches3d with pad: false drops a volume smaller than a patch; with mask + min_fraction, every patch may go."""
     return set(truth) if any("patches3d" in s for s in case["recipe"].get("steps", [])) else set()

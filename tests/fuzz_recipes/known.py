@@ -37,23 +37,8 @@ def _image_dec(case: dict) -> dict:
     return case["recipe"]["inputs"]["fields"].get(f, {})
 
 
-def _uint8_then_negative_pad(case: dict) -> bool:
-    u8 = False
-    for n, p in _steps(case):
-        if n == "hu_window":
-            u8 = p.get("dtype") == "uint8"
-        if n in ("standardise",):
-            u8 = False
-        if u8 and n in ("crop_pad_volume", "patches3d") and (p.get("pad_value", 0) < 0 or p.get("pad_value", 0) > 255):
-            return True
-        if u8 and n == "apply_mask" and (p.get("fill", 0) < 0 or p.get("fill", 0) > 255):
-            return True
-    return False
-
-
 def _clips(case: dict):
     return next((p for n, p in _steps(case) if n == "clips"), None)
-
 
 
 KNOWN: dict[str, Known] = {
@@ -73,19 +58,6 @@ NEW: dict[str, Known] = {
                      or _image_dec(c).get("reduce", "auto") == "auto"
                      and any(im["fmt"] == "jpg" for im in c["inputs"]["images"])
                      and any(n in ("resize", "random_resized_crop") for n, _ in _steps(c)))),
-    "N3": Known("new finding: random_gain on an int16 audio field (audio decoder dtype: int16) casts the gain to "
-                "int16: every gain under 0 dB stores silence, gains of 0 to 6 dB change nothing, and clip: true clips "
-                "to +-1 (silence)",
-                frozenset({"audio_truth"}),
-                lambda c: c["family"] == "audio" and c["recipe"]["inputs"]["fields"]["audio"].get("dtype") == "int16"
-                and any(n == "random_gain" for n, _ in _steps(c))),
-    "N5": Known("new finding: a pad_value (or fill) outside the field's dtype range wraps around silently: "
-                "crop_pad_volume with pad_value -7 on a uint8 volume (hu_window dtype: uint8) stores 249, apply_mask "
-                "fill -1000 stores 24; likewise "
-                "center_crop / random_crop pad_value -5 on a uint8 image stores 251, resize keep_aspect pad_value "
-                "300 stores 44",
-                frozenset({"volume_truth"}),
-                lambda c: c["family"] in ("volume", "dicom") and _uint8_then_negative_pad(c)),
 }
 KNOWN.update(NEW)
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .common import dtype_clip
+
 
 def fix_length(x: np.ndarray, length: int, align: str = "start", value: float = 0) -> tuple[np.ndarray, int]:
     """Crop or pad the last axis to ``length``; ``align`` start|center|end. Returns the array and
@@ -41,7 +43,11 @@ def to_int16(x: np.ndarray) -> np.ndarray:
 
 
 def apply_gain(a: np.ndarray, gain_db: float, clip: bool = False) -> np.ndarray:
-    """Multiply audio by 10^(gain_db/20); optionally clip to [-1, 1]."""
+    """Multiply audio by 10^(gain_db/20). Float audio: in its own dtype, optionally clipped to [-1, 1];
+    integer audio (int16 PCM): in float64, rounded and saturated to the dtype's range (its full scale, which
+    is also what ``clip`` means there)."""
+    if np.issubdtype(a.dtype, np.integer):
+        return dtype_clip(a.astype(np.float64) * (10.0 ** (gain_db / 20.0)), a.dtype)
     out = a * np.asarray(10.0 ** (gain_db / 20.0), dtype=a.dtype)
     if clip:
         out = np.clip(out, -1, 1)

@@ -123,6 +123,12 @@ def test_batch_steps_are_seeded_and_match_numpy(built, ds):
         Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_crop": {"size": 9}}])
     with pytest.raises(ValueError, match="random_flip: cannot handle field 'label' of kind label"):
         Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_flip": {"fields": ["label"]}}])
+    # a pad value the stored uint8 cannot hold: refused when the Loader is made, as the build refuses it (it
+    # wrapped around on uint16 and raised torch's raw overflow error mid-epoch on uint8)
+    with pytest.raises(ValueError, match=r"random_crop: pad_value -5 is outside the range of field 'image': its "
+                                         r"dtype uint8 holds 0 to 255"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_crop": {"size": 8, "padding": 2,
+                                                                               "pad_value": -5}}])
     with pytest.raises(ValueError, match="random_flip: horizontal: .*within"):
         Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_flip": {"horizontal": 2}}])
 

@@ -187,6 +187,11 @@ class BatchStep:
         explicit = self.params.fields is not None
         chosen += [f for f, k in kinds.items() if k is Kind.FLOW_VALID and f not in chosen
                    and (not explicit or links.get(f) in chosen)]
+        for f in chosen:   # a pad value the stored dtype cannot hold would wrap around (-5 in uint16: 65531)
+            try:
+                self.step.check_fills(f, kinds[f], specs[f]["dtype"])
+            except ValueError as e:
+                raise ValueError(f"{self.name}: {e}") from None
         hw = {}
         for f in chosen:
             if kinds[f] in ANNOTATIONS:   # coordinates: moved on the grid of the fields below

@@ -103,7 +103,10 @@ TIES: dict[Kind, tuple[Kind, str]] = {
 #: kinds that may stand alone (keypoints with no boxes field: a single pose, landmarks of one face)
 _OPTIONAL_TIES = frozenset({Kind.KEYPOINTS})
 #: ties that hold only where declared (never inferred): a mask tied to a boxes field is an instance mask
-DECLARED_TIES: dict[Kind, Kind] = {Kind.MASK: Kind.BOXES}
+#: and a boxes field tied to an image field names the image it annotates (its grid, where planar fields differ
+#: in size: a JPEG decoded at 1/k beside a mask at full size)
+DECLARED_TIES: dict[Kind, Kind] = {Kind.MASK: Kind.BOXES, Kind.BOXES: Kind.IMAGE}
+_DECLARED_WHAT = {Kind.MASK: "an instance mask", Kind.BOXES: "the image they annotate"}
 
 
 class Tied(str):
@@ -125,7 +128,8 @@ class Tied(str):
 def link_fields(kinds: dict[str, Kind], links: dict[str, str] | None = None) -> dict[str, str]:
     """``{field: the field it belongs to}`` for every tied field of ``kinds`` (see :data:`TIES`):
     ``flow_valid`` -> its flow, ``box_labels`` -> its boxes, ``keypoints`` -> its boxes; and, only as
-    ``links`` declares it (:data:`DECLARED_TIES`), an instance ``mask`` -> its boxes.
+    ``links`` declares it (:data:`DECLARED_TIES`), an instance ``mask`` -> its boxes and ``boxes`` -> the image
+    they annotate.
 
     A field not named in ``links`` is tied to ``<name>`` when it is called ``<name><suffix>``
     (``flow_valid``, ``boxes_labels``, ``boxes_keypoints``), or else to the only field of the kind
@@ -149,7 +153,7 @@ def link_fields(kinds: dict[str, Kind], links: dict[str, str] | None = None) -> 
         owner = TIES[k][0] if k in TIES else DECLARED_TIES.get(k)
         if owner is None or kinds.get(f) is not owner:
             ties = [f"{a.value} -> {b.value}" for a, (b, _) in TIES.items()]
-            ties += [f"{a.value} -> {b.value} (an instance mask)" for a, b in DECLARED_TIES.items()]
+            ties += [f"{a.value} -> {b.value} ({_DECLARED_WHAT[a]}, declared)" for a, b in DECLARED_TIES.items()]
             raise ValueError(f"{v!r} -> {f!r} ties no field to the kind it belongs to ({', '.join(ties)})")
     return links
 

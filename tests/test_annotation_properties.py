@@ -429,8 +429,12 @@ def test_links_tie_labels_and_keypoints_to_their_boxes():
     M = Kind.MASK
     assert link_fields({"gt": B, "gt_mask": M, "mask": M}) == {}
     assert link_fields({"gt": B, "mask": M}, {"mask": "gt"}) == {"mask": "gt"}
-    with pytest.raises(ValueError, match=r"'mask' -> 'img' ties no field .*mask -> boxes \(an instance mask\)"):
+    with pytest.raises(ValueError, match=r"'mask' -> 'img' ties no field .*mask -> boxes \(an instance mask, "
+                                         r"declared\), boxes -> image \(the image they annotate, declared\)"):
         link_fields({"mask": M, "img": Kind.IMAGE}, {"mask": "img"})
+    # boxes name the image they annotate only where declared (inputs.coco does): never inferred
+    assert link_fields({"b": B, "img": Kind.IMAGE}) == {}
+    assert link_fields({"b": B, "img": Kind.IMAGE, "b_labels": L}, {"b": "img"}) == {"b": "img", "b_labels": "b"}
     s = Sample("k", {"m": np.zeros((2, 2, 1), np.uint16), "b": np.zeros((0, 4), np.float32)},
                {"m": Tied(Kind.MASK, "b"), "b": "boxes"})
     assert s.kinds == {"m": Kind.MASK, "b": Kind.BOXES} and s.links == {"m": "b"}

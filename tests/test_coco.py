@@ -704,3 +704,37 @@ def test_reduced_decode_samples_the_mask_at_the_reduced_pixels_centres(tmp_path)
         assert np.array_equal(seen[clear], (share > 0.5)[clear]), i      # the image itself agrees
         checked += int(clear.sum())
     assert checked > 3 * 98 * 130 * 0.9
+
+
+@pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword:DeprecationWarning")
+def test_a_sibling_field_at_full_size_beside_a_reduced_jpeg_keeps_the_boxes_on_the_image(tmp_path):
+    """Fuzzer finding N1: docs/coco.md's sibling field (a label map beside the photo, by a path template) and the
+    default reduce: auto. The photo decodes at 1/2, its label map at full size: the boxes are on the photo's grid
+    (inputs.coco ties them to it), so the build runs, and after the resize the box is the extent of both the
+    photo's painted object and the label map's object (before: every input failed, 'planar fields differ in
+    size ... which one do the boxes annotate?')."""
+    from PIL import Image
+
+    (tmp_path / "img").mkdir()
+    img = np.zeros((80, 128, 3), dtype=np.uint8)
+    img[16:48, 32:96] = 200
+    ids = np.zeros((80, 128), dtype=np.uint8)
+    ids[16:48, 32:96] = 1
+    Image.fromarray(img).save(tmp_path / "img" / "a.jpg", quality=95)
+    Image.fromarray(ids).save(tmp_path / "img" / "a.ids.png")
+    ann = {"images": [{"id": 1, "file_name": "a.jpg", "height": 80, "width": 128}],
+           "categories": [{"id": 5, "name": "thing"}],
+           "annotations": [{"id": 9, "image_id": 1, "category_id": 5, "bbox": [32, 16, 64, 32], "iscrowd": 0}]}
+    (tmp_path / "a.json").write_text(json.dumps(ann))
+    r = coco_recipe(tmp_path / "img", tmp_path / "a.json")
+    r["inputs"]["fields"] = {"image": {"decoder": "image"}, "ids": {"decoder": "mask", "path": "{stem}.ids.png"}}
+    r["steps"] = [{"resize": {"size": [20, 32]}}]
+    rep, ds = build(tmp_path, r)
+    assert not rep.failures and ds.meta(0)["image"]["reduce"] == 2
+    assert ds.field_specs["boxes"]["of"] == "image"
+    s = ds[0]
+    np.testing.assert_allclose(s["boxes"], [[8, 4, 24, 12]], atol=1e-4)
+    ys, xs = np.nonzero(s["ids"][..., 0] == 1)
+    assert (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1) == (8, 4, 24, 12)
+    ys, xs = np.nonzero(s["image"].mean(-1) > 100)
+    assert (xs.min(), ys.min(), xs.max() + 1, ys.max() + 1) == (8, 4, 24, 12)

@@ -58,8 +58,9 @@ BOXES, BOX_LABELS, KEYPOINTS, MASK = "boxes", "box_labels", "keypoints", "mask"
 ATTR = "coco"
 #: bumped when the same file and options give other bytes (part of the recipe key, recipe.content_dict):
 #: 2: coordinates scaled by reduced / source size per axis, masks sampled at the reduced pixels' centres,
-#: EXIF orientations applied to boxes, keypoints and masks, RLE decoded here into cleared memory
-OUTPUT_VERSION = 2
+#: EXIF orientations applied to boxes, keypoints and masks, RLE decoded here into cleared memory; 3: the boxes
+#: are tied to the image they annotate (``of``), so a sibling field of another size no longer fails the input
+OUTPUT_VERSION = 3
 #: the stage named by an image's annotation errors
 STAGE = "annotations"
 #: the longest echo of a value from the file in a message
@@ -152,7 +153,7 @@ class CocoImage:
         sy, sx = hr / self.height, wr / self.width
         boxes = self.boxes if k == 1 else (self.boxes * np.array([sx, sy, sx, sy])).astype(np.float32)
         fields[BOXES] = orient_boxes(boxes, o, wr, hr)
-        kinds[BOXES] = Kind.BOXES
+        kinds[BOXES] = Tied(Kind.BOXES, spec.image)   # the grid they are on, where a sibling field differs
         fields[BOX_LABELS] = self.labels.copy()
         kinds[BOX_LABELS] = Kind.BOX_LABELS
         if spec.keypoints:
@@ -773,7 +774,7 @@ def _image(iid: Any, info: tuple, rows: list, anns: list, cats: _Categories, spe
 
 
 def _specs(spec: Any, k: int, dtype: np.dtype, num_classes: int) -> dict[str, FieldSpec]:
-    out = {BOXES: FieldSpec(Kind.BOXES, (None, 4), "float32"),
+    out = {BOXES: FieldSpec(Kind.BOXES, (None, 4), "float32", of=spec.image),
            BOX_LABELS: FieldSpec(Kind.BOX_LABELS, (None,), "int64", of=BOXES)}
     if spec.keypoints:
         out[KEYPOINTS] = FieldSpec(Kind.KEYPOINTS, (None, k, 3), "float32", of=BOXES)

@@ -188,6 +188,8 @@ class BatchStep:
         chosen += [f for f, k in kinds.items() if k is Kind.FLOW_VALID and f not in chosen
                    and (not explicit or links.get(f) in chosen)]
         for f in chosen:   # a pad value the stored dtype cannot hold would wrap around (-5 in uint16: 65531)
+            if specs[f].get("dtype") is None:
+                continue
             try:
                 self.step.check_fills(f, kinds[f], specs[f]["dtype"])
             except ValueError as e:

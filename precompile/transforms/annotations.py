@@ -23,16 +23,23 @@ from ..sample import Sample, tied_to
 from .kernels.geometry import spatial_hw
 
 
-def annotation_grid(sample: Sample) -> tuple[int, int]:
-    """The (height, width) every planar field of ``sample`` shares: the grid its annotations are in."""
+def annotation_grid(sample: Sample, targets: tuple[str, ...] = ()) -> tuple[int, int]:
+    """The (height, width) of the grid the annotations ``targets`` are in: the size every planar field of
+    ``sample`` shares or, where they differ (a JPEG decoded at 1/k beside a mask at full size), the size of the
+    image their boxes are declared to annotate (``links``: boxes -> image, as ``inputs.coco`` declares)."""
     sizes = {f: spatial_hw(a, sample.kinds[f]) for f, a in sample.fields.items() if sample.kinds[f] in PLANAR}
     if not sizes:
         raise ValueError("boxes and keypoints are coordinates on an image: the sample has no image, mask, flow "
                          "or video field to give their grid")
     if len(set(sizes.values())) > 1:
+        links = sample.links
+        boxes = {f if sample.kinds[f] is Kind.BOXES else links.get(f) for f in targets}
+        images = {links.get(b) for b in boxes if b is not None}
+        if len(images) == 1 and next(iter(images)) in sizes:
+            return sizes[next(iter(images))]
         desc = ", ".join(f"{f} {h}x{w}" for f, (h, w) in sizes.items())
         raise ValueError(f"planar fields differ in size ({desc}); which one do the boxes annotate? "
-                         f"(resize them to one size first)")
+                         f"(resize them to one size first, or tie the boxes to their image: FieldSpec.of)")
     return next(iter(sizes.values()))
 
 
@@ -44,7 +51,7 @@ def move_annotations(step: Any, sample: Sample, targets: list[str],
     removed everywhere and a tied instance mask renumbered (``moved``: the grid fields the step already
     made, an instance mask among them)."""
     try:
-        grid = annotation_grid(sample)
+        grid = annotation_grid(sample, tuple(targets))
     except ValueError as e:
         raise StepError(f"{step.name}: {e}", field=targets[0]) from e
     out: dict[str, np.ndarray] = {}

@@ -306,7 +306,7 @@ class _Spatial2D(RandomStep, PlanarStep):
     def common_hw(self, sample: Sample, targets: list[str]) -> tuple[int, int]:
         grids = [f for f in targets if sample.kinds[f] not in ANNOTATIONS]
         if not grids:   # only annotations named: the grid they are on
-            return annotation_grid(sample)
+            return annotation_grid(sample, tuple(targets))
         sizes = {f: spatial_hw(sample.fields[f], sample.kinds[f]) for f in grids}
         if len(set(sizes.values())) > 1:
             desc = ", ".join(f"{f} {h}x{w}" for f, (h, w) in sizes.items())

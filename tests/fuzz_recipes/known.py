@@ -19,28 +19,6 @@ class Known:
     flaky: str | None = None
 
 
-def _steps(case: dict) -> list[tuple[str, dict]]:
-    return [(n, p or {}) for s in case["recipe"].get("steps", []) for n, p in s.items()]
-
-
-def _gpu(case: dict) -> list[tuple[str, dict]]:
-    ld = case.get("loader") or {}
-    return [(n, p or {}) for s in ld.get("gpu_steps", []) for n, p in s.items()]
-
-
-def _coco(case: dict) -> dict:
-    return case["recipe"]["inputs"].get("coco") or {}
-
-
-def _image_dec(case: dict) -> dict:
-    f = _coco(case).get("image", "image")
-    return case["recipe"]["inputs"]["fields"].get(f, {})
-
-
-def _clips(case: dict):
-    return next((p for n, p in _steps(case) if n == "clips"), None)
-
-
 KNOWN: dict[str, Known] = {
     # empty: every defect of issue 32 the fuzzer was built to catch is fixed (their kept cases in regressions.json
     # pass); add an entry here only for a defect that is being fixed elsewhere
@@ -49,15 +27,6 @@ KNOWN: dict[str, Known] = {
 
 # -- new findings of this fuzzer (not yet fixed): the same narrow predicates, reported as "new finding" --------------
 NEW: dict[str, Known] = {
-    "N1": Known("new finding: a COCO recipe with a sibling planar field (a mask or depth PNG via a path template) "
-                "fails every input the image decoder reduces ('planar fields differ in size ... which one do the "
-                "boxes annotate?'), though reduce: auto is the default and docs/coco.md shows such fields",
-                frozenset({"input_failure", "build_error", "inputs_accounted"}),
-                lambda c: c["family"] == "coco" and len(c["recipe"]["inputs"]["fields"]) > 1
-                and (isinstance(_image_dec(c).get("reduce", "auto"), int) and _image_dec(c).get("reduce") is not False
-                     or _image_dec(c).get("reduce", "auto") == "auto"
-                     and any(im["fmt"] == "jpg" for im in c["inputs"]["images"])
-                     and any(n in ("resize", "random_resized_crop") for n, _ in _steps(c)))),
 }
 KNOWN.update(NEW)
 

@@ -6,7 +6,8 @@
 #
 #     OUT=logs BUDGET=540 bash benchmarks/gpu_node.sh [PART ...]
 #
-# PARTs (default all, in this order): cuda_tests bench_gpu suite bench_scale bench_threads mnist.
+# PARTs (default all, in this order): cuda_tests fuzz_cuda pool bench_gpu suite bench_scale workers bench_threads mnist.
+# (fuzz_cuda: the recipe fuzzer's Loader oracles on CUDA; pool: N forked workers' start; workers: their tests.)
 #
 # Python packages the node lacks come as wheels in .whl/ (ignored by git; carried to the node), downloaded
 # here for its Python (3.12) with, for each of pydantic pydantic_core annotated-types typing-inspection
@@ -38,7 +39,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 'numpy', numpy.__version__, 'h5py', h5py.__version__, 'python', __import__('sys').version.split()[0])" 2>&1
 } >> "$OUT/summary.txt"
 
-WANT=" ${*:-cuda_tests bench_gpu suite bench_scale bench_threads mnist} "
+WANT=" ${*:-cuda_tests fuzz_cuda pool bench_gpu suite bench_scale workers bench_threads mnist} "
 part() {   # part NAME LIMIT_S COMMAND...
     local name=$1 limit=$2 left=$((BUDGET - SECONDS)) t0=$SECONDS rc
     shift 2
@@ -51,7 +52,10 @@ part() {   # part NAME LIMIT_S COMMAND...
     tail -n 4 "$OUT/$name.txt" >> "$OUT/summary.txt"
 }
 
-part cuda_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/test_loader_device.py tests/test_loader_resident.py
+part cuda_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/test_loader_device.py tests/test_loader_resident.py \
+    tests/test_annotation_builds.py tests/test_annotation_properties.py
+part fuzz_cuda 90 env PRECOMPILE_FUZZ_DEVICE=cuda $PY tests/fuzz_recipes/runner.py --loader-cases 60
+part pool 40 $PY benchmarks/bench_scale.py --pool 1,2,4,8,16 --repeats 3
 part bench_gpu 200 $PY benchmarks/bench_gpu.py --samples 8192 --threads 1,2,4,8,15 --prefetch 1,2,4,8 --repeats 5
 suite() {   # the whole suite on every core, then its failures again in one process (xdist artefacts go there)
     set -o pipefail
@@ -63,6 +67,7 @@ export -f suite
 export PY
 part suite 150 bash -c suite
 part bench_scale 150 $PY benchmarks/bench_scale.py --jobs 1,2,4,8,16 --photos 4000
+part workers 60 $PY -m pytest -q -p no:cacheprovider tests/test_workers.py tests/test_warm_pool.py
 part bench_threads 60 $PY benchmarks/bench_threads.py --threads 1,2,4,8,15
 part mnist 120 $PY benchmarks/bench_mnist.py --device cuda --workers 8 --epochs 3
 cat "$OUT/summary.txt"

@@ -64,7 +64,7 @@ def test_boxes_and_labels_are_the_coco_boxes_converted_and_named(tmp_path, refer
     cats = reference["__categories__"]
     assert ds.label_names == [cats[i]["name"] for i in sorted(cats)] == ["person", "car", "dog", "potted plant"]
     assert [c["id"] for c in ds.coco["categories"]] == [1, 3, 18, 64]
-    assert ds.field_specs["boxes"] == {"kind": "boxes", "shape": [None, 4], "dtype": "float32"}
+    assert ds.field_specs["boxes"] == {"kind": "boxes", "shape": [None, 4], "dtype": "float32", "of": "image"}
     assert ds.field_specs["box_labels"] == {"kind": "box_labels", "shape": [None], "dtype": "int64", "of": "boxes"}
     samples = by_key(ds)
     assert sorted(samples) == sorted(k for k in reference if not k.startswith("__"))

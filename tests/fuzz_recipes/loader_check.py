@@ -269,9 +269,14 @@ def _check_resume(ld: dict, fields: list, path: str, epoch: int, full: list, R: 
     finally:
         B.close()
     same = len(rest) == len(full) - k and all(
-        all(np.array_equal(np.asarray(x[f]), np.asarray(y[f]), equal_nan=True) for f in x if not isinstance(x[f], list))
+        all(np.array_equal(_host(x[f]), _host(y[f]), equal_nan=True) for f in x if not isinstance(x[f], list))
         for x, y in zip(rest, full[k:]))
     R.check("loader_resume", same, f"resumed after {k} of {len(full)} batches: {len(rest)} batches, not the rest")
+
+
+def _host(v: Any) -> np.ndarray:
+    """A batch value on the host (a CUDA tensor copied back; numpy cannot read device memory)."""
+    return v.cpu().numpy() if hasattr(v, "cpu") else np.asarray(v)
 
 
 def _check_shares(case: dict, ld: dict, ds: Any, shares: list, R: Report) -> None:

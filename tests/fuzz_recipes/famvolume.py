@@ -657,8 +657,12 @@ def check_sample(case: dict, truth: dict, key: str, s: dict, meta: dict, R: Repo
             want = label_of_volume(got - add, t1, t2) if dec.get("rescale", True) else None
             if want is not None and ref.valid is not None and ref.valid.shape == seg.shape and ref.valid.any():
                 agree = float((want == seg)[ref.valid].mean())
-                R.check("mask_truth", agree >= 0.8, f"labels agree with the intensities they were cut from at "
-                        f"{agree:.0%} of voxels", key)
+                # each interpolating step moves labels (nearest) and intensities (linear or cubic) apart at the
+                # label boundaries, which are most voxels of a small volume: 0.8 for one, 0.7 for more
+                interp = sum(n in ("elastic", "resample_volume") for st in case["recipe"].get("steps", []) for n in st)
+                floor = 0.8 if interp <= 1 else 0.7
+                R.check("mask_truth", agree >= floor, f"labels agree with the intensities they were cut from at "
+                        f"{agree:.0%} of voxels (at least {floor:.0%} expected)", key)
     if "lungs" in s:
         R.check("lung_mask", s["lungs"].shape == got.shape and set(np.unique(s["lungs"]).tolist()) <= {0, 1},
                 f"lung mask {s['lungs'].shape} with values {np.unique(s['lungs'])[:5]}", key)

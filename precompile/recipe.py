@@ -326,7 +326,7 @@ class Inputs(_Model):
     @field_validator("storage_options")
     @classmethod
     def _storage_options(cls, v: dict) -> dict:
-        from .remote import check_storage_options
+        from .storage.remote import check_storage_options
 
         bad = check_storage_options(v)
         if bad is not None:
@@ -537,7 +537,7 @@ class Recipe:
         return scls(parse_params(scls.Params, raw, self.source, loc + (sname,)))
 
     def _check_output(self) -> None:
-        from .remote import is_url
+        from .storage.remote import is_url
 
         model = self.model
         inp = model.inputs
@@ -635,7 +635,7 @@ class Recipe:
 
     @property
     def input_root(self) -> str:
-        from .remote import is_url
+        from .storage.remote import is_url
 
         if is_url(self.model.inputs.root):
             return self.model.inputs.root.rstrip("/")

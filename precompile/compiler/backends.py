@@ -20,7 +20,7 @@ import sys
 import warnings
 from typing import Any, Callable, Iterator, Optional
 
-from ..errors import BuildError
+from ..errors import BuildError, WorkerKilledError
 from ..recipe import Recipe
 from .plan import Plan
 from .results import Failure, ShardResult, zero_timings
@@ -434,6 +434,15 @@ def _dispatch(pool: Any, pending: Any, suspects: Any) -> None:
                 return
 
 
+def worker_killed(shard_index: int, inputs: str, why: str) -> WorkerKilledError:
+    """A shard's worker killed by SIGKILL twice, the second time alone: memory, not an input."""
+    return WorkerKilledError(
+        f"shard {shard_index} (inputs {inputs}): its worker process was killed ({why}) twice, the second time "
+        f"building it alone; SIGKILL is what the kernel's out-of-memory killer sends (see dmesg), not a bad input. "
+        f"Use fewer jobs (-j) or a smaller output.samples_per_shard, or give the machine more memory; "
+        f"finished shards are kept, run build again")
+
+
 def _dead_shard(s: Any, why: str, isolated: set[int]) -> Optional[ShardResult]:
     """A shard whose worker died: the first time it is marked for isolated decoding (None: retry it); the
     second time it fails (its result), or, when that death was SIGKILL, the build stops (memory, not input)."""
@@ -441,8 +450,6 @@ def _dead_shard(s: Any, why: str, isolated: set[int]) -> Optional[ShardResult]:
         isolated.add(s.index)
         return None
     if "SIGKILL" in why:  # killed from outside twice, the second time alone: memory, not an input
-        from .faults import worker_killed
-
         raise worker_killed(s.index, _inputs(s), why)
     return _dead_worker_result(s, why)
 

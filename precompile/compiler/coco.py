@@ -471,7 +471,7 @@ class CocoSource:
 def coco_path(recipe: Any) -> str:
     """The annotation file's path (relative paths are relative to the recipe's folder, like ``inputs.root``)
     or URL."""
-    from ..remote import is_url
+    from ..storage.remote import is_url
 
     file = recipe.model.inputs.coco.file
     if is_url(file):
@@ -482,7 +482,7 @@ def coco_path(recipe: Any) -> str:
 def _file_bytes(path: str, recipe: Any) -> bytes:
     """The annotation file's bytes: a local file, or a URL's object fetched whole (``inputs.storage_options``;
     the store's refusals are a PlanError naming the URL)."""
-    from ..remote import filesystem, is_url, store_error
+    from ..storage.remote import filesystem, is_url, store_error
 
     if not is_url(path):
         try:
@@ -857,7 +857,7 @@ def _items(recipe: Any, annotations: dict[Any, CocoImage], images: dict) -> tupl
     from .items import ItemTable, Strings
     from .listing import factorize, local_prefix
     from .plan import fill_template
-    from ..remote import is_url, list_tree
+    from ..storage.remote import is_url, list_tree
 
     inp = recipe.model.inputs
     root = recipe.input_root

@@ -44,7 +44,7 @@ NONE, POLYGONS, RLE_TEXT, RLE_COUNTS = 0, 1, 2, 3
 def cache_key(recipe: Any, path: str, content: bool) -> dict[str, Any]:
     """What a kept parse must have been made from to be used (JSON data; see the module docstring)."""
     from .. import __version__
-    from ..remote import file_fingerprint, is_url
+    from ..storage.remote import file_fingerprint, is_url
     from .keys import fingerprint
 
     spec = recipe.model.inputs.coco

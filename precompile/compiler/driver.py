@@ -55,7 +55,7 @@ from ..tools.stats import ensure_stats, stats_after_build, stored_stats_fields
 from ..formats.base import shard_digest
 from ..formats import snapshot
 from .backends import remove_path, run_shards, start_pool
-from .faults import check_space
+from ..storage.faults import check_space
 from .keys import find_reusable, recipe_key, shard_key, skipped_path
 from .output import output_for
 from .plan import Plan, make_plan, plan_specs

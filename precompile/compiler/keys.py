@@ -33,11 +33,11 @@ from ..recipe import Recipe
 
 def fingerprint(path: str, content: bool = False) -> list:
     """(size, mtime_ns) of a file, or a content hash; for a folder, of every file in it.
-    A remote URL's is the (ETag, size, mtime) recorded when the plan listed it (see :mod:`precompile.remote`).
+    A remote URL's is the (ETag, size, mtime) recorded when the plan listed it (see :mod:`precompile.storage.remote`).
     One ``stat`` per local file (a no-change rebuild of N inputs is N of them).
     """
     if "://" in path:
-        from ..remote import fingerprint as remote_fingerprint, is_url
+        from ..storage.remote import fingerprint as remote_fingerprint, is_url
 
         if is_url(path):
             return remote_fingerprint(path)

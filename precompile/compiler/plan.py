@@ -166,7 +166,7 @@ def match_inputs(recipe: Recipe, listing: Optional[Iterable[Listed]] = None) -> 
     """The items in key order, the label names in id order and the factors of the captures ``split:`` reads:
     a table's rows, or the files ``match`` finds under ``inputs.root`` (``listing``: batches to match in
     place of walking the root, e.g. a synthetic listing; ``inputs.coco`` lists its images in :func:`make_plan`)."""
-    from ..remote import is_url, list_tree
+    from ..storage.remote import is_url, list_tree
 
     inp = recipe.model.inputs
     if inp.table is not None:
@@ -386,7 +386,7 @@ def video_reads(plan: Plan, limit: int = 100) -> list[str]:
     """How the build reads each video field, for ``precompile plan``: streamed (one clip at a time in
     memory), or whole, with the memory one video needs: frames x H x W x C from the largest of the
     first ``limit`` inputs' container headers (the declared size; "unknown" where none declares it)."""
-    from ..remote import is_url
+    from ..storage.remote import is_url
     from ..transforms.temporal import frame_steps_plan, stream_plan, whole_video_reason
 
     recipe = plan.recipe

@@ -38,17 +38,17 @@ import traceback
 from typing import Any, Callable, Optional
 
 from ..errors import echo
-from .faults import is_output_fault, output_error
+from ..storage.faults import is_output_fault, output_error
 from .keys import skipped_path
 from ..errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
 from ..kinds import Kind
 from .plan import Item, ShardPlan
 from .results import Failure, ShardResult, zero_timings
 from ..recipe import Recipe
-from ..remote import is_url
+from ..storage.remote import is_url
 from ..sample import FieldSpec, Sample
 from ..seeding import LazyRng
-from ..formats.base import write_json_atomic
+from ..storage.files import write_json_atomic
 
 
 class InputRoot:
@@ -194,7 +194,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
 def _decode_remote(recipe: Recipe, dec: Any, url: str, fname: str, frames: Any = None) -> tuple[dict, dict]:
     """Decode a local copy of a remote input (through ``frames``' per-frame steps: a FrameSteps plan);
     errors name the URL, not the temporary copy."""
-    from ..remote import local_copy
+    from ..storage.remote import local_copy
 
     with local_copy(url, recipe.model.inputs.storage_options, folder=dec.reads_dirs) as local:
         try:

@@ -99,7 +99,7 @@ def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = 
     for a CSV or TSV file (default: ``csv`` for .csv, ``none`` for .tsv/.tab: TSV has no quoting).
     ``texts``: the columns read as text (a JSON Lines number column among them holds the numbers'
     texts as ``str`` of ``json.loads``' values: ``1``, not pyarrow's ``1.0``)."""
-    from ..remote import file_fingerprint, is_url, store_error
+    from ..storage.remote import file_fingerprint, is_url, store_error
     from .table_read import read_delimited, read_jsonl
 
     pa = _pyarrow()
@@ -146,10 +146,10 @@ def _store_fault(pa: Any, e: BaseException) -> bool:
 
 def _arrow_filesystem(path: str, storage_options: Optional[dict[str, Any]]) -> tuple[Any, str]:
     """A pyarrow filesystem that opens ``path`` and the name to open it by: the local one, or the URL's fsspec
-    filesystem (:func:`precompile.remote.filesystem`) seen through pyarrow, so a remote table is streamed."""
+    filesystem (:func:`precompile.storage.remote.filesystem`) seen through pyarrow, so a remote table is streamed."""
     import pyarrow.fs as pafs
 
-    from ..remote import filesystem, is_url
+    from ..storage.remote import filesystem, is_url
 
     if not is_url(path):
         return pafs.LocalFileSystem(), path
@@ -167,7 +167,7 @@ def table_files(recipe: Any) -> list[str]:
     a list of such entries. A glob that matches nothing is an error naming it."""
     import glob
 
-    from ..remote import glob_urls, is_url
+    from ..storage.remote import glob_urls, is_url
 
     t = recipe.model.inputs.table
     found: set[str] = set()

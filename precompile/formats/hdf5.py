@@ -54,7 +54,8 @@ from . import names as fmt
 from ..errors import FormatError
 from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
-from .base import Format, ShardWriter, VerifyResult, fsync_dir, fsync_file, human_bytes, range_text, shard_digest
+from .base import Format, ShardWriter, VerifyResult, range_text, shard_digest
+from ..storage.files import fsync_dir, fsync_file, human_bytes
 from .dataset import Batch, Dataset
 from .hdf5_parts import ShardParts, read_parts
 from .index_columns import (ShardTable, array_crc, check_attrs, check_dataset, read_key_column, read_shard_table,

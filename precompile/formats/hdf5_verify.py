@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 
 from . import names as fmt
-from .base import VerifyResult, file_sha256
+from .base import VerifyResult
+from ..storage.files import file_sha256
 from .index_columns import column_problems
 
 

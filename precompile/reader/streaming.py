@@ -1,7 +1,7 @@
 """Reading a build from a URL: shards mapped while batches need them, fetched ahead in the order a pass needs them.
 
 A build opened from a URL (:mod:`precompile.formats.hdf5_url`) has its shards in the local cache
-(:mod:`precompile.shard_cache`), where they may be evicted whenever no process pins them. Two pieces sit on the
+(:mod:`precompile.storage.shard_cache`), where they may be evicted whenever no process pins them. Two pieces sit on the
 :class:`~precompile.reader.direct.DirectReader` over such a build:
 
 - :class:`StreamingSlots`: the reader's slots (one per shard, in one reserved address range) mapped on the first
@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import CacheError, FormatError, PrecompileError
-from ..shard_cache import Room, human, parse_size
+from ..storage.shard_cache import Room, human, parse_size
 
 log = logging.getLogger("precompile.reader")
 

@@ -65,7 +65,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
 
-from .errors import CacheError, FormatError
+from ..errors import CacheError, FormatError
+from .files import file_sha256, human_bytes
 
 log = logging.getLogger("precompile.cache")
 
@@ -110,8 +111,6 @@ def default_cache_dir() -> str:
 
 
 def human(n: int) -> str:
-    from .formats.base import human_bytes
-
     return f"{human_bytes(n)} ({n} bytes)"
 
 
@@ -497,8 +496,6 @@ class ShardCache:
     def rehash(self, sha: str, size: int) -> Optional[bool]:
         """Hash the cached copy again: True when intact, None when not cached, False when damaged (then removed:
         the next read fetches it again)."""
-        from .formats.base import file_sha256
-
         self.pin(sha)
         try:
             path = self.path(sha)

@@ -72,8 +72,8 @@ def plan_rows(ann: Path, tmp: str, repeats: int) -> tuple[dict[str, float], obje
     """Seconds of each plan-time stage (see the module docstring), and the masked parse (for the raster)."""
     from pycocotools.coco import COCO
 
-    from precompile.compiler import coco_cache
-    from precompile.compiler.coco import load_coco, parse_coco
+    from precompile.inputs.coco import cache as coco_cache
+    from precompile.inputs.coco.parse import load_coco, parse_coco
     from precompile.recipe import load_recipe
 
     def recipe(mask: str):
@@ -107,7 +107,7 @@ def build_rows(ann: Path, tmp: str, repeats: int, px: int) -> dict[str, float]:
     from PIL import Image
 
     import precompile
-    from precompile.compiler import coco_cache
+    from precompile.inputs.coco import cache as coco_cache
 
     images = Path(tmp) / "images"
     blank = Image.new("RGB", (px, px))

@@ -245,7 +245,7 @@ class Inputs(_Model):
     def _table(cls, v: Optional[str | list[str]]) -> Optional[str | list[str]]:
         if isinstance(v, list) and not v:
             raise ValueError("an empty list of table files")
-        from .compiler.tables import table_format
+        from .inputs.table.cells import table_format
 
         for entry in [v] if isinstance(v, str) else v or []:
             table_format(entry)  # a ValueError naming the known extensions
@@ -254,7 +254,7 @@ class Inputs(_Model):
     @field_validator("quoting")
     @classmethod
     def _quoting(cls, v: Optional[str], info: ValidationInfo) -> Optional[str]:
-        from .compiler.tables import table_format
+        from .inputs.table.cells import table_format
 
         t = info.data.get("table")
         if v is not None and not any(table_format(x) in ("csv", "tsv") for x in ([t] if isinstance(t, str) else t or [])):
@@ -682,7 +682,7 @@ class Recipe:
             d["decode_scale"] = scales  # the rule picking each JPEG's decode scale decides bytes too
         versions = output_versions(self.decoders, self.steps)
         if self.model.inputs.coco is not None:
-            from .compiler.coco import OUTPUT_VERSION
+            from .inputs.coco.parse import OUTPUT_VERSION
 
             versions["inputs.coco"] = OUTPUT_VERSION   # how the annotation fields are made from the file
         if versions:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import precompile
-from precompile.compiler import coco, coco_cache
-from precompile.compiler.coco import parse_coco
+from precompile.inputs.coco import cache as coco_cache, parse as coco
+from precompile.inputs.coco.parse import parse_coco
 from precompile.compiler.driver import collect_garbage
 from precompile.recipe import load_recipe
 

@@ -90,7 +90,7 @@ def check_recipe(recipe: Recipe) -> dict[str, FieldSpec]:
     same RecipeError the plan would; returns the specs."""
     extra = None
     if recipe.model.inputs.coco is not None:
-        from .coco import parse_coco
+        from ..inputs.coco.parse import parse_coco
 
         extra = parse_coco(recipe).specs(recipe.model.inputs.coco)
     specs, _ = plan_specs(recipe, extra)

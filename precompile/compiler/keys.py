@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import __version__
 from ..formats import names as fmt
-from .items import ItemTable, Rows, row_index
+from ..inputs.items import ItemTable, Rows, row_index
 from .plan import Plan, ShardPlan
 from .results import Failure
 from ..recipe import Recipe

@@ -25,8 +25,8 @@ from ..formats.base import tile_rows  # noqa: F401  (re-exported: the rule lives
 from ..recipe import CAPTURE_RE, Recipe, pattern_regex  # noqa: F401  (pattern_regex: re-exported)
 from ..kinds import Kind
 from ..sample import FieldSpec, link_fields
-from .items import Items, ItemTable, Rows, Strings, row_index
-from .listing import Factors, Listed, Matched, match_listing, walk
+from ..inputs.items import Items, ItemTable, Rows, Strings, row_index
+from ..inputs.listing import Factors, Listed, Matched, match_listing, walk
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def match_inputs(recipe: Recipe, listing: Optional[Iterable[Listed]] = None) -> 
 
     inp = recipe.model.inputs
     if inp.table is not None:
-        from .table_columns import table_items
+        from ..inputs.table.columns import table_items
 
         return table_items(recipe)
     root = recipe.input_root
@@ -188,7 +188,7 @@ def _add_column_specs(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
     """The specs of a table's column fields (label, target, text), after the decoders' and steps' fields."""
     if not recipe.model.inputs.columns:
         return
-    from .tables import column_specs
+    from ..inputs.table.cells import column_specs
 
     for name, spec in column_specs(recipe.model.inputs.columns).items():
         if name in specs:
@@ -205,7 +205,7 @@ def _make_shards(recipe: Recipe, table: ItemTable, factors: Factors) -> tuple[It
         table = split_items(recipe, table)
         n = len(table)
         return table, [ShardPlan(i // per, table, range(i, min(i + per, n))) for i in range(0, n, per)]
-    from .tables import assign_splits
+    from ..inputs.table.cells import assign_splits
 
     table = split_items(recipe, assign_splits(recipe, table, factors))   # a file's volumes share its split
     shards: list[ShardPlan] = []
@@ -272,7 +272,7 @@ def plan_specs(recipe: Recipe, extra: Optional[dict[str, FieldSpec]] = None) -> 
     field matching of every step, without listing an input or decoding one."""
     specs = decoder_specs(recipe)
     if extra:  # inputs.coco: the annotation fields the file gives (boxes, box_labels, keypoints, mask)
-        from .coco import add_specs
+        from ..inputs.coco.parse import add_specs
 
         specs = add_specs(recipe, specs, extra)
     expands = False
@@ -363,7 +363,7 @@ def make_plan(recipe: Recipe, listing: Optional[Iterable[Listed]] = None, coco_c
     m = recipe.model
     coco = None
     if m.inputs.coco is not None:
-        from .coco import load_coco
+        from ..inputs.coco.parse import load_coco
 
         coco = load_coco(recipe, coco_cache, content_hash)
         matched = Matched(coco.table, coco.label_names, coco.factors)

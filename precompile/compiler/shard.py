@@ -118,7 +118,7 @@ class InputRoot:
 def _annotations(recipe: Recipe, item: Item, fields: dict, kinds: dict, meta: dict) -> None:
     """inputs.coco: the annotation fields beside the decoded image (compiler/coco.py); whatever goes wrong is
     this input's error (stage annotations), naming the image."""
-    from .coco import STAGE, _id
+    from ..inputs.coco.parse import STAGE, _id
 
     spec = recipe.model.inputs.coco
     try:
@@ -141,7 +141,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
     t0 = time.perf_counter()
     fields, kinds, meta, links = {}, {}, {}, {}
     if item.annotations is not None:   # inputs.coco: an image refused at plan time fails before any decoding
-        from .coco import check_item
+        from ..inputs.coco.parse import check_item
 
         check_item(recipe, item)
     rule = InputRoot.of(recipe)
@@ -184,7 +184,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
         fields[lab.field] = np.asarray(item.label, dtype=np.int64)
         kinds[lab.field] = Kind.LABEL
     if item.values:
-        from .tables import column_arrays
+        from ..inputs.table.cells import column_arrays
 
         for name, (arr, kind) in column_arrays(recipe.model.inputs.columns, item.values).items():
             fields[name], kinds[name] = arr, kind
@@ -660,7 +660,7 @@ class IsolatedDecoder:
         import numpy as np
 
         if item.annotations is not None:   # inputs.coco: refused at plan time, nothing to decode
-            from .coco import check_item
+            from ..inputs.coco.parse import check_item
 
             check_item(self.recipe, item)
         if self.proc is None:

@@ -208,7 +208,7 @@ class _Accumulator:
 
     def _template_path(self, template: str, caps: dict[str, str]) -> str:
         """A field's ``path`` template filled with the captures, after the prefix (as the plan joined it)."""
-        from .plan import fill_template
+        from ..compiler.plan import fill_template
 
         rp = fill_template(template, caps)
         if self.remote:

@@ -19,10 +19,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .items import ItemTable, Strings
-from .listing import Matched
-from ..errors import RecipeError, echo
-from .tables import (MAX_PATH_CHARS, TEMPLATE_RE, CellError, TableError, _blank, _cell_text, _check_columns,
+from ..items import ItemTable, Strings
+from ..listing import Matched
+from ...errors import RecipeError, echo
+from .cells import (MAX_PATH_CHARS, TEMPLATE_RE, CellError, TableError, _blank, _cell_text, _check_columns,
                      _number, _path_filler, _pyarrow, _row_options, read_table, table_files, template_columns)
 
 #: what Python's ``str.isspace`` calls whitespace, as an RE2 class: a cell of only these is blank

@@ -192,7 +192,7 @@ class ItemTable:
 
     def items(self, rows: Rows) -> list:
         """The :class:`~precompile.compiler.plan.Item` of each row in ``rows``, built now."""
-        from .plan import Item
+        from ..compiler.plan import Item
 
         n = len(rows)
         idx = row_index(rows)

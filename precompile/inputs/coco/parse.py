@@ -47,10 +47,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .. import errors
-from ..errors import DecodeError, MissingDependencyError, RecipeError
-from ..kinds import Kind
-from ..sample import FieldSpec, Tied
+from ... import errors
+from ...errors import DecodeError, MissingDependencyError, RecipeError
+from ...kinds import Kind
+from ...sample import FieldSpec, Tied
 
 #: the fields an ``inputs.coco`` adds (beside the image field)
 BOXES, BOX_LABELS, KEYPOINTS, MASK = "boxes", "box_labels", "keypoints", "mask"
@@ -171,7 +171,7 @@ class CocoImage:
             held = sum(int(a.nbytes) for a in fields.values())
             need = self.raster_bytes(np.dtype(self.mask_dtype), grid)
             if budget is not None and need + held > budget:
-                from ..decoders.base import fmt_bytes
+                from ...decoders.base import fmt_bytes
 
                 n = len([s for s in self.segments if s is not None]) + len(self.ignore)
                 raise DecodeError(f"image id {_id(self.image_id)} ({echo(key)}): drawing its mask of "
@@ -186,7 +186,7 @@ class CocoImage:
     def _check_size(self, image: np.ndarray, k: int, o: int, path: str, key: str, fname: str) -> tuple[int, int]:
         """The (height, width) of the stored pixels at the decode scale; the decoded image must be that, turned
         by its orientation."""
-        from ..decoders.jpeg_reduce import reduced_size
+        from ...decoders.jpeg_reduce import reduced_size
 
         hr, wr = reduced_size(self.height, self.width, k)
         want = (wr, hr) if o in TURNS else (hr, wr)
@@ -463,7 +463,7 @@ class CocoSource:
 
     @property
     def items(self) -> Any:
-        from .items import Items
+        from ..items import Items
 
         return Items(self.table)
 
@@ -471,7 +471,7 @@ class CocoSource:
 def coco_path(recipe: Any) -> str:
     """The annotation file's path (relative paths are relative to the recipe's folder, like ``inputs.root``)
     or URL."""
-    from ..storage.remote import is_url
+    from ...storage.remote import is_url
 
     file = recipe.model.inputs.coco.file
     if is_url(file):
@@ -482,7 +482,7 @@ def coco_path(recipe: Any) -> str:
 def _file_bytes(path: str, recipe: Any) -> bytes:
     """The annotation file's bytes: a local file, or a URL's object fetched whole (``inputs.storage_options``;
     the store's refusals are a PlanError naming the URL)."""
-    from ..storage.remote import filesystem, is_url, store_error
+    from ...storage.remote import filesystem, is_url, store_error
 
     if not is_url(path):
         try:
@@ -824,7 +824,7 @@ def load_coco(recipe: Any, cache: Optional[str] = None, content: bool = False) -
         pycocotools_mask()   # a missing extra fails the plan, not every input
     parsed, pending = None, None
     if cache is not None:
-        from . import coco_cache
+        from . import cache as coco_cache
 
         key = coco_cache.cache_key(recipe, coco_path(recipe), content)
         parsed = coco_cache.load(cache, key)
@@ -854,10 +854,10 @@ def _items(recipe: Any, annotations: dict[Any, CocoImage], images: dict) -> tupl
     ``file_name``, ``stem`` and ``image_id``) under ``inputs.root``, and the image's annotations; and the
     factors of those three captures (for ``split:``). A path that leaves the root as written (an image id
     ``../x`` in ``{image_id}``) fails its image (:attr:`CocoImage.error`)."""
-    from .items import ItemTable, Strings
-    from .listing import factorize, local_prefix
-    from .plan import fill_template
-    from ..storage.remote import is_url, list_tree
+    from ..items import ItemTable, Strings
+    from ..listing import factorize, local_prefix
+    from ...compiler.plan import fill_template
+    from ...storage.remote import is_url, list_tree
 
     inp = recipe.model.inputs
     root = recipe.input_root

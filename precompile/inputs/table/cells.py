@@ -47,11 +47,11 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ..errors import MissingDependencyError, RecipeError, clip, echo
-from ..kinds import Kind
-from ..recipe import NAME_RE
-from ..sample import FieldSpec
-from .table_read import TableError  # noqa: F401  (re-exported: table_columns and tests raise and catch it)
+from ...errors import MissingDependencyError, RecipeError, clip, echo
+from ...kinds import Kind
+from ...recipe import NAME_RE
+from ...sample import FieldSpec
+from .read import TableError  # noqa: F401  (re-exported: table_columns and tests raise and catch it)
 
 #: extension -> reader name
 TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl",
@@ -99,8 +99,8 @@ def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = 
     for a CSV or TSV file (default: ``csv`` for .csv, ``none`` for .tsv/.tab: TSV has no quoting).
     ``texts``: the columns read as text (a JSON Lines number column among them holds the numbers'
     texts as ``str`` of ``json.loads``' values: ``1``, not pyarrow's ``1.0``)."""
-    from ..storage.remote import file_fingerprint, is_url, store_error
-    from .table_read import read_delimited, read_jsonl
+    from ...storage.remote import file_fingerprint, is_url, store_error
+    from .read import read_delimited, read_jsonl
 
     pa = _pyarrow()
     kind = table_format(path)
@@ -149,7 +149,7 @@ def _arrow_filesystem(path: str, storage_options: Optional[dict[str, Any]]) -> t
     filesystem (:func:`precompile.storage.remote.filesystem`) seen through pyarrow, so a remote table is streamed."""
     import pyarrow.fs as pafs
 
-    from ..storage.remote import filesystem, is_url
+    from ...storage.remote import filesystem, is_url
 
     if not is_url(path):
         return pafs.LocalFileSystem(), path
@@ -167,7 +167,7 @@ def table_files(recipe: Any) -> list[str]:
     a list of such entries. A glob that matches nothing is an error naming it."""
     import glob
 
-    from ..storage.remote import glob_urls, is_url
+    from ...storage.remote import glob_urls, is_url
 
     t = recipe.model.inputs.table
     found: set[str] = set()
@@ -447,7 +447,7 @@ def split_group(spec: Any, captures: dict[str, Any]) -> Optional[str]:
 def hash_split(fractions: dict[str, float], seed: int, name: str) -> str:
     """The split of ``name`` (a key or a group): a stable 64-bit hash of seed and name, as a point in [0, 1),
     falls in one split's share of the line (the fractions in their given order). Nothing else decides it."""
-    from ..seeding import stable_hash
+    from ...seeding import stable_hash
 
     u = stable_hash(f"split:{int(seed)}:{name}") / 2.0 ** 64
     acc = 0.0

@@ -1,0 +1,1 @@
+"""Inputs: what a recipe's ``inputs:`` names, turned into the plan's items (moved here from compiler/)."""

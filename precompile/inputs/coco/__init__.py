@@ -1,0 +1,1 @@
+"""A COCO annotation file as an input (``inputs.coco``)."""

@@ -1,0 +1,1 @@
+"""A table as an input (``inputs.table``)."""

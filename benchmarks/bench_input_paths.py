@@ -36,7 +36,7 @@ def main() -> None:
     a = ap.parse_args()
     from PIL import Image
 
-    from precompile.compiler.shard import InputRoot
+    from precompile.inputs.paths import InputRoot
     from precompile.decoders.image import ImageDecoder
     from precompile.recipe import load_recipe
 

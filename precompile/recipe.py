@@ -10,7 +10,7 @@ so a new decoder or step needs no change here.
 Inputs come from a folder (``inputs.match``: a pattern of paths) or a table
 (``inputs.table``: one sample per row; ``path``, ``key``, ``columns`` and decoder
 options given as ``{column: NAME}``; read at plan time by
-:mod:`precompile.compiler.tables`). ``split:`` asks for one output per split.
+:mod:`precompile.inputs`). ``split:`` asks for one output per split.
 ``Recipe.__init__`` is a sequence of short stages: decoders, steps, the output,
 the match pattern.
 """
@@ -27,37 +27,10 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from .formats import names as fmt
+from .formats.names import NAME_RE, check_field_name
 from .errors import RecipeError, clip
+from .inputs.templates import CAPTURE_RE, pattern_regex
 from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-CAPTURE_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def check_field_name(name: str) -> str:
-    """``name`` if it can name a field's dataset (letters, digits, '_', '.', '-'; not starting with '__', which the
-    key and meta columns use); else a ValueError saying so."""
-    if not NAME_RE.match(name) or name.startswith("__"):
-        raise ValueError(f"field name {name!r} must be letters, digits, '_', '.', '-' and not start with '__'")
-    return name
-
-
-def pattern_regex(pattern: str, where: dict[str, str]) -> re.Pattern:
-    """The regular expression of an ``inputs.match`` pattern: ``{name}`` captures (a repeat must match the
-    same text), each ``[^/]+`` or its ``where`` expression; everything else literal."""
-    out, pos, seen = [], 0, set()
-    for m in CAPTURE_RE.finditer(pattern):
-        out.append(re.escape(pattern[pos:m.start()]))
-        name = m.group(1)
-        if name in seen:
-            out.append(f"(?P={name})")
-        else:
-            seen.add(name)
-            out.append(f"(?P<{name}>{where[name]})" if name in where else f"(?P<{name}>[^/]+)")
-        pos = m.end()
-    out.append(re.escape(pattern[pos:]))
-    return re.compile("".join(out))
-
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -205,9 +178,6 @@ def _also_a_string(schema: dict) -> None:
                        *schema.get("anyOf", [])]
 
 
-#: the captures a field's ``path`` template may use with ``inputs.coco`` (there is no ``match``)
-COCO_CAPTURES = ("file_name", "stem", "image_id")
-
 
 class Inputs(_Model):
     root: str
@@ -245,7 +215,7 @@ class Inputs(_Model):
     def _table(cls, v: Optional[str | list[str]]) -> Optional[str | list[str]]:
         if isinstance(v, list) and not v:
             raise ValueError("an empty list of table files")
-        from .inputs.table.cells import table_format
+        from .inputs.table.files import table_format
 
         for entry in [v] if isinstance(v, str) else v or []:
             table_format(entry)  # a ValueError naming the known extensions
@@ -254,7 +224,7 @@ class Inputs(_Model):
     @field_validator("quoting")
     @classmethod
     def _quoting(cls, v: Optional[str], info: ValidationInfo) -> Optional[str]:
-        from .inputs.table.cells import table_format
+        from .inputs.table.files import table_format
 
         t = info.data.get("table")
         if v is not None and not any(table_format(x) in ("csv", "tsv") for x in ([t] if isinstance(t, str) else t or [])):
@@ -593,8 +563,10 @@ class Recipe:
         if inp.coco.image not in inp.fields:
             raise RecipeError(f"{inp.coco.image!r} is not a field in inputs.fields", source=source,
                               loc="inputs.coco.image")
+        from .inputs.coco import CAPTURES   # the captures a field's ``path`` may use (there is no ``match``)
+
         for fname, decl in inp.fields.items():
-            bad = set(CAPTURE_RE.findall(decl.path or "")) - set(COCO_CAPTURES)
+            bad = set(CAPTURE_RE.findall(decl.path or "")) - set(CAPTURES)
             if bad:
                 raise RecipeError(f"uses capture(s) {sorted(bad)} that inputs.coco does not define",
                                   source=source, loc=f"inputs.fields.{fname}.path")
@@ -682,7 +654,7 @@ class Recipe:
             d["decode_scale"] = scales  # the rule picking each JPEG's decode scale decides bytes too
         versions = output_versions(self.decoders, self.steps)
         if self.model.inputs.coco is not None:
-            from .inputs.coco.parse import OUTPUT_VERSION
+            from .inputs.coco.annotations import OUTPUT_VERSION
 
             versions["inputs.coco"] = OUTPUT_VERSION   # how the annotation fields are made from the file
         if versions:

@@ -1,11 +1,13 @@
-"""Local files: their sha256, fsync of a file and of its folder, the JSON a build writes (atomically), and
-sizes in words for messages. What every room that writes or checks a local file shares; no file format here.
+"""Local files: their sha256 and fingerprint (size and mtime, or content; a URL's as its listing recorded it),
+fsync of a file and of its folder, the JSON a build writes (atomically), and sizes in words for messages. What
+every room that writes or checks a local file shares; no file format here.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
+import stat
 from typing import Any
 
 
@@ -63,3 +65,33 @@ def write_json_atomic(path: str, obj: Any, indent: int | None = None) -> None:
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
 
+
+def fingerprint(path: str, content: bool = False) -> list:
+    """(size, mtime_ns) of a file, or a content hash; for a folder, of every file in it.
+    A remote URL's is the (ETag, size, mtime) recorded when the plan listed it (see :mod:`.remote`).
+    One ``stat`` per local file (a no-change rebuild of N inputs is N of them).
+    """
+    if "://" in path:
+        from .remote import fingerprint as remote_fingerprint, is_url
+
+        if is_url(path):
+            return remote_fingerprint(path)
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):   # ValueError: a NUL byte, which no file name holds
+        return ["missing"]
+    if stat.S_ISDIR(st.st_mode):
+        out = []
+        for dirpath, dirnames, filenames in os.walk(path):
+            dirnames.sort()
+            for n in sorted(filenames):
+                p = os.path.join(dirpath, n)
+                out.append([os.path.relpath(p, path), fingerprint(p, content)])
+        return out
+    if content:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return [st.st_size, h.hexdigest()]
+    return [st.st_size, st.st_mtime_ns]

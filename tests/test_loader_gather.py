@@ -8,6 +8,7 @@ test needs a layout the writer never makes.
 from __future__ import annotations
 
 import copy
+import mmap
 import os
 import subprocess
 import sys
@@ -218,7 +219,7 @@ def test_one_region_serves_every_shard_and_in_memory_matches(residue_ds, monkeyp
     if r.region is None:
         pytest.skip("no MAP_FIXED through ctypes on this platform")
     # every shard file lies in the one range, page aligned, in shard order
-    assert len(r.region.bases) == len(residue_ds.shards) and (r.region.bases % direct.mmap.PAGESIZE == 0).all()
+    assert len(r.region.bases) == len(residue_ds.shards) and (r.region.bases % mmap.PAGESIZE == 0).all()
     assert not r.region.array.flags.writeable
     with pytest.raises(ValueError):
         r.region.array[0] = 1
@@ -439,7 +440,7 @@ def test_kept_batches_stay_intact_and_dropped_ones_are_recycled(image_recipe_fil
 def test_gather_buffers_start_on_a_page(built, ds):
     # a copy whose destination sits 1-31 bytes past its source (mod 4 KiB) runs at a quarter to half speed on
     # x86 (bench_mapped.py); mapped rows start on a page, so every buffer a gather fills starts on one too
-    page = direct.mmap.PAGESIZE
+    page = mmap.PAGESIZE
     pool = HostPool()
     for shape, dtype in (((256, 64, 64, 3), np.uint8), ((7, 5), np.float32), ((3,), np.int64), ((0, 4), np.uint8)):
         a = pool.get(shape, dtype)

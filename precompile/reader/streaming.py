@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import CacheError, FormatError, PrecompileError
 from ..storage.shard_cache import Room, human, parse_size
+from .rows import BatchPlan
 
 log = logging.getLogger("precompile.reader")
 
@@ -90,8 +91,6 @@ class StreamingSlots:
     def plan(self, idx: np.ndarray) -> Any:
         """The reader's plan of rows ``idx`` with its shards mapped; they stay mapped until the plan's ``with``
         block ends (``plan.release``)."""
-        from .direct import _Plan
-
         r = self.reader
         slots = r._row_slot[idx]
         used = np.flatnonzero(np.bincount(slots[slots >= 0], minlength=len(self.uses)))
@@ -107,7 +106,7 @@ class StreamingSlots:
         except BaseException:
             self._done(used)
             raise
-        plan = _Plan(r, idx)
+        plan = BatchPlan(r, idx)
         plan.release = lambda: self._done(used)
         return plan
 

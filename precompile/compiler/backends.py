@@ -149,7 +149,7 @@ def _settle_warm() -> list[int]:
 def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str], plan: Plan,
                chunking: dict[int, dict[str, int]], n_jobs: Optional[int], scheduler: Optional[str],
                events: Optional[list[str]] = None, progress: Any = None, dest: Any = None) -> Iterator[ShardResult]:
-    """Yield shard results as they complete (``progress``: a :class:`precompile.progress.Progress` or None):
+    """Yield shard results as they complete (``progress``: a :class:`precompile.compiler.progress.Progress` or None):
     inline for one job and no scheduler, on dask with a scheduler, else on loky. ``dest``: for a build
     written to a URL, the :class:`~.upload.ShardTarget` each task uploads its shard to (None: in place)."""
     if not todo:

@@ -507,7 +507,7 @@ def _run_stage(b: _Build, keys: dict[int, str], st: _State, progress: bool, sche
     chunking = {s.index: plan.chunking(s) for s in plan.shards}
     bar = None
     if progress:
-        from ..progress import Progress
+        from .progress import Progress
 
         # up-to-date shards are the bar's initial count: tqdm leaves them out of the rate
         bar = Progress(len(plan.items), sum(len(s.items) for s in plan.shards if s.index in st.infos), r.name,

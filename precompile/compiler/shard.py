@@ -340,7 +340,7 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
     """Build one shard file at ``path``; never raises for bad inputs (they are reported).
 
     ``isolate`` (or a recipe ``timeout_s``) decodes inputs in a helper process. ``progress(shard index, 1)``
-    is called after each input (see :mod:`precompile.progress`).
+    is called after each input (see :mod:`precompile.compiler.progress`).
     """
     if in_worker:
         _one_thread_per_worker()

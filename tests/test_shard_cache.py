@@ -170,8 +170,9 @@ def test_a_download_takes_its_disk_space_before_its_bytes_arrive(tmp_path):
 
 WAITER = r"""
 import hashlib, sys
+import precompile.storage.cache_room as room
 import precompile.storage.shard_cache as sc
-sc.WAIT_S = 30.0
+room.WAIT_S = 30.0
 data = bytes([9]) * 100_000
 print("asking", flush=True)
 sc.ShardCache(sys.argv[1], 120_000).open(hashlib.sha256(data).hexdigest(), len(data), "mem://x/9",

@@ -36,7 +36,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import CacheError, FormatError, PrecompileError
-from ..storage.shard_cache import Room, human, parse_size
+from ..storage.files import human
+from ..storage.shard_cache import Room, parse_size
 from .rows import BatchPlan
 
 log = logging.getLogger("precompile.reader")

@@ -8,7 +8,8 @@
   created with a conditional PUT);
 - :mod:`.objects` — the objects under a URL prefix (listing, copies, JSON objects, puts, removals, a staging
   folder) and the store's errors as :class:`~precompile.errors.OutputError`; :mod:`.upload` puts files there;
-- :mod:`.shard_cache` — the node's verified, size-bounded cache of files read from a URL;
+- :mod:`.shard_cache` — the node's verified, size-bounded cache of files read from a URL (its downloads:
+  :mod:`.cache_fetch`, its room: :mod:`.cache_room`, its locks between processes: :mod:`.cache_node`);
   :mod:`.remote_source` — a build read from a URL: its index fetched, its shards through that cache.
 
 The compiler, the formats, the reader and the tools call this package; it calls none of them (and knows no file

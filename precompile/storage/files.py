@@ -20,6 +20,11 @@ def human_bytes(n: float) -> str:
     return str(n)
 
 
+def human(n: int) -> str:
+    """A size for a message: ``1.5 MiB (1572864 bytes)``."""
+    return f"{human_bytes(n)} ({n} bytes)"
+
+
 def file_sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

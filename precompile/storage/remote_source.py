@@ -18,7 +18,8 @@ import numpy as np
 
 from ..errors import CacheError, FormatError, PrecompileError
 from .remote import CREDENTIALS_HINT, filesystem, is_credentials_error, protocol
-from .shard_cache import Room, ShardCache, human
+from .files import human
+from .shard_cache import Room, ShardCache
 
 #: what :func:`index_now` found: the index is the one opened, another one, none, or it could not be asked
 SAME, REPLACED, REMOVED, UNKNOWN = "same", "replaced", "removed", "unknown"

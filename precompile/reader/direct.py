@@ -15,7 +15,7 @@ field has a handful, one per distinct chunk alignment), so a batch is a few
 cost per batch no longer grows with the shards touched (with one map per
 shard, a shuffled batch over thousands of shards was one ``np.take`` per
 row). Small rows can land in many alignments (784-byte MNIST rows in 4 KiB
-aligned chunks); past ``MAX_VIEWS`` a field of rows under ``VIEW_ALL_BYTES``
+aligned chunks); past ``MAX_VIEWS`` a field of rows under ``VIEW_ALL_BYTES`` (:mod:`.views`)
 uses one fancy index over a strided view in which "row k" starts at byte k
 (larger rows keep a view per residue: a 192 KiB row lands in up to 48, and the
 fancy index's temporary, allocated and copied again per batch, ran at a quarter
@@ -43,22 +43,16 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from ..errors import FormatError, PrecompileError
 from .mapping import Region, ensure_nofile, map_file, page_aligned_empty, size_mismatch
-from .rows import BatchPlan, RowAddresses, open_h5, fixed_shape, shard_table_of
+from .rows import BatchPlan, RowAddresses, fixed_shape, open_h5, shard_table_of
+from .views import field_views, gather_order
 
 #: a batch in fewer runs of one view than this is gathered run by run, without grouping it first
 MIN_SORT_RUNS = 8
 #: map every shard into one reserved address range when the platform allows it
 USE_REGION = True
-#: at most this many residue views per shard and field; beyond (small rows in many chunk
-#: alignments, e.g. 784-byte MNIST rows), one strided fancy-index per shard does the gather
-MAX_VIEWS = 4
-#: rows of at least this many bytes get a view per residue however many there are: one np.take per view
-#: in a batch costs a few microseconds, less than copying one such row
-VIEW_ALL_BYTES = 64 << 10
 
 
 @dataclass
@@ -208,74 +202,23 @@ class DirectReader:
         return np.repeat(r.served, np.diff(self.offsets)), r.addr
 
     def _chunk_ids_and_rank(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per row, from the field with the largest rows (the one that dominates I/O): a global chunk
-        id, and the row's place in gather order: the h5py-served rows first, in index order, then the
-        mapped rows by (view, address) (one sort key: a million rows in 0.05 s)."""
+        """Per row: a global chunk id and its place in gather order (:func:`~.views.gather_order`), from the
+        field with the largest rows (the one that dominates I/O)."""
         name = max(self.fields, key=lambda f: self.row_bytes[f]) if self.fields else None
-        counts = np.diff(self.offsets)
-        shard = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-        rpc = np.maximum(1, self.rows[name].rows_per_chunk) if name else np.ones(len(counts), dtype=np.int64)
-        first = np.concatenate([[0], np.cumsum(-(-counts // rpc))[:-1]]).astype(np.int64)
-        local = np.arange(self.n, dtype=np.int64) - self.offsets[shard]
-        ids = first[shard] + local // rpc[shard]
         if name is None:
-            return ids, np.arange(self.n, dtype=np.int64)
-        vid, vrow = self._vid[name], self._vrow[name]
-        span = max(self.n, int(vrow.max(initial=0)) + 1)       # every served key above every row index
-        key = np.where(vid >= 0, (vid + 1) * span + vrow, np.arange(self.n, dtype=np.int64))
-        rank = np.empty(self.n, dtype=np.int64)
-        rank[np.argsort(key, kind="stable")] = np.arange(self.n, dtype=np.int64)
-        return ids, rank
+            return gather_order(self.offsets, None, None, None)
+        return gather_order(self.offsets, self.rows[name], self._vid[name], self._vrow[name])
 
     def _build_view_tables(self) -> None:
-        """Per field: the views of every mapped space in one list, and per global row its view and
-        row in it (-1: the shard is served by h5py), so a batch needs no per-shard bookkeeping."""
+        """Per field: the views of every mapped space in one list, and per global row its view and row in it
+        (-1: the shard is served by h5py), so a batch needs no per-shard bookkeeping (:func:`~.views.field_views`)."""
         self._views: dict[str, list[np.ndarray]] = {}
         self._takeable: dict[str, list[bool]] = {}
         self._vid: dict[str, np.ndarray] = {}
         self._vrow: dict[str, np.ndarray] = {}
         for name in self.fields:
-            rb = self.row_bytes[name]
-            views: list[np.ndarray] = []
-            takeable: list[bool] = []
-            vid = np.full(self.n, -1, dtype=np.int64)
-            vrow = np.zeros(self.n, dtype=np.int64)
-            for arr, bases in self._spaces:
-                if self.region is not None:   # one space for all shards: every row at once
-                    served, addr = self._field_rows(name)
-                    base = np.zeros(len(self.offsets) - 1, dtype=np.int64)
-                    base[list(bases)] = list(bases.values())
-                    g_rows = np.flatnonzero(served)
-                    g_addr = addr[g_rows] + np.repeat(base, np.diff(self.offsets))[g_rows]
-                    if not len(g_rows):
-                        continue
-                else:
-                    rows, addr = [], []
-                    for s, b in bases.items():
-                        if not self.rows[name].served[s]:
-                            continue
-                        lo, hi = int(self.offsets[s]), int(self.offsets[s + 1])
-                        rows.append(np.arange(lo, hi, dtype=np.int64))
-                        addr.append(self.rows[name].addr[lo:hi] + b)
-                    if not rows:
-                        continue
-                    g_rows, g_addr = np.concatenate(rows), np.concatenate(addr)
-                res = g_addr % rb    # the same for a chunk's rows: unique over runs, not over every row
-                residues = np.unique(res[np.flatnonzero(np.diff(res, prepend=res[0] - 1))])
-                rid = np.searchsorted(residues, res)
-                if len(residues) > MAX_VIEWS and rb < VIEW_ALL_BYTES:
-                    vid[g_rows] = len(views)
-                    vrow[g_rows] = g_addr
-                    views.append(as_strided(arr, shape=(arr.size - rb + 1, rb), strides=(1, 1), writeable=False))
-                    takeable.append(False)
-                    continue
-                vid[g_rows] = len(views) + rid
-                vrow[g_rows] = (g_addr - residues[rid]) // rb
-                for r in residues.tolist():
-                    k = (arr.size - r) // rb
-                    views.append(arr[r:r + k * rb].reshape(k, rb))
-                    takeable.append(True)
-            self._views[name], self._takeable[name], self._vid[name], self._vrow[name] = views, takeable, vid, vrow
+            self._views[name], self._takeable[name], self._vid[name], self._vrow[name] = field_views(
+                self._spaces, self.region is not None, self.rows[name], self.offsets, self.row_bytes[name])
 
     def _load_into_memory(self) -> None:
         """Copy every field's rows, in index order, into one private array; then drop the maps.

@@ -24,7 +24,6 @@ from ..errors import PlanError, RecipeError
 from ..formats.names import check_field_name
 from ..inputs import read_inputs
 from ..inputs.items import Factors, Item, Items, ItemTable, Rows, Strings, row_index
-from ..inputs.splits import assign_splits
 from ..kinds import Kind
 from ..recipe import Recipe
 from ..sample import FieldSpec, link_fields
@@ -145,7 +144,7 @@ def _add_column_specs(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
     """The specs of a table's column fields (label, target, text), after the decoders' and steps' fields."""
     if not recipe.model.inputs.columns:
         return
-    from ..inputs.table import column_specs
+    from ..inputs.table.cells import column_specs
 
     for name, spec in column_specs(recipe.model.inputs.columns).items():
         if name in specs:
@@ -162,6 +161,8 @@ def _make_shards(recipe: Recipe, table: ItemTable, factors: Factors) -> tuple[It
         table = split_items(recipe, table)
         n = len(table)
         return table, [ShardPlan(i // per, table, range(i, min(i + per, n))) for i in range(0, n, per)]
+    from ..inputs.splits import assign_splits
+
     table = split_items(recipe, assign_splits(recipe, table, factors))   # a file's volumes share its split
     shards: list[ShardPlan] = []
     for name in split_names(recipe, Items(table)):

@@ -120,7 +120,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
         fields[lab.field] = np.asarray(item.label, dtype=np.int64)
         kinds[lab.field] = Kind.LABEL
     if item.values:
-        from ..inputs.table import column_arrays
+        from ..inputs.table.cells import column_arrays
 
         for name, (arr, kind) in column_arrays(recipe.model.inputs.columns, item.values).items():
             fields[name], kinds[name] = arr, kind

@@ -38,7 +38,7 @@ def read_inputs(recipe: Any, listing: Optional[Iterable[Any]] = None, coco_cache
 
         return load_coco(recipe, coco_cache, content_hash)
     if inp.table is not None:
-        from .table import table_items
+        from .table.columns import table_items
 
         return table_items(recipe)
     from .listing import read_folder

@@ -44,13 +44,7 @@ Inside, in layers that each import only those below them:
   first row at fault.
 
 Splits, which a table's columns may drive, are every input kind's: :mod:`precompile.inputs.splits`.
+
+Nothing is imported here: the plan, the shard task and the recipe import the layer they need, so a recipe
+without a table loads none of it.
 """
-from __future__ import annotations
-
-from .cells import column_arrays, column_specs
-from .columns import table_items
-from .files import table_format
-from .read import TableError
-
-__all__ = ["TableError", "column_arrays", "column_specs", "table_format", "table_items"]
-

@@ -12,7 +12,7 @@ Inputs come from a folder (``inputs.match``: a pattern of paths) or a table
 options given as ``{column: NAME}``; read at plan time by
 :mod:`precompile.inputs`). ``split:`` asks for one output per split.
 ``Recipe.__init__`` is a sequence of short stages: decoders, steps, the output,
-the match pattern.
+the inputs' own rules (:func:`precompile.inputs.listing.check_inputs`, :func:`precompile.inputs.coco.check_inputs`).
 """
 from __future__ import annotations
 
@@ -29,7 +29,6 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from .formats import names as fmt
 from .formats.names import NAME_RE, check_field_name
 from .errors import RecipeError, clip
-from .inputs.templates import CAPTURE_RE, pattern_regex
 from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
 
 class _Model(BaseModel):
@@ -431,10 +430,7 @@ class Recipe:
             dec.max_bytes = model.limits.input_bytes   # each decoder checks declared sizes against it
         self.steps = [self._make_step(i, entry) for i, entry in enumerate(model.steps)]
         self._check_output()
-        if model.inputs.coco is not None:
-            self._check_coco()
-        elif model.inputs.table is None:
-            self._check_match()
+        self._check_inputs()
         from .decoders.jpeg_reduce import configure
 
         configure(self)  # reduce: auto: which JPEG decode scale the steps allow (read by the image decoder)
@@ -520,56 +516,16 @@ class Recipe:
             e = UnknownName("output format", model.output.format, list(WRITERS))
             raise RecipeError(str(e), source=self.source, loc="output.format")
 
-    def _check_match(self) -> None:
-        """``match``, ``where``, the fields' path templates and ``label`` agree on the captures."""
-        inp, source = self.model.inputs, self.source
-        caps = set(CAPTURE_RE.findall(inp.match))
-        for c in inp.where:
-            if c not in caps:
-                raise RecipeError(f"{c!r} is not a capture in match {inp.match!r}", source=source,
-                                  loc=f"inputs.where.{c}")
-            try:
-                re.compile(inp.where[c])
-            except re.error as e:
-                raise RecipeError(f"not a valid regular expression: {e}", source=source, loc=f"inputs.where.{c}") from None
-        try:
-            pattern_regex(inp.match, inp.where)
-        except re.error as e:
-            raise RecipeError(f"match and where do not make a valid pattern together: {e}", source=source,
-                              loc="inputs.where") from None
-        for fname, decl in inp.fields.items():
-            if decl.path is not None:
-                bad = set(CAPTURE_RE.findall(decl.path)) - caps
-                if bad:
-                    raise RecipeError(f"uses capture(s) {sorted(bad)} that match {inp.match!r} does not define",
-                                      source=source, loc=f"inputs.fields.{fname}.path")
-        if inp.label is not None:
-            if inp.label.capture not in caps:
-                raise RecipeError(f"{inp.label.capture!r} is not a capture in match {inp.match!r}",
-                                  source=source, loc="inputs.label.capture")
-            if inp.label.field in inp.fields:
-                raise RecipeError(f"label field {inp.label.field!r} clashes with an input field", source=source,
-                                  loc="inputs.label.field")
-
-    def _check_coco(self) -> None:
-        """With ``inputs.coco``: no ``match``/``where``/``label``/``kind: dir``; the image field is declared; the
-        fields' path templates use only the captures a COCO image gives."""
-        inp, source = self.model.inputs, self.source
-        for key, bad in (("match", inp.match is not None), ("where", bool(inp.where)), ("label", inp.label is not None),
-                         ("kind", inp.kind != "file")):
-            if bad:
-                raise RecipeError("does not apply with inputs.coco (the annotation file lists the images and their "
-                                  "labels)", source=source, loc=f"inputs.{key}")
-        if inp.coco.image not in inp.fields:
-            raise RecipeError(f"{inp.coco.image!r} is not a field in inputs.fields", source=source,
-                              loc="inputs.coco.image")
-        from .inputs.coco import CAPTURES   # the captures a field's ``path`` may use (there is no ``match``)
-
-        for fname, decl in inp.fields.items():
-            bad = set(CAPTURE_RE.findall(decl.path or "")) - set(CAPTURES)
-            if bad:
-                raise RecipeError(f"uses capture(s) {sorted(bad)} that inputs.coco does not define",
-                                  source=source, loc=f"inputs.fields.{fname}.path")
+    def _check_inputs(self) -> None:
+        """The inputs' own rules: a COCO file's or a folder listing's (a table's are checked as it is read)."""
+        inp = self.model.inputs
+        if inp.coco is not None:
+            from .inputs.coco import check_inputs
+        elif inp.table is None:
+            from .inputs.listing import check_inputs
+        else:
+            return
+        check_inputs(inp, self.source)
 
     def decoder_for(self, fname: str, options: Optional[dict[str, Any]] = None) -> Any:
         """The decoder of ``fname`` for one input: with a table row's decoder options (already checked at

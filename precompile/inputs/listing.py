@@ -17,6 +17,7 @@ captures a ``split:`` needs are kept as codes into their distinct values
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional
@@ -27,7 +28,7 @@ from ..errors import PlanError, RecipeError
 from ..storage.remote import is_url, list_tree
 from .items import Inputs, ItemTable, Strings, StringsBuilder
 from .paths import local_prefix
-from .templates import fill_template, pattern_regex
+from .templates import CAPTURE_RE, fill_template, pattern_regex
 
 @dataclass
 class Listed:
@@ -108,6 +109,38 @@ def _encodes(s: str) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def check_inputs(inp: Any, source: Optional[str]) -> None:
+    """The recipe's ``inputs`` (``inp``, from the recipe file ``source``) for a folder: ``match``, ``where``, the
+    fields' path templates and ``label`` agree on the captures; a RecipeError naming the key otherwise."""
+    caps = set(CAPTURE_RE.findall(inp.match))
+    for c in inp.where:
+        if c not in caps:
+            raise RecipeError(f"{c!r} is not a capture in match {inp.match!r}", source=source,
+                              loc=f"inputs.where.{c}")
+        try:
+            re.compile(inp.where[c])
+        except re.error as e:
+            raise RecipeError(f"not a valid regular expression: {e}", source=source, loc=f"inputs.where.{c}") from None
+    try:
+        pattern_regex(inp.match, inp.where)
+    except re.error as e:
+        raise RecipeError(f"match and where do not make a valid pattern together: {e}", source=source,
+                          loc="inputs.where") from None
+    for fname, decl in inp.fields.items():
+        if decl.path is not None:
+            bad = set(CAPTURE_RE.findall(decl.path)) - caps
+            if bad:
+                raise RecipeError(f"uses capture(s) {sorted(bad)} that match {inp.match!r} does not define",
+                                  source=source, loc=f"inputs.fields.{fname}.path")
+    if inp.label is not None:
+        if inp.label.capture not in caps:
+            raise RecipeError(f"{inp.label.capture!r} is not a capture in match {inp.match!r}",
+                              source=source, loc="inputs.label.capture")
+        if inp.label.field in inp.fields:
+            raise RecipeError(f"label field {inp.label.field!r} clashes with an input field", source=source,
+                              loc="inputs.label.field")
 
 
 def read_folder(recipe: Any, listing: Optional[Iterable[Listed]] = None) -> Inputs:

@@ -49,13 +49,32 @@ from ...sample import FieldSpec
 from ...storage.remote import is_url, list_tree
 from ..items import Inputs, ItemTable, Strings, factorize
 from ..paths import leaves_root, local_prefix
-from ..templates import fill_template
+from ..templates import CAPTURE_RE, fill_template
 from . import cache as coco_cache
 from .annotations import ATTR, CocoImage, _id, coco_path, echo, pycocotools_mask
 from .parse import parse_coco
 
 #: the captures a field's ``path`` template may use: the image's file_name, that without its extension, its id
 CAPTURES = ("file_name", "stem", "image_id")
+
+
+def check_inputs(inp: Any, source: Optional[str]) -> None:
+    """The recipe's ``inputs`` (``inp``, from the recipe file ``source``) with ``inputs.coco``: no
+    ``match``/``where``/``label``/``kind: dir``; the image field is declared; the fields' path templates use only
+    the captures a COCO image gives (:data:`CAPTURES`); a RecipeError naming the key otherwise."""
+    for key, bad in (("match", inp.match is not None), ("where", bool(inp.where)), ("label", inp.label is not None),
+                     ("kind", inp.kind != "file")):
+        if bad:
+            raise RecipeError("does not apply with inputs.coco (the annotation file lists the images and their "
+                              "labels)", source=source, loc=f"inputs.{key}")
+    if inp.coco.image not in inp.fields:
+        raise RecipeError(f"{inp.coco.image!r} is not a field in inputs.fields", source=source,
+                          loc="inputs.coco.image")
+    for fname, decl in inp.fields.items():
+        bad = set(CAPTURE_RE.findall(decl.path or "")) - set(CAPTURES)
+        if bad:
+            raise RecipeError(f"uses capture(s) {sorted(bad)} that inputs.coco does not define",
+                              source=source, loc=f"inputs.fields.{fname}.path")
 
 
 def load_coco(recipe: Any, cache: Optional[str] = None, content: bool = False) -> Inputs:

@@ -79,7 +79,7 @@ def check_inputs(inp: Any, source: Optional[str]) -> None:
 
 def load_coco(recipe: Any, cache: Optional[str] = None, content: bool = False) -> Inputs:
     """The recipe's annotation file as the plan's items, label names, specs and index attribute. With
-    ``cache`` (a file in the output folder, :mod:`.coco_cache`), the parse kept there is used when it was
+    ``cache`` (a file in the output folder, :mod:`.cache`), the parse kept there is used when it was
     made from this file as it is now (its fingerprint: size and mtime, with ``content`` the sha256 of its
     bytes; a URL's ETag, size and mtime) under the same options; else the file is parsed and the parse is
     owed to the cache (``pending``). Under ``on_error: fail`` an image's error (its record, an annotation, a

@@ -28,7 +28,7 @@ class CocoParse:
     """What the annotation file gives, whatever ``inputs.root`` and the fields' paths are: every image
     (file order) as ``(file_name, height, width)`` and its :class:`CocoImage`, the label names (categories in
     id order), the index attribute (:data:`ATTR`), the keypoints per category and the mask dtype. This is
-    what :mod:`.coco_cache` keeps in the output folder."""
+    what :mod:`.cache` keeps in the output folder."""
 
     images: dict[Any, tuple[str, int, int]]
     annotations: dict[Any, CocoImage]

@@ -1,13 +1,13 @@
 """inputs.coco at plan time: parsing a COCO annotation file, per 100k annotations, against json.load alone
 and pycocotools' own index (COCO(file)), in the same run; and the parse kept in the output folder
-(compiler/coco_cache.py): reading it back, writing it, and a whole no-change rebuild with and without it.
+(inputs/coco/cache.py): reading it back, writing it, and a whole no-change rebuild with and without it.
 
 Writes a synthetic instances file shaped like COCO's (80 categories with ids 1..90 and gaps, ~7.3
 annotations per image, polygons of 2 x 12-30 points, 1% crowd RLE), then times, with medians of
 --repeats runs:
   json.load            reading the file (the floor: every reader pays it)
   pycocotools COCO()   json.load + its index (imgToAnns, catToImgs)
-  plan, boxes          precompile.compiler.coco.load_coco: checks, grouping, per-image arrays, digests
+  plan, boxes          precompile.inputs.coco.load_coco: checks, grouping, per-image arrays, digests
   plan, + mask         the same, with segmentations checked and carried (mask: semantic)
   orjson.loads         a faster JSON reader (optional contender, when installed): the floor it would give
   kept parse, ...      load_coco reading the kept parse instead (coco_cache.load + the items' paths)
@@ -72,8 +72,8 @@ def plan_rows(ann: Path, tmp: str, repeats: int) -> tuple[dict[str, float], obje
     """Seconds of each plan-time stage (see the module docstring), and the masked parse (for the raster)."""
     from pycocotools.coco import COCO
 
-    from precompile.compiler import coco_cache
-    from precompile.compiler.coco import load_coco, parse_coco
+    from precompile.inputs.coco import cache as coco_cache, load_coco
+    from precompile.inputs.coco.parse import parse_coco
     from precompile.recipe import load_recipe
 
     def recipe(mask: str):
@@ -107,7 +107,7 @@ def build_rows(ann: Path, tmp: str, repeats: int, px: int) -> dict[str, float]:
     from PIL import Image
 
     import precompile
-    from precompile.compiler import coco_cache
+    from precompile.inputs.coco import cache as coco_cache
 
     images = Path(tmp) / "images"
     blank = Image.new("RGB", (px, px))

@@ -1,4 +1,4 @@
-"""What the input path rule costs per input (issue 34.4; compiler/shard.py ``InputRoot.check``): the check of
+"""What the input path rule costs per input (issue 34.4; inputs/paths.py ``InputRoot.check``): the check of
 a path as written and with its symbolic links resolved, against what ``decode_item`` already does for every
 local input (``os.path.exists``) and against decoding a small image, same run.
 
@@ -36,7 +36,7 @@ def main() -> None:
     a = ap.parse_args()
     from PIL import Image
 
-    from precompile.compiler.shard import InputRoot
+    from precompile.inputs.paths import InputRoot
     from precompile.decoders.image import ImageDecoder
     from precompile.recipe import load_recipe
 

@@ -250,16 +250,21 @@ class _before:
 
     def __init__(self, feed, direct, on: bool = True):
         self.feed, self.direct, self.on = feed, direct, on
+        try:   # where VIEW_ALL_BYTES lives: reader/views.py since issue 36, reader/direct.py before
+            from precompile.reader import views as knobs
+        except ImportError:
+            knobs = direct
+        self.knobs = knobs
 
     def __enter__(self) -> None:
         if self.on:
-            self.old = (self.feed.page_aligned_empty, self.direct.page_aligned_empty, self.direct.VIEW_ALL_BYTES)
+            self.old = (self.feed.page_aligned_empty, self.direct.page_aligned_empty, self.knobs.VIEW_ALL_BYTES)
             self.feed.page_aligned_empty = self.direct.page_aligned_empty = lambda shape, dtype: np.empty(shape, dtype)
-            self.direct.VIEW_ALL_BYTES = 1 << 62
+            self.knobs.VIEW_ALL_BYTES = 1 << 62
 
     def __exit__(self, *exc) -> None:
         if self.on:
-            self.feed.page_aligned_empty, self.direct.page_aligned_empty, self.direct.VIEW_ALL_BYTES = self.old
+            self.feed.page_aligned_empty, self.direct.page_aligned_empty, self.knobs.VIEW_ALL_BYTES = self.old
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -78,15 +78,19 @@ def keys_of(plan):
 
 if case == "synthetic":
     from precompile.compiler import plan as P
+    try:   # the listing's home: precompile/inputs/ (issue 36), compiler/plan.py before it
+        from precompile.inputs.listing import Listed
+    except ImportError:
+        Listed = getattr(P, "Listed", None)
     r = recipe(args["root"])   # a folder that exists (the code before the seam checks it), never walked
     t = time.perf_counter()
-    if hasattr(P, "Listed"):
-        p = P.make_plan(r, listing=(P.Listed(rels, size=s, mtime=m) for rels, s, m in synthetic(args["n"])))
+    if Listed is not None:
+        p = P.make_plan(r, listing=(Listed(rels, size=s, mtime=m) for rels, s, m in synthetic(args["n"])))
     else:   # the code before the listing seam: its walk returns the same names, sorted
         P._walk = lambda root, dirs: sorted(rel for rels, _, _ in synthetic(args["n"]) for rel in rels)
         p = P.make_plan(r)
     res["plan_s"], res["n"] = time.perf_counter() - t, len(p.items)
-    if hasattr(P, "Listed"):
+    if Listed is not None:
         res["keys_s"] = keys_of(p)
 elif case == "walk":
     from precompile.compiler.plan import make_plan

@@ -50,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import precompile  # noqa: E402
 from precompile.errors import CacheError  # noqa: E402
-from precompile.shard_cache import ShardCache  # noqa: E402
+from precompile.storage.shard_cache import ShardCache  # noqa: E402
 
 BUCKET = "bench-remote"
 #: warm epochs (local, and from the cache) per repeat: they are short, so several

@@ -18,7 +18,7 @@ def _fail(e: PrecompileError) -> None:
 
 
 def _human(n: int | None) -> str:
-    from .formats.base import human_bytes as h
+    from .storage.files import human_bytes as h
 
     return "unknown (shapes known only after decoding)" if n is None else h(n)
 
@@ -334,7 +334,7 @@ def gc(output: str, drop_previous: bool, dry_run: bool, storage_options: dict[st
     Safe with readers open: a file a reader has open or mapped survives its removal. The snapshot the
     last build replaced is kept unless --all. Refused while a build of OUTPUT runs."""
     from .compiler.driver import collect_garbage
-    from .formats.base import human_bytes
+    from .storage.files import human_bytes
 
     try:
         removed, freed = collect_garbage(output, keep_previous=not drop_previous, dry_run=dry_run,

@@ -10,9 +10,9 @@ so a new decoder or step needs no change here.
 Inputs come from a folder (``inputs.match``: a pattern of paths) or a table
 (``inputs.table``: one sample per row; ``path``, ``key``, ``columns`` and decoder
 options given as ``{column: NAME}``; read at plan time by
-:mod:`precompile.compiler.tables`). ``split:`` asks for one output per split.
+:mod:`precompile.inputs`). ``split:`` asks for one output per split.
 ``Recipe.__init__`` is a sequence of short stages: decoders, steps, the output,
-the match pattern.
+the inputs' own rules (:func:`precompile.inputs.listing.check_inputs`, :func:`precompile.inputs.coco.check_inputs`).
 """
 from __future__ import annotations
 
@@ -27,37 +27,9 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from .formats import names as fmt
+from .formats.names import NAME_RE, check_field_name
 from .errors import RecipeError, clip
 from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
-
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-CAPTURE_RE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def check_field_name(name: str) -> str:
-    """``name`` if it can name a field's dataset (letters, digits, '_', '.', '-'; not starting with '__', which the
-    key and meta columns use); else a ValueError saying so."""
-    if not NAME_RE.match(name) or name.startswith("__"):
-        raise ValueError(f"field name {name!r} must be letters, digits, '_', '.', '-' and not start with '__'")
-    return name
-
-
-def pattern_regex(pattern: str, where: dict[str, str]) -> re.Pattern:
-    """The regular expression of an ``inputs.match`` pattern: ``{name}`` captures (a repeat must match the
-    same text), each ``[^/]+`` or its ``where`` expression; everything else literal."""
-    out, pos, seen = [], 0, set()
-    for m in CAPTURE_RE.finditer(pattern):
-        out.append(re.escape(pattern[pos:m.start()]))
-        name = m.group(1)
-        if name in seen:
-            out.append(f"(?P={name})")
-        else:
-            seen.add(name)
-            out.append(f"(?P<{name}>{where[name]})" if name in where else f"(?P<{name}>[^/]+)")
-        pos = m.end()
-    out.append(re.escape(pattern[pos:]))
-    return re.compile("".join(out))
-
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -205,9 +177,6 @@ def _also_a_string(schema: dict) -> None:
                        *schema.get("anyOf", [])]
 
 
-#: the captures a field's ``path`` template may use with ``inputs.coco`` (there is no ``match``)
-COCO_CAPTURES = ("file_name", "stem", "image_id")
-
 
 class Inputs(_Model):
     root: str
@@ -245,7 +214,7 @@ class Inputs(_Model):
     def _table(cls, v: Optional[str | list[str]]) -> Optional[str | list[str]]:
         if isinstance(v, list) and not v:
             raise ValueError("an empty list of table files")
-        from .compiler.tables import table_format
+        from .inputs.table.files import table_format
 
         for entry in [v] if isinstance(v, str) else v or []:
             table_format(entry)  # a ValueError naming the known extensions
@@ -254,7 +223,7 @@ class Inputs(_Model):
     @field_validator("quoting")
     @classmethod
     def _quoting(cls, v: Optional[str], info: ValidationInfo) -> Optional[str]:
-        from .compiler.tables import table_format
+        from .inputs.table.files import table_format
 
         t = info.data.get("table")
         if v is not None and not any(table_format(x) in ("csv", "tsv") for x in ([t] if isinstance(t, str) else t or [])):
@@ -326,7 +295,7 @@ class Inputs(_Model):
     @field_validator("storage_options")
     @classmethod
     def _storage_options(cls, v: dict) -> dict:
-        from .remote import check_storage_options
+        from .storage.remote import check_storage_options
 
         bad = check_storage_options(v)
         if bad is not None:
@@ -461,10 +430,7 @@ class Recipe:
             dec.max_bytes = model.limits.input_bytes   # each decoder checks declared sizes against it
         self.steps = [self._make_step(i, entry) for i, entry in enumerate(model.steps)]
         self._check_output()
-        if model.inputs.coco is not None:
-            self._check_coco()
-        elif model.inputs.table is None:
-            self._check_match()
+        self._check_inputs()
         from .decoders.jpeg_reduce import configure
 
         configure(self)  # reduce: auto: which JPEG decode scale the steps allow (read by the image decoder)
@@ -537,7 +503,7 @@ class Recipe:
         return scls(parse_params(scls.Params, raw, self.source, loc + (sname,)))
 
     def _check_output(self) -> None:
-        from .remote import is_url
+        from .storage.remote import is_url
 
         model = self.model
         inp = model.inputs
@@ -550,54 +516,16 @@ class Recipe:
             e = UnknownName("output format", model.output.format, list(WRITERS))
             raise RecipeError(str(e), source=self.source, loc="output.format")
 
-    def _check_match(self) -> None:
-        """``match``, ``where``, the fields' path templates and ``label`` agree on the captures."""
-        inp, source = self.model.inputs, self.source
-        caps = set(CAPTURE_RE.findall(inp.match))
-        for c in inp.where:
-            if c not in caps:
-                raise RecipeError(f"{c!r} is not a capture in match {inp.match!r}", source=source,
-                                  loc=f"inputs.where.{c}")
-            try:
-                re.compile(inp.where[c])
-            except re.error as e:
-                raise RecipeError(f"not a valid regular expression: {e}", source=source, loc=f"inputs.where.{c}") from None
-        try:
-            pattern_regex(inp.match, inp.where)
-        except re.error as e:
-            raise RecipeError(f"match and where do not make a valid pattern together: {e}", source=source,
-                              loc="inputs.where") from None
-        for fname, decl in inp.fields.items():
-            if decl.path is not None:
-                bad = set(CAPTURE_RE.findall(decl.path)) - caps
-                if bad:
-                    raise RecipeError(f"uses capture(s) {sorted(bad)} that match {inp.match!r} does not define",
-                                      source=source, loc=f"inputs.fields.{fname}.path")
-        if inp.label is not None:
-            if inp.label.capture not in caps:
-                raise RecipeError(f"{inp.label.capture!r} is not a capture in match {inp.match!r}",
-                                  source=source, loc="inputs.label.capture")
-            if inp.label.field in inp.fields:
-                raise RecipeError(f"label field {inp.label.field!r} clashes with an input field", source=source,
-                                  loc="inputs.label.field")
-
-    def _check_coco(self) -> None:
-        """With ``inputs.coco``: no ``match``/``where``/``label``/``kind: dir``; the image field is declared; the
-        fields' path templates use only the captures a COCO image gives."""
-        inp, source = self.model.inputs, self.source
-        for key, bad in (("match", inp.match is not None), ("where", bool(inp.where)), ("label", inp.label is not None),
-                         ("kind", inp.kind != "file")):
-            if bad:
-                raise RecipeError("does not apply with inputs.coco (the annotation file lists the images and their "
-                                  "labels)", source=source, loc=f"inputs.{key}")
-        if inp.coco.image not in inp.fields:
-            raise RecipeError(f"{inp.coco.image!r} is not a field in inputs.fields", source=source,
-                              loc="inputs.coco.image")
-        for fname, decl in inp.fields.items():
-            bad = set(CAPTURE_RE.findall(decl.path or "")) - set(COCO_CAPTURES)
-            if bad:
-                raise RecipeError(f"uses capture(s) {sorted(bad)} that inputs.coco does not define",
-                                  source=source, loc=f"inputs.fields.{fname}.path")
+    def _check_inputs(self) -> None:
+        """The inputs' own rules: a COCO file's or a folder listing's (a table's are checked as it is read)."""
+        inp = self.model.inputs
+        if inp.coco is not None:
+            from .inputs.coco import check_inputs
+        elif inp.table is None:
+            from .inputs.listing import check_inputs
+        else:
+            return
+        check_inputs(inp, self.source)
 
     def decoder_for(self, fname: str, options: Optional[dict[str, Any]] = None) -> Any:
         """The decoder of ``fname`` for one input: with a table row's decoder options (already checked at
@@ -635,7 +563,7 @@ class Recipe:
 
     @property
     def input_root(self) -> str:
-        from .remote import is_url
+        from .storage.remote import is_url
 
         if is_url(self.model.inputs.root):
             return self.model.inputs.root.rstrip("/")
@@ -682,7 +610,7 @@ class Recipe:
             d["decode_scale"] = scales  # the rule picking each JPEG's decode scale decides bytes too
         versions = output_versions(self.decoders, self.steps)
         if self.model.inputs.coco is not None:
-            from .compiler.coco import OUTPUT_VERSION
+            from .inputs.coco.annotations import OUTPUT_VERSION
 
             versions["inputs.coco"] = OUTPUT_VERSION   # how the annotation fields are made from the file
         if versions:

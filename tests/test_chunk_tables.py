@@ -18,7 +18,7 @@ pytest.importorskip("torch", reason="the Loader needs torch")
 import precompile  # noqa: E402
 from precompile.errors import FormatError  # noqa: E402
 from precompile.formats import names as fmt  # noqa: E402
-from precompile.reader import direct  # noqa: E402
+from precompile.reader import direct, rows  # noqa: E402
 from precompile.reader.direct import DirectReader  # noqa: E402
 from precompile.reader.loader import Loader  # noqa: E402
 
@@ -289,8 +289,8 @@ def test_an_entry_without_a_table_for_a_field_opens_that_shard_only(copy_of, mon
         del f[fmt.CHUNKS]
         f.create_dataset(fmt.CHUNKS, data=np.concatenate([t[:pos], t[pos + k:]]))
     opened: list[str] = []
-    real = direct._open_h5
-    monkeypatch.setattr(direct, "_open_h5", lambda p: (opened.append(os.path.basename(p)), real(p))[1])
+    real = rows.open_h5
+    monkeypatch.setattr(rows, "open_h5", lambda p: (opened.append(os.path.basename(p)), real(p))[1])
     ds = precompile.open(copy_of)
     r = DirectReader(ds)
     assert opened == [os.path.basename(entries[1]["file"])] and r.fast

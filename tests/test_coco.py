@@ -1,4 +1,4 @@
-"""inputs.coco: COCO annotation files as inputs (compiler/coco.py), checked against independent references:
+"""inputs.coco: COCO annotation files as inputs (precompile/inputs/coco/), checked against independent references:
 the JSON read with the json module, pycocotools' own COCO API (annToMask), and the pixels of the shapes
 sample_data/make_sample_data.py drew (each annotation in its own colour, recorded under ``color``)."""
 from __future__ import annotations

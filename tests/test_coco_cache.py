@@ -1,4 +1,4 @@
-"""The parsed COCO annotation file kept in the output folder (compiler/coco_cache.py): a no-change rebuild
+"""The parsed COCO annotation file kept in the output folder (inputs/coco/cache.py): a no-change rebuild
 reads it instead of parsing the JSON (parses counted), a changed file (another mtime at the same size; other
 bytes with --content-hash), a damaged or foreign cache, or other options mean a parse; the kept parse equals a
 fresh one field by field, and builds from it write the same bytes."""
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import precompile
-from precompile.compiler import coco, coco_cache
-from precompile.compiler.coco import parse_coco
+from precompile.inputs.coco import cache as coco_cache, parse as coco
+from precompile.inputs.coco.parse import parse_coco
 from precompile.compiler.driver import collect_garbage
 from precompile.recipe import load_recipe
 

@@ -189,7 +189,7 @@ def test_many_full_image_masks_are_drawn_one_at_a_time(tmp_path):
     r = recipe(tmp_path / "img", ann, on_error="fail")
     r["inputs"]["fields"] = {"image": {"decoder": "image", "mode": "gray8"}}
     script = ("import resource, json, sys, precompile, numpy\n"
-              "from precompile.compiler import coco, shard\n"
+              "from precompile.inputs import coco\nfrom precompile.compiler import shard\n"
               "base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
               f"rep = precompile.build(json.loads({json.dumps(json.dumps(r))}), {str(tmp_path / 'out')!r}, n_jobs=1)\n"
               "print('PEAK', (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)\n")

@@ -41,7 +41,7 @@ def test_remote_images_build_like_local_ones(tmp_path, s3):  # noqa: F811
 def test_remote_annotation_file_is_read_once_and_kept(tmp_path, s3, monkeypatch):  # noqa: F811
     """inputs.coco.file at a URL: the same samples as the local file; a no-change rebuild reads the kept parse
     (one HEAD request for the ETag, no parse); a new upload is parsed again; a missing object names the URL."""
-    from precompile.compiler import coco
+    from precompile.inputs.coco import parse as coco
     from precompile.errors import PlanError
 
     url, client = s3

@@ -30,7 +30,7 @@ import yaml
 
 import precompile
 from conftest import REPO, index_shards, shard_file
-from precompile.compiler import faults
+from precompile.storage import faults
 from precompile.errors import BuildError, FormatError, MissingDependencyError, OutputError
 from precompile.tools.verify import verify
 

@@ -24,7 +24,7 @@ import precompile
 from precompile import build
 from precompile.errors import FormatError
 from precompile.formats import names as fmt
-from precompile.formats.hdf5 import shard_chunk_tables
+from precompile.formats.hdf5_layout import shard_chunk_tables
 from precompile.recipe import parse_recipe
 
 from loader_cases import N, PER_SHARD, _make_inputs

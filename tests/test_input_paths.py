@@ -107,7 +107,7 @@ def test_table_rows_through_links_out_are_refused_and_links_inside_read(tree):
 def test_table_rows_with_dotdot_or_absolute_paths_are_refused(tree, row):
     """(The table reader refused these before the path rule, as an error of the table naming the row; the
     worker's check refuses them again as written.)"""
-    from precompile.compiler.shard import InputRoot
+    from precompile.inputs.paths import InputRoot
     from precompile.recipe import load_recipe
 
     row = row.format(tmp=str(tree).lstrip("/"))
@@ -179,7 +179,7 @@ def test_a_coco_image_id_through_a_link_inside_is_read(tree):
 
 def test_remote_roots_are_checked_as_written():
     """A URL root has no links to resolve: the rule is the text (a '..' part or another place fails)."""
-    from precompile.compiler.shard import InputRoot
+    from precompile.inputs.paths import InputRoot
     from precompile.recipe import load_recipe
 
     rec = load_recipe({"name": "p", "inputs": {"root": "s3://bucket/data", "match": "{n}.png",

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import precompile
-from precompile.compiler.plan import make_plan, tile_rows
+from precompile.compiler.plan import make_plan
+from precompile.formats.base import tile_rows
 from precompile.recipe import load_recipe
 
 from conftest import image_recipe, make_image_tree, shard_file, write_recipe

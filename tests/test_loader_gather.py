@@ -8,6 +8,7 @@ test needs a layout the writer never makes.
 from __future__ import annotations
 
 import copy
+import mmap
 import os
 import subprocess
 import sys
@@ -21,6 +22,7 @@ import torch
 import precompile
 from precompile.errors import FormatError, PrecompileError
 from precompile.reader import direct, feed
+from precompile.reader import views as view_tables
 from precompile.reader.direct import DirectReader
 from precompile.reader.feed import HostPool
 from precompile.reader.loader import Loader
@@ -183,7 +185,7 @@ def residue_ds(tmp_path, image_tree):
 @pytest.mark.parametrize("region", [True, False])
 @pytest.mark.parametrize("max_views", [0, 64])
 def test_gather_paths_match_the_dataset(residue_ds, monkeypatch, max_views, region):
-    monkeypatch.setattr(direct, "MAX_VIEWS", max_views)
+    monkeypatch.setattr(view_tables, "MAX_VIEWS", max_views)
     monkeypatch.setattr(direct, "USE_REGION", region)
     r = direct.DirectReader(residue_ds)
     nshards = len(residue_ds.shards)
@@ -218,7 +220,7 @@ def test_one_region_serves_every_shard_and_in_memory_matches(residue_ds, monkeyp
     if r.region is None:
         pytest.skip("no MAP_FIXED through ctypes on this platform")
     # every shard file lies in the one range, page aligned, in shard order
-    assert len(r.region.bases) == len(residue_ds.shards) and (r.region.bases % direct.mmap.PAGESIZE == 0).all()
+    assert len(r.region.bases) == len(residue_ds.shards) and (r.region.bases % mmap.PAGESIZE == 0).all()
     assert not r.region.array.flags.writeable
     with pytest.raises(ValueError):
         r.region.array[0] = 1
@@ -439,7 +441,7 @@ def test_kept_batches_stay_intact_and_dropped_ones_are_recycled(image_recipe_fil
 def test_gather_buffers_start_on_a_page(built, ds):
     # a copy whose destination sits 1-31 bytes past its source (mod 4 KiB) runs at a quarter to half speed on
     # x86 (bench_mapped.py); mapped rows start on a page, so every buffer a gather fills starts on one too
-    page = direct.mmap.PAGESIZE
+    page = mmap.PAGESIZE
     pool = HostPool()
     for shape, dtype in (((256, 64, 64, 3), np.uint8), ((7, 5), np.float32), ((3,), np.int64), ((0, 4), np.uint8)):
         a = pool.get(shape, dtype)
@@ -461,7 +463,7 @@ def test_large_rows_in_many_alignments_are_taken_from_views(tmp_path, image_tree
     # 148x148x3 rows (65,712 bytes) in chunks of 2: 4 KiB aligned chunks land at many residues of the row
     # size; rows this large keep a view (one np.take) per residue, smaller ones one strided fancy index
     if views == "strided":
-        monkeypatch.setattr(direct, "VIEW_ALL_BYTES", 1 << 62)
+        monkeypatch.setattr(view_tables, "VIEW_ALL_BYTES", 1 << 62)
     r = image_recipe(image_tree, steps=[{"resize": {"size": [148, 148]}}],
                      output={"format": "hdf5", "samples_per_shard": 5, "chunk_samples": 2})
     precompile.build(write_recipe(tmp_path / "r.yaml", r), out_dir=tmp_path / "out")
@@ -469,7 +471,7 @@ def test_large_rows_in_many_alignments_are_taken_from_views(tmp_path, image_tree
     loader = Loader(big, batch_size=4, shuffle=True, seed=2, device="cpu", num_threads=2)
     takeable = loader.reader._takeable["image"]
     if views == "per residue":
-        assert len(takeable) > direct.MAX_VIEWS and all(takeable)
+        assert len(takeable) > view_tables.MAX_VIEWS and all(takeable)
     else:
         assert takeable == [False]
     for e in range(2):

@@ -1,9 +1,9 @@
-"""The columnar plan (compiler/items.py, listing.py, table_columns.py): the same items, order and shard
+"""The columnar plan (inputs/items.py, inputs/listing.py, inputs/table/columns.py): the same items, order and shard
 keys as the row-by-row plan gave, in a fraction of the memory.
 
 References here are the row-by-row rules themselves: ``os.walk`` + ``sorted`` for the listing,
 :func:`keys.item_text` over :func:`keys.fingerprint` of each built Item for the shard-key texts, and the
-per-row template/option code (:func:`tables.fill_row_template`, ``_path_filler``) for tables.
+per-row template/option code (:func:`precompile.inputs.table.cells.fill_row_template`, ``path_filler``) for tables.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ import pytest
 
 from conftest import REPO, write_recipe
 from precompile.compiler import keys as K
-from precompile.compiler.items import Items, Strings
-from precompile.compiler.listing import Listed, walk
+from precompile.inputs.items import Items, Strings
+from precompile.inputs.listing import Listed, walk
 from precompile.compiler.plan import make_plan
 from precompile.errors import PlanError, RecipeError
 from precompile.formats import names as fmt
@@ -218,10 +218,11 @@ pa = pytest.importorskip("pyarrow", reason="table inputs need pyarrow (the table
 
 def _row_by_row(recipe) -> list[tuple[str, dict]]:
     """(key, {field: path}) per row in key order, by the per-row template code."""
-    from precompile.compiler.tables import _path_filler, read_table, table_files
+    from precompile.inputs.table.cells import path_filler
+    from precompile.inputs.table.files import read_table, table_files
 
     rows = read_table(table_files(recipe)[0]).to_pylist()
-    fill = _path_filler(recipe, recipe.input_root)
+    fill = path_filler(recipe, recipe.input_root)
 
     def where(col, what, loc):
         raise AssertionError((col, what))
@@ -367,7 +368,7 @@ def test_blank_keys_and_class_names_of_categorical_and_view_columns_are_refused(
 def test_nulls_in_categorical_columns_read_as_in_text_columns(tmp_path):
     """A null cell: a NaN target, the group "None" (``str`` of the cell, as for a text column), and as a
     split name an error naming its row."""
-    from precompile.compiler.tables import hash_split
+    from precompile.inputs.splits import hash_split
 
     cells = {"num": ["1.5", None, "2", "1.5"], "g": ["p1", None, "p2", "p1"]}
     split = {"by": "hash", "group": "g", "fractions": {"a": 0.5, "b": 0.5}}
@@ -392,7 +393,7 @@ def test_text_columns_are_widened_to_large_strings_chunk_by_chunk(tmp_path):
     read as its own chunk (a multi-GB file has no place in the suite)."""
     import pyarrow.parquet
 
-    from precompile.compiler.table_columns import _Columns
+    from precompile.inputs.table.columns import _Columns
 
     n = 10
     table = pa.table({"p": [f"{i}.png" for i in range(n)], "k": [f"k{i:02d}" for i in range(n)],

@@ -11,7 +11,7 @@ import pytest
 
 import precompile
 from conftest import image_recipe, write_recipe
-from precompile import progress as progress_mod
+from precompile.compiler import progress as progress_mod
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -187,7 +187,7 @@ def test_remote_errors(tmp_path, s3, monkeypatch):
     with pytest.raises(MissingDependencyError, match=r"reading s3:// needs s3fs: pip install 'precompile\[s3\]'"):
         precompile.build(remote_recipe(f"s3://{BUCKET}/run2/images", endpoint), out_dir=tmp_path / "y")
     monkeypatch.setitem(sys.modules, "fsspec", None)
-    from precompile import remote
+    from precompile.storage import remote
 
     with pytest.raises(MissingDependencyError, match=r"remote inputs need fsspec: pip install 'precompile\[gcs\]'"):
         remote.filesystem("gs://bucket/x")

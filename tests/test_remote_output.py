@@ -289,7 +289,7 @@ def _lock_body(**over) -> bytes:
 
 
 def test_the_lock_stops_a_second_build_and_an_expired_one_is_taken_over(tmp_path, store, env, monkeypatch):
-    from precompile.compiler import url_lock
+    from precompile.storage import url_lock
 
     endpoint, client = store
     monkeypatch.setattr(url_lock, "HEARTBEAT_S", 0.02)   # many heartbeats during a build: each If-Match holds
@@ -331,7 +331,7 @@ def test_a_damaged_lock_stops_a_build_until_its_ttl_then_a_build_takes_it_over(t
     in the past with a string ttl_s: the lock expired, taken over at once (the message no longer crashes)."""
     import datetime as dt
 
-    from precompile.compiler import url_lock
+    from precompile.storage import url_lock
 
     endpoint, client = store
     so = {"endpoint_url": endpoint}
@@ -362,7 +362,7 @@ def test_a_damaged_lock_stops_a_build_until_its_ttl_then_a_build_takes_it_over(t
 def test_a_lock_taken_over_while_held_stops_the_build_before_the_index(store, env, monkeypatch):
     import s3fs
 
-    from precompile.compiler import url_lock
+    from precompile.storage import url_lock
 
     endpoint, client = store
     monkeypatch.setattr(url_lock, "HEARTBEAT_S", 0.05)

@@ -19,7 +19,7 @@ import pytest
 import precompile
 from precompile.errors import CacheError, FormatError, PrecompileError
 from precompile.recipe import parse_recipe
-from precompile.shard_cache import ShardCache, default_cache_dir, parse_size
+from precompile.storage.shard_cache import ShardCache, default_cache_dir, parse_size
 from loader_cases import _make_inputs
 from test_remote import BUCKET, s3, upload_tree  # noqa: F401  (s3: the fixture; skips without s3fs/moto)
 
@@ -194,7 +194,7 @@ def test_limits_are_clear_errors_at_construction(remote, tmp_path):
 def test_limit_checks_count_the_index_the_reader_holds(remote, tmp_path, monkeypatch):
     """Every shard fits the limit, the shards and the index a reader pins while open do not: a clear error when
     the reader is made (it waited, then failed 'the cache is full' in the middle of an epoch)."""
-    import precompile.shard_cache as sc
+    import precompile.storage.cache_room as sc
 
     monkeypatch.setattr(sc, "WAIT_S", 0.3)
     url, so, index, _ = remote
@@ -222,7 +222,7 @@ def test_limit_checks_count_the_index_the_reader_holds(remote, tmp_path, monkeyp
 def test_a_dataset_lets_go_of_its_own_shards_when_the_cache_is_full(remote, tmp_path, monkeypatch):
     """A dataset keeps up to 8 shards open; when the cache has no room for the next one, it closes its own least
     recently used ones first (it waited for other processes, then failed 'the cache is full')."""
-    import precompile.shard_cache as sc
+    import precompile.storage.cache_room as sc
 
     monkeypatch.setattr(sc, "WAIT_S", 0.3)
     url, so, index, _ = remote
@@ -524,7 +524,7 @@ READER = r"""
 import hashlib, json, os, sys, time
 import numpy as np
 import precompile
-from precompile.shard_cache import ShardCache
+from precompile.storage.shard_cache import ShardCache
 url, so, cache, limit, me, out, mode = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], int(sys.argv[4]), \
     int(sys.argv[5]), sys.argv[6], sys.argv[7]
 open(os.path.join(out, f"ready-{me}"), "w").close()
@@ -537,7 +537,7 @@ if mode == "dataset":
         h.update(int(i).to_bytes(4, "little") + ds[int(i)]["image"].tobytes())
     stats = ds.remote.cache.stats
 else:
-    import precompile.shard_cache as sc
+    import precompile.storage.cache_room as sc
     from precompile.reader.loader import Loader
     kw = json.loads(mode)[me]   # this process's Loader options
     sc.WAIT_S = kw.pop("wait_s", sc.WAIT_S)
@@ -639,7 +639,7 @@ time.sleep(120)
 
 def test_a_killed_reader_leaves_no_pins_and_a_dead_download_no_part(remote, tmp_path, monkeypatch):
     url, so, index, _ = remote
-    import precompile.shard_cache as sc
+    import precompile.storage.cache_room as sc
 
     monkeypatch.setattr(sc, "WAIT_S", 0.3)
     cache = tmp_path / "c"

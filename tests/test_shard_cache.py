@@ -1,4 +1,4 @@
-"""The shard cache's locks between processes of a node (precompile/shard_cache.py), without a store: processes with
+"""The shard cache's locks between processes of a node (precompile/storage/shard_cache.py), without a store: processes with
 several threads waiting on each other's downloads, a lock file opened and closed elsewhere in a process, a reader
 that forked workers and was killed, and the space a download takes on disk."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from precompile.shard_cache import ShardCache
+from precompile.storage.shard_cache import ShardCache
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -32,7 +32,7 @@ def spawn(script: str, *args: str) -> subprocess.Popen:
 
 CROSS = r"""
 import hashlib, json, os, sys, threading, time
-from precompile.shard_cache import ShardCache
+from precompile.storage.shard_cache import ShardCache
 cache, me, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 data = {n: bytes([n]) * 50_000 for n in (0, 1)}
 sha = {n: hashlib.sha256(d).hexdigest() for n, d in data.items()}
@@ -81,7 +81,7 @@ def test_threads_of_two_processes_wait_for_each_others_downloads(tmp_path):
 
 EVICT = r"""
 import sys
-from precompile.shard_cache import ShardCache
+from precompile.storage.shard_cache import ShardCache
 data = bytes([7]) * int(sys.argv[3])
 import hashlib
 got = ShardCache(sys.argv[1], int(sys.argv[2])).open(hashlib.sha256(data).hexdigest(), len(data), "mem://x/7",
@@ -111,7 +111,7 @@ def test_a_pin_survives_the_lock_file_closed_elsewhere_in_the_process(tmp_path):
 
 FORKER = r"""
 import hashlib, os, sys, time
-from precompile.shard_cache import ShardCache
+from precompile.storage.shard_cache import ShardCache
 data = bytes([1]) * 50_000
 c = ShardCache(sys.argv[1], 120_000)
 c.open(hashlib.sha256(data).hexdigest(), len(data), "mem://x/1", lambda a, b: data[a:b])
@@ -170,8 +170,9 @@ def test_a_download_takes_its_disk_space_before_its_bytes_arrive(tmp_path):
 
 WAITER = r"""
 import hashlib, sys
-import precompile.shard_cache as sc
-sc.WAIT_S = 30.0
+import precompile.storage.cache_room as room
+import precompile.storage.shard_cache as sc
+room.WAIT_S = 30.0
 data = bytes([9]) * 100_000
 print("asking", flush=True)
 sc.ShardCache(sys.argv[1], 120_000).open(hashlib.sha256(data).hexdigest(), len(data), "mem://x/9",
@@ -183,7 +184,7 @@ print("got it", flush=True)
 def test_a_prefetch_takes_no_room_while_another_process_waits_for_some(tmp_path):
     """Room(prefetch=True): a download that fits is not made while a read elsewhere waits for room (a Loader's
     fetch ahead gives way to the batches of every process on the node)."""
-    from precompile.shard_cache import Room
+    from precompile.storage.shard_cache import Room
 
     cache = ShardCache(tmp_path / "c", 120_000)
     (a, sha_a), (b, sha_b) = blob(1), blob(2, 20_000)
@@ -212,7 +213,7 @@ def test_a_prefetch_takes_no_room_while_another_process_waits_for_some(tmp_path)
 
 def test_a_download_first_lets_go_of_the_callers_files(tmp_path):
     """Room(let_go=...): before it waits, the caller lets go of its own files, and the download goes on."""
-    from precompile.shard_cache import Room
+    from precompile.storage.shard_cache import Room
 
     cache = ShardCache(tmp_path / "c", 120_000)
     (a, sha_a), (b, sha_b) = blob(1), blob(2)

@@ -223,7 +223,7 @@ def test_nul_byte_in_a_path_or_key_cell_names_row_and_column(tmp_path):
 
 
 def test_a_path_no_file_can_have_fingerprints_as_missing(tmp_path):
-    from precompile.compiler.keys import fingerprint
+    from precompile.storage.files import fingerprint
 
     assert fingerprint(str(tmp_path / "a\x00b.png")) == ["missing"]   # was ValueError: embedded null byte
     assert fingerprint(str(tmp_path / ("c" * 5000))) == ["missing"]

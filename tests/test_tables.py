@@ -17,7 +17,8 @@ from PIL import Image
 
 import precompile
 from precompile.compiler.plan import make_plan
-from precompile.compiler.tables import fill_row_template, hash_split
+from precompile.inputs.splits import hash_split
+from precompile.inputs.table.cells import fill_row_template
 from precompile.errors import BuildError, RecipeError
 from precompile.recipe import load_recipe
 from conftest import shard_file
@@ -706,7 +707,7 @@ def test_a_row_decoder_keeps_what_the_recipe_configured(table_tree):
 
 
 def test_target_map_rules():
-    from precompile.compiler.tables import _number
+    from precompile.inputs.table.cells import number as _number
 
     m = {-1.0: "nan", "2": 0.5, "": 0.0, "positive": 1.0, "unsure": None}
     assert math.isnan(_number("-1.0", m)) and math.isnan(_number(-1, m)) and math.isnan(_number("-1", m))

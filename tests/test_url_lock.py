@@ -26,7 +26,7 @@ from test_remote import s3  # noqa: F401  (the module's moto server)
 
 s3fs = pytest.importorskip("s3fs", reason="s3fs is not installed (extra 's3')")
 
-from precompile.compiler import url_lock  # noqa: E402
+from precompile.storage import url_lock  # noqa: E402
 
 LOCKS = "precompile-test-lock"
 

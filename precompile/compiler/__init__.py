@@ -10,8 +10,8 @@ Modules, each owning one part:
   by :mod:`.forkpool`, or loky) or on dask.
 - :mod:`.shard`: one shard task (decode, steps, copies, write) and the isolated decoder.
 - :mod:`.results`: failures, shard results and the build report as dataclasses.
-- :mod:`.output`: where a build goes: a local folder, or (:mod:`.url_output`) a URL, with its lock
-  (:mod:`.url_lock`) and its shard task that uploads (:mod:`.upload`).
+- :mod:`.output`: where a build goes: a local folder, or (:mod:`.url_output`) a URL, and its shard task that
+  uploads (:mod:`.upload`); the locks, the store and the uploads themselves are :mod:`precompile.storage`'s.
 
 Only :mod:`.driver` (with :mod:`.plan`, :mod:`.keys`) is imported here: a no-op rebuild imports
 neither :mod:`.shard` nor joblib, and nothing here imports torch.

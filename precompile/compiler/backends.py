@@ -20,7 +20,7 @@ import sys
 import warnings
 from typing import Any, Callable, Iterator, Optional
 
-from ..errors import BuildError
+from ..errors import BuildError, WorkerKilledError
 from ..recipe import Recipe
 from .plan import Plan
 from .results import Failure, ShardResult, zero_timings
@@ -149,7 +149,7 @@ def _settle_warm() -> list[int]:
 def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str], plan: Plan,
                chunking: dict[int, dict[str, int]], n_jobs: Optional[int], scheduler: Optional[str],
                events: Optional[list[str]] = None, progress: Any = None, dest: Any = None) -> Iterator[ShardResult]:
-    """Yield shard results as they complete (``progress``: a :class:`precompile.progress.Progress` or None):
+    """Yield shard results as they complete (``progress``: a :class:`precompile.compiler.progress.Progress` or None):
     inline for one job and no scheduler, on dask with a scheduler, else on loky. ``dest``: for a build
     written to a URL, the :class:`~.upload.ShardTarget` each task uploads its shard to (None: in place)."""
     if not todo:
@@ -434,6 +434,15 @@ def _dispatch(pool: Any, pending: Any, suspects: Any) -> None:
                 return
 
 
+def worker_killed(shard_index: int, inputs: str, why: str) -> WorkerKilledError:
+    """A shard's worker killed by SIGKILL twice, the second time alone: memory, not an input."""
+    return WorkerKilledError(
+        f"shard {shard_index} (inputs {inputs}): its worker process was killed ({why}) twice, the second time "
+        f"building it alone; SIGKILL is what the kernel's out-of-memory killer sends (see dmesg), not a bad input. "
+        f"Use fewer jobs (-j) or a smaller output.samples_per_shard, or give the machine more memory; "
+        f"finished shards are kept, run build again")
+
+
 def _dead_shard(s: Any, why: str, isolated: set[int]) -> Optional[ShardResult]:
     """A shard whose worker died: the first time it is marked for isolated decoding (None: retry it); the
     second time it fails (its result), or, when that death was SIGKILL, the build stops (memory, not input)."""
@@ -441,8 +450,6 @@ def _dead_shard(s: Any, why: str, isolated: set[int]) -> Optional[ShardResult]:
         isolated.add(s.index)
         return None
     if "SIGKILL" in why:  # killed from outside twice, the second time alone: memory, not an input
-        from .faults import worker_killed
-
         raise worker_killed(s.index, _inputs(s), why)
     return _dead_worker_result(s, why)
 

@@ -55,7 +55,7 @@ from ..tools.stats import ensure_stats, stats_after_build, stored_stats_fields
 from ..formats.base import shard_digest
 from ..formats import snapshot
 from .backends import remove_path, run_shards, start_pool
-from .faults import check_space
+from ..storage.faults import check_space
 from .keys import find_reusable, recipe_key, shard_key, skipped_path
 from .output import output_for
 from .plan import Plan, make_plan, plan_specs
@@ -90,7 +90,7 @@ def check_recipe(recipe: Recipe) -> dict[str, FieldSpec]:
     same RecipeError the plan would; returns the specs."""
     extra = None
     if recipe.model.inputs.coco is not None:
-        from .coco import parse_coco
+        from ..inputs.coco.parse import parse_coco
 
         extra = parse_coco(recipe).specs(recipe.model.inputs.coco)
     specs, _ = plan_specs(recipe, extra)
@@ -507,7 +507,7 @@ def _run_stage(b: _Build, keys: dict[int, str], st: _State, progress: bool, sche
     chunking = {s.index: plan.chunking(s) for s in plan.shards}
     bar = None
     if progress:
-        from ..progress import Progress
+        from .progress import Progress
 
         # up-to-date shards are the bar's initial count: tqdm leaves them out of the rate
         bar = Progress(len(plan.items), sum(len(s.items) for s in plan.shards if s.index in st.infos), r.name,

@@ -18,48 +18,16 @@ import glob
 import hashlib
 import json
 import os
-import stat
 from typing import Any, Optional
 
-import numpy as np
 
 from .. import __version__
 from ..formats import names as fmt
-from .items import ItemTable, Rows, row_index
+from ..inputs.items import ItemTable, Rows, row_index
+from ..storage.files import fingerprint
 from .plan import Plan, ShardPlan
 from .results import Failure
 from ..recipe import Recipe
-
-
-def fingerprint(path: str, content: bool = False) -> list:
-    """(size, mtime_ns) of a file, or a content hash; for a folder, of every file in it.
-    A remote URL's is the (ETag, size, mtime) recorded when the plan listed it (see :mod:`precompile.remote`).
-    One ``stat`` per local file (a no-change rebuild of N inputs is N of them).
-    """
-    if "://" in path:
-        from ..remote import fingerprint as remote_fingerprint, is_url
-
-        if is_url(path):
-            return remote_fingerprint(path)
-    try:
-        st = os.stat(path)
-    except (OSError, ValueError):   # ValueError: a NUL byte, which no file name holds
-        return ["missing"]
-    if stat.S_ISDIR(st.st_mode):
-        out = []
-        for dirpath, dirnames, filenames in os.walk(path):
-            dirnames.sort()
-            for n in sorted(filenames):
-                p = os.path.join(dirpath, n)
-                out.append([os.path.relpath(p, path), fingerprint(p, content)])
-        return out
-    if content:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return [st.st_size, h.hexdigest()]
-    return [st.st_size, st.st_mtime_ns]
 
 
 def recipe_key(recipe: Recipe) -> str:

@@ -12,17 +12,17 @@ but ``file://``) or a folder.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
-from ..errors import BuildError, OutputError
+from ..errors import OutputError
 from ..formats import names as fmt
 from ..formats import snapshot
-from ..formats.base import write_json_atomic
-from ..remote import URL_RE
-from .faults import is_output_fault, output_error
+from ..storage.files import write_json_atomic
+from ..storage.folder_lock import folder_lock
+from ..storage.remote import URL_RE
+from ..storage.faults import is_output_fault, output_error
 from .keys import read_skipped
 from .results import Failure
 
@@ -42,32 +42,6 @@ def output_for(out_dir: str | os.PathLike, storage_options: Optional[dict[str, A
         raise OutputError(f"output {out!r} is a local folder: storage options ({', '.join(sorted(storage_options))}) "
                           f"apply to a URL output only (s3://bucket/prefix, ...)")
     return LocalOutput(out)
-
-
-@contextlib.contextmanager
-def folder_lock(shard_dir: str, name: str) -> Iterator[None]:
-    """An exclusive lock on ``<shard folder>/.lock`` for the build's duration (released if it dies). The
-    file's content is never read or written: only its ``flock`` counts."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no lock
-        yield
-        return
-    path = os.path.join(shard_dir, fmt.LOCK_FILE)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    except IsADirectoryError as e:   # something else in its place: named (other errors: the output's faults)
-        raise OutputError(f"cannot open the build lock {path}: {e.strerror}; it must be a file (its content is "
-                          f"never read): remove what is there") from None
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise BuildError(f"another build of {name!r} into {os.path.dirname(shard_dir)} is running (lock {path}); "
-                             f"wait for it to finish") from None
-        yield
-    finally:
-        os.close(fd)
 
 
 class LocalOutput:
@@ -94,7 +68,7 @@ class LocalOutput:
                               + (f" ({e.filename})" if e.filename and e.filename != shard_dir else "")) from None
 
     def lock(self, shard_dir: str, name: str) -> Any:
-        return folder_lock(shard_dir, name)
+        return folder_lock(os.path.join(shard_dir, fmt.LOCK_FILE), f"{name!r} into {os.path.dirname(shard_dir)}")
 
     def fault(self, e: BaseException, doing: str, kept: Optional[str] = None) -> Optional[OutputError]:
         """The OutputError for an error about the output folder, or None when it is not about it (``kept``: what

@@ -6,44 +6,27 @@ path component or part of one); ``where`` narrows captures with regular
 expressions. Items are sorted by key, so the plan's order is the same on every
 machine and for every job count.
 
-The plan holds its items by column (:mod:`.items`: an :class:`ItemTable`), listed and
-matched folder by folder (:mod:`.listing`) or read from a table by column
-(:mod:`.table_columns`); ``Plan.items`` and ``ShardPlan.items`` build :class:`Item`
-objects when read, and a shard pickled for a worker carries only its own rows.
+The plan consumes inputs (:func:`precompile.inputs.read_inputs`: a folder listed and matched folder by
+folder, a table read by column, or a COCO file) and holds their items by column (an
+:class:`~precompile.inputs.items.ItemTable`); ``Plan.items`` and ``ShardPlan.items`` build
+:class:`~precompile.inputs.items.Item` objects when read, and a shard pickled for a worker carries only its
+own rows.
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
 from ..errors import PlanError, RecipeError
-from ..formats.base import tile_rows  # noqa: F401  (re-exported: the rule lives with the formats)
-from ..recipe import CAPTURE_RE, Recipe, pattern_regex  # noqa: F401  (pattern_regex: re-exported)
+from ..formats.names import check_field_name
+from ..inputs import read_inputs
+from ..inputs.items import Factors, Item, Items, ItemTable, Rows, Strings, row_index
 from ..kinds import Kind
+from ..recipe import Recipe
 from ..sample import FieldSpec, link_fields
-from .items import Items, ItemTable, Rows, Strings, row_index
-from .listing import Factors, Listed, Matched, match_listing, walk
-
-
-@dataclass(frozen=True)
-class Item:
-    """One input as a shard task reads it (built from the plan's columns, per shard). ``captures``: the
-    plan uses the match's captures while it plans; the items it builds leave them empty."""
-
-    key: str                         # relative path of the match, '/'-separated
-    paths: dict[str, str]            # field -> absolute input path
-    label: Optional[int] = None
-    captures: dict[str, str] = field(default_factory=dict)
-    row: Optional[int] = None                                   # table inputs: the data row (1-based)
-    row_file: Optional[str] = None                              # table inputs: the table file of that row
-    values: dict[str, Any] = field(default_factory=dict)         # table inputs: column field -> value
-    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # field -> decoder options from the row
-    split: Optional[str] = None                                  # with ``split:``: the split it belongs to
-    annotations: Any = field(default=None, compare=False, repr=False)   # inputs.coco: a coco.CocoImage
 
 
 class ShardPlan:
@@ -73,7 +56,7 @@ class ShardPlan:
 @dataclass
 class Plan:
     recipe: Recipe
-    items: Items                           # every item in key order (built when read: see compiler/items.py)
+    items: Items                           # every item in key order (built when read: see inputs/items.py)
     shards: list[ShardPlan]
     specs: dict[str, FieldSpec]            # final field specs, in output order
     label_names: list[str]
@@ -157,38 +140,11 @@ class Plan:
                    for s in self.shards)
 
 
-def fill_template(template: str, captures: dict[str, str]) -> str:
-    """Put capture values into ``{name}`` slots; nothing else in the template is interpreted."""
-    return CAPTURE_RE.sub(lambda m: captures[m.group(1)], template)
-
-
-def match_inputs(recipe: Recipe, listing: Optional[Iterable[Listed]] = None) -> Matched:
-    """The items in key order, the label names in id order and the factors of the captures ``split:`` reads:
-    a table's rows, or the files ``match`` finds under ``inputs.root`` (``listing``: batches to match in
-    place of walking the root, e.g. a synthetic listing; ``inputs.coco`` lists its images in :func:`make_plan`)."""
-    from ..remote import is_url, list_tree
-
-    inp = recipe.model.inputs
-    if inp.table is not None:
-        from .table_columns import table_items
-
-        return table_items(recipe)
-    root = recipe.input_root
-    remote = is_url(root)
-    if listing is None and remote:
-        listing = [Listed(list_tree(root, inp.kind == "dir", inp.storage_options))]  # fingerprints kept
-    elif listing is None:
-        if not os.path.isdir(root):
-            raise RecipeError(f"input root {root!r} is not a folder", source=recipe.source, loc="inputs.root")
-        listing = walk(root, inp.kind == "dir")
-    return match_listing(recipe, listing, remote)
-
-
 def _add_column_specs(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
     """The specs of a table's column fields (label, target, text), after the decoders' and steps' fields."""
     if not recipe.model.inputs.columns:
         return
-    from .tables import column_specs
+    from ..inputs.table.cells import column_specs
 
     for name, spec in column_specs(recipe.model.inputs.columns).items():
         if name in specs:
@@ -205,7 +161,7 @@ def _make_shards(recipe: Recipe, table: ItemTable, factors: Factors) -> tuple[It
         table = split_items(recipe, table)
         n = len(table)
         return table, [ShardPlan(i // per, table, range(i, min(i + per, n))) for i in range(0, n, per)]
-    from .tables import assign_splits
+    from ..inputs.splits import assign_splits
 
     table = split_items(recipe, assign_splits(recipe, table, factors))   # a file's volumes share its split
     shards: list[ShardPlan] = []
@@ -232,8 +188,6 @@ def split_names(recipe: Recipe, items: Sequence[Item]) -> list[str]:
 def check_field_names(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:
     """Every output field (decoded, made by a step, or the label) names a dataset: letters, digits, '_', '.',
     '-', not starting with '__' (a '/' would make an HDF5 group, a '__' clashes with the key and meta columns)."""
-    from ..recipe import check_field_name
-
     for f in specs:
         try:
             check_field_name(f)
@@ -272,7 +226,7 @@ def plan_specs(recipe: Recipe, extra: Optional[dict[str, FieldSpec]] = None) -> 
     field matching of every step, without listing an input or decoding one."""
     specs = decoder_specs(recipe)
     if extra:  # inputs.coco: the annotation fields the file gives (boxes, box_labels, keypoints, mask)
-        from .coco import add_specs
+        from ..inputs.coco import add_specs
 
         specs = add_specs(recipe, specs, extra)
     expands = False
@@ -355,40 +309,32 @@ def _clip_audio(recipe: Recipe, step: Any, before: dict[str, FieldSpec],
     return specs
 
 
-def make_plan(recipe: Recipe, listing: Optional[Iterable[Listed]] = None, coco_cache: Optional[str] = None,
+def make_plan(recipe: Recipe, listing: Optional[Iterable[Any]] = None, coco_cache: Optional[str] = None,
               content_hash: bool = False) -> Plan:
-    """Match inputs and work out every shape; raises RecipeError/PlanError before any decoding.
-    ``listing``: batches of names to match in place of walking ``inputs.root`` (:func:`match_inputs`).
-    ``coco_cache``: where the output keeps the parsed ``inputs.coco`` file (:mod:`.coco_cache`; the plan's
-    ``pending`` is then the parse to write there, if it was not read from there), fingerprinted by content
-    with ``content_hash``."""
+    """Read the inputs and work out every shape; raises RecipeError/PlanError before any decoding.
+    ``listing``: batches of names to match in place of walking ``inputs.root``; ``coco_cache``: where the
+    output keeps the parsed ``inputs.coco`` file (the plan's ``pending`` is then the parse to write there, if
+    it was not read from there), fingerprinted by content with ``content_hash``
+    (:func:`precompile.inputs.read_inputs`)."""
     m = recipe.model
-    coco = None
-    if m.inputs.coco is not None:
-        from .coco import load_coco
-
-        coco = load_coco(recipe, coco_cache, content_hash)
-        matched = Matched(coco.table, coco.label_names, coco.factors)
-    else:
-        matched = match_inputs(recipe, listing)
-    specs, expands = plan_specs(recipe, coco.specs if coco is not None else None)
-    if not len(matched.table):
+    inputs = read_inputs(recipe, listing, coco_cache, content_hash)
+    specs, expands = plan_specs(recipe, inputs.specs or None)
+    if not len(inputs.table):
         if m.inputs.table is not None:
             raise PlanError(f"table {m.inputs.table!r} has no rows")
         raise PlanError(f"no inputs under {recipe.input_root!r} match {m.inputs.match!r}"
                         + (f" with {m.inputs.where}" if m.inputs.where else ""))
     check_sample_budget(recipe, specs)
-    table, shards = _make_shards(recipe, matched.table, matched.factors)
-    return Plan(recipe=recipe, items=Items(table), shards=shards, specs=specs, label_names=matched.label_names,
-                expands=expands, attrs=coco.attrs if coco is not None else {},
-                pending=coco.pending if coco is not None else None)
+    table, shards = _make_shards(recipe, inputs.table, inputs.factors)
+    return Plan(recipe=recipe, items=Items(table), shards=shards, specs=specs, label_names=inputs.label_names,
+                expands=expands, attrs=inputs.attrs, pending=inputs.pending)
 
 
 def video_reads(plan: Plan, limit: int = 100) -> list[str]:
     """How the build reads each video field, for ``precompile plan``: streamed (one clip at a time in
     memory), or whole, with the memory one video needs: frames x H x W x C from the largest of the
     first ``limit`` inputs' container headers (the declared size; "unknown" where none declares it)."""
-    from ..remote import is_url
+    from ..storage.remote import is_url
     from ..transforms.temporal import frame_steps_plan, stream_plan, whole_video_reason
 
     recipe = plan.recipe

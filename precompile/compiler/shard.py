@@ -29,7 +29,6 @@ import atexit
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import threading
@@ -37,88 +36,25 @@ import time
 import traceback
 from typing import Any, Callable, Optional
 
-from ..errors import echo
-from .faults import is_output_fault, output_error
+from ..storage.faults import is_output_fault, output_error
 from .keys import skipped_path
 from ..errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
 from ..kinds import Kind
-from .plan import Item, ShardPlan
+from ..inputs.items import Item
+from ..inputs.paths import InputRoot
+from .plan import ShardPlan
 from .results import Failure, ShardResult, zero_timings
 from ..recipe import Recipe
-from ..remote import is_url
+from ..storage.remote import is_url
 from ..sample import FieldSpec, Sample
 from ..seeding import LazyRng
-from ..formats.base import write_json_atomic
-
-
-class InputRoot:
-    """The path rule (docs/reference-recipe.md, "Paths and symlinks"): every input read lies under
-    ``inputs.root``, as written (no '..' part, nothing outside the root's text) and, for a local root, once
-    symbolic links are resolved (unless ``inputs.follow_links: outside``). Made once per recipe and process:
-    the root's own resolved path is worked out once, and only the parts of a path below the root are looked
-    at (one ``lstat`` each, the folders found free of links remembered: about one ``lstat`` an input, which
-    also tells that it exists); a link among them is resolved in full (``os.path.realpath``) and must lead
-    back under the root (benchmarks/bench_input_paths.py)."""
-
-    def __init__(self, recipe: Recipe):
-        root = recipe.input_root
-        self.remote = is_url(root)
-        self.root = root.rstrip("/") + "/" if self.remote else os.path.join(root, "")
-        self.real = None if self.remote else os.path.join(os.path.realpath(root), "")
-        self.follow = recipe.model.inputs.follow_links == "outside"
-        self.plain: set[str] = set()   # folders below the root with no link on the way
-
-    @classmethod
-    def of(cls, recipe: Recipe) -> "InputRoot":
-        rule = recipe.__dict__.get("_input_root")
-        if rule is None:
-            rule = recipe.__dict__["_input_root"] = cls(recipe)
-        return rule
-
-    def check(self, path: str) -> bool:
-        """A DecodeError (the input's) when ``path`` leaves the root; the caller adds the field and key.
-        Returns True when the look-ups found that the path exists (no ``os.path.exists`` needed then)."""
-        sep = "/" if self.remote else os.sep
-        if not path.startswith(self.root) or ".." in path[len(self.root):].split(sep):
-            what = "another place" if self.remote else "an absolute path"
-            raise DecodeError(f"the path leaves inputs.root {echo(self.root[:-1])} ('..' or {what})", path=path,
-                              stage="decode")
-        if self.remote or self.follow:
-            return False
-        if self._plain(path):
-            return True
-        real = os.path.realpath(path)
-        if not (real + os.sep).startswith(self.real):
-            raise DecodeError(f"the path resolves to {echo(real)}, outside inputs.root {echo(self.real[:-1])} (a "
-                              f"symbolic link out of the root; `inputs.follow_links: outside` allows it for a "
-                              f"trusted layout)", path=path, stage="decode")
-        return False
-
-    def _plain(self, path: str) -> bool:
-        """Whether ``path`` exists and no part of it below the root is a symbolic link (False: a link, or a
-        part missing or unreadable: resolve it in full, and let the caller look for the file). ``plain``
-        remembers the folders whose every part below the root is no link: then one ``lstat`` decides."""
-        path = path.rstrip(os.sep)   # (an lstat of "link/" would follow the link)
-        if len(path) < len(self.root):
-            return False   # the root itself
-        try:
-            folder = path.rpartition(os.sep)[0]
-            if folder + os.sep != self.root and folder not in self.plain:
-                d = self.root[:-1]
-                for part in folder[len(self.root):].split(os.sep):
-                    d = f"{d}{os.sep}{part}"
-                    if part not in ("", ".") and stat.S_ISLNK(os.lstat(d).st_mode):
-                        return False
-                self.plain.add(folder)
-            return not stat.S_ISLNK(os.lstat(path).st_mode)
-        except OSError:
-            return False
+from ..storage.files import write_json_atomic
 
 
 def _annotations(recipe: Recipe, item: Item, fields: dict, kinds: dict, meta: dict) -> None:
-    """inputs.coco: the annotation fields beside the decoded image (compiler/coco.py); whatever goes wrong is
+    """inputs.coco: the annotation fields beside the decoded image (inputs/coco/); whatever goes wrong is
     this input's error (stage annotations), naming the image."""
-    from .coco import STAGE, _id
+    from ..inputs.coco.annotations import STAGE, _id
 
     spec = recipe.model.inputs.coco
     try:
@@ -141,7 +77,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
     t0 = time.perf_counter()
     fields, kinds, meta, links = {}, {}, {}, {}
     if item.annotations is not None:   # inputs.coco: an image refused at plan time fails before any decoding
-        from .coco import check_item
+        from ..inputs.coco.annotations import check_item
 
         check_item(recipe, item)
     rule = InputRoot.of(recipe)
@@ -174,7 +110,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
                 links[name] = specs[name].of
         if m:
             meta[fname] = m
-    if item.annotations is not None:  # inputs.coco: boxes, labels, keypoints, mask (compiler/coco.py)
+    if item.annotations is not None:  # inputs.coco: boxes, labels, keypoints, mask (inputs/coco/)
         _annotations(recipe, item, fields, kinds, meta)
     timings["decode"] += time.perf_counter() - t0
     lab = recipe.model.inputs.label
@@ -184,7 +120,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
         fields[lab.field] = np.asarray(item.label, dtype=np.int64)
         kinds[lab.field] = Kind.LABEL
     if item.values:
-        from .tables import column_arrays
+        from ..inputs.table.cells import column_arrays
 
         for name, (arr, kind) in column_arrays(recipe.model.inputs.columns, item.values).items():
             fields[name], kinds[name] = arr, kind
@@ -194,7 +130,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
 def _decode_remote(recipe: Recipe, dec: Any, url: str, fname: str, frames: Any = None) -> tuple[dict, dict]:
     """Decode a local copy of a remote input (through ``frames``' per-frame steps: a FrameSteps plan);
     errors name the URL, not the temporary copy."""
-    from ..remote import local_copy
+    from ..storage.remote import local_copy
 
     with local_copy(url, recipe.model.inputs.storage_options, folder=dec.reads_dirs) as local:
         try:
@@ -404,7 +340,7 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
     """Build one shard file at ``path``; never raises for bad inputs (they are reported).
 
     ``isolate`` (or a recipe ``timeout_s``) decodes inputs in a helper process. ``progress(shard index, 1)``
-    is called after each input (see :mod:`precompile.progress`).
+    is called after each input (see :mod:`precompile.compiler.progress`).
     """
     if in_worker:
         _one_thread_per_worker()
@@ -660,7 +596,7 @@ class IsolatedDecoder:
         import numpy as np
 
         if item.annotations is not None:   # inputs.coco: refused at plan time, nothing to decode
-            from .coco import check_item
+            from ..inputs.coco.annotations import check_item
 
             check_item(self.recipe, item)
         if self.proc is None:

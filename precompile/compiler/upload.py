@@ -8,8 +8,9 @@ a private temporary folder of the worker (on a cluster: in the dask worker's ``-
 
 Upload order: the ``.skipped.json`` sidecar (when inputs were skipped), the shard, then its
 ``.entry.json`` sidecar (its index entry and parts): a resumed build keeps an uploaded shard only when its
-entry sidecar is there too, so it never needs the shard's bytes. A failed upload is an
-:class:`~precompile.errors.OutputError` naming the URL (the build stops; uploaded shards are kept).
+entry sidecar is there too, so it never needs the shard's bytes. The puts are
+:func:`precompile.storage.upload.put_objects`'; a failed upload is an :class:`~precompile.errors.OutputError`
+naming the URL (the build stops; uploaded shards are kept).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from typing import Any, Optional
 
 from ..errors import OutputError
 from ..formats import names as fmt
-from ..remote import filesystem
+from ..storage.upload import put_objects
 from .keys import skipped_path
 from .results import ShardResult
 from .shard import run_shard
@@ -57,22 +58,13 @@ def entry_sidecar(res: ShardResult, key: str) -> bytes:
 
 
 def upload_shard(target: ShardTarget, local: str, res: ShardResult, key: str) -> None:
-    """Upload a built shard (and its sidecars) from ``local`` to ``<target.url>/<its name>``."""
-    from .url_output import url_fault
-
+    """Upload a built shard (and its sidecars) from ``local`` to ``<target.url>/<its name>``: the skipped
+    inputs' sidecar (when any), the shard, then its entry sidecar (the commit marker)."""
     url = f"{target.url}/{os.path.basename(local)}"
-    try:
-        fs = filesystem(url, target.storage_options, what="--storage-option")
-        if os.path.exists(skipped_path(local)):
-            fs.put_file(skipped_path(local), skipped_path(url))
-        fs.put_file(local, url)
-        fs.pipe_file(url + fmt.ENTRY_SIDECAR, entry_sidecar(res, key))
-    except Exception as e:
-        err = url_fault(e, url, target.storage_options, f"uploading shard {res.index}",
-                        kept="the shards uploaded before are kept; run build again once that is fixed")
-        if err is None:
-            raise
-        raise err from None
+    skipped = [(skipped_path(local), skipped_path(url))] if os.path.exists(skipped_path(local)) else []
+    put_objects(url, target.storage_options, [*skipped, (local, url)],
+                [(url + fmt.ENTRY_SIDECAR, entry_sidecar(res, key))], f"uploading shard {res.index}",
+                kept="the shards uploaded before are kept; run build again once that is fixed")
 
 
 def run_shard_to_url(target: ShardTarget, recipe: Any, shard: Any, path: str, key: str, specs: Any,

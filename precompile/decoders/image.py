@@ -18,7 +18,7 @@ JPEG covers exactly the source, as a full decode does, whatever its size (see
 :func:`_cover_source`). A sample decoded at a reduced scale records it in its
 meta: ``{"reduce": k}``; one turned by its EXIF orientation (2..8) records the
 orientation applied: ``{"orientation": o}`` (annotations of the stored pixels,
-compiler/coco.py, are moved by it).
+inputs/coco/, are moved by it).
 """
 from __future__ import annotations
 

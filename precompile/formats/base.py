@@ -12,13 +12,12 @@ that claims an index file.
 
 A shard writer writes to a temporary name and renames on ``close`` (after an
 fsync), so a killed build never leaves a half-written file under a final name.
-Also here: :class:`VerifyResult`, checksum/fsync helpers and
-:func:`write_json_atomic`.
+Also here: :class:`VerifyResult`, :func:`shard_digest` and :func:`tile_rows`; the local-file helpers
+(sha256, fsync, JSON written atomically) are :mod:`precompile.storage.files`.
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Sequence
@@ -27,6 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import FormatError, SampleError
+from ..storage.files import file_sha256
 from ..sample import FieldSpec, Sample, dtype_name
 
 if TYPE_CHECKING:
@@ -189,13 +189,6 @@ def tile_rows(n: int, cap: int) -> int:
     return -(-n // k)                    # spread evenly: the last chunk lacks < k rows
 
 
-def human_bytes(n: float) -> str:
-    """'1.5 MiB' and the like, for ``describe``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
 
 
 def range_text(shapes: np.ndarray) -> str:
@@ -206,12 +199,6 @@ def range_text(shapes: np.ndarray) -> str:
     return "(" + ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in zip(lo, hi)) + ")"
 
 
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def shard_digest(path: str) -> str:
@@ -226,41 +213,3 @@ def shard_digest(path: str) -> str:
             p = os.path.join(dirpath, n)
             lines.append(f"{os.path.relpath(p, path).replace(os.sep, '/')}\t{file_sha256(p)}\n")
     return hashlib.sha256("".join(sorted(lines)).encode()).hexdigest()
-
-
-def fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def json_bytes(obj: Any, indent: int | None = None) -> bytes:
-    """The bytes every JSON file of a build holds: sorted keys, UTF-8, compact unless indented, a newline."""
-    return (json.dumps(obj, sort_keys=True, ensure_ascii=False, indent=indent,
-                       separators=None if indent else (",", ":")) + "\n").encode("utf-8")
-
-
-def write_json_atomic(path: str, obj: Any, indent: int | None = None) -> None:
-    """JSON text to ``path`` via a temporary name (``*.tmp-<pid>``), fsync and rename."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(json_bytes(obj, indent))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")

@@ -31,8 +31,8 @@ from pydantic import Field
 from . import names as fmt
 from ..errors import FormatError, SampleError
 from ..sample import FieldSpec, Sample
-from .base import (Format, ShardWriter, VerifyResult, WriterOptions, file_sha256, fsync_dir, fsync_file,
-                   range_text, shard_digest, write_json_atomic)
+from .base import Format, ShardWriter, VerifyResult, WriterOptions, range_text, shard_digest
+from ..storage.files import file_sha256, fsync_dir, fsync_file, write_json_atomic
 from .dataset import Batch, Dataset
 
 

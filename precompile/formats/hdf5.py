@@ -41,7 +41,6 @@ exactly those of an unclaimed write.
 from __future__ import annotations
 
 import errno
-import hashlib
 import math
 import os
 import shutil
@@ -54,25 +53,21 @@ from . import names as fmt
 from ..errors import FormatError
 from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
-from .base import Format, ShardWriter, VerifyResult, fsync_dir, fsync_file, human_bytes, range_text, shard_digest
+from .base import Format, ShardWriter, VerifyResult, range_text, shard_digest
+from ..storage.files import fsync_dir, fsync_file, human_bytes
 from .dataset import Batch, Dataset
+from .hdf5_layout import attr_text, shard_chunk_tables
 from .hdf5_parts import ShardParts, read_parts
 from .index_columns import (ShardTable, array_crc, check_attrs, check_dataset, read_key_column, read_shard_table,
                             recorded_crcs, seal, strings_crc, write_key_column, write_shard_table)
 from .snapshot import file_identity
 
 HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
-BLOCK_BYTES = 8 << 20
 
 ALIGN = 4096
 #: fitted to shards this writer wrote (see Hdf5Format.estimate_shard_bytes)
 SHARD_OVERHEAD = 8192
 COLUMN_BYTES = 88
-
-
-def _attr_text(v: Any) -> str:
-    """An HDF5 attribute read back as text (h5py gives str or bytes)."""
-    return v.decode() if isinstance(v, bytes) else str(v)
 
 
 def _h5():
@@ -350,44 +345,6 @@ def _virtual_dataset(parent: Any, name: str, shape: tuple[int, ...], dtype: str,
     h5py.h5d.create(parent.id, name.encode(), tid, vspace, dcpl=dcpl).close()
 
 
-def chunk_table(d: Any) -> list[tuple[int, int, int, int]]:
-    """(first row, byte address, stored size, filter mask) of every allocated chunk of dataset ``d``."""
-    out: list[tuple[int, int, int, int]] = []
-    dsid = d.id
-    if hasattr(dsid, "chunk_iter"):
-        try:
-            dsid.chunk_iter(lambda ci: out.append((int(ci.chunk_offset[0]), int(ci.byte_offset), int(ci.size),
-                                                   int(ci.filter_mask))))
-            return out
-        except (AttributeError, RuntimeError, TypeError):  # older HDF5 without H5Dchunk_iter
-            out.clear()
-    for i in range(dsid.get_num_chunks()):
-        ci = dsid.get_chunk_info(i)
-        out.append((int(ci.chunk_offset[0]), int(ci.byte_offset), int(ci.size), int(ci.filter_mask)))
-    return out
-
-
-def shard_chunk_tables(f: Any, fields: Sequence[str]) -> dict[str, tuple[int, np.ndarray]]:
-    """``{field: (rows per chunk, (chunks, 2) uint64 of byte address and size, in row order)}`` of an open
-    shard file, for each fixed-shape field the reader can map: chunked by whole samples, unfiltered, every
-    chunk allocated and written in full. Any other field is left out (the reader opens its shard with h5py)."""
-    out: dict[str, tuple[int, np.ndarray]] = {}
-    for name in fields:
-        d = f.get(name)
-        if d is None or not hasattr(d, "chunks") or d.chunks is None or d.ndim < 1 or d.shape[0] == 0:
-            continue
-        c = int(d.chunks[0])
-        if tuple(d.chunks[1:]) != tuple(d.shape[1:]) or d.id.get_create_plist().get_nfilters():
-            continue
-        table = sorted(chunk_table(d))
-        rb = int(np.prod(d.shape[1:], dtype=np.int64)) * d.dtype.itemsize
-        if (len(table) != -(-d.shape[0] // c) or any(t[0] != i * c for i, t in enumerate(table))
-                or any(t[3] or t[2] != c * rb for t in table)):
-            continue
-        out[name] = (c, np.array([(t[1], t[2]) for t in table], dtype=np.uint64).reshape(-1, 2))
-    return out
-
-
 def attach_chunk_entries(shards: list[dict[str, Any]],
                          tables: list[dict[str, tuple[int, np.ndarray]]]) -> list[dict[str, Any]]:
     """The shard entries with their ``chunks`` slot: ``{field: [rows per chunk, chunks]}`` (the chunks' byte
@@ -409,27 +366,6 @@ def _write_chunk_tables(f: Any, tables: list[dict[str, tuple[int, np.ndarray]]])
     data = (np.concatenate(parts) if parts else np.zeros((0, 2), np.uint64)).astype("<u8")
     f.create_dataset(fmt.CHUNKS, data=data, dtype="<u8", track_times=False)
     return array_crc(data)
-
-
-def read_chunk_tables(path: str, where: Optional[str] = None) -> np.ndarray | None:
-    """The index's ``__chunks__`` table (see :func:`_write_chunk_tables`), or None for an index written
-    before the tables existed; checked against the index's recorded crc32 (FormatError naming ``where``,
-    default ``path``)."""
-    h5py = _h5()
-    where = where or path
-    try:
-        with h5py.File(path, "r") as f:
-            d = f.get(fmt.CHUNKS)
-            if d is None:
-                return None
-            if not isinstance(d, h5py.Dataset) or d.ndim != 2 or d.shape[1] != 2:
-                raise FormatError(f"{where}: the index's {fmt.CHUNKS} table is not (chunks, 2): the index is "
-                                  f"damaged (build again)")
-            table = d[:]
-            check_dataset(where, recorded_crcs(f, where), fmt.CHUNKS, table)
-            return table
-    except OSError as e:
-        raise FormatError(f"{where}: cannot read the index's chunk tables: {e}") from None
 
 
 @WRITERS.register()
@@ -603,7 +539,7 @@ class H5Dataset(Dataset):
                 #: the index's recorded crc32s (index_columns.seal; None: written before them)
                 self._crcs = recorded_crcs(a, self.where)
                 check_attrs(self.where, self._crcs, a)
-                self.attrs = {k: _attr_text(v) if isinstance(v, (bytes, str)) else v for k, v in a.items()}
+                self.attrs = {k: attr_text(v) if isinstance(v, (bytes, str)) else v for k, v in a.items()}
                 table = read_shard_table(f, self.attrs.get(fmt.A_SHARDS), self._crcs, self.where)
                 self._copies = f[fmt.COPY][:]
                 self._key_column = read_key_column(f, len(self._copies))
@@ -821,39 +757,6 @@ def _hdf5_storage(ds: "H5Dataset") -> dict[str, str]:
                 d = shard0[name]
                 out[name] = f"chunks of {d.chunks[0]} sample(s), {human_bytes(int(d.dtype.itemsize * math.prod(d.chunks)))}"
     return out
-
-
-def field_digest(dset: Any, block_bytes: int = BLOCK_BYTES) -> tuple[str, int]:
-    """sha256 of a dataset's samples (axis 0) in C order, read in blocks; and the bytes read."""
-    h = hashlib.sha256()
-    n = dset.shape[0]
-    per = max(1, int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize)
-    step = max(1, block_bytes // per)
-    total = 0
-    for i in range(0, n, step):
-        a = np.ascontiguousarray(dset[i:i + step])
-        h.update(a.data)
-        total += a.nbytes
-    return h.hexdigest(), total
-
-
-def _read_index(path: str) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
-    import h5py
-
-    if not os.path.exists(path):
-        raise FormatError(f"{path}: no such output (build it first)")
-    try:
-        with h5py.File(path, "r") as f:
-            a = f.attrs
-            fmt.check_header(path, a)
-            fields = fmt.loads(_attr_text(a[fmt.A_FIELDS]))
-            shards = fmt.loads(_attr_text(a[fmt.A_SHARDS]))
-            total = int(a[fmt.A_NUM])
-    except OSError as e:
-        raise FormatError(f"{path}: cannot read the index file as HDF5 ({e})") from None
-    except (KeyError, ValueError) as e:
-        raise FormatError(f"{path}: the index file's metadata is damaged ({e})") from None
-    return fields, shards, total
 
 
 def verify_hdf5(path: str, checksums: bool = True) -> VerifyResult:

@@ -1,7 +1,7 @@
 """What the HDF5 index needs from each shard, without opening the shard: :class:`ShardParts`.
 
 The index (``Hdf5Format.finalize``) gathers, per shard, its ``__key__`` / ``__copy__`` / ``__meta__``
-rows, the chunk tables of its mappable fields (:func:`precompile.formats.hdf5.shard_chunk_tables`) and
+rows, the chunk tables of its mappable fields (:func:`precompile.formats.hdf5_layout.shard_chunk_tables`) and
 the local offsets and shapes of its variable-shape fields. They come from:
 
 - the writer, as it closes a shard (in the worker): the parent never reopens a shard it built, and a
@@ -64,7 +64,7 @@ def read_parts(path: str, specs: dict[str, FieldSpec]) -> ShardParts:
     """The parts of the shard file at ``path`` (read with h5py)."""
     import h5py
 
-    from .hdf5 import shard_chunk_tables
+    from .hdf5_layout import shard_chunk_tables
 
     with h5py.File(path, "r") as sf:
         ragged = {name: (sf[name][fmt.RAGGED_OFFSETS][:], sf[name][fmt.RAGGED_SHAPES][:])

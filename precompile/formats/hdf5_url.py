@@ -6,7 +6,8 @@ fsspec URL works (``s3://``, ``gs://``, ``http(s)://``, ``memory://``); the stor
 from its usual environment (``AWS_*``, ``AWS_ENDPOINT_URL``, ...) or ``storage_options``, which are only ever
 held in memory (never written to the cache or any file).
 
-:func:`open_url` fetches the index once per call, in one GET, into the cache (:mod:`precompile.shard_cache`, named
+:func:`open_url` fetches the index once per call, in one GET (:mod:`precompile.storage.remote_source`), into the
+cache (:mod:`precompile.storage.shard_cache`, named
 by its digest: a build replaced at the same URL is seen by the next open, and an unchanged one is the same
 file), and opens it as a :class:`RemoteH5Dataset`: an :class:`~precompile.formats.hdf5.H5Dataset` whose shard
 files are fetched into the cache when first read, checked against the index, and held (pinned) while open. A
@@ -14,7 +15,8 @@ dataset keeps at most :data:`OPEN_SHARDS` shard files open (the least recently u
 so that many DataLoader workers leave the cache room, and when the cache has no room for the shard it opens, it
 closes its own least recently used ones before it waits for other processes. It pickles without handles or pins;
 each process fetches through the same cache folder. The Loader reads the same shards through the reader's hooks
-(``RemoteH5Dataset.remote``: :class:`RemoteSource`; :mod:`precompile.reader.streaming`).
+(``RemoteH5Dataset.remote``: :class:`~precompile.storage.remote_source.RemoteSource`;
+:mod:`precompile.reader.streaming`).
 """
 from __future__ import annotations
 
@@ -27,154 +29,13 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from . import names as fmt
-from ..errors import CacheError, FormatError, PrecompileError
-from ..remote import CREDENTIALS_HINT, filesystem, is_credentials_error, protocol
-from ..shard_cache import Room, ShardCache, human
+from ..errors import FormatError, PrecompileError
+from ..storage.remote_source import RemoteSource, fetch_index
+from ..storage.shard_cache import Room, ShardCache
 from .hdf5 import HDF5_MAGIC, H5Dataset
 
 #: shard files a dataset keeps open (and pinned in the cache) at most
 OPEN_SHARDS = 8
-
-
-#: what :func:`index_now` found: the index is the one opened, another one, none, or it could not be asked
-SAME, REPLACED, REMOVED, UNKNOWN = "same", "replaced", "removed", "unknown"
-
-
-def store_error(url: str, e: BaseException, index_url: Optional[str] = None, index_state: str = REPLACED
-                ) -> PrecompileError:
-    """The error to raise for a store's exception while reading ``url`` (a shard of ``index_url``, or an index).
-    A shard that is no object: ``index_state`` (:func:`index_now`) tells a build replaced since the index was
-    opened (its old snapshot collected: open it again) from a shard missing under the same index (deleted
-    by hand, or never uploaded: reopening mends nothing)."""
-    if isinstance(e, PrecompileError):
-        return e
-    if isinstance(e, FileNotFoundError):
-        if index_url is None:
-            return FormatError(f"{url}: no such object: build to this URL first, or check the bucket and path")
-        replaced = (f"the build was replaced and its old snapshot collected since {index_url} was opened: open it "
-                    f"again (precompile.open, or a new Loader)")
-        missing = (f"the index names this shard, but there is no such object: it was deleted (not by precompile, "
-                   f"which never collects a shard that an index names) or never uploaded; see which shards are "
-                   f"missing with: precompile verify {index_url}; build to this URL again to upload them")
-        if index_state == SAME:
-            return FormatError(f"{url}: no such object: {index_url} is the index this reader opened, and {missing}")
-        if index_state == REMOVED:
-            return FormatError(f"{url}: no such object, nor is there an index at {index_url} now: the build was "
-                               f"removed since it was opened")
-        if index_state == UNKNOWN:
-            return FormatError(f"{url}: no such object: either {replaced}; or {missing}")
-        return FormatError(f"{url}: no such object: {replaced}")
-    if is_credentials_error(e):
-        hint = CREDENTIALS_HINT.get(protocol(url), "set the store's credentials in its environment")
-        return FormatError(f"{url}: no credentials for {protocol(url)}:// ({type(e).__name__}); {hint}, or pass "
-                           f"them in storage_options")
-    if isinstance(e, PermissionError):
-        return FormatError(f"{url}: access denied ({e}); check the store's credentials (environment, or "
-                           f"storage_options)")
-    if isinstance(e, TypeError) and "keyword argument" in str(e):   # s3fs passes options on at first use
-        return FormatError(f"{url}: bad storage_options for {protocol(url)}://: {e}")
-    return FormatError(f"{url}: cannot read from the store: {type(e).__name__}: {e}; check the endpoint "
-                       f"(storage_options endpoint_url, or AWS_ENDPOINT_URL for s3) and the network")
-
-
-def index_now(fs: Any, index_url: str, sha: Optional[str], size: int) -> str:
-    """Whether the index at ``index_url`` is still the one opened (its sha256 ``sha``, ``size`` bytes):
-    :data:`SAME`, :data:`REPLACED`, :data:`REMOVED`, or :data:`UNKNOWN` when the store cannot be asked (the
-    index is fetched only when its size is the one opened: asked only when a shard is found missing)."""
-    import hashlib
-
-    if sha is None:
-        return UNKNOWN
-    try:
-        fs.invalidate_cache(index_url)
-        if int(fs.info(index_url).get("size", -1)) != size:
-            return REPLACED
-        return SAME if hashlib.sha256(fs.cat_file(index_url)).hexdigest() == sha else REPLACED
-    except FileNotFoundError:
-        return REMOVED
-    except Exception:  # noqa: BLE001  (the store's own errors: the message then says both causes)
-        return UNKNOWN
-
-
-def store(url: str, storage_options: Optional[dict[str, Any]]) -> Any:
-    """The fsspec filesystem for ``url`` (MissingDependencyError names the extra to install)."""
-    return filesystem(url, storage_options, what="storage_options", error=FormatError)
-
-
-class RemoteSource:
-    """Where a remote build's shards come from: their URLs, sha256s and sizes, and the cache that holds them.
-
-    Pickles without handles: the fsspec filesystem is made again in each process."""
-
-    def __init__(self, url: str, shards: Sequence[dict], cache: ShardCache, storage_options: Optional[dict[str, Any]],
-                 fs: Any = None, index_bytes: int = 0, index_sha: Optional[str] = None):
-        self.url, self.base = url, url.rsplit("/", 1)[0]
-        self.cache, self.storage_options = cache, dict(storage_options or {})
-        self._fs, self._fs_pid = fs, os.getpid()
-        #: the size of the index's cached copy, which the dataset pins while it is open (in every limit check)
-        self.index_bytes = int(index_bytes)
-        #: the opened index's sha256 (tells a replaced build from a shard missing under it; None: unknown)
-        self.index_sha = index_sha
-        self.files, self.shas, self.sizes = [], [], []
-        for i, e in enumerate(shards):
-            if not isinstance(e.get("sha256"), str) or not isinstance(e.get("bytes"), int):
-                raise FormatError(f"{url}: shard entry {i} ({e.get('file')}) records no sha256 and bytes: build it "
-                                  f"again with this precompile to read it from a URL")
-            self.files.append(str(e["file"]))
-            self.shas.append(e["sha256"])
-            self.sizes.append(int(e["bytes"]))
-            cache.check_fits(self.sizes[-1], self.shard_url(i))
-        if self.sizes and max(self.sizes) + self.index_bytes > cache.limit:
-            big = int(np.argmax(self.sizes))
-            raise CacheError(f"{self.shard_url(big)}: the shard is {human(self.sizes[big])}, {self.with_index()}: "
-                             f"more than cache_limit {human(cache.limit)} of {cache.root}: raise cache_limit to at "
-                             f"least {human(self.sizes[big] + self.index_bytes)}")
-
-    def with_index(self) -> str:
-        """The words that add the index to a size in a message about the cache limit."""
-        return f"plus the index {human(self.index_bytes)} that the reader holds"
-
-    def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fs": None}
-
-    def fs(self) -> Any:
-        """The store's filesystem, made in this process (an s3fs client is not fork-safe)."""
-        if self._fs is None or self._fs_pid != os.getpid():
-            self._fs, self._fs_pid = store(self.url, self.storage_options), os.getpid()
-        return self._fs
-
-    def shard_url(self, s: int) -> str:
-        return f"{self.base}/{self.files[s]}"
-
-    def path(self, s: int) -> str:
-        """Shard ``s``'s place in the cache (whether it is there or not)."""
-        return self.cache.path(self.shas[s])
-
-    def size(self, s: int) -> int:
-        return self.sizes[s]
-
-    def lost(self, s: int) -> str:
-        """The message for shard ``s``'s cached copy gone while this process held it."""
-        return (f"{self.shard_url(s)}: its verified copy {self.path(s)} is gone while held open: something other "
-                f"than precompile removed it from the cache folder {self.cache.root} (precompile never removes a "
-                f"file a reader holds); open the build again, and leave the cache folder to precompile")
-
-    def pin(self, s: int, wait: bool = True, cancel: Optional[threading.Event] = None,
-            room: Optional[Room] = None) -> Optional[str]:
-        """Shard ``s``'s local path, fetched if needed and held until :meth:`unpin` (None: no room and not
-        ``wait``; ``room``: see :class:`~precompile.shard_cache.Room`)."""
-        url = self.shard_url(s)
-        try:
-            return self.cache.open(self.shas[s], self.sizes[s], url,
-                                   lambda start, end: self.fs().cat_file(url, start=start, end=end), index=self.url,
-                                   wait=wait, cancel=cancel, room=room)
-        except Exception as e:  # noqa: BLE001  (the store's own errors are not OSErrors: botocore, aiohttp)
-            state = index_now(self.fs(), self.url, self.index_sha, self.index_bytes) \
-                if isinstance(e, FileNotFoundError) else REPLACED
-            raise store_error(url, e, self.url, state) from None
-
-    def unpin(self, s: int) -> None:
-        self.cache.unpin(self.shas[s])
 
 
 class RemoteH5Dataset(H5Dataset):
@@ -336,11 +197,7 @@ def open_url(url: str, fields: Sequence[str] | None = None, verify: bool = False
     """Open the HDF5 build whose index is at ``url`` (see the module docstring). ``verify=True`` re-hashes the
     cached copies of its shards first (every download is checked anyway)."""
     cache = ShardCache(cache_dir, cache_limit)
-    fs = store(url, storage_options)
-    try:
-        data = fs.cat_file(url)
-    except Exception as e:  # noqa: BLE001  (the store's own errors)
-        raise store_error(url, e) from None
+    fs, data = fetch_index(url, storage_options)
     if data[:8] != HDF5_MAGIC:
         what = "a JSON index (a png, bmp or wav build)" if data[:1] == b"{" else "neither an HDF5 nor a JSON index"
         raise FormatError(f"{url}: {what}; reading from a URL serves HDF5 builds only: copy the build to a local "
@@ -359,4 +216,4 @@ def open_url(url: str, fields: Sequence[str] | None = None, verify: bool = False
     return ds
 
 
-__all__ = ["OPEN_SHARDS", "RemoteH5Dataset", "RemoteSource", "open_url", "store", "store_error"]
+__all__ = ["OPEN_SHARDS", "RemoteH5Dataset", "open_url"]

@@ -20,7 +20,9 @@ from typing import Any
 import numpy as np
 
 from . import names as fmt
-from .base import VerifyResult, file_sha256
+from .base import VerifyResult
+from ..storage.files import file_sha256
+from .hdf5_layout import field_digest, read_index
 from .index_columns import column_problems
 
 
@@ -63,8 +65,6 @@ def _field_problems(f: Any, s: dict[str, Any], fields: dict[str, Any], digests: 
                     ) -> tuple[list[str], list[str], int]:
     """(damage to the shard, disagreements with the index, bytes hashed) for every field of shard file ``f``."""
     import h5py
-
-    from .hdf5 import field_digest
 
     shard, index, nbytes = [], [], 0
     stored = fmt.loads(_text(f.attrs[fmt.A_CHECKSUMS])) if fmt.A_CHECKSUMS in f.attrs else {}
@@ -159,9 +159,7 @@ def columnar_copy_problems(path: str, shards: list[dict[str, Any]], cols: dict[s
 def verify_hdf5(path: str, checksums: bool = True) -> VerifyResult:
     """Check every shard of the HDF5 output at ``path``; raises FormatError only when the index itself is
     unusable. Damage to the index (``index_problems``) is told apart from damage to a shard."""
-    from .hdf5 import _read_index
-
-    fields, shards, total = _read_index(path)
+    fields, shards, total = read_index(path)
     base = os.path.dirname(os.path.abspath(path))
     res = VerifyResult(num_shards=len(shards), counted="bytes of shard files" if checksums else "bytes")
     res.index_problems, cols = index_count_and_columns(path, shards, total)

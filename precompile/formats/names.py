@@ -44,9 +44,22 @@ and ``values`` (label ids and other scalars kept in the index).
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Mapping
 
 from ..errors import FormatError
+
+#: a name that names a file or a dataset (a field, an output, a split, a recipe): letters, digits, '_', '.', '-'
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def check_field_name(name: str) -> str:
+    """``name`` if it can name a field's dataset (letters, digits, '_', '.', '-'; not starting with '__', which the
+    key and meta columns use); else a ValueError saying so."""
+    if not NAME_RE.match(name) or name.startswith("__"):
+        raise ValueError(f"field name {name!r} must be letters, digits, '_', '.', '-' and not start with '__'")
+    return name
+
 
 FORMAT_NAME = "precompile"
 #: 2: shards named by content key (snapshot rebuilds); an index of another version is refused by the
@@ -104,7 +117,7 @@ STORE_INDEX = "index"
 SHARD_DIR_SUFFIX = ".shards"
 PREVIOUS_SNAPSHOT = "previous.json"  # in a shard folder: {"files": [...]} of the snapshot the last build replaced
 LOCK_FILE = ".lock"                  # in a shard folder: the build lock
-COCO_PLAN_CACHE = "coco-plan.h5"     # in a shard folder: the parsed inputs.coco file (compiler/coco_cache.py)
+COCO_PLAN_CACHE = "coco-plan.h5"     # in a shard folder: the parsed inputs.coco file (inputs/coco/cache.py)
 SKIPPED_SIDECAR = ".skipped.json"    # <shard>.skipped.json: the inputs skipped while building it (when any)
 #: <shard>.entry.json (builds written to a URL): the shard's index entry and its parts
 #: (formats/hdf5_parts.py), uploaded after the shard, so a resumed build needs neither the shard's bytes

@@ -18,7 +18,7 @@ import shutil
 from typing import Iterable, Optional
 
 from . import names as fmt
-from .base import write_json_atomic
+from ..storage.files import write_json_atomic
 
 
 def read_index_attrs(index_path: str) -> Optional[dict[str, str]]:

@@ -28,7 +28,8 @@ import numpy as np
 import torch
 
 from . import gpu
-from .direct import DirectReader, page_aligned_empty
+from .direct import DirectReader
+from .mapping import page_aligned_empty
 from .ragged import RaggedFields
 from .options import Conversion
 

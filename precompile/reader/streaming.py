@@ -1,7 +1,7 @@
 """Reading a build from a URL: shards mapped while batches need them, fetched ahead in the order a pass needs them.
 
 A build opened from a URL (:mod:`precompile.formats.hdf5_url`) has its shards in the local cache
-(:mod:`precompile.shard_cache`), where they may be evicted whenever no process pins them. Two pieces sit on the
+(:mod:`precompile.storage.shard_cache`), where they may be evicted whenever no process pins them. Two pieces sit on the
 :class:`~precompile.reader.direct.DirectReader` over such a build:
 
 - :class:`StreamingSlots`: the reader's slots (one per shard, in one reserved address range) mapped on the first
@@ -36,7 +36,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import CacheError, FormatError, PrecompileError
-from ..shard_cache import Room, human, parse_size
+from ..storage.files import human
+from ..storage.shard_cache import Room, parse_size
+from .rows import BatchPlan
 
 log = logging.getLogger("precompile.reader")
 
@@ -90,8 +92,6 @@ class StreamingSlots:
     def plan(self, idx: np.ndarray) -> Any:
         """The reader's plan of rows ``idx`` with its shards mapped; they stay mapped until the plan's ``with``
         block ends (``plan.release``)."""
-        from .direct import _Plan
-
         r = self.reader
         slots = r._row_slot[idx]
         used = np.flatnonzero(np.bincount(slots[slots >= 0], minlength=len(self.uses)))
@@ -107,7 +107,7 @@ class StreamingSlots:
         except BaseException:
             self._done(used)
             raise
-        plan = _Plan(r, idx)
+        plan = BatchPlan(r, idx)
         plan.release = lambda: self._done(used)
         return plan
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..formats import find_format, open_dataset
 from ..formats import names as fmt
-from ..formats.base import human_bytes
+from ..storage.files import human_bytes
 
 
 MIN_WIDTHS = (12, 7, 18, 8)   # name, kind, shape, dtype: the least width of each column

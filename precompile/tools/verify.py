@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from ..errors import FormatError
 from ..formats import VerifyResult, find_format
-from ..remote import is_url
+from ..storage.remote import is_url
 
 __all__ = ["VerifyResult", "verify"]
 

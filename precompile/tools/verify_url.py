@@ -67,19 +67,19 @@ def verify_url(index_url: str, checksums: bool = True, storage_options: Optional
                ) -> VerifyResult:
     """Check every shard object of the HDF5 build whose index is at ``index_url``; raises FormatError only
     when the index itself is unusable (OutputError when the store cannot be read)."""
-    from ..compiler.url_output import UrlOutput
-    from ..formats.hdf5 import _read_index
+    from ..storage.objects import UrlFolder
+    from ..formats.hdf5_layout import read_index
 
     name = os.path.splitext(os.path.basename(index_url))[0]
-    with UrlOutput(os.path.dirname(index_url), storage_options, name.split(".")[0]) as out:
+    with UrlFolder(os.path.dirname(index_url), storage_options, name.split(".")[0]) as out:
         try:
-            local = out.index_copy(index_url)
+            local = out.copy_of(index_url)
             if local is None:
                 raise FormatError(f"{index_url}: no such output (build it first)")
             if not index_url.endswith(".h5"):
                 raise FormatError(f"{index_url}: verify reads HDF5 indexes at a URL (the formats a URL build writes)")
             try:
-                fields, shards, total = _read_index(local)
+                fields, shards, total = read_index(local)
             except FormatError as e:
                 raise FormatError(str(e).replace(local, index_url)) from None
             res = VerifyResult(num_shards=len(shards), counted="bytes of shard objects" if checksums else "bytes")

@@ -35,7 +35,7 @@ import tempfile
 import threading
 from typing import Any, Iterator, Optional
 
-from .errors import DecodeError, MissingDependencyError, PlanError, PrecompileError
+from ..errors import DecodeError, MissingDependencyError, PlanError, PrecompileError
 
 URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # protocol -> (extra, package that provides it)

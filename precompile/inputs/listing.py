@@ -1,4 +1,5 @@
-"""Listing ``inputs.root`` and matching ``inputs.match``, streamed folder by folder into the plan's columns.
+"""A folder as an input: listing ``inputs.root`` and matching ``inputs.match``, streamed folder by folder into
+the plan's columns.
 
 The local walk (:func:`walk`) reads one folder at a time with ``os.scandir`` and yields its names as a
 :class:`Listed` batch, in the sorted order of the relative paths (a folder's entries are visited in the
@@ -9,12 +10,14 @@ fingerprint (size, mtime_ns). A listing can be given in the walk's place (:func:
 sorted order is sorted once at the end.
 
 :func:`match_listing` matches each batch's names at once and appends the matches to the columns of an
-:class:`~precompile.compiler.items.ItemTable` (keys, template paths, label codes, fingerprints); the
-captures a ``split:`` needs are kept as codes into their distinct values (:data:`Factors`).
+:class:`~precompile.inputs.items.ItemTable` (keys, template paths, label codes, fingerprints); the
+captures a ``split:`` needs are kept as codes into their distinct values
+(:data:`~precompile.inputs.items.Factors`). :func:`read_folder` is this input kind's entry.
 """
 from __future__ import annotations
 
 import os
+import re
 import stat
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional
@@ -22,19 +25,10 @@ from typing import Any, Iterable, Iterator, Optional
 import numpy as np
 
 from ..errors import PlanError, RecipeError
-from ..recipe import Recipe, pattern_regex
-from .items import ItemTable, Strings, StringsBuilder
-
-#: column or capture name -> (int64 code per item, the distinct values the codes index)
-Factors = dict[str, tuple[np.ndarray, list]]
-
-
-def factorize(values: list) -> tuple[np.ndarray, list]:
-    """(code per value, the distinct values in first-seen order)."""
-    seen: dict[Any, int] = {}
-    codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), np.int64, len(values))
-    return codes, list(seen)
-
+from ..storage.remote import is_url, list_tree
+from .items import Inputs, ItemTable, Strings, StringsBuilder
+from .paths import local_prefix
+from .templates import CAPTURE_RE, fill_template, pattern_regex
 
 @dataclass
 class Listed:
@@ -117,22 +111,55 @@ def _encodes(s: str) -> bool:
     return True
 
 
-@dataclass
-class Matched:
-    """What matching gives the plan: the items' table, the label names in id order, the factors of the
-    captures a ``split:`` reads."""
+def check_inputs(inp: Any, source: Optional[str]) -> None:
+    """The recipe's ``inputs`` (``inp``, from the recipe file ``source``) for a folder: ``match``, ``where``, the
+    fields' path templates and ``label`` agree on the captures; a RecipeError naming the key otherwise."""
+    caps = set(CAPTURE_RE.findall(inp.match))
+    for c in inp.where:
+        if c not in caps:
+            raise RecipeError(f"{c!r} is not a capture in match {inp.match!r}", source=source,
+                              loc=f"inputs.where.{c}")
+        try:
+            re.compile(inp.where[c])
+        except re.error as e:
+            raise RecipeError(f"not a valid regular expression: {e}", source=source, loc=f"inputs.where.{c}") from None
+    try:
+        pattern_regex(inp.match, inp.where)
+    except re.error as e:
+        raise RecipeError(f"match and where do not make a valid pattern together: {e}", source=source,
+                          loc="inputs.where") from None
+    for fname, decl in inp.fields.items():
+        if decl.path is not None:
+            bad = set(CAPTURE_RE.findall(decl.path)) - caps
+            if bad:
+                raise RecipeError(f"uses capture(s) {sorted(bad)} that match {inp.match!r} does not define",
+                                  source=source, loc=f"inputs.fields.{fname}.path")
+    if inp.label is not None:
+        if inp.label.capture not in caps:
+            raise RecipeError(f"{inp.label.capture!r} is not a capture in match {inp.match!r}",
+                              source=source, loc="inputs.label.capture")
+        if inp.label.field in inp.fields:
+            raise RecipeError(f"label field {inp.label.field!r} clashes with an input field", source=source,
+                              loc="inputs.label.field")
 
-    table: ItemTable
-    label_names: list[str]
-    factors: Factors
+
+def read_folder(recipe: Any, listing: Optional[Iterable[Listed]] = None) -> Inputs:
+    """The files (or folders) under ``inputs.root`` that ``match`` finds, as the plan's items (``listing``:
+    batches to match in place of walking the root, e.g. a synthetic listing; a URL's root is listed once,
+    fingerprints kept)."""
+    inp = recipe.model.inputs
+    root = recipe.input_root
+    remote = is_url(root)
+    if listing is None and remote:
+        listing = [Listed(list_tree(root, inp.kind == "dir", inp.storage_options))]  # fingerprints kept
+    elif listing is None:
+        if not os.path.isdir(root):
+            raise RecipeError(f"input root {root!r} is not a folder", source=recipe.source, loc="inputs.root")
+        listing = walk(root, inp.kind == "dir")
+    return match_listing(recipe, listing, remote)
 
 
-def local_prefix(root: str, remote: bool) -> str:
-    """What every input path of a folder listing starts with (a listed path is this plus its relative path)."""
-    return f"{root}/" if remote else os.path.join(root, "")
-
-
-def match_listing(recipe: Recipe, batches: Iterable[Listed], remote: bool) -> Matched:
+def match_listing(recipe: Any, batches: Iterable[Listed], remote: bool) -> Inputs:
     """Match every listed name against ``inputs.match`` (with ``where``): the table of the matches in key
     order, with each field's path (the listed one, or its template over the captures), the label id and the
     listing's fingerprint of the listed fields."""
@@ -147,7 +174,7 @@ def match_listing(recipe: Recipe, batches: Iterable[Listed], remote: bool) -> Ma
 class _Accumulator:
     """The growing columns of :func:`match_listing`."""
 
-    def __init__(self, recipe: Recipe, rx: Any, prefix: str, remote: bool):
+    def __init__(self, recipe: Any, rx: Any, prefix: str, remote: bool):
         inp = recipe.model.inputs
         self.recipe, self.rx, self.prefix, self.remote = recipe, rx, prefix, remote
         self.keys = StringsBuilder()
@@ -208,8 +235,6 @@ class _Accumulator:
 
     def _template_path(self, template: str, caps: dict[str, str]) -> str:
         """A field's ``path`` template filled with the captures, after the prefix (as the plan joined it)."""
-        from .plan import fill_template
-
         rp = fill_template(template, caps)
         if self.remote:
             return rp
@@ -218,7 +243,7 @@ class _Accumulator:
             raise PlanError(f"{template!r} filled with {caps} gives {rp!r}, which leaves inputs.root")
         return full[len(self.prefix):]
 
-    def finish(self) -> Matched:
+    def finish(self) -> Inputs:
         recipe, inp = self.recipe, self.recipe.model.inputs
         keys = self.keys.build()
         listed = keys if self.remote or os.sep == "/" else Strings.from_list(
@@ -236,7 +261,7 @@ class _Accumulator:
             order = keys.argsort()
             table = table.take(order)
             factors = {c: (codes[order], vals) for c, (codes, vals) in factors.items()}
-        return Matched(table, label_names, factors)
+        return Inputs(table, label_names, factors)
 
     def _labels(self) -> tuple[list[str], Optional[np.ndarray]]:
         """The label names in id order and each item's id (``inputs.label``), or ([], None)."""

@@ -2,14 +2,14 @@
 
 :func:`table_items` reads the table once and makes every per-row value the plan needs (each field's
 path from its template, the key, label ids, targets, texts, the split's columns) as arrays; it never
-builds a dict per row. The rules are :mod:`precompile.compiler.tables`' per-cell ones: where a
+builds a dict per row. The rules are :mod:`.cells`' per-cell ones: where a
 column's type or a template's format spec has no exact columnar equivalent (a float cell under
-``{x:.1f}``, say) that one template slot is filled cell by cell with :func:`tables._cell_text`. Only
+``{x:.1f}``, say) that one template slot is filled cell by cell with :func:`.cells.cell_text`. Only
 per-row decoder options are validated row by row (each distinct combination once).
 
 Errors are the same as the row-by-row reading gave: every check is computed for all rows, and the first
 row any check flags is read again as a dict and put through the per-row code, which raises the
-:class:`~precompile.compiler.tables.TableError` naming the file, the data row and the column.
+:class:`~.read.TableError` naming the file, the data row and the column.
 """
 from __future__ import annotations
 
@@ -19,11 +19,13 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .items import ItemTable, Strings
-from .listing import Matched
-from ..errors import RecipeError, echo
-from .tables import (MAX_PATH_CHARS, TEMPLATE_RE, CellError, TableError, _blank, _cell_text, _check_columns,
-                     _number, _path_filler, _pyarrow, _row_options, read_table, table_files, template_columns)
+from ...errors import RecipeError, echo
+from ..items import Inputs, ItemTable, Strings
+from ..paths import MAX_PATH_CHARS
+from .cells import (TEMPLATE_RE, CellError, blank, cell_text, check_columns, number, path_filler, row_options,
+                    template_columns)
+from .files import load_pyarrow, read_table, table_files
+from .read import TableError
 
 #: what Python's ``str.isspace`` calls whitespace, as an RE2 class: a cell of only these is blank
 _WS = r"[\t\n\x0b\x0c\r\x1c-\x20\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
@@ -56,12 +58,12 @@ class _Columns:
     in file order), one row of them as a dict, and the file and data row a row came from."""
 
     def __init__(self, recipe: Any):
-        self.pa = _pyarrow()
+        self.pa = load_pyarrow()
         self.source = recipe.source
         self.files = table_files(recipe)
         opts = recipe.model.inputs.storage_options
         quoting, texts = recipe.model.inputs.quoting, _text_columns(recipe)
-        tables = [read_table(f, recipe.source, lambda names, f=f: _check_columns(recipe, f, names), opts, quoting,
+        tables = [read_table(f, recipe.source, lambda names, f=f: check_columns(recipe, f, names), opts, quoting,
                              texts) for f in self.files]
         schemas = [t.schema for t in tables]   # the types as the files hold them, for messages
         tables = [_plain(self.pa, t) for t in tables]
@@ -96,7 +98,7 @@ class _Columns:
         return {c: a[i].as_py() for c, a in self._cols.items()}
 
     def blank(self, name: str) -> np.ndarray:
-        """Per row: the cell is blank (null, only whitespace, NaN), as :func:`tables._blank` says."""
+        """Per row: the cell is blank (null, only whitespace, NaN), as :func:`.cells.blank` says."""
         import pyarrow.compute as pc
 
         arr = self.col(name)
@@ -136,7 +138,7 @@ def _concat(pa: Any, tables: list, schemas: list, files: list[str], source: Opti
     raise RecipeError(f"the table files cannot be joined: {reason}", source=source, loc="inputs.table") from None
 
 
-def table_items(recipe: Any) -> Matched:
+def table_items(recipe: Any) -> Inputs:
     """The items of a table recipe in key order, the label names in id order, and the factors of the
     columns ``split:`` reads."""
     inp = recipe.model.inputs
@@ -144,7 +146,7 @@ def table_items(recipe: Any) -> Matched:
     _check_values(recipe, cols)
     label_names, values = _column_values(recipe, cols)
     if not cols.n:
-        return Matched(ItemTable(keys=Strings.from_list([]), prefix="", paths={}), label_names, {})
+        return Inputs(ItemTable(keys=Strings.from_list([]), prefix="", paths={}), label_names, {})
     rels, bad = _paths(recipe, cols)
     keys = rels[None] if inp.key is None else _key_texts(cols, inp.key)
     if inp.key is not None:
@@ -227,7 +229,7 @@ def _column_values(recipe: Any, cols: _Columns) -> tuple[list[str], dict[str, An
         elif c.kind == "text":
             arr = cols.col(c.column)
             if not _is_text(cols.pa, arr.type):
-                arr = cols.pa.array(["" if _blank(v) else str(v) for v in arr.to_pylist()], cols.pa.large_string())
+                arr = cols.pa.array(["" if blank(v) else str(v) for v in arr.to_pylist()], cols.pa.large_string())
             out[f] = pc.fill_null(arr, "")
     return names, out
 
@@ -259,7 +261,7 @@ def _labels(recipe: Any, cols: _Columns, field: str) -> tuple[list[str], np.ndar
 
 
 def _numbers(recipe: Any, cols: _Columns, field: str, col: str, mapping: dict) -> np.ndarray:
-    """A target column as float32: each distinct cell through :func:`tables._number` once; the first row
+    """A target column as float32: each distinct cell through :func:`.cells.number` once; the first row
     whose cell is not a number is a TableError."""
     import pyarrow.compute as pc
 
@@ -270,7 +272,7 @@ def _numbers(recipe: Any, cols: _Columns, field: str, col: str, mapping: dict) -
     bad: dict[int, str] = {}
     for u, v in enumerate(cells):
         try:
-            conv[u] = _number(v, mapping)
+            conv[u] = number(v, mapping)
         except ValueError as e:
             bad[u] = str(e)
     if bad:
@@ -283,7 +285,7 @@ def _numbers(recipe: Any, cols: _Columns, field: str, col: str, mapping: dict) -
 
 def _slot(cols: _Columns, template: str, name: str, spec: Optional[str]) -> tuple[Any, np.ndarray]:
     """One ``{name:spec}`` slot of ``template`` for every row: (texts, flag per row whose cell it cannot
-    use). Columnar where that is exact, else cell by cell (:func:`tables._cell_text`)."""
+    use). Columnar where that is exact, else cell by cell (:func:`.cells.cell_text`)."""
     pa = cols.pa
     arr, blank = cols.col(name), cols.blank(name)
     fast = _fast_slot(cols, arr, blank, spec)
@@ -292,7 +294,7 @@ def _slot(cols: _Columns, template: str, name: str, spec: Optional[str]) -> tupl
     texts, bad = [], np.zeros(cols.n, bool)
     for i, v in enumerate(arr.to_pylist()):
         try:
-            texts.append(_cell_text(template, name, spec, v))
+            texts.append(cell_text(template, name, spec, v))
         except CellError:
             texts.append("")
             bad[i] = True
@@ -300,7 +302,7 @@ def _slot(cols: _Columns, template: str, name: str, spec: Optional[str]) -> tupl
 
 
 def _fast_slot(cols: _Columns, arr: Any, blank: np.ndarray, spec: Optional[str]) -> Any:
-    """The slot's texts computed by column, or None where that would not be exactly ``_cell_text``: text
+    """The slot's texts computed by column, or None where that would not be exactly ``cell_text``: text
     cells with no spec; integers with no spec; non-negative integers (or cells of ASCII digits) under
     ``d``, ``6d`` or ``06d``."""
     import pyarrow.compute as pc
@@ -406,7 +408,7 @@ def _first(bad: np.ndarray, dup: np.ndarray) -> Optional[int]:
 
 
 def _options(recipe: Any, cols: _Columns, upto: int) -> Optional[list[dict]]:
-    """Each row's decoder options from its cells (:func:`tables._row_options`, each distinct combination
+    """Each row's decoder options from its cells (:func:`.cells.row_options`, each distinct combination
     once), for the rows before ``upto`` (the first row with another error: its options come after); None
     when the recipe takes no option from the table."""
     if not recipe.row_options:
@@ -425,7 +427,7 @@ def _options(recipe: Any, cols: _Columns, upto: int) -> Optional[list[dict]]:
         if hit is None:
             def where(col: Optional[str], what: str, loc: str, _i: int = i) -> TableError:
                 return cols.error(_i, col, what, loc)
-            hit = _row_options(recipe, dict(zip(used, vals)), where)
+            hit = row_options(recipe, dict(zip(used, vals)), where)
             if cells is not None:
                 seen[cells] = hit
         out.append(hit)
@@ -441,7 +443,7 @@ def _row_error(recipe: Any, cols: _Columns, i: int, order: np.ndarray) -> None:
         return cols.error(i, col, what, loc)
 
     row = cols.row(i)
-    rel, _ = _path_filler(recipe, recipe.input_root)(row, where)
+    rel, _ = path_filler(recipe, recipe.input_root)(row, where)
     if inp.key is not None and cols.blank(inp.key)[i]:
         raise where(inp.key, "blank key", "inputs.key")
     key = rel if inp.key is None else str(row[inp.key])
@@ -457,7 +459,7 @@ def _row_error(recipe: Any, cols: _Columns, i: int, order: np.ndarray) -> None:
 
 
 def _assemble(recipe: Any, cols: _Columns, keys: tuple[Any, Any], rels: dict, order: np.ndarray,
-              label_names: list[str], values: dict[str, Any], options: Optional[list]) -> Matched:
+              label_names: list[str], values: dict[str, Any], options: Optional[list]) -> Inputs:
     """The columns in key order as the plan's :class:`ItemTable` (``keys``: the key texts in row order and
     in key order)."""
     pa = cols.pa
@@ -486,7 +488,7 @@ def _assemble(recipe: Any, cols: _Columns, keys: tuple[Any, Any], rels: dict, or
         for c in (sp.column, sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)):
             if c is not None:
                 factors[c] = _factor(cols, c, order)
-    return Matched(table, label_names, factors)
+    return Inputs(table, label_names, factors)
 
 
 def _strings(arr: Any, os_sep: bool) -> Strings:

@@ -41,7 +41,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 
-from ..errors import RecipeError, clip, echo
+from ...errors import RecipeError, clip, echo
 
 #: deeper JSON nesting is refused before pyarrow reads the file (its parser recurses: about 30,000 levels
 #: crash the process)

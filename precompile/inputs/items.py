@@ -1,4 +1,5 @@
-"""The plan's items, stored by column: what a plan of millions of inputs holds in the parent.
+"""The items, stored by column: what every input kind gives the plan, and what a plan of millions of inputs
+holds in the parent.
 
 A plan keeps one :class:`ItemTable` instead of one Python object per input: the sample keys and each
 field's input path as UTF-8 blobs with int64 offsets (:class:`Strings`), labels, table rows, split
@@ -6,10 +7,13 @@ codes and listed fingerprints (size, mtime_ns) as numpy arrays, and a table's co
 column. Only what is rare or large per input anyway stays a list of objects (per-row decoder
 options, a COCO image's annotations).
 
-:class:`~precompile.compiler.plan.Item` objects are built on demand, per shard, when a shard task
-runs (:meth:`ItemTable.items`); :class:`Items` is the read-only sequence view the plan and its shards
-expose as ``.items``. :meth:`ItemTable.take` copies a subset of rows: a shard pickled for a worker
-carries only its own rows.
+:class:`Item` objects are built on demand, per shard, when a shard task runs (:meth:`ItemTable.items`);
+:class:`Items` is the read-only sequence view the plan and its shards expose as ``.items``.
+:meth:`ItemTable.take` copies a subset of rows: a shard pickled for a worker carries only its own rows.
+
+:class:`Inputs` is what an input kind gives the plan (:func:`precompile.inputs.read_inputs`): the table, the
+label names, the factors of what ``split:`` reads, and the fields and index attributes the input adds.
+This module sits below every input kind and the plan; it imports nothing of either.
 """
 from __future__ import annotations
 
@@ -18,8 +22,27 @@ from typing import Any, Iterator, Optional, Sequence, Union
 
 import numpy as np
 
+from ..sample import FieldSpec
+
 #: the rows of a table a view or shard covers: a range (contiguous) or an int64 index array
 Rows = Union[range, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Item:
+    """One input as a shard task reads it (built from the plan's columns, per shard). ``captures``: the
+    plan uses the match's captures while it plans; the items it builds leave them empty."""
+
+    key: str                         # relative path of the match, '/'-separated
+    paths: dict[str, str]            # field -> absolute input path
+    label: Optional[int] = None
+    captures: dict[str, str] = field(default_factory=dict)
+    row: Optional[int] = None                                   # table inputs: the data row (1-based)
+    row_file: Optional[str] = None                              # table inputs: the table file of that row
+    values: dict[str, Any] = field(default_factory=dict)         # table inputs: column field -> value
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)  # field -> decoder options from the row
+    split: Optional[str] = None                                  # with ``split:``: the split it belongs to
+    annotations: Any = field(default=None, compare=False, repr=False)   # inputs.coco: a coco.CocoImage
 
 
 class Strings:
@@ -191,9 +214,7 @@ class ItemTable:
         return replace(self, **out)
 
     def items(self, rows: Rows) -> list:
-        """The :class:`~precompile.compiler.plan.Item` of each row in ``rows``, built now."""
-        from .plan import Item
-
+        """The :class:`Item` of each row in ``rows``, built now."""
         n = len(rows)
         idx = row_index(rows)
         keys = self.keys.to_list(rows)
@@ -238,7 +259,7 @@ class ItemTable:
 
 
 class Items(Sequence):
-    """A read-only sequence of :class:`~precompile.compiler.plan.Item` over rows of an :class:`ItemTable`:
+    """A read-only sequence of :class:`Item` over rows of an :class:`ItemTable`:
     ``len`` costs nothing; each item (or slice) is built when read."""
 
     __slots__ = ("table", "rows")
@@ -266,3 +287,34 @@ class Items(Sequence):
 
     def __repr__(self) -> str:
         return f"<{len(self)} items>"
+
+
+#: column or capture name -> (int64 code per item, the distinct values the codes index)
+Factors = dict[str, tuple[np.ndarray, list]]
+
+
+def factorize(values: list) -> tuple[np.ndarray, list]:
+    """(code per value, the distinct values in first-seen order)."""
+    seen: dict[Any, int] = {}
+    codes = np.fromiter((seen.setdefault(v, len(seen)) for v in values), np.int64, len(values))
+    return codes, list(seen)
+
+
+@dataclass
+class Inputs:
+    """What an input kind gives the plan (:func:`precompile.inputs.read_inputs`): the items' table in key order,
+    the label names in id order, the factors of the columns or captures ``split:`` reads; and what only some
+    kinds add: the specs of fields made beside the decoders' (``inputs.coco``'s annotations, which the steps
+    then see), index attributes (its categories) and a parse owed to the output's cache (``pending``:
+    :class:`precompile.inputs.coco.cache.Pending`)."""
+
+    table: ItemTable
+    label_names: list[str]
+    factors: Factors
+    specs: dict[str, FieldSpec] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    pending: Any = None
+
+    @property
+    def items(self) -> Items:
+        return Items(self.table)

@@ -114,7 +114,7 @@ class Progress:
 
 def _manager_init() -> None:
     """In the queue's manager process: exit when the build's process dies (nothing else would end it)."""
-    from .compiler.forkpool import watch_parent
+    from .forkpool import watch_parent
 
     watch_parent()
 

@@ -1,7 +1,8 @@
-"""Faults of the machine, told as they are: the output folder's (out of space, read-only, vanished, I/O
-errors; a URL output's store: :func:`.url_output.url_fault`) and a worker killed by the kernel. Neither is
-ever blamed on an input nor answered with ``on_error: skip``; see ``docs/faults.md`` for the table of
-faults, messages and exit codes.
+"""Faults of a local folder a build writes, told as they are: out of space, over its quota, read-only,
+vanished, I/O errors (an output folder, or the staging folder of an output at a URL; a store's own faults:
+:func:`.objects.url_fault`), and the free space checked before a build. Never blamed on an input nor
+answered with ``on_error: skip``; see ``docs/faults.md`` for the table of faults, messages and exit codes
+(a worker killed by the kernel: :func:`precompile.compiler.backends.worker_killed`).
 """
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import os
 import shutil
 from typing import Optional
 
-from ..errors import OutputError, WorkerKilledError
-from ..formats.base import human_bytes
+from ..errors import OutputError
+from .files import human_bytes
 
 #: errnos that are always about the output (the build writes nowhere else)
 _OUTPUT_ERRNOS = {errno.ENOSPC: "out of space", errno.EDQUOT: "over its disk quota",
@@ -72,12 +73,3 @@ def check_space(folder: str, needed: int, shards: int) -> None:
                           f"({needed} bytes for {shards} shard(s) to write), {human_bytes(free)} ({free} bytes) free; "
                           f"free some space or build into another folder (or pass --force-space, "
                           f"build(force_space=True), if the estimate is wrong)")
-
-
-def worker_killed(shard_index: int, inputs: str, why: str) -> WorkerKilledError:
-    """A shard's worker killed by SIGKILL twice, the second time alone: memory, not an input."""
-    return WorkerKilledError(
-        f"shard {shard_index} (inputs {inputs}): its worker process was killed ({why}) twice, the second time "
-        f"building it alone; SIGKILL is what the kernel's out-of-memory killer sends (see dmesg), not a bad input. "
-        f"Use fewer jobs (-j) or a smaller output.samples_per_shard, or give the machine more memory; "
-        f"finished shards are kept, run build again")

@@ -2,7 +2,7 @@
 file has not changed does not parse the JSON again.
 
 Parsing COCO's train2017 instances file (json, checks, grouping, per-image arrays and digests) costs 40-60 s
-on a shared core; a no-change rebuild should cost seconds. :func:`precompile.compiler.coco.load_coco` asks
+on a shared core; a no-change rebuild should cost seconds. :func:`precompile.inputs.coco.load_coco` asks
 :func:`load` for the parse kept at ``<out>/<name>.shards/coco-plan.h5``
 (``formats.names.COCO_PLAN_CACHE``) under a key
 (:func:`cache_key`): this module's version, the package version, the file's path or URL and fingerprint
@@ -32,7 +32,9 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .coco import CocoImage, CocoParse
+from ..items import Strings
+from .annotations import CocoImage
+from .parse import CocoParse
 
 #: bumped whenever what is stored, or how it is read, changes (an older file is then parsed again)
 #: 2: each image's error (its record or an annotation refused at plan time) kept in the meta
@@ -43,9 +45,9 @@ NONE, POLYGONS, RLE_TEXT, RLE_COUNTS = 0, 1, 2, 3
 
 def cache_key(recipe: Any, path: str, content: bool) -> dict[str, Any]:
     """What a kept parse must have been made from to be used (JSON data; see the module docstring)."""
-    from .. import __version__
-    from ..remote import file_fingerprint, is_url
-    from .keys import fingerprint
+    from ... import __version__
+    from ...storage.files import fingerprint
+    from ...storage.remote import file_fingerprint, is_url
 
     spec = recipe.model.inputs.coco
     fp = (file_fingerprint(path, recipe.model.inputs.storage_options, f"COCO annotation file {path!r}")
@@ -110,8 +112,6 @@ def load(path: str, key: dict[str, Any]) -> Optional[CocoParse]:
 
 def _columns(parsed: CocoParse, meta: dict[str, Any]) -> dict[str, np.ndarray]:
     """The parse as flat arrays (``meta`` gets the image ids when they are not all integers)."""
-    from .items import Strings
-
     ids = list(parsed.images)
     imgs = [parsed.annotations[i] for i in ids]
     names = Strings.from_list([parsed.images[i][0] for i in ids])
@@ -142,8 +142,6 @@ def _cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
 def _flat_segments(segs: list, prefix: str) -> dict[str, np.ndarray]:
     """Segmentations (None, a list of polygon arrays, an RLE with text or uint32 counts) as flat arrays:
     each one's kind and polygon count, each polygon's length, the coordinates, the RLE texts and counts."""
-    from .items import Strings
-
     kind = np.zeros(len(segs), np.uint8)
     npoly = np.zeros(len(segs), np.int64)
     polys, texts, counts = [], [], []
@@ -168,8 +166,6 @@ def _flat_segments(segs: list, prefix: str) -> dict[str, np.ndarray]:
 
 def _segments(c: dict[str, np.ndarray], prefix: str, sizes: np.ndarray) -> list:
     """The segmentations :func:`_flat_segments` flattened (``sizes``: each one's image [height, width])."""
-    from .items import Strings
-
     kind, npoly = c[f"{prefix}_kind"].tolist(), c[f"{prefix}_polygons"].tolist()
     coords = _split(c[f"{prefix}_coords"], c[f"{prefix}_polygon_len"])
     texts = iter(Strings(c[f"{prefix}_rle_text"], c[f"{prefix}_rle_text_offsets"]).to_list())
@@ -195,8 +191,6 @@ def _split(flat: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
 
 def _from_columns(c: dict[str, np.ndarray], meta: dict[str, Any]) -> CocoParse:
     """The :class:`CocoParse` the columns were made from."""
-    from .items import Strings
-
     names = Strings(c["file_name"], c["file_name_offsets"]).to_list()
     ids = c["image_id"].tolist() if "image_id" in c else meta["image_ids"]
     if len(ids) != len(names):

@@ -1,0 +1,143 @@
+"""Splits (``split:``): which output each input goes to, whatever its kind (a folder listing, a table, a COCO file).
+
+By a stable hash (:func:`precompile.seeding.stable_hash`) of the seed and the key, or of the group value
+(``split.group``: a column or capture, optionally cut by a pattern), so an input's split depends on nothing
+else and adding inputs never moves an old one; or by a column naming each input's split (``by: column``).
+The values a split reads come as factors (each distinct value once: :data:`~precompile.inputs.items.Factors`),
+so each is checked and hashed once; an error names the first input, in key order, at fault.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+import numpy as np
+
+from ..errors import RecipeError, echo
+from ..formats.names import NAME_RE
+from ..seeding import stable_hash
+from .table.cells import blank
+
+def split_group(spec: Any, captures: dict[str, Any]) -> Optional[str]:
+    """An item's group value under ``split.group`` (None without one); the pattern's first group when given."""
+    g = spec.group
+    if g is None:
+        return None
+    col = g if isinstance(g, str) else g.column
+    v = str(captures[col])
+    if isinstance(g, str) or g.pattern is None:
+        return v
+    m = re.search(g.pattern, v)
+    if m is None:
+        raise ValueError(f"split.group pattern {g.pattern!r} does not match {echo(v)}")
+    return m.group(1) if m.groups() else m.group(0)
+
+
+def hash_split(fractions: dict[str, float], seed: int, name: str) -> str:
+    """The split of ``name`` (a key or a group): a stable 64-bit hash of seed and name, as a point in [0, 1),
+    falls in one split's share of the line (the fractions in their given order). Nothing else decides it."""
+    u = stable_hash(f"split:{int(seed)}:{name}") / 2.0 ** 64
+    acc = 0.0
+    last = next(reversed(fractions))
+    for split, f in fractions.items():
+        acc += f
+        if u < acc:
+            return split
+    return last
+
+
+def assign_splits(recipe: Any, table: Any, factors: dict[str, tuple[np.ndarray, list]]) -> Any:
+    """``table`` (an :class:`~precompile.inputs.items.ItemTable`) with each item's split set (see the
+    module docstring), from the factors of the columns or captures the split reads (code per item, distinct
+    values: :data:`~precompile.inputs.items.Factors`); each distinct value is checked and hashed once.
+    A RecipeError names the first input (in key order) whose group or split value is unusable, or whose
+    group is in two splits of a ``by: column`` split."""
+    sp, source = recipe.model.split, recipe.source
+    seed = recipe.seed if sp.seed is None else sp.seed
+    gcol = sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)
+    for col in (sp.column, gcol):
+        if col is not None and col not in factors:
+            raise RecipeError(f"{col!r} is neither a table column nor a capture of match", source=source, loc="split")
+    at = _where(table)
+    groups = _Groups(sp, gcol, factors[gcol], at) if gcol is not None else None
+    checks = [groups.check] if groups is not None else []
+    if sp.by == "column":
+        codes, names = _column_splits(recipe, factors[sp.column], groups, checks, at)
+    else:
+        _raise_first(recipe, checks)
+        names = list(sp.fractions)
+        pos = {s: i for i, s in enumerate(names)}
+        if groups is None:
+            codes = np.fromiter((pos[hash_split(sp.fractions, seed, k)] for k in table.keys.to_list()),
+                                np.int64, len(table))
+        else:
+            codes = np.array([pos[hash_split(sp.fractions, seed, g)] for g in groups.values], np.int64)[groups.ids]
+    table.split, table.split_names = codes.astype(np.int16), tuple(names)
+    return table
+
+
+def _where(table: Any) -> Any:
+    """``i -> "table.csv: data row 7 (...)"`` or ``"input 'a/b.png'"``: how a message names item ``i``."""
+    def at(i: int) -> str:
+        if table.row is None:
+            return f"input {echo(table.keys[i])}"
+        return f"{table.row_files[int(table.row_file[i])]}: data row {int(table.row[i])} (1-based, header not counted)"
+    return at
+
+
+class _Groups:
+    """The ``split.group`` of every item: each distinct cell through :func:`split_group` once; ``ids`` (per
+    item, -1 where the cell is unusable) index ``values``; ``check`` flags and names the unusable ones."""
+
+    def __init__(self, sp: Any, col: str, factor: tuple[np.ndarray, list], at: Any):
+        codes, cells = factor
+        found: dict[str, int] = {}
+        per = np.full(len(cells), -1, np.int64)
+        msgs = [""] * len(cells)
+        for u, v in enumerate(cells):
+            try:
+                per[u] = found.setdefault(split_group(sp, {col: v}), len(found))
+            except ValueError as e:
+                msgs[u] = str(e)
+        self.ids, self.values = per[codes], list(found)
+        self.check = (self.ids < 0, lambda i: (f"{at(i)}: {msgs[codes[i]]}", "split.group"))
+
+
+def _column_splits(recipe: Any, factor: tuple[np.ndarray, list], groups: Optional[_Groups], checks: list,
+                   at: Any) -> tuple[np.ndarray, list[str]]:
+    """``by: column``: each item's split code and the split names (sorted); raises the first input's error
+    among ``checks`` and these: a split name that is not one, a group in two splits."""
+    sp = recipe.model.split
+    codes, cells = factor
+    valid = [not blank(v) and NAME_RE.match(str(v)) is not None for v in cells]
+    names = sorted({str(v) for v, ok in zip(cells, valid) if ok})
+    pos = {s: i for i, s in enumerate(names)}
+    split = np.array([pos[str(v)] if ok else -1 for v, ok in zip(cells, valid)], np.int64)[codes]
+    checks.append((split < 0, lambda i: (f"{at(i)}, column {sp.column!r}: split name {echo(cells[codes[i]])} must be "
+                                         f"letters, digits, '_', '.', '-'", "split.column")))
+    if groups is not None and len(split):
+        g = groups.ids
+        ok = (g >= 0) & (split >= 0)
+        first = np.full(len(groups.values), -1, np.int64)   # each group's first usable item
+        gids, at_first = np.unique(g[ok], return_index=True)
+        first[gids] = np.flatnonzero(ok)[at_first]
+        f = np.where(g >= 0, first[np.maximum(g, 0)], -1)
+        clash = ok & (f >= 0) & (split != split[np.maximum(f, 0)])
+        checks.append((clash, lambda i: (f"{at(i)}: group {echo(groups.values[g[i]])} is in split {names[split[i]]!r} "
+                                         f"here and in {names[split[f[i]]]!r} at {at(int(f[i]))} (a group must not "
+                                         f"be in two splits)", "split.group")))
+    _raise_first(recipe, checks)
+    return split, names
+
+
+def _raise_first(recipe: Any, checks: list[tuple[np.ndarray, Any]]) -> None:
+    """The error of the first input any check flags (``checks``: (flag per input, ``i -> (message, loc)``),
+    in the order one input is checked); nothing when none does."""
+    firsts = [int(np.argmax(flags)) for flags, _ in checks if flags.any()]
+    if not firsts:
+        return
+    i = min(firsts)
+    for flags, message in checks:
+        if flags[i]:
+            msg, loc = message(i)
+            raise RecipeError(msg, source=recipe.source, loc=loc)

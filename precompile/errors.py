@@ -24,6 +24,14 @@ def echo(value: Any, limit: int = ECHO_CHARS) -> str:
     return clip(repr(value), limit)
 
 
+def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
+    """``"; did you mean 'a', 'b'?"`` naming the choices close to ``name`` (difflib), or ``""`` when none is."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
 class PrecompileError(Exception):
     """Base of every error precompile raises on purpose."""
 
@@ -124,13 +132,10 @@ class UnknownName(PrecompileError, KeyError):
     exit_code = 2
 
     def __init__(self, kind: str, name: str, choices: list[str]):
-        import difflib
-
         self.kind = kind
         self.name = name
         self.choices = choices
-        close = difflib.get_close_matches(name, choices, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        hint = did_you_mean(name, choices)
         self.message = f"unknown {kind} {name!r}{hint} (known: {', '.join(sorted(choices))})"
         super().__init__(self.message)
 

@@ -3,7 +3,8 @@
 The recipe is parsed with the safe YAML loader (refusing alias bombs and deep nesting before anything is
 built: :func:`safe_yaml`) and checked with pydantic. Every
 error names the recipe file, the key path (``steps[2].size``) and what was
-expected; unknown decoder and step names list the close matches. Decoder and
+expected; unknown decoder and step names and unknown keys (at any level: the
+models' fields, :func:`accepted_keys`) name the close matches. Decoder and
 step parameters are validated by the registered class's own ``Params`` model,
 so a new decoder or step needs no change here.
 
@@ -19,8 +20,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import types
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
@@ -28,7 +30,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 from .formats import names as fmt
 from .formats.names import NAME_RE, check_field_name
-from .errors import RecipeError, clip
+from .errors import RecipeError, clip, did_you_mean
 from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
 
 class _Model(BaseModel):
@@ -375,28 +377,90 @@ def format_loc(loc: tuple) -> str:
         if isinstance(part, int):
             out += f"[{part}]"
         else:
-            out += ("." if out else "") + str(part)
+            out += ("." if out else "") + clip(str(part), 80)   # a key is the recipe's text: bounded
     return out
 
 
-def _pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: tuple = ()) -> RecipeError:
-    first = err.errors()[0]
+def _members(tp: Any) -> list[Any]:
+    """The types a value annotated ``tp`` may be (``Optional``, unions and ``Annotated`` unwrapped)."""
+    origin = get_origin(tp)
+    if origin is Annotated:
+        return _members(get_args(tp)[0])
+    if origin is Union or origin is types.UnionType:
+        return [m for a in get_args(tp) for m in _members(a)]
+    return [tp]
+
+
+def _step_into(tp: Any, part: Any) -> tuple[Any, bool]:
+    """(the type at ``part`` of a value of type ``tp``, whether ``part`` is the name pydantic gives a union's
+    member rather than a key); (None, False) when the path leaves what the annotations say."""
+    members = _members(tp)
+    for m in members:
+        if len(members) > 1 and part == getattr(m, "__name__", None):
+            return m, True
+    for m in members:
+        if isinstance(m, type) and issubclass(m, BaseModel):
+            for name, f in m.model_fields.items():
+                if part in (name, f.alias):
+                    return f.annotation, False
+        elif get_origin(m) in (list, tuple) and isinstance(part, int):
+            return get_args(m)[0], False
+        elif get_origin(m) is dict and isinstance(part, str):
+            return get_args(m)[1], False
+    return None, False
+
+
+def accepted_keys(model: Any, loc: tuple) -> tuple[list[str] | None, tuple]:
+    """The keys the mapping at ``loc`` (a pydantic error's, up to the key at fault) of a value of ``model``
+    accepts, from the models' fields (None when the annotations do not say), and ``loc`` without the union
+    member names pydantic puts in it."""
+    tp, keep = model, []
+    for part in loc:
+        tp, tag = _step_into(tp, part)
+        if tp is None:
+            return None, tuple(loc)
+        if not tag:
+            keep.append(part)
+    keys = [f.alias or n for m in _members(tp) if isinstance(m, type) and issubclass(m, BaseModel)
+            for n, f in m.model_fields.items()]
+    return (sorted(set(keys)) if keys else None), tuple(keep)
+
+
+def _unknown_key(key: Any, known: list[str] | None) -> str:
+    """What an unknown key's message adds: the close keys ("did you mean"), else the keys there are."""
+    if not known:
+        return ""
+    return did_you_mean(str(key), known) or f" (known: {', '.join(known)})"
+
+
+def _pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: tuple = (), model: Any = None,
+                              also: tuple[str, ...] = ()) -> RecipeError:
+    """The first error of ``err`` (an unknown key first: a misspelt key is why a required one is missing) as a
+    RecipeError naming the key path; an unknown key gets the keys of ``model`` (the class validated, plus
+    ``also``) close to it."""
+    errors = err.errors()
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = tuple(p for p in first["loc"] if p not in ("function-after",))
     msg = first["msg"]
     if first["type"] == "missing":
         msg = "required key is missing"
     elif first["type"] == "extra_forbidden":
-        msg = "unknown key"
+        known, parent = accepted_keys(model, loc[:-1]) if model is not None else (None, loc[:-1])
+        loc = parent + loc[-1:]
+        msg = "unknown key" + _unknown_key(loc[-1], sorted(set(known or []) | set(also)) if known else None)
     elif "input" in first and first["type"] not in ("value_error",):
         msg = f"{msg}, got {clip(repr(first['input']))}"
     msg = msg.removeprefix("Value error, ")
-    more = len(err.errors()) - 1
+    more = len(errors) - 1
     if more:
         msg += f" (and {more} more error{'s' if more > 1 else ''})"
     return RecipeError(msg, source=source, loc=format_loc(prefix + loc))
 
 
-def parse_params(cls_params: type[BaseModel], raw: Any, source: str | None, loc: tuple) -> BaseModel:
+def parse_params(cls_params: type[BaseModel], raw: Any, source: str | None, loc: tuple,
+                 also: tuple[str, ...] = ()) -> BaseModel:
+    """``raw`` validated by ``cls_params``; an error names ``loc`` (an unknown key: the options close to it, or
+    among ``also``, the keys beside these options)."""
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -404,7 +468,7 @@ def parse_params(cls_params: type[BaseModel], raw: Any, source: str | None, loc:
     try:
         return cls_params.model_validate(raw)
     except ValidationError as e:
-        raise _pydantic_to_recipe_error(e, source, loc) from None
+        raise _pydantic_to_recipe_error(e, source, loc, cls_params, also) from None
 
 
 class Recipe:
@@ -463,11 +527,12 @@ class Recipe:
                 static[opt] = v
         self._static_options[fname] = static
         if not from_rows:
-            return dcls(parse_params(dcls.Params, static, self.source, loc))
+            return dcls(parse_params(dcls.Params, static, self.source, loc, also=tuple(FieldDecl.model_fields)))
         self.row_options[fname] = from_rows
         unknown = sorted(set(from_rows) - set(dcls.Params.model_fields))
         if unknown:
-            raise RecipeError(f"unknown option(s) {unknown} of decoder {decl.decoder!r}", source=self.source,
+            raise RecipeError(f"unknown option(s) {unknown} of decoder {decl.decoder!r}"
+                              f"{did_you_mean(unknown[0], sorted(dcls.Params.model_fields))}", source=self.source,
                               loc=format_loc(loc + (unknown[0],)))
         try:   # the options given here are checked now; those from the rows with each row at plan time
             dcls.Params.model_validate(static)
@@ -651,7 +716,7 @@ def parse_recipe(data: Any, source: str | None = None, base_dir: str | None = No
     try:
         model = RecipeModel.model_validate(data)
     except ValidationError as e:
-        raise _pydantic_to_recipe_error(e, source) from None
+        raise _pydantic_to_recipe_error(e, source, model=RecipeModel) from None
     return Recipe(model, source=source, base_dir=base_dir)
 
 

@@ -15,8 +15,8 @@ The rule for the registries (what "documented" means here), over every ``docs/*.
 - the table of rules per kind in docs/reference-steps.md equals ``Step.rule`` for every step and kind
   (``python tests/test_docs.py --write-rules`` rewrites it after a change).
 
-Examples: the README's tour (its ``precompile`` commands and Python blocks, in order) and every Python
-block of docs/reference-*.md run as written, except blocks that say they are not run (CUDA, user files).
+Examples: every code block of README.md and docs/*.md runs in tests/test_doc_snippets.py (or says why not);
+here the tour's recipe is checked to be recipes/images.yaml.
 
 Links: every relative link and image in README.md, ARCHITECTURE.md and docs/*.md points to a file that
 exists (and, for ``#anchor`` links into markdown, to a heading that exists). Pages that other work adds
@@ -30,7 +30,6 @@ import shlex
 import sys
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
@@ -290,87 +289,11 @@ def test_readme_has_exactly_the_two_setup_commands_and_ci_runs_the_second():
         assert runs(words), f".ci/run does not run {part.strip()!r}"
 
 
-def tour_steps() -> list[tuple[str, str]]:
-    """The tour's shell commands (``precompile ...`` lines) and Python blocks, in reading order."""
-    steps, in_py, block = [], False, []
-    for line in readme_section("A ten-minute tour").splitlines():
-        if in_py:
-            if line.startswith("```"):
-                steps.append(("python", "\n".join(block)))
-                in_py, block = False, []
-            else:
-                block.append(line)
-        elif line.startswith("```python"):
-            in_py = True
-        elif line.startswith("    precompile "):
-            steps.append(("shell", line.split("#", 1)[0].strip()))
-    return steps
-
-
-def test_the_tour_runs_as_written(tmp_path, monkeypatch):
-    """Every command and Python block of the README's tour, in order, in a fresh folder beside the
-    recipes and sample data (what a newcomer does after the first set-up command)."""
-    from click.testing import CliRunner
-
-    from precompile.cli import main
-
-    pytest.importorskip("torch")
-    (tmp_path / "recipes").symlink_to(REPO / "recipes")
-    (tmp_path / "sample_data").symlink_to(REPO / "sample_data")
-    monkeypatch.chdir(tmp_path)
-    steps = tour_steps()
-    assert [s for s in steps if s[0] == "shell"] and [s for s in steps if s[0] == "python"]
-    namespace: dict = {}
-    for kind, body in steps:
-        if kind == "shell":
-            res = CliRunner().invoke(main, shlex.split(body)[1:])
-            assert res.exit_code == 0, f"{body}: {res.output}"
-        else:
-            exec(compile(body, "README.md tour", "exec"), namespace)
-    assert (tmp_path / "build" / "images.h5").exists() and (tmp_path / "sheet.png").exists()
-    assert namespace["loss"].item() > 0
-
-
 def test_the_tours_recipe_is_recipes_images_yaml():
     block = re.search(r"^```yaml\n(.*?)^```", readme_section("A ten-minute tour"), re.S | re.M).group(1)
     recipe = (REPO / "recipes" / "images.yaml").read_text(encoding="utf-8")
     body = "".join(ln for ln in recipe.splitlines(keepends=True) if not ln.startswith("#"))
     assert block == body
-
-
-NOT_RUN = "not run by the docs test"
-
-
-def doc_python_blocks() -> list[tuple[str, str]]:
-    """``(page, code)`` for every Python block of the reference pages (docs/reference-*.md), except those
-    that say they are not run (other pages' examples need their own data)."""
-    out = []
-    for name, text in doc_pages().items():
-        if not name.startswith("reference-"):
-            continue
-        for code in re.findall(r"^```python\n(.*?)^```", text, re.S | re.M):
-            if NOT_RUN not in code:
-                out.append((name, code))
-    return out
-
-
-def test_the_python_examples_in_docs_run(tmp_path, monkeypatch):
-    """Each runnable Python block of the reference pages runs in a folder holding the sample data and a build of
-    recipes/images.yaml with its stats, as the tour leaves it."""
-    from click.testing import CliRunner
-
-    import precompile
-    from precompile.cli import main
-
-    pytest.importorskip("torch")
-    (tmp_path / "sample_data").symlink_to(REPO / "sample_data")
-    monkeypatch.chdir(tmp_path)
-    precompile.build(REPO / "recipes" / "images.yaml", out_dir="build")
-    assert CliRunner().invoke(main, ["stats", "build/images.h5"]).exit_code == 0
-    blocks = doc_python_blocks()
-    assert len(blocks) >= 4
-    for page, code in blocks:
-        exec(compile(code, f"docs/{page}", "exec"), {})
 
 
 if __name__ == "__main__":

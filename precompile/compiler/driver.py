@@ -47,7 +47,7 @@ from typing import Any, Iterator, Optional
 
 from .. import __version__
 from ..formats import names as fmt
-from ..errors import BuildError, FormatError, PrecompileError, RecipeError
+from ..errors import BuildError, FormatError, PrecompileError, RecipeError, echo
 from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
 from ..sample import FieldSpec
@@ -99,9 +99,25 @@ def check_recipe(recipe: Recipe) -> dict[str, FieldSpec]:
 
 
 def _build_date() -> str:
-    sde = os.environ.get("SOURCE_DATE_EPOCH")
-    t = _dt.datetime.fromtimestamp(int(sde), _dt.timezone.utc) if sde else _dt.datetime.now(_dt.timezone.utc)
-    return t.replace(microsecond=0).isoformat()
+    """The build date the index records (ISO 8601, UTC, whole seconds): :func:`source_date`."""
+    return source_date().replace(microsecond=0).isoformat()
+
+
+def source_date() -> _dt.datetime:
+    """``SOURCE_DATE_EPOCH`` (seconds since 1970-01-01 UTC, as reproducible builds set it) when it is set and
+    not empty, else now: what makes two builds' indexes the same bytes. A malformed value (not ASCII digits,
+    past the year 9999) is a PrecompileError naming it; :func:`build` checks it before anything is written."""
+    sde = os.environ.get("SOURCE_DATE_EPOCH", "")
+    if not sde:
+        return _dt.datetime.now(_dt.timezone.utc)
+    try:
+        if sde.isascii() and sde.isdigit():
+            return _dt.datetime.fromtimestamp(int(sde), _dt.timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        pass
+    raise PrecompileError(f"SOURCE_DATE_EPOCH={echo(sde, 40)}: the build date the index records must be a whole "
+                          f"number of seconds since 1970-01-01 00:00 UTC, up to the year 9999 (e.g. "
+                          f"SOURCE_DATE_EPOCH=$(git log -1 --format=%ct)); unset it to record the time of the build")
 
 
 def output_paths(recipe: Recipe, out_dir: str) -> tuple[str, str]:
@@ -150,6 +166,7 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
     """
     if n_jobs is None and scheduler != "local":
         n_jobs = 1
+    source_date()   # a malformed SOURCE_DATE_EPOCH stops the build here, not after its shards are built
     recipe = with_policy(as_recipe(recipe), on_error=on_error, max_failures=max_failures, timeout_s=timeout_s,
                          stats=stats)
     t_start = time.perf_counter()

@@ -123,9 +123,7 @@ class HostPool:
 def converts_for(conv: Conversion, ds: Any, reader: DirectReader, fields: Sequence[str],
                  specs: dict[str, dict]) -> tuple[torch.dtype | None, dict[str, gpu.Convert]]:
     """The torch dtype and one :class:`~precompile.reader.gpu.Convert` per converted field."""
-    dtype = gpu.torch_dtype(conv.dtype)
-    if dtype is None and (conv.mean is not None or conv.std is not None):
-        raise ValueError("mean/std need a float dtype (e.g. dtype='float32')")
+    dtype = gpu.torch_dtype(conv.dtype)   # float32 when mean/std are given without a dtype (Conversion)
     chosen = conv.fields_of(fields, specs)
     conv.check_norm()
     out: dict[str, gpu.Convert] = {}

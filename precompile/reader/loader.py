@@ -191,7 +191,7 @@ class Loader:
     steps' names, options and per-kind rules (images, masks, clips, flow, boxes,
     keypoints, instance masks), each on the shapes the step before it made; ``dtype`` (``"float32" | "float16" | "bfloat16"``) converts the
     image/video fields (``convert_fields``) on the device, uint8 scaled to
-    [0, 1] then ``(x - mean) / std`` per channel (``mean="stats"`` /
+    [0, 1] then ``(x - mean) / std`` per channel (``mean``/``std`` without ``dtype``: float32; ``mean="stats"`` /
     ``std="stats"``: each field's values stored by ``precompile stats``, in the
     same [0, 1] scale); ``channels_first`` gives
     NCHW views of the 4-d converted fields (without ``dtype``: of the image fields in their stored dtype); ``num_threads`` gather threads (0:

@@ -95,15 +95,20 @@ def process_group() -> tuple[int, int] | None:
 
 @dataclass(frozen=True)
 class Conversion:
-    """The device conversion: ``dtype`` (None keeps the stored dtype), per-channel ``mean``/``std``
-    (numbers or ``"stats"``), ``channels_first`` NCHW views (with or without ``dtype``), and the fields it applies to
-    (``convert_fields``; default: the loaded image/video fields, see :meth:`fields_of`)."""
+    """The device conversion: ``dtype`` (None keeps the stored dtype; with ``mean``/``std`` it is float32, as
+    normalised values need a float type), per-channel ``mean``/``std`` (numbers or ``"stats"``), ``channels_first``
+    NCHW views (with or without ``dtype``), and the fields it applies to (``convert_fields``; default: the loaded
+    image/video fields, see :meth:`fields_of`)."""
 
     dtype: Any = None
     mean: Sequence[float] | float | str | None = None
     std: Sequence[float] | float | str | None = None
     channels_first: bool = False
     convert_fields: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype is None and (self.mean is not None or self.std is not None):
+            object.__setattr__(self, "dtype", "float32")
 
     def fields_of(self, loaded: Sequence[str], specs: dict[str, dict]) -> list[str]:
         """The loaded fields to convert; a named field that is not loaded is a ``ValueError``."""

@@ -415,12 +415,11 @@ def legend(ids: Sequence[int], names: dict[int, str] | None = None, rows: int = 
 
 
 def mask_class_names(ds: Dataset) -> dict[str, dict[int, str]]:
-    """{mask field: {class id: name}} where the output says: a COCO semantic mask holds category
-    (box label) + 1, so id k is ``label_names[k - 1]``."""
-    coco = ds.coco
-    if not coco or coco.get("mask") != "semantic" or "mask" not in ds.field_specs:
-        return {}
-    return {"mask": {k + 1: str(n) for k, n in enumerate(ds.label_names)}}
+    """{mask field: {class id: name}} where the output says (the rule of :func:`precompile.tools.stats.class_names`:
+    a COCO semantic mask holds category (box label) + 1, so id k is ``label_names[k - 1]``)."""
+    from .stats import class_names
+
+    return {f: names for f, s in ds.field_specs.items() if s.get("kind") == "mask" and (names := class_names(ds, f))}
 
 
 def render_flow(item: Item, f: str) -> list[Panel]:

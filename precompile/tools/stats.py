@@ -15,9 +15,11 @@ and of a vector ``target`` (one channel per table column, named in
 of an audio sample (C, N), one channel for everything else (volumes, labels,
 scalars). A ``text`` field gets its lengths in characters instead
 (:func:`text_stats`). Label, mask and volume-mask fields also get
-``classes``: every value seen with its count (and its name for labels), and
-every declared class never seen with count 0 (a label's class names, a mask's
-declared ``classes`` ids, or ``0 .. max_label``); nothing else.
+``classes``: every value seen with its count (and its name where the output
+names it: :func:`class_names`, labels and box labels by ``label_names``, a COCO
+semantic mask by its categories), and every declared class never seen with
+count 0 (a label's class names, a named mask class, a mask's declared
+``classes`` ids, or ``0 .. max_label``); nothing else.
 
 The result is stored in the output's index under ``stats`` (HDF5: an
 attribute of the index file holding JSON text; file folders: a key of the JSON
@@ -156,6 +158,19 @@ def declared_classes(spec: dict[str, Any], names: Sequence[str] | None = None) -
     return [int(v) for v in ids] if ids is not None and len(ids) <= MAX_CLASSES else []
 
 
+def class_names(ds: Dataset, field: str) -> dict[int, str]:
+    """{class id: name} of ``field`` where the output names its classes: a label's and a box label's ids are
+    ``label_names``; a COCO semantic mask (``inputs.coco.mask: semantic``) holds category (box label) + 1, so
+    id k is ``label_names[k - 1]`` (0, the background, has no name); {} for any other field."""
+    kind = ds.field_specs.get(field, {}).get("kind")
+    if kind in NAMED_KINDS:
+        return dict(enumerate(ds.label_names))
+    coco = getattr(ds, "coco", None)
+    if kind == "mask" and field == "mask" and coco and coco.get("mask") == "semantic":
+        return {k + 1: str(n) for k, n in enumerate(ds.label_names)}
+    return {}
+
+
 def text_stats(ds: Dataset, field: str) -> dict[str, Any]:
     """A ``text`` field's lengths in characters (one channel: count, mean, std, min, max) and ``empty``
     (how many samples hold the empty string)."""
@@ -199,11 +214,13 @@ def field_stats(ds: Dataset, field: str, block_bytes: int = BLOCK_BYTES) -> dict
         if cols is not None and len(cols) == channels:
             out["columns"] = cols
     if acc.classes is not None:
-        names = ds.label_names if kind in NAMED_KINDS else []
+        names = class_names(ds, field)
         counts = dict(acc.classes)
-        for v in declared_classes(spec, names if kind in NAMED_KINDS else None):
+        for v in declared_classes(spec, ds.label_names if kind in NAMED_KINDS else None):
             counts.setdefault(v, 0)
-        out["classes"] = [{"id": int(v), "count": c, **({"name": names[int(v)]} if 0 <= int(v) < len(names) else {})}
+        for v in names:                      # every named class, seen or not
+            counts.setdefault(v, 0)
+        out["classes"] = [{"id": int(v), "count": c, **({"name": names[int(v)]} if int(v) in names else {})}
                           for v, c in sorted(counts.items())]
     return out
 

@@ -171,3 +171,9 @@ class CacheError(PrecompileError):
     """The local cache of a build read from a URL cannot hold what the reader needs: a shard larger than
     ``cache_limit``, batches that need more than it at once, files in use by other processes filling it,
     or a cache folder that cannot be used. Names the folder and both sizes; nothing in the cache is lost."""
+
+
+class SourceMapError(PrecompileError, ValueError):
+    """``Dataset.to_source`` cannot map a sample's coordinates back to its source image: the sample has no
+    image, its build recorded no map (built before precompile recorded one: rebuild it), or a step moved the
+    image by a map that is not a known 2D affine one (the message names the step)."""

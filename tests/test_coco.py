@@ -495,11 +495,14 @@ def test_reduce_auto_ahead_of_a_resize_keeps_the_mask_on_the_image(tmp_path):
     r = coco_recipe(tmp_path / "img", tmp_path / "a.json", mask="semantic")
     r["steps"] = [{"resize": {"size": [10, 16]}}]
     rep, ds = build(tmp_path, r)
-    assert not rep.failures and ds.meta(0)["image"] == {"reduce": 2}
+    # the decode scale, the source's size and the map back to it (decoded at 1/2, then resized to a half: x4)
+    assert not rep.failures and ds.meta(0)["image"] == {"reduce": 2, "source_size": [40, 64],
+                                                        "to_source": [[4.0, 0.0, 0.0], [0.0, 4.0, 0.0]]}
     s = ds[0]
     want = np.zeros((10, 16, 1), dtype=np.uint8)
     want[2:6, 4:12] = 1
     assert s["image"].shape == (10, 16, 3) and np.array_equal(s["mask"], want)
+    assert ds.to_source(0, boxes=s["boxes"]).tolist() == [[16, 8, 48, 24]]   # the file's bbox [16, 8, 32, 16]
 
 
 def test_string_image_ids_and_a_bad_image_record(tmp_path, sample_copy):
@@ -597,7 +600,16 @@ def test_exif_orientation_moves_boxes_keypoints_and_mask_with_the_image(tmp_path
     m = Image.fromarray(plain[0]["mask"][..., 0].astype(np.uint8))
     m.info["exif"] = exif.tobytes()
     assert np.array_equal(s["mask"][..., 0], np.asarray(ImageOps.exif_transpose(m)))
-    assert ds.meta(0).get("image") == ({"orientation": orientation} if orientation != 1 else None)
+    meta = ds.meta(0)["image"]
+    assert meta.pop("orientation", 1) == orientation and meta.pop("source_size") == [64, 64]
+    # the map back to the stored pixels: each decoded pixel's centre lands on the stored pixel of its colour
+    T = np.array(meta.pop("to_source"))
+    assert not meta
+    ys, xs = np.mgrid[0:64, 0:64]
+    sx, sy = (T[:, :2] @ np.stack([xs.ravel() + 0.5, ys.ravel() + 0.5]) + T[:, 2:]).astype(int)
+    assert np.array_equal(objects.ravel(), _nearest_colour(plain[0]["image"])[sy, sx])
+    want = np.array([[x, y, x + w, y + h] for (x, y, w, h), _ in SQUARE_OBJECTS], np.float64)
+    assert np.array_equal(ds.to_source(0, boxes=s["boxes"]), want)   # the file's boxes, the stored pixels'
 
 
 def test_image_of_the_turned_size_names_the_orientation(tmp_path, sample_copy):

@@ -13,7 +13,10 @@ version the keys hash, and computes every shard's key with (size, mtime) fingerp
 hashes. A change to what a shard key hashes (a new decoder ``output_version``, a format version) changes
 these keys on purpose: regenerate the file then, and say why in the commit. Regenerated for issue 32: the
 2D steps resize, center_crop, random_crop, random_resized_crop, random_flip and random_affine went to
-``output_version`` 2 (the 13 recipes using them got new keys; the 10 others kept theirs).
+``output_version`` 2 (the 13 recipes using them got new keys; the 10 others kept theirs). Regenerated for
+issue 35: the image decoder went to ``output_version`` 4 (its meta records the source's size when reduced, and
+every image sample its map back to the source, ``to_source``): the 15 recipes with an image field got new keys;
+the 8 others kept theirs.
 
 One known exception, not among these recipes: a float target column holding both -0.0 and 0.0. The
 row-by-row code converted each distinct cell once, in a dict where -0.0 and 0.0 are one key, so every

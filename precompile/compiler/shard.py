@@ -48,6 +48,7 @@ from ..recipe import Recipe
 from ..storage.remote import is_url
 from ..sample import FieldSpec, Sample
 from ..seeding import LazyRng
+from ..transforms import source_map
 from ..storage.files import write_json_atomic
 
 
@@ -162,7 +163,8 @@ def run_steps(recipe: Recipe, sample: Any, copy: int, item: Item, timings: dict[
     either way, so random steps draw the same numbers."""
     t0 = time.perf_counter()
     rng = LazyRng(recipe.seed, item.key, copy)
-    fresh = (Sample(s.key, dict(s.fields), dict(s.kinds), dict(s.meta), copy, dict(s.links))
+    # every image field starts its map back to the source (the decode's; each step composes its own)
+    fresh = (Sample(s.key, dict(s.fields), dict(s.kinds), dict(source_map.start(s)), copy, dict(s.links))
              for s in ([sample] if isinstance(sample, Sample) else sample))
     samples: Any = list(fresh) if buffer is None else fresh
     original = copy == 0 and recipe.model.copies > 0  # the un-augmented original

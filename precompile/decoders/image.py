@@ -16,9 +16,10 @@ full size, ``2 | 4 | 8`` at that scale (other formats are then area-resized to
 the same ceil(H/k) x ceil(W/k), so every input comes out at 1/k). A reduced
 JPEG covers exactly the source, as a full decode does, whatever its size (see
 :func:`_cover_source`). A sample decoded at a reduced scale records it in its
-meta: ``{"reduce": k}``; one turned by its EXIF orientation (2..8) records the
-orientation applied: ``{"orientation": o}`` (annotations of the stored pixels,
-inputs/coco/, are moved by it).
+meta: ``{"reduce": k, "source_size": [h, w]}`` (the stored pixels' size); one turned
+by its EXIF orientation (2..8) records the orientation applied: ``{"orientation": o}``
+(annotations of the stored pixels, inputs/coco/, are moved by it). The build adds
+each image's map back to the source (``to_source``, :mod:`precompile.transforms.source_map`).
 """
 from __future__ import annotations
 
@@ -99,8 +100,10 @@ class ImageDecoder(Decoder):
 
     name = "image"
     kind = "image"
-    output_version = 3   # 2: a JPEG libjpeg warns about (a scan cut short) is an error, no longer stored grey;
-    #                      3: the meta records the EXIF orientation applied ({"orientation": o})
+    output_version = 4   # 2: a JPEG libjpeg warns about (a scan cut short) is an error, no longer stored grey;
+    #                      3: the meta records the EXIF orientation applied ({"orientation": o});
+    #                      4: the meta records the source's size when reduced ({"source_size": [h, w]}), and every
+    #                      image sample its map back to the source (transforms/source_map.py: to_source)
 
     class Params(DecoderParams):
         mode: Literal["rgb8", "gray8", "gray16", "rgba8"] = Field(
@@ -232,7 +235,8 @@ def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = Tr
     by scaled IDCT, others by an area resize); a :class:`SourceNeed` lets the file's size
     and orientation pick the JPEG scale (other formats: full size). ``budget``: the most bytes the
     decode may take (:func:`check_image_size`, checked before pixels are decoded). ``info``, when given,
-    gets ``orientation``: the EXIF orientation (2..8) that ``exif_transpose`` applied, if any.
+    gets ``orientation``: the EXIF orientation (2..8) that ``exif_transpose`` applied, if any, and, when the
+    image was decoded at 1/k (k > 1), ``source_size``: the stored pixels' [height, width] (before the turn).
     """
     from PIL import Image, ImageFile, UnidentifiedImageError
 
@@ -256,6 +260,7 @@ def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = Tr
                         W, H = H, W  # shown turned a quarter: the steps see the axes swapped
                     want = reduce.scale_for(H, W)
                 o = _orientation(img) if exif_transpose else 1   # what both decode paths turn by
+                stored = [int(img.size[1]), int(img.size[0])]   # the source's [height, width], before the turn
                 if img.format in _JPEG and img.mode in TURBO_MODES:
                     arr, k = _decode_jpeg(img, path, mode, exif_transpose, want, budget)
                 else:
@@ -268,6 +273,8 @@ def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = Tr
 
                 arr = resize_hwc(arr, *reduced_size(arr.shape[0], arr.shape[1], reduce), "area")
                 k = reduce
+            if info is not None and k > 1:
+                info["source_size"] = stored
     except FileNotFoundError:
         raise DecodeError("file not found", path=path, stage="decode") from None
     except UnidentifiedImageError:

@@ -8,7 +8,9 @@ offers ``len``, ``ds[i]`` (a dict of arrays, each sample in its own shape),
 ``ds.batch(indices, pad=False)``, ``key(i)``, ``meta(i)``, ``copy(i)``,
 ``field_specs`` (shape dims that vary are ``None``), ``label_names``, ``coco``, ``attrs``
 (JSON text for non-scalar values, as HDF5 attributes are), ``shards`` and
-``recipe``.
+``recipe``, and ``to_source(i, boxes=..., keypoints=...)``: coordinates on a
+stored image in its source image's pixels, through the map the build recorded
+(``source_map(i)``; :mod:`precompile.transforms.source_map`).
 
 A ``text`` field is stored as its UTF-8 bytes (a variable-shape uint8 field:
 the ragged layout in HDF5, plain-h5py readable as bytes); ``ds[i]`` gives it
@@ -36,8 +38,9 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from . import names as fmt
-from ..errors import ShapeMismatchError
+from ..errors import ShapeMismatchError, SourceMapError, echo
 from ..kinds import ANNOTATIONS, pad_value
+from ..transforms.kernels import maps
 
 __all__ = ["Batch", "Dataset", "ShapeMismatchError", "stack_field"]
 
@@ -107,8 +110,16 @@ def stack_field(name: str, arrays: list[np.ndarray], spec: dict, pad: Any, out: 
     out.padded[name] = {"to": to, "value": value, "samples": [i for i, s in enumerate(shapes) if s != to]}
 
 
+def _host(a: Any) -> Any:
+    """A tensor (torch, on any device) as a host numpy array; anything else as it is."""
+    if hasattr(a, "detach") and hasattr(a, "cpu"):
+        return a.detach().cpu().numpy()
+    return a
+
+
 class Dataset:
-    """What every format's dataset shares: metadata, ``len``, keys, and stacking in ``batch``."""
+    """What every format's dataset shares: metadata, ``len``, keys, stacking in ``batch``, and the way back to
+    each sample's source image (:meth:`to_source`)."""
 
     path: str
     attrs: dict[str, Any]
@@ -190,6 +201,79 @@ class Dataset:
         pairs), ``crowd``, ``mask`` and ``mask_ignore``; None for any other build (see docs/coco.md)."""
         text = self.attrs.get("coco")
         return None if text is None else fmt.loads(text)
+
+    # -- back to the source ----------------------------------------------------------------------
+    def _map_field(self, field: str | None) -> str:
+        """The image field whose map ``to_source`` uses: ``field``, else the image the boxes are tied to, else
+        the one image field."""
+        images = [f for f, s in self.field_specs.items() if s.get("kind") == "image"]
+        if field is not None:
+            if field not in images:
+                raise SourceMapError(f"{self.path}: no image field {field!r} (image fields: "
+                                     f"{', '.join(images) or 'none'})")
+            return field
+        tied = {s.get("of") for s in self.field_specs.values() if s.get("kind") == "boxes"} & set(images)
+        if len(tied) == 1:
+            return tied.pop()
+        if len(images) == 1:
+            return images[0]
+        if not images:
+            have = ", ".join(f"{f} ({s.get('kind')})" for f, s in self.field_specs.items()) or "none"
+            raise SourceMapError(f"{self.path}: no 2D image field (fields: {have}); to_source maps coordinates "
+                                 f"on an image back to its source file")
+        raise SourceMapError(f"{self.path}: image fields {', '.join(images)}: say which one the coordinates are "
+                             f"on with field=")
+
+    def source_map(self, i: int, field: str | None = None) -> tuple[np.ndarray, tuple[int, int]]:
+        """Sample ``i``'s map back to its source: the (2, 3) float64 map from the stored image's pixel
+        coordinates (continuous: pixel (r, c) covers [c, c + 1) x [r, r + 1)) to the source file's stored
+        pixels, composed of the decode's scale and EXIF turn and every 2D step the build applied to this copy
+        (random ones as drawn), and the source's (height, width). ``field``: the image field (default: the one
+        the boxes are tied to, or the only one). A :class:`~precompile.errors.SourceMapError` when there is no
+        such map (it says why: no image, a build from before maps were recorded, a step not known to be
+        affine)."""
+        f = self._map_field(field)
+        i = self._index(i)
+        m = self.meta(i).get(f)
+        where = f"{self.path}: sample {i} (key {echo(self.key(i))}), field {f!r}"
+        if isinstance(m, dict) and "unmapped" in m:
+            raise SourceMapError(f"{where}: no map back to the source: {m['unmapped']}")
+        if not isinstance(m, dict) or "to_source" not in m or "source_size" not in m:
+            raise SourceMapError(f"{where}: the build recorded no map back to the source (built before precompile "
+                                 f"recorded one); rebuild it to record the map")
+        H, W = (int(v) for v in m["source_size"])
+        return maps.as_map(m["to_source"], f"{where}: to_source"), (H, W)
+
+    def to_source(self, i: int, boxes: Any = None, keypoints: Any = None, *, field: str | None = None,
+                  device_map: Any = None, clip: bool = True) -> Any:
+        """Coordinates on sample ``i``'s stored image (predictions, or the stored annotations) in its source
+        image's pixels: ``boxes`` (N, 4) x1 y1 x2 y2 -> (N, 4), the box enclosing the 4 corners' images (exact
+        for the flips, scales, crops, pads and quarter turns builds apply; after a ``random_affine`` rotation,
+        the rotated box's enclosing box), clipped to the source image unless ``clip=False``; ``keypoints``
+        (N, K, 2) x y or (N, K, 3) x y visibility -> the same shape, moved exactly (visibility kept). float64;
+        NaN rows (a batch's padding) stay NaN. Returns the one array asked for, or ``(boxes, keypoints)``.
+
+        ``device_map``: the (2, 3) map of the Loader's device steps for this sample
+        (:meth:`precompile.Loader.batch_maps`), when the coordinates are on a device-augmented batch.
+        ``field`` and the errors: :meth:`source_map`. Tensors are taken too (copied to the host)."""
+        if boxes is None and keypoints is None:
+            raise ValueError("to_source: give boxes=, keypoints= or both")
+        T, (H, W) = self.source_map(i, field)
+        if device_map is not None:
+            T = maps.compose(T, maps.as_map(_host(device_map), "device_map"))
+        out = []
+        if boxes is not None:
+            b = maps.boxes_through(_host(boxes), T)
+            if clip:
+                b = np.clip(b, 0.0, np.array([W, H, W, H], np.float64))
+            out.append(b)
+        if keypoints is not None:
+            k = np.asarray(_host(keypoints), dtype=np.float64)
+            if k.ndim != 3 or k.shape[2] not in (2, 3):
+                raise ValueError(f"keypoints must be (N, K, 2) x, y or (N, K, 3) x, y, visibility, got shape "
+                                 f"{k.shape}")
+            out.append(maps.points_through(k, T))
+        return out[0] if len(out) == 1 else tuple(out)
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)

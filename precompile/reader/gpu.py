@@ -19,7 +19,10 @@
   the side stream. Steps are bound in order (:func:`bind_steps`): each sees the
   shapes the one before it made (a crop's size, then a flip about that grid).
   A box a step drops takes its tied rows along and renumbers a tied instance
-  mask (:func:`renumber_masks`, the build's rule).
+  mask (:func:`renumber_masks`, the build's rule). :func:`device_maps` gives
+  each sample's map from the batch back to the stored sample (the steps'
+  ``coord_map`` for its draws, inverted and composed): what
+  ``Loader.batch_maps`` reports for ``Dataset.to_source``.
 - :class:`CudaRing` holds the pinned host buffers (allocated once), the side
   stream and one event per slot: host-to-device copies (uint8 over the bus)
   and the conversion run on the side stream while the previous batch trains;
@@ -383,6 +386,31 @@ def step_params(steps: Sequence[BatchStep], seed: int, epoch: int, rank: int, ba
     """Every step's parameters for one batch: a function of (seed, epoch, rank, batch) only."""
     return [s.draw(np.random.default_rng([int(seed), int(epoch), int(rank), int(batch), i, 3]), n)
             for i, s in enumerate(steps)]
+
+
+def step_maps(step: BatchStep, p: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """(n, 2, 3) float64: each sample's forward map (the build step's ``coord_map``) of one bound step for its
+    drawn parameters ``p``, on the grid the step sees (the float64 maps :func:`~precompile.reader.ragged.move_annotations`
+    moves boxes with)."""
+    return np.stack([step.step.coord_map(step.hw, **{k: (bool(v[i]) if v.dtype == bool else int(v[i]))
+                                                     for k, v in p.items()})[0]
+                     for i in range(n)]) if n else np.zeros((0, 2, 3))
+
+
+def device_maps(steps: Sequence[BatchStep], params: Sequence[dict], n: int, field: str | None = None) -> np.ndarray:
+    """(n, 2, 3) float64: for each of a batch's ``n`` samples, the map from the batch's pixel coordinates
+    (after every device step) back to the stored sample's (before them): the inverse of the steps' forward
+    maps, composed in order. Steps that do not move ``field`` (default: every step that moves a grid field)
+    are left out; without steps, identities. ``Dataset.to_source(i, ..., device_map=maps[j])`` takes one."""
+    from ..transforms.kernels import maps
+
+    out = np.repeat(maps.IDENTITY[None], n, axis=0)
+    for step, p in zip(steps, params):
+        if step.hw is None or (field is not None and field not in step.bound):
+            continue
+        forward = step_maps(step, p, n)
+        out = np.stack([maps.compose(out[j], maps.invert(forward[j])) for j in range(n)]) if n else out
+    return out
 
 
 def run_steps(batch: dict[str, torch.Tensor], steps: Sequence[BatchStep], params: Sequence[dict]) -> dict[str, torch.Tensor]:

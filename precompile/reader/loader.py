@@ -356,6 +356,28 @@ class Loader:
     def __len__(self) -> int:
         return len(self.batch_indices())
 
+    def batch_maps(self, b: int, epoch: int | None = None, field: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Where batch ``b`` of ``epoch`` (default: the current one, the one a pass is iterating) came from:
+        the dataset rows of its samples, in batch order (``batch_indices(epoch)[b]``), and (B, 2, 3) float64
+        maps, one per sample, from the batch's pixel coordinates back to the stored sample's: the inverse of
+        the random ``gpu_steps`` as drawn for that batch (identities without steps). With the build's own map,
+        ``self.ds.to_source(rows[j], boxes=..., device_map=maps[j])`` gives a prediction on the batch in the
+        source image's pixels. ``field``: the image field the maps follow (default: the one ``to_source``
+        uses, where it is loaded). The draws are a function of (seed, epoch, rank, b), so this needs no pass."""
+        e = self.epoch if epoch is None else int(epoch)
+        batches = self.batch_indices(e)
+        if not 0 <= int(b) < len(batches):
+            raise IndexError(f"batch {b} out of range: epoch {e} has {len(batches)} batches on this rank")
+        rows = batches[int(b)]
+        if field is None:
+            try:
+                field = self.ds._map_field(None)
+            except ValueError:
+                field = None
+            field = field if field in self.fields else None
+        params = gpu.step_params(self.steps, self.seed, e, self.rank, int(b), len(rows))
+        return rows, gpu.device_maps(self.steps, params, len(rows), field)
+
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch on the next iteration.
 

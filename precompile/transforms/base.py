@@ -48,6 +48,7 @@ from ..errors import StepError
 from ..kinds import ANNOTATIONS, Kind
 from ..sample import FieldSpec, Sample
 from .annotations import move_annotations
+from . import source_map
 
 
 class StepParams(BaseModel):
@@ -64,6 +65,10 @@ class Step:
     # maps every video frame alone and the same way (apply_video == the frames' apply, stacked): such a
     # deterministic step commutes with cutting clips, so before ``clips`` it still streams (temporal.stream_plan)
     per_frame: ClassVar[bool] = False
+    # changes pixel values only, never where they are (a colour step): an image's map back to its source
+    # (:mod:`precompile.transforms.source_map`) stays; a step that moves an image without a ``coord_map`` and
+    # without this breaks that map (``Dataset.to_source`` then names it)
+    keeps_grid: ClassVar[bool] = False
     Params: ClassVar[type[StepParams]] = StepParams
 
     def __init_subclass__(cls, **kw: Any) -> None:
@@ -173,6 +178,7 @@ class Step:
         if self.random and params:
             meta = dict(meta)
             meta["augment"] = [*meta.get("augment", []), {"step": self.name, **params}]
+        meta = source_map.track(self, sample, targets, lambda f: params, meta)
         return [sample.replace_fields(new, meta=meta)]
 
 
@@ -317,6 +323,7 @@ class RandomStep(Step):
         new = apply_fields(self, sample, targets, lambda f: self.field_params(params, f))
         meta = dict(sample.meta)
         meta["augment"] = [*meta.get("augment", []), {"step": self.name, **params}]
+        meta = source_map.track(self, sample, targets, lambda f: self.field_params(params, f), meta)
         return sample.replace_fields(new, meta=meta)
 
     def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
@@ -359,6 +366,7 @@ def replay_step(step: Step, sample: Sample, params: dict[str, Any]) -> Sample:
     meta = dict(sample.meta)
     if params:
         meta["augment"] = [*meta.get("augment", []), {"step": step.name, **params}]
+    meta = source_map.track(step, sample, targets, lambda f: params, meta)
     return sample.replace_fields(new, meta=meta)
 
 
@@ -367,7 +375,7 @@ def replay(steps: Sequence[Step], sample: Sample, records: Sequence[dict[str, An
     (``meta["augment"]`` of a stored sample) instead of new draws; returns the samples the
     build wrote for that copy. Raises ValueError if the records do not fit the steps."""
     todo = list(records)
-    samples = [sample]
+    samples = [sample.replace_fields({}, meta=source_map.start(sample))]   # the decode's map, as the build starts
     for step in steps:
         if len(samples) != 1:
             raise ValueError("replay does not follow expanding steps (one sample became several)")

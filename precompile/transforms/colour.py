@@ -20,6 +20,7 @@ class Convert(Step):
     """Convert image pixel format: ``mode: rgb8 | gray8 | gray16 | rgba8``."""
 
     name = "convert"
+    keeps_grid = True   # values only: an image's map back to its source stays
     per_frame = True
     applies = kinds(Kind.IMAGE, Kind.VIDEO)
 
@@ -47,6 +48,7 @@ class ColorJitter(RandomStep):
     :func:`color_jitter`). Original copy: factors 1."""
 
     name = "color_jitter"
+    keeps_grid = True   # values only: an image's map back to its source stays
     applies = kinds(Kind.IMAGE, Kind.VIDEO)
 
     class Params(RandomParams):
@@ -85,6 +87,7 @@ class GaussianNoise(RandomStep):
     share one pattern), from its own recorded seed. Original copy: no noise."""
 
     name = "gaussian_noise"
+    keeps_grid = True   # values only: an image's map back to its source stays
     applies = kinds(Kind.IMAGE, Kind.VIDEO, Kind.VOLUME, Kind.AUDIO)
 
     class Params(RandomParams):

@@ -1,0 +1,104 @@
+"""Detections on a build from ``inputs.coco`` as a COCO results file, for ``COCOeval`` against the original
+annotation file.
+
+:func:`coco_results` takes per-sample predictions on the stored images (or on the Loader's device-augmented
+batches, with each sample's ``device_map``), maps their boxes back to the source images' pixels
+(``Dataset.to_source``: the build's recorded map), gives each the sample's COCO ``image_id`` (its meta's
+``coco``) and each label the COCO category id (the index attribute ``coco``: categories in id order, label i is
+``categories[i]["id"]``), and returns COCO's result records
+``{"image_id", "category_id", "bbox": [x, y, w, h], "score"}``. :func:`write_coco_results` writes them as JSON
+(``COCO.loadRes`` reads the file). See docs/coco.md, "Predictions back to the source".
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
+
+from ..errors import SourceMapError, echo
+from ..storage.files import write_json_atomic
+
+
+def _host(a: Any) -> np.ndarray:
+    if hasattr(a, "detach") and hasattr(a, "cpu"):   # a torch tensor, on any device
+        a = a.detach().cpu().numpy()
+    return np.asarray(a)
+
+
+def _pairs(predictions: Any) -> Iterable[tuple[int, Any]]:
+    if isinstance(predictions, Mapping):
+        return predictions.items()
+    return predictions
+
+
+def coco_category_ids(ds: Any) -> list[Any]:
+    """The COCO category id of each label id of a build from ``inputs.coco`` (``ds.coco["categories"]``, in
+    label order); a ValueError naming the build for any other."""
+    coco = ds.coco
+    if not coco or not coco.get("categories"):
+        raise ValueError(f"{ds.path}: not a build from inputs.coco (no categories in its index attribute 'coco'); "
+                         f"pass category_ids= (the COCO id of each label id)")
+    return [c["id"] for c in coco["categories"]]
+
+
+def coco_results(ds: Any, predictions: Any, *, category_ids: Optional[Sequence[Any]] = None,
+                 clip: bool = True) -> list[dict[str, Any]]:
+    """COCO result records for ``predictions`` on the samples of ``ds`` (a ``precompile.open`` dataset).
+
+    ``predictions``: a mapping ``{row: prediction}`` or pairs ``(row, prediction)``; a prediction is a mapping
+    with ``boxes`` (N, 4) x1 y1 x2 y2 in the stored image's pixels, ``labels`` (N,) the build's label ids and
+    ``scores`` (N,) (numpy arrays, lists or tensors, as torchvision's detection models return them), and
+    optionally ``device_map``: the sample's map from a Loader batch (``Loader.batch_maps``) when the boxes are
+    on a device-augmented batch. Rows of NaN (a batch's padding) are left out. ``category_ids``: the COCO id of
+    each label id (default: the build's, :func:`coco_category_ids`). ``clip``: boxes clipped to the source image.
+    Errors name the row: a sample with no COCO image id, a label with no category, shapes that disagree, and
+    the map's own (:class:`~precompile.errors.SourceMapError`)."""
+    cats = list(category_ids) if category_ids is not None else coco_category_ids(ds)
+    out: list[dict[str, Any]] = []
+    for row, pred in _pairs(predictions):
+        row = int(row)
+        where = f"{ds.path}: prediction for row {row}"
+        if not isinstance(pred, Mapping) or not all(k in pred for k in ("boxes", "labels", "scores")):
+            have = sorted(pred) if isinstance(pred, Mapping) else type(pred).__name__
+            raise ValueError(f"{where}: expected a mapping with boxes, labels and scores, got {echo(have)}")
+        boxes = _host(pred["boxes"]).astype(np.float64)
+        if boxes.size == 0:
+            boxes = boxes.reshape(0, 4)
+        if boxes.ndim != 2 or boxes.shape[1] != 4:
+            raise ValueError(f"{where}: boxes must be (N, 4) x1, y1, x2, y2, got shape {boxes.shape}")
+        labels, scores = _host(pred["labels"]).reshape(-1), _host(pred["scores"]).reshape(-1)
+        if not len(boxes) == len(labels) == len(scores):
+            raise ValueError(f"{where}: {len(boxes)} boxes, {len(labels)} labels and {len(scores)} scores "
+                             f"(one of each per detection)")
+        keep = np.isfinite(boxes).all(axis=1)
+        boxes, labels, scores = boxes[keep], labels[keep], scores[keep]
+        if not len(boxes):
+            continue
+        image_id = (ds.meta(row).get("coco") or {}).get("image_id")
+        if image_id is None:
+            raise ValueError(f"{where}: sample {echo(ds.key(row))} has no COCO image id (meta 'coco'): not a "
+                             f"build from inputs.coco")
+        try:
+            src = ds.to_source(row, boxes=boxes, device_map=pred.get("device_map"), clip=clip)
+        except SourceMapError:
+            raise
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        for b, lab, sc in zip(src.tolist(), labels.tolist(), scores.tolist()):
+            if isinstance(lab, float) and not lab.is_integer() or not 0 <= int(lab) < len(cats):
+                raise ValueError(f"{where}: label {echo(lab)} is not a label id of the build (0..{len(cats) - 1})")
+            if not math.isfinite(float(sc)):
+                raise ValueError(f"{where}: score {echo(sc)} is not a finite number")
+            out.append({"image_id": image_id, "category_id": cats[int(lab)],
+                        "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]], "score": float(sc)})
+    return out
+
+
+def write_coco_results(path: str, ds: Any, predictions: Any, **kw: Any) -> int:
+    """Write :func:`coco_results` of ``predictions`` to ``path`` as a JSON list (atomically: a temporary name,
+    then a rename); returns the number of records. ``COCO(annotation_file).loadRes(path)`` reads it."""
+    records = coco_results(ds, predictions, **kw)
+    write_json_atomic(path, records)
+    return len(records)

@@ -1,0 +1,91 @@
+"""Each image field's way back to its source: the composed map the build applied, recorded in the sample's meta.
+
+Every ``image`` field of a sample carries, in its decoder's meta (``meta[field]``), ``to_source``: the 2x3 map
+from the stored image's continuous pixel coordinates (pixel (i, j) covers [j, j + 1) x [i, i + 1)) to the
+source file's stored pixels, and ``source_size`` ([height, width] of those). It starts as the decode's map
+(:func:`start`: the decode scale ``reduce`` and the EXIF ``orientation`` the image decoder records) and each
+step that moves the field composes its own (:func:`track`, called where steps apply: ``Step.run``,
+``RandomStep.replay``, ``replay_step``): a 2D step's ``coord_map`` with the parameters it used (drawn ones
+too), so a random flip of copy 3 is in copy 3's map. A step that only changes values (``keeps_grid``: the
+colour steps) leaves the map as it is. Any other step that changes the field (a user step without a
+``coord_map``: not known to be a 2D affine map) replaces the map with ``unmapped``: a sentence naming the
+step, which ``Dataset.to_source`` gives as its error.
+
+Only ``image`` fields are tracked: coordinates (boxes, keypoints) annotate images; masks and flow move with
+them; a clip's frames may be decoded through their steps in a stream, and a volume has no 2D map.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..kinds import Kind
+from ..sample import Sample
+from .kernels import maps
+from .kernels.geometry import spatial_hw
+
+#: the keys of a field's meta this module writes
+TO_SOURCE, SOURCE_SIZE, UNMAPPED = "to_source", "source_size", "unmapped"
+
+
+def image_fields(sample: Sample) -> list[str]:
+    """The sample's ``image`` fields, in field order."""
+    return [f for f, k in sample.kinds.items() if k is Kind.IMAGE]
+
+
+def _field_meta(meta: dict[str, Any], f: str) -> dict[str, Any]:
+    m = meta.get(f)
+    return dict(m) if isinstance(m, dict) else {}
+
+
+def start(sample: Sample, meta: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``meta`` (default the sample's) with every image field that has no map yet given its decode's map; the
+    same dict when there is nothing to add, else a new one (the given dicts are never changed)."""
+    meta = sample.meta if meta is None else meta
+    out = None
+    for f in image_fields(sample):
+        m = meta.get(f)
+        if isinstance(m, dict) and (TO_SOURCE in m or UNMAPPED in m):
+            continue
+        fm = _field_meta(meta, f)
+        try:
+            T, (H, W) = maps.decode_map(spatial_hw(sample.fields[f], Kind.IMAGE), fm.get("reduce", 1),
+                                        fm.get("orientation", 1), fm.get(SOURCE_SIZE))
+            fm.update({TO_SOURCE: maps.to_json(T), SOURCE_SIZE: [H, W]})
+        except (ValueError, TypeError) as e:
+            fm[UNMAPPED] = f"the decode's map is not known ({e})"
+        out = dict(meta) if out is None else out
+        out[f] = fm
+    return meta if out is None else out
+
+
+def track(step: Any, sample: Sample, targets: list[str], params_of: Callable[[str], dict[str, Any]],
+          meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` (the moved sample's, from ``sample``) with the map of every image field among ``targets``
+    composed with ``step``'s, for the parameters ``params_of(field)`` it used; see the module docstring."""
+    moved = [f for f in targets if sample.kinds.get(f) is Kind.IMAGE]
+    if not moved:
+        return meta
+    meta = start(sample, meta)
+    out = dict(meta)
+    for f in moved:
+        fm = _field_meta(meta, f)
+        if UNMAPPED in fm or getattr(step, "keeps_grid", False):
+            continue
+        coord_map = getattr(step, "coord_map", None)
+        why = None
+        if coord_map is None:
+            why = ("it has no coord_map: its move is not known to be a 2D affine map (a step that changes "
+                   "values only says keeps_grid = True)")
+        else:
+            try:
+                forward, _ = coord_map(spatial_hw(sample.fields[f], Kind.IMAGE), **params_of(f))
+                fm[TO_SOURCE] = maps.to_json(maps.compose(fm[TO_SOURCE], maps.invert(forward)))
+            except NotImplementedError:
+                why = "its coord_map is not implemented"
+            except ValueError as e:
+                why = f"its map has no inverse ({e})"
+        if why is not None:
+            fm.pop(TO_SOURCE, None)
+            fm[UNMAPPED] = f"step {step.name!r} moved field {f!r} and {why}"
+        out[f] = fm
+    return out

@@ -22,7 +22,8 @@ Worker start and -j scaling (issue 33; each a fresh process per run, medians ove
 
     python benchmarks/bench_scale.py --pool 1,2 [--repeats 7]           # N workers ready, after the imports
     python benchmarks/bench_scale.py --recipes 'recipes/*.yaml' [--repeats 5]   # the tour's -j1 against -j2
-    python benchmarks/bench_scale.py --jobs 1,2 --photos 2000 [--repeats 3]     # wall, summed work, serial part
+    python benchmarks/bench_scale.py --jobs 1,2 --photos 2000 [--repeats 3] [--joblib]  # wall, summed work, serial part
+                                                   # (--joblib: and a hand-written joblib pool of the same work)
 
 ``--repo PATH`` measures another checkout of precompile (e.g. the main branch, for a before/after table in one
 run); ``PRECOMPILE_WORKERS=loky`` selects loky's worker start instead of the fork.
@@ -179,6 +180,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--photos", type=int, default=2000, help="with --jobs: how many 500x375 JPEG inputs")
     ap.add_argument("--targets", default="256,64", help="with --jobs: resize targets (shorter side; 64 = 64x64)")
     ap.add_argument("--fast", action="store_true", help="with --jobs: resize with fast: true")
+    ap.add_argument("--joblib", action="store_true", help="with --jobs: also a hand-written joblib pool (PIL decode, "
+                    "cv2 resize, one HDF5 file) at each -j, the baseline issue 33 asks -j16 to beat")
     ap.add_argument("--repeats", type=int, default=1, help="with --jobs, --recipes, --pool: runs per figure (medians)")
     ap.add_argument("--recipes", default=None, help="the -j1 against -j2 table of these recipes (a glob under the "
                     "repository, e.g. 'recipes/*.yaml'), each a fresh `precompile build --force` process")
@@ -367,6 +370,53 @@ def make_photos(root: str, n: int) -> None:
     open(done, "w").close()
 
 
+_JOBLIB = r"""
+import json, os, sys, time
+t0 = time.perf_counter()
+root, out, j, t = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+import cv2, h5py, numpy as np
+from joblib import Parallel, delayed
+from PIL import Image
+
+
+def one(path):
+    # what a user writes: full decode, the shorter side to t (area), the centre t x t (or t x t at 64)
+    with Image.open(path) as im:
+        a = np.asarray(im.convert("RGB"))
+    h, w = a.shape[:2]
+    if t == 64:
+        return cv2.resize(a, (64, 64), interpolation=cv2.INTER_AREA)
+    s = t / min(h, w)
+    nh, nw = max(t, round(h * s)), max(t, round(w * s))
+    a = cv2.resize(a, (nw, nh), interpolation=cv2.INTER_AREA)
+    y, x = (nh - t) // 2, (nw - t) // 2
+    return a[y:y + t, x:x + t]
+
+
+files = sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs if f.endswith(".jpg"))
+labels = sorted({os.path.basename(os.path.dirname(f)) for f in files})
+t1 = time.perf_counter()
+arrs = Parallel(n_jobs=j)(delayed(one)(f) for f in files)
+os.makedirs(out, exist_ok=True)
+with h5py.File(os.path.join(out, "pool.h5"), "w") as h:
+    h.create_dataset("image", data=np.stack(arrs), chunks=(min(len(arrs), 64), t, t, 3))
+    h.create_dataset("label", data=np.array([labels.index(os.path.basename(os.path.dirname(f))) for f in files]))
+print(json.dumps({"build_s": time.perf_counter() - t1}))
+"""
+
+
+def run_joblib(root: str, out: str, j: int, t: int) -> dict:
+    """The hand-written joblib pool in a fresh process (wall includes its imports, as a build's does)."""
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", _JOBLIB, root, out, str(j), str(t)], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        raise RuntimeError(f"joblib pool failed:\n{p.stderr}")
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    res["wall_s"] = wall
+    return res
+
+
 def jobs_table(args: argparse.Namespace) -> None:
     """-j1..-jN scaling of a build of ``--photos`` JPEGs, each resize target: wall seconds (a fresh process,
     imports included), samples/s, speed-up over -j1 and its share of linear, and against the work itself:
@@ -398,6 +448,7 @@ def jobs_table(args: argparse.Namespace) -> None:
                             "steps": [{"resize": resize}, {"center_crop": {"size": [t, t]}}],
                             "output": {"format": "hdf5", "samples_per_shard": 256}}, f)
         runs: dict[tuple[str, int], list[dict]] = {(repo, j): [] for repo in args.repos for j in jobs}
+        pool: dict[int, list[dict]] = {j: [] for j in jobs}
         for _ in range(args.repeats):   # job counts and checkouts take turns: a busy spell of the machine hits each
             for repo in args.repos:
                 for j in jobs:
@@ -406,6 +457,12 @@ def jobs_table(args: argparse.Namespace) -> None:
                     r = run_step("build", recipe, out, str(j), repo=repo)
                     r["work_s"] = sum(r["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
                     runs[repo, j].append(r)
+                    shutil.rmtree(out, ignore_errors=True)
+            if args.joblib:
+                for j in jobs:
+                    out = os.path.join(work, f"pool-{t}-{j}")
+                    shutil.rmtree(out, ignore_errors=True)
+                    pool[j].append(run_joblib(root, out, j, t))
                     shutil.rmtree(out, ignore_errors=True)
         for repo in args.repos:
             base = inner_base = None
@@ -419,6 +476,16 @@ def jobs_table(args: argparse.Namespace) -> None:
                 print(f"| {t} | {_label(repo)} | {j} | {wall:.2f} | {rate:.0f} | {rate / base:.2f} | "
                       f"{rate / base / j:.2f} | {summed:.2f} | {args.photos / summed:.0f} | {ideal:.2f} | "
                       f"{wall - ideal:.2f} | {inner:.2f} | {inner_base / inner:.2f} |", flush=True)
+        if args.joblib:
+            base = None
+            for j in jobs:
+                wall = _median([r["wall_s"] for r in pool[j]])
+                inner = _median([r["build_s"] for r in pool[j]])
+                rate = args.photos / wall
+                base = base or rate
+                ours = args.photos / _median([r["wall_s"] for r in runs[args.repos[0], j]])
+                print(f"| {t} | joblib pool (precompile {ours / rate:.2f}x) | {j} | {wall:.2f} | {rate:.0f} | "
+                      f"{rate / base:.2f} | {rate / base / j:.2f} | | | | | {inner:.2f} | |", flush=True)
     print(f"load average after: {_load()}")
     if not args.keep and not args.dir:
         shutil.rmtree(work, ignore_errors=True)

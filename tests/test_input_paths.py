@@ -189,3 +189,41 @@ def test_remote_roots_are_checked_as_written():
     for bad in ("s3://bucket/data/../secret.png", "s3://bucket/other/x.png", "s3://bucket/data-x/y.png"):
         with pytest.raises(DecodeError, match="leaves inputs.root 's3://bucket/data'"):
             rule.check(bad)
+
+
+def _series_tree(tmp: Path) -> Path:
+    """root/s1 and root/s2: copies of the sample CT series chest_a; secret/: a copy outside the root."""
+    import shutil
+
+    src = Path(__file__).resolve().parents[1] / "sample_data" / "dicom" / "chest_a"
+    for d in ("root/s1", "root/s2", "secret"):
+        shutil.copytree(src, tmp / d)
+    return tmp
+
+
+def _series_recipe(root: Path, **inputs) -> dict:
+    return {"name": "p", "inputs": {"root": str(root), "match": "{series}", "kind": "dir",
+                                    "fields": {"ct": {"decoder": "dicom_series"}}, **inputs}, "on_error": "skip"}
+
+
+def test_a_file_linked_out_of_the_root_inside_a_series_folder_fails_that_series(tmp_path):
+    # the folder itself is inside the root; one of its files is a link to a DICOM file outside it: the series
+    # decoder used to open it (the path rule looked at the folder only)
+    tree = _series_tree(tmp_path)
+    victim = tree / "root" / "s1" / "IM0003"
+    victim.unlink()
+    os.symlink(tree / "secret" / "IM0003", victim)
+    (tree / "root" / "s2" / "sub").mkdir()    # a link that stays inside the root is still read
+    (tree / "root" / "s2" / "IM0004").rename(tree / "root" / "s2" / "sub" / "IM0004")
+    os.symlink("sub/IM0004", tree / "root" / "s2" / "IM0004")
+    rep = precompile.build(_series_recipe(tree / "root"), tree / "out", n_jobs=1)
+    (f,) = rep.failures
+    assert f.key == "s1" and f.stage == "decode" and f.path == str(victim)
+    assert f"outside inputs.root {str(tree / 'root')!r}" in f.message and "secret" in f.message
+    got = _open(tree / "out")
+    assert sorted(got) == ["s2"]
+    ref = precompile.build(_series_recipe(tree / "root", follow_links="outside"), tree / "trusted", n_jobs=1)
+    assert not ref.failures
+    both = _open(tree / "trusted")
+    np.testing.assert_array_equal(both["s1"]["ct"], both["s2"]["ct"])   # the linked file is the same slice
+    np.testing.assert_array_equal(got["s2"]["ct"], both["s2"]["ct"])

@@ -87,6 +87,8 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
         path = item.paths[fname]
         try:
             found = rule.check(path)   # (a local file it found exists needs no os.path.exists)
+            if dec.reads_dirs:   # a folder's files are checked one by one as the decoder finds them
+                dec.inner_check = None if "://" in path and is_url(path) else rule.check
             if "://" in path and is_url(path):
                 arrays, m = _decode_remote(recipe, dec, path, fname, stream if stream is not None and
                                            stream.clips is None and fname == stream.field else None)

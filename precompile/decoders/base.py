@@ -6,7 +6,7 @@ anything is decoded (``output_specs``). Decoders raise only :class:`DecodeError`
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar, Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -43,6 +43,10 @@ class Decoder:
     Params: ClassVar[type[DecoderParams]] = DecoderParams
     reads_dirs: ClassVar[bool] = False   # True: the input path is a folder (DICOM series)
     max_bytes: int = DEFAULT_INPUT_BYTES  # the per-input memory budget; the recipe sets it (limits.input_bytes)
+    #: a folder decoder's check of each file it finds inside its folder before opening it: the path rule
+    #: (inputs.paths.InputRoot.check: raises DecodeError for a file that resolves out of inputs.root); the
+    #: shard task sets it for a local folder, None for a remote one's temporary copy
+    inner_check: Optional[Callable[[str], Any]] = None
 
     def __init__(self, params: DecoderParams | None = None):
         self.params = params if params is not None else self.Params()

@@ -473,6 +473,8 @@ class DicomSeriesDecoder(Decoder):
             files += [os.path.join(dirpath, n) for n in sorted(names) if not n.startswith(".")]
         skipped, headers = [], []
         for fp in files:
+            if self.inner_check is not None:
+                self.inner_check(fp)   # a file linked out of inputs.root fails the series, naming the file
             if not p.force and not _has_preamble(fp):
                 skipped.append(os.path.relpath(fp, path))
                 continue

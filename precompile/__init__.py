@@ -2,7 +2,9 @@
 
 Public API: :func:`open` (map-style dataset over a built output),
 :func:`load_recipe` (a path or a dict), :func:`build` (a path, a dict or a
-``Recipe``; returns the build report), and :class:`Loader` (the GPU-feeding reader).
+``Recipe``; returns the build report), :class:`Loader` (the GPU-feeding reader),
+:func:`collate` (a ``DataLoader``'s ``collate_fn`` over :func:`open`) and
+:func:`detection_targets` (a padded batch as per-image detection target dicts).
 Imports are lazy so that ``import precompile`` stays light and the build
 path never pulls in torch.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["open", "load_recipe", "build", "Loader", "__version__"]
+__all__ = ["open", "load_recipe", "build", "Loader", "collate", "detection_targets", "__version__"]
 
 
 #: name -> (module, attribute): what ``import precompile`` does not import until first used
@@ -19,6 +21,8 @@ _LAZY = {
     "load_recipe": (".recipe", "load_recipe"),    # a validated Recipe from a YAML file's path or a dict
     "build": (".compiler", "build"),              # the compiler's entry point
     "Loader": (".reader.loader", "Loader"),       # the GPU-feeding reader (imports torch)
+    "collate": (".reader.targets", "collate"),    # a DataLoader's collate_fn over precompile.open (imports torch)
+    "detection_targets": (".reader.targets", "detection_targets"),   # padded batch -> per-image target dicts
 }
 
 

@@ -192,3 +192,22 @@ def test_targets_are_refused_where_they_cannot_be_made(inst_build, det_build):
                convert_fields=["image", "instances"])
     with pytest.raises(ValueError, match=r"one boxes field; none is loaded \(loaded: image\)"):
         precompile.collate(precompile.open(det_build, fields=["image"]), targets="list")
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+
+@needs_cuda
+def test_cuda_targets_equal_the_cpu_targets(inst_build):
+    """On CUDA (the ring, and the fields resident on the device) the dicts are on the device and equal the CPU
+    Loader's, the binary masks made from the uint16 instance mask there included."""
+    kw = dict(batch_size=4, shuffle=True, seed=5, gpu_steps=STEPS, targets="list")
+    cpu = list(Loader(inst_build, device="cpu", num_threads=0, **kw))
+    for extra in ({}, {"in_memory": "gpu"}):
+        got = list(Loader(inst_build, device="cuda", **kw, **extra))
+        for b, (x, y) in enumerate(zip(cpu, got, strict=True)):
+            for j, (tx, ty) in enumerate(zip(x["targets"], y["targets"], strict=True)):
+                assert set(tx) == set(ty) == {"boxes", "labels", "masks", "keypoints"}
+                for k in tx:
+                    assert ty[k].device.type == "cuda" and ty[k].dtype == tx[k].dtype, (extra, b, j, k)
+                    assert torch.equal(ty[k].cpu(), tx[k]), (extra, b, j, k)

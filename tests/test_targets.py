@@ -41,10 +41,7 @@ def inst_build(tmp_path_factory):
     """9 64x96 images, up to 12 painted rectangles each, their uint16 instance mask tied to the boxes."""
     tmp = tmp_path_factory.mktemp("inst")
     make_instance_inputs(str(tmp / "in"))
-    r = {"name": "inst", "seed": 1, "inputs": {"root": str(tmp / "in"), "match": "{label}/{name}.npz",
-                                               "fields": {"image": {"decoder": "_instances_test"}}},
-         "steps": [{"resize": {"size": [H, W]}}], "output": {"format": "hdf5", "samples_per_shard": 4}}
-    return run_build(r, out_dir=str(tmp / "out"))["output"]
+    return run_build(inst_recipe(tmp / "in", "hdf5"), out_dir=str(tmp / "out"))["output"]
 
 
 def check_contract(t: dict, hw: tuple[int, int] | None, k: int = 3) -> int:
@@ -164,6 +161,38 @@ def test_collate_targets_list_equals_the_loaders(inst_build, det_build):
                     assert torch.equal(g[k], r[k]), (b, k)
             for j, (tg, tr) in enumerate(zip(g["targets"], r["targets"], strict=True)):
                 assert_target_equal(tg, {k: v.numpy() for k, v in tr.items()}, f"{path} batch {b} sample {j}")
+
+
+def inst_recipe(root, fmt: str) -> dict:
+    return {"name": "inst", "seed": 1, "inputs": {"root": str(root), "match": "{label}/{name}.npz",
+                                                  "fields": {"image": {"decoder": "_instances_test"}}},
+            "steps": [{"resize": {"size": [H, W]}}], "output": {"format": fmt, "samples_per_shard": 4}}
+
+
+@pytest.mark.parametrize("kind", ["det", "inst"])
+def test_collate_over_a_folder_build_equals_the_hdf5_build(tmp_path, kind):
+    """A PNG-folder build's images and instance masks are read-only arrays: the collate copies them (torch's
+    default collate and ``torch.from_numpy`` warn, an error under this suite's warnings-as-errors), and its
+    batches and dicts equal those of the HDF5 build of the same recipe."""
+    if kind == "det":
+        make_inputs(str(tmp_path / "in"), n=7)
+    else:
+        make_instance_inputs(str(tmp_path / "in"), n=5)
+    got = {}
+    for fmt in ("png", "hdf5"):
+        r = recipe(tmp_path, fmt) if kind == "det" else inst_recipe(tmp_path / "in", fmt)
+        ds = precompile.open(run_build(r, out_dir=str(tmp_path / fmt))["output"])
+        got[fmt] = [list(DataLoader(ds, batch_size=3, collate_fn=precompile.collate(ds, targets=t))) for t in (None, "list")]
+    for padded, listed in zip(*[got[f] for f in ("png", "hdf5")], strict=True):
+        for b, (x, y) in enumerate(zip(padded, listed, strict=True)):
+            assert set(x) == set(y)
+            for k in x:
+                if k == "targets":
+                    for j, (tx, ty) in enumerate(zip(x[k], y[k], strict=True)):
+                        assert_target_equal(tx, {kk: v.numpy() for kk, v in ty.items()}, f"batch {b} sample {j}")
+                else:
+                    assert x[k].dtype == y[k].dtype
+                    np.testing.assert_array_equal(x[k].numpy(), y[k].numpy(), err_msg=f"batch {b} {k}")
 
 
 def test_collate_names_the_field_of_samples_that_cannot_stack(tmp_path):

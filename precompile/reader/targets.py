@@ -115,9 +115,8 @@ def image_target(boxes: Any, labels: Any = None, mask: Any = None, keypoints: An
     """One image's target dict from its own rows (numpy arrays or tensors, N rows each): ``boxes`` float32
     (N, 4), ``labels`` int64 (N,), ``masks`` uint8 (N, H, W) from the instance mask, ``keypoints`` float32
     (N, K, 3); keys only for what is given."""
-    def tensor(a: Any, dtype: torch.dtype) -> torch.Tensor:
-        t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a))
-        return t.to(dtype)
+    def tensor(a: Any, dtype: torch.dtype) -> torch.Tensor:   # numpy: a copy (a folder build's rows are read-only)
+        return (a if isinstance(a, torch.Tensor) else torch.from_numpy(np.array(a))).to(dtype)
 
     b = tensor(boxes, torch.float32)
     if b.ndim != 2 or b.shape[1] != 4:
@@ -131,7 +130,7 @@ def image_target(boxes: Any, labels: Any = None, mask: Any = None, keypoints: An
         if out[key].shape[0] != n:
             raise ValueError(f"{key} has {out[key].shape[0]} rows for {n} boxes (row i describes box i)")
     if mask is not None:
-        out["masks"] = instance_masks(mask if isinstance(mask, torch.Tensor) else torch.from_numpy(np.asarray(mask)), n)
+        out["masks"] = instance_masks(mask if isinstance(mask, torch.Tensor) else torch.from_numpy(np.array(mask)), n)
     return out
 
 
@@ -204,9 +203,10 @@ class Collate:
       with NaN (float) or -1 (integer) past a sample's rows (Nmax at least 1), plus ``<field>__count`` (B,)
       int64; ``targets="list"``: the boxes field and the rows tied to it become ``batch["targets"]``, one dict
       per sample (:func:`detection_targets`' dicts, from the sample's own arrays);
-    - every other field goes through torch's ``default_collate`` (arrays stacked into tensors, numbers into a
-      tensor, text into a list of str); samples of different shapes are a :class:`ShapeMismatchError` naming the
-      field and two shapes.
+    - every other array field is stacked by numpy into a new tensor (a folder-format build's arrays are
+      read-only views, which torch's ``default_collate`` warns about), numbers and text go through torch's
+      ``default_collate`` (a tensor, a list of str); samples of different shapes are a
+      :class:`ShapeMismatchError` naming the field and two shapes.
 
     It holds only the build's field specs (plain data), so it pickles into DataLoader workers."""
 
@@ -244,7 +244,8 @@ class Collate:
                     f"field {name!r}: cannot stack samples of different shapes {shapes[0]} (batch position 0) and "
                     f"{shapes[diff]} (batch position {diff}); resize to a fixed size in the recipe, or leave the "
                     f"field out (precompile.open(path, fields=[...]))")
-            out[name] = default_collate(values)
+            out[name] = (torch.from_numpy(np.stack(values)) if isinstance(values[0], np.ndarray)
+                         else default_collate(values))
         if self.fields is not None:
             f = self.fields
             out[TARGETS_KEY] = [image_target(s[f.boxes], s[f.labels] if f.labels else None,

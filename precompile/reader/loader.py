@@ -239,7 +239,7 @@ class Loader:
     come as padded tensors (B, Nmax, ...) (NaN, or -1 for labels, past a sample's count) plus
     ``<field>__count`` (B,) int64 (:mod:`precompile.reader.ragged`; docs/annotations.md).
     ``targets="list"`` gives them instead as ``batch["targets"]``, one dict per image as torchvision's
-    detection models and torchmetrics take them (``boxes``, ``labels``, ``masks`` from an instance mask tied
+    detection models take them (``boxes``, ``labels``, ``masks`` from an instance mask tied
     to the boxes, ``keypoints``; exactly the image's rows: :mod:`precompile.reader.targets`).
     """
 

@@ -1,7 +1,8 @@
 """Detection targets in the form models take them, and a collate for ``precompile.open`` in a DataLoader.
 
 torchvision's detection models (Faster / Mask / Keypoint R-CNN, RetinaNet, SSD, FCOS) take, in training, a list
-with one dict per image, and torchmetrics' ``MeanAveragePrecision`` takes its ground truth the same way:
+with one dict per image (torchmetrics' ``MeanAveragePrecision`` takes its ground truth so too: ``boxes``,
+``labels``, and for ``iou_type="segm"`` bool masks, ``masks.bool()``):
 
 - ``boxes``: FloatTensor[N, 4], ``x1, y1, x2, y2`` in pixels of the image (the build's own convention);
 - ``labels``: Int64Tensor[N], the class of each box;

@@ -2,7 +2,9 @@
 
 Public API: :func:`open` (map-style dataset over a built output),
 :func:`load_recipe` (a path or a dict), :func:`build` (a path, a dict or a
-``Recipe``; returns the build report), :class:`Loader` (the GPU-feeding reader), and
+``Recipe``; returns the build report), :class:`Loader` (the GPU-feeding reader),
+:func:`collate` (a ``DataLoader``'s ``collate_fn`` over :func:`open`),
+:func:`detection_targets` (a padded batch as per-image detection target dicts) and
 :func:`coco_results` / :func:`write_coco_results` (detections mapped back to the source images as COCO
 results, for ``COCOeval``).
 Imports are lazy so that ``import precompile`` stays light and the build
@@ -12,7 +14,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["open", "load_recipe", "build", "Loader", "coco_results", "write_coco_results", "__version__"]
+__all__ = ["open", "load_recipe", "build", "Loader", "collate", "detection_targets", "coco_results",
+           "write_coco_results", "__version__"]
 
 
 #: name -> (module, attribute): what ``import precompile`` does not import until first used
@@ -23,6 +26,8 @@ _LAZY = {
     "Loader": (".reader.loader", "Loader"),       # the GPU-feeding reader (imports torch)
     "coco_results": (".tools.coco_results", "coco_results"),              # predictions -> COCO result records
     "write_coco_results": (".tools.coco_results", "write_coco_results"),  # ... written as a results JSON
+    "collate": (".reader.targets", "collate"),    # a DataLoader's collate_fn over precompile.open (imports torch)
+    "detection_targets": (".reader.targets", "detection_targets"),   # padded batch -> per-image target dicts
 }
 
 

@@ -48,8 +48,8 @@ a ``box_labels`` field belongs to a boxes field (``<boxes>_labels``, or else the
 only boxes field; none is an error), and a ``keypoints`` field may belong to
 one (``<boxes>_keypoints``, or else the only boxes field; with no boxes field
 it stands alone). Row i of a tied field describes box i: a step that drops a
-box (nothing, or less than its ``min_visibility``, left in view) drops row i of
-every field tied to it. ``flow_valid`` is tied to its flow the same way. A
+box (nothing, or less than its ``min_visibility``, ``min_area``, ``min_width`` or
+``min_height``, left in view) drops row i of every field tied to it. ``flow_valid`` is tied to its flow the same way. A
 ``mask`` tied to a boxes field (declared only, never guessed: ``of`` in its
 spec; ``inputs.coco`` with ``mask: instance`` declares it) is an *instance
 mask*: ``mask == i + 1`` is the pixels of box i, 0 background, the dtype's

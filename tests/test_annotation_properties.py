@@ -50,16 +50,23 @@ PAIRS = [[0, 1]]           # top-left and top-right swap in a mirror
 
 CASES: dict[str, list[dict]] = {
     "resize": [{"size": [40, 56]}, {"size": [30, 34]}, {"shorter": 40}, {"size": [48, 48], "keep_aspect": True}],
-    "center_crop": [{"size": [24, 28]}, {"size": [56, 30], "pad": True, "min_visibility": 0.5}],
+    "center_crop": [{"size": [24, 28]}, {"size": [56, 30], "pad": True, "min_visibility": 0.5},
+                    {"size": [24, 28], "min_area": 30, "min_width": 4, "min_height": 5}],
     "random_crop": [{"size": [24, 28]}, {"size": [32, 32], "padding": 6, "min_visibility": 0.3},
-                    {"size": [60, 20], "pad": True}],
+                    {"size": [60, 20], "pad": True}, {"size": [26, 30], "padding": 4, "min_area": 24, "min_width": 6},
+                    {"size": [24, 28], "min_height": 7, "min_visibility": 0.2}],
     "random_resized_crop": [{"size": [40, 40], "scale": [0.3, 1.0]},
-                            {"size": [48, 40], "scale": [0.2, 0.8], "min_visibility": 0.4}],
+                            {"size": [48, 40], "scale": [0.2, 0.8], "min_visibility": 0.4},
+                            {"size": [40, 44], "scale": [0.2, 0.7], "min_area": 60, "min_width": 5, "min_height": 6}],
     "random_flip": [{"horizontal": 0.5, "vertical": 0.5, "flip_pairs": PAIRS}, {"horizontal": 1.0, "flip_pairs": PAIRS},
                     {"vertical": 1.0, "flip_pairs": []}],
     "random_affine": [{"degrees": 40, "scale": [0.8, 1.3], "translate": 0.2},
-                      {"degrees": [85, 95], "min_visibility": 0.6}],
+                      {"degrees": [85, 95], "min_visibility": 0.6},
+                      {"degrees": 30, "translate": 0.2, "min_area": 50, "min_width": 6, "min_height": 5}],
 }
+#: albumentations' box filters (BboxParams): a box whose visible (clipped) area, width or height in output pixels
+#: after the step is under the threshold is dropped; min_visibility the fraction of its area left
+FILTERS = ("min_visibility", "min_area", "min_width", "min_height")
 EXACT = {"center_crop", "random_crop", "random_flip"}     # pixels moved without resampling
 
 
@@ -122,8 +129,27 @@ def _window_fraction(before: Sample, i: int, rec: dict) -> float:
     return m[t:t + h, l_:l_ + w].sum() / m.sum()
 
 
-def expected_kept(name: str, before: Sample, after: Sample, min_vis: float) -> list[int] | None:
-    """The objects whose boxes must survive, from the masks; None where pixels cannot decide (affine)."""
+def _window_extent(before: Sample, i: int, rec: dict) -> tuple[int, int, int]:
+    """Object i's pixels inside a random resized crop's window (from the input mask): their count, and the
+    columns and rows they span (the objects are rectangles)."""
+    m = before.fields["objects"][..., 0] == i + 1
+    t, l_, h, w = rec["top"], rec["left"], rec["height"], rec["width"]
+    inside = m[t:t + h, l_:l_ + w]
+    return int(inside.sum()), int(inside.any(0).sum()), int(inside.any(1).sum())
+
+
+def passes(params: dict, frac: float, area: float, width: float, height: float) -> bool:
+    """The keep rule of docs/annotations.md and albumentations' BboxParams: something visible, and the visible
+    fraction, area, width and height (output pixels, after the step) each at least its threshold (inclusive)."""
+    return (frac > 0 and area > 0 and frac >= params.get("min_visibility", 0.0) and area >= params.get("min_area", 0.0)
+            and width >= params.get("min_width", 0.0) and height >= params.get("min_height", 0.0))
+
+
+def expected_kept(name: str, before: Sample, after: Sample, params: dict) -> list[int] | None:
+    """The objects whose boxes must survive, from the masks; None where pixels cannot decide (affine). The objects
+    are rectangles: their visible pixels after a crop are their clipped box (area = pixel count, width and height
+    = the columns and rows they span); after a random resized crop, the window's share of the input object scaled
+    by the resize (output pixels per window pixel)."""
     n = len(before.fields["boxes"])
     if name == "resize":
         return list(range(n))
@@ -132,11 +158,19 @@ def expected_kept(name: str, before: Sample, after: Sample, min_vis: float) -> l
     rec = after.meta["augment"][-1] if name == "random_resized_crop" else None
     kept = []
     for i in range(n):
+        total = (before.fields["objects"] == i + 1).sum()
         if rec is not None:
-            frac = _window_fraction(before, i, rec)
+            count, cols, rows = _window_extent(before, i, rec)
+            oh, ow = after.fields["image"].shape[:2]
+            sx, sy = ow / rec["width"], oh / rec["height"]
+            frac, area, width, height = count / total, count * sx * sy, cols * sx, rows * sy
+            for v, key in ((area, "min_area"), (width, "min_width"), (height, "min_height")):
+                assume(key not in params or abs(v - params[key]) > 1e-6)   # no float ties at the boundary
         else:
-            frac = (after.fields["objects"] == i + 1).sum() / (before.fields["objects"] == i + 1).sum()
-        if frac > 0 and frac >= min_vis:
+            seen = after.fields["objects"][..., 0] == i + 1
+            frac, area = seen.sum() / total, float(seen.sum())
+            width, height = float(seen.any(0).sum()), float(seen.any(1).sum())
+        if passes(params, frac, area, width, height):
             kept.append(i)
     return kept
 
@@ -156,18 +190,23 @@ def affine_reference(before: Sample, rec: dict, H: int, W: int) -> np.ndarray:
     return np.asarray(out).reshape(-1, 4)
 
 
-def affine_kept(before: Sample, after: Sample, min_vis: float, msg: str) -> list[int]:
-    """Affine: the boxes kept are those whose independently moved enclosing box keeps a visible
-    fraction above 0 and at least ``min_vis``; an object with pixels on the grid keeps its box
-    when ``min_vis`` is 0 (its pixel centres lie inside its box)."""
+def affine_kept(before: Sample, after: Sample, params: dict, msg: str) -> list[int]:
+    """Affine: the boxes kept are those whose independently moved enclosing box, clipped, keeps a visible
+    fraction above 0 and at least ``min_visibility``, and an area, width and height at least ``min_area``,
+    ``min_width``, ``min_height``; an object with pixels on the grid keeps its box when no filter is set (its
+    pixel centres lie inside its box)."""
     H, W = before.fields["image"].shape[:2]
+    min_vis = params.get("min_visibility", 0.0)
     kept = []
     for i, r in enumerate(affine_reference(before, after.meta["augment"][-1], H, W)):
-        vis = max(min(r[2], W) - max(r[0], 0), 0) * max(min(r[3], H) - max(r[1], 0), 0) / ((r[2] - r[0]) * (r[3] - r[1]))
+        width, height = max(min(r[2], W) - max(r[0], 0), 0), max(min(r[3], H) - max(r[1], 0), 0)
+        vis = width * height / ((r[2] - r[0]) * (r[3] - r[1]))
         assume(abs(vis - min_vis) > 1e-5 and vis > 1e-5 or vis == 0)   # no float ties at the boundary
-        if vis > 0 and vis >= min_vis:
+        for v, key in ((width * height, "min_area"), (width, "min_width"), (height, "min_height")):
+            assume(key not in params or abs(v - params[key]) > 1e-5)
+        if passes(params, vis, width * height, width, height):
             kept.append(i)
-        elif min_vis == 0:
+        elif not any(params.get(k) for k in FILTERS):
             assert pixel_box(after.fields["objects"], i + 1) is None, f"{msg}: object {i} on the grid, box dropped"
     return kept
 
@@ -278,9 +317,9 @@ def test_boxes_and_keypoints_follow_the_pixels(name, params, seed, H, W):
     for copy in (1, 2):
         (after,) = step.run(before, rng_for(seed, before.key, copy))
         msg = f"{name} {params} seed={seed} {H}x{W} copy {copy} {after.meta.get('augment')}"
-        kept = expected_kept(name, before, after, params.get("min_visibility", 0.0))
+        kept = expected_kept(name, before, after, params)
         if kept is None:
-            kept = affine_kept(before, after, params.get("min_visibility", 0.0), msg)
+            kept = affine_kept(before, after, params, msg)
         labels = before.fields["box_labels"][kept]
         np.testing.assert_array_equal(after.fields["box_labels"], labels, err_msg=msg)
         check_boxes(name, before, after, kept, msg)
@@ -412,6 +451,61 @@ def test_min_visibility_boundary_is_inclusive():
             np.testing.assert_array_equal(out.fields["boxes"], [[0, 0, 5, 10]])
 
 
+#: four rectangles on a 20x30 image; center_crop 10x10 keeps the window x 10..20, y 5..15, so each one's visible
+#: part, worked out by hand: (width, height, area) in output pixels
+FILTER_RECTS = ((8, 4, 14, 9), (15, 6, 20, 14), (19, 14, 25, 20), (10, 14, 19, 15))
+FILTER_VISIBLE = ((4, 4, 16), (5, 8, 40), (1, 1, 1), (9, 1, 9))
+
+
+@pytest.mark.parametrize("params, kept", [
+    ({}, [0, 1, 2, 3]),
+    ({"min_area": 16}, [0, 1]),             # inclusive: 16 pixels kept at 16
+    ({"min_area": 16.5}, [1]),
+    ({"min_width": 5}, [1, 3]),
+    ({"min_height": 4}, [0, 1]),
+    ({"min_area": 10, "min_width": 2, "min_height": 2}, [0, 1]),
+    ({"min_area": 9, "min_width": 9}, [3]),
+    ({"min_area": 9, "min_visibility": 0.55}, [1, 3]),   # box 0 shows 16 of its 30 pixels, box 3 all 9
+])
+def test_box_size_filters_drop_what_albumentations_drops(params, kept):
+    """Issue 35: min_area, min_width, min_height (albumentations' BboxParams): a box whose visible area, width
+    or height in output pixels after the step is under the threshold is dropped, with its label, keypoint row
+    and instance id. Against sizes worked out by hand and against the painted pixels."""
+    H, W = 20, 30
+    image = np.zeros((H, W, 3), np.uint8)
+    mask = np.zeros((H, W, 1), np.uint16)
+    for i, (x1, y1, x2, y2) in enumerate(FILTER_RECTS):
+        image[y1:y2, x1:x2], mask[y1:y2, x1:x2] = 40 * (i + 1), i + 1
+    kp = np.array([[[x1 + 0.5, y1 + 0.5, 2]] for x1, y1, _, _ in FILTER_RECTS], np.float32)
+    s = Sample("k", {"image": image, "mask": mask, "boxes": np.array(FILTER_RECTS, np.float32),
+                     "box_labels": np.arange(7, 11, dtype=np.int64), "keypoints": kp},
+               {"image": "image", "mask": Tied("mask", "boxes"), "boxes": "boxes", "box_labels": "box_labels",
+                "keypoints": "keypoints"})
+    (full,) = _make("center_crop", {"size": [10, 10]}).run(s, rng_for(0, "k", 0))
+    for i, (w, h, a) in enumerate(FILTER_VISIBLE):   # the hand-worked sizes are the pixels' own
+        seen = full.fields["mask"][..., 0] == i + 1
+        assert (seen.any(0).sum(), seen.any(1).sum(), seen.sum()) == (w, h, a), i
+    (out,) = _make("center_crop", {"size": [10, 10], **params}).run(s, rng_for(0, "k", 0))
+    np.testing.assert_array_equal(out.fields["box_labels"], [7 + i for i in kept])
+    np.testing.assert_array_equal(out.fields["boxes"], full.fields["boxes"][kept])
+    np.testing.assert_array_equal(out.fields["keypoints"], full.fields["keypoints"][kept])
+    for row, i in enumerate(kept):
+        np.testing.assert_array_equal(out.fields["mask"][..., 0] == row + 1, full.fields["mask"][..., 0] == i + 1)
+    assert set(np.unique(out.fields["mask"]).tolist()) <= set(range(len(kept) + 1))
+
+
+@pytest.mark.parametrize("step", ["center_crop", "random_crop", "random_resized_crop", "random_affine"])
+@pytest.mark.parametrize("option", ["min_area", "min_width", "min_height"])
+def test_box_size_filters_are_non_negative_numbers(step, option):
+    from pydantic import ValidationError
+
+    cls = STEPS.get(step)
+    size = {} if step == "random_affine" else {"size": 8}
+    assert getattr(cls.Params.model_validate({**size, option: 2.5}), option) == 2.5
+    with pytest.raises(ValidationError, match=f"{option} is a size in output pixels, at least 0"):
+        cls.Params.model_validate({**size, option: -1})
+
+
 def test_links_tie_labels_and_keypoints_to_their_boxes():
     B, L, P, F, V = Kind.BOXES, Kind.BOX_LABELS, Kind.KEYPOINTS, Kind.FLOW, Kind.FLOW_VALID
     assert link_fields({"gt": B, "gt_labels": L, "pose": P}) == {"gt_labels": "gt", "pose": "gt"}
@@ -502,7 +596,8 @@ def test_every_step_states_its_rule_for_annotations_in_the_docs():
 DEVICE_CASES = [("random_flip", {"horizontal": 0.5, "vertical": 0.5, "flip_pairs": PAIRS}),
                 ("random_crop", {"size": [24, 28]}),
                 ("random_crop", {"size": [32, 32], "padding": 6, "min_visibility": 0.3}),
-                ("random_crop", {"size": [60, 20], "pad": True, "min_visibility": 0.5})]
+                ("random_crop", {"size": [60, 20], "pad": True, "min_visibility": 0.5}),
+                ("random_crop", {"size": [28, 30], "padding": 3, "min_area": 30, "min_width": 5, "min_height": 4})]
 
 
 def test_every_device_step_has_annotation_cases():
@@ -545,7 +640,7 @@ def test_device_steps_move_padded_annotations_like_the_pixels(name, params, seed
             fields[f] = rows[:c]
         got = Sample(s.key, fields, dict(s.kinds), meta={"augment": [{"step": name, **one}]}, links=dict(s.links))
         msg = f"device {name} {params} seed={seed} {H}x{W} sample {i} {one}"
-        kept = expected_kept(name, s, got, params.get("min_visibility", 0.0))
+        kept = expected_kept(name, s, got, params)
         np.testing.assert_array_equal(got.fields["box_labels"], s.fields["box_labels"][kept], err_msg=msg)
         check_boxes(name, s, got, kept, msg)
         check_instances(name, s, got, kept, msg)
@@ -558,7 +653,7 @@ def test_device_steps_move_padded_annotations_like_the_pixels(name, params, seed
 # -- Loader side: chains of device steps, each on the grid the one before it made (issue 32.2) ---------------
 #: the k-th crop of a chain (each fits what the ones before it leave: 34x38 of a 40x44 or larger scene, then
 #: 26x30 with padding, then a padded 30x20)
-CHAIN_CROPS = [{"size": [34, 38], "min_visibility": 0.3}, {"size": [26, 30], "padding": 3},
+CHAIN_CROPS = [{"size": [34, 38], "min_visibility": 0.3}, {"size": [26, 30], "padding": 3, "min_area": 20, "min_height": 4},
                {"size": [30, 20], "pad": True, "min_visibility": 0.5}]
 CHAIN_FLIP = {"horizontal": 0.5, "vertical": 0.5, "flip_pairs": PAIRS}
 CHAINS = [c for n in (1, 2, 3) for c in __import__("itertools").product(("random_flip", "random_crop"), repeat=n)]
@@ -585,16 +680,17 @@ def _device_samples(batch: dict, scenes: list[Sample]) -> list[Sample]:
 def check_chain_step(name: str, params: dict, before: Sample, after: Sample, rec: dict, slots: np.ndarray,
                      msg: str) -> np.ndarray:
     """One device step of a chain against the pixels. Box labels are the objects' own ids (label L is
-    object L): the boxes kept are those whose object keeps a visible fraction > 0 and >= min_visibility
-    (the objects mask before and after, both exact: crops and flips move pixels without resampling); each
-    box is its object's pixel box; the instance mask's row ids are the objects'; a keypoint is invisible
-    exactly when it was or lands off the image [0, w] x [0, h], else it sits on its marker. ``slots[L, j]``
-    is the marker of keypoint slot j of object L (flip pairs swap them); returns it after this step."""
+    object L): the boxes kept are those whose object keeps a visible fraction > 0 and >= min_visibility, and
+    a visible area, width and height in pixels >= min_area, min_width, min_height (the objects mask before
+    and after, both exact: crops and flips move pixels without resampling); each box is its object's pixel
+    box; the instance mask's row ids are the objects'; a keypoint is invisible exactly when it was or lands
+    off the image [0, w] x [0, h], else it sits on its marker. ``slots[L, j]`` is the marker of keypoint slot
+    j of object L (flip pairs swap them); returns it after this step."""
     H, W = after.fields["image"].shape[:2]
     obj0, obj1 = before.fields["objects"][..., 0], after.fields["objects"][..., 0]
     labels0 = before.fields["box_labels"].tolist()
-    min_vis = params.get("min_visibility", 0.0)
-    kept = [L for L in labels0 if (obj1 == L + 1).sum() > 0 and (obj1 == L + 1).sum() / (obj0 == L + 1).sum() >= min_vis]
+    kept = [L for L in labels0 if passes(params, (obj1 == L + 1).sum() / (obj0 == L + 1).sum(), (obj1 == L + 1).sum(),
+                                         (obj1 == L + 1).any(0).sum(), (obj1 == L + 1).any(1).sum())]
     assert after.fields["box_labels"].tolist() == kept, f"{msg}: kept {after.fields['box_labels']} want {kept}"
     for row, L in enumerate(kept):
         np.testing.assert_array_equal(after.fields["boxes"][row], pixel_box(after.fields["objects"], L + 1),

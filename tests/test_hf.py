@@ -31,11 +31,12 @@ def test_to_hf_rows_equal_the_build(tmp_path):
     hf = to_hf(path, cache_dir=str(tmp_path / "cache"))
     assert isinstance(hf, datasets.Dataset) and len(hf) == len(ds) == 12
     assert hf.features["label"] == datasets.ClassLabel(names=["cat", "dog"])
-    assert hf.features["image"] == datasets.Array3D(shape=(12, 16, 3), dtype="uint8")
+    assert hf.features["image"] == datasets.Image()
     hf = hf.with_format("numpy")
     for i in range(len(ds)):
         assert hf[i]["__key__"] == ds.key(i) and int(hf[i]["__copy__"]) == ds.copy(i)
-        assert np.array_equal(hf[i]["image"], ds[i]["image"]) and int(hf[i]["label"]) == int(ds[i]["label"])
+        assert hf[i]["image"].dtype == np.uint8 and np.array_equal(hf[i]["image"], ds[i]["image"])
+        assert int(hf[i]["label"]) == int(ds[i]["label"])
     only = to_hf(path, fields=["label"], cache_dir=str(tmp_path / "cache"))
     assert set(only.column_names) == {"__key__", "__copy__", "label"}
     with pytest.raises(ValueError, match="no field 'nope'"):
@@ -46,6 +47,64 @@ def test_to_hf_rows_equal_the_build(tmp_path):
     again = to_hf(path, cache_dir=str(tmp_path / "cache")).with_format("numpy")
     ds = precompile.open(path)
     assert all(np.array_equal(again[i]["image"], ds[i]["image"]) for i in range(len(ds)))
+
+
+def _noise_build(tmp_path, mode: str, size=(48, 64), per_class: int = 5, steps=()):
+    """Noise PNGs (what no compression shrinks: the bytes bound's worst case) built in ``mode``."""
+    from PIL import Image
+
+    rng = np.random.default_rng(1)
+    root = tmp_path / "noise"
+    for c in ("a", "b"):
+        (root / c).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            h, w = size if steps else (size[0] + 3 * i, size[1] - 2 * i)   # no steps: variable sizes
+            if not (root / c / f"{i}.png").exists():
+                Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / c / f"{i}.png")
+    r = {"name": f"noise-{mode}", "inputs": {"root": str(root), "match": "{label}/{name}.png",
+                                             "fields": {"image": {"decoder": "image", "mode": mode}},
+                                             "label": {"capture": "label"}},
+         "steps": list(steps), "output": {"format": "hdf5", "samples_per_shard": 4}}
+    return build(r, out_dir=tmp_path / "out")["output"]
+
+
+@pytest.mark.parametrize("mode", ["gray8", "rgb8", "rgba8", "gray16"])
+@pytest.mark.parametrize("fixed", [True, False], ids=["fixed", "variable"])
+def test_to_hf_stores_the_pixels_once_with_equal_values(tmp_path, mode, fixed):
+    """Issue 35: image fields become ``Image`` columns (lossless PNG): every pixel equal in its own dtype (one
+    channel comes back (H, W)), and the column's bytes within 1.2x of the build's pixel bytes on noise, which
+    no compression shrinks (``Array3D`` stored an int32 offset beside each pixel: 5x gray8, 2.3x rgb8)."""
+    path = _noise_build(tmp_path, mode, steps=[{"resize": {"size": [48, 64]}}] if fixed else [])
+    ds = precompile.open(path)
+    assert ds.variable("image") is not fixed
+    hf = to_hf(path, cache_dir=str(tmp_path / "cache"))
+    assert hf.features["image"] == datasets.Image()
+    arrays = hf.with_format("numpy")
+    stored = 0
+    for i in range(len(ds)):
+        want = ds[i]["image"]
+        got = arrays[i]["image"]
+        assert got.dtype == want.dtype, (i, got.dtype, want.dtype)
+        np.testing.assert_array_equal(got, want[..., 0] if want.shape[2] == 1 else want, err_msg=f"row {i}")
+        stored += want.nbytes
+    assert hf[0]["image"].size == ds[0]["image"].shape[1::-1]   # a PIL image, (width, height)
+    ratio = hf.data.column("image").nbytes / stored
+    assert ratio <= 1.2, f"{mode}: the Image column holds {ratio:.2f}x the build's pixel bytes"
+
+
+def test_to_hf_keeps_arrays_a_png_cannot_hold():
+    """Only what a PNG holds exactly goes to an ``Image`` column: float images, 2-channel and 16-bit colour
+    arrays, non-image kinds keep their array features."""
+    from precompile.hf import hf_feature
+
+    assert hf_feature({"kind": "mask", "shape": [8, 8, 1], "dtype": "uint16"}) == datasets.Image()
+    assert hf_feature({"kind": "image", "shape": [None, None, 3], "dtype": "uint8"}) == datasets.Image()
+    for spec in ({"kind": "image", "shape": [8, 8, 3], "dtype": "float32"},
+                 {"kind": "image", "shape": [8, 8, 3], "dtype": "uint16"},
+                 {"kind": "image", "shape": [8, 8, 2], "dtype": "uint8"},
+                 {"kind": "flow", "shape": [8, 8, 2], "dtype": "float32"},
+                 {"kind": "video", "shape": [2, 8, 8, 3], "dtype": "uint8"}):
+        assert not isinstance(hf_feature(spec), datasets.Image), spec
 
 
 def test_build_from_an_hf_dataset_equals_building_its_files(tmp_path):

@@ -146,6 +146,22 @@ def test_fixed_seeds_draw_everything_in_the_table():
     assert not any(missing.values()), f"the {N_FIXED} fixed seeds never draw: {missing}"
 
 
+def test_fixed_seeds_draw_the_box_size_filters_on_coco_cases():
+    """Issue 35: albumentations' min_area, min_width, min_height beside min_visibility: the fixed seeds draw each on
+    every build step that takes them and on the Loader's device random_crop, over COCO cases (boxes to drop)."""
+    want = {(n, k) for n in ("center_crop", "random_crop", "random_resized_crop", "random_affine", "device random_crop")
+            for k in ("min_area", "min_width", "min_height")}
+    got = set()
+    for seed in range(N_FIXED):
+        case = draw.draw_case(seed)
+        if case["family"] != "coco":
+            continue
+        steps = [(n, p) for s in case["recipe"].get("steps", []) for n, p in s.items()]
+        steps += [("device " + n, p) for s in (case.get("loader") or {}).get("gpu_steps", []) for n, p in s.items()]
+        got |= {(n, k) for n, p in steps for k in (p or {}) if (n, k) in want}
+    assert got == want, sorted(want - got)
+
+
 def test_known_and_new_entries_are_narrow():
     """No KNOWN / NEW predicate excuses every case of its family: each is narrower than "anything goes"."""
     cases = [draw.draw_case(s) for s in range(N_FIXED)]

@@ -54,6 +54,7 @@ from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size
 from .options import CONVERT_KINDS, Conversion, Distribution, Order
 from .sampler import epoch_order, rank_share, shard_ids, split_batches
 from .ragged import RaggedFields, is_ragged_annotation
+from .targets import check_targets, loader_targets, replace_with_targets
 
 __all__ = ["CONVERT_KINDS", "HostPool", "Loader", "LoaderStats", "default_threads"]
 
@@ -237,6 +238,9 @@ class Loader:
     Ragged annotation fields (``boxes``, ``box_labels``, ``keypoints``: a row count per sample)
     come as padded tensors (B, Nmax, ...) (NaN, or -1 for labels, past a sample's count) plus
     ``<field>__count`` (B,) int64 (:mod:`precompile.reader.ragged`; docs/annotations.md).
+    ``targets="list"`` gives them instead as ``batch["targets"]``, one dict per image as torchvision's
+    detection models take them (``boxes``, ``labels``, ``masks`` from an instance mask tied
+    to the boxes, ``keypoints``; exactly the image's rows: :mod:`precompile.reader.targets`).
     """
 
     def __init__(self, path_or_dataset: Any, batch_size: int, shuffle: bool | str = True, seed: int = 0,
@@ -250,7 +254,7 @@ class Loader:
                  gpu_budget: float | int | None = None, verify: bool = False,
                  map_shards: Literal["all", "lazy"] | None = None, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None, storage_options: dict[str, Any] | None = None,
-                 fetch_ahead: int | str | None = None):
+                 fetch_ahead: int | str | None = None, targets: Literal["list"] | None = None):
         ds = self.ds = open_hdf5_build(path_or_dataset, fields, verify, cache_dir=cache_dir, cache_limit=cache_limit,
                                        storage_options=storage_options)
         self._owns_ds = isinstance(path_or_dataset, (str, os.PathLike))   # opened here: closed by close()
@@ -287,6 +291,9 @@ class Loader:
         self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=self.in_memory is True,
                                    lazy=map_shards == "lazy")
         self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.reader.fields, self.specs)
+        self.targets, self.target_fields = check_targets(targets), None   # targets="list": per-image dicts
+        if self.targets is not None:
+            self.target_fields = loader_targets(self.specs, self.fields, self.convert)
         self.steps = gpu.parse_steps(gpu_steps)
         shapes = {**self.reader.shapes, **{f: tuple(self.specs[f]["shape"]) for f in ragged}}
         gpu.bind_steps(self.steps, self.specs, shapes)   # each step sees the shapes of the one before it
@@ -445,6 +452,8 @@ class Loader:
                     self.window.advance(b)
                 if self.text_fields:
                     out.update(self._texts(self.batch_indices(epoch)[b]))
+                if self.target_fields is not None:
+                    out = replace_with_targets(out, self.target_fields)
                 t1 = time.perf_counter()
                 stats.waits.append(t1 - t0)
                 stats.wait_s += t1 - t0

@@ -3,7 +3,8 @@
 A step that applies to ``boxes``/``keypoints`` gets, besides its parameters, ``grid``: the
 (height, width) of the sample's planar fields (the image the annotations are in). Its
 ``apply_boxes`` returns the moved boxes with a row of NaN for every box it drops (nothing
-visible, or less than ``min_visibility``); :func:`move_annotations` then removes those rows
+visible, or less than the step's ``min_visibility``, ``min_area``, ``min_width`` or ``min_height``);
+:func:`move_annotations` then removes those rows
 from the boxes *and* from every field tied to them (``box_labels``, ``keypoints``: see
 :func:`precompile.sample.link_fields`), so row i of each still describes the same object.
 An instance mask tied to the boxes (``mask == i + 1`` is box i) is renumbered in the same

@@ -57,7 +57,8 @@ class PlanarStep(Step):
     Boxes and keypoints move with the step's ``coord_map``: its forward map in continuous pixel
     coordinates (pixel i covers [i, i + 1)) and the output grid size. Boxes: the 4 corners mapped,
     the enclosing box clipped to the grid, dropped (with their tied rows) when nothing, or less than
-    the step's ``min_visibility``, is visible; keypoints: mapped exactly, visibility 0 off the grid,
+    the step's ``min_visibility`` (a fraction) or ``min_area``/``min_width``/``min_height`` (output pixels),
+    is visible; keypoints: mapped exactly, visibility 0 off the grid,
     declared ``flip_pairs`` swapped when the map mirrors."""
 
     applies = kinds(Kind.IMAGE, Kind.MASK, Kind.FLOW, Kind.VIDEO, Kind.BOXES, Kind.KEYPOINTS)
@@ -74,8 +75,9 @@ class PlanarStep(Step):
         return self.move_keypoints(a, *self.coord_map(grid, **params))
 
     def move_boxes(self, a: np.ndarray, M: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
-        """Boxes through map ``M`` (one, or one per box) onto an ``hw`` grid; NaN rows: dropped."""
-        return map_boxes(a, M, hw, getattr(self.params, "min_visibility", 0.0))
+        """Boxes through map ``M`` (one, or one per box) onto an ``hw`` grid; NaN rows: dropped (the step's box
+        filters: ``min_visibility``, ``min_area``, ``min_width``, ``min_height``)."""
+        return map_boxes(a, M, hw, **{k: getattr(self.params, k, 0.0) for k in BOX_FILTERS})
 
     def move_keypoints(self, a: np.ndarray, M: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
         """Keypoints through map ``M`` (one, or one per row); ``flip_pairs`` swapped where it mirrors."""
@@ -137,19 +139,38 @@ def _shift_scale(sx: float, sy: float, tx: float, ty: float) -> np.ndarray:
     return np.array([[sx, 0.0, tx], [0.0, sy, ty]], dtype=np.float64)
 
 
+#: the options that decide which boxes a step keeps (every step that can move a box off the grid takes them all)
+BOX_FILTERS = ("min_visibility", "min_area", "min_width", "min_height")
+
+
 class _MinVisibility(StepParams):
-    """``min_visibility``: the least fraction of a box's area that must stay on the grid for the box
-    (and its tied rows) to be kept; 0.0 (default) drops only boxes with nothing visible."""
+    """The box filters: ``min_visibility``, the least fraction of a box's area that must stay on the grid for the
+    box (and its tied rows) to be kept; 0.0 (default) drops only boxes with nothing visible. ``min_area``,
+    ``min_width``, ``min_height``: the least visible (clipped) area, width and height in output pixels
+    (albumentations' ``BboxParams`` filters); 0 (default) drops nothing more. Every threshold is inclusive."""
 
     min_visibility: float = Field(0.0, description="the least fraction of a box's area that must stay on the "
                                   "grid for the box to be kept (0: drop only boxes with nothing visible)",
                                   json_schema_extra=checked(ge=0, le=1))
+    min_area: float = Field(0.0, description="the least visible area, in output pixels, of a box kept (its clipped "
+                            "box after the step; albumentations' min_area)", json_schema_extra=checked(ge=0))
+    min_width: float = Field(0.0, description="the least visible width, in output pixels, of a box kept (its "
+                             "clipped box after the step)", json_schema_extra=checked(ge=0))
+    min_height: float = Field(0.0, description="the least visible height, in output pixels, of a box kept (its "
+                              "clipped box after the step)", json_schema_extra=checked(ge=0))
 
     @field_validator("min_visibility")
     @classmethod
     def _mv(cls, v: float) -> float:
         if not 0 <= v <= 1:
             raise ValueError("min_visibility is a fraction within [0, 1]")
+        return v
+
+    @field_validator("min_area", "min_width", "min_height")
+    @classmethod
+    def _size(cls, v: float, info: Any) -> float:
+        if v < 0:
+            raise ValueError(f"{info.field_name} is a size in output pixels, at least 0")
         return v
 
 

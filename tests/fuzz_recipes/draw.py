@@ -51,6 +51,19 @@ def _range(r: np.random.Generator, lo: float, hi: float, digits: int = 2) -> lis
     return [a, b if b > a else a + 10 ** -digits]
 
 
+def _size_filters(r: np.random.Generator, p: dict) -> None:
+    """albumentations' box size filters (``min_area``, ``min_width``, ``min_height``, output pixels) on a step that
+    takes ``min_visibility``, about one time in three. Drawn from a stream jumped off ``r``'s without advancing it,
+    so every other draw of a seed is what it was before the filters existed."""
+    side = np.random.Generator(r.bit_generator.jumped())
+    if side.random() >= 0.35:
+        return
+    for k, values in (("min_area", [9.0, 30.0, 80.0, 12.5]), ("min_width", [2.0, 4.0, 7.0, 3.5]),
+                      ("min_height", [2.0, 4.0, 7.0, 3.5])):
+        if side.random() < 0.5:
+            p[k] = float(_choice(side, values))
+
+
 def draw_2d_step(r: np.random.Generator, sizes: list[tuple[int, int]], keypoints: bool, colour_ok: bool,
                  first: bool, video: bool = False, image_field: str = "image") -> Optional[dict]:
     """One 2D step valid for every current (h, w) in ``sizes`` (None when no step fits)."""
@@ -92,6 +105,7 @@ def draw_2d_step(r: np.random.Generator, sizes: list[tuple[int, int]], keypoints
                 p["pad_value"] = int(_choice(r, [0, 9]))
         if mv:
             p["min_visibility"] = mv
+        _size_filters(r, p)
     elif name == "random_crop":
         padding = int(_choice(r, [0, 0, 0, 2, 4]))
         pad = r.random() < 0.2
@@ -108,6 +122,7 @@ def draw_2d_step(r: np.random.Generator, sizes: list[tuple[int, int]], keypoints
             p["pad_value"] = 5
         if mv:
             p["min_visibility"] = mv
+        _size_filters(r, p)
     elif name == "random_resized_crop":
         p = {"size": [int(r.integers(10, 48)), int(r.integers(10, 48))]}
         if r.random() < 0.7:
@@ -118,6 +133,7 @@ def draw_2d_step(r: np.random.Generator, sizes: list[tuple[int, int]], keypoints
             p["interpolation"] = _choice(r, ["auto", "area", "linear", "cubic", "nearest"])
         if mv:
             p["min_visibility"] = mv
+        _size_filters(r, p)
     elif name == "random_flip":
         p = {"horizontal": float(_choice(r, [0.0, 0.5, 0.5, 1.0])), "vertical": float(_choice(r, [0.0, 0.0, 0.5, 1.0]))}
         if keypoints or r.random() < 0.3:
@@ -134,6 +150,7 @@ def draw_2d_step(r: np.random.Generator, sizes: list[tuple[int, int]], keypoints
             p["interpolation"] = _choice(r, ["linear", "cubic", "nearest"])
         if mv:
             p["min_visibility"] = mv
+        _size_filters(r, p)
     elif name == "convert":
         p = {"mode": _choice(r, ["rgb8", "gray8", "gray16", "rgba8"])}
     elif name == "color_jitter":
@@ -230,6 +247,7 @@ def draw_loader(r: np.random.Generator, hw: tuple[int, int], keypoints: bool, n_
                 p["pad"] = True
             if r.random() < 0.3:
                 p["min_visibility"] = float(_choice(r, [0.3, 0.5, 0.9]))
+            _size_filters(r, p)
             if r.random() < 0.2:
                 p["pad_value"] = 3
             steps.append({"random_crop": p})
@@ -466,12 +484,15 @@ DRAWERS: dict[str, Any] = {"coco": draw_coco, "folder": draw_folder, "flow": dra
 COVERAGE: dict[str, dict[str, Any]] = {
     "steps": {
         "resize": "2D chains (coco, folder, flow; size/shorter/longer/keep_aspect, interpolation, fast), video pre-clips",
-        "center_crop": "2D chains (pad, pad_value, min_visibility), video pre-clips per-frame",
+        "center_crop": "2D chains (pad, pad_value, min_visibility, min_area/min_width/min_height), video pre-clips "
+                       "per-frame",
         "convert": "2D chains (rgb8/gray8/gray16/rgba8, fields: [image]), video",
-        "random_crop": "2D chains (padding, pad, pad_value, min_visibility), video after clips",
-        "random_resized_crop": "2D chains (scale, ratio, interpolation, min_visibility)",
+        "random_crop": "2D chains (padding, pad, pad_value, min_visibility, min_area/min_width/min_height), video "
+                       "after clips",
+        "random_resized_crop": "2D chains (scale, ratio, interpolation, min_visibility, min_area/min_width/min_height)",
         "random_flip": "2D chains (horizontal, vertical, flip_pairs, fields: [])",
-        "random_affine": "2D chains (degrees, scale, translate, fill, interpolation, min_visibility)",
+        "random_affine": "2D chains (degrees, scale, translate, fill, interpolation, min_visibility, "
+                         "min_area/min_width/min_height)",
         "color_jitter": "2D chains and video (brightness, contrast, saturation)",
         "gaussian_noise": "2D chains, video (fields: [video]), audio, volumes (fields: [volume])",
         "clips": "video (length/every/stride or fps/length/length_s/stride_s, short, pad, max_clips, index_field)",
@@ -524,7 +545,8 @@ COVERAGE: dict[str, dict[str, Any]] = {
     "formats": {"hdf5": "every family", "png": "2D families, tables", "bmp": "2D rgb8/gray8",
                 "wav": "audio (subtype auto/PCM_16/FLOAT)"},
     "device_steps": {"random_flip": "Loader gpu_steps (horizontal, vertical, flip_pairs)",
-                     "random_crop": "Loader gpu_steps (size, padding, pad, pad_value, min_visibility; chained)"},
+                     "random_crop": "Loader gpu_steps (size, padding, pad, pad_value, min_visibility, "
+                                    "min_area/min_width/min_height; chained)"},
 }
 
 

@@ -379,7 +379,7 @@ def _check_ids_boxes(R: Report, key, s, rows: list[Ann], anns: list[Ann], ch: Ch
             continue
         msg = box_vs_extent(b, got, Slack(sl.e, sl.loose or a.clipped))
         R.check("pixel_truth", msg is None, lambda: f"row {r}: {msg}", key)
-    if ch.exact and all(m.min_visibility == 0 for m in ch.moves):
+    if ch.exact and all(m.min_visibility == m.min_area == m.min_width == m.min_height == 0 for m in ch.moves):
         kept = {id(a) for a in rows}
         for a in anns:
             if id(a) in kept or a.obj.crowd:

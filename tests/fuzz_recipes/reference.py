@@ -100,15 +100,30 @@ class Move:
     min_visibility: float
     scale: tuple[float, float] = (1.0, 1.0)   # output px per input px (x, y)
     params: Optional[dict] = None
+    min_area: float = 0.0     # albumentations' size filters: the clipped box's area, width, height in output px
+    min_width: float = 0.0
+    min_height: float = 0.0
 
 
 def step_move(name: str, p: dict, rec: Optional[dict], grid: tuple[int, int]) -> Optional[Move]:
     """The documented map of a 2D step on a ``grid`` (H, W), with its recorded draw ``rec``; None for steps
     that keep the grid (colour, audio, ...)."""
-    H, W = grid
     mv = float(p.get("min_visibility", 0.0))
     if p.get("fields") == [] or name not in GEOMETRIC_2D:
         return None
+    m = _step_move(name, p, rec, grid, mv)
+    for k in SIZE_FILTERS:
+        setattr(m, k, float(p.get(k, 0.0)))
+    return m
+
+
+#: docs/annotations.md: the steps that take min_visibility take albumentations' size filters too (resize and
+#: random_flip take neither: they never move an on-image box off it)
+SIZE_FILTERS = ("min_area", "min_width", "min_height")
+
+
+def _step_move(name: str, p: dict, rec: Optional[dict], grid: tuple[int, int], mv: float) -> Move:
+    H, W = grid
     if name == "resize":
         (sh, sw), out, (top, left) = resize_target(p, H, W)
         return Move(name, shift_scale(sw / W, sh / H, left, top), out, "scale", 0.0, (sw / W, sh / H))
@@ -159,7 +174,8 @@ class BoxRef:
 def move_box(b: np.ndarray, m: Move, eps: float = 1e-4) -> BoxRef:
     """docs/annotations.md: 4 corners through the map, the enclosing box, clipped; dropped when nothing is
     visible or the visible fraction is under min_visibility (inclusive); a zero-area box is visible while on
-    the image."""
+    the image; dropped too when the clipped box's area, width or height in output pixels is under min_area,
+    min_width, min_height (inclusive: albumentations' BboxParams)."""
     x1, y1, x2, y2 = b
     pts = np.array([[x1, y1], [x2, y1], [x1, y2], [x2, y2]], np.float64)
     q = pts @ m.M[:, :2].T + m.M[:, 2]
@@ -167,14 +183,17 @@ def move_box(b: np.ndarray, m: Move, eps: float = 1e-4) -> BoxRef:
     h, w = m.hw
     c = np.array([min(max(e[0], 0), w), min(max(e[1], 0), h), min(max(e[2], 0), w), min(max(e[3], 0), h)])
     area = (e[2] - e[0]) * (e[3] - e[1])
+    vis_w, vis_h = max(c[2] - c[0], 0.0), max(c[3] - c[1], 0.0)
+    sizes = ((vis_w * vis_h, m.min_area), (vis_w, m.min_width), (vis_h, m.min_height))
+    big = all(v >= t for v, t in sizes)
+    near_size = any(t > 0 and abs(v - t) < eps * max(1.0, t) for v, t in sizes)
     if area <= 0:
         on = e[0] >= 0 and e[2] <= w and e[1] >= 0 and e[3] <= h
         near = min(abs(e[0]), abs(e[2] - w), abs(e[1]), abs(e[3] - h)) < eps
-        return BoxRef(c, bool(on), bool(near), not np.allclose(c, e))
-    vis_w, vis_h = c[2] - c[0], c[3] - c[1]
-    frac = max(vis_w, 0) * max(vis_h, 0) / area
-    kept = vis_w > 0 and vis_h > 0 and frac >= m.min_visibility
-    amb = min(vis_w, vis_h) < eps or abs(frac - m.min_visibility) < eps
+        return BoxRef(c, bool(on and big), bool(near or near_size), not np.allclose(c, e))
+    frac = vis_w * vis_h / area
+    kept = vis_w > 0 and vis_h > 0 and frac >= m.min_visibility and big
+    amb = min(vis_w, vis_h) < eps or abs(frac - m.min_visibility) < eps or near_size
     return BoxRef(c, bool(kept), bool(amb), bool(np.abs(c - e).max() > 1e-9))
 
 

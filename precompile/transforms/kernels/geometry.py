@@ -286,11 +286,13 @@ def box_visibility(b: np.ndarray, hw: tuple[int, int]) -> tuple[np.ndarray, np.n
     return c, vis
 
 
-def map_boxes(boxes: np.ndarray, M: np.ndarray, hw: tuple[int, int], min_visibility: float = 0.0) -> np.ndarray:
+def map_boxes(boxes: np.ndarray, M: np.ndarray, hw: tuple[int, int], min_visibility: float = 0.0,
+              min_area: float = 0.0, min_width: float = 0.0, min_height: float = 0.0) -> np.ndarray:
     """Move (N, 4) boxes with the forward map ``M`` (one, or one per box: (N, 2, 3)) onto an (h, w)
     grid: the 4 corners mapped, their enclosing box taken and clipped to the grid. A box with nothing
-    visible, or a visible fraction under ``min_visibility``, comes back as a row of NaN (the caller
-    drops it and its tied rows)."""
+    visible, a visible fraction under ``min_visibility``, or a visible (clipped) area, width or height in
+    output pixels under ``min_area``, ``min_width``, ``min_height`` (albumentations' ``BboxParams`` filters)
+    comes back as a row of NaN (the caller drops it and its tied rows). Every threshold is inclusive."""
     b = check_boxes(np.asarray(boxes))
     corners = b[:, [0, 1, 2, 1, 0, 3, 2, 3]].reshape(-1, 4, 2)   # (N, 4 corners, x y)
     t = _points(corners, M)
@@ -302,7 +304,11 @@ def map_boxes(boxes: np.ndarray, M: np.ndarray, hw: tuple[int, int], min_visibil
     area = (moved[:, 2] - moved[:, 0]) * (moved[:, 3] - moved[:, 1])
     flat = (out[:, 2] <= out[:, 0]) | (out[:, 3] <= out[:, 1])
     gone = np.where(area > 0, flat, vis <= 0)
-    out[gone | (vis < min_visibility - 1e-9)] = np.nan
+    small = vis < min_visibility - 1e-9
+    if min_area or min_width or min_height:   # the clipped box's size in output pixels, float64, the same slack
+        cw, ch = clipped[:, 2] - clipped[:, 0], clipped[:, 3] - clipped[:, 1]
+        small |= (cw * ch < min_area - 1e-9) | (cw < min_width - 1e-9) | (ch < min_height - 1e-9)
+    out[gone | small] = np.nan
     return out
 
 

@@ -2,7 +2,8 @@
 
 Public API: :func:`open` (map-style dataset over a built output),
 :func:`load_recipe` (a path or a dict), :func:`build` (a path, a dict or a
-``Recipe``; returns the build report), :class:`Loader` (the GPU-feeding reader), and
+``Recipe``; returns the build report), :class:`Loader` (the GPU-feeding reader), :class:`Mix` (several builds
+mixed by weight, with the source of every sample), and
 :func:`coco_results` / :func:`write_coco_results` (detections mapped back to the source images as COCO
 results, for ``COCOeval``).
 Imports are lazy so that ``import precompile`` stays light and the build
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-__all__ = ["open", "load_recipe", "build", "Loader", "coco_results", "write_coco_results", "__version__"]
+__all__ = ["open", "load_recipe", "build", "Loader", "Mix", "coco_results", "write_coco_results", "__version__"]
 
 
 #: name -> (module, attribute): what ``import precompile`` does not import until first used
@@ -21,6 +22,7 @@ _LAZY = {
     "load_recipe": (".recipe", "load_recipe"),    # a validated Recipe from a YAML file's path or a dict
     "build": (".compiler", "build"),              # the compiler's entry point
     "Loader": (".reader.loader", "Loader"),       # the GPU-feeding reader (imports torch)
+    "Mix": (".reader.mix", "Mix"),                # several builds mixed by weight (imports torch)
     "coco_results": (".tools.coco_results", "coco_results"),              # predictions -> COCO result records
     "write_coco_results": (".tools.coco_results", "write_coco_results"),  # ... written as a results JSON
 }

@@ -1,0 +1,230 @@
+"""precompile.Mix: several real builds (HDF5, PNG and BMP folders) mixed by weight (issue 35).
+
+Truths the Mix does not compute: each sample's bytes against ``precompile.open(path)[row]`` of the build
+``__source`` names; the per-source counts against the weights' arithmetic done by hand; ranks against the
+single-process order."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import precompile
+from precompile.errors import FormatError
+
+from conftest import image_recipe, make_image_tree
+
+
+def _build(tmp: Path, name: str, fmt: str, per_class: int, seed: int, classes=("cat", "dog"), **over) -> str:
+    root = make_image_tree(tmp / f"data_{name}", classes=classes, per_class=per_class, seed=seed)
+    recipe = image_recipe(root, name=name, output={"format": fmt, "samples_per_shard": 4}, **over)
+    precompile.build(recipe, out_dir=tmp / "out")
+    return str(tmp / "out" / (f"{name}.h5" if fmt == "hdf5" else f"{name}.json"))
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> list[str]:
+    """An HDF5 build of 10 samples, a PNG folder build of 6 and a BMP folder build of 4 (32x32 RGB + label)."""
+    tmp = tmp_path_factory.mktemp("mix")
+    return [_build(tmp, "a", "hdf5", 5, 1), _build(tmp, "b", "png", 3, 2), _build(tmp, "c", "bmp", 2, 3)]
+
+
+def _pass(mix) -> list[dict]:
+    return [{k: v.numpy().copy() for k, v in b.items()} for b in mix]
+
+
+def _digest(batches: list[dict]) -> str:
+    h = hashlib.sha256()
+    for b in batches:
+        for k in sorted(b):
+            h.update(k.encode() + np.ascontiguousarray(b[k]).tobytes())
+    return h.hexdigest()
+
+
+def _sources(batches) -> np.ndarray:
+    return np.concatenate([b["__source"] for b in batches])
+
+
+def _pairs(batches) -> list[tuple[int, int]]:
+    return list(zip(_sources(batches).tolist(), np.concatenate([b["__row"] for b in batches]).tolist()))
+
+
+def test_each_sample_is_its_sources_bytes(builds):
+    mix = precompile.Mix(builds, batch_size=5, weights=[0.5, 0.3, 0.2], stop=20, seed=3, device="cpu")
+    batches = _pass(mix)
+    opened = [precompile.open(p) for p in builds]
+    assert sum(len(b["label"]) for b in batches) == 20
+    for b in batches:
+        for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
+            want = opened[s][r]
+            assert np.array_equal(b["image"][j], want["image"]), (s, r)
+            assert b["label"][j] == want["label"]
+    assert set(_sources(batches).tolist()) == {0, 1, 2}
+    # the three builds do hold different pixels: the check above can tell them apart
+    assert not np.array_equal(opened[0][0]["image"], opened[1][0]["image"])
+    for d in opened:
+        d.close()
+    mix.close()
+
+
+@pytest.mark.parametrize("weights, stop, counts", [
+    ([0.5, 0.3, 0.2], 50, [25, 15, 10]),      # exact quotas
+    ([1, 1, 1], 10, [4, 3, 3]),               # 3.33 each: the one left over goes to the lowest index
+    ([1, 1, 1], "first_exhausted", [4, 4, 4]),   # the 4-sample BMP build runs out first: 3 * 4
+    ([1, 1, 1], "all_exhausted", [10, 10, 10]),  # the 10-sample HDF5 build is the last to run out
+    ([2, 1, 1], "first_exhausted", [8, 4, 4]),
+    ([0, 1, 3], "all_exhausted", [0, 6, 18]),   # 6 / 0.25 = 24 samples; a zero weight reads nothing
+    (None, "first_exhausted", [10, 6, 4]),      # default: proportional to size, each sample once
+])
+def test_counts_per_epoch_are_exact(builds, weights, stop, counts):
+    mix = precompile.Mix(builds, batch_size=7, weights=weights, stop=stop, seed=1, device="cpu", num_threads=0)
+    assert mix.counts == counts
+    for epoch in (0, 1, 2):
+        mix.set_epoch(epoch)
+        got = np.bincount(_sources(_pass(mix)), minlength=3).tolist()
+        assert got == counts, epoch
+    mix.close()
+
+
+def test_first_exhausted_repeats_nothing_and_sources_go_on_across_epochs(builds):
+    mix = precompile.Mix(builds, batch_size=4, weights=[1, 1, 1], stop="first_exhausted", seed=5, device="cpu")
+    seen_a = []
+    for epoch in range(5):
+        mix.set_epoch(epoch)
+        pairs = _pairs(_pass(mix))
+        assert len(pairs) == len(set(pairs)) == 12          # no sample twice in an epoch
+        assert sorted(r for s, r in pairs if s == 2) == [0, 1, 2, 3]   # the limiting source, whole, once
+        seen_a += [r for s, r in pairs if s == 0]
+    # source a gives 4 of its 10 rows per epoch and goes on where it stopped: 20 samples = 2 whole passes
+    assert sorted(seen_a) == sorted(list(range(10)) * 2)
+    mix.close()
+
+
+def test_all_exhausted_shows_every_row(builds):
+    mix = precompile.Mix(builds, batch_size=8, weights=[1, 1, 1], stop="all_exhausted", seed=2, device="cpu")
+    pairs = _pairs(_pass(mix))
+    for s, n in enumerate([10, 6, 4]):
+        rows = [r for src, r in pairs if src == s]
+        assert set(rows) == set(range(n))
+        assert len(rows) == 10
+    mix.close()
+
+
+def test_deterministic_across_runs_and_thread_counts(builds):
+    def run(threads, seed=4, epoch=1):
+        m = precompile.Mix(builds, batch_size=3, weights=[0.2, 0.5, 0.3], stop=17, seed=seed, device="cpu",
+                           num_threads=threads, prefetch=3)
+        m.set_epoch(epoch)
+        d = _digest(_pass(m))
+        m.close()
+        return d
+
+    ref = run(0)
+    assert run(0) == ref == run(1) == run(3)
+    assert run(0, seed=5) != ref
+    assert run(0, epoch=2) != ref
+
+
+def test_unshuffled_mix_interleaves_evenly_in_file_order(builds):
+    mix = precompile.Mix(builds[:2], batch_size=4, weights=[1, 1], stop=8, shuffle=False, device="cpu")
+    assert _pairs(_pass(mix)) == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3)]
+    mix.close()
+
+
+def test_resume_mid_epoch_gives_the_remaining_batches(builds):
+    kw = dict(batch_size=3, weights=[0.5, 0.25, 0.25], stop="all_exhausted", seed=9, device="cpu", num_threads=2)
+    full = precompile.Mix(builds, **kw)
+    full.set_epoch(2)
+    want = _pass(full)
+    assert len(want) > 4
+    first = precompile.Mix(builds, **kw)
+    first.set_epoch(2)
+    it = iter(first)
+    got = [{k: v.numpy().copy() for k, v in next(it).items()} for _ in range(3)]
+    state = first.state_dict()
+    first.close()
+    assert state["epoch"] == 2 and state["batch"] == 3
+    again = precompile.Mix(builds, **kw)
+    again.load_state_dict(state)
+    for epoch in range(2, 4):       # the usual loop: the restored epoch resumes, the next one starts whole
+        again.set_epoch(epoch)
+        if epoch == 2:
+            rest = _pass(again)
+            assert _digest(got + rest) == _digest(want)
+            assert len(rest) == len(want) - 3
+        else:
+            full.set_epoch(3)
+            assert _digest(_pass(again)) == _digest(_pass(full))
+    with pytest.raises(ValueError, match=r"state_dict was taken with seed=9, this Mix has seed=10"):
+        precompile.Mix(builds, **{**kw, "seed": 10}).load_state_dict(state)
+    for m in (full, again):
+        m.close()
+
+
+@pytest.mark.parametrize("uneven", ["pad", "drop"])
+def test_ranks_are_disjoint_equal_and_cover_the_order(builds, uneven):
+    kw = dict(batch_size=4, weights=[0.4, 0.4, 0.2], stop=23, seed=6, device="cpu", uneven=uneven)
+    one = precompile.Mix(builds, **kw)
+    order = _pairs(_pass(one))
+    assert len(order) == 23
+    shares = []
+    for rank in range(3):
+        m = precompile.Mix(builds, rank=rank, world_size=3, **kw)
+        shares.append(_pairs(_pass(m)))
+        m.close()
+    assert len({len(s) for s in shares}) == 1
+    if uneven == "pad":   # 8 each: the order, then its first sample again
+        assert shares[0] + shares[1] + shares[2] == order + order[:1]
+    else:                 # 7 each: the last 2 samples left out
+        assert shares[0] + shares[1] + shares[2] == order[:21]
+    one.close()
+
+
+def test_field_mismatch_names_the_field_and_the_builds(builds, tmp_path):
+    small = _build(tmp_path, "small", "hdf5", 1, 4, steps=[{"resize": {"size": [16, 16]}}])
+    with pytest.raises(FormatError) as e:
+        precompile.Mix([builds[0], small], batch_size=2)
+    assert str(e.value) == (f"Mix: field 'image' has shape (32, 32, 3) in {builds[0]} but (16, 16, 3) in {small}; "
+                            f"the mixed builds must agree (resize/crop them to one size in their recipes)")
+    other = _build(tmp_path, "other", "png", 1, 4)
+    unlabelled_root = make_image_tree(tmp_path / "nolabel", per_class=1)
+    r = image_recipe(unlabelled_root, name="nolabel", output={"format": "hdf5"})
+    del r["inputs"]["label"]
+    precompile.build(r, out_dir=tmp_path / "out")
+    nolabel = str(tmp_path / "out" / "nolabel.h5")
+    with pytest.raises(FormatError) as e:
+        precompile.Mix([builds[1], nolabel], batch_size=2)
+    assert str(e.value).startswith(f"Mix: field 'label' is in {builds[1]} but not in {nolabel} (its fields: image)")
+    with pytest.raises(FormatError, match=r"field 'label' is in .*other\.json but not in .*nolabel\.h5"):
+        precompile.Mix([other, nolabel], batch_size=2)
+    with pytest.raises(FormatError, match=r"^Mix: field 'label' is in .*other\.json but not in .*nolabel\.h5"):
+        precompile.Mix([nolabel, other], batch_size=2)  # the extra field of a later build is named too
+    m = precompile.Mix([builds[0], nolabel], batch_size=2, fields=["image"], device="cpu")   # leaving it out
+    assert set(next(iter(m))) == {"image", "__source", "__row"}
+    m.close()
+    eel = _build(tmp_path, "eel", "hdf5", 1, 4, classes=("cat", "eel"))
+    with pytest.raises(FormatError, match=r"field 'label' has class names \['cat', 'dog'\] in .*a\.h5 but "
+                                          r"\['cat', 'eel'\] in .*eel\.h5: the same id would mean two classes"):
+        precompile.Mix([builds[0], eel], batch_size=2)
+
+
+@pytest.mark.parametrize("weights, message", [
+    ([1, -1, 1], "Mix: weight 1 is -1.0; weights must be >= 0"),
+    ([0, 0, 0], "Mix: the weights sum to 0 ([0.0, 0.0, 0.0]); give at least one source a weight > 0"),
+    ([1, float("nan"), 1], "Mix: weight 1 is nan; weights must be finite numbers >= 0"),
+    ([float("inf"), 1, 1], "Mix: weight 0 is inf; weights must be finite numbers >= 0"),
+    ([1, 1], "Mix: 2 weights for 3 sources"),
+    (["a", 1, 1], "Mix: weights must be numbers, got ['a', 1, 1]"),
+])
+def test_weights_are_checked(builds, weights, message):
+    with pytest.raises(ValueError) as e:
+        precompile.Mix(builds, batch_size=2, weights=weights)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("stop", ["longest", 0, -3, 2.5, True])
+def test_stop_is_checked(builds, stop):
+    with pytest.raises(ValueError, match=r"^Mix: stop must be 'first_exhausted', 'all_exhausted' or a number"):
+        precompile.Mix(builds, batch_size=2, stop=stop)

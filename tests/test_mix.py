@@ -165,21 +165,40 @@ def test_resume_mid_epoch_gives_the_remaining_batches(builds):
 
 @pytest.mark.parametrize("uneven", ["pad", "drop"])
 def test_ranks_are_disjoint_equal_and_cover_the_order(builds, uneven):
-    kw = dict(batch_size=4, weights=[0.4, 0.4, 0.2], stop=23, seed=6, device="cpu", uneven=uneven)
-    one = precompile.Mix(builds, **kw)
+    # 10 + 6 + 4: every sample of the three builds once, so a sample seen twice is a share overlapping another
+    kw = dict(batch_size=4, weights=[0.5, 0.3, 0.2], stop=20, seed=6, device="cpu", uneven=uneven)
+    one = precompile.Mix(builds, sort_batches=False, **kw)   # the global order, as the sampler made it
     order = _pairs(_pass(one))
-    assert len(order) == 23
+    assert len(order) == 20 and len(set(order)) == 20
     shares = []
     for rank in range(3):
         m = precompile.Mix(builds, rank=rank, world_size=3, **kw)
         shares.append(_pairs(_pass(m)))
         m.close()
-    assert len({len(s) for s in shares}) == 1
-    if uneven == "pad":   # 8 each: the order, then its first sample again
-        assert shares[0] + shares[1] + shares[2] == order + order[:1]
-    else:                 # 7 each: the last 2 samples left out
-        assert shares[0] + shares[1] + shares[2] == order[:21]
+    per = 7 if uneven == "pad" else 6
+    assert [len(s) for s in shares] == [per] * 3
+    # pad: 7 each, the order then its first sample again; drop: 6 each, the last 2 samples left out
+    padded = order + order[:1] if uneven == "pad" else order[:18]
+    for rank, share in enumerate(shares):   # rank r's share is the r-th contiguous cut (each batch sorted)
+        assert sorted(share) == sorted(padded[rank * per:(rank + 1) * per])
+    seen = shares[0] + shares[1] + shares[2]
+    assert len(set(seen)) == (20 if uneven == "pad" else 18)
+    assert len(seen) - len(set(seen)) == (1 if uneven == "pad" else 0)   # pad: only the one wrapped sample twice
     one.close()
+
+
+def test_sorted_batches_keep_their_members(builds):
+    kw = dict(batch_size=6, weights=[0.5, 0.3, 0.2], stop=30, seed=8, device="cpu")
+    plain = _pass(precompile.Mix(builds, sort_batches=False, **kw))
+    fast = _pass(precompile.Mix(builds, **kw))
+    assert len(plain) == len(fast) == 5
+    for p, f in zip(plain, fast):
+        assert sorted(_pairs([p])) == sorted(_pairs([f]))
+        assert f["__source"].tolist() == sorted(f["__source"].tolist())   # each source's samples together
+        by_pair = {pr: j for j, pr in enumerate(_pairs([p]))}
+        for j, pr in enumerate(_pairs([f])):
+            assert np.array_equal(f["image"][j], p["image"][by_pair[pr]])
+    assert any(_pairs([p]) != _pairs([f]) for p, f in zip(plain, fast))
 
 
 def test_field_mismatch_names_the_field_and_the_builds(builds, tmp_path):

@@ -40,7 +40,11 @@ One epoch of the mix, for ``(seed, epoch)``:
    ``(k + 0.5) / c[i]``). Source ``i``'s rows fill its places in stream order.
 4. **Ranks.** The global order is cut into ``world_size`` disjoint, equal,
    contiguous shares exactly as the Loader cuts its own
-   (:func:`~precompile.reader.sampler.rank_share`), then into batches.
+   (:func:`~precompile.reader.sampler.rank_share`), then into batches. With
+   ``sort_batches`` (default, shuffled mixes) each batch's samples are put in
+   order of source, then of their place in the files, so that each source's
+   rows are read in one call straight into their slice of the batch (the
+   Loader's ``sort_batches``: the same members, another order).
 
 The draws come from :func:`precompile.seeding.rng_for`; nothing depends on the
 thread count (every batch is read into its own arrays), so the same seed gives
@@ -163,15 +167,20 @@ class _Source:
             self.reader = DirectReader(self.ds, fields)
         self.fields = fields
 
-    def read(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+    def gather_key(self, rows: np.ndarray) -> np.ndarray:
+        """A sort key of ``rows`` that puts them in the order they are read fastest (address order)."""
+        return self.reader.gather_rank[rows] if self.reader is not None else np.asarray(rows, dtype=np.int64)
+
+    def read_into(self, rows: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Fill ``out`` (``{field: (len(rows), ...)}``, C-contiguous) with ``rows`` in the given order."""
         if self.reader is not None:
-            order = np.argsort(self.reader.gather_rank[rows], kind="stable")   # address order: a faster gather
-            got = self.reader.read(rows[order])
-            back = np.empty_like(order)
-            back[order] = np.arange(len(order))
-            return {f: got[f][back] for f in self.fields}
+            with self.reader.plan(rows) as plan:
+                for f in self.fields:
+                    self.reader.gather(f, plan, out[f])
+            return
         b = self.ds.batch(rows)
-        return {f: np.asarray(b[f]) for f in self.fields}
+        for f in self.fields:
+            out[f][...] = b[f]
 
     def close(self) -> None:
         if self.reader is not None:
@@ -191,7 +200,8 @@ class Mix:
     ``drop_last``, ``rank`` / ``world_size`` / ``uneven`` (as the Loader's, from ``torch.distributed`` when left
     out under an initialised process group), ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``), ``fields``,
     ``num_threads`` (batches read ahead by that many threads; 0: in the calling thread), ``prefetch`` (batches
-    in flight), ``verify``. Each batch holds the fields as tensors plus ``__source`` (int64: the index in
+    in flight), ``sort_batches`` (default True, as the Loader's: a shuffled batch's samples ordered by source, then
+    by their place in the files; the same members), ``verify``. Each batch holds the fields as tensors plus ``__source`` (int64: the index in
     ``sources`` of each sample's build) and ``__row`` (int64: its row in that build).
     """
 
@@ -199,7 +209,8 @@ class Mix:
                  stop: str | int = "first_exhausted", shuffle: bool = True, seed: int = 0,
                  device: str | torch.device = "auto", fields: Sequence[str] | None = None, drop_last: bool = False,
                  rank: int | None = None, world_size: int | None = None, uneven: Literal["pad", "drop"] = "pad",
-                 num_threads: int | None = None, prefetch: int = 2, verify: bool = False):
+                 num_threads: int | None = None, prefetch: int = 2, sort_batches: bool = True,
+                 verify: bool = False):
         if isinstance(sources, (str, os.PathLike)) or len(sources) < 1:
             raise ValueError("Mix: sources must be a list of builds (index paths or opened builds)")
         if int(batch_size) < 1:
@@ -212,7 +223,7 @@ class Mix:
             raise ValueError(f"Mix: shuffle must be True or False, got {shuffle!r}")
         self.stop = _check_stop(stop)
         self.batch_size, self.prefetch, self.seed = int(batch_size), int(prefetch), int(seed)
-        self.shuffle, self.drop_last = bool(shuffle), bool(drop_last)
+        self.shuffle, self.drop_last, self.sort_batches = bool(shuffle), bool(drop_last), bool(sort_batches)
         self.distribution = Distribution.resolve(rank, world_size, uneven)
         self.device = gpu.resolve_device(device)
         if num_threads is not None and int(num_threads) < 0:
@@ -323,7 +334,16 @@ class Mix:
                 raise ValueError(f"epoch must be >= 0, got {epoch}")
             src, row = self.epoch_order(epoch)
             share = rank_share(np.arange(len(src), dtype=np.int64), self.rank, self.world_size, self.uneven)
-            got = (src, row, split_batches(share, self.batch_size, self.drop_last))
+            batches = split_batches(share, self.batch_size, self.drop_last)
+            if self.sort_batches and self.shuffle:
+                # the order inside a batch carries no information for training: each source's samples
+                # together, in the order its reader reads fastest (the Loader's sort_batches)
+                key = np.zeros(len(src), dtype=np.int64)
+                for i, s in enumerate(self.sources):
+                    at = src == i
+                    key[at] = s.gather_key(row[at])
+                batches = [b[np.lexsort((key[b], src[b]))] for b in batches]
+            got = (src, row, batches)
             self._orders = {epoch: got}   # one epoch kept
         return got
 
@@ -350,12 +370,13 @@ class Mix:
         return {"epoch": self.epoch, "batch": self._pos, "seed": self.seed, "shuffle": self.shuffle,
                 "batch_size": self.batch_size, "rank": self.rank, "world_size": self.world_size,
                 "drop_last": self.drop_last, "uneven": self.uneven, "stop": self.stop, "sizes": list(self.sizes),
-                "counts": list(self.counts)}
+                "counts": list(self.counts), "sort_batches": self.sort_batches}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches."""
         mine = self.state_dict()
-        for k in ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "stop", "sizes", "counts"):
+        for k in ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "stop", "sizes", "counts",
+                  "sort_batches"):
             if k in state and state[k] != mine[k]:
                 raise ValueError(f"state_dict was taken with {k}={state[k]!r}, this Mix has {k}={mine[k]!r}")
         epoch, pos = int(state["epoch"]), int(state["batch"])
@@ -369,14 +390,21 @@ class Mix:
     # -- reading ----------------------------------------------------------------------------------
     def read_batch(self, src: np.ndarray, row: np.ndarray) -> dict[str, np.ndarray]:
         """The fields of the samples ``(src[j], row[j])`` in that order, as numpy arrays (plus ``__source``,
-        ``__row``)."""
+        ``__row``). A source whose samples stand together in the batch (the sorted batches) is read straight
+        into its slice of the batch; one whose samples are spread (``sort_batches=False``) into a buffer, then
+        put in its places."""
         b = len(src)
         out = {f: np.empty((b, *self.shapes[f]), dtype=np.dtype(self.specs[f]["dtype"])) for f in self.fields}
         for i in np.unique(src).tolist():
             at = np.flatnonzero(src == i)
-            got = self.sources[i].read(row[at])
-            for f in self.fields:
-                out[f][at] = got[f]
+            lo, hi = int(at[0]), int(at[-1]) + 1
+            if hi - lo == len(at):
+                self.sources[i].read_into(row[lo:hi], {f: out[f][lo:hi] for f in self.fields})
+            else:
+                tmp = {f: np.empty((len(at), *self.shapes[f]), dtype=out[f].dtype) for f in self.fields}
+                self.sources[i].read_into(row[at], tmp)
+                for f in self.fields:
+                    out[f][at] = tmp[f]
         out[SOURCE] = np.asarray(src, dtype=np.int64).copy()
         out[ROW] = np.asarray(row, dtype=np.int64).copy()
         return out

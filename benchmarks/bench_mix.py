@@ -9,7 +9,8 @@ warm page cache, batches of ``--batch`` (default 256), full shuffle, CPU, ``--th
 - ``Mix, 2 sources``: the two halves, weights proportional to their sizes (``stop="first_exhausted"``:
   every sample once per epoch), so an epoch reads the same samples as the baseline's.
 
-Each contender runs whole epochs (a fresh epoch per repeat); the table gives the median samples/s over
+Each contender runs whole epochs (a fresh epoch per repeat; the contenders take turns, one epoch each per
+repeat, so a load that drifts falls on all of them alike); the table gives the median samples/s over
 ``--repeats`` and the ratio to the Loader's.
 
     PYTHONPATH=. python benchmarks/bench_mix.py [--samples 20000] [--batch 256] [--threads 1] [--repeats 5]
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 
@@ -68,7 +70,13 @@ def main() -> None:
 
         for name in readers:   # warm the page cache and the maps
             run(name)
-        times = {name: median_time(lambda name=name: run(name), a.repeats) for name in readers}
+        # round robin: each repeat times every contender once, so a load that drifts (a shared machine) falls
+        # on all of them alike
+        per: dict[str, list[float]] = {name: [] for name in readers}
+        for _ in range(a.repeats):
+            for name in readers:
+                per[name].append(median_time(lambda name=name: run(name), 1))
+        times = {name: statistics.median(ts) for name, ts in per.items()}
         base = a.samples / times["Loader"]
         print(f"{a.samples} samples of 32x32x3 uint8, batches of {a.batch}, full shuffle, CPU, "
               f"{a.threads} gather thread(s), torch threads {torch.get_num_threads()}, "

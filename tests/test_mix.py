@@ -247,3 +247,28 @@ def test_weights_are_checked(builds, weights, message):
 def test_stop_is_checked(builds, stop):
     with pytest.raises(ValueError, match=r"^Mix: stop must be 'first_exhausted', 'all_exhausted' or a number"):
         precompile.Mix(builds, batch_size=2, stop=stop)
+
+
+def test_verify_names_the_damaged_build(builds, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(Path(builds[1]).parent, copy)
+    png = next((copy / "b.shards").rglob("*.png"))
+    raw = bytearray(png.read_bytes())
+    raw[-20] ^= 0xFF
+    png.write_bytes(raw)
+    damaged = str(copy / "b.json")
+    with pytest.raises(FormatError, match=r"b\.json: verify on open failed"):
+        precompile.Mix([builds[0], damaged], batch_size=2, verify=True)
+    opened = precompile.open(damaged)   # an opened build is checked too
+    with pytest.raises(FormatError, match=r"b\.json: verify on open failed"):
+        precompile.Mix([builds[0], opened], batch_size=2, verify=True)
+    opened.close()
+
+
+def test_variable_shape_fields_are_refused(builds, tmp_path):
+    native = _build(tmp_path, "native", "hdf5", 1, 4, steps=[])
+    with pytest.raises(FormatError, match=r"^Mix: field 'image' of .*native\.h5 has shape \(None, None, 3\) with "
+                                          r"unknown dimensions; Mix reads fixed-shape fields"):
+        precompile.Mix([native, builds[0]], batch_size=2)

@@ -155,6 +155,10 @@ class _Source:
             self.ds = src
             if getattr(src, "remote", None) is not None:
                 raise PrecompileError(f"Mix: {src.url}: a build read from a URL; Mix reads local builds")
+            if verify:   # as precompile.open(path, verify=True) would have
+                from ..formats import check_intact, find_format
+
+                check_intact(find_format(str(src.path)), str(src.path))
         self.name = str(getattr(self.ds, "path", src))
         self.n = len(self.ds)
         self.reader: Any = None

@@ -272,3 +272,27 @@ def test_variable_shape_fields_are_refused(builds, tmp_path):
     with pytest.raises(FormatError, match=r"^Mix: field 'image' of .*native\.h5 has shape \(None, None, 3\) with "
                                           r"unknown dimensions; Mix reads fixed-shape fields"):
         precompile.Mix([native, builds[0]], batch_size=2)
+
+
+def test_an_epoch_too_large_to_hold_is_refused(builds):
+    # all_exhausted must show the 10-sample build whole at a share of 1e-8 / (2 + 1e-8): 2e9 + 10 samples
+    with pytest.raises(ValueError, match=r"^Mix: stop='all_exhausted' with these weights makes an epoch of "
+                                         r"2,000,000,010 samples \(more than 268,435,456"):
+        precompile.Mix(builds, batch_size=2, weights=[1e-8, 1, 1], stop="all_exhausted")
+    with pytest.raises(ValueError, match=r"^Mix: stop=300000000 with these weights makes an epoch of 300,000,000"):
+        precompile.Mix(builds, batch_size=2, stop=300_000_000)
+
+
+def test_ranks_come_from_an_initialised_process_group(builds, tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mix = precompile.Mix(builds, batch_size=4, device="cpu")
+        assert (mix.rank, mix.world_size) == (0, 1) and "rank=0/1 (from torch.distributed)" in repr(mix)
+        mix.close()
+        with pytest.raises(ValueError, match=r"rank=1, world_size=2 contradict the initialised torch.distributed"):
+            precompile.Mix(builds, batch_size=4, device="cpu", rank=1, world_size=2)
+    finally:
+        dist.destroy_process_group()
+    assert "torch.distributed" not in repr(precompile.Mix(builds, batch_size=4, device="cpu"))

@@ -74,6 +74,7 @@ from .sampler import rank_share, split_batches
 __all__ = ["Mix", "mix_counts"]
 
 STOPS = ("first_exhausted", "all_exhausted")
+MAX_EPOCH = 2 ** 28   #: samples in one epoch of a mix at most (its order: 24 bytes a sample in memory)
 SOURCE, ROW = "__source", "__row"
 
 
@@ -118,6 +119,10 @@ def mix_counts(p: Sequence[Fraction], sizes: Sequence[int], stop: str | int) -> 
                              f"epoch, got {stop!r}")
     else:
         n = stop
+    if n > MAX_EPOCH:
+        raise ValueError(f"Mix: stop={stop!r} with these weights makes an epoch of {n:,} samples (more than "
+                         f"{MAX_EPOCH:,}: its order is held in memory, 24 bytes a sample); give a build with a "
+                         f"small weight more weight, or stop=<samples per epoch>")
     quota = [n * q for q in p]
     counts = [math.floor(x) for x in quota]
     rest = n - sum(counts)
@@ -476,4 +481,6 @@ class Mix:
         names = [s.name for s in self.sources]
         return (f"Mix({names}, weights={[float(w) for w in self.weights]}, stop={self.stop!r}, "
                 f"counts={self.counts}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
-                f"rank={self.rank}/{self.world_size}, device={self.device})")
+                f"rank={self.rank}/{self.world_size}"
+                + (" (from torch.distributed)" if self.distribution.source == "torch.distributed" else "")
+                + f", device={self.device})")

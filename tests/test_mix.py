@@ -296,3 +296,14 @@ def test_ranks_come_from_an_initialised_process_group(builds, tmp_path):
     finally:
         dist.destroy_process_group()
     assert "torch.distributed" not in repr(precompile.Mix(builds, batch_size=4, device="cpu"))
+
+
+def test_decimal_weights_mean_what_they_say():
+    # 0.3 and 0.7 are not exact binary fractions: read as floats, 0.3's share comes out a hair over 3/10, and
+    # 3 samples at that share would make an epoch of 9, not 10
+    from precompile.reader.mix import check_weights, mix_counts
+
+    assert mix_counts(check_weights([0.3, 0.7], [3, 100]), [3, 100], "first_exhausted") == [3, 7]
+    assert mix_counts(check_weights([0.1, 0.2, 0.7], [1, 100, 100]), [1, 100, 100], "first_exhausted") == [1, 2, 7]
+    assert mix_counts(check_weights([0.3, 0.7], [30, 7]), [30, 7], "all_exhausted") == [30, 70]
+    assert mix_counts(check_weights(np.array([0.3, 0.7], dtype=np.float64), [3, 100]), [3, 100], 10) == [3, 7]

@@ -26,8 +26,9 @@ One epoch of the mix, for ``(seed, epoch)``:
    at least once: the others cycle, some of their samples twice); an int: that
    many samples. Then each source gets exactly ``floor(N * p[i])`` samples, the
    rest handed out one each by the largest remainder (ties to the lower index),
-   computed with exact fractions: the counts are the same every epoch and sum
-   to ``N``, no random drift.
+   computed with exact fractions (a weight is the decimal it is written as:
+   0.3 is 3/10): the counts are the same every epoch and sum to ``N``, no
+   random drift.
 2. **Which rows.** Each source is an endless stream of passes over its rows
    (each pass a permutation seeded by ``(seed, source, pass)``; in file order
    without ``shuffle``); epoch ``e`` takes the stream's samples
@@ -96,7 +97,9 @@ def check_weights(weights: Sequence[float] | None, sizes: Sequence[int]) -> list
             raise ValueError(f"Mix: weight {i} is {w}; weights must be finite numbers >= 0")
         if w < 0:
             raise ValueError(f"Mix: weight {i} is {w}; weights must be >= 0")
-    fr = [Fraction(w) for w in ws]
+    # each weight as the decimal it is written as (0.3 is 3/10, not the binary float a hair under it), so that
+    # weights like [0.3, 0.7] give the counts their arithmetic does
+    fr = [Fraction(repr(w)) for w in ws]
     total = sum(fr)
     if total == 0:
         raise ValueError(f"Mix: the weights sum to 0 ({ws}); give at least one source a weight > 0")

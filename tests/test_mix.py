@@ -307,3 +307,60 @@ def test_decimal_weights_mean_what_they_say():
     assert mix_counts(check_weights([0.1, 0.2, 0.7], [1, 100, 100]), [1, 100, 100], "first_exhausted") == [1, 2, 7]
     assert mix_counts(check_weights([0.3, 0.7], [30, 7]), [30, 7], "all_exhausted") == [30, 70]
     assert mix_counts(check_weights(np.array([0.3, 0.7], dtype=np.float64), [3, 100]), [3, 100], 10) == [3, 7]
+
+
+def test_cycling_sources_never_end_the_epoch(builds):
+    # a (10) and b (6) end the epoch, c (4) cycles: at a third each, b runs out first at 18 samples, 6 per build
+    mix = precompile.Mix(builds, batch_size=5, weights=[1, 1, 1], cycle=[False, False, True], seed=3, device="cpu")
+    assert mix.counts == [6, 6, 6]
+    seen_c = []
+    for epoch in range(2):
+        mix.set_epoch(epoch)
+        pairs = _pairs(_pass(mix))
+        assert np.bincount([s for s, _ in pairs], minlength=3).tolist() == [6, 6, 6]
+        assert sorted(r for s, r in pairs if s == 1) == list(range(6))        # b whole, once
+        assert len({r for s, r in pairs if s == 0}) == 6                        # a: no row twice
+        seen_c += [r for s, r in pairs if s == 2]
+    assert sorted(seen_c) == sorted(list(range(4)) * 3)   # 12 samples of c: three whole passes over its 4 rows
+    mix.close()
+    # without cycle the 4-sample build ends it at 12
+    assert precompile.Mix(builds, batch_size=5, weights=[1, 1, 1], device="cpu").counts == [4, 4, 4]
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(cycle=[True, True, True]), "Mix: every source with a weight > 0 has cycle=True, so none ends the "
+                                     "epoch; let one run out (cycle=False) or give stop=<samples per epoch>"),
+    (dict(cycle=[True, True, False], weights=[1, 1, 0]), "Mix: every source with a weight > 0 has cycle=True"),
+    (dict(cycle=[True, False]), "Mix: cycle must be one True/False per source (3), got [True, False]"),
+    (dict(cycle=[1, 0, 0]), "Mix: cycle must be one True/False per source (3), got [1, 0, 0]"),
+    (dict(cycle=[True, False, False], stop=30), "Mix: cycle applies to stop='first_exhausted'"),
+    (dict(cycle=[True, False, False], stop="all_exhausted"), "Mix: cycle applies to stop='first_exhausted'"),
+])
+def test_cycle_is_checked(builds, kw, message):
+    with pytest.raises(ValueError) as e:
+        precompile.Mix(builds, batch_size=2, **kw)
+    assert str(e.value).startswith(message)
+
+
+@pytest.mark.parametrize("weights, stop", [([1, 1, 1], "first_exhausted"),    # a: 4 of its 10 rows an epoch
+                                           ([0.7, 0.3, 0], 10),               # a: 7 of 10, b: 3 of 6
+                                           ([0.9, 0.1, 0], 10)])              # a: 9 of 10, b: 1 of 6
+def test_a_source_read_in_part_shows_no_row_twice_in_an_epoch(builds, weights, stop):
+    # the epochs run across the end of one pass over a build and into the next (a new permutation): the rows
+    # the next pass gives such an epoch must not be ones the end of the last pass gave it
+    for seed in range(12):
+        mix = precompile.Mix(builds, batch_size=4, weights=weights, stop=stop, seed=seed, device="cpu")
+        counts = {s: 0 for s in range(3)}
+        per_row = {s: np.zeros(n, int) for s, n in enumerate([10, 6, 4])}
+        epochs = 30
+        for epoch in range(epochs):
+            src = np.concatenate([s for s, _ in mix.batch_indices(epoch)])
+            row = np.concatenate([r for _, r in mix.batch_indices(epoch)])
+            for s in range(3):
+                rows = row[src == s]
+                assert len(set(rows.tolist())) == len(rows), (seed, epoch, s, sorted(rows.tolist()))
+                np.add.at(per_row[s], rows, 1)
+                counts[s] += len(rows)
+        for s, n in enumerate([10, 6, 4]):   # over the epochs every row as often as the others (to one pass)
+            assert per_row[s].max() - per_row[s].min() <= 1, (seed, s, per_row[s])
+        mix.close()

@@ -21,7 +21,9 @@ One epoch of the mix, for ``(seed, epoch)``:
 1. **How many samples of each source.** The weights, normalised to ``p``, and
    ``stop`` give the epoch's length ``N``: ``"first_exhausted"`` the largest
    ``N`` with ``N * p[i] <= len(source i)`` for every source (the epoch ends
-   when the first source runs out: no sample twice); ``"all_exhausted"`` the
+   when the first source runs out: no sample twice; ``cycle=[...]`` leaves
+   the sources marked True out of that minimum: they are read again as
+   needed); ``"all_exhausted"`` the
    smallest ``N`` with ``N * p[i] >= len(source i)`` (every source seen whole
    at least once: the others cycle, some of their samples twice); an int: that
    many samples. Then each source gets exactly ``floor(N * p[i])`` samples, the
@@ -34,7 +36,10 @@ One epoch of the mix, for ``(seed, epoch)``:
    without ``shuffle``); epoch ``e`` takes the stream's samples
    ``[e * c[i], (e + 1) * c[i])``. A source that is not exhausted in an
    epoch goes on where it stopped in the next, so over the epochs every row
-   comes up equally often.
+   comes up equally often (to one pass). Where an epoch runs from the end of
+   one pass into the next, the next pass puts first the rows that end did not
+   give (:meth:`Mix._pass`): a source of at most ``c[i] <= len`` samples an
+   epoch shows no row twice in it.
 3. **In which order.** The source of each of the ``N`` places: a seeded
    permutation of ``c[0]`` zeros, ``c[1]`` ones, ...; without ``shuffle``, the
    sources interleaved evenly (the ``k``-th sample of source ``i`` at
@@ -109,12 +114,18 @@ def check_weights(weights: Sequence[float] | None, sizes: Sequence[int]) -> list
     return [p / total for p in fr]
 
 
-def mix_counts(p: Sequence[Fraction], sizes: Sequence[int], stop: str | int) -> list[int]:
-    """Samples of each source in one epoch: ``N`` from ``stop``, apportioned by the largest remainder."""
+def mix_counts(p: Sequence[Fraction], sizes: Sequence[int], stop: str | int,
+               cycle: Sequence[bool] | None = None) -> list[int]:
+    """Samples of each source in one epoch: ``N`` from ``stop``, apportioned by the largest remainder.
+    ``cycle`` (with ``"first_exhausted"``): the sources that never end the epoch (they are read again as needed)."""
     active = [i for i, q in enumerate(p) if q > 0]
     if isinstance(stop, str):
         if stop == "first_exhausted":
-            n = min(math.floor(Fraction(sizes[i]) / p[i]) for i in active)
+            ending = [i for i in active if not (cycle and cycle[i])]
+            if not ending:
+                raise ValueError("Mix: every source with a weight > 0 has cycle=True, so none ends the epoch; let "
+                                 "one run out (cycle=False) or give stop=<samples per epoch>")
+            n = min(math.floor(Fraction(sizes[i]) / p[i]) for i in ending)
         elif stop == "all_exhausted":
             n = max(math.ceil(Fraction(sizes[i]) / p[i]) for i in active)
         else:
@@ -133,6 +144,18 @@ def mix_counts(p: Sequence[Fraction], sizes: Sequence[int], stop: str | int) -> 
     for i in by_remainder[:rest]:
         counts[i] += 1
     return counts
+
+
+def _check_cycle(cycle: Any, stop: str | int, n: int) -> list[bool] | None:
+    if cycle is None:
+        return None
+    if isinstance(cycle, (str, bytes)) or not hasattr(cycle, "__len__") or len(cycle) != n or any(
+            not isinstance(c, (bool, np.bool_)) for c in cycle):
+        raise ValueError(f"Mix: cycle must be one True/False per source ({n}), got {str(cycle)[:200]}")
+    if stop != "first_exhausted":
+        raise ValueError(f"Mix: cycle applies to stop='first_exhausted' (the sources that never end the epoch); "
+                         f"with stop={stop!r} every source but the last to run out is read again as needed")
+    return [bool(c) for c in cycle]
 
 
 def _check_stop(stop: Any) -> str | int:
@@ -208,6 +231,8 @@ class Mix:
     loaded fields (kind, shape, dtype and class names equal; a fixed shape each). ``weights``: one number >= 0
     per source (normalised; default: proportional to the sources' sizes, so each sample once per epoch).
     ``stop``: ``"first_exhausted"`` (default), ``"all_exhausted"`` or a number of samples per epoch.
+    ``cycle`` (with ``"first_exhausted"``): one bool per source, True for a source that never ends the epoch
+    (read again as needed: oversampled); the first of the others to run out ends it.
     ``shuffle`` (True: seeded orders; False: file order, sources interleaved evenly), ``seed``, ``batch_size``,
     ``drop_last``, ``rank`` / ``world_size`` / ``uneven`` (as the Loader's, from ``torch.distributed`` when left
     out under an initialised process group), ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``), ``fields``,
@@ -218,7 +243,8 @@ class Mix:
     """
 
     def __init__(self, sources: Sequence[Any], batch_size: int, weights: Sequence[float] | None = None,
-                 stop: str | int = "first_exhausted", shuffle: bool = True, seed: int = 0,
+                 stop: str | int = "first_exhausted", cycle: Sequence[bool] | None = None,
+                 shuffle: bool = True, seed: int = 0,
                  device: str | torch.device = "auto", fields: Sequence[str] | None = None, drop_last: bool = False,
                  rank: int | None = None, world_size: int | None = None, uneven: Literal["pad", "drop"] = "pad",
                  num_threads: int | None = None, prefetch: int = 2, sort_batches: bool = True,
@@ -234,6 +260,7 @@ class Mix:
         if shuffle not in (True, False):
             raise ValueError(f"Mix: shuffle must be True or False, got {shuffle!r}")
         self.stop = _check_stop(stop)
+        self.cycle = _check_cycle(cycle, self.stop, len(sources))
         self.batch_size, self.prefetch, self.seed = int(batch_size), int(prefetch), int(seed)
         self.shuffle, self.drop_last, self.sort_batches = bool(shuffle), bool(drop_last), bool(sort_batches)
         self.distribution = Distribution.resolve(rank, world_size, uneven)
@@ -255,10 +282,11 @@ class Mix:
             raise
         self.specs = {f: self.sources[0].ds.field_specs[f] for f in self.fields}
         self.shapes = {f: fixed_shape(self.specs[f]) for f in self.fields}
-        self.counts = mix_counts(self.weights, self.sizes, self.stop)
+        self.counts = mix_counts(self.weights, self.sizes, self.stop, self.cycle)
         self.epoch, self._pos, self._resume = 0, 0, False
         self._orders: dict[int, tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = {}
         self._active: weakref.ref | None = None
+        self._pass_cache: dict[int, dict[int, np.ndarray]] = {}
 
     rank = property(lambda self: self.distribution.rank)
     world_size = property(lambda self: self.distribution.world_size)
@@ -308,6 +336,39 @@ class Mix:
         return wanted
 
     # -- order ------------------------------------------------------------------------------------
+    def _raw_pass(self, i: int, k: int) -> np.ndarray:
+        return rng_for(self.seed, "mix/source", i, int(k)).permutation(self.sizes[i])
+
+    def _pass(self, i: int, k: int) -> np.ndarray:
+        """Pass ``k`` over source ``i``'s rows, for a source of at most its size per epoch: the seeded
+        permutation, except that where an epoch runs from the end of pass ``k - 1`` into pass ``k``, the rows
+        that epoch takes from pass ``k`` are its first rows that the end of pass ``k - 1`` did not give (the
+        others keep their order, after them): no row twice in an epoch. Each pass depends on the one before, so
+        the passes are made in order from 0 and the last two are kept (a pass of training asks for the next)."""
+        got = self._pass_cache.setdefault(i, {})
+        if k in got:
+            return got[k]
+        n, c = self.sizes[i], self.counts[i]
+        j = max((q for q in got if q < k), default=-1)
+        prev = got[j] if j >= 0 else None
+        for q in range(j + 1, k + 1):
+            perm = self._raw_pass(i, q)
+            boundary = q * n                         # stream position where pass q starts
+            r = boundary % c                          # samples of the straddling epoch before it
+            if q > 0 and r:
+                w = c - r                             # ... and from pass q
+                tail = prev[n - r:]
+                clash = np.isin(perm, tail)
+                free = np.flatnonzero(~clash)[:w]     # w <= n - r: always enough rows that are not in the tail
+                rest = np.ones(n, dtype=bool)
+                rest[free] = False
+                perm = np.concatenate([perm[free], perm[rest]])
+            prev = perm
+            got[q] = perm
+            for old in [x for x in got if x < q - 1]:
+                del got[old]
+        return got[k]
+
     def _stream(self, i: int, start: int, count: int) -> np.ndarray:
         """Samples ``[start, start + count)`` of source ``i``'s endless stream of passes."""
         n = self.sizes[i]
@@ -316,10 +377,11 @@ class Mix:
         pos = np.arange(start, start + count, dtype=np.int64)
         passes, off = np.divmod(pos, n)
         if not self.shuffle:
-            return off
+            return off            # consecutive rows modulo n: no row twice while count <= n
         out = np.empty(count, dtype=np.int64)
         for k in np.unique(passes).tolist():
-            perm = rng_for(self.seed, "mix/source", i, int(k)).permutation(n)
+            # more samples than rows per epoch: rows come again anyway, each pass its own permutation
+            perm = self._pass(i, int(k)) if self.counts[i] <= n else self._raw_pass(i, int(k))
             sel = passes == k
             out[sel] = perm[off[sel]]
         return out

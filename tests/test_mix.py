@@ -364,3 +364,20 @@ def test_a_source_read_in_part_shows_no_row_twice_in_an_epoch(builds, weights, s
         for s, n in enumerate([10, 6, 4]):   # over the epochs every row as often as the others (to one pass)
             assert per_row[s].max() - per_row[s].min() <= 1, (seed, s, per_row[s])
         mix.close()
+
+
+def test_one_build_in_file_order_is_the_loaders_batches(builds):
+    # the Loader over the same build, in file order, is a truth the Mix did not compute
+    from precompile.reader.loader import Loader
+
+    loader = Loader(builds[0], batch_size=3, shuffle=False, device="cpu", num_threads=0)
+    want = [{k: v.numpy() for k, v in b.items()} for b in loader]
+    mix = precompile.Mix(builds[:1], batch_size=3, shuffle=False, device="cpu")
+    got = _pass(mix)
+    assert len(got) == len(want) == 4
+    for g, w in zip(got, want):
+        assert np.array_equal(g["image"], w["image"]) and np.array_equal(g["label"], w["label"])
+        assert g["__source"].tolist() == [0] * len(g["label"])
+    assert np.concatenate([g["__row"] for g in got]).tolist() == list(range(10))
+    loader.close()
+    mix.close()

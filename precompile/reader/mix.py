@@ -237,9 +237,10 @@ class Mix:
     ``drop_last``, ``rank`` / ``world_size`` / ``uneven`` (as the Loader's, from ``torch.distributed`` when left
     out under an initialised process group), ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``), ``fields``,
     ``num_threads`` (batches read ahead by that many threads; 0: in the calling thread), ``prefetch`` (batches
-    in flight), ``sort_batches`` (default True, as the Loader's: a shuffled batch's samples ordered by source, then
-    by their place in the files; the same members), ``verify``. Each batch holds the fields as tensors plus ``__source`` (int64: the index in
-    ``sources`` of each sample's build) and ``__row`` (int64: its row in that build).
+    in flight), ``sort_batches`` (default True, as the Loader's: a shuffled batch's samples ordered by source,
+    then by their place in the files; the same members), ``verify``. Each batch holds the fields as tensors
+    plus ``__source`` (int64: the index in ``sources`` of each sample's build) and ``__row`` (int64: its row in
+    that build).
     """
 
     def __init__(self, sources: Sequence[Any], batch_size: int, weights: Sequence[float] | None = None,
@@ -275,6 +276,7 @@ class Mix:
             self.sizes = [s.n for s in self.sources]
             self.weights = check_weights(weights, self.sizes)
             self.fields = self._agreed_fields(fields)
+            self.counts = mix_counts(self.weights, self.sizes, self.stop, self.cycle)
             for s in self.sources:
                 s.open_reader(self.fields)
         except BaseException:
@@ -282,7 +284,6 @@ class Mix:
             raise
         self.specs = {f: self.sources[0].ds.field_specs[f] for f in self.fields}
         self.shapes = {f: fixed_shape(self.specs[f]) for f in self.fields}
-        self.counts = mix_counts(self.weights, self.sizes, self.stop, self.cycle)
         self.epoch, self._pos, self._resume = 0, 0, False
         self._orders: dict[int, tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = {}
         self._active: weakref.ref | None = None

@@ -14,6 +14,13 @@ repeat, so a load that drifts falls on all of them alike); the table gives the m
 ``--repeats`` and the ratio to the Loader's.
 
     PYTHONPATH=. python benchmarks/bench_mix.py [--samples 20000] [--batch 256] [--threads 1] [--repeats 5]
+
+``--passes K`` measures instead what a Mix made afresh (a resumed run) pays to remake a build's passes before
+its epoch (each pass depends on the one before: ``Mix._pass``): a build of ``--rows`` (default 1,000,000)
+read 30% + 1 row per epoch, pass K made from scratch against the next pass made from the cache (medians of
+``--repeats``).
+
+    PYTHONPATH=. python benchmarks/bench_mix.py --passes 100 [--rows 1000000]
 """
 from __future__ import annotations
 
@@ -37,7 +44,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--passes", type=int, default=0)
+    ap.add_argument("--rows", type=int, default=1_000_000)
     a = ap.parse_args()
+    if a.passes:
+        passes(a)
+        return
 
     import torch
 
@@ -87,6 +99,31 @@ def main() -> None:
             print(f"{name:<16} {rate:>12,.0f} {rate / base:>9.2f}x")
         for r in readers.values():
             r.close()
+
+
+def passes(a: argparse.Namespace) -> None:
+    from precompile.reader.mix import Mix
+
+    def fresh() -> Mix:   # the pass logic alone: no builds needed
+        m = Mix.__new__(Mix)
+        m.sizes, m.counts, m.seed, m.shuffle, m._pass_cache = [a.rows], [int(a.rows * 0.3) + 1], 0, True, {}
+        return m
+
+    def scratch() -> None:
+        fresh()._pass(0, a.passes)
+
+    warm = fresh()
+    warm._pass(0, a.passes)
+    k = [a.passes]
+
+    def following() -> None:
+        k[0] += 1
+        warm._pass(0, k[0])
+
+    t_scratch, t_next = median_time(scratch, a.repeats), median_time(following, a.repeats)
+    print(f"a build of {a.rows:,} rows, {int(a.rows * 0.3) + 1:,} per epoch; median of {a.repeats}")
+    print(f"pass {a.passes} from scratch: {t_scratch:.3f} s ({1e3 * t_scratch / (a.passes + 1):.1f} ms a pass); "
+          f"the next pass from the cache: {1e3 * t_next:.1f} ms ({t_scratch / t_next:.0f}x less)")
 
 
 if __name__ == "__main__":

@@ -381,3 +381,17 @@ def test_one_build_in_file_order_is_the_loaders_batches(builds):
     assert np.concatenate([g["__row"] for g in got]).tolist() == list(range(10))
     loader.close()
     mix.close()
+
+
+def test_dtype_mismatch_names_the_field_and_the_builds(tmp_path):
+    root = make_image_tree(tmp_path / "data", per_class=1)
+    paths = []
+    for mode in ("gray8", "gray16"):
+        r = image_recipe(root, name=mode, output={"format": "hdf5"})
+        r["inputs"]["fields"]["image"]["mode"] = mode
+        precompile.build(r, out_dir=tmp_path / "out")
+        paths.append(str(tmp_path / "out" / f"{mode}.h5"))
+    with pytest.raises(FormatError) as e:
+        precompile.Mix(paths, batch_size=2)
+    assert str(e.value) == (f"Mix: field 'image' has dtype uint8 in {paths[0]} but uint16 in {paths[1]}; "
+                            f"the mixed builds must agree")

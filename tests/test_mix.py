@@ -395,3 +395,18 @@ def test_dtype_mismatch_names_the_field_and_the_builds(tmp_path):
         precompile.Mix(paths, batch_size=2)
     assert str(e.value) == (f"Mix: field 'image' has dtype uint8 in {paths[0]} but uint16 in {paths[1]}; "
                             f"the mixed builds must agree")
+
+
+def test_sources_are_builds(builds):
+    with pytest.raises(TypeError, match=r"^Mix: a source must be a build's index path or a build opened with "
+                                        r"precompile.open, got int 3$"):
+        precompile.Mix([builds[0], 3], batch_size=2)
+    with pytest.raises(ValueError, match=r"^Mix: sources must be a list of builds"):
+        precompile.Mix(builds[0], batch_size=2)
+    opened = [precompile.open(p) for p in builds]   # opened builds work like paths, and stay open after close()
+    mix = precompile.Mix(opened, batch_size=4, device="cpu")
+    assert sum(len(b["label"]) for b in mix) == 20
+    mix.close()
+    assert opened[0][0]["image"].shape == opened[1][0]["image"].shape == (32, 32, 3)
+    for d in opened:
+        d.close()

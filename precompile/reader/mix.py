@@ -183,6 +183,9 @@ class _Source:
                                       f"precompile.Loader(url, ...) alone, or copy it to a local disk)")
             self.ds = open_dataset(src, fields=fields, verify=verify)
         else:
+            if not (hasattr(src, "field_specs") and hasattr(src, "batch") and hasattr(src, "__len__")):
+                raise TypeError(f"Mix: a source must be a build's index path or a build opened with "
+                                f"precompile.open, got {type(src).__name__} {str(src)[:100]}")
             self.ds = src
             if getattr(src, "remote", None) is not None:
                 raise PrecompileError(f"Mix: {src.url}: a build read from a URL; Mix reads local builds")

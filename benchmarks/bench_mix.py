@@ -1,0 +1,130 @@
+"""precompile.Mix against one Loader over the same bytes (issue 35).
+
+The same ``--samples`` 32x32x3 uint8 samples (default 20,000: 59 MiB) are written, through the project's
+HDF5 writer, once as one build and once cut in two builds of half each. Contenders, measured in this run,
+warm page cache, batches of ``--batch`` (default 256), full shuffle, CPU, ``--threads`` gather threads each:
+
+- ``Loader``: one build (the baseline);
+- ``Mix, 1 source``: the same build alone (what the mixing machinery costs over the Loader's sampler);
+- ``Mix, 2 sources``: the two halves, weights proportional to their sizes (``stop="first_exhausted"``:
+  every sample once per epoch), so an epoch reads the same samples as the baseline's.
+
+Each contender runs whole epochs (a fresh epoch per repeat; the contenders take turns, one epoch each per
+repeat, so a load that drifts falls on all of them alike); the table gives the median samples/s over
+``--repeats`` and the ratio to the Loader's.
+
+    PYTHONPATH=. python benchmarks/bench_mix.py [--samples 20000] [--batch 256] [--threads 1] [--repeats 5]
+
+``--passes K`` measures instead what a Mix made afresh (a resumed run) pays to remake a build's passes before
+its epoch (each pass depends on the one before: ``Mix._pass``): a build of ``--rows`` (default 1,000,000)
+read 30% + 1 row per epoch, pass K made from scratch against the next pass made from the cache (medians of
+``--repeats``).
+
+    PYTHONPATH=. python benchmarks/bench_mix.py --passes 100 [--rows 1000000]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from timing import median_time  # noqa: E402
+
+from bench_loader import write_store  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--samples", type=int, default=20000)
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--passes", type=int, default=0)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    a = ap.parse_args()
+    if a.passes:
+        passes(a)
+        return
+
+    import torch
+
+    import precompile
+
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (a.samples, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, a.samples)
+    half = a.samples // 2
+    with tempfile.TemporaryDirectory() as tmp:
+        whole = write_store(tmp, "whole", images, labels, samples_per_shard=4096)
+        left = write_store(tmp, "left", images[:half], labels[:half], samples_per_shard=4096)
+        right = write_store(tmp, "right", images[half:], labels[half:], samples_per_shard=4096)
+        common = dict(batch_size=a.batch, seed=0, device="cpu", num_threads=a.threads)
+        readers = {
+            "Loader": precompile.Loader(whole, shuffle=True, **common),
+            "Mix, 1 source": precompile.Mix([whole], **common),
+            "Mix, 2 sources": precompile.Mix([left, right], **common),
+        }
+        epoch = {name: 0 for name in readers}
+
+        def run(name: str) -> None:
+            r = readers[name]
+            r.set_epoch(epoch[name])
+            epoch[name] += 1
+            n = 0
+            for b in r:
+                n += len(b["label"])
+            assert n == a.samples, (name, n)
+
+        for name in readers:   # warm the page cache and the maps
+            run(name)
+        # round robin: each repeat times every contender once, so a load that drifts (a shared machine) falls
+        # on all of them alike
+        per: dict[str, list[float]] = {name: [] for name in readers}
+        for _ in range(a.repeats):
+            for name in readers:
+                per[name].append(median_time(lambda name=name: run(name), 1))
+        times = {name: statistics.median(ts) for name, ts in per.items()}
+        base = a.samples / times["Loader"]
+        print(f"{a.samples} samples of 32x32x3 uint8, batches of {a.batch}, full shuffle, CPU, "
+              f"{a.threads} gather thread(s), torch threads {torch.get_num_threads()}, "
+              f"median of {a.repeats} epochs")
+        print(f"{'reader':<16} {'samples/s':>12} {'vs Loader':>10}")
+        for name, t in times.items():
+            rate = a.samples / t
+            print(f"{name:<16} {rate:>12,.0f} {rate / base:>9.2f}x")
+        for r in readers.values():
+            r.close()
+
+
+def passes(a: argparse.Namespace) -> None:
+    from precompile.reader.mix import Mix
+
+    def fresh() -> Mix:   # the pass logic alone: no builds needed
+        m = Mix.__new__(Mix)
+        m.sizes, m.counts, m.seed, m.shuffle, m._pass_cache = [a.rows], [int(a.rows * 0.3) + 1], 0, True, {}
+        return m
+
+    def scratch() -> None:
+        fresh()._pass(0, a.passes)
+
+    warm = fresh()
+    warm._pass(0, a.passes)
+    k = [a.passes]
+
+    def following() -> None:
+        k[0] += 1
+        warm._pass(0, k[0])
+
+    t_scratch, t_next = median_time(scratch, a.repeats), median_time(following, a.repeats)
+    print(f"a build of {a.rows:,} rows, {int(a.rows * 0.3) + 1:,} per epoch; median of {a.repeats}")
+    print(f"pass {a.passes} from scratch: {t_scratch:.3f} s ({1e3 * t_scratch / (a.passes + 1):.1f} ms a pass); "
+          f"the next pass from the cache: {1e3 * t_next:.1f} ms ({t_scratch / t_next:.0f}x less)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,555 @@
+"""Mix: several builds, any formats, read as one weighted stream of batches.
+
+::
+
+    mix = precompile.Mix(["build/a.h5", "build/b.json"], weights=[0.7, 0.3], batch_size=256,
+                         stop="first_exhausted", seed=0)
+    for epoch in range(10):
+        mix.set_epoch(epoch)
+        for batch in mix:      # {"image": (256, ...), "label": (256,), "__source": (256,) int64, "__row": (256,)}
+            ...
+
+Design: a sampler over ``(source, row)`` pairs fed to one reader per source;
+nothing of the Loader's gather is forked. An HDF5 build is read by the
+Loader's own :class:`~precompile.reader.direct.DirectReader` (memory-mapped
+shards), a folder build (png/bmp/wav: a JSON index) by its dataset's
+``batch``; each batch's rows of a source are read in one call and put in their
+places in the batch.
+
+One epoch of the mix, for ``(seed, epoch)``:
+
+1. **How many samples of each source.** The weights, normalised to ``p``, and
+   ``stop`` give the epoch's length ``N``: ``"first_exhausted"`` the largest
+   ``N`` with ``N * p[i] <= len(source i)`` for every source (the epoch ends
+   when the first source runs out: no sample twice; ``cycle=[...]`` leaves
+   the sources marked True out of that minimum: they are read again as
+   needed); ``"all_exhausted"`` the
+   smallest ``N`` with ``N * p[i] >= len(source i)`` (every source seen whole
+   at least once: the others cycle, some of their samples twice); an int: that
+   many samples. Then each source gets exactly ``floor(N * p[i])`` samples, the
+   rest handed out one each by the largest remainder (ties to the lower index),
+   computed with exact fractions (a weight is the decimal it is written as:
+   0.3 is 3/10): the counts are the same every epoch and sum to ``N``, no
+   random drift.
+2. **Which rows.** Each source is an endless stream of passes over its rows
+   (each pass a permutation seeded by ``(seed, source, pass)``; in file order
+   without ``shuffle``); epoch ``e`` takes the stream's samples
+   ``[e * c[i], (e + 1) * c[i])``. A source that is not exhausted in an
+   epoch goes on where it stopped in the next, so over the epochs every row
+   comes up equally often (to one pass). Where an epoch runs from the end of
+   one pass into the next, the next pass puts first the rows that end did not
+   give (:meth:`Mix._pass`): a source of at most ``c[i] <= len`` samples an
+   epoch shows no row twice in it.
+3. **In which order.** The source of each of the ``N`` places: a seeded
+   permutation of ``c[0]`` zeros, ``c[1]`` ones, ...; without ``shuffle``, the
+   sources interleaved evenly (the ``k``-th sample of source ``i`` at
+   ``(k + 0.5) / c[i]``). Source ``i``'s rows fill its places in stream order.
+4. **Ranks.** The global order is cut into ``world_size`` disjoint, equal,
+   contiguous shares exactly as the Loader cuts its own
+   (:func:`~precompile.reader.sampler.rank_share`), then into batches. With
+   ``sort_batches`` (default, shuffled mixes) each batch's samples are put in
+   order of source, then of their place in the files, so that each source's
+   rows are read in one call straight into their slice of the batch (the
+   Loader's ``sort_batches``: the same members, another order).
+
+The draws come from :func:`precompile.seeding.rng_for`; nothing depends on the
+thread count (every batch is read into its own arrays), so the same seed gives
+the same batches with any ``num_threads``, and ``state_dict`` /
+``load_state_dict`` resume mid-epoch with exactly the remaining batches.
+"""
+from __future__ import annotations
+
+import math
+import os
+import weakref
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+from typing import Any, Iterator, Literal, Sequence
+
+import numpy as np
+import torch
+
+from ..errors import FormatError, PrecompileError
+from ..seeding import rng_for
+from . import gpu
+from .options import Distribution
+from .rows import fixed_shape
+from .sampler import rank_share, split_batches
+
+__all__ = ["Mix", "mix_counts"]
+
+STOPS = ("first_exhausted", "all_exhausted")
+MAX_EPOCH = 2 ** 28   #: samples in one epoch of a mix at most (its order: 24 bytes a sample in memory)
+SOURCE, ROW = "__source", "__row"
+
+
+def check_weights(weights: Sequence[float] | None, sizes: Sequence[int]) -> list[Fraction]:
+    """The weights as exact fractions summing to 1; None: proportional to the sources' sizes."""
+    if weights is None:
+        total = sum(sizes)
+        if total == 0:
+            raise ValueError("Mix: every source is empty")
+        return [Fraction(int(n), total) for n in sizes]
+    try:
+        ws = [float(w) for w in weights]
+    except (TypeError, ValueError):
+        raise ValueError(f"Mix: weights must be numbers, got {str(list(weights))[:200]}") from None
+    if len(ws) != len(sizes):
+        raise ValueError(f"Mix: {len(ws)} weights for {len(sizes)} sources")
+    for i, w in enumerate(ws):
+        if not math.isfinite(w):
+            raise ValueError(f"Mix: weight {i} is {w}; weights must be finite numbers >= 0")
+        if w < 0:
+            raise ValueError(f"Mix: weight {i} is {w}; weights must be >= 0")
+    # each weight as the decimal it is written as (0.3 is 3/10, not the binary float a hair under it), so that
+    # weights like [0.3, 0.7] give the counts their arithmetic does
+    fr = [Fraction(repr(w)) for w in ws]
+    total = sum(fr)
+    if total == 0:
+        raise ValueError(f"Mix: the weights sum to 0 ({ws}); give at least one source a weight > 0")
+    for i, (p, n) in enumerate(zip(fr, sizes)):
+        if p > 0 and n == 0:
+            raise ValueError(f"Mix: source {i} is empty but has weight {ws[i]}")
+    return [p / total for p in fr]
+
+
+def mix_counts(p: Sequence[Fraction], sizes: Sequence[int], stop: str | int,
+               cycle: Sequence[bool] | None = None) -> list[int]:
+    """Samples of each source in one epoch: ``N`` from ``stop``, apportioned by the largest remainder.
+    ``cycle`` (with ``"first_exhausted"``): the sources that never end the epoch (they are read again as needed)."""
+    active = [i for i, q in enumerate(p) if q > 0]
+    if isinstance(stop, str):
+        if stop == "first_exhausted":
+            ending = [i for i in active if not (cycle and cycle[i])]
+            if not ending:
+                raise ValueError("Mix: every source with a weight > 0 has cycle=True, so none ends the epoch; let "
+                                 "one run out (cycle=False) or give stop=<samples per epoch>")
+            n = min(math.floor(Fraction(sizes[i]) / p[i]) for i in ending)
+        elif stop == "all_exhausted":
+            n = max(math.ceil(Fraction(sizes[i]) / p[i]) for i in active)
+        else:
+            raise ValueError(f"Mix: stop must be 'first_exhausted', 'all_exhausted' or a number of samples per "
+                             f"epoch, got {stop!r}")
+    else:
+        n = stop
+    if n > MAX_EPOCH:
+        raise ValueError(f"Mix: stop={stop!r} with these weights makes an epoch of {n:,} samples (more than "
+                         f"{MAX_EPOCH:,}: its order is held in memory, 24 bytes a sample); give a build with a "
+                         f"small weight more weight, or stop=<samples per epoch>")
+    quota = [n * q for q in p]
+    counts = [math.floor(x) for x in quota]
+    rest = n - sum(counts)
+    by_remainder = sorted(range(len(p)), key=lambda i: (-(quota[i] - counts[i]), i))
+    for i in by_remainder[:rest]:
+        counts[i] += 1
+    return counts
+
+
+def _check_cycle(cycle: Any, stop: str | int, n: int) -> list[bool] | None:
+    if cycle is None:
+        return None
+    if isinstance(cycle, (str, bytes)) or not hasattr(cycle, "__len__") or len(cycle) != n or any(
+            not isinstance(c, (bool, np.bool_)) for c in cycle):
+        raise ValueError(f"Mix: cycle must be one True/False per source ({n}), got {str(cycle)[:200]}")
+    if stop != "first_exhausted":
+        raise ValueError(f"Mix: cycle applies to stop='first_exhausted' (the sources that never end the epoch); "
+                         f"with stop={stop!r} every source but the last to run out is read again as needed")
+    return [bool(c) for c in cycle]
+
+
+def _check_stop(stop: Any) -> str | int:
+    if isinstance(stop, str):
+        if stop not in STOPS:
+            raise ValueError(f"Mix: stop must be 'first_exhausted', 'all_exhausted' or a number of samples per "
+                             f"epoch, got {stop!r}")
+        return stop
+    if isinstance(stop, bool) or not isinstance(stop, (int, np.integer)) or int(stop) < 1:
+        raise ValueError(f"Mix: stop must be 'first_exhausted', 'all_exhausted' or a number of samples per "
+                         f"epoch >= 1, got {stop!r}")
+    return int(stop)
+
+
+class _Source:
+    """One build of the mix: its dataset and how its rows are read (``read(rows) -> {field: array}``)."""
+
+    def __init__(self, src: Any, fields: Sequence[str] | None, verify: bool):
+        from . import open_dataset
+
+        self.owned = isinstance(src, (str, os.PathLike))
+        if self.owned:
+            if "://" in str(src):
+                raise PrecompileError(f"Mix: {src}: a build read from a URL; Mix reads local builds (open it with "
+                                      f"precompile.Loader(url, ...) alone, or copy it to a local disk)")
+            self.ds = open_dataset(src, fields=fields, verify=verify)
+        else:
+            if not (hasattr(src, "field_specs") and hasattr(src, "batch") and hasattr(src, "__len__")):
+                raise TypeError(f"Mix: a source must be a build's index path or a build opened with "
+                                f"precompile.open, got {type(src).__name__} {str(src)[:100]}")
+            self.ds = src
+            if getattr(src, "remote", None) is not None:
+                raise PrecompileError(f"Mix: {src.url}: a build read from a URL; Mix reads local builds")
+            if verify:   # as precompile.open(path, verify=True) would have
+                from ..formats import check_intact, find_format
+
+                check_intact(find_format(str(src.path)), str(src.path))
+        self.name = str(getattr(self.ds, "path", src))
+        self.n = len(self.ds)
+        self.reader: Any = None
+
+    def open_reader(self, fields: list[str]) -> None:
+        out_format = str((getattr(self.ds, "attrs", None) or {}).get("output_format", "hdf5"))
+        if out_format == "hdf5" and (hasattr(self.ds, "shard_table") or hasattr(self.ds, "shards")):
+            from .direct import DirectReader
+
+            self.reader = DirectReader(self.ds, fields)
+        self.fields = fields
+
+    def gather_key(self, rows: np.ndarray) -> np.ndarray:
+        """A sort key of ``rows`` that puts them in the order they are read fastest (address order)."""
+        return self.reader.gather_rank[rows] if self.reader is not None else np.asarray(rows, dtype=np.int64)
+
+    def read_into(self, rows: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Fill ``out`` (``{field: (len(rows), ...)}``, C-contiguous) with ``rows`` in the given order."""
+        if self.reader is not None:
+            with self.reader.plan(rows) as plan:
+                for f in self.fields:
+                    self.reader.gather(f, plan, out[f])
+            return
+        b = self.ds.batch(rows)
+        for f in self.fields:
+            out[f][...] = b[f]
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+        if self.owned:
+            self.ds.close()
+
+
+class Mix:
+    """Batches of several builds mixed by weight; see the module docstring (and docs/reference-reader.md).
+
+    ``sources``: index paths (or builds opened with ``precompile.open``), any output format, with the same
+    loaded fields (kind, shape, dtype and class names equal; a fixed shape each). ``weights``: one number >= 0
+    per source (normalised; default: proportional to the sources' sizes, so each sample once per epoch).
+    ``stop``: ``"first_exhausted"`` (default), ``"all_exhausted"`` or a number of samples per epoch.
+    ``cycle`` (with ``"first_exhausted"``): one bool per source, True for a source that never ends the epoch
+    (read again as needed: oversampled); the first of the others to run out ends it.
+    ``shuffle`` (True: seeded orders; False: file order, sources interleaved evenly), ``seed``, ``batch_size``,
+    ``drop_last``, ``rank`` / ``world_size`` / ``uneven`` (as the Loader's, from ``torch.distributed`` when left
+    out under an initialised process group), ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``), ``fields``,
+    ``num_threads`` (batches read ahead by that many threads; 0: in the calling thread), ``prefetch`` (batches
+    in flight), ``sort_batches`` (default True, as the Loader's: a shuffled batch's samples ordered by source,
+    then by their place in the files; the same members), ``verify``. Each batch holds the fields as tensors
+    plus ``__source`` (int64: the index in ``sources`` of each sample's build) and ``__row`` (int64: its row in
+    that build).
+    """
+
+    def __init__(self, sources: Sequence[Any], batch_size: int, weights: Sequence[float] | None = None,
+                 stop: str | int = "first_exhausted", cycle: Sequence[bool] | None = None,
+                 shuffle: bool = True, seed: int = 0,
+                 device: str | torch.device = "auto", fields: Sequence[str] | None = None, drop_last: bool = False,
+                 rank: int | None = None, world_size: int | None = None, uneven: Literal["pad", "drop"] = "pad",
+                 num_threads: int | None = None, prefetch: int = 2, sort_batches: bool = True,
+                 verify: bool = False):
+        if isinstance(sources, (str, os.PathLike)) or len(sources) < 1:
+            raise ValueError("Mix: sources must be a list of builds (index paths or opened builds)")
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if int(prefetch) < 1:
+            raise ValueError(f"prefetch must be >= 1, got {prefetch}")
+        if int(seed) < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        if shuffle not in (True, False):
+            raise ValueError(f"Mix: shuffle must be True or False, got {shuffle!r}")
+        self.stop = _check_stop(stop)
+        self.cycle = _check_cycle(cycle, self.stop, len(sources))
+        self.batch_size, self.prefetch, self.seed = int(batch_size), int(prefetch), int(seed)
+        self.shuffle, self.drop_last, self.sort_batches = bool(shuffle), bool(drop_last), bool(sort_batches)
+        self.distribution = Distribution.resolve(rank, world_size, uneven)
+        self.device = gpu.resolve_device(device)
+        if num_threads is not None and int(num_threads) < 0:
+            raise ValueError(f"num_threads must be >= 0 (0: read in the calling thread), got {num_threads}")
+        self.num_threads = min(4, max(0, (os.cpu_count() or 1) - 1)) if num_threads is None else int(num_threads)
+        self.sources: list[_Source] = []
+        try:
+            for s in sources:
+                self.sources.append(_Source(s, fields, verify))
+            self.sizes = [s.n for s in self.sources]
+            self.weights = check_weights(weights, self.sizes)
+            self.fields = self._agreed_fields(fields)
+            self.counts = mix_counts(self.weights, self.sizes, self.stop, self.cycle)
+            for s in self.sources:
+                s.open_reader(self.fields)
+        except BaseException:
+            self.close()
+            raise
+        self.specs = {f: self.sources[0].ds.field_specs[f] for f in self.fields}
+        self.shapes = {f: fixed_shape(self.specs[f]) for f in self.fields}
+        self.epoch, self._pos, self._resume = 0, 0, False
+        self._orders: dict[int, tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = {}
+        self._active: weakref.ref | None = None
+        self._pass_cache: dict[int, dict[int, np.ndarray]] = {}
+
+    rank = property(lambda self: self.distribution.rank)
+    world_size = property(lambda self: self.distribution.world_size)
+    uneven = property(lambda self: self.distribution.uneven)
+
+    # -- fields -----------------------------------------------------------------------------------
+    def _agreed_fields(self, fields: Sequence[str] | None) -> list[str]:
+        """The loaded fields, the same in every source (else an error naming the field and the builds)."""
+        first = self.sources[0]
+        wanted = list(fields) if fields is not None else list(first.ds.field_specs)
+        for s in self.sources:
+            specs = s.ds.field_specs
+            for f in wanted:
+                if f not in specs:
+                    raise FormatError(f"Mix: field {f!r} is in {first.name} but not in {s.name} (its fields: "
+                                      f"{', '.join(specs)}); mix builds with the same fields, or pass fields=[...]")
+            if fields is None:
+                extra = [f for f in specs if f not in wanted]
+                if extra:
+                    raise FormatError(f"Mix: field {extra[0]!r} is in {s.name} but not in {first.name}; mix builds "
+                                      f"with the same fields, or pass fields=[...]")
+        for f in wanted:
+            a = first.ds.field_specs[f]
+            kind = a.get("kind")
+            if kind == "text" or kind in ("boxes", "box_labels", "keypoints"):
+                raise FormatError(f"Mix: field {f!r} of {first.name} is a {kind} field (a varying size per "
+                                  f"sample); Mix reads fixed-shape fields: leave it out with fields=[...]")
+            if fixed_shape(a) is None:
+                raise FormatError(f"Mix: field {f!r} of {first.name} has shape {tuple(a.get('shape') or ())} with "
+                                  f"unknown dimensions; Mix reads fixed-shape fields (resize/crop to one size in "
+                                  f"the recipe)")
+            for s in self.sources[1:]:
+                b = s.ds.field_specs[f]
+                for what in ("kind", "dtype"):
+                    if a.get(what) != b.get(what):
+                        raise FormatError(f"Mix: field {f!r} has {what} {a.get(what)} in {first.name} but "
+                                          f"{b.get(what)} in {s.name}; the mixed builds must agree")
+                if fixed_shape(a) != fixed_shape(b):
+                    raise FormatError(f"Mix: field {f!r} has shape {tuple(a.get('shape') or ())} in {first.name} "
+                                      f"but {tuple(b.get('shape') or ())} in {s.name}; the mixed builds must agree "
+                                      f"(resize/crop them to one size in their recipes)")
+                if kind == "label":
+                    na, nb = list(first.ds.label_names or []), list(s.ds.label_names or [])
+                    if na and nb and na != nb:
+                        raise FormatError(f"Mix: field {f!r} has class names {str(na)[:120]} in {first.name} but "
+                                          f"{str(nb)[:120]} in {s.name}: the same id would mean two classes")
+        return wanted
+
+    # -- order ------------------------------------------------------------------------------------
+    def _raw_pass(self, i: int, k: int) -> np.ndarray:
+        return rng_for(self.seed, "mix/source", i, int(k)).permutation(self.sizes[i])
+
+    def _pass(self, i: int, k: int) -> np.ndarray:
+        """Pass ``k`` over source ``i``'s rows, for a source of at most its size per epoch: the seeded
+        permutation, except that where an epoch runs from the end of pass ``k - 1`` into pass ``k``, the rows
+        that epoch takes from pass ``k`` are its first rows that the end of pass ``k - 1`` did not give (the
+        others keep their order, after them): no row twice in an epoch. Each pass depends on the one before, so
+        the passes are made in order from 0 and the last two are kept (a pass of training asks for the next)."""
+        got = self._pass_cache.setdefault(i, {})
+        if k in got:
+            return got[k]
+        n, c = self.sizes[i], self.counts[i]
+        j = max((q for q in got if q < k), default=-1)
+        prev = got[j] if j >= 0 else None
+        for q in range(j + 1, k + 1):
+            perm = self._raw_pass(i, q)
+            boundary = q * n                         # stream position where pass q starts
+            r = boundary % c                          # samples of the straddling epoch before it
+            if q > 0 and r:
+                w = c - r                             # ... and from pass q
+                tail = prev[n - r:]
+                clash = np.isin(perm, tail)
+                free = np.flatnonzero(~clash)[:w]     # w <= n - r: always enough rows that are not in the tail
+                rest = np.ones(n, dtype=bool)
+                rest[free] = False
+                perm = np.concatenate([perm[free], perm[rest]])
+            prev = perm
+            got[q] = perm
+            for old in [x for x in got if x < q - 1]:
+                del got[old]
+        return got[k]
+
+    def _stream(self, i: int, start: int, count: int) -> np.ndarray:
+        """Samples ``[start, start + count)`` of source ``i``'s endless stream of passes."""
+        n = self.sizes[i]
+        if count == 0:
+            return np.zeros(0, dtype=np.int64)
+        pos = np.arange(start, start + count, dtype=np.int64)
+        passes, off = np.divmod(pos, n)
+        if not self.shuffle:
+            return off            # consecutive rows modulo n: no row twice while count <= n
+        out = np.empty(count, dtype=np.int64)
+        for k in np.unique(passes).tolist():
+            # more samples than rows per epoch: rows come again anyway, each pass its own permutation
+            perm = self._pass(i, int(k)) if self.counts[i] <= n else self._raw_pass(i, int(k))
+            sel = passes == k
+            out[sel] = perm[off[sel]]
+        return out
+
+    def epoch_order(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """The global mixed order of ``epoch`` (every rank's): ``(source, row)`` arrays of length ``N``."""
+        counts = self.counts
+        if self.shuffle:
+            labels = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+            src = labels[rng_for(self.seed, "mix/order", int(epoch)).permutation(len(labels))]
+        else:
+            keys = np.concatenate([(np.arange(c) + 0.5) / c for c in counts if c] or [np.zeros(0)])
+            labels = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+            src = labels[np.lexsort((labels, keys))]
+        row = np.empty(len(src), dtype=np.int64)
+        for i, c in enumerate(counts):
+            row[src == i] = self._stream(i, int(epoch) * c, c)
+        return src, row
+
+    def _batches(self, epoch: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+        got = self._orders.get(epoch)
+        if got is None:
+            if epoch < 0:
+                raise ValueError(f"epoch must be >= 0, got {epoch}")
+            src, row = self.epoch_order(epoch)
+            share = rank_share(np.arange(len(src), dtype=np.int64), self.rank, self.world_size, self.uneven)
+            batches = split_batches(share, self.batch_size, self.drop_last)
+            if self.sort_batches and self.shuffle:
+                # the order inside a batch carries no information for training: each source's samples
+                # together, in the order its reader reads fastest (the Loader's sort_batches)
+                key = np.zeros(len(src), dtype=np.int64)
+                for i, s in enumerate(self.sources):
+                    at = src == i
+                    key[at] = s.gather_key(row[at])
+                batches = [b[np.lexsort((key[b], src[b]))] for b in batches]
+            got = (src, row, batches)
+            self._orders = {epoch: got}   # one epoch kept
+        return got
+
+    def batch_indices(self, epoch: int | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """This rank's batches of ``epoch`` (default: the current one) as ``(source, row)`` array pairs."""
+        src, row, batches = self._batches(self.epoch if epoch is None else int(epoch))
+        return [(src[b], row[b]) for b in batches]
+
+    def __len__(self) -> int:
+        return len(self._batches(self.epoch)[2])
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first batch (right after :meth:`load_state_dict`, the restored epoch keeps
+        its restored position, as the Loader's)."""
+        if int(epoch) < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if self._resume and int(epoch) == self.epoch:
+            return
+        self.epoch, self._pos, self._resume = int(epoch), 0, False
+
+    # -- resume -----------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the consumer is (epoch, batches handed out) and what the order depends on."""
+        return {"epoch": self.epoch, "batch": self._pos, "seed": self.seed, "shuffle": self.shuffle,
+                "batch_size": self.batch_size, "rank": self.rank, "world_size": self.world_size,
+                "drop_last": self.drop_last, "uneven": self.uneven, "stop": self.stop, "sizes": list(self.sizes),
+                "counts": list(self.counts), "sort_batches": self.sort_batches}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches."""
+        mine = self.state_dict()
+        for k in ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "stop", "sizes", "counts",
+                  "sort_batches"):
+            if k in state and state[k] != mine[k]:
+                raise ValueError(f"state_dict was taken with {k}={state[k]!r}, this Mix has {k}={mine[k]!r}")
+        epoch, pos = int(state["epoch"]), int(state["batch"])
+        if epoch < 0:
+            raise ValueError(f"state_dict epoch must be >= 0, got {epoch}")
+        nb = len(self._batches(epoch)[2])
+        if not 0 <= pos <= nb:
+            raise ValueError(f"state_dict batch must be in [0, {nb}] (epoch {epoch} has {nb} batches), got {pos}")
+        self.epoch, self._pos, self._resume = epoch, pos, True
+
+    # -- reading ----------------------------------------------------------------------------------
+    def read_batch(self, src: np.ndarray, row: np.ndarray) -> dict[str, np.ndarray]:
+        """The fields of the samples ``(src[j], row[j])`` in that order, as numpy arrays (plus ``__source``,
+        ``__row``). A source whose samples stand together in the batch (the sorted batches) is read straight
+        into its slice of the batch; one whose samples are spread (``sort_batches=False``) into a buffer, then
+        put in its places."""
+        b = len(src)
+        out = {f: np.empty((b, *self.shapes[f]), dtype=np.dtype(self.specs[f]["dtype"])) for f in self.fields}
+        for i in np.unique(src).tolist():
+            at = np.flatnonzero(src == i)
+            lo, hi = int(at[0]), int(at[-1]) + 1
+            if hi - lo == len(at):
+                self.sources[i].read_into(row[lo:hi], {f: out[f][lo:hi] for f in self.fields})
+            else:
+                tmp = {f: np.empty((len(at), *self.shapes[f]), dtype=out[f].dtype) for f in self.fields}
+                self.sources[i].read_into(row[at], tmp)
+                for f in self.fields:
+                    out[f][at] = tmp[f]
+        out[SOURCE] = np.asarray(src, dtype=np.int64).copy()
+        out[ROW] = np.asarray(row, dtype=np.int64).copy()
+        return out
+
+    def _to_device(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        out = {f: torch.from_numpy(a) for f, a in arrays.items()}
+        if self.device.type == "cuda":
+            out = {f: t.pin_memory().to(self.device, non_blocking=True) for f, t in out.items()}
+        return out
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        """A pass over the rest of the current epoch; starting a new pass closes an unfinished one."""
+        old = self._active() if self._active is not None else None
+        if old is not None:
+            old.close()
+        if not self.sources:
+            raise PrecompileError("Mix: closed (make a new Mix to read again)")
+        self._resume = False
+        gen = self._run()
+        self._active = weakref.ref(gen)
+        return gen
+
+    def _run(self) -> Iterator[dict[str, torch.Tensor]]:
+        epoch = self.epoch
+        src, row, batches = self._batches(epoch)
+        todo = range(self._pos, len(batches))
+        if self.num_threads == 0:
+            for b in todo:
+                out = self._to_device(self.read_batch(src[batches[b]], row[batches[b]]))
+                self._pos = b + 1
+                yield out
+        else:
+            pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="precompile-mix")
+            ahead: deque = deque()
+            it = iter(todo)
+            try:
+                for b in it:
+                    ahead.append((b, pool.submit(self.read_batch, src[batches[b]], row[batches[b]])))
+                    if len(ahead) >= self.prefetch:
+                        break
+                while ahead:
+                    b, fut = ahead.popleft()
+                    nxt = next(it, None)
+                    if nxt is not None:
+                        ahead.append((nxt, pool.submit(self.read_batch, src[batches[nxt]], row[batches[nxt]])))
+                    out = self._to_device(fut.result())
+                    self._pos = b + 1
+                    yield out
+            finally:
+                for _, fut in ahead:
+                    fut.cancel()
+                pool.shutdown(wait=True)
+        self.epoch, self._pos = epoch + 1, 0
+
+    def close(self) -> None:
+        """Stop an unfinished pass, release every source's reader and the builds this Mix opened."""
+        old = self._active() if getattr(self, "_active", None) is not None else None
+        if old is not None:
+            old.close()
+        for s in self.sources:
+            s.close()
+        self.sources = []
+
+    def __repr__(self) -> str:
+        names = [s.name for s in self.sources]
+        return (f"Mix({names}, weights={[float(w) for w in self.weights]}, stop={self.stop!r}, "
+                f"counts={self.counts}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
+                f"rank={self.rank}/{self.world_size}"
+                + (" (from torch.distributed)" if self.distribution.source == "torch.distributed" else "")
+                + f", device={self.device})")

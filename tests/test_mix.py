@@ -1,0 +1,412 @@
+"""precompile.Mix: several real builds (HDF5, PNG and BMP folders) mixed by weight (issue 35).
+
+Truths the Mix does not compute: each sample's bytes against ``precompile.open(path)[row]`` of the build
+``__source`` names; the per-source counts against the weights' arithmetic done by hand; ranks against the
+single-process order."""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import precompile
+from precompile.errors import FormatError
+
+from conftest import image_recipe, make_image_tree
+
+
+def _build(tmp: Path, name: str, fmt: str, per_class: int, seed: int, classes=("cat", "dog"), **over) -> str:
+    root = make_image_tree(tmp / f"data_{name}", classes=classes, per_class=per_class, seed=seed)
+    recipe = image_recipe(root, name=name, output={"format": fmt, "samples_per_shard": 4}, **over)
+    precompile.build(recipe, out_dir=tmp / "out")
+    return str(tmp / "out" / (f"{name}.h5" if fmt == "hdf5" else f"{name}.json"))
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> list[str]:
+    """An HDF5 build of 10 samples, a PNG folder build of 6 and a BMP folder build of 4 (32x32 RGB + label)."""
+    tmp = tmp_path_factory.mktemp("mix")
+    return [_build(tmp, "a", "hdf5", 5, 1), _build(tmp, "b", "png", 3, 2), _build(tmp, "c", "bmp", 2, 3)]
+
+
+def _pass(mix) -> list[dict]:
+    return [{k: v.numpy().copy() for k, v in b.items()} for b in mix]
+
+
+def _digest(batches: list[dict]) -> str:
+    h = hashlib.sha256()
+    for b in batches:
+        for k in sorted(b):
+            h.update(k.encode() + np.ascontiguousarray(b[k]).tobytes())
+    return h.hexdigest()
+
+
+def _sources(batches) -> np.ndarray:
+    return np.concatenate([b["__source"] for b in batches])
+
+
+def _pairs(batches) -> list[tuple[int, int]]:
+    return list(zip(_sources(batches).tolist(), np.concatenate([b["__row"] for b in batches]).tolist()))
+
+
+def test_each_sample_is_its_sources_bytes(builds):
+    mix = precompile.Mix(builds, batch_size=5, weights=[0.5, 0.3, 0.2], stop=20, seed=3, device="cpu")
+    batches = _pass(mix)
+    opened = [precompile.open(p) for p in builds]
+    assert sum(len(b["label"]) for b in batches) == 20
+    for b in batches:
+        for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
+            want = opened[s][r]
+            assert np.array_equal(b["image"][j], want["image"]), (s, r)
+            assert b["label"][j] == want["label"]
+    assert set(_sources(batches).tolist()) == {0, 1, 2}
+    # the three builds do hold different pixels: the check above can tell them apart
+    assert not np.array_equal(opened[0][0]["image"], opened[1][0]["image"])
+    for d in opened:
+        d.close()
+    mix.close()
+
+
+@pytest.mark.parametrize("weights, stop, counts", [
+    ([0.5, 0.3, 0.2], 50, [25, 15, 10]),      # exact quotas
+    ([1, 1, 1], 10, [4, 3, 3]),               # 3.33 each: the one left over goes to the lowest index
+    ([1, 1, 1], "first_exhausted", [4, 4, 4]),   # the 4-sample BMP build runs out first: 3 * 4
+    ([1, 1, 1], "all_exhausted", [10, 10, 10]),  # the 10-sample HDF5 build is the last to run out
+    ([2, 1, 1], "first_exhausted", [8, 4, 4]),
+    ([0, 1, 3], "all_exhausted", [0, 6, 18]),   # 6 / 0.25 = 24 samples; a zero weight reads nothing
+    (None, "first_exhausted", [10, 6, 4]),      # default: proportional to size, each sample once
+])
+def test_counts_per_epoch_are_exact(builds, weights, stop, counts):
+    mix = precompile.Mix(builds, batch_size=7, weights=weights, stop=stop, seed=1, device="cpu", num_threads=0)
+    assert mix.counts == counts
+    for epoch in (0, 1, 2):
+        mix.set_epoch(epoch)
+        got = np.bincount(_sources(_pass(mix)), minlength=3).tolist()
+        assert got == counts, epoch
+    mix.close()
+
+
+def test_first_exhausted_repeats_nothing_and_sources_go_on_across_epochs(builds):
+    mix = precompile.Mix(builds, batch_size=4, weights=[1, 1, 1], stop="first_exhausted", seed=5, device="cpu")
+    seen_a = []
+    for epoch in range(5):
+        mix.set_epoch(epoch)
+        pairs = _pairs(_pass(mix))
+        assert len(pairs) == len(set(pairs)) == 12          # no sample twice in an epoch
+        assert sorted(r for s, r in pairs if s == 2) == [0, 1, 2, 3]   # the limiting source, whole, once
+        seen_a += [r for s, r in pairs if s == 0]
+    # source a gives 4 of its 10 rows per epoch and goes on where it stopped: 20 samples = 2 whole passes
+    assert sorted(seen_a) == sorted(list(range(10)) * 2)
+    mix.close()
+
+
+def test_all_exhausted_shows_every_row(builds):
+    mix = precompile.Mix(builds, batch_size=8, weights=[1, 1, 1], stop="all_exhausted", seed=2, device="cpu")
+    pairs = _pairs(_pass(mix))
+    for s, n in enumerate([10, 6, 4]):
+        rows = [r for src, r in pairs if src == s]
+        assert set(rows) == set(range(n))
+        assert len(rows) == 10
+    mix.close()
+
+
+def test_deterministic_across_runs_and_thread_counts(builds):
+    def run(threads, seed=4, epoch=1):
+        m = precompile.Mix(builds, batch_size=3, weights=[0.2, 0.5, 0.3], stop=17, seed=seed, device="cpu",
+                           num_threads=threads, prefetch=3)
+        m.set_epoch(epoch)
+        d = _digest(_pass(m))
+        m.close()
+        return d
+
+    ref = run(0)
+    assert run(0) == ref == run(1) == run(3)
+    assert run(0, seed=5) != ref
+    assert run(0, epoch=2) != ref
+
+
+def test_unshuffled_mix_interleaves_evenly_in_file_order(builds):
+    mix = precompile.Mix(builds[:2], batch_size=4, weights=[1, 1], stop=8, shuffle=False, device="cpu")
+    assert _pairs(_pass(mix)) == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (0, 3), (1, 3)]
+    mix.close()
+
+
+def test_resume_mid_epoch_gives_the_remaining_batches(builds):
+    kw = dict(batch_size=3, weights=[0.5, 0.25, 0.25], stop="all_exhausted", seed=9, device="cpu", num_threads=2)
+    full = precompile.Mix(builds, **kw)
+    full.set_epoch(2)
+    want = _pass(full)
+    assert len(want) > 4
+    first = precompile.Mix(builds, **kw)
+    first.set_epoch(2)
+    it = iter(first)
+    got = [{k: v.numpy().copy() for k, v in next(it).items()} for _ in range(3)]
+    state = first.state_dict()
+    first.close()
+    assert state["epoch"] == 2 and state["batch"] == 3
+    again = precompile.Mix(builds, **kw)
+    again.load_state_dict(state)
+    for epoch in range(2, 4):       # the usual loop: the restored epoch resumes, the next one starts whole
+        again.set_epoch(epoch)
+        if epoch == 2:
+            rest = _pass(again)
+            assert _digest(got + rest) == _digest(want)
+            assert len(rest) == len(want) - 3
+        else:
+            full.set_epoch(3)
+            assert _digest(_pass(again)) == _digest(_pass(full))
+    with pytest.raises(ValueError, match=r"state_dict was taken with seed=9, this Mix has seed=10"):
+        precompile.Mix(builds, **{**kw, "seed": 10}).load_state_dict(state)
+    for m in (full, again):
+        m.close()
+
+
+@pytest.mark.parametrize("uneven", ["pad", "drop"])
+def test_ranks_are_disjoint_equal_and_cover_the_order(builds, uneven):
+    # 10 + 6 + 4: every sample of the three builds once, so a sample seen twice is a share overlapping another
+    kw = dict(batch_size=4, weights=[0.5, 0.3, 0.2], stop=20, seed=6, device="cpu", uneven=uneven)
+    one = precompile.Mix(builds, sort_batches=False, **kw)   # the global order, as the sampler made it
+    order = _pairs(_pass(one))
+    assert len(order) == 20 and len(set(order)) == 20
+    shares = []
+    for rank in range(3):
+        m = precompile.Mix(builds, rank=rank, world_size=3, **kw)
+        shares.append(_pairs(_pass(m)))
+        m.close()
+    per = 7 if uneven == "pad" else 6
+    assert [len(s) for s in shares] == [per] * 3
+    # pad: 7 each, the order then its first sample again; drop: 6 each, the last 2 samples left out
+    padded = order + order[:1] if uneven == "pad" else order[:18]
+    for rank, share in enumerate(shares):   # rank r's share is the r-th contiguous cut (each batch sorted)
+        assert sorted(share) == sorted(padded[rank * per:(rank + 1) * per])
+    seen = shares[0] + shares[1] + shares[2]
+    assert len(set(seen)) == (20 if uneven == "pad" else 18)
+    assert len(seen) - len(set(seen)) == (1 if uneven == "pad" else 0)   # pad: only the one wrapped sample twice
+    one.close()
+
+
+def test_sorted_batches_keep_their_members(builds):
+    kw = dict(batch_size=6, weights=[0.5, 0.3, 0.2], stop=30, seed=8, device="cpu")
+    plain = _pass(precompile.Mix(builds, sort_batches=False, **kw))
+    fast = _pass(precompile.Mix(builds, **kw))
+    assert len(plain) == len(fast) == 5
+    for p, f in zip(plain, fast):
+        assert sorted(_pairs([p])) == sorted(_pairs([f]))
+        assert f["__source"].tolist() == sorted(f["__source"].tolist())   # each source's samples together
+        by_pair = {pr: j for j, pr in enumerate(_pairs([p]))}
+        for j, pr in enumerate(_pairs([f])):
+            assert np.array_equal(f["image"][j], p["image"][by_pair[pr]])
+    assert any(_pairs([p]) != _pairs([f]) for p, f in zip(plain, fast))
+
+
+def test_field_mismatch_names_the_field_and_the_builds(builds, tmp_path):
+    small = _build(tmp_path, "small", "hdf5", 1, 4, steps=[{"resize": {"size": [16, 16]}}])
+    with pytest.raises(FormatError) as e:
+        precompile.Mix([builds[0], small], batch_size=2)
+    assert str(e.value) == (f"Mix: field 'image' has shape (32, 32, 3) in {builds[0]} but (16, 16, 3) in {small}; "
+                            f"the mixed builds must agree (resize/crop them to one size in their recipes)")
+    other = _build(tmp_path, "other", "png", 1, 4)
+    unlabelled_root = make_image_tree(tmp_path / "nolabel", per_class=1)
+    r = image_recipe(unlabelled_root, name="nolabel", output={"format": "hdf5"})
+    del r["inputs"]["label"]
+    precompile.build(r, out_dir=tmp_path / "out")
+    nolabel = str(tmp_path / "out" / "nolabel.h5")
+    with pytest.raises(FormatError) as e:
+        precompile.Mix([builds[1], nolabel], batch_size=2)
+    assert str(e.value).startswith(f"Mix: field 'label' is in {builds[1]} but not in {nolabel} (its fields: image)")
+    with pytest.raises(FormatError, match=r"field 'label' is in .*other\.json but not in .*nolabel\.h5"):
+        precompile.Mix([other, nolabel], batch_size=2)
+    with pytest.raises(FormatError, match=r"^Mix: field 'label' is in .*other\.json but not in .*nolabel\.h5"):
+        precompile.Mix([nolabel, other], batch_size=2)  # the extra field of a later build is named too
+    m = precompile.Mix([builds[0], nolabel], batch_size=2, fields=["image"], device="cpu")   # leaving it out
+    assert set(next(iter(m))) == {"image", "__source", "__row"}
+    m.close()
+    eel = _build(tmp_path, "eel", "hdf5", 1, 4, classes=("cat", "eel"))
+    with pytest.raises(FormatError, match=r"field 'label' has class names \['cat', 'dog'\] in .*a\.h5 but "
+                                          r"\['cat', 'eel'\] in .*eel\.h5: the same id would mean two classes"):
+        precompile.Mix([builds[0], eel], batch_size=2)
+
+
+@pytest.mark.parametrize("weights, message", [
+    ([1, -1, 1], "Mix: weight 1 is -1.0; weights must be >= 0"),
+    ([0, 0, 0], "Mix: the weights sum to 0 ([0.0, 0.0, 0.0]); give at least one source a weight > 0"),
+    ([1, float("nan"), 1], "Mix: weight 1 is nan; weights must be finite numbers >= 0"),
+    ([float("inf"), 1, 1], "Mix: weight 0 is inf; weights must be finite numbers >= 0"),
+    ([1, 1], "Mix: 2 weights for 3 sources"),
+    (["a", 1, 1], "Mix: weights must be numbers, got ['a', 1, 1]"),
+])
+def test_weights_are_checked(builds, weights, message):
+    with pytest.raises(ValueError) as e:
+        precompile.Mix(builds, batch_size=2, weights=weights)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("stop", ["longest", 0, -3, 2.5, True])
+def test_stop_is_checked(builds, stop):
+    with pytest.raises(ValueError, match=r"^Mix: stop must be 'first_exhausted', 'all_exhausted' or a number"):
+        precompile.Mix(builds, batch_size=2, stop=stop)
+
+
+def test_verify_names_the_damaged_build(builds, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(Path(builds[1]).parent, copy)
+    png = next((copy / "b.shards").rglob("*.png"))
+    raw = bytearray(png.read_bytes())
+    raw[-20] ^= 0xFF
+    png.write_bytes(raw)
+    damaged = str(copy / "b.json")
+    with pytest.raises(FormatError, match=r"b\.json: verify on open failed"):
+        precompile.Mix([builds[0], damaged], batch_size=2, verify=True)
+    opened = precompile.open(damaged)   # an opened build is checked too
+    with pytest.raises(FormatError, match=r"b\.json: verify on open failed"):
+        precompile.Mix([builds[0], opened], batch_size=2, verify=True)
+    opened.close()
+
+
+def test_variable_shape_fields_are_refused(builds, tmp_path):
+    native = _build(tmp_path, "native", "hdf5", 1, 4, steps=[])
+    with pytest.raises(FormatError, match=r"^Mix: field 'image' of .*native\.h5 has shape \(None, None, 3\) with "
+                                          r"unknown dimensions; Mix reads fixed-shape fields"):
+        precompile.Mix([native, builds[0]], batch_size=2)
+
+
+def test_an_epoch_too_large_to_hold_is_refused(builds):
+    # all_exhausted must show the 10-sample build whole at a share of 1e-8 / (2 + 1e-8): 2e9 + 10 samples
+    with pytest.raises(ValueError, match=r"^Mix: stop='all_exhausted' with these weights makes an epoch of "
+                                         r"2,000,000,010 samples \(more than 268,435,456"):
+        precompile.Mix(builds, batch_size=2, weights=[1e-8, 1, 1], stop="all_exhausted")
+    with pytest.raises(ValueError, match=r"^Mix: stop=300000000 with these weights makes an epoch of 300,000,000"):
+        precompile.Mix(builds, batch_size=2, stop=300_000_000)
+
+
+def test_ranks_come_from_an_initialised_process_group(builds, tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        mix = precompile.Mix(builds, batch_size=4, device="cpu")
+        assert (mix.rank, mix.world_size) == (0, 1) and "rank=0/1 (from torch.distributed)" in repr(mix)
+        mix.close()
+        with pytest.raises(ValueError, match=r"rank=1, world_size=2 contradict the initialised torch.distributed"):
+            precompile.Mix(builds, batch_size=4, device="cpu", rank=1, world_size=2)
+    finally:
+        dist.destroy_process_group()
+    assert "torch.distributed" not in repr(precompile.Mix(builds, batch_size=4, device="cpu"))
+
+
+def test_decimal_weights_mean_what_they_say():
+    # 0.3 and 0.7 are not exact binary fractions: read as floats, 0.3's share comes out a hair over 3/10, and
+    # 3 samples at that share would make an epoch of 9, not 10
+    from precompile.reader.mix import check_weights, mix_counts
+
+    assert mix_counts(check_weights([0.3, 0.7], [3, 100]), [3, 100], "first_exhausted") == [3, 7]
+    assert mix_counts(check_weights([0.1, 0.2, 0.7], [1, 100, 100]), [1, 100, 100], "first_exhausted") == [1, 2, 7]
+    assert mix_counts(check_weights([0.3, 0.7], [30, 7]), [30, 7], "all_exhausted") == [30, 70]
+    assert mix_counts(check_weights(np.array([0.3, 0.7], dtype=np.float64), [3, 100]), [3, 100], 10) == [3, 7]
+
+
+def test_cycling_sources_never_end_the_epoch(builds):
+    # a (10) and b (6) end the epoch, c (4) cycles: at a third each, b runs out first at 18 samples, 6 per build
+    mix = precompile.Mix(builds, batch_size=5, weights=[1, 1, 1], cycle=[False, False, True], seed=3, device="cpu")
+    assert mix.counts == [6, 6, 6]
+    seen_c = []
+    for epoch in range(2):
+        mix.set_epoch(epoch)
+        pairs = _pairs(_pass(mix))
+        assert np.bincount([s for s, _ in pairs], minlength=3).tolist() == [6, 6, 6]
+        assert sorted(r for s, r in pairs if s == 1) == list(range(6))        # b whole, once
+        assert len({r for s, r in pairs if s == 0}) == 6                        # a: no row twice
+        seen_c += [r for s, r in pairs if s == 2]
+    assert sorted(seen_c) == sorted(list(range(4)) * 3)   # 12 samples of c: three whole passes over its 4 rows
+    mix.close()
+    # without cycle the 4-sample build ends it at 12
+    assert precompile.Mix(builds, batch_size=5, weights=[1, 1, 1], device="cpu").counts == [4, 4, 4]
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(cycle=[True, True, True]), "Mix: every source with a weight > 0 has cycle=True, so none ends the "
+                                     "epoch; let one run out (cycle=False) or give stop=<samples per epoch>"),
+    (dict(cycle=[True, True, False], weights=[1, 1, 0]), "Mix: every source with a weight > 0 has cycle=True"),
+    (dict(cycle=[True, False]), "Mix: cycle must be one True/False per source (3), got [True, False]"),
+    (dict(cycle=[1, 0, 0]), "Mix: cycle must be one True/False per source (3), got [1, 0, 0]"),
+    (dict(cycle=[True, False, False], stop=30), "Mix: cycle applies to stop='first_exhausted'"),
+    (dict(cycle=[True, False, False], stop="all_exhausted"), "Mix: cycle applies to stop='first_exhausted'"),
+])
+def test_cycle_is_checked(builds, kw, message):
+    with pytest.raises(ValueError) as e:
+        precompile.Mix(builds, batch_size=2, **kw)
+    assert str(e.value).startswith(message)
+
+
+@pytest.mark.parametrize("weights, stop", [([1, 1, 1], "first_exhausted"),    # a: 4 of its 10 rows an epoch
+                                           ([0.7, 0.3, 0], 10),               # a: 7 of 10, b: 3 of 6
+                                           ([0.9, 0.1, 0], 10)])              # a: 9 of 10, b: 1 of 6
+def test_a_source_read_in_part_shows_no_row_twice_in_an_epoch(builds, weights, stop):
+    # the epochs run across the end of one pass over a build and into the next (a new permutation): the rows
+    # the next pass gives such an epoch must not be ones the end of the last pass gave it
+    for seed in range(12):
+        mix = precompile.Mix(builds, batch_size=4, weights=weights, stop=stop, seed=seed, device="cpu")
+        counts = {s: 0 for s in range(3)}
+        per_row = {s: np.zeros(n, int) for s, n in enumerate([10, 6, 4])}
+        epochs = 30
+        for epoch in range(epochs):
+            src = np.concatenate([s for s, _ in mix.batch_indices(epoch)])
+            row = np.concatenate([r for _, r in mix.batch_indices(epoch)])
+            for s in range(3):
+                rows = row[src == s]
+                assert len(set(rows.tolist())) == len(rows), (seed, epoch, s, sorted(rows.tolist()))
+                np.add.at(per_row[s], rows, 1)
+                counts[s] += len(rows)
+        for s, n in enumerate([10, 6, 4]):   # over the epochs every row as often as the others (to one pass)
+            assert per_row[s].max() - per_row[s].min() <= 1, (seed, s, per_row[s])
+        mix.close()
+
+
+def test_one_build_in_file_order_is_the_loaders_batches(builds):
+    # the Loader over the same build, in file order, is a truth the Mix did not compute
+    from precompile.reader.loader import Loader
+
+    loader = Loader(builds[0], batch_size=3, shuffle=False, device="cpu", num_threads=0)
+    want = [{k: v.numpy() for k, v in b.items()} for b in loader]
+    mix = precompile.Mix(builds[:1], batch_size=3, shuffle=False, device="cpu")
+    got = _pass(mix)
+    assert len(got) == len(want) == 4
+    for g, w in zip(got, want):
+        assert np.array_equal(g["image"], w["image"]) and np.array_equal(g["label"], w["label"])
+        assert g["__source"].tolist() == [0] * len(g["label"])
+    assert np.concatenate([g["__row"] for g in got]).tolist() == list(range(10))
+    loader.close()
+    mix.close()
+
+
+def test_dtype_mismatch_names_the_field_and_the_builds(tmp_path):
+    root = make_image_tree(tmp_path / "data", per_class=1)
+    paths = []
+    for mode in ("gray8", "gray16"):
+        r = image_recipe(root, name=mode, output={"format": "hdf5"})
+        r["inputs"]["fields"]["image"]["mode"] = mode
+        precompile.build(r, out_dir=tmp_path / "out")
+        paths.append(str(tmp_path / "out" / f"{mode}.h5"))
+    with pytest.raises(FormatError) as e:
+        precompile.Mix(paths, batch_size=2)
+    assert str(e.value) == (f"Mix: field 'image' has dtype uint8 in {paths[0]} but uint16 in {paths[1]}; "
+                            f"the mixed builds must agree")
+
+
+def test_sources_are_builds(builds):
+    with pytest.raises(TypeError, match=r"^Mix: a source must be a build's index path or a build opened with "
+                                        r"precompile.open, got int 3$"):
+        precompile.Mix([builds[0], 3], batch_size=2)
+    with pytest.raises(ValueError, match=r"^Mix: sources must be a list of builds"):
+        precompile.Mix(builds[0], batch_size=2)
+    opened = [precompile.open(p) for p in builds]   # opened builds work like paths, and stay open after close()
+    mix = precompile.Mix(opened, batch_size=4, device="cpu")
+    assert sum(len(b["label"]) for b in mix) == 20
+    mix.close()
+    assert opened[0][0]["image"].shape == opened[1][0]["image"].shape == (32, 32, 3)
+    for d in opened:
+        d.close()

@@ -53,7 +53,7 @@ part() {   # part NAME LIMIT_S COMMAND...
 }
 
 part cuda_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/test_loader_device.py tests/test_loader_resident.py \
-    tests/test_annotation_builds.py tests/test_annotation_properties.py tests/test_targets.py
+    tests/test_annotation_builds.py tests/test_annotation_properties.py tests/test_targets.py tests/test_mix.py
 part fuzz_cuda 90 env PRECOMPILE_FUZZ_DEVICE=cuda $PY tests/fuzz_recipes/runner.py --loader-cases 60
 part pool 40 $PY benchmarks/bench_scale.py --pool 1,2,4,8,16 --repeats 3
 part bench_gpu 200 $PY benchmarks/bench_gpu.py --samples 8192 --threads 1,2,4,8,15 --prefetch 1,2,4,8 --repeats 5

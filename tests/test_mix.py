@@ -410,3 +410,19 @@ def test_sources_are_builds(builds):
     assert opened[0][0]["image"].shape == opened[1][0]["image"].shape == (32, 32, 3)
     for d in opened:
         d.close()
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_batches_equal_the_cpu_batches(builds):
+    """device="cuda": the same batches, on the device (pinned host buffer, then a copy on the current stream)."""
+    kw = dict(batch_size=5, weights=[0.5, 0.3, 0.2], stop=20, seed=3)
+    cpu = precompile.Mix(builds, device="cpu", **kw)
+    gpu = precompile.Mix(builds, device="cuda", **kw)
+    want = _pass(cpu)
+    got = []
+    for b in gpu:
+        assert all(v.device.type == "cuda" for k, v in b.items() if k in ("image", "label"))
+        got.append({k: v.cpu().numpy().copy() for k, v in b.items()})
+    assert _digest(got) == _digest(want)
+    cpu.close()
+    gpu.close()

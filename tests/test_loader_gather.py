@@ -631,27 +631,43 @@ def _layout_store(out_dir: str, cuts: list[int]) -> str:
 FIXED = [f for f, (_, s, _) in LAYOUT_FIELDS.items() if None not in s]
 
 
-def _assert_rows_are_the_datasets(got: dict, ds, idx, fields) -> None:
-    """``got[f][j]`` is ``ds[idx[j]][f]`` byte for byte (NaN payloads too), for every field."""
+def _assert_rows_are_the_datasets(got: dict, truth: dict, idx, fields) -> None:
+    """``got[f][j]`` is ``truth[f][idx[j]]`` (``ds[idx[j]][f]``) byte for byte (NaN payloads too), every field."""
     for f in fields:
-        want = np.stack([ds[int(i)][f] for i in idx]) if len(idx) else np.empty((0, *ds.field_specs[f]["shape"]),
-                                                                                   ds.field_specs[f]["dtype"])
+        want = truth[f][np.asarray(idx, dtype=np.int64)]
         assert got[f].dtype == want.dtype and got[f].shape == want.shape, f
         assert got[f].tobytes() == want.tobytes(), f
 
 
-@pytest.mark.parametrize("layout", ["shards", "one shard", "an empty shard", "no chunk tables", "a gzip shard"])
-@pytest.mark.parametrize("mode", ["mapped", "lazy", "per-shard maps", "in_memory"])
-def test_every_layout_gathers_the_datasets_bytes(tmp_path, monkeypatch, layout, mode):
-    # DirectReader.read over shuffled, sorted, repeated, shard-crossing and one-row batches is ds[i] byte for byte,
-    # for every field that takes pieces (image, big, i16; label where HDF5 put its chunks on 8 bytes) and every one that keeps the views (odd, bigodd,
-    # half), from mapped files (one region; lazily mapped; one map per shard), in memory, with h5py-served shards
-    cuts = {"one shard": [0, LAYOUT_N], "an empty shard": [0, 7, 7, 20, LAYOUT_N]}.get(layout, [0, 7, 13, 20, LAYOUT_N])
-    index = _layout_store(str(tmp_path), cuts)
+LAYOUTS = {"shards": [0, 7, 13, 20, LAYOUT_N], "one shard": [0, LAYOUT_N], "an empty shard": [0, 7, 7, 20, LAYOUT_N],
+           "no chunk tables": [0, 7, 13, 20, LAYOUT_N], "a gzip shard": [0, 7, 13, 20, LAYOUT_N]}
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def layout_store(request, tmp_path_factory) -> tuple[str, str, dict]:
+    """(layout, index, truth): a build of LAYOUT_FIELDS in that layout, and per field every row as
+    ``precompile.open(index)[i]`` gives it (the boxes: a list of arrays)."""
+    layout = request.param
+    index = _layout_store(str(tmp_path_factory.mktemp("layout")), LAYOUTS[layout])
     if layout == "no chunk tables":
         _drop_chunk_tables(index)
     if layout == "a gzip shard":
         _gzip_shard(index, 1)
+    ds = precompile.open(index)
+    rows = [ds[i] for i in range(LAYOUT_N)]
+    ds.close()
+    truth = {f: np.stack([r[f] for r in rows]) for f in FIXED}
+    truth["boxes"] = [r["boxes"] for r in rows]
+    return layout, index, truth
+
+
+@pytest.mark.parametrize("mode", ["mapped", "lazy", "per-shard maps", "in_memory"])
+def test_every_layout_gathers_the_datasets_bytes(layout_store, monkeypatch, mode):
+    # DirectReader.read over shuffled, sorted, repeated, shard-crossing, one-row and empty batches is ds[i] byte for
+    # byte, for every field that takes pieces (image, big, i16; label where HDF5 put its chunks on 8 bytes) and
+    # every one that keeps the views (odd, bigodd, half), from mapped files (one region; lazily mapped; one map
+    # per shard), in memory, with h5py-served shards beside mapped ones
+    layout, index, truth = layout_store
     monkeypatch.setattr(direct, "USE_REGION", mode != "per-shard maps")
     ds = precompile.open(index)
     r = DirectReader(ds, FIXED, in_memory=mode == "in_memory", lazy=mode == "lazy")
@@ -666,7 +682,7 @@ def test_every_layout_gathers_the_datasets_bytes(tmp_path, monkeypatch, layout, 
                np.array([6, 7, 7, 6, 19, 20, 28, 0]), np.array([], np.int64)]
     for idx in batches:
         for order in (idx, r.order_batch(idx)):
-            _assert_rows_are_the_datasets(r.read(order), ds, order, FIXED)
+            _assert_rows_are_the_datasets(r.read(order), truth, order, FIXED)
     r.close()
     ds.close()
 
@@ -685,12 +701,12 @@ def _gzip_shard(index: str, s: int) -> None:
     _drop_chunk_tables(index)
 
 
+@pytest.mark.parametrize("layout_store", ["a gzip shard"], indirect=True)
 @pytest.mark.parametrize("in_memory", [False, True])
-def test_loader_batches_over_every_field_kind_are_the_datasets(tmp_path, monkeypatch, in_memory):
+def test_loader_batches_over_every_field_kind_are_the_datasets(layout_store, monkeypatch, in_memory):
     # the Loader, its tasks split across 2 threads, with a gzip shard, ragged boxes beside the gathered fields:
     # each batch is ds[i] byte for byte (boxes: the sample's rows, then padding)
-    index = _layout_store(str(tmp_path), [0, 7, 13, 20, LAYOUT_N])
-    _gzip_shard(index, 2)
+    _, index, truth = layout_store
     monkeypatch.setattr(feed, "SPLIT_BYTES", 1)
     ds = precompile.open(index)
     loader = Loader(ds, batch_size=6, shuffle=True, seed=4, device="cpu", prefetch=1, num_threads=2,
@@ -699,9 +715,9 @@ def test_loader_batches_over_every_field_kind_are_the_datasets(tmp_path, monkeyp
     for epoch in (0, 1):
         loader.set_epoch(epoch)
         for b, idx in zip(loader, loader.batch_indices(), strict=True):
-            _assert_rows_are_the_datasets({f: b[f].numpy() for f in FIXED}, ds, idx, FIXED)
+            _assert_rows_are_the_datasets({f: b[f].numpy() for f in FIXED}, truth, idx, FIXED)
             for j, i in enumerate(idx):
-                want = ds[int(i)]["boxes"]
+                want = truth["boxes"][int(i)]
                 assert int(b["boxes__count"][j]) == len(want)
                 assert b["boxes"][j, :len(want)].numpy().tobytes() == want.tobytes()
             n += 1

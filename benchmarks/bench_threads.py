@@ -23,6 +23,9 @@ take's (issue 33: >= 0.9 on 2 cores). 64x64x3 (12 KiB) and 256x256x3 (192 KiB) s
 (``--sides``; 224 gives 147 KiB rows in 1 KiB pieces, 227 odd rows that keep the views), batches of 256.
 
     PYTHONPATH=. python benchmarks/bench_threads.py [--quick] [--threads 1,2] [--repeats R] [--sides 64,256]
+
+``--per-thread``: instead, what the pieces cost or gain per thread, with no Loader and no threads:
+``DirectReader.gather`` of the same sorted batches, one take against the views, at 8x8x3 to 256x256x3.
 """
 from __future__ import annotations
 
@@ -56,6 +59,58 @@ def one_pass(batches, n: int) -> float:
     return n / dt
 
 
+def per_thread(reps: int, bs: int, quick: bool) -> None:
+    """One thread, no Loader: ``DirectReader.gather`` of every gather-ordered shuffled batch of a mapped store,
+    pieces (one take) against the views (``PIECE_TAKE`` off), the two readers taking turns pass by pass."""
+    import precompile
+    from precompile.reader import direct
+    from precompile.reader.mapping import page_aligned_empty
+
+    print(f"one thread, DirectReader.gather of sorted batches of {bs} into one page-aligned buffer, mapped, "
+          f"{reps} passes each; load average {os.getloadavg()[0]:.1f} at the start")
+    print()
+    print("| rows | pieces | views | one take samples/s | views samples/s | one take / views |")
+    print("|---|---|---:|---:|---:|---:|")
+    for shape, n, chunk in (((8, 8, 3), 65536, 256), ((16, 16, 3), 32768, 256), ((64, 64, 3), 16384, 170),
+                            ((224, 224, 3), 2048, 13), ((256, 256, 3), 2048, 10)):
+        n = n // 8 if quick else n
+        rng = np.random.default_rng(0)
+        images = rng.integers(0, 256, (n, *shape), dtype=np.uint8)
+        with tempfile.TemporaryDirectory() as tmp:
+            path = write_store(tmp, "s", images, rng.integers(0, 10, n), samples_per_shard=max(1, n // 4),
+                               chunk_samples=chunk)
+            ds = precompile.open(path)
+            readers = {}
+            old = direct.PIECE_TAKE
+            try:
+                for pieces in (True, False):
+                    direct.PIECE_TAKE = pieces
+                    readers[pieces] = direct.DirectReader(ds, ["image"])
+            finally:
+                direct.PIECE_TAKE = old
+            p = readers[True]._pieces["image"]
+            cut = f"{p.count} x {p.view.shape[1]} B" if p is not None else "none (views)"
+            out = page_aligned_empty((bs, *shape), np.uint8)
+            perm = np.random.default_rng(1).permutation(n)
+            batches = [readers[True].order_batch(perm[i:i + bs]) for i in range(0, n - bs + 1, bs)]
+            rates: dict[bool, list[float]] = {True: [], False: []}
+            for _ in range(reps):
+                for pieces, r in readers.items():
+                    t0 = time.perf_counter()
+                    for b in batches:
+                        with r.plan(b) as plan:
+                            r.gather("image", plan, out)
+                    rates[pieces].append(len(batches) * bs / (time.perf_counter() - t0))
+            one = statistics.median(rates[True])
+            ratio = statistics.median(a / b for a, b in zip(rates[True], rates[False]))
+            print(f"| {'x'.join(map(str, shape))} | {cut} | {len(readers[False]._views['image'])} | {one:,.0f} | "
+                  f"{statistics.median(rates[False]):,.0f} | {ratio:.2f} |")
+            for r in readers.values():
+                r.close()
+            ds.close()
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small stores, few repeats (a smoke run)")
@@ -64,7 +119,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--sides", default="64,256", help="store image sides, comma-separated (64, 224, 227, 256)")
     ap.add_argument("--no-before", action="store_true", help="leave out the views (before) contenders")
+    ap.add_argument("--per-thread", action="store_true",
+                    help="only the reader's own gather, one thread: one take against the views, per row size")
     args = ap.parse_args(argv)
+    if args.per_thread:
+        per_thread(args.repeats or (2 if args.quick else 5), args.batch_size, args.quick)
+        return
     reps = args.repeats or (2 if args.quick else 7)
     threads = sorted({int(t) for t in args.threads.split(",")} | {1})
     bs = args.batch_size

@@ -69,8 +69,9 @@ def per_thread(reps: int, bs: int, quick: bool) -> None:
     print(f"one thread, DirectReader.gather of sorted batches of {bs} into one page-aligned buffer, mapped, "
           f"{reps} passes each; load average {os.getloadavg()[0]:.1f} at the start")
     print()
-    print("| rows | pieces | views | one take samples/s | views samples/s | one take / views |")
-    print("|---|---|---:|---:|---:|---:|")
+    print("| rows | pieces | views | one take samples/s | views samples/s | one take / views | "
+          "bare take, private memory: pieces / whole rows |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for shape, n, chunk in (((8, 8, 3), 65536, 256), ((16, 16, 3), 32768, 256), ((64, 64, 3), 16384, 170),
                             ((224, 224, 3), 2048, 13), ((256, 256, 3), 2048, 10)):
         n = n // 8 if quick else n
@@ -94,6 +95,12 @@ def per_thread(reps: int, bs: int, quick: bool) -> None:
             perm = np.random.default_rng(1).permutation(n)
             batches = [readers[True].order_batch(perm[i:i + bs]) for i in range(0, n - bs + 1, bs)]
             rates: dict[bool, list[float]] = {True: [], False: []}
+            # the same cut with no reader: np.take of whole rows against np.take of their pieces, private memory
+            rows = images.reshape(n, -1)
+            g = p.view.shape[1] if p is not None else rows.shape[1]
+            cells, steps = rows.reshape(-1, g), np.arange(rows.shape[1] // g)
+            flat, sorted_rows = out.reshape(bs, -1), [np.sort(perm[i:i + bs]) for i in range(0, n - bs + 1, bs)]
+            bare: dict[bool, list[float]] = {True: [], False: []}
             for _ in range(reps):
                 for pieces, r in readers.items():
                     t0 = time.perf_counter()
@@ -101,10 +108,20 @@ def per_thread(reps: int, bs: int, quick: bool) -> None:
                         with r.plan(b) as plan:
                             r.gather("image", plan, out)
                     rates[pieces].append(len(batches) * bs / (time.perf_counter() - t0))
+                for pieces in (True, False):
+                    t0 = time.perf_counter()
+                    for b in sorted_rows:
+                        if pieces:
+                            np.take(cells, np.add.outer(b * len(steps), steps), axis=0, mode="clip",
+                                    out=flat.reshape(bs, len(steps), g))
+                        else:
+                            np.take(rows, b, axis=0, out=flat, mode="clip")
+                    bare[pieces].append(time.perf_counter() - t0)
             one = statistics.median(rates[True])
             ratio = statistics.median(a / b for a, b in zip(rates[True], rates[False]))
+            bare_ratio = statistics.median(b / a for a, b in zip(bare[True], bare[False]))
             print(f"| {'x'.join(map(str, shape))} | {cut} | {len(readers[False]._views['image'])} | {one:,.0f} | "
-                  f"{statistics.median(rates[False]):,.0f} | {ratio:.2f} |")
+                  f"{statistics.median(rates[False]):,.0f} | {ratio:.2f} | {bare_ratio:.2f} |")
             for r in readers.values():
                 r.close()
             ds.close()

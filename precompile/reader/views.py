@@ -29,10 +29,10 @@ MAX_VIEWS = 4
 VIEW_ALL_BYTES = 64 << 10
 #: a field's rows are copied as pieces when its row size and every row's address share a factor this large
 #: (rows of VIEW_ALL_BYTES or more: MIN_PIECE_BYTES_LARGE). numpy's take costs a few ns per piece beyond the
-#: bytes it copies; measured against a take of whole rows (12 and 192 KiB): pieces of 64 bytes 0.67-0.69x,
-#: 256 bytes 0.79-0.89x, 1 KiB and more 0.9-1.0x, 16 bytes 0.35-0.5x. The views they replace ran at 0.5x for
-#: rows under VIEW_ALL_BYTES in many alignments (a strided fancy index: a temporary, then a copy), but at full
-#: speed, one take per chunk touched, for larger rows
+#: bytes it copies: a bare take of pieces against one of whole rows (``bench_threads.py --per-thread``) ran at
+#: 0.33x (64 B pieces), 0.68x (256 B), 0.78x (1 KiB), 0.86-1.02x (4 KiB); through the reader, against the views
+#: they replace, 1.01-1.14x for rows of 192 B-12 KiB (the views' Python per take cost more) and 0.83-0.86x for
+#: 147-192 KiB rows in 1-4 KiB pieces, the price of one call without the interpreter per task
 MIN_PIECE_BYTES = 64
 MIN_PIECE_BYTES_LARGE = 256
 

@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> None:
                         finally:
                             direct.PIECE_TAKE = old
                         kept.append(loader)
-                        name = f"{'in_memory' if mem else 'mapped'}, {'one take' if pieces else 'views (before)'}, {t} thr"
+                        how = "one take" if pieces else "views (before)"
+                        name = f"{'in_memory' if mem else 'mapped'}, {how}, {t} thr"
 
                         def ld(r, loader=loader):
                             loader.set_epoch(r)
@@ -220,7 +221,8 @@ def main(argv: list[str] | None = None) -> None:
             print()
             print(f"{store}; load average {os.getloadavg()[0]:.1f} after it")
             print()
-            print(f"| {'contender':<36} | {'samples/s':>10} | {'GB/s':>5} | {'x 1 thread':>10} | {'x native 1 thr':>14} |")
+            print(f"| {'contender':<36} | {'samples/s':>10} | {'GB/s':>5} | {'x 1 thread':>10} | "
+                  f"{'x native 1 thr':>14} |")
             print(f"|{'-' * 38}|{'-' * 12}|{'-' * 7}|{'-' * 12}|{'-' * 16}|")
             ups: dict[str, dict[int, float]] = {}
             for name, v in rows.items():
@@ -237,7 +239,8 @@ def main(argv: list[str] | None = None) -> None:
                 parts = [f"native take {nat:.2f}x", f"row copy loop {ups['row copy loop'][t]:.2f}x"]
                 for base_name in ups:
                     if base_name.startswith(("mapped", "in_memory")):
-                        parts.append(f"{base_name} {ups[base_name][t]:.2f}x (**{ups[base_name][t] / nat:.2f}** of native)")
+                        up = ups[base_name][t]
+                        parts.append(f"{base_name} {up:.2f}x (**{up / nat:.2f}** of native)")
                 summary.append(f"- {store}, {t} threads over 1: " + "; ".join(parts))
     print()
     print("Speed-up with more threads (the Loader's against the native take's; issue 33's goal on 2 cores: >= 0.9):")

@@ -13,10 +13,10 @@ address in one array, whatever shard it lives in.
 A gather is ONE ``np.take`` per field, which numpy runs without the interpreter lock from the first row to
 the last (issue 33; before, a Python loop over the views below took the lock between them): where the row
 size and every row's address share a factor of at least 64 bytes (256 for rows of 64 KiB or more; the writer
-aligns chunks to 4 KiB, so most image sizes), the range is cut into pieces of that size, a row is a few
-consecutive pieces, and a batch is one take over the table of its rows' pieces, in any order, however many
-shards and chunk alignments it touches (:class:`~.views.Pieces`). A task split across gather threads is one
-take per range and field, so the threads copy side by side.
+puts chunks of 4 KiB or more on 4 KiB, so most image sizes), the range is cut into pieces of that size, a
+row is a few consecutive pieces, and a batch is one take over the table of its rows' pieces, in any order,
+however many shards and chunk alignments it touches (:class:`~.views.Pieces`). A task split across gather
+threads is one take per range and field, so the threads copy side by side.
 
 Other fields (rows whose size has no such factor: 227x227x3 or 28x28 uint8) are gathered from views: rows
 whose addresses agree modulo the row size sit in one C-contiguous 2-D view of the range (one view per

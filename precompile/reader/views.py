@@ -5,11 +5,12 @@ gets one strided view in which "row k" starts at byte k, read with a fancy index
 gathered in: the h5py-served rows first, then the mapped rows by (view, address).
 
 What a gather copies with (:func:`field_pieces`): where every row's address in the range and the row size share
-a factor of at least :data:`MIN_PIECE_BYTES` (64 bytes; 256 for rows of 64 KiB or more; the writer aligns chunks
-to 4 KiB, so: uint8 images with sides a multiple of 8 or 16, 64x64x3 or 224x224x3, float32 ones a multiple of
-4 or 8), the range is cut once into pieces of that size, a row is ``count`` consecutive pieces, and a task's
-rows, in any order and from any number of shards and alignments, are ONE ``np.take`` over a table of their
-pieces, which numpy runs without the interpreter lock from the first row to the last. Other fields (rows
+a factor of at least :data:`MIN_PIECE_BYTES` (64 bytes; 256 for rows of 64 KiB or more; the writer puts chunks
+of 4 KiB or more on 4 KiB, so: uint8 images with sides a multiple of 8 or 16, 64x64x3 or 224x224x3, float32
+ones a multiple of 4 or 8; smaller chunks lie where HDF5 puts them), the range is cut once into pieces of
+that size, a row is ``count`` consecutive pieces, and a task's rows, in any order and from any number of
+shards and alignments, are ONE ``np.take`` over a table of their pieces, which numpy runs without the
+interpreter lock from the first row to the last. Other fields (rows
 whose size is odd or has a small power of two, e.g. 227x227x3 or 28x28 uint8) keep the views: one
 ``np.take`` per view a task touches, or one strided fancy index.
 """

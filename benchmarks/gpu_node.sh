@@ -68,6 +68,6 @@ export PY
 part suite 150 bash -c suite
 part bench_scale 150 $PY benchmarks/bench_scale.py --jobs 1,2,4,8,16 --photos 4000
 part workers 60 $PY -m pytest -q -p no:cacheprovider tests/test_workers.py tests/test_warm_pool.py
-part bench_threads 60 $PY benchmarks/bench_threads.py --threads 1,2,4,8,15
+part bench_threads 150 $PY benchmarks/bench_threads.py --threads 1,2,4,8,15 --repeats 5 --sides 64,224,256
 part mnist 120 $PY benchmarks/bench_mnist.py --device cuda --workers 8 --epochs 3
 cat "$OUT/summary.txt"

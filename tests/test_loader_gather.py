@@ -185,6 +185,8 @@ def residue_ds(tmp_path, image_tree):
 @pytest.mark.parametrize("region", [True, False])
 @pytest.mark.parametrize("max_views", [0, 64])
 def test_gather_paths_match_the_dataset(residue_ds, monkeypatch, max_views, region):
+    # the views (2700-byte rows have no factor of MIN_PIECE_BYTES; the labels' pieces are switched off too)
+    monkeypatch.setattr(direct, "PIECE_TAKE", False)
     monkeypatch.setattr(view_tables, "MAX_VIEWS", max_views)
     monkeypatch.setattr(direct, "USE_REGION", region)
     r = direct.DirectReader(residue_ds)
@@ -478,3 +480,247 @@ def test_large_rows_in_many_alignments_are_taken_from_views(tmp_path, image_tree
         _assert_same_as_dataset(loader, big, epoch=e)
     loader.close()
     big.close()
+
+
+@pytest.fixture
+def piece_ds(tmp_path, image_tree):
+    # 16x16x3 rows (768 bytes = 3 pieces of 256) in chunks of 3 samples: 4 KiB aligned chunks fall at three
+    # residues of the row size (three views), but every row address is a multiple of 256
+    r = image_recipe(image_tree, steps=[{"resize": {"size": [16, 16]}}],
+                     output={"format": "hdf5", "samples_per_shard": 6, "chunk_samples": 3})
+    precompile.build(write_recipe(tmp_path / "r.yaml", r), out_dir=tmp_path / "out")
+    ds = precompile.open(tmp_path / "out" / "imgs.h5")
+    yield ds
+    ds.close()
+
+
+def _count_takes(monkeypatch) -> list[int]:
+    """Count the gathers' np.take calls (those with an ``out``) from now on; returns the list it appends to."""
+    calls: list[int] = []
+    real = np.take
+
+    def take(a, indices, *args, **kw):
+        if kw.get("out") is not None:
+            calls.append(int(np.size(indices)))
+        return real(a, indices, *args, **kw)
+    monkeypatch.setattr(np, "take", take)
+    return calls
+
+
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_a_gather_is_one_take_per_field_whatever_the_views(piece_ds, monkeypatch, in_memory):
+    # issue 33: a batch's rows are copied in ONE np.take per field (numpy holds no interpreter lock from its first
+    # row to its last), whatever the shards, chunk alignments and order; the views needed one take per view
+    r = DirectReader(piece_ds, in_memory=in_memory)
+    if r.region is None and not in_memory:
+        pytest.skip("no MAP_FIXED through ctypes on this platform: one map per shard, gathered by views")
+    assert in_memory or len(r._views["image"]) == 3            # three alignments, three views
+    calls = _count_takes(monkeypatch)
+    rng = np.random.default_rng(0)
+    for size in (1, 7, 40):
+        idx = rng.choice(len(piece_ds), size=size, replace=True)
+        for order in (idx, r.order_batch(idx)):        # scattered and gather-ordered batches
+            calls.clear()
+            got = r.read(order)
+            want = piece_ds.batch(order)
+            for f in ("image", "label"):
+                np.testing.assert_array_equal(got[f], want[f])
+            assert len(calls) == 2, calls                          # one per field
+    r.close()
+
+
+def test_split_ranges_are_one_take_each(piece_ds, monkeypatch):
+    # a task cut into ranges across threads: each range of each field is one np.take, and the batches are the
+    # dataset's bytes
+    monkeypatch.setattr(feed, "SPLIT_BYTES", 1)
+    monkeypatch.setattr(feed, "GROUP_BYTES", 1)         # a task per batch
+    loader = Loader(piece_ds, batch_size=4, shuffle=True, seed=5, device="cpu", prefetch=1, num_threads=2)
+    calls = _count_takes(monkeypatch)
+    n = _assert_same_as_dataset(loader, piece_ds, epoch=1)
+    # every task (one batch) in 2 ranges (1 for a batch of one row), 2 fields
+    sizes = [len(b) for b in loader.batch_indices(1)]
+    assert len(calls) == sum(2 * min(2, s) for s in sizes) and n == len(sizes)
+    loader.close()
+
+
+def test_piece_tables_follow_the_row_addresses():
+    # field_pieces: the largest factor the row size shares with every served row's address in the range, or
+    # None (the views serve the field) below MIN_PIECE_BYTES (MIN_PIECE_BYTES_LARGE for rows of 64 KiB or more)
+    from precompile.reader.rows import _FieldRows
+
+    arr = np.arange(1 << 20, dtype=np.int64).astype(np.uint8)
+    offsets = np.array([0, 3, 5])                       # two shards of 3 and 2 rows, shard 1 at byte 8192
+
+    def pieces(rb, addr, served=(True, True)):
+        rows = _FieldRows(np.array(served), np.ones(2, np.int64), np.array(addr, np.int64))
+        return view_tables.field_pieces(arr, np.array([0, 8192]), rows, offsets, rb)
+
+    p = pieces(12288, [0, 12288, 24576, 0, 12288])      # 64x64x3 rows in 4 KiB aligned chunks
+    assert p.view.shape[1] == 4096 and p.count == 3
+    np.testing.assert_array_equal(p.first, [0, 3, 6, 2, 5])
+    out = np.empty((2, 12288), np.uint8)
+    p.take(p.first[[4, 0]], out)
+    np.testing.assert_array_equal(out, [arr[8192 + 12288:][:12288], arr[:12288]])
+    p = pieces(192, [0, 192, 4096, 0, 192])                # 8x8x3: pieces of 64 bytes
+    assert p.view.shape[1] == 64 and p.count == 3
+    assert pieces(2700, [0, 2700, 8192, 0, 2700]) is None          # 30x30x3: a factor of 4
+    assert pieces(784, [0, 784, 4096, 0, 784]) is None             # 28x28: 16
+    assert pieces(69312, [0, 69312, 4096 * 20, 0, 69312]) is None  # 152x152x3: 64, a large row
+    p = pieces(8, [0, 8, 16, 4096, 4104])                          # int64 labels: whole rows
+    assert p.view.shape[1] == 8 and p.count == 1
+    p = pieces(192, [0, 192, 4096, 3, 5], served=(True, False))    # shard 1 served by h5py: not in the table
+    np.testing.assert_array_equal(p.first, [0, 3, 64, -1, -1])
+
+
+# -- issue 33: every layout the Loader reads, gathered byte for byte -------------------------------------------------
+
+#: (kind, per-sample shape, dtype) of the fields of the layout store: rows of pieces of 256 bytes (16x16x3 uint8),
+#: odd rows (5x7x3 uint8, 105 bytes: views), a float32 row of 64 KiB (pieces) and one just over it with no large
+#: factor (130x130 float32, 67,600 bytes: views), int16 (128 bytes), float16 triples (6 bytes: views), int64
+#: labels (whole-row pieces) and ragged boxes (padded by the Loader, not gathered)
+LAYOUT_FIELDS = {"image": ("image", (16, 16, 3), "uint8"), "odd": ("image", (5, 7, 3), "uint8"),
+                 "big": ("target", (128, 128), "float32"), "bigodd": ("target", (130, 130), "float32"),
+                 "i16": ("target", (8, 8), "int16"), "half": ("target", (3,), "float16"),
+                 "label": ("label", (), "int64"), "boxes": ("boxes", (None, 4), "float32")}
+LAYOUT_N = 29
+
+
+#: samples a chunk: the writer aligns objects of 4 KiB or more to 4 KiB (image, i16: pieces of 256 and 128 bytes),
+#: smaller chunks (label, half) lie where HDF5 puts them
+LAYOUT_CHUNKS = {"image": 6, "odd": 6, "big": 1, "bigodd": 1, "i16": 32, "half": 3, "label": 3, "boxes": 3}
+
+
+def _layout_store(out_dir: str, cuts: list[int]) -> str:
+    """A build of LAYOUT_FIELDS written through the project's HDF5 writer: shards ``cuts`` (an empty one where two
+    cuts agree), LAYOUT_CHUNKS samples a chunk; every sample's values are random bytes (NaN payloads included)."""
+    from precompile.formats import names as fmt
+    from precompile.formats.hdf5 import Hdf5Format
+    from precompile.sample import FieldSpec, Sample
+
+    rng = np.random.default_rng(33)
+    specs = {f: FieldSpec(k, s, d) for f, (k, s, d) in LAYOUT_FIELDS.items()}
+    samples = []
+    for i in range(LAYOUT_N):
+        fields = {}
+        for f, (k, s, d) in LAYOUT_FIELDS.items():
+            shape = (int(rng.integers(0, 4)), 4) if None in s else s
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(d).itemsize
+            fields[f] = np.frombuffer(rng.bytes(nbytes), dtype=d).reshape(shape).copy()
+        fields["boxes"] = np.sort(rng.random((len(fields["boxes"]), 4), dtype=np.float32), axis=1)
+        samples.append(Sample(key=f"{i:04d}", fields=fields, kinds={f: k for f, (k, _, _) in LAYOUT_FIELDS.items()}))
+    w = Hdf5Format()
+    sdir = os.path.join(out_dir, fmt.shard_dir_name("lay"))
+    os.makedirs(sdir)
+    shards = []
+    for si, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
+        name = fmt.shard_file_name(si)
+        sw = w.open_shard(os.path.join(sdir, name), specs, f"lay-{si}", None, LAYOUT_CHUNKS)
+        for smp in samples[lo:hi]:
+            sw.add(smp)
+        info = sw.close()
+        shards.append({"file": f"{fmt.shard_dir_name('lay')}/{name}", "num_samples": info["num_samples"],
+                       "key": f"lay-{si}", "checksums": info["checksums"], "bytes": info["bytes"]})
+    index = os.path.join(out_dir, "lay.h5")
+    attrs = {fmt.A_FORMAT: fmt.FORMAT_NAME, fmt.A_VERSION: fmt.FORMAT_VERSION, fmt.A_OUTPUT: "hdf5",
+             fmt.A_FIELDS: {f: s.to_json() for f, s in specs.items()}, fmt.A_LABELS: [], fmt.A_RECIPE: {},
+             fmt.A_SEED: 0, fmt.A_COPIES: 0, fmt.A_SHARDS: shards}
+    w.finalize(index, shards, specs, attrs)
+    return index
+
+
+FIXED = [f for f, (_, s, _) in LAYOUT_FIELDS.items() if None not in s]
+
+
+def _assert_rows_are_the_datasets(got: dict, truth: dict, idx, fields) -> None:
+    """``got[f][j]`` is ``truth[f][idx[j]]`` (``ds[idx[j]][f]``) byte for byte (NaN payloads too), every field."""
+    for f in fields:
+        want = truth[f][np.asarray(idx, dtype=np.int64)]
+        assert got[f].dtype == want.dtype and got[f].shape == want.shape, f
+        assert got[f].tobytes() == want.tobytes(), f
+
+
+LAYOUTS = {"shards": [0, 7, 13, 20, LAYOUT_N], "one shard": [0, LAYOUT_N], "an empty shard": [0, 7, 7, 20, LAYOUT_N],
+           "no chunk tables": [0, 7, 13, 20, LAYOUT_N], "a gzip shard": [0, 7, 13, 20, LAYOUT_N]}
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def layout_store(request, tmp_path_factory) -> tuple[str, str, dict]:
+    """(layout, index, truth): a build of LAYOUT_FIELDS in that layout, and per field every row as
+    ``precompile.open(index)[i]`` gives it (the boxes: a list of arrays)."""
+    layout = request.param
+    index = _layout_store(str(tmp_path_factory.mktemp("layout")), LAYOUTS[layout])
+    if layout == "no chunk tables":
+        _drop_chunk_tables(index)
+    if layout == "a gzip shard":
+        _gzip_shard(index, 1)
+    ds = precompile.open(index)
+    rows = [ds[i] for i in range(LAYOUT_N)]
+    ds.close()
+    truth = {f: np.stack([r[f] for r in rows]) for f in FIXED}
+    truth["boxes"] = [r["boxes"] for r in rows]
+    return layout, index, truth
+
+
+@pytest.mark.parametrize("mode", ["mapped", "lazy", "per-shard maps", "in_memory"])
+def test_every_layout_gathers_the_datasets_bytes(layout_store, monkeypatch, mode):
+    # DirectReader.read over shuffled, sorted, repeated, shard-crossing, one-row and empty batches is ds[i] byte for
+    # byte, for every field that takes pieces (image, big, i16; label where HDF5 put its chunks on 8 bytes) and
+    # every one that keeps the views (odd, bigodd, half), from mapped files (one region; lazily mapped; one map
+    # per shard), in memory, with h5py-served shards beside mapped ones
+    layout, index, truth = layout_store
+    monkeypatch.setattr(direct, "USE_REGION", mode != "per-shard maps")
+    ds = precompile.open(index)
+    r = DirectReader(ds, FIXED, in_memory=mode == "in_memory", lazy=mode == "lazy")
+    if layout == "a gzip shard":
+        assert {s for s, _ in r.fallbacks} == {1}
+    if r.region is not None:       # which fields take pieces: the rows' sizes and addresses decide
+        pieces = {f: r._pieces[f].count for f in FIXED if r._pieces[f] is not None}
+        assert pieces.keys() >= {"image", "big", "i16"} and pieces["image"] > 1 and "odd" not in pieces, pieces
+        assert "bigodd" not in pieces, pieces
+    rng = np.random.default_rng(1)
+    batches = [rng.integers(0, LAYOUT_N, 40), rng.permutation(LAYOUT_N), np.arange(LAYOUT_N), np.array([5]),
+               np.array([6, 7, 7, 6, 19, 20, 28, 0]), np.array([], np.int64)]
+    for idx in batches:
+        for order in (idx, r.order_batch(idx)):
+            _assert_rows_are_the_datasets(r.read(order), truth, order, FIXED)
+    r.close()
+    ds.close()
+
+
+def _gzip_shard(index: str, s: int) -> None:
+    """Rewrite shard ``s``'s fixed-shape datasets with gzip chunks (the Loader reads them through h5py) and drop the
+    index's chunk tables, which no longer match."""
+    from precompile.formats import names as fmt
+
+    with h5py.File(os.path.join(os.path.dirname(index), "lay.shards", fmt.shard_file_name(s)), "r+") as f:
+        for k in FIXED:
+            data, chunks, attrs = f[k][()], f[k].chunks, dict(f[k].attrs)
+            del f[k]
+            d = f.create_dataset(k, data=data, chunks=chunks, maxshape=(None, *data.shape[1:]), compression="gzip")
+            d.attrs.update(attrs)
+    _drop_chunk_tables(index)
+
+
+@pytest.mark.parametrize("layout_store", ["a gzip shard"], indirect=True)
+@pytest.mark.parametrize("in_memory", [False, True])
+def test_loader_batches_over_every_field_kind_are_the_datasets(layout_store, monkeypatch, in_memory):
+    # the Loader, its tasks split across 2 threads, with a gzip shard, ragged boxes beside the gathered fields:
+    # each batch is ds[i] byte for byte (boxes: the sample's rows, then padding)
+    _, index, truth = layout_store
+    monkeypatch.setattr(feed, "SPLIT_BYTES", 1)
+    ds = precompile.open(index)
+    loader = Loader(ds, batch_size=6, shuffle=True, seed=4, device="cpu", prefetch=1, num_threads=2,
+                    in_memory=in_memory)
+    n = 0
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        for b, idx in zip(loader, loader.batch_indices(), strict=True):
+            _assert_rows_are_the_datasets({f: b[f].numpy() for f in FIXED}, truth, idx, FIXED)
+            for j, i in enumerate(idx):
+                want = truth["boxes"][int(i)]
+                assert int(b["boxes__count"][j]) == len(want)
+                assert b["boxes"][j, :len(want)].numpy().tobytes() == want.tobytes()
+            n += 1
+    assert n == 2 * 5
+    loader.close()
+    ds.close()

@@ -8,22 +8,27 @@ shard at once, or through h5py for a shard without them), and the shard files ar
 All shard files are mapped into ONE reserved range of virtual addresses
 (:class:`~.mapping.Region`; every slot when the reader is made, or with ``lazy`` a slot on the first batch
 that reads it, its size checked against the index's record), so every row of a fixed-shape field has one
-address in one array, whatever shard it lives in. Rows whose addresses agree modulo the row
-size sit in one C-contiguous 2-D view of the range (one view per residue; a
-field has a handful, one per distinct chunk alignment), so a batch is a few
-``np.take(view, rows, out=...)`` calls however many shards it touches: the
-cost per batch no longer grows with the shards touched (with one map per
-shard, a shuffled batch over thousands of shards was one ``np.take`` per
-row). Small rows can land in many alignments (784-byte MNIST rows in 4 KiB
-aligned chunks); past ``MAX_VIEWS`` a field of rows under ``VIEW_ALL_BYTES`` (:mod:`.views`)
-uses one fancy index over a strided view in which "row k" starts at byte k
-(larger rows keep a view per residue: a 192 KiB row lands in up to 48, and the
-fancy index's temporary, allocated and copied again per batch, ran at a quarter
-of the takes' speed). ``gather_rank`` orders rows by
-(view, address): a shuffled batch sorted by it is one take per view, read in
-address order. Where the range cannot be reserved (no POSIX
-``mmap`` through ctypes, or ``USE_REGION`` off), each shard is mapped on its
-own (:func:`~.mapping.map_file`) and the views are per shard.
+address in one array, whatever shard it lives in.
+
+A gather is ONE ``np.take`` per field, which numpy runs without the interpreter lock from the first row to
+the last (issue 33; before, a Python loop over the views below took the lock between them): where the row
+size and every row's address share a factor of at least 64 bytes (256 for rows of 64 KiB or more; the writer
+puts chunks of 4 KiB or more on 4 KiB, so most image sizes), the range is cut into pieces of that size, a
+row is a few consecutive pieces, and a batch is one take over the table of its rows' pieces, in any order,
+however many shards and chunk alignments it touches (:class:`~.views.Pieces`). A task split across gather
+threads is one take per range and field, so the threads copy side by side.
+
+Other fields (rows whose size has no such factor: 227x227x3 or 28x28 uint8) are gathered from views: rows
+whose addresses agree modulo the row size sit in one C-contiguous 2-D view of the range (one view per
+residue; a field has a handful, one per distinct chunk alignment), so a batch is a few
+``np.take(view, rows, out=...)`` calls however many shards it touches. Small rows can land in many
+alignments (784-byte MNIST rows in 4 KiB aligned chunks); past ``MAX_VIEWS`` a field of rows under
+``VIEW_ALL_BYTES`` (:mod:`.views`) uses one fancy index over a strided view in which "row k" starts at byte k
+(larger rows keep a view per residue: a 192 KiB row lands in up to 48, and the fancy index's temporary,
+allocated and copied again per batch, ran at a quarter of the takes' speed). ``gather_rank`` orders rows by
+(view, address) whichever way a field is copied: a shuffled batch sorted by it is read in address order (and
+is one take per view). Where the range cannot be reserved (no POSIX ``mmap`` through ctypes, or
+``USE_REGION`` off), each shard is mapped on its own (:func:`~.mapping.map_file`) and the views are per shard.
 
 ``in_memory=True`` copies every served field into one private array per field
 (rows in index order) at construction; a batch is then a single ``np.take``
@@ -47,12 +52,15 @@ import numpy as np
 from ..errors import FormatError, PrecompileError
 from .mapping import Region, ensure_nofile, map_file, page_aligned_empty, size_mismatch
 from .rows import BatchPlan, RowAddresses, fixed_shape, open_h5, shard_table_of
-from .views import field_views, gather_order
+from .views import Pieces, field_pieces, field_views, gather_order
 
 #: a batch in fewer runs of one view than this is gathered run by run, without grouping it first
 MIN_SORT_RUNS = 8
 #: map every shard into one reserved address range when the platform allows it
 USE_REGION = True
+#: copy a field's rows as pieces of the range, one np.take per task (:func:`~.views.field_pieces`), where its
+#: rows allow; False: one np.take per view a task touches, as before issue 33 (kept to measure against)
+PIECE_TAKE = True
 
 
 @dataclass
@@ -216,9 +224,18 @@ class DirectReader:
         self._takeable: dict[str, list[bool]] = {}
         self._vid: dict[str, np.ndarray] = {}
         self._vrow: dict[str, np.ndarray] = {}
+        self._pieces: dict[str, Pieces | None] = {}
+        self._all_mapped: dict[str, bool] = {}
         for name in self.fields:
             self._views[name], self._takeable[name], self._vid[name], self._vrow[name] = field_views(
                 self._spaces, self.region is not None, self.rows[name], self.offsets, self.row_bytes[name])
+            self._all_mapped[name] = not any(f == name for _, f in self.fallbacks)
+            self._pieces[name] = None
+            if PIECE_TAKE and self.region is not None:   # one space for every shard: rows are pieces of it
+                arr, bases = self._spaces[0]
+                base = np.zeros(len(self.offsets) - 1, dtype=np.int64)
+                base[list(bases)] = list(bases.values())
+                self._pieces[name] = field_pieces(arr, base, self.rows[name], self.offsets, self.row_bytes[name])
 
     def _load_into_memory(self) -> None:
         """Copy every field's rows, in index order, into one private array; then drop the maps.
@@ -257,6 +274,8 @@ class DirectReader:
             self._takeable[name] = [True]
             self._vid[name] = np.zeros(self.n, dtype=np.int64)
             self._vrow[name] = np.arange(self.n, dtype=np.int64)
+            self._all_mapped[name] = True
+            self._pieces[name] = Pieces(flat[name], self._vrow[name], 1) if PIECE_TAKE else None
         # gather_rank stays the files' (view, address) order: a sorted batch keeps the mapped Loader's row order,
         # so in_memory=True gives the same batches (in memory any order gathers at the same speed)
         self._spaces, self._maps, self.region = [], {}, None
@@ -320,6 +339,13 @@ class DirectReader:
         if not plan.size:
             return out
         flat = out.reshape(plan.size, -1).view(np.uint8)
+        pieces = self._pieces[name]
+        if pieces is not None:
+            first = pieces.first[plan.idx]
+            if self._all_mapped[name] or first.min() >= 0:
+                pieces.take(first, flat)   # every row in one call, without the interpreter lock
+                return out
+            return self._gather_mixed(name, plan, first, pieces, out, flat)
         vid = self._vid[name][plan.idx]
         if vid.min() < 0:  # some shards are served by h5py
             for s, pos, local in plan.groups:
@@ -329,6 +355,19 @@ class DirectReader:
                     self._gather_runs(name, plan.idx[pos], vid[pos], flat, pos)
             return out
         self._gather_runs(name, plan.idx, vid, flat, None)
+        return out
+
+    def _gather_mixed(self, name: str, plan: BatchPlan, first: np.ndarray, pieces: Pieces, out: np.ndarray,
+                      flat: np.ndarray) -> np.ndarray:
+        """A batch whose rows are partly in shards h5py serves: the mapped rows in one take, then the others."""
+        mapped = np.flatnonzero(first >= 0)
+        if mapped.size:
+            tmp = page_aligned_empty((mapped.size, flat.shape[1]), np.uint8)
+            pieces.take(first[mapped], tmp)
+            flat[mapped] = tmp
+        for s, pos, local in plan.groups:
+            if pieces.first[self.offsets[s]] < 0:
+                out[pos] = self._read_fallback(s, name, local)
         return out
 
     def _gather_runs(self, name: str, idx: np.ndarray, vid: np.ndarray, flat: np.ndarray,
@@ -413,6 +452,7 @@ class DirectReader:
             self.rows = {}
             self._views = {name: [] for name in self.fields}
             self._takeable = {name: [] for name in self.fields}
+            self._pieces = {name: None for name in self.fields}
 
 
 def _distinct(ids: np.ndarray) -> int:

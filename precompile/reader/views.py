@@ -3,9 +3,20 @@ C-contiguous 2-D views of whole rows, one per residue of the rows' addresses mod
 handful, one per distinct chunk alignment); past :data:`MAX_VIEWS` a field of rows under :data:`VIEW_ALL_BYTES`
 gets one strided view in which "row k" starts at byte k, read with a fancy index. And the order a batch is
 gathered in: the h5py-served rows first, then the mapped rows by (view, address).
+
+What a gather copies with (:func:`field_pieces`): where every row's address in the range and the row size share
+a factor of at least :data:`MIN_PIECE_BYTES` (64 bytes; 256 for rows of 64 KiB or more; the writer puts chunks
+of 4 KiB or more on 4 KiB, so: uint8 images with sides a multiple of 8 or 16, 64x64x3 or 224x224x3, float32
+ones a multiple of 4 or 8; smaller chunks lie where HDF5 puts them), the range is cut once into pieces of
+that size, a row is ``count`` consecutive pieces, and a task's rows, in any order and from any number of
+shards and alignments, are ONE ``np.take`` over a table of their pieces, which numpy runs without the
+interpreter lock from the first row to the last. Other fields (rows
+whose size is odd or has a small power of two, e.g. 227x227x3 or 28x28 uint8) keep the views: one
+``np.take`` per view a task touches, or one strided fancy index.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
@@ -17,6 +28,54 @@ MAX_VIEWS = 4
 #: rows of at least this many bytes get a view per residue however many there are: one np.take per view
 #: in a batch costs a few microseconds, less than copying one such row
 VIEW_ALL_BYTES = 64 << 10
+#: a field's rows are copied as pieces when its row size and every row's address share a factor this large
+#: (rows of VIEW_ALL_BYTES or more: MIN_PIECE_BYTES_LARGE). numpy's take costs a few ns per piece beyond the
+#: bytes it copies: a bare take of pieces against one of whole rows (``bench_threads.py --per-thread``) ran at
+#: 0.33x (64 B pieces), 0.68x (256 B), 0.78x (1 KiB), 0.86-1.02x (4 KiB); through the reader, against the views
+#: they replace, 1.01-1.14x for rows of 192 B-12 KiB (the views' Python per take cost more) and 0.83-0.86x for
+#: 147-192 KiB rows in 1-4 KiB pieces, the price of one call without the interpreter per task
+MIN_PIECE_BYTES = 64
+MIN_PIECE_BYTES_LARGE = 256
+
+
+@dataclass
+class Pieces:
+    """One field's rows as pieces of one array: ``view`` is the array cut into ``(K, g)`` pieces of ``g``
+    bytes, ``first[row]`` the global row's first piece (-1: not in ``view``, a shard h5py serves) and a row
+    is ``count`` consecutive pieces (its size is ``count * g``)."""
+
+    view: np.ndarray
+    first: np.ndarray
+    count: int
+
+    def __post_init__(self) -> None:
+        self.steps = np.arange(self.count, dtype=np.int64)
+
+    def take(self, firsts: np.ndarray, flat: np.ndarray) -> None:
+        """Copy the rows whose first pieces are ``firsts`` (all in ``view``) to ``flat`` (``(len, row bytes)``
+        uint8, C-contiguous), in order: one ``np.take``, which releases the interpreter lock for the whole copy
+        (``mode="clip"`` keeps numpy from buffering ``out``; the pieces come from the checked chunk table)."""
+        if self.count == 1:
+            np.take(self.view, firsts, axis=0, out=flat, mode="clip")
+        else:
+            np.take(self.view, np.add.outer(firsts, self.steps), axis=0,
+                    out=flat.reshape(len(firsts), self.count, self.view.shape[1]), mode="clip")
+
+
+def field_pieces(arr: np.ndarray, base: np.ndarray, rows: Any, offsets: np.ndarray, rb: int) -> Optional[Pieces]:
+    """One field's rows as :class:`Pieces` of ``arr`` (a uint8 range holding every mapped shard: shard ``s``'s
+    file starts at byte ``base[s]``), or None when the row size and the rows' addresses share no factor of
+    :data:`MIN_PIECE_BYTES` or more (:data:`MIN_PIECE_BYTES_LARGE` for rows of :data:`VIEW_ALL_BYTES` or more):
+    the views serve that field. ``rows``: the field's :class:`~.rows._FieldRows`; ``rb``: its row bytes."""
+    counts = np.diff(offsets)
+    served = np.repeat(rows.served, counts)
+    addr = rows.addr + np.repeat(base, counts)
+    g = int(np.gcd.reduce(addr[served], initial=rb)) if rb > 0 else 0
+    least = MIN_PIECE_BYTES if rb < VIEW_ALL_BYTES else MIN_PIECE_BYTES_LARGE
+    if g <= 0 or (g < least and g != rb):
+        return None
+    first = np.where(served, addr // g, -1)
+    return Pieces(arr[:arr.size // g * g].reshape(-1, g), first, rb // g)
 
 
 def field_views(spaces: list[tuple[np.ndarray, dict[int, int]]], one_region: bool, rows: Any, offsets: np.ndarray,

@@ -190,7 +190,10 @@ class Inputs(_Model):
                                      json_schema_extra=_also_a_string)
     match: Optional[str] = Field(None, validate_default=True,
                                  description="a pattern of input paths under root (not with table)")
-    where: dict[str, str] = Field(default_factory=dict)
+    where: Union[dict[str, str], str] = Field(
+        default_factory=dict, description="folder: {capture: regex} narrowing what a capture may match; table: an "
+                                          "expression over the row's columns keeping the rows it holds for, e.g. "
+                                          "'Sex == \"Female\" and Age >= 18' (docs/tables.md)")
     kind: Literal["file", "dir"] = "file"
     fields: dict[str, FieldDecl] = Field(default_factory=dict, description="the fields of a sample and their "
                                          "decoders (required with match; with coco, default {image: {decoder: image}})")
@@ -218,6 +221,15 @@ class Inputs(_Model):
 
         for entry in [v] if isinstance(v, str) else v or []:
             table_format(entry)  # a ValueError naming the known extensions
+        return v
+
+    @field_validator("where")
+    @classmethod
+    def _where(cls, v: Union[dict[str, str], str]) -> Union[dict[str, str], str]:
+        if isinstance(v, str):
+            from .inputs.table.where import parse_where
+
+            parse_where(v)   # a WhereSyntaxError (a ValueError) saying at which character
         return v
 
     @field_validator("quoting")
@@ -268,14 +280,18 @@ class Inputs(_Model):
                     raise ValueError(f"{k} is for table inputs (inputs.table)")
             if self.columns:
                 raise ValueError("columns is for table inputs (inputs.table)")
+            if isinstance(self.where, str):
+                raise ValueError("where as an expression is for table inputs (inputs.table); a folder's where is "
+                                 "{capture: regex}")
             if self.match is None:
                 raise ValueError("needs match (a pattern of input paths), table (a file with one row per sample) or "
                                  "coco (an annotation file)")
             if not self.fields:
                 raise ValueError("fields: needs at least one field")
         else:
-            if self.match is not None or self.where or self.label is not None:
-                raise ValueError("table inputs take no match, where or label (use path and columns)")
+            if self.match is not None or isinstance(self.where, dict) and self.where or self.label is not None:
+                raise ValueError("table inputs take no match, label or where: {capture: regex} (use path and "
+                                 "columns; where takes an expression over the columns, e.g. where: 'Age >= 18')")
             if not self.fields and not self.columns:
                 raise ValueError("a table needs at least one field or column")
             if self.path is None and self.key is None:

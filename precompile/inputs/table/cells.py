@@ -184,6 +184,10 @@ def check_columns(recipe: Any, table: str, names: list[str]) -> list[str]:
             wanted.append((sp.column, "split.column"))
         if sp.group is not None:
             wanted.append((sp.group if isinstance(sp.group, str) else sp.group.column, "split.group"))
+    if isinstance(inp.where, str):
+        from .where import where_columns
+
+        wanted += [(c, "inputs.where") for c in where_columns(inp.where)]
     for col, loc in wanted:
         if col not in have:
             raise RecipeError(f"{table}: no column {col!r} (columns: {', '.join(names)})",

@@ -125,6 +125,10 @@ class SplitSpec(_Model):
     group: Optional[Union[str, GroupSpec]] = Field(None, description="rows with the same group share a split")
     fractions: Optional[dict[str, float]] = Field(None, description="by: hash: split name -> fraction (sum 1)")
     seed: Optional[int] = Field(None, ge=0, description="default: the recipe's seed")
+    stratify: Optional[str] = Field(
+        None, exclude_if=lambda v: v is None,   # absent: the recipe's key as before the option existed
+        description="by: hash: the column (or capture) whose classes every split holds in the fractions' "
+                    "proportions (within one row per class and split; with group, within its largest group)")
 
     @model_validator(mode="after")
     def _check(self) -> "SplitSpec":
@@ -133,6 +137,8 @@ class SplitSpec(_Model):
                 raise ValueError("by: column needs column (the column naming each row's split)")
             if self.fractions is not None:
                 raise ValueError("fractions are for by: hash (by: column takes the split from the column)")
+            if self.stratify is not None:
+                raise ValueError("stratify is for by: hash (by: column takes the split from the column)")
         else:
             if self.column is not None:
                 raise ValueError("column is for by: column (by: hash assigns by key or group)")

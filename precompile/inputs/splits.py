@@ -3,6 +3,14 @@
 By a stable hash (:func:`precompile.seeding.stable_hash`) of the seed and the key, or of the group value
 (``split.group``: a column or capture, optionally cut by a pattern), so an input's split depends on nothing
 else and adding inputs never moves an old one; or by a column naming each input's split (``by: column``).
+
+With ``split.stratify`` (a column or capture holding each input's class) the hash orders, and the fractions
+cut (:func:`stratified_splits`): each class's inputs (or groups) in the order of their hashes are cut at the
+fractions, so every split holds each class in the fractions' proportions, within one input per class and
+split (with groups of one class each, within the largest group of the class). An input's split then depends
+on the other inputs of its class: adding one input moves at most one old input of its class across each cut;
+adding a group moves only groups of its class, across each cut fewer rows than the new group and the class's
+largest group hold together.
 The values a split reads come as factors (each distinct value once: :data:`~precompile.inputs.items.Factors`),
 so each is checked and hashed once; an error names the first input, in key order, at fault.
 """
@@ -55,7 +63,7 @@ def assign_splits(recipe: Any, table: Any, factors: dict[str, tuple[np.ndarray, 
     sp, source = recipe.model.split, recipe.source
     seed = recipe.seed if sp.seed is None else sp.seed
     gcol = sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)
-    for col in (sp.column, gcol):
+    for col in (sp.column, gcol, sp.stratify):
         if col is not None and col not in factors:
             raise RecipeError(f"{col!r} is neither a table column nor a capture of match", source=source, loc="split")
     at = _where(table)
@@ -67,13 +75,65 @@ def assign_splits(recipe: Any, table: Any, factors: dict[str, tuple[np.ndarray, 
         _raise_first(recipe, checks)
         names = list(sp.fractions)
         pos = {s: i for i, s in enumerate(names)}
-        if groups is None:
+        if sp.stratify is not None:
+            units = table.keys.to_list() if groups is None else groups.values
+            unit = np.arange(len(table), dtype=np.int64) if groups is None else groups.ids
+            codes = stratified_splits(list(sp.fractions.values()), seed, units, unit, _classes(factors[sp.stratify]))
+        elif groups is None:
             codes = np.fromiter((pos[hash_split(sp.fractions, seed, k)] for k in table.keys.to_list()),
                                 np.int64, len(table))
         else:
             codes = np.array([pos[hash_split(sp.fractions, seed, g)] for g in groups.values], np.int64)[groups.ids]
     table.split, table.split_names = codes.astype(np.int16), tuple(names)
     return table
+
+
+def _classes(factor: tuple[np.ndarray, list]) -> np.ndarray:
+    """Per item: its class under ``split.stratify``, as the rank of the class's text among the distinct ones
+    (every blank cell one class, ranked first), so ties and orders never depend on the order rows came in."""
+    codes, cells = factor
+    texts = [None if blank(v) else str(v) for v in cells]
+    ranks = {t: i for i, t in enumerate(sorted(set(texts), key=lambda t: (t is not None, t or "")))}
+    return np.array([ranks[t] for t in texts], np.int64)[codes] if cells else np.zeros(len(codes), np.int64)
+
+
+def stratified_splits(fractions: list[float], seed: int, units: list[str], unit: np.ndarray,
+                      classes: np.ndarray) -> np.ndarray:
+    """Each item's split (an index into ``fractions``) such that every split holds each class in the
+    fractions' proportions. ``units``: the names hashed (each item's key, or each group's value), ``unit``:
+    each item's unit, ``classes``: each item's class. A unit's stratum is its most frequent class (ties: the
+    first); each stratum's units, in the order of ``stable_hash(seed, name)`` (the hash ``by: hash`` uses),
+    are laid end to end, each as long as its items, and a unit goes to the split whose share of the stratum
+    holds its middle. A split's items of a stratum are then within one unit's length of the fraction (for
+    single items: within one item). Adding a unit of ``w`` items shifts the stratum's cuts and the units after
+    it by at most ``w`` relative to each other, so it moves only units of its stratum whose middles lie within
+    ``w`` of a cut: for single items at most one per cut, else fewer items per cut than ``w`` plus the
+    stratum's widest unit."""
+    n = len(units)
+    out = np.zeros(len(unit), np.int64)
+    if not n or not len(unit):
+        return out
+    width = np.bincount(unit, minlength=n).astype(np.float64)
+    ncls = int(classes.max()) + 1
+    pairs, counts = np.unique(unit * ncls + classes, return_counts=True)   # sorted: by unit, then class
+    pu, pc = pairs // ncls, pairs % ncls
+    best = np.lexsort((pc, -counts, pu))   # per unit: the most items first, then the first class
+    first = np.r_[0, np.flatnonzero(np.diff(pu[best])) + 1]
+    stratum = np.zeros(n, np.int64)
+    stratum[pu[best][first]] = pc[best][first]
+    hashes = np.array([stable_hash(f"split:{int(seed)}:{name}") for name in units], np.uint64)
+    order = np.lexsort((hashes, stratum))   # by stratum, then hash (ties: the unit's index, a stable sort)
+    srt, w = stratum[order], width[order]
+    start = np.r_[0, np.flatnonzero(np.diff(srt)) + 1]                     # each stratum's first unit
+    before = np.cumsum(w) - w                                              # items before each unit, overall
+    base = np.repeat(before[start], np.diff(np.r_[start, n]))             # ... before its stratum
+    total = np.repeat(np.add.reduceat(w, start), np.diff(np.r_[start, n]))
+    middle = before - base + w / 2
+    cuts = np.cumsum(np.asarray(fractions, np.float64))[:-1]
+    split = (middle[:, None] >= cuts[None, :] * total[:, None]).sum(axis=1)
+    per_unit = np.empty(n, np.int64)
+    per_unit[order] = split
+    return per_unit[unit]
 
 
 def _where(table: Any) -> Any:

@@ -184,6 +184,8 @@ def check_columns(recipe: Any, table: str, names: list[str]) -> list[str]:
             wanted.append((sp.column, "split.column"))
         if sp.group is not None:
             wanted.append((sp.group if isinstance(sp.group, str) else sp.group.column, "split.group"))
+        if sp.stratify is not None:
+            wanted.append((sp.stratify, "split.stratify"))
     if isinstance(inp.where, str):
         from .where import where_columns
 

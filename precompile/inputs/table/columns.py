@@ -209,6 +209,8 @@ def _uses(recipe: Any) -> list[tuple[str, str, str, bool]]:
         out.append((sp.column, "split column", "split.column", True))
     if sp is not None and sp.group is not None:
         out.append((sp.group if isinstance(sp.group, str) else sp.group.column, "group", "split.group", True))
+    if sp is not None and sp.stratify is not None:
+        out.append((sp.stratify, "stratify column", "split.stratify", True))
     return out
 
 
@@ -509,7 +511,8 @@ def _assemble(recipe: Any, cols: _Columns, keys: tuple[Any, Any], rels: dict, or
     sp = recipe.model.split
     factors = {}
     if sp is not None:
-        for c in (sp.column, sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)):
+        for c in (sp.column, sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None),
+                  sp.stratify):
             if c is not None:
                 factors[c] = _factor(cols, c, order)
     return Inputs(table, label_names, factors)

@@ -468,6 +468,53 @@ def test_an_unknown_column_names_the_table_and_its_columns(tmp_path):
         _kept(_recipe(str(path), "Agee > 3"))
 
 
+@pytest.mark.parametrize("header,text,hint", [
+    ("id,Age,word", "age > 3", "did you mean 'Age'?"),                       # case
+    ("id,Age,word", "Agee > 3", "did you mean 'Age'?"),                      # a typo
+    ("id, Age,word", "Age > 3", "did you mean ' Age'?"),                     # a space the header keeps
+    ("id,\u00c2ge,word", "`A\u0302ge` > 3", "did you mean '\u00c2ge'?"),   # unicode: NFD in the recipe, NFC in the file
+    ("id,Frontal/Lateral,word", "`frontal lateral` == 'x'", "did you mean 'Frontal/Lateral'?"),
+])
+def test_an_unknown_column_suggests_the_close_ones(tmp_path, header, text, hint):
+    path = tmp_path / "t.csv"
+    path.write_text(header + "\nr1,1,x\n", encoding="utf-8")
+    with pytest.raises(RecipeError) as e:
+        _kept(_recipe(str(path), text))
+    assert str(e.value).endswith(hint), str(e.value)
+    assert "no column " in str(e.value) and "(columns: id, " in str(e.value)
+
+
+def test_an_unknown_column_far_from_all_suggests_nothing(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("id,Age,word\nr1,1,x\n")
+    with pytest.raises(RecipeError) as e:
+        _kept(_recipe(str(path), "zzzz > 3"))
+    assert str(e.value).endswith("no column 'zzzz' (columns: id, Age, word)"), str(e.value)
+
+
+def test_unknown_column_messages_are_bounded(tmp_path):
+    """A 3,000-character column name and a 3,000-column header: the message quotes each in bounded length and says
+    how many columns there are."""
+    long = "x" * 3000
+    path = tmp_path / "t.csv"
+    path.write_text(f"id,word,{long}," + ",".join(f"c{i}" for i in range(3000)) + "\nr1,a,1" + ",1" * 3000 + "\n")
+    with pytest.raises(RecipeError) as e:
+        _kept(_recipe(str(path), f"`{long}y` == 1"))
+    msg = str(e.value)
+    assert len(msg) < 1200 and "no column 'xxxxx" in msg and "'... (3001 characters) (columns: id, word, " in msg, msg
+    assert msg.endswith(", ... (3003 columns)); did you mean 'xxxxxxxx" + "x" * 52 + "'... (3000 characters)?"), msg
+    with pytest.raises(RecipeError) as e:
+        _kept(_recipe(str(path), "zz == 1"))
+    msg = str(e.value)
+    assert len(msg) < 1200 and msg.endswith(", ... (3003 columns))"), msg
+    with pytest.raises(RecipeError, match=r"column 'xxxxx+'\.\.\. \(3000 characters\) of .*t\.csv holds text values; "
+                                          r"a column alone is a condition"):
+        _kept(_recipe(str(path), f"`{long}`"))
+    with pytest.raises(RecipeError) as e:
+        _kept(_recipe(str(path), f"`{long}`"))
+    assert len(str(e.value)) < 800, len(str(e.value))
+
+
 def test_where_on_a_folder_and_a_capture_map_on_a_table_are_refused(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("id,word\nr1,x\n")

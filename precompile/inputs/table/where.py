@@ -384,7 +384,7 @@ class _Evaluator:
         t = _type_name(self.pa, self.cols.col(name).type)
         files = self.cols.files
         of = files[0] if len(files) == 1 else f"{files[0]} and {len(files) - 1} more table file(s)"
-        return RecipeError(f"at character {pos + 1}: column {name!r} of {of} holds {t} values; {what}",
+        return RecipeError(f"at character {pos + 1}: column {echo(name)} of {of} holds {t} values; {what}",
                            source=self.cols.source, loc="inputs.where")
 
     def values(self, name: str) -> Any:
@@ -462,8 +462,9 @@ class _Evaluator:
             elif tag == "truth":
                 col = n[1][1]
                 if self.kind(col) not in ("boolean", "null"):
+                    quoted = "`" + col.replace("`", "``") + "`" if len(col) <= 60 else "`...`"
                     raise self.type_error(col, f"a column alone is a condition only when it holds booleans; compare "
-                                               f"it (`{col}` == ...)", n[2])
+                                               f"it ({quoted} == ...)", n[2])
 
     def _number_use(self, name: str, pos: int) -> None:
         if self.kind(name) == "text":

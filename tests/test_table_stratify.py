@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import json
 import random
 from pathlib import Path
 
@@ -211,3 +212,38 @@ def test_adding_a_group_moves_only_groups_of_its_class_and_few_rows_per_cut(tmp_
         assert all(x < n + largest for x in crossed), (crossed, n, largest)
         moved_any += bool(moved)
     assert moved_any
+
+
+def test_stratify_a_json_lines_number_column_with_a_group_pattern(tmp_path):
+    """Classes from a typed column (JSON Lines numbers, nulls one blank class), groups cut from the key by
+    split.group.pattern: no patient in two splits, each class within its largest patient of its share (truth from
+    the rows json.loads reads back)."""
+    r = random.Random(21)
+    rows, i = [], 0
+    for p in range(80):
+        c = r.choice([0, 1, 1, 2, 2, 2, None])
+        for _ in range(r.randint(1, 5)):
+            rows.append({"id": f"patient{p:03d}/study{i:04d}", "cls": c})
+            i += 1
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    back = [json.loads(line) for line in path.read_text().splitlines()]
+    rec = {"name": "s", "inputs": {"root": ".", "table": str(path), "key": "id",
+                                   "columns": {"k": {"column": "id", "kind": "text"}}},
+           "split": {"by": "hash", "fractions": {"train": 0.6, "val": 0.2, "test": 0.2}, "stratify": "cls",
+                     "group": {"column": "id", "pattern": r"^patient(\d+)/"}}}
+    plan = make_plan(load_recipe(rec))
+    got = {k: s.split for s in plan.shards for k in s.table.keys.to_list(s.rows)}
+    assert sorted(got) == sorted(row["id"] for row in back)
+    patient = {row["id"]: row["id"].split("/")[0] for row in back}
+    where: dict[str, str] = {}
+    for k, s in got.items():
+        assert where.setdefault(patient[k], s) == s, k
+    sizes = collections.Counter(patient.values())
+    per_class = collections.Counter(row["cls"] for row in back)
+    largest = {c: max(sizes[patient[row["id"]]] for row in back if row["cls"] == c) for c in per_class}
+    held = collections.Counter((row["cls"], got[row["id"]]) for row in back)
+    for c, n in per_class.items():
+        for s, f in rec["split"]["fractions"].items():
+            assert abs(held[(c, s)] - f * n) <= largest[c], (c, s, held[(c, s)], f * n, largest[c])
+    assert {c for c, _ in held} == {0, 1, 2, None}

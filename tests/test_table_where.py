@@ -333,6 +333,24 @@ def test_sql_nulls_blank_cells_and_not(tmp_path):
     assert _kept(_recipe(t, "Age not in [30]"))[0] == ["r3"]
 
 
+def test_a_where_that_keeps_no_row_says_so(tmp_path):
+    """Before, a where leaving every row out read "table 't.csv' has no rows", of a table holding rows."""
+    (tmp_path / "a.csv").write_text("id,Age,word\nr1,1,x\nr2,2,y\n")
+    from precompile.compiler.plan import make_plan
+    from precompile.errors import PlanError
+
+    rec = _recipe(str(tmp_path / "a.csv"), "Age > 5 and word == '" + "y" * 500 + "'")
+    assert _kept(rec)[0] == []
+    with pytest.raises(PlanError) as e:
+        make_plan(load_recipe(rec))
+    msg = str(e.value)
+    assert msg.startswith(f"table {str(tmp_path / 'a.csv')!r} has no rows that inputs.where keeps (\"Age > 5 and "), msg
+    assert msg.endswith("... (522 characters))") and len(msg) < 400, msg
+    (tmp_path / "a.csv").write_text("id,Age,word\n")
+    with pytest.raises(PlanError, match=r"a\.csv' has no rows$"):   # without where, as before
+        make_plan(load_recipe(_recipe(str(tmp_path / "a.csv"), None)))
+
+
 def test_where_was_refused_for_tables_before(tmp_path):
     """Before issue 35 a table recipe with where was refused (table inputs take no where); now it keeps rows."""
     path = tmp_path / "t.csv"

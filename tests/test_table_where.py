@@ -533,6 +533,21 @@ def test_unknown_column_messages_are_bounded(tmp_path):
     assert len(str(e.value)) < 800, len(str(e.value))
 
 
+def test_unicode_bare_names_are_pythons_identifiers(tmp_path):
+    """A bare column name is what Python calls an identifier: combining marks (NFD \u00c2, Devanagari vowel signs)
+    continue a name, as str.isidentifier says; before, the tokenizer stopped at the mark ("unexpected character")."""
+    names = ["A\u0302ge", "\u0928\u093e\u092e", "\u00e9t\u00e9", "x\u0301"]
+    for name in names:
+        assert name.isidentifier()
+    path = tmp_path / "t.csv"
+    path.write_text("id,word," + ",".join(names) + "\nr1,w,1,a,x,5\nr2,w,2,b,y,6\n", encoding="utf-8")
+    assert _kept(_recipe(str(path), f"{names[0]} > 1 and {names[1]} == 'b' and {names[2]} != 'x' and {names[3]} >= 6"))[0] \
+        == ["r2"]
+    with pytest.raises(RecipeError, match=r"at character 2 \('~b == 1'\): unexpected character '~' \(a column name "
+                                          r"holding it goes in backquotes: `a~b`\)"):
+        load_recipe(_recipe(str(path), "a~b == 1"))
+
+
 def test_where_on_a_folder_and_a_capture_map_on_a_table_are_refused(tmp_path):
     path = tmp_path / "t.csv"
     path.write_text("id,word\nr1,x\n")

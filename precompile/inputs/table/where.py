@@ -4,7 +4,7 @@ evaluated a column at a time with pyarrow.compute.
 
 The language (docs/tables.md, "Selecting rows: where"):
 
-- values: a column (a bare name, ``Age``, or any name in backquotes, ```Frontal/Lateral```, a backquote
+- values: a column (a bare name, ``Age``, running on as a Python identifier does, or any name in backquotes, ```Frontal/Lateral```, a backquote
   written twice inside), a string (``"Male"`` or ``'Male'``; escapes ``\\\\ \\" \\' \\n \\t \\r``), a number
   (``3``, ``-2.5``, ``1e3``), ``true``, ``false``, ``null``;
 - comparisons ``==``, ``!=``, ``<``, ``<=``, ``>``, ``>=`` of a column with a literal (either side; two
@@ -110,16 +110,27 @@ class _Parser:
                     raise self.fail(pos, "'!' is no operator: write != or not")
                 if text.startswith(("&&", "||"), pos):
                     raise self.fail(pos, f"{text[pos:pos + 2]!r} is no operator: write and, or")
-                raise self.fail(pos, f"unexpected character {c!r}")
+                hint = ""
+                if out and out[-1][0] in ("col", "kw") and text[out[-1][2]:pos].isidentifier():   # a name's neighbour
+                    end = pos
+                    while end < len(text) and not text[end].isspace() and text[end] not in "()[],=<>!\"'`":
+                        end += 1
+                    name = text[out[-1][2]:end]
+                    if len(name) <= 60:
+                        hint = f" (a column name holding it goes in backquotes: `{name}`)"
+                raise self.fail(pos, f"unexpected character {c!r}{hint}")
             kind = m.lastgroup
             if kind == "num":
                 out.append(("num", _number(m.group(), lambda what: self.fail(m.start(), what)), pos))
             elif kind == "name":
-                word = m.group()
+                end = m.end()   # a name runs on as a Python identifier does (combining marks: NFD, Devanagari)
+                while end < len(text) and ("a" + text[end]).isidentifier():
+                    end += 1
+                word = text[pos:end]
                 out.append(("kw", word.lower(), pos) if word.lower() in KEYWORDS else ("col", word, pos))
             elif kind == "op":
                 out.append(("op", m.group(), pos))
-            pos = m.end()
+            pos = end if kind == "name" else m.end()
         out.append(("end", None, len(text)))
         return out
 

@@ -441,6 +441,41 @@ def test_typed_columns_parquet_and_their_type_errors(tmp_path):
         _kept(_recipe(p, "word"))
 
 
+def test_numbers_compare_exactly_beyond_2_53(tmp_path):
+    """Integers compare exactly with floats, as Python compares them: an int64 column with 2.5 or 9.3e18, a float
+    column (text read by float()) with an integer no float holds. Before, a literal beyond 2**53 against a float
+    column crashed in pyarrow (ArrowInvalid: "outside of the range exactly representable"), and an int64
+    column was rounded to floats against a float literal."""
+    import operator
+    import pyarrow.parquet as pq
+
+    big = 2 ** 53
+    ints = [big, big + 1, big - 1, 5, -7, 2 ** 63 - 1, -2 ** 63 + 1, 0]
+    floats = [float(big), 0.5, -2.5, 1e300, float(2 ** 63), 3.0, -0.0]
+    texts = ["9007199254740993", "9007199254740992", "1e16", "2.5", "-3", "7"]
+    n = max(len(ints), len(floats), len(texts))
+    ids = [f"r{i}" for i in range(n)]
+    col = {"i": ints + [None] * (n - len(ints)), "f": floats + [None] * (n - len(floats)),
+           "t": texts + [None] * (n - len(texts))}
+    pq.write_table(pa.table({"id": ids, "i": pa.array(col["i"], pa.int64()), "f": pa.array(col["f"], pa.float64()),
+                             "t": col["t"], "word": ["x"] * n}), tmp_path / "t.parquet")
+    lits = [big, big + 1, big - 1, 2 ** 63 - 1, -(2 ** 63) + 1, 2.5, -2.5, 9.3e18, 1e300, -1e300, float(big), 5, 0,
+            9.007199254740993e15, 3]
+    ops = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+           ">=": operator.ge}
+    p = str(tmp_path / "t.parquet")
+    for c in ("i", "f", "t"):
+        cells = [None if v is None else float(v) if c == "t" else v for v in col[c]]
+        for lit in lits:
+            for op, fn in ops.items():
+                want = [k for k, v in zip(ids, cells) if v is not None and fn(v, lit)]
+                assert _kept(_recipe(p, f"{c} {op} {lit!r}"))[0] == want, (c, op, lit)
+            want = [k for k, v in zip(ids, cells) if v is not None and v in (lit, 3)]
+            assert _kept(_recipe(p, f"{c} in [{lit!r}, 3]"))[0] == want, (c, "in", lit)
+            want = [k for k, v in zip(ids, cells) if v is not None and v not in (lit, 3)]
+            assert _kept(_recipe(p, f"{c} not in [{lit!r}, 3]"))[0] == want, (c, "not in", lit)
+
+
 # -- hostile expressions: each a clear error, never a crash -------------------------------------------------------------
 HOSTILE = [
     ("(" * (MAX_DEPTH + 1) + "a == 1" + ")" * (MAX_DEPTH + 1), rf"at character {MAX_DEPTH + 1} .*nested deeper than "

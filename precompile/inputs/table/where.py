@@ -567,35 +567,80 @@ class _Evaluator:
             name, k = col[1], self.kind(col[1])
             if k == "null":
                 return self.unknown()
-            if not vals:
-                res = self.known(self.values(name), pa.repeat(pa.scalar(False), self.cols.n))
+            arr, vset = self._pair(name, list(vals)) if vals else (self.values(name), None)
+            if vset is None or not len(vset):   # (an empty list, or no value any cell can equal)
+                res = self.known(arr, pa.repeat(pa.scalar(False), self.cols.n))
             else:
-                arr, vset = self._pair(name, vals[0], list(vals))
                 res = self.known(arr, pc.is_in(arr, value_set=vset))
             return pc.invert(res) if neg else res
         _, op, left, right, _ = n   # cmp
         name = left[1]
         if self.kind(name) == "null":
             return self.unknown()
-        arr, scalar = self._pair(name, right[1], None)
-        return self.ops[op](arr, scalar)
+        lit = right[1]
+        if _kind_of(lit) != "number":
+            arr = self.values(name)
+            return self.ops[op](arr, pa.scalar(lit, arr.type if isinstance(lit, str) else pa.bool_()))
+        arr = self._number_array(name)
+        exact = exact_comparison(op, lit, pa.types.is_integer(arr.type))
+        if isinstance(exact, bool):   # the same for every number: only nulls differ
+            return self.known(arr, pa.repeat(pa.scalar(exact), self.cols.n))
+        op, lit = exact
+        return self.ops[op](arr, pa.scalar(lit, arr.type))
 
-    def _pair(self, name: str, lit: Any, many: Optional[list]) -> tuple[Any, Any]:
-        """The column and a literal (or the list ``many``) in types pyarrow compares exactly."""
+    def _number_array(self, name: str) -> Any:
+        """A column compared with numbers as int64 (an integer column) or float64 (any other)."""
         pa = self.pa
-        k = _kind_of(lit)
-        if k == "number":
-            arr = self.numbers(name)
-            ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (many if many is not None else [lit]))
-            if pa.types.is_integer(arr.type) and ints:
-                typ = pa.int64()
-            else:
-                typ = pa.float64()
-                arr = arr.cast(typ, safe=False) if arr.type != typ else arr   # (int64 beyond 2**53: rounded)
-            return arr, (pa.array(many, typ) if many is not None else pa.scalar(lit, typ))
+        arr = self.numbers(name)
+        typ = pa.int64() if pa.types.is_integer(arr.type) else pa.float64()
+        return arr if arr.type == typ else arr.cast(typ)
+
+    def _pair(self, name: str, many: list) -> tuple[Any, Any]:
+        """The column and the list after ``in`` in the column's type, keeping the values some cell can equal
+        exactly (an integer no float holds never equals a float, 2.5 never an integer)."""
+        pa = self.pa
+        if _kind_of(many[0]) == "number":
+            arr = self._number_array(name)
+            as_int = pa.types.is_integer(arr.type)
+            keep = [e[1] for e in (exact_comparison("==", v, as_int) for v in many) if not isinstance(e, bool)]
+            if not as_int and 0.0 in keep:
+                keep += [0.0, -0.0]   # (is_in hashes -0.0 apart from 0.0; == does not, nor does Python)
+            return arr, pa.array(keep, arr.type)
         arr = self.values(name)
-        typ = arr.type if k == "text" else pa.bool_()
-        return arr, (pa.array(many, typ) if many is not None else pa.scalar(lit, typ))
+        return arr, pa.array(many, arr.type if isinstance(many[0], str) else pa.bool_())
+
+
+INT64 = (-2 ** 63, 2 ** 63 - 1)
+
+
+def exact_comparison(op: str, lit: Union[int, float], as_int: bool) -> Union[bool, tuple[str, Union[int, float]]]:
+    """``x op lit`` for every number ``x`` of an int64 (``as_int``) or float64 column, compared exactly as Python
+    compares an int with a float, rewritten as a comparison with a literal of the column's type (``(op, value)``),
+    or its answer for every number (a bool) when no value of that type equals ``lit``: an integer column
+    against 2.5 (``x < 2.5`` is ``x <= 2``), a float column against an integer no float holds (2**53 + 1:
+    ``x == lit`` is never true, ``x < lit`` is ``x <= 2**53``)."""
+    if as_int:
+        if isinstance(lit, int) or (lit.is_integer() and INT64[0] <= lit <= INT64[1]):
+            return op, int(lit)
+        if op in ("==", "!="):
+            return op == "!="
+        op, bound = ("<=", math.floor(lit)) if op in ("<", "<=") else (">=", math.ceil(lit))
+    else:
+        if isinstance(lit, float):
+            return op, lit
+        f = float(lit)   # (the parser keeps integers within 64 bits: finite)
+        if int(f) == lit:
+            return op, f
+        if op in ("==", "!="):
+            return op == "!="
+        if op in ("<", "<="):
+            return "<=", f if f < lit else math.nextafter(f, -math.inf)
+        return ">=", f if f > lit else math.nextafter(f, math.inf)
+    if bound < INT64[0]:   # every int64 is above it
+        return op == ">="
+    if bound > INT64[1]:
+        return op == "<="
+    return op, bound
 
 
 def evaluate_where(text: str, cols: Any) -> np.ndarray:

@@ -247,3 +247,14 @@ def test_stratify_a_json_lines_number_column_with_a_group_pattern(tmp_path):
         for s, f in rec["split"]["fractions"].items():
             assert abs(held[(c, s)] - f * n) <= largest[c], (c, s, held[(c, s)], f * n, largest[c])
     assert {c for c, _ in held} == {0, 1, 2, None}
+
+
+def test_stratify_by_an_unknown_capture_suggests_the_close_one(tmp_path):
+    (tmp_path / "cat").mkdir()
+    (tmp_path / "cat" / "0.png").write_bytes(b"x")
+    rec = {"name": "f", "inputs": {"root": str(tmp_path), "match": "{label}/{name}.png",
+                                   "fields": {"image": {"decoder": "image"}}},
+           "split": {"by": "hash", "fractions": {"train": 0.75, "val": 0.25}, "stratify": "lable"}}
+    with pytest.raises(RecipeError) as e:
+        make_plan(load_recipe(rec))
+    assert str(e.value) == "split: 'lable' is neither a table column nor a capture of match; did you mean 'label'?"

@@ -24,7 +24,8 @@ import numpy as np
 from ..errors import RecipeError, echo
 from ..formats.names import NAME_RE
 from ..seeding import stable_hash
-from .table.cells import blank
+from .table.cells import blank, close_columns
+from .templates import CAPTURE_RE
 
 def split_group(spec: Any, captures: dict[str, Any]) -> Optional[str]:
     """An item's group value under ``split.group`` (None without one); the pattern's first group when given."""
@@ -65,7 +66,13 @@ def assign_splits(recipe: Any, table: Any, factors: dict[str, tuple[np.ndarray, 
     gcol = sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)
     for col in (sp.column, gcol, sp.stratify):
         if col is not None and col not in factors:
-            raise RecipeError(f"{col!r} is neither a table column nor a capture of match", source=source, loc="split")
+            inp = recipe.model.inputs
+            names = list(factors) + ([m.group(1) for m in CAPTURE_RE.finditer(inp.match)] if getattr(inp, "match", None)
+                                     else [])
+            close = close_columns(col, list(dict.fromkeys(names)))
+            hint = f"; did you mean {', '.join(echo(c, 60) for c in close)}?" if close else ""
+            raise RecipeError(f"{echo(col)} is neither a table column nor a capture of match{hint}", source=source,
+                              loc="split")
     at = _where(table)
     groups = _Groups(sp, gcol, factors[gcol], at) if gcol is not None else None
     checks = [groups.check] if groups is not None else []

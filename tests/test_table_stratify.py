@@ -258,3 +258,20 @@ def test_stratify_by_an_unknown_capture_suggests_the_close_one(tmp_path):
     with pytest.raises(RecipeError) as e:
         make_plan(load_recipe(rec))
     assert str(e.value) == "split: 'lable' is neither a table column nor a capture of match; did you mean 'label'?"
+
+
+def test_the_order_of_the_rows_changes_nothing(tmp_path):
+    """docs/tables.md: same inputs, same seed, same splits, whatever the order of the rows (with and without
+    groups; groups mixing classes too)."""
+    r = random.Random(31)
+    rows = [{"id": f"r{i:04d}", "cls": r.choice(["a", "b", "c", ""]), "grp": f"g{r.randint(0, 60)}"}
+            for i in range(400)]
+    for sp in ({"by": "hash", "fractions": {"train": 0.7, "val": 0.2, "test": 0.1}, "stratify": "cls"},
+               {"by": "hash", "fractions": {"train": 0.7, "val": 0.2, "test": 0.1}, "stratify": "cls", "group": "grp"}):
+        _write(tmp_path / "t.csv", rows)
+        first = _splits(tmp_path / "t.csv", sp, tmp_path)
+        for k in range(3):
+            shuffled = rows[:]
+            random.Random(k).shuffle(shuffled)
+            _write(tmp_path / "t.csv", shuffled)
+            assert _splits(tmp_path / "t.csv", sp, tmp_path) == first

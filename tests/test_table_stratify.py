@@ -275,3 +275,31 @@ def test_the_order_of_the_rows_changes_nothing(tmp_path):
             random.Random(k).shuffle(shuffled)
             _write(tmp_path / "t.csv", shuffled)
             assert _splits(tmp_path / "t.csv", sp, tmp_path) == first
+
+
+@pytest.mark.parametrize("groups", [False, True])
+def test_small_classes_do_not_all_fall_into_the_largest_split(tmp_path, groups):
+    """A long tail (many classes of one or two rows, or of one patient each): each class is within one row (one
+    group) of its share, and the splits still get their fractions overall. Before, every class's line started at
+    0 and each input went where its middle fell: a class of 1 or 2 rows split 0.8/0.1/0.1 was all train, so val
+    and test got none of 2,000 rows."""
+    r = random.Random(41)
+    rows = []
+    for c in range(1000):
+        size = r.choice([1, 2]) if not groups else 1
+        for j in range(size if not groups else r.randint(1, 4)):
+            rows.append({"id": f"r{len(rows):05d}", "cls": f"c{c:04d}", "grp": f"g{c:04d}"})
+    _write(tmp_path / "t.csv", rows)
+    fractions = {"train": 0.8, "val": 0.1, "test": 0.1}
+    sp = {"by": "hash", "fractions": fractions, "stratify": "cls", **({"group": "grp"} if groups else {})}
+    got = _splits(tmp_path / "t.csv", sp, tmp_path)
+    split_of_unit = {row["grp"] if groups else row["id"]: got[row["id"]] for row in rows}
+    per_unit = collections.Counter(split_of_unit.values())
+    n = len(split_of_unit)
+    for s, f in fractions.items():   # 1,000 draws at odds f: 6 sigma is about 6 * sqrt(1000 * 0.1 * 0.9) = 57
+        assert abs(per_unit[s] - f * n) <= 6 * (n * f * (1 - f)) ** 0.5, (s, per_unit, n)
+    per_class = collections.Counter(row["cls"] for row in rows)
+    cls_held = collections.Counter((row["cls"], got[row["id"]]) for row in rows)
+    for c, k in per_class.items():
+        for s, f in fractions.items():
+            assert abs(cls_held[(c, s)] - f * k) <= (k if groups else 1) + 1e-9

@@ -7,7 +7,9 @@ else and adding inputs never moves an old one; or by a column naming each input'
 With ``split.stratify`` (a column or capture holding each input's class) the hash orders, and the fractions
 cut (:func:`stratified_splits`): each class's inputs (or groups) in the order of their hashes are cut at the
 fractions, so every split holds each class in the fractions' proportions, within one input per class and
-split (with groups of one class each, within the largest group of the class). An input's split then depends
+split (with groups of one class each, within the largest group of the class); each class's line starts at
+a phase drawn from the seed and the class, so small classes spread over the splits at the fractions' odds.
+An input's split then depends
 on the other inputs of its class: adding one input moves at most one old input of its class across each cut;
 adding a group moves only groups of its class, across each cut fewer rows than the new group and the class's
 largest group hold together.
@@ -85,7 +87,8 @@ def assign_splits(recipe: Any, table: Any, factors: dict[str, tuple[np.ndarray, 
         if sp.stratify is not None:
             units = table.keys.to_list() if groups is None else groups.values
             unit = np.arange(len(table), dtype=np.int64) if groups is None else groups.ids
-            codes = stratified_splits(list(sp.fractions.values()), seed, units, unit, _classes(factors[sp.stratify]))
+            classes, phases = _classes(factors[sp.stratify], seed)
+            codes = stratified_splits(list(sp.fractions.values()), seed, units, unit, classes, phases)
         elif groups is None:
             codes = np.fromiter((pos[hash_split(sp.fractions, seed, k)] for k in table.keys.to_list()),
                                 np.int64, len(table))
@@ -95,25 +98,33 @@ def assign_splits(recipe: Any, table: Any, factors: dict[str, tuple[np.ndarray, 
     return table
 
 
-def _classes(factor: tuple[np.ndarray, list]) -> np.ndarray:
+def _classes(factor: tuple[np.ndarray, list], seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Per item: its class under ``split.stratify``, as the rank of the class's text among the distinct ones
-    (every blank cell one class, ranked first), so ties and orders never depend on the order rows came in."""
+    (every blank cell one class, ranked first), so ties and orders never depend on the order rows came in; and
+    per class, its phase in [0, 1): a stable hash of the seed and the class's text."""
     codes, cells = factor
     texts = [None if blank(v) else str(v) for v in cells]
-    ranks = {t: i for i, t in enumerate(sorted(set(texts), key=lambda t: (t is not None, t or "")))}
-    return np.array([ranks[t] for t in texts], np.int64)[codes] if cells else np.zeros(len(codes), np.int64)
+    distinct = sorted(set(texts), key=lambda t: (t is not None, t or ""))
+    ranks = {t: i for i, t in enumerate(distinct)}
+    phases = np.array([stable_hash(f"split:{int(seed)}:" + ("blank" if t is None else f"class:{t}")) / 2.0 ** 64
+                       for t in distinct] or [0.0], np.float64)
+    return (np.array([ranks[t] for t in texts], np.int64)[codes] if cells else np.zeros(len(codes), np.int64)), phases
 
 
 def stratified_splits(fractions: list[float], seed: int, units: list[str], unit: np.ndarray,
-                      classes: np.ndarray) -> np.ndarray:
+                      classes: np.ndarray, phases: np.ndarray) -> np.ndarray:
     """Each item's split (an index into ``fractions``) such that every split holds each class in the
     fractions' proportions. ``units``: the names hashed (each item's key, or each group's value), ``unit``:
-    each item's unit, ``classes``: each item's class. A unit's stratum is its most frequent class (ties: the
-    first); each stratum's units, in the order of ``stable_hash(seed, name)`` (the hash ``by: hash`` uses),
-    are laid end to end, each as long as its items, and a unit goes to the split whose share of the stratum
-    holds its middle. A split's items of a stratum are then within one unit's length of the fraction (for
-    single items: within one item). Adding a unit of ``w`` items shifts the stratum's cuts and the units after
-    it by at most ``w`` relative to each other, so it moves only units of its stratum whose middles lie within
+    each item's unit, ``classes``: each item's class, ``phases``: each class's phase in [0, 1). A unit's
+    stratum is its most frequent class (ties: the first); each stratum's units, in the order of
+    ``stable_hash(seed, name)`` (the hash ``by: hash`` uses), are laid end to end from 0, each as long as its
+    items, and a unit goes to the split whose share of the stratum holds its point: the place at the stratum's
+    phase along the unit (single items: ``k + phase``). A split's items of a stratum are then within one
+    unit's length of the fraction (for single items: strictly within one item), and, the phase being the
+    class's, a stratum of one unit goes to each split at the odds of its fraction: small classes spread
+    over the splits as the fractions say, where a point at each unit's middle sent every class of one or two
+    items to the same split. Adding a unit of ``w`` items shifts the stratum's cuts and the units after it
+    by at most ``w`` relative to each other, so it moves only units of its stratum whose points lie within
     ``w`` of a cut: for single items at most one per cut, else fewer items per cut than ``w`` plus the
     stratum's widest unit."""
     n = len(units)
@@ -135,9 +146,10 @@ def stratified_splits(fractions: list[float], seed: int, units: list[str], unit:
     before = np.cumsum(w) - w                                              # items before each unit, overall
     base = np.repeat(before[start], np.diff(np.r_[start, n]))             # ... before its stratum
     total = np.repeat(np.add.reduceat(w, start), np.diff(np.r_[start, n]))
-    middle = before - base + w / 2
+    phase = phases[srt]
+    point = before - base + phase * w                                      # each unit's point on its line
     cuts = np.cumsum(np.asarray(fractions, np.float64))[:-1]
-    split = (middle[:, None] >= cuts[None, :] * total[:, None]).sum(axis=1)
+    split = (point[:, None] >= cuts[None, :] * total[:, None]).sum(axis=1)
     per_unit = np.empty(n, np.int64)
     per_unit[order] = split
     return per_unit[unit]

@@ -126,7 +126,7 @@ class SplitSpec(_Model):
     fractions: Optional[dict[str, float]] = Field(None, description="by: hash: split name -> fraction (sum 1)")
     seed: Optional[int] = Field(None, ge=0, description="default: the recipe's seed")
     stratify: Optional[str] = Field(
-        None, exclude_if=lambda v: v is None,   # absent: the recipe's key as before the option existed
+        None,   # absent: left out of Recipe.resolved(), so the recipe's key is as before the option existed
         description="by: hash: the column (or capture) whose classes every split holds in the fractions' "
                     "proportions (within one row per class and split; with group, within its largest group)")
 
@@ -607,6 +607,8 @@ class Recipe:
             del d["inputs"]["follow_links"]   # the default: hashes as before the key existed
         if d["split"] is None:
             del d["split"]
+        elif d["split"]["stratify"] is None:
+            del d["split"]["stratify"]   # (pydantic's exclude_if would do this, but only from 2.11; the floor is 2.5)
         if d["limits"] == Limits().model_dump(mode="json"):
             del d["limits"]   # the default budgets: hashes as before the key existed
         if not d["stats"]:

@@ -303,3 +303,17 @@ def test_small_classes_do_not_all_fall_into_the_largest_split(tmp_path, groups):
     for c, k in per_class.items():
         for s, f in fractions.items():
             assert abs(cls_held[(c, s)] - f * k) <= (k if groups else 1) + 1e-9
+
+
+def test_a_split_without_stratify_keeps_its_recipe_key(tmp_path):
+    """stratify absent is left out of the resolved recipe (its key as before the option existed, on every pydantic
+    the project takes); given, it is in the key."""
+    _write(tmp_path / "t.csv", [{"id": "r1", "cls": "a"}])
+    rec = {"name": "s", "inputs": {"root": ".", "table": str(tmp_path / "t.csv"), "key": "id",
+                                   "columns": {"c": {"column": "cls", "kind": "text"}}},
+           "split": {"by": "hash", "fractions": {"a": 0.5, "b": 0.5}}}
+    plain = load_recipe(rec)
+    assert plain.resolved()["split"] == {"by": "hash", "column": None, "group": None, "fractions": {"a": 0.5, "b": 0.5},
+                                         "seed": None}
+    strat = load_recipe(dict(rec, split=dict(rec["split"], stratify="cls")))
+    assert strat.resolved()["split"]["stratify"] == "cls" and strat.content_hash() != plain.content_hash()

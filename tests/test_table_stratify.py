@@ -317,3 +317,34 @@ def test_a_split_without_stratify_keeps_its_recipe_key(tmp_path):
                                          "seed": None}
     strat = load_recipe(dict(rec, split=dict(rec["split"], stratify="cls")))
     assert strat.resolved()["split"]["stratify"] == "cls" and strat.content_hash() != plain.content_hash()
+
+
+def test_a_stratified_build_round_trip(tmp_path):
+    """Build -> read: each split's output holds the kept rows the plan gave it, every sample's label is its row's
+    class (read back with Python's csv module), each class within one row of its share in every split, and a
+    second build writes nothing."""
+    import precompile
+
+    r = random.Random(51)
+    rows = _write(tmp_path / "t.csv", [{"id": f"r{i:03d}", "cls": r.choice(["cat", "cat", "dog", "emu"]),
+                                        "age": str(r.randint(1, 99))} for i in range(150)])
+    rec = {"name": "t", "inputs": {"root": ".", "table": str(tmp_path / "t.csv"), "key": "id", "where": "age >= 10",
+                                   "columns": {"y": {"column": "cls", "kind": "label"}}},
+           "split": {"by": "hash", "fractions": {"train": 0.6, "val": 0.3, "test": 0.1}, "stratify": "cls"}}
+    rep = precompile.build(rec, tmp_path / "out")
+    kept = {row["id"]: row["cls"] for row in rows if int(row["age"]) >= 10}
+    got: dict[str, str] = {}
+    for name, info in rep["splits"].items():
+        ds = precompile.open(info["output"])
+        for i, k in enumerate(ds.keys):
+            assert k not in got
+            got[k] = name
+            assert ds.label_names[int(ds[i]["y"])] == kept[k], k
+    assert sorted(got) == sorted(kept)
+    per_class = collections.Counter(kept.values())
+    held = collections.Counter((kept[k], s) for k, s in got.items())
+    for c, n in per_class.items():
+        for s, f in rec["split"]["fractions"].items():
+            assert abs(held[(c, s)] - f * n) < 1, (c, s, held[(c, s)], f * n)
+    again = precompile.build(rec, tmp_path / "out")
+    assert again["shards"]["built"] == 0, again["shards"]

@@ -476,6 +476,32 @@ def test_numbers_compare_exactly_beyond_2_53(tmp_path):
             assert _kept(_recipe(p, f"{c} not in [{lit!r}, 3]"))[0] == want, (c, "not in", lit)
 
 
+def test_unsigned_and_small_integer_columns_compare_exactly(tmp_path):
+    """A Parquet uint64 column holding values beyond 2**63 crashed every comparison (pyarrow's ArrowInvalid: "not in
+    range: 0 to 9223372036854775807"); uint64, uint32, int8 and float32 columns now compare exactly, as Python's
+    own comparisons of the same values say, with literals inside and outside their range."""
+    import operator
+    import pyarrow.parquet as pq
+
+    data = {"u64": ([0, 2 ** 64 - 1, None, 5, 2 ** 63, 1], pa.uint64()), "u32": ([0, 7, None, 5, 2 ** 32 - 1, 1],
+                                                                                  pa.uint32()),
+            "i8": ([1, -2, None, 127, -128, 5], pa.int8()), "f32": ([0.5, -1.0, None, 3.0, 1e30, 2.5], pa.float32())}
+    ids = [f"r{i}" for i in range(6)]
+    pq.write_table(pa.table({"id": ids, "word": ["x"] * 6, **{c: pa.array(v, t) for c, (v, t) in data.items()}}),
+                   tmp_path / "t.parquet")
+    p = str(tmp_path / "t.parquet")
+    ops = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+           ">=": operator.ge}
+    for c, (values, typ) in data.items():
+        cells = pa.array(values, typ).to_pylist()   # float32 values as the column holds them
+        for lit in [-1, 0, 5, 127, 128, 2 ** 63 - 1, 2.5, -0.5, 1e30, 1e300, -1e300, 9.3e18, 1.8446744073709552e19]:
+            for op, fn in ops.items():
+                want = [k for k, v in zip(ids, cells) if v is not None and fn(v, lit)]
+                assert _kept(_recipe(p, f"{c} {op} {lit!r}"))[0] == want, (c, op, lit)
+            want = [k for k, v in zip(ids, cells) if v is not None and v in (lit, 1)]
+            assert _kept(_recipe(p, f"{c} in [{lit!r}, 1]"))[0] == want, (c, "in", lit)
+
+
 # -- hostile expressions: each a clear error, never a crash -------------------------------------------------------------
 HOSTILE = [
     ("(" * (MAX_DEPTH + 1) + "a == 1" + ")" * (MAX_DEPTH + 1), rf"at character {MAX_DEPTH + 1} .*nested deeper than "

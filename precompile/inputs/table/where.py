@@ -409,9 +409,8 @@ class _Evaluator:
                 arr = pc.if_else(pa.array(blank), pa.scalar(None, arr.type), arr) if blank.any() else arr
             elif pa.types.is_decimal(arr.type):
                 arr = arr.cast(pa.float64())
-            elif pa.types.is_integer(arr.type) and not pa.types.is_signed_integer(arr.type):
-                arr = arr.cast(pa.int64()) if not pc.any(pc.greater(arr, 2 ** 63 - 1)).as_py() else \
-                    arr.cast(pa.float64())
+            elif pa.types.is_integer(arr.type):   # every integer as int64 or uint64: compared exactly
+                arr = arr.cast(pa.int64() if pa.types.is_signed_integer(arr.type) else pa.uint64())
             if pa.types.is_floating(arr.type):
                 arr = pc.if_else(pc.is_nan(arr), pa.scalar(None, arr.type), arr)
             self._values[name] = arr
@@ -582,18 +581,22 @@ class _Evaluator:
             arr = self.values(name)
             return self.ops[op](arr, pa.scalar(lit, arr.type if isinstance(lit, str) else pa.bool_()))
         arr = self._number_array(name)
-        exact = exact_comparison(op, lit, pa.types.is_integer(arr.type))
+        exact = exact_comparison(op, lit, self._range(arr))
         if isinstance(exact, bool):   # the same for every number: only nulls differ
             return self.known(arr, pa.repeat(pa.scalar(exact), self.cols.n))
         op, lit = exact
         return self.ops[op](arr, pa.scalar(lit, arr.type))
 
     def _number_array(self, name: str) -> Any:
-        """A column compared with numbers as int64 (an integer column) or float64 (any other)."""
+        """A column compared with numbers as int64 or uint64 (an integer column) or float64 (any other)."""
         pa = self.pa
         arr = self.numbers(name)
-        typ = pa.int64() if pa.types.is_integer(arr.type) else pa.float64()
+        typ = arr.type if arr.type in (pa.int64(), pa.uint64()) else pa.float64()
         return arr if arr.type == typ else arr.cast(typ)
+
+    def _range(self, arr: Any) -> Optional[tuple[int, int]]:
+        """The integers the column's type holds (None: floats)."""
+        return UINT64 if arr.type == self.pa.uint64() else INT64 if arr.type == self.pa.int64() else None
 
     def _pair(self, name: str, many: list) -> tuple[Any, Any]:
         """The column and the list after ``in`` in the column's type, keeping the values some cell can equal
@@ -601,9 +604,9 @@ class _Evaluator:
         pa = self.pa
         if _kind_of(many[0]) == "number":
             arr = self._number_array(name)
-            as_int = pa.types.is_integer(arr.type)
-            keep = [e[1] for e in (exact_comparison("==", v, as_int) for v in many) if not isinstance(e, bool)]
-            if not as_int and 0.0 in keep:
+            ints = self._range(arr)
+            keep = [e[1] for e in (exact_comparison("==", v, ints) for v in many) if not isinstance(e, bool)]
+            if ints is None and 0.0 in keep:
                 keep += [0.0, -0.0]   # (is_in hashes -0.0 apart from 0.0; == does not, nor does Python)
             return arr, pa.array(keep, arr.type)
         arr = self.values(name)
@@ -611,36 +614,43 @@ class _Evaluator:
 
 
 INT64 = (-2 ** 63, 2 ** 63 - 1)
+UINT64 = (0, 2 ** 64 - 1)
 
 
-def exact_comparison(op: str, lit: Union[int, float], as_int: bool) -> Union[bool, tuple[str, Union[int, float]]]:
-    """``x op lit`` for every number ``x`` of an int64 (``as_int``) or float64 column, compared exactly as Python
-    compares an int with a float, rewritten as a comparison with a literal of the column's type (``(op, value)``),
-    or its answer for every number (a bool) when no value of that type equals ``lit``: an integer column
-    against 2.5 (``x < 2.5`` is ``x <= 2``), a float column against an integer no float holds (2**53 + 1:
-    ``x == lit`` is never true, ``x < lit`` is ``x <= 2**53``)."""
-    if as_int:
-        if isinstance(lit, int) or (lit.is_integer() and INT64[0] <= lit <= INT64[1]):
+def exact_comparison(op: str, lit: Union[int, float],
+                     ints: Optional[tuple[int, int]]) -> Union[bool, tuple[str, Union[int, float]]]:
+    """``x op lit`` for every number ``x`` of an integer column holding ``ints`` (its type's range: int64 or
+    uint64) or, ``ints`` None, of a float64 column, compared exactly as Python compares an int with a float,
+    rewritten as a comparison with a literal of the column's type (``(op, value)``), or its answer for every
+    number (a bool) when the column's type cannot hold the literal: an integer column against 2.5 (``x < 2.5``
+    is ``x <= 2``) or against -1 when unsigned (``x > -1`` is true), a float column against an integer no float
+    holds (2**53 + 1: ``x == lit`` is never true, ``x < lit`` is ``x <= 2**53``)."""
+    if ints is not None:
+        if isinstance(lit, float) and lit.is_integer() and ints[0] <= lit <= ints[1]:
             return op, int(lit)
-        if op in ("==", "!="):
-            return op == "!="
-        op, bound = ("<=", math.floor(lit)) if op in ("<", "<=") else (">=", math.ceil(lit))
-    else:
-        if isinstance(lit, float):
+        if isinstance(lit, int) and ints[0] <= lit <= ints[1]:
             return op, lit
-        f = float(lit)   # (the parser keeps integers within 64 bits: finite)
-        if int(f) == lit:
-            return op, f
         if op in ("==", "!="):
             return op == "!="
-        if op in ("<", "<="):
-            return "<=", f if f < lit else math.nextafter(f, -math.inf)
-        return ">=", f if f > lit else math.nextafter(f, math.inf)
-    if bound < INT64[0]:   # every int64 is above it
-        return op == ">="
-    if bound > INT64[1]:
-        return op == "<="
-    return op, bound
+        if isinstance(lit, float):   # (not an integer, or out of range: then clamped below)
+            op, bound = ("<=", math.floor(lit)) if op in ("<", "<=") else (">=", math.ceil(lit))
+        else:
+            op, bound = {"<": ("<=", lit - 1), "<=": ("<=", lit), ">": (">=", lit + 1), ">=": (">=", lit)}[op]
+        if bound < ints[0]:   # every value of the type is above it
+            return op == ">="
+        if bound > ints[1]:
+            return op == "<="
+        return op, bound
+    if isinstance(lit, float):
+        return op, lit
+    f = float(lit)   # (the parser keeps integers within 64 bits: finite)
+    if int(f) == lit:
+        return op, f
+    if op in ("==", "!="):
+        return op == "!="
+    if op in ("<", "<="):
+        return "<=", f if f < lit else math.nextafter(f, -math.inf)
+    return ">=", f if f > lit else math.nextafter(f, math.inf)
 
 
 def evaluate_where(text: str, cols: Any) -> np.ndarray:

@@ -411,6 +411,17 @@ def test_where_over_all_rows_of_several_files_names_each_files_row(tmp_path):
         _kept(_recipe(str(tmp_path / "*.csv"), "n > 1"))
 
 
+def test_a_cell_that_is_no_number_stops_the_plan_whatever_on_error_says(tmp_path):
+    """docs/tables.md: like the table's other faults (a non-numeric target, a blank class), found before anything
+    is built; on_error governs inputs that fail when they are decoded."""
+    (tmp_path / "t.csv").write_text("id,Age,word\nr1,1,x\nr2,n/a,y\n")
+    for policy in ("fail", "skip"):
+        rec = dict(_recipe(str(tmp_path / "t.csv"), "Age > 0"), on_error=policy)
+        with pytest.raises(RecipeError, match=r"^inputs.where: .*t\.csv: data row 2 \(1-based, header not counted\), "
+                                              r"column 'Age': 'n/a' is not a number"):
+            _kept(rec)
+
+
 def test_typed_columns_parquet_and_their_type_errors(tmp_path):
     import pyarrow.parquet as pq
 

@@ -127,6 +127,10 @@ class SplitSpec(_Model):
     group: Optional[Union[str, GroupSpec]] = Field(None, description="rows with the same group share a split")
     fractions: Optional[dict[str, float]] = Field(None, description="by: hash: split name -> fraction (sum 1)")
     seed: Optional[int] = Field(None, ge=0, description="default: the recipe's seed")
+    stratify: Optional[str] = Field(
+        None,   # absent: left out of Recipe.resolved(), so the recipe's key is as before the option existed
+        description="by: hash: the column (or capture) whose classes every split holds in the fractions' "
+                    "proportions (within one row per class and split; with group, within its largest group)")
 
     @model_validator(mode="after")
     def _check(self) -> "SplitSpec":
@@ -135,6 +139,8 @@ class SplitSpec(_Model):
                 raise ValueError("by: column needs column (the column naming each row's split)")
             if self.fractions is not None:
                 raise ValueError("fractions are for by: hash (by: column takes the split from the column)")
+            if self.stratify is not None:
+                raise ValueError("stratify is for by: hash (by: column takes the split from the column)")
         else:
             if self.column is not None:
                 raise ValueError("column is for by: column (by: hash assigns by key or group)")
@@ -192,7 +198,10 @@ class Inputs(_Model):
                                      json_schema_extra=_also_a_string)
     match: Optional[str] = Field(None, validate_default=True,
                                  description="a pattern of input paths under root (not with table)")
-    where: dict[str, str] = Field(default_factory=dict)
+    where: Union[dict[str, str], str] = Field(
+        default_factory=dict, description="folder: {capture: regex} narrowing what a capture may match; table: an "
+                                          "expression over the row's columns keeping the rows it holds for, e.g. "
+                                          "'Sex == \"Female\" and Age >= 18' (docs/tables.md)")
     kind: Literal["file", "dir"] = "file"
     fields: dict[str, FieldDecl] = Field(default_factory=dict, description="the fields of a sample and their "
                                          "decoders (required with match; with coco, default {image: {decoder: image}})")
@@ -220,6 +229,15 @@ class Inputs(_Model):
 
         for entry in [v] if isinstance(v, str) else v or []:
             table_format(entry)  # a ValueError naming the known extensions
+        return v
+
+    @field_validator("where")
+    @classmethod
+    def _where(cls, v: Union[dict[str, str], str]) -> Union[dict[str, str], str]:
+        if isinstance(v, str):
+            from .inputs.table.where import parse_where
+
+            parse_where(v)   # a WhereSyntaxError (a ValueError) saying at which character
         return v
 
     @field_validator("quoting")
@@ -270,14 +288,18 @@ class Inputs(_Model):
                     raise ValueError(f"{k} is for table inputs (inputs.table)")
             if self.columns:
                 raise ValueError("columns is for table inputs (inputs.table)")
+            if isinstance(self.where, str):
+                raise ValueError("where as an expression is for table inputs (inputs.table); a folder's where is "
+                                 "{capture: regex}")
             if self.match is None:
                 raise ValueError("needs match (a pattern of input paths), table (a file with one row per sample) or "
                                  "coco (an annotation file)")
             if not self.fields:
                 raise ValueError("fields: needs at least one field")
         else:
-            if self.match is not None or self.where or self.label is not None:
-                raise ValueError("table inputs take no match, where or label (use path and columns)")
+            if self.match is not None or isinstance(self.where, dict) and self.where or self.label is not None:
+                raise ValueError("table inputs take no match, label or where: {capture: regex} (use path and "
+                                 "columns; where takes an expression over the columns, e.g. where: 'Age >= 18')")
             if not self.fields and not self.columns:
                 raise ValueError("a table needs at least one field or column")
             if self.path is None and self.key is None:
@@ -650,6 +672,8 @@ class Recipe:
             del d["inputs"]["follow_links"]   # the default: hashes as before the key existed
         if d["split"] is None:
             del d["split"]
+        elif d["split"]["stratify"] is None:
+            del d["split"]["stratify"]   # (pydantic's exclude_if would do this, but only from 2.11; the floor is 2.5)
         if d["limits"] == Limits().model_dump(mode="json"):
             del d["limits"]   # the default budgets: hashes as before the key existed
         if not d["stats"]:

@@ -20,7 +20,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import numpy as np
 
-from ..errors import PlanError, RecipeError
+from ..errors import PlanError, RecipeError, echo
 from ..formats.names import check_field_name
 from ..inputs import read_inputs
 from ..inputs.items import Factors, Item, Items, ItemTable, Rows, Strings, row_index
@@ -321,7 +321,8 @@ def make_plan(recipe: Recipe, listing: Optional[Iterable[Any]] = None, coco_cach
     specs, expands = plan_specs(recipe, inputs.specs or None)
     if not len(inputs.table):
         if m.inputs.table is not None:
-            raise PlanError(f"table {m.inputs.table!r} has no rows")
+            kept = f" that inputs.where keeps ({echo(m.inputs.where)})" if isinstance(m.inputs.where, str) else ""
+            raise PlanError(f"table {m.inputs.table!r} has no rows{kept}")
         raise PlanError(f"no inputs under {recipe.input_root!r} match {m.inputs.match!r}"
                         + (f" with {m.inputs.where}" if m.inputs.where else ""))
     check_sample_budget(recipe, specs)

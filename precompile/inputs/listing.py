@@ -186,7 +186,7 @@ class _Accumulator:
         self.labels: list[np.ndarray] = []
         sp = recipe.model.split
         wanted = [] if sp is None else [sp.column, sp.group if isinstance(sp.group, str) else
-                                        getattr(sp.group, "column", None)]
+                                        getattr(sp.group, "column", None), sp.stratify]
         self.factor_cols = {c: {} for c in wanted if c is not None and c in rx.groupindex}
         self.factor_codes: dict[str, list[np.ndarray]] = {c: [] for c in self.factor_cols}
         self.fps: list[tuple[np.ndarray, np.ndarray]] = []

@@ -3,6 +3,16 @@
 By a stable hash (:func:`precompile.seeding.stable_hash`) of the seed and the key, or of the group value
 (``split.group``: a column or capture, optionally cut by a pattern), so an input's split depends on nothing
 else and adding inputs never moves an old one; or by a column naming each input's split (``by: column``).
+
+With ``split.stratify`` (a column or capture holding each input's class) the hash orders, and the fractions
+cut (:func:`stratified_splits`): each class's inputs (or groups) in the order of their hashes are cut at the
+fractions, so every split holds each class in the fractions' proportions, within one input per class and
+split (with groups of one class each, within the largest group of the class); each class's line starts at
+a phase drawn from the seed and the class, so small classes spread over the splits at the fractions' odds.
+An input's split then depends
+on the other inputs of its class: adding one input moves at most one old input of its class across each cut;
+adding a group moves only groups of its class, across each cut fewer rows than the new group and the class's
+largest group hold together.
 The values a split reads come as factors (each distinct value once: :data:`~precompile.inputs.items.Factors`),
 so each is checked and hashed once; an error names the first input, in key order, at fault.
 """
@@ -16,7 +26,8 @@ import numpy as np
 from ..errors import RecipeError, echo
 from ..formats.names import NAME_RE
 from ..seeding import stable_hash
-from .table.cells import blank
+from .table.cells import blank, close_columns
+from .templates import CAPTURE_RE
 
 def split_group(spec: Any, captures: dict[str, Any]) -> Optional[str]:
     """An item's group value under ``split.group`` (None without one); the pattern's first group when given."""
@@ -55,9 +66,15 @@ def assign_splits(recipe: Any, table: Any, factors: dict[str, tuple[np.ndarray, 
     sp, source = recipe.model.split, recipe.source
     seed = recipe.seed if sp.seed is None else sp.seed
     gcol = sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)
-    for col in (sp.column, gcol):
+    for col in (sp.column, gcol, sp.stratify):
         if col is not None and col not in factors:
-            raise RecipeError(f"{col!r} is neither a table column nor a capture of match", source=source, loc="split")
+            inp = recipe.model.inputs
+            names = list(factors) + ([m.group(1) for m in CAPTURE_RE.finditer(inp.match)] if getattr(inp, "match", None)
+                                     else [])
+            close = close_columns(col, list(dict.fromkeys(names)))
+            hint = f"; did you mean {', '.join(echo(c, 60) for c in close)}?" if close else ""
+            raise RecipeError(f"{echo(col)} is neither a table column nor a capture of match{hint}", source=source,
+                              loc="split")
     at = _where(table)
     groups = _Groups(sp, gcol, factors[gcol], at) if gcol is not None else None
     checks = [groups.check] if groups is not None else []
@@ -67,13 +84,75 @@ def assign_splits(recipe: Any, table: Any, factors: dict[str, tuple[np.ndarray, 
         _raise_first(recipe, checks)
         names = list(sp.fractions)
         pos = {s: i for i, s in enumerate(names)}
-        if groups is None:
+        if sp.stratify is not None:
+            units = table.keys.to_list() if groups is None else groups.values
+            unit = np.arange(len(table), dtype=np.int64) if groups is None else groups.ids
+            classes, phases = _classes(factors[sp.stratify], seed)
+            codes = stratified_splits(list(sp.fractions.values()), seed, units, unit, classes, phases)
+        elif groups is None:
             codes = np.fromiter((pos[hash_split(sp.fractions, seed, k)] for k in table.keys.to_list()),
                                 np.int64, len(table))
         else:
             codes = np.array([pos[hash_split(sp.fractions, seed, g)] for g in groups.values], np.int64)[groups.ids]
     table.split, table.split_names = codes.astype(np.int16), tuple(names)
     return table
+
+
+def _classes(factor: tuple[np.ndarray, list], seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per item: its class under ``split.stratify``, as the rank of the class's text among the distinct ones
+    (every blank cell one class, ranked first), so ties and orders never depend on the order rows came in; and
+    per class, its phase in [0, 1): a stable hash of the seed and the class's text."""
+    codes, cells = factor
+    texts = [None if blank(v) else str(v) for v in cells]
+    distinct = sorted(set(texts), key=lambda t: (t is not None, t or ""))
+    ranks = {t: i for i, t in enumerate(distinct)}
+    phases = np.array([stable_hash(f"split:{int(seed)}:" + ("blank" if t is None else f"class:{t}")) / 2.0 ** 64
+                       for t in distinct] or [0.0], np.float64)
+    return (np.array([ranks[t] for t in texts], np.int64)[codes] if cells else np.zeros(len(codes), np.int64)), phases
+
+
+def stratified_splits(fractions: list[float], seed: int, units: list[str], unit: np.ndarray,
+                      classes: np.ndarray, phases: np.ndarray) -> np.ndarray:
+    """Each item's split (an index into ``fractions``) such that every split holds each class in the
+    fractions' proportions. ``units``: the names hashed (each item's key, or each group's value), ``unit``:
+    each item's unit, ``classes``: each item's class, ``phases``: each class's phase in [0, 1). A unit's
+    stratum is its most frequent class (ties: the first); each stratum's units, in the order of
+    ``stable_hash(seed, name)`` (the hash ``by: hash`` uses), are laid end to end from 0, each as long as its
+    items, and a unit goes to the split whose share of the stratum holds its point: the place at the stratum's
+    phase along the unit (single items: ``k + phase``). A split's items of a stratum are then within one
+    unit's length of the fraction (for single items: strictly within one item), and, the phase being the
+    class's, a stratum of one unit goes to each split at the odds of its fraction: small classes spread
+    over the splits as the fractions say, where a point at each unit's middle sent every class of one or two
+    items to the same split. Adding a unit of ``w`` items shifts the stratum's cuts and the units after it
+    by at most ``w`` relative to each other, so it moves only units of its stratum whose points lie within
+    ``w`` of a cut: for single items at most one per cut, else fewer items per cut than ``w`` plus the
+    stratum's widest unit."""
+    n = len(units)
+    out = np.zeros(len(unit), np.int64)
+    if not n or not len(unit):
+        return out
+    width = np.bincount(unit, minlength=n).astype(np.float64)
+    ncls = int(classes.max()) + 1
+    pairs, counts = np.unique(unit * ncls + classes, return_counts=True)   # sorted: by unit, then class
+    pu, pc = pairs // ncls, pairs % ncls
+    best = np.lexsort((pc, -counts, pu))   # per unit: the most items first, then the first class
+    first = np.r_[0, np.flatnonzero(np.diff(pu[best])) + 1]
+    stratum = np.zeros(n, np.int64)
+    stratum[pu[best][first]] = pc[best][first]
+    hashes = np.array([stable_hash(f"split:{int(seed)}:{name}") for name in units], np.uint64)
+    order = np.lexsort((hashes, stratum))   # by stratum, then hash (ties: the unit's index, a stable sort)
+    srt, w = stratum[order], width[order]
+    start = np.r_[0, np.flatnonzero(np.diff(srt)) + 1]                     # each stratum's first unit
+    before = np.cumsum(w) - w                                              # items before each unit, overall
+    base = np.repeat(before[start], np.diff(np.r_[start, n]))             # ... before its stratum
+    total = np.repeat(np.add.reduceat(w, start), np.diff(np.r_[start, n]))
+    phase = phases[srt]
+    point = before - base + phase * w                                      # each unit's point on its line
+    cuts = np.cumsum(np.asarray(fractions, np.float64))[:-1]
+    split = (point[:, None] >= cuts[None, :] * total[:, None]).sum(axis=1)
+    per_unit = np.empty(n, np.int64)
+    per_unit[order] = split
+    return per_unit[unit]
 
 
 def _where(table: Any) -> Any:

@@ -13,6 +13,9 @@ Rows are numbered from 1 in messages: *data row* n is the n-th row after the
 header (a CSV's line n + 1, a JSON Lines file's line n, a Parquet file's row
 n - 1 counted from 0).
 
+``inputs.where`` (an expression over the columns, :mod:`.where`) leaves rows out first: every rule below
+sees the kept rows alone (label ids, keys, splits), while messages still name each row's data row in its file.
+
 Per row:
 
 - the input path: ``inputs.path`` (a template over the row's columns, ``{col}``
@@ -37,6 +40,8 @@ Inside, in layers that each import only those below them:
   read, or the row at fault named (:class:`~.read.TableError`);
 - :mod:`.files` — which files ``inputs.table`` names (:func:`~.files.table_files`), and one of them read
   from a path or a URL (:func:`~.files.read_table`);
+- :mod:`.where` — ``inputs.where``: its parser (the recipe checks the expression with it) and its
+  evaluation over the columns with pyarrow.compute;
 - :mod:`.cells` — the rules for one cell and one row (templates, numbers, blank cells, the row's paths and
   decoder options, the column fields' specs);
 - :mod:`.columns` — every row at once, a column at a time, into the plan's

@@ -184,16 +184,57 @@ def check_columns(recipe: Any, table: str, names: list[str]) -> list[str]:
             wanted.append((sp.column, "split.column"))
         if sp.group is not None:
             wanted.append((sp.group if isinstance(sp.group, str) else sp.group.column, "split.group"))
+        if sp.stratify is not None:
+            wanted.append((sp.stratify, "split.stratify"))
+    if isinstance(inp.where, str):
+        from .where import where_columns
+
+        wanted += [(c, "inputs.where") for c in where_columns(inp.where)]
     for col, loc in wanted:
         if col not in have:
-            raise RecipeError(f"{table}: no column {col!r} (columns: {', '.join(names)})",
+            close = close_columns(col, names)
+            hint = f"; did you mean {', '.join(echo(c, 60) for c in close)}?" if close else ""
+            raise RecipeError(f"{table}: no column {echo(col)} (columns: {column_list(names)}){hint}",
                               source=recipe.source, loc=loc)
         if names.count(col) > 1:
-            raise RecipeError(f"{table}: column {col!r} is in the header {names.count(col)} times (columns: "
-                              f"{', '.join(names)}): give each column its own name", source=recipe.source,
+            raise RecipeError(f"{table}: column {echo(col)} is in the header {names.count(col)} times (columns: "
+                              f"{column_list(names)}): give each column its own name", source=recipe.source,
                               loc=loc)
     used = {c for c, _ in wanted}
     return [n for n in names if n in used] or names[:1]   # one column at least: it gives the row count
+
+
+def column_list(names: list[str], limit: int = 400) -> str:
+    """A header's columns as a message lists them: each cut to 60 characters, the list cut near ``limit``
+    characters saying how many columns there are (a message never grows with the header)."""
+    out, size = [], 0
+    for name in names:
+        part = clip(name, 60)
+        if out and size + len(part) > limit:
+            return f"{', '.join(out)}, ... ({len(names)} columns)"
+        out.append(part)
+        size += len(part) + 2
+    return ", ".join(out)
+
+
+def close_columns(col: str, names: list[str], n: int = 3) -> list[str]:
+    """The header's columns a message suggests for the unknown ``col``: those equal to it but for case,
+    surrounding spaces or Unicode normalisation (NFC), else the closest by :mod:`difflib` (in that form; names
+    compared by their first 200 characters, among the first 10,000 columns)."""
+    import difflib
+    import unicodedata
+
+    def key(s: str) -> str:
+        return unicodedata.normalize("NFC", s[:200]).casefold().strip()
+
+    k = key(col)
+    same = [c for c in names if c != col and key(c) == k]
+    if same:
+        return same[:n]
+    keys: dict[str, str] = {}
+    for c in names[:10_000]:
+        keys.setdefault(key(c), c)
+    return [keys[c] for c in difflib.get_close_matches(k, list(keys), n=n, cutoff=0.6)]
 
 
 def row_options(recipe: Any, row: dict[str, Any], where: Any) -> dict[str, dict[str, Any]]:

@@ -26,6 +26,7 @@ from .cells import (TEMPLATE_RE, CellError, blank, cell_text, check_columns, num
                     template_columns)
 from .files import load_pyarrow, read_table, table_files
 from .read import TableError
+from .where import evaluate_where
 
 #: what Python's ``str.isspace`` calls whitespace, as an RE2 class: a cell of only these is blank
 _WS = r"[\t\n\x0b\x0c\r\x1c-\x20\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
@@ -71,15 +72,37 @@ class _Columns:
         table = tables[0] if len(tables) == 1 else _concat(self.pa, tables, schemas, self.files, recipe.source)
         del tables
         self.n = table.num_rows
+        self.kept: Optional[np.ndarray] = None   # after inputs.where: each kept row's index among all rows
         self._cols: dict[str, Any] = {}
         for name in table.column_names:   # each column's chunks are freed once it is one array
             col = table.column(name)
             self._cols[name] = col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
             table = table.drop_columns([name])
         self.pa.default_memory_pool().release_unused()
+        if isinstance(recipe.model.inputs.where, str):
+            self._select(recipe.model.inputs.where)
+
+    def _select(self, expression: str) -> None:
+        """Keep only the rows ``inputs.where`` keeps (:mod:`.where`): every later rule (keys, labels, paths,
+        splits) sees those rows alone, while messages still name each row's data row in its file."""
+        keep = evaluate_where(expression, self)
+        if keep.all():
+            return
+        self.kept = np.flatnonzero(keep).astype(np.int64)
+        mask = self.pa.array(keep)
+        for name in list(self._cols):
+            self._cols[name] = self._cols[name].filter(mask)
+        self.n = len(self.kept)
+        self.pa.default_memory_pool().release_unused()
+
+    def original(self, i: Any) -> Any:
+        """Row(s) ``i`` of the kept rows as indices among every row of the files."""
+        return i if self.kept is None else self.kept[i]
 
     def where(self, i: int) -> tuple[str, int]:
-        """Row ``i`` (0-based, over every file) as (its file, its data row there, 1-based)."""
+        """Row ``i`` (0-based, over every file; after ``inputs.where``, over the kept rows) as (its file, its data
+        row there, 1-based)."""
+        i = int(self.original(i))
         k = int(np.searchsorted(self.starts, i, side="right")) - 1
         return self.files[k], i - int(self.starts[k]) + 1
 
@@ -89,7 +112,8 @@ class _Columns:
 
     def file_codes(self) -> np.ndarray:
         """Per row: the index of its file in :attr:`files`."""
-        return np.repeat(np.arange(len(self.files), dtype=np.int32), np.diff(self.starts))
+        codes = np.repeat(np.arange(len(self.files), dtype=np.int32), np.diff(self.starts))
+        return codes if self.kept is None else codes[self.kept]
 
     def col(self, name: str) -> Any:
         return self._cols[name]
@@ -185,6 +209,8 @@ def _uses(recipe: Any) -> list[tuple[str, str, str, bool]]:
         out.append((sp.column, "split column", "split.column", True))
     if sp is not None and sp.group is not None:
         out.append((sp.group if isinstance(sp.group, str) else sp.group.column, "group", "split.group", True))
+    if sp is not None and sp.stratify is not None:
+        out.append((sp.stratify, "stratify column", "split.stratify", True))
     return out
 
 
@@ -478,14 +504,15 @@ def _assemble(recipe: Any, cols: _Columns, keys: tuple[Any, Any], rels: dict, or
     files = cols.file_codes()[order]
     table = ItemTable(keys=strings(keys[0]), prefix=f"{root}/" if remote else root + os.sep,
                       paths={f: strings(rels[f], True) for f in inp.fields},
-                      row=order.astype(np.int64) + 1 - cols.starts[files], row_file=files,
+                      row=cols.original(order.astype(np.int64)) + 1 - cols.starts[files], row_file=files,
                       row_files=tuple(cols.files),
                       values={f: (strings(v) if isinstance(v, pa.Array) else v[order]) for f, v in values.items()},
                       options=[options[i] for i in order.tolist()] if options is not None else None)
     sp = recipe.model.split
     factors = {}
     if sp is not None:
-        for c in (sp.column, sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None)):
+        for c in (sp.column, sp.group if isinstance(sp.group, str) else getattr(sp.group, "column", None),
+                  sp.stratify):
             if c is not None:
                 factors[c] = _factor(cols, c, order)
     return Inputs(table, label_names, factors)

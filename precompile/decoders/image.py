@@ -15,7 +15,9 @@ smallest scale the following steps allow (see :mod:`.jpeg_reduce`), ``off`` at
 full size, ``2 | 4 | 8`` at that scale (other formats are then area-resized to
 the same ceil(H/k) x ceil(W/k), so every input comes out at 1/k). A reduced
 JPEG covers exactly the source, as a full decode does, whatever its size (see
-:func:`_cover_source`). A sample decoded at a reduced scale records it in its
+:func:`_cover_source`), or, where the recipe's first step on the field is a ``resize`` that takes it
+(``SourceNeed.fold``), it is left as libjpeg decodes it and its meta records the source's part of it,
+``{"extent": [H/k, W/k]}``, which that resize samples from in one resample (and removes). A sample decoded at a reduced scale records it in its
 meta: ``{"reduce": k, "source_size": [h, w]}`` (the stored pixels' size); one turned
 by its EXIF orientation (2..8) records the orientation applied: ``{"orientation": o}``
 (annotations of the stored pixels, inputs/coco/, are moved by it). The build adds
@@ -34,6 +36,7 @@ from pydantic import Field, field_validator
 from ..errors import DecodeError
 from ..registry import DECODERS
 from ..sample import FieldSpec
+from ..transforms.kernels.maps import EXTENT
 from .base import DEFAULT_INPUT_BYTES, Decoder, DecoderParams, check_budget
 from .jpeg_reduce import SourceNeed, reduced_size
 from .jpeg_strict import TURBO_MODES, decode_jpeg_strict, turbo_scale_is
@@ -262,7 +265,9 @@ def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = Tr
                 o = _orientation(img) if exif_transpose else 1   # what both decode paths turn by
                 stored = [int(img.size[1]), int(img.size[0])]   # the source's [height, width], before the turn
                 if img.format in _JPEG and img.mode in TURBO_MODES:
-                    arr, k = _decode_jpeg(img, path, mode, exif_transpose, want, budget)
+                    # the first resample may take the source's extent instead of a resample onto the grid
+                    fold = info is not None and isinstance(reduce, SourceNeed) and reduce.fold
+                    arr, k = _decode_jpeg(img, path, mode, exif_transpose, want, budget, info if fold else None)
                 else:
                     arr, k = _decode_pillow(img, path, mode, exif_transpose, want, budget)
                 if info is not None and o in (2, 3, 4, 5, 6, 7, 8):
@@ -304,9 +309,15 @@ def _decode_pillow(img, path: str, mode: str, exif_transpose: bool, want: int, b
     return _to_mode(img, mode), k
 
 
-def _decode_jpeg(img, path: str, mode: str, exif_transpose: bool, want: int, budget: int) -> tuple[np.ndarray, int]:
+def _decode_jpeg(img, path: str, mode: str, exif_transpose: bool, want: int, budget: int,
+                 fold: Optional[dict] = None) -> tuple[np.ndarray, int]:
     """An opened JPEG decoded by libjpeg-turbo in strict mode (:mod:`.jpeg_strict`) at 1/``want`` (full size
-    if a side is shorter than ``want``), then the same steps as :func:`_decode_pillow`: the same pixels."""
+    if a side is shorter than ``want``), then the same steps as :func:`_decode_pillow`: the same pixels.
+
+    ``fold`` (the meta dict, when the first step takes the extent: ``SourceNeed.fold``): a 1/k image at a size
+    not divisible by k that is not turned by its orientation is left as libjpeg decodes it, and
+    ``fold["extent"]`` records the source's part of it, [H/k, W/k], for that step's one resample
+    (:func:`_cover_source`'s resample onto the grid would be a second one)."""
     from PIL import Image
 
     W, H = img.size
@@ -326,12 +337,16 @@ def _decode_jpeg(img, path: str, mode: str, exif_transpose: bool, want: int, bud
     def pil():
         return Image.frombuffer(img.mode, (w, h), raw, "raw", TURBO_MODES[img.mode][2], 0, 1)
 
+    cover = k > 1 and bool(W % k or H % k)
+    if cover and fold is not None and method is None:
+        fold[EXTENT] = [H / k, W / k]
+        cover = False
     if (img.mode, mode) in (("RGB", "rgb8"), ("L", "gray8"), ("L", "label")):
         # libjpeg's output is the output's layout already: Pillow only for the resample, the turn by OpenCV
-        if W % k or H % k:
+        if cover:
             raw = np.asarray(_cover_source(pil(), (W / k, H / k))).reshape(h, w, -1)
         return (raw if method is None else _transpose_array(raw, method)), k
-    out = _cover_source(pil(), (W / k, H / k) if k > 1 else None)
+    out = _cover_source(pil(), (W / k, H / k)) if cover else pil()
     if method is not None:
         out = out.transpose(Image.Transpose[method])
     return _to_mode(out, mode), k

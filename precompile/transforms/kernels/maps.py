@@ -18,6 +18,11 @@ TURNS = (5, 6, 7, 8)
 
 IDENTITY = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
 
+#: the key of an image field's meta under which a reduced decode hands its first resample the source's extent
+#: ([height, width] in the decoded pixels, fractional: H/k, W/k) instead of resampling it onto its own grid
+#: (``decoders/image.py``); the step that takes it (``resize``) removes it
+EXTENT = "extent"
+
 
 def as_map(M: Any, what: str = "map") -> np.ndarray:
     """``M`` as a float64 (2, 3) array (a 3x3 one loses its last row, which must be 0 0 1); a ValueError for
@@ -70,24 +75,28 @@ def orientation_map(o: int, w: int, h: int) -> np.ndarray:
 
 
 def decode_map(decoded_hw: tuple[int, int], reduce: int = 1, orientation: int = 1,
-               source_hw: Sequence[int] | None = None) -> tuple[np.ndarray, tuple[int, int]]:
+               source_hw: Sequence[int] | None = None,
+               extent: Sequence[float] | None = None) -> tuple[np.ndarray, tuple[int, int]]:
     """The map from a decoded image's pixels back to its source file's stored pixels, and the source's
     (height, width). The decoder read the source at 1/``reduce`` (the reduced image, ceil(H/k) x ceil(W/k),
     covers the whole source, so each axis scales by its reduced size over the source's) and then turned it by
     its EXIF ``orientation``. ``source_hw`` (the stored pixels' height and width) is needed when ``reduce`` > 1;
-    without a reduction it is the decoded size, unturned."""
+    without a reduction it is the decoded size, unturned. ``extent`` ([height, width], unturned, see
+    :data:`EXTENT`): the source covers only that part of the decoded pixels (H/k x W/k: libjpeg's padding
+    past the edges left for the first resample to cut)."""
     h, w = (int(decoded_hw[0]), int(decoded_hw[1]))
     o, k = int(orientation), int(reduce)
     hr, wr = (w, h) if o in TURNS else (h, w)      # the reduced image before its turn
+    eh, ew = (hr, wr) if extent is None else (float(extent[0]), float(extent[1]))   # the source's part of it
     if source_hw is None:
-        if k != 1:
+        if k != 1 or extent is not None:
             raise ValueError(f"decoded at 1/{k} scale and the source's size is not recorded")
         H, W = hr, wr
     else:
         H, W = int(source_hw[0]), int(source_hw[1])
     if H < 1 or W < 1:
         raise ValueError(f"source size {H}x{W} is not a size")
-    forward = compose(orientation_map(o, wr, hr), scale_map(wr / W, hr / H))
+    forward = compose(orientation_map(o, wr, hr), scale_map(ew / W, eh / H))
     return invert(forward), (H, W)
 
 

@@ -83,9 +83,9 @@ def start(sample: Sample, meta: dict[str, Any] | None = None) -> dict[str, Any]:
             continue
         fm = _field_meta(meta, f)
         try:
-            T, (H, W) = maps.decode_map(spatial_hw(sample.fields[f], Kind.IMAGE), fm.get("reduce", 1),
-                                        fm.get("orientation", 1), fm.get(SOURCE_SIZE), fm.get(EXTENT))
-            fm.update({TO_SOURCE: maps.to_json(T), SOURCE_SIZE: [H, W]})
+            T, (H, W) = maps.decode_map_json(spatial_hw(sample.fields[f], Kind.IMAGE), fm.get("reduce", 1),
+                                             fm.get("orientation", 1), fm.get(SOURCE_SIZE), fm.get(EXTENT))
+            fm.update({TO_SOURCE: T, SOURCE_SIZE: [H, W]})
         except (ValueError, TypeError) as e:
             fm[UNMAPPED] = f"the decode's map is not known ({e})"
         out = dict(meta) if out is None else out
@@ -114,7 +114,7 @@ def track(step: Any, sample: Sample, targets: list[str], params_of: Callable[[st
         else:
             try:
                 forward, _ = coord_map(spatial_hw(sample.fields[f], Kind.IMAGE), **params_of(f))
-                fm[TO_SOURCE] = maps.to_json(maps.compose(fm[TO_SOURCE], maps.invert(forward)))
+                fm[TO_SOURCE] = maps.back_through(fm[TO_SOURCE], forward)
             except NotImplementedError:
                 why = "its coord_map is not implemented"
             except ValueError as e:

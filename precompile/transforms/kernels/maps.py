@@ -7,6 +7,7 @@ matrices with a last row (0, 0, 1). Pure float64 arithmetic, no I/O.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -130,3 +131,40 @@ def points_through(points: Any, M: Any) -> np.ndarray:
 def to_json(M: Any) -> list[list[float]]:
     """A map as JSON: two rows of three floats (-0.0 written as 0.0)."""
     return [[float(v) + 0.0 for v in row] for row in as_map(M)]
+
+
+# The build records one map per image and step (transforms/source_map.py); the maps of a dataset repeat (one
+# decode map per source size, one resize map per grid), and numpy's per-call cost on 2x3 arrays was ~0.2 ms a
+# sample. These two give the very results of the functions they wrap, remembered per distinct input (a value
+# equal as a key is equal as a number: 1 == 1.0; 0.0 == -0.0, whose signs to_json writes alike), as new lists.
+
+def _key(M: Any) -> Any:
+    """A hashable copy of a map given as nested lists or an array (TypeError for anything unhashable)."""
+    rows = M.tolist() if isinstance(M, np.ndarray) else M
+    return tuple(tuple(r) if isinstance(r, (list, tuple)) else r for r in rows)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_map_json(decoded_hw: Any, reduce: Any, orientation: Any, source_hw: Any, extent: Any) -> Any:
+    T, hw = decode_map(decoded_hw, reduce, orientation, source_hw, extent)
+    return _key(to_json(T)), hw
+
+
+def decode_map_json(decoded_hw: Sequence[int], reduce: Any = 1, orientation: Any = 1, source_hw: Any = None,
+                    extent: Any = None) -> tuple[list[list[float]], tuple[int, int]]:
+    """``to_json`` of :func:`decode_map`'s map, and the source's (height, width); remembered per input."""
+    T, hw = _decode_map_json(tuple(decoded_hw), reduce, orientation,
+                             None if source_hw is None else _key(source_hw),
+                             None if extent is None else _key(extent))
+    return [list(r) for r in T], hw
+
+
+@functools.lru_cache(maxsize=4096)
+def _back_through(T: Any, forward: Any) -> Any:
+    return _key(to_json(compose(T, invert(forward))))
+
+
+def back_through(T: Any, forward: Any) -> list[list[float]]:
+    """``to_json(compose(T, invert(forward)))``: map ``T`` (back to the source) after a step that moved the
+    image by ``forward``; remembered per input."""
+    return [list(r) for r in _back_through(_key(T), _key(forward))]

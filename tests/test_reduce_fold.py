@@ -138,6 +138,17 @@ def test_a_first_resample_that_cannot_take_the_extent_gets_an_image_covering_the
     assert source_map.EXTENT not in meta and arr.shape[:2] == JR.reduced_size(301, 403, meta["reduce"])
 
 
+def test_a_sample_with_a_video_field_keeps_the_covering_decode(tmp_path):
+    from precompile.sample import FieldSpec
+
+    recipe = load_recipe(write_recipe(tmp_path / "r.yaml", _recipe(tmp_path, [{"resize": {"size": [32, 32]}}])))
+    p = recipe.steps[0].params
+    assert JR.fold_reason(recipe, {"image": FieldSpec(Kind.IMAGE, (None, None, 3), "uint8")}, p, None) is None
+    specs = {"image": FieldSpec(Kind.IMAGE, (None, None, 3), "uint8"),
+             "clip": FieldSpec(Kind.VIDEO, (None, None, None, 3), "uint8")}
+    assert JR.fold_reason(recipe, specs, p, None) == "the sample has a video field"
+
+
 def test_the_recipe_key_changes_only_where_the_first_resize_takes_the_extent():
     base = _recipe(".", [{"resize": {"size": [64, 64]}}])
     fold = JR.key_parts(parse_recipe(base, base_dir="."))["image"]

@@ -178,9 +178,10 @@ def source_need(field: str, recipe: Any) -> tuple[Optional[SourceNeed], str]:
 def fold_reason(recipe: Any, specs: dict[str, Any], params: Any, moved: Optional[str]) -> Optional[str]:
     """Why the first ``resize`` (``params``) cannot take a reduced decode's source extent, or None when it
     can. It can unless a step before it moves the pixels (a flip would put libjpeg's padding on the other
-    side), it is the approximate ``fast`` resize (which resamples the whole grid), or annotations are
-    scaled onto the decoded grid (COCO inputs: they assume the grid covers the source)."""
-    from ..kinds import ANNOTATIONS
+    side), it is the approximate ``fast`` resize (which resamples the whole grid), annotations are
+    scaled onto the decoded grid (COCO inputs: they assume the grid covers the source), or the sample has a
+    video field (its steps may run in the build's streamed path, which this hand-over is not checked in)."""
+    from ..kinds import ANNOTATIONS, Kind
 
     if moved is not None:
         return f"{moved} moves the pixels before the resize"
@@ -189,6 +190,8 @@ def fold_reason(recipe: Any, specs: dict[str, Any], params: Any, moved: Optional
     if getattr(getattr(getattr(recipe, "model", None), "inputs", None), "coco", None) is not None or \
             any(sp.kind in ANNOTATIONS for sp in specs.values()):
         return "annotations are scaled onto the decoded grid"
+    if any(sp.kind is Kind.VIDEO for sp in specs.values()):
+        return "the sample has a video field"
     return None
 
 

@@ -444,3 +444,30 @@ def test_to_source_moves_keypoints_exactly_and_keeps_nan_padding(tmp_path):
         precompile.coco_results(ds, {0: {"boxes": np.zeros((2, 4)), "labels": [0], "scores": [1, 1]}})
     with pytest.raises(ValueError, match=r"prediction for row 0: label 3 is not a label id of the build \(0..2\)"):
         precompile.coco_results(ds, {0: {"boxes": [[1, 1, 2, 2]], "labels": [3], "scores": [0.5]}})
+
+
+def test_the_remembered_maps_are_the_computed_ones_and_fresh_lists():
+    """``maps.decode_map_json`` and ``maps.back_through`` (the build's per-sample calls, remembered per input)
+    give exactly what the functions they wrap give, for keys equal but not identical (-0.0 and 0.0, 1 and 1.0),
+    and lists a caller may change without changing the next answer."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        T = maps.to_json(np.column_stack([rng.normal(size=(2, 2)), rng.normal(size=2) * 50]))
+        F = np.column_stack([rng.normal(size=(2, 2)), rng.normal(size=2) * 50])
+        assert maps.back_through(T, F) == maps.to_json(maps.compose(T, maps.invert(F)))
+    F = np.array([[-0.0, 2.0, 0.0], [0.5, 0.0, -3.0]])
+    T = [[1, 0, 0], [0, 1, 0]]
+    first = maps.back_through(T, F)
+    assert first == maps.to_json(maps.compose(T, maps.invert(F)))
+    first[0][0] = 99.0
+    again = maps.back_through([[1.0, 0.0, -0.0], [0.0, 1.0, 0.0]], np.abs(F) * np.sign(F + 0.0))
+    assert again == maps.to_json(maps.compose(T, maps.invert(F))) and again[0][0] != 99.0
+    for args in [((188, 250), 2, 1, [375, 500], None), ((188, 250), 2, 1, [375, 500], [187.5, 250.0]),
+                 ((250, 188), 2, 6, [375, 500], None), ((30, 40), 1, 1, None, None)]:
+        T, hw = maps.decode_map(*args)
+        got, hw2 = maps.decode_map_json(*args)
+        assert got == maps.to_json(T) and hw2 == hw
+        got[0][0] = -1.0
+        assert maps.decode_map_json(*args)[0] == maps.to_json(T)
+    with pytest.raises(ValueError, match="not recorded"):
+        maps.decode_map_json((188, 250), 2, 1, None, None)

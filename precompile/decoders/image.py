@@ -7,7 +7,10 @@ inputs are converted to the requested mode; a truncated or corrupt file is a
 silently return a grey image, which is why it is not the decoder here). A JPEG is
 decoded by :mod:`.jpeg_strict` (simplejpeg): libjpeg only *warns* when a scan ends
 early (an EOI marker after a cut), which Pillow ignores; there the warning is the
-input's error. Its pixels are Pillow's, byte for byte, at every scale.
+input's error. Its pixels are Pillow's, byte for byte, at every scale. A plain JPEG (8-bit Huffman,
+1, 3 or 4 components, at most one APP1 block and that one EXIF) is not opened in Pillow at all: its
+header is read by :func:`_plain_jpeg` (the orientation from the EXIF block, the size and colour space by
+libjpeg-turbo), with the same checks, pixels and meta; every other file goes through Pillow.
 
 ``reduce`` decodes JPEGs at 1/2, 1/4 or 1/8 scale from their DCT coefficients
 (libjpeg-turbo's scaled IDCT): ``auto`` (default) at the
@@ -15,7 +18,9 @@ smallest scale the following steps allow (see :mod:`.jpeg_reduce`), ``off`` at
 full size, ``2 | 4 | 8`` at that scale (other formats are then area-resized to
 the same ceil(H/k) x ceil(W/k), so every input comes out at 1/k). A reduced
 JPEG covers exactly the source, as a full decode does, whatever its size (see
-:func:`_cover_source`). A sample decoded at a reduced scale records it in its
+:func:`_cover_source`), or, where the recipe's first step on the field is a ``resize`` that takes it
+(``SourceNeed.fold``), it is left as libjpeg decodes it and its meta records the source's part of it,
+``{"extent": [H/k, W/k]}``, which that resize samples from in one resample (and removes). A sample decoded at a reduced scale records it in its
 meta: ``{"reduce": k, "source_size": [h, w]}`` (the stored pixels' size); one turned
 by its EXIF orientation (2..8) records the orientation applied: ``{"orientation": o}``
 (annotations of the stored pixels, inputs/coco/, are moved by it). The build adds
@@ -34,6 +39,7 @@ from pydantic import Field, field_validator
 from ..errors import DecodeError
 from ..registry import DECODERS
 from ..sample import FieldSpec
+from ..transforms.kernels.maps import EXTENT
 from .base import DEFAULT_INPUT_BYTES, Decoder, DecoderParams, check_budget
 from .jpeg_reduce import SourceNeed, reduced_size
 from .jpeg_strict import TURBO_MODES, decode_jpeg_strict, turbo_scale_is
@@ -244,37 +250,24 @@ def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = Tr
         raise DecodeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set in this process; refusing to decode "
                           "images that may be silently truncated", path=path, stage="decode")
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            # Pillow warns (UserWarning) about damaged metadata such as corrupt EXIF and decodes anyway
-            warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
-            with Image.open(path) as img:
-                want = 1
-                if isinstance(reduce, int):
-                    want = reduce
-                elif reduce is not None and img.format in _JPEG and img.mode != "CMYK":
-                    # (CMYK: libjpeg would average in CMYK space, and the conversion to RGB is not
-                    # linear, so the result would drift from full decoding: auto leaves CMYK whole)
-                    W, H = img.size
-                    if exif_transpose and _orientation(img) in (5, 6, 7, 8):
-                        W, H = H, W  # shown turned a quarter: the steps see the axes swapped
-                    want = reduce.scale_for(H, W)
-                o = _orientation(img) if exif_transpose else 1   # what both decode paths turn by
-                stored = [int(img.size[1]), int(img.size[0])]   # the source's [height, width], before the turn
-                if img.format in _JPEG and img.mode in TURBO_MODES:
-                    arr, k = _decode_jpeg(img, path, mode, exif_transpose, want, budget)
-                else:
-                    arr, k = _decode_pillow(img, path, mode, exif_transpose, want, budget)
-                if info is not None and o in (2, 3, 4, 5, 6, 7, 8):
-                    info["orientation"] = o
-            if isinstance(reduce, int) and reduce > 1 and k == 1:
-                # not a JPEG (or too small for libjpeg's scale): area-resize the full image to the same 1/k
-                from ..transforms.kernels.geometry import resize_hwc
+        got = _decode_turbo_alone(path, mode, exif_transpose, reduce, budget, info)
+        if got is not None:
+            arr, k, stored = got
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                # Pillow warns (UserWarning) about damaged metadata such as corrupt EXIF and decodes anyway
+                warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")
+                with Image.open(path) as img:
+                    arr, k, stored = _decode_opened(img, path, mode, exif_transpose, reduce, budget, info)
+        if isinstance(reduce, int) and reduce > 1 and k == 1:
+            # not a JPEG (or too small for libjpeg's scale): area-resize the full image to the same 1/k
+            from ..transforms.kernels.geometry import resize_hwc
 
-                arr = resize_hwc(arr, *reduced_size(arr.shape[0], arr.shape[1], reduce), "area")
-                k = reduce
-            if info is not None and k > 1:
-                info["source_size"] = stored
+            arr = resize_hwc(arr, *reduced_size(arr.shape[0], arr.shape[1], reduce), "area")
+            k = reduce
+        if info is not None and k > 1:
+            info["source_size"] = stored
     except FileNotFoundError:
         raise DecodeError("file not found", path=path, stage="decode") from None
     except UnidentifiedImageError:
@@ -291,6 +284,153 @@ def decode_image_scaled(path: str, mode: str = "rgb8", exif_transpose: bool = Tr
     return np.ascontiguousarray(arr), k
 
 
+def _decode_opened(img, path: str, mode: str, exif_transpose: bool, reduce: int | SourceNeed | None, budget: int,
+                   info: Optional[dict], data: Optional[bytes] = None) -> tuple[np.ndarray, int, list[int]]:
+    """:func:`decode_image_scaled` of an opened image (Pillow's, or a :class:`_JpegHeader` with the file's
+    ``data``): (array, k, the source's [height, width] before the turn)."""
+    want = 1
+    if isinstance(reduce, int):
+        want = reduce
+    elif reduce is not None and img.format in _JPEG and img.mode != "CMYK":
+        # (CMYK: libjpeg would average in CMYK space, and the conversion to RGB is not
+        # linear, so the result would drift from full decoding: auto leaves CMYK whole)
+        W, H = img.size
+        if exif_transpose and _orientation(img) in (5, 6, 7, 8):
+            W, H = H, W  # shown turned a quarter: the steps see the axes swapped
+        want = reduce.scale_for(H, W)
+    o = _orientation(img) if exif_transpose else 1   # what both decode paths turn by
+    stored = [int(img.size[1]), int(img.size[0])]   # the source's [height, width], before the turn
+    if img.format in _JPEG and img.mode in TURBO_MODES:
+        # the first resample may take the source's extent instead of a resample onto the grid
+        fold = info is not None and isinstance(reduce, SourceNeed) and reduce.fold
+        arr, k = _decode_jpeg(img, path, mode, exif_transpose, want, budget, info if fold else None, data)
+    else:
+        arr, k = _decode_pillow(img, path, mode, exif_transpose, want, budget)
+    if info is not None and o in (2, 3, 4, 5, 6, 7, 8):
+        info["orientation"] = o
+    return arr, k, stored
+
+
+class _PillowAfterAll(Exception):
+    """The plain JPEG path met a case only Pillow's path handles (a tiny image at 1/k)."""
+
+
+class _JpegHeader:
+    """What the decode reads of an opened image (``size``, ``mode``, ``format``, ``getexif``), for a plain JPEG
+    read without Pillow: see :func:`_plain_jpeg`."""
+
+    format = "JPEG"
+
+    def __init__(self, w: int, h: int, mode: str, orientation: int):
+        self.size, self.mode, self._exif = (w, h), mode, {0x0112: orientation}
+
+    def getexif(self) -> dict:
+        return self._exif
+
+
+_SPACES = {"Gray": "L", "RGB": "RGB", "YCbCr": "RGB", "CMYK": "CMYK", "YCCK": "CMYK"}   # libjpeg's -> Pillow's mode
+
+
+def _exif_orientation(t: bytes) -> Optional[int]:
+    """The Orientation (1..8) of an EXIF block's first IFD (TIFF data), 1 without one; None for anything
+    unusual (then Pillow reads it)."""
+    if len(t) < 8 or t[:2] not in (b"II", b"MM"):
+        return None
+    e = "little" if t[:2] == b"II" else "big"
+    if int.from_bytes(t[2:4], e) != 42:
+        return None
+    off = int.from_bytes(t[4:8], e)
+    if off < 8 or off + 2 > len(t):
+        return None
+    n = int.from_bytes(t[off:off + 2], e)
+    if off + 2 + 12 * n > len(t):
+        return None
+    found = []
+    for j in range(off + 2, off + 2 + 12 * n, 12):
+        if int.from_bytes(t[j:j + 2], e) == 0x0112:
+            if int.from_bytes(t[j + 2:j + 4], e) != 3 or int.from_bytes(t[j + 4:j + 8], e) != 1:
+                return None   # not one SHORT
+            found.append(int.from_bytes(t[j + 8:j + 10], e))
+    if not found:
+        return 1
+    return found[0] if len(found) == 1 and 1 <= found[0] <= 8 else None
+
+
+def _plain_jpeg(data: bytes) -> Optional[_JpegHeader]:
+    """The header of a plain JPEG read without Pillow (its Python marker parser costs ~0.1 ms a file): the
+    markers up to the first scan, at most one APP1 and that one EXIF, whose first IFD gives the orientation,
+    and libjpeg-turbo's own header reader for the size and colour space. None for anything else (not a JPEG,
+    an XMP block, which Pillow also reads an orientation from, a damaged marker, an unknown colour space):
+    Pillow's path then decides, as for every other file."""
+    if data[:3] != b"\xff\xd8\xff":
+        return None
+    o, i, n, exif, sof = 1, 2, len(data), False, False
+    while True:
+        if i + 4 > n or data[i] != 0xFF:
+            return None
+        m = data[i + 1]
+        if m == 0xDA:   # the first scan: the header is read
+            if not sof:
+                return None
+            break
+        if m == 0xFF or m == 0x01 or 0xD0 <= m <= 0xD8:
+            return None   # fill bytes, a stray marker: unusual
+        size = int.from_bytes(data[i + 2:i + 4], "big")
+        if size < 2 or i + 2 + size > n:
+            return None
+        if 0xC0 <= m <= 0xCF and m not in (0xC4, 0xC8, 0xCC):   # a frame header
+            if m not in (0xC0, 0xC1, 0xC2) or sof or size < 8 or data[i + 4] != 8 or data[i + 9] not in (1, 3, 4):
+                return None   # not 8-bit Huffman (baseline, extended, progressive) with 1, 3 or 4 components
+            sof = True
+        if m == 0xE1:
+            if exif or data[i + 4:i + 10] != b"Exif\x00\x00":
+                return None
+            exif = True
+            got = _exif_orientation(data[i + 10:i + 2 + size])
+            if got is None:
+                return None
+            o = got
+        i += 2 + size
+    import simplejpeg
+
+    try:
+        h, w, space, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None
+    mode = _SPACES.get(space)
+    return None if mode is None or w < 1 or h < 1 else _JpegHeader(int(w), int(h), mode, o)
+
+
+def _decode_turbo_alone(path: str, mode: str, exif_transpose: bool, reduce: int | SourceNeed | None, budget: int,
+                        info: Optional[dict]) -> Optional[tuple[np.ndarray, int, list[int]]]:
+    """:func:`_decode_opened` of a plain JPEG (:func:`_plain_jpeg`) without opening it in Pillow: the same
+    checks (the file's bytes within the budget before it is read, Pillow's decompression-bomb limit, the size
+    budget before decoding, the strict decode) and the same pixels and meta; None where Pillow's path decides
+    (anything else, and a file over the budget, which that path refuses)."""
+    from PIL import Image
+
+    size = os.path.getsize(path)
+    if size > budget:
+        return None
+    with open(path, "rb") as f:
+        data = f.read()
+    hdr = _plain_jpeg(data)
+    if hdr is None:
+        return None
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit and hdr.size[0] * hdr.size[1] > limit:
+        return None   # Pillow's path warns (an error here) or refuses
+    part: dict[str, Any] = {}
+    try:
+        got = _decode_opened(hdr, path, mode, exif_transpose, reduce, budget, part if info is not None else None,
+                             data)
+    except _PillowAfterAll:
+        return None
+    if info is not None:
+        info.update(part)
+    return got
+
+
 def _decode_pillow(img, path: str, mode: str, exif_transpose: bool, want: int, budget: int) -> tuple[np.ndarray, int]:
     """An opened image decoded by Pillow (a JPEG at 1/``want`` where its ``draft`` allows)."""
     from PIL import ImageOps
@@ -304,18 +444,27 @@ def _decode_pillow(img, path: str, mode: str, exif_transpose: bool, want: int, b
     return _to_mode(img, mode), k
 
 
-def _decode_jpeg(img, path: str, mode: str, exif_transpose: bool, want: int, budget: int) -> tuple[np.ndarray, int]:
+def _decode_jpeg(img, path: str, mode: str, exif_transpose: bool, want: int, budget: int,
+                 fold: Optional[dict] = None, data: Optional[bytes] = None) -> tuple[np.ndarray, int]:
     """An opened JPEG decoded by libjpeg-turbo in strict mode (:mod:`.jpeg_strict`) at 1/``want`` (full size
-    if a side is shorter than ``want``), then the same steps as :func:`_decode_pillow`: the same pixels."""
+    if a side is shorter than ``want``), then the same steps as :func:`_decode_pillow`: the same pixels.
+
+    ``fold`` (the meta dict, when the first step takes the extent: ``SourceNeed.fold``): a 1/k image at a size
+    not divisible by k that is not turned by its orientation is left as libjpeg decodes it, and
+    ``fold["extent"]`` records the source's part of it, [H/k, W/k], for that step's one resample
+    (:func:`_cover_source`'s resample onto the grid would be a second one)."""
     from PIL import Image
 
     W, H = img.size
     k = want if want > 1 and W >= want and H >= want else 1
     h, w = reduced_size(H, W, k)
-    check_image_size(img, mode, path, budget, size=(w, h), held=os.path.getsize(path))
-    with open(path, "rb") as f:
-        data = f.read()
+    check_image_size(img, mode, path, budget, size=(w, h), held=os.path.getsize(path) if data is None else len(data))
+    if data is None:
+        with open(path, "rb") as f:
+            data = f.read()
     if k > 1 and not turbo_scale_is(H, W, k):
+        if isinstance(img, _JpegHeader):
+            raise _PillowAfterAll
         # a tiny image (sides of 5 px or less) that TurboJPEG cannot be asked to decode at exactly 1/k:
         # checked strictly at full size, then decoded at 1/k by Pillow
         decode_jpeg_strict(data, H, W, img.mode, 1, path)
@@ -326,12 +475,16 @@ def _decode_jpeg(img, path: str, mode: str, exif_transpose: bool, want: int, bud
     def pil():
         return Image.frombuffer(img.mode, (w, h), raw, "raw", TURBO_MODES[img.mode][2], 0, 1)
 
+    cover = k > 1 and bool(W % k or H % k)
+    if cover and fold is not None and method is None:
+        fold[EXTENT] = [H / k, W / k]
+        cover = False
     if (img.mode, mode) in (("RGB", "rgb8"), ("L", "gray8"), ("L", "label")):
         # libjpeg's output is the output's layout already: Pillow only for the resample, the turn by OpenCV
-        if W % k or H % k:
+        if cover:
             raw = np.asarray(_cover_source(pil(), (W / k, H / k))).reshape(h, w, -1)
         return (raw if method is None else _transpose_array(raw, method)), k
-    out = _cover_source(pil(), (W / k, H / k) if k > 1 else None)
+    out = _cover_source(pil(), (W / k, H / k)) if cover else pil()
     if method is not None:
         out = out.transpose(Image.Transpose[method])
     return _to_mode(out, mode), k

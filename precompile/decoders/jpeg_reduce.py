@@ -40,10 +40,14 @@ above about 42 dB for white noise and 30 dB for 1-pixel lines every 7 pixels.
 
 Geometry. libjpeg's 1/k decode of a W x H JPEG has ceil(W/k) x ceil(H/k) pixels
 covering k*ceil(W/k) x k*ceil(H/k) source pixels (it pads whole blocks past the right
-and bottom edges). The image decoder resamples the part showing the source,
-(0, 0, W/k, H/k), back to that size, so a reduced image covers exactly the source,
-as a full decode does: a field decoded at another scale (a PNG mask, ``reduce: off``)
-stays aligned to about 0.02 output pixels after the resize (0.2 before, at
+and bottom edges); the source is its part (0, 0, W/k, H/k). Where the first step on
+the field is a ``resize`` that can sample from that part (``SourceNeed.fold``: see
+:func:`fold_reason`), the decoder leaves libjpeg's pixels as they are and records the
+part in the field's meta (``extent``), and the resize samples from it in one resample
+(the exact area average). Otherwise the image decoder resamples the part back to the
+whole reduced grid, so a reduced image covers exactly the source, as a full decode
+does. Either way a field decoded at another scale (a PNG mask, ``reduce: off``)
+stays aligned to about 0.02 output pixels after the resize (0.2 before issue 27, at
 1001 px and k = 4). Sizes divisible by k need nothing and are left alone.
 
 CMYK JPEGs are decoded whole under ``auto`` (see the image decoder).
@@ -63,6 +67,8 @@ SAFETY = 2.0          # the reduced image keeps >= SAFETY x the pixels the first
 SCALES = (8, 4, 2)    # libjpeg's power-of-two scaled IDCTs, largest reduction first
 RULE_VERSION = 2      # bump when the rule or the reduced bytes change: it is part of the recipe key
 # (2: a reduced image covers exactly the source at sizes not divisible by k, see image._cover_source)
+FOLD_VERSION = 1      # in the key of the recipes whose first resample takes the source's extent (the bytes
+#                       of their images at sizes not divisible by k; see ``fold_reason``)
 
 # steps that may run before the first resample without changing what it needs:
 # per-pixel format changes and flips commute with scaling, and draw nothing from the size
@@ -86,6 +92,7 @@ class SourceNeed:
     step: str
     index: int
     target: Any
+    fold: bool = False   # the step takes the source's extent (H/k x W/k) and resamples from it (see FOLD)
 
     def asks(self, H: int, W: int) -> tuple[float, float, Optional[tuple[int, int]]]:
         """For a displayed H x W source: the (rows, columns) of source pixels the step's output
@@ -116,8 +123,11 @@ class SourceNeed:
 
     def describe(self) -> dict[str, Any]:
         """JSON for the recipe key: the rule's version, its safety factor and the step it follows."""
-        return {"rule": RULE_VERSION, "safety": SAFETY, "step": self.step, "index": self.index,
-                "params": self.target.params.model_dump(mode="json")}
+        out = {"rule": RULE_VERSION, "safety": SAFETY, "step": self.step, "index": self.index,
+               "params": self.target.params.model_dump(mode="json")}
+        if self.fold:
+            out["fold"] = FOLD_VERSION
+        return out
 
 
 def source_need(field: str, recipe: Any) -> tuple[Optional[SourceNeed], str]:
@@ -134,6 +144,7 @@ def source_need(field: str, recipe: Any) -> tuple[Optional[SourceNeed], str]:
         specs = {f: sp.with_(of=links[f]) if f in links else sp for f, sp in specs.items()}
     except (ValueError, PrecompileError):
         return None, "the decoders' specs are not valid"
+    moved = None   # the first step before the resample that moves the field's pixels (a flip)
     for i, step in enumerate(recipe.steps):
         try:
             targets = step.targets(specs)
@@ -145,7 +156,8 @@ def source_need(field: str, recipe: Any) -> tuple[Optional[SourceNeed], str]:
             if step.name == "resize":
                 if p.interpolation not in _AREA:
                     return None, f"steps[{i}] resize uses interpolation {p.interpolation!r} (needs auto or area)"
-                return SourceNeed("resize", i, step), f"steps[{i}] resize"
+                fold = fold_reason(recipe, specs, p, moved) is None
+                return SourceNeed("resize", i, step, fold), f"steps[{i}] resize"
             if step.name == "random_resized_crop":
                 if p.interpolation not in _AREA:
                     return None, (f"steps[{i}] random_resized_crop uses interpolation {p.interpolation!r} "
@@ -155,10 +167,32 @@ def source_need(field: str, recipe: Any) -> tuple[Optional[SourceNeed], str]:
                 return SourceNeed("random_resized_crop", i, step), f"steps[{i}] random_resized_crop"
             if step.name not in _TRANSPARENT:
                 return None, f"steps[{i}] {step.name} works on source pixels before any resize"
+            if step.name != "convert" and moved is None:
+                moved = f"steps[{i}] {step.name}"
         specs = nxt
         if field not in specs:
             return None, f"steps[{i}] {step.name} removes the field"
     return None, "no step resizes the field"
+
+
+def fold_reason(recipe: Any, specs: dict[str, Any], params: Any, moved: Optional[str]) -> Optional[str]:
+    """Why the first ``resize`` (``params``) cannot take a reduced decode's source extent, or None when it
+    can. It can unless a step before it moves the pixels (a flip would put libjpeg's padding on the other
+    side), it is the approximate ``fast`` resize (which resamples the whole grid), annotations are
+    scaled onto the decoded grid (COCO inputs: they assume the grid covers the source), or the sample has a
+    video field (its steps may run in the build's streamed path, which this hand-over is not checked in)."""
+    from ..kinds import ANNOTATIONS, Kind
+
+    if moved is not None:
+        return f"{moved} moves the pixels before the resize"
+    if getattr(params, "fast", False):
+        return "the resize is fast: true"
+    if getattr(getattr(getattr(recipe, "model", None), "inputs", None), "coco", None) is not None or \
+            any(sp.kind in ANNOTATIONS for sp in specs.values()):
+        return "annotations are scaled onto the decoded grid"
+    if any(sp.kind is Kind.VIDEO for sp in specs.values()):
+        return "the sample has a video field"
+    return None
 
 
 def configure(recipe: Any) -> None:

@@ -397,4 +397,4 @@ def replay(steps: Sequence[Step], sample: Sample, records: Sequence[dict[str, An
         samples = out
     if todo:
         raise ValueError(f"{len(todo)} record(s) left over after the last step")
-    return samples
+    return [source_map.settle(s) for s in samples]   # as the build's run_steps ends

@@ -22,7 +22,9 @@ from ..optschema import checked, one_of_required
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .annotations import annotation_grid
-from .base import RandomParams, RandomStep, Step, StepParams, range_param, uniform
+from ..errors import StepError
+from . import source_map
+from .base import RandomParams, RandomStep, Step, StepParams, apply_fields, range_param, uniform
 from .kernels.geometry import (affine_matrix, continuous_map, crop_hw, flip_flow, flip_hw, longer_side_size,
                                map_boxes, map_keypoints, pad_hw, reflects, resize_area_fast, resize_flow, resize_hwc,
                                shorter_side_size, spatial_hw, swap_pairs, warp_flow, warp_image)
@@ -242,20 +244,49 @@ class Resize(PlanarStep):
             return max(1, min(h, int(round(H * s)))), max(1, min(w, int(round(W * s))))
         return h, w
 
-    def coord_map(self, grid, **_):
+    def run(self, sample: Sample, rng: Any) -> list[Sample]:
+        """``Step.run``, and an image field whose reduced decode left the source's extent for its first
+        resample (``source_map.pending_extent``) is resized from that extent in one resample (its map
+        composed with that scale) and the extent taken off its meta."""
+        meta0 = sample.meta
+        if not any(source_map.pending_extent(sample, meta0, f) is not None for f in sample.fields):
+            return super().run(sample, rng)
+        try:
+            targets = self.targets(sample.specs())
+        except ValueError as e:
+            raise StepError(f"{self.name}: {e}") from e
+        ext = {f: e for f in targets if (e := source_map.pending_extent(sample, meta0, f)) is not None}
+
+        def params_of(f: str) -> dict[str, Any]:
+            return {"extent": ext[f]} if f in ext else {}
+
+        new = apply_fields(self, sample, targets, params_of)
+        meta = source_map.track(self, sample, targets, params_of, meta0)
+        meta = dict(meta)
+        for f in ext:
+            fm = dict(meta[f])
+            fm.pop(source_map.EXTENT, None)
+            meta[f] = fm
+        return [sample.replace_fields(new, meta=meta)]
+
+    def coord_map(self, grid, extent: Optional[list[float]] = None, **_):
         H, W = grid
         h, w = self.target_size(H, W)
         out, top, left = (h, w), 0, 0
         if self.params.keep_aspect and (h, w) != tuple(self.params.size):
             out = tuple(self.params.size)
             top, left = (out[0] - h) // 2, (out[1] - w) // 2   # pad_hw's centred placement
-        return _shift_scale(w / W, h / H, left, top), out
+        eh, ew = (H, W) if extent is None else extent   # the part of the grid the output spans
+        return _shift_scale(w / ew, h / eh, left, top), out
 
-    def apply_image(self, a: np.ndarray, label: bool = False, **_: Any) -> np.ndarray:
+    def apply_image(self, a: np.ndarray, label: bool = False, extent: Optional[list[float]] = None,
+                    **_: Any) -> np.ndarray:
         h, w = self.target_size(*a.shape[:2])
         mode = "nearest" if label else self.params.interpolation
         shrink = h <= a.shape[0] and w <= a.shape[1]
-        if self.params.fast and shrink and mode in ("auto", "area"):
+        if extent is not None:
+            out = resize_hwc(a, h, w, mode, extent=extent)
+        elif self.params.fast and shrink and mode in ("auto", "area"):
             out = resize_area_fast(a, h, w)
         else:
             out = resize_hwc(a, h, w, mode)

@@ -25,6 +25,41 @@ from .kernels.geometry import spatial_hw
 
 #: the keys of a field's meta this module writes
 TO_SOURCE, SOURCE_SIZE, UNMAPPED = "to_source", "source_size", "unmapped"
+EXTENT = maps.EXTENT
+
+
+def pending_extent(sample: Sample, meta: dict[str, Any], f: str) -> list[float] | None:
+    """The source's extent ([height, width] in the array's pixels) that image field ``f``'s decode left for
+    its first resample (:data:`~.kernels.maps.EXTENT`), or None."""
+    if sample.kinds.get(f) is not Kind.IMAGE:
+        return None
+    m = meta.get(f)
+    return m.get(EXTENT) if isinstance(m, dict) else None
+
+
+def settle(sample: Sample) -> Sample:
+    """``sample`` with every image field whose decode left its extent to a resample that did not come (a
+    safety net: ``jpeg_reduce`` hands it only to a ``resize`` that runs first) resampled onto its own grid
+    from that extent (linear), and the extent taken off its meta; the same sample when there is none."""
+    if not any(pending_extent(sample, sample.meta, f) is not None for f in image_fields(sample)):
+        return sample
+    from .kernels.geometry import resize_hwc
+
+    meta = start(sample)
+    new, out = {}, dict(meta)
+    for f in image_fields(sample):
+        ext = pending_extent(sample, meta, f)
+        if ext is None:
+            continue
+        a = sample.fields[f]
+        new[f] = resize_hwc(a, a.shape[0], a.shape[1], "linear", extent=ext)
+        fm = _field_meta(meta, f)
+        if TO_SOURCE in fm:   # the grid now spans the extent: scale the map's input by extent / size
+            h, w = a.shape[:2]
+            fm[TO_SOURCE] = maps.to_json(maps.compose(fm[TO_SOURCE], maps.scale_map(ext[1] / w, ext[0] / h)))
+        fm.pop(EXTENT, None)
+        out[f] = fm
+    return sample.replace_fields(new, meta=out)
 
 
 def image_fields(sample: Sample) -> list[str]:
@@ -48,9 +83,9 @@ def start(sample: Sample, meta: dict[str, Any] | None = None) -> dict[str, Any]:
             continue
         fm = _field_meta(meta, f)
         try:
-            T, (H, W) = maps.decode_map(spatial_hw(sample.fields[f], Kind.IMAGE), fm.get("reduce", 1),
-                                        fm.get("orientation", 1), fm.get(SOURCE_SIZE))
-            fm.update({TO_SOURCE: maps.to_json(T), SOURCE_SIZE: [H, W]})
+            T, (H, W) = maps.decode_map_json(spatial_hw(sample.fields[f], Kind.IMAGE), fm.get("reduce", 1),
+                                             fm.get("orientation", 1), fm.get(SOURCE_SIZE), fm.get(EXTENT))
+            fm.update({TO_SOURCE: T, SOURCE_SIZE: [H, W]})
         except (ValueError, TypeError) as e:
             fm[UNMAPPED] = f"the decode's map is not known ({e})"
         out = dict(meta) if out is None else out
@@ -79,7 +114,7 @@ def track(step: Any, sample: Sample, targets: list[str], params_of: Callable[[st
         else:
             try:
                 forward, _ = coord_map(spatial_hw(sample.fields[f], Kind.IMAGE), **params_of(f))
-                fm[TO_SOURCE] = maps.to_json(maps.compose(fm[TO_SOURCE], maps.invert(forward)))
+                fm[TO_SOURCE] = maps.back_through(fm[TO_SOURCE], forward)
             except NotImplementedError:
                 why = "its coord_map is not implemented"
             except ValueError as e:

@@ -8,7 +8,7 @@ the vectors by the map's linear part; uncovered pixels are unknown.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional, Sequence
 
 import numpy as np
 
@@ -16,30 +16,54 @@ from ...kinds import Kind
 from .common import load_cv2
 
 
-def resize_hwc(a: np.ndarray, h: int, w: int, interpolation: str = "auto") -> np.ndarray:
-    """Resize an (H, W, C) array to (h, w, C). ``auto``: area when shrinking, linear when growing."""
+def resize_hwc(a: np.ndarray, h: int, w: int, interpolation: str = "auto",
+               extent: Optional[Sequence[float]] = None) -> np.ndarray:
+    """Resize an (H, W, C) array to (h, w, C). ``auto``: area when shrinking, linear when growing.
+
+    ``extent`` (eh, ew): resample only the part [0, ew) x [0, eh) of the array's continuous pixel grid (pixel
+    (i, j) covers [j, j + 1) x [i, i + 1)), eh <= H and ew <= W, fractional allowed: the output's extent is
+    that box, in one resample (a reduced JPEG decode whose last row and column of pixels show partly the
+    padding libjpeg adds past the source's edge: see ``decoders/image.py``). ``auto`` then compares the output
+    with the box. OpenCV resamples at the scale it is given (``fx``, ``fy``: w / ew, h / eh) from the array's
+    origin and covers the whole array; the output pixels past the box are cut off. Exact: the area resize
+    weighs each source pixel by its overlap with the output pixel's box."""
     cv2 = load_cv2()
     H, W = a.shape[:2]
-    if (H, W) == (h, w):
+    if extent is not None:
+        eh, ew = float(extent[0]), float(extent[1])
+        if not (0 < eh <= H and 0 < ew <= W):
+            raise ValueError(f"extent {eh}x{ew} is not within the {H}x{W} input")
+        if (eh, ew) == (H, W):
+            extent = None
+    else:
+        eh, ew = H, W
+    if extent is None and (H, W) == (h, w):
         return a.copy()
     if h < 1 or w < 1:
         raise ValueError(f"cannot resize to {h}x{w}")
     if interpolation == "auto":
-        interpolation = "area" if h <= H and w <= W else "linear"
+        interpolation = "area" if h <= eh and w <= ew else "linear"
     flag = getattr(cv2, {"nearest": "INTER_NEAREST_EXACT", "linear": "INTER_LINEAR", "cubic": "INTER_CUBIC",
                          "area": "INTER_AREA"}[interpolation])
     src = a
     if a.dtype == np.uint16 and interpolation == "area" and a.shape[2] > 4:
         src = a.astype(np.float32)
+    if extent is None:
+        def one(x: np.ndarray) -> np.ndarray:
+            return cv2.resize(x, (w, h), interpolation=flag)
+    else:
+        fx, fy = w / ew, h / eh
+
+        def one(x: np.ndarray) -> np.ndarray:   # round(W * fx) >= w, round(H * fy) >= h: then cut to (h, w)
+            return cv2.resize(x, None, fx=fx, fy=fy, interpolation=flag)[:h, :w]
     c = a.shape[2]
     if c <= 4:
-        out = cv2.resize(np.ascontiguousarray(src), (w, h), interpolation=flag)
+        out = one(np.ascontiguousarray(src))
     else:  # OpenCV handles at most 4 channels per call for some interpolations
-        out = np.stack([cv2.resize(np.ascontiguousarray(src[..., i]), (w, h), interpolation=flag)
-                        for i in range(c)], axis=-1)
+        out = np.stack([one(np.ascontiguousarray(src[..., i])) for i in range(c)], axis=-1)
     if out.ndim == 2:
         out = out[..., None]
-    return out.astype(a.dtype, copy=False)
+    return np.ascontiguousarray(out).astype(a.dtype, copy=False)
 
 
 _FAST_DTYPES = (np.uint8, np.uint16, np.float32)

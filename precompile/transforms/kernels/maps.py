@@ -7,6 +7,7 @@ matrices with a last row (0, 0, 1). Pure float64 arithmetic, no I/O.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Sequence
 
 import numpy as np
@@ -17,6 +18,11 @@ ORIENTATIONS = (2, 3, 4, 5, 6, 7, 8)
 TURNS = (5, 6, 7, 8)
 
 IDENTITY = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+
+#: the key of an image field's meta under which a reduced decode hands its first resample the source's extent
+#: ([height, width] in the decoded pixels, fractional: H/k, W/k) instead of resampling it onto its own grid
+#: (``decoders/image.py``); the step that takes it (``resize``) removes it
+EXTENT = "extent"
 
 
 def as_map(M: Any, what: str = "map") -> np.ndarray:
@@ -70,24 +76,28 @@ def orientation_map(o: int, w: int, h: int) -> np.ndarray:
 
 
 def decode_map(decoded_hw: tuple[int, int], reduce: int = 1, orientation: int = 1,
-               source_hw: Sequence[int] | None = None) -> tuple[np.ndarray, tuple[int, int]]:
+               source_hw: Sequence[int] | None = None,
+               extent: Sequence[float] | None = None) -> tuple[np.ndarray, tuple[int, int]]:
     """The map from a decoded image's pixels back to its source file's stored pixels, and the source's
     (height, width). The decoder read the source at 1/``reduce`` (the reduced image, ceil(H/k) x ceil(W/k),
     covers the whole source, so each axis scales by its reduced size over the source's) and then turned it by
     its EXIF ``orientation``. ``source_hw`` (the stored pixels' height and width) is needed when ``reduce`` > 1;
-    without a reduction it is the decoded size, unturned."""
+    without a reduction it is the decoded size, unturned. ``extent`` ([height, width], unturned, see
+    :data:`EXTENT`): the source covers only that part of the decoded pixels (H/k x W/k: libjpeg's padding
+    past the edges left for the first resample to cut)."""
     h, w = (int(decoded_hw[0]), int(decoded_hw[1]))
     o, k = int(orientation), int(reduce)
     hr, wr = (w, h) if o in TURNS else (h, w)      # the reduced image before its turn
+    eh, ew = (hr, wr) if extent is None else (float(extent[0]), float(extent[1]))   # the source's part of it
     if source_hw is None:
-        if k != 1:
+        if k != 1 or extent is not None:
             raise ValueError(f"decoded at 1/{k} scale and the source's size is not recorded")
         H, W = hr, wr
     else:
         H, W = int(source_hw[0]), int(source_hw[1])
     if H < 1 or W < 1:
         raise ValueError(f"source size {H}x{W} is not a size")
-    forward = compose(orientation_map(o, wr, hr), scale_map(wr / W, hr / H))
+    forward = compose(orientation_map(o, wr, hr), scale_map(ew / W, eh / H))
     return invert(forward), (H, W)
 
 
@@ -121,3 +131,40 @@ def points_through(points: Any, M: Any) -> np.ndarray:
 def to_json(M: Any) -> list[list[float]]:
     """A map as JSON: two rows of three floats (-0.0 written as 0.0)."""
     return [[float(v) + 0.0 for v in row] for row in as_map(M)]
+
+
+# The build records one map per image and step (transforms/source_map.py); the maps of a dataset repeat (one
+# decode map per source size, one resize map per grid), and numpy's per-call cost on 2x3 arrays was ~0.2 ms a
+# sample. These two give the very results of the functions they wrap, remembered per distinct input (a value
+# equal as a key is equal as a number: 1 == 1.0; 0.0 == -0.0, whose signs to_json writes alike), as new lists.
+
+def _key(M: Any) -> Any:
+    """A hashable copy of a map given as nested lists or an array (TypeError for anything unhashable)."""
+    rows = M.tolist() if isinstance(M, np.ndarray) else M
+    return tuple(tuple(r) if isinstance(r, (list, tuple)) else r for r in rows)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decode_map_json(decoded_hw: Any, reduce: Any, orientation: Any, source_hw: Any, extent: Any) -> Any:
+    T, hw = decode_map(decoded_hw, reduce, orientation, source_hw, extent)
+    return _key(to_json(T)), hw
+
+
+def decode_map_json(decoded_hw: Sequence[int], reduce: Any = 1, orientation: Any = 1, source_hw: Any = None,
+                    extent: Any = None) -> tuple[list[list[float]], tuple[int, int]]:
+    """``to_json`` of :func:`decode_map`'s map, and the source's (height, width); remembered per input."""
+    T, hw = _decode_map_json(tuple(decoded_hw), reduce, orientation,
+                             None if source_hw is None else _key(source_hw),
+                             None if extent is None else _key(extent))
+    return [list(r) for r in T], hw
+
+
+@functools.lru_cache(maxsize=4096)
+def _back_through(T: Any, forward: Any) -> Any:
+    return _key(to_json(compose(T, invert(forward))))
+
+
+def back_through(T: Any, forward: Any) -> list[list[float]]:
+    """``to_json(compose(T, invert(forward)))``: map ``T`` (back to the source) after a step that moved the
+    image by ``forward``; remembered per input."""
+    return [list(r) for r in _back_through(_key(T), _key(forward))]

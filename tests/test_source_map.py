@@ -412,8 +412,9 @@ def test_to_source_refuses_a_build_without_maps_and_a_step_it_cannot_invert(tmp_
     assert str(e.value) == (f"{ds.path}: sample 0 (key 'a.r8'), field 'image': no map back to the source: step "
                             f"'posterize_test' moved field 'image' and it has no coord_map: its move is not known to "
                             f"be a 2D affine map (a step that changes values only says keeps_grid = True)")
-    # a build from before maps were recorded: its meta has none
+    # a build from before maps were recorded: its meta has none, and its index no source_maps attribute
     monkeypatch.setattr(type(ds), "meta", lambda self, i: {"image": {"r8_size": [5, 7]}})
+    monkeypatch.setattr(ds, "attrs", {k: v for k, v in ds.attrs.items() if k != "source_maps"})
     with pytest.raises(SourceMapError) as e:
         ds.to_source(0, keypoints=np.zeros((1, 2, 3)))
     assert str(e.value) == (f"{ds.path}: sample 0 (key 'a.r8'), field 'image': the build recorded no map back to "
@@ -471,3 +472,25 @@ def test_the_remembered_maps_are_the_computed_ones_and_fresh_lists():
         assert maps.decode_map_json(*args)[0] == maps.to_json(T)
     with pytest.raises(ValueError, match="not recorded"):
         maps.decode_map_json((188, 250), 2, 1, None, None)
+
+
+def test_an_identity_map_is_left_out_and_reads_as_the_identity(tmp_path):
+    """A PNG stored at its own size with no step records no map (the meta stays {} for tiny images); to_source
+    reads the identity over the stored size from the index's source_maps attribute."""
+    from PIL import Image
+
+    (tmp_path / "in").mkdir()
+    Image.fromarray(np.zeros((6, 9, 3), np.uint8)).save(tmp_path / "in" / "a.png")
+    r = {"name": "p", "inputs": {"root": str(tmp_path / "in"), "match": "{name}.png",
+                                 "fields": {"image": {"decoder": "image"}}}}
+    precompile.build(r, tmp_path / "out", n_jobs=1)
+    ds = precompile.open(str(tmp_path / "out" / "p.h5"))
+    assert ds.meta(0) == {}
+    T, hw = ds.source_map(0)
+    assert hw == (6, 9) and np.array_equal(T, [[1, 0, 0], [0, 1, 0]])
+    np.testing.assert_array_equal(ds.to_source(0, boxes=[[1, 2, 3, 4]]), [[1, 2, 3, 4]])
+    # a resize moves it: the map is recorded, its numbers short (7.000000000000001 is stored as 7.0)
+    r["steps"] = [{"resize": {"size": [2, 3]}}]
+    precompile.build(r, tmp_path / "out2", n_jobs=1)
+    ds2 = precompile.open(str(tmp_path / "out2" / "p.h5"))
+    assert ds2.meta(0) == {"image": {"source_size": [6, 9], "to_source": [[3.0, 0.0, 0.0], [0.0, 3.0, 0.0]]}}

@@ -135,9 +135,22 @@ class Plan:
         estimate = getattr(WRITERS.get(self.recipe.model.output.format), "estimate_shard_bytes", None)
         if estimate is None:
             return data
+        maps = self.map_meta_bytes()
         return sum(estimate(self.specs, self.shard_samples(s), self.chunking(s),
-                            s.table.key_bytes(s.rows) * self.copies_per_item)
+                            s.table.key_bytes(s.rows) * self.copies_per_item + maps * self.shard_samples(s))
                    for s in self.shards)
+
+    #: what an image field's map back to the source adds to a sample's meta when a step moves the image
+    #: (transforms/source_map.py: ``"image":{"source_size":[h,w],"to_source":[[a,b,c],[d,e,f]]}``, its numbers
+    #: short or long: about 80 bytes); an unmoved image at its own size records none
+    MAP_META_BYTES = 80
+
+    def map_meta_bytes(self) -> int:
+        """Estimated meta bytes per sample of the image fields' maps: :data:`MAP_META_BYTES` per image field when
+        the recipe has steps (a decode alone records a map only when it reduced or turned the image)."""
+        if not self.recipe.steps:
+            return 0
+        return self.MAP_META_BYTES * sum(1 for s in self.specs.values() if s.kind is Kind.IMAGE)
 
 
 def _add_column_specs(recipe: Recipe, specs: dict[str, FieldSpec]) -> None:

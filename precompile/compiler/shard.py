@@ -199,7 +199,7 @@ def run_steps(recipe: Recipe, sample: Any, copy: int, item: Item, timings: dict[
             samples.close()   # the previous step's buffer (or the generator above), now consumed
         samples = out
     if buffer is None:   # an extent a reduced decode left for a resample that did not take it (never expected)
-        samples = [source_map.settle(s) for s in samples]
+        samples = [source_map.compact(source_map.settle(s)) for s in samples]
     timings["steps"] += time.perf_counter() - t0
     return samples
 

@@ -238,6 +238,9 @@ class Dataset:
         where = f"{self.path}: sample {i} (key {echo(self.key(i))}), field {f!r}"
         if isinstance(m, dict) and "unmapped" in m:
             raise SourceMapError(f"{where}: no map back to the source: {m['unmapped']}")
+        if (not isinstance(m, dict) or "to_source" not in m) and self.attrs.get(fmt.A_MAPS) is not None:
+            h, w = (int(v) for v in self._sample(i, [f])[f].shape[:2])   # left out: the identity over its size
+            return np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]), (h, w)
         if not isinstance(m, dict) or "to_source" not in m or "source_size" not in m:
             raise SourceMapError(f"{where}: the build recorded no map back to the source (built before precompile "
                                  f"recorded one); rebuild it to record the map")

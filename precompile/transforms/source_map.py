@@ -62,6 +62,27 @@ def settle(sample: Sample) -> Sample:
     return sample.replace_fields(new, meta=out)
 
 
+def compact(sample: Sample) -> Sample:
+    """``sample`` with the map left out of every image field whose map is the identity over the stored image's
+    own size (no reduce, no turn, no step that moved it: most native-size builds), as the build stores it: an
+    index with ``source_maps`` reads a missing map as that identity (formats/dataset.py), and a tiny image's
+    meta does not grow by the map's 70 bytes."""
+    out = None
+    for f in image_fields(sample):
+        fm = sample.meta.get(f)
+        if not isinstance(fm, dict) or TO_SOURCE not in fm or EXTENT in fm:
+            continue
+        h, w = spatial_hw(sample.fields[f], Kind.IMAGE)
+        if list(fm.get(SOURCE_SIZE, ())) == [h, w] and fm[TO_SOURCE] == [[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]]:
+            out = dict(sample.meta) if out is None else out
+            rest = {k: v for k, v in fm.items() if k not in (TO_SOURCE, SOURCE_SIZE)}
+            if rest:
+                out[f] = rest
+            else:
+                del out[f]
+    return sample if out is None else sample.replace_fields({}, meta=out)
+
+
 def image_fields(sample: Sample) -> list[str]:
     """The sample's ``image`` fields, in field order."""
     return [f for f, k in sample.kinds.items() if k is Kind.IMAGE]

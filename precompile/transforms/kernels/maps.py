@@ -8,6 +8,7 @@ matrices with a last row (0, 0, 1). Pure float64 arithmetic, no I/O.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -129,8 +130,15 @@ def points_through(points: Any, M: Any) -> np.ndarray:
 
 
 def to_json(M: Any) -> list[list[float]]:
-    """A map as JSON: two rows of three floats (-0.0 written as 0.0)."""
-    return [[float(v) + 0.0 for v in row] for row in as_map(M)]
+    """A map as JSON: two rows of three floats (-0.0 written as 0.0); a number within 4 units in the last place
+    of its 15-digit form is written as that (a composed 7.000000000000001 is the 7.0 it means, and the meta
+    stays short), any other exactly (10.666666666666666 stays: its 15 digits would move it by 20 units)."""
+    return [[_snap(float(v)) + 0.0 for v in row] for row in as_map(M)]
+
+
+def _snap(v: float) -> float:
+    r = float(f"{v:.15g}")
+    return r if abs(r - v) <= 4 * math.ulp(v) else v
 
 
 # The build records one map per image and step (transforms/source_map.py); the maps of a dataset repeat (one

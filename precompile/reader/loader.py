@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from ..errors import FormatError, PrecompileError
-from . import gpu, streaming
+from . import augment, gpu, streaming
 from .copies import CopySchedule
 from .cpu_feeder import CpuFeeder
 from .cuda_feeder import CudaFeeder
@@ -287,7 +287,7 @@ class Loader:
         self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=self.in_memory is True,
                                    lazy=map_shards == "lazy")
         self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.reader.fields, self.specs)
-        self.steps = gpu.parse_steps(gpu_steps)
+        self.steps = augment.parse_steps(gpu_steps)
         shapes = {**self.reader.shapes, **{f: tuple(self.specs[f]["shape"]) for f in ragged}}
         gpu.bind_steps(self.steps, self.specs, shapes)   # each step sees the shapes of the one before it
         self._copies = copy_schedule(ds, copies, include_original, self.seed)

@@ -445,7 +445,10 @@ class RandomResizedCrop(_Spatial2D):
         return _set_hw(spec, *self.params.size)
 
     def sample_params(self, rng, sample, targets):
-        H, W = self.common_hw(sample, targets)
+        return self.draw_window(rng, *self.common_hw(sample, targets))
+
+    def draw_window(self, rng: np.random.Generator, H: int, W: int) -> dict[str, int]:
+        """One window on an ``H`` x ``W`` grid: the rule of the build step and of the Loader's device twin."""
         area = H * W
         lr = (math.log(self.params.ratio[0]), math.log(self.params.ratio[1]))
         for _ in range(10):
@@ -610,7 +613,10 @@ class RandomAffine(_Spatial2D):
             return v
 
     def sample_params(self, rng, sample, targets):
-        H, W = self.common_hw(sample, targets)
+        return self.draw_affine(rng, *self.common_hw(sample, targets))
+
+    def draw_affine(self, rng: np.random.Generator, H: int, W: int) -> dict[str, float]:
+        """One draw on an ``H`` x ``W`` grid: the rule of the build step and of the Loader's device twin."""
         p = self.params
         angle = uniform(rng, p.degrees)
         scale = uniform(rng, p.scale)

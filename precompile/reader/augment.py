@@ -26,7 +26,8 @@ Value steps (images and clips only; masks, flow and annotations are kept):
 - :class:`RandomErasing` (``random_erasing``, torchvision v2's ``p``, ``scale``, ``ratio``, ``value``): one
   rectangle per sample set to ``value``.
 
-Integer results are rounded (half to even, as OpenCV's ``saturate_cast``) and clipped to the dtype. Only the Loader imports this module.
+Integer results are rounded (half to even, as OpenCV's ``saturate_cast``) and clipped to the dtype. Only the
+Loader imports this module.
 """
 from __future__ import annotations
 
@@ -522,9 +523,9 @@ def _odd_pair(v: Any) -> list[int]:
         v = [v, v]
     if not (isinstance(v, (list, tuple)) and len(v) == 2 and all(isinstance(k, int) and not isinstance(k, bool)
                                                                  for k in v)):
-        raise ValueError(f"kernel_size: expected an odd integer or [height, width] of odd integers, got {v!r}")
+        raise ValueError(f"expected an odd integer or [height, width] of odd integers, got {v!r}")
     if any(k < 1 or k % 2 == 0 for k in v):
-        raise ValueError(f"kernel_size: sizes must be odd and positive, got {list(v)}")
+        raise ValueError(f"sizes must be odd and positive, got {list(v)}")
     return [int(v[0]), int(v[1])]
 
 

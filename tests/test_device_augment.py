@@ -343,3 +343,25 @@ def test_cuda_loader_batches_equal_cpu_loader_batches(built):
     for x, y in zip(cpu, cuda):
         d = (x["image"].int() - y["image"].cpu().int()).abs()
         assert d.max() <= 1
+
+
+def test_colour_steps_against_torchvision():
+    """torchvision v2's adjust_brightness / contrast / saturation / hue and rgb_to_grayscale, one at a time on float
+    images in [0, 1] with each sample's drawn factor (truth the code does not compute; torchvision is not
+    installable on the project's CPU machines, so this runs where it is, e.g. the GPU node). Within 2e-3: its luma
+    weighs red 0.2989 where the build's rule weighs 0.299."""
+    tvf = pytest.importorskip("torchvision.transforms.v2.functional", reason="torchvision is not installed here")
+    rng = np.random.default_rng(13)
+    # values away from 0 and 1: the build's rule does not clip floats, torchvision does
+    x = torch.from_numpy((0.2 + 0.6 * rng.random((6, 9, 11, 3))).astype(np.float32))
+    shapes = {"image": ("image", (9, 11, 3))}
+    for opt, fn in (("brightness", tvf.adjust_brightness), ("contrast", tvf.adjust_contrast),
+                    ("saturation", tvf.adjust_saturation), ("hue", tvf.adjust_hue)):
+        steps = _bind([{"color_jitter": {opt: [0.9, 1.1] if opt == "brightness" else 0.3}}], shapes)
+        out, (p,) = _run(steps, {"image": x})
+        for i in range(6):
+            want = fn(x[i].permute(2, 0, 1), float(p[opt][i])).permute(1, 2, 0)
+            torch.testing.assert_close(out["image"][i], want, rtol=0, atol=2e-3, msg=f"{opt} sample {i}")
+    out, _ = _run(_bind([{"random_grayscale": {"p": 1.0}}], shapes), {"image": x})
+    want = tvf.rgb_to_grayscale(x.permute(0, 3, 1, 2), num_output_channels=3).permute(0, 2, 3, 1)
+    torch.testing.assert_close(out["image"], want, rtol=0, atol=2e-3)

@@ -92,8 +92,16 @@ def _taps_nearest(length: int, out: int) -> np.ndarray:
     return idx
 
 
+def _frozen(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+    for a in arrays:
+        a.flags.writeable = False
+    return arrays
+
+
+@functools.lru_cache(maxsize=4096)
 def _taps_linear(length: int, out: int, area_up: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """``INTER_LINEAR``'s two taps (or ``INTER_AREA``'s when an axis grows): indices (out, 2), weights (out, 2)."""
+    """``INTER_LINEAR``'s two taps (or ``INTER_AREA``'s when an axis grows): indices (out, 2), weights (out, 2).
+    Read-only (cached: a batch's windows share a few lengths)."""
     scale = length / out
     d = np.arange(out, dtype=np.float64)
     if area_up:
@@ -109,11 +117,13 @@ def _taps_linear(length: int, out: int, area_up: bool = False) -> tuple[np.ndarr
     high = sx >= length - 1
     sx, fx = np.where(high, length - 1, sx), np.where(high, 0.0, fx)
     idx = np.stack([sx, np.minimum(sx + 1, length - 1)], axis=1)
-    return idx, np.stack([1 - fx, fx], axis=1)
+    return _frozen(idx, np.stack([1 - fx, fx], axis=1))
 
 
+@functools.lru_cache(maxsize=4096)
 def _taps_area(length: int, out: int) -> tuple[np.ndarray, np.ndarray]:
-    """``INTER_AREA``'s taps when the axis shrinks: each output pixel's share of the input pixels it covers."""
+    """``INTER_AREA``'s taps when the axis shrinks: each output pixel's share of the input pixels it covers.
+    Read-only (cached)."""
     scale = length / out
     rows: list[list[tuple[int, float]]] = []
     for dx in range(out):
@@ -136,7 +146,7 @@ def _taps_area(length: int, out: int) -> tuple[np.ndarray, np.ndarray]:
     for i, r in enumerate(rows):
         for j, (s, v) in enumerate(r):
             idx[i, j], w[i, j] = s, v
-    return idx, w
+    return _frozen(idx, w)
 
 
 def resize_taps(mode: str, starts: np.ndarray, lengths: np.ndarray, out: int,

@@ -26,7 +26,7 @@ from precompile.reader import augment, gpu
 from precompile.reader.loader import Loader
 from precompile.transforms.kernels.colour import color_jitter, to_gray8
 
-from loader_cases import built, ds  # noqa: F401
+from loader_cases import built  # noqa: F401
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine: the CUDA-vs-CPU "
                           "checks run on a GPU node")

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Union
 
 import numpy as np
 import torch
@@ -63,12 +63,12 @@ def _fold(x: torch.Tensor) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch
 
 
 def _to_dtype(f: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Float results as ``dtype``: integers rounded (half to even) and clipped to their range."""
+    """Float results as ``dtype``: integers rounded (half to even) and clipped to their range (``f`` is
+    used up: rounded in place)."""
     if dtype.is_floating_point:
         return f.to(dtype)
     info = torch.iinfo(dtype)
-    f = torch.round(f)
-    return f.clamp_(info.min, info.max).to(dtype)
+    return f.round_().clamp_(info.min, info.max).to(dtype)
 
 
 def _per_sample(a: np.ndarray, x: torch.Tensor) -> torch.Tensor:
@@ -185,7 +185,10 @@ def _gather(x: torch.Tensor, dim: int, idx: torch.Tensor) -> torch.Tensor:
 
 
 def _resample_axis(x: torch.Tensor, dim: int, idx: np.ndarray, w: np.ndarray) -> torch.Tensor:
-    """Float ``x`` resampled along ``dim`` with per-sample taps: sum_k w[k] * x[idx[k]] (k in order)."""
+    """``x`` resampled along ``dim`` with per-sample taps: sum_k w[k] * x[idx[k]] (k in order), float32. An
+    integer ``x`` is gathered first and converted after (the same values; a quarter of the bytes moved)."""
+    if x.dtype in _SIGNED_TWIN:
+        x = x.to(torch.float32)
     dev = x.device
     ti = to_device(idx, dev)
     tw = to_device(w.astype(np.float32), dev)
@@ -193,8 +196,9 @@ def _resample_axis(x: torch.Tensor, dim: int, idx: np.ndarray, w: np.ndarray) ->
     view[dim] = idx.shape[1]
     acc = None
     for k in range(idx.shape[2]):
-        term = _gather(x, dim, ti[:, :, k]) * tw[:, :, k].reshape(view)
-        acc = term if acc is None else acc + term
+        g = _gather(x, dim, ti[:, :, k])
+        term = (g.to(torch.float32) if g.dtype != torch.float32 else g).mul_(tw[:, :, k].reshape(view))
+        acc = term if acc is None else acc.add_(term)
     return acc
 
 
@@ -243,7 +247,7 @@ class RandomResizedCrop(BatchStep):
     def _resize(self, x: torch.Tensor, top, left, height, width, modes: np.ndarray) -> torch.Tensor:
         """Float (n, H, W, C) -> (n, h, w, C), each sample with its mode (one pass per mode present)."""
         h, w = self.params.size
-        out = torch.empty((x.shape[0], h, w, x.shape[3]), dtype=x.dtype, device=x.device)
+        out = torch.empty((x.shape[0], h, w, x.shape[3]), dtype=torch.float32, device=x.device)
         for mode in dict.fromkeys(modes.tolist()):
             sel = np.flatnonzero(modes == mode)
             xs = x if len(sel) == len(modes) else x.index_select(0, to_device(sel, x.device))
@@ -260,7 +264,7 @@ class RandomResizedCrop(BatchStep):
         modes = self._modes(height, width, self.params.interpolation)
         if (modes == "nearest").all():
             return self.apply_mask(x, top, left, height, width)
-        r = self._resize(y.to(torch.float32), top, left, height, width, modes)
+        r = self._resize(y if y.dtype == torch.uint8 else y.to(torch.float32), top, left, height, width, modes)
         return unfold(_to_dtype(r, x.dtype))
 
     def apply_mask(self, x: torch.Tensor, top, left, height, width) -> torch.Tensor:
@@ -398,8 +402,10 @@ def _colour_channels(x: torch.Tensor) -> int:
 
 
 def _gray(f: torch.Tensor) -> torch.Tensor:
-    """ITU-R 601 luma of float (..., 3) pixels, the build's float rule (``kernels.colour._gray``)."""
-    return f[..., 0] * 0.299 + f[..., 1] * 0.587 + f[..., 2] * 0.114
+    """ITU-R 601 luma of float (..., 3) pixels, the build's float rule (``kernels.colour._gray``): the same
+    float32 products and sums, in the same order."""
+    g = f[..., 0] * 0.299
+    return g.add_(f[..., 1] * 0.587).add_(f[..., 2] * 0.114)
 
 
 def rgb_to_hsv(rgb: torch.Tensor) -> torch.Tensor:
@@ -466,22 +472,26 @@ class ColorJitter(_ValueStep):
 
     def apply_image(self, x: torch.Tensor, brightness, contrast, saturation, hue) -> torch.Tensor:
         cc = _colour_channels(x)
-        f = x[..., :cc].to(torch.float32)
+        f = x[..., :cc].to(torch.float32)   # a new tensor: changed in place below (the build's float32 ops, in order)
+        if f.data_ptr() == x.data_ptr():
+            f = f.clone()
         if (brightness != 1).any():
-            f = f * _per_sample(brightness, f)
+            f.mul_(_per_sample(brightness, f))
         if (contrast != 1).any():
             gray = _gray(f) if cc == 3 else f[..., 0]
             m = gray.to(torch.float64).mean(dim=(-2, -1)).to(torch.float32)[..., None, None, None]
-            f = f * _per_sample(contrast, f) + m * _per_sample((1 - contrast).astype(np.float32), f)
+            f.mul_(_per_sample(contrast, f)).add_(m.mul_(_per_sample((1 - contrast).astype(np.float32), m)))
         if cc == 3 and (saturation != 1).any():
             g = _gray(f)[..., None]
-            f = f * _per_sample(saturation, f) + g * _per_sample((1 - saturation).astype(np.float32), f)
+            f.mul_(_per_sample(saturation, f)).add_(g.mul_(_per_sample((1 - saturation).astype(np.float32), g)))
         if cc == 3 and (hue != 0).any():
             top = 1.0 if x.dtype.is_floating_point else float(torch.iinfo(x.dtype).max)
             hsv = rgb_to_hsv(f.clamp(0, top) / top)
             h = torch.remainder(hsv[..., 0] + _per_sample(hue, hsv[..., 0]), 1.0)
             hued = hsv_to_rgb(torch.stack([h, hsv[..., 1], hsv[..., 2]], -1)) * top
             f = torch.where(_per_sample(hue, f) != 0, hued, f)
+        if cc == x.shape[-1]:
+            return _to_dtype(f, x.dtype)
         out = x.clone()
         out[..., :cc] = _to_dtype(f, x.dtype)
         return out

@@ -365,3 +365,30 @@ def test_colour_steps_against_torchvision():
     out, _ = _run(_bind([{"random_grayscale": {"p": 1.0}}], shapes), {"image": x})
     want = tvf.rgb_to_grayscale(x.permute(0, 3, 1, 2), num_output_channels=3).permute(0, 2, 3, 1)
     torch.testing.assert_close(out["image"], want, rtol=0, atol=2e-3)
+
+
+@pytest.mark.parametrize("H, W, scale, ratio", [(24, 30, [0.08, 1.0], [0.75, 4 / 3]), (40, 12, [0.3, 0.9], [0.5, 2.0]),
+                                                (20, 20, [1.0, 1.0], [3.0, 4.0]), (9, 50, [0.5, 1.0], [1.0, 1.0])])
+def test_a_batch_of_windows_follows_the_build_steps_window_rule(H, W, scale, ratio):
+    """The device draws a batch of windows at once (``draw_windows``); the build draws one at a time
+    (``draw_window``). Same rule: every window fits the grid, its area and aspect are within ``scale`` and
+    ``ratio`` (up to the rounding to whole pixels) unless no try fit, then both give the same centred fallback;
+    and the two agree in distribution (mean area and mean log aspect over 4000 draws, and the fallback's rate)."""
+    from precompile.transforms import geometry
+
+    step = geometry.RandomResizedCrop(geometry.RandomResizedCrop.Params(size=8, scale=scale, ratio=ratio))
+    rng = np.random.default_rng(0)
+    batch = step.draw_windows(rng, H, W, 4000)
+    one = [step.draw_window(rng, H, W) for _ in range(4000)]
+    fb = step._fallback_window(H, W)
+    stats = []
+    for d in (batch, {k: np.array([o[k] for o in one]) for k in batch}):
+        t, l_, h, w = d["top"], d["left"], d["height"], d["width"]
+        assert ((t >= 0) & (t + h <= H) & (l_ >= 0) & (l_ + w <= W) & (h > 0) & (w > 0)).all()
+        fell = (t == fb["top"]) & (l_ == fb["left"]) & (h == fb["height"]) & (w == fb["width"])
+        drawn = ~fell
+        area = h * w / (H * W)
+        assert (area[drawn] <= scale[1] * 1.3 + 0.05).all() and (area[drawn] >= scale[0] * 0.5 - 0.02).all()
+        stats.append((area.mean(), np.log(w / h).mean(), fell.mean()))
+    (a1, r1, f1), (a2, r2, f2) = stats
+    assert abs(a1 - a2) < 0.02 and abs(r1 - r2) < 0.03 and abs(f1 - f2) < 0.03, stats

@@ -76,6 +76,14 @@ def _per_sample(a: np.ndarray, x: torch.Tensor) -> torch.Tensor:
     return to_device(np.asarray(a, np.float32), x.device).view((-1,) + (1,) * (x.ndim - 1))
 
 
+def _uniform_n(rng: np.random.Generator, r: list[float], n: int) -> np.ndarray:
+    """``n`` draws of the build's ``uniform`` rule at once: ``r[0]`` when the range is one value (nothing drawn),
+    else uniform on [r[0], r[1])."""
+    if r[0] == r[1]:
+        return np.full(n, float(r[0]) + 0.0)
+    return rng.uniform(r[0], r[1], n)
+
+
 def _stack_draws(draws: list[dict[str, Any]], keys: tuple[str, ...], dtype: Any) -> dict[str, np.ndarray]:
     return {k: np.array([d[k] for d in draws], dtype=dtype).reshape(len(draws)) for k in keys}
 
@@ -156,23 +164,28 @@ def resize_taps(mode: str, starts: np.ndarray, lengths: np.ndarray, out: int,
     zero weights past a sample's own). ``mode``: linear, area (OpenCV's area rule: a growing axis, or the
     other axis ``other`` = (lengths, out) growing, takes its linear-like taps), or nearest (K = 1)."""
     n = len(starts)
-    per: list[tuple[np.ndarray, np.ndarray]] = []
-    for i in range(n):
-        L = int(lengths[i])
+    lengths = np.asarray(lengths, np.int64)
+    if mode == "area":   # each sample's rule: area taps where both axes shrink, else the area-up ones
+        grows = lengths < out if other is None else (lengths < out) | (np.asarray(other[0]) < other[1])
+        keys = lengths * 2 + grows
+    else:
+        keys = lengths
+    uniq, inv = np.unique(keys, return_inverse=True)   # one table per distinct window length (few per batch)
+    tables = []
+    for key in uniq.tolist():
+        L = key // 2 if mode == "area" else key
         if mode == "nearest":
-            idx, w = _taps_nearest(L, out)[:, None], np.ones((out, 1))
+            tables.append((_taps_nearest(L, out)[:, None], np.ones((out, 1))))
         elif mode == "linear":
-            idx, w = _taps_linear(L, out)
+            tables.append(_taps_linear(L, out))
         else:
-            shrinks = L >= out and (other is None or int(other[0][i]) >= other[1])
-            idx, w = _taps_area(L, out) if shrinks else _taps_linear(L, out, area_up=True)
-        per.append((idx + int(starts[i]), w))
-    k = max((p[0].shape[1] for p in per), default=1)
-    idx = np.zeros((n, out, k), np.int64)
-    w = np.zeros((n, out, k), np.float64)
-    for i, (a, b) in enumerate(per):
-        idx[i, :, :a.shape[1]], w[i, :, :a.shape[1]] = a, b
-    return idx, w
+            tables.append(_taps_linear(L, out, area_up=True) if key % 2 else _taps_area(L, out))
+    k = max((t[0].shape[1] for t in tables), default=1)
+    ti = np.zeros((len(tables), out, k), np.int64)
+    tw = np.zeros((len(tables), out, k), np.float64)
+    for j, (a, b) in enumerate(tables):
+        ti[j, :, :a.shape[1]], tw[j, :, :a.shape[1]] = a, b
+    return ti[inv.reshape(n)] + np.asarray(starts, np.int64).reshape(n, 1, 1), tw[inv.reshape(n)]
 
 
 def _gather(x: torch.Tensor, dim: int, idx: torch.Tensor) -> torch.Tensor:
@@ -235,8 +248,7 @@ class RandomResizedCrop(BatchStep):
         return out
 
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-        draws = [self.step.draw_window(rng, *self.hw) for _ in range(n)]
-        return _stack_draws(draws, ("top", "left", "height", "width"), np.int64)
+        return self.step.draw_windows(rng, *self.hw, n)
 
     def _modes(self, height: np.ndarray, width: np.ndarray, mode: str) -> np.ndarray:
         h, w = self.params.size
@@ -466,9 +478,7 @@ class ColorJitter(_ValueStep):
 
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
         p = self.params
-        draws = [{"brightness": uniform(rng, p.brightness), "contrast": uniform(rng, p.contrast),
-                  "saturation": uniform(rng, p.saturation), "hue": uniform(rng, p.hue)} for _ in range(n)]
-        return _stack_draws(draws, ("brightness", "contrast", "saturation", "hue"), np.float64)
+        return {k: _uniform_n(rng, getattr(p, k), n) for k in ("brightness", "contrast", "saturation", "hue")}
 
     def apply_image(self, x: torch.Tensor, brightness, contrast, saturation, hue) -> torch.Tensor:
         cc = _colour_channels(x)
@@ -608,7 +618,7 @@ class GaussianBlur(_ValueStep):
         return chosen
 
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
-        return {"sigma": np.array([uniform(rng, self.params.sigma) for _ in range(n)], np.float64)}
+        return {"sigma": _uniform_n(rng, self.params.sigma, n)}
 
     def apply_image(self, x: torch.Tensor, sigma) -> torch.Tensor:
         y, unfold = _fold(x)

@@ -257,19 +257,22 @@ class RandomResizedCrop(BatchStep):
         return np.where((height >= h) & (width >= w), "area", "linear")   # resize_hwc's auto rule
 
     def _resize(self, x: torch.Tensor, top, left, height, width, modes: np.ndarray) -> torch.Tensor:
-        """Float (n, H, W, C) -> (n, h, w, C), each sample with its mode (one pass per mode present)."""
+        """(n, H, W, C) -> float (n, h, w, C), each sample with its mode's taps: one pass per axis for the
+        whole batch (a mode with fewer taps is padded with zero weights)."""
         h, w = self.params.size
-        out = torch.empty((x.shape[0], h, w, x.shape[3]), dtype=torch.float32, device=x.device)
-        for mode in dict.fromkeys(modes.tolist()):
-            sel = np.flatnonzero(modes == mode)
-            xs = x if len(sel) == len(modes) else x.index_select(0, to_device(sel, x.device))
-            iy, wy = resize_taps(mode, top[sel], height[sel], h, (width[sel], w))
-            ix, wx = resize_taps(mode, left[sel], width[sel], w, (height[sel], h))
-            r = _resample_axis(_resample_axis(xs, 1, iy, wy), 2, ix, wx)
-            if len(sel) == len(modes):
-                return r
-            out.index_copy_(0, to_device(sel, x.device), r)
-        return out
+        axes = []
+        for start, length, out, other in ((top, height, h, (width, w)), (left, width, w, (height, h))):
+            parts = {}
+            for mode in dict.fromkeys(modes.tolist()):
+                sel = np.flatnonzero(modes == mode)
+                parts[mode] = (sel, *resize_taps(mode, start[sel], length[sel], out, (other[0][sel], other[1])))
+            k = max(p[1].shape[2] for p in parts.values())
+            idx = np.zeros((len(modes), out, k), np.int64)
+            wt = np.zeros((len(modes), out, k), np.float64)
+            for sel, i, wv in parts.values():
+                idx[sel, :, :i.shape[2]], wt[sel, :, :i.shape[2]] = i, wv
+            axes.append((idx, wt))
+        return _resample_axis(_resample_axis(x, 1, *axes[0]), 2, *axes[1])
 
     def apply_image(self, x: torch.Tensor, top, left, height, width) -> torch.Tensor:
         y, unfold = _fold(x)

@@ -189,7 +189,14 @@ def resize_taps(mode: str, starts: np.ndarray, lengths: np.ndarray, out: int,
 
 
 def _gather(x: torch.Tensor, dim: int, idx: torch.Tensor) -> torch.Tensor:
-    """``x`` (n, ...) gathered along ``dim`` with a per-sample index (n, m)."""
+    """``x`` (n, ...) gathered along ``dim`` with a per-sample index (n, m): whole rows (or pixels) copied by
+    advanced indexing where torch has the kernel (measured faster on an H200 than ``gather`` with an expanded
+    index; uint16 has no CUDA indexing kernel: ``gather`` there)."""
+    if x.ndim == 4 and dim in (1, 2) and x.dtype not in _SIGNED_TWIN:
+        b = torch.arange(x.shape[0], device=x.device)
+        if dim == 1:
+            return x[b[:, None], idx]
+        return x[b[:, None, None], torch.arange(x.shape[1], device=x.device)[None, :, None], idx[:, None, :]]
     shape = list(x.shape)
     shape[dim] = idx.shape[1]
     view = [idx.shape[0]] + [1] * (x.ndim - 1)
@@ -203,14 +210,14 @@ def _resample_axis(x: torch.Tensor, dim: int, idx: np.ndarray, w: np.ndarray) ->
     if x.dtype in _SIGNED_TWIN:
         x = x.to(torch.float32)
     dev = x.device
-    ti = to_device(idx, dev)
-    tw = to_device(w.astype(np.float32), dev)
+    ti = to_device(np.ascontiguousarray(idx.transpose(2, 0, 1)), dev)   # (K, n, m): each tap's table contiguous
+    tw = to_device(np.ascontiguousarray(w.transpose(2, 0, 1), np.float32), dev)
     view = [idx.shape[0]] + [1] * (x.ndim - 1)
     view[dim] = idx.shape[1]
     acc = None
     for k in range(idx.shape[2]):
-        g = _gather(x, dim, ti[:, :, k])
-        term = (g.to(torch.float32) if g.dtype != torch.float32 else g).mul_(tw[:, :, k].reshape(view))
+        g = _gather(x, dim, ti[k])
+        term = (g.to(torch.float32) if g.dtype != torch.float32 else g).mul_(tw[k].reshape(view))
         acc = term if acc is None else acc.add_(term)
     return acc
 
@@ -347,8 +354,8 @@ class RandomAffine(BatchStep):
 
         def take(xi: torch.Tensor, yi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             inside = (xi >= 0) & (xi < W) & (yi >= 0) & (yi < H)
-            i = (yi.clamp(0, H - 1) * W + xi.clamp(0, W - 1)).reshape(n, H * W, 1).expand(n, H * W, C)
-            return torch.gather(flat, 1, i).reshape(n, H, W, C), inside[..., None]
+            i = (yi.clamp(0, H - 1) * W + xi.clamp(0, W - 1)).reshape(n, H * W)
+            return _gather(flat[..., None], 1, i)[..., 0].reshape(n, H, W, C), inside[..., None]
 
         if nearest:
             twin = _SIGNED_TWIN.get(y.dtype)

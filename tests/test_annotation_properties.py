@@ -597,13 +597,18 @@ DEVICE_CASES = [("random_flip", {"horizontal": 0.5, "vertical": 0.5, "flip_pairs
                 ("random_crop", {"size": [24, 28]}),
                 ("random_crop", {"size": [32, 32], "padding": 6, "min_visibility": 0.3}),
                 ("random_crop", {"size": [60, 20], "pad": True, "min_visibility": 0.5}),
-                ("random_crop", {"size": [28, 30], "padding": 3, "min_area": 30, "min_width": 5, "min_height": 4})]
+                ("random_crop", {"size": [28, 30], "padding": 3, "min_area": 30, "min_width": 5, "min_height": 4}),
+                ("random_resized_crop", {"size": [40, 40], "scale": [0.3, 1.0]}),
+                ("random_resized_crop", {"size": [48, 40], "scale": [0.2, 0.8], "min_visibility": 0.4,
+                                         "interpolation": "nearest"}),
+                ("random_affine", {"degrees": 40, "scale": [0.8, 1.3], "translate": 0.2}),
+                ("random_affine", {"degrees": [85, 95], "min_visibility": 0.6, "interpolation": "nearest"})]
 
 
 def test_every_device_step_has_annotation_cases():
-    from precompile.reader import gpu
+    from precompile.reader import augment
 
-    assert {n for n, _ in DEVICE_CASES} == set(gpu.STEP_NAMES)
+    assert {n for n, _ in DEVICE_CASES} == {n for n, s in augment.STEP_NAMES.items() if s.moves_grid}
 
 
 @pytest.mark.parametrize("name, params", [pytest.param(n, p, id=f"{n}-{i}") for i, (n, p) in enumerate(DEVICE_CASES)])
@@ -612,7 +617,7 @@ def test_every_device_step_has_annotation_cases():
 def test_device_steps_move_padded_annotations_like_the_pixels(name, params, seed, H, W):
     import torch
 
-    from precompile.reader import gpu
+    from precompile.reader import augment, gpu
     from precompile.reader.ragged import count_name, pad_rows
 
     scenes = [scene(seed + i, H, W) for i in range(4)]
@@ -622,7 +627,7 @@ def test_device_steps_move_padded_annotations_like_the_pixels(name, params, seed
              for f in scenes[0].fields}
     shapes = {**{f: scenes[0].fields[f].shape for f in grids}, "boxes": (None, 4), "box_labels": (None,),
               "keypoints": (None, K, 3)}
-    step = gpu.parse_steps([{name: params}])[0]
+    step = augment.parse_steps([{name: params}])[0]
     assert set(step.bind(specs, shapes)) == {*grids, "boxes", "keypoints"}
     batch = {f: torch.from_numpy(np.stack([s.fields[f] for s in scenes])) for f in grids}
     for f in notes:
@@ -631,7 +636,7 @@ def test_device_steps_move_padded_annotations_like_the_pixels(name, params, seed
     (p,) = gpu.step_params([step], seed, 0, 0, 0, len(scenes))
     out = gpu.run_steps(dict(batch), [step], [p])
     for i, s in enumerate(scenes):
-        one = {k: (bool(v[i]) if v.dtype == bool else int(v[i])) for k, v in p.items()}
+        one = gpu.param_at(p, i)
         fields = {f: out[f][i].numpy() for f in grids}
         for f in notes:
             c = int(out[count_name(f)][i])
@@ -641,12 +646,18 @@ def test_device_steps_move_padded_annotations_like_the_pixels(name, params, seed
         got = Sample(s.key, fields, dict(s.kinds), meta={"augment": [{"step": name, **one}]}, links=dict(s.links))
         msg = f"device {name} {params} seed={seed} {H}x{W} sample {i} {one}"
         kept = expected_kept(name, s, got, params)
+        if kept is None:
+            kept = affine_kept(s, got, params, msg)
         np.testing.assert_array_equal(got.fields["box_labels"], s.fields["box_labels"][kept], err_msg=msg)
         check_boxes(name, s, got, kept, msg)
         check_instances(name, s, got, kept, msg)
         check_keypoints(name, params, s, got, kept, msg)
-        ref = step.step.replay(s, one)   # and exactly the build step's result
-        for f in (*grids, *notes):
+        ref = step.step.replay(s, one)   # and exactly the build step's result (a resampled image: within a
+        for f in (*grids, *notes):       # level, OpenCV's fixed-point linear weights against float32 ones)
+            if f == "image" and step.resamples and params.get("interpolation") != "nearest":
+                d = np.abs(got.fields[f].astype(int) - ref.fields[f].astype(int))
+                assert d.max() <= 1, f"{msg}: image differs from the build's by {d.max()}"
+                continue
             np.testing.assert_array_equal(got.fields[f], ref.fields[f], err_msg=f"{msg}: {f} != build")
 
 

@@ -114,8 +114,8 @@ def test_batch_steps_are_seeded_and_match_numpy(built, ds):
         gpu.step_params(again.steps, 8, 1, 0, 0, 10)[1]["top"].tolist()
     with pytest.raises(ValueError, match="'rotate' is unknown"):
         Loader(built, batch_size=4, device="cpu", gpu_steps=[{"rotate": {}}])
-    with pytest.raises(ValueError, match="'random_affine' is a build step with no device twin"):
-        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"random_affine": {}}])
+    with pytest.raises(ValueError, match="'gaussian_noise' is a build step with no device twin"):
+        Loader(built, batch_size=4, device="cpu", gpu_steps=[{"gaussian_noise": {"std": 1}}])
     with pytest.raises(ValueError, match="'flip' is now the build step's twin random_flip"):
         Loader(built, batch_size=4, device="cpu", gpu_steps=[{"flip": {"p": 0.5}}])
     with pytest.raises(ValueError, match="random_crop: input 8x8 is smaller than the crop 9x9"):

@@ -161,12 +161,17 @@ class BatchStep:
 
     STEP: ClassVar[type]
     name: ClassVar[str]
+    #: moves pixels (a geometric step): a loaded ``flow_valid`` field moves with its flow; a colour step does not
+    moves_grid: ClassVar[bool] = True
+    #: resamples (a resize, a warp): a ``flow_valid`` field whose flow the step moved is derived again from the
+    #: moved flow (``isfinite``), as the build derives it
+    resamples: ClassVar[bool] = False
 
     def __init__(self, **params: Any):
         from pydantic import ValidationError
 
         try:
-            self.params = self.STEP.Params.model_validate(params)
+            self.params = (getattr(self, "Params", None) or self.STEP.Params).model_validate(params)
         except ValidationError as e:
             raise ValueError(f"{self.name}: " + "; ".join(
                 f"{'.'.join(str(x) for x in err['loc']) or 'options'}: {err['msg']}" for err in e.errors())) from None
@@ -188,8 +193,9 @@ class BatchStep:
         except ValueError as e:
             raise ValueError(f"{self.name}: {e}") from None
         explicit = self.params.fields is not None
-        chosen += [f for f, k in kinds.items() if k is Kind.FLOW_VALID and f not in chosen
-                   and (not explicit or links.get(f) in chosen)]
+        if self.moves_grid:
+            chosen += [f for f, k in kinds.items() if k is Kind.FLOW_VALID and f not in chosen
+                       and (not explicit or links.get(f) in chosen)]
         for f in chosen:   # a pad value the stored dtype cannot hold would wrap around (-5 in uint16: 65531)
             if specs[f].get("dtype") is None:
                 continue
@@ -345,9 +351,11 @@ _RENAMED = {"flip": "random_flip: {horizontal: p} (or {vertical: p, horizontal: 
             "crop": "random_crop: {size: ..., padding: ...}"}
 
 
-def parse_steps(steps: Sequence[Any] | None) -> list[BatchStep]:
+def parse_steps(steps: Sequence[Any] | None, names: dict[str, Callable[..., BatchStep]] | None = None) -> list[BatchStep]:
     """Batch steps from objects or ``{"random_flip": {...}}`` / ``{"random_crop": {"size": 24}}`` mappings,
-    with the build steps' names and options."""
+    with the build steps' names and options (``names``: the known steps, default :data:`STEP_NAMES`;
+    :func:`precompile.reader.augment.parse_steps` passes every device step)."""
+    STEP_NAMES_ = STEP_NAMES if names is None else names
     out: list[BatchStep] = []
     for i, s in enumerate(steps or []):
         if isinstance(s, BatchStep):
@@ -359,15 +367,15 @@ def parse_steps(steps: Sequence[Any] | None) -> list[BatchStep]:
         if name in _RENAMED:
             raise ValueError(f"gpu_steps[{i}]: {name!r} is now the build step's twin {_RENAMED[name]}, "
                              f"with the build's options")
-        if name not in STEP_NAMES:
+        if name not in STEP_NAMES_:
             from ..registry import STEPS, load_builtins
 
             load_builtins()
             why = "a build step with no device twin" if name in STEPS else "unknown"
-            raise ValueError(f"gpu_steps[{i}]: {name!r} is {why} (device steps: {', '.join(STEP_NAMES)})")
+            raise ValueError(f"gpu_steps[{i}]: {name!r} is {why} (device steps: {', '.join(STEP_NAMES_)})")
         if not isinstance(params, (dict, type(None))):
             raise ValueError(f"gpu_steps[{i}].{name}: options must be a mapping, got {params!r}")
-        out.append(STEP_NAMES[name](**(params or {})))
+        out.append(STEP_NAMES_[name](**(params or {})))
     return out
 
 
@@ -388,13 +396,19 @@ def step_params(steps: Sequence[BatchStep], seed: int, epoch: int, rank: int, ba
             for i, s in enumerate(steps)]
 
 
+def param_at(p: dict[str, np.ndarray], i: int) -> dict[str, Any]:
+    """Sample ``i``'s drawn parameters as the build step takes them: bool, int or float (one rule for the maps,
+    the annotations and the tests)."""
+    return {k: (bool(v[i]) if v.dtype == bool else int(v[i]) if v.dtype.kind in "iu" else float(v[i]))
+            for k, v in p.items()}
+
+
 def step_maps(step: BatchStep, p: dict[str, np.ndarray], n: int) -> np.ndarray:
     """(n, 2, 3) float64: each sample's forward map (the build step's ``coord_map``) of one bound step for its
     drawn parameters ``p``, on the grid the step sees (the float64 maps :func:`~precompile.reader.ragged.move_annotations`
     moves boxes with)."""
-    return np.stack([step.step.coord_map(step.hw, **{k: (bool(v[i]) if v.dtype == bool else int(v[i]))
-                                                     for k, v in p.items()})[0]
-                     for i in range(n)]) if n else np.zeros((0, 2, 3))
+    return np.stack([step.step.coord_map(step.hw, **param_at(p, i))[0] for i in range(n)]) if n \
+        else np.zeros((0, 2, 3))
 
 
 def device_maps(steps: Sequence[BatchStep], params: Sequence[dict], n: int, field: str | None = None) -> np.ndarray:
@@ -406,7 +420,7 @@ def device_maps(steps: Sequence[BatchStep], params: Sequence[dict], n: int, fiel
 
     out = np.repeat(maps.IDENTITY[None], n, axis=0)
     for step, p in zip(steps, params):
-        if step.hw is None or (field is not None and field not in step.bound):
+        if step.hw is None or not step.moves_grid or (field is not None and field not in step.bound):
             continue
         forward = step_maps(step, p, n)
         out = np.stack([maps.compose(out[j], maps.invert(forward[j])) for j in range(n)]) if n else out
@@ -418,6 +432,11 @@ def run_steps(batch: dict[str, torch.Tensor], steps: Sequence[BatchStep], params
         for f, kind in step.bound.items():
             if kind not in ANNOTATIONS:
                 batch[f] = step.apply(batch[f], kind, **p)
+        if step.resamples:   # validity of a resampled flow: where the moved flow is known (the build's rule)
+            for f, kind in step.bound.items():
+                flow = step.links.get(f)
+                if kind is Kind.FLOW_VALID and step.bound.get(flow) is Kind.FLOW:
+                    batch[f] = torch.isfinite(batch[flow]).all(-1, keepdim=True).to(batch[f].dtype)
         if ANNOTATIONS.intersection(step.bound.values()):
             for f, (rows, ids) in move_annotations(step, batch, p).items():
                 batch[f] = renumber_masks(batch[f], rows, ids)

@@ -45,7 +45,7 @@ import numpy as np
 import torch
 
 from ..errors import FormatError, PrecompileError
-from . import gpu, streaming
+from . import augment, gpu, streaming
 from .copies import CopySchedule
 from .cpu_feeder import CpuFeeder
 from .cuda_feeder import CudaFeeder
@@ -294,7 +294,7 @@ class Loader:
         self.targets, self.target_fields = check_targets(targets), None   # targets="list": per-image dicts
         if self.targets is not None:
             self.target_fields = loader_targets(self.specs, self.fields, self.convert)
-        self.steps = gpu.parse_steps(gpu_steps)
+        self.steps = augment.parse_steps(gpu_steps)
         shapes = {**self.reader.shapes, **{f: tuple(self.specs[f]["shape"]) for f in ragged}}
         gpu.bind_steps(self.steps, self.specs, shapes)   # each step sees the shapes of the one before it
         self._copies = copy_schedule(ds, copies, include_original, self.seed)

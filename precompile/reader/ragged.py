@@ -127,7 +127,8 @@ def move_annotations(step: Any, batch: dict[str, torch.Tensor],
     :func:`~precompile.reader.gpu.renumber_masks`."""
     build = step.step
     n = len(next(iter(params.values()))) if params else len(next(iter(batch.values())))
-    maps = [build.coord_map(step.hw, **{k: (bool(v[i]) if v.dtype == bool else int(v[i])) for k, v in params.items()})
+    maps = [build.coord_map(step.hw, **{k: (bool(v[i]) if v.dtype == bool else int(v[i]) if v.dtype.kind in "iu"
+                                            else float(v[i])) for k, v in params.items()})
             for i in range(n)]
     hw = maps[0][1]
     M = np.stack([m for m, _ in maps]) if maps else np.zeros((0, 2, 3))

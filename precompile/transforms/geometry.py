@@ -497,7 +497,10 @@ class RandomResizedCrop(_Spatial2D):
         return _set_hw(spec, *self.params.size)
 
     def sample_params(self, rng, sample, targets):
-        H, W = self.common_hw(sample, targets)
+        return self.draw_window(rng, *self.common_hw(sample, targets))
+
+    def draw_window(self, rng: np.random.Generator, H: int, W: int) -> dict[str, int]:
+        """One window on an ``H`` x ``W`` grid: the rule of the build step and of the Loader's device twin."""
         area = H * W
         lr = (math.log(self.params.ratio[0]), math.log(self.params.ratio[1]))
         for _ in range(10):
@@ -508,6 +511,10 @@ class RandomResizedCrop(_Spatial2D):
             if 0 < w <= W and 0 < h <= H:
                 return {"top": int(rng.integers(0, H - h + 1)), "left": int(rng.integers(0, W - w + 1)),
                         "height": h, "width": w}
+        return self._fallback_window(H, W)
+
+    def _fallback_window(self, H: int, W: int) -> dict[str, int]:
+        """The window when 10 tries found none: the largest centred one within ``ratio``."""
         r = W / H
         if r < self.params.ratio[0]:
             w, h = W, max(1, int(round(W / self.params.ratio[0])))
@@ -516,6 +523,31 @@ class RandomResizedCrop(_Spatial2D):
         else:
             h, w = H, W
         return {"top": (H - h) // 2, "left": (W - w) // 2, "height": h, "width": w}
+
+    def draw_windows(self, rng: np.random.Generator, H: int, W: int, n: int) -> dict[str, np.ndarray]:
+        """``n`` windows by :meth:`draw_window`'s rule at once (the Loader's device twin draws a batch so): each
+        window's 10 tries are drawn together, the first that fits is taken, else the same fallback; the same
+        distribution, drawn in another order. Arrays of int64."""
+        p = self.params
+
+        def u(r: list[float], shape: tuple[int, int]) -> np.ndarray:   # base.uniform, for many draws
+            return np.full(shape, float(r[0]) + 0.0) if r[0] == r[1] else rng.uniform(r[0], r[1], shape)
+
+        lr = [math.log(p.ratio[0]), math.log(p.ratio[1])]
+        a = (H * W) * u(p.scale, (n, 10))
+        r = np.exp(u(lr, (n, 10)))
+        w = np.rint(np.sqrt(a * r)).astype(np.int64)
+        h = np.rint(np.sqrt(a / r)).astype(np.int64)
+        fits = (w > 0) & (w <= W) & (h > 0) & (h <= H)
+        first, hit = fits.argmax(axis=1), fits.any(axis=1)
+        rows = np.arange(n)
+        fb = self._fallback_window(H, W)
+        hh = np.where(hit, h[rows, first], fb["height"])
+        ww = np.where(hit, w[rows, first], fb["width"])
+        top = np.where(hit, rng.integers(0, H - hh + 1), fb["top"]) if n else np.zeros(0, np.int64)
+        left = np.where(hit, rng.integers(0, W - ww + 1), fb["left"]) if n else np.zeros(0, np.int64)
+        return {"top": top.astype(np.int64), "left": left.astype(np.int64), "height": hh.astype(np.int64),
+                "width": ww.astype(np.int64)}
 
     def neutral_params(self, sample, targets):
         # resize + centre crop: the largest centred window with the output's aspect ratio
@@ -662,7 +694,10 @@ class RandomAffine(_Spatial2D):
             return v
 
     def sample_params(self, rng, sample, targets):
-        H, W = self.common_hw(sample, targets)
+        return self.draw_affine(rng, *self.common_hw(sample, targets))
+
+    def draw_affine(self, rng: np.random.Generator, H: int, W: int) -> dict[str, float]:
+        """One draw on an ``H`` x ``W`` grid: the rule of the build step and of the Loader's device twin."""
         p = self.params
         angle = uniform(rng, p.degrees)
         scale = uniform(rng, p.scale)

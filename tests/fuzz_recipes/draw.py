@@ -252,8 +252,42 @@ def draw_loader(r: np.random.Generator, hw: tuple[int, int], keypoints: bool, n_
                 p["pad_value"] = 3
             steps.append({"random_crop": p})
             h, w = ch, cw
+    # the random device steps of issue 35, from their own stream (the draws above, and the case's after, stay)
+    r2 = np.random.default_rng([ld["seed"], int(hw[0]), int(hw[1]), n_rows, 35])
+    if r2.random() < 0.6:
+        steps += draw_device_augment(r2, (h, w))
     ld["gpu_steps"] = steps
     return ld
+
+
+def draw_device_augment(r: np.random.Generator, hw: tuple[int, int]) -> list[dict]:
+    """One or two of the device-only random steps: resized crop, affine, colour jitter, grayscale, blur, erasing."""
+    out = []
+    h, w = hw
+    for _ in range(int(_choice(r, [1, 1, 2]))):
+        name = _choice(r, ["random_resized_crop", "random_affine", "color_jitter", "random_grayscale",
+                           "gaussian_blur", "random_erasing"])
+        if name == "random_resized_crop":
+            size = [int(r.integers(4, max(5, h + 3))), int(r.integers(4, max(5, w + 3)))]
+            p = {"size": size, "scale": [0.3, 1.0], "interpolation": _choice(r, ["auto", "nearest", "linear"])}
+            h, w = size
+        elif name == "random_affine":
+            p = {"degrees": float(_choice(r, [0.0, 15.0, 90.0])), "scale": [0.8, 1.2], "translate": 0.1,
+                 "interpolation": _choice(r, ["linear", "nearest"])}
+        elif name == "color_jitter":
+            p = {"brightness": 0.3, "contrast": 0.3, "saturation": 0.3}
+        elif name == "random_grayscale":
+            p = {"p": 0.5}
+        elif name == "gaussian_blur":
+            if min(h, w) < 2:
+                continue
+            p = {"kernel_size": 3, "sigma": [0.5, 1.5]}
+        else:
+            p = {"p": 0.7, "value": 5}
+        if name in ("random_resized_crop", "random_affine") and r.random() < 0.3:
+            p["min_visibility"] = 0.3
+        out.append({name: p})
+    return out
 
 
 def _image_decoder(r: np.random.Generator, big: bool, allow_forced: bool) -> dict:
@@ -546,7 +580,12 @@ COVERAGE: dict[str, dict[str, Any]] = {
                 "wav": "audio (subtype auto/PCM_16/FLOAT)"},
     "device_steps": {"random_flip": "Loader gpu_steps (horizontal, vertical, flip_pairs)",
                      "random_crop": "Loader gpu_steps (size, padding, pad, pad_value, min_visibility, "
-                                    "min_area/min_width/min_height; chained)"},
+                                    "min_area/min_width/min_height; chained)",
+                     "random_resized_crop": "Loader gpu_steps (size, scale, interpolation, min_visibility)",
+                     "random_affine": "Loader gpu_steps (degrees, scale, translate, interpolation, min_visibility)",
+                     "color_jitter": "Loader gpu_steps (brightness, contrast, saturation)",
+                     "random_grayscale": "Loader gpu_steps (p)", "gaussian_blur": "Loader gpu_steps (3x3, sigma)",
+                     "random_erasing": "Loader gpu_steps (p, value)"},
 }
 
 

@@ -8,7 +8,8 @@
 #
 # PARTs (default all, in this order): cuda_tests fuzz_cuda pool bench_gpu suite bench_scale workers bench_threads mnist;
 # bench_scale_20k (20,000 photos at -j1 and -j16 against a hand-written joblib pool) runs only when named.
-# BENCH_GPU_ARGS and BENCH_THREADS_ARGS replace those benchmarks' arguments (a shorter run).
+# BENCH_GPU_ARGS, BENCH_THREADS_ARGS and BENCH_SCALE_ARGS (bench_scale_20k's) replace those benchmarks'
+# arguments (a shorter run).
 # (fuzz_cuda: the recipe fuzzer's Loader oracles on CUDA; pool: N forked workers' start; workers: their tests.)
 #
 # Python packages the node lacks come as wheels in .whl/ (ignored by git; carried to the node), downloaded
@@ -55,7 +56,8 @@ part() {   # part NAME LIMIT_S COMMAND...
 }
 
 part cuda_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/test_loader_device.py tests/test_loader_resident.py \
-    tests/test_annotation_builds.py tests/test_annotation_properties.py tests/test_targets.py tests/test_mix.py
+    tests/test_annotation_builds.py tests/test_annotation_properties.py tests/test_targets.py tests/test_mix.py \
+    tests/test_device_augment.py
 part fuzz_cuda 90 env PRECOMPILE_FUZZ_DEVICE=cuda $PY tests/fuzz_recipes/runner.py --loader-cases 60
 part pool 40 $PY benchmarks/bench_scale.py --pool 1,2,4,8,16 --repeats 3
 part bench_gpu 200 $PY benchmarks/bench_gpu.py ${BENCH_GPU_ARGS:---samples 8192 --threads 1,2,4,8,15 --prefetch 1,2,4,8 --repeats 5}
@@ -69,7 +71,7 @@ export -f suite
 export PY
 part suite 150 bash -c suite
 part bench_scale 150 $PY benchmarks/bench_scale.py --jobs 1,2,4,8,16 --photos 4000
-part bench_scale_20k 240 $PY benchmarks/bench_scale.py --jobs 1,16 --photos 20000 --targets 64 --joblib
+part bench_scale_20k 240 $PY benchmarks/bench_scale.py ${BENCH_SCALE_ARGS:---jobs 1,16 --photos 20000 --targets 64 --joblib}
 part workers 60 $PY -m pytest -q -p no:cacheprovider tests/test_workers.py tests/test_warm_pool.py
 part bench_threads 150 $PY benchmarks/bench_threads.py ${BENCH_THREADS_ARGS:---threads 1,2,4,8,15 --repeats 5 --sides 64,224,256}
 part mnist 120 $PY benchmarks/bench_mnist.py --device cuda --workers 8 --epochs 3

@@ -123,6 +123,14 @@ class Ann:
     clipped: bool = False    # clipped by some step: its pixels only lie inside the box
 
 
+def on_edge(kp: np.ndarray, hw: tuple[int, int]) -> np.ndarray:
+    """Keypoints within float noise of an edge of the h x w extent (any of the four: a turn or a mirror computed
+    in floats may leave 0 as -1e-15 or W as W + 1e-15), where in view or not is the noise's to decide."""
+    h, w = hw
+    x, y = kp[:, 0], kp[:, 1]
+    return (np.abs(x - w) < 1e-6) | (np.abs(y - h) < 1e-6) | (np.abs(x) < 1e-6) | (np.abs(y) < 1e-6)
+
+
 def follow(anns: list[Ann], moves: list[ref.Move]) -> None:
     for m in moves:
         pairs = (m.params or {}).get("pairs", [])
@@ -135,9 +143,7 @@ def follow(anns: list[Ann], moves: list[ref.Move]) -> None:
             a.alive = b.kept
             a.box = b.box
             a.kp = ref.move_keypoints(a.kp, m, pairs)
-            h, w = m.hw
-            a.kp_edge = (np.abs(a.kp[:, 0] - w) < 1e-6) | (np.abs(a.kp[:, 1] - h) < 1e-6) | \
-                        (a.kp_edge & (m.resample == "none") & np.ones(K, bool))
+            a.kp_edge = on_edge(a.kp, m.hw) | (a.kp_edge & (m.resample == "none") & np.ones(K, bool))
             if m.name == "random_flip" and ref.mirrors(m.M):
                 for x, y in pairs:
                     a.perm[x], a.perm[y] = a.perm[y], a.perm[x]

@@ -655,8 +655,11 @@ def test_device_steps_move_padded_annotations_like_the_pixels(name, params, seed
         ref = step.step.replay(s, one)   # and exactly the build step's result (a resampled image: within a
         for f in (*grids, *notes):       # level, OpenCV's fixed-point linear weights against float32 ones)
             if f == "image" and step.resamples and params.get("interpolation") != "nearest":
+                import cv2   # the build's warpAffine on OpenCV 4 (the floor) rounds coordinates to 1/32 px
+
+                lv = 8 if name == "random_affine" and int(cv2.__version__.split(".")[0]) < 5 else 1
                 d = np.abs(got.fields[f].astype(int) - ref.fields[f].astype(int))
-                assert d.max() <= 1, f"{msg}: image differs from the build's by {d.max()}"
+                assert d.max() <= lv, f"{msg}: image differs from the build's by {d.max()}"
                 continue
             np.testing.assert_array_equal(got.fields[f], ref.fields[f], err_msg=f"{msg}: {f} != build")
 

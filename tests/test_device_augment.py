@@ -58,14 +58,20 @@ def _fields(rng: np.random.Generator, n: int, H: int, W: int, dtype=np.uint8) ->
 KINDS = {"image": "image", "video": "video", "mask": "mask", "flow": "flow"}
 
 
-def _close(got: np.ndarray, want: np.ndarray, dtype, exact: bool, msg: str) -> None:
+#: how far the device's random_affine (float coordinates) may be from the build's cv2.warpAffine, in levels of a
+#: 0-255 image: OpenCV 5 samples at float coordinates too (a level: fixed-point weights); OpenCV 4 (the floor,
+#: 4.8) rounds each source coordinate to 1/32 px (INTER_BITS), which moves a full-contrast edge by up to 255/32
+AFFINE_LEVELS = 1 if int(cv2.__version__.split(".")[0]) >= 5 else 8
+
+
+def _close(got: np.ndarray, want: np.ndarray, dtype, exact: bool, msg: str, levels: int = 1) -> None:
     if exact:
         np.testing.assert_array_equal(got, want, err_msg=msg)
     elif np.dtype(dtype) == np.uint8:
         d = np.abs(got.astype(int) - want.astype(int))
-        assert d.max() <= 1, f"{msg}: {d.max()} levels from the build"
+        assert d.max() <= levels, f"{msg}: {d.max()} levels from the build"
     else:
-        np.testing.assert_allclose(got, want, rtol=0, atol=255e-3, err_msg=msg)
+        np.testing.assert_allclose(got, want, rtol=0, atol=255e-3 if levels == 1 else float(levels), err_msg=msg)
 
 
 @pytest.mark.parametrize("dtype", [np.uint8, np.float32])
@@ -89,14 +95,21 @@ def test_geometric_steps_equal_the_build_step_on_every_kind(step, dtype):
     for i in range(6):
         one = gpu.param_at(p, i)
         msg = f"{step} sample {i} {one}"
-        _close(out["image"][i].numpy(), build.apply_image(batch["image"][i].numpy(), **one), dtype, exact, msg)
-        _close(out["video"][i].numpy(), build.apply_video(batch["video"][i].numpy(), **one), dtype, exact, msg)
+        lv = AFFINE_LEVELS if "random_affine" in step else 1
+        _close(out["image"][i].numpy(), build.apply_image(batch["image"][i].numpy(), **one), dtype, exact, msg, lv)
+        _close(out["video"][i].numpy(), build.apply_video(batch["video"][i].numpy(), **one), dtype, exact, msg, lv)
         np.testing.assert_array_equal(out["mask"][i].numpy(), build.apply_mask(batch["mask"][i].numpy(), **one),
                                       err_msg=msg)
         want = build.apply_flow(batch["flow"][i].numpy(), **one)
         got = out["flow"][i].numpy()
-        np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{msg}: flow validity")
-        np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=0, atol=1e-4, err_msg=msg)
+        if lv == 1:
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"{msg}: flow validity")
+            np.testing.assert_allclose(got[~np.isnan(got)], want[~np.isnan(want)], rtol=0, atol=1e-4, err_msg=msg)
+        else:   # OpenCV 4's 1/32 px coordinates: a pixel on the footprint's edge may fall either side of it
+            assert (np.isnan(got) != np.isnan(want)).mean() <= 0.01, f"{msg}: flow validity"
+            both = ~np.isnan(got) & ~np.isnan(want)
+            span = float(np.nanmax(np.abs(batch["flow"][i].numpy()), initial=1.0))
+            np.testing.assert_allclose(got[both], want[both], rtol=0, atol=span / 8, err_msg=msg)
     assert out["image"].dtype == batch["image"].dtype and out["mask"].dtype == torch.uint16
     assert len({tuple(r) for r in np.stack([p[k] for k in p], 1).tolist()}) == 6   # every sample its own draw
 

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from pydantic import Field, field_validator
 
-from ..kinds import ANNOTATIONS, Kind, kinds
+from ..kinds import Kind, kinds
 from ..optschema import checked
 from ..transforms import colour, geometry
 from ..transforms.base import RandomParams, RandomStep, range_param, uniform
@@ -233,7 +233,7 @@ def _gather_nearest(x: torch.Tensor, iy: np.ndarray, ix: np.ndarray) -> torch.Te
 
 
 # -- random_resized_crop -------------------------------------------------------------------------------------
-class RandomResizedCrop(BatchStep):
+class RandomResizedCrop(gpu.SizedStep):
     """``random_resized_crop``: the build step's window (its ``draw_window``) resized to ``size`` with
     OpenCV's taps; masks nearest (exact), flow by ``resize_flow``'s rule."""
 
@@ -246,13 +246,6 @@ class RandomResizedCrop(BatchStep):
             raise ValueError(f"{self.name}: interpolation 'cubic' has no device kernel; use auto, area, linear "
                              f"or nearest")
         return super().bind(specs, shapes)
-
-    def out_shapes(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-        out = dict(shapes)
-        for f, k in self.bound.items():
-            if k not in ANNOTATIONS:
-                out[f] = (*shapes[f][:-3], *self.params.size, shapes[f][-1])
-        return out
 
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
         return self.step.draw_windows(rng, *self.hw, n)

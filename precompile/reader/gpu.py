@@ -288,7 +288,19 @@ class RandomFlip(BatchStep):
         return x * to_device(sign, x.device).view(-1, *(1,) * (x.ndim - 2), 2).to(x.dtype)
 
 
-class RandomCrop(BatchStep):
+class SizedStep(BatchStep):
+    """A step whose grids (images, masks, clips, flow) come out at ``params.size`` (h, w): a crop, a resized
+    crop; annotations keep their shapes."""
+
+    def out_shapes(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+        out = dict(shapes)
+        for f, k in self.bound.items():
+            if k not in ANNOTATIONS:
+                out[f] = (*shapes[f][:-3], *self.params.size, shapes[f][-1])
+        return out
+
+
+class RandomCrop(SizedStep):
     """``random_crop``: a random ``size`` window per sample after ``padding`` on every side (and,
     with ``pad: true``, centred padding up to ``size``); images pad with ``pad_value``, masks
     with 0, flow with NaN."""
@@ -304,13 +316,6 @@ class RandomCrop(BatchStep):
             except ValueError as e:
                 raise ValueError(f"{self.name}: {e}") from None
         return chosen
-
-    def out_shapes(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
-        out = dict(shapes)
-        for f, k in self.bound.items():
-            if k not in ANNOTATIONS:
-                out[f] = (*shapes[f][:-3], *self.params.size, shapes[f][-1])
-        return out
 
     def draw(self, rng: np.random.Generator, n: int) -> dict[str, np.ndarray]:
         (PH, PW), (h, w) = self.padded, self.params.size

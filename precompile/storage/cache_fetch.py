@@ -141,7 +141,14 @@ class Downloads(FolderRoom):
         try:
             path = self.path(sha)
             if not self._present(path, len(data)):
-                part = self._reserve(token, len(data), url, True, Room())
+                try:
+                    part = self._reserve(token, len(data), url, True, Room())
+                except CacheError:
+                    # several processes opening the same index at once each reserve room for it; when the cache
+                    # holds one copy but not two, the later ones wait in vain: the copy another put there is theirs
+                    if self._present(path, len(data)):
+                        return path, sha
+                    raise
                 fd = os.open(part, os.O_WRONLY)
                 try:
                     _write_all(fd, data)

@@ -405,3 +405,45 @@ def test_a_batch_of_windows_follows_the_build_steps_window_rule(H, W, scale, rat
         stats.append((area.mean(), np.log(w / h).mean(), fell.mean()))
     (a1, r1, f1), (a2, r2, f2) = stats
     assert abs(a1 - a2) < 0.02 and abs(r1 - r2) < 0.03 and abs(f1 - f2) < 0.03, stats
+
+
+def _host_taps(code: int, start: int, L: int, out: int) -> tuple[np.ndarray, np.ndarray]:
+    mode = "linear" if code == augment.LINEAR else "area"
+    other = (np.array([out - 1 if code == augment.AREA_UP else out]), out)   # AREA_UP: the other axis grows
+    idx, w = augment.resize_taps(mode, np.array([start]), np.array([L]), out, other)
+    return idx[0], w[0]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_taps_computed_on_the_device_are_the_host_tables(device):
+    """The resize taps the device computes from each window (``device_taps``) are the host's tables
+    (``resize_taps``: OpenCV's rules, checked against cv2.resize through the build step above): the same source
+    index wherever a tap weighs anything and the same float32 weight, bit for bit, slot for slot, for linear, area
+    shrinking (partial taps on both sides, whole scales, 12x, fractions under OpenCV's 1e-3 threshold) and area
+    growing; the padding slots weigh 0."""
+    rng = np.random.default_rng(7)
+    for out in (1, 7, 24, 224, 2000):
+        lengths = np.concatenate([rng.integers(1, 12 * out + 2, 40 if out < 2000 else 3),
+                                  [out, 2 * out, 3 * out, out + 1, max(out - 1, 1), 1, 12 * out]])
+        if out == 2000:   # fractions within 1e-3 of a whole pixel: OpenCV's threshold for a partial tap decides
+            lengths = np.concatenate([lengths, [2 * out - 1, 2 * out + 1, 3 * out - 1]])
+        starts = rng.integers(0, 50, len(lengths))
+        mixed = np.where(lengths >= out, rng.integers(0, 3, len(lengths)), rng.integers(0, 2, len(lengths)))
+        for code in (augment.LINEAR, augment.AREA_UP, augment.AREA_DOWN, None):   # None: a batch of all rules
+            sel = lengths >= out if code == augment.AREA_DOWN else np.ones(len(lengths), bool)
+            L, s0 = lengths[sel], starts[sel]
+            codes = np.full(len(L), code) if code is not None else mixed
+            k = augment.tap_count(codes, L, out)
+            t = torch.tensor(np.stack([s0, L, codes, L / out]).astype(np.float64), device=device)
+            idx, w = (v.cpu().numpy() for v in augment.device_taps(*t, out, k, set(codes.tolist())))
+            assert idx.shape == w.shape == (k, len(L), out) and w.dtype == np.float32
+            for i in range(len(L)):
+                hi, hw = _host_taps(int(codes[i]), int(s0[i]), int(L[i]), out)
+                hw = hw.astype(np.float32)
+                assert hw.shape[1] <= k
+                got_w = w[:, i].T
+                np.testing.assert_array_equal(got_w[:, :hw.shape[1]], hw, err_msg=f"{codes[i]} {L[i]}->{out}")
+                assert (got_w[:, hw.shape[1]:] == 0).all()
+                on = hw != 0
+                np.testing.assert_array_equal(idx[:, i].T[:, :hw.shape[1]][on], hi[on], err_msg=f"{codes[i]} {L[i]}")
+                assert ((idx[:, i] >= s0[i]) & (idx[:, i] < s0[i] + L[i])).all()

@@ -8,8 +8,10 @@ method, the coordinate map its ``coord_map``, boxes and keypoints move by its ``
 
 - :class:`RandomResizedCrop` (``random_resized_crop``): the window resized with OpenCV's own tap rules
   (``linear``: ``INTER_LINEAR``'s, ``area``: ``INTER_AREA``'s, ``auto`` per sample: area when the window
-  shrinks, else linear; masks: ``INTER_NEAREST_EXACT``'s integer rule, exact), one separable gather per
-  axis for the whole batch; flow by the build's ``resize_flow`` rule (validity-weighted, vectors scaled).
+  shrinks, else linear; masks: ``INTER_NEAREST_EXACT``'s integer rule, exact), the taps computed on the
+  batch's device from the windows (:func:`device_taps`, equal to the host tables bit for bit), then per axis a
+  few row copies and weighted sums for the whole batch; flow by the build's ``resize_flow`` rule
+  (validity-weighted, vectors scaled).
 - :class:`RandomAffine` (``random_affine``): the build's inverse map per sample, sampled as ``cv2.remap``
   (OpenCV 5) samples (bilinear at the float coordinates, each uncovered tap ``fill``; integers rounded),
   masks by the build's nearest rule; flow validity-weighted and its vectors turned.
@@ -204,21 +206,102 @@ def _gather(x: torch.Tensor, dim: int, idx: torch.Tensor) -> torch.Tensor:
     return torch.gather(x, dim, idx.view(view).expand(shape))
 
 
-def _resample_axis(x: torch.Tensor, dim: int, idx: np.ndarray, w: np.ndarray) -> torch.Tensor:
-    """``x`` resampled along ``dim`` with per-sample taps: sum_k w[k] * x[idx[k]] (k in order), float32. An
-    integer ``x`` is gathered first and converted after (the same values; a quarter of the bytes moved)."""
-    if x.dtype in _SIGNED_TWIN:
-        x = x.to(torch.float32)
-    dev = x.device
-    ti = to_device(np.ascontiguousarray(idx.transpose(2, 0, 1)), dev)   # (K, n, m): each tap's table contiguous
-    tw = to_device(np.ascontiguousarray(w.transpose(2, 0, 1), np.float32), dev)
-    view = [idx.shape[0]] + [1] * (x.ndim - 1)
-    view[dim] = idx.shape[1]
+#: tap rules of :func:`device_taps`, per sample
+LINEAR, AREA_UP, AREA_DOWN = 0, 1, 2
+
+
+def tap_count(codes: np.ndarray, lengths: np.ndarray, out: int) -> int:
+    """The most taps any sample of one axis needs: 2 for the linear rules, the widest area table otherwise
+    (the host's cached tables: a few distinct window lengths per batch)."""
+    down = np.asarray(lengths)[np.asarray(codes) == AREA_DOWN]
+    k = 2 if (np.asarray(codes) != AREA_DOWN).any() else 1
+    for L in np.unique(down).tolist():
+        k = max(k, _taps_area(int(L), out)[0].shape[1])
+    return k
+
+
+def device_taps(starts: torch.Tensor, lengths: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out: int,
+                k: int, rules: set[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`resize_taps` computed on the tensors' device from each sample's window (``starts``, ``lengths``:
+    (n,) float64), rule (``codes``: LINEAR, AREA_UP, AREA_DOWN) and ``scales`` (``lengths / out``, divided on
+    the host: CUDA divides a tensor by a number as a product with its reciprocal, not always the quotient):
+    source indices (k, n, out) int64 into the whole axis and float32 weights (k, n, out), each tap in the host
+    tables' slot, with the same float64 arithmetic (so the same float32 weights); slots past a sample's own
+    taps weigh 0 at index ``start``. ``rules``: the codes some sample takes (the others are not computed).
+    Only the windows cross to the device (a few numbers a sample), not the tables."""
+    dev = starts.device
+    f64 = torch.float64
+    L, s0, code, scale = lengths[:, None], starts[:, None], codes[:, None], scales[:, None]
+    d = torch.arange(out, dtype=f64, device=dev)[None]
+    zero = torch.zeros((), dtype=f64, device=dev)
+    idx = w = None
+    if rules & {LINEAR, AREA_UP}:   # INTER_LINEAR and the area rule of a growing axis: two taps
+        if LINEAR in rules:
+            f = ((d + 0.5) * scale - 0.5).to(torch.float32).to(f64)
+            sx = torch.floor(f)
+            fx = f - sx
+        if AREA_UP in rules:
+            sxu = torch.floor(d * scale)
+            fxu = ((d + 1) - (sxu + 1) / scale).to(torch.float32).to(f64)
+            fxu = torch.where(fxu <= 0, zero, fxu - torch.floor(fxu))
+            if LINEAR in rules:
+                up = code == AREA_UP
+                sx, fx = torch.where(up, sxu, sx), torch.where(up, fxu, fx)
+            else:
+                sx, fx = sxu, fxu
+        low = sx < 0
+        sx, fx = torch.where(low, zero, sx), torch.where(low, zero, fx)
+        high = sx >= L - 1
+        sx, fx = torch.where(high, L - 1, sx), torch.where(high, zero, fx)
+        idx, w = torch.stack([sx, torch.minimum(sx + 1, L - 1)]), torch.stack([1 - fx, fx])   # (2, n, out)
+        if k > 2:
+            pad = torch.zeros((k - 2,) + idx.shape[1:], dtype=f64, device=dev)
+            idx, w = torch.cat([idx, pad]), torch.cat([w, pad])
+        elif k == 1:
+            idx, w = idx[:1], w[:1]
+    if AREA_DOWN in rules:   # INTER_AREA shrinking: a partial tap on the left, whole ones, a partial one on the right
+        fsx1 = d * scale
+        fsx2 = fsx1 + scale
+        cell = torch.minimum(scale.expand_as(fsx1), L - fsx1)
+        sx2 = torch.minimum(torch.floor(fsx2), L - 1)
+        sx1 = torch.minimum(torch.ceil(fsx1), sx2)
+        left = (sx1 - fsx1) > 1e-3
+        right = (fsx2 - sx2) > 1e-3
+        j = torch.arange(k, dtype=f64, device=dev).view(k, 1, 1)
+        s = sx1 - left.to(f64) + j                                               # (k, n, out)
+        whole = (s >= sx1) & (s < sx2)
+        is_left = left & (j == 0)
+        is_right = right & (s == sx2)
+        part = torch.clamp(torch.clamp(fsx2 - sx2, max=1.0), max=cell) / cell
+        w_area = torch.where(is_left, (sx1 - fsx1) / cell, torch.where(whole, 1.0 / cell,
+                                                                        torch.where(is_right, part, zero)))
+        idx_area = torch.where(is_left | whole | is_right, s, zero)
+        if idx is None:
+            idx, w = idx_area, w_area
+        else:
+            down = code == AREA_DOWN
+            idx, w = torch.where(down, idx_area, idx), torch.where(down, w_area, w)
+    return (idx + s0).to(torch.int64), w.to(torch.float32)
+
+
+def _row_taps(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x`` (n, L, R...) resampled along axis 1 with per-sample taps (k, n, m): sum_k w[k] * x[idx[k]] in
+    order, float32 (n, m, R...). Each tap copies whole rows with one ``index_select`` over the batch's rows
+    (a row copy at memory speed) and adds them weighted in one pass (``addcmul``: an integer ``x`` is widened
+    inside it, never copied as floats)."""
+    n, L = x.shape[0], x.shape[1]
+    rows = x.reshape((n * L,) + tuple(x.shape[2:]))
+    base = (torch.arange(n, device=x.device) * L).view(1, n, 1)
+    flat = (idx + base).reshape(idx.shape[0], -1)
+    shape = (n, idx.shape[2]) + tuple(x.shape[2:])
+    view = (n, idx.shape[2]) + (1,) * (x.ndim - 2)
     acc = None
-    for k in range(idx.shape[2]):
-        g = _gather(x, dim, ti[k])
-        term = (g.to(torch.float32) if g.dtype != torch.float32 else g).mul_(tw[k].reshape(view))
-        acc = term if acc is None else acc.add_(term)
+    for t in range(idx.shape[0]):
+        g = rows.index_select(0, flat[t]).view(shape)
+        if acc is None:
+            acc = torch.mul(g, w[t].view(view)) if g.dtype != torch.float32 else g.mul_(w[t].view(view))
+        else:
+            acc.addcmul_(g, w[t].view(view))
     return acc
 
 
@@ -257,22 +340,23 @@ class RandomResizedCrop(gpu.SizedStep):
         return np.where((height >= h) & (width >= w), "area", "linear")   # resize_hwc's auto rule
 
     def _resize(self, x: torch.Tensor, top, left, height, width, modes: np.ndarray) -> torch.Tensor:
-        """(n, H, W, C) -> float (n, h, w, C), each sample with its mode's taps: one pass per axis for the
-        whole batch (a mode with fewer taps is padded with zero weights)."""
+        """(n, H, W, C) -> float (n, h, w, C), each sample with its mode's taps (linear, or area: OpenCV's
+        area-up rule on both axes where either grows), across each row first, then down (OpenCV's order). The
+        taps are computed on ``x``'s device from the windows (:func:`device_taps`); each axis is a few row
+        copies and weighted sums for the whole batch."""
         h, w = self.params.size
-        axes = []
-        for start, length, out, other in ((top, height, h, (width, w)), (left, width, w, (height, h))):
-            parts = {}
-            for mode in dict.fromkeys(modes.tolist()):
-                sel = np.flatnonzero(modes == mode)
-                parts[mode] = (sel, *resize_taps(mode, start[sel], length[sel], out, (other[0][sel], other[1])))
-            k = max(p[1].shape[2] for p in parts.values())
-            idx = np.zeros((len(modes), out, k), np.int64)
-            wt = np.zeros((len(modes), out, k), np.float64)
-            for sel, i, wv in parts.values():
-                idx[sel, :, :i.shape[2]], wt[sel, :, :i.shape[2]] = i, wv
-            axes.append((idx, wt))
-        return _resample_axis(_resample_axis(x, 1, *axes[0]), 2, *axes[1])
+        if x.dtype in _SIGNED_TWIN:
+            x = x.to(torch.float32)
+        grows = (np.asarray(height) < h) | (np.asarray(width) < w)
+        codes = np.where(modes == "area", np.where(grows, AREA_UP, AREA_DOWN), LINEAR)
+        width, height = np.asarray(width, np.float64), np.asarray(height, np.float64)
+        t = to_device(np.stack([left, width, codes, width / w, top, height, codes, height / h]).astype(np.float64),
+                      x.device)
+        rules = set(codes.tolist())
+        ix, wx = device_taps(*t[:4], w, tap_count(codes, width, w), rules)
+        iy, wy = device_taps(*t[4:], h, tap_count(codes, height, h), rules)
+        cols = _row_taps(x.transpose(1, 2), ix, wx)            # (n, w, H, C): the columns of each window
+        return _row_taps(cols.transpose(1, 2), iy, wy)         # (n, h, w, C)
 
     def apply_image(self, x: torch.Tensor, top, left, height, width) -> torch.Tensor:
         y, unfold = _fold(x)
@@ -485,14 +569,17 @@ class ColorJitter(_ValueStep):
 
     def apply_image(self, x: torch.Tensor, brightness, contrast, saturation, hue) -> torch.Tensor:
         cc = _colour_channels(x)
-        f = x[..., :cc].to(torch.float32)   # a new tensor: changed in place below (the build's float32 ops, in order)
-        if f.data_ptr() == x.data_ptr():
-            f = f.clone()
-        if (brightness != 1).any():
-            f.mul_(_per_sample(brightness, f))
+        if (brightness != 1).any() and (not x.dtype.is_floating_point or x.dtype == torch.float32):
+            f = torch.mul(x[..., :cc], _per_sample(brightness, x))   # widened to float32 inside the product
+        else:   # a new tensor: changed in place below (the build's float32 ops, in order)
+            f = x[..., :cc].to(torch.float32)
+            if f.data_ptr() == x.data_ptr():
+                f = f.clone()
+            if (brightness != 1).any():
+                f.mul_(_per_sample(brightness, f))
         if (contrast != 1).any():
             gray = _gray(f) if cc == 3 else f[..., 0]
-            m = gray.to(torch.float64).mean(dim=(-2, -1)).to(torch.float32)[..., None, None, None]
+            m = gray.mean(dim=(-2, -1), dtype=torch.float64).to(torch.float32)[..., None, None, None]
             f.mul_(_per_sample(contrast, f)).add_(m.mul_(_per_sample((1 - contrast).astype(np.float32), m)))
         if cc == 3 and (saturation != 1).any():
             g = _gray(f)[..., None]

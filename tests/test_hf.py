@@ -14,7 +14,7 @@ if importlib.util.find_spec("datasets") is None:
 import datasets  # noqa: E402
 
 import precompile  # noqa: E402
-from conftest import image_recipe, make_image_tree  # noqa: E402
+from conftest import REPO, image_recipe, make_image_tree  # noqa: E402
 from precompile import build  # noqa: E402
 from precompile.hf import build_from_hf, to_hf  # noqa: E402
 
@@ -105,6 +105,65 @@ def test_to_hf_keeps_arrays_a_png_cannot_hold():
                  {"kind": "flow", "shape": [8, 8, 2], "dtype": "float32"},
                  {"kind": "video", "shape": [2, 8, 8, 3], "dtype": "uint8"}):
         assert not isinstance(hf_feature(spec), datasets.Image), spec
+
+
+def _array_columns(hf) -> dict:
+    """Each column's Arrow type, down to its values: what the bytes pay for."""
+    import pyarrow as pa
+
+    out = {}
+    for name in hf.column_names:
+        t, kinds = hf.data.schema.field(name).type, []
+        while pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t) or \
+                isinstance(t, pa.ExtensionType):
+            if isinstance(t, pa.ExtensionType):
+                kinds.append("extension")
+                t = t.storage_type
+                continue
+            kinds.append(t.list_size if pa.types.is_fixed_size_list(t) else "list")
+            t = t.value_type
+        out[name] = kinds
+    return out
+
+
+@pytest.mark.parametrize("recipe, arrays", [
+    ("flow", {"flow": (32, 48, 2), "flow_valid": (32, 48, 1)}),          # float32 vectors (NaN unknown), its mask
+    ("video", {"video": (8, 32, 32, 3), "frames": (8,)}),                 # uint8 clips, int32 frame indices
+    ("ct_lung", {"ct": (16, 32, 32), "lung": (16, 32, 32), "corner": (3,)}),   # float32 CT patches, uint8 mask
+    ("audio", {"audio": (1, 8000)}),                                        # float32 windows, channels first
+])
+def test_to_hf_stores_fixed_shape_arrays_at_the_builds_size(tmp_path, recipe, arrays):
+    """Issue 35: a fixed-shape array field (flow, clips, volumes and patches, audio windows, index vectors)
+    becomes nested fixed-size lists, one per dimension: no offsets, so the column holds the build's bytes
+    (``Array3D`` and the like keep an int32 offset per innermost list: 1.5x a flow's, 2.3x an RGB clip's).
+    Every sample comes back from ``with_format("numpy", dtype=None)`` in its own dtype and shape with the
+    build's exact bits (NaN included)."""
+    path = build(str(REPO / "recipes" / f"{recipe}.yaml"), out_dir=tmp_path / "out")["output"]
+    ds = precompile.open(path)
+    hf = to_hf(path, cache_dir=str(tmp_path / "cache"))
+    assert len(hf) == len(ds) > 1
+    kinds = _array_columns(hf)
+    for f, shape in arrays.items():
+        assert tuple(ds.field_specs[f]["shape"]) == shape
+        assert kinds[f] == list(shape), (f, kinds[f])     # a fixed-size list per dimension, nothing else
+    arrays_hf = hf.with_format("numpy", dtype=None)
+    stored = dict.fromkeys(arrays, 0)
+    for i in range(len(ds)):
+        want, got = ds[i], arrays_hf[i]
+        assert got["__key__"] == ds.key(i)
+        for f in arrays:
+            assert got[f].dtype == want[f].dtype and got[f].shape == want[f].shape, (f, i, got[f].dtype, got[f].shape)
+            assert got[f].tobytes() == want[f].tobytes(), (f, i)
+            stored[f] += want[f].nbytes
+    if recipe == "flow":
+        assert any(np.isnan(ds[i]["flow"]).any() for i in range(len(ds)))   # the unknown vectors came through
+    for f in arrays:
+        ratio = hf.data.column(f).nbytes / stored[f]
+        assert ratio <= 1.2, f"{recipe}.{f}: the column holds {ratio:.2f}x the build's bytes"
+    # the whole column at once: one (N, *shape) array in the field's dtype
+    for f, shape in arrays.items():
+        col = arrays_hf[:][f]
+        assert col.shape == (len(ds), *shape) and col.dtype == ds[0][f].dtype
 
 
 def test_build_from_an_hf_dataset_equals_building_its_files(tmp_path):

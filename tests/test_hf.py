@@ -134,36 +134,54 @@ def _array_columns(hf) -> dict:
 ])
 def test_to_hf_stores_fixed_shape_arrays_at_the_builds_size(tmp_path, recipe, arrays):
     """Issue 35: a fixed-shape array field (flow, clips, volumes and patches, audio windows, index vectors)
-    becomes nested fixed-size lists, one per dimension: no offsets, so the column holds the build's bytes
-    (``Array3D`` and the like keep an int32 offset per innermost list: 1.5x a flow's, 2.3x an RGB clip's).
-    Every sample comes back from ``with_format("numpy", dtype=None)`` in its own dtype and shape with the
-    build's exact bits (NaN included)."""
+    becomes one fixed-size list of its values in C order: no offsets, so the column holds the build's bytes
+    (``Array3D`` and the like keep an int32 offset per innermost list: 1.5x a flow's, 2.4x an RGB clip's, 5x a
+    flow_valid mask's), with the shape in ``info.description`` (``shapes``). Every sample, reshaped, comes
+    back from ``with_format("numpy", dtype=None)`` in its own dtype and shape with the build's exact bits (NaN
+    included); a slice of rows is one (N, size) array."""
     path = build(str(REPO / "recipes" / f"{recipe}.yaml"), out_dir=tmp_path / "out")["output"]
     ds = precompile.open(path)
     hf = to_hf(path, cache_dir=str(tmp_path / "cache"))
     assert len(hf) == len(ds) > 1
+    for f in arrays:
+        ratio = hf.data.column(f).nbytes / sum(ds[i][f].nbytes for i in range(len(ds)))
+        assert ratio <= 1.2, f"{recipe}.{f}: the column holds {ratio:.2f}x the build's bytes"
     kinds = _array_columns(hf)
     for f, shape in arrays.items():
         assert tuple(ds.field_specs[f]["shape"]) == shape
-        assert kinds[f] == list(shape), (f, kinds[f])     # a fixed-size list per dimension, nothing else
+        assert kinds[f] == [int(np.prod(shape))], (f, kinds[f])     # one fixed-size list, nothing else
+        assert hf.features[f] == datasets.List(datasets.Value(ds.field_specs[f]["dtype"]), length=int(np.prod(shape)))
+    from precompile.hf import shapes
+
+    assert shapes(hf) == {f: s for f, s in arrays.items() if len(s) > 1}
+    assert shapes(hf.select([1, 0])) == shapes(hf)           # the description travels with the dataset
     arrays_hf = hf.with_format("numpy", dtype=None)
-    stored = dict.fromkeys(arrays, 0)
     for i in range(len(ds)):
         want, got = ds[i], arrays_hf[i]
         assert got["__key__"] == ds.key(i)
-        for f in arrays:
-            assert got[f].dtype == want[f].dtype and got[f].shape == want[f].shape, (f, i, got[f].dtype, got[f].shape)
-            assert got[f].tobytes() == want[f].tobytes(), (f, i)
-            stored[f] += want[f].nbytes
+        for f, shape in arrays.items():
+            g = got[f].reshape(shape)
+            assert g.dtype == want[f].dtype and g.shape == want[f].shape, (f, i, g.dtype, g.shape)
+            assert g.tobytes() == want[f].tobytes(), (f, i)
     if recipe == "flow":
         assert any(np.isnan(ds[i]["flow"]).any() for i in range(len(ds)))   # the unknown vectors came through
-    for f in arrays:
-        ratio = hf.data.column(f).nbytes / stored[f]
-        assert ratio <= 1.2, f"{recipe}.{f}: the column holds {ratio:.2f}x the build's bytes"
-    # the whole column at once: one (N, *shape) array in the field's dtype
+    # the whole column at once: one array in the field's dtype, every sample's values in a row
+    whole = ds.batch(range(len(ds)))
     for f, shape in arrays.items():
         col = arrays_hf[:][f]
-        assert col.shape == (len(ds), *shape) and col.dtype == ds[0][f].dtype
+        assert col.shape == (len(ds), int(np.prod(shape))) and col.dtype == whole[f].dtype
+        assert col.reshape(-1, *shape).tobytes() == whole[f].tobytes()
+
+
+def test_shapes_reads_only_its_own_description():
+    from precompile.hf import shapes
+
+    hf = datasets.Dataset.from_dict({"x": [[1.0, 2.0]]})
+    assert shapes(hf) == {}
+    hf.info.description = "a dataset of one row"             # someone else's description: no shapes, no error
+    assert shapes(hf) == {}
+    hf.info.description = '{"precompile_shapes": {"x": [1, 2], "gone": [3, 4]}}'
+    assert shapes(hf) == {"x": (1, 2)}                        # a column no longer there is left out
 
 
 def test_build_from_an_hf_dataset_equals_building_its_files(tmp_path):

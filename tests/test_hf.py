@@ -105,6 +105,17 @@ def test_to_hf_keeps_arrays_a_png_cannot_hold():
                  {"kind": "flow", "shape": [8, 8, 2], "dtype": "float32"},
                  {"kind": "video", "shape": [2, 8, 8, 3], "dtype": "uint8"}):
         assert not isinstance(hf_feature(spec), datasets.Image), spec
+    # a fixed shape of 2+ dimensions: one flat fixed-size list; 1-D: a fixed-size list; ragged: nested lists
+    f32 = datasets.Value("float32")
+    assert hf_feature({"kind": "image", "shape": [8, 8, 3], "dtype": "float32"}) == datasets.List(f32, length=192)
+    assert hf_feature({"kind": "volume", "shape": [2, 3, 4, 5, 6, 7], "dtype": "float32"}) == \
+        datasets.List(f32, length=5040)                     # more dimensions than Array5D's
+    assert hf_feature({"kind": "index", "shape": [3], "dtype": "float32"}) == datasets.List(f32, length=3)
+    assert hf_feature({"kind": "boxes", "shape": [None, 4], "dtype": "float32"}) == datasets.List(datasets.List(f32))
+    assert hf_feature({"kind": "flow", "shape": [None, None, 2], "dtype": "float32"}) == \
+        datasets.List(datasets.List(datasets.List(f32)))
+    assert hf_feature({"kind": "audio", "shape": [0, 5], "dtype": "float32"}) == \
+        datasets.List(datasets.List(f32))                   # Arrow has no fixed-size list of length 0
 
 
 def _array_columns(hf) -> dict:
@@ -155,6 +166,9 @@ def test_to_hf_stores_fixed_shape_arrays_at_the_builds_size(tmp_path, recipe, ar
 
     assert shapes(hf) == {f: s for f, s in arrays.items() if len(s) > 1}
     assert shapes(hf.select([1, 0])) == shapes(hf)           # the description travels with the dataset
+    one = next(iter(arrays))
+    assert shapes(to_hf(path, fields=[one], cache_dir=str(tmp_path / "cache"))) == \
+        ({one: arrays[one]} if len(arrays[one]) > 1 else {})
     arrays_hf = hf.with_format("numpy", dtype=None)
     for i in range(len(ds)):
         want, got = ds[i], arrays_hf[i]

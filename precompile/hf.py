@@ -2,13 +2,17 @@
 
 ``to_hf(build)`` gives a built output as a ``datasets.Dataset``: one row per sample, a
 column per field (typed: ``ClassLabel`` for a label with names, ``Value`` for scalars and
-text, ``Image`` for image and mask fields a PNG holds exactly, fixed-shape ``ArrayND`` /
-``List`` for other arrays, nested ``List`` for variable shapes) plus ``__key__`` (and
-``__copy__`` in an augmented build). An ``Image`` column stores each image once, as a
-lossless PNG (``datasets``' ``ArrayND`` stores an int32 offset beside every pixel's
-channels: 5x a grayscale build's bytes, 2.3x an RGB one's). It is written through
-``Dataset.from_generator`` into ``cache_dir`` (Hugging Face's cache by default), keyed by the
-build's shard keys, so a rebuilt output never comes back stale from the cache.
+text, ``Image`` for image and mask fields a PNG holds exactly, a fixed-size ``List`` for other
+arrays of a fixed shape, nested ``List`` for variable shapes) plus ``__key__`` (and ``__copy__``
+in an augmented build). An ``Image`` column stores each image once, as a lossless PNG; an array
+of two or more dimensions (flow, clips, volumes, audio windows) is stored flat, its values in C
+order and nothing else (the build's bytes; ``ArrayND`` pays an int32 offset beside every
+innermost list: :func:`flat_shape`), with its shape in ``info.description`` (:func:`shapes`).
+``with_format("numpy", dtype=None)`` gives the values in their own dtype (without
+``dtype=None``, ``datasets`` makes integers int64 and floats float32). It is
+written through ``Dataset.from_generator`` into ``cache_dir`` (Hugging Face's cache by
+default), keyed by the build's shard keys, so a rebuilt output never comes back stale from
+the cache.
 
 ``build_from_hf(dataset, recipe, out_dir)`` builds a recipe whose inputs are the rows of a
 ``datasets.Dataset``: the media columns (``Image``, ``Audio`` features) are written as the
@@ -29,6 +33,7 @@ import hashlib
 import importlib.util
 import io
 import json
+import math
 import os
 from typing import Any, Iterator, Optional, Sequence
 
@@ -36,7 +41,7 @@ from .errors import MissingDependencyError, RecipeError
 
 HF_EXTRA = "pip install 'precompile[hf]' (datasets)"
 KEY, COPY = "__key__", "__copy__"
-_ARRAYS = {2: "Array2D", 3: "Array3D", 4: "Array4D", 5: "Array5D"}
+SHAPES = "precompile_shapes"
 
 
 def _datasets() -> Any:
@@ -61,16 +66,42 @@ def hf_feature(spec: dict[str, Any], label_names: Sequence[str] = ()) -> Any:
         return d.ClassLabel(names=list(label_names))
     if not shape:
         return d.Value(dtype)
-    if any(n is None for n in shape):
-        feat: Any = d.Value(dtype)
-        for _ in shape:
-            feat = d.List(feat)
-        return feat
-    if len(shape) == 1:
-        return d.List(d.Value(dtype), length=int(shape[0]))
-    if len(shape) in _ARRAYS:
-        return getattr(d, _ARRAYS[len(shape)])(shape=tuple(int(n) for n in shape), dtype=dtype)
-    raise ValueError(f"a {len(shape)}-D field has no datasets feature (at most 5 dimensions)")
+    flat = flat_shape(spec)
+    if flat is not None or (len(shape) == 1 and shape[0]):
+        # Arrow's fixed-size list: the values and nothing else (Arrow has none of length 0)
+        return d.List(d.Value(dtype), length=math.prod(flat or shape))
+    feat: Any = d.Value(dtype)
+    for _ in shape:
+        feat = d.List(feat)
+    return feat
+
+
+def flat_shape(spec: dict[str, Any]) -> Optional[tuple[int, ...]]:
+    """The shape of a field ``to_hf`` stores flat (one fixed-size list of its values in C order, the shape in
+    :func:`shapes`): an array of a fixed shape of two or more dimensions, none 0, that is not an ``Image``
+    column. ``datasets``' ``Array2D`` .. ``Array5D`` are nested variable lists, an int32 offset beside every
+    innermost list (1.5x a flow's bytes, 2.4x an RGB clip's, 5x a one-channel uint8 mask's); nested
+    fixed-size lists hold the bytes alone but ``datasets`` reads them back element by element (40-400x
+    ``Array3D``'s time); a flat one is both the build's bytes and read as one array (benchmarks/bench_hf_bytes.py)."""
+    shape = list(spec.get("shape") or [])
+    if spec.get("kind") == "text" or png_image(spec) or len(shape) < 2 or not all(shape):
+        return None
+    return tuple(int(n) for n in shape)
+
+
+def shapes(dataset: Any) -> dict[str, tuple[int, ...]]:
+    """The shapes of ``dataset``'s columns that :func:`to_hf` stored flat, ``{column: shape}``: kept as JSON in
+    ``dataset.info.description`` (``{"precompile_shapes": {...}}``: ``save_to_disk``, ``map``, ``select``,
+    ``concatenate_datasets`` keep it; a Parquet export does not). A row's array is ``row[c].reshape(shape)``,
+    a batch's ``batch[c].reshape(-1, *shape)``."""
+    try:
+        meta = json.loads(getattr(dataset.info, "description", "") or "{}")
+    except ValueError:
+        return {}
+    got = meta.get(SHAPES) if isinstance(meta, dict) else None
+    if not isinstance(got, dict):
+        return {}
+    return {c: tuple(int(n) for n in s) for c, s in got.items() if c in dataset.column_names}
 
 
 #: the PIL modes of the arrays a PNG holds exactly: (dtype, channels) -> mode (channels 0: an (H, W) array)
@@ -108,18 +139,22 @@ def png_bytes(a: Any) -> bytes:
     return buf.getvalue()
 
 
-def _rows(path: str, fields: str, copies: bool, build_digest: str, images: str = "[]") -> Iterator[dict[str, Any]]:
+def _rows(path: str, fields: str, copies: bool, build_digest: str, images: str = "[]",
+          flat: str = "[]") -> Iterator[dict[str, Any]]:
     """The build's rows. Arguments are strings, not lists (``datasets`` would shard a list across
     generator calls); ``build_digest`` (of the shard keys) is there so that ``datasets`` caches per build;
-    ``images``: the fields written as PNG (an ``Image`` column's ``{"bytes", "path"}``)."""
+    ``images``: the fields written as PNG (an ``Image`` column's ``{"bytes", "path"}``); ``flat``: the
+    fields written as their values in C order (:func:`flat_shape`)."""
     from .formats import open_dataset
 
     ds = open_dataset(path, fields=json.loads(fields))
-    pngs = json.loads(images)
+    pngs, flats = json.loads(images), json.loads(flat)
     for i in range(len(ds)):
         row = {KEY: ds.key(i), **ds[i]}
         for f in pngs:
             row[f] = {"bytes": png_bytes(row[f]), "path": None}
+        for f in flats:
+            row[f] = row[f].reshape(-1)     # a copy where the array is not C-contiguous
         if copies:
             row[COPY] = int(ds.copy(i))
         yield row
@@ -141,10 +176,15 @@ def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cach
     feats = {KEY: d.Value("string"), **{f: hf_feature(ds.field_specs[f], ds.label_names) for f in names}}
     if copies:
         feats[COPY] = d.Value("int32")
+    flat = {f: list(s) for f in names if (s := flat_shape(ds.field_specs[f])) is not None}
     digest = hashlib.sha256("\n".join(str(s.get("key")) for s in ds.shards).encode()).hexdigest()
-    return d.Dataset.from_generator(_rows, features=d.Features(feats), cache_dir=cache_dir,
-                                    gen_kwargs={"path": path, "fields": json.dumps(names), "copies": copies,
-                                                "build_digest": digest, "images": json.dumps(images)})
+    out = d.Dataset.from_generator(_rows, features=d.Features(feats), cache_dir=cache_dir,
+                                   gen_kwargs={"path": path, "fields": json.dumps(names), "copies": copies,
+                                               "build_digest": digest, "images": json.dumps(images),
+                                               "flat": json.dumps(list(flat))})
+    if flat:
+        out.info.description = json.dumps({SHAPES: flat})
+    return out
 
 
 # --- a datasets.Dataset as a build's inputs --------------------------------------------------

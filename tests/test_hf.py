@@ -14,7 +14,7 @@ if importlib.util.find_spec("datasets") is None:
 import datasets  # noqa: E402
 
 import precompile  # noqa: E402
-from conftest import image_recipe, make_image_tree  # noqa: E402
+from conftest import REPO, image_recipe, make_image_tree  # noqa: E402
 from precompile import build  # noqa: E402
 from precompile.hf import build_from_hf, to_hf  # noqa: E402
 
@@ -105,6 +105,97 @@ def test_to_hf_keeps_arrays_a_png_cannot_hold():
                  {"kind": "flow", "shape": [8, 8, 2], "dtype": "float32"},
                  {"kind": "video", "shape": [2, 8, 8, 3], "dtype": "uint8"}):
         assert not isinstance(hf_feature(spec), datasets.Image), spec
+    # a fixed shape of 2+ dimensions: one flat fixed-size list; 1-D: a fixed-size list; ragged: nested lists
+    f32 = datasets.Value("float32")
+    assert hf_feature({"kind": "image", "shape": [8, 8, 3], "dtype": "float32"}) == datasets.List(f32, length=192)
+    assert hf_feature({"kind": "volume", "shape": [2, 3, 4, 5, 6, 7], "dtype": "float32"}) == \
+        datasets.List(f32, length=5040)                     # more dimensions than Array5D's
+    assert hf_feature({"kind": "index", "shape": [3], "dtype": "float32"}) == datasets.List(f32, length=3)
+    assert hf_feature({"kind": "boxes", "shape": [None, 4], "dtype": "float32"}) == datasets.List(datasets.List(f32))
+    assert hf_feature({"kind": "flow", "shape": [None, None, 2], "dtype": "float32"}) == \
+        datasets.List(datasets.List(datasets.List(f32)))
+    assert hf_feature({"kind": "audio", "shape": [0, 5], "dtype": "float32"}) == \
+        datasets.List(datasets.List(f32))                   # Arrow has no fixed-size list of length 0
+
+
+def _array_columns(hf) -> dict:
+    """Each column's Arrow type, down to its values: what the bytes pay for."""
+    import pyarrow as pa
+
+    out = {}
+    for name in hf.column_names:
+        t, kinds = hf.data.schema.field(name).type, []
+        while pa.types.is_list(t) or pa.types.is_fixed_size_list(t) or pa.types.is_large_list(t) or \
+                isinstance(t, pa.ExtensionType):
+            if isinstance(t, pa.ExtensionType):
+                kinds.append("extension")
+                t = t.storage_type
+                continue
+            kinds.append(t.list_size if pa.types.is_fixed_size_list(t) else "list")
+            t = t.value_type
+        out[name] = kinds
+    return out
+
+
+@pytest.mark.parametrize("recipe, arrays", [
+    ("flow", {"flow": (32, 48, 2), "flow_valid": (32, 48, 1)}),          # float32 vectors (NaN unknown), its mask
+    ("video", {"video": (8, 32, 32, 3), "frames": (8,)}),                 # uint8 clips, int32 frame indices
+    ("ct_lung", {"ct": (16, 32, 32), "lung": (16, 32, 32), "corner": (3,)}),   # float32 CT patches, uint8 mask
+    ("audio", {"audio": (1, 8000)}),                                        # float32 windows, channels first
+])
+def test_to_hf_stores_fixed_shape_arrays_at_the_builds_size(tmp_path, recipe, arrays):
+    """Issue 35: a fixed-shape array field (flow, clips, volumes and patches, audio windows, index vectors)
+    becomes one fixed-size list of its values in C order: no offsets, so the column holds the build's bytes
+    (``Array3D`` and the like keep an int32 offset per innermost list: 1.5x a flow's, 2.4x an RGB clip's, 5x a
+    flow_valid mask's), with the shape in ``info.description`` (``shapes``). Every sample, reshaped, comes
+    back from ``with_format("numpy", dtype=None)`` in its own dtype and shape with the build's exact bits (NaN
+    included); a slice of rows is one (N, size) array."""
+    path = build(str(REPO / "recipes" / f"{recipe}.yaml"), out_dir=tmp_path / "out")["output"]
+    ds = precompile.open(path)
+    hf = to_hf(path, cache_dir=str(tmp_path / "cache"))
+    assert len(hf) == len(ds) > 1
+    for f in arrays:
+        ratio = hf.data.column(f).nbytes / sum(ds[i][f].nbytes for i in range(len(ds)))
+        assert ratio <= 1.2, f"{recipe}.{f}: the column holds {ratio:.2f}x the build's bytes"
+    kinds = _array_columns(hf)
+    for f, shape in arrays.items():
+        assert tuple(ds.field_specs[f]["shape"]) == shape
+        assert kinds[f] == [int(np.prod(shape))], (f, kinds[f])     # one fixed-size list, nothing else
+        assert hf.features[f] == datasets.List(datasets.Value(ds.field_specs[f]["dtype"]), length=int(np.prod(shape)))
+    from precompile.hf import shapes
+
+    assert shapes(hf) == {f: s for f, s in arrays.items() if len(s) > 1}
+    assert shapes(hf.select([1, 0])) == shapes(hf)           # the description travels with the dataset
+    one = next(iter(arrays))
+    assert shapes(to_hf(path, fields=[one], cache_dir=str(tmp_path / "cache"))) == \
+        ({one: arrays[one]} if len(arrays[one]) > 1 else {})
+    arrays_hf = hf.with_format("numpy", dtype=None)
+    for i in range(len(ds)):
+        want, got = ds[i], arrays_hf[i]
+        assert got["__key__"] == ds.key(i)
+        for f, shape in arrays.items():
+            g = got[f].reshape(shape)
+            assert g.dtype == want[f].dtype and g.shape == want[f].shape, (f, i, g.dtype, g.shape)
+            assert g.tobytes() == want[f].tobytes(), (f, i)
+    if recipe == "flow":
+        assert any(np.isnan(ds[i]["flow"]).any() for i in range(len(ds)))   # the unknown vectors came through
+    # the whole column at once: one array in the field's dtype, every sample's values in a row
+    whole = ds.batch(range(len(ds)))
+    for f, shape in arrays.items():
+        col = arrays_hf[:][f]
+        assert col.shape == (len(ds), int(np.prod(shape))) and col.dtype == whole[f].dtype
+        assert col.reshape(-1, *shape).tobytes() == whole[f].tobytes()
+
+
+def test_shapes_reads_only_its_own_description():
+    from precompile.hf import shapes
+
+    hf = datasets.Dataset.from_dict({"x": [[1.0, 2.0]]})
+    assert shapes(hf) == {}
+    hf.info.description = "a dataset of one row"             # someone else's description: no shapes, no error
+    assert shapes(hf) == {}
+    hf.info.description = '{"precompile_shapes": {"x": [1, 2], "gone": [3, 4]}}'
+    assert shapes(hf) == {"x": (1, 2)}                        # a column no longer there is left out
 
 
 def test_build_from_an_hf_dataset_equals_building_its_files(tmp_path):

@@ -390,6 +390,25 @@ class RandomResizedCrop(gpu.SizedStep):
 
 
 # -- random_affine -------------------------------------------------------------------------------------------
+def _remap_linear(y: torch.Tensor, mx: torch.Tensor, my: torch.Tensor, fill: float) -> torch.Tensor:
+    """``cv2.remap``'s linear sampling of (n, H, W, C) at float coordinates (mx, my) (n, H, W), each uncovered
+    tap ``fill``, as one ``grid_sample`` call (float32 (n, H, W, C), channels last as a view): bilinear with
+    zero padding of ``y - fill``, plus ``fill`` (sum of the covered taps' w * (v - fill) + fill = the covered
+    taps' w * v + the uncovered taps' w * fill). Coordinates go to grid_sample's [-1, 1] (align_corners) in
+    float64, then float32 (a few 1e-5 px). H and W >= 2."""
+    n, H, W, C = y.shape
+    gx = mx.to(torch.float64).mul_(2.0 / (W - 1)).sub_(1.0)
+    gy = my.to(torch.float64).mul_(2.0 / (H - 1)).sub_(1.0)
+    grid = torch.stack([gx, gy], -1).to(torch.float32)
+    src = y.to(torch.float32)
+    if fill != 0:
+        src = src - fill
+    out = torch.nn.functional.grid_sample(src.permute(0, 3, 1, 2), grid, mode="bilinear", padding_mode="zeros",
+                                          align_corners=True).permute(0, 2, 3, 1)
+    return out.add_(fill) if fill != 0 else out
+
+
+
 class RandomAffine(BatchStep):
     """``random_affine``: the build step's draw (``draw_affine``) and map, sampled as ``cv2.remap`` samples
     (linear: bilinear at the float coordinates, each uncovered tap ``fill``); masks by the build's nearest
@@ -441,6 +460,8 @@ class RandomAffine(BatchStep):
                 return self._sample(y.view(twin), mx, my, fv, True).view(y.dtype)
             v, inside = take(torch.floor(mx + 0.5).long(), torch.floor(my + 0.5).long())
             return torch.where(inside, v, torch.full((), fill, dtype=y.dtype, device=y.device))
+        if H >= 2 and W >= 2 and math.isfinite(fill):
+            return _remap_linear(y, mx, my, float(fill))
         fx0, fy0 = torch.floor(mx), torch.floor(my)
         x0, y0 = fx0.long(), fy0.long()
         fx, fy = (mx - fx0)[..., None], (my - fy0)[..., None]
@@ -459,7 +480,7 @@ class RandomAffine(BatchStep):
         mx, my = self._coords(x, angle, scale, tx, ty)
         if self.params.interpolation == "nearest":
             return unfold(self._sample(y, mx, my, self.params.fill, True))
-        return unfold(_to_dtype(self._sample(y, mx, my, self.params.fill, False), x.dtype))
+        return unfold(_to_dtype(self._sample(y, mx, my, self.params.fill, False), x.dtype).contiguous())
 
     def apply_mask(self, x: torch.Tensor, angle, scale, tx, ty) -> torch.Tensor:
         y, unfold = _fold(x)

@@ -14,7 +14,9 @@ On a GPU node the defaults run in about 5 minutes (H100-class).
      cannot hold: a fairer bar for gathers that read the whole set;
    - ``Loader`` from mapped files and with ``in_memory=True``, for every ``--threads`` x ``--prefetch`` pair;
    - ``Loader(in_memory="gpu")``: the set uploaded once, every batch gathered on the GPU (its ``x limit``
-     can pass 1: no bus per batch).
+     can pass 1: no bus per batch);
+   - ``Loader(in_memory="pinned")`` (CUDA only): the set copied once into page-locked host memory that the GPU
+     reads itself, every batch gathered there by the GPU over the bus (no gather thread, no staging copy).
 
 2. Training. ResNet-18 and ResNet-50 (plain ``torch.nn``, no torchvision), channels_last, bf16 autocast,
    SGD, on the Loader's batches (uint8 -> float16 normalised on the device, NCHW view, a ``random_flip``
@@ -99,7 +101,8 @@ def make_loader(index: str, dev: Any, mode: str, **kw: Any):
         loader = Loader(index, device="cpu", **kw)
         loader.feeder = ResidentFeeder.for_loader(loader, dev)
         return loader
-    return Loader(index, device=str(dev), in_memory={"mapped": False, "in_memory": True, "gpu": "gpu"}[mode], **kw)
+    return Loader(index, device=str(dev), in_memory={"mapped": False, "in_memory": True, "gpu": "gpu",
+                                                     "pinned": "pinned"}[mode], **kw)
 
 
 def timed_pass(loader: Any, epoch: int, dev: Any) -> tuple[float, int]:
@@ -128,6 +131,8 @@ def bandwidth(index: str, dev: Any, args: argparse.Namespace, row: int) -> None:
                make_loader(args.index, dev, m, num_threads=t, prefetch=p, **kw)
                for m in ("mapped", "in_memory") for t in args.threads for p in args.prefetch}
     loaders["Loader in_memory='gpu' (resident)"] = make_loader(args.index, dev, "gpu", **kw)
+    if dev.type == "cuda":
+        loaders["Loader in_memory='pinned' (device reads host memory)"] = make_loader(args.index, dev, "pinned", **kw)
     ringed = f"pinned copy from a ring of {len(ring)} batches"
     rows: dict[str, list[float]] = {"pinned copy (limit)": [], ringed: [], **{k: [] for k in loaders}}
     for r in range(args.repeats):   # contenders take turns pass by pass
@@ -210,7 +215,7 @@ def training(index: str, dev: Any, args: argparse.Namespace) -> None:
         fixed = (torch.randn(bs, 3, s, s, device=dev, dtype=torch.float16), torch.randint(0, 1000, (bs,), device=dev))
         bound = train_rate(step, lambda: fixed, args.steps, dev, args.warmup)[0] * bs
         print(f"| ResNet-{depth} | one batch kept on the device (bound) | {bound:,.0f} | 1.00 | - |")
-        for mode in ("mapped", "in_memory", "gpu"):
+        for mode in ("mapped", "in_memory", "gpu") + (("pinned",) if dev.type == "cuda" else ()):
             loader = make_loader(index, dev, mode, **kw)
             it = endless(loader)
             rate, share = train_rate(step, lambda: next(it), args.steps, dev, args.warmup)

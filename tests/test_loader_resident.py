@@ -114,8 +114,11 @@ def test_gpu_mode_needs_cuda(built):
     with pytest.raises(PrecompileError, match=r"in_memory='gpu'\) keeps the data on a CUDA device; this "
                                               r"Loader's device is cpu"):
         Loader(built, batch_size=4, device="cpu", in_memory="gpu")
-    with pytest.raises(ValueError, match="in_memory must be False, True or 'gpu', got 'cuda'"):
+    with pytest.raises(ValueError, match="in_memory must be False, True, 'gpu' or 'pinned', got 'cuda'"):
         Loader(built, batch_size=4, device="cpu", in_memory="cuda")
+    with pytest.raises(PrecompileError, match=r"in_memory='pinned'\) lets a CUDA device read page-locked host "
+                                              r"memory; this Loader's device is cpu"):
+        Loader(built, batch_size=4, device="cpu", in_memory="pinned")
     with pytest.raises(ValueError, match="gpu_budget applies only with in_memory='gpu'"):
         Loader(built, batch_size=4, device="cpu", gpu_budget=0.5)
 
@@ -159,7 +162,46 @@ def test_cuda_loader_batches_are_the_cpu_loaders(built, case, in_memory, monkeyp
 
 
 @needs_cuda
-@pytest.mark.parametrize("in_memory", [False, True, "gpu"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_pinned_batches_are_the_cpu_loaders(built, case):
+    """in_memory='pinned': the fields live once in page-locked host memory and the device gathers each batch
+    from there (its tensors are device views over the host copy's own addresses): the CPU Loader's batches."""
+    kw = CASES[case]
+    before = torch.cuda.memory_allocated()
+    got = Loader(built, batch_size=7, device="cuda", in_memory="pinned", **kw)
+    assert isinstance(got.feeder, ResidentFeeder) and got.feeder.pinned
+    assert all(t.device.type == "cuda" for t in got.feeder.tensors.values())
+    assert torch.cuda.memory_allocated() - before < got.feeder.nbytes   # the fields are not on the device
+    same_two_epochs(got, Loader(built, batch_size=7, device="cpu", **kw), "cuda")
+
+
+@needs_cuda
+def test_a_device_alias_reads_the_host_bytes():
+    host = torch.arange(6 * 5, dtype=torch.int16).reshape(6, 5).pin_memory()
+    dev = torch.device("cuda", torch.cuda.current_device())
+    alias = resident.device_alias(host, dev)
+    assert alias.device == dev and alias.data_ptr() == host.data_ptr() and alias.dtype == torch.int16
+    idx = torch.tensor([5, 0, 3], device=dev)
+    assert torch.equal(alias.index_select(0, idx).cpu(), host[[5, 0, 3]])
+    host[0, 0] = -7   # the same bytes, not a copy
+    assert int(alias[0, 0]) == -7
+    with pytest.raises(PrecompileError, match="not page-locked"):
+        resident.device_alias(torch.ones(3), dev)
+    assert resident.device_alias(torch.empty(0, 4).pin_memory(), dev).shape == (0, 4)
+
+
+def test_a_pinned_set_over_the_host_memory_is_a_clear_error(built):
+    ref = Loader(built, batch_size=7, device="cpu")
+    rows = np.arange(len(ref.reader.chunk_rows))
+    with pytest.raises(PrecompileError, match=r"in_memory='pinned'\): the loaded fields \['image', 'label'\] of "
+                                              r"\d+ rows need .* of page-locked host memory, over 0.8 of the memory "
+                                              r"available \(100 bytes\)"):
+        resident.upload(ref.reader, ["image", "label"], rows, torch.device("cpu"), 100, pinned=True)
+    assert 0 < resident.host_budget_bytes()
+
+
+@needs_cuda
+@pytest.mark.parametrize("in_memory", [False, True, "gpu", "pinned"])
 def test_cuda_loader_resumes_mid_epoch(built, in_memory):
     same_after_resume(built, lambda **kw: Loader(built, batch_size=7, device="cuda", in_memory=in_memory, **kw),
                       CASES["float32 normalised, steps"])

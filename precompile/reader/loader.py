@@ -148,10 +148,13 @@ def open_hdf5_build(path_or_dataset: Any, fields: Sequence[str] | None, verify: 
 
 
 def check_in_memory(in_memory: Any, gpu_budget: Any, device: torch.device) -> tuple[bool | str, Any]:
-    """``in_memory`` (False, True or ``"gpu"``) and ``gpu_budget`` checked against ``device``."""
+    """``in_memory`` (False, True, ``"gpu"`` or ``"pinned"``) and ``gpu_budget`` checked against ``device``."""
     number = isinstance(in_memory, (int, float)) and not isinstance(in_memory, bool)   # 1 == True, but no
-    if number or in_memory not in (False, True, "gpu"):
-        raise ValueError(f"in_memory must be False, True or 'gpu', got {in_memory!r}")
+    if number or in_memory not in (False, True, "gpu", "pinned"):
+        raise ValueError(f"in_memory must be False, True, 'gpu' or 'pinned', got {in_memory!r}")
+    if in_memory == "pinned" and device.type != "cuda":
+        raise PrecompileError(f"Loader(in_memory='pinned') lets a CUDA device read page-locked host memory; this "
+                              f"Loader's device is {device}: use in_memory=True (host memory) or device='cuda'")
     if in_memory == "gpu" and device.type != "cuda":
         why = "" if torch.cuda.is_available() else f" (this torch {torch.__version__} sees no CUDA device)"
         raise PrecompileError(f"Loader(in_memory='gpu') keeps the data on a CUDA device; this Loader's device is "
@@ -222,7 +225,11 @@ class Loader:
     steps and conversion: the same batches, no copy over the bus per batch
     (:mod:`precompile.reader.resident`); ``gpu_budget`` caps the upload (a share
     in (0, 1] of the free GPU memory, default 0.5, or a byte count), a set over it
-    is an error naming both sizes. A ``text`` field is not gathered like the others: each batch
+    is an error naming both sizes. ``in_memory="pinned"`` (CUDA only) copies the
+    loaded fields once into page-locked host memory that the device reads directly
+    (the same feeder: each batch gathered by ``index_select`` on the GPU, its rows
+    read over the bus; no gather thread, no staging copy): for sets that fit in
+    host memory but not on the device. A ``text`` field is not gathered like the others: each batch
     holds it as a list of ``str`` in batch order (read from the build as UTF-8).
     The Loader reads only the index: where it carries the shards' chunk tables (builds since
     issue 20) no shard is opened to learn where its rows are. ``map_shards="all"`` (default)
@@ -317,10 +324,10 @@ class Loader:
         ``make_ring`` gives the CUDA feeder on any device, with that ring factory (the
         :class:`~precompile.reader.gpu.CudaRing` signature): a stand-in ring drives the CUDA
         feeder's scheduling without a GPU (``loader.feeder = loader.make_feeder(make_ring=...)``)."""
-        if make_ring is None and self.in_memory == "gpu":
+        if make_ring is None and self.in_memory in ("gpu", "pinned"):
             from .resident import ResidentFeeder
 
-            return ResidentFeeder.for_loader(self, self.device, self.gpu_budget)
+            return ResidentFeeder.for_loader(self, self.device, self.gpu_budget, pinned=self.in_memory == "pinned")
         if make_ring is not None or self.device.type == "cuda":
             return CudaFeeder(self.reader, self.reader.fields, self.finisher, self.device, self.num_threads,
                               self.batch_size, make_ring or gpu.CudaRing)

@@ -12,10 +12,19 @@ after the upload.
 The feeder works on any device: on CPU tensors it is the test hook that checks it against the CPU Loader
 (``loader.feeder = ResidentFeeder.for_loader(loader, torch.device("cpu"))``); the Loader itself accepts
 ``in_memory="gpu"`` only on CUDA.
+
+``in_memory="pinned"`` (CUDA only) is the same feeder over host memory: the fields are copied once into
+page-locked host memory, and that memory is handed to the device as a CUDA tensor over the same addresses
+(unified virtual addressing: page-locked memory is mapped into the device's address space; the tensor is made
+through ``__cuda_array_interface__``, no copy). ``index_select`` then runs on the GPU and reads each batch's
+rows straight over the bus: for sets that fit in host memory but not in the device's, with no gather thread
+and no staging copy (on an H200 node 50.7 GB/s against 55.0 for a pinned contiguous copy).
 """
 from __future__ import annotations
 
 from typing import Any, Iterator, Sequence
+
+import os
 
 import numpy as np
 import torch
@@ -53,6 +62,43 @@ def budget_bytes(device: torch.device, budget: float | int | None) -> int:
     return int(free * (DEFAULT_SHARE if budget is None else budget))
 
 
+#: the most of the machine's available memory a pinned set may take
+HOST_SHARE = 0.8
+
+
+def host_budget_bytes() -> int:
+    """Bytes a pinned set may take: ``HOST_SHARE`` of the memory the system reports available (page-locked
+    memory cannot be swapped or reclaimed); unlimited where the system does not say."""
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") * HOST_SHARE)
+    except (ValueError, OSError, AttributeError):
+        return 1 << 62
+
+
+class _HostMemory:
+    """``__cuda_array_interface__`` over a page-locked CPU tensor's bytes; holds the tensor, so the device
+    tensor made from it (which holds this object) keeps the memory alive."""
+
+    def __init__(self, host: torch.Tensor):
+        self.host = host
+        self.__cuda_array_interface__ = {"shape": (host.numel() * host.element_size(),), "typestr": "|u1",
+                                         "data": (host.data_ptr(), False), "version": 3, "strides": None}
+
+
+def device_alias(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CUDA tensor on ``device`` over the bytes of the page-locked CPU tensor ``host`` (same shape and dtype,
+    no copy): device kernels read it over the bus. An empty tensor is a plain empty device tensor."""
+    if host.numel() == 0:
+        return torch.empty(host.shape, dtype=host.dtype, device=device)
+    if not host.is_pinned():
+        raise PrecompileError("Loader(in_memory='pinned'): the host copy is not page-locked")
+    flat = torch.as_tensor(_HostMemory(host), device=device)
+    if flat.device != device or flat.data_ptr() != host.data_ptr():
+        raise PrecompileError(f"Loader(in_memory='pinned'): page-locked memory did not map onto {device} "
+                              f"(got {flat.device}); use in_memory=True or 'gpu'")
+    return flat.view(host.dtype).view(host.shape)
+
+
 def resident_rows(loader: Any) -> np.ndarray:
     """The rows this rank can be asked for, sorted: its share when that share is the same every epoch
     (sequential order, every row once: a DDP rank then holds only its own share), else every row (a
@@ -64,9 +110,18 @@ def resident_rows(loader: Any) -> np.ndarray:
 
 
 def upload(reader: DirectReader, fields: Sequence[str], rows: np.ndarray, device: torch.device,
-           budget: int) -> dict[str, torch.Tensor]:
-    """One device tensor per field holding ``rows`` (in that order), read from the maps piece by piece."""
+           budget: int, pinned: bool = False) -> dict[str, torch.Tensor]:
+    """One device tensor per field holding ``rows`` (in that order), read from the maps piece by piece.
+    ``pinned``: the rows go into page-locked host memory and the tensors are its device aliases
+    (:func:`device_alias`); ``budget`` is then host memory (:func:`host_budget_bytes`)."""
     need = sum(int(rows.size) * reader.row_bytes[f] for f in fields)
+    if pinned and need > budget:
+        raise PrecompileError(
+            f"Loader(in_memory='pinned'): the loaded fields {list(fields)} of {rows.size} rows need {_size(need)} "
+            f"of page-locked host memory, over {HOST_SHARE:g} of the memory available ({_size(budget)}); load "
+            f"fewer fields, or read from the mapped files (in_memory=False)")
+    if pinned:
+        return _upload_pinned(reader, fields, rows, device)
     if need > budget:
         raise PrecompileError(
             f"Loader(in_memory='gpu'): the loaded fields {list(fields)} of {rows.size} rows need {_size(need)} "
@@ -89,28 +144,50 @@ def upload(reader: DirectReader, fields: Sequence[str], rows: np.ndarray, device
     return out
 
 
+def _upload_pinned(reader: DirectReader, fields: Sequence[str], rows: np.ndarray,
+                   device: torch.device) -> dict[str, torch.Tensor]:
+    out: dict[str, torch.Tensor] = {}
+    for f in fields:
+        shape, dtype = reader.shapes[f], reader.dtypes[f]
+        with torch.cuda.device(device):   # page-locked for this device's context
+            host = torch.empty((rows.size, *shape), dtype=gpu.numpy_to_torch_dtype(dtype), pin_memory=True)
+        view = host.numpy()
+        step = max(1, PIECE_BYTES // max(1, reader.row_bytes[f]))
+        if reader.streaming is not None:
+            step = min(step, reader.streaming.shard_rows())
+        for lo in range(0, rows.size, step):   # straight into the page-locked array: no staging copy
+            part = rows[lo:lo + step]
+            with reader.plan(part) as plan:
+                reader.gather(f, plan, view[lo:lo + part.size])
+        out[f] = device_alias(host, device)
+    return out
+
+
 class ResidentFeeder:
     """Batches gathered on ``device`` from the fields uploaded there (the Feeder protocol)."""
 
     def __init__(self, reader: DirectReader, fields: Sequence[str], finisher: Finisher, device: torch.device,
-                 rows: np.ndarray, budget: int):
+                 rows: np.ndarray, budget: int, pinned: bool = False):
         self.finisher, self.device, self.fields = finisher, device, list(fields)
         self.rows = np.asarray(rows, dtype=np.int64)
         self.dense = bool(self.rows.size == len(reader.chunk_rows) and
                           (self.rows.size == 0 or self.rows[-1] == self.rows.size - 1))
-        self.tensors = upload(reader, self.fields, self.rows, device, budget)
+        self.pinned = pinned
+        self.tensors = upload(reader, self.fields, self.rows, device, budget, pinned)
         if reader.streaming is not None:   # a build read from a URL: its shards are not read again
             reader.streaming.release_unused()
 
     @classmethod
-    def for_loader(cls, loader: Any, device: torch.device, budget: float | int | None = None) -> ResidentFeeder:
-        """The resident feeder of ``loader`` on ``device`` (any device: CPU tensors in tests)."""
+    def for_loader(cls, loader: Any, device: torch.device, budget: float | int | None = None,
+                   pinned: bool = False) -> ResidentFeeder:
+        """The resident feeder of ``loader`` on ``device`` (any device: CPU tensors in tests); ``pinned``: the
+        fields in page-locked host memory, read by the device over the bus (CUDA only)."""
         return cls(loader.reader, loader.reader.fields, loader.finisher, device, resident_rows(loader),
-                   budget_bytes(device, budget))
+                   host_budget_bytes() if pinned else budget_bytes(device, budget), pinned)
 
     @property
     def nbytes(self) -> int:
-        """Device bytes the uploaded fields take."""
+        """Bytes the uploaded fields take (device memory, or page-locked host memory when ``pinned``)."""
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
     def positions(self, rows: np.ndarray) -> torch.Tensor:

@@ -393,7 +393,7 @@ def loader_window(loader: Any, fetch_ahead: int | str | None) -> ShardWindow | N
         if fetch_ahead is not None:
             raise ValueError("fetch_ahead applies to a build read from a URL (precompile.Loader('s3://...', ...))")
         return None
-    if slots is None or not loader.reader.lazy or loader.in_memory == "gpu":
+    if slots is None or not loader.reader.lazy or loader.in_memory in ("gpu", "pinned"):
         return None   # in memory already, or every shard mapped for the Loader's life
     limit = slots.source.cache.limit
     ahead = default_fetch_ahead(limit) if fetch_ahead is None else (

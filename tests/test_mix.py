@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import precompile
-from precompile.errors import FormatError
+from precompile.errors import FormatError, PrecompileError
 
 from conftest import image_recipe, make_image_tree
 
@@ -426,3 +427,97 @@ def test_cuda_batches_equal_the_cpu_batches(builds):
     assert _digest(got) == _digest(want)
     cpu.close()
     gpu.close()
+
+
+# -- the Loader's conversion (dtype, mean/std, channels_first, convert_fields) -------------------------------
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+@pytest.mark.parametrize("conv", [
+    dict(dtype="float32", mean=MEAN, std=STD),
+    dict(dtype="float16", mean=MEAN, std=STD, channels_first=True),
+    dict(dtype="bfloat16"),
+    dict(mean=0.5, std=0.25),                       # mean/std without a dtype: float32
+    dict(channels_first=True),                     # no dtype: NCHW views of the stored uint8
+])
+def test_one_build_converted_is_the_loaders_converted_batches(builds, conv):
+    # the Loader's batches of the same rows (file order: the same rows in the same batches) are the truth
+    from precompile.reader.loader import Loader
+
+    loader = Loader(builds[0], batch_size=4, shuffle=False, device="cpu", num_threads=0, **conv)
+    want = [{k: v.clone() for k, v in b.items()} for b in loader]
+    mix = precompile.Mix(builds[:1], batch_size=4, shuffle=False, device="cpu", num_threads=2, **conv)
+    got = list(mix)
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        for f in ("image", "label"):
+            assert g[f].dtype == w[f].dtype and g[f].shape == w[f].shape and g[f].stride() == w[f].stride(), f
+            assert g[f].contiguous().view(torch.uint8).numpy().tobytes() == \
+                w[f].contiguous().view(torch.uint8).numpy().tobytes(), f
+    assert mix.dtype == loader.dtype and set(mix.convert) == set(loader.convert) == {"image"}
+    loader.close()
+    mix.close()
+
+
+def test_mixed_converted_batches_are_the_stored_bytes_normalised(builds):
+    # plain numpy on each sample's stored bytes (precompile.open) is the truth, for every format in the mix
+    mix = precompile.Mix(builds, batch_size=5, weights=[0.5, 0.3, 0.2], stop=20, seed=3, device="cpu",
+                         dtype="float32", mean=MEAN, std=STD, channels_first=True)
+    opened = [precompile.open(p) for p in builds]
+    n = 0
+    for b in mix:
+        assert b["image"].shape == (len(b["label"]), 3, 32, 32) and b["image"].dtype == torch.float32
+        assert b["label"].dtype == torch.int64 and b["__source"].dtype == torch.int64   # only the images convert
+        for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
+            x = opened[s][r]["image"].astype(np.float64) / 255
+            want = ((x - np.array(MEAN)) / np.array(STD)).transpose(2, 0, 1)
+            np.testing.assert_allclose(b["image"][j].numpy(), want, rtol=0, atol=1e-5)
+            n += 1
+    assert n == 20
+    for d in opened:
+        d.close()
+    mix.close()
+
+
+@pytest.mark.parametrize("conv", [
+    dict(dtype="int8"),
+    dict(dtype="float32", mean=[0.5, 0.5]),
+    dict(dtype="float32", mean=[0.5] * 3, std=[0.2, 0.0, 0.2]),
+    dict(mean="average", std=0.5),
+    dict(dtype="float32", convert_fields=["depth"]),
+    dict(dtype="float32", mean=[0.1, 0.2], std=[0.3, 0.4]),   # two values for three channels: at the first batch
+])
+def test_bad_conversion_options_are_the_loaders_errors(builds, conv):
+    from precompile.reader.loader import Loader
+
+    def error(make):
+        try:
+            reader = make()
+            next(iter(reader))
+        except (ValueError, TypeError) as e:
+            return type(e), str(e)
+        raise AssertionError(f"{conv}: no error")
+
+    want = error(lambda: Loader(builds[0], batch_size=4, device="cpu", num_threads=0, **conv))
+    assert error(lambda: precompile.Mix(builds, batch_size=4, device="cpu", num_threads=0, **conv)) == want
+
+
+def test_stats_of_a_mix_are_the_stats_of_its_stream(tmp_path):
+    # mean="stats" / std="stats": each build's stored stats, mixed as the epoch mixes the builds; with weights by
+    # size (every sample once) that is plain numpy's mean and population std over all the builds' pixels
+    paths = [_build(tmp_path, "s", "hdf5", 3, 11, stats=True), _build(tmp_path, "t", "png", 1, 12, stats=True)]
+    pixels = np.concatenate([np.stack([d[i]["image"] for i in range(len(d))]).reshape(-1, 3)
+                             for d in map(precompile.open, paths)]).astype(np.float64) / 255
+    mix = precompile.Mix(paths, batch_size=8, device="cpu", dtype="float64", mean="stats", std="stats")
+    assert mix.counts == [6, 2]
+    conv = mix.convert["image"]
+    np.testing.assert_allclose(conv.mean, pixels.mean(axis=0), rtol=1e-9, atol=0)
+    np.testing.assert_allclose(conv.std, pixels.std(axis=0), rtol=1e-9, atol=0)
+    got = torch.cat([b["image"] for b in mix]).numpy().reshape(-1, 3)   # the batches normalised with them
+    np.testing.assert_allclose(got.mean(axis=0), 0, atol=1e-5)   # (the Loader's Convert computes in float32)
+    np.testing.assert_allclose(got.std(axis=0), 1, atol=1e-5)
+    mix.close()
+    # a build without stats: the Loader's error, naming that build
+    plain = _build(tmp_path, "u", "hdf5", 1, 13)
+    with pytest.raises(PrecompileError, match=rf"^{plain}: has no stats; run `precompile stats"):
+        precompile.Mix([paths[0], plain], batch_size=4, device="cpu", mean="stats", std="stats")

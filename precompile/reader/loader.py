@@ -50,7 +50,7 @@ from .copies import CopySchedule
 from .cpu_feeder import CpuFeeder
 from .cuda_feeder import CudaFeeder
 from .direct import DirectReader
-from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size
+from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size, stored_norm
 from .options import CONVERT_KINDS, Conversion, Distribution, Order
 from .sampler import epoch_order, rank_share, shard_ids, split_batches
 from .ragged import RaggedFields, is_ragged_annotation
@@ -290,7 +290,8 @@ class Loader:
                             else int(num_threads))
         self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=self.in_memory is True,
                                    lazy=map_shards == "lazy")
-        self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.reader.fields, self.specs)
+        self.dtype, self.convert = converts_for(self.conversion, self.reader.dtypes, self.reader.fields, self.specs,
+                                                stored_norm([ds]))
         self.targets, self.target_fields = check_targets(targets), None   # targets="list": per-image dicts
         if self.targets is not None:
             self.target_fields = loader_targets(self.specs, self.fields, self.convert)

@@ -72,8 +72,9 @@ import torch
 
 from ..errors import FormatError, PrecompileError
 from ..seeding import rng_for
-from . import gpu
-from .options import Distribution
+from . import augment, gpu
+from .feed import Finisher, HostPool, converts_for, stored_norm
+from .options import Conversion, Distribution
 from .rows import fixed_shape
 from .sampler import rank_share, split_batches
 
@@ -241,7 +242,11 @@ class Mix:
     out under an initialised process group), ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``), ``fields``,
     ``num_threads`` (batches read ahead by that many threads; 0: in the calling thread), ``prefetch`` (batches
     in flight), ``sort_batches`` (default True, as the Loader's: a shuffled batch's samples ordered by source,
-    then by their place in the files; the same members), ``verify``. Each batch holds the fields as tensors
+    then by their place in the files; the same members), ``verify``. ``dtype``, ``mean``, ``std``,
+    ``channels_first``, ``convert_fields``: the Loader's conversion, by its own code
+    (:class:`~precompile.reader.options.Conversion`, :func:`~precompile.reader.feed.converts_for`, the
+    :class:`~precompile.reader.feed.Finisher`); ``"stats"``: the mixed stream's, from each build's stored stats
+    weighted by its share of an epoch (:func:`precompile.tools.stats.mixture_norm`). Each batch holds the fields as tensors
     plus ``__source`` (int64: the index in ``sources`` of each sample's build) and ``__row`` (int64: its row in
     that build).
     """
@@ -252,7 +257,9 @@ class Mix:
                  device: str | torch.device = "auto", fields: Sequence[str] | None = None, drop_last: bool = False,
                  rank: int | None = None, world_size: int | None = None, uneven: Literal["pad", "drop"] = "pad",
                  num_threads: int | None = None, prefetch: int = 2, sort_batches: bool = True,
-                 verify: bool = False):
+                 verify: bool = False, gpu_steps: Sequence[Any] | None = None, dtype: Any = None,
+                 mean: Sequence[float] | float | str | None = None, std: Sequence[float] | float | str | None = None,
+                 channels_first: bool = False, convert_fields: Sequence[str] | None = None):
         if isinstance(sources, (str, os.PathLike)) or len(sources) < 1:
             raise ValueError("Mix: sources must be a list of builds (index paths or opened builds)")
         if int(batch_size) < 1:
@@ -282,11 +289,19 @@ class Mix:
             self.counts = mix_counts(self.weights, self.sizes, self.stop, self.cycle)
             for s in self.sources:
                 s.open_reader(self.fields)
+            self.specs = {f: self.sources[0].ds.field_specs[f] for f in self.fields}
+            self.shapes = {f: fixed_shape(self.specs[f]) for f in self.fields}
+            # the Loader's conversion and device steps, the same code: its option group, its Converts, its steps
+            self.conversion = Conversion(dtype, mean, std, channels_first, convert_fields)
+            self.dtype, self.convert = converts_for(self.conversion, {f: np.dtype(self.specs[f]["dtype"]) for f in
+                                                                      self.fields}, self.fields, self.specs,
+                                                    self._stats_norm())
+            self.steps = augment.parse_steps(gpu_steps)
+            gpu.bind_steps(self.steps, self.specs, dict(self.shapes))
         except BaseException:
             self.close()
             raise
-        self.specs = {f: self.sources[0].ds.field_specs[f] for f in self.fields}
-        self.shapes = {f: fixed_shape(self.specs[f]) for f in self.fields}
+        self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool())
         self.epoch, self._pos, self._resume = 0, 0, False
         self._orders: dict[int, tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = {}
         self._active: weakref.ref | None = None
@@ -338,6 +353,16 @@ class Mix:
                         raise FormatError(f"Mix: field {f!r} has class names {str(na)[:120]} in {first.name} but "
                                           f"{str(nb)[:120]} in {s.name}: the same id would mean two classes")
         return wanted
+
+    def _stats_norm(self) -> Any:
+        """What ``mean="stats"`` / ``std="stats"`` stand for: the stored stats of the one build read, or of the
+        stream that mixes the builds read (each build's share: its samples per epoch over the epoch's)."""
+        active = [i for i, c in enumerate(self.counts) if c > 0]
+        builds = [self.sources[i].ds for i in active]
+        if len(active) == 1:
+            return stored_norm(builds)
+        total = sum(self.counts)
+        return stored_norm(builds, [Fraction(self.counts[i], total) for i in active])
 
     # -- order ------------------------------------------------------------------------------------
     def _raw_pass(self, i: int, k: int) -> np.ndarray:
@@ -493,6 +518,19 @@ class Mix:
             out = {f: t.pin_memory().to(self.device, non_blocking=True) for f, t in out.items()}
         return out
 
+    def _host_batch(self, epoch: int, b: int, src: np.ndarray, row: np.ndarray) -> Any:
+        """Batch ``b`` read (in a reading thread); on CPU also finished there: its device steps, drawn for
+        ``(seed, epoch, rank, b)``, and its conversion (the Loader's :class:`~precompile.reader.feed.Finisher`)."""
+        arrays = self.read_batch(src, row)
+        if self.device.type == "cuda":
+            return arrays
+        return self.finisher.finish(self._to_device(arrays), epoch, b)
+
+    def _deliver(self, epoch: int, b: int, got: Any) -> dict[str, torch.Tensor]:
+        if self.device.type != "cuda":
+            return got
+        return self.finisher.finish(self._to_device(got), epoch, b)   # on the device, on the current stream
+
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """A pass over the rest of the current epoch; starting a new pass closes an unfinished one."""
         old = self._active() if self._active is not None else None
@@ -509,9 +547,14 @@ class Mix:
         epoch = self.epoch
         src, row, batches = self._batches(epoch)
         todo = range(self._pos, len(batches))
+
+        def task(b: int) -> tuple:
+            return (self._host_batch, epoch, b, src[batches[b]], row[batches[b]])
+
         if self.num_threads == 0:
             for b in todo:
-                out = self._to_device(self.read_batch(src[batches[b]], row[batches[b]]))
+                fn, *args = task(b)
+                out = self._deliver(epoch, b, fn(*args))
                 self._pos = b + 1
                 yield out
         else:
@@ -520,15 +563,15 @@ class Mix:
             it = iter(todo)
             try:
                 for b in it:
-                    ahead.append((b, pool.submit(self.read_batch, src[batches[b]], row[batches[b]])))
+                    ahead.append((b, pool.submit(*task(b))))
                     if len(ahead) >= self.prefetch:
                         break
                 while ahead:
                     b, fut = ahead.popleft()
                     nxt = next(it, None)
                     if nxt is not None:
-                        ahead.append((nxt, pool.submit(self.read_batch, src[batches[nxt]], row[batches[nxt]])))
-                    out = self._to_device(fut.result())
+                        ahead.append((nxt, pool.submit(*task(nxt))))
+                    out = self._deliver(epoch, b, fut.result())
                     self._pos = b + 1
                     yield out
             finally:

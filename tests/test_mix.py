@@ -521,3 +521,213 @@ def test_stats_of_a_mix_are_the_stats_of_its_stream(tmp_path):
     plain = _build(tmp_path, "u", "hdf5", 1, 13)
     with pytest.raises(PrecompileError, match=rf"^{plain}: has no stats; run `precompile stats"):
         precompile.Mix([paths[0], plain], batch_size=4, device="cpu", mean="stats", std="stats")
+
+
+# -- gpu_steps: the Loader's device steps, drawn as the Loader draws them ------------------------------------
+STEPS = [{"random_resized_crop": {"size": 24, "scale": [0.3, 1.0]}}, {"random_flip": {"horizontal": 0.5}},
+         {"color_jitter": {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1}},
+         {"random_erasing": {"p": 0.5, "value": [124, 116, 104]}}]
+MIXED = dict(batch_size=5, weights=[0.5, 0.3, 0.2], stop=20, seed=3, device="cpu")
+
+
+def test_gpu_steps_are_the_device_steps_run_by_hand_on_the_raw_batch(builds):
+    # the same steps, parsed and bound apart, drawn with gpu.step_params for (seed, epoch, rank, batch) and run
+    # with gpu.run_steps on the Mix's raw batch, then the Loader's Convert: the Mix's augmented batch, byte for byte
+    from precompile.reader import augment, gpu
+
+    aug = precompile.Mix(builds, gpu_steps=STEPS, dtype="float32", mean=MEAN, std=STD, num_threads=2, **MIXED)
+    raw = precompile.Mix(builds, num_threads=0, **MIXED)
+    by_hand = augment.parse_steps(STEPS)
+    gpu.bind_steps(by_hand, raw.specs, raw.shapes)
+    conv = gpu.Convert(torch.float32, MEAN, STD, scale=1 / 255)
+    for m in (aug, raw):
+        m.set_epoch(2)
+    moved = 0
+    for b, (g, r) in enumerate(zip(aug, raw)):
+        n = len(r["label"])
+        assert g["__source"].tolist() == r["__source"].tolist() and g["__row"].tolist() == r["__row"].tolist()
+        params = gpu.step_params(by_hand, 3, 2, 0, b, n)
+        want = conv(gpu.run_steps({"image": r["image"].clone()}, by_hand, params)["image"])
+        assert g["image"].shape == (n, 24, 24, 3)
+        assert g["image"].numpy().tobytes() == want.numpy().tobytes(), b
+        assert torch.equal(g["label"], r["label"])
+        moved += int(params[1]["horizontal"].sum())
+    assert b == 3 and moved > 0        # four batches, and some samples were flipped
+    aug.close()
+    raw.close()
+
+
+def test_a_certain_flip_mirrors_each_stored_sample(builds):
+    # numpy's mirror of each sample's stored bytes (precompile.open) is the truth
+    mix = precompile.Mix(builds, gpu_steps=[{"random_flip": {"horizontal": 1.0}}], **MIXED)
+    opened = [precompile.open(p) for p in builds]
+    n = 0
+    for b in mix:
+        for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
+            assert np.array_equal(b["image"][j].numpy(), opened[s][r]["image"][:, ::-1]), (s, r)
+            n += 1
+    assert n == 20
+    for d in opened:
+        d.close()
+    mix.close()
+
+
+def test_gpu_steps_do_not_depend_on_threads_and_resume_mid_epoch(builds):
+    def make(threads):
+        m = precompile.Mix(builds, gpu_steps=STEPS, num_threads=threads, prefetch=3, **MIXED)
+        m.set_epoch(1)
+        return m
+
+    first = make(0)
+    whole = _pass(first)
+    assert _digest(_pass(make(3))) == _digest(whole)
+    cut = make(2)
+    it = iter(cut)
+    head = [{k: v.numpy().copy() for k, v in next(it).items()} for _ in range(2)]
+    state = cut.state_dict()
+    assert state["epoch"] == 1 and state["batch"] == 2
+    again = make(1)
+    again.load_state_dict(state)
+    again.set_epoch(1)
+    assert _digest(head + _pass(again)) == _digest(whole)
+    # another epoch draws other parameters (the rows too: compare the augmented images' bytes only)
+    other = make(0)
+    other.set_epoch(4)
+    assert _digest([{"image": b["image"]} for b in _pass(other)]) != _digest([{"image": b["image"]} for b in whole])
+
+
+def test_bad_gpu_steps_are_the_loaders_errors(builds):
+    from precompile.reader.loader import Loader
+
+    for steps in ([{"random_flop": {}}], [{"random_crop": {"size": 64, "pad": "sometimes"}}],
+                  [{"random_flip": {"fields": ["label"]}}]):
+        with pytest.raises(ValueError) as want:
+            Loader(builds[0], batch_size=4, device="cpu", gpu_steps=steps)
+        with pytest.raises(ValueError) as got:
+            precompile.Mix(builds, batch_size=4, device="cpu", gpu_steps=steps)
+        assert str(got.value) == str(want.value)
+
+
+@pytest.fixture(scope="module")
+def coco_builds(tmp_path_factory) -> list[str]:
+    """recipes/coco.yaml (8 images: image 96x128, semantic mask, boxes, box_labels) built as HDF5, as it is, and
+    as a PNG folder build mirrored (a random_flip that always flips), so the two builds hold other pixels and
+    boxes, in both kinds of storage."""
+    import yaml
+
+    repo = Path(__file__).resolve().parent.parent
+    tmp = tmp_path_factory.mktemp("mix_coco")
+    out = []
+    for name, mirror in (("coco_a", False), ("coco_b", True)):
+        r = yaml.safe_load((repo / "recipes" / "coco.yaml").read_text())
+        r["name"] = name
+        r["inputs"]["root"] = str(repo / "sample_data" / "coco" / "images")
+        r["inputs"]["coco"]["file"] = str(repo / "sample_data" / "coco" / "annotations" / "instances.json")
+        if mirror:
+            r["steps"].append({"random_flip": {"horizontal": 1.0}})
+            r["output"]["format"] = "png"
+        precompile.build(r, out_dir=tmp / "out")
+        out.append(str(tmp / "out" / f"{name}.{'json' if mirror else 'h5'}"))
+    return out
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.numpy(), b.numpy(), equal_nan=True)
+
+
+def test_annotations_move_with_the_device_steps_as_run_by_hand(coco_builds):
+    from precompile.reader import augment, gpu
+
+    steps = [{"random_resized_crop": {"size": [48, 64], "scale": [0.3, 1.0], "min_visibility": 0.3}},
+             {"random_flip": {"horizontal": 0.5}}, {"random_crop": {"size": [40, 56], "padding": 4}}]
+    kw = dict(batch_size=4, weights=[1, 1], stop=12, seed=5, device="cpu",
+              fields=["image", "mask", "boxes", "box_labels"])
+    aug = precompile.Mix(coco_builds, gpu_steps=steps, num_threads=2, **kw)
+    raw = precompile.Mix(coco_builds, num_threads=0, **kw)
+    by_hand = augment.parse_steps(steps)
+    gpu.bind_steps(by_hand, raw.specs, {**raw.shapes, **{f: tuple(raw.specs[f]["shape"]) for f in raw.ragged}})
+    dropped = 0
+    for b, (g, r) in enumerate(zip(aug, raw)):
+        assert set(g) == set(r) == {"image", "mask", "boxes", "boxes__count", "box_labels", "box_labels__count",
+                                    "__source", "__row"}
+        params = gpu.step_params(by_hand, 5, 0, 0, b, len(r["__row"]))
+        want = gpu.run_steps({k: v.clone() for k, v in r.items()}, by_hand, params)
+        for k in g:
+            assert _same(g[k], want[k]), (b, k)
+        assert g["image"].shape[1:] == (40, 56, 3) and g["mask"].shape[1:] == (40, 56, 1)
+        dropped += int((r["boxes__count"] - g["boxes__count"]).sum())
+        assert torch.equal(g["boxes__count"], g["box_labels__count"])    # a dropped box took its label along
+    assert b == 2 and dropped > 0
+    aug.close()
+    raw.close()
+
+
+def test_a_certain_flip_mirrors_boxes_and_masks_of_each_stored_sample(coco_builds):
+    # numpy on each sample's stored arrays (precompile.open) is the truth: x -> W - x, the mask mirrored
+    mix = precompile.Mix(coco_builds, batch_size=4, weights=[1, 1], stop=12, seed=2, device="cpu",
+                         gpu_steps=[{"random_flip": {"horizontal": 1.0}}])
+    opened = [precompile.open(p) for p in coco_builds]
+    n = boxes = 0
+    for b in mix:
+        for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
+            want = opened[s][r]
+            k = int(b["boxes__count"][j])
+            assert k == len(want["boxes"]) and b["box_labels"][j, :k].tolist() == want["box_labels"].tolist()
+            x1, y1, x2, y2 = want["boxes"].T
+            np.testing.assert_array_equal(b["boxes"][j, :k].numpy(), np.stack([128 - x2, y1, 128 - x1, y2], 1))
+            assert torch.isnan(b["boxes"][j, k:]).all()
+            assert np.array_equal(b["mask"][j].numpy(), want["mask"][:, ::-1])
+            assert np.array_equal(b["image"][j].numpy(), want["image"][:, ::-1])
+            n, boxes = n + 1, boxes + k
+    assert n == 12 and boxes > 0
+    for d in opened:
+        d.close()
+    mix.close()
+
+
+def test_batch_maps_lead_back_to_the_stored_pixels(builds):
+    # a random crop without padding: each sample's map takes the batch's pixel (0, 0) to the window's corner in the
+    # stored sample, and the stored bytes there (precompile.open) are the batch's
+    mix = precompile.Mix(builds, gpu_steps=[{"random_crop": {"size": 20}}, {"random_flip": {"horizontal": 0.5}}],
+                         **MIXED)
+    mix.set_epoch(1)
+    opened = [precompile.open(p) for p in builds]
+    corners = set()
+    for b, batch in enumerate(mix):
+        src, row, maps = mix.batch_maps(b, epoch=1)
+        assert src.tolist() == batch["__source"].tolist() and row.tolist() == batch["__row"].tolist()
+        for j, (s, r) in enumerate(zip(src.tolist(), row.tolist())):
+            m = maps[j]
+            x0, y0 = m @ [0.5, 0.5, 1]          # the first pixel's centre, in the stored sample's pixels
+            flipped = m[0, 0] < 0
+            left, top = int(round(x0 - 0.5)) - (19 if flipped else 0), int(round(y0 - 0.5))
+            window = opened[s][r]["image"][top:top + 20, left:left + 20]
+            assert np.array_equal(batch["image"][j].numpy(), window[:, ::-1] if flipped else window), (b, j)
+            corners.add((top, left, flipped))
+    assert len(corners) > 3
+    with pytest.raises(IndexError, match=r"^batch 4 out of range: epoch 1 has 4 batches on this rank$"):
+        mix.batch_maps(4, epoch=1)
+    for d in opened:
+        d.close()
+    mix.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_steps_and_conversion_equal_the_cpu_ones(builds, coco_builds):
+    """device="cuda": the steps and the conversion run on the device after the copy; flips, crops and masks give
+    the CPU's bytes, the float conversion the CPU's values; boxes move on the host and come on the device."""
+    steps = [{"random_flip": {"horizontal": 0.5}}, {"random_crop": {"size": [40, 56], "padding": 4}}]
+    for srcs, kw in ((coco_builds, dict(fields=["image", "mask", "boxes", "box_labels"])),
+                     (builds, dict(dtype="float32", mean=MEAN, std=STD, channels_first=True))):
+        both = [precompile.Mix(srcs, batch_size=4, stop=12, seed=5, device=d, gpu_steps=steps[:1] if srcs is builds
+                               else steps, **kw) for d in ("cpu", "cuda")]
+        for c, g in zip(*both):
+            assert set(c) == set(g)
+            for k in c:
+                assert g[k].device.type == "cuda", k
+                if c[k].is_floating_point() and k == "image":
+                    torch.testing.assert_close(g[k].cpu(), c[k], rtol=0, atol=1e-6)
+                else:
+                    assert _same(g[k].cpu().contiguous(), c[k].contiguous()), k
+        for m in both:
+            m.close()

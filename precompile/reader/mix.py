@@ -56,6 +56,17 @@ The draws come from :func:`precompile.seeding.rng_for`; nothing depends on the
 thread count (every batch is read into its own arrays), so the same seed gives
 the same batches with any ``num_threads``, and ``state_dict`` /
 ``load_state_dict`` resume mid-epoch with exactly the remaining batches.
+
+5. **Conversion and device steps** are the Loader's own code: its option group
+   (:class:`~precompile.reader.options.Conversion`), its ``converts_for`` and
+   its :class:`~precompile.reader.feed.Finisher`. Batch ``b`` of this rank's
+   epoch ``e`` draws its steps' parameters as the Loader's batch ``b`` does,
+   from ``(seed, e, rank, b, step)`` (:func:`~precompile.reader.gpu.step_params`),
+   sample ``j`` taking the ``j``-th draw: the draw key of a mixed batch is its
+   place in the rank's epoch, never a thread's, so threads and resume keep the
+   bytes. The ragged annotation fields (boxes, box_labels, keypoints) are held
+   in memory per build and padded per batch as the Loader pads them; the steps
+   move them on the host.
 """
 from __future__ import annotations
 
@@ -75,6 +86,7 @@ from ..seeding import rng_for
 from . import augment, gpu
 from .feed import Finisher, HostPool, converts_for, stored_norm
 from .options import Conversion, Distribution
+from .ragged import RaggedFields, count_name, is_ragged_annotation, pad_rows
 from .rows import fixed_shape
 from .sampler import rank_share, split_batches
 
@@ -197,13 +209,25 @@ class _Source:
         self.name = str(getattr(self.ds, "path", src))
         self.n = len(self.ds)
         self.reader: Any = None
+        self.ragged: RaggedFields | None = None
+        self.batch_ds = self.ds   # what a folder build's rows are read from (the loaded fixed-shape fields only)
 
-    def open_reader(self, fields: list[str]) -> None:
+    def open_reader(self, fields: list[str], ragged: list[str]) -> None:
+        """Read the fixed-shape ``fields`` (HDF5: the Loader's DirectReader; a folder build: its ``batch``) and
+        hold the ragged annotation fields ``ragged`` in memory (HDF5: the Loader's RaggedFields; a folder build:
+        each sample's rows read once, :class:`_FolderRagged`)."""
         out_format = str((getattr(self.ds, "attrs", None) or {}).get("output_format", "hdf5"))
-        if out_format == "hdf5" and (hasattr(self.ds, "shard_table") or hasattr(self.ds, "shards")):
+        hdf5 = out_format == "hdf5" and (hasattr(self.ds, "shard_table") or hasattr(self.ds, "shards"))
+        if hdf5:
             from .direct import DirectReader
 
             self.reader = DirectReader(self.ds, fields)
+        elif list(self.ds.fields) != list(fields):   # its batch reads every field it was opened with: only these
+            from . import open_dataset
+
+            self.batch_ds = open_dataset(self.ds.path, fields=fields) if fields else None
+        if ragged:
+            self.ragged = RaggedFields(self.ds, ragged) if hdf5 else _FolderRagged(self.ds, ragged)
         self.fields = fields
 
     def gather_key(self, rows: np.ndarray) -> np.ndarray:
@@ -217,22 +241,59 @@ class _Source:
                 for f in self.fields:
                     self.reader.gather(f, plan, out[f])
             return
-        b = self.ds.batch(rows)
+        if self.batch_ds is None:
+            return
+        b = self.batch_ds.batch(rows)
         for f in self.fields:
             out[f][...] = b[f]
 
     def close(self) -> None:
         if self.reader is not None:
             self.reader.close()
+        if self.batch_ds is not None and self.batch_ds is not self.ds:
+            self.batch_ds.close()
         if self.owned:
             self.ds.close()
+
+
+class _FolderRagged:
+    """The ragged annotation fields of a folder build (png/bmp: in its JSON index), every sample's rows read
+    once into memory (as :class:`~precompile.reader.ragged.RaggedFields` holds an HDF5 build's)."""
+
+    def __init__(self, ds: Any, fields: Sequence[str]):
+        from . import open_dataset
+
+        only = open_dataset(ds.path, fields=list(fields))
+        try:
+            self.data = {f: [] for f in fields}
+            for i in range(len(only)):
+                sample = only[i]
+                for f in fields:
+                    self.data[f].append(np.asarray(sample[f]))
+        finally:
+            only.close()
+
+    def rows(self, name: str, i: int) -> np.ndarray:
+        return self.data[name][i]
+
+
+class _RaggedKeys:
+    """The batch keys of a Mix's ragged fields, for the Loader's Finisher (which moves them with the steps on the
+    host, then to the batch's device)."""
+
+    def __init__(self, fields: Sequence[str]):
+        self.fields = list(fields)
+
+    def keys(self) -> list[str]:
+        return [k for f in self.fields for k in (f, count_name(f))]
 
 
 class Mix:
     """Batches of several builds mixed by weight; see the module docstring (and docs/reference-reader.md).
 
     ``sources``: index paths (or builds opened with ``precompile.open``), any output format, with the same
-    loaded fields (kind, shape, dtype and class names equal; a fixed shape each). ``weights``: one number >= 0
+    loaded fields (kind, shape, dtype and class names equal; a fixed shape each, or the ragged boxes,
+    box_labels and keypoints, padded per batch plus ``<field>__count`` as the Loader's). ``weights``: one number >= 0
     per source (normalised; default: proportional to the sources' sizes, so each sample once per epoch).
     ``stop``: ``"first_exhausted"`` (default), ``"all_exhausted"`` or a number of samples per epoch.
     ``cycle`` (with ``"first_exhausted"``): one bool per source, True for a source that never ends the epoch
@@ -243,7 +304,7 @@ class Mix:
     ``num_threads`` (batches read ahead by that many threads; 0: in the calling thread), ``prefetch`` (batches
     in flight), ``sort_batches`` (default True, as the Loader's: a shuffled batch's samples ordered by source,
     then by their place in the files; the same members), ``verify``. ``dtype``, ``mean``, ``std``,
-    ``channels_first``, ``convert_fields``: the Loader's conversion, by its own code
+    ``channels_first``, ``convert_fields``, ``gpu_steps``: the Loader's conversion and device steps, by its own code
     (:class:`~precompile.reader.options.Conversion`, :func:`~precompile.reader.feed.converts_for`, the
     :class:`~precompile.reader.feed.Finisher`); ``"stats"``: the mixed stream's, from each build's stored stats
     weighted by its share of an epoch (:func:`precompile.tools.stats.mixture_norm`). Each batch holds the fields as tensors
@@ -287,21 +348,26 @@ class Mix:
             self.weights = check_weights(weights, self.sizes)
             self.fields = self._agreed_fields(fields)
             self.counts = mix_counts(self.weights, self.sizes, self.stop, self.cycle)
-            for s in self.sources:
-                s.open_reader(self.fields)
             self.specs = {f: self.sources[0].ds.field_specs[f] for f in self.fields}
-            self.shapes = {f: fixed_shape(self.specs[f]) for f in self.fields}
+            # boxes, box_labels, keypoints: padded per batch plus <field>__count, as the Loader's
+            self.ragged = [f for f in self.fields if is_ragged_annotation(self.specs[f])]
+            self.fixed = [f for f in self.fields if f not in self.ragged]
+            for s in self.sources:
+                s.open_reader(self.fixed, self.ragged)
+            self.shapes = {f: fixed_shape(self.specs[f]) for f in self.fixed}
             # the Loader's conversion and device steps, the same code: its option group, its Converts, its steps
             self.conversion = Conversion(dtype, mean, std, channels_first, convert_fields)
-            self.dtype, self.convert = converts_for(self.conversion, {f: np.dtype(self.specs[f]["dtype"]) for f in
-                                                                      self.fields}, self.fields, self.specs,
+            dtypes = {f: np.dtype(self.specs[f]["dtype"]) for f in self.fixed}
+            self.dtype, self.convert = converts_for(self.conversion, dtypes, self.fixed, self.specs,
                                                     self._stats_norm())
             self.steps = augment.parse_steps(gpu_steps)
-            gpu.bind_steps(self.steps, self.specs, dict(self.shapes))
+            gpu.bind_steps(self.steps, self.specs, {**self.shapes, **{f: tuple(self.specs[f]["shape"])
+                                                                     for f in self.ragged}})
         except BaseException:
             self.close()
             raise
-        self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool())
+        self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool(),
+                                 _RaggedKeys(self.ragged) if self.ragged else None)
         self.epoch, self._pos, self._resume = 0, 0, False
         self._orders: dict[int, tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = {}
         self._active: weakref.ref | None = None
@@ -330,9 +396,22 @@ class Mix:
         for f in wanted:
             a = first.ds.field_specs[f]
             kind = a.get("kind")
-            if kind == "text" or kind in ("boxes", "box_labels", "keypoints"):
-                raise FormatError(f"Mix: field {f!r} of {first.name} is a {kind} field (a varying size per "
-                                  f"sample); Mix reads fixed-shape fields: leave it out with fields=[...]")
+            ragged = is_ragged_annotation(a)
+            if kind == "text":
+                raise FormatError(f"Mix: field {f!r} of {first.name} is a text field (a varying size per "
+                                  f"sample); Mix reads fixed-shape fields and the ragged boxes, box_labels and "
+                                  f"keypoints: leave it out with fields=[...]")
+            if ragged:
+                inner = tuple((a.get("shape") or ())[1:])
+                for s in self.sources[1:]:
+                    b = s.ds.field_specs[f]
+                    for what, x, y in (("kind", kind, b.get("kind")), ("dtype", a.get("dtype"), b.get("dtype")),
+                                       ("rows of shape", inner, tuple((b.get("shape") or ())[1:])),
+                                       ("tie (of)", a.get("of"), b.get("of"))):
+                        if x != y or not is_ragged_annotation(b):
+                            raise FormatError(f"Mix: field {f!r} has {what} {x} in {first.name} but {y} in "
+                                              f"{s.name}; the mixed builds must agree")
+                continue
             if fixed_shape(a) is None:
                 raise FormatError(f"Mix: field {f!r} of {first.name} has shape {tuple(a.get('shape') or ())} with "
                                   f"unknown dimensions; Mix reads fixed-shape fields (resize/crop to one size in "
@@ -458,6 +537,24 @@ class Mix:
     def __len__(self) -> int:
         return len(self._batches(self.epoch)[2])
 
+    def batch_maps(self, b: int, epoch: int | None = None,
+                   field: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where batch ``b`` of ``epoch`` (default: the current one) came from, as the Loader's ``batch_maps``:
+        its samples' builds and rows (``batch_indices(epoch)[b]``) and (B, 2, 3) float64 maps from the batch's
+        pixel coordinates back to each stored sample's (the inverse of the ``gpu_steps`` as drawn for that batch;
+        identities without steps). ``precompile.open(sources[s]).to_source(r, ..., device_map=maps[j])`` gives a
+        prediction in the source image's pixels. ``field``: the image field the maps follow (default: the first
+        loaded image field). The draws are a function of (seed, epoch, rank, b): no pass is needed."""
+        e = self.epoch if epoch is None else int(epoch)
+        batches = self.batch_indices(e)
+        if not 0 <= int(b) < len(batches):
+            raise IndexError(f"batch {b} out of range: epoch {e} has {len(batches)} batches on this rank")
+        src, row = batches[int(b)]
+        if field is None:
+            field = next((f for f in self.fixed if self.specs[f].get("kind") == "image"), None)
+        params = gpu.step_params(self.steps, self.seed, e, self.rank, int(b), len(src))
+        return src, row, gpu.device_maps(self.steps, params, len(src), field)
+
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch (right after :meth:`load_state_dict`, the restored epoch keeps
         its restored position, as the Loader's)."""
@@ -497,25 +594,32 @@ class Mix:
         into its slice of the batch; one whose samples are spread (``sort_batches=False``) into a buffer, then
         put in its places."""
         b = len(src)
-        out = {f: np.empty((b, *self.shapes[f]), dtype=np.dtype(self.specs[f]["dtype"])) for f in self.fields}
+        out = {f: np.empty((b, *self.shapes[f]), dtype=np.dtype(self.specs[f]["dtype"])) for f in self.fixed}
         for i in np.unique(src).tolist():
             at = np.flatnonzero(src == i)
             lo, hi = int(at[0]), int(at[-1]) + 1
             if hi - lo == len(at):
-                self.sources[i].read_into(row[lo:hi], {f: out[f][lo:hi] for f in self.fields})
+                self.sources[i].read_into(row[lo:hi], {f: out[f][lo:hi] for f in self.fixed})
             else:
-                tmp = {f: np.empty((len(at), *self.shapes[f]), dtype=out[f].dtype) for f in self.fields}
+                tmp = {f: np.empty((len(at), *self.shapes[f]), dtype=out[f].dtype) for f in self.fixed}
                 self.sources[i].read_into(row[at], tmp)
-                for f in self.fields:
+                for f in self.fixed:
                     out[f][at] = tmp[f]
+        for f in self.ragged:   # each sample's rows from its own build, padded as the Loader pads them
+            rows = [self.sources[s].ragged.rows(f, r) for s, r in zip(src.tolist(), row.tolist())]
+            spec = self.specs[f]
+            out[f], out[count_name(f)] = pad_rows(rows, tuple(spec["shape"][1:]), np.dtype(spec["dtype"]))
         out[SOURCE] = np.asarray(src, dtype=np.int64).copy()
         out[ROW] = np.asarray(row, dtype=np.int64).copy()
         return out
 
     def _to_device(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """Tensors on the device; the ragged fields and their counts stay on the host until the Finisher has
+        moved them with the device steps (as the Loader's), then go to the device."""
         out = {f: torch.from_numpy(a) for f, a in arrays.items()}
         if self.device.type == "cuda":
-            out = {f: t.pin_memory().to(self.device, non_blocking=True) for f, t in out.items()}
+            host = set(self.finisher.ragged.keys()) if self.finisher.ragged is not None else set()
+            out = {f: t if f in host else t.pin_memory().to(self.device, non_blocking=True) for f, t in out.items()}
         return out
 
     def _host_batch(self, epoch: int, b: int, src: np.ndarray, row: np.ndarray) -> Any:

@@ -731,3 +731,41 @@ def test_cuda_steps_and_conversion_equal_the_cpu_ones(builds, coco_builds):
                     assert _same(g[k].cpu().contiguous(), c[k].contiguous()), k
         for m in both:
             m.close()
+
+
+# -- Loader([a, b], weights=[...]): a Mix ----------------------------------------------------------------------
+def test_a_loader_of_a_list_of_builds_is_a_mix(builds):
+    from precompile.reader.loader import Loader
+    from precompile.reader.mix import Mix
+
+    kw = dict(weights=[0.5, 0.3, 0.2], stop=20, seed=3, device="cpu", dtype="float16", mean=MEAN, std=STD,
+              gpu_steps=[{"random_flip": {"horizontal": 0.5}}])
+    got = Loader(builds, batch_size=5, **kw)
+    assert type(got) is Mix and got.weights == precompile.Mix(builds, batch_size=5, **kw).weights
+    want = precompile.Mix(builds, batch_size=5, **kw)
+    assert _digest(_pass(got)) == _digest(_pass(want))
+    # positional arguments keep the Loader's meaning: (builds, batch_size, shuffle, seed, device)
+    pos = Loader(tuple(builds), 5, True, 3, "cpu", weights=[0.5, 0.3, 0.2], stop=20)
+    assert (type(pos), pos.batch_size, pos.shuffle, pos.seed, pos.device.type) == (Mix, 5, True, 3, "cpu")
+    assert Loader(builds, 5, "full", device="cpu").shuffle is True and Loader(builds, 5, False).shuffle is False
+    for m in (got, want, pos):
+        m.close()
+    one = Loader(builds[0], batch_size=5, device="cpu")     # one build: the Loader, as ever
+    assert type(one) is Loader
+    one.close()
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(block_window=4), "Loader([...]): a list of builds is read as one precompile.Mix, which has no block_window "
+                           "(an option of the Loader of one build); leave it out, or make one Loader per build"),
+    (dict(shuffle="block"), "Loader([...]): a list of builds is read as one precompile.Mix, which shuffles "
+                            "fully (shuffle=True or 'full') or not at all (False), got shuffle='block'"),
+    (dict(targets="list"), "Loader([...]): a list of builds is read as one precompile.Mix, which has no targets "
+                           "(an option of the Loader of one build); leave it out, or make one Loader per build"),
+])
+def test_a_loader_of_a_list_refuses_what_a_mix_has_not(builds, kw, message):
+    from precompile.reader.loader import Loader
+
+    with pytest.raises(ValueError) as e:
+        Loader(builds, batch_size=4, device="cpu", **kw)
+    assert str(e.value) == message

@@ -176,7 +176,8 @@ def copy_schedule(ds: Any, copies: str, include_original: bool, seed: int) -> Co
 class Loader:
     """Iterable of ``{field: tensor}`` batches on ``device``; see the module docstring.
 
-    Parameters: ``path_or_dataset`` an index file or an opened build;
+    Parameters: ``path_or_dataset`` an index file or an opened build (a list of them: a
+    :class:`~precompile.reader.mix.Mix` of them, see :meth:`__new__`);
     ``shuffle`` True (= ``"full"``), False (sequential), ``"full"`` or
     ``"block"`` (whole chunks, ``block_window`` chunks mixed at a time) or ``"shard"`` (the same over whole
     shards: what a build read from a URL through a cache smaller than it wants);
@@ -242,6 +243,15 @@ class Loader:
     detection models take them (``boxes``, ``labels``, ``masks`` from an instance mask tied
     to the boxes, ``keypoints``; exactly the image's rows: :mod:`precompile.reader.targets`).
     """
+
+    def __new__(cls, path_or_dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """``Loader([a, b, ...], batch_size, weights=..., ...)``: a list (or tuple) of builds is read as one weighted
+        stream, a :class:`~precompile.reader.mix.Mix` (:func:`~precompile.reader.mix.mix_for_loader`)."""
+        if isinstance(path_or_dataset, (list, tuple)):
+            from .mix import mix_for_loader
+
+            return mix_for_loader(path_or_dataset, args, kwargs, cls.__init__)
+        return super().__new__(cls)
 
     def __init__(self, path_or_dataset: Any, batch_size: int, shuffle: bool | str = True, seed: int = 0,
                  device: str | torch.device = "auto", fields: Sequence[str] | None = None, drop_last: bool = False,

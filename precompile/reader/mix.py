@@ -256,6 +256,36 @@ class _Source:
             self.ds.close()
 
 
+def mix_for_loader(sources: Sequence[Any], args: tuple, kwargs: dict[str, Any], loader_init: Any) -> "Mix":
+    """``Loader([a, b, ...], ...)``: the Loader's arguments (positional ones in the order of ``loader_init``, the
+    Loader's ``__init__``) read as a :class:`Mix`'s. The Loader's options a Mix has are passed on with their meaning (``shuffle=True``/``"full"``:
+    True); one it has not (``block_window``, ``copies``, ``targets``, ``map_shards``, ...) is a ``ValueError``
+    naming ``precompile.Mix``."""
+    import inspect
+
+    names = [p for p in inspect.signature(loader_init).parameters if p not in ("self", "path_or_dataset")]
+    if len(args) > len(names):
+        raise TypeError(f"Loader() takes at most {len(names) + 1} positional arguments ({len(args) + 1} given)")
+    given = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k in given:
+            raise TypeError(f"Loader() got multiple values for argument {k!r}")
+        given[k] = v
+    head = "Loader([...]): a list of builds is read as one precompile.Mix"
+    if "shuffle" in given:
+        sh = given["shuffle"]
+        if sh is not False and sh is not True and sh != "full":
+            raise ValueError(f"{head}, which shuffles fully (shuffle=True or 'full') or not at all (False), got "
+                             f"shuffle={sh!r}")
+        given["shuffle"] = sh is True or sh == "full"
+    mine = set(inspect.signature(Mix.__init__).parameters) - {"self", "sources"}
+    for k in given:
+        if k not in mine and k in names:
+            raise ValueError(f"{head}, which has no {k} (an option of the Loader of one build); leave it out, or "
+                             f"make one Loader per build")
+    return Mix(list(sources), **given)
+
+
 class _FolderRagged:
     """The ragged annotation fields of a folder build (png/bmp: in its JSON index), every sample's rows read
     once into memory (as :class:`~precompile.reader.ragged.RaggedFields` holds an HDF5 build's)."""

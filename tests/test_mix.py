@@ -769,3 +769,36 @@ def test_a_loader_of_a_list_refuses_what_a_mix_has_not(builds, kw, message):
     with pytest.raises(ValueError) as e:
         Loader(builds, batch_size=4, device="cpu", **kw)
     assert str(e.value) == message
+
+
+# -- in_memory=True --------------------------------------------------------------------------------------------
+def test_in_memory_reads_each_build_once_and_gives_the_same_batches(builds, tmp_path):
+    import shutil
+
+    png = _build(tmp_path, "m", "png", 3, 21)
+    srcs = [builds[0], png]
+    kw = dict(batch_size=4, weights=[0.6, 0.4], stop=16, seed=9, device="cpu", dtype="float32", mean=MEAN,
+              std=STD, gpu_steps=[{"random_flip": {"horizontal": 0.5}}])
+    want = _digest(_pass(precompile.Mix(srcs, **kw)))
+    mapped = precompile.Mix(srcs, **kw)
+    held = precompile.Mix(srcs, in_memory=True, **kw)
+    assert held.sources[0].reader.in_memory     # the HDF5 build: the Loader's DirectReader(in_memory=True)
+    for shard in Path(png).parent.glob("m.shards/shard-*"):   # the PNG build's files are gone
+        shutil.rmtree(shard)
+    assert _digest(_pass(held)) == want            # ... and the Mix that holds them in memory does not notice
+    with pytest.raises(FormatError):
+        _pass(mapped)
+    held.close()
+    mapped.close()
+
+
+@pytest.mark.parametrize("value, message", [
+    ("gpu", "Mix: in_memory='gpu' is the Loader's for one build (its rows gathered on the device); a Mix holds its "
+            "builds in host memory: in_memory=True"),
+    (1, "in_memory must be False or True, got 1"),
+    ("yes", "in_memory must be False or True, got 'yes'"),
+])
+def test_in_memory_is_checked(builds, value, message):
+    with pytest.raises(ValueError) as e:
+        precompile.Mix(builds, batch_size=4, device="cpu", in_memory=value)
+    assert str(e.value) == message

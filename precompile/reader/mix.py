@@ -211,21 +211,26 @@ class _Source:
         self.reader: Any = None
         self.ragged: RaggedFields | None = None
         self.batch_ds = self.ds   # what a folder build's rows are read from (the loaded fixed-shape fields only)
+        self.memory: dict[str, np.ndarray] | None = None   # a folder build's fields with in_memory=True
 
-    def open_reader(self, fields: list[str], ragged: list[str]) -> None:
+    def open_reader(self, fields: list[str], ragged: list[str], in_memory: bool = False) -> None:
         """Read the fixed-shape ``fields`` (HDF5: the Loader's DirectReader; a folder build: its ``batch``) and
         hold the ragged annotation fields ``ragged`` in memory (HDF5: the Loader's RaggedFields; a folder build:
-        each sample's rows read once, :class:`_FolderRagged`)."""
+        each sample's rows read once, :class:`_FolderRagged`). ``in_memory``: the fixed-shape fields copied into
+        process memory once (HDF5: the DirectReader's ``in_memory``; a folder build: one array per field)."""
         out_format = str((getattr(self.ds, "attrs", None) or {}).get("output_format", "hdf5"))
         hdf5 = out_format == "hdf5" and (hasattr(self.ds, "shard_table") or hasattr(self.ds, "shards"))
         if hdf5:
             from .direct import DirectReader
 
-            self.reader = DirectReader(self.ds, fields)
-        elif list(self.ds.fields) != list(fields):   # its batch reads every field it was opened with: only these
-            from . import open_dataset
+            self.reader = DirectReader(self.ds, fields, in_memory=in_memory)
+        else:
+            if list(self.ds.fields) != list(fields):   # its batch reads every field it was opened with: only these
+                from . import open_dataset
 
-            self.batch_ds = open_dataset(self.ds.path, fields=fields) if fields else None
+                self.batch_ds = open_dataset(self.ds.path, fields=fields) if fields else None
+            if in_memory and self.batch_ds is not None:
+                self.memory = dict(self.batch_ds.batch(np.arange(self.n)))
         if ragged:
             self.ragged = RaggedFields(self.ds, ragged) if hdf5 else _FolderRagged(self.ds, ragged)
         self.fields = fields
@@ -241,6 +246,10 @@ class _Source:
                 for f in self.fields:
                     self.reader.gather(f, plan, out[f])
             return
+        if self.memory is not None:
+            for f in self.fields:
+                np.take(self.memory[f], rows, axis=0, out=out[f])
+            return
         if self.batch_ds is None:
             return
         b = self.batch_ds.batch(rows)
@@ -252,6 +261,7 @@ class _Source:
             self.reader.close()
         if self.batch_ds is not None and self.batch_ds is not self.ds:
             self.batch_ds.close()
+        self.memory = None
         if self.owned:
             self.ds.close()
 
@@ -337,7 +347,8 @@ class Mix:
     ``channels_first``, ``convert_fields``, ``gpu_steps``: the Loader's conversion and device steps, by its own code
     (:class:`~precompile.reader.options.Conversion`, :func:`~precompile.reader.feed.converts_for`, the
     :class:`~precompile.reader.feed.Finisher`); ``"stats"``: the mixed stream's, from each build's stored stats
-    weighted by its share of an epoch (:func:`precompile.tools.stats.mixture_norm`). Each batch holds the fields as tensors
+    weighted by its share of an epoch (:func:`precompile.tools.stats.mixture_norm`). ``in_memory=True``: each
+    build's loaded fields copied into process memory once (the same batches). Each batch holds the fields as tensors
     plus ``__source`` (int64: the index in ``sources`` of each sample's build) and ``__row`` (int64: its row in
     that build).
     """
@@ -350,7 +361,8 @@ class Mix:
                  num_threads: int | None = None, prefetch: int = 2, sort_batches: bool = True,
                  verify: bool = False, gpu_steps: Sequence[Any] | None = None, dtype: Any = None,
                  mean: Sequence[float] | float | str | None = None, std: Sequence[float] | float | str | None = None,
-                 channels_first: bool = False, convert_fields: Sequence[str] | None = None):
+                 channels_first: bool = False, convert_fields: Sequence[str] | None = None,
+                 in_memory: bool = False):
         if isinstance(sources, (str, os.PathLike)) or len(sources) < 1:
             raise ValueError("Mix: sources must be a list of builds (index paths or opened builds)")
         if int(batch_size) < 1:
@@ -361,6 +373,12 @@ class Mix:
             raise ValueError(f"seed must be >= 0, got {seed}")
         if shuffle not in (True, False):
             raise ValueError(f"Mix: shuffle must be True or False, got {shuffle!r}")
+        if in_memory == "gpu":
+            raise ValueError("Mix: in_memory='gpu' is the Loader's for one build (its rows gathered on the device); "
+                             "a Mix holds its builds in host memory: in_memory=True")
+        if (isinstance(in_memory, (int, float)) and not isinstance(in_memory, bool)) or in_memory not in (False, True):
+            raise ValueError(f"in_memory must be False or True, got {in_memory!r}")
+        self.in_memory = bool(in_memory)
         self.stop = _check_stop(stop)
         self.cycle = _check_cycle(cycle, self.stop, len(sources))
         self.batch_size, self.prefetch, self.seed = int(batch_size), int(prefetch), int(seed)
@@ -383,7 +401,7 @@ class Mix:
             self.ragged = [f for f in self.fields if is_ragged_annotation(self.specs[f])]
             self.fixed = [f for f in self.fields if f not in self.ragged]
             for s in self.sources:
-                s.open_reader(self.fixed, self.ragged)
+                s.open_reader(self.fixed, self.ragged, self.in_memory)
             self.shapes = {f: fixed_shape(self.specs[f]) for f in self.fixed}
             # the Loader's conversion and device steps, the same code: its option group, its Converts, its steps
             self.conversion = Conversion(dtype, mean, std, channels_first, convert_fields)

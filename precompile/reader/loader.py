@@ -54,6 +54,7 @@ from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size
 from .options import CONVERT_KINDS, Conversion, Distribution, Order
 from .sampler import epoch_order, rank_share, shard_ids, split_batches
 from .ragged import RaggedFields, is_ragged_annotation
+from .resume import Resumable
 from .targets import check_targets, loader_targets, replace_with_targets
 
 __all__ = ["CONVERT_KINDS", "HostPool", "Loader", "LoaderStats", "default_threads"]
@@ -173,7 +174,7 @@ def copy_schedule(ds: Any, copies: str, include_original: bool, seed: int) -> Co
     return None
 
 
-class Loader:
+class Loader(Resumable):
     """Iterable of ``{field: tensor}`` batches on ``device``; see the module docstring.
 
     Parameters: ``path_or_dataset`` an index file or an opened build (a list of them: a
@@ -243,6 +244,9 @@ class Loader:
     detection models take them (``boxes``, ``labels``, ``masks`` from an instance mask tied
     to the boxes, ``keypoints``; exactly the image's rows: :mod:`precompile.reader.targets`).
     """
+
+    KIND = "Loader"
+    STATE_CHECKS = ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "block_window", "num_rows")
 
     def __new__(cls, path_or_dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
         """``Loader([a, b, ...], batch_size, weights=..., ...)``: a list (or tuple) of builds is read as one weighted
@@ -396,19 +400,6 @@ class Loader:
         params = gpu.step_params(self.steps, self.seed, e, self.rank, int(b), len(rows))
         return rows, gpu.device_maps(self.steps, params, len(rows), field)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first batch on the next iteration.
-
-        Right after :meth:`load_state_dict` (before a pass starts), setting the restored epoch keeps
-        the restored position, so the usual ``for e in range(start, n): set_epoch(e); for b in loader``
-        loop resumes mid-epoch instead of replaying it.
-        """
-        if int(epoch) < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        if self._resume and int(epoch) == self.epoch:
-            return
-        self.epoch, self._pos, self._resume = int(epoch), 0, False
-
     # -- resume ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the consumer is: the epoch and the batches of it already handed out."""
@@ -416,20 +407,6 @@ class Loader:
                 "batch_size": self.batch_size, "rank": self.rank, "world_size": self.world_size,
                 "drop_last": self.drop_last, "uneven": self.uneven, "block_window": self.block_window,
                 "num_rows": int(len(self.reader.chunk_rows))}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches."""
-        for k in ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "block_window", "num_rows"):
-            mine = self.state_dict()[k]
-            if k in state and state[k] != mine:
-                raise ValueError(f"state_dict was taken with {k}={state[k]!r}, this Loader has {k}={mine!r}")
-        epoch, pos = int(state["epoch"]), int(state["batch"])
-        if epoch < 0:
-            raise ValueError(f"state_dict epoch must be >= 0, got {epoch}")
-        nb = len(self.batch_indices(epoch))
-        if not 0 <= pos <= nb:
-            raise ValueError(f"state_dict batch must be in [0, {nb}] (epoch {epoch} has {nb} batches), got {pos}")
-        self.epoch, self._pos, self._resume = epoch, pos, True
 
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

@@ -87,6 +87,7 @@ from . import augment, gpu
 from .feed import Finisher, HostPool, converts_for, stored_norm
 from .options import Conversion, Distribution
 from .ragged import RaggedFields, count_name, is_ragged_annotation, pad_rows
+from .resume import Resumable
 from .rows import fixed_shape
 from .sampler import rank_share, split_batches
 
@@ -328,7 +329,7 @@ class _RaggedKeys:
         return [k for f in self.fields for k in (f, count_name(f))]
 
 
-class Mix:
+class Mix(Resumable):
     """Batches of several builds mixed by weight; see the module docstring (and docs/reference-reader.md).
 
     ``sources``: index paths (or builds opened with ``precompile.open``), any output format, with the same
@@ -352,6 +353,10 @@ class Mix:
     plus ``__source`` (int64: the index in ``sources`` of each sample's build) and ``__row`` (int64: its row in
     that build).
     """
+
+    KIND = "Mix"
+    STATE_CHECKS = ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "stop", "sizes", "counts",
+                    "sort_batches")
 
     def __init__(self, sources: Sequence[Any], batch_size: int, weights: Sequence[float] | None = None,
                  stop: str | int = "first_exhausted", cycle: Sequence[bool] | None = None,
@@ -603,15 +608,6 @@ class Mix:
         params = gpu.step_params(self.steps, self.seed, e, self.rank, int(b), len(src))
         return src, row, gpu.device_maps(self.steps, params, len(src), field)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first batch (right after :meth:`load_state_dict`, the restored epoch keeps
-        its restored position, as the Loader's)."""
-        if int(epoch) < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        if self._resume and int(epoch) == self.epoch:
-            return
-        self.epoch, self._pos, self._resume = int(epoch), 0, False
-
     # -- resume -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the consumer is (epoch, batches handed out) and what the order depends on."""
@@ -619,21 +615,6 @@ class Mix:
                 "batch_size": self.batch_size, "rank": self.rank, "world_size": self.world_size,
                 "drop_last": self.drop_last, "uneven": self.uneven, "stop": self.stop, "sizes": list(self.sizes),
                 "counts": list(self.counts), "sort_batches": self.sort_batches}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches."""
-        mine = self.state_dict()
-        for k in ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "stop", "sizes", "counts",
-                  "sort_batches"):
-            if k in state and state[k] != mine[k]:
-                raise ValueError(f"state_dict was taken with {k}={state[k]!r}, this Mix has {k}={mine[k]!r}")
-        epoch, pos = int(state["epoch"]), int(state["batch"])
-        if epoch < 0:
-            raise ValueError(f"state_dict epoch must be >= 0, got {epoch}")
-        nb = len(self._batches(epoch)[2])
-        if not 0 <= pos <= nb:
-            raise ValueError(f"state_dict batch must be in [0, {nb}] (epoch {epoch} has {nb} batches), got {pos}")
-        self.epoch, self._pos, self._resume = epoch, pos, True
 
     # -- reading ----------------------------------------------------------------------------------
     def read_batch(self, src: np.ndarray, row: np.ndarray) -> dict[str, np.ndarray]:

@@ -802,3 +802,34 @@ def test_in_memory_is_checked(builds, value, message):
     with pytest.raises(ValueError) as e:
         precompile.Mix(builds, batch_size=4, device="cpu", in_memory=value)
     assert str(e.value) == message
+
+
+def test_box_labels_of_other_class_names_are_refused(coco_builds, tmp_path):
+    # the COCO file with one category renamed: box label 1 would be 'person' in one build, 'rider' in the other
+    import json
+
+    import yaml
+
+    repo = Path(__file__).resolve().parent.parent
+    ann = json.loads((repo / "sample_data" / "coco" / "annotations" / "instances.json").read_text())
+    for c in ann["categories"]:
+        if c["name"] == "person":
+            c["name"] = "rider"
+    (tmp_path / "instances.json").write_text(json.dumps(ann))
+    r = yaml.safe_load((repo / "recipes" / "coco.yaml").read_text())
+    r["name"] = "riders"
+    r["inputs"]["root"] = str(repo / "sample_data" / "coco" / "images")
+    r["inputs"]["coco"]["file"] = str(tmp_path / "instances.json")
+    precompile.build(r, out_dir=tmp_path / "out")
+    other = str(tmp_path / "out" / "riders.h5")
+    a, b = precompile.open(coco_builds[0]), precompile.open(other)
+    names = a.label_names
+    assert "person" in names and names != b.label_names
+    a.close()
+    b.close()
+    with pytest.raises(FormatError) as e:
+        precompile.Mix([coco_builds[0], other], batch_size=2, fields=["image", "boxes", "box_labels"])
+    assert str(e.value).startswith(f"Mix: field 'box_labels' has class names {names} in {coco_builds[0]} but ")
+    assert str(e.value).endswith(f"in {other}: the same id would mean two classes")
+    mix = precompile.Mix([coco_builds[0], other], batch_size=2, fields=["image", "boxes"])   # without the labels
+    mix.close()

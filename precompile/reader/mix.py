@@ -479,7 +479,9 @@ class Mix(Resumable):
                     raise FormatError(f"Mix: field {f!r} has shape {tuple(a.get('shape') or ())} in {first.name} "
                                       f"but {tuple(b.get('shape') or ())} in {s.name}; the mixed builds must agree "
                                       f"(resize/crop them to one size in their recipes)")
-                if kind == "label":
+        for f in wanted:   # a label's (or a box's label's) id must mean one class in every build
+            if first.ds.field_specs[f].get("kind") in ("label", "box_labels"):
+                for s in self.sources[1:]:
                     na, nb = list(first.ds.label_names or []), list(s.ds.label_names or [])
                     if na and nb and na != nb:
                         raise FormatError(f"Mix: field {f!r} has class names {str(na)[:120]} in {first.name} but "

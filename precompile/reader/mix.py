@@ -269,9 +269,9 @@ class _Source:
 
 def mix_for_loader(sources: Sequence[Any], args: tuple, kwargs: dict[str, Any], loader_init: Any) -> "Mix":
     """``Loader([a, b, ...], ...)``: the Loader's arguments (positional ones in the order of ``loader_init``, the
-    Loader's ``__init__``) read as a :class:`Mix`'s. The Loader's options a Mix has are passed on with their meaning (``shuffle=True``/``"full"``:
-    True); one it has not (``block_window``, ``copies``, ``targets``, ``map_shards``, ...) is a ``ValueError``
-    naming ``precompile.Mix``."""
+    Loader's ``__init__``) read as a :class:`Mix`'s. The Loader's options a Mix has are passed on with their
+    meaning (``shuffle=True``/``"full"``: True); one it has not (``block_window``, ``copies``, ``targets``,
+    ``map_shards``, ...) is a ``ValueError`` naming ``precompile.Mix``."""
     import inspect
 
     names = [p for p in inspect.signature(loader_init).parameters if p not in ("self", "path_or_dataset")]

@@ -15,6 +15,11 @@ repeat, so a load that drifts falls on all of them alike); the table gives the m
 
     PYTHONPATH=. python benchmarks/bench_mix.py [--samples 20000] [--batch 256] [--threads 1] [--repeats 5]
 
+``--convert``: every contender also converts the images (``dtype="float32"``, ImageNet ``mean``/``std``, the
+Loader's conversion, which a Mix runs through the same code); ``--steps``: and runs ``gpu_steps`` (a random
+flip and a random crop to 28 with padding 2) on the CPU. Either way the comparison stays converted Mix
+against converted Loader, in the same run.
+
 ``--passes K`` measures instead what a Mix made afresh (a resumed run) pays to remake a build's passes before
 its epoch (each pass depends on the one before: ``Mix._pass``): a build of ``--rows`` (default 1,000,000)
 read 30% + 1 row per epoch, pass K made from scratch against the next pass made from the cache (medians of
@@ -46,6 +51,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--passes", type=int, default=0)
     ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--convert", action="store_true", help="dtype float32 + mean/std for every contender")
+    ap.add_argument("--steps", action="store_true", help="gpu_steps (flip, crop) for every contender")
     a = ap.parse_args()
     if a.passes:
         passes(a)
@@ -63,7 +70,12 @@ def main() -> None:
         whole = write_store(tmp, "whole", images, labels, samples_per_shard=4096)
         left = write_store(tmp, "left", images[:half], labels[:half], samples_per_shard=4096)
         right = write_store(tmp, "right", images[half:], labels[half:], samples_per_shard=4096)
-        common = dict(batch_size=a.batch, seed=0, device="cpu", num_threads=a.threads)
+        common: dict = dict(batch_size=a.batch, seed=0, device="cpu", num_threads=a.threads)
+        if a.convert:
+            common.update(dtype="float32", mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+        if a.steps:
+            common.update(gpu_steps=[{"random_flip": {"horizontal": 0.5}},
+                                     {"random_crop": {"size": 28, "padding": 2}}])
         readers = {
             "Loader": precompile.Loader(whole, shuffle=True, **common),
             "Mix, 1 source": precompile.Mix([whole], **common),
@@ -90,7 +102,9 @@ def main() -> None:
                 per[name].append(median_time(lambda name=name: run(name), 1))
         times = {name: statistics.median(ts) for name, ts in per.items()}
         base = a.samples / times["Loader"]
-        print(f"{a.samples} samples of 32x32x3 uint8, batches of {a.batch}, full shuffle, CPU, "
+        what = ", ".join(w for w, on in (("converted to float32 + mean/std", a.convert),
+                                          ("gpu_steps flip + crop", a.steps)) if on) or "raw uint8"
+        print(f"{a.samples} samples of 32x32x3 uint8 ({what}), batches of {a.batch}, full shuffle, CPU, "
               f"{a.threads} gather thread(s), torch threads {torch.get_num_threads()}, "
               f"median of {a.repeats} epochs")
         print(f"{'reader':<16} {'samples/s':>12} {'vs Loader':>10}")

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import precompile
-from precompile.errors import FormatError
+from precompile.errors import FormatError, PrecompileError
 
 from conftest import image_recipe, make_image_tree
 
@@ -426,3 +427,409 @@ def test_cuda_batches_equal_the_cpu_batches(builds):
     assert _digest(got) == _digest(want)
     cpu.close()
     gpu.close()
+
+
+# -- the Loader's conversion (dtype, mean/std, channels_first, convert_fields) -------------------------------
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+@pytest.mark.parametrize("conv", [
+    dict(dtype="float32", mean=MEAN, std=STD),
+    dict(dtype="float16", mean=MEAN, std=STD, channels_first=True),
+    dict(dtype="bfloat16"),
+    dict(mean=0.5, std=0.25),                       # mean/std without a dtype: float32
+    dict(channels_first=True),                     # no dtype: NCHW views of the stored uint8
+])
+def test_one_build_converted_is_the_loaders_converted_batches(builds, conv):
+    # the Loader's batches of the same rows (file order: the same rows in the same batches) are the truth
+    from precompile.reader.loader import Loader
+
+    loader = Loader(builds[0], batch_size=4, shuffle=False, device="cpu", num_threads=0, **conv)
+    want = [{k: v.clone() for k, v in b.items()} for b in loader]
+    mix = precompile.Mix(builds[:1], batch_size=4, shuffle=False, device="cpu", num_threads=2, **conv)
+    got = list(mix)
+    assert len(got) == len(want) == 3
+    for g, w in zip(got, want):
+        for f in ("image", "label"):
+            assert g[f].dtype == w[f].dtype and g[f].shape == w[f].shape and g[f].stride() == w[f].stride(), f
+            assert g[f].contiguous().view(torch.uint8).numpy().tobytes() == \
+                w[f].contiguous().view(torch.uint8).numpy().tobytes(), f
+    assert mix.dtype == loader.dtype and set(mix.convert) == set(loader.convert) == {"image"}
+    loader.close()
+    mix.close()
+
+
+def test_mixed_converted_batches_are_the_stored_bytes_normalised(builds):
+    # plain numpy on each sample's stored bytes (precompile.open) is the truth, for every format in the mix
+    mix = precompile.Mix(builds, batch_size=5, weights=[0.5, 0.3, 0.2], stop=20, seed=3, device="cpu",
+                         dtype="float32", mean=MEAN, std=STD, channels_first=True)
+    opened = [precompile.open(p) for p in builds]
+    n = 0
+    for b in mix:
+        assert b["image"].shape == (len(b["label"]), 3, 32, 32) and b["image"].dtype == torch.float32
+        assert b["label"].dtype == torch.int64 and b["__source"].dtype == torch.int64   # only the images convert
+        for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
+            x = opened[s][r]["image"].astype(np.float64) / 255
+            want = ((x - np.array(MEAN)) / np.array(STD)).transpose(2, 0, 1)
+            np.testing.assert_allclose(b["image"][j].numpy(), want, rtol=0, atol=1e-5)
+            n += 1
+    assert n == 20
+    for d in opened:
+        d.close()
+    mix.close()
+
+
+@pytest.mark.parametrize("conv", [
+    dict(dtype="int8"),
+    dict(dtype="float32", mean=[0.5, 0.5]),
+    dict(dtype="float32", mean=[0.5] * 3, std=[0.2, 0.0, 0.2]),
+    dict(mean="average", std=0.5),
+    dict(dtype="float32", convert_fields=["depth"]),
+    dict(dtype="float32", mean=[0.1, 0.2], std=[0.3, 0.4]),   # two values for three channels: at the first batch
+])
+def test_bad_conversion_options_are_the_loaders_errors(builds, conv):
+    from precompile.reader.loader import Loader
+
+    def error(make):
+        try:
+            reader = make()
+            next(iter(reader))
+        except (ValueError, TypeError) as e:
+            return type(e), str(e)
+        raise AssertionError(f"{conv}: no error")
+
+    want = error(lambda: Loader(builds[0], batch_size=4, device="cpu", num_threads=0, **conv))
+    assert error(lambda: precompile.Mix(builds, batch_size=4, device="cpu", num_threads=0, **conv)) == want
+
+
+def test_stats_of_a_mix_are_the_stats_of_its_stream(tmp_path):
+    # mean="stats" / std="stats": each build's stored stats, mixed as the epoch mixes the builds; with weights by
+    # size (every sample once) that is plain numpy's mean and population std over all the builds' pixels
+    paths = [_build(tmp_path, "s", "hdf5", 3, 11, stats=True), _build(tmp_path, "t", "png", 1, 12, stats=True)]
+    pixels = np.concatenate([np.stack([d[i]["image"] for i in range(len(d))]).reshape(-1, 3)
+                             for d in map(precompile.open, paths)]).astype(np.float64) / 255
+    mix = precompile.Mix(paths, batch_size=8, device="cpu", dtype="float64", mean="stats", std="stats")
+    assert mix.counts == [6, 2]
+    conv = mix.convert["image"]
+    np.testing.assert_allclose(conv.mean, pixels.mean(axis=0), rtol=1e-9, atol=0)
+    np.testing.assert_allclose(conv.std, pixels.std(axis=0), rtol=1e-9, atol=0)
+    got = torch.cat([b["image"] for b in mix]).numpy().reshape(-1, 3)   # the batches normalised with them
+    np.testing.assert_allclose(got.mean(axis=0), 0, atol=1e-5)   # (the Loader's Convert computes in float32)
+    np.testing.assert_allclose(got.std(axis=0), 1, atol=1e-5)
+    mix.close()
+    # a build without stats: the Loader's error, naming that build
+    plain = _build(tmp_path, "u", "hdf5", 1, 13)
+    with pytest.raises(PrecompileError, match=rf"^{plain}: has no stats; run `precompile stats"):
+        precompile.Mix([paths[0], plain], batch_size=4, device="cpu", mean="stats", std="stats")
+
+
+# -- gpu_steps: the Loader's device steps, drawn as the Loader draws them ------------------------------------
+STEPS = [{"random_resized_crop": {"size": 24, "scale": [0.3, 1.0]}}, {"random_flip": {"horizontal": 0.5}},
+         {"color_jitter": {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1}},
+         {"random_erasing": {"p": 0.5, "value": [124, 116, 104]}}]
+MIXED = dict(batch_size=5, weights=[0.5, 0.3, 0.2], stop=20, seed=3, device="cpu")
+
+
+def test_gpu_steps_are_the_device_steps_run_by_hand_on_the_raw_batch(builds):
+    # the same steps, parsed and bound apart, drawn with gpu.step_params for (seed, epoch, rank, batch) and run
+    # with gpu.run_steps on the Mix's raw batch, then the Loader's Convert: the Mix's augmented batch, byte for byte
+    from precompile.reader import augment, gpu
+
+    aug = precompile.Mix(builds, gpu_steps=STEPS, dtype="float32", mean=MEAN, std=STD, num_threads=2, **MIXED)
+    raw = precompile.Mix(builds, num_threads=0, **MIXED)
+    by_hand = augment.parse_steps(STEPS)
+    gpu.bind_steps(by_hand, raw.specs, raw.shapes)
+    conv = gpu.Convert(torch.float32, MEAN, STD, scale=1 / 255)
+    for m in (aug, raw):
+        m.set_epoch(2)
+    moved = 0
+    for b, (g, r) in enumerate(zip(aug, raw)):
+        n = len(r["label"])
+        assert g["__source"].tolist() == r["__source"].tolist() and g["__row"].tolist() == r["__row"].tolist()
+        params = gpu.step_params(by_hand, 3, 2, 0, b, n)
+        want = conv(gpu.run_steps({"image": r["image"].clone()}, by_hand, params)["image"])
+        assert g["image"].shape == (n, 24, 24, 3)
+        assert g["image"].numpy().tobytes() == want.numpy().tobytes(), b
+        assert torch.equal(g["label"], r["label"])
+        moved += int(params[1]["horizontal"].sum())
+    assert b == 3 and moved > 0        # four batches, and some samples were flipped
+    aug.close()
+    raw.close()
+
+
+def test_a_certain_flip_mirrors_each_stored_sample(builds):
+    # numpy's mirror of each sample's stored bytes (precompile.open) is the truth
+    mix = precompile.Mix(builds, gpu_steps=[{"random_flip": {"horizontal": 1.0}}], **MIXED)
+    opened = [precompile.open(p) for p in builds]
+    n = 0
+    for b in mix:
+        for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
+            assert np.array_equal(b["image"][j].numpy(), opened[s][r]["image"][:, ::-1]), (s, r)
+            n += 1
+    assert n == 20
+    for d in opened:
+        d.close()
+    mix.close()
+
+
+def test_gpu_steps_do_not_depend_on_threads_and_resume_mid_epoch(builds):
+    def make(threads):
+        m = precompile.Mix(builds, gpu_steps=STEPS, num_threads=threads, prefetch=3, **MIXED)
+        m.set_epoch(1)
+        return m
+
+    first = make(0)
+    whole = _pass(first)
+    assert _digest(_pass(make(3))) == _digest(whole)
+    cut = make(2)
+    it = iter(cut)
+    head = [{k: v.numpy().copy() for k, v in next(it).items()} for _ in range(2)]
+    state = cut.state_dict()
+    assert state["epoch"] == 1 and state["batch"] == 2
+    again = make(1)
+    again.load_state_dict(state)
+    again.set_epoch(1)
+    assert _digest(head + _pass(again)) == _digest(whole)
+    # another epoch draws other parameters (the rows too: compare the augmented images' bytes only)
+    other = make(0)
+    other.set_epoch(4)
+    assert _digest([{"image": b["image"]} for b in _pass(other)]) != _digest([{"image": b["image"]} for b in whole])
+
+
+def test_bad_gpu_steps_are_the_loaders_errors(builds):
+    from precompile.reader.loader import Loader
+
+    for steps in ([{"random_flop": {}}], [{"random_crop": {"size": 64, "pad": "sometimes"}}],
+                  [{"random_flip": {"fields": ["label"]}}]):
+        with pytest.raises(ValueError) as want:
+            Loader(builds[0], batch_size=4, device="cpu", gpu_steps=steps)
+        with pytest.raises(ValueError) as got:
+            precompile.Mix(builds, batch_size=4, device="cpu", gpu_steps=steps)
+        assert str(got.value) == str(want.value)
+
+
+@pytest.fixture(scope="module")
+def coco_builds(tmp_path_factory) -> list[str]:
+    """recipes/coco.yaml (8 images: image 96x128, semantic mask, boxes, box_labels) built as HDF5, as it is, and
+    as a PNG folder build mirrored (a random_flip that always flips), so the two builds hold other pixels and
+    boxes, in both kinds of storage."""
+    import yaml
+
+    repo = Path(__file__).resolve().parent.parent
+    tmp = tmp_path_factory.mktemp("mix_coco")
+    out = []
+    for name, mirror in (("coco_a", False), ("coco_b", True)):
+        r = yaml.safe_load((repo / "recipes" / "coco.yaml").read_text())
+        r["name"] = name
+        r["inputs"]["root"] = str(repo / "sample_data" / "coco" / "images")
+        r["inputs"]["coco"]["file"] = str(repo / "sample_data" / "coco" / "annotations" / "instances.json")
+        if mirror:
+            r["steps"].append({"random_flip": {"horizontal": 1.0}})
+            r["output"]["format"] = "png"
+        precompile.build(r, out_dir=tmp / "out")
+        out.append(str(tmp / "out" / f"{name}.{'json' if mirror else 'h5'}"))
+    return out
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.numpy(), b.numpy(), equal_nan=True)
+
+
+def test_annotations_move_with_the_device_steps_as_run_by_hand(coco_builds):
+    from precompile.reader import augment, gpu
+
+    steps = [{"random_resized_crop": {"size": [48, 64], "scale": [0.3, 1.0], "min_visibility": 0.3}},
+             {"random_flip": {"horizontal": 0.5}}, {"random_crop": {"size": [40, 56], "padding": 4}}]
+    kw = dict(batch_size=4, weights=[1, 1], stop=12, seed=5, device="cpu",
+              fields=["image", "mask", "boxes", "box_labels"])
+    aug = precompile.Mix(coco_builds, gpu_steps=steps, num_threads=2, **kw)
+    raw = precompile.Mix(coco_builds, num_threads=0, **kw)
+    by_hand = augment.parse_steps(steps)
+    gpu.bind_steps(by_hand, raw.specs, {**raw.shapes, **{f: tuple(raw.specs[f]["shape"]) for f in raw.ragged}})
+    dropped = 0
+    for b, (g, r) in enumerate(zip(aug, raw)):
+        assert set(g) == set(r) == {"image", "mask", "boxes", "boxes__count", "box_labels", "box_labels__count",
+                                    "__source", "__row"}
+        params = gpu.step_params(by_hand, 5, 0, 0, b, len(r["__row"]))
+        want = gpu.run_steps({k: v.clone() for k, v in r.items()}, by_hand, params)
+        for k in g:
+            assert _same(g[k], want[k]), (b, k)
+        assert g["image"].shape[1:] == (40, 56, 3) and g["mask"].shape[1:] == (40, 56, 1)
+        dropped += int((r["boxes__count"] - g["boxes__count"]).sum())
+        assert torch.equal(g["boxes__count"], g["box_labels__count"])    # a dropped box took its label along
+    assert b == 2 and dropped > 0
+    aug.close()
+    raw.close()
+
+
+def test_a_certain_flip_mirrors_boxes_and_masks_of_each_stored_sample(coco_builds):
+    # numpy on each sample's stored arrays (precompile.open) is the truth: x -> W - x, the mask mirrored
+    mix = precompile.Mix(coco_builds, batch_size=4, weights=[1, 1], stop=12, seed=2, device="cpu",
+                         gpu_steps=[{"random_flip": {"horizontal": 1.0}}])
+    opened = [precompile.open(p) for p in coco_builds]
+    n = boxes = 0
+    for b in mix:
+        for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
+            want = opened[s][r]
+            k = int(b["boxes__count"][j])
+            assert k == len(want["boxes"]) and b["box_labels"][j, :k].tolist() == want["box_labels"].tolist()
+            x1, y1, x2, y2 = want["boxes"].T
+            np.testing.assert_array_equal(b["boxes"][j, :k].numpy(), np.stack([128 - x2, y1, 128 - x1, y2], 1))
+            assert torch.isnan(b["boxes"][j, k:]).all()
+            assert np.array_equal(b["mask"][j].numpy(), want["mask"][:, ::-1])
+            assert np.array_equal(b["image"][j].numpy(), want["image"][:, ::-1])
+            n, boxes = n + 1, boxes + k
+    assert n == 12 and boxes > 0
+    for d in opened:
+        d.close()
+    mix.close()
+
+
+def test_batch_maps_lead_back_to_the_stored_pixels(builds):
+    # a random crop without padding: each sample's map takes the batch's pixel (0, 0) to the window's corner in the
+    # stored sample, and the stored bytes there (precompile.open) are the batch's
+    mix = precompile.Mix(builds, gpu_steps=[{"random_crop": {"size": 20}}, {"random_flip": {"horizontal": 0.5}}],
+                         **MIXED)
+    mix.set_epoch(1)
+    opened = [precompile.open(p) for p in builds]
+    corners = set()
+    for b, batch in enumerate(mix):
+        src, row, maps = mix.batch_maps(b, epoch=1)
+        assert src.tolist() == batch["__source"].tolist() and row.tolist() == batch["__row"].tolist()
+        for j, (s, r) in enumerate(zip(src.tolist(), row.tolist())):
+            m = maps[j]
+            x0, y0 = m @ [0.5, 0.5, 1]          # the first pixel's centre, in the stored sample's pixels
+            flipped = m[0, 0] < 0
+            left, top = int(round(x0 - 0.5)) - (19 if flipped else 0), int(round(y0 - 0.5))
+            window = opened[s][r]["image"][top:top + 20, left:left + 20]
+            assert np.array_equal(batch["image"][j].numpy(), window[:, ::-1] if flipped else window), (b, j)
+            corners.add((top, left, flipped))
+    assert len(corners) > 3
+    with pytest.raises(IndexError, match=r"^batch 4 out of range: epoch 1 has 4 batches on this rank$"):
+        mix.batch_maps(4, epoch=1)
+    for d in opened:
+        d.close()
+    mix.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cuda_steps_and_conversion_equal_the_cpu_ones(builds, coco_builds):
+    """device="cuda": the steps and the conversion run on the device after the copy; flips, crops and masks give
+    the CPU's bytes, the float conversion the CPU's values; boxes move on the host and come on the device."""
+    steps = [{"random_flip": {"horizontal": 0.5}}, {"random_crop": {"size": [40, 56], "padding": 4}}]
+    for srcs, kw in ((coco_builds, dict(fields=["image", "mask", "boxes", "box_labels"])),
+                     (builds, dict(dtype="float32", mean=MEAN, std=STD, channels_first=True))):
+        both = [precompile.Mix(srcs, batch_size=4, stop=12, seed=5, device=d, gpu_steps=steps[:1] if srcs is builds
+                               else steps, **kw) for d in ("cpu", "cuda")]
+        for c, g in zip(*both):
+            assert set(c) == set(g)
+            for k in c:
+                assert g[k].device.type == "cuda", k
+                if c[k].is_floating_point() and k == "image":
+                    torch.testing.assert_close(g[k].cpu(), c[k], rtol=0, atol=1e-6)
+                else:
+                    assert _same(g[k].cpu().contiguous(), c[k].contiguous()), k
+        for m in both:
+            m.close()
+
+
+# -- Loader([a, b], weights=[...]): a Mix ----------------------------------------------------------------------
+def test_a_loader_of_a_list_of_builds_is_a_mix(builds):
+    from precompile.reader.loader import Loader
+    from precompile.reader.mix import Mix
+
+    kw = dict(weights=[0.5, 0.3, 0.2], stop=20, seed=3, device="cpu", dtype="float16", mean=MEAN, std=STD,
+              gpu_steps=[{"random_flip": {"horizontal": 0.5}}])
+    got = Loader(builds, batch_size=5, **kw)
+    assert type(got) is Mix and got.weights == precompile.Mix(builds, batch_size=5, **kw).weights
+    want = precompile.Mix(builds, batch_size=5, **kw)
+    assert _digest(_pass(got)) == _digest(_pass(want))
+    # positional arguments keep the Loader's meaning: (builds, batch_size, shuffle, seed, device)
+    pos = Loader(tuple(builds), 5, True, 3, "cpu", weights=[0.5, 0.3, 0.2], stop=20)
+    assert (type(pos), pos.batch_size, pos.shuffle, pos.seed, pos.device.type) == (Mix, 5, True, 3, "cpu")
+    assert Loader(builds, 5, "full", device="cpu").shuffle is True and Loader(builds, 5, False).shuffle is False
+    for m in (got, want, pos):
+        m.close()
+    one = Loader(builds[0], batch_size=5, device="cpu")     # one build: the Loader, as ever
+    assert type(one) is Loader
+    one.close()
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(block_window=4), "Loader([...]): a list of builds is read as one precompile.Mix, which has no block_window "
+                           "(an option of the Loader of one build); leave it out, or make one Loader per build"),
+    (dict(shuffle="block"), "Loader([...]): a list of builds is read as one precompile.Mix, which shuffles "
+                            "fully (shuffle=True or 'full') or not at all (False), got shuffle='block'"),
+    (dict(targets="list"), "Loader([...]): a list of builds is read as one precompile.Mix, which has no targets "
+                           "(an option of the Loader of one build); leave it out, or make one Loader per build"),
+])
+def test_a_loader_of_a_list_refuses_what_a_mix_has_not(builds, kw, message):
+    from precompile.reader.loader import Loader
+
+    with pytest.raises(ValueError) as e:
+        Loader(builds, batch_size=4, device="cpu", **kw)
+    assert str(e.value) == message
+
+
+# -- in_memory=True --------------------------------------------------------------------------------------------
+def test_in_memory_reads_each_build_once_and_gives_the_same_batches(builds, tmp_path):
+    import shutil
+
+    png = _build(tmp_path, "m", "png", 3, 21)
+    srcs = [builds[0], png]
+    kw = dict(batch_size=4, weights=[0.6, 0.4], stop=16, seed=9, device="cpu", dtype="float32", mean=MEAN,
+              std=STD, gpu_steps=[{"random_flip": {"horizontal": 0.5}}])
+    want = _digest(_pass(precompile.Mix(srcs, **kw)))
+    mapped = precompile.Mix(srcs, **kw)
+    held = precompile.Mix(srcs, in_memory=True, **kw)
+    assert held.sources[0].reader.in_memory     # the HDF5 build: the Loader's DirectReader(in_memory=True)
+    for shard in Path(png).parent.glob("m.shards/shard-*"):   # the PNG build's files are gone
+        shutil.rmtree(shard)
+    assert _digest(_pass(held)) == want            # ... and the Mix that holds them in memory does not notice
+    with pytest.raises(FormatError):
+        _pass(mapped)
+    held.close()
+    mapped.close()
+
+
+@pytest.mark.parametrize("value, message", [
+    ("gpu", "Mix: in_memory='gpu' is the Loader's for one build (its rows gathered on the device); a Mix holds its "
+            "builds in host memory: in_memory=True"),
+    (1, "in_memory must be False or True, got 1"),
+    ("yes", "in_memory must be False or True, got 'yes'"),
+])
+def test_in_memory_is_checked(builds, value, message):
+    with pytest.raises(ValueError) as e:
+        precompile.Mix(builds, batch_size=4, device="cpu", in_memory=value)
+    assert str(e.value) == message
+
+
+def test_box_labels_of_other_class_names_are_refused(coco_builds, tmp_path):
+    # the COCO file with one category renamed: box label 1 would be 'person' in one build, 'rider' in the other
+    import json
+
+    import yaml
+
+    repo = Path(__file__).resolve().parent.parent
+    ann = json.loads((repo / "sample_data" / "coco" / "annotations" / "instances.json").read_text())
+    for c in ann["categories"]:
+        if c["name"] == "person":
+            c["name"] = "rider"
+    (tmp_path / "instances.json").write_text(json.dumps(ann))
+    r = yaml.safe_load((repo / "recipes" / "coco.yaml").read_text())
+    r["name"] = "riders"
+    r["inputs"]["root"] = str(repo / "sample_data" / "coco" / "images")
+    r["inputs"]["coco"]["file"] = str(tmp_path / "instances.json")
+    precompile.build(r, out_dir=tmp_path / "out")
+    other = str(tmp_path / "out" / "riders.h5")
+    a, b = precompile.open(coco_builds[0]), precompile.open(other)
+    names = a.label_names
+    assert "person" in names and names != b.label_names
+    a.close()
+    b.close()
+    with pytest.raises(FormatError) as e:
+        precompile.Mix([coco_builds[0], other], batch_size=2, fields=["image", "boxes", "box_labels"])
+    assert str(e.value).startswith(f"Mix: field 'box_labels' has class names {names} in {coco_builds[0]} but ")
+    assert str(e.value).endswith(f"in {other}: the same id would mean two classes")
+    mix = precompile.Mix([coco_builds[0], other], batch_size=2, fields=["image", "boxes"])   # without the labels
+    mix.close()

@@ -22,7 +22,7 @@ import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -120,9 +120,12 @@ class HostPool:
             return list(self._bufs.get((tuple(shape), np.dtype(dtype).str), []))
 
 
-def converts_for(conv: Conversion, ds: Any, reader: DirectReader, fields: Sequence[str],
-                 specs: dict[str, dict]) -> tuple[torch.dtype | None, dict[str, gpu.Convert]]:
-    """The torch dtype and one :class:`~precompile.reader.gpu.Convert` per converted field."""
+def converts_for(conv: Conversion, dtypes: dict[str, np.dtype], fields: Sequence[str], specs: dict[str, dict],
+                 norm: Callable[[str, float], tuple[list[float], list[float]]]) -> tuple[torch.dtype | None,
+                                                                                     dict[str, gpu.Convert]]:
+    """The torch dtype and one :class:`~precompile.reader.gpu.Convert` per converted field, for the loaded
+    ``fields`` of stored ``dtypes``; ``norm(field, scale)``: the per-channel (mean, std) that ``"stats"`` stands
+    for (:func:`stored_norm`: one build's, or a mix's)."""
     dtype = gpu.torch_dtype(conv.dtype)   # float32 when mean/std are given without a dtype (Conversion)
     chosen = conv.fields_of(fields, specs)
     conv.check_norm()
@@ -131,15 +134,25 @@ def converts_for(conv: Conversion, ds: Any, reader: DirectReader, fields: Sequen
         return dtype, {f: gpu.Convert(None, channels_first=True) for f in chosen}
     if dtype is not None:
         for f in chosen:
-            scale = 1 / 255 if reader.dtypes[f] == np.uint8 else 1.0
+            scale = 1 / 255 if dtypes[f] == np.uint8 else 1.0
             m, s = conv.mean, conv.std
             if m == "stats" or s == "stats":  # per-channel values stored by `precompile stats`
-                from ..tools.stats import loader_norm
-
-                sm, ss = loader_norm(ds, f, scale)
+                sm, ss = norm(f, scale)
                 m, s = (sm if m == "stats" else m), (ss if s == "stats" else s)
             out[f] = gpu.Convert(dtype, m, s, conv.channels_first, scale)
     return dtype, out
+
+
+def stored_norm(builds: Sequence[Any], shares: Sequence[Any] | None = None
+                ) -> Callable[[str, float], tuple[list[float], list[float]]]:
+    """``norm`` for :func:`converts_for`: the per-channel (mean, std) ``precompile stats`` stored for a field
+    of one build, or, given several with their ``shares`` of the stream, of the stream that mixes them."""
+    def norm(field: str, scale: float) -> tuple[list[float], list[float]]:
+        from ..tools.stats import loader_norm, mixture_norm
+
+        parts = [loader_norm(ds, field, scale) for ds in builds]
+        return parts[0] if shares is None else mixture_norm(parts, shares)
+    return norm
 
 
 class Finisher:

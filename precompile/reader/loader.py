@@ -50,10 +50,11 @@ from .copies import CopySchedule
 from .cpu_feeder import CpuFeeder
 from .cuda_feeder import CudaFeeder
 from .direct import DirectReader
-from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size
+from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size, stored_norm
 from .options import CONVERT_KINDS, Conversion, Distribution, Order
 from .sampler import epoch_order, rank_share, shard_ids, split_batches
 from .ragged import RaggedFields, is_ragged_annotation
+from .resume import Resumable
 from .targets import check_targets, loader_targets, replace_with_targets
 
 __all__ = ["CONVERT_KINDS", "HostPool", "Loader", "LoaderStats", "default_threads"]
@@ -176,10 +177,11 @@ def copy_schedule(ds: Any, copies: str, include_original: bool, seed: int) -> Co
     return None
 
 
-class Loader:
+class Loader(Resumable):
     """Iterable of ``{field: tensor}`` batches on ``device``; see the module docstring.
 
-    Parameters: ``path_or_dataset`` an index file or an opened build;
+    Parameters: ``path_or_dataset`` an index file or an opened build (a list of them: a
+    :class:`~precompile.reader.mix.Mix` of them, see :meth:`__new__`);
     ``shuffle`` True (= ``"full"``), False (sequential), ``"full"`` or
     ``"block"`` (whole chunks, ``block_window`` chunks mixed at a time) or ``"shard"`` (the same over whole
     shards: what a build read from a URL through a cache smaller than it wants);
@@ -250,6 +252,18 @@ class Loader:
     to the boxes, ``keypoints``; exactly the image's rows: :mod:`precompile.reader.targets`).
     """
 
+    KIND = "Loader"
+    STATE_CHECKS = ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "block_window", "num_rows")
+
+    def __new__(cls, path_or_dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
+        """``Loader([a, b, ...], batch_size, weights=..., ...)``: a list (or tuple) of builds is read as one weighted
+        stream, a :class:`~precompile.reader.mix.Mix` (:func:`~precompile.reader.mix.mix_for_loader`)."""
+        if isinstance(path_or_dataset, (list, tuple)):
+            from .mix import mix_for_loader
+
+            return mix_for_loader(path_or_dataset, args, kwargs, cls.__init__)
+        return super().__new__(cls)
+
     def __init__(self, path_or_dataset: Any, batch_size: int, shuffle: bool | str = True, seed: int = 0,
                  device: str | torch.device = "auto", fields: Sequence[str] | None = None, drop_last: bool = False,
                  rank: int | None = None, world_size: int | None = None, prefetch: int = 2, gpu_steps: Sequence[Any] | None = None,
@@ -297,7 +311,8 @@ class Loader:
                             else int(num_threads))
         self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=self.in_memory is True,
                                    lazy=map_shards == "lazy")
-        self.dtype, self.convert = converts_for(self.conversion, ds, self.reader, self.reader.fields, self.specs)
+        self.dtype, self.convert = converts_for(self.conversion, self.reader.dtypes, self.reader.fields, self.specs,
+                                                stored_norm([ds]))
         self.targets, self.target_fields = check_targets(targets), None   # targets="list": per-image dicts
         if self.targets is not None:
             self.target_fields = loader_targets(self.specs, self.fields, self.convert)
@@ -392,19 +407,6 @@ class Loader:
         params = gpu.step_params(self.steps, self.seed, e, self.rank, int(b), len(rows))
         return rows, gpu.device_maps(self.steps, params, len(rows), field)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first batch on the next iteration.
-
-        Right after :meth:`load_state_dict` (before a pass starts), setting the restored epoch keeps
-        the restored position, so the usual ``for e in range(start, n): set_epoch(e); for b in loader``
-        loop resumes mid-epoch instead of replaying it.
-        """
-        if int(epoch) < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        if self._resume and int(epoch) == self.epoch:
-            return
-        self.epoch, self._pos, self._resume = int(epoch), 0, False
-
     # -- resume ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Where the consumer is: the epoch and the batches of it already handed out."""
@@ -412,20 +414,6 @@ class Loader:
                 "batch_size": self.batch_size, "rank": self.rank, "world_size": self.world_size,
                 "drop_last": self.drop_last, "uneven": self.uneven, "block_window": self.block_window,
                 "num_rows": int(len(self.reader.chunk_rows))}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches."""
-        for k in ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "block_window", "num_rows"):
-            mine = self.state_dict()[k]
-            if k in state and state[k] != mine:
-                raise ValueError(f"state_dict was taken with {k}={state[k]!r}, this Loader has {k}={mine!r}")
-        epoch, pos = int(state["epoch"]), int(state["batch"])
-        if epoch < 0:
-            raise ValueError(f"state_dict epoch must be >= 0, got {epoch}")
-        nb = len(self.batch_indices(epoch))
-        if not 0 <= pos <= nb:
-            raise ValueError(f"state_dict batch must be in [0, {nb}] (epoch {epoch} has {nb} batches), got {pos}")
-        self.epoch, self._pos, self._resume = epoch, pos, True
 
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

@@ -56,6 +56,17 @@ The draws come from :func:`precompile.seeding.rng_for`; nothing depends on the
 thread count (every batch is read into its own arrays), so the same seed gives
 the same batches with any ``num_threads``, and ``state_dict`` /
 ``load_state_dict`` resume mid-epoch with exactly the remaining batches.
+
+5. **Conversion and device steps** are the Loader's own code: its option group
+   (:class:`~precompile.reader.options.Conversion`), its ``converts_for`` and
+   its :class:`~precompile.reader.feed.Finisher`. Batch ``b`` of this rank's
+   epoch ``e`` draws its steps' parameters as the Loader's batch ``b`` does,
+   from ``(seed, e, rank, b, step)`` (:func:`~precompile.reader.gpu.step_params`),
+   sample ``j`` taking the ``j``-th draw: the draw key of a mixed batch is its
+   place in the rank's epoch, never a thread's, so threads and resume keep the
+   bytes. The ragged annotation fields (boxes, box_labels, keypoints) are held
+   in memory per build and padded per batch as the Loader pads them; the steps
+   move them on the host.
 """
 from __future__ import annotations
 
@@ -72,8 +83,11 @@ import torch
 
 from ..errors import FormatError, PrecompileError
 from ..seeding import rng_for
-from . import gpu
-from .options import Distribution
+from . import augment, gpu
+from .feed import Finisher, HostPool, converts_for, stored_norm
+from .options import Conversion, Distribution
+from .ragged import RaggedFields, count_name, is_ragged_annotation, pad_rows
+from .resume import Resumable
 from .rows import fixed_shape
 from .sampler import rank_share, split_batches
 
@@ -196,13 +210,30 @@ class _Source:
         self.name = str(getattr(self.ds, "path", src))
         self.n = len(self.ds)
         self.reader: Any = None
+        self.ragged: RaggedFields | None = None
+        self.batch_ds = self.ds   # what a folder build's rows are read from (the loaded fixed-shape fields only)
+        self.memory: dict[str, np.ndarray] | None = None   # a folder build's fields with in_memory=True
 
-    def open_reader(self, fields: list[str]) -> None:
+    def open_reader(self, fields: list[str], ragged: list[str], in_memory: bool = False) -> None:
+        """Read the fixed-shape ``fields`` (HDF5: the Loader's DirectReader; a folder build: its ``batch``) and
+        hold the ragged annotation fields ``ragged`` in memory (HDF5: the Loader's RaggedFields; a folder build:
+        each sample's rows read once, :class:`_FolderRagged`). ``in_memory``: the fixed-shape fields copied into
+        process memory once (HDF5: the DirectReader's ``in_memory``; a folder build: one array per field)."""
         out_format = str((getattr(self.ds, "attrs", None) or {}).get("output_format", "hdf5"))
-        if out_format == "hdf5" and (hasattr(self.ds, "shard_table") or hasattr(self.ds, "shards")):
+        hdf5 = out_format == "hdf5" and (hasattr(self.ds, "shard_table") or hasattr(self.ds, "shards"))
+        if hdf5:
             from .direct import DirectReader
 
-            self.reader = DirectReader(self.ds, fields)
+            self.reader = DirectReader(self.ds, fields, in_memory=in_memory)
+        else:
+            if list(self.ds.fields) != list(fields):   # its batch reads every field it was opened with: only these
+                from . import open_dataset
+
+                self.batch_ds = open_dataset(self.ds.path, fields=fields) if fields else None
+            if in_memory and self.batch_ds is not None:
+                self.memory = dict(self.batch_ds.batch(np.arange(self.n)))
+        if ragged:
+            self.ragged = RaggedFields(self.ds, ragged) if hdf5 else _FolderRagged(self.ds, ragged)
         self.fields = fields
 
     def gather_key(self, rows: np.ndarray) -> np.ndarray:
@@ -216,22 +247,94 @@ class _Source:
                 for f in self.fields:
                     self.reader.gather(f, plan, out[f])
             return
-        b = self.ds.batch(rows)
+        if self.memory is not None:
+            for f in self.fields:
+                np.take(self.memory[f], rows, axis=0, out=out[f])
+            return
+        if self.batch_ds is None:
+            return
+        b = self.batch_ds.batch(rows)
         for f in self.fields:
             out[f][...] = b[f]
 
     def close(self) -> None:
         if self.reader is not None:
             self.reader.close()
+        if self.batch_ds is not None and self.batch_ds is not self.ds:
+            self.batch_ds.close()
+        self.memory = None
         if self.owned:
             self.ds.close()
 
 
-class Mix:
+def mix_for_loader(sources: Sequence[Any], args: tuple, kwargs: dict[str, Any], loader_init: Any) -> "Mix":
+    """``Loader([a, b, ...], ...)``: the Loader's arguments (positional ones in the order of ``loader_init``, the
+    Loader's ``__init__``) read as a :class:`Mix`'s. The Loader's options a Mix has are passed on with their
+    meaning (``shuffle=True``/``"full"``: True); one it has not (``block_window``, ``copies``, ``targets``,
+    ``map_shards``, ...) is a ``ValueError`` naming ``precompile.Mix``."""
+    import inspect
+
+    names = [p for p in inspect.signature(loader_init).parameters if p not in ("self", "path_or_dataset")]
+    if len(args) > len(names):
+        raise TypeError(f"Loader() takes at most {len(names) + 1} positional arguments ({len(args) + 1} given)")
+    given = dict(zip(names, args))
+    for k, v in kwargs.items():
+        if k in given:
+            raise TypeError(f"Loader() got multiple values for argument {k!r}")
+        given[k] = v
+    head = "Loader([...]): a list of builds is read as one precompile.Mix"
+    if "shuffle" in given:
+        sh = given["shuffle"]
+        if sh is not False and sh is not True and sh != "full":
+            raise ValueError(f"{head}, which shuffles fully (shuffle=True or 'full') or not at all (False), got "
+                             f"shuffle={sh!r}")
+        given["shuffle"] = sh is True or sh == "full"
+    mine = set(inspect.signature(Mix.__init__).parameters) - {"self", "sources"}
+    for k in given:
+        if k not in mine and k in names:
+            raise ValueError(f"{head}, which has no {k} (an option of the Loader of one build); leave it out, or "
+                             f"make one Loader per build")
+    return Mix(list(sources), **given)
+
+
+class _FolderRagged:
+    """The ragged annotation fields of a folder build (png/bmp: in its JSON index), every sample's rows read
+    once into memory (as :class:`~precompile.reader.ragged.RaggedFields` holds an HDF5 build's)."""
+
+    def __init__(self, ds: Any, fields: Sequence[str]):
+        from . import open_dataset
+
+        only = open_dataset(ds.path, fields=list(fields))
+        try:
+            self.data = {f: [] for f in fields}
+            for i in range(len(only)):
+                sample = only[i]
+                for f in fields:
+                    self.data[f].append(np.asarray(sample[f]))
+        finally:
+            only.close()
+
+    def rows(self, name: str, i: int) -> np.ndarray:
+        return self.data[name][i]
+
+
+class _RaggedKeys:
+    """The batch keys of a Mix's ragged fields, for the Loader's Finisher (which moves them with the steps on the
+    host, then to the batch's device)."""
+
+    def __init__(self, fields: Sequence[str]):
+        self.fields = list(fields)
+
+    def keys(self) -> list[str]:
+        return [k for f in self.fields for k in (f, count_name(f))]
+
+
+class Mix(Resumable):
     """Batches of several builds mixed by weight; see the module docstring (and docs/reference-reader.md).
 
     ``sources``: index paths (or builds opened with ``precompile.open``), any output format, with the same
-    loaded fields (kind, shape, dtype and class names equal; a fixed shape each). ``weights``: one number >= 0
+    loaded fields (kind, shape, dtype and class names equal; a fixed shape each, or the ragged boxes,
+    box_labels and keypoints, padded per batch plus ``<field>__count`` as the Loader's). ``weights``: one number >= 0
     per source (normalised; default: proportional to the sources' sizes, so each sample once per epoch).
     ``stop``: ``"first_exhausted"`` (default), ``"all_exhausted"`` or a number of samples per epoch.
     ``cycle`` (with ``"first_exhausted"``): one bool per source, True for a source that never ends the epoch
@@ -241,10 +344,19 @@ class Mix:
     out under an initialised process group), ``device`` (``"auto"``, ``"cpu"``, ``"cuda"``), ``fields``,
     ``num_threads`` (batches read ahead by that many threads; 0: in the calling thread), ``prefetch`` (batches
     in flight), ``sort_batches`` (default True, as the Loader's: a shuffled batch's samples ordered by source,
-    then by their place in the files; the same members), ``verify``. Each batch holds the fields as tensors
+    then by their place in the files; the same members), ``verify``. ``dtype``, ``mean``, ``std``,
+    ``channels_first``, ``convert_fields``, ``gpu_steps``: the Loader's conversion and device steps, by its own code
+    (:class:`~precompile.reader.options.Conversion`, :func:`~precompile.reader.feed.converts_for`, the
+    :class:`~precompile.reader.feed.Finisher`); ``"stats"``: the mixed stream's, from each build's stored stats
+    weighted by its share of an epoch (:func:`precompile.tools.stats.mixture_norm`). ``in_memory=True``: each
+    build's loaded fields copied into process memory once (the same batches). Each batch holds the fields as tensors
     plus ``__source`` (int64: the index in ``sources`` of each sample's build) and ``__row`` (int64: its row in
     that build).
     """
+
+    KIND = "Mix"
+    STATE_CHECKS = ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "stop", "sizes", "counts",
+                    "sort_batches")
 
     def __init__(self, sources: Sequence[Any], batch_size: int, weights: Sequence[float] | None = None,
                  stop: str | int = "first_exhausted", cycle: Sequence[bool] | None = None,
@@ -252,7 +364,10 @@ class Mix:
                  device: str | torch.device = "auto", fields: Sequence[str] | None = None, drop_last: bool = False,
                  rank: int | None = None, world_size: int | None = None, uneven: Literal["pad", "drop"] = "pad",
                  num_threads: int | None = None, prefetch: int = 2, sort_batches: bool = True,
-                 verify: bool = False):
+                 verify: bool = False, gpu_steps: Sequence[Any] | None = None, dtype: Any = None,
+                 mean: Sequence[float] | float | str | None = None, std: Sequence[float] | float | str | None = None,
+                 channels_first: bool = False, convert_fields: Sequence[str] | None = None,
+                 in_memory: bool = False):
         if isinstance(sources, (str, os.PathLike)) or len(sources) < 1:
             raise ValueError("Mix: sources must be a list of builds (index paths or opened builds)")
         if int(batch_size) < 1:
@@ -263,6 +378,12 @@ class Mix:
             raise ValueError(f"seed must be >= 0, got {seed}")
         if shuffle not in (True, False):
             raise ValueError(f"Mix: shuffle must be True or False, got {shuffle!r}")
+        if in_memory == "gpu":
+            raise ValueError("Mix: in_memory='gpu' is the Loader's for one build (its rows gathered on the device); "
+                             "a Mix holds its builds in host memory: in_memory=True")
+        if (isinstance(in_memory, (int, float)) and not isinstance(in_memory, bool)) or in_memory not in (False, True):
+            raise ValueError(f"in_memory must be False or True, got {in_memory!r}")
+        self.in_memory = bool(in_memory)
         self.stop = _check_stop(stop)
         self.cycle = _check_cycle(cycle, self.stop, len(sources))
         self.batch_size, self.prefetch, self.seed = int(batch_size), int(prefetch), int(seed)
@@ -280,13 +401,26 @@ class Mix:
             self.weights = check_weights(weights, self.sizes)
             self.fields = self._agreed_fields(fields)
             self.counts = mix_counts(self.weights, self.sizes, self.stop, self.cycle)
+            self.specs = {f: self.sources[0].ds.field_specs[f] for f in self.fields}
+            # boxes, box_labels, keypoints: padded per batch plus <field>__count, as the Loader's
+            self.ragged = [f for f in self.fields if is_ragged_annotation(self.specs[f])]
+            self.fixed = [f for f in self.fields if f not in self.ragged]
             for s in self.sources:
-                s.open_reader(self.fields)
+                s.open_reader(self.fixed, self.ragged, self.in_memory)
+            self.shapes = {f: fixed_shape(self.specs[f]) for f in self.fixed}
+            # the Loader's conversion and device steps, the same code: its option group, its Converts, its steps
+            self.conversion = Conversion(dtype, mean, std, channels_first, convert_fields)
+            dtypes = {f: np.dtype(self.specs[f]["dtype"]) for f in self.fixed}
+            self.dtype, self.convert = converts_for(self.conversion, dtypes, self.fixed, self.specs,
+                                                    self._stats_norm())
+            self.steps = augment.parse_steps(gpu_steps)
+            gpu.bind_steps(self.steps, self.specs, {**self.shapes, **{f: tuple(self.specs[f]["shape"])
+                                                                     for f in self.ragged}})
         except BaseException:
             self.close()
             raise
-        self.specs = {f: self.sources[0].ds.field_specs[f] for f in self.fields}
-        self.shapes = {f: fixed_shape(self.specs[f]) for f in self.fields}
+        self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool(),
+                                 _RaggedKeys(self.ragged) if self.ragged else None)
         self.epoch, self._pos, self._resume = 0, 0, False
         self._orders: dict[int, tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = {}
         self._active: weakref.ref | None = None
@@ -315,9 +449,22 @@ class Mix:
         for f in wanted:
             a = first.ds.field_specs[f]
             kind = a.get("kind")
-            if kind == "text" or kind in ("boxes", "box_labels", "keypoints"):
-                raise FormatError(f"Mix: field {f!r} of {first.name} is a {kind} field (a varying size per "
-                                  f"sample); Mix reads fixed-shape fields: leave it out with fields=[...]")
+            ragged = is_ragged_annotation(a)
+            if kind == "text":
+                raise FormatError(f"Mix: field {f!r} of {first.name} is a text field (a varying size per "
+                                  f"sample); Mix reads fixed-shape fields and the ragged boxes, box_labels and "
+                                  f"keypoints: leave it out with fields=[...]")
+            if ragged:
+                inner = tuple((a.get("shape") or ())[1:])
+                for s in self.sources[1:]:
+                    b = s.ds.field_specs[f]
+                    for what, x, y in (("kind", kind, b.get("kind")), ("dtype", a.get("dtype"), b.get("dtype")),
+                                       ("rows of shape", inner, tuple((b.get("shape") or ())[1:])),
+                                       ("tie (of)", a.get("of"), b.get("of"))):
+                        if x != y or not is_ragged_annotation(b):
+                            raise FormatError(f"Mix: field {f!r} has {what} {x} in {first.name} but {y} in "
+                                              f"{s.name}; the mixed builds must agree")
+                continue
             if fixed_shape(a) is None:
                 raise FormatError(f"Mix: field {f!r} of {first.name} has shape {tuple(a.get('shape') or ())} with "
                                   f"unknown dimensions; Mix reads fixed-shape fields (resize/crop to one size in "
@@ -332,12 +479,24 @@ class Mix:
                     raise FormatError(f"Mix: field {f!r} has shape {tuple(a.get('shape') or ())} in {first.name} "
                                       f"but {tuple(b.get('shape') or ())} in {s.name}; the mixed builds must agree "
                                       f"(resize/crop them to one size in their recipes)")
-                if kind == "label":
+        for f in wanted:   # a label's (or a box's label's) id must mean one class in every build
+            if first.ds.field_specs[f].get("kind") in ("label", "box_labels"):
+                for s in self.sources[1:]:
                     na, nb = list(first.ds.label_names or []), list(s.ds.label_names or [])
                     if na and nb and na != nb:
                         raise FormatError(f"Mix: field {f!r} has class names {str(na)[:120]} in {first.name} but "
                                           f"{str(nb)[:120]} in {s.name}: the same id would mean two classes")
         return wanted
+
+    def _stats_norm(self) -> Any:
+        """What ``mean="stats"`` / ``std="stats"`` stand for: the stored stats of the one build read, or of the
+        stream that mixes the builds read (each build's share: its samples per epoch over the epoch's)."""
+        active = [i for i, c in enumerate(self.counts) if c > 0]
+        builds = [self.sources[i].ds for i in active]
+        if len(active) == 1:
+            return stored_norm(builds)
+        total = sum(self.counts)
+        return stored_norm(builds, [Fraction(self.counts[i], total) for i in active])
 
     # -- order ------------------------------------------------------------------------------------
     def _raw_pass(self, i: int, k: int) -> np.ndarray:
@@ -433,14 +592,23 @@ class Mix:
     def __len__(self) -> int:
         return len(self._batches(self.epoch)[2])
 
-    def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first batch (right after :meth:`load_state_dict`, the restored epoch keeps
-        its restored position, as the Loader's)."""
-        if int(epoch) < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
-        if self._resume and int(epoch) == self.epoch:
-            return
-        self.epoch, self._pos, self._resume = int(epoch), 0, False
+    def batch_maps(self, b: int, epoch: int | None = None,
+                   field: str | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Where batch ``b`` of ``epoch`` (default: the current one) came from, as the Loader's ``batch_maps``:
+        its samples' builds and rows (``batch_indices(epoch)[b]``) and (B, 2, 3) float64 maps from the batch's
+        pixel coordinates back to each stored sample's (the inverse of the ``gpu_steps`` as drawn for that batch;
+        identities without steps). ``precompile.open(sources[s]).to_source(r, ..., device_map=maps[j])`` gives a
+        prediction in the source image's pixels. ``field``: the image field the maps follow (default: the first
+        loaded image field). The draws are a function of (seed, epoch, rank, b): no pass is needed."""
+        e = self.epoch if epoch is None else int(epoch)
+        batches = self.batch_indices(e)
+        if not 0 <= int(b) < len(batches):
+            raise IndexError(f"batch {b} out of range: epoch {e} has {len(batches)} batches on this rank")
+        src, row = batches[int(b)]
+        if field is None:
+            field = next((f for f in self.fixed if self.specs[f].get("kind") == "image"), None)
+        params = gpu.step_params(self.steps, self.seed, e, self.rank, int(b), len(src))
+        return src, row, gpu.device_maps(self.steps, params, len(src), field)
 
     # -- resume -----------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
@@ -450,21 +618,6 @@ class Mix:
                 "drop_last": self.drop_last, "uneven": self.uneven, "stop": self.stop, "sizes": list(self.sizes),
                 "counts": list(self.counts), "sort_batches": self.sort_batches}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches."""
-        mine = self.state_dict()
-        for k in ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "stop", "sizes", "counts",
-                  "sort_batches"):
-            if k in state and state[k] != mine[k]:
-                raise ValueError(f"state_dict was taken with {k}={state[k]!r}, this Mix has {k}={mine[k]!r}")
-        epoch, pos = int(state["epoch"]), int(state["batch"])
-        if epoch < 0:
-            raise ValueError(f"state_dict epoch must be >= 0, got {epoch}")
-        nb = len(self._batches(epoch)[2])
-        if not 0 <= pos <= nb:
-            raise ValueError(f"state_dict batch must be in [0, {nb}] (epoch {epoch} has {nb} batches), got {pos}")
-        self.epoch, self._pos, self._resume = epoch, pos, True
-
     # -- reading ----------------------------------------------------------------------------------
     def read_batch(self, src: np.ndarray, row: np.ndarray) -> dict[str, np.ndarray]:
         """The fields of the samples ``(src[j], row[j])`` in that order, as numpy arrays (plus ``__source``,
@@ -472,26 +625,46 @@ class Mix:
         into its slice of the batch; one whose samples are spread (``sort_batches=False``) into a buffer, then
         put in its places."""
         b = len(src)
-        out = {f: np.empty((b, *self.shapes[f]), dtype=np.dtype(self.specs[f]["dtype"])) for f in self.fields}
+        out = {f: np.empty((b, *self.shapes[f]), dtype=np.dtype(self.specs[f]["dtype"])) for f in self.fixed}
         for i in np.unique(src).tolist():
             at = np.flatnonzero(src == i)
             lo, hi = int(at[0]), int(at[-1]) + 1
             if hi - lo == len(at):
-                self.sources[i].read_into(row[lo:hi], {f: out[f][lo:hi] for f in self.fields})
+                self.sources[i].read_into(row[lo:hi], {f: out[f][lo:hi] for f in self.fixed})
             else:
-                tmp = {f: np.empty((len(at), *self.shapes[f]), dtype=out[f].dtype) for f in self.fields}
+                tmp = {f: np.empty((len(at), *self.shapes[f]), dtype=out[f].dtype) for f in self.fixed}
                 self.sources[i].read_into(row[at], tmp)
-                for f in self.fields:
+                for f in self.fixed:
                     out[f][at] = tmp[f]
+        for f in self.ragged:   # each sample's rows from its own build, padded as the Loader pads them
+            rows = [self.sources[s].ragged.rows(f, r) for s, r in zip(src.tolist(), row.tolist())]
+            spec = self.specs[f]
+            out[f], out[count_name(f)] = pad_rows(rows, tuple(spec["shape"][1:]), np.dtype(spec["dtype"]))
         out[SOURCE] = np.asarray(src, dtype=np.int64).copy()
         out[ROW] = np.asarray(row, dtype=np.int64).copy()
         return out
 
     def _to_device(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        """Tensors on the device; the ragged fields and their counts stay on the host until the Finisher has
+        moved them with the device steps (as the Loader's), then go to the device."""
         out = {f: torch.from_numpy(a) for f, a in arrays.items()}
         if self.device.type == "cuda":
-            out = {f: t.pin_memory().to(self.device, non_blocking=True) for f, t in out.items()}
+            host = set(self.finisher.ragged.keys()) if self.finisher.ragged is not None else set()
+            out = {f: t if f in host else t.pin_memory().to(self.device, non_blocking=True) for f, t in out.items()}
         return out
+
+    def _host_batch(self, epoch: int, b: int, src: np.ndarray, row: np.ndarray) -> Any:
+        """Batch ``b`` read (in a reading thread); on CPU also finished there: its device steps, drawn for
+        ``(seed, epoch, rank, b)``, and its conversion (the Loader's :class:`~precompile.reader.feed.Finisher`)."""
+        arrays = self.read_batch(src, row)
+        if self.device.type == "cuda":
+            return arrays
+        return self.finisher.finish(self._to_device(arrays), epoch, b)
+
+    def _deliver(self, epoch: int, b: int, got: Any) -> dict[str, torch.Tensor]:
+        if self.device.type != "cuda":
+            return got
+        return self.finisher.finish(self._to_device(got), epoch, b)   # on the device, on the current stream
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """A pass over the rest of the current epoch; starting a new pass closes an unfinished one."""
@@ -509,9 +682,14 @@ class Mix:
         epoch = self.epoch
         src, row, batches = self._batches(epoch)
         todo = range(self._pos, len(batches))
+
+        def task(b: int) -> tuple:
+            return (self._host_batch, epoch, b, src[batches[b]], row[batches[b]])
+
         if self.num_threads == 0:
             for b in todo:
-                out = self._to_device(self.read_batch(src[batches[b]], row[batches[b]]))
+                fn, *args = task(b)
+                out = self._deliver(epoch, b, fn(*args))
                 self._pos = b + 1
                 yield out
         else:
@@ -520,15 +698,15 @@ class Mix:
             it = iter(todo)
             try:
                 for b in it:
-                    ahead.append((b, pool.submit(self.read_batch, src[batches[b]], row[batches[b]])))
+                    ahead.append((b, pool.submit(*task(b))))
                     if len(ahead) >= self.prefetch:
                         break
                 while ahead:
                     b, fut = ahead.popleft()
                     nxt = next(it, None)
                     if nxt is not None:
-                        ahead.append((nxt, pool.submit(self.read_batch, src[batches[nxt]], row[batches[nxt]])))
-                    out = self._to_device(fut.result())
+                        ahead.append((nxt, pool.submit(*task(nxt))))
+                    out = self._deliver(epoch, b, fut.result())
                     self._pos = b + 1
                     yield out
             finally:

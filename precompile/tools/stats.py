@@ -403,3 +403,17 @@ def loader_norm(ds: Dataset, field: str, scale: float = 1.0) -> tuple[list[float
         raise StatsError(f"{where}: field {field!r} has an undefined or zero std in its stats; "
                          f"give mean and std explicitly")
     return [float(m) * scale for m in mean], [float(s) * scale for s in std]
+
+
+def mixture_norm(parts: Sequence[tuple[Sequence[float], Sequence[float]]],
+                 shares: Sequence[Any]) -> tuple[list[float], list[float]]:
+    """Per-channel (mean, std) of a stream that mixes sources of per-channel ``parts`` (each a (mean, std), the
+    population std, as :func:`loader_norm` gives them) in ``shares`` (each source's share of the stream's
+    samples, summing to 1; the samples of equal size): the mixture's mean ``sum(w m)`` and population std
+    ``sqrt(sum(w (s^2 + (m - mean)^2)))``, in float64."""
+    w = np.asarray([float(x) for x in shares], np.float64)[:, None]
+    m = np.asarray([p[0] for p in parts], np.float64)
+    s = np.asarray([p[1] for p in parts], np.float64)
+    mean = (w * m).sum(axis=0)
+    std = np.sqrt((w * (s * s + (m - mean) ** 2)).sum(axis=0))
+    return [float(v) for v in mean], [float(v) for v in std]

@@ -1,0 +1,56 @@
+"""Where a consumer is in an epoch, and resuming there: what the Loader and Mix share.
+
+:class:`Resumable` holds ``epoch``, ``_pos`` (the batches of the epoch already handed out) and ``_resume`` (the
+position came from :meth:`~Resumable.load_state_dict` and no pass has started since), and gives ``set_epoch``
+and ``load_state_dict`` one meaning for both. Each class keeps its own ``state_dict`` (what its order depends
+on) and names in ``STATE_CHECKS`` the keys a restored state must agree on.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class Resumable:
+    """``set_epoch`` / ``load_state_dict`` over ``state_dict()`` and ``batch_indices(epoch)`` (the subclass's)."""
+
+    #: the keys of a state that must equal this reader's (a state taken with others is a ``ValueError``)
+    STATE_CHECKS: ClassVar[tuple[str, ...]] = ()
+    #: the reader's name in messages
+    KIND: ClassVar[str] = "reader"
+
+    epoch: int
+    _pos: int
+    _resume: bool
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def batch_indices(self, epoch: int | None = None) -> list[Any]:
+        raise NotImplementedError
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` from its first batch on the next iteration.
+
+        Right after :meth:`load_state_dict` (before a pass starts), setting the restored epoch keeps
+        the restored position, so the usual ``for e in range(start, n): set_epoch(e); for b in loader``
+        loop resumes mid-epoch instead of replaying it.
+        """
+        if int(epoch) < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if self._resume and int(epoch) == self.epoch:
+            return
+        self.epoch, self._pos, self._resume = int(epoch), 0, False
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches."""
+        mine = self.state_dict()
+        for k in self.STATE_CHECKS:
+            if k in state and state[k] != mine[k]:
+                raise ValueError(f"state_dict was taken with {k}={state[k]!r}, this {self.KIND} has {k}={mine[k]!r}")
+        epoch, pos = int(state["epoch"]), int(state["batch"])
+        if epoch < 0:
+            raise ValueError(f"state_dict epoch must be >= 0, got {epoch}")
+        nb = len(self.batch_indices(epoch))
+        if not 0 <= pos <= nb:
+            raise ValueError(f"state_dict batch must be in [0, {nb}] (epoch {epoch} has {nb} batches), got {pos}")
+        self.epoch, self._pos, self._resume = epoch, pos, True

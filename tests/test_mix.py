@@ -795,6 +795,8 @@ def test_in_memory_reads_each_build_once_and_gives_the_same_batches(builds, tmp_
 @pytest.mark.parametrize("value, message", [
     ("gpu", "Mix: in_memory='gpu' is the Loader's for one build (its rows gathered on the device); a Mix holds its "
             "builds in host memory: in_memory=True"),
+    ("pinned", "Mix: in_memory='pinned' is the Loader's for one build (its rows gathered on the device); a Mix "
+               "holds its builds in host memory: in_memory=True"),
     (1, "in_memory must be False or True, got 1"),
     ("yes", "in_memory must be False or True, got 'yes'"),
 ])

@@ -378,9 +378,9 @@ class Mix(Resumable):
             raise ValueError(f"seed must be >= 0, got {seed}")
         if shuffle not in (True, False):
             raise ValueError(f"Mix: shuffle must be True or False, got {shuffle!r}")
-        if in_memory == "gpu":
-            raise ValueError("Mix: in_memory='gpu' is the Loader's for one build (its rows gathered on the device); "
-                             "a Mix holds its builds in host memory: in_memory=True")
+        if in_memory in ("gpu", "pinned"):
+            raise ValueError(f"Mix: in_memory={in_memory!r} is the Loader's for one build (its rows gathered on the "
+                             f"device); a Mix holds its builds in host memory: in_memory=True")
         if (isinstance(in_memory, (int, float)) and not isinstance(in_memory, bool)) or in_memory not in (False, True):
             raise ValueError(f"in_memory must be False or True, got {in_memory!r}")
         self.in_memory = bool(in_memory)

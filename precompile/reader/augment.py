@@ -742,10 +742,9 @@ class GaussianBlur(_ValueStep):
             p = f.index_select(dim, idx)
             w = to_device(gaussian_taps(k, sigma).astype(np.float32), f.device)
             view = [-1] + [1] * (f.ndim - 1)
-            acc = None
-            for j in range(k):
-                term = p.narrow(dim, j, f.shape[dim]) * w[:, j].view(view)
-                acc = term if acc is None else acc + term
+            acc = p.narrow(dim, 0, f.shape[dim]) * w[:, 0].view(view)
+            for j in range(1, k):   # each tap added in place: one pass, no new tensor
+                acc.addcmul_(p.narrow(dim, j, f.shape[dim]), w[:, j].view(view))
             f = acc
         return unfold(_to_dtype(f, x.dtype))
 

@@ -16,7 +16,8 @@ around the driver's functions (nothing in precompile is changed; wall and the pa
 - ``worker start``: ``ForkPool.start`` (the fork itself);
 - ``work``: the shards running (inline at -j1; at -jN the parent waits for its workers);
 - ``index/commit``: ``driver._conclude`` (the index, the report, the rename into place);
-- ``cli+exit``: the CLI's summary lines and the interpreter's exit (to the process's end).
+- ``cli+exit``: the CLI's summary lines and the interpreter's exit (to the process's end; its CPU column stops
+  at the exit: the ``CPU s`` row has the whole process's, from the parent's rusage of its children).
 
 ``serial s`` is the wall minus the summed per-sample work (decode + steps + write over all workers) / J.
 Medians of ``--repeats`` runs; ``--repo A,B`` measures several checkouts taking turns (a before/after table
@@ -36,6 +37,7 @@ import argparse
 import collections
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -105,10 +107,12 @@ def run_once(recipe: str, out: str, j: int, repo: str, extra: list[str]) -> dict
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = os.pathsep.join([repo, os.environ.get("PYTHONPATH", "")])
     shutil.rmtree(out, ignore_errors=True)
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()   # CLOCK_MONOTONIC: the same clock as the child's perf_counter on Linux
     p = subprocess.run([sys.executable, "-c", _CHILD, recipe, out, str(j), json.dumps(extra)],
                        capture_output=True, text=True, env=env, cwd=repo)
     t1 = time.perf_counter()
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         raise RuntimeError(f"{recipe} -j{j} ({repo}) failed:\n{p.stderr[-3000:]}")
     d = json.loads(p.stdout.strip().splitlines()[-1])
@@ -145,7 +149,8 @@ def run_once(recipe: str, out: str, j: int, repo: str, extra: list[str]) -> dict
         for k, x in v.items():
             ph.setdefault(k, [0.0, 0.0])[i] = x
     work = sum(rep["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
-    return {"phases": ph, "wall": t1 - t0, "work": work, "inputs": rep["inputs"], "shards": rep["shards"]["total"]}
+    cpu = ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime   # the process and its workers, exit included
+    return {"phases": ph, "wall": t1 - t0, "work": work, "cpu": cpu, "inputs": rep["inputs"], "shards": rep["shards"]["total"]}
 
 
 def importtime(repo: str, recipe: str, out: str, j: int) -> dict[str, float]:
@@ -242,7 +247,8 @@ def main(argv: list[str] | None = None) -> None:
         ratios = [f"{w[repos[-1], j] / w[repos[0], j]:.2f}" if w[repos[0], j] > 5e-4 else "-" for j in jobs] \
             if len(repos) > 1 else []
         print(f"| {k} | " + " | ".join(cells + ratios) + " |")
-    rows = {"wall s": lambda x: x["wall"], "work s (summed)": lambda x: x["work"]}
+    rows = {"wall s": lambda x: x["wall"], "CPU s (process + workers, exit included)": lambda x: x["cpu"],
+            "work s (summed)": lambda x: x["work"]}
     for name, f in rows.items():
         vals = {c: med([f(x) for x in runs[c]]) for c in cols}
         ratios = [f"{vals[repos[-1], j] / vals[repos[0], j]:.2f}" for j in jobs] if len(repos) > 1 else []

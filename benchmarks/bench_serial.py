@@ -5,7 +5,9 @@ Each run is a fresh ``python`` process that runs the CLI's ``build`` command as 
 around the driver's functions (nothing in precompile is changed; wall and the parent's own CPU seconds):
 
 - ``interpreter``: from this script's spawn of the process to its first line (interpreter start, ``site``);
-- ``imports``: ``precompile.cli`` and the build path it imports (``precompile.compiler``);
+- ``imports``: ``precompile.cli`` and the build path it imports (``precompile.compiler``), to the CLI's call
+  of ``build`` (the wrappers go on as each module is imported, by an import hook: the CLI imports as it does
+  for a user);
 - ``recipe parse``: YAML -> validated Recipe (``driver.as_recipe``);
 - ``input listing``: ``read_inputs`` (walking the root, matching, the table of items);
 - ``plan``: the rest of ``make_plan`` (shards, specs, checks);
@@ -53,11 +55,7 @@ import json, sys, time
 T = {"start": time.perf_counter()}
 C = {"start": time.process_time()}
 recipe, out, j, extra = sys.argv[1], sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
-import precompile.cli as cli
-import precompile.compiler.driver as driver
-import precompile.compiler.plan as plan_mod
-import precompile.compiler.backends as backends
-T["imports"], C["imports"] = time.perf_counter(), time.process_time()
+import importlib.abc, importlib.machinery
 acc = {}
 
 
@@ -65,6 +63,8 @@ def wrap(owner, name, phase):
     fn = getattr(owner, name)
 
     def timed(*a, **k):
+        if phase == "build" and "imports" not in T:   # the CLI has imported the build path: its call starts
+            T["imports"], C["imports"] = time.perf_counter(), time.process_time()
         t, c = time.perf_counter(), time.process_time()
         try:
             return fn(*a, **k)
@@ -74,21 +74,36 @@ def wrap(owner, name, phase):
     setattr(owner, name, timed)
 
 
-import precompile.compiler as compiler_pkg
-wrap(compiler_pkg, "build", "build")   # what the CLI calls (``from .compiler import build`` when it runs)
-wrap(driver, "as_recipe", "parse")
-wrap(driver, "make_plan", "plan+listing")
-wrap(plan_mod, "read_inputs", "listing")
-wrap(driver, "_keys", "keys")
-wrap(driver, "_stages", "stages")
-wrap(driver, "_run_stage", "run")
-wrap(driver, "_conclude", "finalize")
-wrap(backends, "preload", "preload")
-try:
-    import precompile.compiler.forkpool as forkpool
-    wrap(forkpool.ForkPool, "start", "fork")
-except ImportError:
-    pass
+WRAPS = {   # wrapped as each module is first imported (by the CLI, as a user's build imports them)
+    "precompile.compiler": [("build", "build")],   # what the CLI calls (``from .compiler import build``)
+    "precompile.compiler.driver": [("as_recipe", "parse"), ("make_plan", "plan+listing"), ("_keys", "keys"),
+                                   ("_stages", "stages"), ("_run_stage", "run"), ("_conclude", "finalize")],
+    "precompile.compiler.plan": [("read_inputs", "listing")],
+    "precompile.compiler.backends": [("preload", "preload")],
+    "precompile.compiler.forkpool": [("ForkPool.start", "fork")],
+}
+
+
+class Hook(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name not in WRAPS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def exec_module(module, run=run):
+            run(module)
+            for attr, phase in WRAPS[name]:
+                owner, _, leaf = attr.rpartition(".")
+                wrap(getattr(module, owner) if owner else module, leaf, phase)
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, Hook())
+import precompile.cli as cli
 try:
     cli.main(["build", recipe, "-o", out, "-j", j, "--force", "--no-progress"] + extra, standalone_mode=False)
 except SystemExit as e:

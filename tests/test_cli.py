@@ -64,6 +64,44 @@ def test_missing_recipe_file(tmp_path):
     assert out.returncode == 2 and "cannot read recipe" in out.stderr
 
 
+def test_a_command_leaves_its_objects_out_of_the_exit_collections():
+    """The process of a CLI command freezes what is alive at its exit (gc.freeze, an exit handler), so the
+    interpreter's shutdown does not run full collections over every imported object (0.1-0.2 s of CPU after
+    the last line; benchmarks/bench_serial.py). A handler registered before the command runs after it."""
+    code = ("import atexit, gc, os, sys\n"
+            "atexit.register(lambda: os.write(1, b'frozen %d\\n' % gc.get_freeze_count()))\n"
+            "from precompile.cli import main\n"
+            "main(sys.argv[1:])\n")
+    out = subprocess.run([sys.executable, "-c", code, "validate", str(REPO / "recipes" / "images.yaml")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert ": ok (1 field(s), 2 step(s), output hdf5;" in out.stdout
+    assert int(out.stdout.split("frozen ")[-1]) > 10_000, out.stdout   # the imports' objects (~100k)
+
+
+def test_a_build_leaves_the_imports_objects_out_of_its_collections(tmp_path):
+    """``build`` imports the build path with the collector paused and freezes what the imports made while the
+    build runs (collections over them were 0.05-0.1 s of a small build's CPU; benchmarks/bench_serial.py); when
+    the command returns in-process (CliRunner) they are unfrozen and the collector is as it was."""
+    code = ("import gc, sys\n"
+            "import precompile.compiler as c\n"
+            "from click.testing import CliRunner\n"
+            "from precompile.cli import main\n"
+            "seen, real = [], c.build\n"
+            "def spy(*a, **k):\n"
+            "    seen.append((gc.get_freeze_count() > 10_000, gc.isenabled()))\n"
+            "    return real(*a, **k)\n"
+            "c.build = spy\n"
+            "for enabled in (True, False):\n"
+            "    (gc.enable if enabled else gc.disable)()\n"
+            "    r = CliRunner().invoke(main, ['build', sys.argv[1], '-o', sys.argv[2], '--no-progress'])\n"
+            "    print(r.exit_code, seen[-1], gc.get_freeze_count(), gc.isenabled(), '36 samples' in r.output)\n")
+    out = subprocess.run([sys.executable, "-c", code, str(REPO / "recipes" / "images.yaml"), str(tmp_path)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["0 (True, True) 0 True True", "0 (True, False) 0 False True"], out.stdout
+
+
 def test_sample_recipe_builds_from_the_repo(tmp_path):
     out = run("build", str(REPO / "recipes" / "images.yaml"), "-o", str(tmp_path), "--no-progress")
     assert out.returncode == 0, out.stderr

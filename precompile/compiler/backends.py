@@ -329,7 +329,11 @@ def preload(recipe: Optional[Recipe] = None) -> list[str]:
     task with every decoder, step and writer, OpenCV, and the modules the ``recipe``'s decoders, steps and
     writer import inside their functions (:func:`lazy_imports`: Pillow (with its common formats) for images,
     pydicom and scipy for DICOM series, PyAV for video, ...; without a recipe, Pillow). Imported once here,
-    they are shared by the workers' pages instead of imported again in each. Returns the modules imported."""
+    they are shared by the workers' pages instead of imported again in each. Returns the modules imported.
+
+    Not the packages only a URL needs (:data:`URL_ONLY`): a build that reads or writes a URL has imported them
+    by now (listing, fingerprinting or the output's store); a local build's workers never do (fsspec alone
+    is 20-50 ms of the build's start)."""
     import importlib
 
     from ..registry import WRITERS, load_builtins
@@ -345,7 +349,7 @@ def preload(recipe: Optional[Recipe] = None) -> list[str]:
             want.extend(lazy_imports(mod))
     done = []
     for name in dict.fromkeys(want):
-        if name in sys.modules:
+        if name in sys.modules or name.split(".")[0] in URL_ONLY:
             continue
         try:
             importlib.import_module(name)
@@ -356,6 +360,10 @@ def preload(recipe: Optional[Recipe] = None) -> list[str]:
         sys.modules["PIL.Image"].preinit()   # Pillow's common format plugins, else loaded on the first open
     return done
 
+
+#: packages imported only for a URL (:mod:`precompile.storage.remote`): :func:`preload` leaves them to a build
+#: that has imported them already
+URL_ONLY = frozenset({"fsspec"})
 
 #: module -> the modules it imports inside its functions (and those of the precompile modules it imports)
 _LAZY: dict[str, tuple[str, ...]] = {}

@@ -34,7 +34,8 @@ def check_budget(path: str, what: str, nbytes: int, budget: int) -> None:
 
 
 class DecoderParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # a NaN option is a typo, never a value
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False,  # a NaN option is a typo, never a value
+                              defer_build=True)  # validators built on first use: only the decoders a recipe names
 
 
 class Decoder:

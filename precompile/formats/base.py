@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 
 class WriterOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # validators built on first use
 
 
 class ShardWriter:

@@ -52,7 +52,8 @@ from . import source_map
 
 
 class StepParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # a NaN option is a typo, never a value
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False,  # a NaN option is a typo, never a value
+                              defer_build=True)  # validators built on first use: only the steps a recipe names
     fields: Optional[list[str]] = None   # restrict the step to these fields (default: every field of a kind it handles)
 
 

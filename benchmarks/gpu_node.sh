@@ -7,7 +7,7 @@
 #     OUT=logs BUDGET=540 bash benchmarks/gpu_node.sh [PART ...]
 #
 # PARTs (default all, in this order): cuda_tests fuzz_cuda pool bench_gpu suite bench_scale workers bench_threads mnist
-# bench_augment;
+# bench_augment profile_steps;
 # bench_scale_20k (20,000 photos at -j1 and -j16 against a hand-written joblib pool) runs only when named.
 # BENCH_GPU_ARGS, BENCH_THREADS_ARGS and BENCH_SCALE_ARGS (bench_scale_20k's) replace those benchmarks'
 # arguments (a shorter run).
@@ -43,7 +43,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 'numpy', numpy.__version__, 'h5py', h5py.__version__, 'python', __import__('sys').version.split()[0])" 2>&1
 } >> "$OUT/summary.txt"
 
-WANT=" ${*:-cuda_tests fuzz_cuda pool bench_gpu suite bench_scale workers bench_threads mnist bench_augment} "
+WANT=" ${*:-cuda_tests fuzz_cuda pool bench_gpu suite bench_scale workers bench_threads mnist bench_augment profile_steps} "
 part() {   # part NAME LIMIT_S COMMAND...
     local name=$1 limit=$2 left=$((BUDGET - SECONDS)) t0=$SECONDS rc
     shift 2
@@ -81,4 +81,5 @@ if ls .whl/aug/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/aug/*.whl 2>/dev/null || true
 fi
 part bench_augment 150 $PY benchmarks/bench_device_augment.py --resnet ${BENCH_AUGMENT_ARGS:---repeats 10 --workers 15}
+part profile_steps 60 $PY benchmarks/profile_device_steps.py
 cat "$OUT/summary.txt"

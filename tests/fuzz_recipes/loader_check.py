@@ -24,7 +24,7 @@ NOTES = {"boxes", "box_labels", "keypoints"}
 
 def _kw(ld: dict, fields: list[str], rank: int = 0) -> dict:
     """The Loader's arguments; ``PRECOMPILE_FUZZ_DEVICE=cuda`` runs the same oracles on the CUDA feeder (and
-    ``in_memory: true`` cases as ``in_memory="gpu"``, the resident feeder)."""
+    ``in_memory: true`` cases as ``in_memory="gpu"`` or, for odd seeds, ``"pinned"``: the resident feeder)."""
     import os
 
     device = os.environ.get("PRECOMPILE_FUZZ_DEVICE", "cpu")
@@ -38,8 +38,8 @@ def _kw(ld: dict, fields: list[str], rank: int = 0) -> dict:
     for k in ("num_threads", "in_memory", "copies"):
         if k in ld:
             kw[k] = ld[k]
-    if device == "cuda" and kw.get("in_memory") is True:
-        kw["in_memory"] = "gpu"
+    if device == "cuda" and kw.get("in_memory") is True:   # the resident feeder, from device memory or pinned host
+        kw["in_memory"] = "pinned" if ld["seed"] % 2 else "gpu"
     kw.update(ld.get("convert") or {})
     return kw
 

@@ -24,7 +24,16 @@ but ``datasets`` reads it back element by element). Prints, per field:
   to_hf s            median of --repeats: to_hf into a fresh cache (the whole build, every field)
   read ms/row        medians: every row's field with_format("numpy", dtype=None) (to_hf's reshaped), per row
 
-    PYTHONPATH=. python benchmarks/bench_hf_bytes.py [--quick] [--repeats 3] [--only images|arrays]
+Then variable-shape arrays (flow files of three sizes and videos of three sizes, built without a resize: the
+plan's shape (None, None, 2), (8, None, None, 3)): each field as ``to_hf`` writes it (one variable-length ``List``
+of the values plus ``<field>__shape``, a fixed-size ``List`` of int32), and as the baseline from the same rows in
+the same run the nested variable lists ``to_hf`` wrote before (an int32 offset per innermost list). Prints, per
+field: build bytes; to_hf (values + shape columns) and nested bytes, and / build bytes; the shape column's bytes
+a row as written (int32, every dimension) and as the alternatives measured from the same shapes (int64; int32 in
+a variable-length list; int32 of the varying dimensions only); to_hf s; read ms/row (to_hf's by
+``precompile.hf.array``, and by hand ``row[c].reshape(row[c + "__shape"])``; nested).
+
+    PYTHONPATH=. python benchmarks/bench_hf_bytes.py [--quick] [--repeats 3] [--only images|arrays|variable]
 
 Needs ``datasets`` (the hf extra); exits 0 with a line saying so without it.
 """
@@ -229,11 +238,124 @@ def array_rows(tmp_p: Path, quick: bool, repeats: int) -> None:
               f"| {r[9]:.3f} | {r[10]:.2f} | {r[11]:.2f} | {r[12]:.2f} |")
 
 
+def variable_inputs(root: Path, quick: bool) -> dict[str, dict]:
+    """Flow files and videos of three sizes each, random content, and their recipes without a resize."""
+    import av
+
+    from precompile.decoders.flo import write_flo
+
+    rng = np.random.default_rng(1)
+    n_flow, flow_sizes = (8, [(32, 48), (40, 56), (24, 64)]) if quick else (48, [(128, 192), (96, 160), (144, 208)])
+    n_vid, vid_sizes, n_frames = (3, [(32, 32), (24, 40), (40, 24)], 16) if quick else \
+        (12, [(64, 64), (48, 80), (80, 48)], 32)
+    for d in ("flow", "video"):
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for i in range(n_flow):
+        fh, fw = flow_sizes[i % len(flow_sizes)]
+        f = rng.normal(0, 3, (fh, fw, 2)).astype(np.float32)
+        f[fh // 4:fh // 2, fw // 4:fw // 2] = np.nan
+        write_flo(str(root / "flow" / f"{i:03d}.flo"), f)
+    for i in range(n_vid):
+        vh, vw = vid_sizes[i % len(vid_sizes)]
+        with av.open(str(root / "video" / f"{i:03d}.mp4"), "w") as c:
+            s = c.add_stream("libx264", rate=25)
+            s.width, s.height, s.pix_fmt = vw, vh, "yuv420p"
+            for _ in range(n_frames):
+                frame = rng.integers(0, 256, (vh, vw, 3), dtype=np.uint8)
+                for pkt in s.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                    c.mux(pkt)
+            for pkt in s.encode():
+                c.mux(pkt)
+    return {
+        "variable flow": {"name": "vflow", "inputs": {"root": str(root / "flow"), "match": "{name}.flo",
+                                                      "fields": {"flow": {"decoder": "flo", "valid_mask": True}}},
+                          "output": {"format": "hdf5", "samples_per_shard": 16}},
+        "variable clips": {"name": "vvideo", "inputs": {"root": str(root / "video"), "match": "{name}.mp4",
+                                                        "fields": {"video": {"decoder": "video", "mode": "rgb8"}}},
+                           "steps": [{"clips": {"length": 8, "stride": 8}}],
+                           "output": {"format": "hdf5", "samples_per_shard": 16}},
+    }
+
+
+def shape_column_bytes(shapes_: list[tuple[int, ...]], plan: list) -> dict[str, float]:
+    """Bytes a row of a shape column in each layout, from the same shapes."""
+    import datasets
+
+    rank, varying = len(plan), [k for k, n in enumerate(plan) if n is None]
+    layouts = {
+        "int32 fixed (written)": (datasets.List(datasets.Value("int32"), length=rank), shapes_),
+        "int64 fixed": (datasets.List(datasets.Value("int64"), length=rank), shapes_),
+        "int32 list": (datasets.List(datasets.Value("int32")), shapes_),
+        "int32 varying dims": (datasets.List(datasets.Value("int32"), length=len(varying)),
+                               [tuple(s[k] for k in varying) for s in shapes_]),
+    }
+    out = {}
+    for name, (feat, rows) in layouts.items():
+        t = datasets.Dataset.from_dict({"s": [list(r) for r in rows]}, features=datasets.Features({"s": feat}))
+        out[name] = t.data.column("s").nbytes / len(rows)
+    return out
+
+
+def variable_rows(tmp_p: Path, quick: bool, repeats: int) -> None:
+    import datasets
+
+    import precompile
+    from precompile.hf import array, shapes, to_hf
+
+    rows, alts = [], []
+    for name, recipe in variable_inputs(tmp_p / "variable", quick).items():
+        index = precompile.build(recipe, out_dir=str(tmp_p / "out-variable"))["output"]
+        ds = precompile.open(index)
+        k = [0]
+
+        def export() -> None:
+            k[0] += 1
+            export.hf = to_hf(index, cache_dir=str(tmp_p / f"cache-{recipe['name']}-{k[0]}"))
+
+        t_hf = median_time(export, repeats)
+        hf = export.hf.with_format("numpy", dtype=None)
+        for f, plan in shapes(hf).items():
+            dtype = ds.field_specs[f]["dtype"]
+            values = [ds[i][f] for i in range(len(ds))]
+            stored = sum(v.nbytes for v in values)
+            assert all(array(hf, hf[i], f).tobytes() == values[i].tobytes() and array(hf, hf[i], f).shape ==
+                       values[i].shape and hf[i][f].dtype == values[i].dtype for i in range(len(ds)))
+            feat: object = datasets.Value(dtype)
+            for _ in plan:
+                feat = datasets.List(feat)      # what to_hf wrote before: nested variable lists
+            old = datasets.Dataset.from_dict({f: values}, features=datasets.Features({f: feat}))
+            old_np = old.with_format("numpy", dtype=None)
+            sc = f + "__shape"
+            t_new = median_time(lambda: [array(hf, hf[i], f) for i in range(len(ds))], repeats)
+            t_hand = median_time(lambda: [(r := hf[i])[f].reshape(r[sc]) for i in range(len(ds))], repeats)
+            t_old = median_time(lambda: [old_np[i][f] for i in range(len(ds))], repeats)
+            col = hf.data.column(f).nbytes + hf.data.column(sc).nbytes
+            old_col = old.data.column(f).nbytes
+            sizes = sorted({"x".join(map(str, v.shape)) for v in values})
+            label = f"{name}: {f} {'x'.join('?' if n is None else str(n) for n in plan)} {dtype} ({', '.join(sizes)})"
+            rows.append((label, len(ds), stored, col, col / stored, old_col, old_col / stored, t_hf,
+                         t_new / len(ds) * 1e3, t_hand / len(ds) * 1e3, t_old / len(ds) * 1e3))
+            alts.append((f"{name}: {f}", shape_column_bytes([v.shape for v in values], list(plan))))
+    print(f"variable-shape arrays; medians of {repeats}")
+    print("| field | samples | build bytes | to_hf (List + shape) | x build | nested Lists (before) | x build "
+          "| to_hf s | read ms/row: to_hf (array) | to_hf (by hand) | nested |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]:,} | {r[3]:,} | {r[4]:.3f} | {r[5]:,} | {r[6]:.2f} | {r[7]:.3f} "
+              f"| {r[8]:.2f} | {r[9]:.2f} | {r[10]:.2f} |")
+    names = list(alts[0][1])
+    print("\nshape column, bytes a row (Arrow column bytes / rows)")
+    print("| field | " + " | ".join(names) + " |")
+    print("|---|" + "---|" * len(names))
+    for label, b in alts:
+        print(f"| {label} | " + " | ".join(f"{b[n]:.2f}" for n in names) + " |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--only", choices=["images", "arrays"])
+    ap.add_argument("--only", choices=["images", "arrays", "variable"])
     a = ap.parse_args()
     if importlib.util.find_spec("datasets") is None:
         print("datasets is not installed (pip install 'precompile[hf]'): nothing to measure")
@@ -244,10 +366,12 @@ def main() -> None:
     datasets.disable_progress_bars()
     n, size = (24, (64, 64)) if a.quick else (200, (128, 128))
     with tempfile.TemporaryDirectory() as tmp:
-        if a.only != "arrays":
+        if a.only in (None, "images"):
             image_rows(Path(tmp), n, size, a.repeats)
-        if a.only != "images":
+        if a.only in (None, "arrays"):
             array_rows(Path(tmp), a.quick, a.repeats)
+        if a.only in (None, "variable"):
+            variable_rows(Path(tmp), a.quick, a.repeats)
 
 
 if __name__ == "__main__":

@@ -3,11 +3,15 @@
 ``to_hf(build)`` gives a built output as a ``datasets.Dataset``: one row per sample, a
 column per field (typed: ``ClassLabel`` for a label with names, ``Value`` for scalars and
 text, ``Image`` for image and mask fields a PNG holds exactly, a fixed-size ``List`` for other
-arrays of a fixed shape, nested ``List`` for variable shapes) plus ``__key__`` (and ``__copy__``
-in an augmented build). An ``Image`` column stores each image once, as a lossless PNG; an array
-of two or more dimensions (flow, clips, volumes, audio windows) is stored flat, its values in C
-order and nothing else (the build's bytes; ``ArrayND`` pays an int32 offset beside every
-innermost list: :func:`flat_shape`), with its shape in ``info.description`` (:func:`shapes`).
+arrays of a fixed shape, a ``List`` plus a shape column for other arrays of a variable shape,
+nested ``List`` for ragged annotations) plus ``__key__`` (and ``__copy__`` in an augmented
+build). An ``Image`` column stores each image once, as a lossless PNG; an array of two or more
+dimensions (flow, clips, volumes, audio windows) is stored flat, its values in C order and
+nothing else (the build's bytes; ``ArrayND`` and nested lists pay an int32 offset beside every
+innermost list: :func:`flat_shape`), with its shape in ``info.description`` (:func:`shapes`);
+where the shape varies (no resize fixed it: :func:`variable_flat`), each row's shape is in the
+column ``<field>__shape`` (int32, one per dimension) and :func:`shapes` has None for the
+dimensions that vary. :func:`array` gives a row's array back either way.
 ``with_format("numpy", dtype=None)`` gives the values in their own dtype (without
 ``dtype=None``, ``datasets`` makes integers int64 and floats float32). It is
 written through ``Dataset.from_generator`` into ``cache_dir`` (Hugging Face's cache by
@@ -38,10 +42,13 @@ import os
 from typing import Any, Iterator, Optional, Sequence
 
 from .errors import MissingDependencyError, RecipeError
+from .kinds import ANNOTATIONS
 
 HF_EXTRA = "pip install 'precompile[hf]' (datasets)"
 KEY, COPY = "__key__", "__copy__"
 SHAPES = "precompile_shapes"
+#: the suffix of a variable-shape field's shape column: ``flow`` -> ``flow__shape``
+SHAPE_SUFFIX = "__shape"
 
 
 def _datasets() -> Any:
@@ -70,6 +77,8 @@ def hf_feature(spec: dict[str, Any], label_names: Sequence[str] = ()) -> Any:
     if flat is not None or (len(shape) == 1 and shape[0]):
         # Arrow's fixed-size list: the values and nothing else (Arrow has none of length 0)
         return d.List(d.Value(dtype), length=math.prod(flat or shape))
+    if variable_flat(spec):
+        return d.List(d.Value(dtype))      # the values in C order; the shape in <field>__shape
     feat: Any = d.Value(dtype)
     for _ in shape:
         feat = d.List(feat)
@@ -89,11 +98,33 @@ def flat_shape(spec: dict[str, Any]) -> Optional[tuple[int, ...]]:
     return tuple(int(n) for n in shape)
 
 
-def shapes(dataset: Any) -> dict[str, tuple[int, ...]]:
+def variable_flat(spec: dict[str, Any]) -> bool:
+    """Whether ``to_hf`` stores a field as one variable-length list of its values in C order plus a shape
+    column ``<field>__shape`` (a fixed-size list of int32, one per dimension): an array of two or more
+    dimensions, one of them variable (``None`` in the plan's shape: flow, clips, volumes built without a
+    resize), that is neither an ``Image`` column, text, nor a ragged annotation (``boxes``, ``box_labels``,
+    ``keypoints`` keep nested lists). Nested variable lists pay an int32 offset beside every innermost list
+    (1.5x a flow's bytes, 2.4x an RGB clip's, 5x a flow_valid mask's); this is the build's bytes plus
+    4 (offset) + 4 x rank (shape) bytes a row, as the build itself stores a ragged field (flat values,
+    offsets, shapes)."""
+    shape = list(spec.get("shape") or [])
+    return (len(shape) >= 2 and None in shape and spec.get("kind") != "text"
+            and str(spec.get("kind")) not in {k.value for k in ANNOTATIONS} and not png_image(spec))
+
+
+def shape_feature(spec: dict[str, Any]) -> Any:
+    """The feature of a :func:`variable_flat` field's shape column: a fixed-size list of int32, its rank long."""
+    d = _datasets()
+    return d.List(d.Value("int32"), length=len(spec.get("shape") or []))
+
+
+def shapes(dataset: Any) -> dict[str, tuple[Optional[int], ...]]:
     """The shapes of ``dataset``'s columns that :func:`to_hf` stored flat, ``{column: shape}``: kept as JSON in
     ``dataset.info.description`` (``{"precompile_shapes": {...}}``: ``save_to_disk``, ``map``, ``select``,
-    ``concatenate_datasets`` keep it; a Parquet export does not). A row's array is ``row[c].reshape(shape)``,
-    a batch's ``batch[c].reshape(-1, *shape)``."""
+    ``concatenate_datasets`` keep it; a Parquet export does not). A fixed shape's row is
+    ``row[c].reshape(shape)``, a batch's ``batch[c].reshape(-1, *shape)``; a variable shape has None for the
+    dimensions that vary, and each row's own shape is in the column ``c + "__shape"``:
+    ``row[c].reshape(row[c + "__shape"])``. :func:`array` does either."""
     try:
         meta = json.loads(getattr(dataset.info, "description", "") or "{}")
     except ValueError:
@@ -101,7 +132,29 @@ def shapes(dataset: Any) -> dict[str, tuple[int, ...]]:
     got = meta.get(SHAPES) if isinstance(meta, dict) else None
     if not isinstance(got, dict):
         return {}
-    return {c: tuple(int(n) for n in s) for c, s in got.items() if c in dataset.column_names}
+    return {c: tuple(None if n is None else int(n) for n in s) for c, s in got.items() if c in dataset.column_names}
+
+
+def array(dataset: Any, row: dict[str, Any], field: str) -> Any:
+    """Row ``row`` of ``dataset`` (a :func:`to_hf` dataset, any format: Python lists, ``numpy``...) as the
+    build's array of ``field``: its values in the column's dtype, reshaped by the row's ``<field>__shape``
+    (a variable shape) or by :func:`shapes` (a fixed one); any other column's value as an array. The values
+    are the build's bits with ``with_format("numpy", dtype=None)`` or the Python format; ``numpy`` without
+    ``dtype=None`` has already made a float64 field float32."""
+    import numpy as np
+
+    d = _datasets()
+    feat = dataset.features[field]
+    inner = feat.feature if isinstance(feat, (d.List, d.LargeList)) else None
+    dtype = inner.dtype if isinstance(inner, d.Value) and inner.dtype != "string" else None
+    values = np.asarray(row[field], dtype=dtype)
+    if field + SHAPE_SUFFIX in row:
+        return values.reshape(tuple(int(n) for n in np.asarray(row[field + SHAPE_SUFFIX]).reshape(-1)))
+    shape = shapes(dataset).get(field)
+    if shape is not None and None in shape:
+        raise ValueError(f"column {field!r} has a variable shape {shape} and the row has no {field + SHAPE_SUFFIX!r} "
+                         f"column (its shape)")
+    return values.reshape(shape) if shape is not None else values
 
 
 #: the PIL modes of the arrays a PNG holds exactly: (dtype, channels) -> mode (channels 0: an (H, W) array)
@@ -140,21 +193,28 @@ def png_bytes(a: Any) -> bytes:
 
 
 def _rows(path: str, fields: str, copies: bool, build_digest: str, images: str = "[]",
-          flat: str = "[]") -> Iterator[dict[str, Any]]:
+          flat: str = "[]", variable: str = "[]") -> Iterator[dict[str, Any]]:
     """The build's rows. Arguments are strings, not lists (``datasets`` would shard a list across
     generator calls); ``build_digest`` (of the shard keys) is there so that ``datasets`` caches per build;
     ``images``: the fields written as PNG (an ``Image`` column's ``{"bytes", "path"}``); ``flat``: the
-    fields written as their values in C order (:func:`flat_shape`)."""
+    fields written as their values in C order (:func:`flat_shape`); ``variable``: those written as their values
+    in C order plus their shape (:func:`variable_flat`)."""
+    import numpy as np
+
     from .formats import open_dataset
 
     ds = open_dataset(path, fields=json.loads(fields))
-    pngs, flats = json.loads(images), json.loads(flat)
+    pngs, flats, varying = json.loads(images), json.loads(flat), json.loads(variable)
     for i in range(len(ds)):
         row = {KEY: ds.key(i), **ds[i]}
         for f in pngs:
             row[f] = {"bytes": png_bytes(row[f]), "path": None}
         for f in flats:
             row[f] = row[f].reshape(-1)     # a copy where the array is not C-contiguous
+        for f in varying:
+            a = row[f]
+            row[f + SHAPE_SUFFIX] = np.asarray(a.shape, dtype=np.int32)
+            row[f] = a.reshape(-1)
         if copies:
             row[COPY] = int(ds.copy(i))
         yield row
@@ -177,11 +237,24 @@ def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cach
     if copies:
         feats[COPY] = d.Value("int32")
     flat = {f: list(s) for f in names if (s := flat_shape(ds.field_specs[f])) is not None}
+    variable = [f for f in names if variable_flat(ds.field_specs[f])]
+    for f in variable:
+        if f + SHAPE_SUFFIX in ds.field_specs or f + SHAPE_SUFFIX in feats:
+            raise ValueError(f"{path}: field {f!r} has a variable shape and its shape column {f + SHAPE_SUFFIX!r} "
+                             f"is the name of another column")
+        flat[f] = list(ds.field_specs[f]["shape"])
+    ordered: dict[str, Any] = {}
+    for k, v in feats.items():       # each shape column right after its field's
+        ordered[k] = v
+        if k in variable:
+            ordered[k + SHAPE_SUFFIX] = shape_feature(ds.field_specs[k])
+    feats = ordered
     digest = hashlib.sha256("\n".join(str(s.get("key")) for s in ds.shards).encode()).hexdigest()
     out = d.Dataset.from_generator(_rows, features=d.Features(feats), cache_dir=cache_dir,
                                    gen_kwargs={"path": path, "fields": json.dumps(names), "copies": copies,
                                                "build_digest": digest, "images": json.dumps(images),
-                                               "flat": json.dumps(list(flat))})
+                                               "flat": json.dumps([f for f in flat if f not in variable]),
+                                               "variable": json.dumps(variable)})
     if flat:
         out.info.description = json.dumps({SHAPES: flat})
     return out

@@ -105,15 +105,34 @@ def test_to_hf_keeps_arrays_a_png_cannot_hold():
                  {"kind": "flow", "shape": [8, 8, 2], "dtype": "float32"},
                  {"kind": "video", "shape": [2, 8, 8, 3], "dtype": "uint8"}):
         assert not isinstance(hf_feature(spec), datasets.Image), spec
-    # a fixed shape of 2+ dimensions: one flat fixed-size list; 1-D: a fixed-size list; ragged: nested lists
+    # a fixed shape of 2+ dimensions: one flat fixed-size list; 1-D: a fixed-size list; a variable shape of 2+
+    # dimensions: one flat list (its shape in a column of its own); ragged annotations: nested lists
     f32 = datasets.Value("float32")
     assert hf_feature({"kind": "image", "shape": [8, 8, 3], "dtype": "float32"}) == datasets.List(f32, length=192)
     assert hf_feature({"kind": "volume", "shape": [2, 3, 4, 5, 6, 7], "dtype": "float32"}) == \
         datasets.List(f32, length=5040)                     # more dimensions than Array5D's
     assert hf_feature({"kind": "index", "shape": [3], "dtype": "float32"}) == datasets.List(f32, length=3)
     assert hf_feature({"kind": "boxes", "shape": [None, 4], "dtype": "float32"}) == datasets.List(datasets.List(f32))
-    assert hf_feature({"kind": "flow", "shape": [None, None, 2], "dtype": "float32"}) == \
+    from precompile.hf import shape_feature, variable_flat
+
+    for spec in ({"kind": "flow", "shape": [None, None, 2], "dtype": "float32"},
+                 {"kind": "flow_valid", "shape": [None, None, 1], "dtype": "uint8"},
+                 {"kind": "video", "shape": [8, None, None, 3], "dtype": "float32"},
+                 {"kind": "image", "shape": [None, None, 3], "dtype": "float32"},   # no PNG holds it
+                 {"kind": "audio", "shape": [1, None], "dtype": "float32"},
+                 {"kind": "volume", "shape": [None, 64, 64], "dtype": "float32"}):
+        assert variable_flat(spec) and hf_feature(spec) == datasets.List(datasets.Value(spec["dtype"])), spec
+        assert shape_feature(spec) == datasets.List(datasets.Value("int32"), length=len(spec["shape"]))
+    for spec in ({"kind": "boxes", "shape": [None, 4], "dtype": "float32"},
+                 {"kind": "keypoints", "shape": [None, 17, 3], "dtype": "float32"},
+                 {"kind": "box_labels", "shape": [None], "dtype": "int64"},
+                 {"kind": "mask", "shape": [None, None, 1], "dtype": "uint8"},      # an Image column
+                 {"kind": "flow", "shape": [8, 8, 2], "dtype": "float32"},
+                 {"kind": "target", "shape": [None], "dtype": "float32"}):          # 1-D: a list is its shape
+        assert not variable_flat(spec), spec
+    assert hf_feature({"kind": "keypoints", "shape": [None, 17, 3], "dtype": "float32"}) == \
         datasets.List(datasets.List(datasets.List(f32)))
+    assert hf_feature({"kind": "target", "shape": [None], "dtype": "float32"}) == datasets.List(f32)
     assert hf_feature({"kind": "audio", "shape": [0, 5], "dtype": "float32"}) == \
         datasets.List(datasets.List(f32))                   # Arrow has no fixed-size list of length 0
 
@@ -187,6 +206,111 @@ def test_to_hf_stores_fixed_shape_arrays_at_the_builds_size(tmp_path, recipe, ar
         assert col.reshape(-1, *shape).tobytes() == whole[f].tobytes()
 
 
+def _variable_inputs(tmp_path, recipe: str) -> dict:
+    """``recipes/<recipe>.yaml`` without its resize (and crop): over files of a few sizes in ``tmp_path``
+    (flow with unknown vectors; short videos), so each sample keeps its own height and width."""
+    import av
+    import yaml
+    from PIL import Image
+
+    from precompile.decoders.flo import write_flo
+
+    rng = np.random.default_rng(3)
+    root = tmp_path / "in"
+    root.mkdir()
+    sizes = [(20, 30), (27, 12), (20, 30), (36, 24)]      # a mask of 20x30: 600 bytes, 16 more a row
+    if recipe == "flow":
+        for i, (h, w) in enumerate(sizes):
+            f = rng.normal(0, 3, (h, w, 2)).astype(np.float32)
+            f[: h // 2, : w // 3] = np.nan                         # unknown: NaN in flow, 0 in flow_valid
+            write_flo(str(root / f"p{i}_flow.flo"), f)
+            for k in (1, 2):
+                Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).save(root / f"p{i}_img{k}.png")
+    else:
+        for i, (h, w) in enumerate([(16, 24), (32, 16)]):
+            with av.open(str(root / f"v{i}.mp4"), "w") as c:
+                s = c.add_stream("libx264", rate=25)
+                s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+                for _ in range(20):
+                    frame = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+                    for pkt in s.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")):
+                        c.mux(pkt)
+                for pkt in s.encode():
+                    c.mux(pkt)
+    r = yaml.safe_load((REPO / "recipes" / f"{recipe}.yaml").read_text())
+    r["inputs"]["root"] = str(root)
+    r["steps"] = [s for s in r["steps"] if not {"resize", "center_crop"} & set(s)]
+    return r
+
+
+@pytest.mark.parametrize("recipe, arrays", [
+    ("flow", {"flow": (None, None, 2), "flow_valid": (None, None, 1)}),  # float32 vectors (NaN unknown), its mask
+    ("video", {"video": (8, None, None, 3)}),                             # uint8 clips of each video's size
+])
+def test_to_hf_stores_variable_shape_arrays_at_the_builds_size(tmp_path, recipe, arrays):
+    """Issue 35: an array field of a variable shape (flow or clips built without a resize) becomes one
+    variable-length list of its values in C order plus ``<field>__shape``, a fixed-size list of its int32
+    dimensions: the column pair holds the build's bytes and a few per row (nested lists paid an int32 offset
+    per innermost list: 1.5x a flow's, 2.35x an RGB clip's, 5x a flow_valid mask's). Every sample comes back
+    through ``precompile.hf.array`` (and by hand, reshaped by its shape column) in its own dtype and shape
+    with the build's exact bits, NaN included; ``shapes`` gives the plan's shape, None where rows differ."""
+    from precompile.hf import array, shapes
+
+    path = build(_variable_inputs(tmp_path, recipe), out_dir=tmp_path / "out")["output"]
+    ds = precompile.open(path)
+    hf = to_hf(path, cache_dir=str(tmp_path / "cache"))
+    assert len(hf) == len(ds) > 1
+    for f, shape in arrays.items():
+        assert tuple(ds.field_specs[f]["shape"]) == shape and ds.variable(f)
+        assert len({ds[i][f].shape for i in range(len(ds))}) > 1, f        # the rows do differ in shape
+        assert hf.features[f] == datasets.List(datasets.Value(ds.field_specs[f]["dtype"]))
+        assert hf.features[f + "__shape"] == datasets.List(datasets.Value("int32"), length=len(shape))
+        assert _array_columns(hf)[f] == ["list"] and _array_columns(hf)[f + "__shape"] == [len(shape)]
+        stored = sum(ds[i][f].nbytes for i in range(len(ds)))
+        col = hf.data.column(f).nbytes + hf.data.column(f + "__shape").nbytes
+        assert col / stored <= 1.2, f"{recipe}.{f}: the columns hold {col / stored:.2f}x the build's bytes"
+    assert shapes(hf) == arrays
+    assert shapes(hf.select([1, 0])) == arrays                # the description travels with the dataset
+    one = next(iter(arrays))
+    only = to_hf(path, fields=[one], cache_dir=str(tmp_path / "cache"))
+    assert set(only.column_names) == {"__key__", one, one + "__shape"} and shapes(only) == {one: arrays[one]}
+    as_np, as_py = hf.with_format("numpy", dtype=None), hf
+    for i in range(len(ds)):
+        want, row = ds[i], as_np[i]
+        assert row["__key__"] == ds.key(i)
+        for f in arrays:
+            by_hand = row[f].reshape(row[f + "__shape"])
+            for got in (by_hand, array(hf, row, f), array(hf, as_py[i], f)):   # numpy rows, python lists
+                assert got.dtype == want[f].dtype and got.shape == want[f].shape, (f, i, got.dtype, got.shape)
+                assert got.tobytes() == want[f].tobytes(), (f, i)
+    if recipe == "flow":
+        assert all(np.isnan(ds[i]["flow"]).any() for i in range(len(ds)))   # the unknown vectors came through
+
+
+def test_array_needs_the_shape_of_a_variable_column(tmp_path):
+    """``array`` reshapes by the row's shape column; a variable column whose shape column was dropped is an error
+    naming both, not a flat array taken for the sample."""
+    from precompile.hf import array
+
+    r = _variable_inputs(tmp_path, "flow")
+    path = build(r, out_dir=tmp_path / "out")["output"]
+    hf = to_hf(path, fields=["flow_valid"], cache_dir=str(tmp_path / "cache"))
+    want, got = precompile.open(path)[1]["flow_valid"], array(hf, hf[1], "flow_valid")
+    assert got.shape == want.shape == (27, 12, 1) and got.tobytes() == want.tobytes()
+    assert array(hf, hf[1], "__key__") == np.asarray(precompile.open(path).key(1))
+    cut = hf.remove_columns(["flow_valid__shape"])
+    with pytest.raises(ValueError, match=r"column 'flow_valid' has a variable shape \(None, None, 1\) and the row "
+                                         r"has no 'flow_valid__shape' column"):
+        array(cut, cut[1], "flow_valid")
+    # a field named like another's shape column is refused, named, before anything is written
+    r["inputs"]["fields"]["flow__shape"] = r["inputs"]["fields"].pop("img2")
+    r["name"] = "clash"
+    clash = build(r, out_dir=tmp_path / "out")["output"]
+    with pytest.raises(ValueError, match=r"clash.h5: field 'flow' has a variable shape and its shape column "
+                                         r"'flow__shape' is the name of another column"):
+        to_hf(clash, cache_dir=str(tmp_path / "cache"))
+
+
 def test_shapes_reads_only_its_own_description():
     from precompile.hf import shapes
 
@@ -196,6 +320,8 @@ def test_shapes_reads_only_its_own_description():
     assert shapes(hf) == {}
     hf.info.description = '{"precompile_shapes": {"x": [1, 2], "gone": [3, 4]}}'
     assert shapes(hf) == {"x": (1, 2)}                        # a column no longer there is left out
+    hf.info.description = '{"precompile_shapes": {"x": [null, 2]}}'
+    assert shapes(hf) == {"x": (None, 2)}                     # a variable dimension
 
 
 def test_build_from_an_hf_dataset_equals_building_its_files(tmp_path):

@@ -1,5 +1,5 @@
 """The small-build rule (compiler/backends.py ``small_build``): a ``-j N`` build whose shards to build hold
-fewer than 32 samples and 512 KiB of input per worker builds them in its own process, says so in one line,
+fewer than 32 inputs and 512 KiB of input per worker builds them in its own process, says so in one line,
 and writes the same bytes, failures and report as with its workers; a build past either bound gets them.
 
 conftest.py turns the rule off for every other test (``PRECOMPILE_SMALL_BUILD=0``); these tests unset it."""
@@ -75,8 +75,8 @@ def test_a_small_j2_build_runs_in_one_process_says_why_and_writes_the_workers_by
     rep = precompile.build(_recipe(root), tmp_path / "one", n_jobs=2)
     assert forks == []
     assert rep["events"] == [
-        f"built in one process although -j 2 was asked: 8 sample(s) and {nbytes / 1024:.1f} KiB of input to build, "
-        f"under 32 samples and 512.0 KiB per worker: too little work to pay for starting workers "
+        f"built in one process although -j 2 was asked: 8 input(s) and {nbytes / 1024:.1f} KiB to build, "
+        f"under 32 inputs and 512.0 KiB per worker: too little work to pay for starting workers "
         f"(docs/reference-build.md#small-builds)"]
     assert rep["jobs"] == 2 and rep["shards"]["built"] == 4
     monkeypatch.setenv(ENV, "0")   # off: the same build on two forked workers
@@ -89,7 +89,7 @@ def test_a_small_j2_build_runs_in_one_process_says_why_and_writes_the_workers_by
 @pytest.mark.parametrize("bounds, workers", [("9,100000", False), ("4,100000", True), ("32,1", True),
                                              ("0", True)])
 def test_either_bound_reached_gets_the_workers(tmp_path, monkeypatch, bounds, workers):
-    """8 samples in 4 shards at -j 2: in one process under 9 samples per worker (18 for two); at 4 per
+    """8 inputs in 4 shards at -j 2: in one process under 9 inputs per worker (18 for two); at 4 per
     worker (8 for two) or past 1 byte per worker the workers build it; 0 turns the rule off."""
     root = _inputs(tmp_path / "in", 8)
     forks = _forks(monkeypatch)
@@ -100,7 +100,7 @@ def test_either_bound_reached_gets_the_workers(tmp_path, monkeypatch, bounds, wo
 
 
 def test_the_bounds_count_workers_as_at_most_one_per_shard_to_build(tmp_path, monkeypatch):
-    """-j 8 on 2 shards of 4 samples: 2 workers, so 8 samples are past 4 per worker (8 in all)."""
+    """-j 8 on 2 shards of 4 inputs: 2 workers, so 8 inputs are past 4 per worker (8 in all)."""
     root = _inputs(tmp_path / "in", 8)
     forks = _forks(monkeypatch)
     monkeypatch.setenv(ENV, "4,100000")
@@ -108,7 +108,7 @@ def test_the_bounds_count_workers_as_at_most_one_per_shard_to_build(tmp_path, mo
     assert forks == [2]
     monkeypatch.setenv(ENV, "5,100000")
     rep = precompile.build(_recipe(root, per_shard=4), tmp_path / "out", n_jobs=8, force=True)
-    assert forks == [2] and rep["events"][0].startswith("built in one process although -j 8 was asked: 8 sample(s)")
+    assert forks == [2] and rep["events"][0].startswith("built in one process although -j 8 was asked: 8 input(s)")
 
 
 @pytest.mark.parametrize("seconds, inline", [("0", 1), ("1000", 4)])
@@ -130,6 +130,16 @@ def test_a_small_build_whose_first_shards_took_long_hands_the_rest_to_workers(tm
     monkeypatch.setenv(ENV, "0")
     precompile.build(_recipe(root), tmp_path / "workers", n_jobs=2)
     assert _shards(tmp_path / "out") == _shards(tmp_path / "workers")
+
+
+def test_the_bounds_count_inputs_not_their_copies(tmp_path, monkeypatch):
+    """8 inputs, 9 samples each (8 copies and the original): 72 samples, 8 inputs, under 32 per worker; the
+    copies' cost is the measured part's to judge."""
+    root = _inputs(tmp_path / "in", 8)
+    forks = _forks(monkeypatch)
+    rep = precompile.build(_recipe(root, copies=8, keep_original=True), tmp_path / "out", n_jobs=2)
+    assert forks == [] and rep["num_samples"] == 72
+    assert rep["events"][0].startswith("built in one process although -j 2 was asked: 8 input(s) and ")
 
 
 def test_on_error_in_one_process_is_the_workers(tmp_path, monkeypatch):
@@ -166,7 +176,7 @@ def test_a_malformed_setting_is_an_error_naming_it(monkeypatch, raw):
     monkeypatch.setenv(ENV, raw)
     with pytest.raises(BuildError) as e:
         backends.small_bounds()
-    assert str(e.value) == (f"PRECOMPILE_SMALL_BUILD={raw!r}: use SAMPLES,BYTES[,SECONDS] (per worker; e.g. "
+    assert str(e.value) == (f"PRECOMPILE_SMALL_BUILD={raw!r}: use INPUTS,BYTES[,SECONDS] (per worker; e.g. "
                             f"32,524288,0.3) or 0 (off)")
 
 
@@ -180,4 +190,4 @@ def test_the_cli_says_in_one_line_that_it_built_in_one_process(tmp_path):
     assert p.returncode == 0, p.stderr
     notes = [ln for ln in p.stderr.splitlines() if "one process" in ln]
     assert len(notes) == 1 and notes[0].startswith("note: built in one process although -j 2 was asked: "
-                                                   "4 sample(s) and ")
+                                                   "4 input(s) and ")

@@ -187,8 +187,8 @@ def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str]
 #: ``-j N`` build gets its workers; what the tests that need real workers on tiny inputs set)
 SMALL_ENV = "PRECOMPILE_SMALL_BUILD"
 
-#: a ``-j N`` build runs in its own process when the shards to build hold fewer samples than this per worker...
-SMALL_SAMPLES = 32
+#: a ``-j N`` build runs in its own process when the shards to build hold fewer inputs than this per worker...
+SMALL_INPUTS = 32
 #: ... and fewer input bytes than this per worker (docs/reference-build.md#small-builds)
 SMALL_BYTES = 512 * 1024
 #: ... until the work left, estimated from the shards built so far, exceeds this many seconds: the workers
@@ -197,25 +197,25 @@ SMALL_SECONDS = 0.3
 
 
 def small_bounds() -> Optional[tuple[int, int, float]]:
-    """The small-build rule's (samples, bytes per worker, seconds) from :data:`SMALL_ENV`, or None when
+    """The small-build rule's (inputs, bytes per worker, seconds) from :data:`SMALL_ENV`, or None when
     it is off."""
     raw = os.environ.get(SMALL_ENV, "").strip()
     if not raw:
-        return SMALL_SAMPLES, SMALL_BYTES, SMALL_SECONDS
+        return SMALL_INPUTS, SMALL_BYTES, SMALL_SECONDS
     if raw in ("0", "off"):
         return None
     try:
         parts = raw.split(",")
         if len(parts) not in (2, 3):
             raise ValueError
-        samples, nbytes = int(parts[0]), int(parts[1])
+        inputs, nbytes = int(parts[0]), int(parts[1])
         seconds = float(parts[2]) if len(parts) == 3 else SMALL_SECONDS
-        if samples < 0 or nbytes < 0 or not seconds >= 0:
+        if inputs < 0 or nbytes < 0 or not seconds >= 0:
             raise ValueError
     except ValueError:
-        raise BuildError(f"{SMALL_ENV}={raw[:40]!r}: use SAMPLES,BYTES[,SECONDS] (per worker; e.g. "
-                         f"{SMALL_SAMPLES},{SMALL_BYTES},{SMALL_SECONDS}) or 0 (off)") from None
-    return samples, nbytes, seconds
+        raise BuildError(f"{SMALL_ENV}={raw[:40]!r}: use INPUTS,BYTES[,SECONDS] (per worker; e.g. "
+                         f"{SMALL_INPUTS},{SMALL_BYTES},{SMALL_SECONDS}) or 0 (off)") from None
+    return inputs, nbytes, seconds
 
 
 def _input_bytes(path: str, limit: int) -> int:
@@ -244,7 +244,7 @@ def _input_bytes(path: str, limit: int) -> int:
 def small_build(todo: list[tuple[Any, str]], plan: Plan, n_jobs: Optional[int]) -> Optional[str]:
     """Why a ``-j N`` build on local workers builds its shards in this process instead (the note the report
     and the CLI give), or None: workers cannot pay for themselves when the shards to build hold fewer than
-    :data:`SMALL_SAMPLES` samples and fewer than :data:`SMALL_BYTES` bytes of input per worker (the workers
+    :data:`SMALL_INPUTS` inputs and fewer than :data:`SMALL_BYTES` bytes of input per worker (the workers
     being as many as ``-j`` asks, at most one per shard). Forking them, their first tasks' copy-on-write
     faults, the imports made for them and the pool's close cost 0.1-0.2 s, as much as the whole work of
     such a build on two cores (benchmarks/README.md). The sizes are the inputs' files' (a folder's: its
@@ -253,9 +253,9 @@ def small_build(todo: list[tuple[Any, str]], plan: Plan, n_jobs: Optional[int]) 
     workers = min(n_workers(n_jobs), len(todo))
     if bounds is None:
         return None
-    max_samples, max_bytes = bounds[0] * workers, bounds[1] * workers
-    samples = sum(plan.shard_samples(s) for s, _ in todo)
-    if samples >= max_samples:
+    max_inputs, max_bytes = bounds[0] * workers, bounds[1] * workers
+    inputs = sum(len(s) for s, _ in todo)   # not samples: a recipe's copies are measured (run_small)
+    if inputs >= max_inputs:
         return None
     nbytes = 0
     for s, _ in todo:
@@ -266,8 +266,8 @@ def small_build(todo: list[tuple[Any, str]], plan: Plan, n_jobs: Optional[int]) 
                     return None
     from ..storage.files import human_bytes
 
-    return (f"built in one process although -j {n_jobs} was asked: {samples} sample(s) and {human_bytes(nbytes)} "
-            f"of input to build, under {bounds[0]} samples and {human_bytes(bounds[1])} per worker: too little "
+    return (f"built in one process although -j {n_jobs} was asked: {inputs} input(s) and {human_bytes(nbytes)} "
+            f"to build, under {bounds[0]} inputs and {human_bytes(bounds[1])} per worker: too little "
             f"work to pay for starting workers (docs/reference-build.md#small-builds)")
 
 

@@ -142,6 +142,31 @@ def test_the_bounds_count_inputs_not_their_copies(tmp_path, monkeypatch):
     assert rep["events"][0].startswith("built in one process although -j 2 was asked: 8 input(s) and ")
 
 
+def test_a_video_counts_four_times_its_bytes(tmp_path, monkeypatch):
+    """Two tiny MPEG-4 videos of V bytes in two shards at -j 2, bounded at 2V per worker (4V for two): 8V as
+    videos, so the workers build them; as images (not decoded here) the same bytes would be under it."""
+    import cv2
+
+    root = tmp_path / "in"
+    root.mkdir()
+    for i in range(2):
+        wr = cv2.VideoWriter(str(root / f"v{i}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"), 25, (32, 32))
+        for t in range(8):
+            wr.write(np.full((32, 32, 3), 20 * t + 40 * i, np.uint8))
+        wr.release()
+    size = max(p.stat().st_size for p in root.iterdir())
+    recipe = {"name": "small", "seed": 1, "inputs": {"root": str(root), "match": "{name}.mp4",
+                                                      "fields": {"video": {"decoder": "video"}}},
+              "output": {"samples_per_shard": 1}}
+    forks = _forks(monkeypatch)
+    monkeypatch.setenv(ENV, f"32,{2 * size}")
+    rep = precompile.build(recipe, tmp_path / "out", n_jobs=2)
+    assert forks == [2] and rep["events"] == []
+    monkeypatch.setenv(ENV, f"32,{8 * size + 1}")
+    rep = precompile.build(recipe, tmp_path / "out", n_jobs=2, force=True)
+    assert forks == [2] and " KiB to build (videos counted 4x), under 32 inputs" in rep["events"][0]
+
+
 def test_on_error_in_one_process_is_the_workers(tmp_path, monkeypatch):
     """A bad input at -j 2: skipped with the same message in one process as on the workers; with on_error:
     fail, the same error stops both."""

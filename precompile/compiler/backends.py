@@ -191,6 +191,10 @@ SMALL_ENV = "PRECOMPILE_SMALL_BUILD"
 SMALL_INPUTS = 32
 #: ... and fewer input bytes than this per worker (docs/reference-build.md#small-builds)
 SMALL_BYTES = 512 * 1024
+#: a video's input bytes count this many times: compressed frames cost more per byte than other inputs (the
+#: tour's and bench_scale --videos' videos 1.3-3.7 s of work per MiB against 0.2-0.55 for images, DICOM,
+#: audio, flow on this machine)
+SMALL_VIDEO_WEIGHT = 4
 #: ... until the work left, estimated from the shards built so far, exceeds this many seconds: the workers
 #: then build the shards left (at least two)
 SMALL_SECONDS = 0.3
@@ -248,7 +252,8 @@ def small_build(todo: list[tuple[Any, str]], plan: Plan, n_jobs: Optional[int]) 
     being as many as ``-j`` asks, at most one per shard). Forking them, their first tasks' copy-on-write
     faults, the imports made for them and the pool's close cost 0.1-0.2 s, as much as the whole work of
     such a build on two cores (benchmarks/README.md). The sizes are the inputs' files' (a folder's: its
-    files'); a URL input counts as large. Off with ``PRECOMPILE_SMALL_BUILD=0``."""
+    files'; a video's times :data:`SMALL_VIDEO_WEIGHT`); a URL input counts as large. Off with
+    ``PRECOMPILE_SMALL_BUILD=0``."""
     bounds = small_bounds()
     workers = min(n_workers(n_jobs), len(todo))
     if bounds is None:
@@ -257,17 +262,21 @@ def small_build(todo: list[tuple[Any, str]], plan: Plan, n_jobs: Optional[int]) 
     inputs = sum(len(s) for s, _ in todo)   # not samples: a recipe's copies are measured (run_small)
     if inputs >= max_inputs:
         return None
-    nbytes = 0
+    weight = {f: SMALL_VIDEO_WEIGHT if getattr(d, "name", None) == "video" else 1
+              for f, d in plan.recipe.decoders.items()}
+    nbytes, videos = 0, False
     for s, _ in todo:
         for it in s.items:
-            for path in it.paths.values():
-                nbytes += _input_bytes(path, max_bytes - nbytes)
+            for field, path in it.paths.items():
+                w = weight.get(field, 1)
+                videos |= w > 1
+                nbytes += w * _input_bytes(path, (max_bytes - nbytes) // w)
                 if nbytes >= max_bytes:
                     return None
     from ..storage.files import human_bytes
 
     return (f"built in one process although -j {n_jobs} was asked: {inputs} input(s) and {human_bytes(nbytes)} "
-            f"to build, under {bounds[0]} inputs and {human_bytes(bounds[1])} per worker: too little "
+            f"to build{f' (videos counted {SMALL_VIDEO_WEIGHT}x)' if videos else ''}, under {bounds[0]} inputs and {human_bytes(bounds[1])} per worker: too little "
             f"work to pay for starting workers (docs/reference-build.md#small-builds)")
 
 
@@ -276,10 +285,12 @@ def run_small(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: O
     """A small build's shards (:func:`small_build`: ``why``) in this process, one after the other, measured:
     once the work left, estimated from the seconds per sample so far, is past :data:`SMALL_SECONDS` and at
     least two shards are left (inputs smaller than their work: long low-motion videos, heavy steps), the
-    local workers build the rest. The note in ``events`` says which."""
+    local workers build the rest. The note in ``events`` says which. The imports the workers would get
+    (:func:`preload`) are made first, so the first shard's seconds are its work, not its imports."""
     import time
 
     budget = (small_bounds() or (0, 0, SMALL_SECONDS))[2]
+    preload(recipe)   # what the first shard would import inside its timing (0.05-0.1 s: cv2, Pillow's plugins)
     t0, done, samples = time.perf_counter(), 0, 0
     inline = run_inline(todo, task, progress)
     try:

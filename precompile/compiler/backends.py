@@ -183,8 +183,9 @@ def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str]
         yield from run_loky(todo, task, n_jobs, events, progress)
 
 
-#: ``PRECOMPILE_SMALL_BUILD``: the small-build rule's bounds, ``SAMPLES,BYTES`` per worker, or ``0`` (off: every
-#: ``-j N`` build gets its workers; what the tests that need real workers on tiny inputs set)
+#: ``PRECOMPILE_SMALL_BUILD``: the small-build rule's bounds, ``INPUTS,BYTES[,SECONDS]`` (inputs and bytes per
+#: worker, :data:`SMALL_SECONDS`), or ``0`` (off: every ``-j N`` build gets its workers; what the test suite sets,
+#: so that its tiny builds get real workers)
 SMALL_ENV = "PRECOMPILE_SMALL_BUILD"
 
 #: a ``-j N`` build runs in its own process when the shards to build hold fewer inputs than this per worker...
@@ -275,8 +276,9 @@ def small_build(todo: list[tuple[Any, str]], plan: Plan, n_jobs: Optional[int]) 
                     return None
     from ..storage.files import human_bytes
 
+    counted = f" (videos counted {SMALL_VIDEO_WEIGHT}x)" if videos else ""
     return (f"built in one process although -j {n_jobs} was asked: {inputs} input(s) and {human_bytes(nbytes)} "
-            f"to build{f' (videos counted {SMALL_VIDEO_WEIGHT}x)' if videos else ''}, under {bounds[0]} inputs and {human_bytes(bounds[1])} per worker: too little "
+            f"to build{counted}, under {bounds[0]} inputs and {human_bytes(bounds[1])} per worker: too little "
             f"work to pay for starting workers (docs/reference-build.md#small-builds)")
 
 
@@ -290,7 +292,8 @@ def run_small(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: O
     import time
 
     budget = (small_bounds() or (0, 0, SMALL_SECONDS))[2]
-    preload(recipe)   # what the first shard would import inside its timing (0.05-0.1 s: cv2, Pillow's plugins)
+    if len(todo) > 2:   # else nothing is left to hand over after a first shard: nothing to time
+        preload(recipe)   # what the first shard would import inside its timing (0.05-0.1 s: cv2, Pillow's plugins)
     t0, done, samples = time.perf_counter(), 0, 0
     inline = run_inline(todo, task, progress)
     try:
@@ -310,8 +313,9 @@ def run_small(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: O
             return
     finally:
         inline.close()   # its isolated decoding helper, if any, is shut before the workers fork
-    events.append(f"built {done} of {len(todo)} shard(s) in one process (a small build), then started workers for the other {len(left)}: {spent:.2f} s so far, "
-                  f"about {estimate:.2f} s of work left (docs/reference-build.md#small-builds)")
+    events.append(f"built {done} of {len(todo)} shard(s) in one process (a small build), then started workers "
+                  f"for the other {len(left)}: {spent:.2f} s so far, about {estimate:.2f} s of work left "
+                  f"(docs/reference-build.md#small-builds)")
     if worker_start() == "fork":
         yield from run_fork(left, task, n_jobs, events, progress, recipe)
     else:

@@ -185,6 +185,18 @@ def test_on_error_in_one_process_is_the_workers(tmp_path, monkeypatch):
     assert errors[0] == errors[1] and "img_003.png" in errors[0]
 
 
+def test_loky_workers_are_always_used(tmp_path, monkeypatch):
+    """PRECOMPILE_WORKERS=loky: no small-build rule (its workers start while the build plans, and must not
+    be left starting while the parent builds inline: they watch their parent only once a task runs)."""
+    root = _inputs(tmp_path / "in", 4)
+    monkeypatch.setenv("PRECOMPILE_WORKERS", "loky")
+    calls: list[int] = []
+    real = backends.run_loky
+    monkeypatch.setattr(backends, "run_loky", lambda todo, *a, **k: calls.append(len(todo)) or real(todo, *a, **k))
+    rep = precompile.build(_recipe(root), tmp_path / "out", n_jobs=2)
+    assert calls == [2] and rep["events"] == []
+
+
 def test_input_bytes_of_files_folders_urls(tmp_path):
     (tmp_path / "series" / "sub").mkdir(parents=True)
     (tmp_path / "series" / "a.dcm").write_bytes(b"x" * 300)

@@ -173,7 +173,7 @@ def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str]
 
     if (n_jobs or 1) == 1 and scheduler is None:
         yield from run_inline(todo, task, progress)
-    elif scheduler is None and (why := small_build(todo, plan, n_jobs)) is not None:
+    elif scheduler is None and worker_start() == "fork" and (why := small_build(todo, plan, n_jobs)) is not None:
         yield from run_small(todo, task, n_jobs, events, progress, recipe, plan, why)
     elif scheduler is not None:
         yield from run_dask(todo, task, n_jobs, scheduler, events, progress)
@@ -247,8 +247,9 @@ def _input_bytes(path: str, limit: int) -> int:
 
 
 def small_build(todo: list[tuple[Any, str]], plan: Plan, n_jobs: Optional[int]) -> Optional[str]:
-    """Why a ``-j N`` build on local workers builds its shards in this process instead (the note the report
-    and the CLI give), or None: workers cannot pay for themselves when the shards to build hold fewer than
+    """Why a ``-j N`` build on forked workers builds its shards in this process instead (the note the report
+    and the CLI give), or None (loky's workers, started while the build plans, are always used: a build killed
+    while its parent built a shard inline would leave them starting, before they watch their parent): workers cannot pay for themselves when the shards to build hold fewer than
     :data:`SMALL_INPUTS` inputs and fewer than :data:`SMALL_BYTES` bytes of input per worker (the workers
     being as many as ``-j`` asks, at most one per shard). Forking them, their first tasks' copy-on-write
     faults, the imports made for them and the pool's close cost 0.1-0.2 s, as much as the whole work of
@@ -287,7 +288,7 @@ def run_small(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: O
     """A small build's shards (:func:`small_build`: ``why``) in this process, one after the other, measured:
     once the work left, estimated from the seconds per sample so far, is past :data:`SMALL_SECONDS` and at
     least two shards are left (inputs smaller than their work: long low-motion videos, heavy steps), the
-    local workers build the rest. The note in ``events`` says which. The imports the workers would get
+    forked workers build the rest. The note in ``events`` says which. The imports the workers would get
     (:func:`preload`) are made first, so the first shard's seconds are its work, not its imports."""
     import time
 
@@ -316,10 +317,7 @@ def run_small(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: O
     events.append(f"built {done} of {len(todo)} shard(s) in one process (a small build), then started workers "
                   f"for the other {len(left)}: {spent:.2f} s so far, about {estimate:.2f} s of work left "
                   f"(docs/reference-build.md#small-builds)")
-    if worker_start() == "fork":
-        yield from run_fork(left, task, n_jobs, events, progress, recipe)
-    else:
-        yield from run_loky(left, task, n_jobs, events, progress)
+    yield from run_fork(left, task, n_jobs, events, progress, recipe)
 
 
 class RecipeOnce:

@@ -249,9 +249,10 @@ def _input_bytes(path: str, limit: int) -> int:
 def small_build(todo: list[tuple[Any, str]], plan: Plan, n_jobs: Optional[int]) -> Optional[str]:
     """Why a ``-j N`` build on forked workers builds its shards in this process instead (the note the report
     and the CLI give), or None (loky's workers, started while the build plans, are always used: a build killed
-    while its parent built a shard inline would leave them starting, before they watch their parent): workers cannot pay for themselves when the shards to build hold fewer than
-    :data:`SMALL_INPUTS` inputs and fewer than :data:`SMALL_BYTES` bytes of input per worker (the workers
-    being as many as ``-j`` asks, at most one per shard). Forking them, their first tasks' copy-on-write
+    while its parent built a shard inline would leave them starting, before they watch their parent).
+    Workers cannot pay for themselves when the shards to build hold fewer than :data:`SMALL_INPUTS` inputs
+    and fewer than :data:`SMALL_BYTES` bytes of input per worker (the workers being as many as ``-j`` asks,
+    at most one per shard). Forking them, their first tasks' copy-on-write
     faults, the imports made for them and the pool's close cost 0.1-0.2 s, as much as the whole work of
     such a build on two cores (benchmarks/README.md). The sizes are the inputs' files' (a folder's: its
     files'; a video's times :data:`SMALL_VIDEO_WEIGHT`); a URL input counts as large. Off with

@@ -22,6 +22,7 @@ Worker start and -j scaling (issue 33; each a fresh process per run, medians ove
 
     python benchmarks/bench_scale.py --pool 1,2 [--repeats 7]           # N workers ready, after the imports
     python benchmarks/bench_scale.py --recipes 'recipes/*.yaml' [--repeats 5]   # the tour's -j1 against -j2
+    python benchmarks/bench_scale.py --videos 8 [--frames 120] [--repeats 3]    # a few heavy inputs, -j1 against -j2
     python benchmarks/bench_scale.py --jobs 1,2 --photos 2000 [--repeats 3] [--joblib]  # wall, summed work, serial part
                                                    # (--joblib: and a hand-written joblib pool of the same work)
 
@@ -187,6 +188,9 @@ def main(argv: list[str] | None = None) -> None:
                     "repository, e.g. 'recipes/*.yaml'), each a fresh `precompile build --force` process")
     ap.add_argument("--pool", default=None, help="worker counts, e.g. 1,2: how long N workers take to start "
                     "(each answers a trivial task) after the parent's own imports")
+    ap.add_argument("--videos", type=int, default=0, help="a few heavy inputs at -j1 against -j2 (with --jobs "
+                    "1,2 by default): this many 320x240 MPEG-4 videos (see heavy_table)")
+    ap.add_argument("--frames", type=int, default=120, help="with --videos: frames per video")
     ap.add_argument("--repo", default=None, help="the precompile checkout(s) to measure, comma-separated (default: "
                     "this one); with --recipes and --jobs their runs take turns (a before/after table in one run)")
     args = ap.parse_args(argv)
@@ -197,6 +201,8 @@ def main(argv: list[str] | None = None) -> None:
         return pool_table(args)
     if args.recipes:
         return recipes_table(args)
+    if args.videos:
+        return heavy_table(args)
     if args.jobs:
         return jobs_table(args)
     sizes = [int(x) for x in args.sizes.split(",")]
@@ -300,7 +306,78 @@ def _cli_build(recipe: str, out: str, j: int, repo: str) -> dict:
     with open(max(reports, key=os.path.getmtime)) as f:
         rep = json.load(f)
     work = sum(rep["stage_seconds"].get(k, 0.0) for k in ("decode", "steps", "write"))
-    return {"wall_s": wall, "work_s": work, "inputs": rep["inputs"], "shards": rep["shards"]["total"]}
+    return {"wall_s": wall, "work_s": work, "inputs": rep["inputs"], "shards": rep["shards"]["total"],
+            "one": "one process" if any(e.startswith("built in one process") for e in rep.get("events", [])) else
+            "inline, then forked" if any(" in one process (a small build), then started workers" in e
+                                         for e in rep.get("events", [])) else "forked"}
+
+
+def _workers(j: int, runs: list[dict]) -> str:
+    """Whether the runs had workers: ``-`` at -j1, ``one process`` when the small-build rule ran them in the
+    build's own process, ``inline, then forked`` when it handed the rest to workers (its notes in the report),
+    else ``forked``; the runs' kinds joined by ``/`` when they differ."""
+    return "-" if j == 1 else " / ".join(sorted({r["one"] for r in runs}))
+
+
+def make_videos(root: str, n: int, frames: int, size: tuple[int, int] = (240, 320)) -> None:
+    """``n`` MPEG-4 videos (``frames`` frames of ``size``, a moving square on smooth noise), written once."""
+    import cv2
+
+    os.makedirs(root, exist_ok=True)
+    rng = np.random.default_rng(3)
+    h, w = size
+    for i in range(n):
+        path = os.path.join(root, f"clip_{i:03d}.mp4")
+        if os.path.exists(path):
+            continue
+        bg = cv2.resize(rng.integers(0, 256, (6, 8, 3)).astype(np.uint8), (w, h), interpolation=cv2.INTER_CUBIC)
+        wr = cv2.VideoWriter(path, cv2.VideoWriter_fourcc(*"mp4v"), 25, (w, h))
+        for t in range(frames):
+            fr = bg.copy()
+            cx, cy = (20 + 3 * t + 7 * i) % w, (20 + 2 * t) % h
+            cv2.rectangle(fr, (cx - 12, cy - 12), (cx + 12, cy + 12), (40, 200, 230), -1)
+            wr.write(fr)
+        wr.release()
+
+
+def heavy_table(args: argparse.Namespace) -> None:
+    """A few heavy inputs, -j1 against -j2 (``--videos N``): N MPEG-4 videos of ``--frames`` 320x240 frames,
+    each cut into 8-frame clips resized to 112x112, 2 videos a shard: few samples, much work each, the build
+    the small-build rule must leave to its workers. Each run a fresh CLI process; medians."""
+    import yaml
+
+    jobs = [int(j) for j in (args.jobs or "1,2").split(",")]
+    work = args.dir or tempfile.mkdtemp(prefix="precompile-bench-heavy-")
+    root = os.path.join(work, f"videos-{args.videos}-{args.frames}")
+    make_videos(root, args.videos, args.frames)
+    nbytes = sum(e.stat().st_size for e in os.scandir(root))
+    recipe = os.path.join(work, "heavy.yaml")
+    with open(recipe, "w") as f:
+        yaml.safe_dump({"name": "heavy", "seed": 0,
+                        "inputs": {"root": root, "match": "{name}.mp4", "fields": {"video": {"decoder": "video"}}},
+                        "steps": [{"clips": {"length": 8, "stride": 8}}, {"resize": {"size": [112, 112]}}],
+                        "output": {"samples_per_shard": 2}}, f)
+    print(f"{args.videos} videos x {args.frames} frames 320x240 ({nbytes / 2**20:.2f} MiB) in {root}; "
+          f"medians of {args.repeats} run(s)")
+    print("| checkout | -j | wall s | x -j1 wall | work s (summed) | serial s | workers |")
+    print("|---|---:|---:|---:|---:|---:|---|")
+    runs: dict[tuple[str, int], list[dict]] = {(repo, j): [] for repo in args.repos for j in jobs}
+    try:
+        for _ in range(args.repeats):
+            for repo in args.repos:
+                for j in jobs:
+                    runs[repo, j].append(_cli_build(recipe, os.path.join(work, f"out-j{j}"), j, repo))
+        for repo in args.repos:
+            base = _median([x["wall_s"] for x in runs[repo, jobs[0]]])
+            for j in jobs:
+                rs = runs[repo, j]
+                wall, w = _median([x["wall_s"] for x in rs]), _median([x["work_s"] for x in rs])
+                print(f"| {_label(repo)} | {j} | {wall:.2f} | {wall / base:.2f} | {w:.2f} | {wall - w / j:.2f} | "
+                      f"{_workers(j, rs)} |", flush=True)
+    finally:
+        if not args.keep and not args.dir:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"load average after: {_load()}")
 
 
 def recipes_table(args: argparse.Namespace) -> None:
@@ -314,8 +391,8 @@ def recipes_table(args: argparse.Namespace) -> None:
     recipes = sorted(glob.glob(os.path.join(args.repos[0], args.recipes)))
     work = tempfile.mkdtemp(prefix="precompile-bench-recipes-")
     print(f"{len(recipes)} recipe(s); medians of {args.repeats} run(s)")
-    print("| recipe | inputs | shards | checkout | -j | wall s | x -j1 wall | work s (summed) | serial s |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("| recipe | inputs | shards | checkout | -j | wall s | x -j1 wall | work s (summed) | serial s | workers |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---|")
     totals = {(repo, j): 0.0 for repo in args.repos for j in jobs}
     try:
         for r in recipes:
@@ -333,7 +410,7 @@ def recipes_table(args: argparse.Namespace) -> None:
                     totals[repo, j] += wall
                     x = rs[0]
                     print(f"| {rel} | {x['inputs']} | {x['shards']} | {_label(repo)} | {j} | {wall:.2f} | "
-                          f"{wall / base:.2f} | {w:.2f} | {wall - w / j:.2f} |", flush=True)
+                          f"{wall / base:.2f} | {w:.2f} | {wall - w / j:.2f} | {_workers(j, rs)} |", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     for repo in args.repos:

@@ -168,7 +168,8 @@ def plan(recipe: str) -> None:
 @main.command()
 @click.argument("recipe", type=click.Path(dir_okay=False))
 @click.option("-j", "--jobs", type=int, default=None, callback=_jobs,
-              help="parallel shard tasks (-1: all cores)  [default: 1; with --scheduler local, all cores]")
+              help="parallel shard tasks (-1: all cores; a small build runs in one process)  [default: 1; with "
+                   "--scheduler local, all cores]")
 @click.option("-o", "--out-dir", default="build", show_default=True,
               help="output folder, or a URL (s3://bucket/prefix: the same layout, written by the workers)")
 @click.option("--force", is_flag=True, help="rebuild every shard, even up-to-date ones")

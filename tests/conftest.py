@@ -11,6 +11,12 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 REALDATA = Path(os.environ.get("PRECOMPILE_REALDATA", REPO.parent / "shared" / "realdata"))
 
+# The tests build tiny inputs, which a -j N build would otherwise build in its own process (the small-build
+# rule, docs/reference-build.md#the-stages): every test that asks for workers gets them, subprocesses
+# included; tests/test_small_build.py unsets it to test the rule itself. Set PRECOMPILE_SMALL_BUILD to run
+# the suite with the rule on (e.g. 32,524288,0.3).
+os.environ.setdefault("PRECOMPILE_SMALL_BUILD", "0")
+
 
 def realdata_root() -> str:
     """The real third-party data folder; skips the test when ../shared/realdata is absent."""

@@ -173,12 +173,152 @@ def run_shards(recipe: Recipe, todo: list[tuple[Any, str]], keys: dict[int, str]
 
     if (n_jobs or 1) == 1 and scheduler is None:
         yield from run_inline(todo, task, progress)
+    elif scheduler is None and worker_start() == "fork" and (why := small_build(todo, plan, n_jobs)) is not None:
+        yield from run_small(todo, task, n_jobs, events, progress, recipe, plan, why)
     elif scheduler is not None:
         yield from run_dask(todo, task, n_jobs, scheduler, events, progress)
     elif worker_start() == "fork":
         yield from run_fork(todo, task, n_jobs, events, progress, recipe)
     else:
         yield from run_loky(todo, task, n_jobs, events, progress)
+
+
+#: ``PRECOMPILE_SMALL_BUILD``: the small-build rule's bounds, ``INPUTS,BYTES[,SECONDS]`` (inputs and bytes per
+#: worker, :data:`SMALL_SECONDS`), or ``0`` (off: every ``-j N`` build gets its workers; what the test suite sets,
+#: so that its tiny builds get real workers)
+SMALL_ENV = "PRECOMPILE_SMALL_BUILD"
+
+#: a ``-j N`` build runs in its own process when the shards to build hold fewer inputs than this per worker...
+SMALL_INPUTS = 32
+#: ... and fewer input bytes than this per worker (docs/reference-build.md#small-builds)
+SMALL_BYTES = 512 * 1024
+#: a video's input bytes count this many times: compressed frames cost more per byte than other inputs (the
+#: tour's and bench_scale --videos' videos 1.3-3.7 s of work per MiB against 0.2-0.55 for images, DICOM,
+#: audio, flow on this machine)
+SMALL_VIDEO_WEIGHT = 4
+#: ... until the work left, estimated from the shards built so far, exceeds this many seconds: the workers
+#: then build the shards left (at least two)
+SMALL_SECONDS = 0.3
+
+
+def small_bounds() -> Optional[tuple[int, int, float]]:
+    """The small-build rule's (inputs, bytes per worker, seconds) from :data:`SMALL_ENV`, or None when
+    it is off."""
+    raw = os.environ.get(SMALL_ENV, "").strip()
+    if not raw:
+        return SMALL_INPUTS, SMALL_BYTES, SMALL_SECONDS
+    if raw in ("0", "off"):
+        return None
+    try:
+        parts = raw.split(",")
+        if len(parts) not in (2, 3):
+            raise ValueError
+        inputs, nbytes = int(parts[0]), int(parts[1])
+        seconds = float(parts[2]) if len(parts) == 3 else SMALL_SECONDS
+        if inputs < 0 or nbytes < 0 or not seconds >= 0:
+            raise ValueError
+    except ValueError:
+        raise BuildError(f"{SMALL_ENV}={raw[:40]!r}: use INPUTS,BYTES[,SECONDS] (per worker; e.g. "
+                         f"{SMALL_INPUTS},{SMALL_BYTES},{SMALL_SECONDS}) or 0 (off)") from None
+    return inputs, nbytes, seconds
+
+
+def _input_bytes(path: str, limit: int) -> int:
+    """An input's size in bytes (a folder's: its files', summed until past ``limit``); a URL's is not known
+    here: ``limit + 1`` (so it counts as a large input); a path that cannot be read: 0 (its task says why)."""
+    if "://" in path:
+        return limit + 1
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    if not os.path.isdir(path):
+        return st.st_size
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.stat(os.path.join(root, f)).st_size
+            except OSError:
+                pass
+            if total > limit:
+                return total
+    return total
+
+
+def small_build(todo: list[tuple[Any, str]], plan: Plan, n_jobs: Optional[int]) -> Optional[str]:
+    """Why a ``-j N`` build on forked workers builds its shards in this process instead (the note the report
+    and the CLI give), or None (loky's workers, started while the build plans, are always used: a build killed
+    while its parent built a shard inline would leave them starting, before they watch their parent).
+    Workers cannot pay for themselves when the shards to build hold fewer than :data:`SMALL_INPUTS` inputs
+    and fewer than :data:`SMALL_BYTES` bytes of input per worker (the workers being as many as ``-j`` asks,
+    at most one per shard). Forking them, their first tasks' copy-on-write
+    faults, the imports made for them and the pool's close cost 0.1-0.2 s, as much as the whole work of
+    such a build on two cores (benchmarks/README.md). The sizes are the inputs' files' (a folder's: its
+    files'; a video's times :data:`SMALL_VIDEO_WEIGHT`); a URL input counts as large. Off with
+    ``PRECOMPILE_SMALL_BUILD=0``."""
+    bounds = small_bounds()
+    workers = min(n_workers(n_jobs), len(todo))
+    if bounds is None:
+        return None
+    max_inputs, max_bytes = bounds[0] * workers, bounds[1] * workers
+    inputs = sum(len(s) for s, _ in todo)   # not samples: a recipe's copies are measured (run_small)
+    if inputs >= max_inputs:
+        return None
+    weight = {f: SMALL_VIDEO_WEIGHT if getattr(d, "name", None) == "video" else 1
+              for f, d in plan.recipe.decoders.items()}
+    nbytes, videos = 0, False
+    for s, _ in todo:
+        for it in s.items:
+            for field, path in it.paths.items():
+                w = weight.get(field, 1)
+                videos |= w > 1
+                nbytes += w * _input_bytes(path, (max_bytes - nbytes) // w)
+                if nbytes >= max_bytes:
+                    return None
+    from ..storage.files import human_bytes
+
+    counted = f" (videos counted {SMALL_VIDEO_WEIGHT}x)" if videos else ""
+    return (f"built in one process although -j {n_jobs} was asked: {inputs} input(s) and {human_bytes(nbytes)} "
+            f"to build{counted}, under {bounds[0]} inputs and {human_bytes(bounds[1])} per worker: too little "
+            f"work to pay for starting workers (docs/reference-build.md#small-builds)")
+
+
+def run_small(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Optional[int], events: list[str],
+              progress: Any, recipe: Recipe, plan: Plan, why: str) -> Iterator[ShardResult]:
+    """A small build's shards (:func:`small_build`: ``why``) in this process, one after the other, measured:
+    once the work left, estimated from the seconds per sample so far, is past :data:`SMALL_SECONDS` and at
+    least two shards are left (inputs smaller than their work: long low-motion videos, heavy steps), the
+    forked workers build the rest. The note in ``events`` says which. The imports the workers would get
+    (:func:`preload`) are made first, so the first shard's seconds are its work, not its imports."""
+    import time
+
+    budget = (small_bounds() or (0, 0, SMALL_SECONDS))[2]
+    if len(todo) > 2:   # else nothing is left to hand over after a first shard: nothing to time
+        preload(recipe)   # what the first shard would import inside its timing (0.05-0.1 s: cv2, Pillow's plugins)
+    t0, done, samples = time.perf_counter(), 0, 0
+    inline = run_inline(todo, task, progress)
+    try:
+        for res in inline:
+            yield res
+            done += 1
+            samples += plan.shard_samples(todo[done - 1][0])
+            left = todo[done:]
+            if len(left) < 2:
+                continue
+            spent = time.perf_counter() - t0
+            estimate = spent / max(1, samples) * sum(plan.shard_samples(s) for s, _ in left)
+            if estimate > budget:
+                break
+        else:
+            events.append(why)
+            return
+    finally:
+        inline.close()   # its isolated decoding helper, if any, is shut before the workers fork
+    events.append(f"built {done} of {len(todo)} shard(s) in one process (a small build), then started workers "
+                  f"for the other {len(left)}: {spent:.2f} s so far, about {estimate:.2f} s of work left "
+                  f"(docs/reference-build.md#small-builds)")
+    yield from run_fork(left, task, n_jobs, events, progress, recipe)
 
 
 class RecipeOnce:

@@ -2,7 +2,9 @@
 
 Every random draw in a build comes from :func:`rng_for`, seeded by the recipe
 seed, a stable hash of the sample key and the copy index: no global RNG, no
-worker seeds, nothing that depends on the job count or completion order.
+worker seeds, nothing that depends on the job count or completion order. The
+reader's draws (an epoch's order, a batch's device steps) come from
+:func:`stream`, keyed by the seed, epoch, rank and batch.
 """
 from __future__ import annotations
 
@@ -19,6 +21,13 @@ def stable_hash(text: str) -> int:
 def rng_for(seed: int, key: str, copy: int = 0, *extra: int) -> np.random.Generator:
     """The generator for one sample copy (``extra`` separates sub-streams)."""
     return np.random.default_rng([int(seed), stable_hash(key), int(copy), *map(int, extra)])
+
+
+def stream(*key: int) -> np.random.Generator:
+    """The generator of a stream named by integers alone (the reader's: ``(seed, epoch, stream)`` for an epoch's
+    order, ``(seed, epoch, rank, batch, step, 3)`` for a batch's device-step draws): ``default_rng`` of the key,
+    so a stream is the same in every process, thread and run."""
+    return np.random.default_rng([int(k) for k in key])
 
 
 class LazyRng:

@@ -238,3 +238,25 @@ except RecipeError as e:
     assert lines[0] == "[[], [], []]"
     assert lines[1] == "[['image'], ['center_crop', 'resize'], []]"
     assert lines[2] == "steps[0].random_flip.horizontal: Input should be a finite number, got nan", lines[2]
+
+
+def test_every_random_draw_comes_from_seeding():
+    """One source of randomness: outside precompile/seeding.py no module seeds or draws from a generator of its
+    own, but the two kernels that take a seed already drawn from the sample's ``rng_for`` stream (``draw_seed``:
+    elastic displacement, gaussian noise). The reader's streams (an epoch's order, a batch's device steps) go
+    through ``seeding.stream``, which is ``default_rng`` of the same integer key (the draws are unchanged)."""
+    import re
+    from pathlib import Path
+
+    import numpy as np
+
+    from precompile import seeding
+
+    root = Path(seeding.__file__).parent
+    pattern = re.compile(r"np\.random\.(?!Generator\b)|numpy\.random|^\s*import random\b|^\s*from random\b|"
+                         r"torch\.(?:rand|randn|randint|randperm|manual_seed|Generator)\b", re.M)
+    found = {str(p.relative_to(root)) for p in root.rglob("*.py") if p.name != "seeding.py"
+             and pattern.search(p.read_text(encoding="utf-8"))}
+    assert found == {"transforms/kernels/volume.py", "transforms/kernels/colour.py"}, found
+    key = (7, 3, 1, 12, 0, 3)
+    assert np.array_equal(seeding.stream(*key).random(5), np.random.default_rng(list(key)).random(5))

@@ -12,7 +12,7 @@
   ``random_flip`` and ``random_crop``: the same names, options and per-kind
   rules (flow vectors follow a flip, flow pads with NaN, masks with 0; a field
   of a refused kind is an error). They draw their parameters with numpy from
-  ``default_rng([seed, epoch, rank, batch, step])`` and apply them with torch
+  ``seeding.stream(seed, epoch, rank, batch, step, 3)`` and apply them with torch
   ops on whatever device the batch is on, so CPU and CUDA get the same crops
   and flips. Draw once per sample, apply to every field the step covers. On
   CUDA the parameters go to the device from pinned memory, asynchronously on
@@ -41,6 +41,7 @@ import torch
 
 from ..errors import PrecompileError
 from ..kinds import ANNOTATIONS, Kind
+from ..seeding import stream
 from ..transforms import geometry
 from .ragged import move_annotations
 FLOAT_DTYPES = {"float32": torch.float32, "float16": torch.float16, "half": torch.float16,
@@ -397,7 +398,7 @@ def bind_steps(steps: Sequence[BatchStep], specs: dict[str, dict],
 
 def step_params(steps: Sequence[BatchStep], seed: int, epoch: int, rank: int, batch: int, n: int) -> list[dict]:
     """Every step's parameters for one batch: a function of (seed, epoch, rank, batch) only."""
-    return [s.draw(np.random.default_rng([int(seed), int(epoch), int(rank), int(batch), i, 3]), n)
+    return [s.draw(stream(seed, epoch, rank, batch, i, 3), n)
             for i, s in enumerate(steps)]
 
 

@@ -1,7 +1,7 @@
 """Sample orders for the Loader: sequential, full random permutation, block- or shard-shuffled; DDP shares.
 
 Every order is a pure function of ``(seed, epoch)`` and the rows it is given:
-the generator is ``np.random.default_rng([seed, epoch, MODE_STREAM])``, so
+the generator is ``seeding.stream(seed, epoch, MODE_STREAM)`` (``default_rng`` of that key), so
 every rank of a distributed job computes the same global order, and a resumed
 run the same order as the run it resumes. No global RNG is touched.
 
@@ -27,6 +27,8 @@ from typing import Literal
 
 import numpy as np
 
+from ..seeding import stream
+
 MODES = ("sequential", "full", "block", "shard")
 DEFAULT_MODE = "full"
 _STREAM = {"full": 1, "block": 2, "shard": 3}
@@ -46,7 +48,7 @@ def normalize_mode(shuffle: bool | str) -> str:
 def _rng(seed: int, epoch: int, mode: str) -> np.random.Generator:
     if seed < 0 or epoch < 0:
         raise ValueError(f"seed and epoch must be >= 0 (got seed={seed}, epoch={epoch})")
-    return np.random.default_rng([int(seed), int(epoch), _STREAM[mode]])
+    return stream(seed, epoch, _STREAM[mode])
 
 
 def epoch_order(rows: np.ndarray, chunk_ids: np.ndarray | None, mode: str, seed: int, epoch: int,

@@ -120,9 +120,7 @@ def upload(reader: DirectReader, fields: Sequence[str], rows: np.ndarray, device
             f"Loader(in_memory='pinned'): the loaded fields {list(fields)} of {rows.size} rows need {_size(need)} "
             f"of page-locked host memory, over {HOST_SHARE:g} of the memory available ({_size(budget)}); load "
             f"fewer fields, or read from the mapped files (in_memory=False)")
-    if pinned:
-        return _upload_pinned(reader, fields, rows, device)
-    if need > budget:
+    if not pinned and need > budget:
         raise PrecompileError(
             f"Loader(in_memory='gpu'): the loaded fields {list(fields)} of {rows.size} rows need {_size(need)} "
             f"on {device}, over the budget of {_size(budget)} (gpu_budget; by default {DEFAULT_SHARE:g} of the "
@@ -130,36 +128,24 @@ def upload(reader: DirectReader, fields: Sequence[str], rows: np.ndarray, device
     out: dict[str, torch.Tensor] = {}
     for f in fields:
         shape, dtype = reader.shapes[f], reader.dtypes[f]
-        t = torch.empty((rows.size, *shape), dtype=gpu.numpy_to_torch_dtype(dtype), device=device)
         step = max(1, PIECE_BYTES // max(1, reader.row_bytes[f]))
         if reader.streaming is not None:   # from a URL: a piece reads a shard or two, whatever the cache holds
             step = min(step, reader.streaming.shard_rows())
-        buf = np.empty((min(step, rows.size), *shape), dtype)
+        if pinned:   # gathered straight into the page-locked array (for this device's context): no staging copy
+            with torch.cuda.device(device):
+                t = torch.empty((rows.size, *shape), dtype=gpu.numpy_to_torch_dtype(dtype), pin_memory=True)
+            host = t.numpy()
+        else:
+            t = torch.empty((rows.size, *shape), dtype=gpu.numpy_to_torch_dtype(dtype), device=device)
+            host = np.empty((min(step, rows.size), *shape), dtype)
         for lo in range(0, rows.size, step):
             part = rows[lo:lo + step]
+            dst = host[lo:lo + part.size] if pinned else host[:part.size]
             with reader.plan(part) as plan:
-                reader.gather(f, plan, buf[:part.size])
-            t[lo:lo + part.size].copy_(torch.from_numpy(buf[:part.size]))
-        out[f] = t
-    return out
-
-
-def _upload_pinned(reader: DirectReader, fields: Sequence[str], rows: np.ndarray,
-                   device: torch.device) -> dict[str, torch.Tensor]:
-    out: dict[str, torch.Tensor] = {}
-    for f in fields:
-        shape, dtype = reader.shapes[f], reader.dtypes[f]
-        with torch.cuda.device(device):   # page-locked for this device's context
-            host = torch.empty((rows.size, *shape), dtype=gpu.numpy_to_torch_dtype(dtype), pin_memory=True)
-        view = host.numpy()
-        step = max(1, PIECE_BYTES // max(1, reader.row_bytes[f]))
-        if reader.streaming is not None:
-            step = min(step, reader.streaming.shard_rows())
-        for lo in range(0, rows.size, step):   # straight into the page-locked array: no staging copy
-            part = rows[lo:lo + step]
-            with reader.plan(part) as plan:
-                reader.gather(f, plan, view[lo:lo + part.size])
-        out[f] = device_alias(host, device)
+                reader.gather(f, plan, dst)
+            if not pinned:
+                t[lo:lo + part.size].copy_(torch.from_numpy(dst))
+        out[f] = device_alias(t, device) if pinned else t
     return out
 
 

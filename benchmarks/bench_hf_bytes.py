@@ -192,24 +192,31 @@ def nested_fixed(shape: tuple[int, ...], dtype: str) -> object:
     return feat
 
 
+def built_and_exported(recipe: dict, tmp_p: Path, out: str, repeats: int) -> tuple:
+    """``recipe`` built into ``tmp_p / out``, then ``to_hf`` of it timed (median of ``repeats``, each export into
+    its own cache): (the build's dataset, the last export as numpy rows with stored dtypes, seconds)."""
+    import precompile
+    from precompile.hf import to_hf
+
+    index = precompile.build(recipe, out_dir=str(tmp_p / out))["output"]
+    k = [0]
+
+    def export() -> None:
+        k[0] += 1
+        export.hf = to_hf(index, cache_dir=str(tmp_p / f"cache-{recipe['name']}-{k[0]}"))
+
+    t_hf = median_time(export, repeats)
+    return precompile.open(index), export.hf.with_format("numpy", dtype=None), t_hf
+
+
 def array_rows(tmp_p: Path, quick: bool, repeats: int) -> None:
     import datasets
 
-    import precompile
-    from precompile.hf import shapes, to_hf
+    from precompile.hf import shapes
 
     rows = []
     for name, recipe in array_inputs(tmp_p / "arrays", quick).items():
-        index = precompile.build(recipe, out_dir=str(tmp_p / "out-arrays"))["output"]
-        ds = precompile.open(index)
-        k = [0]
-
-        def export() -> None:
-            k[0] += 1
-            export.hf = to_hf(index, cache_dir=str(tmp_p / f"cache-{recipe['name']}-{k[0]}"))
-
-        t_hf = median_time(export, repeats)
-        hf = export.hf.with_format("numpy", dtype=None)
+        ds, hf, t_hf = built_and_exported(recipe, tmp_p, "out-arrays", repeats)
         for f, shape in shapes(hf).items():
             dtype = ds.field_specs[f]["dtype"]
             values = [ds[i][f] for i in range(len(ds))]
@@ -299,21 +306,11 @@ def shape_column_bytes(shapes_: list[tuple[int, ...]], plan: list) -> dict[str, 
 def variable_rows(tmp_p: Path, quick: bool, repeats: int) -> None:
     import datasets
 
-    import precompile
-    from precompile.hf import array, shapes, to_hf
+    from precompile.hf import array, shapes
 
     rows, alts = [], []
     for name, recipe in variable_inputs(tmp_p / "variable", quick).items():
-        index = precompile.build(recipe, out_dir=str(tmp_p / "out-variable"))["output"]
-        ds = precompile.open(index)
-        k = [0]
-
-        def export() -> None:
-            k[0] += 1
-            export.hf = to_hf(index, cache_dir=str(tmp_p / f"cache-{recipe['name']}-{k[0]}"))
-
-        t_hf = median_time(export, repeats)
-        hf = export.hf.with_format("numpy", dtype=None)
+        ds, hf, t_hf = built_and_exported(recipe, tmp_p, "out-variable", repeats)
         for f, plan in shapes(hf).items():
             dtype = ds.field_specs[f]["dtype"]
             values = [ds[i][f] for i in range(len(ds))]

@@ -420,6 +420,24 @@ def recipes_table(args: argparse.Namespace) -> None:
     print(f"load average after: {_load()}")
 
 
+def write_photo_recipe(path: str, root: str, target: int, fast: bool = False) -> str:
+    """The photos' recipe at ``path``: each JPEG resized (``size`` at 64, else ``shorter``) and centre-cropped to
+    ``target`` x ``target``, 256 samples a shard (the --jobs table's, and bench_serial's)."""
+    import yaml
+
+    resize: dict = {"size": [64, 64]} if target == 64 else {"shorter": target}
+    if fast:
+        resize["fast"] = True
+    with open(path, "w") as f:
+        yaml.safe_dump({"name": "tiny", "seed": 0,
+                        "inputs": {"root": root, "match": "{label}/{name}.jpg",
+                                   "fields": {"image": {"decoder": "image", "mode": "rgb8"}},
+                                   "label": {"capture": "label"}},
+                        "steps": [{"resize": resize}, {"center_crop": {"size": [target, target]}}],
+                        "output": {"format": "hdf5", "samples_per_shard": 256}}, f)
+    return path
+
+
 def make_photos(root: str, n: int) -> None:
     """``n`` photo-like 500x375 (or 375x500) JPEG files in 10 class folders (kept for a later run with --dir)."""
     import cv2
@@ -501,8 +519,6 @@ def jobs_table(args: argparse.Namespace) -> None:
     ``ideal s`` = summed / j, ``serial s`` = wall - ideal (imports, plan, worker start, the parent, finalize,
     exit); ``build() s`` and its ``x -j1``: the same without the interpreter's start, imports and exit (the
     report's wall seconds, from the call of ``build`` to its return)."""
-    import yaml
-
     jobs = [int(j) for j in args.jobs.split(",")]
     work = args.dir or tempfile.mkdtemp(prefix="precompile-bench-jobs-")
     root = os.path.join(work, f"photos-{args.photos}")
@@ -513,17 +529,7 @@ def jobs_table(args: argparse.Namespace) -> None:
           "| ideal s | serial s | build() s | x -j1 |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for t in (int(x) for x in args.targets.split(",")):
-        resize = {"size": [64, 64]} if t == 64 else {"shorter": t}
-        if args.fast:
-            resize["fast"] = True
-        recipe = os.path.join(work, f"photos-{t}.yaml")
-        with open(recipe, "w") as f:
-            yaml.safe_dump({"name": "tiny", "seed": 0,
-                            "inputs": {"root": root, "match": "{label}/{name}.jpg",
-                                       "fields": {"image": {"decoder": "image", "mode": "rgb8"}},
-                                       "label": {"capture": "label"}},
-                            "steps": [{"resize": resize}, {"center_crop": {"size": [t, t]}}],
-                            "output": {"format": "hdf5", "samples_per_shard": 256}}, f)
+        recipe = write_photo_recipe(os.path.join(work, f"photos-{t}.yaml"), root, t, args.fast)
         runs: dict[tuple[str, int], list[dict]] = {(repo, j): [] for repo in args.repos for j in jobs}
         pool: dict[int, list[dict]] = {j: [] for j in jobs}
         for _ in range(args.repeats):   # job counts and checkouts take turns: a busy spell of the machine hits each

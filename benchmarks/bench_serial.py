@@ -188,22 +188,12 @@ def importtime(repo: str, recipe: str, out: str, j: int) -> dict[str, float]:
 
 def make_photo_recipe(work: str, n: int) -> str:
     """``n`` 500x375 JPEGs (bench_scale's photos) -> 64x64, 256 per shard, as bench_scale's --jobs table."""
-    import yaml
-
     sys.path.insert(0, REPO)
-    from benchmarks.bench_scale import make_photos
+    from benchmarks.bench_scale import make_photos, write_photo_recipe
 
     root = os.path.join(work, f"photos-{n}")
     make_photos(root, n)
-    recipe = os.path.join(work, f"photos-{n}-64.yaml")
-    with open(recipe, "w") as f:
-        yaml.safe_dump({"name": "tiny", "seed": 0,
-                        "inputs": {"root": root, "match": "{label}/{name}.jpg",
-                                   "fields": {"image": {"decoder": "image", "mode": "rgb8"}},
-                                   "label": {"capture": "label"}},
-                        "steps": [{"resize": {"size": [64, 64]}}, {"center_crop": {"size": [64, 64]}}],
-                        "output": {"format": "hdf5", "samples_per_shard": 256}}, f)
-    return recipe
+    return write_photo_recipe(os.path.join(work, f"photos-{n}-64.yaml"), root, 64)
 
 
 def _label(repo: str) -> str:

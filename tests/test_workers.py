@@ -405,3 +405,37 @@ def test_lazy_imports_are_read_from_the_source_of_the_recipes_code():
     image = {m.split(".")[0] for mod in ("precompile.decoders.image", "precompile.transforms.geometry",
                                          "precompile.formats.hdf5") for m in lazy_imports(mod)}
     assert {"PIL", "cv2", "h5py"} <= image and not image & {"soundfile", "av", "pydicom", "scipy"}   # only theirs
+
+
+def test_a_helper_whose_build_died_while_it_started_exits_at_once(tmp_path):
+    """A loky worker (or the progress queue's manager) calls ``watch_parent`` only once it has started; a build
+    killed before that has already handed the helper to init (or a subreaper). Given the build's process id, the
+    helper sees it is orphaned and exits there; read from ``os.getppid()`` then, the "parent" would be the
+    adopter, watched forever."""
+    err = tmp_path / "helper.err"
+    helper = ("import sys, time\n"
+              "time.sleep(1.0)\n"                       # still starting when its build dies
+              "from precompile.compiler.forkpool import watch_parent\n"
+              "watch_parent(int(sys.argv[1]), period=0.1)\n"
+              "open(sys.argv[2], 'w').write('watching')\n"
+              "time.sleep(60)\n")
+    build = ("import os, subprocess, sys\n"
+             "p = subprocess.Popen([sys.executable, '-c', sys.argv[1], str(os.getpid()), sys.argv[2]],\n"
+             "                     stdout=subprocess.DEVNULL, stderr=open(sys.argv[3], 'w'))\n"
+             "print(p.pid, flush=True)\n"
+             "os._exit(0)\n")                           # the build dies before its helper watches it
+    marker = tmp_path / "watching"
+    out = subprocess.run([sys.executable, "-c", build, helper, str(marker), str(err)], capture_output=True,
+                         text=True, timeout=60, cwd=REPO)
+    pid = int(out.stdout.split()[0])
+    try:
+        assert _alive(pid)   # still starting
+        left = _gone_within([pid], 5.0)
+        assert not left, f"the helper outlived its build: {left}"
+        assert not marker.exists(), "watch_parent returned in a helper whose build had died"
+        assert err.read_text() == "", err.read_text()[-2000:]   # it exited in watch_parent, not on an error
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

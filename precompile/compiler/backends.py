@@ -89,7 +89,7 @@ def start_pool(n_jobs: Optional[int], scheduler: Optional[str], index_path: str,
     n = joblib.effective_n_jobs(n_jobs)
     if n > 1:
         _warm = joblib.Parallel(n_jobs=n_jobs, backend="loky", return_as="generator_unordered")(
-            joblib.delayed(warm_worker)() for _ in range(n))
+            joblib.delayed(warm_worker)(os.getpid()) for _ in range(n))
         if not _exit_hook:   # a warm-up no build used (the plan failed, nothing to build): collected at exit
             import atexit   # (waiting for it, not cancelling it: loky's executor can fail on a cancel in flight)
 
@@ -113,22 +113,25 @@ def _same_recipe(index_path: str, recipe_hash: str) -> bool:
     return False
 
 
-def warm_worker() -> int:
-    """In a loky worker: import what a shard task needs (the task, the decoders, the steps, the writers)."""
+def warm_worker(parent: int | None = None) -> int:
+    """In a loky worker: import what a shard task needs (the task, the decoders, the steps, the writers);
+    ``parent``: the build's process id (:func:`~.forkpool.watch_parent`)."""
     from .forkpool import watch_parent
+
+    watch_parent(parent)   # first: a build killed while this worker started is not outlived by the imports
     from . import shard  # noqa: F401
     from ..registry import load_builtins
 
-    watch_parent()
     load_builtins()
     return os.getpid()
 
 
-def loky_task(fn: Callable[..., ShardResult], *args: Any) -> ShardResult:
-    """A shard task in a loky worker: the worker first makes sure it exits with the build (watch_parent)."""
+def loky_task(parent: int, fn: Callable[..., ShardResult], *args: Any) -> ShardResult:
+    """A shard task in a loky worker: the worker first makes sure it exits with the build (watch_parent, given
+    the build's process id ``parent``)."""
     from .forkpool import watch_parent
 
-    watch_parent()
+    watch_parent(parent)
     return fn(*args)
 
 
@@ -620,7 +623,7 @@ def run_loky(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Op
     while remaining:
         done: set[int] = set()
         batch = [(s, p) for s, p in remaining if s.index in isolated][:1] or remaining  # a suspect runs alone
-        tasks = (joblib.delayed(loky_task)(fn, *args)
+        tasks = (joblib.delayed(loky_task)(os.getpid(), fn, *args)
                  for fn, args in (task(s, path, True, s.index in isolated, sink) for s, path in batch))
         try:
             with warnings.catch_warnings():

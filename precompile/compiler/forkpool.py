@@ -320,18 +320,24 @@ def _kill(pid: int) -> None:
 _watching = False
 
 
-def watch_parent(period: float = 0.5) -> None:
+def watch_parent(parent: int | None = None, period: float = 0.5) -> None:
     """In a helper process started some other way (a loky worker, the progress queue's manager): exit within
     ``period`` seconds of the parent process's death, by a daemon thread that polls :func:`os.getppid`.
     (PR_SET_PDEATHSIG would fire when the *thread* that started the process ends, and loky starts workers
-    from threads of its own.) Once per process."""
+    from threads of its own.) ``parent``: the process id of the build that started this one, passed in by the
+    build; a helper whose parent is already gone when it gets here (killed while the helper was still starting:
+    it was adopted by init or a subreaper) exits at once, where the parent read from ``os.getppid()`` now would
+    be the adopter, watched forever. Once per process."""
     global _watching
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
     if _watching:
         return
     _watching = True
     import threading
 
-    parent = os.getppid()
+    if parent is None:
+        parent = os.getppid()
 
     def watch() -> None:
         while True:

@@ -17,6 +17,7 @@ out of the rate: the rate is of inputs actually built.
 """
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from typing import Any, Optional
@@ -67,7 +68,7 @@ class Progress:
             from multiprocessing.managers import SyncManager
 
             self._manager = SyncManager(ctx=multiprocessing.get_context())
-            self._manager.start(_manager_init)   # as multiprocessing.Manager(), but ends with the build
+            self._manager.start(_manager_init, (os.getpid(),))   # as multiprocessing.Manager(), but ends with the build
             self._queue = self._manager.Queue()
             self._thread = threading.Thread(target=self._drain, name="precompile-progress", daemon=True)
             self._thread.start()
@@ -112,11 +113,12 @@ class Progress:
         self.bar.close()
 
 
-def _manager_init() -> None:
-    """In the queue's manager process: exit when the build's process dies (nothing else would end it)."""
+def _manager_init(parent: int) -> None:
+    """In the queue's manager process: exit when the build's process (``parent``) dies (nothing else would
+    end it)."""
     from .forkpool import watch_parent
 
-    watch_parent()
+    watch_parent(parent)
 
 
 class LocalSink:

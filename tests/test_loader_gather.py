@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import h5py
 import numpy as np
@@ -103,6 +104,29 @@ def test_split_parts_follow_bytes_and_threads(built):
         assert [s.parts(256, 4096), s.parts(256, mb // 256 * 2), s.parts(256, mb), s.parts(3, mb)] == [1, 2, 4, 3]
         assert feed.RowSplitter(r, ["image"], 1, torch.device("cpu")).parts(256, mb) == 1
     finally:
+        s.close()
+
+
+def test_a_task_does_not_wait_for_parts_no_split_thread_has_started(built, ds, monkeypatch):
+    # the split threads are busy with another task's parts: the task's own thread gathers its queued parts
+    # itself (two tasks in flight with prefetch=1 would otherwise queue behind each other on one split thread)
+    monkeypatch.setattr(feed, "SPLIT_BYTES", 1)
+    r = Loader(built, batch_size=16, device="cpu").reader
+    s = feed.RowSplitter(r, ["image"], 2, torch.device("cpu"))
+    release = threading.Event()
+    busy = s._pool.submit(release.wait, 30)
+    rows = np.array([5, 0, 17, 3, 9, 30, 2, 11])
+    out = {"image": np.zeros((len(rows), *r.shapes["image"]), r.dtypes["image"])}
+    t = threading.Thread(target=s.gather, args=(rows, out))
+    try:
+        t.start()
+        t.join(10)
+        assert not t.is_alive(), "the task waited for a part queued behind a busy split thread"
+        np.testing.assert_array_equal(out["image"], ds.batch(rows)["image"])
+    finally:
+        release.set()
+        busy.result()
+        t.join()
         s.close()
 
 

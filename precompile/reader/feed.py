@@ -229,6 +229,11 @@ class _InlinePool:
         pass
 
 
+#: whether a task's owner gathers the parts of it that no split thread has started yet itself, instead of
+#: waiting for them (benchmarks/bench_threads.py turns it off for its "before" contenders)
+STEAL_PARTS = True
+
+
 class RowSplitter:
     """Gathers a task's rows with up to ``threads`` threads: the calling thread takes the first range, a pool
     of its own the others (never the gather pool: a task waiting on parts queued behind other tasks could wait
@@ -261,9 +266,13 @@ class RowSplitter:
         futs = [self._pool.submit(self._gather, rows, out, bounds[i], bounds[i + 1]) for i in range(1, k)]
         try:
             self._gather(rows, out, bounds[0], bounds[1])
+            for i in range(k - 1, 0, -1):   # parts no split thread has started (busy with another task's): here
+                if STEAL_PARTS and futs[i - 1].cancel():
+                    self._gather(rows, out, bounds[i], bounds[i + 1])
         finally:
             for fut in futs:
-                fut.result()
+                if not fut.cancelled():
+                    fut.result()
 
     def close(self) -> None:
         if self._pool is not None:

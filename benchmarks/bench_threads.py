@@ -10,11 +10,15 @@ shuffled batches (warm page cache), CPU device, uint8 out, taking turns pass by 
   ranges as threads, each range ONE ``np.take(images, rows, axis=0, out=..., mode="clip")`` in its own thread
   (``mode="raise"`` would buffer ``out``): what threads can add to a copy of these rows on this machine, with no
   reader and no Python between rows;
+- ``native take 2 bufs``: the same, writing batches into two buffers in turn, as any reader must with one batch
+  ahead (the consumer holds batch k while k + 1 is gathered; the plain native take rewrites one buffer that
+  can stay in the cache);
 - ``row copy loop``: ``out[j] = images[idx[j]]`` over the batch's shuffled rows, cut into ranges copied by
   Python threads (the interpreter lock taken between rows; the bar before issue 33);
 - ``Loader`` with ``prefetch=1``, mapped files (default) and ``in_memory=True``, with the one-take gather
-  (``one take``) and with the views as before issue 33 (``views (before)``: ``PIECE_TAKE`` off), at each
-  ``--threads`` count.
+  (``one take``), with the views as before issue 33 (``views (before)``: ``PIECE_TAKE`` off) and with a task
+  waiting for its parts queued behind another task's on a busy split thread (``one take, waits (before)``:
+  ``feed.STEAL_PARTS`` off), at each ``--threads`` count.
 
 The table gives the median samples/s over ``--repeats`` passes, the ratio to the same contender with 1 thread
 (the median of the ratios of passes in the same turn, so load that comes and goes cancels) and to the native
@@ -63,7 +67,7 @@ def per_thread(reps: int, bs: int, quick: bool) -> None:
     """One thread, no Loader: ``DirectReader.gather`` of every gather-ordered shuffled batch of a mapped store,
     pieces (one take) against the views (``PIECE_TAKE`` off), the two readers taking turns pass by pass."""
     import precompile
-    from precompile.reader import direct
+    from precompile.reader import direct, feed
     from precompile.reader.mapping import page_aligned_empty
 
     print(f"one thread, DirectReader.gather of sorted batches of {bs} into one page-aligned buffer, mapped, "
@@ -148,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from precompile.reader import direct
+    from precompile.reader import direct, feed
     from precompile.reader.loader import Loader
 
     print(f"batch {bs}, prefetch 1, {reps} passes each; torch threads {torch.get_num_threads()}, "
@@ -161,26 +165,28 @@ def main(argv: list[str] | None = None) -> None:
         with tempfile.TemporaryDirectory() as tmp:
             path = write_store(tmp, f"s{side}", images, rng.integers(0, 10, n), samples_per_shard=max(1, n // 8),
                                chunk_samples=min(256, max(1, (2 << 20) // images[0].nbytes)))
-            out = np.empty((bs, side, side, 3), np.uint8)
+            outs = [np.empty((bs, side, side, 3), np.uint8) for _ in range(2)]
+            out = outs[0]
             pool = ThreadPoolExecutor(max_workers=max(1, max(threads) - 1))
 
             def cut(k: int, m: int) -> list[int]:
                 return [m * q // k for q in range(k + 1)]
 
-            def take_rows(idx, lo, hi):
+            def take_rows(idx, lo, hi, out):
                 np.take(images, idx[lo:hi], axis=0, out=out[lo:hi], mode="clip")
 
-            def copy_rows(idx, lo, hi):
+            def copy_rows(idx, lo, hi, out):
                 for j in range(lo, hi):
                     out[j] = images[idx[j]]
 
-            def threaded(r, k, fn, sort):
+            def threaded(r, k, fn, sort, bufs=1):
                 perm = np.random.default_rng(r).permutation(n)
-                for i in range(0, n, bs):
+                for j, i in enumerate(range(0, n, bs)):
+                    out = outs[j % bufs]
                     idx = np.sort(perm[i:i + bs]) if sort else perm[i:i + bs]
                     b = cut(k, len(idx))
-                    futs = [pool.submit(fn, idx, b[q], b[q + 1]) for q in range(1, k)]
-                    fn(idx, b[0], b[1])
+                    futs = [pool.submit(fn, idx, b[q], b[q + 1], out) for q in range(1, k)]
+                    fn(idx, b[0], b[1], out)
                     for f in futs:
                         f.result()
                     yield out[:len(idx)]
@@ -188,11 +194,14 @@ def main(argv: list[str] | None = None) -> None:
             makers = {}
             for t in threads:
                 makers[f"native take, {t} thr"] = lambda r, t=t: threaded(r, t, take_rows, True)
+            for t in threads:   # a consumer holds batch k while k + 1 is gathered: two buffers at least
+                makers[f"native take 2 bufs, {t} thr"] = lambda r, t=t: threaded(r, t, take_rows, True, 2)
             for t in threads:
                 makers[f"row copy loop, {t} thr"] = lambda r, t=t: threaded(r, t, copy_rows, False)
             kept = []
             for mem in (False, True):
-                for pieces in ((True,) if args.no_before else (True, False)):
+                hows = [(True, True)] + ([] if args.no_before else [(True, False), (False, True)])
+                for pieces, steal in hows:
                     for t in threads:
                         old = direct.PIECE_TAKE
                         direct.PIECE_TAKE = pieces          # read when the reader is made
@@ -202,12 +211,16 @@ def main(argv: list[str] | None = None) -> None:
                         finally:
                             direct.PIECE_TAKE = old
                         kept.append(loader)
-                        how = "one take" if pieces else "views (before)"
+                        how = "views (before)" if not pieces else "one take" if steal else "one take, waits (before)"
                         name = f"{'in_memory' if mem else 'mapped'}, {how}, {t} thr"
 
-                        def ld(r, loader=loader):
+                        def ld(r, loader=loader, steal=steal):
                             loader.set_epoch(r)
-                            return loader
+                            feed.STEAL_PARTS = steal     # read per task: set for this pass only
+                            try:
+                                yield from loader
+                            finally:
+                                feed.STEAL_PARTS = True
                         makers[name] = ld
             rows: dict[str, list[float]] = {name: [] for name in makers}
             for r in range(reps):  # contenders take turns, so load from other jobs spreads over all of them
@@ -235,12 +248,13 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"| {name:<36} | {m:>10,.0f} | {m * images[0].nbytes / 1e9:>5.2f} | {up:>10.2f} | "
                       f"{m / lim:>14.2f} |")
             for t in threads[1:]:
-                nat = ups["native take"][t]
-                parts = [f"native take {nat:.2f}x", f"row copy loop {ups['row copy loop'][t]:.2f}x"]
+                nat, nat2 = ups["native take"][t], ups["native take 2 bufs"][t]
+                parts = [f"native take {nat:.2f}x (2 bufs {nat2:.2f}x)", f"row copy loop {ups['row copy loop'][t]:.2f}x"]
                 for base_name in ups:
                     if base_name.startswith(("mapped", "in_memory")):
                         up = ups[base_name][t]
-                        parts.append(f"{base_name} {up:.2f}x (**{up / nat:.2f}** of native)")
+                        parts.append(f"{base_name} {up:.2f}x (**{up / nat:.2f}** of native, {up / nat2:.2f} of "
+                                     f"2 bufs)")
                 summary.append(f"- {store}, {t} threads over 1: " + "; ".join(parts))
     print()
     print("Speed-up with more threads (the Loader's against the native take's; issue 33's goal on 2 cores: >= 0.9):")

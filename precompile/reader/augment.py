@@ -344,19 +344,27 @@ class RandomResizedCrop(gpu.SizedStep):
         area-up rule on both axes where either grows), across each row first, then down (OpenCV's order). The
         taps are computed on ``x``'s device from the windows (:func:`device_taps`); each axis is a few row
         copies and weighted sums for the whole batch."""
-        h, w = self.params.size
         if x.dtype in _SIGNED_TWIN:
             x = x.to(torch.float32)
+        ix, wx, iy, wy = self.taps(x.device, top, left, height, width, modes)
+        cols = _row_taps(x.transpose(1, 2), ix, wx)            # (n, w, H, C): the columns of each window
+        return _row_taps(cols.transpose(1, 2), iy, wy)         # (n, h, w, C)
+
+    def taps(self, device: torch.device, top, left, height, width,
+             modes: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each sample's column and row taps on ``device`` (:func:`device_taps`, with its mode's rule: linear,
+        or area: OpenCV's area-up rule on both axes where either grows): ``ix``, ``wx`` (kx, n, w) and ``iy``,
+        ``wy`` (ky, n, h): what :meth:`_resize` sums (and the fused kernel, :mod:`~precompile.reader.fused`)."""
+        h, w = self.params.size
         grows = (np.asarray(height) < h) | (np.asarray(width) < w)
         codes = np.where(modes == "area", np.where(grows, AREA_UP, AREA_DOWN), LINEAR)
         width, height = np.asarray(width, np.float64), np.asarray(height, np.float64)
         t = to_device(np.stack([left, width, codes, width / w, top, height, codes, height / h]).astype(np.float64),
-                      x.device)
+                      device)
         rules = set(codes.tolist())
         ix, wx = device_taps(*t[:4], w, tap_count(codes, width, w), rules)
         iy, wy = device_taps(*t[4:], h, tap_count(codes, height, h), rules)
-        cols = _row_taps(x.transpose(1, 2), ix, wx)            # (n, w, H, C): the columns of each window
-        return _row_taps(cols.transpose(1, 2), iy, wy)         # (n, h, w, C)
+        return ix, wx, iy, wy
 
     def apply_image(self, x: torch.Tensor, top, left, height, width) -> torch.Tensor:
         y, unfold = _fold(x)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import numpy as np
 import torch
 
-from . import gpu
+from . import fused, gpu
 from .direct import DirectReader
 from .mapping import page_aligned_empty
 from .ragged import RaggedFields
@@ -165,17 +165,29 @@ class Finisher:
                  pool: HostPool, ragged: RaggedFields | None = None):
         self.steps, self.convert, self.seed, self.rank, self.pool = list(steps), convert, seed, rank, pool
         self.ragged = ragged   # annotation fields: padded on the host, moved to the batch's device last
+        # resized crop -> flip -> jitter -> float32 on one uint8 image: one or two Triton kernels where a batch
+        # can take them (fused.FusedChain.usable), the eager steps otherwise; fused_batches counts the former
+        self.fused = fused.FusedChain.of(self.steps, convert) if self.steps else None
+        self.fused_batches = 0
 
     def ragged_rows(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
         """The padded annotation fields and counts of dataset rows ``rows`` (host tensors; {} if none)."""
         return self.ragged.batch(rows) if self.ragged is not None else {}
 
     def finish(self, batch: Batch, epoch: int, b: int) -> Batch:
+        done = None   # the field the fused kernels converted
         if self.steps:
             n = next(iter(batch.values())).shape[0]
             params = gpu.step_params(self.steps, self.seed, epoch, self.rank, b, n)
-            batch = gpu.run_steps(batch, self.steps, params)
+            if self.fused is not None and self.fused.usable(batch):
+                done = self.fused.field
+                batch[done] = self.fused.run(batch[done], params)
+                self.fused_batches += 1
+            else:
+                batch = gpu.run_steps(batch, self.steps, params)
         for f, conv in self.convert.items():
+            if f == done:
+                continue
             x = batch[f]
             out = None
             if x.device.type == "cpu" and conv.dtype == torch.float32:

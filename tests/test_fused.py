@@ -1,0 +1,274 @@
+"""The fused device chain (precompile/reader/fused.py): random_resized_crop -> random_flip -> color_jitter ->
+float32 conversion of a uint8 RGB batch in one or two Triton kernels, against the eager steps (the reference,
+themselves tested against the build's numpy/OpenCV steps in tests/test_device_augment.py).
+
+On the CPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``, set per test): tiny batches.
+The bound the fused result keeps against the eager chain (the module's docstring says why): every float
+within ``1/255/std + 1e-6`` (one uint8 level before the conversion), and at most 1% of the values differ at
+all. The draws are given by hand where a case must be covered (an area window that shrinks, one that grows, a
+linear one, flips on and off in one batch, jitter factors of 1 and at the ends of their ranges, hue 0 and not)
+and drawn by the steps' own stream elsewhere. The CUDA test (skipped without a GPU) compares fused and eager
+on the device on a real-size batch. Only a missing triton skips this module.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+#: where the kernels run in this test process: compiled for the GPU where there is one, else Triton's
+#: interpreter on the CPU (TRITON_INTERPRET=1 must be set when triton is first imported: its own library is
+#: made for the interpreter then; it is set for that import only, and per test for the CPU dispatch)
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+_before = os.environ.get("TRITON_INTERPRET")
+if DEV == "cpu":
+    os.environ["TRITON_INTERPRET"] = "1"
+try:
+    import triton  # noqa: F401
+except ImportError:
+    pytest.skip("triton is not installed: the fused kernels (and Triton's interpreter, which runs them on the "
+                "CPU) need it (pip install 'precompile[fused]')", allow_module_level=True)
+from precompile.reader import augment, fused, gpu  # noqa: E402
+from precompile.reader.loader import Loader  # noqa: E402
+
+try:
+    fused.kernels()   # made now, under the interpreter on the CPU
+finally:
+    if _before is None:
+        os.environ.pop("TRITON_INTERPRET", None)
+    else:
+        os.environ["TRITON_INTERPRET"] = _before
+
+from loader_cases import small_build  # noqa: E402,F401
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine: the fused-vs-eager "
+                          "check on the device runs on a GPU node")
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def test_the_kernels_run_where_this_process_needs_them():
+    """The CPU runs the interpreter's kernels (else the CPU tests below would not test the kernels: triton
+    was imported before this module without TRITON_INTERPRET=1); a GPU machine, compiled ones."""
+    assert fused.interpreted() == (DEV == "cpu")
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    """Triton's interpreter on (for this test only: the Loader's other tests keep the eager path on the CPU)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.delenv("PRECOMPILE_FUSED", raising=False)
+
+
+def _bind(steps: list, hw: tuple[int, int], fields: dict | None = None) -> list:
+    steps = augment.parse_steps(steps)
+    fields = fields or {"image": ("image", (*hw, 3))}
+    gpu.bind_steps(steps, {f: {"kind": k} for f, (k, _) in fields.items()}, {f: s for f, (_, s) in fields.items()})
+    return steps
+
+
+def _convert(channels_first: bool = False, mean=MEAN, std=STD) -> dict[str, gpu.Convert]:
+    return {"image": gpu.Convert(torch.float32, mean, std, channels_first, 1 / 255)}
+
+
+def _eager(steps: list, conv: dict, x: torch.Tensor, params: list) -> torch.Tensor:
+    return conv["image"](gpu.run_steps({"image": x.clone()}, steps, params)["image"])
+
+
+def _within_bound(got: torch.Tensor, want: torch.Tensor, std=STD, what: str = "") -> None:
+    """The stated bound: each float within one uint8 level (1/255/std) + 1e-6 of the eager chain's, and at
+    most 1% of the values differing at all. On the CPU (the interpreter, its fused multiply-adds computed in
+    float64) every value equals the eager chain's on these inputs (measured), so there the test asks for that:
+    a rule broken only at a rounding tie (half up instead of half to even, say) fails."""
+    assert got.shape == want.shape and got.stride() == want.stride(), what
+    if DEV == "cpu":
+        diff = int((got != want).sum())
+        assert diff == 0, f"{what}: {diff} of {got.numel()} values differ from the eager chain's on the CPU"
+    d = (got - want).abs().permute(0, 2, 3, 1) if got.shape[-1] != 3 else (got - want).abs()
+    level = torch.tensor([1 / 255 / s + 1e-6 for s in np.broadcast_to(std, (3,))])
+    assert bool((d <= level).all()), f"{what}: {float(d.max())} from the eager chain (bound {level.tolist()})"
+    assert int((d > 0).sum()) <= 0.01 * d.numel(), f"{what}: {int((d > 0).sum())} of {d.numel()} values differ"
+
+
+def _image(n: int, H: int, W: int, seed: int = 0) -> torch.Tensor:
+    """Noise, with a flat sample and a gray one (hue and saturation's equal-channel branch) when n >= 3."""
+    x = np.random.default_rng(seed).integers(0, 256, (n, H, W, 3)).astype(np.uint8)
+    if n >= 3:
+        x[1] = 77
+        x[2, ..., 1] = x[2, ..., 2] = x[2, ..., 0]
+    return torch.from_numpy(x)
+
+
+def _windows(*wins: tuple[int, int, int, int]) -> dict[str, np.ndarray]:
+    a = np.array(wins, np.int64)
+    return {"top": a[:, 0], "left": a[:, 1], "height": a[:, 2], "width": a[:, 3]}
+
+
+#: (interpolation, windows (top, left, height, width) on a 20x24 grid resized to 8x8): each tap rule
+WINDOW_CASES = [
+    ("area", [(1, 2, 18, 21), (3, 4, 5, 6), (0, 0, 20, 5)]),     # shrinks (area); grows (area-up); one axis grows
+    ("linear", [(2, 3, 17, 19), (5, 6, 4, 7), (0, 0, 20, 24)]),
+    ("auto", [(0, 1, 19, 22), (7, 9, 3, 5), (4, 2, 9, 16)]),    # area, linear, area in one batch
+]
+def _factors(brightness, contrast, saturation, hue) -> dict[str, list[float]]:
+    return {"brightness": brightness, "contrast": contrast, "saturation": saturation, "hue": hue}
+
+
+#: per-sample jitter factors (3 samples): 1 and the ends of the ranges, hue off and on
+JITTER_CASES = [
+    None,
+    _factors([1.0, 0.0, 2.5], [0.0, 1.0, 3.0], [3.0, 0.0, 1.0], [0.0, 0.0, 0.0]),
+    _factors([1.3, 1.0, 0.6], [1.0, 1.0, 1.0], [0.5, 1.0, 2.0], [0.0, 0.0, 0.0]),
+    _factors([0.8, 1.2, 1.0], [1.4, 0.7, 1.0], [1.0, 1.6, 0.3], [0.5, -0.37, 0.0]),
+    _factors([1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [1.0, 1.0, 1.0], [-0.5, 0.11, 0.0]),
+]
+
+
+@pytest.mark.parametrize("jitter", JITTER_CASES, ids=["no-jitter", "extremes", "no-contrast", "hue", "hue-only"])
+@pytest.mark.parametrize("interp,wins", WINDOW_CASES, ids=[c[0] for c in WINDOW_CASES])
+def test_fused_chain_is_the_eager_chain_on_given_draws(interpret, interp, wins, jitter):
+    """Hand-made draws covering each tap rule, flips on and off per sample, jitter factors of 1 and at the
+    ends of their ranges: the fused result keeps the bound against the eager steps."""
+    steps = [{"random_resized_crop": {"size": [8, 8], "interpolation": interp}},
+             {"random_flip": {"horizontal": 0.5, "vertical": 0.5}}]
+    if jitter is not None:
+        steps.append({"color_jitter": {"brightness": [0, 3], "contrast": [0, 3], "saturation": [0, 3],
+                                       "hue": 0.5}})
+    steps = _bind(steps, (20, 24))
+    params = [_windows(*wins), {"horizontal": np.array([True, False, True]), "vertical": np.array([False, True, True])}]
+    if jitter is not None:
+        params.append({k: np.array(v, np.float64) for k, v in jitter.items()})
+    for channels_first in (False, True):
+        conv = _convert(channels_first)
+        chain = fused.FusedChain.of(steps, conv)
+        x = _image(3, 20, 24).to(DEV)
+        assert chain is not None and chain.usable({"image": x})
+        _within_bound(chain.run(x, params).cpu(), _eager(steps, conv, x, params).cpu(), what=f"{interp} {jitter}")
+
+
+def test_the_rules_the_cases_cover():
+    """The hand-made windows take the rules they are named for (so the test above covers each)."""
+    codes = {}
+    for interp, wins in WINDOW_CASES:
+        steps = _bind([{"random_resized_crop": {"size": [8, 8], "interpolation": interp}}], (20, 24))
+        p = _windows(*wins)
+        modes = steps[0]._modes(p["height"], p["width"], interp)
+        grows = (p["height"] < 8) | (p["width"] < 8)
+        codes[interp] = np.where(modes == "area", np.where(grows, augment.AREA_UP, augment.AREA_DOWN),
+                                 augment.LINEAR).tolist()
+    assert codes == {"area": [augment.AREA_DOWN, augment.AREA_UP, augment.AREA_UP],
+                     "linear": [augment.LINEAR] * 3,
+                     "auto": [augment.AREA_DOWN, augment.LINEAR, augment.AREA_DOWN]}
+
+
+@pytest.mark.parametrize("chain", [
+    [{"random_resized_crop": {"size": [8, 8], "scale": [0.02, 1.0]}}],
+    [{"random_resized_crop": {"size": [9, 7], "scale": [0.02, 1.0], "interpolation": "area"}},
+     {"color_jitter": {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4}}],
+    [{"random_resized_crop": {"size": [8, 8], "scale": [0.02, 1.0], "interpolation": "linear"}},
+     {"random_flip": {}}, {"color_jitter": {"brightness": [0, 3], "contrast": [0, 3], "saturation": [0, 3],
+                                            "hue": 0.5}}],
+])
+def test_fused_chain_is_the_eager_chain_on_drawn_batches(interpret, chain):
+    """The steps' own draws (several batches, 4 samples of 20x24): the bound holds, with the per-channel mean
+    and std, and with none."""
+    steps = _bind(chain, (20, 24))
+    x = _image(4, 20, 24, seed=3).to(DEV)
+    for b, (mean, std) in enumerate([(MEAN, STD), (None, None), (0.5, 0.25)]):
+        conv = _convert(False, mean, std)
+        params = gpu.step_params(steps, 11, 0, 0, b, 4)
+        got = fused.FusedChain.of(steps, conv).run(x, params)
+        _within_bound(got.cpu(), _eager(steps, conv, x, params).cpu(), 1.0 if std is None else std,
+                      what=f"{chain} {mean}")
+
+
+def test_only_supported_chains_are_fused():
+    """FusedChain.of takes resized crop (linear/area/auto) [-> flip] [-> jitter] on one image field converted
+    to float32; anything else is None (the eager steps)."""
+    rrc = {"random_resized_crop": {"size": [8, 8]}}
+    jit = {"color_jitter": {"brightness": 0.2}}
+    hw = (20, 24)
+    ok = [[rrc], [rrc, {"random_flip": {}}], [rrc, jit], [rrc, {"random_flip": {"vertical": 0.5}}, jit]]
+    for chain in ok:
+        assert fused.FusedChain.of(_bind(chain, hw), _convert()) is not None, chain
+    refused = {
+        "nearest": [{"random_resized_crop": {"size": [8, 8], "interpolation": "nearest"}}],
+        "jitter first": [jit, rrc],
+        "flip after jitter": [rrc, jit, {"random_flip": {}}],
+        "another step": [rrc, {"random_grayscale": {"p": 0.5}}],
+        "no resized crop": [{"random_flip": {}}, jit],
+        "crop": [{"random_crop": {"size": 8}}, jit],
+    }
+    for why, chain in refused.items():
+        assert fused.FusedChain.of(_bind(chain, hw), _convert()) is None, why
+    steps = _bind([rrc, jit], hw)
+    assert fused.FusedChain.of(steps, {}) is None   # no conversion
+    assert fused.FusedChain.of(steps, {"image": gpu.Convert(torch.float16)}) is None
+    assert fused.FusedChain.of(steps, {"image": gpu.Convert(None, channels_first=True)}) is None
+    masked = _bind([rrc, {"random_flip": {}}], hw, {"image": ("image", (*hw, 3)), "mask": ("mask", (*hw, 1))})
+    assert fused.FusedChain.of(masked, _convert()) is None   # a mask moves with the image: eager
+
+
+def test_a_batch_takes_the_fused_path_only_where_it_can(interpret, monkeypatch):
+    """usable(): a uint8 (N, H, W, 3) batch of the bound grid, on CUDA or under the interpreter;
+    PRECOMPILE_FUSED=0 and a CPU batch without the interpreter take the eager steps."""
+    chain = fused.FusedChain.of(_bind([{"random_resized_crop": {"size": [8, 8]}}], (20, 24)), _convert())
+    x = _image(2, 20, 24).to(DEV)
+    assert chain.usable({"image": x})
+    assert not chain.usable({"image": x.to(torch.float32)})
+    assert not chain.usable({"image": _image(2, 20, 23).to(DEV)})
+    assert not chain.usable({"image": x[..., :1]})
+    monkeypatch.setenv("PRECOMPILE_FUSED", "0")
+    assert not chain.usable({"image": x})
+    monkeypatch.setenv("PRECOMPILE_FUSED", "1")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    assert not chain.usable({"image": x.cpu()})
+
+
+LOADER_STEPS = [{"random_resized_crop": {"size": [6, 7], "scale": [0.2, 1.0]}}, {"random_flip": {}},
+                {"color_jitter": {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1}}]
+
+
+def _batches(path: str, **kw) -> tuple[list[torch.Tensor], Loader]:
+    loader = Loader(path, batch_size=5, shuffle=True, seed=3, device=DEV, num_threads=0, dtype="float32",
+                    mean=MEAN, std=STD, **kw)
+    return [b["image"].cpu() for b in loader], loader
+
+
+def test_the_loader_uses_the_fused_path_with_the_same_draws(small_build, interpret, monkeypatch):
+    """A Loader with the supported chain fuses every batch (the Finisher counts them) and gives the eager
+    batches within the bound (the same draws: the same stream); PRECOMPILE_FUSED=0 forces the eager steps;
+    an unsupported chain (a grayscale step added) stays eager."""
+    got, loader = _batches(small_build, gpu_steps=LOADER_STEPS, channels_first=True)
+    assert len(got) == 2 and got[0].shape == (5, 3, 6, 7)
+    assert loader.finisher.fused is not None and loader.finisher.fused_batches == 2
+    monkeypatch.setenv("PRECOMPILE_FUSED", "0")
+    want, eager = _batches(small_build, gpu_steps=LOADER_STEPS, channels_first=True)
+    assert eager.finisher.fused_batches == 0
+    for g, w in zip(got, want):
+        _within_bound(g, w, what="loader")
+    monkeypatch.delenv("PRECOMPILE_FUSED")
+    _, other = _batches(small_build, gpu_steps=LOADER_STEPS + [{"random_grayscale": {"p": 0.5}}])
+    assert other.finisher.fused is None and other.finisher.fused_batches == 0
+
+
+@CUDA
+def test_fused_chain_is_the_eager_chain_on_cuda(monkeypatch):
+    """On the device, a real-size batch (64 of 256x320 -> 224x224, the ImageNet recipe's steps): fused and
+    eager within the bound, on drawn batches with and without hue."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("PRECOMPILE_FUSED", raising=False)
+    x = _image(64, 256, 320, seed=5).cuda()
+    for hue in (0.0, 0.1):
+        steps = _bind([{"random_resized_crop": {"size": [224, 224]}}, {"random_flip": {}},
+                       {"color_jitter": {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": hue}}],
+                      (256, 320))
+        for channels_first in (False, True):
+            conv = _convert(channels_first)
+            chain = fused.FusedChain.of(steps, conv)
+            assert chain.usable({"image": x})
+            for b in range(3):
+                params = gpu.step_params(steps, 7, 0, 0, b, 64)
+                got = chain.run(x, params)
+                _within_bound(got.cpu(), _eager(steps, conv, x, params).cpu(), what=f"cuda hue={hue} batch {b}")

@@ -125,7 +125,7 @@ class FusedChain:
             return False
         if x.device.type != "cuda" and not (x.device.type == "cpu" and interpreting()):
             return False
-        if tuple(x.shape[1:3]) != tuple(self.rrc.hw) or x.stride(-1) != 1:
+        if tuple(x.shape[1:3]) != tuple(self.rrc.hw) or x.stride(-1) != 1 or x.shape[0] > 65535:   # grid's y
             return False
         return interpreted() if x.device.type == "cpu" else kernels() is not None
 
@@ -182,13 +182,20 @@ class FusedChain:
         cpu = x.device.type == "cpu"
         with contextlib.nullcontext() if cpu else torch.cuda.device(x.device):   # Triton launches on the current one
             k.rrc_kernel[grid](x, sn, sh, sw, ix, wx, iy, wy, fac, out, mid, part, a, b, n, oh, ow, nb,
-                               KX=ix.shape[0], KY=iy.shape[0], BLOCK=BLOCK, TWO_PASS=contrast, CONTRAST=False,
-                               SATURATION=saturation, HUE=hue, RECIP=not cpu, EMULATE=cpu, **opts)
+                               ix.shape[0], iy.shape[0], KXB=_bucket(ix.shape[0]), KYB=_bucket(iy.shape[0]),
+                               BLOCK=BLOCK, TWO_PASS=contrast, SATURATION=saturation, HUE=hue, RECIP=not cpu,
+                               EMULATE=cpu, **opts)
             if contrast:
                 k.jitter_kernel[grid](mid, fac, out, part, a, b, oh, ow, nb, BLOCK=BLOCK,
                                       NB=max(16, k.triton.next_power_of_2(nb)), SATURATION=saturation, HUE=hue,
                                       RECIP=not cpu, **opts)
         return _view(out, self.convert)
+
+
+def _bucket(k: int) -> int:
+    """The loop length compiled for ``k`` taps: the next power of two (few kernel variants whatever the
+    windows; the slots past ``k`` add nothing)."""
+    return 1 << max(0, int(k) - 1).bit_length()
 
 
 def _view(out: Any, convert: Any) -> Any:

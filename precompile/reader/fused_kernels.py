@@ -9,10 +9,14 @@ import triton.language as tl
 
 @triton.jit
 def _round_u8(v):
-    """float32 -> the uint8 value as float32: clamped to [0, 255], rounded half to even (adding and
-    removing 2**23 rounds to an integer by the default rounding, which is to nearest even)."""
+    """float32 -> the uint8 value, as float32: clamped to [0, 255], rounded half to even (torch's ``round``)
+    with exact ops only (floor, a difference below 1, a comparison), whatever the compiler does."""
     v = tl.minimum(tl.maximum(v, 0.0), 255.0)
-    return (v + 8388608.0) - 8388608.0
+    f = tl.floor(v)
+    d = v - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
+    return tl.where((d > 0.5) | ((d == 0.5) & odd), f + 1.0, f)
+
 
 @triton.jit
 def _fma(a, b, c, EMULATE: tl.constexpr):
@@ -29,6 +33,7 @@ def _fma(a, b, c, EMULATE: tl.constexpr):
 def _gray(r, g, b):
     """The build's float32 luma, in its order: (r * 0.299 + g * 0.587) + b * 0.114."""
     return (r * 0.299 + g * 0.587) + b * 0.114
+
 
 @triton.jit
 def _div(a, b, RECIP: tl.constexpr):
@@ -112,58 +117,63 @@ def _finish(r, g, b, fac, s, out, n_out, mask, m, a_ptr, b_ptr,
     tl.store(out + n_out + 1, g * tl.load(a_ptr + 1) + tl.load(b_ptr + 1), mask=mask)
     tl.store(out + n_out + 2, b * tl.load(a_ptr + 2) + tl.load(b_ptr + 2), mask=mask)
 
+
 @triton.jit
-def rrc_kernel(x, sn, sh, sw, ix, wx, iy, wy, fac, out, mid, part, a_ptr, b_ptr, n, oh, ow, nb,
-                KX: tl.constexpr, KY: tl.constexpr, BLOCK: tl.constexpr, TWO_PASS: tl.constexpr,
-                CONTRAST: tl.constexpr, SATURATION: tl.constexpr, HUE: tl.constexpr, RECIP: tl.constexpr,
-                EMULATE: tl.constexpr):
-    """Pass 1 for block ``program_id(0)`` of sample ``program_id(1)``: resize (+ flip); then either the
-    whole rest (``TWO_PASS`` false) or the uint8 image and the block's gray sum."""
+def _column(base, sh, sw, ix, wx, n, s, ow, sx, row, mask, KX, KXB: tl.constexpr, EMULATE: tl.constexpr):
+    """One source row's value at each output column: ``w0 * x0``, then each further tap of the ``KX`` added
+    by ``fma`` (the eager column pass), per channel. The loop runs to ``KXB`` (a power of two >= KX, so few
+    compiled variants); a slot past ``KX`` loads nothing and adds ``fma(0, 0, c) = c``: nothing."""
+    xo = s * ow + sx
+    src = base + row * sh + tl.load(ix + xo, mask=mask, other=0) * sw
+    w = tl.load(wx + xo, mask=mask, other=0.0)
+    cr = tl.load(src, mask=mask, other=0).to(tl.float32) * w
+    cg = tl.load(src + 1, mask=mask, other=0).to(tl.float32) * w
+    cb = tl.load(src + 2, mask=mask, other=0).to(tl.float32) * w
+    for kx in tl.static_range(1, KXB):
+        on = mask & (kx < KX)
+        xo = (kx * n + s) * ow + sx
+        src = base + row * sh + tl.load(ix + xo, mask=on, other=0) * sw
+        w = tl.load(wx + xo, mask=on, other=0.0)
+        cr = _fma(tl.load(src, mask=on, other=0).to(tl.float32), w, cr, EMULATE)
+        cg = _fma(tl.load(src + 1, mask=on, other=0).to(tl.float32), w, cg, EMULATE)
+        cb = _fma(tl.load(src + 2, mask=on, other=0).to(tl.float32), w, cb, EMULATE)
+    return cr, cg, cb
+
+
+@triton.jit
+def rrc_kernel(x, sn, sh, sw, ix, wx, iy, wy, fac, out, mid, part, a_ptr, b_ptr, n, oh, ow, nb, KX, KY,
+               KXB: tl.constexpr, KYB: tl.constexpr, BLOCK: tl.constexpr, TWO_PASS: tl.constexpr,
+               SATURATION: tl.constexpr, HUE: tl.constexpr, RECIP: tl.constexpr, EMULATE: tl.constexpr):
+    """Pass 1 for block ``program_id(0)`` of sample ``program_id(1)``: the resize read through the flip,
+    each output pixel from its ``KY`` row taps of ``KX`` column taps (the eager row pass over the column
+    pass; loops to the powers of two ``KYB``, ``KXB``), rounded to uint8; then either the rest of the chain
+    (``TWO_PASS`` false: no contrast) or the uint8 image and the block's float64 sum of the
+    brightness-adjusted gray."""
     pb = tl.program_id(0)
     s = tl.program_id(1)
     p = pb * BLOCK + tl.arange(0, BLOCK)
     mask = p < oh * ow
     oy = p // ow
     ox = p % ow
-    fh = tl.load(fac + s * 8)
-    fv = tl.load(fac + s * 8 + 1)
-    sx = tl.where(fh != 0.0, ow - 1 - ox, ox)
-    sy = tl.where(fv != 0.0, oh - 1 - oy, oy)
+    sx = tl.where(tl.load(fac + s * 8) != 0.0, ow - 1 - ox, ox)
+    sy = tl.where(tl.load(fac + s * 8 + 1) != 0.0, oh - 1 - oy, oy)
     base = x + s.to(tl.int64) * sn
-    r = tl.zeros([BLOCK], dtype=tl.float32)
-    g = tl.zeros([BLOCK], dtype=tl.float32)
-    b = tl.zeros([BLOCK], dtype=tl.float32)
-    for ky in tl.static_range(KY):
+    yo = s * oh + sy
+    w = tl.load(wy + yo, mask=mask, other=0.0)
+    cr, cg, cb = _column(base, sh, sw, ix, wx, n, s, ow, sx, tl.load(iy + yo, mask=mask, other=0), mask, KX,
+                         KXB, EMULATE)
+    r = cr * w
+    g = cg * w
+    b = cb * w
+    for ky in tl.static_range(1, KYB):
+        on = mask & (ky < KY)
         yo = (ky * n + s) * oh + sy
-        row = tl.load(iy + yo, mask=mask, other=0)
-        wyv = tl.load(wy + yo, mask=mask, other=0.0)
-        cr = tl.zeros([BLOCK], dtype=tl.float32)
-        cg = tl.zeros([BLOCK], dtype=tl.float32)
-        cb = tl.zeros([BLOCK], dtype=tl.float32)
-        for kx in tl.static_range(KX):
-            xo = (kx * n + s) * ow + sx
-            col = tl.load(ix + xo, mask=mask, other=0)
-            wxv = tl.load(wx + xo, mask=mask, other=0.0)
-            src = base + row * sh + col * sw
-            vr = tl.load(src, mask=mask, other=0).to(tl.float32)
-            vg = tl.load(src + 1, mask=mask, other=0).to(tl.float32)
-            vb = tl.load(src + 2, mask=mask, other=0).to(tl.float32)
-            if kx == 0:
-                cr = vr * wxv
-                cg = vg * wxv
-                cb = vb * wxv
-            else:
-                cr = _fma(vr, wxv, cr, EMULATE)
-                cg = _fma(vg, wxv, cg, EMULATE)
-                cb = _fma(vb, wxv, cb, EMULATE)
-        if ky == 0:
-            r = cr * wyv
-            g = cg * wyv
-            b = cb * wyv
-        else:
-            r = _fma(cr, wyv, r, EMULATE)
-            g = _fma(cg, wyv, g, EMULATE)
-            b = _fma(cb, wyv, b, EMULATE)
+        w = tl.load(wy + yo, mask=on, other=0.0)
+        cr, cg, cb = _column(base, sh, sw, ix, wx, n, s, ow, sx, tl.load(iy + yo, mask=on, other=0), on, KX,
+                             KXB, EMULATE)
+        r = _fma(cr, w, r, EMULATE)
+        g = _fma(cg, w, g, EMULATE)
+        b = _fma(cb, w, b, EMULATE)
     r = _round_u8(r)
     g = _round_u8(g)
     b = _round_u8(b)
@@ -174,10 +184,10 @@ def rrc_kernel(x, sn, sh, sw, ix, wx, iy, wy, fac, out, mid, part, a_ptr, b_ptr,
         tl.store(mid + n_out + 2, b.to(tl.uint8), mask=mask)
         bright = tl.load(fac + s * 8 + 2)
         gray = _gray(r * bright, g * bright, b * bright)
-        total = tl.sum(tl.where(mask, gray.to(tl.float64), 0.0), axis=0)
-        tl.store(part + s * nb + pb, total)
+        tl.store(part + s * nb + pb, tl.sum(tl.where(mask, gray.to(tl.float64), 0.0), axis=0))
     else:
-        _finish(r, g, b, fac, s, out, n_out, mask, 0.0, a_ptr, b_ptr, CONTRAST, SATURATION, HUE, RECIP)
+        _finish(r, g, b, fac, s, out, n_out, mask, 0.0, a_ptr, b_ptr, False, SATURATION, HUE, RECIP)
+
 
 @triton.jit
 def jitter_kernel(mid, fac, out, part, a_ptr, b_ptr, oh, ow, nb, BLOCK: tl.constexpr, NB: tl.constexpr,

@@ -13,6 +13,8 @@ on the device on a real-size batch. Only a missing triton skips this module.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -272,3 +274,41 @@ def test_fused_chain_is_the_eager_chain_on_cuda(monkeypatch):
                 params = gpu.step_params(steps, 7, 0, 0, b, 64)
                 got = chain.run(x, params)
                 _within_bound(got.cpu(), _eager(steps, conv, x, params).cpu(), what=f"cuda hue={hue} batch {b}")
+
+
+COMPILE = r'''
+import sys
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, compile
+from precompile.reader import fused_kernels as fk
+
+POINTERS = dict(x="*u8", ix="*i64", wx="*fp32", iy="*i64", wy="*fp32", fac="*fp32", out="*fp32", mid="*u8",
+                part="*fp64", a_ptr="*fp32", b_ptr="*fp32")
+
+
+def build(fn, consts):
+    sig = {a: "constexpr" if a in consts else POINTERS.get(a, "i64" if a == "sn" else "i32") for a in fn.arg_names}
+    return compile(ASTSource(fn, sig, consts), target=GPUTarget("cuda", 90, 32),
+                   options={"enable_fp_fusion": False}).asm["ptx"]
+
+
+for two, kb in ((True, (4, 4)), (False, (2, 1))):
+    build(fk.rrc_kernel, dict(KXB=kb[0], KYB=kb[1], BLOCK=256, TWO_PASS=two, SATURATION=True, HUE=True, RECIP=True,
+                              EMULATE=False))
+ptx = build(fk.jitter_kernel, dict(BLOCK=256, NB=256, SATURATION=True, HUE=True, RECIP=True))
+print("fma in the jitter kernel:", ptx.count("fma.rn"))
+'''
+
+
+def test_the_kernels_compile_for_a_gpu_without_one(tmp_path):
+    """Triton's compiler (the interpreter runs what the compiler may refuse) builds both kernels, with every
+    branch (two passes or one, saturation, hue, several tap counts), for sm_90 (H100/H200) on this machine, GPU
+    or not (triton ships ptxas); and contracts no product into an add (``enable_fp_fusion=False``: the jitter
+    kernel has no fma, as the eager ops round each product). A fresh process: this one's triton is the
+    interpreter's on the CPU."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path), PYTHONPATH=os.pathsep.join(
+        [os.path.dirname(os.path.dirname(os.path.abspath(fused.__file__))), env.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-c", COMPILE], env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "fma in the jitter kernel: 0" in r.stdout, r.stdout

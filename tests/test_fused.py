@@ -58,7 +58,8 @@ def test_the_kernels_run_where_this_process_needs_them():
 
 @pytest.fixture
 def interpret(monkeypatch):
-    """Triton's interpreter on (for this test only: the Loader's other tests keep the eager path on the CPU)."""
+    """Triton's interpreter on, for this test only: a CPU batch may take the fused kernels (the Loader's other
+    tests keep the eager path on the CPU), and triton's first launch reads it too."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.delenv("PRECOMPILE_FUSED", raising=False)
 
@@ -185,6 +186,27 @@ def test_fused_chain_is_the_eager_chain_on_drawn_batches(interpret, chain):
                       what=f"{chain} {mean}")
 
 
+def test_the_taps_kernel_is_device_taps(interpret):
+    """The fused path's taps (one kernel launch per axis) are augment.device_taps' (the eager path's, equal to
+    the host's OpenCV tables: tests/test_device_augment.py), bit for bit, every slot: linear, area growing, area
+    shrinking (partial taps on both sides, whole scales, 12x), a batch of all rules, down to 1 pixel."""
+    rng = np.random.default_rng(7)
+    for out in (1, 9):
+        lengths = np.concatenate([rng.integers(1, 12 * out + 2, 6), [out, 2 * out, out + 1, max(out - 1, 1), 1,
+                                                                      12 * out]])
+        starts = rng.integers(0, 50, len(lengths))
+        mixed = np.where(lengths >= out, rng.integers(0, 3, len(lengths)), rng.integers(0, 2, len(lengths)))
+        for code in (augment.LINEAR, augment.AREA_UP, augment.AREA_DOWN, None):   # None: a batch of all rules
+            sel = lengths >= out if code == augment.AREA_DOWN else np.ones(len(lengths), bool)
+            L, s0 = lengths[sel], starts[sel]
+            codes = np.full(len(L), code) if code is not None else mixed
+            k = augment.tap_count(codes, L, out)
+            t = torch.tensor(np.stack([s0, L, codes, L / out]).astype(np.float64), device=DEV)
+            want = augment.device_taps(*t, out, k, set(codes.tolist()))
+            for g, w, what in zip(fused.taps(t, out, k), want, ("indices", "weights")):
+                assert g.dtype == w.dtype and torch.equal(g, w), f"{what}: rule {code}, {L.tolist()} -> {out}"
+
+
 def test_only_supported_chains_are_fused():
     """FusedChain.of takes resized crop (linear/area/auto) [-> flip] [-> jitter] on one image field converted
     to float32; anything else is None (the eager steps)."""
@@ -296,6 +318,8 @@ for two, kb in ((True, (4, 4)), (False, (2, 1))):
     build(fk.rrc_kernel, dict(KXB=kb[0], KYB=kb[1], BLOCK=256, TWO_PASS=two, SATURATION=True, HUE=True, RECIP=True,
                               EMULATE=False))
 ptx = build(fk.jitter_kernel, dict(BLOCK=256, NB=256, SATURATION=True, HUE=True, RECIP=True))
+POINTERS.update(t="*fp64", idx="*i64", w="*fp32")
+build(fk.taps_kernel, dict(KB=4, BLOCK=128))
 print("fma in the jitter kernel:", ptx.count("fma.rn"))
 '''
 

@@ -6,8 +6,9 @@ The eager steps (:mod:`~precompile.reader.augment`, :mod:`~precompile.reader.gpu
 module computes the same pixels from the same draws (:func:`~precompile.reader.gpu.step_params`, so the same
 batches) in fewer passes over memory (the kernels: :mod:`~precompile.reader.fused_kernels`):
 
-- pass 1 (``rrc_kernel``), per output pixel: every tap of both axes (the taps of
-  :meth:`~precompile.reader.augment.RandomResizedCrop.taps`, summed in the eager order: across each row first,
+- the taps (``taps_kernel``, one launch per axis): :func:`~precompile.reader.augment.device_taps`' values, bit
+  for bit, from the same windows (the torch form is some forty small kernels);
+- pass 1 (``rrc_kernel``), per output pixel: every tap of both axes (summed in the eager order: across each row first,
   then down, ``w0 * x0``, then each further tap added with one rounding, as eager ``addcmul`` does), rounded
   half to even and clamped to uint8 (as the eager step stores it), read through the flip (the flip moves
   pixels only). Without contrast the same program applies the jitter and the conversion and writes the
@@ -44,6 +45,8 @@ import numpy as np
 
 #: output pixels per program
 BLOCK = 256
+#: output columns (or rows) per program of the taps kernel
+TAPS_BLOCK = 128
 
 
 def enabled() -> bool:
@@ -153,6 +156,13 @@ class FusedChain:
         :func:`~precompile.reader.gpu.step_params`)."""
         import torch
 
+        cpu = x.device.type == "cpu"
+        with contextlib.nullcontext() if cpu else torch.cuda.device(x.device):   # Triton launches on the current one
+            return self._run(x, params, cpu)
+
+    def _run(self, x: Any, params: Sequence[dict], cpu: bool) -> Any:
+        import torch
+
         from . import gpu
 
         k = kernels()
@@ -163,7 +173,10 @@ class FusedChain:
             return _view(out, self.convert)
         p = params[0]
         modes = self.rrc._modes(p["height"], p["width"], self.rrc.params.interpolation)
-        ix, wx, iy, wy = self.rrc.taps(x.device, p["top"], p["left"], p["height"], p["width"], modes)
+        windows, kx, ky, _ = self.rrc.tap_windows(p["top"], p["left"], p["height"], p["width"], modes)
+        t = gpu.to_device(windows, x.device)
+        ix, wx = taps(t[:4], ow, kx)
+        iy, wy = taps(t[4:], oh, ky)
         fac_np = self.factors(params, n)
         fac = gpu.to_device(fac_np, x.device)
         a, b = self.convert._coeffs(x.device, 3)
@@ -179,17 +192,31 @@ class FusedChain:
         else:
             mid = part = out   # not written
         sn, sh, sw, _ = x.stride()
-        cpu = x.device.type == "cpu"
-        with contextlib.nullcontext() if cpu else torch.cuda.device(x.device):   # Triton launches on the current one
-            k.rrc_kernel[grid](x, sn, sh, sw, ix, wx, iy, wy, fac, out, mid, part, a, b, n, oh, ow, nb,
-                               ix.shape[0], iy.shape[0], KXB=_bucket(ix.shape[0]), KYB=_bucket(iy.shape[0]),
-                               BLOCK=BLOCK, TWO_PASS=contrast, SATURATION=saturation, HUE=hue, RECIP=not cpu,
-                               EMULATE=cpu, **opts)
-            if contrast:
-                k.jitter_kernel[grid](mid, fac, out, part, a, b, oh, ow, nb, BLOCK=BLOCK,
-                                      NB=max(16, k.triton.next_power_of_2(nb)), SATURATION=saturation, HUE=hue,
-                                      RECIP=not cpu, **opts)
+        k.rrc_kernel[grid](x, sn, sh, sw, ix, wx, iy, wy, fac, out, mid, part, a, b, n, oh, ow, nb,
+                           ix.shape[0], iy.shape[0], KXB=_bucket(ix.shape[0]), KYB=_bucket(iy.shape[0]),
+                           BLOCK=BLOCK, TWO_PASS=contrast, SATURATION=saturation, HUE=hue, RECIP=not cpu,
+                           EMULATE=cpu, **opts)
+        if contrast:
+            k.jitter_kernel[grid](mid, fac, out, part, a, b, oh, ow, nb, BLOCK=BLOCK,
+                                  NB=max(16, k.triton.next_power_of_2(nb)), SATURATION=saturation, HUE=hue,
+                                  RECIP=not cpu, **opts)
         return _view(out, self.convert)
+
+
+def taps(windows: Any, size: int, k: int) -> tuple[Any, Any]:
+    """:func:`~precompile.reader.augment.device_taps` for one axis (the same values, bit for bit), in one
+    kernel launch: ``windows`` (4, n) float64 on the device (start, length, rule, length / size per sample, as
+    :meth:`~precompile.reader.augment.RandomResizedCrop.tap_windows` gives them), ``k`` taps -> source indices
+    (k, n, size) int64 and float32 weights."""
+    import torch
+
+    n = windows.shape[1]
+    idx = torch.empty((k, n, size), dtype=torch.int64, device=windows.device)
+    w = torch.empty((k, n, size), dtype=torch.float32, device=windows.device)
+    if n:
+        kernels().taps_kernel[(-(-size // TAPS_BLOCK), n)](windows, idx, w, n, size, k, KB=_bucket(k),
+                                                            BLOCK=TAPS_BLOCK)
+    return idx, w
 
 
 def _bucket(k: int) -> int:

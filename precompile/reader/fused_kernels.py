@@ -206,3 +206,71 @@ def jitter_kernel(mid, fac, out, part, a_ptr, b_ptr, oh, ow, nb, BLOCK: tl.const
     g = tl.load(mid + n_out + 1, mask=mask, other=0).to(tl.float32)
     b = tl.load(mid + n_out + 2, mask=mask, other=0).to(tl.float32)
     _finish(r, g, b, fac, s, out, n_out, mask, m, a_ptr, b_ptr, True, SATURATION, HUE, RECIP)
+
+
+@triton.jit
+def taps_kernel(t, idx, w, n, size, K, KB: tl.constexpr, BLOCK: tl.constexpr):
+    """:func:`~precompile.reader.augment.device_taps` in one launch (its torch form is some forty small
+    kernels): for output pixels ``program_id(0) * BLOCK + ...`` of sample ``program_id(1)``, from the sample's
+    window in ``t`` ((4, n) float64 rows: start, length, rule (0 linear, 1 area growing, 2 area shrinking),
+    scale = length / size, divided on the host), the ``K`` taps' source indices ``idx`` (K, n, size) int64 and
+    float32 weights ``w``, by the same float64 operations in the same order (so the same values, bit for bit);
+    slots past a sample's own taps weigh 0 at index ``start``. ``KB``: a power of two >= K."""
+    pb = tl.program_id(0)
+    s = tl.program_id(1)
+    d = pb * BLOCK + tl.arange(0, BLOCK)
+    mask = d < size
+    s0 = tl.load(t + s)
+    L = tl.load(t + n + s)
+    code = tl.load(t + 2 * n + s)
+    scale = tl.load(t + 3 * n + s)
+    df = d.to(tl.float64)
+    # INTER_LINEAR, and INTER_AREA's rule on a growing axis: two taps
+    f = ((df + 0.5) * scale - 0.5).to(tl.float32).to(tl.float64)
+    sx = tl.floor(f)
+    fx = f - sx
+    sxu = tl.floor(df * scale)
+    fxu = ((df + 1.0) - (sxu + 1.0) / scale).to(tl.float32).to(tl.float64)
+    fxu = tl.where(fxu <= 0.0, 0.0, fxu - tl.floor(fxu))
+    up = code == 1.0
+    sx = tl.where(up, sxu, sx)
+    fx = tl.where(up, fxu, fx)
+    low = sx < 0.0
+    sx = tl.where(low, 0.0, sx)
+    fx = tl.where(low, 0.0, fx)
+    high = sx >= L - 1.0
+    sx = tl.where(high, L - 1.0, sx)
+    fx = tl.where(high, 0.0, fx)
+    # INTER_AREA shrinking: a partial tap on the left, whole ones, a partial one on the right
+    fsx1 = df * scale
+    fsx2 = fsx1 + scale
+    cell = tl.where(mask, tl.minimum(scale, L - fsx1), 1.0)   # (past ``size`` it is not a cell: no 0 / 0)
+    sx2 = tl.minimum(tl.floor(fsx2), L - 1.0)
+    sx1 = tl.minimum(tl.ceil(fsx1), sx2)
+    left = (sx1 - fsx1) > 1e-3
+    right = (fsx2 - sx2) > 1e-3
+    part = tl.minimum(tl.minimum(fsx2 - sx2, 1.0), cell) / cell
+    down = code == 2.0
+    for j in tl.static_range(KB):
+        s_j = sx1 - left.to(tl.float64) + j
+        whole = (s_j >= sx1) & (s_j < sx2)
+        is_left = left & (j == 0)
+        is_right = right & (s_j == sx2)
+        w_area = tl.where(is_left, (sx1 - fsx1) / cell,
+                          tl.where(whole, 1.0 / cell, tl.where(is_right, part, 0.0)))
+        i_area = tl.where(is_left | whole | is_right, s_j, 0.0)
+        if j == 0:
+            i_lin = sx
+            w_lin = 1.0 - fx
+        elif j == 1:
+            i_lin = tl.minimum(sx + 1.0, L - 1.0)
+            w_lin = fx
+        else:
+            i_lin = tl.zeros([BLOCK], dtype=tl.float64)
+            w_lin = tl.zeros([BLOCK], dtype=tl.float64)
+        i_j = tl.where(down, i_area, i_lin)
+        w_j = tl.where(down, w_area, w_lin)
+        o = (j * n + s) * size + d
+        on = mask & (j < K)
+        tl.store(idx + o, (i_j + s0).to(tl.int64), mask=on)
+        tl.store(w + o, w_j.to(tl.float32), mask=on)

@@ -215,7 +215,7 @@ def taps(windows: Any, size: int, k: int) -> tuple[Any, Any]:
     w = torch.empty((k, n, size), dtype=torch.float32, device=windows.device)
     if n:
         kernels().taps_kernel[(-(-size // TAPS_BLOCK), n)](windows, idx, w, n, size, k, KB=_bucket(k),
-                                                            BLOCK=TAPS_BLOCK)
+                                                            BLOCK=TAPS_BLOCK, enable_fp_fusion=False)
     return idx, w
 
 

@@ -235,6 +235,57 @@ def test_only_supported_chains_are_fused():
     assert fused.FusedChain.of(masked, _convert()) is None   # a mask moves with the image: eager
 
 
+def test_boxes_and_keypoints_move_as_the_eager_steps_move_them(interpret, monkeypatch):
+    """Boxes (with their labels) and keypoints bound with the image: the Finisher fuses the pixels and moves the
+    annotations by the steps' own code, so they are the eager chain's exactly (boxes dropped by min_visibility
+    included) and the image within the bound; a mask bound with them keeps the whole chain eager."""
+    from precompile.reader.feed import Finisher, HostPool
+    from precompile.reader.ragged import count_name, pad_rows
+
+    rng = np.random.default_rng(4)
+    n, H, W = 3, 20, 24
+    specs = {"image": {"kind": "image"}, "boxes": {"kind": "boxes"},
+             "box_labels": {"kind": "box_labels", "of": "boxes"}, "keypoints": {"kind": "keypoints", "of": "boxes"}}
+    shapes = {"image": (H, W, 3), "boxes": (None, 4), "box_labels": (None,), "keypoints": (None, 2, 3)}
+    chain = [{"random_resized_crop": {"size": [8, 8], "scale": [0.2, 1.0], "min_visibility": 0.3}},
+             {"random_flip": {"horizontal": 0.5, "flip_pairs": [[0, 1]]}},
+             {"color_jitter": {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1}}]
+
+    def batch() -> dict[str, torch.Tensor]:
+        out = {"image": _image(n, H, W, seed=9).to(DEV)}
+        counts = [4, 0, 6]
+        xy = [rng.uniform(0, [W - 6, H - 6], (c, 2)) for c in counts]
+        boxes = [np.concatenate([p, p + rng.uniform(2, 6, (len(p), 2))], 1).astype(np.float32) for p in xy]
+        rows = {"boxes": boxes, "box_labels": [np.arange(c, dtype=np.int64) for c in counts],
+                "keypoints": [np.concatenate([rng.uniform(0, [W, H], (c, 2, 2)), np.full((c, 2, 1), 2.0)], 2)
+                              .astype(np.float32) for c in counts]}
+        for f, r in rows.items():
+            a, c = pad_rows(r, r[0].shape[1:], r[0].dtype)
+            out[f], out[count_name(f)] = torch.from_numpy(a), torch.from_numpy(c)
+        return out
+
+    x = batch()
+    results = []
+    for on in ("1", "0"):
+        monkeypatch.setenv("PRECOMPILE_FUSED", on)
+        steps = augment.parse_steps(chain)
+        gpu.bind_steps(steps, specs, shapes)
+        fin = Finisher(steps, _convert(), 5, 0, HostPool())
+        assert fin.fused is not None and fin.fused.notes
+        results.append(fin.finish({k: v.clone() for k, v in x.items()}, 2, 7))
+        assert fin.fused_batches == (on == "1")
+    got, want = results
+    _within_bound(got["image"].cpu(), want["image"].cpu(), what="with boxes")
+    assert int(want[count_name("boxes")].sum()) < 10   # min_visibility dropped some: their rows went too
+    for f in ("boxes", "box_labels", "keypoints"):
+        for k in (f, count_name(f)):
+            assert torch.equal(got[k].cpu().nan_to_num(-9), want[k].cpu().nan_to_num(-9)), k
+    specs["mask"], shapes["mask"] = {"kind": "mask", "of": "boxes"}, (H, W, 1)
+    steps = augment.parse_steps(chain)
+    gpu.bind_steps(steps, specs, shapes)
+    assert fused.FusedChain.of(steps, _convert()) is None
+
+
 def test_a_batch_takes_the_fused_path_only_where_it_can(interpret, monkeypatch):
     """usable(): a uint8 (N, H, W, 3) batch of the bound grid, on CUDA or under the interpreter;
     PRECOMPILE_FUSED=0 and a CPU batch without the interpreter take the eager steps."""

@@ -182,6 +182,8 @@ class Finisher:
             if self.fused is not None and self.fused.usable(batch):
                 done = self.fused.field
                 batch[done] = self.fused.run(batch[done], params)
+                if self.fused.notes:   # boxes, keypoints: the steps' own moves
+                    batch = gpu.run_steps(batch, self.steps, params, pixels=False)
                 self.fused_batches += 1
             else:
                 batch = gpu.run_steps(batch, self.steps, params)

@@ -28,11 +28,11 @@ compiled without contracting products into adds (``enable_fp_fusion=False``: the
 product), the resize's multiply-adds being explicit ``fma`` as eager ``addcmul`` computes them.
 
 :class:`FusedChain` is what the :class:`~precompile.reader.feed.Finisher` asks: :meth:`FusedChain.of` says
-whether a bound step list and the conversions form a supported chain (one uint8 image field, no other field
-moved, float32 conversion), :meth:`FusedChain.usable` whether one batch can take it (a CUDA tensor, or a CPU
-tensor under ``TRITON_INTERPRET=1``; Triton importable; ``PRECOMPILE_FUSED`` not ``0``), and
-:meth:`FusedChain.run` computes it. Everything else takes the eager steps. Only the Loader imports this module;
-torch and triton are imported when first needed (triton is optional).
+whether a bound step list and the conversions form a supported chain (one uint8 image field, no other grid
+moved, float32 conversion; boxes and keypoints move by the eager code), :meth:`FusedChain.usable` whether one
+batch can take it (a CUDA tensor, or a CPU tensor under ``TRITON_INTERPRET=1``; Triton importable;
+``PRECOMPILE_FUSED`` not ``0``), and :meth:`FusedChain.run` computes it. Everything else takes the eager steps.
+Only the Loader imports this module; torch and triton are imported when first needed (triton is optional).
 """
 from __future__ import annotations
 
@@ -84,14 +84,18 @@ class FusedChain:
 
     def __init__(self, field: str, rrc: Any, flip: Any, jitter: Any, convert: Any):
         self.field, self.rrc, self.flip, self.jitter, self.convert = field, rrc, flip, jitter, convert
+        #: boxes or keypoints move with the image (the eager steps' own code moves them: gpu.run_steps with
+        #: pixels=False, after the kernels)
+        self.notes = False
 
     @classmethod
     def of(cls, steps: Sequence[Any], convert: dict[str, Any]) -> FusedChain | None:
         """The chain when the bound ``steps`` are ``random_resized_crop`` (linear, area or auto), then
         optionally ``random_flip``, then optionally ``color_jitter``, every one covering the same single image
-        field and nothing else (no mask, flow or annotation moves with it), converted to float32; else None."""
+        field and no other grid (no mask, flow, clip or second image; boxes and keypoints may move with it),
+        converted to float32; else None."""
         from . import augment, gpu
-        from ..kinds import Kind
+        from ..kinds import ANNOTATIONS, Kind
 
         steps = list(steps)
         if not steps or type(steps[0]) is not augment.RandomResizedCrop:
@@ -105,17 +109,22 @@ class FusedChain:
         if rrc.params.interpolation not in ("auto", "area", "linear"):
             return None
         bound = [getattr(s, "bound", None) for s in steps]
-        if any(b is None or len(b) != 1 for b in bound):
+        if any(b is None for b in bound):
             return None
-        (field, kind), = bound[0].items()
-        if kind is not Kind.IMAGE or any(b != {field: Kind.IMAGE} for b in bound):
+        grids = [{f: k for f, k in b.items() if k not in ANNOTATIONS} for b in bound]   # boxes move as before
+        if len(grids[0]) != 1:
+            return None
+        (field, kind), = grids[0].items()
+        if kind is not Kind.IMAGE or any(g != {field: Kind.IMAGE} for g in grids):
             return None
         conv = convert.get(field)
         import torch
 
         if conv is None or conv.dtype != torch.float32:
             return None
-        return cls(field, rrc, flip, jitter, conv)
+        chain = cls(field, rrc, flip, jitter, conv)
+        chain.notes = any(len(b) > 1 for b in bound)
+        return chain
 
     def usable(self, batch: dict[str, Any]) -> bool:
         """This batch can take the fused kernels: ``PRECOMPILE_FUSED`` is not 0, triton imports, the field is

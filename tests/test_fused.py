@@ -302,6 +302,28 @@ def test_a_batch_takes_the_fused_path_only_where_it_can(interpret, monkeypatch):
     assert not chain.usable({"image": x.cpu()})
 
 
+def test_kernels_that_fail_leave_the_eager_steps_with_a_warning(interpret, monkeypatch):
+    """A launch that raises (a GPU Triton cannot compile for, say): a RuntimeWarning naming the error, the
+    eager result for that batch, and the eager steps from then on."""
+    from precompile.reader.feed import Finisher, HostPool
+
+    steps = _bind([{"random_resized_crop": {"size": [8, 8]}}, {"random_flip": {}}], (20, 24))
+    fin = Finisher(steps, _convert(), 5, 0, HostPool())
+
+    def broken(self, x, params):
+        raise RuntimeError("no kernel image for this GPU " + "x" * 500)
+
+    monkeypatch.setattr(fused.FusedChain, "run", broken)
+    x = _image(3, 20, 24).to(DEV)
+    with pytest.warns(RuntimeWarning, match=r"fused device kernels failed \(RuntimeError: no kernel image") as rec:
+        got = fin.finish({"image": x.clone()}, 0, 1)["image"]
+    assert len(str(rec[0].message)) < 400   # the error's text cut
+    params = gpu.step_params(steps, 5, 0, 0, 1, 3)
+    assert torch.equal(got, _eager(steps, _convert(), x, params))
+    assert fin.fused is None and fin.fused_batches == 0
+    fin.finish({"image": x.clone()}, 0, 2)   # eager, no second warning (warnings are errors here)
+
+
 LOADER_STEPS = [{"random_resized_crop": {"size": [16, 15], "scale": [0.2, 1.0]}}, {"random_flip": {}},
                 {"color_jitter": {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.1}}]
 

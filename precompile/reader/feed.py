@@ -180,12 +180,8 @@ class Finisher:
             n = next(iter(batch.values())).shape[0]
             params = gpu.step_params(self.steps, self.seed, epoch, self.rank, b, n)
             if self.fused is not None and self.fused.usable(batch):
-                done = self.fused.field
-                batch[done] = self.fused.run(batch[done], params)
-                if self.fused.notes:   # boxes, keypoints: the steps' own moves
-                    batch = gpu.run_steps(batch, self.steps, params, pixels=False)
-                self.fused_batches += 1
-            else:
+                done = self._fused(batch, params)
+            if done is None:
                 batch = gpu.run_steps(batch, self.steps, params)
         for f, conv in self.convert.items():
             if f == done:
@@ -200,6 +196,29 @@ class Finisher:
             for f in self.ragged.keys():
                 batch[f] = batch[f].to(dev)
         return batch
+
+    def _fused(self, batch: Batch, params: list[dict]) -> str | None:
+        """The fused kernels on ``batch`` (its field replaced by the converted result, boxes and keypoints moved
+        by the steps' code): the field, or None when the kernels failed (a GPU Triton cannot compile for, a
+        broken install): a warning says so once and this Finisher runs the eager steps from then on."""
+        chain = self.fused
+        try:
+            out = chain.run(batch[chain.field], params)
+        except Exception as e:   # launch and compile errors: the inputs are untouched, the eager steps can run
+            import warnings
+
+            from ..errors import clip
+
+            self.fused = None
+            warnings.warn(f"the fused device kernels failed ({type(e).__name__}: {clip(str(e))}); the eager device "
+                          f"steps run instead (PRECOMPILE_FUSED=0 chooses them from the start)", RuntimeWarning,
+                          stacklevel=2)
+            return None
+        batch[chain.field] = out
+        if chain.notes:   # boxes, keypoints: the steps' own moves
+            gpu.run_steps(batch, self.steps, params, pixels=False)
+        self.fused_batches += 1
+        return chain.field
 
     def finish_group(self, group: Batch, sizes: list[int], epoch: int, first: int) -> list[Batch]:
         """Split a task's rows into its batches and finish them (conversion once per task when no steps)."""

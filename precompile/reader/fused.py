@@ -128,8 +128,7 @@ class FusedChain:
 
     def usable(self, batch: dict[str, Any]) -> bool:
         """This batch can take the fused kernels: ``PRECOMPILE_FUSED`` is not 0, triton imports, the field is
-        a uint8 (N, H, W, 3) tensor on CUDA (or on the CPU under Triton's interpreter) converted with a
-        1/255 scale."""
+        a uint8 (N, H, W, 3) tensor of the bound grid on CUDA (or on the CPU under Triton's interpreter)."""
         import torch
 
         x = batch.get(self.field)

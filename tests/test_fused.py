@@ -72,8 +72,8 @@ def _bind(steps: list, hw: tuple[int, int], fields: dict | None = None) -> list:
     return steps
 
 
-def _convert(channels_first: bool = False, mean=MEAN, std=STD) -> dict[str, gpu.Convert]:
-    return {"image": gpu.Convert(torch.float32, mean, std, channels_first, 1 / 255)}
+def _convert(channels_first: bool = False, mean=MEAN, std=STD, dtype=torch.float32) -> dict[str, gpu.Convert]:
+    return {"image": gpu.Convert(dtype, mean, std, channels_first, 1 / 255)}
 
 
 def _eager(steps: list, conv: dict, x: torch.Tensor, params: list) -> torch.Tensor:
@@ -85,13 +85,15 @@ def _within_bound(got: torch.Tensor, want: torch.Tensor, std=STD, what: str = ""
     most 1% of the values differing at all. On the CPU (the interpreter, its fused multiply-adds computed in
     float64) every value equals the eager chain's on these inputs (measured), so there the test asks for that:
     a rule broken only at a rounding tie (half up instead of half to even, say) fails."""
-    assert got.shape == want.shape and got.stride() == want.stride(), what
+    assert got.shape == want.shape and got.stride() == want.stride() and got.dtype == want.dtype, what
     if DEV == "cpu":
         diff = int((got != want).sum())
         assert diff == 0, f"{what}: {diff} of {got.numel()} values differ from the eager chain's on the CPU"
-    d = (got - want).abs().permute(0, 2, 3, 1) if got.shape[-1] != 3 else (got - want).abs()
-    level = torch.tensor([1 / 255 / s + 1e-6 for s in np.broadcast_to(std, (3,))])
-    assert bool((d <= level).all()), f"{what}: {float(d.max())} from the eager chain (bound {level.tolist()})"
+    eps = 0.0 if got.dtype == torch.float32 else torch.finfo(got.dtype).eps   # float16, bfloat16: their rounding
+    got, want = (t.float().permute(0, 2, 3, 1) if t.shape[-1] != 3 else t.float() for t in (got, want))
+    d = (got - want).abs()
+    level = torch.tensor([1 / 255 / s + 1e-6 for s in np.broadcast_to(std, (3,))]) + eps * want.abs()
+    assert bool((d <= level).all()), f"{what}: {float(d.max())} from the eager chain (bound {level.max()})"
     assert int((d > 0).sum()) <= 0.01 * d.numel(), f"{what}: {int((d > 0).sum())} of {d.numel()} values differ"
 
 
@@ -176,11 +178,13 @@ def test_the_rules_the_cases_cover():
 ])
 def test_fused_chain_is_the_eager_chain_on_drawn_batches(interpret, chain):
     """The steps' own draws (several batches, 4 samples of 20x24): the bound holds, with the per-channel mean
-    and std, and with none."""
+    and std, with none, and converted to float32, float16 and bfloat16 (rounded to nearest even, as
+    ``Tensor.to``)."""
     steps = _bind(chain, (20, 24))
     x = _image(4, 20, 24, seed=3).to(DEV)
-    for b, (mean, std) in enumerate([(MEAN, STD), (None, None), (0.5, 0.25)]):
-        conv = _convert(False, mean, std)
+    for b, (mean, std, dtype) in enumerate([(MEAN, STD, torch.float32), (None, None, torch.float16),
+                                            (0.5, 0.25, torch.bfloat16)]):
+        conv = _convert(False, mean, std, dtype)
         params = gpu.step_params(steps, 11, 0, 0, b, 4)
         got = fused.FusedChain.of(steps, conv).run(x, params)
         _within_bound(got.cpu(), _eager(steps, conv, x, params).cpu(), 1.0 if std is None else std,
@@ -210,7 +214,7 @@ def test_the_taps_kernel_is_device_taps(interpret):
 
 def test_only_supported_chains_are_fused():
     """FusedChain.of takes resized crop (linear/area/auto) [-> flip] [-> jitter] on one image field converted
-    to float32; anything else is None (the eager steps)."""
+    to float32, float16 or bfloat16; anything else is None (the eager steps)."""
     rrc = {"random_resized_crop": {"size": [8, 8]}}
     jit = {"color_jitter": {"brightness": 0.2}}
     hw = (20, 24)
@@ -229,7 +233,7 @@ def test_only_supported_chains_are_fused():
         assert fused.FusedChain.of(_bind(chain, hw), _convert()) is None, why
     steps = _bind([rrc, jit], hw)
     assert fused.FusedChain.of(steps, {}) is None   # no conversion
-    assert fused.FusedChain.of(steps, {"image": gpu.Convert(torch.float16)}) is None
+    assert fused.FusedChain.of(steps, {"image": gpu.Convert(torch.float64)}) is None
     assert fused.FusedChain.of(steps, {"image": gpu.Convert(None, channels_first=True)}) is None
     masked = _bind([rrc, {"random_flip": {}}], hw, {"image": ("image", (*hw, 3)), "mask": ("mask", (*hw, 1))})
     assert fused.FusedChain.of(masked, _convert()) is None   # a mask moves with the image: eager
@@ -388,10 +392,12 @@ def build(fn, consts):
                    options={"enable_fp_fusion": False}).asm["ptx"]
 
 
-for two, kb in ((True, (4, 4)), (False, (2, 1))):
+for two, kb, bf16 in ((True, (4, 4), False), (False, (2, 1), True)):
+    POINTERS["out"] = "*bf16" if bf16 else "*fp32"
     build(fk.rrc_kernel, dict(KXB=kb[0], KYB=kb[1], BLOCK=256, TWO_PASS=two, SATURATION=True, HUE=True, RECIP=True,
-                              EMULATE=False))
-ptx = build(fk.jitter_kernel, dict(BLOCK=256, NB=256, SATURATION=True, HUE=True, RECIP=True))
+                              EMULATE=False, BF16=bf16))
+POINTERS["out"] = "*fp16"
+ptx = build(fk.jitter_kernel, dict(BLOCK=256, NB=256, SATURATION=True, HUE=True, RECIP=True, BF16=False))
 POINTERS.update(t="*fp64", idx="*i64", w="*fp32")
 print("fma in the taps kernel:", build(fk.taps_kernel, dict(KB=4, BLOCK=128)).count("fma.rn"))
 print("fma in the jitter kernel:", ptx.count("fma.rn"))

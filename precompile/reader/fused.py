@@ -1,6 +1,6 @@
-"""One or two Triton kernels for the Loader's most common device chain (issue 35): ``random_resized_crop``
-(linear, area or auto taps), then optionally ``random_flip``, then optionally ``color_jitter``, then the
-float32 conversion, on a uint8 RGB image batch (N, H, W, 3).
+"""Triton kernels for the Loader's most common device chain (issue 35): ``random_resized_crop`` (linear, area
+or auto taps), then optionally ``random_flip``, then optionally ``color_jitter``, then the conversion to
+float32 (or float16, bfloat16), on a uint8 RGB image batch (N, H, W, 3).
 
 The eager steps (:mod:`~precompile.reader.augment`, :mod:`~precompile.reader.gpu`) stay the reference; this
 module computes the same pixels from the same draws (:func:`~precompile.reader.gpu.step_params`, so the same
@@ -16,8 +16,9 @@ batches) in fewer passes over memory (the kernels: :mod:`~precompile.reader.fuse
   brightness-adjusted gray (for the contrast mean);
 - pass 2 (``jitter_kernel``, with contrast only): the sample's mean from its partial sums, then brightness,
   contrast, saturation and hue by the eager float32 rules in the eager order, rounded half to even and clamped
-  to uint8, then ``x * a + b`` (the conversion's scale, mean and std), written as float32 in the eager layout
-  (NHWC storage; ``channels_first`` is the conversion's NCHW view of it).
+  to uint8, then ``x * a + b`` (the conversion's scale, mean and std) in float32, cast to the conversion's
+  dtype (rounded to nearest even), in the eager layout (NHWC storage; ``channels_first`` is the conversion's
+  NCHW view of it).
 
 Bound: a float32 result may round differently from the eager chain's in the last bit (another summation order
 for the contrast mean, the device's own division and reciprocal); an intermediate that lands on the other side
@@ -29,10 +30,11 @@ product), the resize's multiply-adds being explicit ``fma`` as eager ``addcmul``
 
 :class:`FusedChain` is what the :class:`~precompile.reader.feed.Finisher` asks: :meth:`FusedChain.of` says
 whether a bound step list and the conversions form a supported chain (one uint8 image field, no other grid
-moved, float32 conversion; boxes and keypoints move by the eager code), :meth:`FusedChain.usable` whether one
-batch can take it (a CUDA tensor, or a CPU tensor under ``TRITON_INTERPRET=1``; Triton importable;
-``PRECOMPILE_FUSED`` not ``0``), and :meth:`FusedChain.run` computes it. Everything else takes the eager steps.
-Only the Loader imports this module; torch and triton are imported when first needed (triton is optional).
+moved, a float32, float16 or bfloat16 conversion; boxes and keypoints move by the eager code),
+:meth:`FusedChain.usable` whether one batch can take it (a CUDA tensor, or a CPU tensor under
+``TRITON_INTERPRET=1``; Triton importable; ``PRECOMPILE_FUSED`` not ``0``), and :meth:`FusedChain.run` computes
+it. Everything else takes the eager steps. Only the Loader imports this module; torch and triton are imported
+when first needed (triton is optional).
 """
 from __future__ import annotations
 
@@ -93,7 +95,7 @@ class FusedChain:
         """The chain when the bound ``steps`` are ``random_resized_crop`` (linear, area or auto), then
         optionally ``random_flip``, then optionally ``color_jitter``, every one covering the same single image
         field and no other grid (no mask, flow, clip or second image; boxes and keypoints may move with it),
-        converted to float32; else None."""
+        converted to float32, float16 or bfloat16; else None."""
         from . import augment, gpu
         from ..kinds import ANNOTATIONS, Kind
 
@@ -120,7 +122,7 @@ class FusedChain:
         conv = convert.get(field)
         import torch
 
-        if conv is None or conv.dtype != torch.float32:
+        if conv is None or conv.dtype not in (torch.float32, torch.float16, torch.bfloat16):
             return None
         chain = cls(field, rrc, flip, jitter, conv)
         chain.notes = any(len(b) > 1 for b in bound)
@@ -159,7 +161,7 @@ class FusedChain:
         return fac
 
     def run(self, x: Any, params: Sequence[dict]) -> Any:
-        """The converted float32 batch (the conversion's layout: NHWC storage, an NCHW view when
+        """The converted batch (the conversion's dtype and layout: NHWC storage, an NCHW view when
         ``channels_first``) from uint8 ``x`` (N, H, W, 3) and the steps' draws ``params`` (one dict per step,
         :func:`~precompile.reader.gpu.step_params`)."""
         import torch
@@ -176,7 +178,7 @@ class FusedChain:
         k = kernels()
         n = x.shape[0]
         oh, ow = self.rrc.params.size
-        out = torch.empty((n, oh, ow, 3), dtype=torch.float32, device=x.device)
+        out = torch.empty((n, oh, ow, 3), dtype=self.convert.dtype, device=x.device)
         if n == 0:
             return _view(out, self.convert)
         p = params[0]
@@ -194,6 +196,7 @@ class FusedChain:
         nb = -(-(oh * ow) // BLOCK)
         grid = (nb, n)
         opts = {"enable_fp_fusion": False}
+        bf16 = self.convert.dtype == torch.bfloat16
         if contrast:
             mid = torch.empty((n, oh, ow, 3), dtype=torch.uint8, device=x.device)
             part = torch.empty((n, nb), dtype=torch.float64, device=x.device)
@@ -203,11 +206,11 @@ class FusedChain:
         k.rrc_kernel[grid](x, sn, sh, sw, ix, wx, iy, wy, fac, out, mid, part, a, b, n, oh, ow, nb,
                            ix.shape[0], iy.shape[0], KXB=_bucket(ix.shape[0]), KYB=_bucket(iy.shape[0]),
                            BLOCK=BLOCK, TWO_PASS=contrast, SATURATION=saturation, HUE=hue, RECIP=not cpu,
-                           EMULATE=cpu, **opts)
+                           EMULATE=cpu, BF16=bf16, **opts)
         if contrast:
             k.jitter_kernel[grid](mid, fac, out, part, a, b, oh, ow, nb, BLOCK=BLOCK,
                                   NB=max(16, k.triton.next_power_of_2(nb)), SATURATION=saturation, HUE=hue,
-                                  RECIP=not cpu, **opts)
+                                  RECIP=not cpu, BF16=bf16, **opts)
         return _view(out, self.convert)
 
 

@@ -83,8 +83,21 @@ def _hue(r, g, b, shift, RECIP: tl.constexpr):
     return ro * 255.0, go * 255.0, bo * 255.0
 
 @triton.jit
+def _store(ptr, v, mask, BF16: tl.constexpr):
+    """A float32 result stored as the output's dtype (float32, float16 or bfloat16: ``.to`` after the float32
+    conversion, as the eager ``Convert`` casts), rounded to nearest even; bfloat16 by its bits first (Triton's
+    interpreter truncates), then the exact cast."""
+    if BF16:
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        v = bits.to(tl.float32, bitcast=True)
+    tl.store(ptr, v.to(ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def _finish(r, g, b, fac, s, out, n_out, mask, m, a_ptr, b_ptr,
-            CONTRAST: tl.constexpr, SATURATION: tl.constexpr, HUE: tl.constexpr, RECIP: tl.constexpr):
+            CONTRAST: tl.constexpr, SATURATION: tl.constexpr, HUE: tl.constexpr, RECIP: tl.constexpr,
+            BF16: tl.constexpr):
     """uint8 values (as float32) -> the jitter (brightness, contrast with the mean ``m``, saturation, hue)
     -> uint8 -> ``x * a + b``, stored at ``out`` (n_out: 3 * the pixel's index)."""
     bright = tl.load(fac + s * 8 + 2)
@@ -113,9 +126,9 @@ def _finish(r, g, b, fac, s, out, n_out, mask, m, a_ptr, b_ptr,
     r = _round_u8(r)
     g = _round_u8(g)
     b = _round_u8(b)
-    tl.store(out + n_out, r * tl.load(a_ptr) + tl.load(b_ptr), mask=mask)
-    tl.store(out + n_out + 1, g * tl.load(a_ptr + 1) + tl.load(b_ptr + 1), mask=mask)
-    tl.store(out + n_out + 2, b * tl.load(a_ptr + 2) + tl.load(b_ptr + 2), mask=mask)
+    _store(out + n_out, r * tl.load(a_ptr) + tl.load(b_ptr), mask, BF16)
+    _store(out + n_out + 1, g * tl.load(a_ptr + 1) + tl.load(b_ptr + 1), mask, BF16)
+    _store(out + n_out + 2, b * tl.load(a_ptr + 2) + tl.load(b_ptr + 2), mask, BF16)
 
 
 @triton.jit
@@ -143,7 +156,8 @@ def _column(base, sh, sw, ix, wx, n, s, ow, sx, row, mask, KX, KXB: tl.constexpr
 @triton.jit
 def rrc_kernel(x, sn, sh, sw, ix, wx, iy, wy, fac, out, mid, part, a_ptr, b_ptr, n, oh, ow, nb, KX, KY,
                KXB: tl.constexpr, KYB: tl.constexpr, BLOCK: tl.constexpr, TWO_PASS: tl.constexpr,
-               SATURATION: tl.constexpr, HUE: tl.constexpr, RECIP: tl.constexpr, EMULATE: tl.constexpr):
+               SATURATION: tl.constexpr, HUE: tl.constexpr, RECIP: tl.constexpr, EMULATE: tl.constexpr,
+               BF16: tl.constexpr):
     """Pass 1 for block ``program_id(0)`` of sample ``program_id(1)``: the resize read through the flip,
     each output pixel from its ``KY`` row taps of ``KX`` column taps (the eager row pass over the column
     pass; loops to the powers of two ``KYB``, ``KXB``), rounded to uint8; then either the rest of the chain
@@ -186,12 +200,12 @@ def rrc_kernel(x, sn, sh, sw, ix, wx, iy, wy, fac, out, mid, part, a_ptr, b_ptr,
         gray = _gray(r * bright, g * bright, b * bright)
         tl.store(part + s * nb + pb, tl.sum(tl.where(mask, gray.to(tl.float64), 0.0), axis=0))
     else:
-        _finish(r, g, b, fac, s, out, n_out, mask, 0.0, a_ptr, b_ptr, False, SATURATION, HUE, RECIP)
+        _finish(r, g, b, fac, s, out, n_out, mask, 0.0, a_ptr, b_ptr, False, SATURATION, HUE, RECIP, BF16)
 
 
 @triton.jit
 def jitter_kernel(mid, fac, out, part, a_ptr, b_ptr, oh, ow, nb, BLOCK: tl.constexpr, NB: tl.constexpr,
-                   SATURATION: tl.constexpr, HUE: tl.constexpr, RECIP: tl.constexpr):
+                   SATURATION: tl.constexpr, HUE: tl.constexpr, RECIP: tl.constexpr, BF16: tl.constexpr):
     """Pass 2: the sample's contrast mean (float64 sum of the partial sums / pixels, as float32), then the
     jitter and the conversion of block ``program_id(0)`` of sample ``program_id(1)``."""
     pb = tl.program_id(0)
@@ -205,7 +219,7 @@ def jitter_kernel(mid, fac, out, part, a_ptr, b_ptr, oh, ow, nb, BLOCK: tl.const
     r = tl.load(mid + n_out, mask=mask, other=0).to(tl.float32)
     g = tl.load(mid + n_out + 1, mask=mask, other=0).to(tl.float32)
     b = tl.load(mid + n_out + 2, mask=mask, other=0).to(tl.float32)
-    _finish(r, g, b, fac, s, out, n_out, mask, m, a_ptr, b_ptr, True, SATURATION, HUE, RECIP)
+    _finish(r, g, b, fac, s, out, n_out, mask, m, a_ptr, b_ptr, True, SATURATION, HUE, RECIP, BF16)
 
 
 @triton.jit

@@ -12,10 +12,18 @@
 3. ``--resnet``, on CUDA: ResNet-18 (plain torch.nn, ``bench_gpu.resnet``), channels_last, bf16 autocast, SGD,
    batch ``--batch`` at ``--size``: the compute bound (one float batch kept on the device) against the same
    training steps fed by ``random_resized_crop`` + ``random_flip`` + ``color_jitter`` on the device from a uint8
-   batch of ``--src`` kept there, then normalised: ``x bound`` (the issue asks >= 0.95).
+   batch of ``--src`` kept there, then normalised: ``x bound`` (the issue asks >= 0.95). With ``--fused`` also
+   fed by the fused kernels (``precompile/reader/fused.py``) from the same draws.
+4. ``--fused``: ``random_resized_crop`` + ``random_flip`` + ``color_jitter`` (without and with hue) + the float32
+   conversion (ImageNet mean/std, NCHW view) on one batch: the eager steps (the reference, the baseline) against
+   the fused kernels and Kornia (the same three augmentations, then the same normalisation), medians of rounds
+   taking turns, ``ratio`` = their time / the fused time; and how far the fused batch is from the eager one on
+   the same draws (the fraction of values that differ, the largest difference in uint8 levels). Needs CUDA, or
+   the CPU under ``TRITON_INTERPRET=1`` (Triton's interpreter: a smoke run, not a speed).
 
     PYTHONPATH=. python benchmarks/bench_device_augment.py [--device auto] [--batch 256] [--src 256x320]
-        [--size 224] [--repeats 15] [--workers 4] [--resnet] [--quick]
+        [--size 224] [--repeats 15] [--workers 4] [--resnet] [--fused] [--quick]
+    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/bench_device_augment.py --quick --fused --device cpu
 """
 from __future__ import annotations
 
@@ -196,7 +204,85 @@ def part_albumentations(dev, x_host: np.ndarray, size: int, workers: int, repeat
           f"{n / t_ours * 1e3:9.0f} img/s; ratio (ours / theirs, img/s) {t_theirs / t_ours:.2f}")
 
 
-def part_resnet(dev, x, size: int, repeats: int) -> None:
+def fused_chain(size: int, hue: float) -> list[dict]:
+    """The chain the fused kernels take, as the ImageNet recipe writes it (hue: 0, or a shift)."""
+    return [{"random_resized_crop": {"size": size}}, {"random_flip": {}},
+            {"color_jitter": {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": hue}}]
+
+
+def eager_and_fused(spec: list[dict], x, conv) -> tuple[Callable[[], Any], Callable[[], Any] | None, Any, Any]:
+    """Two feeders of the same draws (batch b: stream (0, 0, 0, b), b counted per call): the eager steps then
+    ``conv``, and the fused kernels (None where this batch cannot take them); and the steps and the chain."""
+    from precompile.reader import augment, fused, gpu
+
+    steps = augment.parse_steps(spec)
+    gpu.bind_steps(steps, {"image": {"kind": "image", "dtype": "uint8"}}, {"image": tuple(x.shape[1:])})
+    chain = fused.FusedChain.of(steps, {"image": conv})
+    b = [0]
+
+    def eager():
+        b[0] += 1
+        return conv(gpu.run_steps({"image": x}, steps, gpu.step_params(steps, 0, 0, 0, b[0], x.shape[0]))["image"])
+
+    def fast():
+        b[0] += 1
+        return chain.run(x, gpu.step_params(steps, 0, 0, 0, b[0], x.shape[0]))
+
+    return eager, (fast if chain is not None and chain.usable({"image": x}) else None), steps, chain
+
+
+def part_fused(dev, x, size: int, repeats: int) -> None:
+    import torch
+
+    from bench_gpu import MEAN, STD
+    from precompile.reader import gpu
+
+    conv = gpu.Convert(torch.float32, MEAN, STD, channels_first=True, scale=1 / 255)
+    try:
+        import kornia.augmentation as K
+    except ImportError:
+        K = None
+    print(f"\n4. random_resized_crop + random_flip + color_jitter + float32 conversion on {tuple(x.shape)} uint8 on "
+          f"{dev}: the eager steps (baseline) against the fused kernels" + ("" if K is None else " and Kornia"))
+    print(f"{'chain':30s} {'eager ms':>9s} {'fused ms':>9s} {'kornia ms':>10s} {'eager/fused':>12s} "
+          f"{'kornia/fused':>13s} {'differ':>8s} {'levels':>7s}")
+    mean = torch.tensor(MEAN, device=dev).view(1, 3, 1, 1)
+    std = torch.tensor(STD, device=dev).view(1, 3, 1, 1)
+    level = (1 / 255 / std).float()
+    for hue in (0.0, 0.1):
+        eager, fast, steps, chain = eager_and_fused(fused_chain(size, hue), x, conv)
+        name = "rrc + flip + jitter" + (f" + hue {hue}" if hue else "")
+        if fast is None:
+            print(f"{name:30s} the fused kernels are unavailable here (triton missing, or a CPU batch without "
+                  f"TRITON_INTERPRET=1): skipped")
+            continue
+        params = gpu.step_params(steps, 0, 0, 0, 10 ** 6, x.shape[0])   # the same draws for both: how far apart
+        a = conv(gpu.run_steps({"image": x}, steps, params)["image"])
+        f = chain.run(x, params)
+        differ = float((a != f).float().mean())
+        levels = float(((a - f).abs() / level).max())
+        contenders = {"eager": eager, "fused": fast}
+        if K is not None:
+            ops = [K.RandomResizedCrop((size, size), p=1.0).to(dev), K.RandomHorizontalFlip().to(dev),
+                   K.ColorJitter(0.4, 0.4, 0.4, hue, p=1.0).to(dev)]
+
+            def kornia_run():
+                y = x.permute(0, 3, 1, 2).float().div_(255)
+                for op in ops:
+                    y = op(y)
+                return (y - mean) / std
+            contenders["kornia"] = kornia_run
+        rounds: dict[str, list[float]] = {k: [] for k in contenders}
+        for _ in range(5):   # they take turns: clocks and caches drift alike for all
+            for k, fn in contenders.items():
+                rounds[k].append(median_ms(fn, dev, max(1, repeats // 3)))
+        t = {k: statistics.median(v) for k, v in rounds.items()}
+        tk = t.get("kornia", float("nan"))
+        print(f"{name:30s} {t['eager']:9.2f} {t['fused']:9.2f} {tk:10.2f} {t['eager'] / t['fused']:12.2f} "
+              f"{tk / t['fused']:13.2f} {differ:8.1e} {levels:7.2f}")
+
+
+def part_resnet(dev, x, size: int, repeats: int, with_fused: bool = False) -> None:
     import torch
 
     from bench_gpu import MEAN, STD, resnet
@@ -247,37 +333,55 @@ def part_resnet(dev, x, size: int, repeats: int) -> None:
         params = gpu.step_params(steps, 0, 0, 0, b[0], n)
         return conv(gpu.run_steps({"image": x}, steps, params)["image"])
 
-    def side_stream_ms() -> float:
+    def side_stream_ms(make=aug_batch) -> float:
         """The steps for batch k + 1 on a side stream while batch k trains (as the Loader's CUDA feeder runs
-        them), per step."""
+        them), per step; ``make`` makes a batch (the eager steps, or the fused kernels)."""
         main = torch.cuda.current_stream(dev)
         _sync(dev)
         t0 = time.perf_counter()
         with torch.cuda.stream(side):
-            nxt = aug_batch()
+            nxt = make()
             ev = side.record_event()
         for _ in range(repeats):
             main.wait_event(ev)
             cur = nxt
             cur.record_stream(main)
             with torch.cuda.stream(side):   # reads x only; what it makes is handed over with record_stream
-                nxt = aug_batch()
+                nxt = make()
                 ev = side.record_event()
             train(cur)
         _sync(dev)
         return (time.perf_counter() - t0) / repeats * 1e3
 
-    bound, aug, over = [], [], []
+    fast = None
+    if with_fused:
+        _, fast, _, _ = eager_and_fused(fused_chain(size, 0.0), x, conv)
+        if fast is None:
+            print("\n3. --fused: the fused kernels are unavailable here (triton missing): eager only")
+        else:
+            for _ in range(3):
+                train(fast())
+
+    bound, aug, over, fused_aug, fused_over = [], [], [], [], []
     for _ in range(5):   # they take turns: clocks and caches drift alike for all
         bound.append(per_step_ms(lambda: train(fixed)))
         aug.append(per_step_ms(augmented))
         over.append(side_stream_ms())
+        if fast is not None:
+            fused_aug.append(per_step_ms(lambda: train(fast())))
+            fused_over.append(side_stream_ms(fast))
     tb, ta, to = statistics.median(bound), statistics.median(aug), statistics.median(over)
     print(f"\n3. ResNet-18 bf16 batch {n} at {size}: compute bound {n / tb * 1e3:8.0f} img/s; with random_resized_crop"
           f" + random_flip + color_jitter on the device, on the training stream {n / ta * 1e3:8.0f} img/s, x bound "
           f"{tb / ta:.3f}; one batch ahead on a side stream {n / to * 1e3:8.0f} img/s, x bound {tb / to:.3f} "
           f"(medians of 5 rounds of {repeats} steps; rounds: bound {[round(t, 1) for t in bound]} ms, same stream "
           f"{[round(t, 1) for t in aug]} ms, side stream {[round(t, 1) for t in over]} ms)")
+    if fused_aug:
+        tf, tfo = statistics.median(fused_aug), statistics.median(fused_over)
+        print(f"   fed by the fused kernels (the same chain and draws): on the training stream {n / tf * 1e3:8.0f} "
+              f"img/s, x bound {tb / tf:.3f}; one batch ahead on a side stream {n / tfo * 1e3:8.0f} img/s, x bound "
+              f"{tb / tfo:.3f} (rounds: same stream {[round(t, 1) for t in fused_aug]} ms, side stream "
+              f"{[round(t, 1) for t in fused_over]} ms)")
 
 
 def main() -> None:
@@ -289,7 +393,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--resnet", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="a small CPU smoke run of parts 1 and 2")
+    ap.add_argument("--fused", action="store_true", help="part 4 (and, with --resnet, training fed by the fused "
+                    "kernels too)")
+    ap.add_argument("--quick", action="store_true", help="a small CPU smoke run of parts 1 and 2 (and 4)")
     a = ap.parse_args()
     import torch
 
@@ -309,7 +415,9 @@ def main() -> None:
         if dev.type != "cuda":
             print("\n3. --resnet needs CUDA: skipped")
         else:
-            part_resnet(dev, x, a.size, a.repeats)
+            part_resnet(dev, x, a.size, a.repeats, a.fused)
+    if a.fused:
+        part_fused(dev, x, a.size, a.repeats)
 
 
 if __name__ == "__main__":

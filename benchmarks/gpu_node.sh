@@ -58,7 +58,7 @@ part() {   # part NAME LIMIT_S COMMAND...
 
 part cuda_tests 120 $PY -m pytest -q -rs -p no:cacheprovider tests/test_loader_device.py tests/test_loader_resident.py \
     tests/test_annotation_builds.py tests/test_annotation_properties.py tests/test_targets.py tests/test_mix.py \
-    tests/test_device_augment.py
+    tests/test_device_augment.py tests/test_fused.py
 part fuzz_cuda 90 env PRECOMPILE_FUZZ_DEVICE=cuda $PY tests/fuzz_recipes/runner.py --loader-cases 60
 part pool 40 $PY benchmarks/bench_scale.py --pool 1,2,4,8,16 --repeats 3
 part bench_gpu 200 $PY benchmarks/bench_gpu.py ${BENCH_GPU_ARGS:---samples 8192 --threads 1,2,4,8,15 --prefetch 1,2,4,8 --repeats 5}
@@ -80,6 +80,6 @@ part mnist 120 $PY benchmarks/bench_mnist.py --device cuda --workers 8 --epochs 
 if ls .whl/aug/*.whl >/dev/null 2>&1; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir .whl/aug/*.whl 2>/dev/null || true
 fi
-part bench_augment 150 $PY benchmarks/bench_device_augment.py --resnet ${BENCH_AUGMENT_ARGS:---repeats 10 --workers 15}
+part bench_augment 150 $PY benchmarks/bench_device_augment.py --resnet --fused ${BENCH_AUGMENT_ARGS:---repeats 10 --workers 15}
 part profile_steps 60 $PY benchmarks/profile_device_steps.py
 cat "$OUT/summary.txt"

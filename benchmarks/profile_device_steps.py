@@ -6,7 +6,9 @@ For each chain on one uint8 batch of ``--batch`` x 256x320x3 already on the devi
 ``host ms`` (the draws and the queueing of every kernel and copy, no sync inside), ``device ms`` (the same work
 queued behind a long sleep kernel, so the host's time is hidden: the GPU's own time), ``wall ms`` (queue and
 wait), and the kernels and copies one call launches (torch.profiler). ``--tables`` adds the profiler's tables.
-Needs CUDA (says so and exits 0 without it).
+The last two rows add the float32 conversion (ImageNet mean/std, NCHW view) to resized crop + flip + jitter:
+the eager steps, then the same draws through the fused kernels (``precompile/reader/fused.py``; said so when
+triton is missing). Needs CUDA (says so and exits 0 without it).
 
     PYTHONPATH=. python benchmarks/profile_device_steps.py [--batch 256] [--repeats 10] [--tables]
 """
@@ -31,6 +33,8 @@ CHAINS = {
     "rrc + flip + jitter": [{"random_resized_crop": {"size": 224}}, {"random_flip": {}},
                             {"color_jitter": {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4}}],
 }
+#: the same chain and the float32 conversion: eager, then fused (the same draws)
+CONVERTED = ["rrc + flip + jitter + float32 (eager)", "rrc + flip + jitter + float32 (fused)"]
 
 
 def main() -> None:
@@ -46,22 +50,33 @@ def main() -> None:
         return
     from torch.profiler import ProfilerActivity, profile
 
-    from precompile.reader import augment, gpu
+    from precompile.reader import augment, fused, gpu
 
     dev = torch.device("cuda")
     x = torch.randint(0, 255, (a.batch, 256, 320, 3), dtype=torch.uint8, device=dev)
     small = x[:, :224, :224].contiguous()
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name(dev)}, batch {a.batch} uint8")
     print("| chain | host ms | device ms | wall ms | kernels + copies |\n|---|---:|---:|---:|---:|")
-    for name, spec in CHAINS.items():
+    conv = gpu.Convert(torch.float32, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), channels_first=True,
+                       scale=1 / 255)
+    for name in list(CHAINS) + CONVERTED:
+        spec = CHAINS[name] if name in CHAINS else CHAINS["rrc + flip + jitter"]
         xin = small if "224x224" in name else x
         steps = augment.parse_steps(spec)
         gpu.bind_steps(steps, {"image": {"kind": "image", "dtype": "uint8"}}, {"image": tuple(xin.shape[1:])})
+        chain = fused.FusedChain.of(steps, {"image": conv})
+        if name.endswith("(fused)") and not (chain is not None and chain.usable({"image": xin})):
+            print(f"| {name} | the fused kernels are unavailable here (triton missing) | | | |")
+            continue
         b = [0]
 
         def run():
             b[0] += 1
-            return gpu.run_steps({"image": xin}, steps, gpu.step_params(steps, 0, 0, 0, b[0], a.batch))["image"]
+            params = gpu.step_params(steps, 0, 0, 0, b[0], a.batch)
+            if name.endswith("(fused)"):
+                return chain.run(xin, params)
+            out = gpu.run_steps({"image": xin}, steps, params)["image"]
+            return conv(out) if name in CONVERTED else out
 
         for _ in range(3):
             run()

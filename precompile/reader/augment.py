@@ -344,19 +344,34 @@ class RandomResizedCrop(gpu.SizedStep):
         area-up rule on both axes where either grows), across each row first, then down (OpenCV's order). The
         taps are computed on ``x``'s device from the windows (:func:`device_taps`); each axis is a few row
         copies and weighted sums for the whole batch."""
-        h, w = self.params.size
         if x.dtype in _SIGNED_TWIN:
             x = x.to(torch.float32)
+        ix, wx, iy, wy = self.taps(x.device, top, left, height, width, modes)
+        cols = _row_taps(x.transpose(1, 2), ix, wx)            # (n, w, H, C): the columns of each window
+        return _row_taps(cols.transpose(1, 2), iy, wy)         # (n, h, w, C)
+
+    def taps(self, device: torch.device, top, left, height, width,
+             modes: np.ndarray) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Each sample's column and row taps on ``device`` (:func:`device_taps`, with its mode's rule: linear,
+        or area: OpenCV's area-up rule on both axes where either grows): ``ix``, ``wx`` (kx, n, w) and ``iy``,
+        ``wy`` (ky, n, h): what :meth:`_resize` sums (and the fused kernel, :mod:`~precompile.reader.fused`)."""
+        h, w = self.params.size
+        windows, kx, ky, rules = self.tap_windows(top, left, height, width, modes)
+        t = to_device(windows, device)
+        ix, wx = device_taps(*t[:4], w, kx, rules)
+        iy, wy = device_taps(*t[4:], h, ky, rules)
+        return ix, wx, iy, wy
+
+    def tap_windows(self, top, left, height, width, modes: np.ndarray) -> tuple[np.ndarray, int, int, set[int]]:
+        """What :func:`device_taps` computes the taps from, for both axes: (8, n) float64 rows left, width, rule,
+        width / w, top, height, rule, height / h (the rule: LINEAR, AREA_UP, AREA_DOWN); the tap counts of the
+        columns and of the rows; the rules some sample takes."""
+        h, w = self.params.size
         grows = (np.asarray(height) < h) | (np.asarray(width) < w)
         codes = np.where(modes == "area", np.where(grows, AREA_UP, AREA_DOWN), LINEAR)
         width, height = np.asarray(width, np.float64), np.asarray(height, np.float64)
-        t = to_device(np.stack([left, width, codes, width / w, top, height, codes, height / h]).astype(np.float64),
-                      x.device)
-        rules = set(codes.tolist())
-        ix, wx = device_taps(*t[:4], w, tap_count(codes, width, w), rules)
-        iy, wy = device_taps(*t[4:], h, tap_count(codes, height, h), rules)
-        cols = _row_taps(x.transpose(1, 2), ix, wx)            # (n, w, H, C): the columns of each window
-        return _row_taps(cols.transpose(1, 2), iy, wy)         # (n, h, w, C)
+        windows = np.stack([left, width, codes, width / w, top, height, codes, height / h]).astype(np.float64)
+        return windows, tap_count(codes, width, w), tap_count(codes, height, h), set(codes.tolist())
 
     def apply_image(self, x: torch.Tensor, top, left, height, width) -> torch.Tensor:
         y, unfold = _fold(x)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterator, Protocol, Sequence
 import numpy as np
 import torch
 
-from . import gpu
+from . import fused, gpu
 from .direct import DirectReader
 from .mapping import page_aligned_empty
 from .ragged import RaggedFields
@@ -165,17 +165,27 @@ class Finisher:
                  pool: HostPool, ragged: RaggedFields | None = None):
         self.steps, self.convert, self.seed, self.rank, self.pool = list(steps), convert, seed, rank, pool
         self.ragged = ragged   # annotation fields: padded on the host, moved to the batch's device last
+        # resized crop -> flip -> jitter -> float32 on one uint8 image: one or two Triton kernels where a batch
+        # can take them (fused.FusedChain.usable), the eager steps otherwise; fused_batches counts the former
+        self.fused = fused.FusedChain.of(self.steps, convert) if self.steps else None
+        self.fused_batches = 0
 
     def ragged_rows(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
         """The padded annotation fields and counts of dataset rows ``rows`` (host tensors; {} if none)."""
         return self.ragged.batch(rows) if self.ragged is not None else {}
 
     def finish(self, batch: Batch, epoch: int, b: int) -> Batch:
+        done = None   # the field the fused kernels converted
         if self.steps:
             n = next(iter(batch.values())).shape[0]
             params = gpu.step_params(self.steps, self.seed, epoch, self.rank, b, n)
-            batch = gpu.run_steps(batch, self.steps, params)
+            if self.fused is not None and self.fused.usable(batch):
+                done = self._fused(batch, params)
+            if done is None:
+                batch = gpu.run_steps(batch, self.steps, params)
         for f, conv in self.convert.items():
+            if f == done:
+                continue
             x = batch[f]
             out = None
             if x.device.type == "cpu" and conv.dtype == torch.float32:
@@ -186,6 +196,29 @@ class Finisher:
             for f in self.ragged.keys():
                 batch[f] = batch[f].to(dev)
         return batch
+
+    def _fused(self, batch: Batch, params: list[dict]) -> str | None:
+        """The fused kernels on ``batch`` (its field replaced by the converted result, boxes and keypoints moved
+        by the steps' code): the field, or None when the kernels failed (a GPU Triton cannot compile for, a
+        broken install): a warning says so once and this Finisher runs the eager steps from then on."""
+        chain = self.fused
+        try:
+            out = chain.run(batch[chain.field], params)
+        except Exception as e:   # launch and compile errors: the inputs are untouched, the eager steps can run
+            import warnings
+
+            from ..errors import clip
+
+            self.fused = None
+            warnings.warn(f"the fused device kernels failed ({type(e).__name__}: {clip(str(e))}); the eager device "
+                          f"steps run instead (PRECOMPILE_FUSED=0 chooses them from the start)", RuntimeWarning,
+                          stacklevel=2)
+            return None
+        batch[chain.field] = out
+        if chain.notes:   # boxes, keypoints: the steps' own moves
+            gpu.run_steps(batch, self.steps, params, pixels=False)
+        self.fused_batches += 1
+        return chain.field
 
     def finish_group(self, group: Batch, sizes: list[int], epoch: int, first: int) -> list[Batch]:
         """Split a task's rows into its batches and finish them (conversion once per task when no steps)."""

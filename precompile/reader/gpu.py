@@ -433,12 +433,15 @@ def device_maps(steps: Sequence[BatchStep], params: Sequence[dict], n: int, fiel
     return out
 
 
-def run_steps(batch: dict[str, torch.Tensor], steps: Sequence[BatchStep], params: Sequence[dict]) -> dict[str, torch.Tensor]:
+def run_steps(batch: dict[str, torch.Tensor], steps: Sequence[BatchStep], params: Sequence[dict],
+              pixels: bool = True) -> dict[str, torch.Tensor]:
+    """Each step with its drawn ``params`` on the fields it covers, in order; ``pixels`` False: the annotations
+    only (boxes, keypoints and their tied rows; the grids already made by :mod:`~precompile.reader.fused`)."""
     for step, p in zip(steps, params):
         for f, kind in step.bound.items():
-            if kind not in ANNOTATIONS:
+            if pixels and kind not in ANNOTATIONS:
                 batch[f] = step.apply(batch[f], kind, **p)
-        if step.resamples:   # validity of a resampled flow: where the moved flow is known (the build's rule)
+        if pixels and step.resamples:   # a resampled flow's validity: where the moved flow is known (the build's rule)
             for f, kind in step.bound.items():
                 flow = step.links.get(f)
                 if kind is Kind.FLOW_VALID and step.bound.get(flow) is Kind.FLOW:

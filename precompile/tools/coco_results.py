@@ -53,12 +53,17 @@ def coco_results(ds: Any, predictions: Any, *, category_ids: Optional[Sequence[A
     optionally ``device_map``: the sample's map from a Loader batch (``Loader.batch_maps``) when the boxes are
     on a device-augmented batch. Rows of NaN (a batch's padding) are left out. ``category_ids``: the COCO id of
     each label id (default: the build's, :func:`coco_category_ids`). ``clip``: boxes clipped to the source image.
-    Errors name the row: a sample with no COCO image id, a label with no category, shapes that disagree, and
-    the map's own (:class:`~precompile.errors.SourceMapError`)."""
+    Errors name the row: a sample with no COCO image id, a label with no category, shapes that disagree, a
+    row given twice or two rows of one COCO image (copies: COCOeval would count the image's detections
+    twice), and the map's own (:class:`~precompile.errors.SourceMapError`)."""
     cats = list(category_ids) if category_ids is not None else coco_category_ids(ds)
     out: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}   # repr of a COCO image id -> the row whose predictions it has
+    rows: set[int] = set()
     for row, pred in _pairs(predictions):
         row = int(row)
+        if row < 0 and hasattr(ds, "_index"):
+            row = ds._index(row)   # (-1 is the last row: the same sample as len(ds) - 1)
         where = f"{ds.path}: prediction for row {row}"
         if not isinstance(pred, Mapping) or not all(k in pred for k in ("boxes", "labels", "scores")):
             have = sorted(pred) if isinstance(pred, Mapping) else type(pred).__name__
@@ -72,14 +77,23 @@ def coco_results(ds: Any, predictions: Any, *, category_ids: Optional[Sequence[A
         if not len(boxes) == len(labels) == len(scores):
             raise ValueError(f"{where}: {len(boxes)} boxes, {len(labels)} labels and {len(scores)} scores "
                              f"(one of each per detection)")
-        keep = np.isfinite(boxes).all(axis=1)
-        boxes, labels, scores = boxes[keep], labels[keep], scores[keep]
-        if not len(boxes):
-            continue
         image_id = (ds.meta(row).get("coco") or {}).get("image_id")
         if image_id is None:
             raise ValueError(f"{where}: sample {echo(ds.key(row))} has no COCO image id (meta 'coco'): not a "
                              f"build from inputs.coco")
+        other = seen.setdefault(repr(image_id), row)
+        if other == row and row in rows:
+            raise ValueError(f"{where}: row {row} is given twice")
+        if other != row:
+            raise ValueError(f"{where}: rows {other} and {row} are copies {ds.copy(other)} and {ds.copy(row)} of "
+                             f"COCO image {echo(image_id)}: COCOeval would count that image's detections twice; "
+                             f"give one row per image (the rows of one copy: ds.copy(i) == 0), or merge the "
+                             f"copies' detections yourself and give them under one row")
+        rows.add(row)
+        keep = np.isfinite(boxes).all(axis=1)
+        boxes, labels, scores = boxes[keep], labels[keep], scores[keep]
+        if not len(boxes):
+            continue
         try:
             src = ds.to_source(row, boxes=boxes, device_map=pred.get("device_map"), clip=clip)
         except SourceMapError:

@@ -86,3 +86,128 @@ def test_predictions_for_two_copies_of_one_image_are_refused_not_evaluated_twice
     for copy in range(3):
         mine = {i: _truth(ds, i) for i in range(len(ds)) if ds.copy(i) == copy}
         assert _ap(ann, precompile.coco_results(ds, mine), tmp_path) == pytest.approx(1.0, abs=1e-12)
+
+
+PERSON = [{"id": 1, "name": "person", "supercategory": "person", "keypoints": ["nose", "left_eye", "right_eye"],
+           "skeleton": [[1, 2], [1, 3]]}]
+
+
+def _coco_keypoints(tmp: Path) -> Path:
+    """Two PNGs with people: boxes and three keypoints each (one not labelled), an image turned by EXIF
+    orientation 6 among them (its annotations are on the stored pixels)."""
+    from PIL import Image
+
+    (tmp / "img").mkdir()
+    images, anns = [], []
+    for n, (h, w, o) in enumerate([(24, 32, 1), (30, 20, 6)]):
+        im = Image.fromarray(np.full((h, w, 3), 50, np.uint8))
+        if o == 1:
+            im.save(tmp / "img" / f"{n}.png")
+        else:
+            exif = Image.Exif()
+            exif[0x0112] = o
+            im.save(tmp / "img" / f"{n}.jpg", exif=exif.tobytes(), quality=95)
+        images.append({"id": 200 + n, "file_name": f"{n}.png" if o == 1 else f"{n}.jpg", "height": h, "width": w})
+        for k, (x, y) in enumerate([(2.5, 3.0), (9.0, 11.5)]):
+            kp = [x + 1.0, y + 1.5, 2, x + 3.25, y + 2.0, 1, 0, 0, 0]
+            anns.append({"id": len(anns) + 1, "image_id": 200 + n, "category_id": 1, "bbox": [x, y, 6.0, 7.5],
+                         "area": 45.0, "iscrowd": 0, "keypoints": kp, "num_keypoints": 2})
+    path = tmp / "people.json"
+    path.write_text(json.dumps({"images": images, "annotations": anns, "categories": PERSON}))
+    return path
+
+
+def test_keypoint_predictions_map_back_to_coco_keypoint_ap_1(tmp_path):
+    """Ground-truth keypoints stored through resize + flip (with flip_pairs) on an upright and an EXIF-turned
+    image, given to coco_results as predictions with keypoints, come back on the source images' pixels: COCOeval
+    of keypoints (and of boxes) against the original file gives AP 1.0, and each record's keypoints are the
+    file's within float32 rounding. Before, coco_results left keypoints out (COCOeval of keypoints failed)."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    ann = _coco_keypoints(tmp_path)
+    r = {"name": "kp", "seed": 2, "inputs": {"root": str(tmp_path / "img"),
+                                              "coco": {"file": str(ann), "keypoints": True}},
+         "steps": [{"resize": {"size": [40, 36]}},
+                   {"random_flip": {"horizontal": 1.0, "vertical": 0.0, "flip_pairs": [[1, 2]]}}],
+         "output": {"format": "hdf5"}}
+    with contextlib.redirect_stdout(io.StringIO()):
+        precompile.build(r, tmp_path / "out", n_jobs=1)
+    ds = precompile.open(str(tmp_path / "out" / "kp.h5"))
+    preds = {}
+    for i in range(len(ds)):
+        s = ds[i]
+        preds[i] = {"boxes": s["boxes"], "labels": s["box_labels"], "scores": np.ones(len(s["boxes"])),
+                    "keypoints": s["keypoints"]}
+    for i in range(len(ds)):   # to_source itself puts each keypoint back in its own slot
+        back = ds.to_source(i, keypoints=preds[i]["keypoints"])
+        assert ds.meta(i)["keypoints"]["source_order"] == [0, 2, 1]
+        boxes = ds.to_source(i, boxes=preds[i]["boxes"])
+        for j, a in enumerate(x for x in json.loads(ann.read_text())["annotations"]
+                              if x["image_id"] == ds.meta(i)["coco"]["image_id"]):
+            np.testing.assert_allclose(boxes[j], [a["bbox"][0], a["bbox"][1], a["bbox"][0] + a["bbox"][2],
+                                                  a["bbox"][1] + a["bbox"][3]], atol=1e-4)
+            truth = np.reshape(a["keypoints"], (3, 3))
+            np.testing.assert_allclose(back[j][truth[:, 2] > 0], truth[truth[:, 2] > 0], atol=1e-4)
+            np.testing.assert_array_equal(back[j][:, 2], truth[:, 2])
+    records = precompile.coco_results(ds, preds)
+    original = json.loads(ann.read_text())
+    want = {(a["image_id"], tuple(a["bbox"][:2])): a for a in original["annotations"]}
+    assert len(records) == len(want)
+    for rec in records:
+        a = want[(rec["image_id"], tuple(round(v, 3) for v in rec["bbox"][:2]))]
+        got, truth = np.reshape(rec["keypoints"], (3, 3)), np.reshape(a["keypoints"], (3, 3))
+        labelled = truth[:, 2] > 0
+        np.testing.assert_allclose(got[labelled, :2], truth[labelled, :2], atol=1e-4)
+    res = tmp_path / "res.json"
+    res.write_text(json.dumps(records))
+    for kind in ("keypoints", "bbox"):
+        with contextlib.redirect_stdout(io.StringIO()):
+            gt = COCO(str(ann))
+            ev = COCOeval(gt, gt.loadRes(str(res)), kind)
+            ev.params.kpt_oks_sigmas = np.array([0.026, 0.025, 0.025])   # COCO's nose and eyes
+            ev.evaluate()
+            ev.accumulate()
+            ev.summarize()
+        assert ev.stats[0] == pytest.approx(1.0, abs=1e-12), kind
+
+
+def test_keypoint_slots_follow_each_copys_own_mirrors(tmp_path):
+    """Copies mirrored or not, by one flip or by two (left-right then up-down: no mirror, a half turn) each carry
+    their own order: every copy's keypoints come back to the file's slots."""
+    ann = _coco_keypoints(tmp_path)
+    r = {"name": "kp", "seed": 5, "copies": 5, "keep_original": True,
+         "inputs": {"root": str(tmp_path / "img"), "coco": {"file": str(ann), "keypoints": True}},
+         "steps": [{"random_flip": {"horizontal": 0.5, "vertical": 0.0, "flip_pairs": [[1, 2]]}},
+                   {"random_flip": {"horizontal": 0.0, "vertical": 0.5, "flip_pairs": [[1, 2]]}}],
+         "output": {"format": "hdf5"}}
+    with contextlib.redirect_stdout(io.StringIO()):
+        precompile.build(r, tmp_path / "out", n_jobs=1)
+    ds = precompile.open(str(tmp_path / "out" / "kp.h5"))
+    original = json.loads(ann.read_text())["annotations"]
+    mirrors = set()
+    for i in range(len(ds)):
+        flips = [a["horizontal"] or a["vertical"] for a in ds.meta(i).get("augment", [])]
+        mirrors.add(sum(flips) % 2)
+        assert ("source_order" in ds.meta(i).get("keypoints", {})) == (sum(flips) % 2 == 1)
+        back = ds.to_source(i, keypoints=ds[i]["keypoints"])
+        mine = [a for a in original if a["image_id"] == ds.meta(i)["coco"]["image_id"]]
+        for j, a in enumerate(mine):
+            truth = np.reshape(a["keypoints"], (3, 3))
+            np.testing.assert_allclose(back[j][truth[:, 2] > 0], truth[truth[:, 2] > 0], atol=1e-4)
+    assert mirrors == {0, 1}
+
+
+def test_flip_pairs_move_the_recipe_key_and_only_they():
+    """The keypoints' source_order is new meta in the shards of a recipe whose random_flip has flip_pairs: those
+    shards rebuild (random_flip's output_version 3 in the key); a random_flip without pairs keeps version 2."""
+    from precompile.recipe import load_recipe
+
+    def versions(flip: dict) -> dict:
+        return load_recipe({"name": "x", "inputs": {"root": ".", "match": "{a}.png",
+                                                    "fields": {"image": {"decoder": "image"}}},
+                            "steps": [{"random_flip": flip}]}).content_dict()["output_versions"]
+
+    assert versions({"flip_pairs": [[0, 1]]})["steps[0]"] == 3
+    assert versions({"flip_pairs": []})["steps[0]"] == 2
+    assert versions({})["steps[0]"] == 2

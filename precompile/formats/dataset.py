@@ -253,7 +253,9 @@ class Dataset:
         image's pixels: ``boxes`` (N, 4) x1 y1 x2 y2 -> (N, 4), the box enclosing the 4 corners' images (exact
         for the flips, scales, crops, pads and quarter turns builds apply; after a ``random_affine`` rotation,
         the rotated box's enclosing box), clipped to the source image unless ``clip=False``; ``keypoints``
-        (N, K, 2) x y or (N, K, 3) x y visibility -> the same shape, moved exactly (visibility kept). float64;
+        (N, K, 2) x y or (N, K, 3) x y visibility -> the same shape, moved exactly (visibility kept), each point
+        in its source slot where a mirror with ``flip_pairs`` swapped the slots (the keypoints field's
+        ``source_order`` meta: the left eye back in the left eye's row). float64;
         NaN rows (a batch's padding) stay NaN. Returns the one array asked for, or ``(boxes, keypoints)``.
 
         ``device_map``: the (2, 3) map of the Loader's device steps for this sample
@@ -275,8 +277,34 @@ class Dataset:
             if k.ndim != 3 or k.shape[2] not in (2, 3):
                 raise ValueError(f"keypoints must be (N, K, 2) x, y or (N, K, 3) x, y, visibility, got shape "
                                  f"{k.shape}")
-            out.append(maps.points_through(k, T))
+            back = maps.points_through(k, T)
+            order = self._source_order(i, self._map_field(field), k.shape[1])
+            if order is not None:   # a mirror with flip_pairs swapped the slots: each point back to its own
+                back[:, order] = back.copy()
+            out.append(back)
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _source_order(self, i: int, f: str, k: int) -> list[int] | None:
+        """Sample ``i``'s keypoint slots as the source holds them (``meta[field]["source_order"]``: per stored
+        slot, the source's slot; a mirror with ``flip_pairs`` swapped them) for keypoints of ``k`` points on
+        image field ``f``, or None when every slot holds its own."""
+        specs = self.field_specs
+        fields = [g for g, s in specs.items() if s.get("kind") == "keypoints" and len(s.get("shape") or ()) == 3
+                  and s["shape"][1] == k and specs.get(s.get("of"), {}).get("of", f) == f]
+        if not fields:
+            return None
+        meta = self.meta(self._index(i))
+        orders = set()
+        for g in fields:
+            m = meta.get(g)
+            o = m.get(maps.SOURCE_ORDER) if isinstance(m, dict) else None
+            orders.add(None if o is None else tuple(int(v) for v in o))
+        if len(orders) > 1:
+            raise SourceMapError(f"{self.path}: sample {i}: keypoints fields {', '.join(fields)} of {k} points had "
+                                 f"their slots swapped differently (flip_pairs); to_source cannot tell which one "
+                                 f"the keypoints are")
+        order = orders.pop()
+        return None if order is None else list(order)
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)

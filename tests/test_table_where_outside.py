@@ -17,7 +17,8 @@ pytest.importorskip("pyarrow", reason="table inputs need pyarrow (the tables ext
 
 def _kept(table: Path, where: str, **extra) -> list[str]:
     inp = {"root": ".", "table": str(table), "key": "id", "columns": {"w": {"column": "id", "kind": "text"}},
-           "where": where, **extra}
+           "where": where}
+    inp.update(extra)
     return read_inputs(load_recipe({"name": "w", "inputs": inp})).table.keys.to_list()
 
 
@@ -62,3 +63,13 @@ def test_json_integers_floats_hold_still_compare_exactly(tmp_path):
     # read as text (the key here), the same column keeps json.loads' digits and is not refused
     both = _jsonl(tmp_path / "b.jsonl", [{"id": "r0", "x": BIG, "k": "a"}, {"id": "r1", "x": 0.5, "k": "b"}])
     assert _kept(both, 'k == "a"') == ["r0"]
+
+
+def test_a_json_number_column_read_as_text_too_is_refused_the_same_way(tmp_path):
+    """A JSON Lines number column that is also the key holds its numbers' texts ("9007199254740993"), and
+    inputs.where read them with float() again: 'x == 9007199254740992' kept the row holding 9007199254740993."""
+    table = _jsonl(tmp_path / "k.jsonl", [{"id": "r0", "x": BIG}, {"id": "r1", "x": 0.5}])
+    with pytest.raises(RecipeError, match=r"k.jsonl: data row 1 \(1-based, header not counted\), column 'x': "
+                                          f"the integer {BIG} is no 64-bit float"):
+        _kept(table, f"x == {BIG - 1}", key="x")
+    assert _kept(table, 'x == "9007199254740993"', key="x") == [str(BIG)]   # compared as text: exact

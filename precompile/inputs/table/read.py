@@ -308,11 +308,7 @@ def read_jsonl(pa: Any, data: bytes, path: str, select: Callable, source: Option
 
     redo = [c for c in table.column_names if c in (texts or ()) and pa.types.is_floating(table.column(c).type)
             and pc.any(pc.equal(pc.floor(table.column(c)), table.column(c))).as_py()]
-    for c, values in _json_values(data, redo).items():
-        cells = [None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in values]
-        table = table.set_column(table.column_names.index(c), c, pa.array(cells, pa.string()))
-    inexact = [c for c in table.column_names if c in (exact or ()) and c not in redo
-               and pa.types.is_floating(table.column(c).type)
+    inexact = [c for c in table.column_names if c in (exact or ()) and pa.types.is_floating(table.column(c).type)
                and pc.any(pc.greater_equal(pc.abs(table.column(c)), float(2 ** 53))).as_py()]
     for c, values in _json_values(data, inexact).items():
         for row, v in enumerate(values, 1):
@@ -322,6 +318,9 @@ def read_jsonl(pa: Any, data: bytes, path: str, select: Callable, source: Option
                                  f"would compare {v} as {float(v):.17g}: inputs.where compares numbers exactly "
                                  f"and cannot compare this column (write its numbers as strings to compare "
                                  f"them as text)", source, "inputs.where")
+    for c, values in _json_values(data, redo).items():
+        cells = [None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in values]
+        table = table.set_column(table.column_names.index(c), c, pa.array(cells, pa.string()))
     return table
 
 

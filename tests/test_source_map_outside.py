@@ -250,3 +250,48 @@ def test_real_exif_photos_map_back_to_the_files_stored_pixels(tmp_path):
         np.testing.assert_allclose(ds.to_source(i, boxes=ds[i]["boxes"]), want, atol=1e-3)
     records = precompile.coco_results(ds, {i: _truth(ds, i) for i in range(len(ds))})
     assert _ap(ann, records, tmp_path) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_keypoints_of_a_device_mirrored_batch_need_the_loaders_flip_pairs(tmp_path):
+    """The Loader's device random_flip swaps the batch's keypoint slots by its flip_pairs, and batch_maps gives
+    only the map: to_source(device_map=...) put the left eye's prediction back at the right eye's slot, with no
+    error. A mirroring device_map with keypoints now needs the Loader's flip_pairs (flip_pairs=[] when none
+    swap), which put each point back in its source slot; without them it is an error saying so."""
+    pytest.importorskip("torch", reason="the Loader needs torch")
+    from precompile.errors import SourceMapError
+
+    ann = _coco_keypoints(tmp_path)
+    r = {"name": "kp", "seed": 2, "inputs": {"root": str(tmp_path / "img"),
+                                              "coco": {"file": str(ann), "keypoints": True}},
+         "steps": [{"resize": {"size": [40, 36]}}], "output": {"format": "hdf5"}}
+    with contextlib.redirect_stdout(io.StringIO()):
+        precompile.build(r, tmp_path / "out", n_jobs=1)
+    path = str(tmp_path / "out" / "kp.h5")
+    ds = precompile.open(path)
+    loader = precompile.Loader(path, batch_size=2, shuffle=False, device="cpu",
+                               gpu_steps=[{"random_flip": {"horizontal": 1.0, "flip_pairs": [[1, 2]]}}])
+    batch = next(iter(loader))
+    rows, device = loader.batch_maps(0)
+    original = json.loads(ann.read_text())["annotations"]
+    for j, row in enumerate(rows.tolist()):
+        kp = np.asarray(batch["keypoints"][j])
+        with pytest.raises(SourceMapError, match="device_map mirrors the image: pass the Loader's flip_pairs"):
+            ds.to_source(row, keypoints=kp, device_map=device[j])
+        back = ds.to_source(row, keypoints=kp, device_map=device[j], flip_pairs=[[1, 2]])
+        mine = [a for a in original if a["image_id"] == ds.meta(row)["coco"]["image_id"]]
+        for n, a in enumerate(mine):
+            truth = np.reshape(a["keypoints"], (3, 3))
+            np.testing.assert_allclose(back[n][truth[:, 2] > 0], truth[truth[:, 2] > 0], atol=1e-4)
+            np.testing.assert_array_equal(back[n][:, 2], truth[:, 2])
+        boxes = ds.to_source(row, boxes=np.asarray(batch["boxes"][j]), device_map=device[j])   # boxes need none
+        np.testing.assert_allclose(boxes[0], [mine[0]["bbox"][0], mine[0]["bbox"][1],
+                                              mine[0]["bbox"][0] + 6.0, mine[0]["bbox"][1] + 7.5], atol=1e-4)
+    preds = {row: {"boxes": np.asarray(batch["boxes"][j]), "labels": np.asarray(batch["box_labels"][j]),
+                   "scores": np.ones(2), "keypoints": np.asarray(batch["keypoints"][j]), "device_map": device[j]}
+             for j, row in enumerate(rows.tolist())}
+    records = precompile.coco_results(ds, preds, flip_pairs=[[1, 2]])
+    for rec in records:
+        a = next(a for a in original if a["image_id"] == rec["image_id"]
+                 and abs(a["bbox"][0] - rec["bbox"][0]) < 1e-3)
+        np.testing.assert_allclose(np.reshape(rec["keypoints"], (3, 3))[:2, :2],
+                                   np.reshape(a["keypoints"], (3, 3))[:2, :2], atol=1e-4)

@@ -41,6 +41,7 @@ from . import names as fmt
 from ..errors import ShapeMismatchError, SourceMapError, echo
 from ..kinds import ANNOTATIONS, pad_value
 from ..transforms.kernels import maps
+from ..transforms.kernels.geometry import reflects, swap_pairs
 
 __all__ = ["Batch", "Dataset", "ShapeMismatchError", "stack_field"]
 
@@ -248,7 +249,7 @@ class Dataset:
         return maps.as_map(m["to_source"], f"{where}: to_source"), (H, W)
 
     def to_source(self, i: int, boxes: Any = None, keypoints: Any = None, *, field: str | None = None,
-                  device_map: Any = None, clip: bool = True) -> Any:
+                  device_map: Any = None, clip: bool = True, flip_pairs: Any = None) -> Any:
         """Coordinates on sample ``i``'s stored image (predictions, or the stored annotations) in its source
         image's pixels: ``boxes`` (N, 4) x1 y1 x2 y2 -> (N, 4), the box enclosing the 4 corners' images (exact
         for the flips, scales, crops, pads and quarter turns builds apply; after a ``random_affine`` rotation,
@@ -260,12 +261,25 @@ class Dataset:
 
         ``device_map``: the (2, 3) map of the Loader's device steps for this sample
         (:meth:`precompile.Loader.batch_maps`), when the coordinates are on a device-augmented batch.
-        ``field`` and the errors: :meth:`source_map`. Tensors are taken too (copied to the host)."""
+        ``flip_pairs``: with keypoints and a ``device_map`` that mirrors, the Loader's ``random_flip``
+        ``flip_pairs`` (the pairs its mirror swapped; ``[]`` when none do): the map alone cannot say which slots
+        the device swapped, so a mirroring ``device_map`` with keypoints and no ``flip_pairs`` is a
+        :class:`~precompile.errors.SourceMapError`. ``field`` and the other errors: :meth:`source_map`. Tensors
+        are taken too (copied to the host)."""
         if boxes is None and keypoints is None:
             raise ValueError("to_source: give boxes=, keypoints= or both")
         T, (H, W) = self.source_map(i, field)
+        swapped = None
         if device_map is not None:
-            T = maps.compose(T, maps.as_map(_host(device_map), "device_map"))
+            D = maps.as_map(_host(device_map), "device_map")
+            T = maps.compose(T, D)
+            if keypoints is not None and bool(reflects(D)):
+                if flip_pairs is None:
+                    raise SourceMapError(f"{self.path}: sample {i}: the device_map mirrors the image: pass the "
+                                         f"Loader's flip_pairs (flip_pairs=[[left, right], ...] as its random_flip "
+                                         f"has them, or flip_pairs=[] if none swap) so that each keypoint goes back "
+                                         f"to its own slot")
+                swapped = [list(p) for p in flip_pairs]
         out = []
         if boxes is not None:
             b = maps.boxes_through(_host(boxes), T)
@@ -278,6 +292,8 @@ class Dataset:
                 raise ValueError(f"keypoints must be (N, K, 2) x, y or (N, K, 3) x, y, visibility, got shape "
                                  f"{k.shape}")
             back = maps.points_through(k, T)
+            if swapped:   # the device's mirror swapped these slots: swapped back (a swap is its own inverse)
+                back = swap_pairs(back, swapped)
             order = self._source_order(i, self._map_field(field), k.shape[1])
             if order is not None:   # a mirror with flip_pairs swapped the slots: each point back to its own
                 back[:, order] = back.copy()

@@ -45,7 +45,7 @@ def coco_category_ids(ds: Any) -> list[Any]:
 
 
 def coco_results(ds: Any, predictions: Any, *, category_ids: Optional[Sequence[Any]] = None,
-                 clip: bool = True) -> list[dict[str, Any]]:
+                 clip: bool = True, flip_pairs: Any = None) -> list[dict[str, Any]]:
     """COCO result records for ``predictions`` on the samples of ``ds`` (a ``precompile.open`` dataset).
 
     ``predictions``: a mapping ``{row: prediction}`` or pairs ``(row, prediction)``; a prediction is a mapping
@@ -56,6 +56,8 @@ def coco_results(ds: Any, predictions: Any, *, category_ids: Optional[Sequence[A
     ``Dataset.to_source``; a point that is not finite is ``0, 0, 0``), and ``device_map``: the sample's map from a
     Loader batch (``Loader.batch_maps``) when the boxes are on a device-augmented batch. Rows of NaN (a batch's padding) are left out. ``category_ids``: the COCO id of
     each label id (default: the build's, :func:`coco_category_ids`). ``clip``: boxes clipped to the source image.
+    ``flip_pairs``: with keypoints on device-augmented batches, the Loader's ``random_flip`` ``flip_pairs``
+    (``Dataset.to_source`` needs them where a ``device_map`` mirrors).
     Errors name the row: a sample with no COCO image id, a label with no category, shapes that disagree, a
     row given twice or two rows of one COCO image (copies: COCOeval would count the image's detections
     twice), and the map's own (:class:`~precompile.errors.SourceMapError`)."""
@@ -107,7 +109,7 @@ def coco_results(ds: Any, predictions: Any, *, category_ids: Optional[Sequence[A
         try:
             src = ds.to_source(row, boxes=boxes, device_map=pred.get("device_map"), clip=clip)
             if kps is not None:
-                kps = ds.to_source(row, keypoints=kps, device_map=pred.get("device_map"))
+                kps = ds.to_source(row, keypoints=kps, device_map=pred.get("device_map"), flip_pairs=flip_pairs)
         except SourceMapError:
             raise
         except ValueError as e:

@@ -295,3 +295,26 @@ def test_keypoints_of_a_device_mirrored_batch_need_the_loaders_flip_pairs(tmp_pa
                  and abs(a["bbox"][0] - rec["bbox"][0]) < 1e-3)
         np.testing.assert_allclose(np.reshape(rec["keypoints"], (3, 3))[:2, :2],
                                    np.reshape(a["keypoints"], (3, 3))[:2, :2], atol=1e-4)
+
+
+def test_a_build_from_before_keypoint_slots_were_recorded_is_refused_for_keypoints(tmp_path, monkeypatch):
+    """A build made before the keypoints' source_order was recorded (index attribute source_maps 1) whose recipe
+    mirrors with flip_pairs cannot say which samples' slots were swapped: to_source refuses its keypoints, saying
+    to rebuild, rather than give some back swapped; its boxes still map back. A new build writes 2."""
+    from precompile.errors import SourceMapError
+
+    ann = _coco_keypoints(tmp_path)
+    r = {"name": "kp", "seed": 2, "inputs": {"root": str(tmp_path / "img"),
+                                              "coco": {"file": str(ann), "keypoints": True}},
+         "steps": [{"random_flip": {"horizontal": 1.0, "flip_pairs": [[1, 2]]}}], "output": {"format": "hdf5"}}
+    with contextlib.redirect_stdout(io.StringIO()):
+        precompile.build(r, tmp_path / "out", n_jobs=1)
+    ds = precompile.open(str(tmp_path / "out" / "kp.h5"))
+    assert ds.attrs["source_maps"] == 2
+    s = ds[0]
+    ds.to_source(0, keypoints=s["keypoints"])
+    monkeypatch.setattr(ds, "attrs", {**ds.attrs, "source_maps": 1})
+    with pytest.raises(SourceMapError, match="built before precompile recorded which keypoint slots a random_flip "
+                                             "with flip_pairs swapped .*; rebuild it"):
+        ds.to_source(0, keypoints=s["keypoints"])
+    assert ds.to_source(0, boxes=s["boxes"]).shape == (2, 4)

@@ -309,6 +309,12 @@ class Dataset:
                   and s["shape"][1] == k and specs.get(s.get("of"), {}).get("of", f) == f]
         if not fields:
             return None
+        if (self.attrs.get(fmt.A_MAPS) or 0) < 2 and any(
+                isinstance(st, dict) and isinstance(st.get("random_flip"), dict) and st["random_flip"].get("flip_pairs")
+                for st in (self.recipe or {}).get("steps") or ()):
+            raise SourceMapError(f"{self.path}: built before precompile recorded which keypoint slots a random_flip "
+                                 f"with flip_pairs swapped (index attribute {fmt.A_MAPS} "
+                                 f"{self.attrs.get(fmt.A_MAPS)!r}); rebuild it to map keypoints back")
         meta = self.meta(self._index(i))
         orders = set()
         for g in fields:

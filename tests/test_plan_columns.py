@@ -366,22 +366,29 @@ def test_blank_keys_and_class_names_of_categorical_and_view_columns_are_refused(
 
 
 def test_nulls_in_categorical_columns_read_as_in_text_columns(tmp_path):
-    """A null cell: a NaN target, the group "None" (``str`` of the cell, as for a text column), and as a
-    split name an error naming its row."""
+    """A null cell: a NaN target, as a group an error naming its row (a blank group: it was the group "None",
+    ``str`` of the cell, which put every row without a group in one group), and as a split name an error
+    naming its row."""
     from precompile.inputs.splits import hash_split
 
-    cells = {"num": ["1.5", None, "2", "1.5"], "g": ["p1", None, "p2", "p1"]}
+    cells = {"num": ["1.5", None, "2", "1.5"], "g": ["p1", "p3", "p2", "p1"]}
     split = {"by": "hash", "group": "g", "fractions": {"a": 0.5, "b": 0.5}}
     got = {}
     for kind in ("text", "categorical"):
         cols = {"p": P4, **{c: (v if kind == "text" else _typed(kind, v)) for c, v in cells.items()}}
         plan = _table_plan(tmp_path / kind, cols, {"columns": {"t": {"kind": "target", "column": "num"}}}, split=split)
         got[kind] = [(it.key, "nan" if math.isnan(it.values["t"]) else it.values["t"], it.split) for it in plan.items]
-    groups = ["p1", "None", "p2", "p1"]
     assert got["categorical"] == got["text"] == [
-        (p, t, hash_split(split["fractions"], 1, g)) for p, t, g in zip(P4, [1.5, "nan", 2.0, 1.5], groups)]
+        (p, t, hash_split(split["fractions"], 1, g)) for p, t, g in zip(P4, [1.5, "nan", 2.0, 1.5], cells["g"])]
+    for kind in ("text", "categorical"):
+        g = ["p1", None, "p2", "p1"]
+        with pytest.raises(RecipeError) as e:
+            _table_plan(tmp_path / f"g{kind}", {"p": P4, "g": g if kind == "text" else _typed(kind, g)}, {},
+                        split=split)
+        assert e.value.detail.startswith(f"{tmp_path / f'g{kind}' / 't.parquet'}: data row 2 (1-based, header not "
+                                         f"counted), column 'g': the group is blank (None)"), e.value.detail
     with pytest.raises(RecipeError) as e:
-        _table_plan(tmp_path / "c", {"p": P4, "g": _typed("categorical", cells["g"])}, {},
+        _table_plan(tmp_path / "c", {"p": P4, "g": _typed("categorical", ["p1", None, "p2", "p1"])}, {},
                     split={"by": "column", "column": "g"})
     assert e.value.detail == (f"{tmp_path / 'c' / 't.parquet'}: data row 2 (1-based, header not counted), column 'g': "
                               f"split name None must be letters, digits, '_', '.', '-'")

@@ -634,7 +634,7 @@ def _index_attrs(recipe: Recipe, plan: Plan, rhash: str) -> dict[str, Any]:
         fmt.A_FORMAT: fmt.FORMAT_NAME, fmt.A_VERSION: fmt.FORMAT_VERSION, fmt.A_OUTPUT: recipe.model.output.format,
         fmt.A_FIELDS: {f: s.to_json() for f, s in plan.specs.items()}, fmt.A_LABELS: plan.label_names,
         fmt.A_RECIPE: recipe.resolved(), fmt.A_RECIPE_HASH: rhash, fmt.A_PKG_VERSION: __version__,
-        fmt.A_SEED: recipe.seed, fmt.A_COPIES: recipe.model.copies, fmt.A_MAPS: 1, **plan.attrs,
+        fmt.A_SEED: recipe.seed, fmt.A_COPIES: recipe.model.copies, fmt.A_MAPS: fmt.MAPS_VERSION, **plan.attrs,
     }
 
 

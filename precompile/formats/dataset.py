@@ -41,6 +41,7 @@ from . import names as fmt
 from ..errors import ShapeMismatchError, SourceMapError, echo
 from ..kinds import ANNOTATIONS, pad_value
 from ..transforms.kernels import maps
+from ..transforms.kernels.geometry import reflects, swap_pairs
 
 __all__ = ["Batch", "Dataset", "ShapeMismatchError", "stack_field"]
 
@@ -248,22 +249,37 @@ class Dataset:
         return maps.as_map(m["to_source"], f"{where}: to_source"), (H, W)
 
     def to_source(self, i: int, boxes: Any = None, keypoints: Any = None, *, field: str | None = None,
-                  device_map: Any = None, clip: bool = True) -> Any:
+                  device_map: Any = None, clip: bool = True, flip_pairs: Any = None) -> Any:
         """Coordinates on sample ``i``'s stored image (predictions, or the stored annotations) in its source
         image's pixels: ``boxes`` (N, 4) x1 y1 x2 y2 -> (N, 4), the box enclosing the 4 corners' images (exact
         for the flips, scales, crops, pads and quarter turns builds apply; after a ``random_affine`` rotation,
         the rotated box's enclosing box), clipped to the source image unless ``clip=False``; ``keypoints``
-        (N, K, 2) x y or (N, K, 3) x y visibility -> the same shape, moved exactly (visibility kept). float64;
+        (N, K, 2) x y or (N, K, 3) x y visibility -> the same shape, moved exactly (visibility kept), each point
+        in its source slot where a mirror with ``flip_pairs`` swapped the slots (the keypoints field's
+        ``source_order`` meta: the left eye back in the left eye's row). float64;
         NaN rows (a batch's padding) stay NaN. Returns the one array asked for, or ``(boxes, keypoints)``.
 
         ``device_map``: the (2, 3) map of the Loader's device steps for this sample
         (:meth:`precompile.Loader.batch_maps`), when the coordinates are on a device-augmented batch.
-        ``field`` and the errors: :meth:`source_map`. Tensors are taken too (copied to the host)."""
+        ``flip_pairs``: with keypoints and a ``device_map`` that mirrors, the Loader's ``random_flip``
+        ``flip_pairs`` (the pairs its mirror swapped; ``[]`` when none do): the map alone cannot say which slots
+        the device swapped, so a mirroring ``device_map`` with keypoints and no ``flip_pairs`` is a
+        :class:`~precompile.errors.SourceMapError`. ``field`` and the other errors: :meth:`source_map`. Tensors
+        are taken too (copied to the host)."""
         if boxes is None and keypoints is None:
             raise ValueError("to_source: give boxes=, keypoints= or both")
         T, (H, W) = self.source_map(i, field)
+        swapped = None
         if device_map is not None:
-            T = maps.compose(T, maps.as_map(_host(device_map), "device_map"))
+            D = maps.as_map(_host(device_map), "device_map")
+            T = maps.compose(T, D)
+            if keypoints is not None and bool(reflects(D)):
+                if flip_pairs is None:
+                    raise SourceMapError(f"{self.path}: sample {i}: the device_map mirrors the image: pass the "
+                                         f"Loader's flip_pairs (flip_pairs=[[left, right], ...] as its random_flip "
+                                         f"has them, or flip_pairs=[] if none swap) so that each keypoint goes back "
+                                         f"to its own slot")
+                swapped = [list(p) for p in flip_pairs]
         out = []
         if boxes is not None:
             b = maps.boxes_through(_host(boxes), T)
@@ -275,8 +291,42 @@ class Dataset:
             if k.ndim != 3 or k.shape[2] not in (2, 3):
                 raise ValueError(f"keypoints must be (N, K, 2) x, y or (N, K, 3) x, y, visibility, got shape "
                                  f"{k.shape}")
-            out.append(maps.points_through(k, T))
+            back = maps.points_through(k, T)
+            if swapped:   # the device's mirror swapped these slots: swapped back (a swap is its own inverse)
+                back = swap_pairs(back, swapped)
+            order = self._source_order(i, self._map_field(field), k.shape[1])
+            if order is not None:   # a mirror with flip_pairs swapped the slots: each point back to its own
+                back[:, order] = back.copy()
+            out.append(back)
         return out[0] if len(out) == 1 else tuple(out)
+
+    def _source_order(self, i: int, f: str, k: int) -> list[int] | None:
+        """Sample ``i``'s keypoint slots as the source holds them (``meta[field]["source_order"]``: per stored
+        slot, the source's slot; a mirror with ``flip_pairs`` swapped them) for keypoints of ``k`` points on
+        image field ``f``, or None when every slot holds its own."""
+        specs = self.field_specs
+        fields = [g for g, s in specs.items() if s.get("kind") == "keypoints" and len(s.get("shape") or ()) == 3
+                  and s["shape"][1] == k and specs.get(s.get("of"), {}).get("of", f) == f]
+        if not fields:
+            return None
+        if (self.attrs.get(fmt.A_MAPS) or 0) < 2 and any(
+                isinstance(st, dict) and isinstance(st.get("random_flip"), dict) and st["random_flip"].get("flip_pairs")
+                for st in (self.recipe or {}).get("steps") or ()):
+            raise SourceMapError(f"{self.path}: built before precompile recorded which keypoint slots a random_flip "
+                                 f"with flip_pairs swapped (index attribute {fmt.A_MAPS} "
+                                 f"{self.attrs.get(fmt.A_MAPS)!r}); rebuild it to map keypoints back")
+        meta = self.meta(self._index(i))
+        orders = set()
+        for g in fields:
+            m = meta.get(g)
+            o = m.get(maps.SOURCE_ORDER) if isinstance(m, dict) else None
+            orders.add(None if o is None else tuple(int(v) for v in o))
+        if len(orders) > 1:
+            raise SourceMapError(f"{self.path}: sample {i}: keypoints fields {', '.join(fields)} of {k} points had "
+                                 f"their slots swapped differently (flip_pairs); to_source cannot tell which one "
+                                 f"the keypoints are")
+        order = orders.pop()
+        return None if order is None else list(order)
 
     def __getstate__(self) -> dict:
         d = dict(self.__dict__)

@@ -92,7 +92,10 @@ KEY_UTF8 = "__key_utf8__"           # index dataset: every key's UTF-8 bytes, co
 KEY_OFFSETS = "__key_offsets__"     # index dataset: (N+1,) int64, key i is __key_utf8__[o[i]:o[i+1]]
 A_MAPS = "source_maps"              # index attribute: 1 = each image field's meta holds its map back to the
 #                                     source (to_source, source_size) unless that map is the identity over the
-#                                     stored image's own size: then it is left out (transforms/source_map.py)
+#                                     stored image's own size: then it is left out (transforms/source_map.py);
+#                                     2 = and each keypoints field's meta its source_order where a mirror with
+#                                     flip_pairs swapped its slots
+MAPS_VERSION = 2                    # what a build writes as A_MAPS
 A_INDEX_CRC = "index_crc32"         # index attribute: JSON {"attrs": {name: crc32}, "datasets": {name: crc32}}
                                     # of what readers take from the index (formats/index_columns.py)
 A_SHARD_KEY = "shard_key"           # on a shard file: the key it was built for

@@ -76,7 +76,8 @@ def assign_splits(recipe: Any, table: Any, factors: dict[str, tuple[np.ndarray, 
             raise RecipeError(f"{echo(col)} is neither a table column nor a capture of match{hint}", source=source,
                               loc="split")
     at = _where(table)
-    groups = _Groups(sp, gcol, factors[gcol], at) if gcol is not None else None
+    groups = (_Groups(sp, gcol, factors[gcol], at, "column" if table.row is not None else "capture")
+              if gcol is not None else None)
     checks = [groups.check] if groups is not None else []
     if sp.by == "column":
         codes, names = _column_splits(recipe, factors[sp.column], groups, checks, at)
@@ -166,20 +167,27 @@ def _where(table: Any) -> Any:
 
 class _Groups:
     """The ``split.group`` of every item: each distinct cell through :func:`split_group` once; ``ids`` (per
-    item, -1 where the cell is unusable) index ``values``; ``check`` flags and names the unusable ones."""
+    item, -1 where the cell is unusable) index ``values``; ``check`` flags and names the unusable ones: a
+    blank cell (empty, only whitespace, null, NaN), which would make every row without a group one group
+    (``''``; a null's ``'None'`` that of any row holding the text), and a pattern that does not match."""
 
-    def __init__(self, sp: Any, col: str, factor: tuple[np.ndarray, list], at: Any):
+    def __init__(self, sp: Any, col: str, factor: tuple[np.ndarray, list], at: Any, what: str = "column"):
         codes, cells = factor
         found: dict[str, int] = {}
         per = np.full(len(cells), -1, np.int64)
         msgs = [""] * len(cells)
         for u, v in enumerate(cells):
+            if blank(v):
+                msgs[u] = (f", {what} {echo(col)}: the group is blank ({echo(v)}): a row without a group could "
+                           f"belong with any other row, so it cannot be kept apart from them; give every row its "
+                           f"group (or leave split.group out)")
+                continue
             try:
                 per[u] = found.setdefault(split_group(sp, {col: v}), len(found))
             except ValueError as e:
-                msgs[u] = str(e)
+                msgs[u] = f": {e}"
         self.ids, self.values = per[codes], list(found)
-        self.check = (self.ids < 0, lambda i: (f"{at(i)}: {msgs[codes[i]]}", "split.group"))
+        self.check = (self.ids < 0, lambda i: (f"{at(i)}{msgs[codes[i]]}", "split.group"))
 
 
 def _column_splits(recipe: Any, factor: tuple[np.ndarray, list], groups: Optional[_Groups], checks: list,

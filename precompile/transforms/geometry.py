@@ -632,6 +632,11 @@ class RandomFlip(_Spatial2D):
                                  f"{f!r} has {k} keypoints (indices from 0)")
         return out
 
+    def __init__(self, params: Any = None):
+        super().__init__(params)
+        if self.params.flip_pairs:   # 3: a mirror that swaps flip_pairs records the keypoints' source_order (the
+            self.output_version = 3  # meta to_source reads); without pairs the bytes are as before: version 2
+
     def sample_params(self, rng, sample, targets):
         return {"horizontal": bool(rng.random() < self.params.horizontal),
                 "vertical": bool(rng.random() < self.params.vertical)}

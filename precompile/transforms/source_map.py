@@ -18,13 +18,18 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 from ..kinds import Kind
 from ..sample import Sample
 from .kernels import maps
-from .kernels.geometry import spatial_hw
+from .kernels.geometry import reflects, spatial_hw, swap_pairs
 
 #: the keys of a field's meta this module writes
 TO_SOURCE, SOURCE_SIZE, UNMAPPED = "to_source", "source_size", "unmapped"
+#: in a keypoints field's meta: per stored keypoint slot, the source's slot it holds, when a mirror with
+#: ``flip_pairs`` swapped them (left out while every slot holds its own)
+SOURCE_ORDER = maps.SOURCE_ORDER
 EXTENT = maps.EXTENT
 
 
@@ -118,6 +123,7 @@ def track(step: Any, sample: Sample, targets: list[str], params_of: Callable[[st
           meta: dict[str, Any]) -> dict[str, Any]:
     """``meta`` (the moved sample's, from ``sample``) with the map of every image field among ``targets``
     composed with ``step``'s, for the parameters ``params_of(field)`` it used; see the module docstring."""
+    meta = _track_order(step, sample, targets, params_of, meta)
     moved = [f for f in targets if sample.kinds.get(f) is Kind.IMAGE]
     if not moved:
         return meta
@@ -145,3 +151,39 @@ def track(step: Any, sample: Sample, targets: list[str], params_of: Callable[[st
             fm[UNMAPPED] = f"step {step.name!r} moved field {f!r} and {why}"
         out[f] = fm
     return out
+
+
+def _track_order(step: Any, sample: Sample, targets: list[str], params_of: Callable[[str], dict[str, Any]],
+                 meta: dict[str, Any]) -> dict[str, Any]:
+    """``meta`` with the :data:`SOURCE_ORDER` of every keypoints field among ``targets`` that ``step`` mirrors
+    with ``flip_pairs`` (its keypoint slots swapped, as ``move_keypoints`` swaps them), so that
+    ``Dataset.to_source`` puts each keypoint back in its source's slot; the same dict when nothing swaps."""
+    pairs = getattr(getattr(step, "params", None), "flip_pairs", None)
+    coord_map = getattr(step, "coord_map", None)
+    points = [f for f in targets if sample.kinds.get(f) is Kind.KEYPOINTS]
+    if not pairs or coord_map is None or not points:
+        return meta
+    grids = [spatial_hw(a, sample.kinds[g]) for g, a in sample.fields.items()
+             if sample.kinds.get(g) in (Kind.IMAGE, Kind.MASK)]
+    out = None
+    for f in points:
+        try:
+            forward, _ = coord_map(grids[0] if grids else (1, 1), **params_of(f))
+        except (NotImplementedError, ValueError):
+            continue
+        if not bool(reflects(forward)):
+            continue
+        k = int(np.asarray(sample.fields[f]).shape[1])
+        fm = _field_meta(meta, f)
+        order = np.asarray(fm.get(SOURCE_ORDER, range(k)), np.int64)
+        order = swap_pairs(order[None, :, None], pairs)[0, :, 0]
+        if (order == np.arange(k)).all():
+            fm.pop(SOURCE_ORDER, None)
+        else:
+            fm[SOURCE_ORDER] = [int(v) for v in order]
+        out = dict(meta) if out is None else out
+        if fm:
+            out[f] = fm
+        else:
+            out.pop(f, None)
+    return meta if out is None else out

@@ -26,7 +26,7 @@ from .cells import (TEMPLATE_RE, CellError, blank, cell_text, check_columns, num
                     template_columns)
 from .files import load_pyarrow, read_table, table_files
 from .read import TableError
-from .where import evaluate_where
+from .where import evaluate_where, number_columns
 
 #: what Python's ``str.isspace`` calls whitespace, as an RE2 class: a cell of only these is blank
 _WS = r"[\t\n\x0b\x0c\r\x1c-\x20\x{85}\x{a0}\x{1680}\x{2000}-\x{200a}\x{2028}\x{2029}\x{202f}\x{205f}\x{3000}]"
@@ -64,8 +64,10 @@ class _Columns:
         self.files = table_files(recipe)
         opts = recipe.model.inputs.storage_options
         quoting, texts = recipe.model.inputs.quoting, _text_columns(recipe)
+        where = recipe.model.inputs.where
+        exact = set(number_columns(where)) if isinstance(where, str) else set()
         tables = [read_table(f, recipe.source, lambda names, f=f: check_columns(recipe, f, names), opts, quoting,
-                             texts) for f in self.files]
+                             texts, exact) for f in self.files]
         schemas = [t.schema for t in tables]   # the types as the files hold them, for messages
         tables = [_plain(self.pa, t) for t in tables]
         self.starts = np.cumsum([0] + [t.num_rows for t in tables]).astype(np.int64)   # each file's first row

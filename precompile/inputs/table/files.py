@@ -51,7 +51,7 @@ def load_pyarrow(parquet: bool = False) -> Any:
 
 def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = None,
                storage_options: Optional[dict[str, Any]] = None, quoting: Optional[str] = None,
-               texts: Optional[set[str]] = None) -> Any:
+               texts: Optional[set[str]] = None, exact: Optional[set[str]] = None) -> Any:
     """The table file (a local path or a URL, streamed from the store) as a pyarrow Table (CSV and TSV
     cells as text), read as Python's csv and json modules read it (:mod:`.read`); a RecipeError
     naming the file (and the row) when it cannot be read, a PlanError naming the URL when the store
@@ -59,7 +59,9 @@ def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = 
     (it may raise): only those columns are kept. ``quoting`` (``inputs.quoting``): ``csv`` or ``none``
     for a CSV or TSV file (default: ``csv`` for .csv, ``none`` for .tsv/.tab: TSV has no quoting).
     ``texts``: the columns read as text (a JSON Lines number column among them holds the numbers'
-    texts as ``str`` of ``json.loads``' values: ``1``, not pyarrow's ``1.0``)."""
+    texts as ``str`` of ``json.loads``' values: ``1``, not pyarrow's ``1.0``). ``exact``: the columns
+    ``inputs.where`` compares with numbers (a JSON Lines column of them read as floats that cannot hold one of its
+    integers is refused: :func:`.read.read_jsonl`)."""
     pa = load_pyarrow()
     kind = table_format(path)
     if kind == "parquet":
@@ -80,7 +82,7 @@ def read_table(path: str, source: Optional[str] = None, select: Optional[Any] = 
         if kind == "jsonl":
             with fs.open_input_stream(name, compression="detect") as f:
                 data = f.read()
-            return read_jsonl(pa, data, path, pick, source, texts or set())
+            return read_jsonl(pa, data, path, pick, source, texts or set(), exact or set())
         with fs.open_input_file(name) as f:
             pq = pa.parquet.ParquetFile(f)
             return pq.read(columns=pick(list(pq.schema_arrow.names)))

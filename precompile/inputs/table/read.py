@@ -266,12 +266,14 @@ def _json_shape(data: bytes) -> tuple[int, bool]:
 
 
 def read_jsonl(pa: Any, data: bytes, path: str, select: Callable, source: Optional[str],
-               texts: Optional[set[str]] = None) -> Any:
+               texts: Optional[set[str]] = None, exact: Optional[set[str]] = None) -> Any:
     """A JSON Lines file's bytes as a table of the columns ``select(column names)`` names, each in its
     JSON type (strings as text, never timestamps). A column of ``texts`` (read as text) that pyarrow
     made float though some of its numbers may be integers (``1`` beside ``1.5``, or an integer beyond
     int64) holds ``str`` of each value as ``json.loads`` gives it (``"1"``, ``"1.5"``; NaN, blank as
-    everywhere, and null are null)."""
+    everywhere, and null are null). A column of ``exact`` (compared with numbers by ``inputs.where``) that
+    pyarrow made float is refused, a :class:`TableError` naming the first row, when it holds an integer
+    no 64-bit float holds (``2**53 + 1``): its float would compare as another number."""
     buf = pa.py_buffer(data)   # pyarrow skips one byte order mark, as utf-8-sig does; the checks read the rest
     data = data[len(BOM):] if data.startswith(BOM) else data
     objects, sound = _json_shape(data)
@@ -306,6 +308,16 @@ def read_jsonl(pa: Any, data: bytes, path: str, select: Callable, source: Option
 
     redo = [c for c in table.column_names if c in (texts or ()) and pa.types.is_floating(table.column(c).type)
             and pc.any(pc.equal(pc.floor(table.column(c)), table.column(c))).as_py()]
+    inexact = [c for c in table.column_names if c in (exact or ()) and pa.types.is_floating(table.column(c).type)
+               and pc.any(pc.greater_equal(pc.abs(table.column(c)), float(2 ** 53))).as_py()]
+    for c, values in _json_values(data, inexact).items():
+        for row, v in enumerate(values, 1):
+            if isinstance(v, int) and not isinstance(v, bool) and float(v) != v:
+                raise TableError(path, row, c, f"the integer {v} is no 64-bit float, and pyarrow reads the column "
+                                 f"as 64-bit floats (it holds a decimal or an integer beyond int64), which "
+                                 f"would compare {v} as {float(v):.17g}: inputs.where compares numbers exactly "
+                                 f"and cannot compare this column (write its numbers as strings to compare "
+                                 f"them as text)", source, "inputs.where")
     for c, values in _json_values(data, redo).items():
         cells = [None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v) for v in values]
         table = table.set_column(table.column_names.index(c), c, pa.array(cells, pa.string()))

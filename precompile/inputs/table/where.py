@@ -350,6 +350,23 @@ def where_columns(text: str) -> list[str]:
     return list(out)
 
 
+def number_columns(text: str) -> list[str]:
+    """The columns an expression compares with numbers (``x < 3``, ``x in [1, 2]``), in the order they appear,
+    each once."""
+    out: dict[str, None] = {}
+    todo = [parse_where(text)]
+    while todo:
+        n = todo.pop()
+        if n[0] in ("and", "or"):
+            todo.extend(reversed(n[1]))
+        elif n[0] == "not":
+            todo.append(n[1])
+        elif (n[0] == "cmp" and _kind_of(n[3][1]) == "number") or (n[0] == "in" and n[2] and
+                                                                     _kind_of(n[2][0]) == "number"):
+            out[n[2 if n[0] == "cmp" else 1][1]] = None
+    return list(out)
+
+
 # -- evaluating ---------------------------------------------------------------------------------------------------
 #: text cells that pyarrow's cast to float64 reads exactly as Python's float does (others go through float())
 _PLAIN_NUMBER = r"^[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?$"

@@ -24,6 +24,9 @@ IDENTITY = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
 #: ([height, width] in the decoded pixels, fractional: H/k, W/k) instead of resampling it onto its own grid
 #: (``decoders/image.py``); the step that takes it (``resize``) removes it
 EXTENT = "extent"
+#: the key of a keypoints field's meta holding, per stored keypoint slot, the source's slot it holds, when a
+#: mirror with ``flip_pairs`` swapped them (transforms/source_map.py writes it; Dataset.to_source reads it)
+SOURCE_ORDER = "source_order"
 
 
 def as_map(M: Any, what: str = "map") -> np.ndarray:

@@ -938,3 +938,31 @@ def test_a_mix_converts_once_per_read_task_into_reused_buffers_as_the_loader(bui
     assert 1 <= len(held) <= 2                    # three epochs, the same buffer(s) again
     loader.close()
     mix.close()
+
+
+def test_a_task_reads_each_run_of_one_sources_rows_in_one_call(builds):
+    # one build: a read task of 5 shuffled batches (sorted) is one call of its reader, as the Loader gathers a task;
+    # two builds: one call per build per batch at most; the same batches as the Mix of another grouping
+    calls = []
+    mixes = [precompile.Mix(builds[:1], batch_size=2, seed=1, device="cpu", num_threads=0),
+             precompile.Mix(builds[:2], batch_size=2, seed=1, device="cpu", num_threads=0)]
+    for m in mixes:
+        for i, s in enumerate(m.sources):
+            def counted(rows, out, read=s.read_into, i=i):
+                calls.append((i, len(rows)))
+                return read(rows, out)
+            s.read_into = counted
+    one = _pass(mixes[0])
+    assert len(one) == 5 and calls == [(0, 10)]
+    calls.clear()
+    two = _pass(mixes[1])
+    assert len(two) == 8 and sum(n for _, n in calls) == 16 and 8 < len(calls) <= 16
+    for m in mixes:
+        m.close()
+    for got, srcs in ((one, builds[:1]), (two, builds[:2])):   # the stored bytes, sample by sample
+        opened = [precompile.open(p) for p in srcs]
+        for b in got:
+            for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
+                assert np.array_equal(b["image"][j], opened[s][r]["image"])
+        for d in opened:
+            d.close()

@@ -659,14 +659,22 @@ class Mix(Resumable):
 
     def read_task(self, src: np.ndarray, row: np.ndarray, sizes: list[int], pool: HostPool) -> Batch:
         """A gather task: the batches of ``sizes`` samples that ``(src, row)`` hold one after another, read into
-        host buffers from ``pool`` (reused only once every tensor made from one is gone), each batch's rows of a
-        source in one call; the ragged fields padded over the task (:meth:`Finisher.finish_group` cuts each
+        host buffers from ``pool`` (reused only once every tensor made from one is gone), each run of one
+        source's rows in one call (sorted batches: a source's rows of a batch, and of the next batches where they
+        follow on; one source: the whole task, as the Loader gathers a task); the ragged fields padded over the task (:meth:`Finisher.finish_group` cuts each
         batch to its own width). Host tensors."""
         out = {f: pool.get((len(src), *self.shapes[f]), np.dtype(self.specs[f]["dtype"])) for f in self.fixed}
-        lo = 0
-        for n in sizes:
-            self._read_fixed(src[lo:lo + n], row[lo:lo + n], {f: a[lo:lo + n] for f, a in out.items()})
-            lo += n
+        cut = (np.flatnonzero(src[1:] != src[:-1]) + 1).tolist()
+        if len(cut) < len(sizes) * len(self.sources):
+            # each source's samples together in each batch (sorted batches): every run of one source's samples,
+            # within a batch or across batches (one source: the whole task), read in one call into its slice
+            for lo, hi in zip([0, *cut], [*cut, len(src)]):
+                self.sources[int(src[lo])].read_into(row[lo:hi], {f: a[lo:hi] for f, a in out.items()})
+        else:
+            lo = 0
+            for n in sizes:
+                self._read_fixed(src[lo:lo + n], row[lo:lo + n], {f: a[lo:lo + n] for f, a in out.items()})
+                lo += n
         out.update(self._ragged_rows(src, row))
         out[SOURCE] = np.asarray(src, dtype=np.int64).copy()
         out[ROW] = np.asarray(row, dtype=np.int64).copy()

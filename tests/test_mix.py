@@ -940,29 +940,39 @@ def test_a_mix_converts_once_per_read_task_into_reused_buffers_as_the_loader(bui
     mix.close()
 
 
-def test_a_task_reads_each_run_of_one_sources_rows_in_one_call(builds):
+def test_a_task_reads_each_run_of_one_sources_rows_in_one_call(builds, monkeypatch):
     # one build: a read task of 5 shuffled batches (sorted) is one call of its reader, as the Loader gathers a task;
-    # two builds: one call per build per batch at most; the same batches as the Mix of another grouping
-    calls = []
-    mixes = [precompile.Mix(builds[:1], batch_size=2, seed=1, device="cpu", num_threads=0),
-             precompile.Mix(builds[:2], batch_size=2, seed=1, device="cpu", num_threads=0)]
-    for m in mixes:
+    # two builds: short runs (small batches) one call per build a task, then put in their places; long runs one
+    # call per run; the stored bytes either way (precompile.open)
+    from precompile.reader import mix as mixmod
+
+    def counting(m, calls):
         for i, s in enumerate(m.sources):
             def counted(rows, out, read=s.read_into, i=i):
                 calls.append((i, len(rows)))
                 return read(rows, out)
             s.read_into = counted
-    one = _pass(mixes[0])
-    assert len(one) == 5 and calls == [(0, 10)]
-    calls.clear()
-    two = _pass(mixes[1])
-    assert len(two) == 8 and sum(n for _, n in calls) == 16 and 8 < len(calls) <= 16
-    for m in mixes:
-        m.close()
-    for got, srcs in ((one, builds[:1]), (two, builds[:2])):   # the stored bytes, sample by sample
+        return m
+
+    def check(batches, srcs):
         opened = [precompile.open(p) for p in srcs]
-        for b in got:
+        for b in batches:
             for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
-                assert np.array_equal(b["image"][j], opened[s][r]["image"])
+                assert np.array_equal(b["image"][j], opened[s][r]["image"]) and b["label"][j] == opened[s][r]["label"]
         for d in opened:
             d.close()
+
+    kw = dict(batch_size=2, seed=1, device="cpu", num_threads=0)
+    calls = []
+    one = _pass(counting(precompile.Mix(builds[:1], **kw), calls))
+    assert len(one) == 5 and calls == [(0, 10)]
+    check(one, builds[:1])
+    calls = []
+    short = _pass(counting(precompile.Mix(builds[:2], **kw), calls))
+    assert len(short) == 8 and sorted(calls) == [(0, 10), (1, 6)]   # 3 KiB rows: runs far under RUN_BYTES
+    check(short, builds[:2])
+    monkeypatch.setattr(mixmod, "RUN_BYTES", 1)
+    calls = []
+    long = _pass(counting(precompile.Mix(builds[:2], **kw), calls))
+    assert sum(n for _, n in calls) == 16 and 8 < len(calls) <= 16   # a call per run, at most two a batch
+    assert _digest(long) == _digest(short)

@@ -103,6 +103,9 @@ __all__ = ["Mix", "mix_counts"]
 STOPS = ("first_exhausted", "all_exhausted")
 MAX_EPOCH = 2 ** 28   #: samples in one epoch of a mix at most (its order: 24 bytes a sample in memory)
 SOURCE, ROW = "__source", "__row"
+#: a read task's runs of one source's samples shorter than this (stored bytes, on average) are read one call per
+#: source and put in their places: a gather call costs ~40-90 us, about what copying 256-500 KiB costs
+RUN_BYTES = 256 << 10
 
 
 def check_weights(weights: Sequence[float] | None, sizes: Sequence[int]) -> list[Fraction]:
@@ -659,22 +662,29 @@ class Mix(Resumable):
 
     def read_task(self, src: np.ndarray, row: np.ndarray, sizes: list[int], pool: HostPool) -> Batch:
         """A gather task: the batches of ``sizes`` samples that ``(src, row)`` hold one after another, read into
-        host buffers from ``pool`` (reused only once every tensor made from one is gone), each run of one
-        source's rows in one call (sorted batches: a source's rows of a batch, and of the next batches where they
-        follow on; one source: the whole task, as the Loader gathers a task); the ragged fields padded over the task (:meth:`Finisher.finish_group` cuts each
+        host buffers from ``pool`` (reused only once every tensor made from one is gone): each run of one
+        source's rows in one call straight into its slice (sorted batches: a source's rows of a batch, and of the
+        next batches where they follow on; one source: the whole task, as the Loader gathers a task), or, where
+        the runs are short (:data:`RUN_BYTES`), each source's rows of the task in one call, then put in their
+        places; the ragged fields padded over the task (:meth:`Finisher.finish_group` cuts each
         batch to its own width). Host tensors."""
         out = {f: pool.get((len(src), *self.shapes[f]), np.dtype(self.specs[f]["dtype"])) for f in self.fixed}
         cut = (np.flatnonzero(src[1:] != src[:-1]) + 1).tolist()
-        if len(cut) < len(sizes) * len(self.sources):
-            # each source's samples together in each batch (sorted batches): every run of one source's samples,
-            # within a batch or across batches (one source: the whole task), read in one call into its slice
+        row_bytes = sum(a[0].nbytes for a in out.values()) if len(src) else 0
+        if len(src) * row_bytes >= RUN_BYTES * (len(cut) + 1):
+            # long runs of one source's samples (sorted batches: a source's samples of a batch, and of the next
+            # batches where they follow on; one source: the whole task): each run read in one call into its slice
             for lo, hi in zip([0, *cut], [*cut, len(src)]):
                 self.sources[int(src[lo])].read_into(row[lo:hi], {f: a[lo:hi] for f, a in out.items()})
         else:
-            lo = 0
-            for n in sizes:
-                self._read_fixed(src[lo:lo + n], row[lo:lo + n], {f: a[lo:lo + n] for f, a in out.items()})
-                lo += n
+            # short runs (small batches, several sources; unsorted batches): each source's samples of the task in
+            # one call, into a buffer, then put in their places (a copy costs less than a call per run)
+            for i in np.unique(src).tolist():
+                at = np.flatnonzero(src == i)
+                tmp = {f: np.empty((len(at), *a.shape[1:]), dtype=a.dtype) for f, a in out.items()}
+                self.sources[i].read_into(row[at], tmp)
+                for f, a in out.items():
+                    a[at] = tmp[f]
         out.update(self._ragged_rows(src, row))
         out[SOURCE] = np.asarray(src, dtype=np.int64).copy()
         out[ROW] = np.asarray(row, dtype=np.int64).copy()

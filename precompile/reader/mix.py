@@ -671,15 +671,16 @@ class Mix(Resumable):
         out = {f: pool.get((len(src), *self.shapes[f]), np.dtype(self.specs[f]["dtype"])) for f in self.fixed}
         cut = (np.flatnonzero(src[1:] != src[:-1]) + 1).tolist()
         row_bytes = sum(a[0].nbytes for a in out.values()) if len(src) else 0
-        if len(src) * row_bytes >= RUN_BYTES * (len(cut) + 1):
-            # long runs of one source's samples (sorted batches: a source's samples of a batch, and of the next
+        present = np.unique(src).tolist()
+        if len(cut) + 1 <= len(present) or len(src) * row_bytes >= RUN_BYTES * (len(cut) + 1):
+            # one run per source, or long runs (sorted batches: a source's samples of a batch, and of the next
             # batches where they follow on; one source: the whole task): each run read in one call into its slice
             for lo, hi in zip([0, *cut], [*cut, len(src)]):
                 self.sources[int(src[lo])].read_into(row[lo:hi], {f: a[lo:hi] for f, a in out.items()})
         else:
             # short runs (small batches, several sources; unsorted batches): each source's samples of the task in
             # one call, into a buffer, then put in their places (a copy costs less than a call per run)
-            for i in np.unique(src).tolist():
+            for i in present:
                 at = np.flatnonzero(src == i)
                 tmp = {f: np.empty((len(at), *a.shape[1:]), dtype=a.dtype) for f, a in out.items()}
                 self.sources[i].read_into(row[at], tmp)

@@ -18,7 +18,7 @@ repeat, so a load that drifts falls on all of them alike); the table gives the m
 
 ``--size S``: S x S x 3 samples instead of 32 x 32 x 3 (e.g. ``--size 224 --samples 2048``).
 ``--before PATH``: also the Mix of another checkout's ``precompile/reader/mix.py`` (e.g.
-``/work/main/precompile/reader/mix.py``, the code before a change), loaded as a module of this
+``../main/precompile/reader/mix.py``, the code before a change), loaded as a module of this
 checkout's ``precompile.reader`` package (its feed, gather and conversion: only the Mix differs), as
 contenders ``Mix before, 1 source`` and ``Mix before, 2 sources`` in the same turns.
 

@@ -11,9 +11,16 @@ warm page cache, batches of ``--batch`` (default 256), full shuffle, CPU, ``--th
 
 Each contender runs whole epochs (a fresh epoch per repeat; the contenders take turns, one epoch each per
 repeat, so a load that drifts falls on all of them alike); the table gives the median samples/s over
-``--repeats`` and the ratio to the Loader's.
+``--repeats`` and the ratio to the Loader's, and the same per CPU-second of this process (all its threads:
+``time.process_time``), which other jobs on a shared machine move less than the wall time.
 
     PYTHONPATH=. python benchmarks/bench_mix.py [--samples 20000] [--batch 256] [--threads 1] [--repeats 5]
+
+``--size S``: S x S x 3 samples instead of 32 x 32 x 3 (e.g. ``--size 224 --samples 2048``).
+``--before PATH``: also the Mix of another checkout's ``precompile/reader/mix.py`` (e.g.
+``../main/precompile/reader/mix.py``, the code before a change), loaded as a module of this
+checkout's ``precompile.reader`` package (its feed, gather and conversion: only the Mix differs), as
+contenders ``Mix before, 1 source`` and ``Mix before, 2 sources`` in the same turns.
 
 ``--convert``: every contender also converts the images (``dtype="float32"``, ImageNet ``mean``/``std``, the
 Loader's conversion, which a Mix runs through the same code); ``--steps``: and runs ``gpu_steps`` (a random
@@ -34,6 +41,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -53,6 +61,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--convert", action="store_true", help="dtype float32 + mean/std for every contender")
     ap.add_argument("--steps", action="store_true", help="gpu_steps (flip, crop) for every contender")
+    ap.add_argument("--size", type=int, default=32, help="samples of size x size x 3 uint8")
+    ap.add_argument("--before", default=None, help="another checkout's precompile/reader/mix.py, as contenders too")
     a = ap.parse_args()
     if a.passes:
         passes(a)
@@ -63,7 +73,7 @@ def main() -> None:
     import precompile
 
     rng = np.random.default_rng(0)
-    images = rng.integers(0, 256, (a.samples, 32, 32, 3), dtype=np.uint8)
+    images = rng.integers(0, 256, (a.samples, a.size, a.size, 3), dtype=np.uint8)
     labels = rng.integers(0, 10, a.samples)
     half = a.samples // 2
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,6 +91,10 @@ def main() -> None:
             "Mix, 1 source": precompile.Mix([whole], **common),
             "Mix, 2 sources": precompile.Mix([left, right], **common),
         }
+        if a.before:
+            old = load_mix(a.before)
+            readers["Mix before, 1 source"] = old.Mix([whole], **common)
+            readers["Mix before, 2 sources"] = old.Mix([left, right], **common)
         epoch = {name: 0 for name in readers}
 
         def run(name: str) -> None:
@@ -97,22 +111,42 @@ def main() -> None:
         # round robin: each repeat times every contender once, so a load that drifts (a shared machine) falls
         # on all of them alike
         per: dict[str, list[float]] = {name: [] for name in readers}
+        cpu: dict[str, list[float]] = {name: [] for name in readers}
         for _ in range(a.repeats):
             for name in readers:
+                c0 = time.process_time()
                 per[name].append(median_time(lambda name=name: run(name), 1))
+                cpu[name].append(time.process_time() - c0)
         times = {name: statistics.median(ts) for name, ts in per.items()}
+        cpus = {name: statistics.median(ts) for name, ts in cpu.items()}
         base = a.samples / times["Loader"]
+        base_cpu = a.samples / cpus["Loader"]
         what = ", ".join(w for w, on in (("converted to float32 + mean/std", a.convert),
                                           ("gpu_steps flip + crop", a.steps)) if on) or "raw uint8"
-        print(f"{a.samples} samples of 32x32x3 uint8 ({what}), batches of {a.batch}, full shuffle, CPU, "
+        print(f"{a.samples} samples of {a.size}x{a.size}x3 uint8 ({what}), batches of {a.batch}, full shuffle, CPU, "
               f"{a.threads} gather thread(s), torch threads {torch.get_num_threads()}, "
               f"median of {a.repeats} epochs")
-        print(f"{'reader':<16} {'samples/s':>12} {'vs Loader':>10}")
+        print(f"{'reader':<22} {'samples/s':>12} {'vs Loader':>10} {'per CPU-s':>12} {'vs Loader':>10}")
         for name, t in times.items():
-            rate = a.samples / t
-            print(f"{name:<16} {rate:>12,.0f} {rate / base:>9.2f}x")
+            rate, rate_cpu = a.samples / t, a.samples / cpus[name]
+            print(f"{name:<22} {rate:>12,.0f} {rate / base:>9.2f}x {rate_cpu:>12,.0f} {rate_cpu / base_cpu:>9.2f}x")
         for r in readers.values():
             r.close()
+
+
+def load_mix(path: str):
+    """``path`` (a ``mix.py``) as a module of this checkout's ``precompile.reader`` package: its relative imports
+    (feed, gather, conversion) are this checkout's, so only the Mix's own code differs."""
+    import importlib.util
+
+    import precompile.reader
+
+    spec = importlib.util.spec_from_file_location("precompile.reader._mix_before", path)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = precompile.reader.__name__
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def passes(a: argparse.Namespace) -> None:

@@ -38,6 +38,7 @@ import importlib.util
 import io
 import json
 import math
+import numbers
 import os
 from typing import Any, Iterator, Optional, Sequence
 
@@ -192,10 +193,43 @@ def png_bytes(a: Any) -> bytes:
     return buf.getvalue()
 
 
+#: the stored bytes of rows :func:`to_hf` puts in one Arrow record batch by default (:func:`default_writer_batch_size`)
+WRITER_BATCH_BYTES = 256 << 20
+#: the rows of one record batch at most by default: ``datasets``' own default (``config.DEFAULT_MAX_BATCH_SIZE``)
+MAX_WRITER_BATCH = 1000
+
+
+def row_bytes(ds: Any, names: Sequence[str]) -> int:
+    """An upper estimate of the stored bytes of one row of ``names`` in the build ``ds``: each field of a fixed
+    shape its values' bytes (an ``Image`` column's PNG about its pixels'), and no less than the largest
+    bytes a row of any shard (its file's bytes over its samples: the variable and ragged fields, whose rows
+    the index does not size)."""
+    import numpy as np
+
+    fixed = 0
+    for f in names:
+        spec = ds.field_specs[f]
+        shape = list(spec.get("shape") or [])
+        if spec.get("kind") != "text" and all(isinstance(n, int) for n in shape):
+            fixed += math.prod(shape) * np.dtype(str(spec.get("dtype"))).itemsize
+    per_shard = [int(s.get("bytes") or 0) / int(s["num_samples"]) for s in ds.shards if s.get("num_samples")]
+    return int(max([fixed, *per_shard]))
+
+
+def default_writer_batch_size(ds: Any, names: Sequence[str]) -> int:
+    """The rows of one Arrow record batch :func:`to_hf` writes by default: about :data:`WRITER_BATCH_BYTES` of
+    :func:`row_bytes`, at least 1, at most :data:`MAX_WRITER_BATCH` (``datasets``' default). A record batch's
+    variable lists and PNG bytes have int32 offsets (2^31 values at most); ``datasets``' own default is 1,000
+    rows (100 with an ``Image`` column), which rows of a few MB (volumes, long clips, large flow) overflow,
+    and holds the whole batch in memory while it is written."""
+    return int(max(1, min(MAX_WRITER_BATCH, WRITER_BATCH_BYTES // max(1, row_bytes(ds, names)))))
+
+
 def _rows(path: str, fields: str, copies: bool, build_digest: str, images: str = "[]",
-          flat: str = "[]", variable: str = "[]") -> Iterator[dict[str, Any]]:
+          flat: str = "[]", variable: str = "[]", batch_rows: int = 0) -> Iterator[dict[str, Any]]:
     """The build's rows. Arguments are strings, not lists (``datasets`` would shard a list across
-    generator calls); ``build_digest`` (of the shard keys) is there so that ``datasets`` caches per build;
+    generator calls); ``build_digest`` (of the shard keys) and ``batch_rows`` (the record batch's rows) are
+    there so that ``datasets`` caches per build and per layout;
     ``images``: the fields written as PNG (an ``Image`` column's ``{"bytes", "path"}``); ``flat``: the
     fields written as their values in C order (:func:`flat_shape`); ``variable``: those written as their values
     in C order plus their shape (:func:`variable_flat`)."""
@@ -220,17 +254,26 @@ def _rows(path: str, fields: str, copies: bool, build_digest: str, images: str =
         yield row
 
 
-def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cache_dir: Optional[str] = None) -> Any:
-    """The output at ``build`` (its index file) as a ``datasets.Dataset``; see the module docstring."""
+def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cache_dir: Optional[str] = None,
+          writer_batch_size: Optional[int] = None) -> Any:
+    """The output at ``build`` (its index file) as a ``datasets.Dataset``; see the module docstring.
+    ``writer_batch_size``: the rows of each Arrow record batch written (``datasets``' option of that name);
+    None: :func:`default_writer_batch_size` of the build's rows (about 256 MB a record batch, at most
+    1,000 rows)."""
     d = _datasets()
     from .formats import open_dataset
 
+    if writer_batch_size is not None and (isinstance(writer_batch_size, bool) or not isinstance(
+            writer_batch_size, numbers.Integral) or writer_batch_size < 1):
+        raise ValueError(f"to_hf: writer_batch_size must be a whole number of rows >= 1 (or None: from the rows' "
+                         f"size), got {str(writer_batch_size)[:100]!r}")
     path = os.path.abspath(str(build))
     ds = open_dataset(path)
     names = list(fields) if fields else list(ds.field_specs)
     for f in names:
         if f not in ds.field_specs:
             raise ValueError(f"{path}: no field {f!r} (fields: {', '.join(ds.field_specs)})")
+    batch_rows = int(writer_batch_size) if writer_batch_size is not None else default_writer_batch_size(ds, names)
     copies = bool(len(ds)) and any(ds.copy(i) for i in range(len(ds)))
     images = [f for f in names if png_image(ds.field_specs[f])]
     feats = {KEY: d.Value("string"), **{f: hf_feature(ds.field_specs[f], ds.label_names) for f in names}}
@@ -251,10 +294,11 @@ def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cach
     feats = ordered
     digest = hashlib.sha256("\n".join(str(s.get("key")) for s in ds.shards).encode()).hexdigest()
     out = d.Dataset.from_generator(_rows, features=d.Features(feats), cache_dir=cache_dir,
+                                   writer_batch_size=batch_rows,
                                    gen_kwargs={"path": path, "fields": json.dumps(names), "copies": copies,
                                                "build_digest": digest, "images": json.dumps(images),
                                                "flat": json.dumps([f for f in flat if f not in variable]),
-                                               "variable": json.dumps(variable)})
+                                               "variable": json.dumps(variable), "batch_rows": batch_rows})
     if flat:
         out.info.description = json.dumps({SHAPES: flat})
     return out

@@ -369,3 +369,77 @@ def test_build_from_hf_refuses_inputs_it_sets(tmp_path):
     hf = datasets.Dataset.from_dict({"x": [1, 2]})
     with pytest.raises(RecipeError, match="inputs.root is set from the dataset"):
         build_from_hf(hf, {"name": "n", "inputs": {"root": "."}}, out_dir=tmp_path)
+
+
+def _record_batches(hf) -> list[int]:
+    """The rows of each Arrow record batch of ``hf``'s cache files, read with pyarrow (datasets writes Arrow
+    IPC streams)."""
+    import pyarrow as pa
+
+    rows = []
+    for f in hf.cache_files:
+        with pa.memory_map(f["filename"]) as src:
+            rows += [b.num_rows for b in pa.ipc.open_stream(src)]
+    return rows
+
+
+def test_to_hf_writer_batch_size_reaches_the_arrow_file_and_keeps_the_values(tmp_path):
+    """``to_hf(..., writer_batch_size=N)``: each Arrow record batch of the written file holds N rows (the last
+    the rest), whatever the layout the same values; another N is not served from the cache of the first."""
+    path = build(str(REPO / "recipes" / "flow.yaml"), out_dir=tmp_path / "out")["output"]   # 4 pairs
+    ds = precompile.open(path)
+    n = len(ds)
+    got = {}
+    for rows in (1, 3, None):
+        hf = to_hf(path, cache_dir=str(tmp_path / "cache"), writer_batch_size=rows)
+        per = rows or n     # default: rows of 32x48 flow are small, every row in one batch
+        assert _record_batches(hf) == [min(per, n - lo) for lo in range(0, n, per)], rows
+        got[rows] = hf.with_format("numpy", dtype=None)[:]
+    for rows in (1, 3):
+        assert set(got[rows]) == set(got[None]) >= {"__key__", "flow", "flow_valid"}
+        for c, want in got[None].items():
+            a = got[rows][c]
+            assert a.dtype == want.dtype and a.shape == want.shape, (rows, c)
+            assert (a.tobytes() == want.tobytes()) if a.dtype != object else (a.tolist() == want.tolist()), (rows, c)
+    assert got[None]["flow"].reshape(-1, 32, 48, 2).tobytes() == ds.batch(range(n))["flow"].tobytes()
+
+
+def test_to_hf_default_writer_batch_size_follows_the_row_size(tmp_path, monkeypatch):
+    """The default keeps a record batch to about ``WRITER_BATCH_BYTES`` of stored rows (so its int32 list and
+    PNG offsets stay far under 2^31 values): rows of a 32x48x2 float32 flow, its 32x48x1 uint8 mask and two
+    32x48x3 uint8 frames take 12,288 + 1,536 + 2 x 4,608 bytes, and no less than each shard's bytes a row;
+    at most 1,000 rows, at least 1."""
+    from precompile import hf as hfmod
+
+    path = build(str(REPO / "recipes" / "flow.yaml"), out_dir=tmp_path / "out")["output"]
+    ds = precompile.open(path)
+    names = list(ds.field_specs)
+    fixed = sum(int(np.prod(s["shape"])) * np.dtype(s["dtype"]).itemsize for s in ds.field_specs.values())
+    per_shard = max(s["bytes"] / s["num_samples"] for s in ds.shards)
+    assert hfmod.row_bytes(ds, names) == int(max(fixed, per_shard)) >= 12288 + 1536 + 2 * 4608
+    assert hfmod.default_writer_batch_size(ds, names) == 1000            # 256 MiB of ~25 KB rows: over 1,000
+    row = hfmod.row_bytes(ds, names)
+    monkeypatch.setattr(hfmod, "WRITER_BATCH_BYTES", 2 * row + 1)        # two rows a record batch
+    assert hfmod.default_writer_batch_size(ds, names) == 2
+    assert _record_batches(to_hf(path, cache_dir=str(tmp_path / "cache"))) == [2] * (len(ds) // 2) + [1] * (len(ds) % 2)
+    monkeypatch.setattr(hfmod, "WRITER_BATCH_BYTES", row // 2)            # a row larger than the target: one a batch
+    assert hfmod.default_writer_batch_size(ds, names) == 1
+    # a volume of 512^3 float32 (512 MiB a row) is one row a batch; 224x224x3 uint8 images 1,000
+    monkeypatch.setattr(hfmod, "WRITER_BATCH_BYTES", 256 << 20)
+
+    class Spec:
+        def __init__(self, shape, dtype):
+            self.field_specs = {"x": {"kind": "volume", "shape": shape, "dtype": dtype}}
+            self.shards = []
+
+    assert hfmod.default_writer_batch_size(Spec([512, 512, 512], "float32"), ["x"]) == 1
+    assert hfmod.default_writer_batch_size(Spec([64, 256, 256], "float32"), ["x"]) == 16
+    assert hfmod.default_writer_batch_size(Spec([224, 224, 3], "uint8"), ["x"]) == 1000
+
+
+@pytest.mark.parametrize("bad", [0, -3, 2.5, "100", True])
+def test_to_hf_writer_batch_size_is_checked(tmp_path, bad):
+    with pytest.raises(ValueError) as e:
+        to_hf(tmp_path / "nothing.h5", writer_batch_size=bad)
+    assert str(e.value) == (f"to_hf: writer_batch_size must be a whole number of rows >= 1 (or None: from the "
+                            f"rows' size), got {str(bad)!r}")

@@ -835,3 +835,144 @@ def test_box_labels_of_other_class_names_are_refused(coco_builds, tmp_path):
     assert str(e.value).endswith(f"in {other}: the same id would mean two classes")
     mix = precompile.Mix([coco_builds[0], other], batch_size=2, fields=["image", "boxes"])   # without the labels
     mix.close()
+
+
+# -- batches that are kept: no buffer reused under them, no conversion twice ----------------------------------
+def _normalised(x: np.ndarray, conv: dict) -> np.ndarray:
+    """The Loader's float32 conversion done with numpy (x * (1/255/std) + (-mean/std), each op rounded to
+    float32 as torch's mul_/add_ round it): the exact bytes a conversion done once gives."""
+    if "dtype" not in conv:
+        return x
+    a = (1 / 255 / np.asarray(STD, np.float64)).astype(np.float32)
+    b = (-np.asarray(MEAN, np.float64) / np.asarray(STD, np.float64)).astype(np.float32)
+    return x.astype(np.float32) * a + b
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+@pytest.mark.parametrize("conv", [{}, dict(dtype="float32", mean=MEAN, std=STD)])
+def test_batches_kept_across_epochs_stay_their_samples(builds, conv, threads):
+    # every batch of two epochs held in a list while the Mix goes on (small batches: many in one read task, and
+    # host buffers reused once let go), then each compared with its samples' stored bytes (precompile.open),
+    # converted by numpy; a buffer overwritten under a kept batch, or a conversion run twice, would differ
+    kw = dict(batch_size=3, weights=[0.5, 0.3, 0.2], stop=20, seed=4, device="cpu", num_threads=threads,
+              prefetch=3, **conv)
+    mix = precompile.Mix(builds, **kw)
+    kept = []
+    for epoch in range(2):
+        mix.set_epoch(epoch)
+        kept += list(mix)
+    fresh = precompile.Mix(builds, **kw)
+    again = []
+    for epoch in range(2):
+        fresh.set_epoch(epoch)
+        again += _pass(fresh)
+    opened = [precompile.open(p) for p in builds]
+    assert len(kept) == len(again) == 14
+    for b, f in zip(kept, again):
+        for k in b:
+            assert np.array_equal(b[k].numpy(), f[k]), k
+        for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
+            want = _normalised(opened[s][r]["image"], conv)
+            assert b["image"].numpy().dtype == want.dtype
+            assert np.array_equal(b["image"][j].numpy(), want), (s, r)
+            assert int(b["label"][j]) == int(opened[s][r]["label"])
+    for d in opened:
+        d.close()
+    mix.close()
+    fresh.close()
+
+
+def test_kept_batches_of_annotations_are_padded_per_batch(coco_builds):
+    # boxes held across a whole epoch: each batch padded to its own largest count (as the Loader pads), NaN past
+    # each sample's rows, the rows those of the stored sample (precompile.open)
+    mix = precompile.Mix(coco_builds, batch_size=2, weights=[1, 1], stop=12, seed=6, device="cpu", num_threads=1,
+                         fields=["image", "boxes", "box_labels"])
+    kept = list(mix)
+    opened = [precompile.open(p) for p in coco_builds]
+    widths = set()
+    for b in kept:
+        counts = b["boxes__count"].tolist()
+        assert b["boxes"].shape[1] == b["box_labels"].shape[1] == max(1, max(counts))
+        widths.add(b["boxes"].shape[1])
+        for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
+            want = opened[s][r]
+            k = counts[j]
+            assert k == len(want["boxes"])
+            assert np.array_equal(b["boxes"][j, :k].numpy(), want["boxes"])
+            assert b["box_labels"][j, :k].tolist() == want["box_labels"].tolist()
+            assert torch.isnan(b["boxes"][j, k:]).all()
+            assert np.array_equal(b["image"][j].numpy(), want["image"])
+    assert len(kept) == 6 and len(widths) > 1   # batches of other widths in the same epoch
+    for d in opened:
+        d.close()
+    mix.close()
+
+
+def test_a_mix_converts_once_per_read_task_into_reused_buffers_as_the_loader(builds):
+    # small batches: the Loader reads and converts several in one task (feed.group_size), into host buffers it
+    # reuses once the batches are let go; a Mix of the same build the same (calls of its Convert counted)
+    from precompile.reader.loader import Loader
+
+    kw = dict(batch_size=2, shuffle=False, device="cpu", num_threads=1, dtype="float32", mean=MEAN, std=STD)
+    loader = Loader(builds[0], **kw)
+    mix = precompile.Mix(builds[:1], **kw)
+    calls = {}
+
+    class Counted:
+        def __init__(self, conv, name):
+            self.conv, self.name, self.dtype = conv, name, conv.dtype
+
+        def __call__(self, x, out=None):
+            calls[self.name] += 1
+            return self.conv(x, out=out)
+
+    for name, r in (("loader", loader), ("mix", mix)):
+        calls[name] = 0
+        r.finisher.convert = {"image": Counted(r.convert["image"], name)}
+        for epoch in range(3):
+            r.set_epoch(epoch)
+            n = sum(len(b["label"]) for b in r)   # every batch let go once counted
+            assert n == 10
+    assert calls == {"loader": 3, "mix": 3}      # 5 batches of 2, one task, each epoch
+    held = mix.finisher.pool.held((10, 32, 32, 3), np.float32)
+    assert 1 <= len(held) <= 2                    # three epochs, the same buffer(s) again
+    loader.close()
+    mix.close()
+
+
+def test_a_task_reads_each_run_of_one_sources_rows_in_one_call(builds, monkeypatch):
+    # one build: a read task of 5 shuffled batches (sorted) is one call of its reader, as the Loader gathers a task;
+    # two builds: short runs (small batches) one call per build a task, then put in their places; long runs one
+    # call per run; the stored bytes either way (precompile.open)
+    from precompile.reader import mix as mixmod
+
+    def counting(m, calls):
+        for i, s in enumerate(m.sources):
+            def counted(rows, out, read=s.read_into, i=i):
+                calls.append((i, len(rows)))
+                return read(rows, out)
+            s.read_into = counted
+        return m
+
+    def check(batches, srcs):
+        opened = [precompile.open(p) for p in srcs]
+        for b in batches:
+            for j, (s, r) in enumerate(zip(b["__source"].tolist(), b["__row"].tolist())):
+                assert np.array_equal(b["image"][j], opened[s][r]["image"]) and b["label"][j] == opened[s][r]["label"]
+        for d in opened:
+            d.close()
+
+    kw = dict(batch_size=2, seed=1, device="cpu", num_threads=0)
+    calls = []
+    one = _pass(counting(precompile.Mix(builds[:1], **kw), calls))
+    assert len(one) == 5 and calls == [(0, 10)]
+    check(one, builds[:1])
+    calls = []
+    short = _pass(counting(precompile.Mix(builds[:2], **kw), calls))
+    assert len(short) == 8 and sorted(calls) == [(0, 10), (1, 6)]   # 3 KiB rows: runs far under RUN_BYTES
+    check(short, builds[:2])
+    monkeypatch.setattr(mixmod, "RUN_BYTES", 1)
+    calls = []
+    long = _pass(counting(precompile.Mix(builds[:2], **kw), calls))
+    assert sum(n for _, n in calls) == 16 and 8 < len(calls) <= 16   # a call per run, at most two a batch
+    assert _digest(long) == _digest(short)

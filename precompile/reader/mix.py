@@ -53,9 +53,15 @@ One epoch of the mix, for ``(seed, epoch)``:
    Loader's ``sort_batches``: the same members, another order).
 
 The draws come from :func:`precompile.seeding.rng_for`; nothing depends on the
-thread count (every batch is read into its own arrays), so the same seed gives
-the same batches with any ``num_threads``, and ``state_dict`` /
-``load_state_dict`` resume mid-epoch with exactly the remaining batches.
+thread count, so the same seed gives the same batches with any ``num_threads``,
+and ``state_dict`` / ``load_state_dict`` resume mid-epoch with exactly the
+remaining batches. On CPU the batches are read as the Loader's CPU feeder reads
+them (:class:`_MixFeeder`, a :class:`~precompile.reader.cpu_feeder.CpuFeeder`):
+tasks of whole batches (:func:`~precompile.reader.feed.group_size`: about 4 MiB
+of stored rows) read into reused host buffers
+(:class:`~precompile.reader.feed.HostPool`: a buffer is reused only once every
+tensor made from it is gone), converted once a task where there are no steps,
+then cut into batches; on CUDA each batch is read into its own host arrays.
 
 5. **Conversion and device steps** are the Loader's own code: its option group
    (:class:`~precompile.reader.options.Conversion`), its ``converts_for`` and
@@ -84,7 +90,8 @@ import torch
 from ..errors import FormatError, PrecompileError
 from ..seeding import rng_for
 from . import augment, gpu
-from .feed import Finisher, HostPool, converts_for, stored_norm
+from .cpu_feeder import CpuFeeder
+from .feed import Batch, Finisher, HostPool, PassPlan, converts_for, group_size, stored_norm
 from .options import Conversion, Distribution
 from .ragged import RaggedFields, count_name, is_ragged_annotation, pad_rows
 from .resume import Resumable
@@ -96,6 +103,9 @@ __all__ = ["Mix", "mix_counts"]
 STOPS = ("first_exhausted", "all_exhausted")
 MAX_EPOCH = 2 ** 28   #: samples in one epoch of a mix at most (its order: 24 bytes a sample in memory)
 SOURCE, ROW = "__source", "__row"
+#: a read task's runs of one source's samples shorter than this (stored bytes, on average) are read one call per
+#: source and put in their places: a gather call costs ~40-90 us, about what copying 256-500 KiB costs
+RUN_BYTES = 256 << 10
 
 
 def check_weights(weights: Sequence[float] | None, sizes: Sequence[int]) -> list[Fraction]:
@@ -320,13 +330,33 @@ class _FolderRagged:
 
 class _RaggedKeys:
     """The batch keys of a Mix's ragged fields, for the Loader's Finisher (which moves them with the steps on the
-    host, then to the batch's device)."""
+    host, then to the batch's device), and how a task's padded rows are cut to each batch's own width (the
+    Loader's :class:`~precompile.reader.ragged.RaggedFields` rule, the same code)."""
 
     def __init__(self, fields: Sequence[str]):
         self.fields = list(fields)
 
     def keys(self) -> list[str]:
         return [k for f in self.fields for k in (f, count_name(f))]
+
+    widths = RaggedFields.widths
+    trim = RaggedFields.trim
+
+
+class _MixFeeder(CpuFeeder):
+    """The Loader's CPU feeder (its threads, its tasks ahead, its :class:`~precompile.reader.feed.HostPool`,
+    its :meth:`~precompile.reader.feed.Finisher.finish_group`) over a Mix's tasks: a task's batches are read,
+    each source's rows of a batch in one call, into one set of reused host buffers, then converted once (no
+    steps) and split into batches, as a Loader's gather task is."""
+
+    def __init__(self, mix: "Mix", src: np.ndarray, row: np.ndarray):
+        super().__init__(None, [], mix.finisher, mix.finisher.pool, mix.num_threads)   # type: ignore[arg-type]
+        self.mix, self.src, self.row = mix, src, row
+
+    def gather(self, plan: PassPlan, k: int, split: Any = None) -> list[Batch]:
+        at = plan.rows(k)   # places in the epoch's order, batch after batch
+        batch = self.mix.read_task(self.src[at], self.row[at], plan.sizes(k), self.pool)
+        return self.finisher.finish_group(batch, plan.sizes(k), plan.epoch, plan.tasks[k][0])
 
 
 class Mix(Resumable):
@@ -621,11 +651,50 @@ class Mix(Resumable):
     # -- reading ----------------------------------------------------------------------------------
     def read_batch(self, src: np.ndarray, row: np.ndarray) -> dict[str, np.ndarray]:
         """The fields of the samples ``(src[j], row[j])`` in that order, as numpy arrays (plus ``__source``,
-        ``__row``). A source whose samples stand together in the batch (the sorted batches) is read straight
-        into its slice of the batch; one whose samples are spread (``sort_batches=False``) into a buffer, then
-        put in its places."""
+        ``__row``), in fresh arrays."""
         b = len(src)
         out = {f: np.empty((b, *self.shapes[f]), dtype=np.dtype(self.specs[f]["dtype"])) for f in self.fixed}
+        self._read_fixed(src, row, out)
+        out.update(self._ragged_rows(src, row))
+        out[SOURCE] = np.asarray(src, dtype=np.int64).copy()
+        out[ROW] = np.asarray(row, dtype=np.int64).copy()
+        return out
+
+    def read_task(self, src: np.ndarray, row: np.ndarray, sizes: list[int], pool: HostPool) -> Batch:
+        """A gather task: the batches of ``sizes`` samples that ``(src, row)`` hold one after another, read into
+        host buffers from ``pool`` (reused only once every tensor made from one is gone): each run of one
+        source's rows in one call straight into its slice (sorted batches: a source's rows of a batch, and of the
+        next batches where they follow on; one source: the whole task, as the Loader gathers a task), or, where
+        the runs are short (:data:`RUN_BYTES`), each source's rows of the task in one call, then put in their
+        places; the ragged fields padded over the task (:meth:`Finisher.finish_group` cuts each
+        batch to its own width). Host tensors."""
+        out = {f: pool.get((len(src), *self.shapes[f]), np.dtype(self.specs[f]["dtype"])) for f in self.fixed}
+        cut = (np.flatnonzero(src[1:] != src[:-1]) + 1).tolist()
+        row_bytes = sum(a[0].nbytes for a in out.values()) if len(src) else 0
+        present = np.unique(src).tolist()
+        if len(cut) + 1 <= len(present) or len(src) * row_bytes >= RUN_BYTES * (len(cut) + 1):
+            # one run per source, or long runs (sorted batches: a source's samples of a batch, and of the next
+            # batches where they follow on; one source: the whole task): each run read in one call into its slice
+            for lo, hi in zip([0, *cut], [*cut, len(src)]):
+                self.sources[int(src[lo])].read_into(row[lo:hi], {f: a[lo:hi] for f, a in out.items()})
+        else:
+            # short runs (small batches, several sources; unsorted batches): each source's samples of the task in
+            # one call, into a buffer, then put in their places (a copy costs less than a call per run)
+            for i in present:
+                at = np.flatnonzero(src == i)
+                tmp = {f: np.empty((len(at), *a.shape[1:]), dtype=a.dtype) for f, a in out.items()}
+                self.sources[i].read_into(row[at], tmp)
+                for f, a in out.items():
+                    a[at] = tmp[f]
+        out.update(self._ragged_rows(src, row))
+        out[SOURCE] = np.asarray(src, dtype=np.int64).copy()
+        out[ROW] = np.asarray(row, dtype=np.int64).copy()
+        return {f: torch.from_numpy(a) for f, a in out.items()}
+
+    def _read_fixed(self, src: np.ndarray, row: np.ndarray, out: dict[str, np.ndarray]) -> None:
+        """Fill ``out`` (``{field: (len(src), ...)}``, C-contiguous) with the fixed-shape fields of the samples
+        ``(src[j], row[j])``. A source whose samples stand together (the sorted batches) is read straight into
+        its slice; one whose samples are spread (``sort_batches=False``) into a buffer, then put in its places."""
         for i in np.unique(src).tolist():
             at = np.flatnonzero(src == i)
             lo, hi = int(at[0]), int(at[-1]) + 1
@@ -636,12 +705,15 @@ class Mix(Resumable):
                 self.sources[i].read_into(row[at], tmp)
                 for f in self.fixed:
                     out[f][at] = tmp[f]
-        for f in self.ragged:   # each sample's rows from its own build, padded as the Loader pads them
+
+    def _ragged_rows(self, src: np.ndarray, row: np.ndarray) -> dict[str, np.ndarray]:
+        """The ragged fields of the samples, each from its own build, padded as the Loader pads them, and their
+        counts."""
+        out: dict[str, np.ndarray] = {}
+        for f in self.ragged:
             rows = [self.sources[s].ragged.rows(f, r) for s, r in zip(src.tolist(), row.tolist())]
             spec = self.specs[f]
             out[f], out[count_name(f)] = pad_rows(rows, tuple(spec["shape"][1:]), np.dtype(spec["dtype"]))
-        out[SOURCE] = np.asarray(src, dtype=np.int64).copy()
-        out[ROW] = np.asarray(row, dtype=np.int64).copy()
         return out
 
     def _to_device(self, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -652,19 +724,6 @@ class Mix(Resumable):
             host = set(self.finisher.ragged.keys()) if self.finisher.ragged is not None else set()
             out = {f: t if f in host else t.pin_memory().to(self.device, non_blocking=True) for f, t in out.items()}
         return out
-
-    def _host_batch(self, epoch: int, b: int, src: np.ndarray, row: np.ndarray) -> Any:
-        """Batch ``b`` read (in a reading thread); on CPU also finished there: its device steps, drawn for
-        ``(seed, epoch, rank, b)``, and its conversion (the Loader's :class:`~precompile.reader.feed.Finisher`)."""
-        arrays = self.read_batch(src, row)
-        if self.device.type == "cuda":
-            return arrays
-        return self.finisher.finish(self._to_device(arrays), epoch, b)
-
-    def _deliver(self, epoch: int, b: int, got: Any) -> dict[str, torch.Tensor]:
-        if self.device.type != "cuda":
-            return got
-        return self.finisher.finish(self._to_device(got), epoch, b)   # on the device, on the current stream
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """A pass over the rest of the current epoch; starting a new pass closes an unfinished one."""
@@ -678,35 +737,61 @@ class Mix(Resumable):
         self._active = weakref.ref(gen)
         return gen
 
+    def pass_plan(self, epoch: int, start: int = 0) -> PassPlan:
+        """The CPU read tasks of ``epoch`` from batch ``start``: whole batches, about
+        :data:`~precompile.reader.feed.GROUP_BYTES` of stored rows a task, as the Loader groups them
+        (:func:`~precompile.reader.feed.group_size`); ``prefetch`` batches in flight."""
+        row_bytes = sum(int(np.prod(self.shapes[f], dtype=np.int64)) * np.dtype(self.specs[f]["dtype"]).itemsize
+                        for f in self.fixed)
+        return PassPlan.make(epoch, self._batches(epoch)[2], start, group_size(row_bytes, self.batch_size),
+                             self.prefetch)
+
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
         epoch = self.epoch
         src, row, batches = self._batches(epoch)
+        if self.device.type != "cuda":
+            # the Loader's CPU feeder: tasks of whole batches read into reused host buffers, converted once a
+            # task where there are no steps (the steps' draws keyed by batch: any grouping gives the same bytes)
+            feed = _MixFeeder(self, src, row).feed(self.pass_plan(epoch, self._pos))
+            try:
+                for b, out in feed:
+                    self._pos = b + 1
+                    yield out
+            finally:
+                feed.close()
+            self.epoch, self._pos = epoch + 1, 0
+            return
+        # CUDA: each batch read into fresh host arrays by a reading thread, then pinned, copied and finished on
+        # the device in the consumer's thread, on the current stream
         todo = range(self._pos, len(batches))
 
-        def task(b: int) -> tuple:
-            return (self._host_batch, epoch, b, src[batches[b]], row[batches[b]])
+        def finish(b: int, arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+            return self.finisher.finish(self._to_device(arrays), epoch, b)
 
         if self.num_threads == 0:
             for b in todo:
-                fn, *args = task(b)
-                out = self._deliver(epoch, b, fn(*args))
+                out = finish(b, self.read_batch(src[batches[b]], row[batches[b]]))
                 self._pos = b + 1
                 yield out
         else:
             pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="precompile-mix")
             ahead: deque = deque()
             it = iter(todo)
+
+            def submit(b: int) -> None:
+                ahead.append((b, pool.submit(self.read_batch, src[batches[b]], row[batches[b]])))
+
             try:
                 for b in it:
-                    ahead.append((b, pool.submit(*task(b))))
+                    submit(b)
                     if len(ahead) >= self.prefetch:
                         break
                 while ahead:
                     b, fut = ahead.popleft()
                     nxt = next(it, None)
                     if nxt is not None:
-                        ahead.append((nxt, pool.submit(*task(nxt))))
-                    out = self._deliver(epoch, b, fut.result())
+                        submit(nxt)
+                    out = finish(b, fut.result())
                     self._pos = b + 1
                     yield out
             finally:

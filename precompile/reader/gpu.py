@@ -122,27 +122,36 @@ class Convert:
         if self.std is not None and any(float(s) == 0 for s in np.atleast_1d(self.std)):
             raise ValueError("std must not contain zeros")
 
-    def _coeffs(self, device: torch.device, channels: int) -> tuple[torch.Tensor, torch.Tensor]:
-        key = (device, channels)
+    def _coeffs(self, device: torch.device, channels: int, width: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """The float32 per-channel factor ``a`` and offset ``b``, repeated ``width`` times (for a row of
+        ``width`` pixels seen as one axis)."""
+        key = (device, channels, width)
         c = self._cache.get(key)
         if c is None:
             mean = np.zeros(channels) if self.mean is None else np.atleast_1d(np.asarray(self.mean, np.float64))
             std = np.ones(channels) if self.std is None else np.atleast_1d(np.asarray(self.std, np.float64))
             if mean.size not in (1, channels) or std.size not in (1, channels):
                 raise ValueError(f"mean/std have {mean.size}/{std.size} values for {channels} channels")
-            a = np.broadcast_to(self.scale / std, (channels,))
-            b = np.broadcast_to(-mean / std, (channels,))
+            a = np.tile(np.broadcast_to(self.scale / std, (channels,)), width)
+            b = np.tile(np.broadcast_to(-mean / std, (channels,)), width)
             c = (torch.tensor(a, dtype=torch.float32, device=device), torch.tensor(b, dtype=torch.float32, device=device))
             self._cache[key] = c
         return c
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Convert ``x``; ``out`` (float32, ``x``'s shape and device) receives the result if given."""
+        """Convert ``x``; ``out`` (float32, ``x``'s shape and device) receives the result if given.
+
+        A contiguous (..., W, C) result is scaled as rows of W * C values against the coefficients repeated W
+        times (the same products and sums, element for element: the same bits), not against C values broadcast
+        along a last axis of 3, which torch's CPU kernels do not vectorise (measured 3-5x slower)."""
         if self.dtype is None:
             y = x
         else:
-            a, b = self._coeffs(x.device, x.shape[-1] if x.ndim >= 2 else 1)
-            y = (out.copy_(x) if out is not None else x.to(torch.float32)).mul_(a).add_(b)
+            c = x.shape[-1] if x.ndim >= 2 else 1
+            y = out.copy_(x) if out is not None else x.to(torch.float32)
+            w = x.shape[-2] if x.ndim >= 3 and y.is_contiguous() else 1
+            a, b = self._coeffs(x.device, c, w)
+            (y.view(-1, w * c) if w > 1 else y).mul_(a).add_(b)
             if self.dtype != torch.float32:
                 y = y.to(self.dtype)
         if self.channels_first and y.ndim == 4:

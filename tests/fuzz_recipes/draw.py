@@ -47,8 +47,13 @@ def out_hw(name: str, p: dict, hw: tuple[int, int]) -> tuple[int, int]:
 
 
 def _range(r: np.random.Generator, lo: float, hi: float, digits: int = 2) -> list[float]:
+    """Two sorted draws from [lo, hi), rounded to ``digits``, never equal and never past ``hi`` (both rounded to
+    ``hi``: seed 113832 drew a random_resized_crop scale of [1.0, 1.01], which the step refuses)."""
     a, b = sorted(float(round(x, digits)) for x in r.uniform(lo, hi, 2))
-    return [a, b if b > a else a + 10 ** -digits]
+    if b > a:
+        return [a, b]
+    step = 10 ** -digits
+    return [a, round(a + step, digits)] if a + step <= hi else [round(a - step, digits), a]
 
 
 def _size_filters(r: np.random.Generator, p: dict) -> None:

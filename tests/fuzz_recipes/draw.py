@@ -261,8 +261,32 @@ def draw_loader(r: np.random.Generator, hw: tuple[int, int], keypoints: bool, n_
     r2 = np.random.default_rng([ld["seed"], int(hw[0]), int(hw[1]), n_rows, 35])
     if r2.random() < 0.6:
         steps += draw_device_augment(r2, (h, w))
+    # the chain the Loader fuses on CUDA (reader/fused.py: resized crop -> flip -> jitter -> float conversion),
+    # in a quarter of the cases instead of the steps drawn above, from a stream of its own (the other draws stay)
+    r3 = np.random.default_rng([ld["seed"], int(hw[0]), int(hw[1]), n_rows, 36])
+    if r3.random() < 0.25:
+        steps = draw_fused_chain(r3, hw, keypoints)
+        ld["convert"] = {"dtype": "float32", "mean": 0.25, "std": 0.5,
+                         "channels_first": bool(r3.random() < 0.5)}
     ld["gpu_steps"] = steps
     return ld
+
+
+def draw_fused_chain(r: np.random.Generator, hw: tuple[int, int], keypoints: bool) -> list[dict]:
+    """random_resized_crop, then (mostly) a horizontal flip and colour jitter: the steps the fused kernels take."""
+    h, w = hw
+    size = [int(r.integers(2, max(3, h + 5))), int(r.integers(2, max(3, w + 5)))]
+    out = [{"random_resized_crop": {"size": size, "scale": _range(r, 0.05, 1.0), "ratio": _range(r, 0.5, 2.0),
+                                    "interpolation": _choice(r, ["auto", "area", "linear"])}}]
+    if r.random() < 0.8:
+        p: dict[str, Any] = {"horizontal": float(_choice(r, [0.5, 1.0])), "vertical": float(_choice(r, [0.0, 0.5]))}
+        if keypoints:
+            p["flip_pairs"] = FLIP_PAIRS
+        out.append({"random_flip": p})
+    if r.random() < 0.8:
+        j = {k: float(_choice(r, [0.0, 0.2, 0.6])) for k in ("brightness", "contrast", "saturation")}
+        out.append({"color_jitter": j})
+    return out
 
 
 def draw_device_augment(r: np.random.Generator, hw: tuple[int, int]) -> list[dict]:

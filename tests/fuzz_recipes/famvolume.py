@@ -516,7 +516,10 @@ def _apply_steps(case: dict, ref: Ref, meta: dict, R: Report, key: str, patch: O
             lo, hi = (p["window"] if "window" in p else (p["level"] - p["width"] / 2, p["level"] + p["width"] / 2))
             if isinstance(ref.vol, np.ndarray):
                 x = (np.clip(ref.vol, lo, hi) - lo) / (hi - lo)
-                ref.vol = np.rint(x * 255) if p.get("dtype") == "uint8" else x
+                # uint8: the stored value is the rounding of x * 255; against the unrounded reference that is
+                # within half a level plus the reference's own slack (seed 114514: against a rounded reference a
+                # value 0.02 across a half level counted as a whole level off)
+                ref.vol = x * 255 if p.get("dtype") == "uint8" else x
                 ref.tol = ref.tol / (hi - lo) * (255 if p.get("dtype") == "uint8" else 1) + (0.51 if p.get("dtype") == "uint8" else 1e-6)
             ref.intensity_changed = True
         elif name == "standardise":

@@ -1,0 +1,398 @@
+"""The Loader's random device steps with annotations, attacked from outside (issue 35): a real build whose pixels
+carry their own annotations, read with ``gpu_steps``, each batch checked against truths the code does not compute.
+
+The build (``_pixel_truth_test``, tests/pixel_truth_decoder.py): 48x64 images with up to 12 solid rectangles on a
+black background, object ``L`` painted in ``COLOURS[L]`` with id ``L + 1`` in a uint16 instance mask tied to the
+boxes, class ``1 + L % 3`` in a semantic mask (not tied), label ``L`` (so a kept row names its source object),
+keypoints at the centres of its top-left, top-right and middle pixels (visibility 2, 2, 1), and a flow field whose
+vectors are a known linear function of the pixel, ``(0.1 x + 1, 0.05 y - 2)``. Sample 0 has no objects.
+
+What each batch is held to, per sample ``j`` with the map ``m`` that ``Loader.batch_maps`` reports (batch pixels
+back to stored pixels, plain numpy here):
+
+- every kept keypoint, mapped back by ``m``, lands on its source keypoint (the flip pairs swapped where ``m``
+  mirrors); its visibility is the source's while it is on the output image (edges included), else 0;
+- a single geometric step's box is the source box's corners sent forward (``m`` inverted), enclosed and clipped;
+  the boxes kept are exactly those the documented filters keep (visible fraction, area, width, height computed
+  here from the mapped box);
+- the instance mask, resampled nearest: each output pixel whose centre is not on a source pixel edge holds the
+  id (renumbered to its row) of the source pixel under its centre, 0 for an object whose box was dropped; the
+  semantic mask agrees with it; with nearest images, the object's pixels are exactly its colour;
+- the flow: ``J F(p)``, ``p`` the centre mapped back, ``J`` the forward map's linear part, where the resampling
+  taps stay inside the window (a linear field is resampled exactly by linear taps; area taps and nearest move it by
+  a bounded amount);
+- counts and padding.
+
+Then the joins (threads, prefetch, in_memory, resume, ranks, targets="list", conversion) must give the same bytes,
+and the fused chain (Triton's interpreter on the CPU) must equal the eager chain on hostile windows.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import precompile
+from precompile import Loader
+from precompile import build as run_build
+from precompile.reader.ragged import count_name
+from precompile.transforms.kernels import maps as M
+
+from pixel_truth_decoder import K  # noqa: F401  (registers the decoder; a build's workers import that module)
+
+H, W = 48, 64
+COLOURS = np.array([((60 + 41 * i) % 256, (250 - 23 * i) % 256, (90 + 13 * i) % 256) for i in range(12)], np.uint8)
+PAIRS = [[0, 1]]
+
+
+def _flow_truth(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The stored flow at pixel index coordinates (x, y): a linear field (pixel (r, c) holds it at x=c, y=r)."""
+    return np.stack([x * 0.1 + 1, y * 0.05 - 2], -1)
+
+
+def make_inputs(root: str, n: int = 10) -> None:
+    rng = np.random.default_rng(5)
+    os.makedirs(os.path.join(root, "a"), exist_ok=True)
+    ch, cw = H // 3, W // 4
+    for k in range(n):
+        image = np.zeros((H, W, 3), np.uint8)
+        inst = np.zeros((H, W, 1), np.uint16)
+        sem = np.zeros((H, W, 1), np.uint8)
+        boxes, kps = [], []
+        for cy in range(3):
+            for cx in range(4):
+                if k == 0 or rng.random() < 0.3:
+                    continue
+                h, w = int(rng.integers(4, ch - 1)), int(rng.integers(4, cw - 1))
+                y1, x1 = cy * ch + int(rng.integers(0, ch - h + 1)), cx * cw + int(rng.integers(0, cw - w + 1))
+                i = len(boxes)
+                image[y1:y1 + h, x1:x1 + w], inst[y1:y1 + h, x1:x1 + w] = COLOURS[i], i + 1
+                sem[y1:y1 + h, x1:x1 + w] = 1 + i % 3
+                boxes.append([x1, y1, x1 + w, y1 + h])
+                kps.append([[x1 + 0.5, y1 + 0.5, 2], [x1 + w - 0.5, y1 + 0.5, 2], [x1 + w // 2 + 0.5, y1 + h // 2 + 0.5, 1]])
+        ys, xs = np.mgrid[0:H, 0:W].astype(np.float32)
+        np.savez(os.path.join(root, "a", f"s{k}.npz"), image=image, instances=inst, semantic=sem,
+                 flow=_flow_truth(xs, ys).astype(np.float32), boxes=np.asarray(boxes, np.float32).reshape(-1, 4),
+                 box_labels=np.arange(len(boxes), dtype=np.int64), keypoints=np.asarray(kps, np.float32).reshape(-1, 3, 3))
+
+
+@pytest.fixture(scope="module")
+def truth(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("pixel_truth")
+    make_inputs(str(tmp / "in"))
+    r = {"name": "pt", "seed": 1, "inputs": {"root": str(tmp / "in"), "match": "{label}/{name}.npz",
+                                             "fields": {"image": {"decoder": "_pixel_truth_test"}}},
+         "steps": [{"resize": {"size": [H, W], "interpolation": "nearest"}}],   # a fixed shape for the Loader
+         "output": {"format": "hdf5", "samples_per_shard": 4}}
+    path = run_build(r, out_dir=str(tmp / "out"))["output"]
+    ds = precompile.open(path)
+    src = [ds[i] for i in range(len(ds))]
+    for s in src:   # the build kept the painted truth as it was made
+        for L, (x1, y1, x2, y2) in enumerate(s["boxes"].astype(int)):
+            assert (s["image"][y1:y2, x1:x2] == COLOURS[L]).all() and (s["instances"][y1:y2, x1:x2] == L + 1).all()
+    return path, src
+
+
+def _fwd(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
+    return pts @ m[:, :2].T + m[:, 2]
+
+
+def _moved_box(box: np.ndarray, inv: np.ndarray, hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """The source box's corners sent forward, enclosed (unclipped) and clipped to the output image."""
+    x1, y1, x2, y2 = (float(v) for v in box)
+    c = _fwd(inv, np.array([[x1, y1], [x2, y1], [x1, y2], [x2, y2]]))
+    moved = np.array([c[:, 0].min(), c[:, 1].min(), c[:, 0].max(), c[:, 1].max()])
+    h, w = hw
+    return moved, moved.clip([0, 0, 0, 0], [w, h, w, h])
+
+
+def _kept(src: dict, inv: np.ndarray, hw: tuple[int, int], f: dict) -> list[int]:
+    """The source rows the documented filters keep (docs/annotations.md): nothing visible is dropped; then the
+    visible fraction, the clipped area, width and height against min_visibility, min_area, min_width,
+    min_height (inclusive, 1e-9 slack)."""
+    out = []
+    for L, box in enumerate(src["boxes"]):
+        moved, cl = _moved_box(box, inv, hw)
+        cw, chh = cl[2] - cl[0], cl[3] - cl[1]
+        if cw <= 0 or chh <= 0:
+            continue
+        area = (moved[2] - moved[0]) * (moved[3] - moved[1])
+        if (cw * chh / area + 1e-9 < f.get("min_visibility", 0) or cw * chh + 1e-9 < f.get("min_area", 0)
+                or cw + 1e-9 < f.get("min_width", 0) or chh + 1e-9 < f.get("min_height", 0)):
+            continue
+        out.append(L)
+    return out
+
+
+def check_batch(loader, epoch: int, b: int, batch: dict, src: list, *, single: dict | None = None,
+                exact: bool = False, flow_tol: float = 0.0, mask_slack: float = 0.0) -> list[str]:
+    """Every truth of the module docstring for one batch; returns the failures (empty: all hold).
+    ``single``: the options of the one geometric step (its box formula and filters checked); ``exact``: nearest
+    resampling (object pixels exactly their colour); ``flow_tol``: the resampling's bound on a linear flow;
+    ``mask_slack``: the share of mask pixels allowed off (a chain's repeated nearest rounding)."""
+    rows, maps = loader.batch_maps(b, epoch)
+    errs: list[str] = []
+    assert len(rows) == batch["image"].shape[0]
+    for j, i in enumerate(rows):
+        s, m = src[int(i)], maps[j]
+        inv = M.invert(m)
+        msg = f"epoch {epoch} batch {b} sample {j} (row {i})"
+        n = int(batch[count_name("boxes")][j])
+        for f in ("box_labels", "keypoints"):
+            if int(batch[count_name(f)][j]) != n:
+                errs.append(f"{msg}: {f}__count {int(batch[count_name(f)][j])} != boxes__count {n}")
+        if not (np.isnan(batch["boxes"][j, n:].numpy()).all() and (batch["box_labels"][j, n:] == -1).all()):
+            errs.append(f"{msg}: rows past the count are not padding")
+        boxes = batch["boxes"][j, :n].numpy()
+        labels = batch["box_labels"][j, :n].numpy()
+        kps = batch["keypoints"][j, :n].numpy()
+        img, inst = batch["image"][j].numpy(), batch["instances"][j].numpy()[..., 0].astype(np.int64)
+        sem, flow = batch["semantic"][j].numpy()[..., 0], batch["flow"][j].numpy()
+        h, w = inst.shape
+        if len(set(labels.tolist())) != n:
+            errs.append(f"{msg}: labels {labels} name an object twice")
+        if single is not None:
+            want = _kept(s, inv, (h, w), single)
+            if labels.tolist() != want:
+                errs.append(f"{msg}: kept objects {labels.tolist()}, the filters keep {want}")
+        mirrored = np.linalg.det(m[:, :2]) < 0
+        for r, L in enumerate(labels):
+            skp = s["keypoints"][L].copy()
+            if mirrored:
+                for a, c in PAIRS:
+                    skp[[a, c]] = skp[[c, a]]
+            back = _fwd(m, kps[r, :, :2].astype(np.float64))
+            if not np.allclose(back, skp[:, :2], atol=1e-3):
+                errs.append(f"{msg}: keypoints of object {L} map back to {back.tolist()}, not {skp[:, :2].tolist()}")
+            if single is not None:
+                for (x, y, v), sv in zip(kps[r], skp[:, 2]):
+                    want_v = sv if (0 <= x <= w and 0 <= y <= h) else 0
+                    if v != want_v:
+                        errs.append(f"{msg}: keypoint ({x}, {y}) of object {L} has visibility {v}, not {want_v}")
+                moved, cl = _moved_box(s["boxes"][L], inv, (h, w))
+                if not np.allclose(boxes[r], cl, atol=1e-3):
+                    errs.append(f"{msg}: box of object {L} is {boxes[r].tolist()}, the moved box {cl.tolist()}")
+            ys, xs = np.nonzero(inst == r + 1)
+            if len(xs) and (xs.min() < boxes[r, 0] - 1 or xs.max() + 1 > boxes[r, 2] + 1
+                            or ys.min() < boxes[r, 1] - 1 or ys.max() + 1 > boxes[r, 3] + 1):
+                errs.append(f"{msg}: mask of row {r} reaches past its box {boxes[r].tolist()}")
+            if len(xs) and not (sem[ys, xs] == 1 + L % 3).all():
+                errs.append(f"{msg}: the semantic mask disagrees with the instance mask of object {L}")
+            if exact and len(xs) and not (img[ys, xs] == COLOURS[L]).all():
+                errs.append(f"{msg}: pixels of object {L}'s mask are not its colour")
+        if not set(np.unique(inst).tolist()) <= set(range(n + 1)):
+            errs.append(f"{msg}: mask ids {sorted(set(np.unique(inst).tolist()))} for {n} boxes")
+        # every pixel through the map
+        yy, xx = np.mgrid[0:h, 0:w]
+        p = _fwd(m, np.stack([xx.ravel() + 0.5, yy.ravel() + 0.5], 1).astype(np.float64))
+        sx, sy = np.floor(p[:, 0]).astype(int), np.floor(p[:, 1]).astype(int)
+        on = (sx >= 0) & (sx < W) & (sy >= 0) & (sy < H)
+        clear = on & (np.abs(p - np.round(p)) > 1e-6).all(1)   # a centre on a pixel edge may take either side
+        want_id = np.zeros(len(p), np.int64)
+        want_id[on] = s["instances"][sy[on], sx[on], 0]
+        row_of = np.zeros(len(s["boxes"]) + 1, np.int64)
+        row_of[labels + 1] = np.arange(1, n + 1)
+        want_id = row_of[want_id]   # renumbered; a dropped object's pixels are background
+        bad = int((inst.ravel()[clear] != want_id[clear]).sum())
+        if bad > mask_slack * clear.sum():
+            errs.append(f"{msg}: {bad} of {int(clear.sum())} instance-mask pixels differ from the source under their "
+                        f"centres")
+        q = p - 0.5
+        corners = _fwd(m, np.array([[0, 0], [w, 0], [0, h], [w, h]], np.float64)) - 0.5
+        lo, hi = np.maximum(corners.min(0), 0), np.minimum(corners.max(0), [W - 1, H - 1])
+        reach = 1 + np.abs(m[:, :2]).sum(1)    # a tap reaches about one source pixel per output pixel
+        inner = (q >= lo + reach).all(1) & (q <= hi - reach).all(1)
+        want_f = _flow_truth(q[:, 0], q[:, 1]) @ inv[:, :2].T
+        if single is None:   # a chain's middle step leaves holes (NaN) inside the composed window: the rest holds
+            inner &= np.isfinite(flow.reshape(-1, 2)).all(1)
+        d = np.abs(flow.reshape(-1, 2)[inner] - want_f[inner])
+        tol = 2e-3 * (1 + np.abs(want_f[inner])) + flow_tol * max(1.0, float(np.abs(inv[:, :2]).sum()))
+        if inner.any() and not (d <= tol).all():
+            errs.append(f"{msg}: flow off its vectors by {float(np.nanmax(d))}")
+    return errs
+
+
+def _run(path, src, steps, epochs=(0, 1), **check) -> list[str]:
+    loader = Loader(path, batch_size=4, shuffle=True, seed=3, device="cpu", gpu_steps=steps, num_threads=0)
+    errs: list[str] = []
+    for e in epochs:
+        loader.set_epoch(e)
+        for b, batch in enumerate(loader):
+            errs += check_batch(loader, e, b, batch, src, **check)
+    return errs
+
+
+#: (step, nearest images, the flow's resampling bound in source-pixel units of the field (0.1 per pixel))
+SINGLE = {
+    "flip": ({"random_flip": {"horizontal": 0.5, "vertical": 0.5, "flip_pairs": PAIRS}}, True, 0.0),
+    "crop-padding": ({"random_crop": {"size": [30, 40], "padding": 5, "min_visibility": 0.5, "min_area": 12,
+                                      "min_width": 3, "min_height": 2}}, True, 0.0),
+    "crop-pad-larger": ({"random_crop": {"size": [60, 70], "pad": True}}, True, 0.0),
+    "rrc-nearest": ({"random_resized_crop": {"size": [24, 40], "scale": [0.1, 1], "interpolation": "nearest",
+                                             "min_visibility": 0.6, "min_area": 30}}, True, 0.01),
+    "rrc-nearest-up": ({"random_resized_crop": {"size": [96, 80], "scale": [0.1, 1], "interpolation": "nearest"}},
+                       True, 0.0),
+    "rrc-auto": ({"random_resized_crop": {"size": [24, 40], "scale": [0.1, 1], "min_width": 4, "min_height": 3}},
+                 False, 0.01),
+    "affine-nearest": ({"random_affine": {"degrees": 40, "scale": [0.6, 1.4], "translate": 0.25,
+                                          "interpolation": "nearest", "min_visibility": 0.5, "min_width": 3}},
+                       True, 0.06),
+    "affine-linear": ({"random_affine": {"degrees": 30, "scale": [0.7, 1.3], "translate": 0.2,
+                                         "min_area": 25}}, False, 0.0),
+}
+
+
+@pytest.mark.parametrize("name", list(SINGLE))
+def test_each_geometric_step_moves_every_annotation_onto_its_pixels(truth, name):
+    path, src = truth
+    step, exact, flow_tol = SINGLE[name]
+    errs = _run(path, src, [step], single=next(iter(step.values())), exact=exact, flow_tol=flow_tol)
+    assert not errs, "\n".join(errs[:10])
+
+
+CHAINS = {
+    "rrc-flip-affine-crop": [
+        {"random_resized_crop": {"size": [40, 40], "scale": [0.3, 1], "interpolation": "nearest",
+                                 "min_visibility": 0.3}},
+        {"random_flip": {"horizontal": 0.5, "vertical": 0.5, "flip_pairs": PAIRS}},
+        {"random_affine": {"degrees": 15, "translate": 0.1, "interpolation": "nearest"}},
+        {"random_crop": {"size": [32, 36], "padding": 2}}],
+    "values-between-moves": [
+        {"color_jitter": {"brightness": 0.5, "contrast": 0.5, "saturation": 0.5, "hue": 0.5}},
+        {"random_resized_crop": {"size": [30, 30], "scale": [0.2, 1], "interpolation": "nearest",
+                                 "min_visibility": 0.3}},
+        {"random_erasing": {"p": 1.0}}, {"gaussian_blur": {"kernel_size": 3}}, {"random_grayscale": {"p": 0.5}},
+        {"random_flip": {"horizontal": 0.5, "flip_pairs": PAIRS}}],
+}
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_chains_keep_annotations_masks_and_flow_on_the_reported_map(truth, name):
+    """A chain: keypoints map back exactly through batch_maps, masks follow the composed map but for the repeated
+    nearest rounding of each step (under 5% of the pixels here), flow by the nearest bound; a keypoint that left
+    the image in one step stays at visibility 0 (so visibility is not checked against the last grid only)."""
+    path, src = truth
+    errs = _run(path, src, CHAINS[name], mask_slack=0.05, flow_tol=0.1)
+    assert not errs, "\n".join(errs[:10])
+
+
+def test_value_steps_keep_annotations_masks_and_flat_regions(truth):
+    """Colour steps move nothing: boxes, keypoints, masks and flow are the stored ones, and each object's pixels,
+    one colour in the source, are still one colour after jitter (hue included) and grayscale."""
+    path, src = truth
+    steps = [{"color_jitter": {"brightness": 0.6, "contrast": 0.6, "saturation": 0.6, "hue": 0.5}},
+             {"random_grayscale": {"p": 0.5}}]
+    kw = dict(batch_size=4, shuffle=True, seed=3, device="cpu", num_threads=0)
+    plain = list(Loader(path, **kw))
+    jittered = Loader(path, gpu_steps=steps, **kw)
+    changed = 0
+    for b, (got, want) in enumerate(zip(jittered, plain)):
+        for f in want:
+            if f != "image":
+                torch.testing.assert_close(got[f], want[f], rtol=0, atol=0, equal_nan=True, msg=f"batch {b} {f}")
+        for j in range(len(got["image"])):
+            img, inst = got["image"][j].numpy(), got["instances"][j].numpy()[..., 0]
+            for r in range(int(got[count_name("boxes")][j])):
+                colours = np.unique(img[inst == r + 1].reshape(-1, 3), axis=0)
+                assert len(colours) == 1, f"batch {b} sample {j} object {r}: {len(colours)} colours"
+            changed += int(not np.array_equal(img, want["image"][j].numpy()))
+        assert not check_batch(jittered, 0, b, got, src)
+    assert changed > 0
+
+
+# -- joins: the same bytes whatever the threads, prefetch, memory, resume point --------------------------------------
+JOIN_STEPS = [{"color_jitter": {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": 0.3}},
+              {"random_resized_crop": {"size": [30, 36], "scale": [0.2, 1], "min_visibility": 0.4}},
+              {"random_flip": {"horizontal": 0.5, "vertical": 0.3, "flip_pairs": PAIRS}},
+              {"random_affine": {"degrees": 20, "translate": 0.1, "min_visibility": 0.3}},
+              {"random_grayscale": {"p": 0.3}}, {"gaussian_blur": {"kernel_size": [3, 5]}},
+              {"random_erasing": {"p": 0.5}}]
+
+
+def _batches(path, epochs=(0, 1), **kw) -> list[dict]:
+    kw = {"batch_size": 3, "seed": 7, "device": "cpu", "gpu_steps": JOIN_STEPS, "shuffle": True, **kw}
+    loader = Loader(path, **kw)
+    out = []
+    for e in epochs:
+        loader.set_epoch(e)
+        out += [dict(b) for b in loader]
+    return out
+
+
+def _assert_same(got: list[dict], want: list[dict], what: str) -> None:
+    assert len(got) == len(want), what
+    for b, (x, y) in enumerate(zip(got, want)):
+        assert x.keys() == y.keys(), what
+        for k in x:
+            if isinstance(x[k], torch.Tensor):
+                torch.testing.assert_close(x[k], y[k], rtol=0, atol=0, equal_nan=True, msg=f"{what}: batch {b} {k}")
+
+
+def test_joins_give_the_same_batches_and_resume_mid_epoch(truth):
+    path, src = truth
+    base = _batches(path, num_threads=0)
+    for kw in (dict(num_threads=2), dict(num_threads=2, prefetch=1), dict(num_threads=1, prefetch=4),
+               dict(in_memory=True, num_threads=2)):
+        _assert_same(_batches(path, **kw), base, str(kw))
+    loader = Loader(path, batch_size=3, seed=7, device="cpu", gpu_steps=JOIN_STEPS, num_threads=2)
+    loader.set_epoch(1)
+    it = iter(loader)
+    first = [dict(next(it)), dict(next(it))]
+    state = loader.state_dict()
+    del it
+    again = Loader(path, batch_size=3, seed=7, device="cpu", gpu_steps=JOIN_STEPS, num_threads=1, in_memory=True)
+    again.load_state_dict(state)
+    again.set_epoch(1)   # the usual loop: keeps the restored position
+    nb = len(loader)
+    _assert_same(first + [dict(b) for b in again], base[nb:], "resumed")
+    assert not all(torch.equal(a["image"], b["image"]) for a, b in zip(base[:nb], base[nb:]))   # epochs draw anew
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_rank_shares_keep_the_truth_and_draw_apart(truth, shuffle):
+    """world_size 3: each rank's batches (in_memory holding only its share when shuffle is off) keep every truth,
+    the shares are disjoint (uneven='drop': 3 rows each of 10), and the ranks draw their own parameters."""
+    path, src = truth
+    steps = [{"random_resized_crop": {"size": [30, 30], "scale": [0.3, 1], "interpolation": "nearest",
+                                      "min_visibility": 0.3}},
+             {"random_flip": {"horizontal": 0.5, "flip_pairs": PAIRS}}]
+    seen, maps = [], []
+    for rank in range(3):
+        for in_memory in (False, True):
+            loader = Loader(path, batch_size=2, seed=4, device="cpu", gpu_steps=steps, shuffle=shuffle, rank=rank,
+                            world_size=3, in_memory=in_memory, num_threads=1, uneven="drop")
+            errs = []
+            for b, batch in enumerate(loader):
+                errs += check_batch(loader, 0, b, batch, src, exact=True, flow_tol=0.01)
+            assert not errs, "\n".join(errs[:10])
+        seen += [int(i) for rows in loader.batch_indices(0) for i in rows]
+        maps.append(loader.batch_maps(0, 0)[1])
+    assert len(seen) == len(set(seen)) == 9 and set(seen) <= set(range(10))   # 10 rows, 3 each, one dropped
+    assert not np.allclose(maps[0], maps[1]) and not np.allclose(maps[1], maps[2])
+
+
+@pytest.mark.parametrize("extra", [{}, {"dtype": "float32", "mean": [0.5, 0.4, 0.3], "std": [0.2, 0.3, 0.25],
+                                        "channels_first": True}])
+def test_targets_list_equals_the_padded_batch_cut_to_its_counts(truth, extra):
+    path, src = truth
+    padded = _batches(path, num_threads=0, **extra)
+    listed = _batches(path, num_threads=2, targets="list", **extra)
+    assert len(padded) == len(listed)
+    for b, (p, t) in enumerate(zip(padded, listed)):
+        assert not {"boxes", "box_labels", "keypoints", count_name("boxes")} & set(t)
+        torch.testing.assert_close(t["image"], p["image"], rtol=0, atol=0)
+        assert t["image"].stride() == p["image"].stride()
+        torch.testing.assert_close(t["instances"], p["instances"], rtol=0, atol=0)
+        assert len(t["targets"]) == len(p["image"])
+        for j, d in enumerate(t["targets"]):
+            n = int(p[count_name("boxes")][j])
+            assert set(d) == {"boxes", "labels", "keypoints", "masks"}
+            torch.testing.assert_close(d["boxes"], p["boxes"][j, :n], rtol=0, atol=0)
+            torch.testing.assert_close(d["labels"], p["box_labels"][j, :n], rtol=0, atol=0)
+            torch.testing.assert_close(d["keypoints"], p["keypoints"][j, :n], rtol=0, atol=0)
+            ids = p["instances"][j, ..., 0].long()
+            want = torch.stack([(ids == r + 1) for r in range(n)]).to(torch.uint8) if n else \
+                torch.zeros((0, *ids.shape), dtype=torch.uint8)
+            torch.testing.assert_close(d["masks"], want, rtol=0, atol=0)

@@ -396,3 +396,25 @@ def test_targets_list_equals_the_padded_batch_cut_to_its_counts(truth, extra):
             want = torch.stack([(ids == r + 1) for r in range(n)]).to(torch.uint8) if n else \
                 torch.zeros((0, *ids.shape), dtype=torch.uint8)
             torch.testing.assert_close(d["masks"], want, rtol=0, atol=0)
+
+
+def test_the_device_steps_table_names_every_option_each_step_takes():
+    """docs/reference-reader.md's device-step table: its options column lists exactly the options each step's
+    parser accepts (``fields`` aside: every step takes it). The box filters of random_resized_crop and
+    random_affine work on the device (test_each_geometric_step_moves_every_annotation_onto_its_pixels holds them to
+    the documented rule), so a table without them tells users they do not exist."""
+    import re
+    from pathlib import Path
+
+    from precompile.reader import augment
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "reference-reader.md").read_text()
+    section = text.split("### Device steps (`gpu_steps`)", 1)[1]
+    table = next(b for b in section.split("\n\n") if b.startswith("| step |"))
+    listed = {}
+    for line in table.splitlines()[2:]:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        listed[cells[0].strip("`")] = set(re.findall(r"`(\w+)`", re.sub(r"\([^)]*\)", "", cells[1])))
+    for name, cls in augment.STEP_NAMES.items():
+        params = getattr(cls, "Params", None) or cls.STEP.Params
+        assert listed.get(name) == set(params.model_fields) - {"fields"}, name

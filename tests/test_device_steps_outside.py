@@ -464,3 +464,24 @@ def test_a_mix_keeps_the_truth_through_its_reported_maps(truth, tmp_path):
                 sources |= set(batch["__source"].tolist())
         assert not errs, f"{kw}: " + "\n".join(errs[:10])
         assert sources == {0, 1}
+
+
+def test_a_misspelt_device_step_option_or_name_gets_a_did_you_mean(truth):
+    """A recipe's misspelt step option says ``unknown key; did you mean 'scale'?``; the same step as a device
+    step said only pydantic's ``Extra inputs are not permitted``. Now both name the close options (and a
+    misspelt step name the close device steps), and a key with nothing close lists the options there are."""
+    path, _ = truth
+    cases = [({"random_resized_crop": {"size": 10, "scael": [0.1, 1]}},
+              "random_resized_crop: scael: unknown option; did you mean 'scale'?"),
+             ({"random_resized_crop": {"size": 10, "min_visibilty": 0.4}},
+              "random_resized_crop: min_visibilty: unknown option; did you mean 'min_visibility'"),
+             ({"color_jitter": {"brightnes": 0.2}}, "color_jitter: brightnes: unknown option; did you mean "
+                                                    "'brightness'?"),
+             ({"random_flip": {"zzz": 1}}, "random_flip: zzz: unknown option (options: fields, horizontal, "
+                                           "vertical, flip_pairs)"),
+             ({"random_resized_cop": {"size": 10}}, "gpu_steps[0]: 'random_resized_cop' is unknown; did you mean "
+                                                    "'random_resized_crop'")]
+    for step, message in cases:
+        with pytest.raises(ValueError) as e:
+            Loader(path, batch_size=2, device="cpu", gpu_steps=[step])
+        assert str(e.value).startswith(message), str(e.value)

@@ -485,3 +485,22 @@ def test_a_misspelt_device_step_option_or_name_gets_a_did_you_mean(truth):
         with pytest.raises(ValueError) as e:
             Loader(path, batch_size=2, device="cpu", gpu_steps=[step])
         assert str(e.value).startswith(message), str(e.value)
+
+
+def test_numbers_that_are_not_whole_are_refused_not_truncated(truth):
+    """``world_size=2.5`` read a share of 2 ranks, ``seed=1.5`` drew seed 1's batches and steps, ``batch_size=2.5``
+    gave batches of 2, ``set_epoch(1.5)`` epoch 1: int() truncated them without a word. A whole number written
+    as a float (4.0, from a config file) or a numpy integer still works, and gives the int's batches."""
+    path, _ = truth
+    kw = dict(batch_size=4, device="cpu", num_threads=0, gpu_steps=[{"random_erasing": {"p": 1.0}}])
+    for bad, name in (({"world_size": 2.5, "rank": 0}, "world_size"), ({"rank": 0.5, "world_size": 2}, "rank"),
+                      ({"seed": 1.5}, "seed"), ({"batch_size": 2.5}, "batch_size"), ({"prefetch": 1.5}, "prefetch"),
+                      ({"num_threads": 1.5}, "num_threads"), ({"seed": "3"}, "seed"), ({"batch_size": True}, "batch_size")):
+        with pytest.raises(ValueError, match=f"^{name} must be a whole number, got "):
+            Loader(path, **{**kw, **bad})
+    loader = Loader(path, **kw)
+    with pytest.raises(ValueError, match=r"^epoch must be a whole number, got 1\.5"):
+        loader.set_epoch(1.5)
+    want = [b["image"] for b in Loader(path, **{**kw, "seed": 3})]
+    got = [b["image"] for b in Loader(path, **{**kw, "seed": 3.0, "batch_size": np.int64(4), "prefetch": 2.0})]
+    assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))

@@ -51,7 +51,7 @@ from .cpu_feeder import CpuFeeder
 from .cuda_feeder import CudaFeeder
 from .direct import DirectReader
 from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size, stored_norm
-from .options import CONVERT_KINDS, Conversion, Distribution, Order
+from .options import CONVERT_KINDS, Conversion, Distribution, Order, whole
 from .sampler import epoch_order, rank_share, shard_ids, split_batches
 from .ragged import RaggedFields, is_ragged_annotation
 from .resume import Resumable
@@ -283,6 +283,9 @@ class Loader(Resumable):
         map_shards = map_shards or ("lazy" if remote is not None else "all")
         if map_shards not in ("all", "lazy"):
             raise ValueError(f"map_shards must be 'all' or 'lazy', got {map_shards!r}")
+        batch_size, prefetch = whole(batch_size, "batch_size"), whole(prefetch, "prefetch")
+        if num_threads is not None:
+            num_threads = whole(num_threads, "num_threads")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if int(prefetch) < 1:

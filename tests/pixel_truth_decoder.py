@@ -64,3 +64,25 @@ class _PixelTruthDeep(Decoder):
 
 if _PixelTruthDeep.name not in DECODERS:
     DECODERS.register()(_PixelTruthDeep)
+
+
+class _PixelTruthFixed(_PixelTruth):
+    """Test decoder: the same .npz with 20x30 grids declared (a fixed shape: a build with no step stores the
+    annotations as the file holds them, unchecked, for the Loader's tests of bad stored rows)."""
+
+    name = "_pixel_truth_fixed_test"
+
+    def output_specs(self, field):
+        return {field: FieldSpec("image", (20, 30, 3), "uint8"),
+                "instances": FieldSpec("mask", (20, 30, 1), "uint16", of="boxes"),
+                "boxes": FieldSpec("boxes", (None, 4), "float32"),
+                "box_labels": FieldSpec("box_labels", (None,), "int64", of="boxes"),
+                "keypoints": FieldSpec("keypoints", (None, K, 3), "float32", of="boxes")}
+
+    def decode(self, path, field):
+        fields, meta = super().decode(path, field)
+        return {f: fields[f] for f in (field, "instances", "boxes", "box_labels", "keypoints")}, meta
+
+
+if _PixelTruthFixed.name not in DECODERS:
+    DECODERS.register()(_PixelTruthFixed)

@@ -504,3 +504,43 @@ def test_numbers_that_are_not_whole_are_refused_not_truncated(truth):
     want = [b["image"] for b in Loader(path, **{**kw, "seed": 3})]
     got = [b["image"] for b in Loader(path, **{**kw, "seed": 3.0, "batch_size": np.int64(4), "prefetch": 2.0})]
     assert len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.fixture(scope="module")
+def bad_box_build(tmp_path_factory):
+    """Four 20x30 samples built with no step (so nothing checked the boxes): sample s2's box 1 has x2 < x1."""
+    tmp = tmp_path_factory.mktemp("bad_box")
+    os.makedirs(tmp / "in" / "a")
+    for k in range(4):
+        boxes = np.array([[0, 0, 6, 6], [20, 10, 28, 18]], np.float32)
+        if k == 2:
+            boxes[1] = [28, 10, 20, 18]
+        np.savez(tmp / "in" / "a" / f"s{k}.npz", image=np.zeros((20, 30, 3), np.uint8),
+                 instances=np.zeros((20, 30, 1), np.uint16), semantic=np.zeros((20, 30, 1), np.uint8),
+                 flow=np.zeros((20, 30, 2), np.float32), boxes=boxes, box_labels=np.arange(2),
+                 keypoints=np.zeros((2, 3, 3), np.float32))
+    r = {"name": "bad", "seed": 1, "inputs": {"root": str(tmp / "in"), "match": "{label}/{name}.npz",
+                                              "fields": {"image": {"decoder": "_pixel_truth_fixed_test"}}},
+         "steps": [], "output": {"format": "hdf5", "samples_per_shard": 4}}
+    return run_build(r, out_dir=str(tmp / "out"))["output"]
+
+
+@pytest.mark.parametrize("step", [{"random_crop": {"size": [10, 10]}}, {"random_flip": {"flip_pairs": []}}])
+def test_a_bad_stored_box_is_an_error_naming_the_build_sample_step_and_row(bad_box_build, step):
+    """A device step meeting a stored box with x2 < x1 said only ``box 5 [28.0, 10.0, 20.0, 18.0] has x2 < x1 or
+    y2 < y1``: 5 counted the rows of the whole batch, and neither the build, the sample, the step nor the field
+    was named. Now: the build, the dataset row and key, the batch, the step, the field and the box's row in its
+    own sample."""
+    from precompile.errors import FormatError
+
+    ds = precompile.open(bad_box_build)
+    row = ds.keys.index("a/s2.npz")
+    name = next(iter(step))
+    for threads in (0, 2):
+        loader = Loader(bad_box_build, batch_size=4, shuffle=False, device="cpu", gpu_steps=[step],
+                        num_threads=threads)
+        with pytest.raises(FormatError) as e:
+            list(loader)
+        assert str(e.value).startswith(
+            f"{bad_box_build}: row {row} ('a/s2.npz'), sample 2 of batch 0 of epoch 0: {name}: field 'boxes': "
+            f"box 1 [28.0, 10.0, 20.0, 18.0] has x2 < x1 or y2 < y1"), str(e.value)

@@ -331,6 +331,7 @@ class Loader(Resumable):
         self._active: weakref.ref | None = None
         self.stats = LoaderStats()
         self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool(), self.ragged)
+        self.finisher.describe = self._describe_sample
         self.window = streaming.loader_window(self, fetch_ahead)   # None unless reading a URL's shards from maps
         if self.window is not None:
             self.window.check(self.pass_plan(self.epoch))
@@ -409,6 +410,13 @@ class Loader(Resumable):
             field = field if field in self.fields else None
         params = gpu.step_params(self.steps, self.seed, e, self.rank, int(b), len(rows))
         return rows, gpu.device_maps(self.steps, params, len(rows), field)
+
+    def _describe_sample(self, epoch: int, b: int, j: int) -> str:
+        """The build, dataset row and key of sample ``j`` of batch ``b`` of ``epoch`` (what an error names)."""
+        from ..errors import echo
+
+        r = int(self.batch_indices(epoch)[b][j])
+        return f"{getattr(self.ds, 'url', self.ds.path)}: row {r} ({echo(self.ds.key(r), 120)})"
 
     # -- resume ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -544,3 +544,40 @@ def test_a_bad_stored_box_is_an_error_naming_the_build_sample_step_and_row(bad_b
         assert str(e.value).startswith(
             f"{bad_box_build}: row {row} ('a/s2.npz'), sample 2 of batch 0 of epoch 0: {name}: field 'boxes': "
             f"box 1 [28.0, 10.0, 20.0, 18.0] has x2 < x1 or y2 < y1"), str(e.value)
+
+
+def test_clips_uint16_and_float_images_move_with_the_uint8_image(truth, tmp_path):
+    """The same rows built again as a uint16 image (x 257), a float32 image (/ 255) and a 3-frame clip (frame t:
+    the painted pixels darkened by 40 t) beside the same annotations: under nearest geometric steps every field
+    is the uint8 build's image moved the same way (the clip frame by frame), and the annotations are the same
+    bytes; under linear ones, within a level of it."""
+    path, _ = truth
+    r = {"name": "deep", "seed": 1, "inputs": {"root": str(tmp_path / "in"), "match": "{label}/{name}.npz",
+                                               "fields": {"image": {"decoder": "_pixel_truth_deep_test"}}},
+         "steps": [{"resize": {"size": [H, W], "interpolation": "nearest"}}],
+         "output": {"format": "hdf5", "samples_per_shard": 4}}
+    make_inputs(str(tmp_path / "in"))
+    deep = run_build(r, out_dir=str(tmp_path / "out"))["output"]
+    notes = ("boxes", "box_labels", "keypoints", "instances")
+    for steps, levels in (([{"random_resized_crop": {"size": [24, 40], "scale": [0.2, 1], "interpolation": "nearest",
+                                                     "min_visibility": 0.4}},
+                            {"random_flip": {"horizontal": 0.5, "vertical": 0.5, "flip_pairs": PAIRS}},
+                            {"random_affine": {"degrees": 30, "translate": 0.2, "interpolation": "nearest",
+                                               "min_visibility": 0.4}}], 0),
+                          ([{"random_resized_crop": {"size": [24, 40], "scale": [0.2, 1]}},
+                            {"random_affine": {"degrees": 30, "translate": 0.2}}], 1)):
+        kw = dict(batch_size=4, seed=2, shuffle=False, device="cpu", gpu_steps=steps, num_threads=0)
+        got = list(Loader(deep, **kw))
+        want = list(Loader(path, fields=["image", *notes], **kw))
+        assert len(got) == len(want)
+        for b, (g, w) in enumerate(zip(got, want)):
+            for f in notes:
+                torch.testing.assert_close(g[f], w[f], rtol=0, atol=0, equal_nan=True, msg=f"batch {b} {f}")
+            u8 = w["image"].numpy().astype(np.float64)
+            assert g["image"].dtype == torch.uint16 and g["imagef"].dtype == torch.float32
+            assert np.abs(g["image"].numpy().astype(np.float64) / 257 - u8).max() <= levels, f"batch {b} uint16"
+            assert np.abs(g["imagef"].numpy().astype(np.float64) * 255 - u8).max() <= levels + 1e-3, f"batch {b} f32"
+            if levels == 0:
+                for t in range(3):
+                    frame = np.where((u8 != 0).any(-1, keepdims=True), np.clip(u8 - 40 * t, 1, 255), 0)
+                    np.testing.assert_array_equal(g["clip"][:, t].numpy(), frame, err_msg=f"batch {b} frame {t}")

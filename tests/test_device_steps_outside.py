@@ -481,6 +481,7 @@ def test_a_misspelt_device_step_option_or_name_gets_a_did_you_mean(truth):
                                            "vertical, flip_pairs)"),
              ({"random_resized_cop": {"size": 10}}, "gpu_steps[0]: 'random_resized_cop' is unknown; did you mean "
                                                     "'random_resized_crop'")]
+    cases.append(({"random_flip": {1: 0.5}}, "gpu_steps[0].random_flip: option names are strings, got 1"))
     for step, message in cases:
         with pytest.raises(ValueError) as e:
             Loader(path, batch_size=2, device="cpu", gpu_steps=[step])

@@ -387,7 +387,10 @@ def parse_steps(steps: Sequence[Any] | None, names: dict[str, Callable[..., Batc
             why = "a build step with no device twin" if name in STEPS else "unknown" + did_you_mean(str(name), list(STEP_NAMES_))
             raise ValueError(f"gpu_steps[{i}]: {echo(name, 80)} is {why} (device steps: {', '.join(STEP_NAMES_)})")
         if not isinstance(params, (dict, type(None))):
-            raise ValueError(f"gpu_steps[{i}].{name}: options must be a mapping, got {params!r}")
+            raise ValueError(f"gpu_steps[{i}].{name}: options must be a mapping, got {echo(params, 80)}")
+        bad = next((k for k in params or {} if not isinstance(k, str)), None)
+        if bad is not None:
+            raise ValueError(f"gpu_steps[{i}].{name}: option names are strings, got {echo(bad, 80)}")
         out.append(STEP_NAMES_[name](**(params or {})))
     return out
 

@@ -582,3 +582,13 @@ def test_clips_uint16_and_float_images_move_with_the_uint8_image(truth, tmp_path
                 for t in range(3):
                     frame = np.where((u8 != 0).any(-1, keepdims=True), np.clip(u8 - 40 * t, 1, 255), 0)
                     np.testing.assert_array_equal(g["clip"][:, t].numpy(), frame, err_msg=f"batch {b} frame {t}")
+
+
+def test_gpu_steps_that_are_not_a_list_say_so(truth):
+    """``gpu_steps="random_flip"`` said ``gpu_steps[0]: ... got 'r'`` (its first letter), and a mapping given for
+    the list ``gpu_steps[0]: ... got 'random_flip'``: both now say a list of steps is wanted."""
+    path, _ = truth
+    for steps, what in (("random_flip", "a str"), ({"random_flip": {}}, "a dict")):
+        with pytest.raises(ValueError, match=rf"^gpu_steps must be a list of steps, one mapping each "
+                                             rf"\(\[\{{'random_flip': \{{\.\.\.\}}\}}, \.\.\.\]\), got {what}"):
+            Loader(path, batch_size=2, device="cpu", gpu_steps=steps)

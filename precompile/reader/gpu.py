@@ -369,6 +369,9 @@ def parse_steps(steps: Sequence[Any] | None, names: dict[str, Callable[..., Batc
     with the build steps' names and options (``names``: the known steps, default :data:`STEP_NAMES`;
     :func:`precompile.reader.augment.parse_steps` passes every device step)."""
     STEP_NAMES_ = STEP_NAMES if names is None else names
+    if isinstance(steps, (str, bytes, dict)):   # iterated, a name gives its letters and a mapping its keys
+        raise ValueError(f"gpu_steps must be a list of steps, one mapping each ([{{'random_flip': {{...}}}}, ...]), "
+                         f"got a {type(steps).__name__} {echo(steps, 80)}")
     out: list[BatchStep] = []
     for i, s in enumerate(steps or []):
         if isinstance(s, BatchStep):

@@ -116,7 +116,8 @@ def _kept(src: dict, inv: np.ndarray, hw: tuple[int, int], f: dict) -> list[int]
     for L, box in enumerate(src["boxes"]):
         moved, cl = _moved_box(box, inv, hw)
         cw, chh = cl[2] - cl[0], cl[3] - cl[1]
-        if cw <= 0 or chh <= 0:
+        c32 = cl.astype(np.float32)   # nothing visible: decided on the box as stored (a hair of float64 width is none)
+        if c32[2] <= c32[0] or c32[3] <= c32[1]:
             continue
         area = (moved[2] - moved[0]) * (moved[3] - moved[1])
         if (cw * chh / area + 1e-9 < f.get("min_visibility", 0) or cw * chh + 1e-9 < f.get("min_area", 0)
@@ -256,6 +257,13 @@ SINGLE = {
                        True, 0.06),
     "affine-linear": ({"random_affine": {"degrees": 30, "scale": [0.7, 1.3], "translate": 0.2,
                                          "min_area": 25}}, False, 0.0),
+    "affine-extreme": ({"random_affine": {"degrees": 180, "scale": [0.05, 3.0], "translate": 1.0,
+                                          "interpolation": "nearest", "min_visibility": 0.2}}, True, 0.1),
+    "rrc-thin-windows": ({"random_resized_crop": {"size": [100, 3], "scale": [0.9, 1.0], "ratio": [0.01, 0.02]}},
+                         False, 0.1),
+    "rrc-tiny-windows": ({"random_resized_crop": {"size": [7, 3], "scale": [0.01, 0.02], "ratio": [0.1, 10],
+                                                  "interpolation": "nearest"}}, True, 0.1),
+    "crop-1x1": ({"random_crop": {"size": [1, 1]}}, True, 0.0),
 }
 
 

@@ -30,7 +30,8 @@ import torch
 from . import fused, gpu
 from .direct import DirectReader
 from .mapping import page_aligned_empty
-from .ragged import RaggedFields
+from ..errors import FormatError
+from .ragged import AnnotationError, RaggedFields
 from .options import Conversion
 
 # A gather task covers about GROUP_BYTES of stored rows (whole batches, at least one, at most
@@ -169,6 +170,9 @@ class Finisher:
         # can take them (fused.FusedChain.usable), the eager steps otherwise; fused_batches counts the former
         self.fused = fused.FusedChain.of(self.steps, convert) if self.steps else None
         self.fused_batches = 0
+        #: ``describe(epoch, b, j)``: the build, dataset row and key of sample ``j`` of batch ``b`` (the Loader
+        #: sets it), named by the error a device step raises on that sample's stored annotations
+        self.describe: Callable[[int, int, int], str] | None = None
 
     def ragged_rows(self, rows: np.ndarray) -> dict[str, torch.Tensor]:
         """The padded annotation fields and counts of dataset rows ``rows`` (host tensors; {} if none)."""
@@ -179,10 +183,16 @@ class Finisher:
         if self.steps:
             n = next(iter(batch.values())).shape[0]
             params = gpu.step_params(self.steps, self.seed, epoch, self.rank, b, n)
-            if self.fused is not None and self.fused.usable(batch):
-                done = self._fused(batch, params)
-            if done is None:
-                batch = gpu.run_steps(batch, self.steps, params)
+            try:
+                if self.fused is not None and self.fused.usable(batch):
+                    done = self._fused(batch, params)
+                if done is None:
+                    batch = gpu.run_steps(batch, self.steps, params)
+            except AnnotationError as e:
+                where = f"sample {e.sample} of batch {b} of epoch {epoch}"
+                if self.describe is None:
+                    raise ValueError(f"{where}: {e.text}") from None
+                raise FormatError(f"{self.describe(epoch, b, e.sample)}, {where}: {e.text}") from None
         for f, conv in self.convert.items():
             if f == done:
                 continue

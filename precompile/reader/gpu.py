@@ -39,7 +39,7 @@ from typing import Any, Callable, ClassVar, Sequence
 import numpy as np
 import torch
 
-from ..errors import PrecompileError
+from ..errors import PrecompileError, clip, did_you_mean, echo
 from ..kinds import ANNOTATIONS, Kind
 from ..seeding import stream
 from ..transforms import geometry
@@ -180,11 +180,18 @@ class BatchStep:
     def __init__(self, **params: Any):
         from pydantic import ValidationError
 
+        model = getattr(self, "Params", None) or self.STEP.Params
         try:
-            self.params = (getattr(self, "Params", None) or self.STEP.Params).model_validate(params)
+            self.params = model.model_validate(params)
         except ValidationError as e:
+            errors = e.errors()
+            unknown = [err for err in errors if err["type"] == "extra_forbidden" and len(err["loc"]) == 1]
+            if unknown:   # a misspelt option: the close ones, as a recipe's step says (recipe._unknown_key)
+                key, known = str(unknown[0]["loc"][0]), list(model.model_fields)
+                raise ValueError(f"{self.name}: {clip(key, 80)}: unknown option"
+                                 f"{did_you_mean(key, known) or ' (options: ' + ', '.join(known) + ')'}") from None
             raise ValueError(f"{self.name}: " + "; ".join(
-                f"{'.'.join(str(x) for x in err['loc']) or 'options'}: {err['msg']}" for err in e.errors())) from None
+                f"{'.'.join(str(x) for x in err['loc']) or 'options'}: {err['msg']}" for err in errors)) from None
         self.step = self.STEP(self.params)
 
     def bind(self, specs: dict[str, dict], shapes: dict[str, tuple[int, ...]]) -> list[str]:
@@ -371,6 +378,9 @@ def parse_steps(steps: Sequence[Any] | None, names: dict[str, Callable[..., Batc
     with the build steps' names and options (``names``: the known steps, default :data:`STEP_NAMES`;
     :func:`precompile.reader.augment.parse_steps` passes every device step)."""
     STEP_NAMES_ = STEP_NAMES if names is None else names
+    if isinstance(steps, (str, bytes, dict)):   # iterated, a name gives its letters and a mapping its keys
+        raise ValueError(f"gpu_steps must be a list of steps, one mapping each ([{{'random_flip': {{...}}}}, ...]), "
+                         f"got a {type(steps).__name__} {echo(steps, 80)}")
     out: list[BatchStep] = []
     for i, s in enumerate(steps or []):
         if isinstance(s, BatchStep):
@@ -386,10 +396,13 @@ def parse_steps(steps: Sequence[Any] | None, names: dict[str, Callable[..., Batc
             from ..registry import STEPS, load_builtins
 
             load_builtins()
-            why = "a build step with no device twin" if name in STEPS else "unknown"
-            raise ValueError(f"gpu_steps[{i}]: {name!r} is {why} (device steps: {', '.join(STEP_NAMES_)})")
+            why = "a build step with no device twin" if name in STEPS else "unknown" + did_you_mean(str(name), list(STEP_NAMES_))
+            raise ValueError(f"gpu_steps[{i}]: {echo(name, 80)} is {why} (device steps: {', '.join(STEP_NAMES_)})")
         if not isinstance(params, (dict, type(None))):
-            raise ValueError(f"gpu_steps[{i}].{name}: options must be a mapping, got {params!r}")
+            raise ValueError(f"gpu_steps[{i}].{name}: options must be a mapping, got {echo(params, 80)}")
+        bad = next((k for k in params or {} if not isinstance(k, str)), None)
+        if bad is not None:
+            raise ValueError(f"gpu_steps[{i}].{name}: option names are strings, got {echo(bad, 80)}")
         out.append(STEP_NAMES_[name](**(params or {})))
     return out
 

@@ -51,7 +51,7 @@ from .cpu_feeder import CpuFeeder
 from .cuda_feeder import CudaFeeder
 from .direct import DirectReader
 from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size, stored_norm
-from .options import CONVERT_KINDS, Conversion, Distribution, Order
+from .options import CONVERT_KINDS, Conversion, Distribution, Order, whole
 from .sampler import epoch_order, rank_share, shard_ids, split_batches
 from .ragged import RaggedFields, is_ragged_annotation
 from .resume import Resumable
@@ -283,6 +283,9 @@ class Loader(Resumable):
         map_shards = map_shards or ("lazy" if remote is not None else "all")
         if map_shards not in ("all", "lazy"):
             raise ValueError(f"map_shards must be 'all' or 'lazy', got {map_shards!r}")
+        batch_size, prefetch = whole(batch_size, "batch_size"), whole(prefetch, "prefetch")
+        if num_threads is not None:
+            num_threads = whole(num_threads, "num_threads")
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if int(prefetch) < 1:
@@ -328,6 +331,7 @@ class Loader(Resumable):
         self._active: weakref.ref | None = None
         self.stats = LoaderStats()
         self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool(), self.ragged)
+        self.finisher.describe = self._describe_sample
         self.window = streaming.loader_window(self, fetch_ahead)   # None unless reading a URL's shards from maps
         if self.window is not None:
             self.window.check(self.pass_plan(self.epoch))
@@ -406,6 +410,13 @@ class Loader(Resumable):
             field = field if field in self.fields else None
         params = gpu.step_params(self.steps, self.seed, e, self.rank, int(b), len(rows))
         return rows, gpu.device_maps(self.steps, params, len(rows), field)
+
+    def _describe_sample(self, epoch: int, b: int, j: int) -> str:
+        """The build, dataset row and key of sample ``j`` of batch ``b`` of ``epoch`` (what an error names)."""
+        from ..errors import echo
+
+        r = int(self.batch_indices(epoch)[b][j])
+        return f"{getattr(self.ds, 'url', self.ds.path)}: row {r} ({echo(self.ds.key(r), 120)})"
 
     # -- resume ---------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

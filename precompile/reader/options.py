@@ -25,6 +25,22 @@ from .sampler import normalize_mode
 CONVERT_KINDS = ("image", "video")
 
 
+def whole(value: Any, name: str) -> int:
+    """``value`` as an int when it is a whole number (an int, a numpy integer, or a float such as ``4.0`` from a
+    config file); anything else (``2.5``, ``"4"``, ``True``, NaN) is a ``ValueError`` naming ``name``: ``int()``
+    would truncate ``world_size=2.5`` to 2, or make ``seed=1.5`` the same stream as ``seed=1``, without a word."""
+    import numbers
+
+    ok = isinstance(value, numbers.Integral) and not isinstance(value, bool)
+    if not ok and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        ok = float(value).is_integer()
+    if not ok:
+        from ..errors import echo
+
+        raise ValueError(f"{name} must be a whole number, got {echo(value, 80)}")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class Order:
     """The order of a pass: ``mode`` (``shuffle`` as given: True, False, ``"full"``, ``"block"`` or ``"shard"``;
@@ -38,6 +54,8 @@ class Order:
     drop_last: bool = False
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "seed", whole(self.seed, "seed"))
+        object.__setattr__(self, "block_window", whole(self.block_window, "block_window"))
         if int(self.seed) < 0:
             raise ValueError(f"seed must be >= 0, got {self.seed}")
         if int(self.block_window) < 1:
@@ -63,6 +81,8 @@ class Distribution:
     def __post_init__(self) -> None:
         if self.uneven not in ("pad", "drop"):
             raise ValueError(f"uneven must be 'pad' or 'drop', got {self.uneven!r}")
+        object.__setattr__(self, "rank", whole(self.rank, "rank"))
+        object.__setattr__(self, "world_size", whole(self.world_size, "world_size"))
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ValueError(f"rank must be in [0, world_size) (got rank={self.rank}, world_size={self.world_size})")
         object.__setattr__(self, "rank", int(self.rank))

@@ -114,6 +114,32 @@ def _h5() -> Any:
     return h5py
 
 
+class AnnotationError(ValueError):
+    """A device step cannot move a sample's annotations (a stored box with x2 < x1, tied rows that do not match
+    their boxes): ``text`` says what, naming the step, the field and the row in the sample's own rows;
+    ``sample`` is the sample's position in its batch (the Loader's :class:`~precompile.reader.feed.Finisher` names
+    the build, dataset row and key from it)."""
+
+    def __init__(self, text: str, sample: int):
+        super().__init__(f"sample {sample} of the batch: {text}")
+        self.text, self.sample = text, sample
+
+
+def _sample_error(step: Any, field: str, mover: Any, a: np.ndarray, M: np.ndarray, counts: np.ndarray,
+                  hw: tuple[int, int], err: ValueError) -> ValueError:
+    """The error of moving a batch's rows, named by the first sample whose own rows fail alone (their row
+    numbers then count from that sample's first row, as the build's message does)."""
+    start = np.concatenate([[0], np.cumsum(counts)])
+    for j in range(len(counts)):
+        if counts[j] == 0:
+            continue
+        try:
+            mover(a[start[j]:start[j + 1]], M[start[j]:start[j + 1]], hw)
+        except ValueError as e:
+            return AnnotationError(f"{step.name}: field {field!r}: {e}", j)
+    return ValueError(f"{step.name}: field {field!r}: {err}")
+
+
 def move_annotations(step: Any, batch: dict[str, torch.Tensor],
                      params: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Move the annotation fields a device step covers (``step.bound``) with the build step's rules
@@ -143,7 +169,10 @@ def move_annotations(step: Any, batch: dict[str, torch.Tensor],
     for f in notes:
         per_row = np.repeat(M, counts[f], axis=0)
         mover = build.move_boxes if step.bound[f] is Kind.BOXES else build.move_keypoints
-        rows[f] = mover(rows[f], per_row, hw)
+        try:
+            rows[f] = mover(rows[f], per_row, hw)
+        except ValueError as e:   # a stored row the step cannot move: name its sample and its own row
+            raise _sample_error(step, f, mover, rows[f], per_row, counts[f], hw, e) from None
     for f in notes:
         if step.bound[f] is not Kind.BOXES:
             continue
@@ -155,8 +184,8 @@ def move_annotations(step: Any, batch: dict[str, torch.Tensor],
         for t in [f, *tied[f]]:
             if not np.array_equal(counts[t], counts[f]):
                 bad = int(np.flatnonzero(counts[t] != counts[f])[0])
-                raise ValueError(f"{step.name}: field {t!r} has {counts[t][bad]} rows for the {counts[f][bad]} "
-                                 f"boxes of {f!r} in sample {bad} of the batch")
+                raise AnnotationError(f"{step.name}: field {t!r} has {counts[t][bad]} rows for the "
+                                      f"{counts[f][bad]} boxes of {f!r}", bad)
             rows[t] = rows[t][keep]
         for t in [f, *tied[f]]:
             counts[t] = np.bincount(owner[keep], minlength=n).astype(np.int64)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from .options import whole
+
 
 class Resumable:
     """``set_epoch`` / ``load_state_dict`` over ``state_dict()`` and ``batch_indices(epoch)`` (the subclass's)."""
@@ -35,6 +37,7 @@ class Resumable:
         the restored position, so the usual ``for e in range(start, n): set_epoch(e); for b in loader``
         loop resumes mid-epoch instead of replaying it.
         """
+        epoch = whole(epoch, "epoch")
         if int(epoch) < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if self._resume and int(epoch) == self.epoch:

@@ -284,6 +284,18 @@ def test_an_epoch_too_large_to_hold_is_refused(builds):
         precompile.Mix(builds, batch_size=2, stop=300_000_000)
 
 
+@pytest.mark.parametrize("name,value", [("seed", 1.5), ("batch_size", 2.5), ("prefetch", 1.5), ("num_threads", 0.5),
+                                        ("seed", "3"), ("batch_size", True)])
+def test_sizes_and_seeds_must_be_whole_numbers(builds, name, value):
+    # int() truncated them without a word: seed=1.5 drew seed 1's order, batch_size=2.5 gave batches of 2
+    kw = {"batch_size": 2, name: value}
+    with pytest.raises(ValueError, match=rf"^{name} must be a whole number, got "):
+        precompile.Mix(builds, **kw)
+    ok = precompile.Mix(builds, batch_size=np.int64(2), seed=3.0, prefetch=2.0)   # whole numbers of other types
+    assert (ok.batch_size, ok.seed, ok.prefetch) == (2, 3, 2)
+    ok.close()
+
+
 def test_ranks_come_from_an_initialised_process_group(builds, tmp_path):
     import torch.distributed as dist
 

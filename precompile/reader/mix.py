@@ -92,7 +92,7 @@ from ..seeding import rng_for
 from . import augment, gpu
 from .cpu_feeder import CpuFeeder
 from .feed import Batch, Finisher, HostPool, PassPlan, converts_for, group_size, stored_norm
-from .options import Conversion, Distribution
+from .options import Conversion, Distribution, whole
 from .ragged import RaggedFields, count_name, is_ragged_annotation, pad_rows
 from .resume import Resumable
 from .rows import fixed_shape
@@ -400,11 +400,12 @@ class Mix(Resumable):
                  in_memory: bool = False):
         if isinstance(sources, (str, os.PathLike)) or len(sources) < 1:
             raise ValueError("Mix: sources must be a list of builds (index paths or opened builds)")
-        if int(batch_size) < 1:
+        batch_size, prefetch, seed = whole(batch_size, "batch_size"), whole(prefetch, "prefetch"), whole(seed, "seed")
+        if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if int(prefetch) < 1:
+        if prefetch < 1:
             raise ValueError(f"prefetch must be >= 1, got {prefetch}")
-        if int(seed) < 0:
+        if seed < 0:
             raise ValueError(f"seed must be >= 0, got {seed}")
         if shuffle not in (True, False):
             raise ValueError(f"Mix: shuffle must be True or False, got {shuffle!r}")
@@ -420,7 +421,8 @@ class Mix(Resumable):
         self.shuffle, self.drop_last, self.sort_batches = bool(shuffle), bool(drop_last), bool(sort_batches)
         self.distribution = Distribution.resolve(rank, world_size, uneven)
         self.device = gpu.resolve_device(device)
-        if num_threads is not None and int(num_threads) < 0:
+        num_threads = whole(num_threads, "num_threads") if num_threads is not None else None
+        if num_threads is not None and num_threads < 0:
             raise ValueError(f"num_threads must be >= 0 (0: read in the calling thread), got {num_threads}")
         self.num_threads = min(4, max(0, (os.cpu_count() or 1) - 1)) if num_threads is None else int(num_threads)
         self.sources: list[_Source] = []

@@ -511,6 +511,8 @@ def _write_skipped(shard_path: str, key: str, failures: list[Failure]) -> None:
 
 _SERVER_CODE = "from precompile.compiler.shard import _decode_server; _decode_server()"
 _STARTUP_TIMEOUT_S = 120.0
+#: seconds a helper whose reply pipe closed may take to end by itself before it is killed (IsolatedDecoder._reap)
+_EXIT_GRACE_S = 5.0
 
 
 def _describe_exit(rc: Optional[int]) -> str:
@@ -559,7 +561,7 @@ class IsolatedDecoder:
         try:
             hello = json.loads(self.r.recv_bytes())
         except (EOFError, OSError):
-            why = self._reap()
+            why = self._reap(grace=_EXIT_GRACE_S)
             raise BuildError(f"the decoder helper process failed to start ({why})") from None
         if "error" in hello:
             self.close()
@@ -574,8 +576,11 @@ class IsolatedDecoder:
         text = self.errf.read().decode("utf-8", "replace").strip()
         return text.splitlines()[-1] if text else ""
 
-    def _reap(self) -> str:
-        """Kill and wait for the helper; describe how it ended."""
+    def _reap(self, grace: float = 0.0) -> str:
+        """Kill and wait for the helper; describe how it ended. ``grace``: seconds it may take to end by
+        itself first (its reply pipe closed: it is exiting, and how it ends is the news; killed at once, a
+        helper that exits with a code of its own would read as killed by SIGKILL, what the kernel's
+        out-of-memory killer sends)."""
         proc, self.proc = self.proc, None
         for c in (self.r, self.w):
             if c is not None:
@@ -583,6 +588,11 @@ class IsolatedDecoder:
         self.r = self.w = None
         if proc is None:
             return "not running"
+        if grace > 0 and proc.poll() is None:
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
         if proc.poll() is None:
             proc.kill()
         rc = proc.wait()
@@ -640,7 +650,7 @@ class IsolatedDecoder:
                     fields[f["name"]] = np.frombuffer(buf, dtype=np.dtype(f["dtype"])).reshape(tuple(f["shape"]))
                     kinds[f["name"]] = f["kind"]
             except (EOFError, OSError):
-                why = self._reap()
+                why = self._reap(grace=_EXIT_GRACE_S)
                 raise DecodeError(f"the decoding process died while decoding this input ({why})", **where) from None
         finally:
             timings["decode"] += time.perf_counter() - t0

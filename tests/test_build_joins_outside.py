@@ -1,0 +1,98 @@
+"""An outside attack on the build's promises where its parts meet: the shard task in the build's own
+process (-j 1, the small-build rule's parent run) against forked workers and the isolated decoding helper.
+Each test here failed before the fix named in its docstring.
+
+A plugin decoder (written to tmp_path, imported by the build, its workers and helpers) misbehaves on the
+inputs whose names say how."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import precompile
+from precompile.errors import BuildError
+
+from conftest import REPO
+
+PLUGIN = '''"""Test-only decoder that misbehaves on chosen inputs (names unique to this module)."""
+import os
+import sys
+import time
+
+import numpy as np
+
+from precompile.decoders.base import Decoder, DecoderParams
+from precompile.registry import DECODERS
+from precompile.sample import FieldSpec
+
+
+@DECODERS.register()
+class Odd(Decoder):
+    name = "MOD_raw"
+    kind = "image"
+
+    class Params(DecoderParams):
+        pass
+
+    def spec(self):
+        return FieldSpec("image", (4, 4, 1), "uint8")
+
+    def read(self, path):
+        base = os.path.basename(path)
+        if "slowexit" in base:   # a process that takes a while to end after its pipes closed (a codec's
+            os.closerange(3, 4096)   # exit() running atexit handlers, a core being written): exit code 5
+            time.sleep(0.5)
+            os._exit(5)
+        if "sysexit" in base:    # a library that calls sys.exit() on input it does not like
+            sys.exit(3)
+        if "nomem" in base:
+            raise MemoryError()
+        return np.full((4, 4, 1), len(base), np.uint8)
+'''
+
+
+@pytest.fixture
+def plugin(tmp_path, monkeypatch):
+    """A fresh plugin module in tmp_path, importable by the build, its forked workers and its helpers."""
+    mod = f"pcjoin_{uuid.uuid4().hex[:10]}"
+    d = tmp_path / "plug"
+    d.mkdir()
+    (d / f"{mod}.py").write_text(PLUGIN.replace("MOD", mod))
+    monkeypatch.syspath_prepend(str(d))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(d), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    __import__(mod)
+    return mod
+
+
+def _inputs(root: Path, names: list[str]) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    for n in names:
+        (root / n).write_bytes(b"x")
+    return root
+
+
+def _recipe(root: Path, plugin: str, **top) -> dict:
+    return {"name": "j", "imports": [plugin], "on_error": "skip",
+            "inputs": {"root": str(root), "match": "{name}.raw", "fields": {"image": {"decoder": f"{plugin}_raw"}}},
+            "output": {"samples_per_shard": 2}, **top}
+
+
+def test_a_helper_that_exits_on_its_own_is_not_reported_as_killed_by_sigkill(tmp_path, plugin):
+    """The isolated decoding helper (timeout_s, or a dead worker's retry) that exits with a code of its own
+    after its reply pipe closed was killed at once by the parent, and the input's failure said `killed by
+    signal SIGKILL`: the signal the kernel's out-of-memory killer sends, not what happened. The parent now
+    gives a helper whose pipe closed a moment to end by itself before it kills it."""
+    root = _inputs(tmp_path / "in", ["a.raw", "b_slowexit.raw", "c.raw"])
+    rep = precompile.build(_recipe(root, plugin, timeout_s=30), tmp_path / "out")
+    f, = rep["failures"]
+    assert f["path"] == str(root / "b_slowexit.raw") and f["stage"] == "decode" and f["field"] == "image"
+    assert f["detail"] == "the decoding process died while decoding this input (exit code 5)", f["detail"]
+    assert precompile.open(rep["output"]).keys == ["a.raw", "c.raw"]

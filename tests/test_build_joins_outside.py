@@ -96,3 +96,32 @@ def test_a_helper_that_exits_on_its_own_is_not_reported_as_killed_by_sigkill(tmp
     assert f["path"] == str(root / "b_slowexit.raw") and f["stage"] == "decode" and f["field"] == "image"
     assert f["detail"] == "the decoding process died while decoding this input (exit code 5)", f["detail"]
     assert precompile.open(rep["output"]).keys == ["a.raw", "c.raw"]
+
+
+@pytest.mark.parametrize("how", ["-j1", "small build", "workers"])
+def test_a_decoder_that_calls_sys_exit_fails_its_input_alike_in_the_build_and_in_a_worker(tmp_path, plugin,
+                                                                                         monkeypatch, how):
+    """A decoder that calls sys.exit() (SystemExit is no Exception) ended a -j 1 build, and a small build run
+    in the parent, at once with exit code 3 and no message at all (nothing named the input, its shard was
+    left half-written), while in a forked worker it killed the worker, whose retry then blamed SIGKILL. Now
+    it is the input's error as any other exception of a codec's: the same message wherever it runs."""
+    root = _inputs(tmp_path / "in", ["a.raw", "b.raw", "c_sysexit.raw", "d.raw", "e.raw"])
+    if how == "small build":
+        monkeypatch.delenv("PRECOMPILE_SMALL_BUILD", raising=False)   # conftest turns the rule off
+    monkeypatch.setenv("PRECOMPILE_WORKERS", "fork")
+    rep = precompile.build(_recipe(root, plugin), tmp_path / "out", n_jobs=1 if how == "-j1" else 2)
+    assert bool(rep["events"]) is (how == "small build")
+    f, = rep["failures"]
+    assert f["message"] == f"{root / 'c_sysexit.raw'}, stage decode, field 'image': SystemExit: 3"
+    assert precompile.open(rep["output"]).keys == ["a.raw", "b.raw", "d.raw", "e.raw"]
+
+
+def test_a_decoder_that_calls_sys_exit_under_on_error_fail_is_named_by_the_cli(tmp_path, plugin):
+    root = _inputs(tmp_path / "in", ["a.raw", "b_sysexit.raw"])
+    rp = tmp_path / "r.yaml"
+    rp.write_text(yaml.safe_dump(_recipe(root, plugin, on_error="fail")))
+    r = subprocess.run([sys.executable, "-m", "precompile", "build", str(rp), "-o", str(tmp_path / "out"),
+                        "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 3, r.stderr
+    assert f"{root / 'b_sysexit.raw'}, stage decode, field 'image': SystemExit: 3" in r.stderr
+    assert not [p for p in (tmp_path / "out" / "j.shards").iterdir() if ".tmp-" in p.name]

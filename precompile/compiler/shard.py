@@ -52,6 +52,13 @@ from ..transforms import source_map
 from ..storage.files import write_json_atomic
 
 
+#: what a codec's or a step's own code may raise that is the input's error (the stage and the input are
+#: named, ``on_error`` decides): any ``Exception``, and ``SystemExit``, from a library that calls ``sys.exit()``
+#: on input it does not like (in the build's own process it would end the build without a word; in a worker,
+#: kill it). Not KeyboardInterrupt (a Ctrl-C is the build's) nor MemoryError (caught before: not the input's)
+CODE_ERRORS = (Exception, SystemExit)
+
+
 def _annotations(recipe: Recipe, item: Item, fields: dict, kinds: dict, meta: dict) -> None:
     """inputs.coco: the annotation fields beside the decoded image (inputs/coco/); whatever goes wrong is
     this input's error (stage annotations), naming the image."""
@@ -64,7 +71,7 @@ def _annotations(recipe: Recipe, item: Item, fields: dict, kinds: dict, meta: di
         raise
     except (MemoryError, MissingDependencyError):
         raise  # not the input's fault
-    except Exception as e:
+    except CODE_ERRORS as e:
         raise DecodeError(f"image id {_id(item.annotations.image_id)}: {type(e).__name__}: {e}",
                           path=item.paths.get(spec.image), stage=STAGE, field=spec.image, key=item.key) from e
 
@@ -103,7 +110,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
             raise e.with_context(path=path, stage="decode", field=fname, key=item.key) from e.__cause__
         except (MemoryError, MissingDependencyError):
             raise  # not the input's fault: on_error: skip must not quietly drop every such input
-        except Exception as e:  # a codec's own exception type: report it, do not crash the build
+        except CODE_ERRORS as e:  # a codec's own exception type: report it, do not crash the build
             raise DecodeError(f"{type(e).__name__}: {e}", path=path, stage="decode", field=fname, key=item.key) from e
         specs = dec.output_specs(fname)
         for name, arr in arrays.items():
@@ -187,7 +194,7 @@ def run_steps(recipe: Recipe, sample: Any, copy: int, item: Item, timings: dict[
                                          stage=f"steps[{i}] {step.name}", key=item.key) from e.__cause__
                 except MemoryError:
                     raise
-                except Exception as e:
+                except CODE_ERRORS as e:
                     raise StepError(f"{step.name}: {type(e).__name__}: {e}", path=next(iter(item.paths.values())),
                                     stage=f"steps[{i}] {step.name}", key=item.key) from e
         except BaseException:
@@ -218,7 +225,7 @@ class _DecodeErrors:
 
     def __exit__(self, typ: Any, e: Any, tb: Any) -> bool:
         if e is None or isinstance(e, (StopIteration, MemoryError, MissingDependencyError)) or \
-                not isinstance(e, Exception):
+                not isinstance(e, CODE_ERRORS):
             return False
         if isinstance(e, InputError):
             raise e.with_context(**self.where) from e.__cause__
@@ -290,7 +297,7 @@ def _clip_errors(clips: Any, stage: str, path: str, key: str) -> Any:
             raise e.with_context(path=path, stage=stage, key=key) from e.__cause__
         except MemoryError:
             raise
-        except Exception as e:
+        except CODE_ERRORS as e:
             raise StepError(f"{name}: {type(e).__name__}: {e}", path=path, stage=stage, key=key) from e
         yield clip
 

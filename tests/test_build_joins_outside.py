@@ -125,3 +125,25 @@ def test_a_decoder_that_calls_sys_exit_under_on_error_fail_is_named_by_the_cli(t
     assert r.returncode == 3, r.stderr
     assert f"{root / 'b_sysexit.raw'}, stage decode, field 'image': SystemExit: 3" in r.stderr
     assert not [p for p in (tmp_path / "out" / "j.shards").iterdir() if ".tmp-" in p.name]
+
+
+@pytest.mark.parametrize("jobs, top", [(1, {}), (2, {}), (1, {"timeout_s": 30})])
+def test_out_of_memory_while_decoding_names_the_input_and_the_stage(tmp_path, plugin, jobs, top):
+    """A MemoryError is not the input's fault, so on_error: skip rightly does not drop the input; but the
+    build stopped with `first error: shard 1: MemoryError: .`, its failure recorded at stage `write` with
+    the shard's own file as its path: nothing said which input was being decoded. Now the failure names
+    the input, the field and the stage, and says why the input was not skipped. In the isolated decoding
+    helper (timeout_s) the MemoryError killed the helper and the input was skipped as if it were bad; now it
+    is told to the shard task as the same MemoryError."""
+    root = _inputs(tmp_path / "in", ["a.raw", "b.raw", "c_nomem.raw", "d.raw"])
+    with pytest.raises(BuildError) as ei:
+        precompile.build(_recipe(root, plugin, **top), tmp_path / "out", n_jobs=jobs)
+    bad = str(root / "c_nomem.raw")
+    want = (f"{bad}, stage decode, field 'image': out of memory (MemoryError) while building shard 1: not the "
+            f"input's fault, so on_error: skip does not drop it; use fewer jobs (-j) or give the machine more "
+            f"memory")
+    assert want in str(ei.value)
+    rep = json.loads((tmp_path / "out" / "j.report.json").read_text())
+    f, = rep["failures"]
+    assert (f["path"], f["stage"], f["field"], f["key"], f["type"]) == (bad, "decode", "image", "c_nomem.raw",
+                                                                        "MemoryError")

@@ -586,6 +586,8 @@ def _check_outcome(b: _Build, st: _State, report: BuildReport) -> None:
         else:
             why = f"{len(st.failed_shards)} shard(s) failed"
             hint = "fix the input (or set on_error: skip)"
+            if inputs and inputs[0].type == "MemoryError":   # not the input's fault (compiler/shard.py out_of_memory)
+                hint = "free memory (or use fewer jobs)"
         raise BuildError(f"build of {r.name!r} stopped: {why}; first error: {first}. "
                          f"Finished shards are kept; {hint} and run build again.")
     if failures and not sum(st.infos[s.index]["num_samples"] for s in plan.shards):

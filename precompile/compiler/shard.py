@@ -59,6 +59,36 @@ from ..storage.files import write_json_atomic
 CODE_ERRORS = (Exception, SystemExit)
 
 
+def _where(e: BaseException, **where: Any) -> BaseException:
+    """``e`` (a MemoryError) with where it happened (path, stage, field, key) attached once, for
+    :func:`out_of_memory`; the innermost place wins."""
+    if not hasattr(e, "precompile_where"):
+        try:
+            e.precompile_where = where   # type: ignore[attr-defined]
+        except AttributeError:   # a MemoryError subclass with __slots__: said without the input
+            pass
+    return e
+
+
+def out_of_memory(e: BaseException, shard: ShardPlan, item: Optional[Item], shard_path: str) -> Failure:
+    """The failure a MemoryError makes of its shard: naming the input being built (its path, field and stage,
+    where the decode or a step said so; else the input's first file, and ``write`` when it came from the
+    writer), and why the input is not skipped. ``type`` MemoryError."""
+    from ..errors import clip
+
+    where = dict(getattr(e, "precompile_where", None) or {})
+    if not where and item is not None:
+        where = dict(path=next(iter(item.paths.values()), None), stage="write", key=item.key)
+    path, stage, field = where.get("path") or shard_path, where.get("stage") or "write", where.get("field")
+    text = clip(str(e), 200)
+    detail = (f"out of memory (MemoryError{': ' + text if text else ''}) while building shard {shard.index}: not "
+              f"the input's fault, so on_error: skip does not drop it; use fewer jobs (-j) or give the machine "
+              f"more memory")
+    head = f"{path}, stage {stage}" + (f", field {field!r}" if field else "")
+    return Failure(f"{head}: {detail}", detail, path, stage, field, where.get("key") or (item.key if item else None),
+                   "MemoryError", shard.index)
+
+
 def _annotations(recipe: Recipe, item: Item, fields: dict, kinds: dict, meta: dict) -> None:
     """inputs.coco: the annotation fields beside the decoded image (inputs/coco/); whatever goes wrong is
     this input's error (stage annotations), naming the image."""
@@ -108,8 +138,10 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
                 arrays, m = dec.decode(path, fname)
         except InputError as e:
             raise e.with_context(path=path, stage="decode", field=fname, key=item.key) from e.__cause__
-        except (MemoryError, MissingDependencyError):
-            raise  # not the input's fault: on_error: skip must not quietly drop every such input
+        except MemoryError as e:   # not the input's fault: on_error: skip must not quietly drop every such input
+            raise _where(e, path=path, stage="decode", field=fname, key=item.key)
+        except MissingDependencyError:
+            raise
         except CODE_ERRORS as e:  # a codec's own exception type: report it, do not crash the build
             raise DecodeError(f"{type(e).__name__}: {e}", path=path, stage="decode", field=fname, key=item.key) from e
         specs = dec.output_specs(fname)
@@ -192,8 +224,9 @@ def run_steps(recipe: Recipe, sample: Any, copy: int, item: Item, timings: dict[
                 except InputError as e:
                     raise e.with_context(path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
                                          stage=f"steps[{i}] {step.name}", key=item.key) from e.__cause__
-                except MemoryError:
-                    raise
+                except MemoryError as e:
+                    raise _where(e, path=next(iter(item.paths.values())), stage=f"steps[{i}] {step.name}",
+                                 key=item.key)
                 except CODE_ERRORS as e:
                     raise StepError(f"{step.name}: {type(e).__name__}: {e}", path=next(iter(item.paths.values())),
                                     stage=f"steps[{i}] {step.name}", key=item.key) from e
@@ -387,6 +420,8 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
         if is_output_fault(e, out_dir):  # a full disk, a read-only or vanished folder: never the input's fault
             task.writer.abort()
             raise output_error(e, out_dir, f"writing shard {shard.index}") from None
+        if isinstance(e, MemoryError):
+            return task.failed(out_of_memory(e, shard, task.current, path))
         if isinstance(e, Exception):
             return task.failed(Failure(f"shard {shard.index}: {type(e).__name__}: {e}", traceback.format_exc(limit=5),
                                        path, "write", type=type(e).__name__, shard=shard.index))
@@ -432,6 +467,7 @@ class _ShardTask:
         self.timings = zero_timings()
         self.failures: list[Failure] = []
         self.writer: Any = None
+        self.current: Optional[Item] = None   # the input being built (named when memory runs out)
 
     def failed(self, extra: Optional[Failure] = None, abort: bool = True) -> ShardResult:
         if abort:
@@ -443,6 +479,7 @@ class _ShardTask:
         """Make, check and write every sample of one input; a failing input is dropped whole, never
         half-written. Returns the shard's failed result when the error policy stops the shard."""
         samples: Any = None
+        self.current = item
         try:
             samples = self.samples(item, decode, stream)
             t0 = time.perf_counter()
@@ -645,6 +682,9 @@ class IsolatedDecoder:
                 hdr = json.loads(self.r.recv_bytes())
                 if "error" in hdr:
                     e = hdr["error"]
+                    if e["type"] == "MemoryError":   # out of memory in the helper: not the input's fault
+                        raise _where(MemoryError(e["detail"]), path=e.get("path"), stage=e.get("stage"),
+                                     field=e.get("field"), key=e.get("key"))
                     cls = {"DecodeError": DecodeError, "StepError": StepError}.get(e["type"], InputError)
                     raise cls(e["detail"], path=e["path"], stage=e["stage"], field=e["field"], key=e["key"])
                 fields, kinds = {}, {}
@@ -751,6 +791,10 @@ def _decode_server() -> None:
             s = decode_item(recipe, item, {"decode": 0.0}, frames)
         except InputError as e:
             w.send_bytes(json.dumps({"error": Failure.from_error(e).to_json()}).encode())
+            continue
+        except MemoryError as e:   # not the input's fault: the parent raises it again (out_of_memory)
+            where = dict(getattr(e, "precompile_where", None) or {})
+            w.send_bytes(json.dumps({"error": {"type": "MemoryError", "detail": str(e)[:200], **where}}).encode())
             continue
         arrays = [(n, np.asarray(a).copy(order="C")) for n, a in s.fields.items()]  # keeps 0-d shapes
         w.send_bytes(json.dumps({"fields": [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape),

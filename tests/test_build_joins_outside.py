@@ -147,3 +147,29 @@ def test_out_of_memory_while_decoding_names_the_input_and_the_stage(tmp_path, pl
     f, = rep["failures"]
     assert (f["path"], f["stage"], f["field"], f["key"], f["type"]) == (bad, "decode", "image", "c_nomem.raw",
                                                                         "MemoryError")
+
+
+def test_a_symlink_loop_or_a_broken_link_is_told_as_such_not_as_a_missing_file(tmp_path):
+    """A listed input that is a symbolic link loop (or a link to nothing) failed with `input file is missing
+    (the recipe's path for this field points to nothing)`: the file is there, as a link, and the user was
+    sent looking for a file that was never deleted. Now the message says what the link is."""
+    from PIL import Image
+
+    root = tmp_path / "in"
+    root.mkdir()
+    Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(root / "a.png")
+    os.symlink(root / "loop2.png", root / "loop1.png")
+    os.symlink(root / "loop1.png", root / "loop2.png")
+    os.symlink(root / "gone.png", root / "broken.png")
+    r = {"name": "l", "on_error": "skip",
+         "inputs": {"root": str(root), "match": "{n}.png", "fields": {"image": {"decoder": "image"}}}}
+    rep = precompile.build(r, tmp_path / "out")
+    got = {f["key"]: f["detail"] for f in rep["failures"]}
+    assert got == {
+        "broken.png": f"input file is missing: it is a symbolic link to {str(root / 'gone.png')!r}, which does "
+                      f"not exist (the recipe's path for this field points to nothing)",
+        "loop1.png": "input file is missing: it is a symbolic link loop (too many levels of symbolic links) (the "
+                     "recipe's path for this field points to nothing)",
+        "loop2.png": "input file is missing: it is a symbolic link loop (too many levels of symbolic links) (the "
+                     "recipe's path for this field points to nothing)"}
+    assert precompile.open(rep["output"]).keys == ["a.png"]

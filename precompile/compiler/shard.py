@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 
 from ..storage.faults import is_output_fault, output_error
 from .keys import skipped_path
-from ..errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
+from ..errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError, echo
 from ..kinds import Kind
 from ..inputs.items import Item
 from ..inputs.paths import InputRoot
@@ -89,6 +89,27 @@ def out_of_memory(e: BaseException, shard: ShardPlan, item: Optional[Item], shar
                    "MemoryError", shard.index)
 
 
+def _dangling(path: str) -> str:
+    """What a path that does not exist as a file is when it is a symbolic link (': it is a symbolic link loop
+    ...', ': it is a symbolic link to X, which does not exist'), else ''."""
+    import errno
+
+    try:
+        if not os.path.islink(path):
+            return ""
+        target = os.readlink(path)
+    except OSError:
+        return ""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return ": it is a symbolic link loop (too many levels of symbolic links)"
+        if e.errno == errno.ENOENT:
+            return f": it is a symbolic link to {echo(target)}, which does not exist"
+    return ""
+
+
 def _annotations(recipe: Recipe, item: Item, fields: dict, kinds: dict, meta: dict) -> None:
     """inputs.coco: the annotation fields beside the decoded image (inputs/coco/); whatever goes wrong is
     this input's error (stage annotations), naming the image."""
@@ -131,7 +152,8 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
                                            stream.clips is None and fname == stream.field else None)
             elif not (found or os.path.exists(path)):
                 row = f", from data row {item.row} of {item.row_file}" if item.row else ""
-                raise DecodeError(f"input file is missing (the recipe's path for this field points to nothing{row})")
+                raise DecodeError(f"input file is missing{_dangling(path)} (the recipe's path for this field points "
+                                  f"to nothing{row})")
             elif stream is not None and fname == stream.field:
                 arrays, m, stream.source = stream.open(dec, path, fname)
             else:

@@ -55,6 +55,8 @@ class Odd(Decoder):
             sys.exit(3)
         if "nomem" in base:
             raise MemoryError()
+        if "huge" in base:       # a parser that puts what it read in its message
+            raise ValueError("bad header: " + "A" * 100000)
         return np.full((4, 4, 1), len(base), np.uint8)
 '''
 
@@ -173,3 +175,17 @@ def test_a_symlink_loop_or_a_broken_link_is_told_as_such_not_as_a_missing_file(t
         "loop2.png": "input file is missing: it is a symbolic link loop (too many levels of symbolic links) (the "
                      "recipe's path for this field points to nothing)"}
     assert precompile.open(rep["output"]).keys == ["a.png"]
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_a_codecs_long_message_is_cut_to_a_bounded_length(tmp_path, plugin, jobs):
+    """A decoder whose exception carries what it read (100,000 characters here) had all of it copied into the
+    failure's message and detail: into the report, the shard's .skipped.json, and the terminal. The standard:
+    echoed input is cut to a bounded length. Now a codec's words are cut (errors.clip), saying how long they were."""
+    root = _inputs(tmp_path / "in", ["a.raw", "b_huge.raw", "c.raw"])
+    rep = precompile.build(_recipe(root, plugin), tmp_path / "out", n_jobs=jobs)
+    f, = rep["failures"]
+    assert f["detail"] == "ValueError: bad header: " + "A" * 488 + "... (100012 characters)"
+    assert f["message"] == f"{root / 'b_huge.raw'}, stage decode, field 'image': {f['detail']}"
+    sidecar, = (tmp_path / "out" / "j.shards").glob("*.skipped.json")
+    assert sidecar.stat().st_size < 4000

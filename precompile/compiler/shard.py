@@ -52,6 +52,18 @@ from ..transforms import source_map
 from ..storage.files import write_json_atomic
 
 
+#: how many characters of a codec's or a step's own words about an input a failure keeps (a parser may put
+#: what it read in its message: the report, the .skipped.json sidecar and the terminal get this much)
+CODEC_CHARS = 500
+
+
+def said(e: BaseException) -> str:
+    """``TypeName: message`` of a codec's or a step's exception, its message cut to :data:`CODEC_CHARS`."""
+    from ..errors import clip
+
+    return f"{type(e).__name__}: {clip(str(e), CODEC_CHARS)}"
+
+
 #: what a codec's or a step's own code may raise that is the input's error (the stage and the input are
 #: named, ``on_error`` decides): any ``Exception``, and ``SystemExit``, from a library that calls ``sys.exit()``
 #: on input it does not like (in the build's own process it would end the build without a word; in a worker,
@@ -123,7 +135,7 @@ def _annotations(recipe: Recipe, item: Item, fields: dict, kinds: dict, meta: di
     except (MemoryError, MissingDependencyError):
         raise  # not the input's fault
     except CODE_ERRORS as e:
-        raise DecodeError(f"image id {_id(item.annotations.image_id)}: {type(e).__name__}: {e}",
+        raise DecodeError(f"image id {_id(item.annotations.image_id)}: {said(e)}",
                           path=item.paths.get(spec.image), stage=STAGE, field=spec.image, key=item.key) from e
 
 
@@ -165,7 +177,7 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
         except MissingDependencyError:
             raise
         except CODE_ERRORS as e:  # a codec's own exception type: report it, do not crash the build
-            raise DecodeError(f"{type(e).__name__}: {e}", path=path, stage="decode", field=fname, key=item.key) from e
+            raise DecodeError(said(e), path=path, stage="decode", field=fname, key=item.key) from e
         specs = dec.output_specs(fname)
         for name, arr in arrays.items():
             fields[name] = arr
@@ -250,7 +262,7 @@ def run_steps(recipe: Recipe, sample: Any, copy: int, item: Item, timings: dict[
                     raise _where(e, path=next(iter(item.paths.values())), stage=f"steps[{i}] {step.name}",
                                  key=item.key)
                 except CODE_ERRORS as e:
-                    raise StepError(f"{step.name}: {type(e).__name__}: {e}", path=next(iter(item.paths.values())),
+                    raise StepError(f"{step.name}: {said(e)}", path=next(iter(item.paths.values())),
                                     stage=f"steps[{i}] {step.name}", key=item.key) from e
         except BaseException:
             if buffer is not None:   # a failing input: its buffers go now, not at garbage collection
@@ -284,7 +296,7 @@ class _DecodeErrors:
             return False
         if isinstance(e, InputError):
             raise e.with_context(**self.where) from e.__cause__
-        raise DecodeError(f"{type(e).__name__}: {e}", **self.where) from e
+        raise DecodeError(said(e), **self.where) from e
 
 
 def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, float],
@@ -353,7 +365,7 @@ def _clip_errors(clips: Any, stage: str, path: str, key: str) -> Any:
         except MemoryError:
             raise
         except CODE_ERRORS as e:
-            raise StepError(f"{name}: {type(e).__name__}: {e}", path=path, stage=stage, key=key) from e
+            raise StepError(f"{name}: {said(e)}", path=path, stage=stage, key=key) from e
         yield clip
 
 
@@ -445,7 +457,7 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
         if isinstance(e, MemoryError):
             return task.failed(out_of_memory(e, shard, task.current, path))
         if isinstance(e, Exception):
-            return task.failed(Failure(f"shard {shard.index}: {type(e).__name__}: {e}", traceback.format_exc(limit=5),
+            return task.failed(Failure(f"shard {shard.index}: {said(e)}", traceback.format_exc(limit=5),
                                        path, "write", type=type(e).__name__, shard=shard.index))
         task.writer.abort()
         raise
@@ -794,7 +806,7 @@ def _decode_server() -> None:
     except EOFError:
         return
     except Exception as e:  # reported to the parent, which fails the shard with this message
-        w.send_bytes(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
+        w.send_bytes(json.dumps({"error": said(e)}).encode())
         return
     from ..transforms.temporal import frame_steps_plan
 

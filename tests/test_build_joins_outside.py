@@ -30,8 +30,17 @@ import time
 import numpy as np
 
 from precompile.decoders.base import Decoder, DecoderParams
+from precompile.errors import DecodeError
 from precompile.registry import DECODERS
 from precompile.sample import FieldSpec
+
+
+class BadMagic(DecodeError):
+    """A plugin's own DecodeError, with a constructor of its own (as the plugin API allows)."""
+
+    def __init__(self, magic, offset):
+        super().__init__(f"bad magic {magic!r} at byte {offset}")
+        self.magic, self.offset = magic, offset
 
 
 @DECODERS.register()
@@ -55,6 +64,8 @@ class Odd(Decoder):
             sys.exit(3)
         if "nomem" in base:
             raise MemoryError()
+        if "magic" in base:
+            raise BadMagic(b"XY", 0)
         if "huge" in base:       # a parser that puts what it read in its message
             raise ValueError("bad header: " + "A" * 100000)
         return np.full((4, 4, 1), len(base), np.uint8)
@@ -189,3 +200,20 @@ def test_a_codecs_long_message_is_cut_to_a_bounded_length(tmp_path, plugin, jobs
     assert f["message"] == f"{root / 'b_huge.raw'}, stage decode, field 'image': {f['detail']}"
     sidecar, = (tmp_path / "out" / "j.shards").glob("*.skipped.json")
     assert sidecar.stat().st_size < 4000
+
+
+@pytest.mark.parametrize("jobs, top", [(1, {}), (2, {}), (1, {"timeout_s": 30})])
+def test_a_plugins_decode_error_subclass_with_its_own_constructor_fails_only_its_input(tmp_path, plugin, jobs,
+                                                                                        top):
+    """A plugin raising its own DecodeError subclass whose constructor takes other arguments (BadMagic(magic,
+    offset)) broke the context the build adds (path, stage, field): with_context called the subclass's
+    constructor with path=..., so the TypeError failed the whole shard under on_error: skip, naming no file
+    (`shard 1: TypeError: BadMagic.__init__() got an unexpected keyword argument 'path'`), and in the decoding
+    helper it killed the helper for each such input. Now the error keeps its type and attributes and gets
+    its context without calling the plugin's constructor."""
+    root = _inputs(tmp_path / "in", ["a.raw", "b_magic.raw", "c.raw", "d_magic.raw"])
+    rep = precompile.build(_recipe(root, plugin, **top), tmp_path / "out", n_jobs=jobs)
+    assert [(f["key"], f["message"], f["type"]) for f in rep["failures"]] == [
+        (n, f"{root / n}, stage decode, field 'image': bad magic b'XY' at byte 0", "BadMagic")
+        for n in ("b_magic.raw", "d_magic.raw")]
+    assert precompile.open(rep["output"]).keys == ["a.raw", "c.raw"]

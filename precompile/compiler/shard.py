@@ -719,8 +719,11 @@ class IsolatedDecoder:
                     if e["type"] == "MemoryError":   # out of memory in the helper: not the input's fault
                         raise _where(MemoryError(e["detail"]), path=e.get("path"), stage=e.get("stage"),
                                      field=e.get("field"), key=e.get("key"))
-                    cls = {"DecodeError": DecodeError, "StepError": StepError}.get(e["type"], InputError)
-                    raise cls(e["detail"], path=e["path"], stage=e["stage"], field=e["field"], key=e["key"])
+                    cls = {"DecodeError": DecodeError, "StepError": StepError}.get(e.get("base", e["type"]), InputError)
+                    err = cls(e["detail"], path=e["path"], stage=e["stage"], field=e["field"], key=e["key"])
+                    if e["type"] != cls.__name__:
+                        err.type_name = e["type"]   # a plugin's own error class, reported by its name as in-process
+                    raise err
                 fields, kinds = {}, {}
                 for f in hdr["fields"]:
                     buf = bytearray(f["nbytes"])
@@ -823,8 +826,9 @@ def _decode_server() -> None:
             frames.source = None
         try:
             s = decode_item(recipe, item, {"decode": 0.0}, frames)
-        except InputError as e:
-            w.send_bytes(json.dumps({"error": Failure.from_error(e).to_json()}).encode())
+        except InputError as e:   # "base": the built-in class the parent raises again (a plugin's own is not there)
+            base = next(c.__name__ for c in (DecodeError, StepError, InputError) if isinstance(e, c))
+            w.send_bytes(json.dumps({"error": {**Failure.from_error(e).to_json(), "base": base}}).encode())
             continue
         except MemoryError as e:   # not the input's fault: the parent raises it again (out_of_memory)
             where = dict(getattr(e, "precompile_where", None) or {})

@@ -64,6 +64,10 @@ class Odd(Decoder):
             sys.exit(3)
         if "nomem" in base:
             raise MemoryError()
+        if "slow" in base:
+            time.sleep(0.6)
+        if "bad" in base:
+            raise ValueError("not this one")
         if "magic" in base:
             raise BadMagic(b"XY", 0)
         if "huge" in base:       # a parser that puts what it read in its message
@@ -217,3 +221,17 @@ def test_a_plugins_decode_error_subclass_with_its_own_constructor_fails_only_its
         (n, f"{root / n}, stage decode, field 'image': bad magic b'XY' at byte 0", "BadMagic")
         for n in ("b_magic.raw", "d_magic.raw")]
     assert precompile.open(rep["output"]).keys == ["a.raw", "c.raw"]
+
+
+def test_the_reports_failures_are_in_input_order_whatever_the_workers(tmp_path, plugin):
+    """The report's failures (and the CLI's list of skipped inputs, and so the report of a -j 3 build against
+    a -j 1 build's) came in the order the workers finished their shards: shard 0, slow here, listed last at
+    -j 3, first at -j 1. Now they are in input order (shard by shard, each shard's in its inputs' order)."""
+    root = _inputs(tmp_path / "in", ["a_bad.raw", "a_slow.raw", "b.raw", "c_bad.raw", "d.raw", "e_bad.raw"])
+    want = ["a_bad.raw", "c_bad.raw", "e_bad.raw"]
+    one = precompile.build(_recipe(root, plugin), tmp_path / "one", n_jobs=1)
+    assert [f["key"] for f in one["failures"]] == want
+    three = precompile.build(_recipe(root, plugin), tmp_path / "three", n_jobs=3)
+    assert [f["key"] for f in three["failures"]] == want
+    written = json.loads((tmp_path / "three" / "j.report.json").read_text())
+    assert [f["key"] for f in written["failures"]] == want

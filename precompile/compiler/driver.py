@@ -549,6 +549,9 @@ def _run_stage(b: _Build, keys: dict[int, str], st: _State, progress: bool, sche
             if mf is not None and count_inputs(st.failures) > mf:
                 break
     finally:
+        # in input order, whatever order the workers finished in: shard by shard (a stable sort keeps each
+        # shard's in its inputs' order), so the report and the list of skipped inputs do not depend on -j
+        st.failures.sort(key=lambda f: -1 if f.shard is None else f.shard)
         if bar is not None:
             bar.close()
 

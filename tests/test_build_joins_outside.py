@@ -235,3 +235,37 @@ def test_the_reports_failures_are_in_input_order_whatever_the_workers(tmp_path, 
     assert [f["key"] for f in three["failures"]] == want
     written = json.loads((tmp_path / "three" / "j.report.json").read_text())
     assert [f["key"] for f in written["failures"]] == want
+
+
+def test_each_splits_report_holds_its_own_failures_and_shards(tmp_path):
+    """A build with splits writes one report per split (<name>.<split>.report.json). Each listed every split's
+    failures (a val input skipped showed in the train report too, skipped_inputs counted them all) and the whole
+    build's shard counts, while its `inputs` were the split's; a no-change rebuild that rewrote a missing split
+    report gave only the split's own. Now a fresh build's split reports are the split's: failures, skipped
+    inputs and shards."""
+    from PIL import Image
+
+    root = tmp_path / "in"
+    root.mkdir()
+    for n in ["a", "c", "d", "e"]:
+        Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(root / f"{n}.png")
+    (root / "b.png").write_bytes(b"not a png")
+    (root / "t.csv").write_text("path,sp\na.png,train\nb.png,train\nc.png,val\nd.png,val\ne.png,val\n")
+    r = {"name": "s", "on_error": "skip", "split": {"by": "column", "column": "sp"},
+         "inputs": {"root": str(root), "table": str(root / "t.csv"), "path": "{path}",
+                    "fields": {"image": {"decoder": "image"}}}, "output": {"samples_per_shard": 1}}
+    rep = precompile.build(r, tmp_path / "out")
+    assert [f["key"] for f in rep["failures"]] == ["b.png"]
+    out = tmp_path / "out"
+    train = json.loads((out / "s.train.report.json").read_text())
+    val = json.loads((out / "s.val.report.json").read_text())
+    assert ([f["key"] for f in train["failures"]], train["skipped_inputs"], train["inputs"]) == (["b.png"], 1, 2)
+    assert ([f["key"] for f in val["failures"]], val["skipped_inputs"], val["inputs"]) == ([], 0, 3)
+    assert train["shards"] == {"total": 2, "built": 2, "skipped": 0, "reused": 0, "failed": 0}
+    assert val["shards"] == {"total": 3, "built": 3, "skipped": 0, "reused": 0, "failed": 0}
+    # the same split reports a no-change rebuild writes when they are missing (failures then from the sidecars)
+    (out / "s.train.report.json").unlink()
+    (out / "s.val.report.json").unlink()
+    precompile.build(r, out)
+    again = {s: json.loads((out / f"s.{s}.report.json").read_text()) for s in ("train", "val")}
+    assert [f["key"] for f in again["train"]["failures"]] == ["b.png"] and again["val"]["failures"] == []

@@ -84,11 +84,15 @@ class InputError(PrecompileError):
         super().__init__(f"{where}: {message}" if where else message)
 
     def with_context(self, **kw: str | None) -> "InputError":
-        """Return a copy with missing context filled in from ``kw``."""
+        """Return a copy with missing context filled in from ``kw``: of the same type with the same attributes,
+        made without calling the type's constructor (a plugin's subclass may take other arguments:
+        ``BadMagic(magic, offset)``)."""
         fill = {k: getattr(self, k) or v for k, v in kw.items()}
         cur = dict(path=self.path, stage=self.stage, field=self.field, key=self.key)
         cur.update(fill)
-        err = type(self)(self.detail, **cur)
+        err = type(self).__new__(type(self))
+        err.__dict__.update(self.__dict__)
+        InputError.__init__(err, self.detail, **cur)
         err.__cause__ = self.__cause__
         return err
 

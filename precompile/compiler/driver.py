@@ -268,6 +268,7 @@ class _State:
     failures: list[Failure] = field(default_factory=list)
     todo: list[tuple[Any, str]] = field(default_factory=list)
     reused: int = 0
+    reused_shards: set[int] = field(default_factory=set)   # their indexes (a split's report counts its own)
     failed_shards: list[int] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=zero_timings)
     events: list[str] = field(default_factory=list)
@@ -352,12 +353,25 @@ def _conclude(b: _Build, st: _State, views: list[_Build], named: list[tuple[Opti
     if views[0] is b:
         report = _finalize(b, st, report)
     else:
-        done = [_finalize(v, st, dataclasses.replace(report, output=v.index_path, inputs=len(v.plan.items)))
-                for v in views]
+        done = [_finalize(v, st, _split_report(report, v, st)) for v in views]
         report = _merge_splits(b, named, done, report)
         _write_report(b.out, b.index_path, report)
     _retire(b, replaced)
     return report
+
+
+def _split_report(report: BuildReport, v: _Build, st: _State) -> BuildReport:
+    """The build's report as one split's (``v``): its inputs, its shards' failures and counts (as the report a
+    no-change rebuild makes of the split, :func:`_unchanged`); its own stage_seconds (finalize sets it)."""
+    mine = {s.index for s in v.plan.shards}
+    todo = {s.index for s, _ in st.todo} & mine
+    failed = sum(1 for i in st.failed_shards if i in mine)
+    return dataclasses.replace(
+        report, output=v.index_path, inputs=len(v.plan.items),
+        failures=[f for f in report.failures if f.shard is None or f.shard in mine],
+        shards={"total": len(mine), "built": len(todo) - failed, "skipped": len(mine) - len(todo),
+                "reused": len(st.reused_shards & mine), "failed": failed},
+        stage_seconds=dict(report.stage_seconds))
 
 
 def _index_files(out: Any, index_path: str) -> list[str]:
@@ -511,6 +525,7 @@ def _reuse_siblings(b: _Build, keys: dict[int, str], st: _State) -> None:
             info = b.writer.read_shard_info(path)
             if info is not None and info["key"] == keys[s.index]:
                 st.reused += 1
+                st.reused_shards.add(s.index)
                 st.keep(s.index, info, path, b.out.read_skipped(path, keys[s.index]))
                 continue
         todo.append((s, path))
@@ -549,6 +564,9 @@ def _run_stage(b: _Build, keys: dict[int, str], st: _State, progress: bool, sche
             if mf is not None and count_inputs(st.failures) > mf:
                 break
     finally:
+        # in input order, whatever order the workers finished in: shard by shard (a stable sort keeps each
+        # shard's in its inputs' order), so the report and the list of skipped inputs do not depend on -j
+        st.failures.sort(key=lambda f: -1 if f.shard is None else f.shard)
         if bar is not None:
             bar.close()
 
@@ -586,6 +604,8 @@ def _check_outcome(b: _Build, st: _State, report: BuildReport) -> None:
         else:
             why = f"{len(st.failed_shards)} shard(s) failed"
             hint = "fix the input (or set on_error: skip)"
+            if inputs and inputs[0].type == "MemoryError":   # not the input's fault (compiler/shard.py out_of_memory)
+                hint = "free memory (or use fewer jobs)"
         raise BuildError(f"build of {r.name!r} stopped: {why}; first error: {first}. "
                          f"Finished shards are kept; {hint} and run build again.")
     if failures and not sum(st.infos[s.index]["num_samples"] for s in plan.shards):

@@ -39,7 +39,8 @@ class Failure:
     @classmethod
     def from_error(cls, e: Any, shard: Optional[int] = None) -> "Failure":
         """The failure an :class:`~precompile.errors.InputError` describes."""
-        return cls(str(e), e.detail, e.path, e.stage, e.field, e.key, type(e).__name__, shard)
+        return cls(str(e), e.detail, e.path, e.stage, e.field, e.key, getattr(e, "type_name", type(e).__name__),
+                   shard)
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "Failure":

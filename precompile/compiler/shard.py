@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 
 from ..storage.faults import is_output_fault, output_error
 from .keys import skipped_path
-from ..errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError
+from ..errors import BuildError, DecodeError, InputError, MissingDependencyError, PrecompileError, SampleError, StepError, echo
 from ..kinds import Kind
 from ..inputs.items import Item
 from ..inputs.paths import InputRoot
@@ -50,6 +50,76 @@ from ..sample import FieldSpec, Sample
 from ..seeding import LazyRng
 from ..transforms import source_map
 from ..storage.files import write_json_atomic
+
+
+#: how many characters of a codec's or a step's own words about an input a failure keeps (a parser may put
+#: what it read in its message: the report, the .skipped.json sidecar and the terminal get this much)
+CODEC_CHARS = 500
+
+
+def said(e: BaseException) -> str:
+    """``TypeName: message`` of a codec's or a step's exception, its message cut to :data:`CODEC_CHARS`."""
+    from ..errors import clip
+
+    return f"{type(e).__name__}: {clip(str(e), CODEC_CHARS)}"
+
+
+#: what a codec's or a step's own code may raise that is the input's error (the stage and the input are
+#: named, ``on_error`` decides): any ``Exception``, and ``SystemExit``, from a library that calls ``sys.exit()``
+#: on input it does not like (in the build's own process it would end the build without a word; in a worker,
+#: kill it). Not KeyboardInterrupt (a Ctrl-C is the build's) nor MemoryError (caught before: not the input's)
+CODE_ERRORS = (Exception, SystemExit)
+
+
+def _where(e: BaseException, **where: Any) -> BaseException:
+    """``e`` (a MemoryError) with where it happened (path, stage, field, key) attached once, for
+    :func:`out_of_memory`; the innermost place wins."""
+    if not hasattr(e, "precompile_where"):
+        try:
+            e.precompile_where = where   # type: ignore[attr-defined]
+        except AttributeError:   # a MemoryError subclass with __slots__: said without the input
+            pass
+    return e
+
+
+def out_of_memory(e: BaseException, shard: ShardPlan, item: Optional[Item], shard_path: str) -> Failure:
+    """The failure a MemoryError makes of its shard: naming the input being built (its path, field and stage,
+    where the decode or a step said so; else the input's first file, and ``write`` when it came from the
+    writer), and why the input is not skipped. ``type`` MemoryError."""
+    from ..errors import clip
+
+    where = dict(getattr(e, "precompile_where", None) or {})
+    if not where and item is not None:
+        where = dict(path=next(iter(item.paths.values()), None), stage="write", key=item.key)
+    path, stage, field = where.get("path") or shard_path, where.get("stage") or "write", where.get("field")
+    text = clip(str(e), 200)
+    detail = (f"out of memory (MemoryError{': ' + text if text else ''}) while building shard {shard.index}: not "
+              f"the input's fault, so on_error: skip does not drop it; use fewer jobs (-j) or give the machine "
+              f"more memory")
+    head = f"{path}, stage {stage}" + (f", field {field!r}" if field else "")
+    return Failure(f"{head}: {detail}", detail, path, stage, field, where.get("key") or (item.key if item else None),
+                   "MemoryError", shard.index)
+
+
+def _dangling(path: str) -> str:
+    """What a path that does not exist as a file is when it is a symbolic link (': it is a symbolic link loop
+    ...', ': it is a symbolic link to X, which does not exist'), else ''."""
+    import errno
+
+    try:
+        if not os.path.islink(path):
+            return ""
+        target = os.readlink(path)
+    except OSError:
+        return ""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return ": it is a symbolic link loop (too many levels of symbolic links)"
+        if e.errno == errno.ENOENT:
+            return f": it is a symbolic link to {echo(target)}, which does not exist"
+    return ""
 
 
 def _annotations(recipe: Recipe, item: Item, fields: dict, kinds: dict, meta: dict) -> None:
@@ -64,8 +134,8 @@ def _annotations(recipe: Recipe, item: Item, fields: dict, kinds: dict, meta: di
         raise
     except (MemoryError, MissingDependencyError):
         raise  # not the input's fault
-    except Exception as e:
-        raise DecodeError(f"image id {_id(item.annotations.image_id)}: {type(e).__name__}: {e}",
+    except CODE_ERRORS as e:
+        raise DecodeError(f"image id {_id(item.annotations.image_id)}: {said(e)}",
                           path=item.paths.get(spec.image), stage=STAGE, field=spec.image, key=item.key) from e
 
 
@@ -94,17 +164,20 @@ def decode_item(recipe: Recipe, item: Item, timings: dict[str, float], stream: A
                                            stream.clips is None and fname == stream.field else None)
             elif not (found or os.path.exists(path)):
                 row = f", from data row {item.row} of {item.row_file}" if item.row else ""
-                raise DecodeError(f"input file is missing (the recipe's path for this field points to nothing{row})")
+                raise DecodeError(f"input file is missing{_dangling(path)} (the recipe's path for this field points "
+                                  f"to nothing{row})")
             elif stream is not None and fname == stream.field:
                 arrays, m, stream.source = stream.open(dec, path, fname)
             else:
                 arrays, m = dec.decode(path, fname)
         except InputError as e:
             raise e.with_context(path=path, stage="decode", field=fname, key=item.key) from e.__cause__
-        except (MemoryError, MissingDependencyError):
-            raise  # not the input's fault: on_error: skip must not quietly drop every such input
-        except Exception as e:  # a codec's own exception type: report it, do not crash the build
-            raise DecodeError(f"{type(e).__name__}: {e}", path=path, stage="decode", field=fname, key=item.key) from e
+        except MemoryError as e:   # not the input's fault: on_error: skip must not quietly drop every such input
+            raise _where(e, path=path, stage="decode", field=fname, key=item.key)
+        except MissingDependencyError:
+            raise
+        except CODE_ERRORS as e:  # a codec's own exception type: report it, do not crash the build
+            raise DecodeError(said(e), path=path, stage="decode", field=fname, key=item.key) from e
         specs = dec.output_specs(fname)
         for name, arr in arrays.items():
             fields[name] = arr
@@ -185,10 +258,11 @@ def run_steps(recipe: Recipe, sample: Any, copy: int, item: Item, timings: dict[
                 except InputError as e:
                     raise e.with_context(path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
                                          stage=f"steps[{i}] {step.name}", key=item.key) from e.__cause__
-                except MemoryError:
-                    raise
-                except Exception as e:
-                    raise StepError(f"{step.name}: {type(e).__name__}: {e}", path=next(iter(item.paths.values())),
+                except MemoryError as e:
+                    raise _where(e, path=next(iter(item.paths.values())), stage=f"steps[{i}] {step.name}",
+                                 key=item.key)
+                except CODE_ERRORS as e:
+                    raise StepError(f"{step.name}: {said(e)}", path=next(iter(item.paths.values())),
                                     stage=f"steps[{i}] {step.name}", key=item.key) from e
         except BaseException:
             if buffer is not None:   # a failing input: its buffers go now, not at garbage collection
@@ -218,11 +292,11 @@ class _DecodeErrors:
 
     def __exit__(self, typ: Any, e: Any, tb: Any) -> bool:
         if e is None or isinstance(e, (StopIteration, MemoryError, MissingDependencyError)) or \
-                not isinstance(e, Exception):
+                not isinstance(e, CODE_ERRORS):
             return False
         if isinstance(e, InputError):
             raise e.with_context(**self.where) from e.__cause__
-        raise DecodeError(f"{type(e).__name__}: {e}", **self.where) from e
+        raise DecodeError(said(e), **self.where) from e
 
 
 def stream_item(recipe: Recipe, stream: Any, item: Item, timings: dict[str, float],
@@ -290,8 +364,8 @@ def _clip_errors(clips: Any, stage: str, path: str, key: str) -> Any:
             raise e.with_context(path=path, stage=stage, key=key) from e.__cause__
         except MemoryError:
             raise
-        except Exception as e:
-            raise StepError(f"{name}: {type(e).__name__}: {e}", path=path, stage=stage, key=key) from e
+        except CODE_ERRORS as e:
+            raise StepError(f"{name}: {said(e)}", path=path, stage=stage, key=key) from e
         yield clip
 
 
@@ -380,8 +454,10 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
         if is_output_fault(e, out_dir):  # a full disk, a read-only or vanished folder: never the input's fault
             task.writer.abort()
             raise output_error(e, out_dir, f"writing shard {shard.index}") from None
+        if isinstance(e, MemoryError):
+            return task.failed(out_of_memory(e, shard, task.current, path))
         if isinstance(e, Exception):
-            return task.failed(Failure(f"shard {shard.index}: {type(e).__name__}: {e}", traceback.format_exc(limit=5),
+            return task.failed(Failure(f"shard {shard.index}: {said(e)}", traceback.format_exc(limit=5),
                                        path, "write", type=type(e).__name__, shard=shard.index))
         task.writer.abort()
         raise
@@ -425,6 +501,7 @@ class _ShardTask:
         self.timings = zero_timings()
         self.failures: list[Failure] = []
         self.writer: Any = None
+        self.current: Optional[Item] = None   # the input being built (named when memory runs out)
 
     def failed(self, extra: Optional[Failure] = None, abort: bool = True) -> ShardResult:
         if abort:
@@ -436,6 +513,7 @@ class _ShardTask:
         """Make, check and write every sample of one input; a failing input is dropped whole, never
         half-written. Returns the shard's failed result when the error policy stops the shard."""
         samples: Any = None
+        self.current = item
         try:
             samples = self.samples(item, decode, stream)
             t0 = time.perf_counter()
@@ -511,6 +589,8 @@ def _write_skipped(shard_path: str, key: str, failures: list[Failure]) -> None:
 
 _SERVER_CODE = "from precompile.compiler.shard import _decode_server; _decode_server()"
 _STARTUP_TIMEOUT_S = 120.0
+#: seconds a helper whose reply pipe closed may take to end by itself before it is killed (IsolatedDecoder._reap)
+_EXIT_GRACE_S = 5.0
 
 
 def _describe_exit(rc: Optional[int]) -> str:
@@ -559,7 +639,7 @@ class IsolatedDecoder:
         try:
             hello = json.loads(self.r.recv_bytes())
         except (EOFError, OSError):
-            why = self._reap()
+            why = self._reap(grace=_EXIT_GRACE_S)
             raise BuildError(f"the decoder helper process failed to start ({why})") from None
         if "error" in hello:
             self.close()
@@ -574,8 +654,11 @@ class IsolatedDecoder:
         text = self.errf.read().decode("utf-8", "replace").strip()
         return text.splitlines()[-1] if text else ""
 
-    def _reap(self) -> str:
-        """Kill and wait for the helper; describe how it ended."""
+    def _reap(self, grace: float = 0.0) -> str:
+        """Kill and wait for the helper; describe how it ended. ``grace``: seconds it may take to end by
+        itself first (its reply pipe closed: it is exiting, and how it ends is the news; killed at once, a
+        helper that exits with a code of its own would read as killed by SIGKILL, what the kernel's
+        out-of-memory killer sends)."""
         proc, self.proc = self.proc, None
         for c in (self.r, self.w):
             if c is not None:
@@ -583,6 +666,11 @@ class IsolatedDecoder:
         self.r = self.w = None
         if proc is None:
             return "not running"
+        if grace > 0 and proc.poll() is None:
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                pass
         if proc.poll() is None:
             proc.kill()
         rc = proc.wait()
@@ -628,8 +716,14 @@ class IsolatedDecoder:
                 hdr = json.loads(self.r.recv_bytes())
                 if "error" in hdr:
                     e = hdr["error"]
-                    cls = {"DecodeError": DecodeError, "StepError": StepError}.get(e["type"], InputError)
-                    raise cls(e["detail"], path=e["path"], stage=e["stage"], field=e["field"], key=e["key"])
+                    if e["type"] == "MemoryError":   # out of memory in the helper: not the input's fault
+                        raise _where(MemoryError(e["detail"]), path=e.get("path"), stage=e.get("stage"),
+                                     field=e.get("field"), key=e.get("key"))
+                    cls = {"DecodeError": DecodeError, "StepError": StepError}.get(e.get("base", e["type"]), InputError)
+                    err = cls(e["detail"], path=e["path"], stage=e["stage"], field=e["field"], key=e["key"])
+                    if e["type"] != cls.__name__:
+                        err.type_name = e["type"]   # a plugin's own error class, reported by its name as in-process
+                    raise err
                 fields, kinds = {}, {}
                 for f in hdr["fields"]:
                     buf = bytearray(f["nbytes"])
@@ -640,7 +734,7 @@ class IsolatedDecoder:
                     fields[f["name"]] = np.frombuffer(buf, dtype=np.dtype(f["dtype"])).reshape(tuple(f["shape"]))
                     kinds[f["name"]] = f["kind"]
             except (EOFError, OSError):
-                why = self._reap()
+                why = self._reap(grace=_EXIT_GRACE_S)
                 raise DecodeError(f"the decoding process died while decoding this input ({why})", **where) from None
         finally:
             timings["decode"] += time.perf_counter() - t0
@@ -715,7 +809,7 @@ def _decode_server() -> None:
     except EOFError:
         return
     except Exception as e:  # reported to the parent, which fails the shard with this message
-        w.send_bytes(json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
+        w.send_bytes(json.dumps({"error": said(e)}).encode())
         return
     from ..transforms.temporal import frame_steps_plan
 
@@ -732,8 +826,13 @@ def _decode_server() -> None:
             frames.source = None
         try:
             s = decode_item(recipe, item, {"decode": 0.0}, frames)
-        except InputError as e:
-            w.send_bytes(json.dumps({"error": Failure.from_error(e).to_json()}).encode())
+        except InputError as e:   # "base": the built-in class the parent raises again (a plugin's own is not there)
+            base = next(c.__name__ for c in (DecodeError, StepError, InputError) if isinstance(e, c))
+            w.send_bytes(json.dumps({"error": {**Failure.from_error(e).to_json(), "base": base}}).encode())
+            continue
+        except MemoryError as e:   # not the input's fault: the parent raises it again (out_of_memory)
+            where = dict(getattr(e, "precompile_where", None) or {})
+            w.send_bytes(json.dumps({"error": {"type": "MemoryError", "detail": str(e)[:200], **where}}).encode())
             continue
         arrays = [(n, np.asarray(a).copy(order="C")) for n, a in s.fields.items()]  # keeps 0-d shapes
         w.send_bytes(json.dumps({"fields": [{"name": n, "dtype": a.dtype.str, "shape": list(a.shape),

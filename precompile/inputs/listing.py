@@ -58,15 +58,39 @@ class Listed:
         return size, mtime
 
 
-def walk(root: str, dirs: bool) -> Iterator[Listed]:
+def walk(root: str, dirs: bool, follow_outside: bool = False) -> Iterator[Listed]:
     """The files (or with ``dirs`` the folders) under ``root`` as :class:`Listed` batches, one per run of
     a folder's names; names starting with '.' are left out (hidden folders are still walked into); folders
-    that cannot be read and symlinked folders' contents are skipped, as ``os.walk`` does. Files come in
-    sorted order of their relative paths; folders in walk order (:func:`match_listing` sorts them)."""
-    yield from _walk_dir(root, "", dirs)
+    that cannot be read are skipped. A symlinked folder is listed (``dirs``) but not walked into, as
+    ``os.walk`` does, unless ``follow_outside`` (``inputs.follow_links: outside``, a layout assembled from
+    folder links): then it is walked into wherever it leads, but never into a folder the walk is already in
+    (a loop). Files come in sorted order of their relative paths; folders in walk order
+    (:func:`match_listing` sorts them)."""
+    real = os.path.realpath(root)
+    yield from _walk_dir(root, "", dirs, _Links(real, follow_outside), (real,))
 
 
-def _walk_dir(path: str, rel: str, dirs: bool) -> Iterator[Listed]:
+@dataclass(frozen=True)
+class _Links:
+    """What the walk needs to decide on a symlinked folder: the root's real path and the recipe's rule."""
+
+    root: str
+    follow_outside: bool   # inputs.follow_links: outside
+
+    def walk_into(self, path: str, chain: tuple[str, ...]) -> Optional[str]:
+        """The real path of the linked folder ``path`` when the walk goes into it (``chain``: the real paths
+        of the folders it is in), else None: only with ``follow_links: outside``, and never into a folder the
+        walk is already in (a loop)."""
+        if not self.follow_outside:
+            return None
+        try:
+            real = os.path.realpath(path)
+        except (OSError, ValueError):
+            return None
+        return None if real in chain else real
+
+
+def _walk_dir(path: str, rel: str, dirs: bool, links: _Links, chain: tuple[str, ...]) -> Iterator[Listed]:
     try:
         with os.scandir(path) as it:
             entries = list(it)
@@ -98,7 +122,9 @@ def _walk_dir(path: str, rel: str, dirs: bool) -> Iterator[Listed]:
         except OSError:
             link = True
         if not link:
-            yield from _walk_dir(e.path, f"{rel}{e.name}/", dirs)
+            yield from _walk_dir(e.path, f"{rel}{e.name}/", dirs, links, chain + (os.path.join(chain[-1], e.name),))
+        elif (real := links.walk_into(e.path, chain)) is not None:
+            yield from _walk_dir(e.path, f"{rel}{e.name}/", dirs, links, chain + (real,))
     if names:
         yield Listed(names, None if dirs else ents)
 
@@ -155,7 +181,7 @@ def read_folder(recipe: Any, listing: Optional[Iterable[Listed]] = None) -> Inpu
     elif listing is None:
         if not os.path.isdir(root):
             raise RecipeError(f"input root {root!r} is not a folder", source=recipe.source, loc="inputs.root")
-        listing = walk(root, inp.kind == "dir")
+        listing = walk(root, inp.kind == "dir", inp.follow_links == "outside")
     return match_listing(recipe, listing, remote)
 
 

@@ -517,13 +517,17 @@ def test_numbers_that_are_not_whole_are_refused_not_truncated(truth):
 
 @pytest.fixture(scope="module")
 def bad_box_build(tmp_path_factory):
-    """Four 20x30 samples built with no step (so nothing checked the boxes): sample s2's box 1 has x2 < x1."""
+    """Four 20x30 samples whose sample s2's box 1 has x2 < x1 in the stored bytes. A build now refuses such a
+    box (formats.base.check_annotations: test_a_build_refuses_bad_stored_annotations); builds made before that
+    check, with no step, stored it: the shard's bytes are changed here after a build of good boxes."""
+    import glob
+
+    import h5py
+
     tmp = tmp_path_factory.mktemp("bad_box")
     os.makedirs(tmp / "in" / "a")
     for k in range(4):
         boxes = np.array([[0, 0, 6, 6], [20, 10, 28, 18]], np.float32)
-        if k == 2:
-            boxes[1] = [28, 10, 20, 18]
         np.savez(tmp / "in" / "a" / f"s{k}.npz", image=np.zeros((20, 30, 3), np.uint8),
                  instances=np.zeros((20, 30, 1), np.uint16), semantic=np.zeros((20, 30, 1), np.uint8),
                  flow=np.zeros((20, 30, 2), np.float32), boxes=boxes, box_labels=np.arange(2),
@@ -531,7 +535,13 @@ def bad_box_build(tmp_path_factory):
     r = {"name": "bad", "seed": 1, "inputs": {"root": str(tmp / "in"), "match": "{label}/{name}.npz",
                                               "fields": {"image": {"decoder": "_pixel_truth_fixed_test"}}},
          "steps": [], "output": {"format": "hdf5", "samples_per_shard": 4}}
-    return run_build(r, out_dir=str(tmp / "out"))["output"]
+    out = run_build(r, out_dir=str(tmp / "out"))["output"]
+    row = precompile.open(out).keys.index("a/s2.npz")
+    shard, = glob.glob(str(tmp / "out" / "bad.shards" / "*.h5"))
+    with h5py.File(shard, "r+") as h:
+        start = int(h["boxes/offsets"][row]) + 4          # box 1 of the sample: (x1, y1, x2, y2) after box 0
+        h["boxes/data"][start:start + 4] = np.array([28, 10, 20, 18], np.float32)
+    return out
 
 
 @pytest.mark.parametrize("step", [{"random_crop": {"size": [10, 10]}}, {"random_flip": {"flip_pairs": []}}])

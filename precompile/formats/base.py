@@ -26,8 +26,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from ..errors import FormatError, SampleError
-from ..storage.files import file_sha256
+from ..kinds import Kind
 from ..sample import FieldSpec, Sample, dtype_name
+from ..storage.files import file_sha256
 
 if TYPE_CHECKING:
     from .dataset import Dataset
@@ -63,6 +64,7 @@ class ShardWriter:
                                       f"{tuple(spec.shape)}", f)
             elif a.ndim != len(spec.shape) or any(d is not None and d != n for d, n in zip(spec.shape, a.shape)):
                 raise SampleError(f"field {f!r}: shape {tuple(a.shape)} does not fit the declared {spec.describe()}", f)
+        check_annotations(self.specs, sample)
 
     def update_checksums(self, sample: Sample) -> None:
         for f in self.specs:
@@ -81,6 +83,42 @@ class ShardWriter:
 
     def abort(self) -> None:
         raise NotImplementedError
+
+
+def check_annotations(specs: dict[str, FieldSpec], sample: Sample) -> None:
+    """What the build stores as annotations holds what their readers assume (docs/annotations.md), whatever
+    made them (a plugin decoder, a table, no step at all): boxes finite with x1 <= x2 and y1 <= y2; the rows
+    tied to boxes (``box_labels``, ``keypoints``) one per box; an instance mask tied to boxes holding 0, the
+    ignore id or ``i + 1`` for a box ``i`` only. Before, a build with no step that drops a box stored such
+    fields unchecked, and the Loader's device steps later moved the wrong pixels without a word."""
+    for f, spec in specs.items():
+        if spec.kind is Kind.BOXES:
+            b = sample.fields[f]
+            if b.ndim != 2 or b.shape[1] != 4:
+                raise SampleError(f"field {f!r}: boxes must be (N, 4) x1, y1, x2, y2, got shape {tuple(b.shape)}", f)
+            fin = np.isfinite(b).all(axis=1)
+            bad = np.flatnonzero(~fin | (b[:, 2] < b[:, 0]) | (b[:, 3] < b[:, 1]))
+            if bad.size:
+                i = int(bad[0])
+                what = "holds a non-finite value" if not fin[i] else "has x2 < x1 or y2 < y1"
+                raise SampleError(f"field {f!r}: box {i} {np.asarray(b[i]).tolist()} {what} (boxes are x1, y1, x2, y2)", f)
+    for f, spec in specs.items():
+        boxes = spec.of
+        if boxes is None or boxes not in specs or specs[boxes].kind is not Kind.BOXES:
+            continue
+        n = len(sample.fields[boxes])
+        a = sample.fields[f]
+        if spec.kind in (Kind.BOX_LABELS, Kind.KEYPOINTS) and len(a) != n:
+            raise SampleError(f"field {f!r} has {len(a)} rows for the {n} boxes of {boxes!r} (one row per box)", f)
+        if spec.kind is Kind.MASK and a.dtype.kind in "ui":
+            top = int(np.iinfo(a.dtype).max)
+            stray = ((a > n) & (a != top)) if n < top else np.zeros(a.shape, bool)
+            if a.dtype.kind == "i":
+                stray |= a < 0
+            if stray.any():
+                bad_id = int(a[stray].flat[0])
+                raise SampleError(f"field {f!r}: instance id {bad_id} names no box of {boxes!r} ({n} boxes: mask == i + 1 "
+                                  f"is box i, {top} is ignored)", f)
 
 
 @dataclass

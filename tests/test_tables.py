@@ -202,6 +202,23 @@ def test_duplicate_key_names_both_rows(table_tree):
     assert e.loc == "inputs.path"
 
 
+@pytest.mark.parametrize("spelling", ["./p2/s2.png", "p2/./s2.png", "p2//s2.png"])
+def test_one_file_written_two_ways_is_a_repeated_key(table_tree, spelling):
+    # each spelling was a sample of its own: the same image twice, in two splits when the split hashes the key
+    root, rows, _ = table_tree
+    _write_csv(root / "d.csv", rows + [dict(rows[5], Path=spelling)])
+    e = _plan_error(_recipe("d.csv"))
+    assert str(e).endswith(f"d.csv: data row 8 (1-based, header not counted), column 'Path': path {spelling!r} "
+                           f"names the file of data row 3 ('p2/s2.png'), written another way: a file enters a build "
+                           f"once (give inputs.key a column whose values are unique when paths repeat)"), str(e)
+    assert e.loc == "inputs.path"
+    _write_csv(root / "e.csv", [dict(r, Path="./" + r["Path"]) if i == 2 else r for i, r in enumerate(rows)])
+    rep = precompile.build(_recipe("e.csv"), root / "out")   # one spelling of each file: kept as written
+    assert sorted(precompile.open(rep["output"]).keys) == sorted(["./p2/s2.png"] + [r["Path"] for r in rows[:2] + rows[3:]])
+    _write_csv(root / "k.csv", [dict(r, Id=f"k{i}") for i, r in enumerate(rows + [dict(rows[5], Path=spelling)])])
+    assert len(precompile.open(precompile.build(_recipe("k.csv", key="Id"), root / "k")["output"])) == 8
+
+
 def test_schema_covers_the_table_and_split_keys(table_tree):
     jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed (the floors job leaves it out)")
 

@@ -181,10 +181,51 @@ def table_items(recipe: Any) -> Inputs:
         bad |= cols.blank(inp.key) | _bools(pc.match_substring(keys, "\x00"))
     order, sorted_keys, dup = _order(keys)
     first = _first(bad, dup)
-    options = _options(recipe, cols, first if first is not None else cols.n)
+    same = _respelled(cols, keys) if inp.key is None else None
+    if same is not None and (first is None or same[0] < first):
+        first = None   # this row's error comes first
+    options = _options(recipe, cols, first if first is not None else (same[0] if same is not None else cols.n))
     if first is not None:
         _row_error(recipe, cols, first, order)
+    if same is not None:
+        i, j = same
+        file, row = cols.where(j)
+        other = "" if file == cols.where(i)[0] else f" of {file}"
+        cs = template_columns(inp.path)
+        raise cols.error(i, cs[0] if len(cs) == 1 else None,
+                         f"path {echo(keys[i].as_py())} names the file of data row {row}{other} "
+                         f"({echo(keys[j].as_py())}), written another way: a file enters a build once (give "
+                         f"inputs.key a column whose values are unique when paths repeat)", "inputs.path")
     return _assemble(recipe, cols, (keys, sorted_keys), rels, order, label_names, values, options)
+
+
+def _respelled(cols: _Columns, keys: Any) -> Optional[tuple[int, int]]:
+    """Rows whose paths (the keys, with no key column) name one file in two spellings (``a/./x.png``,
+    ``./a/x.png``, ``a//x.png`` beside ``a/x.png``): the first such row (0-based) and an earlier row naming
+    its file, or None. Exact repeats are :func:`_order`'s. Before, each spelling was a sample of its own: the
+    same image twice, in two splits when the split hashes the key."""
+    import posixpath
+
+    import pyarrow.compute as pc
+
+    odd = np.flatnonzero(_bools(pc.match_substring_regex(keys, r"(^|/)\.(/|$)|//")))
+    if not odd.size:
+        return None
+    texts = keys.to_pylist()
+    norm = {i: posixpath.normpath(texts[i]) for i in odd.tolist()}
+    first_of: dict[str, int] = {}   # the first odd row of each file
+    plain = {t: i for i, t in enumerate(texts) if i not in norm}
+    found: Optional[tuple[int, int]] = None
+    for i in sorted(norm):
+        n = norm[i]
+        j = plain.get(n, first_of.get(n))
+        if j is None:
+            first_of[n] = i
+            continue
+        a, b = (i, j) if i > j else (j, i)
+        if found is None or a < found[0]:
+            found = (a, b)
+    return found
 
 
 #: the format types that read a cell as a number (``{n:06d}``, ``{x:.1f}``)

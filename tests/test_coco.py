@@ -255,6 +255,9 @@ def _plan_error(tmp_path: Path, sample_copy: Path, **coco) -> RecipeError:
      "annotation id 1 is listed twice (annotations[0] too)", None),
     (lambda d: d["images"][1].update(file_name="../x.png"), "images[1]",
      "image id 105: file_name '../x.png' must be a relative path inside inputs.root", "../x"),
+    (lambda d: d["images"][1].update(file_name="./" + d["images"][0]["file_name"]), "images[1]",
+     "image id 105: file_name './000000000102.png' names the file of image id 102 ('000000000102.png'), written "
+     "another way (a sample key must be unique)", None),
     (lambda d: d["annotations"][1].update(keypoints=[1, 2]), "annotations[1]",
      "annotation id 2 (image id 101, '000000000101.png'): keypoints must be 15 numbers", "101"),
     (lambda d: d["annotations"][4]["segmentation"].update(size=[10, 10]), "annotations[4]",

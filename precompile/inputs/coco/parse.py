@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import posixpath
 import sys
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -133,6 +134,7 @@ def _images(data: dict, path: str) -> tuple[dict[Any, tuple[str, int, int]], dic
     out: dict[Any, tuple[str, int, int]] = {}
     errors: dict[Any, tuple[str, str]] = {}
     names: dict[str, Any] = {}
+    spelled: dict = {}   # file names as normpath writes them -> image id
     for j, im in enumerate(data["images"]):
         loc = f"images[{j}]"
         if not isinstance(im, dict) or type(im.get("id")) not in (int, str) or not isinstance(im.get("file_name"), str) \
@@ -144,7 +146,14 @@ def _images(data: dict, path: str) -> tuple[dict[Any, tuple[str, int, int]], dic
         if fn in names:
             raise RecipeError(f"image id {_id(iid)}: file_name {echo(fn)} is also image id {_id(names[fn])}'s (a "
                               f"sample key must be unique)", source=path, loc=loc)
+        norm = posixpath.normpath(fn) if ("./" in fn or "//" in fn or fn.endswith("/.")) else fn
+        if norm in spelled:   # one file written two ways (a/./x.jpg beside a/x.jpg): the same image twice
+            other = spelled[norm]
+            raise RecipeError(f"image id {_id(iid)}: file_name {echo(fn)} names the file of image id {_id(other)} "
+                              f"({echo(out[other][0])}), written another way (a sample key must be unique)",
+                              source=path, loc=loc)
         names[fn] = iid
+        spelled[norm] = iid
         h, w = im.get("height"), im.get("width")
         if not all(type(v) is int and 1 <= v <= MAX_SIDE for v in (h, w)):
             errors[iid] = (loc, f"image id {_id(iid)} ({echo(fn)}): height and width must be whole numbers from 1 "

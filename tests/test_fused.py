@@ -20,56 +20,20 @@ import numpy as np
 import pytest
 import torch
 
-#: where the kernels run in this test process: compiled for the GPU where there is one, else Triton's
-#: interpreter on the CPU (TRITON_INTERPRET=1 must be set when triton is first imported: its own library is
-#: made for the interpreter then; it is set for that import only, and per test for the CPU dispatch)
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-_before = os.environ.get("TRITON_INTERPRET")
-if DEV == "cpu":
-    os.environ["TRITON_INTERPRET"] = "1"
-try:
-    import triton  # noqa: F401
-except ImportError:
-    pytest.skip("triton is not installed: the fused kernels (and Triton's interpreter, which runs them on the "
-                "CPU) need it (pip install 'precompile[fused]')", allow_module_level=True)
+from fused_cases import DEV, MEAN, STD, bind, interpret  # noqa: F401  (skips this module without triton)
 from precompile.reader import augment, fused, gpu  # noqa: E402
 from precompile.reader.loader import Loader  # noqa: E402
-
-try:
-    fused.kernels()   # made now, under the interpreter on the CPU
-finally:
-    if _before is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _before
 
 from loader_cases import small_build  # noqa: E402,F401
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine: the fused-vs-eager "
                           "check on the device runs on a GPU node")
-MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
 def test_the_kernels_run_where_this_process_needs_them():
     """The CPU runs the interpreter's kernels (else the CPU tests below would not test the kernels: triton
     was imported before this module without TRITON_INTERPRET=1); a GPU machine, compiled ones."""
     assert fused.interpreted() == (DEV == "cpu")
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    """Triton's interpreter on, for this test only: a CPU batch may take the fused kernels (the Loader's other
-    tests keep the eager path on the CPU), and triton's first launch reads it too."""
-    if DEV == "cpu":   # (never where the kernels are compiled: triton's compiler reads it too)
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.delenv("PRECOMPILE_FUSED", raising=False)
-
-
-def _bind(steps: list, hw: tuple[int, int], fields: dict | None = None) -> list:
-    steps = augment.parse_steps(steps)
-    fields = fields or {"image": ("image", (*hw, 3))}
-    gpu.bind_steps(steps, {f: {"kind": k} for f, (k, _) in fields.items()}, {f: s for f, (_, s) in fields.items()})
-    return steps
 
 
 def _convert(channels_first: bool = False, mean=MEAN, std=STD, dtype=torch.float32) -> dict[str, gpu.Convert]:
@@ -141,7 +105,7 @@ def test_fused_chain_is_the_eager_chain_on_given_draws(interpret, interp, wins, 
     if jitter is not None:
         steps.append({"color_jitter": {"brightness": [0, 3], "contrast": [0, 3], "saturation": [0, 3],
                                        "hue": 0.5}})
-    steps = _bind(steps, (20, 24))
+    steps = bind(steps, (20, 24))
     params = [_windows(*wins), {"horizontal": np.array([True, False, True]), "vertical": np.array([False, True, True])}]
     if jitter is not None:
         params.append({k: np.array(v, np.float64) for k, v in jitter.items()})
@@ -157,7 +121,7 @@ def test_the_rules_the_cases_cover():
     """The hand-made windows take the rules they are named for (so the test above covers each)."""
     codes = {}
     for interp, wins in WINDOW_CASES:
-        steps = _bind([{"random_resized_crop": {"size": [8, 8], "interpolation": interp}}], (20, 24))
+        steps = bind([{"random_resized_crop": {"size": [8, 8], "interpolation": interp}}], (20, 24))
         p = _windows(*wins)
         modes = steps[0]._modes(p["height"], p["width"], interp)
         grows = (p["height"] < 8) | (p["width"] < 8)
@@ -180,7 +144,7 @@ def test_fused_chain_is_the_eager_chain_on_drawn_batches(interpret, chain):
     """The steps' own draws (several batches, 4 samples of 20x24): the bound holds, with the per-channel mean
     and std, with none, and converted to float32, float16 and bfloat16 (rounded to nearest even, as
     ``Tensor.to``)."""
-    steps = _bind(chain, (20, 24))
+    steps = bind(chain, (20, 24))
     x = _image(4, 20, 24, seed=3).to(DEV)
     for b, (mean, std, dtype) in enumerate([(MEAN, STD, torch.float32), (None, None, torch.float16),
                                             (0.5, 0.25, torch.bfloat16)]):
@@ -220,7 +184,7 @@ def test_only_supported_chains_are_fused():
     hw = (20, 24)
     ok = [[rrc], [rrc, {"random_flip": {}}], [rrc, jit], [rrc, {"random_flip": {"vertical": 0.5}}, jit]]
     for chain in ok:
-        assert fused.FusedChain.of(_bind(chain, hw), _convert()) is not None, chain
+        assert fused.FusedChain.of(bind(chain, hw), _convert()) is not None, chain
     refused = {
         "nearest": [{"random_resized_crop": {"size": [8, 8], "interpolation": "nearest"}}],
         "jitter first": [jit, rrc],
@@ -230,12 +194,12 @@ def test_only_supported_chains_are_fused():
         "crop": [{"random_crop": {"size": 8}}, jit],
     }
     for why, chain in refused.items():
-        assert fused.FusedChain.of(_bind(chain, hw), _convert()) is None, why
-    steps = _bind([rrc, jit], hw)
+        assert fused.FusedChain.of(bind(chain, hw), _convert()) is None, why
+    steps = bind([rrc, jit], hw)
     assert fused.FusedChain.of(steps, {}) is None   # no conversion
     assert fused.FusedChain.of(steps, {"image": gpu.Convert(torch.float64)}) is None
     assert fused.FusedChain.of(steps, {"image": gpu.Convert(None, channels_first=True)}) is None
-    masked = _bind([rrc, {"random_flip": {}}], hw, {"image": ("image", (*hw, 3)), "mask": ("mask", (*hw, 1))})
+    masked = bind([rrc, {"random_flip": {}}], hw, {"image": ("image", (*hw, 3)), "mask": ("mask", (*hw, 1))})
     assert fused.FusedChain.of(masked, _convert()) is None   # a mask moves with the image: eager
 
 
@@ -293,7 +257,7 @@ def test_boxes_and_keypoints_move_as_the_eager_steps_move_them(interpret, monkey
 def test_a_batch_takes_the_fused_path_only_where_it_can(interpret, monkeypatch):
     """usable(): a uint8 (N, H, W, 3) batch of the bound grid, on CUDA or under the interpreter;
     PRECOMPILE_FUSED=0 and a CPU batch without the interpreter take the eager steps."""
-    chain = fused.FusedChain.of(_bind([{"random_resized_crop": {"size": [8, 8]}}], (20, 24)), _convert())
+    chain = fused.FusedChain.of(bind([{"random_resized_crop": {"size": [8, 8]}}], (20, 24)), _convert())
     x = _image(2, 20, 24).to(DEV)
     assert chain.usable({"image": x})
     assert not chain.usable({"image": x.to(torch.float32)})
@@ -311,7 +275,7 @@ def test_kernels_that_fail_leave_the_eager_steps_with_a_warning(interpret, monke
     eager result for that batch, and the eager steps from then on."""
     from precompile.reader.feed import Finisher, HostPool
 
-    steps = _bind([{"random_resized_crop": {"size": [8, 8]}}, {"random_flip": {}}], (20, 24))
+    steps = bind([{"random_resized_crop": {"size": [8, 8]}}, {"random_flip": {}}], (20, 24))
     fin = Finisher(steps, _convert(), 5, 0, HostPool())
 
     def broken(self, x, params):
@@ -363,7 +327,7 @@ def test_fused_chain_is_the_eager_chain_on_cuda(monkeypatch):
     monkeypatch.delenv("PRECOMPILE_FUSED", raising=False)
     x = _image(64, 256, 320, seed=5).cuda()
     for hue in (0.0, 0.1):
-        steps = _bind([{"random_resized_crop": {"size": [224, 224]}}, {"random_flip": {}},
+        steps = bind([{"random_resized_crop": {"size": [224, 224]}}, {"random_flip": {}},
                        {"color_jitter": {"brightness": 0.4, "contrast": 0.4, "saturation": 0.4, "hue": hue}}],
                       (256, 320))
         for channels_first in (False, True):

@@ -9,52 +9,16 @@ other sample): the fused result must be the eager one (every value equal on the 
 measured; within one uint8 level on the GPU)."""
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
 
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
-_before = os.environ.get("TRITON_INTERPRET")
-if DEV == "cpu":   # the interpreter must be on when triton is first imported (tests/test_fused.py does the same)
-    os.environ["TRITON_INTERPRET"] = "1"
-try:
-    import triton  # noqa: F401
-except ImportError:
-    pytest.skip("triton is not installed: the fused kernels (and Triton's interpreter, which runs them on the "
-                "CPU) need it (pip install 'precompile[fused]')", allow_module_level=True)
-from precompile.reader import augment, fused, gpu  # noqa: E402
-
-try:
-    fused.kernels()
-finally:
-    if _before is None:
-        os.environ.pop("TRITON_INTERPRET", None)
-    else:
-        os.environ["TRITON_INTERPRET"] = _before
-
-STD = [0.229, 0.224, 0.225]
-
-
-@pytest.fixture
-def interpret(monkeypatch):
-    if DEV == "cpu":
-        if not fused.interpreted():
-            pytest.skip("triton was imported before this module without TRITON_INTERPRET=1, so its kernels are "
-                        "not the interpreter's and cannot run on the CPU in this process")
-        monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.delenv("PRECOMPILE_FUSED", raising=False)
-
-
-def _bind(steps: list, hw: tuple[int, int]) -> list:
-    steps = augment.parse_steps(steps)
-    gpu.bind_steps(steps, {"image": {"kind": "image"}}, {"image": (*hw, 3)})
-    return steps
+from fused_cases import DEV, MEAN, STD, bind, interpret  # noqa: F401  (skips this module without triton)
+from precompile.reader import fused, gpu  # noqa: E402
 
 
 def _compare(steps: list, x: torch.Tensor, params: list, what: str) -> None:
-    conv = {"image": gpu.Convert(torch.float32, [0.485, 0.456, 0.406], STD, True, 1 / 255)}
+    conv = {"image": gpu.Convert(torch.float32, MEAN, STD, True, 1 / 255)}
     chain = fused.FusedChain.of(steps, conv)
     assert chain is not None and chain.usable({"image": x}), what
     got = chain.run(x, params).cpu()
@@ -81,7 +45,7 @@ CHAIN = [{"random_flip": {"horizontal": 0.5, "vertical": 0.5}},
 @pytest.mark.parametrize("size", [[1, 1], [3, 5]])
 def test_hostile_windows_equal_the_eager_chain(interpret, size):
     H, W = 9, 11
-    steps = _bind([{"random_resized_crop": {"size": size}}, *CHAIN], (H, W))
+    steps = bind([{"random_resized_crop": {"size": size}}, *CHAIN], (H, W))
     wins = [(0, 0, 1, 1), (H - 1, W - 1, 1, 1), (0, 0, H, W), (0, W - 1, H, 1), (H - 1, 0, 1, W), (3, 4, 2, 7)]
     flips = [(1, 0), (0, 1), (1, 1), (0, 0), (1, 1), (1, 0)]
     jitter = ([0, 3, 1, 2.9, 0.1, 1], [3, 0, 1, 2.5, 1, 0.2], [0, 3, 2, 1, 0.5, 3], [0.5, -0.5, 0, 0.25, -0.49, 0.5])
@@ -91,7 +55,7 @@ def test_hostile_windows_equal_the_eager_chain(interpret, size):
 
 @pytest.mark.parametrize("hw", [(1, 7), (7, 1)])
 def test_images_of_one_row_or_column_equal_the_eager_chain(interpret, hw):
-    steps = _bind([{"random_resized_crop": {"size": [3, 4], "scale": [0.3, 1.0]}}, *CHAIN], hw)
+    steps = bind([{"random_resized_crop": {"size": [3, 4], "scale": [0.3, 1.0]}}, *CHAIN], hw)
     x = torch.from_numpy(np.random.default_rng(1).integers(0, 256, (3, *hw, 3)).astype(np.uint8)).to(DEV)
     _compare(steps, x, gpu.step_params(steps, 1, 0, 0, 0, 3), f"{hw} images")
 
@@ -100,7 +64,7 @@ def test_views_of_larger_batches_equal_the_eager_chain(interpret):
     """A crop of a larger batch, the RGB channels of an RGBA batch and every other sample: strided uint8 views
     the kernels read through their strides."""
     H, W = 9, 11
-    steps = _bind([{"random_resized_crop": {"size": [5, 6], "scale": [0.2, 1.0]}}, *CHAIN], (H, W))
+    steps = bind([{"random_resized_crop": {"size": [5, 6], "scale": [0.2, 1.0]}}, *CHAIN], (H, W))
     params = gpu.step_params(steps, 2, 0, 0, 0, 3)
     rng = np.random.default_rng(3)
     big = torch.from_numpy(rng.integers(0, 256, (6, H + 4, W + 6, 4)).astype(np.uint8)).to(DEV)

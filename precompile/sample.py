@@ -199,3 +199,22 @@ class Sample:
                 fields[v] = flow_validity(fields[f])
         return Sample(key=kw.get("key", self.key), fields=fields, kinds=kinds,
                       meta=dict(kw.get("meta", self.meta)), copy=kw.get("copy", self.copy), links=links)
+
+
+# -- instance masks (mask == i + 1 is box i) ---------------------------------------------------
+def ignore_id(dtype: np.dtype) -> int:
+    """The id of an instance mask's ignored regions (COCO's ``crowd: ignore``): its dtype's largest value."""
+    dtype = np.dtype(dtype)
+    if dtype.kind not in "ui":
+        raise ValueError(f"an instance mask holds integer ids, not {dtype}")
+    return int(np.iinfo(dtype).max)
+
+
+def stray_ids(mask: np.ndarray, n: int) -> np.ndarray:
+    """Where an instance mask (integer ids) beside ``n`` boxes holds an id that names no box: above ``n`` and not
+    the ignore id, or negative."""
+    top = ignore_id(mask.dtype)
+    stray = (mask > n) & (mask != top) if n < top else np.zeros(mask.shape, bool)
+    if mask.dtype.kind == "i":
+        stray = stray | (mask < 0)
+    return stray

@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import FormatError, SampleError
 from ..kinds import Kind
-from ..sample import FieldSpec, Sample, dtype_name
+from ..sample import FieldSpec, Sample, dtype_name, ignore_id, stray_ids
 from ..storage.files import file_sha256
 
 if TYPE_CHECKING:
@@ -111,10 +111,7 @@ def check_annotations(specs: dict[str, FieldSpec], sample: Sample) -> None:
         if spec.kind in (Kind.BOX_LABELS, Kind.KEYPOINTS) and len(a) != n:
             raise SampleError(f"field {f!r} has {len(a)} rows for the {n} boxes of {boxes!r} (one row per box)", f)
         if spec.kind is Kind.MASK and a.dtype.kind in "ui":
-            top = int(np.iinfo(a.dtype).max)
-            stray = ((a > n) & (a != top)) if n < top else np.zeros(a.shape, bool)
-            if a.dtype.kind == "i":
-                stray |= a < 0
+            stray, top = stray_ids(a, n), ignore_id(a.dtype)
             if stray.any():
                 bad_id = int(a[stray].flat[0])
                 raise SampleError(f"field {f!r}: instance id {bad_id} names no box of {boxes!r} ({n} boxes: mask == i + 1 "

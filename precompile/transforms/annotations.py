@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import StepError
 from ..kinds import PLANAR, Kind
-from ..sample import Sample, tied_to
+from ..sample import Sample, ignore_id, stray_ids, tied_to
 from .kernels.geometry import spatial_hw
 
 
@@ -79,22 +79,12 @@ def instance_ids(keep: np.ndarray) -> np.ndarray:
     return ids
 
 
-def ignore_id(dtype: np.dtype) -> int:
-    """The id of an instance mask's ignored regions (COCO's ``crowd: ignore``): its dtype's largest value."""
-    dtype = np.dtype(dtype)
-    if dtype.kind not in "ui":
-        raise ValueError(f"an instance mask holds integer ids, not {dtype}")
-    return int(np.iinfo(dtype).max)
-
-
 def renumber_instances(mask: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """``mask`` (any shape, integer ids) with :func:`instance_ids` applied: ids of dropped boxes -> 0,
     kept ones -> their new row + 1, 0 and the ignore id as they are. An id that names no box (above
     N, not the ignore id) is a ValueError: the mask does not describe these boxes."""
     top, n = ignore_id(mask.dtype), len(keep)
-    stray = (mask > n) & (mask != top) if n < top else np.zeros((), bool)
-    if mask.dtype.kind == "i":
-        stray = stray | (mask < 0)
+    stray = stray_ids(mask, n)
     if stray.any():
         bad = int(mask[stray].flat[0])
         raise ValueError(f"instance id {bad} names no box ({n} boxes: mask == i + 1 is box i)")

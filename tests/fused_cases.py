@@ -17,9 +17,9 @@ if DEV == "cpu":
     os.environ["TRITON_INTERPRET"] = "1"
 try:
     import triton  # noqa: F401
-except ImportError:
-    pytest.skip("triton is not installed: the fused kernels (and Triton's interpreter, which runs them on the "
-                "CPU) need it (pip install 'precompile[fused]')", allow_module_level=True)
+except ImportError as e:   # (the reason names the import's own error: a broken install reads differently)
+    pytest.skip(f"triton does not import ({type(e).__name__}: {e}): the fused kernels (and Triton's interpreter, "
+                "which runs them on the CPU) need it (pip install 'precompile[fused]')", allow_module_level=True)
 from precompile.reader import augment, fused, gpu  # noqa: E402
 
 try:

@@ -269,3 +269,41 @@ def test_each_splits_report_holds_its_own_failures_and_shards(tmp_path):
     precompile.build(r, out)
     again = {s: json.loads((out / f"s.{s}.report.json").read_text()) for s in ("train", "val")}
     assert [f["key"] for f in again["train"]["failures"]] == ["b.png"] and again["val"]["failures"] == []
+
+
+def test_a_split_whose_every_input_failed_stops_the_build_naming_the_split(tmp_path):
+    """Every input of one split skipped (on_error: skip) while the others built: before, the split's index was
+    written with 0 samples and the build exited 0, so training went on against an empty validation set (the
+    whole build's 'every input failed' rule did not look at splits). Now the build stops with exit 3 naming the
+    split, before any split index is written; finished shards are kept, and a build once the inputs are fixed
+    writes every split."""
+    from PIL import Image
+
+    root = tmp_path / "in"
+    root.mkdir()
+    for n in ["a", "b", "c"]:
+        Image.fromarray(np.full((4, 4, 3), ord(n), np.uint8)).save(root / f"{n}.png")
+    for n in ["d", "e"]:
+        (root / f"{n}.png").write_bytes(b"not a png")
+    (root / "t.csv").write_text("path,sp\na.png,train\nb.png,train\nc.png,train\nd.png,val\ne.png,val\n")
+    r = {"name": "s", "on_error": "skip", "split": {"by": "column", "column": "sp"},
+         "inputs": {"root": str(root), "table": str(root / "t.csv"), "path": "{path}",
+                    "fields": {"image": {"decoder": "image"}}}, "output": {"samples_per_shard": 1}}
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "r.yaml").write_text(yaml.safe_dump(r))
+    p = subprocess.run([sys.executable, "-m", "precompile.cli", "build", str(out / "r.yaml"), "-o", str(out)],
+                       capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 3, p.stderr
+    assert (f"error: build of 's': every input of split 'val' failed (2 skipped), its output would be empty; no "
+            f"split's index was written, finished shards are kept; first error: {root / 'd.png'}, stage decode, "
+            f"field 'image': not an image Pillow can identify") in p.stderr
+    assert not list(out.glob("s.*.h5"))
+    assert json.loads((out / "s.report.json").read_text())["status"] == "failed"
+    kept = sorted(p.name for p in (out / "s.shards").glob("*.h5"))
+    assert len(kept) == 5   # train's three, and val's two (empty, their inputs' failures beside them)
+    for n in ["d", "e"]:
+        Image.fromarray(np.full((4, 4, 3), ord(n), np.uint8)).save(root / f"{n}.png")
+    rep = precompile.build(r, out)
+    assert rep["shards"]["built"] == 2 and {k: v["samples"] for k, v in rep["splits"].items()} == {"train": 3, "val": 2}
+    assert set(kept[:3]) <= {p.name for p in (out / "s.shards").glob("*.h5")}   # (shard-0000[0-2]: train's)

@@ -43,7 +43,7 @@ import os
 import shutil
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 from .. import __version__
 from ..formats import names as fmt
@@ -348,7 +348,7 @@ class BuildInterrupted(KeyboardInterrupt):
 def _conclude(b: _Build, st: _State, views: list[_Build], named: list[tuple[Optional[str], _Build]]) -> BuildReport:
     """After the run: check the outcome, finalize (each split's index), retire the replaced snapshot."""
     report = _report(b, st)
-    _check_outcome(b, st, report)
+    _check_outcome(b, st, report, named)
     replaced = [f for v in views for f in _index_files(b.out, v.index_path)]
     if views[0] is b:
         report = _finalize(b, st, report)
@@ -585,9 +585,10 @@ def _report(b: _Build, st: _State) -> BuildReport:
         wall_seconds=round(time.perf_counter() - b.t_start, 4), precompile_version=__version__)
 
 
-def _check_outcome(b: _Build, st: _State, report: BuildReport) -> None:
+def _check_outcome(b: _Build, st: _State, report: BuildReport,
+                   named: Sequence[tuple[Optional[str], _Build]] = ()) -> None:
     """Stop with a BuildError (the report written, status failed) when shards failed, more inputs failed than
-    ``max_failures``, or every input failed."""
+    ``max_failures``, or every input failed, of the build or of one of its splits (``named``)."""
     r, plan, failures = b.recipe, b.plan, st.failures
     mf = r.model.max_failures
     n_bad = count_inputs(failures)
@@ -613,6 +614,15 @@ def _check_outcome(b: _Build, st: _State, report: BuildReport) -> None:
         _write_report(b.out, b.index_path, report)
         raise BuildError(f"build of {r.name!r}: every input failed ({n_bad} skipped), nothing to write; "
                          f"first error: {failures[0].message}")
+    for name, v in named:   # a split whose every input failed: its output would be empty (no index is written)
+        mine = {s.index for s in v.plan.shards}
+        bad = [f for f in failures if f.shard in mine]
+        if name is not None and bad and not sum(st.infos[i]["num_samples"] for i in mine):
+            report.status = "failed"
+            _write_report(b.out, b.index_path, report)
+            raise BuildError(f"build of {r.name!r}: every input of split {name!r} failed ({count_inputs(bad)} "
+                             f"skipped), its output would be empty; no split's index was written, finished shards "
+                             f"are kept; first error: {bad[0].message}")
 
 
 def _finalize(b: _Build, st: _State, report: BuildReport) -> BuildReport:

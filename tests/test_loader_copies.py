@@ -51,3 +51,21 @@ def test_copies_all_reads_every_row_and_original_can_be_left_out(augmented):
     for e in range(3):
         rows = np.concatenate(no_orig.batch_indices(e))
         assert len(rows) == 10 and (ds.copies[rows] != 0).all()
+
+
+def test_copies_all_without_the_original_reads_every_augmented_row_and_no_original(augmented):
+    """``copies="all", include_original=False``: before, include_original was dropped without a word for
+    copies="all" (no copy schedule was made), so the originals were read, 40 rows of which 10 copy 0; now every
+    row but the originals, each epoch, in any order the shuffle gives, the values of those rows."""
+    ds = augmented
+    want = np.flatnonzero(ds.copies != 0)
+    for shuffle in (False, True, "block"):
+        ld = precompile.Loader(ds, batch_size=8, shuffle=shuffle, device="cpu", copies="all",
+                               include_original=False)
+        for e in range(2):
+            rows = np.concatenate(ld.batch_indices(e))
+            assert sorted(rows.tolist()) == want.tolist()
+        got = _epoch(ld, 1)
+        rows = np.concatenate(ld.batch_indices(1))
+        np.testing.assert_array_equal(got["image"], ds.batch(rows)["image"])
+        ld.close()

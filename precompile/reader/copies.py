@@ -50,9 +50,7 @@ class CopySchedule:
         hashes = np.fromiter((stable_hash(k) for k in ids), dtype=np.uint64, count=self.num_keys)
         rows = np.arange(len(copies), dtype=np.int64)
         if not include_original:
-            has_other = np.zeros(self.num_keys, dtype=bool)
-            has_other[key_id[copies != 0]] = True
-            keep = (copies != 0) | ~has_other[key_id]
+            keep = _augmented_rows(key_id, copies, self.num_keys)
             rows, key_id, copies = rows[keep], key_id[keep], copies[keep]
         # variants: distinct (key, copy) pairs
         pairs, pair_of_row = np.unique(np.stack([key_id, copies], axis=1), axis=0, return_inverse=True)
@@ -76,6 +74,30 @@ class CopySchedule:
         pick = self._rank_of_row == (int(epoch) % np.maximum(n, 1))
         sel_rows, sel_keys = self._rows[pick], self._key_of_row[pick]
         return sel_rows[np.lexsort((sel_rows, sel_keys))].astype(np.int64)
+
+
+def _augmented_rows(key_id: np.ndarray, copies: np.ndarray, num_keys: int) -> np.ndarray:
+    """A mask of the rows ``include_original=False`` keeps: every row but copy 0 of the keys that have other
+    copies (a key stored as its original alone keeps it)."""
+    has_other = np.zeros(num_keys, dtype=bool)
+    has_other[key_id[copies != 0]] = True
+    return (copies != 0) | ~has_other[key_id]
+
+
+class AllCopies:
+    """``copies="all"`` with ``include_original=False``: every epoch, every row but the originals (copy 0) of the
+    keys that have other copies, in file order (the Loader's shuffle then orders them)."""
+
+    def __init__(self, keys: Sequence[str], copies: np.ndarray):
+        copies = np.asarray(copies, dtype=np.int64).reshape(-1)
+        if len(keys) != len(copies):
+            raise ValueError(f"{len(keys)} keys but {len(copies)} copy indices")
+        ids: dict[str, int] = {}
+        key_id = np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.int64, count=len(keys))
+        self._rows = np.flatnonzero(_augmented_rows(key_id, copies, len(ids))).astype(np.int64)
+
+    def rows(self, epoch: int) -> np.ndarray:
+        return self._rows
 
 
 def epoch_rows(keys: Sequence[str], copies: np.ndarray, seed: int, epoch: int,

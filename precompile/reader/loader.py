@@ -46,7 +46,7 @@ import torch
 
 from ..errors import FormatError, PrecompileError
 from . import augment, gpu, streaming
-from .copies import CopySchedule
+from .copies import AllCopies, CopySchedule
 from .cpu_feeder import CpuFeeder
 from .cuda_feeder import CudaFeeder
 from .direct import DirectReader
@@ -165,16 +165,19 @@ def check_in_memory(in_memory: Any, gpu_budget: Any, device: torch.device) -> tu
     return in_memory, gpu_budget
 
 
-def copy_schedule(ds: Any, copies: str, include_original: bool, seed: int) -> CopySchedule | None:
+def copy_schedule(ds: Any, copies: str, include_original: bool, seed: int) -> CopySchedule | AllCopies | None:
     """For ``copies="epoch"`` over an augmented build: each epoch shows every sample once, as the copy
-    ``f(build seed, epoch, key)``; else None (every row)."""
+    ``f(build seed, epoch, key)``; ``copies="all"`` with ``include_original=False``: every row but the originals;
+    else None (every row)."""
     if copies not in ("epoch", "all"):
         raise ValueError(f"copies must be 'epoch' or 'all', got {copies!r}")
     ds_copies = np.asarray(getattr(ds, "copies", np.zeros(0)))
-    if copies == "epoch" and ds_copies.size and ds_copies.max() > 0:
+    if not (ds_copies.size and ds_copies.max() > 0):
+        return None
+    if copies == "epoch":
         attrs = getattr(ds, "attrs", {}) or {}
         return CopySchedule(ds.keys, ds_copies, int(attrs.get("seed", seed)), include_original)
-    return None
+    return None if include_original else AllCopies(ds.keys, ds_copies)
 
 
 class Loader(Resumable):
@@ -208,7 +211,8 @@ class Loader(Resumable):
     ``copies``, ``copies="epoch"`` (default) makes each epoch show every sample
     once, as the copy ``f(build seed, epoch, key)`` (a different variant each
     epoch, no augmentation work at training time); ``copies="all"`` reads every
-    row; ``include_original=False`` leaves the un-augmented copy 0 out.
+    row; ``include_original=False`` leaves the un-augmented copy 0 out (of either: with ``"all"``, the rows of
+    the keys that have other copies).
     ``sort_batches`` (default True) orders the rows inside each shuffled batch
     by their place in the files, so a batch is gathered with one copy per row in
     address order (the batch's members are the sampler's; only their order

@@ -269,6 +269,24 @@ def draw_loader(r: np.random.Generator, hw: tuple[int, int], keypoints: bool, n_
         ld["convert"] = {"dtype": "float32", "mean": 0.25, "std": 0.5,
                          "channels_first": bool(r3.random() < 0.5)}
     ld["gpu_steps"] = steps
+    # the Loader's options that change no value (prefetch, block_window, sort_batches, map_shards, verify) or only
+    # which rows an epoch reads (include_original) or which fields convert (convert_fields: resolved against the
+    # case's fields in loader_check), from a stream of their own (the draws above, and the case's after, stay)
+    r4 = np.random.default_rng([ld["seed"], int(hw[0]), int(hw[1]), n_rows, 37])
+    if r4.random() < 0.2:
+        ld["prefetch"] = int(_choice(r4, [1, 3, 5]))
+    if r4.random() < 0.3:
+        ld["block_window"] = int(_choice(r4, [1, 2, 3]))
+    if r4.random() < 0.25:
+        ld["sort_batches"] = False
+    if r4.random() < 0.25:
+        ld["map_shards"] = "lazy"
+    if r4.random() < 0.1:
+        ld["verify"] = True
+    if r4.random() < 0.25:
+        ld["include_original"] = False
+    if ld.get("convert") and r4.random() < 0.3:
+        ld["convert_fields"] = _choice(r4, ["none", "first"])
     return ld
 
 

@@ -35,12 +35,15 @@ def _kw(ld: dict, fields: list[str], rank: int = 0) -> dict:
         kw.update(rank=rank, world_size=ld["world_size"], uneven=ld.get("uneven", "pad"))
     else:
         kw.update(rank=0, world_size=1)
-    for k in ("num_threads", "in_memory", "copies"):
+    for k in ("num_threads", "in_memory", "copies", "prefetch", "block_window", "sort_batches", "map_shards",
+              "verify", "include_original"):
         if k in ld:
             kw[k] = ld[k]
     if device == "cuda" and kw.get("in_memory") is True:   # the resident feeder, from device memory or pinned host
         kw["in_memory"] = "pinned" if ld["seed"] % 2 else "gpu"
     kw.update(ld.get("convert") or {})
+    if ld.get("convert_fields") is not None:
+        kw["convert_fields"] = ld["_convert_fields"]
     return kw
 
 
@@ -217,6 +220,9 @@ def _check(case: dict, ld: dict, ds: Any, path: str, R: Report, gpu: Any) -> Non
     fields = [f for f in fields if kinds[f] != "text"]
     coco = case["recipe"]["inputs"].get("coco") or {}
     instance = {"mask"} if coco.get("mask") == "instance" else set()
+    if ld.get("convert_fields") is not None:   # "none": convert nothing; "first": the first image/video field only
+        pics = [f for f in fields if kinds[f] in ("image", "video")]
+        ld["_convert_fields"] = [] if ld["convert_fields"] == "none" else pics[:1]
     ranks = range(ld.get("world_size") or 1)
     epoch = ld.get("epoch", 0)
     shares = []
@@ -289,9 +295,9 @@ def _compare_batch(case, ld, ds, rows, out, params, kinds, fields, instance, R: 
                 continue
             g = out[f][i].cpu().numpy() if hasattr(out[f], "cpu") else np.asarray(out[f][i])
             w = want[f]
-            if f in conv_fields(conv, fields, kinds):
+            if f in conv_fields(conv, fields, kinds, ld.get("_convert_fields")):
+                scale = 1 / 255 if w.dtype == np.uint8 else 1.0   # (uint16 and floats are not scaled)
                 if conv.get("dtype"):
-                    scale = 1 / 255 if w.dtype == np.uint8 else 1.0
                     w = ((w.astype(np.float32) * np.float32(scale)) - np.float32(conv.get("mean", 0.0))) / \
                         np.float32(conv.get("std", 1.0))
                 if conv.get("channels_first") and w.ndim == 3:
@@ -299,7 +305,8 @@ def _compare_batch(case, ld, ds, rows, out, params, kinds, fields, instance, R: 
                 levels = max(1.0, float(np.floor(want["__approx__"][f] + 1e-9))) if f in want["__approx__"] else 0.0
                 # (converted to a float type: a level is 1/255 / std; no dtype, e.g. channels_first alone: the stored
                 # values, a level is 1: seeds 98582, 98940, a linear resized crop then NCHW views of uint8)
-                slack = levels * 1.01 / 255 / float(conv.get("std", 1.0)) if conv.get("dtype") else levels
+                # (a level of a uint16 field is 1 / std: seed 120832, a linear affine of gray16 off by one level)
+                slack = levels * 1.01 * scale / float(conv.get("std", 1.0)) if conv.get("dtype") else levels
                 ok = g.shape == w.shape and np.allclose(g, w, atol=1e-5 + slack, equal_nan=True)
                 R.check("loader_convert", ok, lambda: f"{f}: converted {g.shape} differs from (x/255 - mean)/std "
                                                       f"{w.shape}" + (" in NCHW" if conv.get("channels_first") else ""), key)
@@ -325,10 +332,11 @@ def want_hw(want: dict, kinds: dict) -> tuple[int, int]:
     return (0, 0)
 
 
-def conv_fields(conv: dict, fields: list, kinds: dict) -> list:
+def conv_fields(conv: dict, fields: list, kinds: dict, chosen: list | None = None) -> list:
+    """The fields the Loader converts: the image/video fields, or ``convert_fields`` (``chosen``) when given."""
     if not conv.get("dtype") and not conv.get("channels_first"):
         return []
-    return [f for f in fields if kinds[f] in ("image", "video")]
+    return [f for f in fields if kinds[f] in ("image", "video") and (chosen is None or f in chosen)]
 
 
 def _check_resume(ld: dict, fields: list, path: str, epoch: int, full: list, R: Report) -> None:
@@ -371,6 +379,15 @@ def _check_shares(case: dict, ld: dict, ds: Any, shares: list, R: Report) -> Non
     n_keys = len(set(ds.keys))
     copies = ld.get("copies", "epoch")
     total = len(ds) if copies == "all" or not case["recipe"].get("copies") else n_keys
+    stored = np.asarray(getattr(ds, "copies", np.zeros(0)))
+    if ld.get("include_original") is False and copies == "all" and stored.size and stored.max() > 0:
+        # every row but copy 0 of the keys that have other copies (docs/reference-reader.md)
+        augmented = {ds.key(i) for i in np.flatnonzero(stored != 0).tolist()}
+        total = sum(1 for i in range(len(ds)) if stored[i] != 0 or ds.key(i) not in augmented)
+    if ld.get("include_original") is False and stored.size and stored.max() > 0:
+        augmented = {ds.key(i) for i in np.flatnonzero(stored != 0).tolist()}
+        orig = [int(r) for r in set(rows.tolist()) if stored[int(r)] == 0 and ds.key(int(r)) in augmented]
+        R.check("loader_epoch", not orig, f"include_original=False read {len(orig)} original row(s), e.g. {orig[:3]}")
     uniq = set(rows.tolist())
     lens = {len(s) for s in shares}
     if W > 1:

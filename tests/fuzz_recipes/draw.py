@@ -287,6 +287,8 @@ def draw_loader(r: np.random.Generator, hw: tuple[int, int], keypoints: bool, n_
         ld["include_original"] = False
     if ld.get("convert") and r4.random() < 0.3:
         ld["convert_fields"] = _choice(r4, ["none", "first"])
+    if r4.random() < 0.25:
+        ld["targets"] = "list"   # (loader_check passes it where the case loads a boxes field)
     return ld
 
 

@@ -44,6 +44,8 @@ def _kw(ld: dict, fields: list[str], rank: int = 0) -> dict:
     kw.update(ld.get("convert") or {})
     if ld.get("convert_fields") is not None:
         kw["convert_fields"] = ld["_convert_fields"]
+    if ld.get("_targets"):
+        kw["targets"] = "list"
     return kw
 
 
@@ -220,6 +222,8 @@ def _check(case: dict, ld: dict, ds: Any, path: str, R: Report, gpu: Any) -> Non
     fields = [f for f in fields if kinds[f] != "text"]
     coco = case["recipe"]["inputs"].get("coco") or {}
     instance = {"mask"} if coco.get("mask") == "instance" else set()
+    # targets="list" where one boxes field is loaded (docs/reference-reader.md: else a ValueError)
+    ld["_targets"] = ld.get("targets") == "list" and [kinds[f] for f in fields].count("boxes") == 1
     if ld.get("convert_fields") is not None:   # "none": convert nothing; "first": the first image/video field only
         pics = [f for f in fields if kinds[f] in ("image", "video")]
         ld["_convert_fields"] = [] if ld["convert_fields"] == "none" else pics[:1]
@@ -256,6 +260,8 @@ def _check(case: dict, ld: dict, ds: Any, path: str, R: Report, gpu: Any) -> Non
                     R.check("loader_text", out.get(f) == want, lambda: f"{f}: {out.get(f)} vs {want}")
             if rank == 0 and ld.get("resume_at") is not None:
                 _check_resume(ld, fields, path, epoch, got, R)
+            if rank == 0:
+                _check_collate(ld, ds, fields + texts, kinds, idx, got, R)
         finally:
             L.close()
     _check_shares(case, ld, ds, shares, R)
@@ -270,6 +276,31 @@ def _compare_batch(case, ld, ds, rows, out, params, kinds, fields, instance, R: 
         key = ds.key(int(row))
         for f in fields:
             k = kinds[f]
+            if k in NOTES and ld.get("_targets"):   # one dict per image: the rows the reference keeps, no padding
+                t = out["targets"][i]
+                name = {"boxes": "boxes", "box_labels": "labels", "keypoints": "keypoints"}[k]
+                g = t[name].cpu().numpy() if name in t else None
+                w = np.asarray(want[f])
+                R.check("loader_targets", g is not None and len(g) == len(w) and f not in out
+                        and f + "__count" not in out,
+                        lambda: f"targets[{i}][{name!r}]: {None if g is None else len(g)} rows, the reference keeps "
+                                f"{len(w)} (padded field in the batch too: {f in out})", key)
+                if g is None or len(g) != len(w):
+                    continue
+                want_dtype = np.int64 if name == "labels" else np.float32
+                close = np.abs(g[..., :2].astype(np.float64) - w[..., :2]).max(initial=0) <= 2e-3 \
+                    if name == "keypoints" else np.abs(g.astype(np.float64) - w).max(initial=0) <= 2e-3
+                R.check("loader_targets", g.dtype == want_dtype and close,
+                        lambda: f"targets[{i}][{name!r}] {g.dtype} {g.tolist()} vs reference {np.round(w, 3).tolist()}",
+                        key)
+                if name == "boxes" and instance:
+                    m = out["mask"][i].cpu().numpy()[..., 0] if out["mask"][i].ndim == 3 else out["mask"][i].cpu().numpy()
+                    got_m = t.get("masks")
+                    ok = got_m is not None and got_m.shape[0] == len(w) and all(
+                        np.array_equal(got_m[n].cpu().numpy(), (m == n + 1).astype(np.uint8)) for n in range(len(w)))
+                    R.check("loader_targets", ok, lambda: f"targets[{i}]['masks'] are not mask == n + 1 for the "
+                                                          f"{len(w)} boxes", key)
+                continue
             if k in NOTES:
                 c = int(out[f + "__count"][i])
                 g = out[f][i].cpu().numpy()
@@ -366,6 +397,59 @@ def _check_resume(ld: dict, fields: list, path: str, epoch: int, full: list, R: 
         all(np.array_equal(_host(x[f]), _host(y[f]), equal_nan=True) for f in x if not isinstance(x[f], list))
         for x, y in zip(rest, full[k:]))
     R.check("loader_resume", same, f"resumed after {k} of {len(full)} batches: {len(rest)} batches, not the rest")
+
+
+def _check_collate(ld: dict, ds: Any, fields: list, kinds: dict, idx: list, got: list, R: Report) -> None:
+    """``precompile.collate(ds)`` over the same rows (a plain DataLoader's batches): each field the rows stacked,
+    a ragged field padded with NaN / -1 to the batch's largest count (at least 1) plus ``__count``, text a list;
+    and, where the Loader changes nothing (no gpu_steps, no conversion), the Loader's batch itself."""
+    import precompile
+
+    col = precompile.collate(ds, targets="list" if ld.get("_targets") else None)
+    plain = not ld.get("gpu_steps") and not ld.get("convert")
+    for b, (rows, out) in enumerate(zip(idx, got)):
+        samples = [ds[int(r)] for r in rows]
+        c = col(samples)
+        key = ds.key(int(rows[0])) if len(rows) else None
+        for f in fields:
+            k = kinds[f]
+            if k in NOTES and ld.get("_targets"):
+                continue
+            if k == "text":
+                R.check("collate", c.get(f) == [sm[f] for sm in samples], f"{f}: collate gives {c.get(f)}", key)
+                continue
+            if k in NOTES:
+                counts = [len(np.asarray(sm[f])) for sm in samples]
+                n = max([1] + counts)
+                fill = -1 if k == "box_labels" else np.nan
+                want = []
+                for sm in samples:
+                    a = np.asarray(sm[f])
+                    pad = np.full((n - len(a),) + a.shape[1:], fill, dtype=a.dtype)
+                    want.append(np.concatenate([a, pad]))
+                w = np.stack(want)
+                g = _host(c[f])
+                R.check("collate", g.shape == w.shape and np.array_equal(g, w, equal_nan=g.dtype.kind == "f")
+                        and _host(c[f + "__count"]).tolist() == counts,
+                        lambda: f"batch {b} {f}: collate {g.shape} vs the rows padded {w.shape}", key)
+                continue
+            w = np.stack([np.asarray(sm[f]) for sm in samples])
+            g = _host(c[f])
+            R.check("collate", g.shape == w.shape and np.array_equal(g, w, equal_nan=g.dtype.kind == "f"),
+                    lambda: f"batch {b} {f}: collate {g.shape} {g.dtype} vs the rows stacked {w.shape} {w.dtype}", key)
+        if not plain:
+            continue
+        for f, v in out.items():   # the Loader's batch is the collate's where nothing else runs
+            if f == "targets":
+                same = len(v) == len(c["targets"]) and all(
+                    set(x) == set(y) and all(np.array_equal(_host(x[t]), _host(y[t]), equal_nan=True) for t in x)
+                    for x, y in zip(v, c["targets"]))
+            elif isinstance(v, list):
+                same = v == c.get(f)
+            else:
+                same = f in c and _host(v).shape == _host(c[f]).shape and np.array_equal(
+                    _host(v), _host(c[f]), equal_nan=_host(v).dtype.kind == "f")
+            R.check("collate_loader", same, lambda: f"batch {b} {f}: the Loader's differs from the collate's", key)
 
 
 def _host(v: Any) -> np.ndarray:

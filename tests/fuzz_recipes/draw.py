@@ -289,6 +289,18 @@ def draw_loader(r: np.random.Generator, hw: tuple[int, int], keypoints: bool, n_
         ld["convert_fields"] = _choice(r4, ["none", "first"])
     if r4.random() < 0.25:
         ld["targets"] = "list"   # (loader_check passes it where the case loads a boxes field)
+    # a precompile.Mix of the build with itself (two opened copies) beside the Loader, from a stream of its own
+    r5 = np.random.default_rng([ld["seed"], int(hw[0]), int(hw[1]), n_rows, 38])
+    if r5.random() < 0.3:
+        m: dict[str, Any] = {"weights": [float(_choice(r5, [0.5, 1.0, 2.0, 3.0])) for _ in range(2)],
+                             "stop": _choice(r5, ["first_exhausted", "first_exhausted", "all_exhausted", "n"])}
+        if m["stop"] == "n":
+            m["stop"] = int(r5.integers(1, 2 * n_rows + 2))
+        elif m["stop"] == "first_exhausted" and r5.random() < 0.3:
+            m["cycle"] = [True, False] if r5.random() < 0.5 else [False, True]
+        if r5.random() < 0.3:
+            m["weights"][int(r5.integers(0, 2))] = 0.0 if r5.random() < 0.5 else m["weights"][0]
+        ld["mix"] = m
     return ld
 
 

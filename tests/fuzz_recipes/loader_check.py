@@ -265,6 +265,8 @@ def _check(case: dict, ld: dict, ds: Any, path: str, R: Report, gpu: Any) -> Non
         finally:
             L.close()
     _check_shares(case, ld, ds, shares, R)
+    if ld.get("mix"):
+        _check_mix(case, ld, ds, path, fields, kinds, instance, R, gpu)
 
 
 def _compare_batch(case, ld, ds, rows, out, params, kinds, fields, instance, R: Report) -> None:
@@ -397,6 +399,80 @@ def _check_resume(ld: dict, fields: list, path: str, epoch: int, full: list, R: 
         all(np.array_equal(_host(x[f]), _host(y[f]), equal_nan=True) for f in x if not isinstance(x[f], list))
         for x, y in zip(rest, full[k:]))
     R.check("loader_resume", same, f"resumed after {k} of {len(full)} batches: {len(rest)} batches, not the rest")
+
+
+def _mix_counts(weights: list, sizes: list, stop: Any, cycle: Any) -> list:
+    """docs/reference-reader.md's table, computed here: the epoch's N from ``stop``, then floor(N p_i) each and
+    one more to the largest remainders (the lower index first on a tie)."""
+    import math
+    from fractions import Fraction
+
+    w = [Fraction(x) for x in weights]
+    p = [x / sum(w) for x in w]
+    on = [i for i in range(len(p)) if p[i] > 0]
+    if stop == "first_exhausted":
+        n = min(math.floor(sizes[i] / p[i]) for i in on if not (cycle and cycle[i]))
+    elif stop == "all_exhausted":
+        n = max(math.ceil(sizes[i] / p[i]) for i in on)
+    else:
+        n = int(stop)
+    counts = [math.floor(n * q) for q in p]
+    for i in sorted(range(len(p)), key=lambda i: (-(n * p[i] - counts[i]), i))[:n - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def _check_mix(case, ld, ds, path, fields, kinds, instance, R: Report, gpu) -> None:
+    """``precompile.Mix`` of the build with itself: each batch's ``__source``/``__row`` are its
+    ``batch_indices``, every row the reference of that stored row through the ``gpu_steps`` drawn for the batch,
+    and one epoch (world_size 1, every batch) holds each source's count of the documented table, no row of a source
+    twice where that source is not read again (``first_exhausted``, not cycled), every row of one read whole."""
+    import precompile
+
+    m = ld["mix"]
+    notes = [f for f in fields if kinds[f] in NOTES]
+    kw = _kw(ld, fields)
+    for k in ("shuffle", "copies", "block_window", "map_shards", "include_original", "targets"):
+        kw.pop(k, None)
+    kw["shuffle"] = ld["shuffle"] is not False
+    if kw.get("in_memory") not in (None, False, True):
+        kw["in_memory"] = True
+    mixld = {k: v for k, v in ld.items() if k not in ("_targets",)}
+    epoch = ld.get("epoch", 0)
+    seen: list = []
+    for rank in range(ld.get("world_size") or 1):
+        kw.update(rank=rank)
+        try:
+            mix = precompile.Mix([precompile.open(path), precompile.open(path)], weights=m["weights"],
+                                 stop=m["stop"], cycle=m.get("cycle"), **kw)
+        except ValueError as e:   # (refused where the only source that may end the epoch has weight 0)
+            R.check("mix", "none ends the epoch" in str(e), f"Mix(...) raised ValueError: {str(e)[:300]}")
+            return
+        try:
+            mix.set_epoch(epoch)
+            idx = mix.batch_indices()
+            got = list(mix)
+            R.check("mix", len(got) == len(idx), f"{len(got)} Mix batches for {len(idx)} index lists")
+            for b, ((src, rows), out) in enumerate(zip(idx, got)):
+                R.check("mix", np.array_equal(_host(out["__source"]), src) and np.array_equal(_host(out["__row"]), rows),
+                        f"batch {b}: __source/__row differ from batch_indices")
+                params = gpu.step_params(mix.steps, ld["seed"], epoch, rank, b, len(rows))
+                _compare_batch(case, mixld, ds, rows, out, params, kinds, fields, instance, R)
+                seen.extend(zip(src.tolist(), rows.tolist()))
+        finally:
+            mix.close()
+    if (ld.get("world_size") or 1) > 1 or ld.get("drop_last"):
+        return
+    want = _mix_counts(m["weights"], [len(ds), len(ds)], m["stop"], m.get("cycle"))
+    have = [sum(1 for s, _ in seen if s == i) for i in range(2)]
+    R.check("mix_counts", have == want, f"an epoch holds {have} samples of each source; the table gives {want}")
+    for i in range(2):
+        rows = [r for s, r in seen if s == i]
+        once = m["stop"] == "first_exhausted" and not (m.get("cycle") and m["cycle"][i])
+        if once:
+            R.check("mix_counts", len(rows) == len(set(rows)), f"source {i}: a row twice in one epoch")
+        if want[i] == len(ds) and once:
+            R.check("mix_counts", sorted(rows) == list(range(len(ds))), f"source {i} read whole: rows {sorted(rows)}")
 
 
 def _check_collate(ld: dict, ds: Any, fields: list, kinds: dict, idx: list, got: list, R: Report) -> None:

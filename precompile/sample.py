@@ -218,3 +218,22 @@ def stray_ids(mask: np.ndarray, n: int) -> np.ndarray:
     if mask.dtype.kind == "i":
         stray = stray | (mask < 0)
     return stray
+
+
+def field_list(value: Any, what: str = "fields") -> list[str] | None:
+    """The field names a reader argument gives (``fields``, ``convert_fields``): None stays None, one name (a
+    str) is a list of it, a sequence of names a list; anything else is a ``ValueError`` naming ``what``. (A
+    string was iterated character by character: ``fields="image"`` asked for a field ``'i'``.)"""
+    from .errors import echo
+
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (bytes, dict)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{what} must be a list of field names, got {echo(value, 80)}")
+    out = list(value)
+    bad = [v for v in out if not isinstance(v, str)]
+    if bad:
+        raise ValueError(f"{what}: field names are strings, got {echo(bad[0], 80)} in {echo(out, 120)}")
+    return out

@@ -143,3 +143,43 @@ def test_ddp_ranks_take_their_share_from_the_process_group(built, tmp_path):
     single = Loader(built, batch_size=4, device="cpu")
     assert (single.rank, single.world_size, single.distribution.source) == (0, 1, "default")
     assert "torch.distributed" not in repr(single)
+
+
+def test_one_field_name_given_as_a_string_is_that_field_not_its_letters(small_build):
+    """fields="image" (or convert_fields="image") was iterated letter by letter: "no field 'i'" from the Loader,
+    precompile.open and Mix alike. Now one name is a list of it; anything but names is a ValueError saying so."""
+    ds = precompile.open(small_build)
+    names = ds.fields
+    pic = next(f for f in names if ds.field_specs[f]["kind"] == "image")
+    assert precompile.open(small_build, fields=pic).fields == [pic]
+    one = Loader(small_build, batch_size=2, device="cpu", shuffle=False, fields=pic)
+    listed = Loader(small_build, batch_size=2, device="cpu", shuffle=False, fields=[pic])
+    assert all(a.keys() == b.keys() == {pic} and torch.equal(a[pic], b[pic]) for a, b in zip(one, listed))
+    conv = Loader(small_build, batch_size=2, device="cpu", shuffle=False, dtype="float32", convert_fields=pic)
+    assert next(iter(conv))[pic].dtype == torch.float32
+    mix = precompile.Mix([small_build, small_build], batch_size=2, device="cpu", fields=pic)
+    assert mix.fields == [pic]
+    for x in (one, listed, conv, mix):
+        x.close()
+    with pytest.raises(ValueError, match=r"^fields must be a list of field names, got 3$"):
+        Loader(small_build, batch_size=2, device="cpu", fields=3)
+    with pytest.raises(ValueError, match=r"^fields: field names are strings, got 3 in \['image', 3\]$"):
+        precompile.open(small_build, fields=["image", 3])
+
+
+def test_convert_fields_refuses_ids_and_a_conversion_that_converts_nothing(small_build):
+    """convert_fields=["label"] with a dtype made class ids floats: a label 0 became -2.0 with mean 0.5, std 0.25
+    (and a 0/1 mask 1/255), without a word; convert_fields without a dtype, mean/std or channels_first converted
+    nothing, also without a word. Both are ValueErrors now, when the Loader is made."""
+    ds = precompile.open(small_build)
+    label = next(f for f in ds.fields if ds.field_specs[f]["kind"] == "label")
+    with pytest.raises(ValueError, match=rf"^convert_fields: '{label}' is a label field \(class ids\), which the "
+                                         r"conversion \(uint8 / 255, then \(x - mean\) / std, as floats\) would make "
+                                         r"into other numbers; it converts image, video, volume, audio, flow, target "
+                                         rf"fields: leave '{label}' out$"):
+        Loader(small_build, batch_size=2, device="cpu", dtype="float32", mean=0.5, std=0.25, convert_fields=[label])
+    with pytest.raises(ValueError, match=r"^convert_fields=\['image'\] without a dtype, mean/std or channels_first "
+                                         r"converts nothing; give dtype='float32' \(or mean and std\)$"):
+        Loader(small_build, batch_size=2, device="cpu", convert_fields=["image"])
+    with pytest.raises(ValueError, match="is a label field"):
+        precompile.Mix([small_build, small_build], batch_size=2, device="cpu", dtype="float32", convert_fields=[label])

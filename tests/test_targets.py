@@ -216,8 +216,8 @@ def test_targets_are_refused_where_they_cannot_be_made(inst_build, det_build):
         Loader(det_build, batch_size=2, device="cpu", targets="dict")
     with pytest.raises(ValueError, match=r"one boxes field; none is loaded \(loaded: image\)"):
         Loader(det_build, batch_size=2, device="cpu", targets="list", fields=["image"])
-    with pytest.raises(ValueError, match="binary masks from the instance ids of 'instances'; leave it out of "
-                                         "convert_fields"):
+    with pytest.raises(ValueError, match=r"convert_fields: 'instances' is a mask field \(class or instance ids\), "
+                                         r"which the conversion .* leave 'instances' out"):
         Loader(inst_build, batch_size=2, device="cpu", targets="list", dtype="float32",
                convert_fields=["image", "instances"])
     with pytest.raises(ValueError, match=r"one boxes field; none is loaded \(loaded: image\)"):

@@ -70,8 +70,10 @@ def open_dataset(path: str | os.PathLike, fields: Sequence[str] | None = None, v
     shards are then read through the local cache ``cache_dir`` of at most ``cache_limit`` bytes, with the
     store's ``storage_options`` (:mod:`precompile.formats.hdf5_url`); ``verify=True`` then re-hashes the
     cached copies of its shards."""
+    from ..sample import field_list
     from ..storage.remote import is_url
 
+    fields = field_list(fields)
     if is_url(path):
         from .hdf5_url import open_url
 

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from ..errors import FormatError, PrecompileError
+from ..sample import field_list
 from . import augment, gpu, streaming
 from .copies import AllCopies, CopySchedule
 from .cpu_feeder import CpuFeeder
@@ -280,6 +281,7 @@ class Loader(Resumable):
                  map_shards: Literal["all", "lazy"] | None = None, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None, storage_options: dict[str, Any] | None = None,
                  fetch_ahead: int | str | None = None, targets: Literal["list"] | None = None):
+        fields = field_list(fields)
         ds = self.ds = open_hdf5_build(path_or_dataset, fields, verify, cache_dir=cache_dir, cache_limit=cache_limit,
                                        storage_options=storage_options)
         self._owns_ds = isinstance(path_or_dataset, (str, os.PathLike))   # opened here: closed by close()

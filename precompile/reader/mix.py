@@ -88,6 +88,7 @@ import numpy as np
 import torch
 
 from ..errors import FormatError, PrecompileError
+from ..sample import field_list
 from ..seeding import rng_for
 from . import augment, gpu
 from .cpu_feeder import CpuFeeder
@@ -400,6 +401,7 @@ class Mix(Resumable):
                  in_memory: bool = False):
         if isinstance(sources, (str, os.PathLike)) or len(sources) < 1:
             raise ValueError("Mix: sources must be a list of builds (index paths or opened builds)")
+        fields = field_list(fields)
         batch_size, prefetch, seed = whole(batch_size, "batch_size"), whole(prefetch, "prefetch"), whole(seed, "seed")
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")

@@ -23,6 +23,11 @@ from typing import Any, Literal, Sequence
 from .sampler import normalize_mode
 
 CONVERT_KINDS = ("image", "video")
+#: the kinds convert_fields may name (their values are measurements); the others hold ids, counts or text
+CONVERTIBLE = ("image", "video", "volume", "audio", "flow", "target")
+IDS = {"mask": "class or instance ids", "volume_mask": "class ids", "flow_valid": "0/1 validity",
+       "label": "class ids", "index": "indices", "boxes": "pixel coordinates, NaN-padded",
+       "box_labels": "class ids", "keypoints": "pixel coordinates and visibility flags", "text": "strings"}
 
 
 def whole(value: Any, name: str) -> int:
@@ -127,8 +132,14 @@ class Conversion:
     convert_fields: Sequence[str] | None = None
 
     def __post_init__(self) -> None:
+        from ..sample import field_list
+
         if self.dtype is None and (self.mean is not None or self.std is not None):
             object.__setattr__(self, "dtype", "float32")
+        object.__setattr__(self, "convert_fields", field_list(self.convert_fields, "convert_fields"))
+        if self.convert_fields and self.dtype is None and not self.channels_first:
+            raise ValueError(f"convert_fields={self.convert_fields} without a dtype, mean/std or channels_first "
+                             f"converts nothing; give dtype='float32' (or mean and std)")
 
     def fields_of(self, loaded: Sequence[str], specs: dict[str, dict]) -> list[str]:
         """The loaded fields to convert; a named field that is not loaded is a ``ValueError``."""
@@ -137,6 +148,11 @@ class Conversion:
         for f in self.convert_fields:
             if f not in loaded:
                 raise ValueError(f"convert_fields: {f!r} is not loaded (loaded: {', '.join(loaded)})")
+            kind = specs[f].get("kind")
+            if kind in IDS:   # a float of ids: a class 3 became (3 - mean) / std, a 0/1 mask 0 or 1/255
+                raise ValueError(f"convert_fields: {f!r} is a {kind} field ({IDS[kind]}), which the conversion "
+                                 f"(uint8 / 255, then (x - mean) / std, as floats) would make into other numbers; "
+                                 f"it converts {', '.join(CONVERTIBLE)} fields: leave {f!r} out")
         return list(self.convert_fields)
 
     def check_norm(self) -> None:

@@ -179,14 +179,10 @@ def replace_with_targets(batch: dict[str, Any], fields: TargetFields) -> dict[st
 
 
 def loader_targets(specs: dict[str, dict], loaded: Sequence[str], convert: dict[str, Any]) -> TargetFields:
-    """The Loader's target fields (``targets="list"``), checked: no field named ``targets``, and the instance
-    mask not converted to float (its values are ids)."""
+    """The Loader's target fields (``targets="list"``), checked: no field named ``targets``. (The instance mask is
+    never converted: ``convert_fields`` refuses every mask, :class:`~precompile.reader.options.Conversion`.)"""
     check_target_key(loaded)
-    fields = target_fields(specs)
-    if fields.masks is not None and fields.masks in convert:
-        raise ValueError(f"targets='list' makes binary masks from the instance ids of {fields.masks!r}; leave it "
-                         f"out of convert_fields")
-    return fields
+    return target_fields(specs)
 
 
 def check_target_key(loaded: Sequence[str]) -> None:

@@ -44,6 +44,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from .errors import MissingDependencyError, RecipeError
 from .kinds import ANNOTATIONS
+from .sample import field_list
 
 HF_EXTRA = "pip install 'precompile[hf]' (datasets)"
 KEY, COPY = "__key__", "__copy__"
@@ -269,7 +270,7 @@ def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cach
                          f"size), got {str(writer_batch_size)[:100]!r}")
     path = os.path.abspath(str(build))
     ds = open_dataset(path)
-    names = list(fields) if fields else list(ds.field_specs)
+    names = field_list(fields) or list(ds.field_specs)   # (one name, or a list of them)
     for f in names:
         if f not in ds.field_specs:
             raise ValueError(f"{path}: no field {f!r} (fields: {', '.join(ds.field_specs)})")

@@ -16,7 +16,9 @@ these keys on purpose: regenerate the file then, and say why in the commit. Rege
 ``output_version`` 2 (the 13 recipes using them got new keys; the 10 others kept theirs). Regenerated for
 issue 35: the image decoder went to ``output_version`` 4 (its meta records the source's size when reduced, and
 every image sample its map back to the source, ``to_source``): the 15 recipes with an image field got new keys;
-the 8 others kept theirs.
+the 8 others kept theirs. Regenerated when ``clips`` went to ``output_version`` 4 (time clips read frame
+timestamps as exact rationals): the 3 recipes with clips (kinetics.yaml, v_kinetics_parquet.yaml, video.yaml) got
+new keys; the 20 others kept theirs.
 
 One known exception, not among these recipes: a float target column holding both -0.0 and 0.0. The
 row-by-row code converted each distinct cell once, in a dict where -0.0 and 0.0 are one key, so every

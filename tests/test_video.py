@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -165,7 +166,6 @@ def _write_av(path, n, fps=30, size=(64, 48), pts_ms=None, audio=None, rate=4800
     """An mp4 of ``n`` numbered frames (pts in ms when given: variable frame rate) and optionally a
     mono AAC track holding ``audio`` (float samples at ``rate``)."""
     import av
-    from fractions import Fraction
 
     c = av.open(str(path), "w")
     s = c.add_stream(codec, rate=fps)
@@ -637,3 +637,35 @@ def test_time_clips_store_their_audio_with_a_fixed_length_the_loader_takes(tmp_p
     field = {"decoder": "video", "audio_field": "sound", "audio_rate": 8000}
     recipe = _recipe(tmp_path, root, [{"clips": {"length": 4}}], field)
     assert plan_specs(precompile.load_recipe(recipe))[0]["sound"].shape[-1] is None
+
+
+def _on_screen(pts: list, fps: Fraction, length: int, stride: Fraction, short: str = "drop") -> list:
+    """docs/reference-steps.md's rule with exact rationals: frame j of clip k is the last frame whose pts is at or
+    before t0 + k * stride + j / fps; a clip whose last slot lies past the last frame's pts is not cut."""
+    out, k = [], 0
+    while True:
+        times = [pts[0] + k * stride + Fraction(j) / fps for j in range(length)]
+        if times[-1] > pts[-1]:
+            return out
+        out.append([max(i for i, p in enumerate(pts) if p <= t) for t in times])
+        k += 1
+
+
+@pytest.mark.parametrize("base,offset,fps,length", [(12, 1, 8, 3), (12, 1, 8, 2), (30, 1, 10, 4), (3, 1, 6, 3),
+                                                      (24, 5, 8, 4), (25, 3, 5, 3), (12, 7, 4, 3)])
+def test_time_clips_take_the_frame_whose_pts_is_exactly_a_slot_time(base, offset, fps, length):
+    """Frame timestamps are rationals of a time base (4 * 1/12 = 1/3) that reach the step as floats. The step read
+    them as their floats' decimals (0.3333333333333333) against exact slot times (1/12 + 2/8 = 1/3): a slot exactly
+    at a frame's pts missed it, so the clip lacked its last frame and a video of exactly one clip was dropped
+    without a word (fuzzer seed 123709: 5 frames at 12 fps, the window [0.05, 0.35), clips of 3 at 8 fps). Now
+    every clip is the exact rule's, for frames from ``offset`` frames past the origin (a decoder window) at
+    ``base`` fps."""
+    n = 12
+    pts = [Fraction(offset + i, base) for i in range(n)]
+    a = np.stack([_bars(i, (16, 12)) for i in range(n)])
+    s = Sample("v.mp4", {"video": a}, {"video": "video"},
+               {"video": {"fps": float(base), "every": 1, "pts": [float(p) for p in pts]}})
+    c = Clips(Clips.Params(fps=fps, length=length, index_field="i"))
+    got = [o.fields["i"].tolist() for o in c.run(s, np.random.default_rng(0))]
+    want = _on_screen(pts, Fraction(fps), length, Fraction(length, fps))
+    assert want and got == want

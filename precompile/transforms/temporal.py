@@ -60,6 +60,13 @@ def _exact(x: float) -> Fraction:
     return Fraction(repr(float(x)))
 
 
+def _pts(t: float) -> Fraction:
+    """A frame's timestamp as the rational it is (a pts times its stream's time base, 4 * 1/12 = 1/3), not the
+    decimal of its float (0.3333333333333333): a slot at exactly that time (1/12 + 2 * 1/8) takes that frame.
+    Any time base with a denominator up to about 10**6 (1/90000, 1001/30000) is recovered exactly."""
+    return Fraction(float(t)).limit_denominator(10 ** 9)
+
+
 @STEPS.register()
 class Clips(Step):
     """Cut videos into clips: ``length`` frames, ``every`` k-th frame, a clip start every ``stride``
@@ -68,7 +75,10 @@ class Clips(Step):
     name = "clips"
     applies = kinds(Kind.VIDEO)
     expands = True
-    output_version = 3   # 2: time clips' audio is stored with its fixed length when the decoder fixes the rate
+    # 2: time clips' audio is stored with its fixed length when the decoder fixes the rate; 3: a seek never changes
+    # what a clip is cut from (30c7c2a); 4: time clips read frame timestamps as the rationals of their time base
+    # (a slot exactly at a frame's pts, 1/12 + 2/8 = 1/3, takes that frame; its float's decimal missed it)
+    output_version = 4
     # 3: a streamed clip is never cut from a frame past the decoder's max_frames (a seek landed past it), and
     #    a short video streamed through frame clips is padded with its last frame, not the last one read
 
@@ -340,7 +350,7 @@ class ClipCutter:
             return None
         if self.by_time:
             start = self._start(self.next)
-            return ("time", start) if start > _exact(self.prev[1]) and self.next not in self.slots else None
+            return ("time", start) if start > _pts(self.prev[1]) and self.next not in self.slots else None
         need, k = None, self.next
         while k < self.max_clips:
             s = k * self.stride
@@ -360,7 +370,7 @@ class ClipCutter:
     def _place(self, until: Fraction, inclusive: bool) -> list[Clip]:
         """Put the previous frame into every slot whose time lies in [its pts, until)."""
         pos, t, get = self.prev
-        tf = _exact(t)
+        tf = _pts(t)
         item = None
         k = self.next
         out = []
@@ -387,9 +397,9 @@ class ClipCutter:
     def _push_time(self, pos: int, t: float, get: Callable[[], Any]) -> list[Clip]:
         out = []
         if self.t0 is None:
-            self.t0 = _exact(t)
+            self.t0 = _pts(t)
         elif self.prev is not None:
-            out = self._place(_exact(t), inclusive=False)
+            out = self._place(_pts(t), inclusive=False)
         self.prev = (pos, t, get)
         return out
 
@@ -397,7 +407,7 @@ class ClipCutter:
     def finish(self) -> list[Clip]:
         out = []
         if self.by_time and self.prev is not None and not self.done:
-            out = self._place(_exact(self.prev[1]), inclusive=True)
+            out = self._place(_pts(self.prev[1]), inclusive=True)
         if self.next > 0 or self.short != "pad" or self.n == 0 or self.done:
             return out
         pos, t, get = self.prev

@@ -237,3 +237,13 @@ def field_list(value: Any, what: str = "fields") -> list[str] | None:
     if bad:
         raise ValueError(f"{what}: field names are strings, got {echo(bad[0], 80)} in {echo(out, 120)}")
     return out
+
+
+def exact_time(t: float) -> "Fraction":
+    """A frame's timestamp (a pts times its stream's time base, stored in meta as a float) as the rational it is:
+    4 * 1/12 is 1/3, not the decimal of its float (0.3333333333333333). Time clips place frames with it and the
+    video decoder's seeks find frames with it, so both see one time per frame. Any time base with a denominator
+    up to about 10**6 (1/90000, 1001/30000) is recovered exactly."""
+    from fractions import Fraction
+
+    return Fraction(float(t)).limit_denominator(10 ** 9)

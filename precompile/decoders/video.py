@@ -48,7 +48,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ..errors import DecodeError
 from ..registry import DECODERS
-from ..sample import FieldSpec
+from ..sample import FieldSpec, exact_time
 from .base import Decoder, DecoderParams, check_budget
 
 _THREADS = {"count": 0}   # slice threads (0: FFmpeg's choice); workers set 1 (parallelism is across shards)
@@ -379,7 +379,7 @@ class Seeker:
         tb, t0 = self.clock.tb, self.clock.t0
         if t0 is None:
             return None
-        r = bisect.bisect_right(self.index.pts, v, key=lambda p: Fraction(repr(float(Fraction(p) * tb - t0)))) - 1
+        r = bisect.bisect_right(self.index.pts, v, key=lambda p: exact_time(float(Fraction(p) * tb - t0))) - 1
         return (r // self.every) * self.every if r >= 0 else None
 
     def pending(self) -> Optional[int]:

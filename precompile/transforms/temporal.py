@@ -44,7 +44,7 @@ from ..errors import StepError
 from ..kinds import Kind, kinds
 from ..optschema import checked
 from ..registry import STEPS
-from ..sample import FieldSpec, Sample
+from ..sample import FieldSpec, Sample, exact_time
 from .base import RandomParams, RandomStep, Step, StepParams
 from .kernels.temporal import clip_starts, jitter_indices, take_frames
 
@@ -58,13 +58,6 @@ _WHOLE_FILE_META = ("pts", "decoded_frames", "decode_errors", "kept_frames", "de
 def _exact(x: float) -> Fraction:
     """The decimal a user wrote (29.97 -> 2997/100), not its binary approximation."""
     return Fraction(repr(float(x)))
-
-
-def _pts(t: float) -> Fraction:
-    """A frame's timestamp as the rational it is (a pts times its stream's time base, 4 * 1/12 = 1/3), not the
-    decimal of its float (0.3333333333333333): a slot at exactly that time (1/12 + 2 * 1/8) takes that frame.
-    Any time base with a denominator up to about 10**6 (1/90000, 1001/30000) is recovered exactly."""
-    return Fraction(float(t)).limit_denominator(10 ** 9)
 
 
 @STEPS.register()
@@ -350,7 +343,7 @@ class ClipCutter:
             return None
         if self.by_time:
             start = self._start(self.next)
-            return ("time", start) if start > _pts(self.prev[1]) and self.next not in self.slots else None
+            return ("time", start) if start > exact_time(self.prev[1]) and self.next not in self.slots else None
         need, k = None, self.next
         while k < self.max_clips:
             s = k * self.stride
@@ -370,7 +363,7 @@ class ClipCutter:
     def _place(self, until: Fraction, inclusive: bool) -> list[Clip]:
         """Put the previous frame into every slot whose time lies in [its pts, until)."""
         pos, t, get = self.prev
-        tf = _pts(t)
+        tf = exact_time(t)
         item = None
         k = self.next
         out = []
@@ -397,9 +390,9 @@ class ClipCutter:
     def _push_time(self, pos: int, t: float, get: Callable[[], Any]) -> list[Clip]:
         out = []
         if self.t0 is None:
-            self.t0 = _pts(t)
+            self.t0 = exact_time(t)
         elif self.prev is not None:
-            out = self._place(_pts(t), inclusive=False)
+            out = self._place(exact_time(t), inclusive=False)
         self.prev = (pos, t, get)
         return out
 
@@ -407,7 +400,7 @@ class ClipCutter:
     def finish(self) -> list[Clip]:
         out = []
         if self.by_time and self.prev is not None and not self.done:
-            out = self._place(_pts(self.prev[1]), inclusive=True)
+            out = self._place(exact_time(self.prev[1]), inclusive=True)
         if self.next > 0 or self.short != "pad" or self.n == 0 or self.done:
             return out
         pos, t, get = self.prev

@@ -448,6 +448,99 @@ def accepted_keys(model: Any, loc: tuple) -> tuple[list[str] | None, tuple]:
     return (sorted(set(keys)) if keys else None), tuple(keep)
 
 
+def _literal_values(members: list[Any]) -> list[Any]:
+    return [x for m in members if get_origin(m) is Literal for x in get_args(m)]
+
+
+def _describe(members: list[Any]) -> str:
+    """What a value of one of ``members`` may be, in the recipe's words ("an integer or a list")."""
+    words: list[str] = []
+    for m in members:
+        o = get_origin(m)
+        w = ("true or false" if m is bool else "an integer" if m is int else "a number" if m is float
+             else "a string" if m is str else "a list" if o in (list, tuple, set, frozenset) or m in (list, tuple)
+             else "a mapping" if o is dict or m is dict or isinstance(m, type) and issubclass(m, BaseModel)
+             else "one of " + ", ".join(repr(x) for x in get_args(m)) if o is Literal else None)
+        if w and w not in words:
+            words.append(w)
+    return " or ".join(words) or "another value"
+
+
+def _before_validated(model: type[BaseModel]) -> set[str]:
+    """The fields of ``model`` whose own ``before``/``wrap``/``plain`` validator reads the raw value first
+    (``reduce: off`` for a literal, ``spacing: 2`` for a list): they judge their input themselves."""
+    return {f for dec in model.__pydantic_decorators__.field_validators.values()
+            if dec.info.mode in ("before", "wrap", "plain") for f in dec.info.fields}
+
+
+def refuse_coercion(tp: Any, value: Any, loc: tuple = ()) -> tuple[tuple, str] | None:
+    """The first place in ``value`` (a recipe's raw YAML data, validated as type ``tp``) where pydantic's lax mode
+    would take a value of another type with a meaning the user did not write: a boolean as a number (``true`` ->
+    1) or a number as a boolean (``1`` -> true), a string as a number or boolean (``"32"`` -> 32, ``"yes"`` ->
+    true). ``(loc, message)`` of it, or None. A field with its own ``before`` validator judges its input itself;
+    ``Any`` takes anything (step and decoder options are checked by their own models, through parse_params)."""
+    members = _members(tp)
+    if any(m is Any or not (isinstance(m, type) or get_origin(m) is not None) for m in members):
+        return None
+    lits = _literal_values(members)
+    if any(lit is value for lit in lits) or (type(value) in (str, int, float) and not isinstance(value, bool)
+                                             and any(type(lit) is type(value) and lit == value for lit in lits)):
+        return None
+    numeric = int in members or float in members
+    if isinstance(value, bool):
+        if bool not in members and (numeric or any(not isinstance(x, bool) for x in lits)):
+            return loc, f"expected {_describe(members)}, got {value!r} (a boolean is not taken as a number)"
+        return None
+    if isinstance(value, (int, float)):
+        if bool in members and not numeric and not any(type(x) in (int, float) for x in lits):
+            return loc, f"expected {_describe(members)}, got {clip(repr(value))} (a number is not taken as a boolean)"
+        return None
+    if isinstance(value, str):
+        if str not in members and (numeric or bool in members):
+            return loc, (f"expected {_describe(members)}, got the string {clip(repr(value))} (a quoted value is not "
+                         f"taken as a number or boolean: write it unquoted)")
+        return None
+    if isinstance(value, (list, tuple)):
+        per_item: dict[int, list[Any]] = {}
+        for m in members:
+            o, args = get_origin(m), get_args(m)
+            if o in (list, set, frozenset) or (o is tuple and len(args) == 2 and args[1] is Ellipsis):
+                for i in range(len(value)):
+                    per_item.setdefault(i, []).append(args[0] if args else Any)
+            elif o is tuple:
+                for i in range(min(len(value), len(args))):
+                    per_item.setdefault(i, []).append(args[i])
+        for i, x in enumerate(value):
+            if i in per_item:
+                got = refuse_coercion(Union[tuple(per_item[i])], x, loc + (i,))
+                if got:
+                    return got
+        return None
+    if isinstance(value, dict):
+        for k, x in value.items():
+            types_k = []
+            for m in members:
+                if isinstance(m, type) and issubclass(m, BaseModel):
+                    own = _before_validated(m)
+                    for name, f in m.model_fields.items():
+                        if k in (name, f.alias):
+                            types_k.append(Any if name in own else f.annotation)
+                elif get_origin(m) is dict:
+                    types_k.append(get_args(m)[1] if get_args(m) else Any)
+            if types_k:
+                got = refuse_coercion(Union[tuple(types_k)], x, loc + (k,))
+                if got:
+                    return got
+    return None
+
+
+def _check_coercion(tp: Any, value: Any, source: str | None, prefix: tuple) -> None:
+    got = refuse_coercion(tp, value)
+    if got is not None:
+        loc, msg = got
+        raise RecipeError(msg, source=source, loc=format_loc(prefix + loc))
+
+
 def _unknown_key(key: Any, known: list[str] | None) -> str:
     """What an unknown key's message adds: the close keys ("did you mean"), else the keys there are."""
     if not known:
@@ -487,6 +580,7 @@ def parse_params(cls_params: type[BaseModel], raw: Any, source: str | None, loc:
         raw = {}
     if not isinstance(raw, dict):
         raise RecipeError(f"expected a mapping of options, got {raw!r}", source=source, loc=format_loc(loc))
+    _check_coercion(cls_params, raw, source, loc)
     try:
         return cls_params.model_validate(raw)
     except ValidationError as e:
@@ -556,6 +650,7 @@ class Recipe:
             raise RecipeError(f"unknown option(s) {unknown} of decoder {decl.decoder!r}"
                               f"{did_you_mean(unknown[0], sorted(dcls.Params.model_fields))}", source=self.source,
                               loc=format_loc(loc + (unknown[0],)))
+        _check_coercion(dcls.Params, static, self.source, loc)
         try:   # the options given here are checked now; those from the rows with each row at plan time
             dcls.Params.model_validate(static)
         except ValidationError as e:
@@ -737,6 +832,7 @@ def _restore_recipe(model: RecipeModel, source: str | None, base_dir: str | None
 def parse_recipe(data: Any, source: str | None = None, base_dir: str | None = None) -> Recipe:
     if not isinstance(data, dict):
         raise RecipeError(f"expected a mapping at the top level, got {type(data).__name__}", source=source)
+    _check_coercion(RecipeModel, data, source, ())
     try:
         model = RecipeModel.model_validate(data)
     except ValidationError as e:
@@ -770,6 +866,11 @@ class _RecipeLoader(yaml.SafeLoader):
 
 class _YamlLimit(Exception):
     pass
+
+
+# YAML 1.1 (PyYAML) reads `1e30` and `1e-3`, with no '.', as strings; YAML 1.2 and every user read them as numbers
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+_RecipeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+.0123456789"))
 
 
 def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:

@@ -1,0 +1,331 @@
+"""The recipe attacked with hostile values, key by key, from the outside.
+
+The keys come from the exported JSON Schema (``precompile schema``: what docs/reference-*.md list, held to the
+registries by tests/test_docs.py), not from the checks the code makes: every top-level, ``inputs``, ``output``,
+``split``, ``limits``, ``label``, ``columns``, ``coco`` key, every decoder's and step's options and every output
+format's ``options``. Each gets every value of :data:`HOSTILE` (wrong types, NaN and infinities, negatives, zero,
+huge numbers, non-integral floats, empty and very long strings, control characters and NUL, path-like strings)
+through the validation entry point (what ``precompile validate`` and ``build`` run before any input is read), and
+the outcome is classified:
+
+* refused with a :class:`RecipeError` naming the key: good;
+* any other exception (a TypeError, OverflowError, ... out of the validators): a defect;
+* accepted with another meaning than the one written (a boolean taken as a number, a string as a number, 32.5
+  cut to 32, NaN or an infinity kept, a NUL in a path): a defect.
+
+A few CLI runs confirm that the message and exit code 2 reach the user; whole builds check the values that are
+accepted mean what the docs say.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import step_cases_planar
+import step_cases_random
+import step_cases_temporal_audio_volume
+from conftest import REPO
+from precompile.errors import RecipeError
+from precompile.recipe import load_recipe, parse_params, parse_recipe
+from precompile.registry import WRITERS, load_builtins
+from precompile.tools.schema import recipe_schema
+
+NUL = "a\x00b"
+HOSTILE: list[Any] = [
+    True, False, None, "32", "abc", 32.5, 32.0, -1, 0, -1e30, float("nan"), float("inf"), float("-inf"), 1e30, 2**70,
+    [], [1], [True, True], [32.5, 32.5], [float("nan")] * 2, [2**70] * 3, {}, {"a": 1}, "", "x" * 5000,
+    "é\u202e\u200b", "\x1b[31m", NUL, "../x", "/etc", "~", "C:\\x",
+]
+#: keys naming files or folders: a NUL there is a path no system call takes
+PATH_KEYS = ("inputs.root", "inputs.match", "inputs.path", "inputs.table", "inputs.coco.file",
+             "inputs.fields.image.path")
+
+
+def _cases() -> dict[str, list]:
+    out: dict[str, list] = {}
+    for mod in (step_cases_planar, step_cases_random, step_cases_temporal_audio_volume):
+        for name, cases in mod.CASES.items():
+            out.setdefault(name, [p for p, _f in cases])
+    return out
+
+
+def _ints(v: Any) -> list:
+    """Every int (not bool) in ``v``, nested lists and tuples opened."""
+    if isinstance(v, (list, tuple)):
+        return [x for y in v for x in _ints(y)]
+    return [v] if isinstance(v, int) and not isinstance(v, bool) else []
+
+
+def _flat(v: Any) -> list:
+    if isinstance(v, (list, tuple)):
+        return [x for y in v for x in _flat(y)]
+    if isinstance(v, dict):
+        return [x for y in v.values() for x in _flat(y)]
+    return [v]
+
+
+def wrong_meaning(value: Any, got: Any, key: str) -> str | None:
+    """Why ``got`` (what the recipe holds after validation) is not what ``value`` (what the user wrote) says, or
+    None when it is."""
+    flat_v, flat_g = _flat(value), _flat(got)
+    if any(isinstance(x, bool) for x in flat_v) and not any(isinstance(x, bool) for x in flat_g) \
+            and not (isinstance(got, str) and value in (True, False)):
+        return f"a boolean taken as {got!r}"
+    if isinstance(value, str) and isinstance(got, (bool, int, float)):
+        return f"the string {value[:20]!r} taken as {got!r}"
+    if any(isinstance(x, float) and not x.is_integer() and math.isfinite(x) for x in flat_v) \
+            and any(x == 32 for x in _ints(got)):
+        return f"32.5 cut to {got!r}"
+    if any(isinstance(x, float) and not math.isfinite(x) for x in flat_g) and not key.endswith(".map"):
+        return f"a non-finite number kept: {got!r}"
+    if key in PATH_KEYS and any(isinstance(x, str) and "\x00" in x for x in flat_g):
+        return "a NUL kept in a path"
+    return None
+
+
+class Target:
+    """One key of the recipe: where to put a value in a base recipe and where to read it back after validation."""
+
+    def __init__(self, key: str, base: dict, put: Callable[[dict, Any], None], get: Callable[[Any], Any]):
+        self.key, self.base, self.put, self.get = key, base, put, get
+
+    def recipe(self, value: Any) -> dict:
+        d = copy.deepcopy(self.base)
+        self.put(d, copy.deepcopy(value))
+        return d
+
+
+def _setter(*path: Any) -> Callable[[dict, Any], None]:
+    def put(d: dict, v: Any) -> None:
+        for p in path[:-1]:
+            d = d[p]
+        d[path[-1]] = v
+    return put
+
+
+def targets(folder: Path) -> list[Target]:
+    """Every key the schema lists, each with a base recipe that validates (a step's options: its first case in
+    the step-contract cases)."""
+    load_builtins()
+    schema = recipe_schema()
+    defs = schema["$defs"]
+    img = {"decoder": "image"}
+    base = {"name": "t", "inputs": {"root": ".", "match": "{n}.png", "fields": {"image": dict(img)}}}
+    table = {"name": "t", "inputs": {"root": ".", "table": "t.csv", "path": "{p}", "fields": {"image": dict(img)}}}
+    coco = {"name": "t", "inputs": {"root": ".", "coco": {"file": "c.json"}}}
+    out: list[Target] = []
+
+    def model_get(*path: str) -> Callable[[Any], Any]:
+        def get(r: Any) -> Any:
+            o = r.model
+            for p in path:
+                o = o.get(p) if isinstance(o, dict) else getattr(o, p)
+            return o
+        return get
+
+    for k in schema["properties"]:
+        if k not in ("inputs", "steps", "output", "split", "limits"):
+            out.append(Target(k, base, _setter(k), model_get(k)))
+    output_keys = {p for v in defs["output"]["oneOf"] for p in v.get("properties", {})} - {"options"}
+    for k in sorted(output_keys):
+        out.append(Target(f"output.{k}", {**base, "output": {}}, _setter("output", k), model_get("output", k)))
+    for k in defs["Limits"]["properties"]:
+        out.append(Target(f"limits.{k}", {**base, "limits": {}}, _setter("limits", k), model_get("limits", k)))
+    for k in defs["SplitSpec"]["properties"]:
+        out.append(Target(f"split.{k}", {**base, "split": {"fractions": {"a": 0.5, "b": 0.5}}}, _setter("split", k),
+                          model_get("split", k)))
+    for k in defs["GroupSpec"]["properties"]:
+        b = {**base, "split": {"fractions": {"a": 0.5, "b": 0.5}, "group": {"column": "n"}}}
+        out.append(Target(f"split.group.{k}", b, _setter("split", "group", k), model_get("split", "group", k)))
+    for k in defs["Inputs"]["properties"]:
+        b = table if k in ("table", "path", "key", "columns", "quoting") else coco if k == "coco" else base
+        out.append(Target(f"inputs.{k}", b, _setter("inputs", k), model_get("inputs", k)))
+    for k in defs["LabelSpec"]["properties"]:
+        b = copy.deepcopy(base)
+        b["inputs"]["label"] = {"capture": "n"}
+        out.append(Target(f"inputs.label.{k}", b, _setter("inputs", "label", k), model_get("inputs", "label", k)))
+    for k in defs["ColumnDecl"]["properties"]:
+        b = copy.deepcopy(table)
+        b["inputs"]["columns"] = {"y": {"column": "c", "kind": "target"}}
+        out.append(Target(f"inputs.columns.y.{k}", b, _setter("inputs", "columns", "y", k),
+                          model_get("inputs", "columns", "y", k)))
+    for k in defs["CocoSpec"]["properties"]:
+        out.append(Target(f"inputs.coco.{k}", coco, _setter("inputs", "coco", k), model_get("inputs", "coco", k)))
+    for v in defs["field"]["oneOf"]:
+        dname = v["title"].removeprefix("decoder ")
+        for k in v["properties"]:
+            if k == "decoder":
+                continue
+            b = copy.deepcopy(base)
+            b["inputs"]["fields"]["image"] = {"decoder": dname}
+            b["inputs"]["kind"] = "dir" if dname == "dicom_series" else "file"
+            if k == "path":
+                get = lambda r: r.model.inputs.fields["image"].path   # noqa: E731
+            else:
+                get = (lambda k: lambda r: getattr(r.decoders["image"].params, k))(k)
+            out.append(Target(f"inputs.fields.image.{k}" if k == "path" else f"decoders.{dname}.{k}", b,
+                              _setter("inputs", "fields", "image", k), get))
+    cases = _cases()
+    for v in defs["step"]["oneOf"]:
+        sname = v["title"].removeprefix("step ")
+        opts = v["properties"][sname]
+        opts = next((a for a in opts.get("anyOf", [opts]) if "properties" in a), {"properties": {}})
+        good = cases.get(sname, [{}])[0]
+        for k in opts["properties"]:
+            b = {**base, "steps": [{sname: dict(good)}]}
+            out.append(Target(f"steps[0].{sname}.{k}", b, lambda d, x, s=sname, k=k: d["steps"][0][s].__setitem__(k, x),
+                              (lambda k: lambda r: getattr(r.steps[0].params, k))(k)))
+    for v in defs["output"]["oneOf"]:
+        fmt = v["title"].removeprefix("output ")
+        for k in v.get("properties", {}).get("options", {}).get("properties", {}):
+            b = {**base, "output": {"format": fmt, "options": {}}}
+            out.append(Target(f"output.options.{k}", b, _setter("output", "options", k),
+                              (lambda k: lambda r: getattr(r.writer_options, k))(k)))
+    seen: set[str] = set()
+    return [t for t in out if not (t.key in seen or seen.add(t.key))]
+
+
+def validate(data: dict, base_dir: Path) -> Any:
+    """What ``precompile validate`` checks before any input is read: the recipe and its format's options."""
+    r = parse_recipe(data, source="r.yaml", base_dir=str(base_dir))
+    out = r.model.output
+    r.writer_options = parse_params(WRITERS.get(out.format).Options, out.options, "r.yaml", ("output", "options"))
+    return r
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("hostile")
+    for i in range(3):
+        Image.fromarray(np.full((12, 16, 3), 40 * i, np.uint8)).save(d / f"{i}.png")
+    (d / "t.csv").write_text("p,c\n0.png,1\n1.png,2\n")
+    (d / "c.json").write_text('{"images": [{"id": 1, "file_name": "0.png", "width": 16, "height": 12}], '
+                              '"annotations": [], "categories": [{"id": 1, "name": "a"}]}')
+    return d
+
+
+def classify(t: Target, value: Any, folder: Path) -> str | None:
+    """None when the outcome is good; else what is wrong."""
+    try:
+        r = validate(t.recipe(value), folder)
+    except RecipeError as e:
+        msg = str(e)
+        leaf = t.key.rsplit(".", 1)[-1]
+        if leaf not in msg and t.key.split(".")[0] not in msg:
+            return f"refused without naming the key: {msg[:200]}"
+        if len(msg) > 2000:
+            return f"a message of {len(msg)} characters"
+        return None
+    except Exception as e:   # noqa: BLE001 - any other exception is the defect this test looks for
+        return f"{type(e).__name__}: {str(e)[:200]}"
+    return wrong_meaning(value, t.get(r), t.key)
+
+
+def test_every_base_recipe_validates(folder):
+    """The attack starts from recipes that are good without the attacked key (else a refusal proves nothing)."""
+    ts = targets(folder)
+    assert len(ts) > 150
+    for t in ts:
+        validate(copy.deepcopy(t.base), folder)
+
+
+#: defects found and not fixed yet, as (key, value) pairs: each must still occur (the list cannot go stale)
+KNOWN: set[tuple[str, str]] = {
+    ('timeout_s', 'inf'),   # 'a non-finite number kept: inf'
+    ('output.format', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5076 characters'
+    ('inputs.root', "'a\\x00b'"),   # 'a NUL kept in a path'
+    ('inputs.match', "'a\\x00b'"),   # 'a NUL kept in a path'
+    ('inputs.path', "'a\\x00b'"),   # 'a NUL kept in a path'
+    ('inputs.label.capture', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5068 characters'
+    ('inputs.coco.file', "'a\\x00b'"),   # 'a NUL kept in a path'
+    ('inputs.fields.image.path', "'a\\x00b'"),   # 'a NUL kept in a path'
+    ('decoders.mask.max_label', '1180591620717411303424'),   # 'refused without naming the key: r.yaml: inputs.fields
+    ('steps[0].center_crop.size', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5092 characters'
+    ('steps[0].color_jitter.brightness', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5094 characte
+    ('steps[0].color_jitter.contrast', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5090 characters'
+    ('steps[0].color_jitter.saturation', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5094 characte
+    ('steps[0].crop_pad_volume.shape', '32.5'),   # '32.5 cut to [32, 32, 32]'
+    ('steps[0].crop_pad_volume.shape', 'inf'),   # 'OverflowError: cannot convert float infinity to integer'
+    ('steps[0].crop_pad_volume.shape', '-inf'),   # 'OverflowError: cannot convert float infinity to integer'
+    ('steps[0].crop_pad_volume.shape', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5087 characters'
+    ('steps[0].elastic.magnitude', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5087 characters'
+    ('steps[0].gaussian_noise.std', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5082 characters'
+    ('steps[0].patches3d.size', '32.5'),   # '32.5 cut to [32, 32, 32]'
+    ('steps[0].patches3d.size', 'inf'),   # 'OverflowError: cannot convert float infinity to integer'
+    ('steps[0].patches3d.size', '-inf'),   # 'OverflowError: cannot convert float infinity to integer'
+    ('steps[0].patches3d.size', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5080 characters'
+    ('steps[0].patches3d.stride', '32.5'),   # '32.5 cut to [32, 32, 32]'
+    ('steps[0].patches3d.stride', 'inf'),   # 'OverflowError: cannot convert float infinity to integer'
+    ('steps[0].patches3d.stride', '-inf'),   # 'OverflowError: cannot convert float infinity to integer'
+    ('steps[0].patches3d.stride', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5082 characters'
+    ('steps[0].random_affine.degrees', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5089 characters'
+    ('steps[0].random_affine.scale', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5085 characters'
+    ('steps[0].random_crop.size', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5092 characters'
+    ('steps[0].random_gain.db', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5077 characters'
+    ('steps[0].random_resized_crop.size', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5100 charact
+    ('steps[0].random_resized_crop.scale', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5091 charac
+    ('steps[0].random_resized_crop.ratio', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5091 charac
+    ('steps[0].resample_volume.spacing', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5092 characte
+    ('steps[0].resample_volume.shape', 'inf'),   # 'OverflowError: cannot convert float infinity to integer'
+    ('steps[0].resample_volume.shape', '-inf'),   # 'OverflowError: cannot convert float infinity to integer'
+    ('steps[0].resample_volume.shape', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5087 characters'
+    ('steps[0].resize.size', "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),   # 'a message of 5087 characters'
+}
+
+
+def test_every_key_refuses_or_keeps_the_meaning_of_every_hostile_value(folder):
+    ts = targets(folder)
+    found = {(t.key, repr(v)[:40]): why for t in ts for v in HOSTILE if (why := classify(t, v, folder)) is not None}
+    print(f"{len(ts)} keys x {len(HOSTILE)} values = {len(ts) * len(HOSTILE)} recipes")
+    new = {k: w for k, w in found.items() if k not in KNOWN}
+    assert not new, f"{len(new)} defects:\n" + "\n".join(f"{k} = {v}: {w}" for (k, v), w in new.items())
+    assert not KNOWN - set(found), f"fixed, to take off KNOWN: {sorted(KNOWN - set(found))}"
+
+
+HEAD = 'name: t\ninputs: {root: ., match: "{n}.png", fields: {image: {decoder: image%s}}}\n'
+
+
+def load_yaml(tmp_path: Path, text: str, decoder_options: str = "") -> Any:
+    p = tmp_path / "r.yaml"
+    p.write_text(HEAD % decoder_options + text)
+    return load_recipe(p)
+
+
+@pytest.mark.parametrize("text,options,msg", [
+    ("copies: true", "", "copies: expected an integer, got True (a boolean is not taken as a number)"),
+    ("output: {samples_per_shard: '64'}", "", "output.samples_per_shard: expected an integer, got the string '64' "
+     "(a quoted value is not taken as a number or boolean: write it unquoted)"),
+    ("keep_original: 1", "", "keep_original: expected true or false, got 1 (a number is not taken as a boolean)"),
+    ("stats: 'yes'", "", "stats: expected true or false, got the string 'yes'"),
+    ("steps: [{random_flip: {horizontal: true}}]", "",
+     "steps[0].random_flip.horizontal: expected a number, got True (a boolean is not taken as a number)"),
+    ("steps: [{fix_length: {length: '16000'}}]", "", "steps[0].fix_length.length: expected an integer, got the string"),
+    ("limits: {input_bytes: true}", "", "limits.input_bytes: expected an integer, got True"),
+    ("", ", exif_transpose: 0", "inputs.fields.image.exif_transpose: expected true or false, got 0"),
+])
+def test_a_value_of_another_type_is_refused_not_converted(tmp_path, text, options, msg):
+    """pydantic's lax mode took `copies: true` as 1 copy, `samples_per_shard: "64"` as 64 and `keep_original: 1`
+    as true: one rule (recipe.refuse_coercion) now refuses them at every level, naming the key."""
+    with pytest.raises(RecipeError) as e:
+        load_yaml(tmp_path, text, options)
+    assert msg in str(e.value)
+
+
+def test_exponent_numbers_are_numbers(tmp_path):
+    """PyYAML (YAML 1.1) reads `1e3` (no '.') as a string: `std: 1e-2` was refused as "got '1e-2'" and
+    `timeout_s: 1e3` taken from the string; the recipe loader reads them as YAML 1.2 does, as numbers."""
+    r = load_yaml(tmp_path, "timeout_s: 1e3\nsteps: [{gaussian_noise: {std: 1e-2}}]\n")
+    assert r.model.timeout_s == 1000.0 and type(r.model.timeout_s) is float
+    assert r.steps[0].params.std == (0.0, 0.01) or 0.01 in _flat(r.steps[0].params.std)
+    # quoted, it is a string still (a class name, a split name)
+    r = load_yaml(tmp_path, "inputs: {root: ., match: '{n}.png', fields: {image: {decoder: image}}, "
+                            "label: {capture: n, classes: ['1e3', 1e3x]}}\n")
+    assert r.model.inputs.label.classes == ["1e3", "1e3x"]

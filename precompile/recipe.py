@@ -30,7 +30,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 
 from .formats import names as fmt
 from .formats.names import NAME_RE, check_field_name
-from .errors import RecipeError, clip, did_you_mean
+from .errors import ECHO_CHARS, MAX_MESSAGE_CHARS, RecipeError, clip, did_you_mean, echo
 from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
 
 class _Model(BaseModel):
@@ -566,6 +566,9 @@ def _pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: 
     elif "input" in first and first["type"] not in ("value_error",):
         msg = f"{msg}, got {clip(repr(first['input']))}"
     msg = msg.removeprefix("Value error, ")
+    if "input" in first and len(repr(first["input"])) > ECHO_CHARS:   # a validator's message quoting it whole
+        msg = msg.replace(repr(first["input"]), echo(first["input"]))
+    msg = clip(msg, MAX_MESSAGE_CHARS - 40)   # room for the count below
     more = len(errors) - 1
     if more:
         msg += f" (and {more} more error{'s' if more > 1 else ''})"

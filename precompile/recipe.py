@@ -59,6 +59,14 @@ def check_template(v: Optional[str]) -> Optional[str]:
     return v
 
 
+def check_path_text(v: Optional[str]) -> Optional[str]:
+    """A recipe string that names files or folders (a root, a pattern, a template, a file) with no NUL character:
+    no file name holds one, and the system calls refuse it (``embedded null byte``) only when an input is read."""
+    if isinstance(v, str) and "\x00" in v:
+        raise ValueError(f"holds a NUL character (\\x00) at position {v.index(chr(0))}: no file or folder name can")
+    return v
+
+
 class FieldDecl(BaseModel):
     """One field of a sample: where its file is and how to decode it (extra keys are decoder options)."""
 
@@ -69,6 +77,7 @@ class FieldDecl(BaseModel):
     @field_validator("path")
     @classmethod
     def _path(cls, v: Optional[str]) -> Optional[str]:
+        check_path_text(v)
         if v is not None and (v.startswith("/") or ".." in v.split("/")):
             raise ValueError("must stay inside inputs.root (no leading '/' or '..'): make root the folder that "
                              "holds every field's files and name their folders in the templates (docs/"
@@ -178,6 +187,11 @@ class CocoSpec(_Model):
     def _image(cls, v: str) -> str:
         return check_field_name(v)
 
+    @field_validator("file")
+    @classmethod
+    def _file(cls, v: str) -> str:
+        return check_path_text(v)
+
 
 def _also_a_string(schema: dict) -> None:
     """``inputs.coco`` in the JSON Schema: the file name alone is accepted too (the parser turns it into {file})."""
@@ -220,6 +234,11 @@ class Inputs(_Model):
                           "separators, doubled quotes and line breaks) or `none` (a quote is plain text); default "
                           "csv for .csv files, none for .tsv/.tab files (TSV has no quoting)")
 
+    @field_validator("root")
+    @classmethod
+    def _root(cls, v: str) -> str:
+        return check_path_text(v)
+
     @field_validator("table")
     @classmethod
     def _table(cls, v: Optional[str | list[str]]) -> Optional[str | list[str]]:
@@ -228,6 +247,7 @@ class Inputs(_Model):
         from .inputs.table.files import table_format
 
         for entry in [v] if isinstance(v, str) else v or []:
+            check_path_text(entry)
             table_format(entry)  # a ValueError naming the known extensions
         return v
 
@@ -312,6 +332,7 @@ class Inputs(_Model):
         if v is None and info.field_name == "match" and info.data.get("table") is None and info.data.get("coco") is None:
             raise ValueError("required key is missing (or give table: a file with one row per sample, or coco: an "
                              "annotation file)")
+        check_path_text(v)
         if v is not None and (v.startswith("/") or ".." in Path(v).parts):
             raise ValueError("must be a relative pattern inside root (no leading '/' or '..')")
         return check_template(v) if info.field_name == "path" else v

@@ -31,10 +31,17 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from .formats import names as fmt
 from .formats.names import NAME_RE, check_field_name
 from .errors import ECHO_CHARS, MAX_MESSAGE_CHARS, RecipeError, clip, did_you_mean, echo
+from .optschema import MAX_TIMEOUT_S
 from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+#: the largest seed (and split seed): an int64, as the index stores it (2^70 failed writing the index)
+MAX_SEED = 2**63 - 1
+#: the largest chunk_bytes: a variable-shape field's chunk is this many bytes on disk however few samples it holds
+MAX_CHUNK_BYTES = 1 << 30
 
 
 class LabelSpec(_Model):
@@ -135,7 +142,7 @@ class SplitSpec(_Model):
     column: Optional[str] = Field(None, description="by: column: the column (or capture) naming each row's split")
     group: Optional[Union[str, GroupSpec]] = Field(None, description="rows with the same group share a split")
     fractions: Optional[dict[str, float]] = Field(None, description="by: hash: split name -> fraction (sum 1)")
-    seed: Optional[int] = Field(None, ge=0, description="default: the recipe's seed")
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED, description="default: the recipe's seed")
     stratify: Optional[str] = Field(
         None,   # absent: left out of Recipe.resolved(), so the recipe's key is as before the option existed
         description="by: hash: the column (or capture) whose classes every split holds in the fractions' "
@@ -361,7 +368,7 @@ class Output(_Model):
     name: Optional[str] = None
     samples_per_shard: int = Field(256, ge=1)
     chunk_samples: Optional[int] = Field(None, ge=1)
-    chunk_bytes: int = Field(2 * 1024 * 1024, ge=4096)
+    chunk_bytes: int = Field(2 * 1024 * 1024, ge=4096, le=MAX_CHUNK_BYTES)
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("name")
@@ -390,7 +397,7 @@ class Limits(_Model):
 
 class RecipeModel(_Model):
     name: str
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     imports: list[str] = Field(default_factory=list,
                                description="Python modules that register custom decoders and steps")
     inputs: Inputs
@@ -400,7 +407,7 @@ class RecipeModel(_Model):
     output: Output = Field(default_factory=Output)
     on_error: Literal["fail", "skip"] = "fail"
     max_failures: Optional[int] = Field(None, ge=0)
-    timeout_s: Optional[float] = Field(None, gt=0)
+    timeout_s: Optional[float] = Field(None, gt=0, le=MAX_TIMEOUT_S)
     split: Optional[SplitSpec] = None
     limits: Limits = Field(default_factory=Limits)
     stats: bool = Field(False, description="compute the output's statistics (precompile stats) as part of "

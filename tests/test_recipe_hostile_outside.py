@@ -240,7 +240,6 @@ def test_every_base_recipe_validates(folder):
 
 #: defects found and not fixed yet, as (key, value) pairs: each must still occur (the list cannot go stale)
 KNOWN: set[tuple[str, str]] = {
-    ('timeout_s', 'inf'),   # 'a non-finite number kept: inf'
     ('decoders.mask.max_label', '1180591620717411303424'),   # 'refused without naming the key: r.yaml: inputs.fields
 }
 
@@ -337,3 +336,34 @@ def test_a_nul_in_a_path_is_refused_by_validation(folder, inputs, loc):
     holds a NUL: the key is refused before any input is read."""
     with pytest.raises(RecipeError, match=re.escape(f"r.yaml: {loc}: holds a NUL character")):
         validate({"name": "t", "inputs": inputs}, folder)
+
+
+def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "precompile.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120, env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("seed: 1180591620717411303424", "seed: Input should be less than or equal to 9223372036854775807"),
+    ("split: {fractions: {a: 1.0}, seed: 1180591620717411303424}",
+     "split.seed: Input should be less than or equal to 9223372036854775807"),
+    ("timeout_s: .inf", "timeout_s: Input should be less than or equal to 604800"),
+    ("timeout_s: 1.0e+9", "timeout_s: Input should be less than or equal to 604800"),
+    ("output: {chunk_bytes: 1099511627776}", "output.chunk_bytes: Input should be less than or equal to 1073741824"),
+])
+def test_numbers_past_what_the_build_can_use_are_refused_by_validation(tmp_path, text, msg):
+    """Each was accepted and then failed the build: seed 2^70 with a TypeError traceback writing the index (exit 1),
+    timeout_s .inf or 1e9 with an OverflowError in every shard blamed on the inputs (exit 3), chunk_bytes 1 TiB by
+    asking the output folder for 1.1 TiB for 3 small images (exit 6)."""
+    with pytest.raises(RecipeError) as e:
+        load_yaml(tmp_path, text + "\n")
+    assert msg in str(e.value)
+
+
+def test_cli_timeout_over_the_bound_is_a_usage_error(folder, tmp_path):
+    (tmp_path / "r.yaml").write_text(f"name: t\ninputs: {{root: {folder}, match: '{{n}}.png', "
+                                     f"fields: {{image: {{decoder: image}}}}}}\n")
+    for bad in ("inf", "1e9"):
+        out = run_cli("build", str(tmp_path / "r.yaml"), "-o", str(tmp_path / "out"), "--timeout", bad, cwd=tmp_path)
+        assert out.returncode == 2 and "--timeout" in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "out").exists()

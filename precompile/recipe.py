@@ -904,6 +904,18 @@ _EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE
 _RecipeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+.0123456789"))
 
 
+def _no_key_twice(node: yaml.MappingNode) -> None:
+    """A mapping gives each key once: PyYAML keeps the last of two equal keys without a word (a second `name:`
+    renamed the output, a second field of the same name replaced the first). Merge keys (`<<`) may repeat."""
+    first: dict[tuple[str, str], int] = {}
+    for k, _v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+            if (k.tag, k.value) in first:
+                raise _YamlLimit(f"line {k.start_mark.line + 1}: key {clip(repr(k.value), 80)} is given twice "
+                                 f"(first on line {first[k.tag, k.value]})")
+            first[k.tag, k.value] = k.start_mark.line + 1
+
+
 def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     """Values ``node`` holds once every alias is expanded, counted over the shared node graph (no expansion)."""
     k = id(node)
@@ -916,6 +928,7 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     if isinstance(node, yaml.SequenceNode):
         n = 1 + sum(_expanded_size(c, memo) for c in node.value)
     elif isinstance(node, yaml.MappingNode):
+        _no_key_twice(node)
         n = 1 + sum(_expanded_size(a, memo) + _expanded_size(b, memo) for a, b in node.value)
     else:
         n = 1

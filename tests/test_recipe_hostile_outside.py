@@ -289,7 +289,7 @@ def test_exponent_numbers_are_numbers(tmp_path):
     assert r.model.timeout_s == 1000.0 and type(r.model.timeout_s) is float
     assert r.steps[0].params.std == (0.0, 0.01) or 0.01 in _flat(r.steps[0].params.std)
     # quoted, it is a string still (a class name, a split name)
-    r = load_yaml(tmp_path, "inputs: {root: ., match: '{n}.png', fields: {image: {decoder: image}}, "
+    r = load_yaml(tmp_path, "name: t\ninputs: {root: ., match: '{n}.png', fields: {image: {decoder: image}}, "
                             "label: {capture: n, classes: ['1e3', 1e3x]}}\n")
     assert r.model.inputs.label.classes == ["1e3", "1e3x"]
 
@@ -367,3 +367,23 @@ def test_cli_timeout_over_the_bound_is_a_usage_error(folder, tmp_path):
         out = run_cli("build", str(tmp_path / "r.yaml"), "-o", str(tmp_path / "out"), "--timeout", bad, cwd=tmp_path)
         assert out.returncode == 2 and "--timeout" in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("text,line", [
+    ("name: t\nname: u\ninputs: {root: ., match: '{n}.png', fields: {image: {decoder: image}}}\n", "line 2: key 'name'"),
+    ("name: t\ninputs: {root: ., match: '{n}.png', fields: {image: {decoder: image}, image: {decoder: mask}}}\n",
+     "line 2: key 'image'"),
+    ("name: t\ninputs: {root: ., match: '{n}.png', fields: {image: {decoder: image}}}\n"
+     "steps:\n- resize: {size: 8, size: 16}\n", "line 4: key 'size'"),
+])
+def test_a_key_given_twice_is_refused(tmp_path, text, line):
+    """PyYAML keeps the last of two equal keys without a word: `name: t` then `name: u` built 'u', and a second
+    `image` field replaced the first. The loader refuses it, with the line."""
+    with pytest.raises(RecipeError, match=re.escape(line) + r" is given twice \(first on line \d+\)"):
+        load_yaml(tmp_path, text)
+
+
+def test_merge_keys_still_override(tmp_path):
+    r = load_yaml(tmp_path, "name: t\ninputs: {root: ., match: '{n}.png', fields: {image: {decoder: image}}}\n"
+                  "steps:\n- resize: &r {size: 8, interpolation: area}\n- resize: {<<: *r, size: 16}\n")
+    assert [list(s.params.size) for s in r.steps] == [[8, 8], [16, 16]]

@@ -29,7 +29,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from .formats import names as fmt
-from .formats.names import NAME_RE, check_field_name
+from .formats.names import NAME_RE, check_field_name, check_name_length
 from .errors import ECHO_CHARS, MAX_MESSAGE_CHARS, RecipeError, clip, did_you_mean, echo
 from .optschema import MAX_TIMEOUT_S
 from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
@@ -164,7 +164,8 @@ class SplitSpec(_Model):
                 raise ValueError("by: hash needs fractions, e.g. {train: 0.8, val: 0.1, test: 0.1}")
             for name, f in self.fractions.items():
                 if not NAME_RE.match(name):
-                    raise ValueError(f"split name {name!r} must be letters, digits, '_', '.', '-'")
+                    raise ValueError(f"split name {echo(name)} must be letters, digits, '_', '.', '-'")
+                check_name_length(name, f"split name {echo(name, 20)} ")
                 if not 0 < f <= 1:
                     raise ValueError(f"fraction of {name!r} must be in (0, 1], got {f}")
             if abs(sum(self.fractions.values()) - 1) > 1e-6:
@@ -380,7 +381,7 @@ class Output(_Model):
             raise ValueError("must be a plain file name inside the output folder (no '/', '..' or absolute path)")
         if not NAME_RE.match(v):
             raise ValueError("must be letters, digits, '_', '.', '-'")
-        return v
+        return check_name_length(v)
 
 
 MAX_COPIES = 10_000   # augmented copies of one input (a larger count is a typo or a different job)
@@ -418,7 +419,7 @@ class RecipeModel(_Model):
     def _name(cls, v: str) -> str:
         if not NAME_RE.match(v):
             raise ValueError("must be letters, digits, '_', '.', '-' (it names the output file)")
-        return v
+        return check_name_length(v)
 
 
 def format_loc(loc: tuple) -> str:

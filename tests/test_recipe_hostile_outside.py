@@ -387,3 +387,27 @@ def test_merge_keys_still_override(tmp_path):
     r = load_yaml(tmp_path, "name: t\ninputs: {root: ., match: '{n}.png', fields: {image: {decoder: image}}}\n"
                   "steps:\n- resize: &r {size: 8, interpolation: area}\n- resize: {<<: *r, size: 16}\n")
     assert [list(s.params.size) for s in r.steps] == [[8, 8], [16, 16]]
+
+
+@pytest.mark.parametrize("over,msg", [
+    ({"name": "n" * 300}, "r.yaml: name: is 300 characters long; at most 100 (it names the output's files)"),
+    ({"output": {"name": "o" * 300}}, "r.yaml: output.name: is 300 characters long; at most 100"),
+    ({"split": {"fractions": {"s" * 300: 1.0}}}, "r.yaml: split: split name 'sss"),
+])
+def test_a_name_too_long_for_a_file_name_is_refused_by_validation(folder, over, msg):
+    """A 300-character name was accepted: the build then failed creating its files, an output name with exit 6
+    ('cannot create the output folder ... File name too long', the output blamed), a split name after building
+    every shard with h5py's raw 'Unable to synchronously create file' (exit 1)."""
+    with pytest.raises(RecipeError) as e:
+        validate({"name": "t", "inputs": {"root": ".", "match": "{n}.png", "fields": {"image": {"decoder": "image"}}},
+                  **over}, folder)
+    assert msg in str(e.value) and "at most 100" in str(e.value)
+
+
+def test_cli_refuses_a_long_split_name_before_building(folder, tmp_path):
+    (tmp_path / "r.yaml").write_text(f"name: t\ninputs: {{root: {folder}, match: '{{n}}.png', fields: {{image: "
+                                     f"{{decoder: image}}}}}}\nsplit: {{fractions: {{{'s' * 300}: 1.0}}}}\n")
+    out = run_cli("build", str(tmp_path / "r.yaml"), "-o", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"error: {tmp_path / 'r.yaml'}: split: split name 'sss") and "at most 100" in out.stderr
+    assert not (tmp_path / "out").exists()

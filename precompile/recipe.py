@@ -442,12 +442,19 @@ def _members(tp: Any) -> list[Any]:
     return [tp]
 
 
+def _tag(m: Any) -> str:
+    """The name pydantic gives union member ``m`` in an error's path (``str``, ``GroupSpec``, ``dict[str,str]``,
+    ``literal['a','b']``), lowercased."""
+    name = getattr(m, "__name__", None) if isinstance(m, type) else None
+    return (name or str(m).replace("typing.", "")).replace(" ", "").lower()
+
+
 def _step_into(tp: Any, part: Any) -> tuple[Any, bool]:
     """(the type at ``part`` of a value of type ``tp``, whether ``part`` is the name pydantic gives a union's
     member rather than a key); (None, False) when the path leaves what the annotations say."""
     members = _members(tp)
     for m in members:
-        if len(members) > 1 and part == getattr(m, "__name__", None):
+        if len(members) > 1 and isinstance(part, str) and part.lower() == _tag(m):
             return m, True
     for m in members:
         if isinstance(m, type) and issubclass(m, BaseModel):
@@ -583,7 +590,13 @@ def _pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: 
     RecipeError naming the key path; an unknown key gets the keys of ``model`` (the class validated, plus
     ``also``) close to it."""
     errors = err.errors()
-    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    if model is not None:   # paths without pydantic's names of union members (split.group.str -> split.group)
+        errors = [{**e, "loc": accepted_keys(model, tuple(p for p in e["loc"] if p != "function-after"))[1]}
+                  for e in errors]
+    # an unknown key first (a misspelt key is why a required one is missing); then an error of the union member
+    # the value is (a mapping's bad regex, not the string member's "should be a string"), the deepest path first
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), None) or min(
+        errors, key=lambda e: (e["type"].endswith("_type"), -len(e["loc"])))
     loc = tuple(p for p in first["loc"] if p not in ("function-after",))
     msg = first["msg"]
     if first["type"] == "missing":

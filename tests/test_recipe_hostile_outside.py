@@ -411,3 +411,21 @@ def test_cli_refuses_a_long_split_name_before_building(folder, tmp_path):
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith(f"error: {tmp_path / 'r.yaml'}: split: split name 'sss") and "at most 100" in out.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("over,msg", [
+    ({"split": {"fractions": {"a": 1.0}, "group": {"column": "n", "pattern": "(("}}},
+     "r.yaml: split.group.pattern: not a valid regular expression: missing ), unterminated subpattern"),
+    ({"split": {"fractions": {"a": 1.0}, "group": {"column": 3}}},
+     "r.yaml: split.group.column: Input should be a valid string, got 3"),
+    ({"inputs": {"root": ".", "table": "t.csv", "path": "{p}", "where": 3, "fields": {"image": {"decoder": "image"}}}},
+     "r.yaml: inputs.where: Input should be a valid dictionary, got 3"),
+])
+def test_an_error_inside_a_union_names_the_key_not_pydantic_s_member_name(folder, over, msg):
+    """A key that takes a string or a mapping (split.group, inputs.where) reported the first union member's type
+    error, with pydantic's member name in the key path: 'split.group.str: Input should be a valid string, got
+    {'column': 'n', 'pattern': '(('}' for a bad regular expression in the mapping."""
+    base = {"name": "t", "inputs": {"root": ".", "match": "{n}.png", "fields": {"image": {"decoder": "image"}}}}
+    with pytest.raises(RecipeError) as e:
+        validate({**base, **over}, folder)
+    assert str(e.value).startswith(msg), str(e.value)

@@ -44,11 +44,23 @@ MAX_SEED = 2**63 - 1
 MAX_CHUNK_BYTES = 1 << 30
 
 
+def check_classes(v: Optional[list[str]]) -> Optional[list[str]]:
+    """A list of class names in id order names each class once (a name given twice would get one of two ids)."""
+    seen: set[str] = set()
+    for name in v or []:
+        if name in seen:
+            raise ValueError(f"class {echo(name, 80)} is named twice (each class once, in id order)")
+        seen.add(name)
+    return v
+
+
 class LabelSpec(_Model):
     capture: str = Field(description="the capture in `match` whose value is the class name")
     field: str = Field("label", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                        description="the output field holding the class id (letters, digits, '_', '.', '-')")
     classes: Optional[list[str]] = Field(None, description="class names in id order; default: sorted unique values")
+
+    _classes = field_validator("classes")(check_classes)
 
 
 #: the widest a path template may pad or cut one cell (``{n:>WIDTH}``, ``{x:.PRECISION}``): no path is longer
@@ -102,6 +114,8 @@ class ColumnDecl(_Model):
                                                            "(default: sorted unique values)")
     map: dict[Union[float, str], Union[float, str, None]] = Field(
         default_factory=dict, description="target only: cell value -> number ('nan' or null: NaN; key '': a blank cell)")
+
+    _classes = field_validator("classes")(check_classes)
 
     @model_validator(mode="after")
     def _check(self) -> "ColumnDecl":

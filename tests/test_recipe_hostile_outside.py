@@ -429,3 +429,16 @@ def test_an_error_inside_a_union_names_the_key_not_pydantic_s_member_name(folder
     with pytest.raises(RecipeError) as e:
         validate({**base, **over}, folder)
     assert str(e.value).startswith(msg), str(e.value)
+
+
+@pytest.mark.parametrize("inputs,loc", [
+    ({"root": ".", "match": "{n}.png", "fields": {"image": {"decoder": "image"}},
+      "label": {"capture": "n", "classes": ["0", "1", "0", "2"]}}, "inputs.label.classes"),
+    ({"root": ".", "table": "t.csv", "path": "{p}", "fields": {"image": {"decoder": "image"}},
+      "columns": {"y": {"column": "c", "kind": "label", "classes": ["1", "2", "2"]}}}, "inputs.columns.y.classes"),
+])
+def test_a_class_named_twice_is_refused(folder, inputs, loc):
+    """classes: [0, 1, 0, 2] was accepted: class '0' got one of two ids and the stored list of class names held
+    it twice (ids and names no longer one to one)."""
+    with pytest.raises(RecipeError, match=re.escape(f"r.yaml: {loc}: class ") + r"'[02]' is named twice"):
+        validate({"name": "t", "inputs": inputs}, folder)

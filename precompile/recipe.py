@@ -668,6 +668,8 @@ class Recipe:
         for dec in self.decoders.values():
             dec.max_bytes = model.limits.input_bytes   # each decoder checks declared sizes against it
         self.steps = [self._make_step(i, entry) for i, entry in enumerate(model.steps)]
+        for step in self.steps:
+            step.max_bytes = model.limits.sample_bytes   # a step whose output size depends on the input checks it
         self._check_output()
         self._check_inputs()
         from .decoders.jpeg_reduce import configure

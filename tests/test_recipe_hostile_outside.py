@@ -442,3 +442,53 @@ def test_a_class_named_twice_is_refused(folder, inputs, loc):
     it twice (ids and names no longer one to one)."""
     with pytest.raises(RecipeError, match=re.escape(f"r.yaml: {loc}: class ") + r"'[02]' is named twice"):
         validate({"name": "t", "inputs": inputs}, folder)
+
+
+def _nifti_folder(d: Path) -> Path:
+    nib = pytest.importorskip("nibabel", reason="nibabel is not installed (the volume extra)")
+    d.mkdir()
+    nib.save(nib.Nifti1Image(np.arange(6 * 5 * 4, dtype=np.int16).reshape(6, 5, 4), np.eye(4)), str(d / "a.nii.gz"))
+    return d
+
+
+def test_a_step_output_over_the_sample_budget_is_refused_before_it_is_made(tmp_path):
+    """resample_volume with spacing 1e-9 mm asked numpy for a (6e9, 5e9, 4e9) volume: 'array is too big;
+    `arr.size * arr.dtype.itemsize` is larger than the maximum possible size' (numpy's words, blamed on the input);
+    a smaller factor allocates gigabytes first. The step checks the output it would make against
+    limits.sample_bytes (the plan cannot: the output shape depends on each input's spacing)."""
+    from precompile import build
+
+    root = _nifti_folder(tmp_path / "nii")
+    recipe = {"name": "t", "inputs": {"root": str(root), "match": "{n}.nii.gz", "fields": {"ct": {"decoder": "nifti"}}},
+              "steps": [{"resample_volume": {"spacing": 1e-3}}], "limits": {"sample_bytes": 1 << 20}}
+    with pytest.raises(Exception) as e:
+        build(recipe, str(tmp_path / "out"), progress=False)
+    assert "resample_volume: its output (4000, 5000, 6000) float32 would take 480000000000 bytes (447.0 GiB), over " \
+           "the per-sample budget of 1048576 bytes (1.0 MiB) (limits.sample_bytes)" in str(e.value), str(e.value)
+    assert e.value.exit_code == 3 and "a.nii.gz" in str(e.value)
+
+
+def test_temporal_jitter_length_over_the_sample_budget_is_refused_before_it_is_made(tmp_path):
+    """temporal_jitter with length 2^70 failed in numpy ('Maximum allowed size exceeded'); length 10^7 on a 24x32
+    video asked for 21.5 GiB (a MemoryError, or the OOM killer): the plan cannot know a video's frame size."""
+    av = pytest.importorskip("av", reason="PyAV is not installed (the video extra)")
+    from precompile import build
+
+    (tmp_path / "v").mkdir()
+    c = av.open(str(tmp_path / "v" / "a.mp4"), "w")
+    s = c.add_stream("mpeg4", rate=10)
+    s.width, s.height, s.pix_fmt = 32, 24, "yuv420p"
+    for t in range(4):
+        for p in s.encode(av.VideoFrame.from_ndarray(np.full((24, 32, 3), 30 * t, np.uint8), format="rgb24")):
+            c.mux(p)
+    for p in s.encode():
+        c.mux(p)
+    c.close()
+    for length, nbytes in ((2**70, 2**70 * 24 * 32 * 3), (10**7, 10**7 * 24 * 32 * 3)):
+        recipe = {"name": "t", "inputs": {"root": str(tmp_path / "v"), "match": "{n}.mp4",
+                                          "fields": {"video": {"decoder": "video"}}},
+                  "steps": [{"temporal_jitter": {"length": length}}]}
+        with pytest.raises(Exception) as e:
+            build(recipe, str(tmp_path / f"out{length}"), progress=False)
+        assert f"temporal_jitter: its output ({length}, 24, 32, 3) uint8 would take {nbytes} bytes" in str(e.value)
+        assert "(limits.sample_bytes)" in str(e.value) and e.value.exit_code == 3

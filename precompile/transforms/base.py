@@ -71,6 +71,24 @@ class Step:
     # without this breaks that map (``Dataset.to_source`` then names it)
     keeps_grid: ClassVar[bool] = False
     Params: ClassVar[type[StepParams]] = StepParams
+    #: the per-sample memory budget (the recipe sets it: limits.sample_bytes); a step whose output size the plan
+    #: cannot know (it depends on each input) checks it with :meth:`check_output_bytes` before making the output
+    max_bytes: int = 1 << 30
+
+    def check_output_bytes(self, shape: Sequence[int], dtype: Any, field: Optional[str] = None) -> None:
+        """Raise StepError when an output of ``shape`` and ``dtype`` would take more than :attr:`max_bytes`
+        (counted in Python integers: no overflow), before anything is allocated."""
+        dt = np.dtype(dtype)
+        n = dt.itemsize
+        for d in shape:
+            n *= int(d)
+        if n > self.max_bytes:
+            def words(b: int) -> str:
+                unit = next(((u, k) for u, k in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10))
+                             if b >= k), None)
+                return f"{b} bytes ({b / unit[1]:.1f} {unit[0]})" if unit else f"{b} bytes"
+            raise StepError(f"{self.name}: its output {tuple(int(d) for d in shape)} {dt} would take {words(n)}, over "
+                            f"the per-sample budget of {words(self.max_bytes)} (limits.sample_bytes)", field=field)
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)

@@ -650,6 +650,9 @@ class TemporalJitter(RandomStep):
         T = next(iter(ts.values()))
         if T < 1:
             raise ValueError("the clip has no frames")
+        for f in targets:   # `length` frames of a size the plan may not know: checked before they are taken
+            a = sample.fields[f]
+            self.check_output_bytes((self.params.length, *a.shape[1:]), a.dtype, field=f)
         return T
 
     def sample_params(self, rng, sample, targets):

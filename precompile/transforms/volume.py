@@ -156,7 +156,10 @@ class ResampleVolume(VolumeStep):
         if sp is None:
             raise StepError("resample_volume: no spacing in the sample's metadata (decode with dicom/dicom_series, "
                             "or use shape:)", field=targets[0])
-        return {"shape": list(spacing_shape(shape0, sp, self.params.spacing)), "spacing": sp}
+        shape = list(spacing_shape(shape0, sp, self.params.spacing))
+        for f in targets:   # the plan cannot know this shape (each input's spacing decides it): checked here
+            self.check_output_bytes(shape, np.result_type(sample.fields[f].dtype, np.float32), field=f)
+        return {"shape": shape, "spacing": sp}
 
     def apply_volume(self, a: np.ndarray, shape: list[int], order: int | None = None, **_: Any) -> np.ndarray:
         if a.ndim != 3:

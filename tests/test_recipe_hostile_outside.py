@@ -239,9 +239,7 @@ def test_every_base_recipe_validates(folder):
 
 
 #: defects found and not fixed yet, as (key, value) pairs: each must still occur (the list cannot go stale)
-KNOWN: set[tuple[str, str]] = {
-    ('decoders.mask.max_label', '1180591620717411303424'),   # 'refused without naming the key: r.yaml: inputs.fields
-}
+KNOWN: set[tuple[str, str]] = set()   # all fixed: see the commits of tests/test_recipe_hostile_outside.py
 
 
 def test_every_key_refuses_or_keeps_the_meaning_of_every_hostile_value(folder):
@@ -492,3 +490,17 @@ def test_temporal_jitter_length_over_the_sample_budget_is_refused_before_it_is_m
             build(recipe, str(tmp_path / f"out{length}"), progress=False)
         assert f"temporal_jitter: its output ({length}, 24, 32, 3) uint8 would take {nbytes} bytes" in str(e.value)
         assert "(limits.sample_bytes)" in str(e.value) and e.value.exit_code == 3
+
+
+@pytest.mark.parametrize("options,msg", [
+    ({"decoder": "audio", "channels": 2}, "inputs.fields.sound: channels: 2 asks for 2 channels, but mono: true "
+                                          "(the default) mixes to one: set mono: false to keep 2"),
+    ({"decoder": "mask", "max_label": 300}, "inputs.fields.sound: max_label: label 300 does not fit uint8"),
+    ({"decoder": "mask", "classes": [0, 1, 700]}, "inputs.fields.sound: classes: label 700 does not fit uint8"),
+])
+def test_decoder_options_that_cannot_mean_what_they_say_are_refused_naming_the_key(folder, options, msg):
+    """audio channels: 2 with mono left true was accepted and ignored (one channel stored); a mask's label over its
+    dtype was refused without naming the option (`inputs.fields.x: label 300 does not fit uint8`)."""
+    with pytest.raises(RecipeError) as e:
+        validate({"name": "t", "inputs": {"root": ".", "match": "{n}.wav", "fields": {"sound": options}}}, folder)
+    assert msg in str(e.value), str(e.value)

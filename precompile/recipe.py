@@ -891,6 +891,8 @@ def _restore_recipe(model: RecipeModel, source: str | None, base_dir: str | None
 
 
 def parse_recipe(data: Any, source: str | None = None, base_dir: str | None = None) -> Recipe:
+    if data is None:   # an empty file, or comments only
+        raise RecipeError("the recipe is empty: expected a mapping of keys (name, inputs, ...)", source=source)
     if not isinstance(data, dict):
         raise RecipeError(f"expected a mapping at the top level, got {type(data).__name__}", source=source)
     _check_coercion(RecipeModel, data, source, ())

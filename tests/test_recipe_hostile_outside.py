@@ -504,3 +504,29 @@ def test_decoder_options_that_cannot_mean_what_they_say_are_refused_naming_the_k
     with pytest.raises(RecipeError) as e:
         validate({"name": "t", "inputs": {"root": ".", "match": "{n}.wav", "fields": {"sound": options}}}, folder)
     assert msg in str(e.value), str(e.value)
+
+
+CLI_CASES = {
+    "a boolean as a count": (b"copies: true\n", "copies: expected an integer, got True"),
+    "a key given twice": (b"name: u\n", "refused: line 3: key 'name' is given twice (first on line 1)"),
+    "a python tag": (b"seed: !!python/object/apply:os.system ['echo pwned']\n",
+                     "not valid YAML: could not determine a constructor for the tag"),
+    "an empty file": (None, "the recipe is empty: expected a mapping of keys (name, inputs, ...)"),
+    "a list": (b"- name: t\n", "expected a mapping at the top level, got list"),
+    "binary bytes": (bytes(range(256)), "not valid YAML"),
+}
+
+
+@pytest.mark.parametrize("why", sorted(CLI_CASES))
+def test_cli_build_refuses_a_hostile_recipe_with_exit_2_and_one_line(folder, tmp_path, why):
+    """What reaches the user: `precompile build` exits 2 with one `error: FILE: ...` line, no traceback, and makes
+    no output folder (the empty file said 'got NoneType')."""
+    extra, msg = CLI_CASES[why]
+    head = f"name: t\ninputs: {{root: {folder}, match: '{{n}}.png', fields: {{image: {{decoder: image}}}}}}\n".encode()
+    rf = tmp_path / "r.yaml"
+    rf.write_bytes(b"" if extra is None else extra if extra[:1] in (b"-", b"\x00") else head + extra)
+    out = run_cli("build", str(rf), "-o", str(tmp_path / "out"), "--no-progress", cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.startswith(f"error: {rf}: ") and msg in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) <= 2, out.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "pwned").exists()

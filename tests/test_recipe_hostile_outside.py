@@ -530,3 +530,34 @@ def test_cli_build_refuses_a_hostile_recipe_with_exit_2_and_one_line(folder, tmp
     assert out.stderr.startswith(f"error: {rf}: ") and msg in out.stderr, out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) <= 2, out.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "pwned").exists()
+
+
+def test_whole_numbers_written_as_floats_and_ints_for_probabilities_build_what_the_docs_say(folder, tmp_path):
+    """The values the rule keeps: `samples_per_shard: 2.0`, `copies: 1.0`, `seed: 3.0` are the integers (never 1 or
+    cut), and `horizontal: 1` is the probability 1.0: the build's bytes are those of the plain spelling, and every
+    augmented copy is the source mirrored (pixels carry their own truth: a left-right ramp)."""
+    from precompile import build, open as open_build
+
+    src = tmp_path / "src"
+    src.mkdir()
+    ramp = np.broadcast_to(np.arange(16, dtype=np.uint8)[None, :, None] * 10, (12, 16, 3)).copy()
+    for i in range(3):
+        Image.fromarray(ramp + i).save(src / f"{i}.png")
+
+    def run(out: str, **over: Any) -> Any:
+        r = {"name": "t", "inputs": {"root": str(src), "match": "{n}.png", "fields": {"image": {"decoder": "image"}}},
+             "output": {"samples_per_shard": over["sps"]}, "copies": over["copies"], "seed": over["seed"],
+             "steps": [{"random_flip": {"horizontal": over["h"], "vertical": over["v"]}}]}
+        build(r, str(tmp_path / out), progress=False)
+        return open_build(str(tmp_path / out / "t.h5"))
+
+    a = run("a", sps=2.0, copies=1.0, seed=3.0, h=1, v=0)
+    b = run("b", sps=2, copies=1, seed=3, h=1.0, v=0.0)
+    assert [s["num_samples"] for s in a.shards] == [s["num_samples"] for s in b.shards]
+    # (the shard keys differ: a step's options enter the key as written, so `1` and `1.0` are two spellings)
+    copies = [int(c) for c in a.copies]
+    assert len(a) == 6 and copies == [0, 1] * 3
+    for i in range(len(a)):
+        np.testing.assert_array_equal(a[i]["image"], b[i]["image"])
+        want = ramp + i // 2
+        np.testing.assert_array_equal(a[i]["image"], want[:, ::-1] if copies[i] else want)

@@ -44,6 +44,7 @@ HOSTILE: list[Any] = [
     True, False, None, "32", "abc", 32.5, 32.0, -1, 0, -1e30, float("nan"), float("inf"), float("-inf"), 1e30, 2**70,
     [], [1], [True, True], [32.5, 32.5], [float("nan")] * 2, [2**70] * 3, {}, {"a": 1}, "", "x" * 5000,
     "é\u202e\u200b", "\x1b[31m", NUL, "../x", "/etc", "~", "C:\\x",
+    [[1, 2], [3, 4]], [None], {"column": 3}, 10**6,
 ]
 #: keys naming files or folders: a NUL there is a path no system call takes
 PATH_KEYS = ("inputs.root", "inputs.match", "inputs.path", "inputs.table", "inputs.coco.file",
@@ -561,3 +562,28 @@ def test_whole_numbers_written_as_floats_and_ints_for_probabilities_build_what_t
         np.testing.assert_array_equal(a[i]["image"], b[i]["image"])
         want = ramp + i // 2
         np.testing.assert_array_equal(a[i]["image"], want[:, ::-1] if copies[i] else want)
+
+
+def test_seeded_combinations_of_two_hostile_keys_raise_only_recipe_errors(folder):
+    """Two keys of one base recipe attacked at once (a seeded draw, the same every run): validation either accepts
+    or raises RecipeError, never another exception (one check's input is another's garbage)."""
+    import random
+
+    ts = targets(folder)
+    rng = random.Random(20261129)   # the test's own draw of cases, not build randomness
+    other: list[str] = []
+    for _ in range(400):
+        t1 = rng.choice(ts)
+        t2 = rng.choice([t for t in ts if t.base is t1.base])
+        data = t1.recipe(rng.choice(HOSTILE))
+        try:
+            t2.put(data, copy.deepcopy(rng.choice(HOSTILE)))
+        except (TypeError, KeyError, AttributeError):
+            continue   # the first value replaced the mapping the second key lives in
+        try:
+            validate(data, folder)
+        except RecipeError:
+            pass
+        except Exception as e:   # noqa: BLE001 - any other exception is the defect this test looks for
+            other.append(f"{t1.key} + {t2.key}: {type(e).__name__}: {str(e)[:150]}")
+    assert not other, "\n".join(other)

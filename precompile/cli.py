@@ -37,6 +37,12 @@ class _Cli(click.Group):
             sys.exit(1)
 
 
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and value != value:   # nan: no range comparison holds, so FloatRange lets it through
+        raise click.BadParameter("not a number (nan)")
+    return value
+
+
 def _jobs(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
     if value is None:
         return value
@@ -181,6 +187,7 @@ def plan(recipe: str) -> None:
 @click.option("--max-failures", type=click.IntRange(min=0), default=None,
               help="override the recipe's max_failures: stop once more inputs than this have failed")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True, max=MAX_TIMEOUT_S), default=None,
+              callback=_finite,
               help="override the recipe's timeout_s: seconds one input may take to decode")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--force-space", is_flag=True,

@@ -598,7 +598,7 @@ def _unknown_key(key: Any, known: list[str] | None) -> str:
     return did_you_mean(str(key), known) or f" (known: {', '.join(known)})"
 
 
-def _pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: tuple = (), model: Any = None,
+def pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: tuple = (), model: Any = None,
                               also: tuple[str, ...] = ()) -> RecipeError:
     """The first error of ``err`` (an unknown key first: a misspelt key is why a required one is missing) as a
     RecipeError naming the key path; an unknown key gets the keys of ``model`` (the class validated, plus
@@ -643,7 +643,7 @@ def parse_params(cls_params: type[BaseModel], raw: Any, source: str | None, loc:
     try:
         return cls_params.model_validate(raw)
     except ValidationError as e:
-        raise _pydantic_to_recipe_error(e, source, loc, cls_params, also) from None
+        raise pydantic_to_recipe_error(e, source, loc, cls_params, also) from None
 
 
 class Recipe:
@@ -899,7 +899,7 @@ def parse_recipe(data: Any, source: str | None = None, base_dir: str | None = No
     try:
         model = RecipeModel.model_validate(data)
     except ValidationError as e:
-        raise _pydantic_to_recipe_error(e, source, model=RecipeModel) from None
+        raise pydantic_to_recipe_error(e, source, model=RecipeModel) from None
     return Recipe(model, source=source, base_dir=base_dir)
 
 

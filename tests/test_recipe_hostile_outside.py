@@ -588,3 +588,24 @@ def test_seeded_combinations_of_two_hostile_keys_raise_only_recipe_errors(folder
         except Exception as e:   # noqa: BLE001 - any other exception is the defect this test looks for
             other.append(f"{t1.key} + {t2.key}: {type(e).__name__}: {str(e)[:150]}")
     assert not other, "\n".join(other)
+
+
+@pytest.mark.parametrize("shape,opts,msg", [
+    ((1, 400), {"shorter": 4000}, "resize: shorter: 4000 on a 1x400 input makes 4000x1600000; a side is at most 32768"),
+    ((8, 16), {"shorter": 2000}, "resize: its output (2000, 4000, 3) uint8 would take 24000000 bytes (22.9 MiB), over "
+                                 "the per-sample budget of 1048576 bytes (1.0 MiB) (limits.sample_bytes)"),
+])
+def test_resize_to_a_side_keeps_the_output_within_the_bounds(tmp_path, shape, opts, msg):
+    """resize shorter: 4000 on a 1x400 image asked OpenCV for a 4000x1600000 image (19.2 GB: 'Insufficient memory',
+    or the memory itself), past the 32768-pixel side every other 2D step keeps to; the output size depends on each
+    input's aspect, so the plan cannot check it: the step does, before resizing."""
+    from precompile import build
+
+    (tmp_path / "i").mkdir()
+    Image.fromarray(np.zeros((*shape, 3), np.uint8)).save(tmp_path / "i" / "a.png")
+    recipe = {"name": "t", "inputs": {"root": str(tmp_path / "i"), "match": "{n}.png",
+                                      "fields": {"image": {"decoder": "image"}}},
+              "steps": [{"resize": opts}], "limits": {"sample_bytes": 1 << 20}}
+    with pytest.raises(Exception) as e:
+        build(recipe, str(tmp_path / "out"), progress=False)
+    assert msg in str(e.value) and e.value.exit_code == 3, str(e.value)

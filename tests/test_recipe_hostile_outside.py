@@ -609,3 +609,38 @@ def test_resize_to_a_side_keeps_the_output_within_the_bounds(tmp_path, shape, op
     with pytest.raises(Exception) as e:
         build(recipe, str(tmp_path / "out"), progress=False)
     assert msg in str(e.value) and e.value.exit_code == 3, str(e.value)
+
+
+def test_padding_steps_keep_within_the_sample_budget(tmp_path):
+    """fix_length length 2*10^9 on audio of unknown channel count (mono: false) allocated 7.45 GiB, and clips
+    length 10^7 with short: pad on a 4-frame video stacked 21.5 GiB of repeated frames (the plan knows neither
+    size): each input now fails alone, naming the step, the shape and limits.sample_bytes."""
+    import wave
+
+    av = pytest.importorskip("av", reason="PyAV is not installed (the video extra)")
+    from precompile import build
+
+    (tmp_path / "w").mkdir()
+    with wave.open(str(tmp_path / "w" / "a.wav"), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(8000)
+        w.writeframes(np.zeros(100, np.int16).tobytes())
+    (tmp_path / "v").mkdir()
+    c = av.open(str(tmp_path / "v" / "a.mp4"), "w")
+    s = c.add_stream("mpeg4", rate=10)
+    s.width, s.height, s.pix_fmt = 32, 24, "yuv420p"
+    for t in range(4):
+        for p in s.encode(av.VideoFrame.from_ndarray(np.full((24, 32, 3), 30 * t, np.uint8), format="rgb24")):
+            c.mux(p)
+    for p in s.encode():
+        c.mux(p)
+    c.close()
+    cases = [("w", "a.wav", {"decoder": "audio", "mono": False}, {"fix_length": {"length": 2 * 10**9}},
+              "fix_length: its output (1, 2000000000) float32 would take 8000000000 bytes (7.5 GiB)"),
+             ("v", "a.mp4", {"decoder": "video"}, {"clips": {"length": 10**7, "short": "pad"}},
+              "clips: its output (10000000, 24, 32, 3) uint8 would take 23040000000 bytes (21.5 GiB)")]
+    for folder_name, file, field, step, msg in cases:
+        recipe = {"name": "t", "inputs": {"root": str(tmp_path / folder_name), "match": file,
+                                          "fields": {"x": field}}, "steps": [step]}
+        with pytest.raises(Exception) as e:
+            build(recipe, str(tmp_path / f"out-{folder_name}"), progress=False)
+        assert msg in str(e.value) and "(limits.sample_bytes)" in str(e.value), str(e.value)

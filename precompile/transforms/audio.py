@@ -52,6 +52,7 @@ class FixLength(Step):
         return {"pad_value": (self.params.pad_value, AUDIO)}
 
     def apply_audio(self, a: np.ndarray, **_: Any) -> np.ndarray:
+        self.check_output_bytes((*a.shape[:-1], self.params.length), a.dtype)   # channels the plan may not know
         return fix_length(a, self.params.length, self.params.align, self.params.pad_value)[0]
 
 

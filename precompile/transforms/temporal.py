@@ -201,6 +201,9 @@ class Clips(Step):
                    for f in targets if isinstance(sample.meta.get(f), dict)}
 
         def make(clip: "Clip") -> Sample:
+            for k, f in enumerate(targets):   # a short video padded to `length` frames of a size the plan may not know
+                first = np.asarray(clip.items[0][k])
+                self.check_output_bytes((len(clip.items), *first.shape), first.dtype, field=f)
             new = {f: np.stack([it[k] for it in clip.items]) for k, f in enumerate(targets)}
             src = [i * dec_every if i >= 0 else -1 for i in clip.positions]
             if self.params.index_field is not None:

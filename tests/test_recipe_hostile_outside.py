@@ -612,7 +612,8 @@ def test_resize_to_a_side_keeps_the_output_within_the_bounds(tmp_path, shape, op
 
 
 def test_padding_steps_keep_within_the_sample_budget(tmp_path):
-    """fix_length length 2*10^9 on audio of unknown channel count (mono: false) allocated 7.45 GiB, and clips
+    """fix_length length 2*10^9 on audio of unknown channel count (mono: false) allocated 7.45 GiB (so did windows
+    with short: pad), and clips
     length 10^7 with short: pad on a 4-frame video stacked 21.5 GiB of repeated frames (the plan knows neither
     size): each input now fails alone, naming the step, the shape and limits.sample_bytes."""
     import wave
@@ -636,6 +637,9 @@ def test_padding_steps_keep_within_the_sample_budget(tmp_path):
     c.close()
     cases = [("w", "a.wav", {"decoder": "audio", "mono": False}, {"fix_length": {"length": 2 * 10**9}},
               "fix_length: its output (1, 2000000000) float32 would take 8000000000 bytes (7.5 GiB)"),
+             ("w", "a.wav", {"decoder": "audio", "mono": False}, {"windows": {"length": 2 * 10**9, "hop": 1,
+                                                                           "short": "pad"}},
+              "windows: its output (1, 2000000000) float32 would take 8000000000 bytes (7.5 GiB)"),
              ("v", "a.mp4", {"decoder": "video"}, {"clips": {"length": 10**7, "short": "pad"}},
               "clips: its output (10000000, 24, 32, 3) uint8 would take 23040000000 bytes (21.5 GiB)")]
     for folder_name, file, field, step, msg in cases:

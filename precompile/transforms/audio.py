@@ -105,6 +105,9 @@ class Windows(Step):
             if sample.fields[f].shape[-1] != n:
                 raise StepError(f"windows: audio fields differ in length ({targets[0]}: {n}, "
                                 f"{f}: {sample.fields[f].shape[-1]})", field=f)
+        for f in targets:   # one window (a short recording padded to it) of a channel count the plan may not know
+            a = sample.fields[f]
+            self.check_output_bytes((*a.shape[:-1], self.params.length), a.dtype, field=f)
         out = []
         for i, s in enumerate(self.starts(n)):
             new = {}

@@ -670,6 +670,7 @@ class Recipe:
         self.steps = [self._make_step(i, entry) for i, entry in enumerate(model.steps)]
         for step in self.steps:
             step.max_bytes = model.limits.sample_bytes   # a step whose output size depends on the input checks it
+            step.input_bytes = model.limits.input_bytes
         self._check_output()
         self._check_inputs()
         from .decoders.jpeg_reduce import configure

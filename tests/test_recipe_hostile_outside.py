@@ -648,3 +648,25 @@ def test_padding_steps_keep_within_the_sample_budget(tmp_path):
         with pytest.raises(Exception) as e:
             build(recipe, str(tmp_path / f"out-{folder_name}"), progress=False)
         assert msg in str(e.value) and "(limits.sample_bytes)" in str(e.value), str(e.value)
+
+
+def test_the_windows_of_one_input_are_held_within_the_input_budget(tmp_path):
+    """windows holds every window of one recording at once (copies, until the shard writes them): a 160 KB,
+    10-second WAV cut with `{length: 40000, hop: 1}` took 6 GB (MemoryError under ulimit -v 6 GB). Their total is
+    checked against limits.input_bytes (the memory one input may take) before the first is cut."""
+    import wave
+
+    from precompile import build
+
+    (tmp_path / "w").mkdir()
+    with wave.open(str(tmp_path / "w" / "a.wav"), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(8000)
+        w.writeframes(np.zeros(2000, np.int16).tobytes())
+    recipe = {"name": "t", "inputs": {"root": str(tmp_path / "w"), "match": "a.wav", "fields": {"x": {"decoder": "audio"}}},
+              "steps": [{"windows": {"length": 1000, "hop": 1}}], "limits": {"input_bytes": 1 << 20}}
+    with pytest.raises(Exception) as e:
+        build(recipe, str(tmp_path / "out"), progress=False)
+    assert "windows: 1001 windows of (1, 1000) float32 would take 4004000 bytes (3.8 MiB) at once, over the per-input " \
+           "budget of 1048576 bytes (1.0 MiB) (limits.input_bytes): use a larger hop" in str(e.value), str(e.value)
+    recipe["steps"] = [{"windows": {"length": 1000, "hop": 500}}]   # 3 windows: well within
+    build(recipe, str(tmp_path / "out2"), progress=False)

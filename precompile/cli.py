@@ -10,6 +10,7 @@ from typing import Any, Iterator, Mapping
 import click
 
 from .errors import PrecompileError
+from .optschema import MAX_TIMEOUT_S
 
 
 def _fail(e: PrecompileError) -> None:
@@ -34,6 +35,12 @@ class _Cli(click.Group):
             where = f"{e.filename}: " if getattr(e, "filename", None) else ""
             click.echo(f"error: {where}{e.strerror or e}", err=True)
             sys.exit(1)
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and value != value:   # nan: no range comparison holds, so FloatRange lets it through
+        raise click.BadParameter("not a number (nan)")
+    return value
 
 
 def _jobs(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
@@ -179,7 +186,8 @@ def plan(recipe: str) -> None:
               help="override the recipe's on_error: stop at the first bad input, or skip it and go on")
 @click.option("--max-failures", type=click.IntRange(min=0), default=None,
               help="override the recipe's max_failures: stop once more inputs than this have failed")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True, max=MAX_TIMEOUT_S), default=None,
+              callback=_finite,
               help="override the recipe's timeout_s: seconds one input may take to decode")
 @click.option("--progress/--no-progress", default=True, show_default=True)
 @click.option("--force-space", is_flag=True,

@@ -11,6 +11,11 @@ from typing import Any
 ECHO_CHARS = 200
 
 
+#: the longest a RecipeError's message and key path may be (a recipe value quoted whole could be megabytes)
+MAX_MESSAGE_CHARS = 2000
+MAX_LOC_CHARS = 400
+
+
 def clip(text: str, limit: int = ECHO_CHARS) -> str:
     """``text`` cut to ``limit`` characters, saying how long it was: a message never grows with its input."""
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
@@ -44,6 +49,9 @@ class RecipeError(PrecompileError):
     exit_code = 2
 
     def __init__(self, message: str, *, source: str | None = None, loc: str | None = None):
+        # a message quotes the recipe's text, which may be any length: bounded here, whoever raised it
+        loc = clip(loc, MAX_LOC_CHARS) if loc else loc
+        message = clip(message, MAX_MESSAGE_CHARS)
         self.source = source
         self.loc = loc
         self.detail = message
@@ -140,7 +148,7 @@ class UnknownName(PrecompileError, KeyError):
         self.name = name
         self.choices = choices
         hint = did_you_mean(name, choices)
-        self.message = f"unknown {kind} {name!r}{hint} (known: {', '.join(sorted(choices))})"
+        self.message = f"unknown {kind} {echo(name)}{hint} (known: {', '.join(sorted(choices))})"
         super().__init__(self.message)
 
     def __str__(self) -> str:

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+#: the longest ``timeout_s`` (recipe key and ``build --timeout``): a week; the worker's waits take no more
+#: (1e9 s raised OverflowError in every shard)
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
 _KEYS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
 
 

@@ -29,12 +29,29 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
                       model_validator)
 
 from .formats import names as fmt
-from .formats.names import NAME_RE, check_field_name
-from .errors import RecipeError, clip, did_you_mean
+from .formats.names import NAME_RE, check_field_name, check_name_length
+from .errors import ECHO_CHARS, MAX_MESSAGE_CHARS, RecipeError, clip, did_you_mean, echo
+from .optschema import MAX_TIMEOUT_S
 from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+#: the largest seed (and split seed): an int64, as the index stores it (2^70 failed writing the index)
+MAX_SEED = 2**63 - 1
+#: the largest chunk_bytes: a variable-shape field's chunk is this many bytes on disk however few samples it holds
+MAX_CHUNK_BYTES = 1 << 30
+
+
+def check_classes(v: Optional[list[str]]) -> Optional[list[str]]:
+    """A list of class names in id order names each class once (a name given twice would get one of two ids)."""
+    seen: set[str] = set()
+    for name in v or []:
+        if name in seen:
+            raise ValueError(f"class {echo(name, 80)} is named twice (each class once, in id order)")
+        seen.add(name)
+    return v
 
 
 class LabelSpec(_Model):
@@ -42,6 +59,8 @@ class LabelSpec(_Model):
     field: str = Field("label", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
                        description="the output field holding the class id (letters, digits, '_', '.', '-')")
     classes: Optional[list[str]] = Field(None, description="class names in id order; default: sorted unique values")
+
+    _classes = field_validator("classes")(check_classes)
 
 
 #: the widest a path template may pad or cut one cell (``{n:>WIDTH}``, ``{x:.PRECISION}``): no path is longer
@@ -59,6 +78,14 @@ def check_template(v: Optional[str]) -> Optional[str]:
     return v
 
 
+def check_path_text(v: Optional[str]) -> Optional[str]:
+    """A recipe string that names files or folders (a root, a pattern, a template, a file) with no NUL character:
+    no file name holds one, and the system calls refuse it (``embedded null byte``) only when an input is read."""
+    if isinstance(v, str) and "\x00" in v:
+        raise ValueError(f"holds a NUL character (\\x00) at position {v.index(chr(0))}: no file or folder name can")
+    return v
+
+
 class FieldDecl(BaseModel):
     """One field of a sample: where its file is and how to decode it (extra keys are decoder options)."""
 
@@ -69,6 +96,7 @@ class FieldDecl(BaseModel):
     @field_validator("path")
     @classmethod
     def _path(cls, v: Optional[str]) -> Optional[str]:
+        check_path_text(v)
         if v is not None and (v.startswith("/") or ".." in v.split("/")):
             raise ValueError("must stay inside inputs.root (no leading '/' or '..'): make root the folder that "
                              "holds every field's files and name their folders in the templates (docs/"
@@ -86,6 +114,8 @@ class ColumnDecl(_Model):
                                                            "(default: sorted unique values)")
     map: dict[Union[float, str], Union[float, str, None]] = Field(
         default_factory=dict, description="target only: cell value -> number ('nan' or null: NaN; key '': a blank cell)")
+
+    _classes = field_validator("classes")(check_classes)
 
     @model_validator(mode="after")
     def _check(self) -> "ColumnDecl":
@@ -126,7 +156,7 @@ class SplitSpec(_Model):
     column: Optional[str] = Field(None, description="by: column: the column (or capture) naming each row's split")
     group: Optional[Union[str, GroupSpec]] = Field(None, description="rows with the same group share a split")
     fractions: Optional[dict[str, float]] = Field(None, description="by: hash: split name -> fraction (sum 1)")
-    seed: Optional[int] = Field(None, ge=0, description="default: the recipe's seed")
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED, description="default: the recipe's seed")
     stratify: Optional[str] = Field(
         None,   # absent: left out of Recipe.resolved(), so the recipe's key is as before the option existed
         description="by: hash: the column (or capture) whose classes every split holds in the fractions' "
@@ -148,7 +178,8 @@ class SplitSpec(_Model):
                 raise ValueError("by: hash needs fractions, e.g. {train: 0.8, val: 0.1, test: 0.1}")
             for name, f in self.fractions.items():
                 if not NAME_RE.match(name):
-                    raise ValueError(f"split name {name!r} must be letters, digits, '_', '.', '-'")
+                    raise ValueError(f"split name {echo(name)} must be letters, digits, '_', '.', '-'")
+                check_name_length(name, f"split name {echo(name, 20)} ")
                 if not 0 < f <= 1:
                     raise ValueError(f"fraction of {name!r} must be in (0, 1], got {f}")
             if abs(sum(self.fractions.values()) - 1) > 1e-6:
@@ -177,6 +208,11 @@ class CocoSpec(_Model):
     @classmethod
     def _image(cls, v: str) -> str:
         return check_field_name(v)
+
+    @field_validator("file")
+    @classmethod
+    def _file(cls, v: str) -> str:
+        return check_path_text(v)
 
 
 def _also_a_string(schema: dict) -> None:
@@ -220,6 +256,11 @@ class Inputs(_Model):
                           "separators, doubled quotes and line breaks) or `none` (a quote is plain text); default "
                           "csv for .csv files, none for .tsv/.tab files (TSV has no quoting)")
 
+    @field_validator("root")
+    @classmethod
+    def _root(cls, v: str) -> str:
+        return check_path_text(v)
+
     @field_validator("table")
     @classmethod
     def _table(cls, v: Optional[str | list[str]]) -> Optional[str | list[str]]:
@@ -228,6 +269,7 @@ class Inputs(_Model):
         from .inputs.table.files import table_format
 
         for entry in [v] if isinstance(v, str) else v or []:
+            check_path_text(entry)
             table_format(entry)  # a ValueError naming the known extensions
         return v
 
@@ -312,6 +354,7 @@ class Inputs(_Model):
         if v is None and info.field_name == "match" and info.data.get("table") is None and info.data.get("coco") is None:
             raise ValueError("required key is missing (or give table: a file with one row per sample, or coco: an "
                              "annotation file)")
+        check_path_text(v)
         if v is not None and (v.startswith("/") or ".." in Path(v).parts):
             raise ValueError("must be a relative pattern inside root (no leading '/' or '..')")
         return check_template(v) if info.field_name == "path" else v
@@ -340,7 +383,7 @@ class Output(_Model):
     name: Optional[str] = None
     samples_per_shard: int = Field(256, ge=1)
     chunk_samples: Optional[int] = Field(None, ge=1)
-    chunk_bytes: int = Field(2 * 1024 * 1024, ge=4096)
+    chunk_bytes: int = Field(2 * 1024 * 1024, ge=4096, le=MAX_CHUNK_BYTES)
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("name")
@@ -352,7 +395,7 @@ class Output(_Model):
             raise ValueError("must be a plain file name inside the output folder (no '/', '..' or absolute path)")
         if not NAME_RE.match(v):
             raise ValueError("must be letters, digits, '_', '.', '-'")
-        return v
+        return check_name_length(v)
 
 
 MAX_COPIES = 10_000   # augmented copies of one input (a larger count is a typo or a different job)
@@ -369,7 +412,7 @@ class Limits(_Model):
 
 class RecipeModel(_Model):
     name: str
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=MAX_SEED)
     imports: list[str] = Field(default_factory=list,
                                description="Python modules that register custom decoders and steps")
     inputs: Inputs
@@ -379,7 +422,7 @@ class RecipeModel(_Model):
     output: Output = Field(default_factory=Output)
     on_error: Literal["fail", "skip"] = "fail"
     max_failures: Optional[int] = Field(None, ge=0)
-    timeout_s: Optional[float] = Field(None, gt=0)
+    timeout_s: Optional[float] = Field(None, gt=0, le=MAX_TIMEOUT_S)
     split: Optional[SplitSpec] = None
     limits: Limits = Field(default_factory=Limits)
     stats: bool = Field(False, description="compute the output's statistics (precompile stats) as part of "
@@ -390,7 +433,7 @@ class RecipeModel(_Model):
     def _name(cls, v: str) -> str:
         if not NAME_RE.match(v):
             raise ValueError("must be letters, digits, '_', '.', '-' (it names the output file)")
-        return v
+        return check_name_length(v)
 
 
 def format_loc(loc: tuple) -> str:
@@ -413,12 +456,19 @@ def _members(tp: Any) -> list[Any]:
     return [tp]
 
 
+def _tag(m: Any) -> str:
+    """The name pydantic gives union member ``m`` in an error's path (``str``, ``GroupSpec``, ``dict[str,str]``,
+    ``literal['a','b']``), lowercased."""
+    name = getattr(m, "__name__", None) if isinstance(m, type) else None
+    return (name or str(m).replace("typing.", "")).replace(" ", "").lower()
+
+
 def _step_into(tp: Any, part: Any) -> tuple[Any, bool]:
     """(the type at ``part`` of a value of type ``tp``, whether ``part`` is the name pydantic gives a union's
     member rather than a key); (None, False) when the path leaves what the annotations say."""
     members = _members(tp)
     for m in members:
-        if len(members) > 1 and part == getattr(m, "__name__", None):
+        if len(members) > 1 and isinstance(part, str) and part.lower() == _tag(m):
             return m, True
     for m in members:
         if isinstance(m, type) and issubclass(m, BaseModel):
@@ -448,6 +498,99 @@ def accepted_keys(model: Any, loc: tuple) -> tuple[list[str] | None, tuple]:
     return (sorted(set(keys)) if keys else None), tuple(keep)
 
 
+def _literal_values(members: list[Any]) -> list[Any]:
+    return [x for m in members if get_origin(m) is Literal for x in get_args(m)]
+
+
+def _describe(members: list[Any]) -> str:
+    """What a value of one of ``members`` may be, in the recipe's words ("an integer or a list")."""
+    words: list[str] = []
+    for m in members:
+        o = get_origin(m)
+        w = ("true or false" if m is bool else "an integer" if m is int else "a number" if m is float
+             else "a string" if m is str else "a list" if o in (list, tuple, set, frozenset) or m in (list, tuple)
+             else "a mapping" if o is dict or m is dict or isinstance(m, type) and issubclass(m, BaseModel)
+             else "one of " + ", ".join(repr(x) for x in get_args(m)) if o is Literal else None)
+        if w and w not in words:
+            words.append(w)
+    return " or ".join(words) or "another value"
+
+
+def _before_validated(model: type[BaseModel]) -> set[str]:
+    """The fields of ``model`` whose own ``before``/``wrap``/``plain`` validator reads the raw value first
+    (``reduce: off`` for a literal, ``spacing: 2`` for a list): they judge their input themselves."""
+    return {f for dec in model.__pydantic_decorators__.field_validators.values()
+            if dec.info.mode in ("before", "wrap", "plain") for f in dec.info.fields}
+
+
+def refuse_coercion(tp: Any, value: Any, loc: tuple = ()) -> tuple[tuple, str] | None:
+    """The first place in ``value`` (a recipe's raw YAML data, validated as type ``tp``) where pydantic's lax mode
+    would take a value of another type with a meaning the user did not write: a boolean as a number (``true`` ->
+    1) or a number as a boolean (``1`` -> true), a string as a number or boolean (``"32"`` -> 32, ``"yes"`` ->
+    true). ``(loc, message)`` of it, or None. A field with its own ``before`` validator judges its input itself;
+    ``Any`` takes anything (step and decoder options are checked by their own models, through parse_params)."""
+    members = _members(tp)
+    if any(m is Any or not (isinstance(m, type) or get_origin(m) is not None) for m in members):
+        return None
+    lits = _literal_values(members)
+    if any(lit is value for lit in lits) or (type(value) in (str, int, float) and not isinstance(value, bool)
+                                             and any(type(lit) is type(value) and lit == value for lit in lits)):
+        return None
+    numeric = int in members or float in members
+    if isinstance(value, bool):
+        if bool not in members and (numeric or any(not isinstance(x, bool) for x in lits)):
+            return loc, f"expected {_describe(members)}, got {value!r} (a boolean is not taken as a number)"
+        return None
+    if isinstance(value, (int, float)):
+        if bool in members and not numeric and not any(type(x) in (int, float) for x in lits):
+            return loc, f"expected {_describe(members)}, got {clip(repr(value))} (a number is not taken as a boolean)"
+        return None
+    if isinstance(value, str):
+        if str not in members and (numeric or bool in members):
+            return loc, (f"expected {_describe(members)}, got the string {clip(repr(value))} (a quoted value is not "
+                         f"taken as a number or boolean: write it unquoted)")
+        return None
+    if isinstance(value, (list, tuple)):
+        per_item: dict[int, list[Any]] = {}
+        for m in members:
+            o, args = get_origin(m), get_args(m)
+            if o in (list, set, frozenset) or (o is tuple and len(args) == 2 and args[1] is Ellipsis):
+                for i in range(len(value)):
+                    per_item.setdefault(i, []).append(args[0] if args else Any)
+            elif o is tuple:
+                for i in range(min(len(value), len(args))):
+                    per_item.setdefault(i, []).append(args[i])
+        for i, x in enumerate(value):
+            if i in per_item:
+                got = refuse_coercion(Union[tuple(per_item[i])], x, loc + (i,))
+                if got:
+                    return got
+        return None
+    if isinstance(value, dict):
+        for k, x in value.items():
+            types_k = []
+            for m in members:
+                if isinstance(m, type) and issubclass(m, BaseModel):
+                    own = _before_validated(m)
+                    for name, f in m.model_fields.items():
+                        if k in (name, f.alias):
+                            types_k.append(Any if name in own else f.annotation)
+                elif get_origin(m) is dict:
+                    types_k.append(get_args(m)[1] if get_args(m) else Any)
+            if types_k:
+                got = refuse_coercion(Union[tuple(types_k)], x, loc + (k,))
+                if got:
+                    return got
+    return None
+
+
+def _check_coercion(tp: Any, value: Any, source: str | None, prefix: tuple) -> None:
+    got = refuse_coercion(tp, value)
+    if got is not None:
+        loc, msg = got
+        raise RecipeError(msg, source=source, loc=format_loc(prefix + loc))
+
+
 def _unknown_key(key: Any, known: list[str] | None) -> str:
     """What an unknown key's message adds: the close keys ("did you mean"), else the keys there are."""
     if not known:
@@ -455,13 +598,19 @@ def _unknown_key(key: Any, known: list[str] | None) -> str:
     return did_you_mean(str(key), known) or f" (known: {', '.join(known)})"
 
 
-def _pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: tuple = (), model: Any = None,
+def pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: tuple = (), model: Any = None,
                               also: tuple[str, ...] = ()) -> RecipeError:
     """The first error of ``err`` (an unknown key first: a misspelt key is why a required one is missing) as a
     RecipeError naming the key path; an unknown key gets the keys of ``model`` (the class validated, plus
     ``also``) close to it."""
     errors = err.errors()
-    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
+    if model is not None:   # paths without pydantic's names of union members (split.group.str -> split.group)
+        errors = [{**e, "loc": accepted_keys(model, tuple(p for p in e["loc"] if p != "function-after"))[1]}
+                  for e in errors]
+    # an unknown key first (a misspelt key is why a required one is missing); then an error of the union member
+    # the value is (a mapping's bad regex, not the string member's "should be a string"), the deepest path first
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), None) or min(
+        errors, key=lambda e: (e["type"].endswith("_type"), -len(e["loc"])))
     loc = tuple(p for p in first["loc"] if p not in ("function-after",))
     msg = first["msg"]
     if first["type"] == "missing":
@@ -473,6 +622,9 @@ def _pydantic_to_recipe_error(err: ValidationError, source: str | None, prefix: 
     elif "input" in first and first["type"] not in ("value_error",):
         msg = f"{msg}, got {clip(repr(first['input']))}"
     msg = msg.removeprefix("Value error, ")
+    if "input" in first and len(repr(first["input"])) > ECHO_CHARS:   # a validator's message quoting it whole
+        msg = msg.replace(repr(first["input"]), echo(first["input"]))
+    msg = clip(msg, MAX_MESSAGE_CHARS - 40)   # room for the count below
     more = len(errors) - 1
     if more:
         msg += f" (and {more} more error{'s' if more > 1 else ''})"
@@ -487,10 +639,11 @@ def parse_params(cls_params: type[BaseModel], raw: Any, source: str | None, loc:
         raw = {}
     if not isinstance(raw, dict):
         raise RecipeError(f"expected a mapping of options, got {raw!r}", source=source, loc=format_loc(loc))
+    _check_coercion(cls_params, raw, source, loc)
     try:
         return cls_params.model_validate(raw)
     except ValidationError as e:
-        raise _pydantic_to_recipe_error(e, source, loc, cls_params, also) from None
+        raise pydantic_to_recipe_error(e, source, loc, cls_params, also) from None
 
 
 class Recipe:
@@ -515,6 +668,9 @@ class Recipe:
         for dec in self.decoders.values():
             dec.max_bytes = model.limits.input_bytes   # each decoder checks declared sizes against it
         self.steps = [self._make_step(i, entry) for i, entry in enumerate(model.steps)]
+        for step in self.steps:
+            step.max_bytes = model.limits.sample_bytes   # a step whose output size depends on the input checks it
+            step.input_bytes = model.limits.input_bytes
         self._check_output()
         self._check_inputs()
         from .decoders.jpeg_reduce import configure
@@ -556,6 +712,7 @@ class Recipe:
             raise RecipeError(f"unknown option(s) {unknown} of decoder {decl.decoder!r}"
                               f"{did_you_mean(unknown[0], sorted(dcls.Params.model_fields))}", source=self.source,
                               loc=format_loc(loc + (unknown[0],)))
+        _check_coercion(dcls.Params, static, self.source, loc)
         try:   # the options given here are checked now; those from the rows with each row at plan time
             dcls.Params.model_validate(static)
         except ValidationError as e:
@@ -735,12 +892,15 @@ def _restore_recipe(model: RecipeModel, source: str | None, base_dir: str | None
 
 
 def parse_recipe(data: Any, source: str | None = None, base_dir: str | None = None) -> Recipe:
+    if data is None:   # an empty file, or comments only
+        raise RecipeError("the recipe is empty: expected a mapping of keys (name, inputs, ...)", source=source)
     if not isinstance(data, dict):
         raise RecipeError(f"expected a mapping at the top level, got {type(data).__name__}", source=source)
+    _check_coercion(RecipeModel, data, source, ())
     try:
         model = RecipeModel.model_validate(data)
     except ValidationError as e:
-        raise _pydantic_to_recipe_error(e, source, model=RecipeModel) from None
+        raise pydantic_to_recipe_error(e, source, model=RecipeModel) from None
     return Recipe(model, source=source, base_dir=base_dir)
 
 
@@ -772,6 +932,23 @@ class _YamlLimit(Exception):
     pass
 
 
+# YAML 1.1 (PyYAML) reads `1e30` and `1e-3`, with no '.', as strings; YAML 1.2 and every user read them as numbers
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+_RecipeLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+.0123456789"))
+
+
+def _no_key_twice(node: yaml.MappingNode) -> None:
+    """A mapping gives each key once: PyYAML keeps the last of two equal keys without a word (a second `name:`
+    renamed the output, a second field of the same name replaced the first). Merge keys (`<<`) may repeat."""
+    first: dict[tuple[str, str], int] = {}
+    for k, _v in node.value:
+        if isinstance(k, yaml.ScalarNode) and k.tag != "tag:yaml.org,2002:merge":
+            if (k.tag, k.value) in first:
+                raise _YamlLimit(f"line {k.start_mark.line + 1}: key {clip(repr(k.value), 80)} is given twice "
+                                 f"(first on line {first[k.tag, k.value]})")
+            first[k.tag, k.value] = k.start_mark.line + 1
+
+
 def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     """Values ``node`` holds once every alias is expanded, counted over the shared node graph (no expansion)."""
     k = id(node)
@@ -784,6 +961,7 @@ def _expanded_size(node: yaml.Node, memo: dict[int, int]) -> int:
     if isinstance(node, yaml.SequenceNode):
         n = 1 + sum(_expanded_size(c, memo) for c in node.value)
     elif isinstance(node, yaml.MappingNode):
+        _no_key_twice(node)
         n = 1 + sum(_expanded_size(a, memo) + _expanded_size(b, memo) for a, b in node.value)
     else:
         n = 1

@@ -698,7 +698,7 @@ def test_a_split_that_gets_no_input_is_an_empty_output(table_tree):
 def test_every_copy_keeps_its_rows_text_and_target(table_tree):
     root, rows, _ = table_tree
     r = _recipe("t.csv")
-    r["steps"] = [{"random_flip": {"horizontal": True}}, {"random_crop": {"size": [4, 4]}}]
+    r["steps"] = [{"random_flip": {"horizontal": 1.0}}, {"random_crop": {"size": [4, 4]}}]
     r["copies"] = 2
     ds = precompile.open(precompile.build(r, "out")["output"])
     assert len(ds) == 3 * 7

@@ -742,10 +742,14 @@ def with_policy(recipe: Recipe, on_error: Optional[str] = None, max_failures: Op
                              ("stats", stats or None)) if v is not None}
     if not upd:
         return recipe
+    from pydantic import ValidationError
+
+    from ..recipe import pydantic_to_recipe_error
+
     try:
         model = type(recipe.model).model_validate(recipe.model.model_dump() | upd)
-    except Exception as e:  # pydantic ValidationError: an option value out of range
-        raise RecipeError(f"bad option value {upd}: {e}", source=recipe.source) from None
+    except ValidationError as e:  # an option value out of range: one line naming the key, as in a recipe
+        raise pydantic_to_recipe_error(e, recipe.source, model=type(recipe.model)) from None
     return Recipe(model, source=recipe.source, base_dir=recipe.base_dir)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal, Optional
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ..errors import DecodeError
 from ..registry import DECODERS
@@ -74,6 +74,13 @@ class AudioDecoder(Decoder):
         dtype: Literal["float32", "int16"] = Field("float32", description="samples as float32 in [-1, 1] or "
                                                    "int16")
         quality: Literal["VHQ", "HQ", "MQ", "LQ", "QQ"] = "HQ"   # soxr quality preset
+
+        @model_validator(mode="after")
+        def _channels(self):
+            if self.mono and self.channels not in (None, 1):   # was ignored: one channel stored
+                raise ValueError(f"channels: {self.channels} asks for {self.channels} channels, but mono: true (the "
+                                 f"default) mixes to one: set mono: false to keep {self.channels}")
+            return self
 
     def spec(self) -> FieldSpec:
         c = 1 if self.params.mono else self.params.channels

@@ -53,7 +53,8 @@ class MaskDecoder(Decoder):
                 raise ValueError("max_label must be non-negative")
             top = (len(self.classes) - 1 if self.remap else max(self.classes)) if self.classes else self.max_label
             if top is not None and top > np.iinfo(self.dtype).max:
-                raise ValueError(f"label {top} does not fit {self.dtype}")
+                raise ValueError(f"{'max_label' if self.classes is None else 'classes'}: label {top} does not fit "
+                                 f"{self.dtype}")
             return self
 
     def num_classes(self) -> int | None:

@@ -53,6 +53,19 @@ from ..errors import FormatError
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+#: the longest name of a recipe, an output or a split: each names files (``NAME.SPLIT.h5.tmp-PID``, ``NAME.shards``),
+#: and a file name is at most 255 bytes
+MAX_NAME_CHARS = 100
+
+
+def check_name_length(name: str, what: str = "") -> str:
+    """``name`` if it is at most :data:`MAX_NAME_CHARS` long; else a ValueError saying so (``what``: e.g.
+    ``"split name 'x...' "``), before any file is made with it."""
+    if len(name) > MAX_NAME_CHARS:
+        raise ValueError(f"{what}is {len(name)} characters long; at most {MAX_NAME_CHARS} (it names the output's files)")
+    return name
+
+
 def check_field_name(name: str) -> str:
     """``name`` if it can name a field's dataset (letters, digits, '_', '.', '-'; not starting with '__', which the
     key and meta columns use); else a ValueError saying so."""

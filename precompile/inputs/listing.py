@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
 
-from ..errors import PlanError, RecipeError
+from ..errors import PlanError, RecipeError, echo
 from ..storage.remote import is_url, list_tree
 from .items import Inputs, ItemTable, Strings, StringsBuilder
 from .paths import local_prefix
@@ -143,7 +143,7 @@ def check_inputs(inp: Any, source: Optional[str]) -> None:
     caps = set(CAPTURE_RE.findall(inp.match))
     for c in inp.where:
         if c not in caps:
-            raise RecipeError(f"{c!r} is not a capture in match {inp.match!r}", source=source,
+            raise RecipeError(f"{echo(c)} is not a capture in match {echo(inp.match)}", source=source,
                               loc=f"inputs.where.{c}")
         try:
             re.compile(inp.where[c])
@@ -162,7 +162,7 @@ def check_inputs(inp: Any, source: Optional[str]) -> None:
                                   source=source, loc=f"inputs.fields.{fname}.path")
     if inp.label is not None:
         if inp.label.capture not in caps:
-            raise RecipeError(f"{inp.label.capture!r} is not a capture in match {inp.match!r}",
+            raise RecipeError(f"{echo(inp.label.capture)} is not a capture in match {echo(inp.match)}",
                               source=source, loc="inputs.label.capture")
         if inp.label.field in inp.fields:
             raise RecipeError(f"label field {inp.label.field!r} clashes with an input field", source=source,

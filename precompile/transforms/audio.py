@@ -18,7 +18,7 @@ from ..kinds import Kind, kinds
 from ..optschema import checked
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
-from .base import RandomParams, RandomStep, Step, StepParams, range_param, uniform
+from .base import RandomParams, RandomStep, Step, StepParams, in_words, range_param, uniform
 from .kernels.audio import apply_gain, fix_length, shift_time
 from .kernels.temporal import clip_starts
 
@@ -52,6 +52,7 @@ class FixLength(Step):
         return {"pad_value": (self.params.pad_value, AUDIO)}
 
     def apply_audio(self, a: np.ndarray, **_: Any) -> np.ndarray:
+        self.check_output_bytes((*a.shape[:-1], self.params.length), a.dtype)   # channels the plan may not know
         return fix_length(a, self.params.length, self.params.align, self.params.pad_value)[0]
 
 
@@ -104,8 +105,20 @@ class Windows(Step):
             if sample.fields[f].shape[-1] != n:
                 raise StepError(f"windows: audio fields differ in length ({targets[0]}: {n}, "
                                 f"{f}: {sample.fields[f].shape[-1]})", field=f)
+        for f in targets:   # one window (a short recording padded to it) of a channel count the plan may not know
+            a = sample.fields[f]
+            self.check_output_bytes((*a.shape[:-1], self.params.length), a.dtype, field=f)
+        starts = self.starts(n)
+        each = sum(int(np.prod(sample.fields[f].shape[:-1], dtype=np.int64)) * self.params.length
+                   * sample.fields[f].dtype.itemsize for f in targets)
+        if len(starts) * each > self.input_bytes:   # every window is a copy, held until the shard writes it
+            a = sample.fields[targets[0]]
+            total = len(starts) * each
+            raise StepError(f"windows: {len(starts)} windows of {(*a.shape[:-1], self.params.length)} {a.dtype} would "
+                            f"take {in_words(total)} at once, over the per-input budget of {in_words(self.input_bytes)} "
+                            f"(limits.input_bytes): use a larger hop, or raise the budget", field=targets[0])
         out = []
-        for i, s in enumerate(self.starts(n)):
+        for i, s in enumerate(starts):
             new = {}
             for f in targets:
                 a = sample.fields[f]

@@ -51,6 +51,13 @@ from .annotations import move_annotations
 from . import source_map
 
 
+def in_words(b: int) -> str:
+    """``b`` bytes as a budget message says them: ``24000000 bytes (22.9 MiB)``."""
+    unit = next(((u, k) for u, k in (("TiB", 1 << 40), ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)) if b >= k),
+                None)
+    return f"{b} bytes ({b / unit[1]:.1f} {unit[0]})" if unit else f"{b} bytes"
+
+
 class StepParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False,  # a NaN option is a typo, never a value
                               defer_build=True)  # validators built on first use: only the steps a recipe names
@@ -71,6 +78,24 @@ class Step:
     # without this breaks that map (``Dataset.to_source`` then names it)
     keeps_grid: ClassVar[bool] = False
     Params: ClassVar[type[StepParams]] = StepParams
+    #: the per-sample memory budget (the recipe sets it: limits.sample_bytes); a step whose output size the plan
+    #: cannot know (it depends on each input) checks it with :meth:`check_output_bytes` before making the output
+    max_bytes: int = 1 << 30
+    #: the per-input memory budget (the recipe sets it: limits.input_bytes): a step that holds many outputs of one
+    #: input at once (``windows``) checks their total against it
+    input_bytes: int = 1 << 30
+
+    def check_output_bytes(self, shape: Sequence[int], dtype: Any, field: Optional[str] = None) -> None:
+        """Raise StepError when an output of ``shape`` and ``dtype`` would take more than :attr:`max_bytes`
+        (counted in Python integers: no overflow), before anything is allocated."""
+        dt = np.dtype(dtype)
+        n = dt.itemsize
+        for d in shape:
+            n *= int(d)
+        if n > self.max_bytes:
+            raise StepError(f"{self.name}: its output {tuple(int(d) for d in shape)} {dt} would take {in_words(n)}, "
+                            f"over the per-sample budget of {in_words(self.max_bytes)} (limits.sample_bytes)",
+                            field=field)
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)

@@ -234,10 +234,13 @@ class Resize(PlanarStep):
 
     def target_size(self, H: int, W: int) -> tuple[int, int]:
         p = self.params
-        if p.shorter is not None:
-            return shorter_side_size(H, W, p.shorter)
-        if p.longer is not None:
-            return longer_side_size(H, W, p.longer)
+        if p.shorter is not None or p.longer is not None:
+            h, w = shorter_side_size(H, W, p.shorter) if p.shorter is not None else longer_side_size(H, W, p.longer)
+            if max(h, w) > MAX_SIDE:   # the input's aspect decides it: the plan cannot check it
+                key = "shorter" if p.shorter is not None else "longer"
+                raise ValueError(f"{key}: {getattr(p, key)} on a {H}x{W} input makes {h}x{w}; a side is at most "
+                                 f"{MAX_SIDE}")
+            return h, w
         h, w = p.size
         if p.keep_aspect:
             s = min(h / H, w / W)
@@ -282,6 +285,8 @@ class Resize(PlanarStep):
     def apply_image(self, a: np.ndarray, label: bool = False, extent: Optional[list[float]] = None,
                     **_: Any) -> np.ndarray:
         h, w = self.target_size(*a.shape[:2])
+        self.check_output_bytes((*self.params.size, *a.shape[2:]) if self.params.keep_aspect else (h, w, *a.shape[2:]),
+                                a.dtype)
         mode = "nearest" if label else self.params.interpolation
         shrink = h <= a.shape[0] and w <= a.shape[1]
         if extent is not None:
@@ -296,6 +301,7 @@ class Resize(PlanarStep):
 
     def apply_flow(self, a: np.ndarray, **_: Any) -> np.ndarray:
         h, w = self.target_size(*a.shape[:2])
+        self.check_output_bytes((h, w, *a.shape[2:]), a.dtype)
         out = resize_flow(a, h, w)
         if self.params.keep_aspect and (h, w) != tuple(self.params.size):
             out, _, _ = pad_hw(out, *self.params.size, value=np.nan)

@@ -204,6 +204,9 @@ class Clips(Step):
                    for f in targets if isinstance(sample.meta.get(f), dict)}
 
         def make(clip: "Clip") -> Sample:
+            for k, f in enumerate(targets):   # a short video padded to `length` frames of a size the plan may not know
+                first = np.asarray(clip.items[0][k])
+                self.check_output_bytes((len(clip.items), *first.shape), first.dtype, field=f)
             new = {f: np.stack([it[k] for it in clip.items]) for k, f in enumerate(targets)}
             src = [i * dec_every if i >= 0 else -1 for i in clip.positions]
             if self.params.index_field is not None:
@@ -653,6 +656,9 @@ class TemporalJitter(RandomStep):
         T = next(iter(ts.values()))
         if T < 1:
             raise ValueError("the clip has no frames")
+        for f in targets:   # `length` frames of a size the plan may not know: checked before they are taken
+            a = sample.fields[f]
+            self.check_output_bytes((self.params.length, *a.shape[1:]), a.dtype, field=f)
         return T
 
     def sample_params(self, rng, sample, targets):

@@ -17,7 +17,7 @@ from typing import Any, Callable, Literal, Optional, Union
 import numpy as np
 from pydantic import Field, field_validator, model_validator
 
-from ..errors import StepError
+from ..errors import StepError, echo
 from ..kinds import ANNOTATIONS, PLANAR, VOLUMETRIC, Kind, kinds
 from ..optschema import checked
 from ..registry import STEPS
@@ -40,7 +40,12 @@ def _three(v: Any, kind: type, what: str) -> Any:
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         v = [v, v, v]
     if not isinstance(v, (list, tuple)) or len(v) != 3:
-        raise ValueError(f"expected 3 {what} [depth, height, width], got {v!r}")
+        raise ValueError(f"expected 3 {what} [depth, height, width], got {echo(v)}")
+    if kind is int:   # never cut: 16.5 is not 16, True is not 1, and int(inf) is an OverflowError
+        bad = next((x for x in v if isinstance(x, bool) or not isinstance(x, (int, float))
+                    or isinstance(x, float) and not x.is_integer()), None)
+        if bad is not None:
+            raise ValueError(f"{what} must be whole numbers, got {echo(bad)}")
     out = [kind(x) for x in v]
     if any(x <= 0 for x in out):
         raise ValueError(f"{what} must be positive")
@@ -151,7 +156,10 @@ class ResampleVolume(VolumeStep):
         if sp is None:
             raise StepError("resample_volume: no spacing in the sample's metadata (decode with dicom/dicom_series, "
                             "or use shape:)", field=targets[0])
-        return {"shape": list(spacing_shape(shape0, sp, self.params.spacing)), "spacing": sp}
+        shape = list(spacing_shape(shape0, sp, self.params.spacing))
+        for f in targets:   # the plan cannot know this shape (each input's spacing decides it): checked here
+            self.check_output_bytes(shape, np.result_type(sample.fields[f].dtype, np.float32), field=f)
+        return {"shape": shape, "spacing": sp}
 
     def apply_volume(self, a: np.ndarray, shape: list[int], order: int | None = None, **_: Any) -> np.ndarray:
         if a.ndim != 3:

@@ -20,9 +20,8 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import types
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
+from typing import Any, Literal, Optional, Union, get_args, get_origin
 
 import yaml
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
@@ -31,7 +30,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from .formats import names as fmt
 from .formats.names import NAME_RE, check_field_name, check_name_length
 from .errors import ECHO_CHARS, MAX_MESSAGE_CHARS, RecipeError, clip, did_you_mean, echo
-from .optschema import MAX_TIMEOUT_S
+from .optschema import MAX_TIMEOUT_S, _members, refuse_coercion
 from .registry import DECODERS, STEPS, WRITERS, UnknownName, load_builtins
 
 class _Model(BaseModel):
@@ -446,16 +445,6 @@ def format_loc(loc: tuple) -> str:
     return out
 
 
-def _members(tp: Any) -> list[Any]:
-    """The types a value annotated ``tp`` may be (``Optional``, unions and ``Annotated`` unwrapped)."""
-    origin = get_origin(tp)
-    if origin is Annotated:
-        return _members(get_args(tp)[0])
-    if origin is Union or origin is types.UnionType:
-        return [m for a in get_args(tp) for m in _members(a)]
-    return [tp]
-
-
 def _tag(m: Any) -> str:
     """The name pydantic gives union member ``m`` in an error's path (``str``, ``GroupSpec``, ``dict[str,str]``,
     ``literal['a','b']``), lowercased."""
@@ -496,92 +485,6 @@ def accepted_keys(model: Any, loc: tuple) -> tuple[list[str] | None, tuple]:
     keys = [f.alias or n for m in _members(tp) if isinstance(m, type) and issubclass(m, BaseModel)
             for n, f in m.model_fields.items()]
     return (sorted(set(keys)) if keys else None), tuple(keep)
-
-
-def _literal_values(members: list[Any]) -> list[Any]:
-    return [x for m in members if get_origin(m) is Literal for x in get_args(m)]
-
-
-def _describe(members: list[Any]) -> str:
-    """What a value of one of ``members`` may be, in the recipe's words ("an integer or a list")."""
-    words: list[str] = []
-    for m in members:
-        o = get_origin(m)
-        w = ("true or false" if m is bool else "an integer" if m is int else "a number" if m is float
-             else "a string" if m is str else "a list" if o in (list, tuple, set, frozenset) or m in (list, tuple)
-             else "a mapping" if o is dict or m is dict or isinstance(m, type) and issubclass(m, BaseModel)
-             else "one of " + ", ".join(repr(x) for x in get_args(m)) if o is Literal else None)
-        if w and w not in words:
-            words.append(w)
-    return " or ".join(words) or "another value"
-
-
-def _before_validated(model: type[BaseModel]) -> set[str]:
-    """The fields of ``model`` whose own ``before``/``wrap``/``plain`` validator reads the raw value first
-    (``reduce: off`` for a literal, ``spacing: 2`` for a list): they judge their input themselves."""
-    return {f for dec in model.__pydantic_decorators__.field_validators.values()
-            if dec.info.mode in ("before", "wrap", "plain") for f in dec.info.fields}
-
-
-def refuse_coercion(tp: Any, value: Any, loc: tuple = ()) -> tuple[tuple, str] | None:
-    """The first place in ``value`` (a recipe's raw YAML data, validated as type ``tp``) where pydantic's lax mode
-    would take a value of another type with a meaning the user did not write: a boolean as a number (``true`` ->
-    1) or a number as a boolean (``1`` -> true), a string as a number or boolean (``"32"`` -> 32, ``"yes"`` ->
-    true). ``(loc, message)`` of it, or None. A field with its own ``before`` validator judges its input itself;
-    ``Any`` takes anything (step and decoder options are checked by their own models, through parse_params)."""
-    members = _members(tp)
-    if any(m is Any or not (isinstance(m, type) or get_origin(m) is not None) for m in members):
-        return None
-    lits = _literal_values(members)
-    if any(lit is value for lit in lits) or (type(value) in (str, int, float) and not isinstance(value, bool)
-                                             and any(type(lit) is type(value) and lit == value for lit in lits)):
-        return None
-    numeric = int in members or float in members
-    if isinstance(value, bool):
-        if bool not in members and (numeric or any(not isinstance(x, bool) for x in lits)):
-            return loc, f"expected {_describe(members)}, got {value!r} (a boolean is not taken as a number)"
-        return None
-    if isinstance(value, (int, float)):
-        if bool in members and not numeric and not any(type(x) in (int, float) for x in lits):
-            return loc, f"expected {_describe(members)}, got {clip(repr(value))} (a number is not taken as a boolean)"
-        return None
-    if isinstance(value, str):
-        if str not in members and (numeric or bool in members):
-            return loc, (f"expected {_describe(members)}, got the string {clip(repr(value))} (a quoted value is not "
-                         f"taken as a number or boolean: write it unquoted)")
-        return None
-    if isinstance(value, (list, tuple)):
-        per_item: dict[int, list[Any]] = {}
-        for m in members:
-            o, args = get_origin(m), get_args(m)
-            if o in (list, set, frozenset) or (o is tuple and len(args) == 2 and args[1] is Ellipsis):
-                for i in range(len(value)):
-                    per_item.setdefault(i, []).append(args[0] if args else Any)
-            elif o is tuple:
-                for i in range(min(len(value), len(args))):
-                    per_item.setdefault(i, []).append(args[i])
-        for i, x in enumerate(value):
-            if i in per_item:
-                got = refuse_coercion(Union[tuple(per_item[i])], x, loc + (i,))
-                if got:
-                    return got
-        return None
-    if isinstance(value, dict):
-        for k, x in value.items():
-            types_k = []
-            for m in members:
-                if isinstance(m, type) and issubclass(m, BaseModel):
-                    own = _before_validated(m)
-                    for name, f in m.model_fields.items():
-                        if k in (name, f.alias):
-                            types_k.append(Any if name in own else f.annotation)
-                elif get_origin(m) is dict:
-                    types_k.append(get_args(m)[1] if get_args(m) else Any)
-            if types_k:
-                got = refuse_coercion(Union[tuple(types_k)], x, loc + (k,))
-                if got:
-                    return got
-    return None
 
 
 def _check_coercion(tp: Any, value: Any, source: str | None, prefix: tuple) -> None:

@@ -183,3 +183,19 @@ def test_convert_fields_refuses_ids_and_a_conversion_that_converts_nothing(small
         Loader(small_build, batch_size=2, device="cpu", convert_fields=["image"])
     with pytest.raises(ValueError, match="is a label field"):
         precompile.Mix([small_build, small_build], batch_size=2, device="cpu", dtype="float32", convert_fields=[label])
+
+
+def test_device_step_options_take_the_type_their_key_asks_for(small_build):
+    """The recipe refuses a value of another type (true as 1, "0.5" as 0.5: recipe.refuse_coercion); the Loader's
+    gpu_steps, the same steps' options, took them (pydantic's lax mode): horizontal: True flipped every sample.
+    Now the same rule, the same words; a size pair holding a non-integer names it (it said "got 2 values")."""
+    for opts, why in [({"horizontal": True}, "horizontal: expected a number, got True (a boolean is not taken as a "
+                                             "number)"),
+                      ({"horizontal": "0.5"}, "horizontal: expected a number, got the string '0.5' (a quoted value "
+                                              "is not taken as a number or boolean: write it unquoted)")]:
+        with pytest.raises(ValueError, match="^random_flip: " + why.replace("(", r"\(").replace(")", r"\)") + "$"):
+            Loader(small_build, batch_size=2, device="cpu", gpu_steps=[{"random_flip": opts}])
+    with pytest.raises(ValueError, match=r"expected an integer or 2 integers \[height, width\], got \[16, 16\.5\]"):
+        Loader(small_build, batch_size=2, device="cpu", gpu_steps=[{"random_crop": {"size": [16, 16.5]}}])
+    ok = Loader(small_build, batch_size=2, device="cpu", gpu_steps=[{"random_flip": {"horizontal": 1}}])
+    ok.close()

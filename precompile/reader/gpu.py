@@ -41,6 +41,7 @@ import torch
 
 from ..errors import PrecompileError, clip, did_you_mean, echo
 from ..kinds import ANNOTATIONS, Kind
+from ..optschema import refuse_coercion
 from ..seeding import stream
 from ..transforms import geometry
 from .ragged import move_annotations
@@ -181,6 +182,9 @@ class BatchStep:
         from pydantic import ValidationError
 
         model = getattr(self, "Params", None) or self.STEP.Params
+        coerced = refuse_coercion(model, params)   # (true as 1.0, "0.5" as 0.5: refused, as in a recipe)
+        if coerced is not None:
+            raise ValueError(f"{self.name}: {'.'.join(str(x) for x in coerced[0]) or 'options'}: {coerced[1]}")
         try:
             self.params = model.model_validate(params)
         except ValidationError as e:

@@ -22,7 +22,7 @@ from ..optschema import checked, one_of_required
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
 from .annotations import annotation_grid
-from ..errors import StepError
+from ..errors import StepError, echo
 from . import source_map
 from .base import RandomParams, RandomStep, Step, StepParams, apply_fields, range_param, uniform
 from .kernels.geometry import (affine_matrix, continuous_map, crop_hw, flip_flow, flip_hw, longer_side_size,
@@ -127,8 +127,9 @@ def size_pair(v: Any) -> list[int]:
     if not (isinstance(v, (list, tuple)) and len(v) == 2
             and all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
         n = len(v) if isinstance(v, (list, tuple)) else None
-        raise ValueError(f"expected an integer or 2 integers [height, width], got {n} values" if n is not None
-                         else f"expected an integer or 2 integers [height, width], got {v!r}")
+        raise ValueError(f"expected an integer or 2 integers [height, width], got {n} values"
+                         if n is not None and n != 2 else
+                         f"expected an integer or 2 integers [height, width], got {echo(v, 80)}")
     if v[0] < 1 or v[1] < 1:
         raise ValueError("sizes must be positive")
     if max(v) > MAX_SIDE:

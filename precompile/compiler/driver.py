@@ -669,7 +669,7 @@ def _unchanged(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
     """The report of a build with nothing to do, or None when anything must be (re)written.
 
     Nothing to do: the index exists; its shard list names exactly the plan's shards with the keys
-    computed now; every shard file is there (HDF5: with the size the index recorded); and every other
+    computed now; every shard file is there (with the size the index recorded: a shard folder's files counted and summed); and every other
     attribute the index would get (recipe, fields, labels, format and package versions, seed,
     copies) is the same. Then no file is opened for writing: not the index, not the report.
     """
@@ -719,8 +719,11 @@ def _intact_shard(b: _Build, s: Any, info: dict[str, Any], key: str) -> Optional
     if info.get("file") != b.shard_entry_file(s, key) or info.get("key") != key:
         return None
     path = b.shard_path(s, key)
+    if not b.writer.shard_ext:   # a shard folder: its files' count and sizes against its info.json's
+        on_disk = b.writer.read_shard_info(path)
+        return path if on_disk is not None and on_disk["bytes"] == info.get("bytes") else None
     size = b.out.size(path)
-    if size is None or (b.writer.shard_ext and size != info.get("bytes")):
+    if size is None or size != info.get("bytes"):
         return None
     return path
 

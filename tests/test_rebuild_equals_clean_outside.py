@@ -616,3 +616,29 @@ def test_file_folder_shard_with_a_damaged_file_is_rebuilt(tmp_path, monkeypatch,
     build(recipe, out_dir=str(tmp_path / "clean"))
     assert _state(out, "t") == _state(str(tmp_path / "clean"), "t")
 
+
+def test_truncated_shard_is_rebuilt_while_this_process_has_it_open(tmp_path, monkeypatch):
+    """A reader in the building process (a notebook) holds shard 0 open; the shard is truncated by hand and an
+    input of shard 1 changes. HDF5 hands an already-open file's cached metadata to the build's check of shard 0,
+    so its key read fine and the truncated file was kept (and its new size written into the index): the kept
+    shard must have the size the index recorded."""
+    from PIL import Image
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
+    recipe, root = _tiny(tmp_path, "hdf5")
+    out = str(tmp_path / "out")
+    build(recipe, out_dir=out)
+    ds = precompile.open(os.path.join(out, "t.h5"))
+    ds[0], ds[3]   # both shards opened
+    shard0 = glob.glob(os.path.join(out, "t.shards", "shard-00000-*.h5"))[0]
+    with open(shard0, "r+b") as f:
+        f.truncate(os.path.getsize(shard0) // 2)
+    p = os.path.join(root, "i3.png")
+    mtime = os.stat(p).st_mtime_ns + 2_000_000_000
+    Image.fromarray(np.full((10, 10, 3), 7, np.uint8)).save(p)
+    os.utime(p, ns=(mtime, mtime))
+    rep = build(recipe, out_dir=out)
+    del ds
+    assert rep["shards"]["built"] == 2, rep["shards"]
+    build(recipe, out_dir=str(tmp_path / "clean"))
+    assert _state(out, "t") == _state(str(tmp_path / "clean"), "t")

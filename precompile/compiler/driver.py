@@ -477,6 +477,11 @@ def _sort_shards(b: _Build, keys: dict[int, str], force: bool, damaged: Optional
         entry, parts = stored.get(name, (None, None))
         info, own = (None, None) if force or name in (damaged or ()) else \
             b.out.finished_shard(b.writer, path, keys[s.index], entry, parts)
+        if info is not None and entry is not None and entry.get("bytes") is not None \
+                and info.get("bytes") != entry["bytes"]:
+            # not the size the index recorded: truncated or replaced by hand (HDF5 may have read its key from a
+            # copy of the file this process still holds open, from before the change)
+            info = None
         if info is None:
             st.todo.append((s, b.out.task_path(path)))
             continue

@@ -588,7 +588,7 @@ def _tiny(tmp_path, fmt: str, n: int = 4) -> tuple[dict, str]:
     from PIL import Image
 
     root = tmp_path / "in"
-    root.mkdir()
+    root.mkdir(parents=True)
     for i in range(n):
         Image.fromarray(np.random.default_rng(i).integers(0, 256, (10, 10, 3), dtype=np.uint8)).save(root / f"i{i}.png")
     recipe = {"name": "t", "inputs": {"root": str(root), "match": "{name}.png", "fields": {"image": {"decoder": "image"}}},
@@ -642,3 +642,43 @@ def test_truncated_shard_is_rebuilt_while_this_process_has_it_open(tmp_path, mon
     assert rep["shards"]["built"] == 2, rep["shards"]
     build(recipe, out_dir=str(tmp_path / "clean"))
     assert _state(out, "t") == _state(str(tmp_path / "clean"), "t")
+
+
+@pytest.mark.parametrize("change", ["add split", "remove split", "rename split", "hdf5 -> png"])
+def test_a_rebuild_leaves_no_index_of_the_output_the_recipe_no_longer_writes(tmp_path, monkeypatch, change):
+    """Adding ``split:`` to a built output left its unsplit ``t.h5`` (and removing it left ``t.train.h5`` and
+    ``t.val.h5``; renaming a split, or changing the format, the same) beside the new indexes: an index of the
+    old recipe that a clean build does not have, serving stale samples and keeping its shards forever (every
+    index in the folder is asked which shards to keep). The rebuild removes it; its shards stay as the
+    replaced snapshot (previous.json) until the next build, as any replaced index's do."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
+    recipe, _ = _tiny(tmp_path, "hdf5", n=6)
+    other, _ = _tiny(tmp_path / "o", "hdf5", n=2)
+    other["name"] = "t.v2"   # another output whose name starts like this one's: never touched
+    split = {"by": "hash", "fractions": {"train": 0.5, "val": 0.5}}
+    before, after = dict(recipe), dict(recipe)
+    if change == "add split":
+        after["split"] = split
+    elif change == "remove split":
+        before["split"] = split
+    elif change == "rename split":
+        before["split"] = split
+        after["split"] = {"by": "hash", "fractions": {"train": 0.5, "test": 0.5}}
+    else:
+        after["output"] = dict(recipe["output"], format="png")
+    out = str(tmp_path / "out")
+    build(other, out_dir=out)
+    build(before, out_dir=out)
+    old = _named_files(out)
+    build(after, out_dir=out)
+    build(after, out_dir=str(tmp_path / "clean"))
+    assert _state(out, "t") == _state(str(tmp_path / "clean"), "t")
+    left = sorted(os.path.basename(p) for p in glob.glob(os.path.join(out, "t.*")) if not p.startswith(os.path.join(out, "t.v2")))
+    want = sorted(os.path.basename(p) for p in glob.glob(os.path.join(tmp_path, "clean", "t.*")))
+    assert left == want
+    assert os.path.exists(os.path.join(out, "t.v2.h5")) and os.path.exists(os.path.join(out, "t.v2.report.json"))
+    _check_no_stale(out, "t")
+    prev = snapshot.previous(os.path.join(out, "t.shards"))
+    for f in old - _named_files(out):   # the replaced snapshot, kept until the next build
+        if f.startswith("t.shards/"):
+            assert os.path.basename(f) in prev and os.path.exists(os.path.join(out, f)), f

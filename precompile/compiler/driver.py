@@ -356,8 +356,41 @@ def _conclude(b: _Build, st: _State, views: list[_Build], named: list[tuple[Opti
         done = [_finalize(v, st, _split_report(report, v, st)) for v in views]
         report = _merge_splits(b, named, done, report)
         _write_report(b.out, b.index_path, report)
+    for index in _orphan_indexes(b, views):
+        replaced.extend(_index_files(b.out, index))
+        report_path = os.path.splitext(index)[0] + fmt.REPORT_SUFFIX
+        for p in (index, report_path) if report_path != os.path.splitext(b.index_path)[0] + fmt.REPORT_SUFFIX \
+                else (index,):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(p)
     _retire(b, replaced)
     return report
+
+
+def _orphan_indexes(b: _Build, views: list[_Build]) -> list[str]:
+    """The indexes of this output that this build did not write: ``<name>.h5`` after ``split:`` was added,
+    ``<name>.<split>.h5`` of a split no longer there, ``<name>.h5`` after the format became ``png`` (its
+    ``<name>.json`` written instead). A clean build has none of them; left in place they would serve the old
+    recipe's samples and keep its shards forever (every index in the folder is asked which to keep). An index
+    is this output's when its name is ``<name>.<...>`` and the recipe it records has this output name (so an
+    output named ``<name>.v2`` is another's). Local outputs only."""
+    if b.out.remote:
+        return []
+    name = b.recipe.output_name
+    written = {os.path.abspath(v.index_path) for v in views}
+    found = []
+    for index in snapshot.indexes_in(b.out_dir):
+        if os.path.abspath(index) in written or not os.path.basename(index).startswith(name + "."):
+            continue
+        attrs = snapshot.read_index_attrs(index)
+        try:
+            recorded = fmt.loads(attrs[fmt.A_RECIPE]) if attrs else None
+            owner = (recorded.get("output") or {}).get("name") or recorded.get("name")
+        except (KeyError, ValueError, TypeError, AttributeError):
+            continue
+        if owner == name:
+            found.append(index)
+    return found
 
 
 def _split_report(report: BuildReport, v: _Build, st: _State) -> BuildReport:

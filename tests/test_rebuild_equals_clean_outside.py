@@ -76,6 +76,8 @@ class Project:
         self.recipe: dict = {"name": "rb", "seed": r.randint(0, 5), "steps": steps, "copies": copies,
                              "on_error": r.choice(["fail", "skip"]),
                              "output": {"format": fmt, "samples_per_shard": r.choice([2, 3])}}
+        if r.random() < 0.2:
+            self.recipe["stats"] = True   # the index holds the output's statistics, kept current by rebuilds
         if r.random() < 0.35:
             self.recipe["split"] = {"by": "hash", "fractions": {"train": 0.6, "val": 0.4}, "seed": r.randint(0, 3)}
         if self.kind == "folder":
@@ -388,6 +390,31 @@ def _m_where(p: Project) -> str:
     return f"where -> {i['where']}"
 
 
+def _m_format(p: Project) -> str:
+    o = p.recipe["output"]
+    o["format"] = p.rng.choice([f for f in ("hdf5", "png", "bmp") if f != o["format"]])
+    p.write_recipe()
+    return f"format -> {o['format']}"
+
+
+def _m_corrupt(p: Project) -> str:
+    """An input that no longer decodes: a failure (on_error: skip lists it; fail stops both builds)."""
+    rel = p.rng.choice(p.images)
+    path = os.path.join(p.root, rel)
+    mtime = os.stat(path).st_mtime_ns + 2_000_000_000
+    _write(path, b"not an image at all")
+    os.utime(path, ns=(mtime, mtime))
+    return f"corrupt {rel}"
+
+
+def _m_keep_original(p: Project) -> str:
+    p.recipe["keep_original"] = not p.recipe.get("keep_original", True)
+    if not p.recipe["keep_original"] and not p.recipe["copies"]:
+        _m_copies(p)
+    p.write_recipe()
+    return f"keep_original -> {p.recipe['keep_original']}"
+
+
 def _m_kill_shard(p: Project, out: str) -> str:
     files = _named_files(out)
     victim = p.rng.choice(sorted(files))
@@ -431,8 +458,9 @@ def _m_killed_build(p: Project, out: str, tmp: str) -> str:
 
 
 COMMON = [_m_pixels, _m_touch, _m_delete, _m_add, _m_rename, _m_swap, _m_step, _m_seed, _m_per_shard,
-          _m_split, _m_copies, _m_output_name, _m_field]
-BY_KIND = {"folder": [_m_where], "table": [_m_label_cell, _m_score_cell, _m_reorder_rows, _m_remove_row, _m_where],
+          _m_split, _m_copies, _m_output_name, _m_field, _m_corrupt, _m_keep_original]
+BY_KIND = {"folder": [_m_where, _m_format],
+           "table": [_m_label_cell, _m_score_cell, _m_reorder_rows, _m_remove_row, _m_where, _m_format],
            "coco": [_m_box, _m_add_ann, _m_category_name]}
 
 
@@ -476,7 +504,7 @@ def _own_indexes(out: str, name: str) -> list[str]:
     own = []
     for ix in _indexes(out):
         files = [s["file"] for s in json.loads(snapshot.read_index_attrs(ix)["shards"])]
-        if all(f.startswith(name + ".shards/") for f in files):
+        if os.path.basename(ix).startswith(name + ".") and all(f.startswith(name + ".shards/") for f in files):
             own.append(ix)
     return own
 

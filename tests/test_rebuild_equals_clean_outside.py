@@ -617,8 +617,7 @@ def run_case(tmp_path, seed: int, monkeypatch) -> list[str]:
             # docs/reference-build.md: appending (a key that sorts after all others) rebuilds only the last shard
             # (of its split, with split:)
             assert rep["shards"]["built"] <= 1, f"{where}: an appended input rebuilt {rep['shards']}"
-        if fns == [_m_output_name] and killed is None and p.recipe["output"]["format"] == "hdf5":
-            # (HDF5 only: the file-folder formats' shards are folders, which are not linked from a sibling)
+        if fns == [_m_output_name] and killed is None:
             assert rep["shards"]["built"] == 0, f"{where}: a new output name rebuilt {rep['shards']}"
         if fns == [_m_touch] and killed is None and p.content_hash:
             assert rep["shards"]["built"] == 0, f"{where}: a touch under --content-hash rebuilt {rep['shards']}"
@@ -740,3 +739,25 @@ def test_a_rebuild_leaves_no_index_of_the_output_the_recipe_no_longer_writes(tmp
     for f in old - _named_files(out):   # the replaced snapshot, kept until the next build
         if f.startswith("t.shards/"):
             assert os.path.basename(f) in prev and os.path.exists(os.path.join(out, f)), f
+
+
+@pytest.mark.parametrize("fmt", ["png", "bmp"])
+def test_new_output_name_reuses_a_sibling_shard_folder(tmp_path, monkeypatch, fmt):
+    """docs/reference-build.md: 'Changing only the output name reuses the shards of a sibling build (hard
+    links)'. A file-folder format's shards are folders, and only files were looked for: every shard was built
+    again. Linked, the new output's files are the sibling's (same inodes) and equal a clean build's bytes."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", EPOCH)
+    recipe, _ = _tiny(tmp_path, fmt)
+    out = str(tmp_path / "out")
+    build(recipe, out_dir=out)
+    renamed = dict(recipe, output=dict(recipe["output"], name="u"))
+    rep = build(renamed, out_dir=out)
+    assert rep["shards"]["built"] == 0 and rep["shards"]["reused"] == 2, rep["shards"]
+    build(renamed, out_dir=str(tmp_path / "clean"))
+    assert _state(out, "u") == _state(str(tmp_path / "clean"), "u")
+    for f in _named_files(out):
+        if f.startswith("u.shards/"):
+            for n in os.listdir(os.path.join(out, f)):
+                a, b = os.stat(os.path.join(out, f, n)), os.stat(os.path.join(out, "t" + f[1:], n))
+                assert (a.st_ino, a.st_dev) == (b.st_ino, b.st_dev), n
+    assert build(recipe, out_dir=out)["shards"]["built"] == 0   # the sibling is untouched

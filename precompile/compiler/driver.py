@@ -780,8 +780,17 @@ def with_policy(recipe: Recipe, on_error: Optional[str] = None, max_failures: Op
     return Recipe(model, source=recipe.source, base_dir=recipe.base_dir)
 
 
+def _link_file(a: str, b: str) -> None:
+    try:
+        os.link(a, b)
+    except OSError:
+        shutil.copyfile(a, b)
+
+
 def _link_shard(src: str, dst: str) -> bool:
-    """Put a finished shard (and its sidecar) at ``dst`` atomically: hard link, or copy."""
+    """Put a finished shard (and its sidecar) at ``dst`` atomically: hard link, or copy. A shard folder (the
+    file-folder formats) is made as a temporary folder of links to its files, then renamed into place (a
+    damaged folder already there moved aside first, as the writer does)."""
     ok = False
     for a, b in ((skipped_path(src), skipped_path(dst)), (src, dst)):  # sidecar first, shard last
         if not os.path.exists(a):
@@ -789,11 +798,20 @@ def _link_shard(src: str, dst: str) -> bool:
                 return False
             continue
         tmp = f"{b}.tmp-{os.getpid()}"
-        try:
-            os.link(a, tmp)
-        except OSError:
-            shutil.copyfile(a, tmp)
-        os.replace(tmp, b)
+        if os.path.isdir(a):
+            if os.path.lexists(tmp):
+                remove_path(tmp)
+            shutil.copytree(a, tmp, copy_function=_link_file)
+            old = None
+            if os.path.isdir(b):
+                old = f"{b}.tmp-old-{os.getpid()}"   # a "*.tmp-*" name: the next build removes it if we die
+                os.replace(b, old)
+            os.replace(tmp, b)
+            if old is not None:
+                remove_path(old)
+        else:
+            _link_file(a, tmp)
+            os.replace(tmp, b)
         ok = True
     return ok
 

@@ -22,7 +22,8 @@ Mutations that docs say a rebuild cannot see are not applied as failures: a file
 same size and its old mtime restored is only visible to ``--content-hash`` builds (the fingerprint is
 size + mtime otherwise), so that mutation is used only in projects built with ``content_hash``.
 
-``PRECOMPILE_REBUILD_EXPLORE=N`` runs N more seeds (from 1000) instead of skipping the explore test.
+``PRECOMPILE_REBUILD_EXPLORE=N`` runs N more seeds (from 1000, or ``PRECOMPILE_REBUILD_EXPLORE_FROM``), one test
+each, instead of skipping the explore test.
 """
 from __future__ import annotations
 
@@ -61,6 +62,7 @@ class Project:
         self.content_hash = r.random() < 0.25
         self.n_made = 0
         self.images: list[str] = []       # relative paths under root
+        self.shapes: dict[str, tuple[int, int]] = {}   # each image's (h, w) as written (a corrupted one keeps its)
         n = r.randint(6, 11)
         self.exts = ["png"] if self.kind == "coco" else ["png", "png", "jpg"]
         for _ in range(n):
@@ -115,6 +117,7 @@ class Project:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         old = os.stat(path).st_mtime_ns if os.path.exists(path) else None
         im = Image.fromarray(self._pixels(h, w))
+        self.shapes[rel] = (h, w)
         if rel.endswith(".png"):
             im.save(path, compress_level=0)     # uncompressed: the size depends on the shape only
         else:
@@ -133,10 +136,7 @@ class Project:
         return rel
 
     def shape(self, rel: str) -> tuple[int, int]:
-        from PIL import Image
-
-        with Image.open(os.path.join(self.root, rel)) as im:
-            return im.height, im.width
+        return self.shapes[rel]
 
     def write_table(self) -> None:
         with open(os.path.join(self.base, "t.csv"), "w", newline="") as f:
@@ -246,6 +246,7 @@ def _m_rename(p: Project) -> str:
                 im["file_name"] = new
         p.write_coco()
     p.images[p.images.index(rel)] = new
+    p.shapes[new] = p.shapes.pop(rel)
     return f"rename {rel} -> {new}"
 
 
@@ -259,6 +260,7 @@ def _m_swap(p: Project) -> str:
     later = max(ma, mb) + 2_000_000_000
     os.utime(pa, ns=(later, later))
     os.utime(pb, ns=(later, later))
+    p.shapes[a], p.shapes[b] = p.shapes[b], p.shapes[a]
     if p.kind == "coco":   # the image sizes the COCO file records follow the files
         for im in p.coco["images"]:
             if im["file_name"] in (a, b):
@@ -631,10 +633,11 @@ def test_rebuild_equals_clean_build(tmp_path, seed, monkeypatch):
 
 
 EXPLORE = int(os.environ.get("PRECOMPILE_REBUILD_EXPLORE", "0") or 0)
+EXPLORE_FROM = int(os.environ.get("PRECOMPILE_REBUILD_EXPLORE_FROM", "1000") or 1000)   # the first seed explored
 
 
 @pytest.mark.skipif(not EXPLORE, reason="explore mode: set PRECOMPILE_REBUILD_EXPLORE=N to run N more seeds")
-@pytest.mark.parametrize("seed", range(1000, 1000 + max(EXPLORE, 1)))
+@pytest.mark.parametrize("seed", range(EXPLORE_FROM, EXPLORE_FROM + max(EXPLORE, 1)))
 def test_rebuild_equals_clean_build_explore(tmp_path, seed, monkeypatch):
     run_case(tmp_path, seed, monkeypatch)
 

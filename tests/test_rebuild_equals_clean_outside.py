@@ -443,12 +443,13 @@ def _m_killed_build(p: Project, out: str, tmp: str) -> str:
     name = p.out_name()
     shard_dir = os.path.join(out, name + ".shards")
     os.makedirs(shard_dir, exist_ok=True)
-    done = sorted(glob.glob(os.path.join(side, name + ".shards", "shard-*")))
+    done = sorted(d for d in glob.glob(os.path.join(side, name + ".shards", "shard-*")) if not d.endswith(".json"))
     kept = [d for d in done if p.rng.random() < 0.5]
-    for src in kept:
-        dst = os.path.join(shard_dir, os.path.basename(src))
-        if not os.path.exists(dst):
-            (shutil.copytree if os.path.isdir(src) else shutil.copyfile)(src, dst)
+    for src in kept:   # the skipped-inputs sidecar first, as a shard task writes them
+        for a in (src + ".skipped.json", src):
+            dst = os.path.join(shard_dir, os.path.basename(a))
+            if os.path.exists(a) and not os.path.exists(dst):
+                (shutil.copytree if os.path.isdir(a) else shutil.copyfile)(a, dst)
     if done:
         tmp_name = os.path.join(shard_dir, os.path.basename(done[0]) + ".tmp-999999")
         if os.path.isdir(done[0]):
@@ -534,18 +535,20 @@ def _state(out: str, name: str) -> dict:
     return st
 
 
-def _check_no_stale(out: str, name: str) -> None:
-    named = _named_files(out)
-    for f in named:
-        assert os.path.exists(os.path.join(out, f)), f"an index names a missing shard {f}"
+def _check_no_stale(out: str, name: str, where: str = "") -> None:
+    own = set()
+    for ix in _own_indexes(out, name):   # (another output's index may name a shard the mutation deleted)
+        own.update(s["file"] for s in json.loads(snapshot.read_index_attrs(ix)["shards"]))
+    for f in own:
+        assert os.path.exists(os.path.join(out, f)), f"{where}: an index names a missing shard {f}"
     shard_dir = os.path.join(out, name + ".shards")
     prev = snapshot.previous(shard_dir) if os.path.isdir(shard_dir) else set()
-    keep = {os.path.basename(f) for f in named} | {os.path.basename(f) for f in prev}
+    keep = {os.path.basename(f) for f in _named_files(out)} | {os.path.basename(f) for f in prev}
     for d in glob.glob(os.path.join(out, "*.shards")):
         for entry in os.listdir(d):
             if entry.startswith("shard-") and not entry.endswith(".skipped.json"):
                 if d == shard_dir:
-                    assert entry in keep, f"stale shard {entry} in {d}: no index and no previous.json names it"
+                    assert entry in keep, f"{where}: stale shard {entry} in {d}: no index and no previous.json names it"
 
 
 def _build(p: Project, out: str, jobs: int):
@@ -609,7 +612,7 @@ def run_case(tmp_path, seed: int, monkeypatch) -> list[str]:
         got, want = _state(out, name), _state(clean_dir, name)
         diffs = _diff(got, want)
         assert not diffs, f"{where} (-j{jobs}): the rebuild differs from a clean build: {diffs}\n" + "\n".join(log)
-        _check_no_stale(out, name)
+        _check_no_stale(out, name, f"{where} (-j{jobs})\n" + "\n".join(log))
         assert rep["num_samples"] == clean["num_samples"]
         # what a rebuild redoes, where the docs promise it
         if fns == [_m_pixels] and killed is None:

@@ -417,6 +417,12 @@ def _m_keep_original(p: Project) -> str:
     return f"keep_original -> {p.recipe['keep_original']}"
 
 
+def _m_content_hash(p: Project) -> str:
+    """``--content-hash`` given or dropped (not part of the recipe; both builds get the same flag)."""
+    p.content_hash = not p.content_hash
+    return f"content_hash -> {p.content_hash}"
+
+
 def _m_kill_shard(p: Project, out: str) -> str:
     files = _named_files(out)
     victim = p.rng.choice(sorted(files))
@@ -461,7 +467,7 @@ def _m_killed_build(p: Project, out: str, tmp: str) -> str:
 
 
 COMMON = [_m_pixels, _m_touch, _m_delete, _m_add, _m_rename, _m_swap, _m_step, _m_seed, _m_per_shard,
-          _m_split, _m_copies, _m_output_name, _m_field, _m_corrupt, _m_keep_original]
+          _m_split, _m_copies, _m_output_name, _m_field, _m_corrupt, _m_keep_original, _m_content_hash]
 BY_KIND = {"folder": [_m_where, _m_format],
            "table": [_m_label_cell, _m_score_cell, _m_reorder_rows, _m_remove_row, _m_where, _m_format],
            "coco": [_m_box, _m_add_ann, _m_category_name]}
@@ -581,7 +587,7 @@ def run_case(tmp_path, seed: int, monkeypatch) -> list[str]:
     out = str(tmp_path / "out")
     first = _build(p, out, p.rng.choice([1, 2]))
     assert not isinstance(first, Exception), f"seed {seed}: the first build failed: {first}"
-    muts = COMMON + BY_KIND[p.kind] + ([_m_pixels_same_mtime] if p.content_hash else [])
+    muts = COMMON + BY_KIND[p.kind] + [_m_pixels_same_mtime]
     log = [f"seed {seed}: {p.kind} {p.recipe['output']['format']} content_hash={p.content_hash}"]
     for rnd in range(2):
         k = p.rng.choice([1, 1, 2])
@@ -590,6 +596,8 @@ def run_case(tmp_path, seed: int, monkeypatch) -> list[str]:
         for fn in fns:
             if len(p.images) <= 3 and fn in (_m_delete, _m_remove_row):
                 fn = _m_add
+            if fn is _m_pixels_same_mtime and not p.content_hash:   # invisible to a size+mtime key, by design
+                fn = _m_pixels
             applied.append(fn(p))
         killed = None
         if p.rng.random() < 0.2 and _named_files(out):

@@ -44,7 +44,7 @@ from precompile import build
 from precompile.formats import snapshot
 
 EPOCH = "1700000000"
-SEEDS = list(range(30))
+SEEDS = list(range(24))
 
 
 # ---------------------------------------------------------------- the project: files + recipe on disk
@@ -75,6 +75,7 @@ class Project:
         if r.random() < 0.5:
             steps.append({"random_flip": {"horizontal": 0.5, "vertical": r.choice([0.0, 0.5])}})
             copies = r.choice([0, 1, 2])
+        self.interruptible = r.random() < 0.3   # its image decoder stops a build on a chosen input (a Ctrl-C)
         self.recipe: dict = {"name": "rb", "seed": r.randint(0, 5), "steps": steps, "copies": copies,
                              "on_error": r.choice(["fail", "skip"]),
                              "output": {"format": fmt, "samples_per_shard": r.choice([2, 3])}}
@@ -103,6 +104,9 @@ class Project:
             self.recipe["inputs"] = {"root": self.root, "coco": {"file": os.path.join(self.base, "c.json")},
                                      "fields": {"image": {"decoder": "image", "mode": "rgb8"}}}
             self.write_coco()
+        if self.interruptible:
+            self.recipe["imports"] = ["interrupting_decoder"]
+            self.recipe["inputs"]["fields"]["image"]["decoder"] = "_interrupting_image_test"
         self.write_recipe()
 
     # ---- files
@@ -417,6 +421,25 @@ def _m_keep_original(p: Project) -> str:
     return f"keep_original -> {p.recipe['keep_original']}"
 
 
+def _m_interrupted_build(p: Project, out: str) -> str:
+    """A -j1 build of the (already mutated) state stopped by a Ctrl-C at one input (BuildInterrupted: the
+    finished shards kept, the half-written one removed), before the rebuild under test."""
+    from precompile.compiler.driver import BuildInterrupted
+
+    rel = p.rng.choice(p.images)
+    os.environ["PRECOMPILE_TEST_INTERRUPT_AT"] = os.path.basename(rel)
+    try:
+        build(p.recipe_path, out_dir=out, n_jobs=1, content_hash=p.content_hash, progress=False)
+        what = "not reached"
+    except BuildInterrupted as e:
+        what = f"{e.kept} of {e.total} kept"
+    except precompile.errors.PrecompileError as e:
+        what = f"failed first: {type(e).__name__}"
+    finally:
+        del os.environ["PRECOMPILE_TEST_INTERRUPT_AT"]
+    return f"build interrupted at {rel}: {what}"
+
+
 def _m_content_hash(p: Project) -> str:
     """``--content-hash`` given or dropped (not part of the recipe; both builds get the same flag)."""
     p.content_hash = not p.content_hash
@@ -605,6 +628,9 @@ def run_case(tmp_path, seed: int, monkeypatch) -> list[str]:
             applied.append(killed)
         if p.rng.random() < 0.15:
             killed = _m_killed_build(p, out, str(tmp_path))
+            applied.append(killed)
+        if p.interruptible and p.rng.random() < 0.6:
+            killed = _m_interrupted_build(p, out)
             applied.append(killed)
         jobs = p.rng.choice([1, 2])
         log.append(f"  round {rnd}: {applied} -j{jobs}")

@@ -27,7 +27,6 @@ each, instead of skipping the explore test.
 """
 from __future__ import annotations
 
-import copy
 import csv
 import glob
 import json
@@ -350,7 +349,8 @@ def _m_split(p: Project) -> str:
         if p.rng.random() < 0.5:
             s["seed"] = s.get("seed", 0) + 1
         else:
-            s["fractions"] = {"train": 0.5, "val": 0.5} if s["fractions"]["train"] != 0.5 else {"train": 0.7, "val": 0.3}
+            half = s["fractions"]["train"] == 0.5
+            s["fractions"] = {"train": 0.7, "val": 0.3} if half else {"train": 0.5, "val": 0.5}
         what = f"split -> {s}"
     else:
         p.recipe["split"] = {"by": "hash", "fractions": {"train": 0.5, "val": 0.5}}
@@ -379,8 +379,8 @@ def _m_field(p: Project) -> str:
         del f["twin"]
         what = "field twin removed"
     else:
-        f["twin"] = {"decoder": "image", "mode": "gray8",
-                     "path": "{file_name}" if p.kind == "coco" else ("{path}" if p.kind == "table" else "{label}/{name}.{ext}")}
+        path = {"coco": "{file_name}", "table": "{path}", "folder": "{label}/{name}.{ext}"}[p.kind]
+        f["twin"] = {"decoder": "image", "mode": "gray8", "path": path}
         what = "field twin added"
     p.write_recipe()
     return what
@@ -689,7 +689,8 @@ def _tiny(tmp_path, fmt: str, n: int = 4) -> tuple[dict, str]:
     root.mkdir(parents=True)
     for i in range(n):
         Image.fromarray(np.random.default_rng(i).integers(0, 256, (10, 10, 3), dtype=np.uint8)).save(root / f"i{i}.png")
-    recipe = {"name": "t", "inputs": {"root": str(root), "match": "{name}.png", "fields": {"image": {"decoder": "image"}}},
+    recipe = {"name": "t", "inputs": {"root": str(root), "match": "{name}.png",
+                                      "fields": {"image": {"decoder": "image"}}},
               "output": {"format": fmt, "samples_per_shard": 2}}
     return recipe, str(root)
 
@@ -771,7 +772,8 @@ def test_a_rebuild_leaves_no_index_of_the_output_the_recipe_no_longer_writes(tmp
     build(after, out_dir=out)
     build(after, out_dir=str(tmp_path / "clean"))
     assert _state(out, "t") == _state(str(tmp_path / "clean"), "t")
-    left = sorted(os.path.basename(p) for p in glob.glob(os.path.join(out, "t.*")) if not p.startswith(os.path.join(out, "t.v2")))
+    left = sorted(os.path.basename(p) for p in glob.glob(os.path.join(out, "t.*"))
+                  if not os.path.basename(p).startswith("t.v2"))
     want = sorted(os.path.basename(p) for p in glob.glob(os.path.join(tmp_path, "clean", "t.*")))
     assert left == want
     assert os.path.exists(os.path.join(out, "t.v2.h5")) and os.path.exists(os.path.join(out, "t.v2.report.json"))

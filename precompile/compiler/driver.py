@@ -707,9 +707,9 @@ def _unchanged(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
     """The report of a build with nothing to do, or None when anything must be (re)written.
 
     Nothing to do: the index exists; its shard list names exactly the plan's shards with the keys
-    computed now; every shard file is there (with the size the index recorded: a shard folder's files counted and summed); and every other
-    attribute the index would get (recipe, fields, labels, format and package versions, seed,
-    copies) is the same. Then no file is opened for writing: not the index, not the report.
+    computed now; every shard file is there (with the size the index recorded: a shard folder's files
+    counted and summed); and every other attribute the index would get (recipe, fields, labels, format
+    and package versions, seed, copies) is the same. Then no file is opened for writing: not the index, not the report.
     """
     shards = _stored_shards(b)
     if shards is None:

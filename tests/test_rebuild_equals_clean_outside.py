@@ -647,6 +647,11 @@ def run_case(tmp_path, seed: int, monkeypatch) -> list[str]:
         diffs = _diff(got, want)
         assert not diffs, f"{where} (-j{jobs}): the rebuild differs from a clean build: {diffs}\n" + "\n".join(log)
         _check_no_stale(out, name, f"{where} (-j{jobs})\n" + "\n".join(log))
+        from precompile.tools.verify import verify
+
+        for ix in _own_indexes(out, name):   # every byte of the rebuilt output checks against its index
+            res = verify(ix)
+            assert res.ok, f"{where}: verify {os.path.basename(ix)}: {res}"
         assert rep["num_samples"] == clean["num_samples"]
         # what a rebuild redoes, where the docs promise it
         if fns == [_m_pixels] and killed is None:

@@ -356,8 +356,41 @@ def _conclude(b: _Build, st: _State, views: list[_Build], named: list[tuple[Opti
         done = [_finalize(v, st, _split_report(report, v, st)) for v in views]
         report = _merge_splits(b, named, done, report)
         _write_report(b.out, b.index_path, report)
+    for index in _orphan_indexes(b, views):
+        replaced.extend(_index_files(b.out, index))
+        report_path = os.path.splitext(index)[0] + fmt.REPORT_SUFFIX
+        for p in (index, report_path) if report_path != os.path.splitext(b.index_path)[0] + fmt.REPORT_SUFFIX \
+                else (index,):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(p)
     _retire(b, replaced)
     return report
+
+
+def _orphan_indexes(b: _Build, views: list[_Build]) -> list[str]:
+    """The indexes of this output that this build did not write: ``<name>.h5`` after ``split:`` was added,
+    ``<name>.<split>.h5`` of a split no longer there, ``<name>.h5`` after the format became ``png`` (its
+    ``<name>.json`` written instead). A clean build has none of them; left in place they would serve the old
+    recipe's samples and keep its shards forever (every index in the folder is asked which to keep). An index
+    is this output's when its name is ``<name>.<...>`` and the recipe it records has this output name (so an
+    output named ``<name>.v2`` is another's). Local outputs only."""
+    if b.out.remote:
+        return []
+    name = b.recipe.output_name
+    written = {os.path.abspath(v.index_path) for v in views}
+    found = []
+    for index in snapshot.indexes_in(b.out_dir):
+        if os.path.abspath(index) in written or not os.path.basename(index).startswith(name + "."):
+            continue
+        attrs = snapshot.read_index_attrs(index)
+        try:
+            recorded = fmt.loads(attrs[fmt.A_RECIPE]) if attrs else None
+            owner = (recorded.get("output") or {}).get("name") or recorded.get("name")
+        except (KeyError, ValueError, TypeError, AttributeError):
+            continue
+        if owner == name:
+            found.append(index)
+    return found
 
 
 def _split_report(report: BuildReport, v: _Build, st: _State) -> BuildReport:
@@ -477,6 +510,11 @@ def _sort_shards(b: _Build, keys: dict[int, str], force: bool, damaged: Optional
         entry, parts = stored.get(name, (None, None))
         info, own = (None, None) if force or name in (damaged or ()) else \
             b.out.finished_shard(b.writer, path, keys[s.index], entry, parts)
+        if info is not None and entry is not None and entry.get("bytes") is not None \
+                and info.get("bytes") != entry["bytes"]:
+            # not the size the index recorded: truncated or replaced by hand (HDF5 may have read its key from a
+            # copy of the file this process still holds open, from before the change)
+            info = None
         if info is None:
             st.todo.append((s, b.out.task_path(path)))
             continue
@@ -679,9 +717,9 @@ def _unchanged(b: _Build, keys: dict[int, str]) -> Optional[BuildReport]:
     """The report of a build with nothing to do, or None when anything must be (re)written.
 
     Nothing to do: the index exists; its shard list names exactly the plan's shards with the keys
-    computed now; every shard file is there (HDF5: with the size the index recorded); and every other
-    attribute the index would get (recipe, fields, labels, format and package versions, seed,
-    copies) is the same. Then no file is opened for writing: not the index, not the report.
+    computed now; every shard file is there (with the size the index recorded: a shard folder's files
+    counted and summed); and every other attribute the index would get (recipe, fields, labels, format
+    and package versions, seed, copies) is the same. Then no file is opened for writing: not the index, not the report.
     """
     shards = _stored_shards(b)
     if shards is None:
@@ -729,8 +767,11 @@ def _intact_shard(b: _Build, s: Any, info: dict[str, Any], key: str) -> Optional
     if info.get("file") != b.shard_entry_file(s, key) or info.get("key") != key:
         return None
     path = b.shard_path(s, key)
+    if not b.writer.shard_ext:   # a shard folder: its files' count and sizes against its info.json's
+        on_disk = b.writer.read_shard_info(path)
+        return path if on_disk is not None and on_disk["bytes"] == info.get("bytes") else None
     size = b.out.size(path)
-    if size is None or (b.writer.shard_ext and size != info.get("bytes")):
+    if size is None or size != info.get("bytes"):
         return None
     return path
 
@@ -753,8 +794,17 @@ def with_policy(recipe: Recipe, on_error: Optional[str] = None, max_failures: Op
     return Recipe(model, source=recipe.source, base_dir=recipe.base_dir)
 
 
+def _link_file(a: str, b: str) -> None:
+    try:
+        os.link(a, b)
+    except OSError:
+        shutil.copyfile(a, b)
+
+
 def _link_shard(src: str, dst: str) -> bool:
-    """Put a finished shard (and its sidecar) at ``dst`` atomically: hard link, or copy."""
+    """Put a finished shard (and its sidecar) at ``dst`` atomically: hard link, or copy. A shard folder (the
+    file-folder formats) is made as a temporary folder of links to its files, then renamed into place (a
+    damaged folder already there moved aside first, as the writer does)."""
     ok = False
     for a, b in ((skipped_path(src), skipped_path(dst)), (src, dst)):  # sidecar first, shard last
         if not os.path.exists(a):
@@ -762,11 +812,20 @@ def _link_shard(src: str, dst: str) -> bool:
                 return False
             continue
         tmp = f"{b}.tmp-{os.getpid()}"
-        try:
-            os.link(a, tmp)
-        except OSError:
-            shutil.copyfile(a, tmp)
-        os.replace(tmp, b)
+        if os.path.isdir(a):
+            if os.path.lexists(tmp):
+                remove_path(tmp)
+            shutil.copytree(a, tmp, copy_function=_link_file)
+            old = None
+            if os.path.isdir(b):
+                old = f"{b}.tmp-old-{os.getpid()}"   # a "*.tmp-*" name: the next build removes it if we die
+                os.replace(b, old)
+            os.replace(tmp, b)
+            if old is not None:
+                remove_path(old)
+        else:
+            _link_file(a, tmp)
+            os.replace(tmp, b)
         ok = True
     return ok
 

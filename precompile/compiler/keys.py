@@ -117,12 +117,13 @@ def item_text(key: str, label: Optional[int], fps: list[tuple[str, list]]) -> st
 
 
 def find_reusable(out_dir: str, shard_dir: str, file_name: str, key: str, writer: Any) -> Optional[str]:
-    """A finished shard with ``key`` under the same file name in a sibling ``*.shards`` folder, or None."""
+    """A finished shard with ``key`` under the same file name in a sibling ``*.shards`` folder, or None (a
+    file, or a file-folder format's shard folder)."""
     for other in sorted(glob.glob(os.path.join(glob.escape(out_dir), "*" + fmt.SHARD_DIR_SUFFIX))):
         if os.path.abspath(other) == os.path.abspath(shard_dir):
             continue
         cand = os.path.join(other, file_name)
-        if os.path.isfile(cand):
+        if os.path.isfile(cand) or os.path.isdir(cand):
             info = writer.read_shard_info(cand)
             if info is not None and info["key"] == key:
                 return cand

@@ -235,14 +235,20 @@ class FolderFormat(Format):
         return FolderShardWriter(self, path, specs, shard_key, options, chunking)
 
     def read_shard_info(self, path: str) -> dict[str, Any] | None:
+        """The shard's ``info.json`` entry, or None when it is unreadable or the folder no longer holds what it
+        records: as many files (``info.json`` left out) of as many bytes in all, so a sample file deleted or
+        truncated by hand makes the shard one to build again (one ``stat`` per file; its bytes are not read)."""
         info = _read_info(path)
         if info is None:
             return None
         try:
-            return {"key": info["key"], "num_samples": int(info["num_samples"]), "checksums": info["checksums"],
-                    "bytes": int(info["bytes"])}
+            out = {"key": info["key"], "num_samples": int(info["num_samples"]), "checksums": info["checksums"],
+                   "bytes": int(info["bytes"])}
+            files = int(info["files"])
         except (KeyError, TypeError, ValueError):
             return None
+        on_disk = _files_and_bytes(path)
+        return out if on_disk == (files, out["bytes"]) else None
 
     def finalize(self, out_path: str, shards: list[dict[str, Any]], specs: dict[str, FieldSpec],
                  attrs: dict[str, Any], parts: Sequence[Any] | None = None) -> None:
@@ -289,6 +295,15 @@ class FolderFormat(Format):
             index = json.load(f)
         index[fmt.J_ATTRS][name] = json.loads(text)
         write_json_atomic(path, index)
+
+
+def _files_and_bytes(shard_dir: str) -> tuple[int, int] | None:
+    """(count, summed size) of the files of a shard folder but ``info.json``, as ``close`` records them."""
+    try:
+        sizes = [e.stat().st_size for e in os.scandir(shard_dir) if e.name != fmt.SHARD_INFO]
+    except OSError:
+        return None
+    return len(sizes), sum(sizes)
 
 
 def _read_info(shard_dir: str) -> dict[str, Any] | None:

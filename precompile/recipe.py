@@ -714,7 +714,7 @@ class Recipe:
 
         if is_url(self.model.inputs.root):
             return self.model.inputs.root.rstrip("/")
-        return os.path.normpath(os.path.join(self.base_dir, self.model.inputs.root))
+        return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(self.model.inputs.root)))
 
     def resolved(self) -> dict:
         """The recipe with defaults filled, as plain JSON data (stored in the output)."""

@@ -227,3 +227,26 @@ def test_a_file_linked_out_of_the_root_inside_a_series_folder_fails_that_series(
     both = _open(tree / "trusted")
     np.testing.assert_array_equal(both["s1"]["ct"], both["s2"]["ct"])   # the linked file is the same slice
     np.testing.assert_array_equal(got["s2"]["ct"], both["s2"]["ct"])
+
+
+def test_a_home_folder_path_in_root_and_table_is_the_users_home(tmp_path, monkeypatch):
+    """inputs.coco.file expanded '~' and inputs.root and inputs.table did not: root: ~/imgs was looked for under
+    the recipe's folder ('<dir>/~/imgs is not a folder'). Now all three name the user's home, as a shell would."""
+    import numpy as np
+    from PIL import Image
+
+    import precompile
+
+    home = tmp_path / "home"
+    (home / "imgs").mkdir(parents=True)
+    for n in "ab":
+        Image.fromarray(np.full((4, 4, 3), ord(n), np.uint8)).save(home / "imgs" / f"{n}.png")
+    (home / "t.csv").write_text("path\na.png\nb.png\n")
+    monkeypatch.setenv("HOME", str(home))
+    folder = {"name": "f", "inputs": {"root": "~/imgs", "match": "{name}.png", "fields": {"image": {"decoder": "image"}}}}
+    table = {"name": "t", "inputs": {"root": "~/imgs", "table": "~/t.csv", "path": "{path}",
+                                     "fields": {"image": {"decoder": "image"}}}}
+    for r in (folder, table):
+        rep = precompile.build(r, tmp_path / "out")
+        assert rep["num_samples"] == 2
+        assert sorted(precompile.open(rep["output"]).keys) == ["a.png", "b.png"]

@@ -133,7 +133,8 @@ def table_files(recipe: Any) -> list[str]:
             found.update(glob_urls(entry, recipe.model.inputs.storage_options, f"table {entry!r}") if pattern
                          else [entry])
             continue
-        path = entry if os.path.isabs(entry) else os.path.normpath(os.path.join(recipe.base_dir, entry))
+        local = os.path.expanduser(entry)   # ~/data/t.csv: the user's home, as coco.file and inputs.root
+        path = local if os.path.isabs(local) else os.path.normpath(os.path.join(recipe.base_dir, local))
         if not pattern:
             found.add(path)
             continue

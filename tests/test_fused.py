@@ -170,7 +170,7 @@ def test_the_taps_kernel_is_device_taps(interpret):
             L, s0 = lengths[sel], starts[sel]
             codes = np.full(len(L), code) if code is not None else mixed
             k = augment.tap_count(codes, L, out)
-            t = torch.tensor(np.stack([s0, L, codes, L / out]).astype(np.float64), device=DEV)
+            t = torch.tensor(np.stack([s0, L, codes, augment.cv_scale(L, out)]).astype(np.float64), device=DEV)
             want = augment.device_taps(*t, out, k, set(codes.tolist()))
             for g, w, what in zip(fused.taps(t, out, k), want, ("indices", "weights")):
                 assert g.dtype == w.dtype and torch.equal(g, w), f"{what}: rule {code}, {L.tolist()} -> {out}"

@@ -108,11 +108,19 @@ def _frozen(*arrays: np.ndarray) -> tuple[np.ndarray, ...]:
     return arrays
 
 
+def cv_scale(length: Any, out: Any) -> Any:
+    """OpenCV's source step per output pixel: ``1 / (out / length)`` (``scale_x = 1. / inv_scale_x`` in
+    ``cv::resize``), not ``length / out``: the two differ in the last bit, and where ``d * scale`` lands on a whole
+    number the floor takes another source pixel (14 -> 18 under INTER_AREA: output column 9 read source column
+    7 where OpenCV reads 6). Numbers or numpy arrays."""
+    return 1.0 / (np.asarray(out, np.float64) / np.asarray(length, np.float64))
+
+
 @functools.lru_cache(maxsize=4096)
 def _taps_linear(length: int, out: int, area_up: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """``INTER_LINEAR``'s two taps (or ``INTER_AREA``'s when an axis grows): indices (out, 2), weights (out, 2).
     Read-only (cached: a batch's windows share a few lengths)."""
-    scale = length / out
+    scale = cv_scale(length, out)
     d = np.arange(out, dtype=np.float64)
     if area_up:
         sx = np.floor(d * scale).astype(np.int64)
@@ -134,7 +142,7 @@ def _taps_linear(length: int, out: int, area_up: bool = False) -> tuple[np.ndarr
 def _taps_area(length: int, out: int) -> tuple[np.ndarray, np.ndarray]:
     """``INTER_AREA``'s taps when the axis shrinks: each output pixel's share of the input pixels it covers.
     Read-only (cached)."""
-    scale = length / out
+    scale = cv_scale(length, out)
     rows: list[list[tuple[int, float]]] = []
     for dx in range(out):
         fsx1 = dx * scale
@@ -223,7 +231,7 @@ def tap_count(codes: np.ndarray, lengths: np.ndarray, out: int) -> int:
 def device_taps(starts: torch.Tensor, lengths: torch.Tensor, codes: torch.Tensor, scales: torch.Tensor, out: int,
                 k: int, rules: set[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`resize_taps` computed on the tensors' device from each sample's window (``starts``, ``lengths``:
-    (n,) float64), rule (``codes``: LINEAR, AREA_UP, AREA_DOWN) and ``scales`` (``lengths / out``, divided on
+    (n,) float64), rule (``codes``: LINEAR, AREA_UP, AREA_DOWN) and ``scales`` (:func:`cv_scale`, divided on
     the host: CUDA divides a tensor by a number as a product with its reciprocal, not always the quotient):
     source indices (k, n, out) int64 into the whole axis and float32 weights (k, n, out), each tap in the host
     tables' slot, with the same float64 arithmetic (so the same float32 weights); slots past a sample's own
@@ -364,13 +372,14 @@ class RandomResizedCrop(gpu.SizedStep):
 
     def tap_windows(self, top, left, height, width, modes: np.ndarray) -> tuple[np.ndarray, int, int, set[int]]:
         """What :func:`device_taps` computes the taps from, for both axes: (8, n) float64 rows left, width, rule,
-        width / w, top, height, rule, height / h (the rule: LINEAR, AREA_UP, AREA_DOWN); the tap counts of the
+        scale, top, height, rule, scale (:func:`cv_scale`; the rule: LINEAR, AREA_UP, AREA_DOWN); the tap counts of the
         columns and of the rows; the rules some sample takes."""
         h, w = self.params.size
         grows = (np.asarray(height) < h) | (np.asarray(width) < w)
         codes = np.where(modes == "area", np.where(grows, AREA_UP, AREA_DOWN), LINEAR)
         width, height = np.asarray(width, np.float64), np.asarray(height, np.float64)
-        windows = np.stack([left, width, codes, width / w, top, height, codes, height / h]).astype(np.float64)
+        windows = np.stack([left, width, codes, cv_scale(width, w), top, height, codes,
+                            cv_scale(height, h)]).astype(np.float64)
         return windows, tap_count(codes, width, w), tap_count(codes, height, h), set(codes.tolist())
 
     def apply_image(self, x: torch.Tensor, top, left, height, width) -> torch.Tensor:

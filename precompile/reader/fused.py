@@ -217,8 +217,8 @@ class FusedChain:
 def taps(windows: Any, size: int, k: int) -> tuple[Any, Any]:
     """:func:`~precompile.reader.augment.device_taps` for one axis (the same values, bit for bit), in one
     kernel launch: ``windows`` (4, n) float64 on the device (start, length, rule, ``cv_scale(length, size)`` per
-    sample, as :meth:`~precompile.reader.augment.RandomResizedCrop.tap_windows` gives them), ``k`` taps -> source indices
-    (k, n, size) int64 and float32 weights."""
+    sample, as :meth:`~precompile.reader.augment.RandomResizedCrop.tap_windows` gives them), ``k`` taps ->
+    source indices (k, n, size) int64 and float32 weights."""
     import torch
 
     n = windows.shape[1]

@@ -228,8 +228,9 @@ def taps_kernel(t, idx, w, n, size, K, KB: tl.constexpr, BLOCK: tl.constexpr):
     kernels): for output pixels ``program_id(0) * BLOCK + ...`` of sample ``program_id(1)``, from the sample's
     window in ``t`` ((4, n) float64 rows: start, length, rule (0 linear, 1 area growing, 2 area shrinking),
     OpenCV's scale ``augment.cv_scale(length, size)``, divided on the host), the ``K`` taps' source indices
-    ``idx`` (K, n, size) int64 and float32 weights ``w``, by the same float64 operations in the same order (so the same values, bit for bit);
-    slots past a sample's own taps weigh 0 at index ``start``. ``KB``: a power of two >= K."""
+    ``idx`` (K, n, size) int64 and float32 weights ``w``, by the same float64 operations in the same order (so
+    the same values, bit for bit); slots past a sample's own taps weigh 0 at index ``start``. ``KB``: a power
+    of two >= K."""
     pb = tl.program_id(0)
     s = tl.program_id(1)
     d = pb * BLOCK + tl.arange(0, BLOCK)

@@ -135,7 +135,8 @@ class Convert:
                 raise ValueError(f"mean/std have {mean.size}/{std.size} values for {channels} channels")
             a = np.tile(np.broadcast_to(self.scale / std, (channels,)), width)
             b = np.tile(np.broadcast_to(-mean / std, (channels,)), width)
-            c = (torch.tensor(a, dtype=torch.float32, device=device), torch.tensor(b, dtype=torch.float32, device=device))
+            c = (torch.tensor(a, dtype=torch.float32, device=device),
+                 torch.tensor(b, dtype=torch.float32, device=device))
             self._cache[key] = c
         return c
 

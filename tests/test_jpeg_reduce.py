@@ -95,12 +95,22 @@ def test_chosen_scale_is_safe_and_the_largest_safe_one(H, W, n, how):
             "keep_aspect": {"size": [n, n], "keep_aspect": True}}[how]
     need, _ = need_of([{"resize": step}])
     rz = need.target
+    try:
+        th, tw = rz.target_size(H, W)
+    except ValueError as e:   # an output side past 32768 pixels: the input fails, reduced or not, with that message
+        assert "a side is at most 32768" in str(e)
+        with pytest.raises(ValueError, match="a side is at most 32768"):
+            need.scale_for(H, W)
+        return
     k = need.scale_for(H, W)
-    th, tw = rz.target_size(H, W)
 
     def ok(k: int) -> bool:
         h, w = JR.reduced_size(H, W, k)
-        return h >= JR.SAFETY * th and w >= JR.SAFETY * tw and tuple(rz.target_size(h, w)) == (th, tw)
+        try:
+            same = tuple(rz.target_size(h, w)) == (th, tw)
+        except ValueError:   # (the reduced image's output past the largest side: not safe)
+            return False
+        return h >= JR.SAFETY * th and w >= JR.SAFETY * tw and same
 
     assert k == 1 or ok(k)                                   # safe, and the resize's output size unchanged
     assert all(not ok(j) for j in JR.SCALES if j > k)        # no larger reduction would have been safe

@@ -116,8 +116,11 @@ class SourceNeed:
             h, w = reduced_size(H, W, k)
             if h < SAFETY * need_h or w < SAFETY * need_w:
                 continue
-            if exact is not None and tuple(self.target.target_size(h, w)) != exact:
-                continue  # rounding would change the resize's output size: keep geometry identical
+            try:
+                if exact is not None and tuple(self.target.target_size(h, w)) != exact:
+                    continue  # rounding would change the resize's output size: keep geometry identical
+            except ValueError:   # the reduced image's output would pass the largest side where the source's does not
+                continue
             return k
         return 1
 

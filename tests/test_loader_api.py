@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -199,3 +200,23 @@ def test_device_step_options_take_the_type_their_key_asks_for(small_build):
         Loader(small_build, batch_size=2, device="cpu", gpu_steps=[{"random_crop": {"size": [16, 16.5]}}])
     ok = Loader(small_build, batch_size=2, device="cpu", gpu_steps=[{"random_flip": {"horizontal": 1}}])
     ok.close()
+
+
+def test_a_sample_index_is_an_integer_as_a_list_takes_it(small_build):
+    """precompile.open(...)[i] took int(i): ds[1.5] was row 1, ds.batch([1.5]) too, ds.meta(2.0) row 2, ds["x"] said
+    "invalid literal for int()", and ds[-n - 1] named index -1. Now an index is what a list takes (an int, a numpy
+    integer, a one-element integer tensor, negative from the end); anything else is a TypeError saying so, and an
+    index out of range is named as given."""
+    ds = precompile.open(small_build)
+    n = len(ds)
+    assert ds.key(-1) == ds.key(n - 1) and ds.key(np.int64(1)) == ds.key(torch.tensor(1)) == ds.key(1)
+    for bad in (1.5, 2.0, "x", torch.tensor(1.0)):
+        with pytest.raises(TypeError, match=r"^sample index must be an integer, got "):
+            ds[bad]
+        with pytest.raises(TypeError, match=r"^sample index must be an integer, got "):
+            ds.meta(bad)
+    with pytest.raises(TypeError, match=r"^sample indices must be integers, got float64 values such as"):
+        ds.batch([0, 1.5])
+    with pytest.raises(IndexError, match=rf"^sample index {-n - 1} out of range for {n} samples$"):
+        ds[-n - 1]
+    np.testing.assert_array_equal(ds.batch(np.array([1, -1]))["image"], ds.batch([1, n - 1])["image"])

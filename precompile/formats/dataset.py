@@ -33,6 +33,7 @@ with workers.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Iterable, Sequence
 
 import numpy as np
@@ -165,12 +166,17 @@ class Dataset:
         return self._n
 
     def _index(self, i: int) -> int:
-        i = int(i)
-        if i < 0:
-            i += self._n
-        if not 0 <= i < self._n:
-            raise IndexError(f"sample index {i} out of range for {self._n} samples")
-        return i
+        """``i`` as a row: an integer (a numpy one too), negative from the end, as a list takes it. A float or a
+        string is a TypeError (``int()`` took 1.5 as row 1 and said "invalid literal" for a key)."""
+        try:
+            j = operator.index(i)   # an int, a numpy integer, a one-element integer tensor
+        except TypeError:
+            raise TypeError(f"sample index must be an integer, got {type(i).__name__} {str(i)[:80]!r}") from None
+        if j < 0:
+            j += self._n
+        if not 0 <= j < self._n:
+            raise IndexError(f"sample index {operator.index(i)} out of range for {self._n} samples")
+        return j
 
     def locate(self, i: int) -> tuple[int, int]:
         """(shard, position in the shard) of sample ``i``."""
@@ -179,7 +185,10 @@ class Dataset:
         return s, i - int(self.offsets[s])
 
     def _indices(self, indices: Iterable[int]) -> np.ndarray:
-        idx = np.asarray(list(indices), dtype=np.int64).reshape(-1)
+        given = np.asarray(list(indices))
+        if given.size and given.dtype.kind not in "iub":   # (1.5 became row 1)
+            raise TypeError(f"sample indices must be integers, got {given.dtype} values such as {given.flat[0]!r}")
+        idx = given.astype(np.int64).reshape(-1)
         idx = np.where(idx < 0, idx + self._n, idx)
         if idx.size and (idx.min() < 0 or idx.max() >= self._n):
             raise IndexError(f"sample index out of range for {self._n} samples")

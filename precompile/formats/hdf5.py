@@ -720,7 +720,7 @@ class H5Dataset(Dataset):
         return _reorder(out, self.fields)
 
     def meta(self, i: int) -> dict:
-        s, j = self.locate(int(i))
+        s, j = self.locate(i)
         m = self._file(s)[fmt.META][j]
         return fmt.loads(m)
 

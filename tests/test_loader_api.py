@@ -220,3 +220,24 @@ def test_a_sample_index_is_an_integer_as_a_list_takes_it(small_build):
     with pytest.raises(IndexError, match=rf"^sample index {-n - 1} out of range for {n} samples$"):
         ds[-n - 1]
     np.testing.assert_array_equal(ds.batch(np.array([1, -1]))["image"], ds.batch([1, n - 1])["image"])
+
+
+def test_flags_are_true_or_false_and_a_world_size_needs_a_rank(small_build):
+    """bool() took include_original="no", sort_batches="false", verify="no" and channels_first="no" as True (the
+    originals read, the batches sorted, the bytes verified, NCHW views) without a word; world_size=2 without rank
+    and without a process group read rank 0's share in every process. Now each is a ValueError saying so, in the
+    Loader, Mix and precompile.open alike; True, False and numpy bools are taken."""
+    for key in ("include_original", "sort_batches", "verify", "drop_last"):
+        with pytest.raises(ValueError, match=rf"^{key} must be True or False, got 'no'$"):
+            Loader(small_build, batch_size=2, device="cpu", **{key: "no"})
+    with pytest.raises(ValueError, match=r"^channels_first must be True or False, got 'no'$"):
+        Loader(small_build, batch_size=2, device="cpu", dtype="float32", channels_first="no")
+    with pytest.raises(ValueError, match=r"^sort_batches must be True or False, got 'false'$"):
+        precompile.Mix([small_build, small_build], batch_size=2, device="cpu", sort_batches="false")
+    with pytest.raises(ValueError, match=r"^verify must be True or False, got 'no'$"):
+        precompile.open(small_build, verify="no")
+    with pytest.raises(ValueError, match=r"^world_size=2 without rank \(and no initialised torch.distributed "
+                                         r"process group\): give this process's rank, or leave both out$"):
+        Loader(small_build, batch_size=2, device="cpu", world_size=2)
+    ok = Loader(small_build, batch_size=2, device="cpu", drop_last=np.bool_(True), sort_batches=False, world_size=1)
+    ok.close()

@@ -74,6 +74,8 @@ def open_dataset(path: str | os.PathLike, fields: Sequence[str] | None = None, v
     from ..storage.remote import is_url
 
     fields = field_list(fields)
+    if not isinstance(verify, bool):   # ("no" was a verify)
+        raise ValueError(f"verify must be True or False, got {str(verify)[:80]!r}")
     if is_url(path):
         from .hdf5_url import open_url
 

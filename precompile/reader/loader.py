@@ -52,7 +52,7 @@ from .cpu_feeder import CpuFeeder
 from .cuda_feeder import CudaFeeder
 from .direct import DirectReader
 from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size, stored_norm
-from .options import CONVERT_KINDS, Conversion, Distribution, Order, whole
+from .options import CONVERT_KINDS, Conversion, Distribution, Order, flag, whole
 from .sampler import epoch_order, rank_share, shard_ids, split_batches
 from .ragged import RaggedFields, is_ragged_annotation
 from .resume import Resumable
@@ -172,6 +172,7 @@ def copy_schedule(ds: Any, copies: str, include_original: bool, seed: int) -> Co
     else None (every row)."""
     if copies not in ("epoch", "all"):
         raise ValueError(f"copies must be 'epoch' or 'all', got {copies!r}")
+    include_original = flag(include_original, "include_original")
     ds_copies = np.asarray(getattr(ds, "copies", np.zeros(0)))
     if not (ds_copies.size and ds_copies.max() > 0):
         return None
@@ -281,7 +282,7 @@ class Loader(Resumable):
                  map_shards: Literal["all", "lazy"] | None = None, cache_dir: str | os.PathLike | None = None,
                  cache_limit: int | str | None = None, storage_options: dict[str, Any] | None = None,
                  fetch_ahead: int | str | None = None, targets: Literal["list"] | None = None):
-        fields = field_list(fields)
+        fields, verify = field_list(fields), flag(verify, "verify")
         ds = self.ds = open_hdf5_build(path_or_dataset, fields, verify, cache_dir=cache_dir, cache_limit=cache_limit,
                                        storage_options=storage_options)
         self._owns_ds = isinstance(path_or_dataset, (str, os.PathLike))   # opened here: closed by close()

@@ -93,7 +93,7 @@ from ..seeding import rng_for
 from . import augment, gpu
 from .cpu_feeder import CpuFeeder
 from .feed import Batch, Finisher, HostPool, PassPlan, converts_for, group_size, stored_norm
-from .options import Conversion, Distribution, whole
+from .options import Conversion, Distribution, flag, whole
 from .ragged import RaggedFields, count_name, is_ragged_annotation, pad_rows
 from .resume import Resumable
 from .rows import fixed_shape
@@ -420,7 +420,8 @@ class Mix(Resumable):
         self.stop = _check_stop(stop)
         self.cycle = _check_cycle(cycle, self.stop, len(sources))
         self.batch_size, self.prefetch, self.seed = int(batch_size), int(prefetch), int(seed)
-        self.shuffle, self.drop_last, self.sort_batches = bool(shuffle), bool(drop_last), bool(sort_batches)
+        self.shuffle, self.drop_last = bool(shuffle), flag(drop_last, "drop_last")
+        self.sort_batches, verify = flag(sort_batches, "sort_batches"), flag(verify, "verify")
         self.distribution = Distribution.resolve(rank, world_size, uneven)
         self.device = gpu.resolve_device(device)
         num_threads = whole(num_threads, "num_threads") if num_threads is not None else None

@@ -46,6 +46,18 @@ def whole(value: Any, name: str) -> int:
     return int(value)
 
 
+def flag(value: Any, name: str) -> bool:
+    """``value`` as a flag: True or False (a numpy bool too); anything else is a ``ValueError`` naming ``name``:
+    ``bool()`` made ``include_original="no"`` and ``sort_batches="false"`` true without a word."""
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    from ..errors import echo
+
+    raise ValueError(f"{name} must be True or False, got {echo(value, 80)}")
+
+
 @dataclass(frozen=True)
 class Order:
     """The order of a pass: ``mode`` (``shuffle`` as given: True, False, ``"full"``, ``"block"`` or ``"shard"``;
@@ -68,8 +80,8 @@ class Order:
         object.__setattr__(self, "mode", normalize_mode(self.mode))
         object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "block_window", int(self.block_window))
-        object.__setattr__(self, "sort_batches", bool(self.sort_batches))
-        object.__setattr__(self, "drop_last", bool(self.drop_last))
+        object.__setattr__(self, "sort_batches", flag(self.sort_batches, "sort_batches"))
+        object.__setattr__(self, "drop_last", flag(self.drop_last, "drop_last"))
 
 
 @dataclass(frozen=True)
@@ -100,6 +112,9 @@ class Distribution:
         contradicts the process group is a ``ValueError``: it would read the wrong share silently."""
         group = process_group()
         if group is None:
+            if rank is None and world_size is not None and world_size != 1:   # every process would read rank 0's
+                raise ValueError(f"world_size={world_size} without rank (and no initialised torch.distributed process "
+                                 f"group): give this process's rank, or leave both out")
             src = "default" if rank is None and world_size is None else "given"
             return cls(0 if rank is None else rank, 1 if world_size is None else world_size, uneven, src)
         g_rank, g_world = group
@@ -137,6 +152,7 @@ class Conversion:
         if self.dtype is None and (self.mean is not None or self.std is not None):
             object.__setattr__(self, "dtype", "float32")
         object.__setattr__(self, "convert_fields", field_list(self.convert_fields, "convert_fields"))
+        object.__setattr__(self, "channels_first", flag(self.channels_first, "channels_first"))
         if self.convert_fields and self.dtype is None and not self.channels_first:
             raise ValueError(f"convert_fields={self.convert_fields} without a dtype, mean/std or channels_first "
                              f"converts nothing; give dtype='float32' (or mean and std)")

@@ -16,7 +16,7 @@ import precompile
 from precompile.decoders.image import decode_image_file
 from precompile.transforms.kernels import geometry as F
 
-from conftest import image_recipe, make_image_tree, write_recipe
+from conftest import REPO, image_recipe, make_image_tree, write_recipe
 
 
 def _expected(path: Path) -> np.ndarray:
@@ -230,3 +230,22 @@ def test_every_input_failing_is_an_error_not_an_empty_dataset(tmp_path, image_tr
         precompile.build(r, out_dir=tmp_path / "out")
     assert not (tmp_path / "out" / "imgs.h5").exists()
     assert json.loads((tmp_path / "out" / "imgs.report.json").read_text())["status"] == "failed"
+
+
+def test_build_arguments_are_what_the_cli_gives(tmp_path):
+    """build() from Python took bool() of its flags and n_jobs as given: force="no" forced a rebuild, stats="no"
+    computed stats, n_jobs=2.5 and True reached the pool, n_jobs=0 built, and n_jobs="2" failed comparing a string
+    with an int. Now n_jobs is None, a whole number >= 1 or -1 (every core, as -j -1) and each flag True or False
+    (stats None too); anything else is a ValueError naming the argument, before anything is read or written."""
+    import precompile
+
+    r = os.path.join(REPO, "recipes", "images.yaml")
+    for kw, msg in [({"n_jobs": 2.5}, "n_jobs must be a whole number of jobs >= 1, or -1 for every core, got '2.5'"),
+                    ({"n_jobs": True}, "n_jobs must be a whole number"), ({"n_jobs": 0}, "n_jobs must be a whole number of jobs >= 1, or -1 for every core, got '0'"),
+                    ({"n_jobs": "2"}, "n_jobs must be a whole number of jobs >= 1, or -1 for every core, got '2'"), ({"force": "no"}, "force must be True or False, got 'no'"),
+                    ({"stats": "no"}, "stats must be True or False"), ({"content_hash": 1}, "content_hash must be")]:
+        with pytest.raises(ValueError, match="^build\\(\\): " + msg.replace("(", r"\(").replace(")", r"\)")):
+            precompile.build(r, tmp_path / "out", **kw)
+        assert not (tmp_path / "out").exists()
+    rep = precompile.build(r, tmp_path / "out", n_jobs=-1, stats=None)
+    assert rep["jobs"] == (os.cpu_count() or 1) and rep["num_samples"] == 36

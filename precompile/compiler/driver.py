@@ -164,6 +164,8 @@ def build(recipe: Recipe | dict | str | os.PathLike, out_dir: str | os.PathLike 
     The report is a :class:`~precompile.compiler.results.BuildReport`; it reads like the JSON
     report (``rep["shards"]["built"]``), and ``rep.to_json()`` is that dict.
     """
+    n_jobs = _check_call(n_jobs, force=force, progress=progress, content_hash=content_hash,
+                         force_space=force_space, repair=repair, stats=stats)
     if n_jobs is None and scheduler != "local":
         n_jobs = 1
     source_date()   # a malformed SOURCE_DATE_EPOCH stops the build here, not after its shards are built
@@ -224,6 +226,23 @@ def as_recipe(recipe: Recipe | dict | str | os.PathLike) -> Recipe:
     if not isinstance(recipe, (str, os.PathLike)):
         raise RecipeError(f"expected a recipe file's path, a dict or a Recipe, got {type(recipe).__name__}")
     return load_recipe(recipe)
+
+
+def _check_call(n_jobs: Any, **flags: Any) -> Optional[int]:
+    """``build()``'s own arguments as the CLI gives them: ``n_jobs`` None, a whole number >= 1, or -1 (every
+    core, as ``-j -1``); each flag True or False (``stats`` None too). bool() took ``force="no"`` as a forced
+    rebuild, ``n_jobs=2.5`` reached the pool, ``n_jobs="2"`` failed comparing a string."""
+    for name, v in flags.items():
+        if not (isinstance(v, bool) or (name == "stats" and v is None)):
+            raise ValueError(f"build(): {name} must be True or False, got {str(v)[:80]!r}")
+    if n_jobs is None:
+        return None
+    import numbers
+
+    if isinstance(n_jobs, bool) or not isinstance(n_jobs, numbers.Integral) or not (n_jobs >= 1 or n_jobs == -1):
+        raise ValueError(f"build(): n_jobs must be a whole number of jobs >= 1, or -1 for every core, got "
+                         f"{str(n_jobs)[:80]!r}")
+    return (os.cpu_count() or 1) if n_jobs == -1 else int(n_jobs)
 
 
 @dataclass

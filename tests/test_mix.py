@@ -236,7 +236,11 @@ def test_field_mismatch_names_the_field_and_the_builds(builds, tmp_path):
     ([1, float("nan"), 1], "Mix: weight 1 is nan; weights must be finite numbers >= 0"),
     ([float("inf"), 1, 1], "Mix: weight 0 is inf; weights must be finite numbers >= 0"),
     ([1, 1], "Mix: 2 weights for 3 sources"),
-    (["a", 1, 1], "Mix: weights must be numbers, got ['a', 1, 1]"),
+    (["a", 1, 1], "Mix: weights must be a list of numbers, one per source, got ['a', 1, 1]"),
+    # before: "123" was iterated as [1, 2, 3], "2" and True taken as the numbers 2 and 1
+    ("123", "Mix: weights must be a list of numbers, one per source, got 123"),
+    ([1, "2", 1], "Mix: weights must be a list of numbers, one per source, got [1, '2', 1]"),
+    ([1, True, 1], "Mix: weights must be a list of numbers, one per source, got [1, True, 1]"),
 ])
 def test_weights_are_checked(builds, weights, message):
     with pytest.raises(ValueError) as e:

@@ -116,10 +116,14 @@ def check_weights(weights: Sequence[float] | None, sizes: Sequence[int]) -> list
         if total == 0:
             raise ValueError("Mix: every source is empty")
         return [Fraction(int(n), total) for n in sizes]
-    try:
-        ws = [float(w) for w in weights]
-    except (TypeError, ValueError):
-        raise ValueError(f"Mix: weights must be numbers, got {str(list(weights))[:200]}") from None
+    import numbers
+
+    # (a string was iterated: weights="12" read as [1, 2]; "2" and True were taken as numbers)
+    bad = isinstance(weights, (str, bytes, dict)) or not hasattr(weights, "__iter__") or any(
+        isinstance(w, (bool, np.bool_)) or not isinstance(w, numbers.Real) for w in weights)
+    if bad:
+        raise ValueError(f"Mix: weights must be a list of numbers, one per source, got {str(weights)[:200]}")
+    ws = [float(w) for w in weights]
     if len(ws) != len(sizes):
         raise ValueError(f"Mix: {len(ws)} weights for {len(sizes)} sources")
     for i, w in enumerate(ws):

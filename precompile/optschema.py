@@ -145,3 +145,16 @@ def refuse_coercion(tp: Any, value: Any, loc: tuple = ()) -> tuple[tuple, str] |
                 if got:
                     return got
     return None
+
+
+def flag(value: Any, name: str) -> bool:
+    """``value`` as a flag: True or False (a numpy bool too); anything else is a ``ValueError`` naming ``name``:
+    ``bool()`` made ``include_original="no"`` and ``sort_batches="false"`` true without a word (the reader's
+    flags, ``to_source``'s ``clip``)."""
+    import numpy as np
+
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    from .errors import echo
+
+    raise ValueError(f"{name} must be True or False, got {echo(value, 80)}")

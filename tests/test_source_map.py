@@ -193,6 +193,9 @@ def test_a_reduced_decode_records_the_source_size_and_maps_a_painted_rectangle_b
     np.testing.assert_allclose(box, [40, 16, 88, 56], atol=4)
     # the stored image's extent is the source's
     assert ds.to_source(0, boxes=[[0, 0, 25, 19]], clip=False).tolist() == [[0, 0, 100, 74]]
+    # clip is True or False: bool() took clip="no" as True (clipped) without a word
+    with pytest.raises(ValueError, match=r"^clip must be True or False, got 'no'$"):
+        ds.to_source(0, boxes=[[0, 0, 25, 19]], clip="no")
 
 
 # -- the test: COCO ground truth through resize + center_crop + random_flip, back, COCOeval AP = 1 -----

@@ -41,6 +41,7 @@ import numpy as np
 from . import names as fmt
 from ..errors import ShapeMismatchError, SourceMapError, echo
 from ..kinds import ANNOTATIONS, pad_value
+from ..optschema import flag
 from ..transforms.kernels import maps
 from ..transforms.kernels.geometry import reflects, swap_pairs
 
@@ -275,6 +276,7 @@ class Dataset:
         the device swapped, so a mirroring ``device_map`` with keypoints and no ``flip_pairs`` is a
         :class:`~precompile.errors.SourceMapError`. ``field`` and the other errors: :meth:`source_map`. Tensors
         are taken too (copied to the host)."""
+        clip = flag(clip, "clip")
         if boxes is None and keypoints is None:
             raise ValueError("to_source: give boxes=, keypoints= or both")
         T, (H, W) = self.source_map(i, field)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
+from ..optschema import flag
 from .sampler import normalize_mode
 
 CONVERT_KINDS = ("image", "video")
@@ -44,18 +45,6 @@ def whole(value: Any, name: str) -> int:
 
         raise ValueError(f"{name} must be a whole number, got {echo(value, 80)}")
     return int(value)
-
-
-def flag(value: Any, name: str) -> bool:
-    """``value`` as a flag: True or False (a numpy bool too); anything else is a ``ValueError`` naming ``name``:
-    ``bool()`` made ``include_original="no"`` and ``sort_batches="false"`` true without a word."""
-    import numpy as np
-
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    from ..errors import echo
-
-    raise ValueError(f"{name} must be True or False, got {echo(value, 80)}")
 
 
 @dataclass(frozen=True)

@@ -370,8 +370,14 @@ def check_sample(case: dict, truth: dict, key: str, s: dict, meta: dict, R: Repo
     obj = [np.argwhere(white(fr)).mean(0) if white(fr).sum() >= 6 else None for fr in v]
     shown = np.array([o for o in obj if o is not None])
     spread = float(np.abs(shown - shown.mean(0)).max()) if len(shown) > 1 else 0.0
-    R.check("frames_alike", spread <= 1.5, f"the object's centre moves {spread:.2f} px between frames of one sample",
-            key)
+    # a window blown up (its record: one per sample, every frame alike) blows up the centre's noise with it: seed
+    # 192262, a 4x4 window to 12x34 nearest, 0.27 source px of edge-blending noise read as 2.29 output px
+    up = 1.0
+    for r in meta.get("augment", []):
+        if r.get("step") == "random_resized_crop" and r.get("height") and r.get("width"):
+            up = max(up, v.shape[-3] / r["height"], v.shape[-2] / r["width"])
+    R.check("frames_alike", spread <= 1.5 * up,
+            f"the object's centre moves {spread:.2f} px between frames of one sample (tolerance {1.5 * up:.2f})", key)
     if "sound" in s:
         _check_video_audio(case, info, key, s, meta, want, R)
 

@@ -47,6 +47,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 from .. import __version__
 from ..formats import names as fmt
+from ..optschema import flag
 from ..errors import BuildError, FormatError, PrecompileError, RecipeError, echo
 from ..recipe import Recipe, load_recipe
 from ..registry import WRITERS
@@ -233,8 +234,11 @@ def _check_call(n_jobs: Any, **flags: Any) -> Optional[int]:
     core, as ``-j -1``); each flag True or False (``stats`` None too). bool() took ``force="no"`` as a forced
     rebuild, ``n_jobs=2.5`` reached the pool, ``n_jobs="2"`` failed comparing a string."""
     for name, v in flags.items():
-        if not (isinstance(v, bool) or (name == "stats" and v is None)):
-            raise ValueError(f"build(): {name} must be True or False, got {str(v)[:80]!r}")
+        if not (name == "stats" and v is None):
+            try:
+                flag(v, name)
+            except ValueError as e:
+                raise ValueError(f"build(): {e}") from None
     if n_jobs is None:
         return None
     import numbers

@@ -70,12 +70,11 @@ def open_dataset(path: str | os.PathLike, fields: Sequence[str] | None = None, v
     shards are then read through the local cache ``cache_dir`` of at most ``cache_limit`` bytes, with the
     store's ``storage_options`` (:mod:`precompile.formats.hdf5_url`); ``verify=True`` then re-hashes the
     cached copies of its shards."""
+    from ..optschema import flag
     from ..sample import field_list
     from ..storage.remote import is_url
 
-    fields = field_list(fields)
-    if not isinstance(verify, bool):   # ("no" was a verify)
-        raise ValueError(f"verify must be True or False, got {str(verify)[:80]!r}")
+    fields, verify = field_list(fields), flag(verify, "verify")   # ("no" was a verify)
     if is_url(path):
         from .hdf5_url import open_url
 

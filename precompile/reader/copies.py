@@ -44,8 +44,7 @@ class CopySchedule:
         copies = np.asarray(copies, dtype=np.int64).reshape(-1)
         if len(keys) != len(copies):
             raise ValueError(f"{len(keys)} keys but {len(copies)} copy indices")
-        ids: dict[str, int] = {}
-        key_id = np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.int64, count=len(keys))
+        key_id, ids = _key_ids(keys)
         self.num_keys = len(ids)
         hashes = np.fromiter((stable_hash(k) for k in ids), dtype=np.uint64, count=self.num_keys)
         rows = np.arange(len(copies), dtype=np.int64)
@@ -76,6 +75,13 @@ class CopySchedule:
         return sel_rows[np.lexsort((sel_rows, sel_keys))].astype(np.int64)
 
 
+def _key_ids(keys: Sequence[str]) -> tuple[np.ndarray, dict[str, int]]:
+    """Each row's key as a number (first-appearance order), and the numbering."""
+    ids: dict[str, int] = {}
+    key_id = np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.int64, count=len(keys))
+    return key_id, ids
+
+
 def _augmented_rows(key_id: np.ndarray, copies: np.ndarray, num_keys: int) -> np.ndarray:
     """A mask of the rows ``include_original=False`` keeps: every row but copy 0 of the keys that have other
     copies (a key stored as its original alone keeps it)."""
@@ -92,8 +98,7 @@ class AllCopies:
         copies = np.asarray(copies, dtype=np.int64).reshape(-1)
         if len(keys) != len(copies):
             raise ValueError(f"{len(keys)} keys but {len(copies)} copy indices")
-        ids: dict[str, int] = {}
-        key_id = np.fromiter((ids.setdefault(k, len(ids)) for k in keys), dtype=np.int64, count=len(keys))
+        key_id, ids = _key_ids(keys)
         self._rows = np.flatnonzero(_augmented_rows(key_id, copies, len(ids))).astype(np.int64)
 
     def rows(self, epoch: int) -> np.ndarray:

@@ -325,7 +325,7 @@ class Loader(Resumable):
                                                 stored_norm([ds]))
         self.targets, self.target_fields = check_targets(targets), None   # targets="list": per-image dicts
         if self.targets is not None:
-            self.target_fields = loader_targets(self.specs, self.fields, self.convert)
+            self.target_fields = loader_targets(self.specs, self.fields)
         self.steps = augment.parse_steps(gpu_steps)
         shapes = {**self.reader.shapes, **{f: tuple(self.specs[f]["shape"]) for f in ragged}}
         gpu.bind_steps(self.steps, self.specs, shapes)   # each step sees the shapes of the one before it

@@ -178,7 +178,7 @@ def replace_with_targets(batch: dict[str, Any], fields: TargetFields) -> dict[st
     return batch
 
 
-def loader_targets(specs: dict[str, dict], loaded: Sequence[str], convert: dict[str, Any]) -> TargetFields:
+def loader_targets(specs: dict[str, dict], loaded: Sequence[str]) -> TargetFields:
     """The Loader's target fields (``targets="list"``), checked: no field named ``targets``. (The instance mask is
     never converted: ``convert_fields`` refuses every mask, :class:`~precompile.reader.options.Conversion`.)"""
     check_target_key(loaded)

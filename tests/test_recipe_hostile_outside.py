@@ -468,14 +468,10 @@ def test_a_step_output_over_the_sample_budget_is_refused_before_it_is_made(tmp_p
     assert e.value.exit_code == 3 and "a.nii.gz" in str(e.value)
 
 
-def test_temporal_jitter_length_over_the_sample_budget_is_refused_before_it_is_made(tmp_path):
-    """temporal_jitter with length 2^70 failed in numpy ('Maximum allowed size exceeded'); length 10^7 on a 24x32
-    video asked for 21.5 GiB (a MemoryError, or the OOM killer): the plan cannot know a video's frame size."""
-    av = pytest.importorskip("av", reason="PyAV is not installed (the video extra)")
-    from precompile import build
 
-    (tmp_path / "v").mkdir()
-    c = av.open(str(tmp_path / "v" / "a.mp4"), "w")
+def _four_frames(av, path) -> None:
+    """A 4-frame 32x24 mpeg4 video (frames of one grey each) at ``path``."""
+    c = av.open(str(path), "w")
     s = c.add_stream("mpeg4", rate=10)
     s.width, s.height, s.pix_fmt = 32, 24, "yuv420p"
     for t in range(4):
@@ -484,6 +480,16 @@ def test_temporal_jitter_length_over_the_sample_budget_is_refused_before_it_is_m
     for p in s.encode():
         c.mux(p)
     c.close()
+
+
+def test_temporal_jitter_length_over_the_sample_budget_is_refused_before_it_is_made(tmp_path):
+    """temporal_jitter with length 2^70 failed in numpy ('Maximum allowed size exceeded'); length 10^7 on a 24x32
+    video asked for 21.5 GiB (a MemoryError, or the OOM killer): the plan cannot know a video's frame size."""
+    av = pytest.importorskip("av", reason="PyAV is not installed (the video extra)")
+    from precompile import build
+
+    (tmp_path / "v").mkdir()
+    _four_frames(av, tmp_path / "v" / "a.mp4")
     for length, nbytes in ((2**70, 2**70 * 24 * 32 * 3), (10**7, 10**7 * 24 * 32 * 3)):
         recipe = {"name": "t", "inputs": {"root": str(tmp_path / "v"), "match": "{n}.mp4",
                                           "fields": {"video": {"decoder": "video"}}},
@@ -626,15 +632,7 @@ def test_padding_steps_keep_within_the_sample_budget(tmp_path):
         w.setnchannels(1), w.setsampwidth(2), w.setframerate(8000)
         w.writeframes(np.zeros(100, np.int16).tobytes())
     (tmp_path / "v").mkdir()
-    c = av.open(str(tmp_path / "v" / "a.mp4"), "w")
-    s = c.add_stream("mpeg4", rate=10)
-    s.width, s.height, s.pix_fmt = 32, 24, "yuv420p"
-    for t in range(4):
-        for p in s.encode(av.VideoFrame.from_ndarray(np.full((24, 32, 3), 30 * t, np.uint8), format="rgb24")):
-            c.mux(p)
-    for p in s.encode():
-        c.mux(p)
-    c.close()
+    _four_frames(av, tmp_path / "v" / "a.mp4")
     cases = [("w", "a.wav", {"decoder": "audio", "mono": False}, {"fix_length": {"length": 2 * 10**9}},
               "fix_length: its output (1, 2000000000) float32 would take 8000000000 bytes (7.5 GiB)"),
              ("w", "a.wav", {"decoder": "audio", "mono": False}, {"windows": {"length": 2 * 10**9, "hop": 1,

@@ -20,7 +20,8 @@ the cache.
 
 ``build_from_hf(dataset, recipe, out_dir)`` builds a recipe whose inputs are the rows of a
 ``datasets.Dataset``: the media columns (``Image``, ``Audio`` features) are written as the
-files they hold, under ``<out_dir>/<name>.hf-input/<column>/``, and every other column
+files they hold, under ``<out_dir>/<name>.hf-input/<column>/`` (``column-<hash>/`` for a column whose name is
+not a plain file name, such as ``../x`` or ``a/b``), and every other column
 (``ClassLabel`` as its names) into ``table.parquet`` there; the recipe's ``inputs`` become
 that table (``inputs.table``), its ``inputs.fields`` and ``inputs.columns`` naming the
 dataset's columns as any table recipe does. A field named like a media column reads that
@@ -313,8 +314,8 @@ _AUDIO_MAGIC = ((b"RIFF", ".wav"), (b"fLaC", ".flac"), (b"OggS", ".ogg"), (b"ID3
 def _suffix(value: dict[str, Any], audio: bool) -> str:
     """The file extension of a media cell: its path's, else sniffed from the bytes."""
     ext = os.path.splitext(str(value.get("path") or ""))[1].lower()
-    if ext:
-        return ext
+    if ext and len(ext) <= _MAX_SUFFIX and ext[1:].isascii() and ext[1:].isalnum():
+        return ext   # (a suffix of other characters, or a long one, is the data's, not a name: sniffed instead)
     data = value.get("bytes") or b""
     if audio:
         return next((e for magic, e in _AUDIO_MAGIC if data.startswith(magic)), ".bin")
@@ -338,6 +339,22 @@ def _write_if_changed(path: str, data: bytes) -> None:
     with open(tmp, "wb") as f:
         f.write(data)
     os.replace(tmp, path)
+
+
+#: a column name used as is for its staged media folder: a plain file name (:data:`NAME_RE`'s letters, at most 100);
+#: any other (``../x``, ``a/b``, ``table.parquet``, 300 characters...) gets a folder named by its hash, so that no
+#: column name places a file outside the staging folder or over the table
+_MAX_SUFFIX = 16
+
+
+def media_folder(column: str) -> str:
+    """The staged media folder (one path component) of the column named ``column``."""
+    from .formats.names import MAX_NAME_CHARS, NAME_RE
+
+    if NAME_RE.match(column) and len(column) <= MAX_NAME_CHARS and column != "table.parquet" \
+            and not column.endswith(".tmp-hf"):
+        return column
+    return "column-" + hashlib.sha256(column.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _media_bytes(value: Any, col: str, row: int) -> bytes:
@@ -374,7 +391,7 @@ def stage_hf(dataset: Any, folder: str) -> tuple[str, list[str]]:
             paths = []
             for i, v in enumerate(undecoded[c]):
                 data = _media_bytes(v, c, i)
-                rel = f"{c}/{i:08d}{_suffix(v, audio)}"
+                rel = f"{media_folder(c)}/{i:08d}{_suffix(v, audio)}"
                 _write_if_changed(os.path.join(folder, *rel.split("/")), data)
                 paths.append(rel)
             cols[c] = paths
@@ -414,10 +431,14 @@ def build_from_hf(dataset: Any, recipe: dict[str, Any], out_dir: str | os.PathLi
     build report. ``build_kwargs`` go to :func:`precompile.build` (``n_jobs``, ``force``, ``stats``...)."""
     from .compiler import build
     from .formats import names as fmt
+    from .formats.names import MAX_NAME_CHARS, NAME_RE
 
     name = (recipe.get("output") or {}).get("name") or recipe.get("name")
     if not isinstance(name, str) or not name:
         raise RecipeError("build_from_hf: the recipe needs a name")
+    if not NAME_RE.match(name) or len(name) > MAX_NAME_CHARS:   # it names the staging folder, before the recipe is read
+        raise RecipeError(f"build_from_hf: the recipe's name {name[:MAX_NAME_CHARS]!r} must be letters, digits, '_', "
+                          f"'.', '-' (at most {MAX_NAME_CHARS}): it names files in the output folder")
     out = os.path.abspath(str(out_dir))
     folder = os.path.join(out, f"{name}.hf-input")
     if fmt.SHARD_DIR_SUFFIX and folder.endswith(fmt.SHARD_DIR_SUFFIX):

@@ -3,9 +3,11 @@ build's) and a ``datasets.Dataset`` as a build's inputs (bytes equal to building
 from __future__ import annotations
 
 import importlib.util
+import io
 
 import numpy as np
 import pytest
+from PIL import Image
 
 if importlib.util.find_spec("datasets") is None:
     pytest.skip("Hugging Face datasets is not installed (extra 'hf': pip install 'precompile[hf]')",
@@ -443,3 +445,57 @@ def test_to_hf_writer_batch_size_is_checked(tmp_path, bad):
         to_hf(tmp_path / "nothing.h5", writer_batch_size=bad)
     assert str(e.value) == (f"to_hf: writer_batch_size must be a whole number of rows >= 1 (or None: from the "
                             f"rows' size), got {str(bad)!r}")
+
+
+def _png_cells(n: int) -> list[dict]:
+    out = []
+    for i in range(n):
+        buf = io.BytesIO()
+        Image.fromarray(np.full((4, 6, 3), 40 * i, np.uint8)).save(buf, "PNG")
+        out.append({"bytes": buf.getvalue(), "path": None})
+    return out
+
+
+@pytest.mark.parametrize("column", ["../../escaped", "a/../../../escaped", "table.parquet", "x" * 300, "/abs"])
+def test_build_from_hf_column_names_stay_inside_the_output(tmp_path, column):
+    """A column's name is the dataset's data: its staged files (``<column>/<row>.png``) went where the name led,
+    ``../../escaped`` two folders above the output (before the recipe was even read), ``table.parquet`` into a
+    folder that then blocked the table. Such a column gets a folder named by its hash."""
+    out = tmp_path / "a" / "b" / "out"
+    hf = datasets.Dataset.from_dict({column: _png_cells(2), "label": [0, 1]},
+                                    features=datasets.Features({column: datasets.Image(),
+                                                                "label": datasets.Value("int64")}))
+    recipe = {"name": "t", "inputs": {"fields": {"img": {"decoder": "image", "mode": "rgb8", "path": "{" + column + "}"}},
+                                      "columns": {"label": {"column": "label", "kind": "label"}}}}
+    try:
+        build_from_hf(hf, recipe, out_dir=out)
+    except Exception as e:   # the recipe may refuse the template; nothing may be written outside ``out`` first
+        assert "inputs.fields.img.path" in str(e), e
+    else:   # a name a template takes: the build reads the staged files
+        got = precompile.open(out / "t.h5")
+        assert [int(got[i]["img"][0, 0, 0]) for i in range(2)] == [0, 40]
+    outside = [p for p in tmp_path.rglob("*") if out not in p.parents and p != out and p not in out.parents]
+    assert outside == []
+
+
+def test_build_from_hf_refuses_a_name_that_leaves_the_output(tmp_path):
+    from precompile.errors import RecipeError
+
+    hf = datasets.Dataset.from_dict({"img": _png_cells(1)}, features=datasets.Features({"img": datasets.Image()}))
+    out = tmp_path / "x" / "out"
+    with pytest.raises(RecipeError, match=r"build_from_hf: the recipe's name '\.\./evil' must be letters"):
+        build_from_hf(hf, {"name": "../evil", "inputs": {"fields": {"img": {"decoder": "image"}}}}, out_dir=out)
+    assert [p for p in tmp_path.rglob("*") if "evil" in p.name] == []
+
+
+@pytest.mark.parametrize("name", ["photo." + "z" * 300, "photo.p g", "photo.png\u200b"])
+def test_build_from_hf_takes_a_media_suffix_only_when_it_is_a_plain_one(tmp_path, name):
+    """A cell's ``path`` only lends the staged file its suffix: a 300-letter one made a file name too long to
+    create (OSError), and odd characters went into the file name. Those are sniffed from the bytes instead."""
+    cells = [dict(c, path=name) for c in _png_cells(2)]
+    hf = datasets.Dataset.from_dict({"img": cells}, features=datasets.Features({"img": datasets.Image()}))
+    build_from_hf(hf, {"name": "t", "inputs": {"fields": {"img": {"decoder": "image", "mode": "rgb8"}}}},
+                  out_dir=tmp_path)
+    assert sorted(p.name for p in (tmp_path / "t.hf-input" / "img").iterdir()) == ["00000000.png", "00000001.png"]
+    got = precompile.open(tmp_path / "t.h5")
+    assert [int(got[i]["img"][0, 0, 0]) for i in range(2)] == [0, 40]

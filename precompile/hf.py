@@ -19,7 +19,7 @@ default), keyed by the build's shard keys, so a rebuilt output never comes back 
 the cache.
 
 ``build_from_hf(dataset, recipe, out_dir)`` builds a recipe whose inputs are the rows of a
-``datasets.Dataset``: the media columns (``Image``, ``Audio`` features) are written as the
+``datasets.Dataset``: the media columns (``Image``, ``Audio``, ``Video``, ``Nifti`` features) are written as the
 files they hold, under ``<out_dir>/<name>.hf-input/<column>/`` (``column-<hash>/`` for a column whose name is
 not a plain file name, such as ``../x`` or ``a/b``), and every other column
 (``ClassLabel`` as its names) into ``table.parquet`` there; the recipe's ``inputs`` become
@@ -308,17 +308,25 @@ def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cach
 
 # --- a datasets.Dataset as a build's inputs --------------------------------------------------
 
+#: the ``datasets`` features whose cells are files: each staged as the file it holds
+MEDIA_FEATURES = ("Image", "Audio", "Video", "Nifti")
 _AUDIO_MAGIC = ((b"RIFF", ".wav"), (b"fLaC", ".flac"), (b"OggS", ".ogg"), (b"ID3", ".mp3"), (b"\xff\xfb", ".mp3"))
 
 
-def _suffix(value: dict[str, Any], audio: bool) -> str:
-    """The file extension of a media cell: its path's, else sniffed from the bytes."""
-    ext = os.path.splitext(str(value.get("path") or ""))[1].lower()
-    if ext and len(ext) <= _MAX_SUFFIX and ext[1:].isascii() and ext[1:].isalnum():
-        return ext   # (a suffix of other characters, or a long one, is the data's, not a name: sniffed instead)
-    data = value.get("bytes") or b""
-    if audio:
+def _sniff(data: bytes, kind: str) -> str:
+    """The file extension the bytes of a ``kind`` media cell ("image", "audio", "video", "nifti") call for."""
+    if kind == "audio":
         return next((e for magic, e in _AUDIO_MAGIC if data.startswith(magic)), ".bin")
+    if kind == "video":
+        if data[4:8] == b"ftyp":
+            return ".mp4"
+        if data.startswith(b"RIFF") and data[8:12] == b"AVI ":
+            return ".avi"
+        return ".mkv" if data.startswith(b"\x1aE\xdf\xa3") else ".bin"   # (EBML: Matroska and WebM)
+    if kind == "nifti":   # nibabel picks its reader by the suffix
+        if data.startswith(b"\x1f\x8b"):
+            return ".nii.gz"
+        return ".nii" if data[344:348] in (b"n+1\x00", b"n+2\x00") else ".bin"
     from PIL import Image
 
     try:
@@ -326,6 +334,17 @@ def _suffix(value: dict[str, Any], audio: bool) -> str:
             return "." + (im.format or "bin").lower().replace("jpeg", "jpg")
     except Exception:  # not an image Pillow knows: the image decoder names the file when it fails
         return ".bin"
+
+
+def _suffix(value: dict[str, Any], kind: str) -> str:
+    """The file extension of a ``kind`` media cell: its path's (``.nii.gz`` whole), else sniffed from the bytes."""
+    path = str(value.get("path") or "").lower()
+    if kind == "nifti" and path.endswith(".nii.gz"):
+        return ".nii.gz"
+    ext = os.path.splitext(path)[1]
+    if ext and len(ext) <= _MAX_SUFFIX and ext[1:].isascii() and ext[1:].isalnum():
+        return ext   # (a suffix of other characters, or a long one, is the data's, not a name: sniffed instead)
+    return _sniff(value.get("bytes") or b"", kind)
 
 
 def _write_if_changed(path: str, data: bytes) -> None:
@@ -378,20 +397,20 @@ def stage_hf(dataset: Any, folder: str) -> tuple[str, list[str]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    media = [c for c, f in dataset.features.items() if isinstance(f, (d.Image, d.Audio))]
+    kinds = {getattr(d, n): n.lower() for n in MEDIA_FEATURES if hasattr(d, n)}   # (Video, Nifti: datasets >= 4)
+    media = [c for c, f in dataset.features.items() if type(f) in kinds]
     labels = {c: f for c, f in dataset.features.items() if isinstance(f, d.ClassLabel)}
     undecoded = dataset
     for c in media:
-        kind = d.Audio if isinstance(dataset.features[c], d.Audio) else d.Image
-        undecoded = undecoded.cast_column(c, kind(decode=False))
+        undecoded = undecoded.cast_column(c, type(dataset.features[c])(decode=False))
     cols: dict[str, list[Any]] = {KEY: [f"{i:08d}" for i in range(len(dataset))]}
     for c in dataset.column_names:
         if c in media:
-            audio = isinstance(dataset.features[c], d.Audio)
+            kind = kinds[type(dataset.features[c])]
             paths = []
             for i, v in enumerate(undecoded[c]):
                 data = _media_bytes(v, c, i)
-                rel = f"{media_folder(c)}/{i:08d}{_suffix(v, audio)}"
+                rel = f"{media_folder(c)}/{i:08d}{_suffix(v, kind)}"
                 _write_if_changed(os.path.join(folder, *rel.split("/")), data)
                 paths.append(rel)
             cols[c] = paths

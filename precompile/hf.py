@@ -377,6 +377,9 @@ def media_folder(column: str) -> str:
 
 
 def _media_bytes(value: Any, col: str, row: int) -> bytes:
+    if value is None:
+        raise RecipeError(f"hf dataset column {col!r}, row {row}: no file (the cell is None); drop the rows without "
+                          f"one first (dataset.filter)")
     if not isinstance(value, dict):
         raise RecipeError(f"hf dataset column {col!r}, row {row}: expected an undecoded media cell, got "
                           f"{type(value).__name__}")
@@ -418,6 +421,14 @@ def stage_hf(dataset: Any, folder: str) -> tuple[str, list[str]]:
             cols[c] = [labels[c].int2str(int(v)) if v is not None and v >= 0 else None for v in dataset[c]]
         else:
             cols[c] = list(dataset[c])
+    for c, values in cols.items():   # one column at a time, so that a column no table can hold is named
+        try:
+            cols[c] = pa.array(values)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+            feature = dataset.features.get(c)
+            raise RecipeError(f"hf dataset column {c!r} ({str(feature)[:200]}): its values cannot go into the staged "
+                              f"table ({str(e)[:300]}); only {', '.join(MEDIA_FEATURES)} columns are staged as files: "
+                              f"drop the column (dataset.remove_columns) or cast it") from e
     buf = io.BytesIO()
     pq.write_table(pa.table(cols), buf)
     table = os.path.join(folder, "table.parquet")

@@ -545,3 +545,22 @@ def test_build_from_hf_stages_video_and_nifti_columns(tmp_path):
             assert np.array_equal(got[i][field], ref), (field, i)
     assert got[0]["video"].shape[0] == 6                             # every frame
     assert np.array_equal(np.squeeze(got[1]["vol"]), vol.T.astype(got[1]["vol"].dtype))   # (z, y, x) of nibabel's
+
+
+def test_build_from_hf_names_the_column_a_table_cannot_hold_and_the_row_without_a_file(tmp_path):
+    """A list of images is no media column (only Image/Audio/Video/Nifti are staged): its decoded PIL images
+    reached pyarrow, which said "Could not convert <PIL...>" and named no column. A None media cell said
+    "got NoneType"."""
+    from precompile.errors import RecipeError
+
+    cells = _png_cells(2)
+    recipe = {"name": "t", "inputs": {"fields": {"img": {"decoder": "image"}}}}
+    hf = datasets.Dataset.from_dict({"img": cells, "more": [[cells[0]], [cells[1]]]},
+                                    features=datasets.Features({"img": datasets.Image(),
+                                                                "more": datasets.List(datasets.Image())}))
+    with pytest.raises(RecipeError, match=r"hf dataset column 'more' \(List\(Image.*cannot go into the staged table "
+                                          r".*drop the column \(dataset.remove_columns\) or cast it"):
+        build_from_hf(hf, recipe, out_dir=tmp_path / "a")
+    hf = datasets.Dataset.from_dict({"img": [cells[0], None]}, features=datasets.Features({"img": datasets.Image()}))
+    with pytest.raises(RecipeError, match=r"hf dataset column 'img', row 1: no file \(the cell is None\)"):
+        build_from_hf(hf, recipe, out_dir=tmp_path / "b")

@@ -89,7 +89,8 @@ def colour_mask(img: np.ndarray, colour: int, by_luma: bool = False) -> np.ndarr
     """Pixels confidently of palette colour ``colour``: RGB(A) within 60 of it (a blend with the background or
     any other colour is >= 100 away); grey (8 or 16 bit), or any JPEG (whose chroma is subsampled: judged by
     luma), within 12 of its luma, with all 4 neighbours too (a blend of a brighter colour with black can take
-    this luma, but only on a ramp)."""
+    this luma, but only on a ramp), so never on the image's border, where a ramp along the edge has no neighbour
+    across it (seed 211007: a green corner blended with a rotation's black fill, [2, 96, 0], read as red)."""
     if img.shape[-1] >= 3 and not by_luma:
         d = np.linalg.norm(img[..., :3].astype(np.float64) - PALETTE[colour].astype(np.float64), axis=-1)
         return d < 60
@@ -105,6 +106,8 @@ def colour_mask(img: np.ndarray, colour: int, by_luma: bool = False) -> np.ndarr
     inner[:-1, :] &= ok[1:, :]
     inner[:, 1:] &= ok[:, :-1]
     inner[:, :-1] &= ok[:, 1:]
+    inner[[0, -1], :] = False
+    inner[:, [0, -1]] = False
     return inner
 
 

@@ -648,23 +648,78 @@ def test_padding_steps_keep_within_the_sample_budget(tmp_path):
         assert msg in str(e.value) and "(limits.sample_bytes)" in str(e.value), str(e.value)
 
 
-def test_the_windows_of_one_input_are_held_within_the_input_budget(tmp_path):
-    """windows holds every window of one recording at once (copies, until the shard writes them): a 160 KB,
-    10-second WAV cut with `{length: 40000, hop: 1}` took 6 GB (MemoryError under ulimit -v 6 GB). Their total is
-    checked against limits.input_bytes (the memory one input may take) before the first is cut."""
-    import wave
+def _peak_build(recipe: dict, out: Path, spill_limit: int, monkeypatch) -> int:
+    """Build ``recipe`` in this process (-j1) with samples spilled past ``spill_limit`` bytes; the peak of traced
+    memory (numpy's arrays are traced) over the build."""
+    import tracemalloc
 
+    import precompile.spill
     from precompile import build
 
+    monkeypatch.setattr(precompile.spill, "DEFAULT_LIMIT", spill_limit)
+    tracemalloc.start()
+    try:
+        build(recipe, str(out), progress=False)
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_the_windows_of_one_input_are_spilled_not_held(tmp_path, monkeypatch):
+    """windows held every window of one recording at once (copies, until the shard writes them): a 160 KB,
+    10-second WAV cut with `{length: 40000, hop: 1}` took 6 GB, so the step refused a total over
+    limits.input_bytes, which refused one hour at 48 kHz cut every half second. The windows now come one at a
+    time and wait for the shard in a SampleSpill (memory up to a bound, then a temporary file): 1,001 windows of
+    40 KB (38 MiB, 38 times the input budget) build under a 256 KiB spill bound in well under their total, each
+    equal to the recording's samples sliced by numpy, and the same whatever the bound."""
+    import wave
+
+    import precompile
+
     (tmp_path / "w").mkdir()
+    pcm = (np.arange(40000) * 7 % 65536 - 32768).astype(np.int16)
     with wave.open(str(tmp_path / "w" / "a.wav"), "wb") as w:
         w.setnchannels(1), w.setsampwidth(2), w.setframerate(8000)
-        w.writeframes(np.zeros(2000, np.int16).tobytes())
-    recipe = {"name": "t", "inputs": {"root": str(tmp_path / "w"), "match": "a.wav", "fields": {"x": {"decoder": "audio"}}},
-              "steps": [{"windows": {"length": 1000, "hop": 1}}], "limits": {"input_bytes": 1 << 20}}
-    with pytest.raises(Exception) as e:
-        build(recipe, str(tmp_path / "out"), progress=False)
-    assert "windows: 1001 windows of (1, 1000) float32 would take 4004000 bytes (3.8 MiB) at once, over the per-input " \
-           "budget of 1048576 bytes (1.0 MiB) (limits.input_bytes): use a larger hop" in str(e.value), str(e.value)
-    recipe["steps"] = [{"windows": {"length": 1000, "hop": 500}}]   # 3 windows: well within
-    build(recipe, str(tmp_path / "out2"), progress=False)
+        w.writeframes(pcm.tobytes())
+    recipe = {"name": "t", "inputs": {"root": str(tmp_path / "w"), "match": "a.wav",
+                                      "fields": {"x": {"decoder": "audio", "dtype": "int16"}}},
+              "steps": [{"windows": {"length": 20000, "hop": 20}}], "limits": {"input_bytes": 1 << 20},
+              "output": {"samples_per_shard": 4096}}
+    total = 1001 * 20000 * 2
+    peak = _peak_build(recipe, tmp_path / "small", 256 << 10, monkeypatch)
+    assert peak < total / 2, (peak, total)
+    _peak_build(recipe, tmp_path / "large", 1 << 30, monkeypatch)
+    small, large = precompile.open(tmp_path / "small" / "t.h5"), precompile.open(tmp_path / "large" / "t.h5")
+    assert len(small) == len(large) == 1001
+    for i in range(1001):
+        assert small.key(i) == large.key(i)
+    got = {small.key(i): small[i]["x"] for i in range(1001)}
+    base = small.key(0).split("#")[0]
+    for k in range(1001):
+        assert np.array_equal(got[f"{base}#w{k}"], pcm[None, 20 * k:20 * k + 20000]), k
+
+
+def test_the_patches_of_one_volume_are_spilled_not_held(tmp_path, monkeypatch):
+    """patches3d held every patch of a volume at once: a 48^3 float32 volume cut into 16^3 patches at stride 1
+    (35,937 patches, 576 MiB) peaked at 797 MB whatever limits.input_bytes said (4 MiB), and a CT cut into
+    overlapping 64^3 patches holds gigabytes. The patches now wait in a SampleSpill: here 13^3 = 2,197 patches of
+    16^3 (34 MiB) under a 256 KiB bound peak well under their total, each the volume's voxels sliced by numpy."""
+    import nibabel as nib
+
+    import precompile
+
+    (tmp_path / "v").mkdir()
+    vol = np.arange(28 ** 3, dtype=np.float32).reshape(28, 28, 28)
+    nib.save(nib.Nifti1Image(vol, np.eye(4)), str(tmp_path / "v" / "a.nii"))
+    recipe = {"name": "p", "inputs": {"root": str(tmp_path / "v"), "match": "a.nii",
+                                      "fields": {"v": {"decoder": "nifti"}}},
+              "steps": [{"patches3d": {"size": 16, "stride": 1}}], "output": {"samples_per_shard": 8192}}
+    total = 13 ** 3 * 16 ** 3 * 4
+    peak = _peak_build(recipe, tmp_path / "small", 256 << 10, monkeypatch)
+    assert peak < total / 2, (peak, total)
+    ds = precompile.open(tmp_path / "small" / "p.h5")
+    assert len(ds) == 13 ** 3
+    zyx = vol.T   # nibabel's (x, y, z) stored as (z, y, x)
+    for i in range(0, len(ds), 97):
+        z, y, x = ds.meta(i)["patch"]["corner"]
+        assert np.array_equal(np.squeeze(ds[i]["v"]), zyx[z:z + 16, y:y + 16, x:x + 16]), i

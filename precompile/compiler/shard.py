@@ -254,7 +254,7 @@ def run_steps(recipe: Recipe, sample: Any, copy: int, item: Item, timings: dict[
             for s in samples:
                 try:
                     # random steps run with neutral parameters (no flip, centred crop) so shapes match
-                    out.extend(run_original(s) if run_original is not None else step.run(s, rng))
+                    out.extend(run_original(s) if run_original is not None else step.outputs(s, rng))
                 except InputError as e:
                     raise e.with_context(path=item.paths.get(e.field or "", next(iter(item.paths.values()))),
                                          stage=f"steps[{i}] {step.name}", key=item.key) from e.__cause__
@@ -397,6 +397,21 @@ def _fill_spills(recipe: Recipe, clips: Any, stream: Any, item: Item, copies: li
                 done.close()
     finally:
         pending.close()
+
+
+class _Settled:
+    """The samples of ``inner`` as the list path stores them (:func:`source_map.settle`, then ``compact``), each
+    time they are iterated; ``close`` closes ``inner``."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    def __iter__(self) -> Any:
+        for s in self.inner:
+            yield source_map.compact(source_map.settle(s))
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class _Chained:
@@ -547,9 +562,36 @@ class _ShardTask:
             frames.source = None
         sample = decode(item)
         first = frames.first if frames is not None and frames.source is not None else 0
+        if any(step.expands for step in recipe.steps[first:]):   # windows, patches, clips of a whole video: spilled
+            return self.spilled(sample, item, first, check)
         samples = [s for c in copy_indices(recipe) for s in run_steps(recipe, sample, c, item, self.timings, first)]
         for s in samples:
             check(s)
+        return samples
+
+    def spilled(self, sample: Sample, item: Item, first: int, check: Callable[[Sample], None]) -> Any:
+        """Every sample of one input that a step expands into many (thousands of audio windows or 3D patches),
+        kept in :class:`~precompile.spill.SampleSpill` s (memory up to a bound, then a temporary file beside the
+        shard) and checked, in the same order and with the same draws and bytes as the list path above."""
+        from ..spill import SampleSpill
+
+        spill_dir = os.path.dirname(self.path)
+        made: list[Any] = []
+        try:
+            for c in copy_indices(self.recipe):
+                out = run_steps(self.recipe, sample, c, item, self.timings, first, lambda: SampleSpill(spill_dir))
+                if not isinstance(out, SampleSpill):   # (no step ran for this copy: the decoded sample itself)
+                    kept = SampleSpill(spill_dir)
+                    kept.extend(out)
+                    out = kept
+                made.append(out)
+            samples = _Settled(_Chained(made))
+            for s in samples:
+                check(s)
+        except BaseException:
+            for out in made:
+                out.close()
+            raise
         return samples
 
     def input_failed(self, e: InputError) -> Optional[ShardResult]:

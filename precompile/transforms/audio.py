@@ -8,7 +8,7 @@ targeted field and applied to every audio field alike.
 """
 from __future__ import annotations
 
-from typing import Any, Literal, Optional, Union
+from typing import Any, Iterator, Literal, Optional, Union
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -18,7 +18,7 @@ from ..kinds import Kind, kinds
 from ..optschema import checked
 from ..registry import STEPS
 from ..sample import FieldSpec, Sample
-from .base import RandomParams, RandomStep, Step, StepParams, in_words, range_param, uniform
+from .base import RandomParams, RandomStep, Step, StepParams, range_param, uniform
 from .kernels.audio import apply_gain, fix_length, shift_time
 from .kernels.temporal import clip_starts
 
@@ -91,10 +91,16 @@ class Windows(Step):
         return s
 
     def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
+        return list(self.outputs(sample, rng))
+
+    def outputs(self, sample: Sample, rng: np.random.Generator) -> Iterator[Sample]:
+        """The windows one at a time (the build spills them past a bound: an hour's recording cut every half
+        second is 7,200 windows, more than memory should hold at once)."""
         specs = sample.specs()
         targets = self.targets(specs)
         if not targets:
-            return [sample]
+            yield sample
+            return
         n = sample.fields[targets[0]].shape[-1]
         for f in targets:
             try:
@@ -109,15 +115,6 @@ class Windows(Step):
             a = sample.fields[f]
             self.check_output_bytes((*a.shape[:-1], self.params.length), a.dtype, field=f)
         starts = self.starts(n)
-        each = sum(int(np.prod(sample.fields[f].shape[:-1], dtype=np.int64)) * self.params.length
-                   * sample.fields[f].dtype.itemsize for f in targets)
-        if len(starts) * each > self.input_bytes:   # every window is a copy, held until the shard writes it
-            a = sample.fields[targets[0]]
-            total = len(starts) * each
-            raise StepError(f"windows: {len(starts)} windows of {(*a.shape[:-1], self.params.length)} {a.dtype} would "
-                            f"take {in_words(total)} at once, over the per-input budget of {in_words(self.input_bytes)} "
-                            f"(limits.input_bytes): use a larger hop, or raise the budget", field=targets[0])
-        out = []
         for i, s in enumerate(starts):
             new = {}
             for f in targets:
@@ -127,8 +124,7 @@ class Windows(Step):
                     seg = fix_length(seg, self.params.length, "start", self.params.pad_value)[0]
                 new[f] = np.array(seg, order="C", copy=True)
             meta = _with_meta(sample.meta, "window", {"index": i, "start": int(s), "length": self.params.length})
-            out.append(sample.replace_fields(new, key=f"{sample.key}#w{i}", meta=meta))
-        return out
+            yield sample.replace_fields(new, key=f"{sample.key}#w{i}", meta=meta)
 
 
 @STEPS.register()

@@ -39,7 +39,7 @@ reproduces the stored bytes.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Optional, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Optional, Sequence
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
@@ -81,9 +81,14 @@ class Step:
     #: the per-sample memory budget (the recipe sets it: limits.sample_bytes); a step whose output size the plan
     #: cannot know (it depends on each input) checks it with :meth:`check_output_bytes` before making the output
     max_bytes: int = 1 << 30
-    #: the per-input memory budget (the recipe sets it: limits.input_bytes): a step that holds many outputs of one
-    #: input at once (``windows``) checks their total against it
+    #: the per-input memory budget (the recipe sets it: limits.input_bytes)
     input_bytes: int = 1 << 30
+
+    def outputs(self, sample: Sample, rng: np.random.Generator) -> Iterable[Sample]:
+        """The samples :meth:`run` returns, made as they are taken: an expanding step (``windows``, ``clips``,
+        ``patches3d``) yields one at a time, so the build can spill them to disk as they come
+        (:class:`~precompile.spill.SampleSpill`) instead of holding every one of an input at once."""
+        return self.run(sample, rng)
 
     def check_output_bytes(self, shape: Sequence[int], dtype: Any, field: Optional[str] = None) -> None:
         """Raise StepError when an output of ``shape`` and ``dtype`` would take more than :attr:`max_bytes`

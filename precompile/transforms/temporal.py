@@ -161,6 +161,11 @@ class Clips(Step):
         return [[s + j * p.every for j in range(self.frames_per_clip)] for s in starts]
 
     def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
+        return list(self.outputs(sample, rng))
+
+    def outputs(self, sample: Sample, rng: np.random.Generator) -> Iterable[Sample]:
+        """The clips of a whole decoded video one at a time (a remote or isolated decode: the build spills
+        them past a bound, as it does the clips it streams)."""
         specs = sample.specs()
         targets = self.targets(specs)
         if not targets:
@@ -181,7 +186,7 @@ class Clips(Step):
             pts = [i * dec_every / fps if fps else 0.0 for i in range(n)]
         arrays = [sample.fields[f] for f in targets]
         frames = ((i, float(pts[i]), (lambda i=i: tuple(a[i] for a in arrays))) for i in range(n))
-        return list(self.cut(sample, targets, frames))
+        return self.cut(sample, targets, frames)
 
     def cut(self, sample: Sample, targets: list[str], frames: Iterable[FrameIn],
             cutter: Optional["ClipCutter"] = None, seek: Optional[Callable[[Any], None]] = None) -> Iterator[Sample]:

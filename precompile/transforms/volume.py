@@ -12,7 +12,7 @@ moves them with their volume, by nearest neighbour; 2D fields are refused. Spaci
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, Optional, Union
+from typing import Any, Callable, Iterator, Literal, Optional, Union
 
 import numpy as np
 from pydantic import Field, field_validator, model_validator
@@ -450,10 +450,16 @@ class Patches3d(VolumeStep):
         return out
 
     def run(self, sample: Sample, rng: np.random.Generator) -> list[Sample]:
+        return list(self.outputs(sample, rng))
+
+    def outputs(self, sample: Sample, rng: np.random.Generator) -> Iterator[Sample]:
+        """The patches one at a time (the build spills them past a bound: a CT cut into overlapping 64^3
+        patches is thousands of them, gigabytes at once)."""
         p = self.params
         targets = _targets_of(self, sample)
         if not targets:
-            return [sample]
+            yield sample
+            return
         shape = sample.fields[targets[0]].shape
         for f in targets[1:]:
             if sample.fields[f].shape != shape:
@@ -474,7 +480,7 @@ class Patches3d(VolumeStep):
         offset = (0, 0, 0)
         if any(n < s for n, s in zip(shape, size)):
             if not p.pad:
-                return []
+                return
             grown = tuple(max(n, s) for n, s in zip(shape, size))
             padded = {}
             for f, a in arrays.items():
@@ -482,7 +488,6 @@ class Patches3d(VolumeStep):
             arrays = padded
             shape = grown
         corners = patch_corners(shape, size, tuple(p.stride or size))
-        out = []
         n = 0
         for c in corners:
             sl = tuple(slice(a, a + s) for a, s in zip(c, size))
@@ -500,11 +505,10 @@ class Patches3d(VolumeStep):
                 if f in meta:
                     meta[f] = carry_geometry(meta[f], np.eye(3, dtype=np.int64), np.asarray(corner), size)
             meta["patch"] = {"index": n, "corner": corner, "size": list(size)}
-            out.append(sample.replace_fields(new, key=f"{sample.key}#p{n}", meta=meta, kinds=kinds))
+            yield sample.replace_fields(new, key=f"{sample.key}#p{n}", meta=meta, kinds=kinds)
             n += 1
             if p.max_patches is not None and n >= p.max_patches:
                 break
-        return out
 
 
 class _Volume(RandomStep, VolumeStep):

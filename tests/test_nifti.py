@@ -289,3 +289,38 @@ def test_index_all_volumes_of_one_file_share_a_split(tmp_path):
     for it in plan.items:
         by_file.setdefault(it.key.split("#")[0], set()).add(it.split)
     assert all(len(v) == 1 for v in by_file.values()) and len({s for v in by_file.values() for s in v}) == 2
+
+
+def test_hostile_headers_and_voxels_are_refused_not_decoded(tmp_path):
+    """Headers and voxels nibabel reads but no scalar volume has: they decoded as plausible volumes, wrong. A complex
+    volume lost its imaginary part, float64 voxels past float32's range became inf, NaN voxels stored as int16 took whatever the cast gave, and
+    a volume with no voxels crashed resample_volume (ZeroDivisionError). Each is a DecodeError naming what is wrong;
+    a NaN or infinite slope still means "no scaling" (nibabel's rule, the standard's for 0) and NaN voxels stay NaN
+    in float32."""
+    v = np.arange(4 * 5 * 6, dtype=np.int16).reshape(4, 5, 6) - 60
+
+    def write(name, arr, **header):
+        img = nib.Nifti1Image(arr, np.eye(4))
+        for k, x in header.items():
+            img.header[k] = x
+        nib.save(img, str(tmp_path / name))
+        return str(tmp_path / name)
+
+    cases = [
+        (write("c.nii", np.ones((4, 4, 4), np.complex64)), {}, r"stores complex voxels \(complex64\), not one intensity"),
+        (write("big.nii", np.full((4, 4, 4), 1e300)), {}, r"64 voxel\(s\) \(e.g. 1e\+300\) are beyond float32's range"),
+        (write("nan.nii", np.where(v > 50, np.nan, v).astype(np.float32)), {"dtype": "int16"},
+         r"9 voxel\(s\) are NaN or infinite, which int16 cannot store; use dtype: float32"),
+        (write("empty.nii", np.ones((4, 0, 4), np.int16)), {}, r"has no voxels \(4, 0, 4\)"),
+    ]
+    rgb = np.zeros((4, 4, 4), dtype=[("R", "u1"), ("G", "u1"), ("B", "u1")])
+    cases.append((write("rgb.nii", rgb), {}, r"stores RGB\(A\) voxels"))
+    for path, params, msg in cases:
+        with pytest.raises(DecodeError, match=msg):
+            NiftiDecoder(NiftiDecoder.Params(**params)).read(path)
+    out, _ = NiftiDecoder().read(write("nanslope.nii", v, scl_slope=np.nan, scl_inter=np.nan))
+    np.testing.assert_array_equal(out, np.transpose(v, (2, 1, 0)).astype(np.float32))   # NaN slope: unscaled
+    out, _ = NiftiDecoder().read(write("infslope.nii", v, scl_slope=np.inf, scl_inter=0))
+    np.testing.assert_array_equal(out, np.transpose(v, (2, 1, 0)).astype(np.float32))   # inf slope: unscaled
+    out, _ = NiftiDecoder().read(write("nanvox.nii", np.where(v > 50, np.nan, v).astype(np.float32)))
+    assert int(np.isnan(out).sum()) == 9

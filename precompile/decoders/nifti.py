@@ -130,7 +130,13 @@ def load_nifti(path: str, index: Optional[int | str],
     elif index is not None:
         raise DecodeError(f"index is set but the file is 3D {shape}", path=path)
     n = shape[0] * shape[1] * shape[2]
-    check_budget(path, f"{shape[0]}x{shape[1]}x{shape[2]} voxels", n * (img.get_data_dtype().itemsize + 8 + 4), budget)
+    if n == 0:   # (resampling it divided by zero)
+        raise DecodeError(f"has no voxels {shape}", path=path)
+    dt = img.get_data_dtype()
+    if dt.fields is not None or dt.kind == "c":   # RGB24/RGBA32 or complex voxels: no one intensity per voxel
+        kind = "complex" if dt.kind == "c" else "RGB(A)"
+        raise DecodeError(f"stores {kind} voxels ({dt}), not one intensity per voxel", path=path)
+    check_budget(path, f"{shape[0]}x{shape[1]}x{shape[2]} voxels", n * (dt.itemsize + 8 + 4), budget)
     affine = np.asarray(img.affine, dtype=np.float64)
     if not np.isfinite(affine).all() or abs(np.linalg.det(affine[:3, :3])) < 1e-12:
         raise DecodeError("has a degenerate or non-finite affine (no usable qform/sform)", path=path)
@@ -205,7 +211,17 @@ class NiftiDecoder(_NiftiDecoder):
     def read(self, path: str) -> tuple[np.ndarray, dict[str, Any]]:
         p = self.params
         img, sl, affine, meta = load_nifti(path, p.index, self.max_bytes)
-        arr = read_voxels(img, sl, p.rescale, path).astype(np.float32, copy=False)
+        raw = read_voxels(img, sl, p.rescale, path)
+        with np.errstate(over="ignore"):   # (checked below)
+            arr = raw.astype(np.float32, copy=False)
+        if raw.dtype.itemsize > 4 and raw.dtype.kind == "f":   # float64 values past float32's range became inf
+            over = np.isinf(arr) & np.isfinite(raw)
+            if over.any():
+                raise DecodeError(f"{int(over.sum())} voxel(s) (e.g. {float(raw[over][0]):g}) are beyond float32's "
+                                  f"range", path=path)
+        if p.dtype == "int16" and not np.isfinite(arr).all():   # NaN has no int16 (the cast gave arbitrary values)
+            raise DecodeError(f"{int((~np.isfinite(arr)).sum())} voxel(s) are NaN or infinite, which int16 cannot "
+                              f"store; use dtype: float32 (NaN kept)", path=path)
         arr, affine = reorient(arr, affine, p.orient)
         meta.update(geometry_meta(affine, arr.shape))
         if p.dtype == "int16":

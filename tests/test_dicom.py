@@ -301,3 +301,35 @@ def test_missing_codec_stops_the_build_even_with_skip(tmp_path):
     (tmp_path / "r.yaml").write_text(yaml.safe_dump(recipe))
     with pytest.raises(MissingDependencyError, match=r"precompile\[jpeg\]"):
         precompile.build(tmp_path / "r.yaml", out_dir=tmp_path / "out")
+
+
+@pytest.mark.filterwarnings("ignore:Invalid value for VR DS")   # (pydicom, writing the hostile headers)
+@pytest.mark.parametrize("name, over, msg", [
+    ("inf slope", {"slope": "inf"}, r"0\.dcm: RescaleSlope inf / RescaleIntercept -1024 map no stored value to a "
+                                    r"Hounsfield unit"),
+    ("nan slope", {"slope": "nan"}, r"RescaleSlope nan / RescaleIntercept -1024 map no stored value"),
+    ("zero slope", {"slope": 0.0}, r"RescaleSlope 0 / RescaleIntercept -1024 map no stored value"),
+    ("inf intercept", {"intercept": "-inf"}, r"RescaleSlope 1 / RescaleIntercept -inf map no stored value"),
+    ("zero spacing", {"PixelSpacing": [0, 0.75]}, r"PixelSpacing \[0\.0, 0\.75\] is not positive"),
+    ("negative spacing", {"PixelSpacing": [-0.5, 0.75]}, r"PixelSpacing \[-0\.5, 0\.75\] is not positive"),
+    ("zero row", {"ori": (0, 0, 0, 0, 1, 0)}, r"ImageOrientationPatient \[0\.0, 0\.0, 0\.0, 0\.0, 1\.0, 0\.0\]: the "
+                                              r"row and column directions must be non-zero and not parallel"),
+    ("parallel", {"ori": (1, 0, 0, 1, 0, 0)}, r"the row and column directions must be non-zero and not parallel"),
+])
+def test_series_headers_that_map_to_no_volume_are_refused(tmp_path, name, over, msg):
+    """Headers pydicom reads whose numbers make no volume: an infinite or NaN RescaleSlope (or intercept) gave a
+    volume of +-inf / NaN, a zero slope one of the intercept alone, a zero PixelSpacing a spacing of 0 (resampling
+    divides by it), a zero orientation row NaN geometry in meta, parallel rows and columns the message "two slices
+    share one position". Each is a DecodeError naming the header; rescale: false still reads the stored values."""
+    rng = np.random.default_rng(1)
+    kw = {k: over[k] for k in ("slope", "intercept", "ori") if k in over}
+    for k in range(3):
+        ds = make_ds(rng.integers(-100, 100, (6, 7)), pos=(0, 0, 2.0 * k), inst=k + 1, **kw)
+        if "PixelSpacing" in over:
+            ds.PixelSpacing = over["PixelSpacing"]
+        ds.save_as(str(tmp_path / f"{k}.dcm"), enforce_file_format=True)
+    with pytest.raises(DecodeError, match=msg):
+        DicomSeriesDecoder().read(str(tmp_path))
+    if "slope" in over or "intercept" in over:
+        vol, _ = DicomSeriesDecoder(DicomSeriesDecoder.Params(rescale=False)).read(str(tmp_path))
+        assert np.isfinite(vol).all() and vol.shape == (3, 6, 7)

@@ -274,6 +274,12 @@ def assemble(frames: list[Frame], path: str, dtype: str = "float32", uneven: str
     -> even out the slice gaps -> the output dtype and the geometry metadata."""
     ps = _common_pixel_spacing(frames, path)
     meta: dict[str, Any] = {"num_slices_read": len(frames)}
+    if rescale:   # an infinite or NaN slope made every voxel +-inf or NaN; a zero one made every voxel the intercept
+        for f in frames:
+            if not (np.isfinite(f.slope) and np.isfinite(f.intercept)) or f.slope == 0:
+                raise DecodeError(f"{f.source}: RescaleSlope {f.slope:g} / RescaleIntercept {f.intercept:g} map no "
+                                  f"stored value to a Hounsfield unit (the slope must be a finite non-zero number, "
+                                  f"the intercept finite); rescale: false keeps the stored values", path=path)
     vals = [f.pixels.astype(np.float32) * np.float32(f.slope) + np.float32(f.intercept) if rescale
             else f.pixels.astype(np.float32) for f in frames]
     thickness = frames[0].thickness
@@ -312,6 +318,8 @@ def _common_pixel_spacing(frames: list[Frame], path: str) -> tuple[float, float]
     ps = frames[0].pixel_spacing or (1.0, 1.0)
     if any((f.pixel_spacing or ps) != ps for f in frames):
         raise DecodeError("slices differ in PixelSpacing", path=path)
+    if min(ps) <= 0:   # (resampling divided by it; a negative one flipped nothing and broke every size)
+        raise DecodeError(f"PixelSpacing {[float(x) for x in ps]} is not positive", path=path)
     return ps
 
 
@@ -323,8 +331,12 @@ def _sort_along_normal(frames: list[Frame], vals: list[np.ndarray], path: str, s
     if np.abs(oris - oris[0]).max() > 1e-3:
         raise DecodeError("slices differ in ImageOrientationPatient (not one stack)", path=path)
     row, col = oris[0][:3], oris[0][3:]
-    row = row / np.linalg.norm(row)
-    col = col / np.linalg.norm(col)
+    nr, nc = np.linalg.norm(row), np.linalg.norm(col)
+    normal = np.cross(row, col)
+    if min(nr, nc) < 1e-6 or np.linalg.norm(normal) < 1e-3 * nr * nc:   # (a zero row gave NaN geometry)
+        raise DecodeError(f"ImageOrientationPatient {[float(x) for x in oris[0]]}: the row and column directions "
+                          f"must be non-zero and not parallel", path=path)
+    row, col = row / nr, col / nc
     normal = np.cross(row, col)
     pos = np.stack([f.position for f in frames])
     d = pos @ normal

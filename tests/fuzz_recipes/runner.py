@@ -215,8 +215,18 @@ def check_dataset(case: dict, ds: Any, R: Report) -> None:
         for i in range(n):
             per.setdefault(ds.key(i), []).append(ds.copy(i))
         want = list(range(0 if rec.get("keep_original", True) else 1, copies + 1))
+        # an expanding step after a random one cuts each copy by its own shape: a patch, window or clip of one copy
+        # may have no twin in another (seed 212688: random_rot90 turned copy 2 into a shape patches3d with pad: false
+        # could cut, copies 0 and 1 not; docs: "Volumes smaller than a patch are ... dropped")
+        names = [next(iter(st)) for st in rec.get("steps", [])]
+        from precompile.registry import STEPS, load_builtins
+
+        load_builtins()
+        loose = any(STEPS.get(b).expands and any(STEPS.get(a).random for a in names[:j])
+                    for j, b in enumerate(names))
         for k, cs in per.items():
-            R.check("copies", sorted(set(cs)) == want, f"copies {sorted(cs)}, expected {want}", k)
+            ok = set(cs) <= set(want) if loose else sorted(set(cs)) == want
+            R.check("copies", ok, f"copies {sorted(cs)}, expected {want}", k)
 
 
 def _tree_digest(path: str) -> dict[str, str]:

@@ -101,3 +101,27 @@ def test_mode_conversions_agree_with_pillow(tmp_path):
     np.testing.assert_array_equal(convert_mode(arr, "gray8"), gray)
     np.testing.assert_array_equal(convert_mode(gray, "gray16")[..., 0], gray[..., 0].astype(np.uint16) * 257)
     np.testing.assert_array_equal(convert_mode(convert_mode(gray, "gray16"), "gray8"), gray)
+
+
+def test_32_bit_integer_images_are_kept_or_refused_never_guessed(tmp_path):
+    """Pillow opens a TIFF of 32-bit integers, and a 16-bit PGM, as mode I. Every mode I image was taken as 16-bit
+    grey: a TIFF holding 5..242 came out black in rgb8 (its top byte of 16 bits), and values outside 0..65535 were
+    clipped without a word in gray16. A 16-bit PGM (big-endian, maxval 65535) keeps that rule: its top byte, or its
+    values in gray16; a 32-bit TIFF keeps its values in gray16 where they fit and is refused otherwise."""
+    small = (np.arange(12, dtype=np.int32).reshape(3, 4) * 20 + 5)
+    Image.fromarray(small).save(tmp_path / "small.tif")
+    with Image.open(tmp_path / "small.tif") as im:
+        assert im.mode == "I"
+    with pytest.raises(DecodeError, match=r"a 32-bit integer image \(TIFF, values 5..225\) has no known range to "
+                                          r"scale to 8 bits: use mode gray16"):
+        decode_image_file(str(tmp_path / "small.tif"), "rgb8")
+    assert np.array_equal(decode_image_file(str(tmp_path / "small.tif"), "gray16")[..., 0], small)
+    Image.fromarray(small - 100).save(tmp_path / "neg.tif")
+    with pytest.raises(DecodeError, match=r"a 32-bit integer image with values -95..125, which 16 bits cannot hold"):
+        decode_image_file(str(tmp_path / "neg.tif"), "gray16")
+    pgm = (np.arange(12).reshape(3, 4) * 5000).astype(">u2")
+    (tmp_path / "g.pgm").write_bytes(b"P5\n4 3\n65535\n" + pgm.tobytes())
+    with Image.open(tmp_path / "g.pgm") as im:
+        assert im.mode == "I"
+    assert np.array_equal(decode_image_file(str(tmp_path / "g.pgm"), "gray16")[..., 0], pgm.astype(np.uint16))
+    assert np.array_equal(decode_image_file(str(tmp_path / "g.pgm"), "gray8")[..., 0], (pgm >> 8).astype(np.uint8))

@@ -48,8 +48,14 @@ _JPEG = ("JPEG", "MPO")  # MPO: a camera JPEG with extra frames; Pillow decodes 
 MODES = {"rgb8": (3, "uint8"), "gray8": (1, "uint8"), "gray16": (1, "uint16"), "rgba8": (4, "uint8")}
 
 
-def _to_mode(img, mode: str) -> np.ndarray:
-    """Convert a loaded PIL image to the array layout of ``mode`` (``label``: see :func:`label_array`)."""
+#: formats whose 16-bit grey Pillow opens as mode I (32-bit integers): PGM/PPM with a maxval over 255 (and PNG before
+#: Pillow 10.3); in any other format (a TIFF of 32-bit integers) mode I holds values of no known range
+_SIXTEEN_AS_I = ("PPM", "PNG")
+
+
+def _to_mode(img, mode: str, fmt: Optional[str] = None) -> np.ndarray:
+    """Convert a loaded PIL image to the array layout of ``mode`` (``label``: see :func:`label_array`); ``fmt``:
+    the file's format (Pillow's name), which says what a mode I image's values are."""
     from PIL import Image
 
     if mode == "label":
@@ -57,12 +63,18 @@ def _to_mode(img, mode: str) -> np.ndarray:
     if img.mode in ("P", "PA"):
         img = img.convert("RGBA")  # resolve the palette (and its transparency) first
     src = img.mode
+    if src == "I":   # 32-bit integers: kept only where they are 16-bit grey values, never clipped or guessed
+        a = np.asarray(img)
+        lo, hi = (int(a.min()), int(a.max())) if a.size else (0, 0)
+        if lo < 0 or hi > 65535:
+            raise ValueError(f"a 32-bit integer image with values {lo}..{hi}, which 16 bits cannot hold: convert it "
+                             f"to 8 or 16 bits first")
+        if mode != "gray16" and fmt not in _SIXTEEN_AS_I:
+            raise ValueError(f"a 32-bit integer image ({fmt or 'unknown format'}, values {lo}..{hi}) has no known "
+                             f"range to scale to 8 bits: use mode gray16 (its values kept) or convert it to 8 bits")
     if mode == "gray16":
         if src in ("I;16", "I;16B", "I;16L", "I"):
-            a = np.asarray(img)
-            if src == "I":
-                a = np.clip(a, 0, 65535)
-            return a.astype(np.uint16)[..., None]
+            return np.asarray(img).astype(np.uint16)[..., None]
         a = np.asarray(img.convert("L"), dtype=np.uint16) * 257
         return a[..., None]
     if src in ("I;16", "I;16B", "I;16L", "I"):
@@ -439,9 +451,10 @@ def _decode_pillow(img, path: str, mode: str, exif_transpose: bool, want: int, b
     check_image_size(img, mode, path, budget)
     img.load()
     img = _cover_source(img, extent)
+    fmt = img.format
     if exif_transpose:
         img = ImageOps.exif_transpose(img)
-    return _to_mode(img, mode), k
+    return _to_mode(img, mode, fmt), k
 
 
 def _decode_jpeg(img, path: str, mode: str, exif_transpose: bool, want: int, budget: int,

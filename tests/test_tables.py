@@ -7,6 +7,7 @@ import csv
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import h5py
@@ -737,3 +738,24 @@ def test_target_map_rules():
         _number("maybe", m)
     with pytest.raises(ValueError, match="is a boolean"):
         _number(True, m)
+
+
+@pytest.mark.parametrize("cell, msg", [
+    ("1e39", r"'1e39' is beyond float32's range \(\+-3\.4e38\), which targets are stored in"),
+    ("-1e400", r"'-1e400' is beyond float32's range"),
+    ("1_000", r"'1_000' is not a number"),
+    ("12_3", r"'12_3' is not a number"),
+])
+def test_target_cells_float32_cannot_hold_or_python_alone_reads_are_refused(table_tree, cell, msg):
+    """A target is float32: 1e39 (and 1e400, which is inf already as a float64) was stored as inf with only a numpy
+    RuntimeWarning, and Python's float() read '1_000' as 1000 and '12_3' as 123 (csv, pandas and Arrow read them as
+    text). Each is the plan's TableError naming the row and column; an explicit inf and NaN stay values."""
+    root, rows, _ = table_tree
+    rows[2]["Age"] = cell
+    _write_csv(root / "bad.csv", rows)
+    e = _plan_error(_recipe("bad.csv"))
+    assert e.loc == "inputs.columns.y" and "data row 3 (1-based, header not counted), column 'Age'" in str(e)
+    assert re.search(msg, str(e)), str(e)
+    from precompile.inputs.table.cells import number
+    assert number("+inf", {}) == math.inf and number("-Infinity", {}) == -math.inf and math.isnan(number("nan", {}))
+    assert number(" 3.4e38 ", {}) == 3.4e38

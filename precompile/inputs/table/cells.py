@@ -126,6 +126,8 @@ def number(v: Any, mapping: dict) -> float:
     if isinstance(v, bool):
         raise ValueError(f"{v!r} is a boolean, not a number")
     try:
+        if isinstance(v, str) and "_" in v:   # Python's float() reads '1_000' as 1000 (and '12_3' as 123)
+            raise ValueError
         x = float(v)
     except (TypeError, ValueError):
         raise ValueError(f"{echo(v)} is not a number (a target needs numbers; blank = NaN; map: turns other values "
@@ -133,7 +135,13 @@ def number(v: Any, mapping: dict) -> float:
     for k, m in mapping.items():
         if _key_number(k) == x:
             return _mapped(m)
+    said_inf = isinstance(v, str) and v.lstrip("+-").lower() in ("inf", "infinity")
+    if not said_inf and not math.isnan(x) and not -_F32_MAX <= x <= _F32_MAX:   # (it became inf, silently)
+        raise ValueError(f"{echo(v)} is beyond float32's range (+-3.4e38), which targets are stored in")
     return x
+
+
+_F32_MAX = 3.4028234663852886e38
 
 
 def column_specs(columns: dict) -> dict[str, FieldSpec]:

@@ -759,3 +759,23 @@ def test_target_cells_float32_cannot_hold_or_python_alone_reads_are_refused(tabl
     from precompile.inputs.table.cells import number
     assert number("+inf", {}) == math.inf and number("-Infinity", {}) == -math.inf and math.isnan(number("nan", {}))
     assert number(" 3.4e38 ", {}) == 3.4e38
+
+
+def test_where_and_template_numbers_are_read_as_tables_read_them(tmp_path):
+    """inputs.where and a `{col:06d}` slot read a text cell through Python's float()/int(), which take '1_000' as
+    1000 and '0_0' as 0 (a row kept by `n > 6`, a file '000000.png' read for id '0_0'); csv, pandas and Arrow read
+    those cells as text. Both are now the plan's error naming the row and column."""
+    root = tmp_path / "in"
+    root.mkdir()
+    for name in ("a.png", "b.png", "000000.png", "000001.png"):
+        Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(root / name)
+    (tmp_path / "w.csv").write_text("file,n\na.png,1_000\nb.png,7\n")
+    r = {"name": "w", "inputs": {"root": str(root), "table": str(tmp_path / "w.csv"), "path": "{file}", "where": "n > 6",
+                                 "fields": {"image": {"decoder": "image"}}}}
+    e = _plan_error(r)
+    assert "data row 1 (1-based, header not counted), column 'n': '1_000' is not a number" in str(e), str(e)
+    (tmp_path / "i.csv").write_text("id\n0_0\n1\n")
+    r = {"name": "i", "inputs": {"root": str(root), "table": str(tmp_path / "i.csv"), "path": "{id:06d}.png",
+                                 "fields": {"image": {"decoder": "image"}}}}
+    e = _plan_error(r)
+    assert "data row 1 (1-based, header not counted), column 'id': '0_0' is not an integer (format {id:06d})" in str(e)

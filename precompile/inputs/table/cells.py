@@ -37,6 +37,8 @@ class CellError(ValueError):
 def _as_int(v: Any, name: str, spec: str) -> int:
     """A cell as an integer for an integer format spec: 12, "12", 12.0 and "12.0" are 12."""
     if isinstance(v, str):
+        if "_" in v:   # Python's int() and float() read '1_000' as 1000; csv, pandas and Arrow read text
+            raise CellError(name, f"{echo(v)} is not an integer (format {{{name}:{spec}}})")
         try:
             return int(v.strip())
         except ValueError:
@@ -60,6 +62,8 @@ def cell_text(template: str, name: str, spec: Optional[str], v: Any) -> str:
         if spec[-1] in "bcdoxXn":
             v = _as_int(v, name, spec)
         elif spec[-1] in "eEfFgG%":
+            if isinstance(v, str) and "_" in v:
+                raise ValueError(f"could not convert string to float: {echo(v)}")
             v = float(v)
         return format(v, spec)
     except (TypeError, ValueError) as e:

@@ -459,6 +459,8 @@ class _Evaluator:
             conv = []
             for cell in enc.dictionary.to_pylist():
                 try:
+                    if "_" in cell:   # Python's float() reads '1_000' as 1000; csv, pandas and Arrow read text
+                        raise ValueError
                     conv.append(float(cell))
                 except ValueError:
                     conv.append(None)

@@ -17,6 +17,7 @@ from ...errors import RecipeError, clip, echo
 from ...kinds import Kind
 from ...sample import FieldSpec
 from ..paths import leaves_root, path_problem
+from .where import python_only
 
 #: ``{column}`` or ``{column:spec}`` in a path template (any column name without braces or colons)
 TEMPLATE_RE = re.compile(r"\{([^{}:]+)(?::([^{}]*))?\}")
@@ -37,7 +38,7 @@ class CellError(ValueError):
 def _as_int(v: Any, name: str, spec: str) -> int:
     """A cell as an integer for an integer format spec: 12, "12", 12.0 and "12.0" are 12."""
     if isinstance(v, str):
-        if "_" in v:   # Python's int() and float() read '1_000' as 1000; csv, pandas and Arrow read text
+        if python_only(v):
             raise CellError(name, f"{echo(v)} is not an integer (format {{{name}:{spec}}})")
         try:
             return int(v.strip())
@@ -62,7 +63,7 @@ def cell_text(template: str, name: str, spec: Optional[str], v: Any) -> str:
         if spec[-1] in "bcdoxXn":
             v = _as_int(v, name, spec)
         elif spec[-1] in "eEfFgG%":
-            if isinstance(v, str) and "_" in v:
+            if isinstance(v, str) and python_only(v):
                 raise ValueError(f"could not convert string to float: {echo(v)}")
             v = float(v)
         return format(v, spec)
@@ -130,7 +131,7 @@ def number(v: Any, mapping: dict) -> float:
     if isinstance(v, bool):
         raise ValueError(f"{v!r} is a boolean, not a number")
     try:
-        if isinstance(v, str) and "_" in v:   # Python's float() reads '1_000' as 1000 (and '12_3' as 123)
+        if isinstance(v, str) and python_only(v):
             raise ValueError
         x = float(v)
     except (TypeError, ValueError):

@@ -304,6 +304,12 @@ class _Parser:
         return tuple(out)
 
 
+def python_only(text: str) -> bool:
+    """Whether Python's int()/float() would read ``text`` as a number where csv, pandas and Arrow see text: an
+    underscore ('1_000' is 1000, '12_3' is 123) or a non-ASCII digit or space ('١٢' and '１２' are 12)."""
+    return "_" in text or not text.isascii()
+
+
 def _kind_of(v: Any) -> str:
     return "boolean" if isinstance(v, bool) else "number" if isinstance(v, (int, float)) else "text"
 
@@ -459,7 +465,7 @@ class _Evaluator:
             conv = []
             for cell in enc.dictionary.to_pylist():
                 try:
-                    if "_" in cell:   # Python's float() reads '1_000' as 1000; csv, pandas and Arrow read text
+                    if python_only(cell):
                         raise ValueError
                     conv.append(float(cell))
                 except ValueError:

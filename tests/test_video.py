@@ -669,3 +669,65 @@ def test_time_clips_take_the_frame_whose_pts_is_exactly_a_slot_time(base, offset
     got = [o.fields["i"].tolist() for o in c.run(s, np.random.default_rng(0))]
     want = _on_screen(pts, Fraction(fps), length, Fraction(length, fps))
     assert want and got == want
+
+
+def _write_turned(path: str, degrees: int, hflip: bool, n: int = 6) -> np.ndarray:
+    """An mpeg4 file of ``n`` 32x16 frames (a white 8x8 block at the stored top-left, and the frame index in the
+    block's blue) with a display matrix of ``degrees`` counter-clockwise then ``hflip`` (PyAV's
+    set_display_rotation). Returns the stored frame 0."""
+    import av
+
+    c = av.open(path, "w")
+    s = c.add_stream("mpeg4", rate=10)
+    s.width, s.height, s.pix_fmt = 32, 16, "yuv420p"
+    s.set_display_rotation(degrees, hflip=hflip)
+    first = None
+    for k in range(n):
+        f = np.zeros((16, 32, 3), np.uint8)
+        f[:8, :8] = 255
+        first = f if first is None else first
+        for p in s.encode(av.VideoFrame.from_ndarray(f, format="rgb24")):
+            c.mux(p)
+    for p in s.encode():
+        c.mux(p)
+    c.close()
+    return first
+
+
+@pytest.mark.parametrize("degrees, hflip", [(90, False), (270, False), (180, False), (0, True), (90, True)])
+def test_frames_are_turned_as_the_display_matrix_says(tmp_path, degrees, hflip):
+    """A phone's portrait video is stored landscape with a display matrix that players apply (PyAV: a
+    counter-clockwise turn, then a mirror); the decoder gave the stored frames, on their side. Frames now come as
+    a player shows them, whole (read), streamed through clips (a build), and by time, checked against np.rot90
+    and a left-right flip of the stored frame; ``rotate: false`` keeps them as stored."""
+    import precompile
+
+    p = str(tmp_path / "v.mp4")
+    stored = _write_turned(p, degrees, hflip)
+    want = np.rot90(stored, degrees // 90)
+    if hflip:
+        want = want[:, ::-1]
+    arr, meta = VideoDecoder().read(p)
+    assert arr.shape == (6, *want.shape) and np.array_equal(arr[0], want)
+    assert (meta["height"], meta["width"]) == want.shape[:2] and len(meta["display_matrix"]) == 4
+    arr, meta = VideoDecoder(VideoDecoder.Params(rotate=False)).read(p)
+    assert np.array_equal(arr[0], stored) and "display_matrix" not in meta
+    for steps in ([{"clips": {"length": 3}}], [{"clips": {"fps": 10, "length": 3}}]):
+        out = tmp_path / f"out{len(steps[0]['clips'])}"
+        precompile.build({"name": "v", "inputs": {"root": str(tmp_path), "match": "v.mp4",
+                                                  "fields": {"video": {"decoder": "video"}}}, "steps": steps},
+                         str(out), progress=False)
+        ds = precompile.open(out / "v.h5")
+        assert len(ds) == 2 and all(np.array_equal(ds[i]["video"][0], want) for i in range(2))
+
+
+def test_a_display_matrix_off_the_right_angles_is_refused(tmp_path):
+    """A 45 degree display matrix cannot be applied by a turn of the pixel grid: a decode error naming the file,
+    which says how to read the frames as stored."""
+    p = str(tmp_path / "v.mp4")
+    _write_turned(p, 45, False)
+    with pytest.raises(DecodeError, match=r"v\.mp4.*turns frames by an angle that is not a multiple of 90 degrees; "
+                                          r"set rotate: false"):
+        VideoDecoder().read(p)
+    arr, _ = VideoDecoder(VideoDecoder.Params(rotate=False)).read(p)
+    assert arr.shape == (6, 16, 32, 3)

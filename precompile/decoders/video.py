@@ -31,8 +31,13 @@ asked and resampled with soxr exactly as the ``audio`` decoder does; its meta
 (rate, start time relative to the first video frame) lets ``clips`` cut the
 span of each clip.
 
+Frames are turned (and mirrored) as the container's display matrix says, as a
+player shows them: a phone's portrait video is stored landscape with a 90 degree
+matrix (``rotate: false`` keeps them as stored). The matrix applied is in the
+meta, ``display_matrix`` (a, b, c, d: x' = a x + c y, y' = b x + d y).
+
 Metadata: fps (the stream's average rate), the decoded and claimed frame
-counts, width, height, ``every``, ``pts`` (seconds per kept frame, the first at
+counts, width, height (of the frames stored), ``every``, ``pts`` (seconds per kept frame, the first at
 seconds from the stream's start time), codec, and ``decode_errors`` (packets the
 codec rejected and skipped; FFmpeg conceals what it can).
 """
@@ -100,8 +105,52 @@ def _seconds(pts: Optional[int], time_base: Optional[Fraction]) -> Optional[floa
     return float(pts * time_base)
 
 
-def _convert(frame: Any, mode: str) -> np.ndarray:
+def display_matrix(frame: Any) -> Optional[tuple[int, int, int, int]]:
+    """The frame's display matrix (DISPLAYMATRIX side data: a phone video's rotation, maybe a mirror) as the
+    integers (a, b, c, d) of ``x' = a x + c y``, ``y' = b x + d y`` (pixel coordinates, y down), or None when it
+    has none or it is the identity. A rotation other than a multiple of 90 degrees is a ValueError."""
+    side = frame.side_data
+    if not len(side):
+        return None
+    for d in side:
+        if getattr(d.type, "name", "") != "DISPLAYMATRIX":
+            continue
+        raw = np.frombuffer(bytes(d), np.int32)
+        if raw.size < 9:
+            return None
+        m = raw[[0, 1, 3, 4]].astype(np.float64) / 65536.0
+        scale = np.hypot(m[0], m[1]) or 1.0
+        q = np.rint(m / scale)
+        if np.abs(m / scale - q).max() > 1e-3 or abs(q[0] * q[3] - q[1] * q[2]) != 1 or q[0] * q[1] or q[2] * q[3]:
+            raise ValueError(f"its display matrix {[round(float(x), 4) for x in m]} turns frames by an angle that is "
+                             f"not a multiple of 90 degrees; set rotate: false to read the frames as stored")
+        a, b, c, dd = (int(x) for x in q)
+        return None if (a, b, c, dd) == (1, 0, 0, 1) else (a, b, c, dd)
+    return None
+
+
+def apply_display(arr: np.ndarray, m: tuple[int, int, int, int]) -> np.ndarray:
+    """``arr`` (H, W, C) as a player shows it under the display matrix ``m`` (:func:`display_matrix`):
+    the pixel at (x, y) goes to ``(a x + c y, b x + d y)``, shifted so the frame starts at (0, 0)."""
+    a, b, c, d = m
+    h, w = arr.shape[:2]
+    swap = a == 0
+    oh, ow = (w, h) if swap else (h, w)
+    # each output (x', y') takes the source (x, y) = A^T (x' - ox, y' - oy): A is orthogonal
+    ox = min(0, a * (w - 1)) + min(0, c * (h - 1))
+    oy = min(0, b * (w - 1)) + min(0, d * (h - 1))
+    ys, xs = np.mgrid[0:oh, 0:ow]
+    xs, ys = xs + ox, ys + oy
+    sx, sy = a * xs + b * ys, c * xs + d * ys
+    return np.ascontiguousarray(arr[sy, sx])
+
+
+def _convert(frame: Any, mode: str, rotate: bool = True) -> np.ndarray:
     rgb = frame.to_ndarray(format="rgb24")
+    if rotate:
+        m = display_matrix(frame)
+        if m is not None:
+            rgb = apply_display(rgb, m)
     if mode == "gray8":
         import cv2
 
@@ -191,10 +240,19 @@ class _Clock:
         return t
 
 
-def _getter(frame: Any, i: int, mode: str, shape: list, path: str) -> Callable[[], np.ndarray]:
-    """Frame ``i``'s pixels on demand; every frame must have the first converted frame's size."""
+def _getter(frame: Any, i: int, mode: str, shape: list, path: str, rotate: bool = True,
+            info: Optional[dict[str, Any]] = None) -> Callable[[], np.ndarray]:
+    """Frame ``i``'s pixels on demand (turned as its display matrix says unless ``rotate`` is off; the matrix
+    applied goes to ``info["display_matrix"]``); every frame must have the first converted frame's size."""
     def get() -> np.ndarray:
-        arr = _convert(frame, mode)
+        try:
+            arr = _convert(frame, mode, rotate)
+        except ValueError as e:
+            raise DecodeError(str(e), path=path) from None
+        if rotate and info is not None and "display_matrix" not in info:
+            m = display_matrix(frame)
+            if m is not None:
+                info["display_matrix"] = list(m)
         if not shape:
             shape.append(arr.shape)
         elif arr.shape != shape[0]:
@@ -206,15 +264,15 @@ def _getter(frame: Any, i: int, mode: str, shape: list, path: str) -> Callable[[
 
 def iter_frames(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optional[int] = None,
                 info: Optional[dict[str, Any]] = None, start_s: Optional[float] = None,
-                end_s: Optional[float] = None) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
+                end_s: Optional[float] = None, rotate: bool = True) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
     """Like :func:`_iter_all`, over the frames whose time ``t`` (seconds from the stream's start, as in
     ``pts``) has ``start_s <= t < end_s``; ``every`` and ``max_frames`` count frames inside that window,
     and decoding stops at the first frame at or after ``end_s``."""
     if start_s is None and end_s is None:
-        yield from _iter_all(path, mode, every, max_frames, info)
+        yield from _iter_all(path, mode, every, max_frames, info, rotate=rotate)
         return
     lo, hi = (start_s or 0.0) - 1e-6, (end_s - 1e-6) if end_s is not None else None
-    frames = _iter_all(path, mode, 1, None, info)
+    frames = _iter_all(path, mode, 1, None, info, rotate=rotate)
     inside = kept = 0
     try:
         for _, t, get in frames:
@@ -238,7 +296,7 @@ def iter_frames(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optio
 
 
 def _iter_all(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optional[int] = None,
-              info: Optional[dict[str, Any]] = None, seeker: Optional["Seeker"] = None,
+              info: Optional[dict[str, Any]] = None, seeker: Optional["Seeker"] = None, rotate: bool = True,
               ) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
     """Yield ``(position, pts seconds, get)`` for frames 0, every, 2*every, ... in order.
 
@@ -267,7 +325,7 @@ def _iter_all(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optiona
             if max_frames is not None and i // every >= max_frames:
                 break   # a seek may land past the last frame kept: it is not given
             last = i // every
-            yield last, clock(frame), _getter(frame, i, mode, shape, path)
+            yield last, clock(frame), _getter(frame, i, mode, shape, path, rotate, info)
             if max_frames is not None and last + 1 >= max_frames:
                 break   # (decode nothing more)
         if last < 0:
@@ -412,12 +470,12 @@ class Seeker:
 
 
 def _seeking_frames(path: str, mode: str, every: int, max_frames: Optional[int], info: dict[str, Any],
-                    seeker: Seeker) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
+                    seeker: Seeker, rotate: bool = True) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
     """:func:`_iter_all` with keyframe seeks; if the frames after a seek disagree with the packet
     index, the file is read again from the start, decoding through, and goes on after the last
     frame already given."""
     done = -1
-    frames = _iter_all(path, mode, every, max_frames, info, seeker)
+    frames = _iter_all(path, mode, every, max_frames, info, seeker, rotate)
     try:
         for pos, t, get in frames:
             done = pos
@@ -427,7 +485,7 @@ def _seeking_frames(path: str, mode: str, every: int, max_frames: Optional[int],
         pass
     finally:
         frames.close()
-    frames = _iter_all(path, mode, every, max_frames, info)
+    frames = _iter_all(path, mode, every, max_frames, info, rotate=rotate)
     try:
         for pos, t, get in frames:
             if pos > done:
@@ -542,7 +600,8 @@ def frame_budget(path: str, mode: str, budget: int) -> tuple[int, int, int]:
 def read_video(path: str, mode: str = "rgb8", max_frames: Optional[int] = None,
                every: int = 1, start_s: Optional[float] = None,
                end_s: Optional[float] = None, apply: Optional[Callable[[np.ndarray], np.ndarray]] = None,
-               hold: Optional[Callable[[int, np.ndarray], None]] = None) -> tuple[np.ndarray, dict[str, Any]]:
+               hold: Optional[Callable[[int, np.ndarray], None]] = None,
+               rotate: bool = True) -> tuple[np.ndarray, dict[str, Any]]:
     """Decode frames 0, every, 2*every, ... (up to ``max_frames`` kept; of the frames in
     [``start_s``, ``end_s``) when given) -> (T, H, W, C) uint8, meta.
 
@@ -552,7 +611,7 @@ def read_video(path: str, mode: str = "rgb8", max_frames: Optional[int] = None,
     info: dict[str, Any] = {}
     frames, pts = [], []
     size = None
-    it = iter_frames(path, mode, every, max_frames, info=info, start_s=start_s, end_s=end_s)
+    it = iter_frames(path, mode, every, max_frames, info=info, start_s=start_s, end_s=end_s, rotate=rotate)
     try:
         for _, t, get in it:
             frame = get()
@@ -572,6 +631,8 @@ def read_video(path: str, mode: str = "rgb8", max_frames: Optional[int] = None,
     meta = {"fps": info["fps"], "decoded_frames": info["decoded_frames"], "claimed_frames": info["claimed_frames"],
             "every": every, "width": int(w), "height": int(h), "codec": info["codec"], "pts": pts,
             "decode_errors": info["decode_errors"]}
+    if "display_matrix" in info:
+        meta["display_matrix"] = info["display_matrix"]
     return arr, meta
 
 
@@ -591,7 +652,9 @@ class VideoDecoder(Decoder):
 
     name = "video"
     kind = "video"
-    output_version = 2   # 2: damaged files decode alike in any process (slice threads, err_detect explode)
+    # 2: damaged files decode alike in any process (slice threads, err_detect explode); 3: frames are turned as the
+    # container's display matrix says (a phone's portrait video came out on its side)
+    output_version = 3
 
     class Params(DecoderParams):
         mode: Literal["rgb8", "gray8"] = Field("rgb8", description="frames as 8-bit RGB or gray")
@@ -605,6 +668,8 @@ class VideoDecoder(Decoder):
         audio_missing: Literal["error", "silence"] = "error"  # a file without audio: an error, or silence
         start_s: Optional[float] = Field(None, ge=0)   # keep frames from this time (s from the stream's start)
         end_s: Optional[float] = Field(None, gt=0)     # ... up to (not including) this time
+        rotate: bool = Field(True, description="turn (and mirror) frames as the container's display matrix says, "
+                             "as players show them (a phone's portrait video); false: as stored")
 
         @model_validator(mode="after")
         def _silence_rate(self):
@@ -663,7 +728,7 @@ class VideoDecoder(Decoder):
         p = self.params
         w, h, cap = frame_budget(path, p.mode, self.max_bytes)
         limit = cap + 1 if p.max_frames is None else min(p.max_frames, cap + 1)
-        arr, meta = read_video(path, p.mode, limit, p.every, p.start_s, p.end_s)
+        arr, meta = read_video(path, p.mode, limit, p.every, p.start_s, p.end_s, rotate=p.rotate)
         if len(arr) > cap:
             check_budget(path, f"more than {cap} frames of {w}x{h}", 2 * arr[:cap + 1].nbytes, self.max_bytes)
         return arr, meta
@@ -686,7 +751,7 @@ class VideoDecoder(Decoder):
                 check_budget(path, f"more than {n - 1} frames of {frame.shape[1]}x{frame.shape[0]} after the "
                              f"per-frame steps", need, self.max_bytes)
 
-        arr, meta = read_video(path, p.mode, p.max_frames, p.every, p.start_s, p.end_s, apply, hold)
+        arr, meta = read_video(path, p.mode, p.max_frames, p.every, p.start_s, p.end_s, apply, hold, p.rotate)
         out = {field: arr}
         if p.audio_field is not None:
             out[p.audio_field], meta["audio"] = self.read_audio(path)
@@ -710,9 +775,10 @@ class VideoDecoder(Decoder):
         seeker = None
         if p.start_s is None and p.end_s is None:
             seeker = Seeker(path)
-            frames = _seeking_frames(path, p.mode, p.every, p.max_frames, info, seeker)
+            frames = _seeking_frames(path, p.mode, p.every, p.max_frames, info, seeker, p.rotate)
         else:
-            frames = iter_frames(path, p.mode, p.every, p.max_frames, info=info, start_s=p.start_s, end_s=p.end_s)
+            frames = iter_frames(path, p.mode, p.every, p.max_frames, info=info, start_s=p.start_s, end_s=p.end_s,
+                                 rotate=p.rotate)
         try:
             first = next(frames)
         except BaseException:
@@ -729,6 +795,8 @@ class VideoDecoder(Decoder):
 
         meta = {"fps": info["fps"], "claimed_frames": info["claimed_frames"], "every": p.every, "width": int(w),
                 "height": int(h), "codec": info["codec"]}
+        if "display_matrix" in info:
+            meta["display_matrix"] = info["display_matrix"]
         out = {field: np.zeros((0, 1, 1, 3 if p.mode == "rgb8" else 1), np.uint8)}
         if p.audio_field is not None:
             try:

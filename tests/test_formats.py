@@ -6,9 +6,12 @@ import json
 import os
 import pickle
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import yaml
+from PIL import Image
 
 import precompile
 from conftest import index_shards, shard_file
@@ -468,3 +471,78 @@ def test_inspect_columns_align_after_long_kind_names():
     assert starts[0][0] == 4 + len("a_very_long_field_name") + 1
     assert starts[0][1] - starts[0][0] == len("volume_mask") + 1
     assert lines[0].endswith(" ragged") and lines[5].endswith(" chunked") and lines[1].endswith("uint8")
+
+
+def _tiny_build(tmp_path, fmt_name: str) -> Path:
+    import precompile
+
+    root = tmp_path / "in"
+    root.mkdir(exist_ok=True)
+    for i in range(3):
+        Image.fromarray(np.full((4, 4, 3), 40 * i, np.uint8)).save(root / f"{i}.png")
+    out = tmp_path / "out"
+    precompile.build({"name": "b", "inputs": {"root": str(root), "match": "{n}.png",
+                                              "fields": {"image": {"decoder": "image"}}},
+                      "output": {"format": fmt_name, "samples_per_shard": 2}}, str(out), progress=False)
+    return out
+
+
+@pytest.mark.parametrize("entry, why", [("../secret/s.png", r"has an empty, '\.' or '\.\.' part: it would leave"),
+                                        ("/abs/s.png", r"is not a relative path inside the index's folder"),
+                                        ("a\\..\\s.png", r"is not a relative path inside the index's folder")])
+def test_a_folder_index_naming_files_outside_its_folder_is_refused(tmp_path, entry, why):
+    """An index is data (a build handed over, or fetched): its sample file entries were joined to its folder
+    as they were, so '../secret/s.png' or an absolute path read a file anywhere. Reading such an entry is a
+    FormatError naming the index and the entry; the honest index still reads."""
+    import json
+
+    import precompile
+    from precompile.errors import FormatError
+
+    out = _tiny_build(tmp_path, "png")
+    (tmp_path / "secret").mkdir()
+    Image.fromarray(np.full((4, 4, 3), 222, np.uint8)).save(tmp_path / "secret" / "s.png")
+    index = json.loads((out / "b.json").read_text())
+    index["samples"][0]["files"]["image"] = entry.replace("/abs", str(tmp_path / "secret")) \
+        if entry.startswith("/abs") else entry
+    (out / "evil.json").write_text(json.dumps(index))
+    ds = precompile.open(out / "evil.json")
+    with pytest.raises(FormatError, match="evil.json: sample file entry .* " + why):
+        ds[0]
+    assert int(precompile.open(out / "b.json")[0]["image"][0, 0, 0]) == 0
+
+
+@pytest.mark.parametrize("fmt_name", ["hdf5", "png"])
+def test_an_index_naming_shards_outside_its_folder_is_refused(tmp_path, fmt_name):
+    """A shard entry '../elsewhere/<shard>' was followed by both readers (HDF5 and the folder formats): the shard
+    read was any file of that name anywhere. Opening such an index is a FormatError naming the entry."""
+    import json
+    import shutil
+
+    import h5py
+
+    import precompile
+    from precompile.errors import FormatError
+    from precompile.formats import names as fmt
+
+    out = _tiny_build(tmp_path, fmt_name)
+    index_path = out / ("b.h5" if fmt_name == "hdf5" else "b.json")
+    (tmp_path / "elsewhere").mkdir()
+    if fmt_name == "hdf5":
+        with h5py.File(index_path, "r+") as f:
+            shards = json.loads(f.attrs[fmt.A_SHARDS])
+            src = out / shards[0]["file"]
+            shutil.copy(src, tmp_path / "elsewhere" / src.name)
+            shards[0]["file"] = f"../elsewhere/{src.name}"
+            f.attrs[fmt.A_SHARDS] = json.dumps(shards)
+            del f[fmt.SHARD_TABLE]                 # (an index written before the table: the entries are read)
+            if fmt.A_INDEX_CRC in f.attrs:
+                del f.attrs[fmt.A_INDEX_CRC]       # (and before the crc32s: nothing else tells a crafted one)
+    else:
+        index = json.loads(index_path.read_text())
+        src = out / index["attrs"]["shards"][0]["file"]
+        shutil.copytree(src, tmp_path / "elsewhere" / src.name)
+        index["attrs"]["shards"][0]["file"] = f"../elsewhere/{src.name}"
+        index_path.write_text(json.dumps(index))
+    with pytest.raises(FormatError, match=r"shard entry '\.\./elsewhere/.*' has an empty, '\.' or '\.\.' part"):
+        precompile.open(index_path)

@@ -362,6 +362,8 @@ class FileDataset(Dataset):
         if len(self.samples) != self._n:
             raise FormatError(f"{self.path}: lists {len(self.samples)} samples, its shards hold {self._n}")
         self._base = os.path.dirname(self.path)
+        for sh in self.shards:   # (each sample's files are checked as they are read: _sample_path)
+            fmt.check_entry(self.path, sh.get("file") if isinstance(sh, dict) else None, "shard entry")
         self._npy: dict[tuple[int, str], np.ndarray] = {}
         self._flat_offsets: dict[str, np.ndarray] = {}
 
@@ -410,7 +412,7 @@ class FileDataset(Dataset):
             return np.asarray(e["values"][name], dtype=spec["dtype"])
         shape = tuple(e["shapes"][name])
         if st == fmt.STORE_FILE:
-            p = os.path.join(self._base, e["files"][name])
+            p = self._sample_path(e["files"][name])
             try:
                 return read_sample_file(p, spec["dtype"], shape)
             except (FormatError, OSError):
@@ -441,7 +443,11 @@ class FileDataset(Dataset):
     def file(self, i: int, field: str) -> str | None:
         """Absolute path of sample ``i``'s file for ``field`` (None when the field is not stored as files)."""
         rel = self.samples[self._index(i)]["files"].get(field)
-        return None if rel is None else os.path.join(self._base, rel)
+        return None if rel is None else self._sample_path(rel)
+
+    def _sample_path(self, rel: object) -> str:
+        """A sample file's path from its index entry, which must stay in the index's folder (fmt.check_entry)."""
+        return os.path.join(self._base, fmt.check_entry(self.path, rel, "sample file entry"))
 
 
 def _file_storage(ds: FileDataset) -> dict[str, str]:
@@ -519,7 +525,7 @@ def _check_sample_files(ds: FileDataset, base: str, i: int, checksums: bool, res
     e = ds.samples[i]
     ok = True
     for f, rel in e["files"].items():
-        p = os.path.join(base, rel)
+        p = ds._sample_path(rel)
         if not os.path.isfile(p):
             bad.append(f"{rel}: file is missing")
             ok = False

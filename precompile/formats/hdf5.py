@@ -555,6 +555,8 @@ class H5Dataset(Dataset):
             self._identity = None   # replaced while it was read: which one was read is not known
         #: the shard entries' columns (from ``__shards__``; parsed from the entries for an index without it)
         self.shard_table: ShardTable = table if table is not None else self._table_from_entries()
+        for name in self.shard_table.files.tolist():   # an index is data: its shards stay in its folder
+            fmt.check_entry(self.where, bytes(name).decode("utf-8", "replace"), "shard entry")
         self._setup(fields, self.shard_table.num_samples)
         if self._n != len(self._copies):
             raise FormatError(f"{self.where}: the index's shard entries count {self._n} samples, its {fmt.COPY} "

@@ -74,6 +74,28 @@ def check_field_name(name: str) -> str:
     return name
 
 
+def entry_problem(entry: object) -> str | None:
+    """Why ``entry`` (a shard's or a sample file's path as an index lists it, relative to the index's folder, as
+    every build writes it) cannot be one: not text, empty, absolute, a '..' or '.' part, a backslash or a NUL;
+    None when it is fine. An index is data: a crafted one must not make the reader open files elsewhere."""
+    if not isinstance(entry, str) or not entry:
+        return "is not a relative path"
+    if "\0" in entry or "\\" in entry or entry.startswith("/") or ":" in entry.split("/")[0]:
+        return "is not a relative path inside the index's folder"
+    if any(part in ("", ".", "..") for part in entry.split("/")):
+        return "has an empty, '.' or '..' part: it would leave the index's folder"
+    return None
+
+
+def check_entry(index: str, entry: object, what: str) -> str:
+    """``entry`` if :func:`entry_problem` finds nothing, else a FormatError naming the index and the entry."""
+    why = entry_problem(entry)
+    if why is not None:
+        raise FormatError(f"{index}: {what} {str(entry)[:200]!r} {why}; the index is damaged or was not written by "
+                          f"precompile")
+    return entry  # type: ignore[return-value]
+
+
 FORMAT_NAME = "precompile"
 #: 2: shards named by content key (snapshot rebuilds); an index of another version is refused by the
 #: reader ("build it again") and rebuilt whole by the build (the version is part of every shard key)

@@ -55,8 +55,9 @@ class Recorder(pl.LightningModule):
 
 
 def _trainer(**kw):
-    return pl.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **kw)
+    kw = {"max_epochs": 3, "enable_checkpointing": "callbacks" in kw, **kw}
+    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, num_sanity_val_steps=0, **kw)
 
 
 def test_fit_sets_each_epoch_like_the_loader_does(splits):
@@ -107,3 +108,43 @@ def test_missing_split_and_state(splits, tmp_path):
     next(it)
     state = ld.state_dict()
     assert state["batch"] == 1 and ld.loader.state_dict() == state
+
+
+class _BytesRecorder(pl.LightningModule):
+    """Records every training batch's image bytes, in order, with the epoch and batch index."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(1, 1)
+        self.seen: list[tuple[int, int, bytes]] = []
+
+    def training_step(self, batch, i):
+        self.seen.append((self.current_epoch, i, batch["image"].numpy().tobytes()))
+        return self.lin(torch.ones(1, 1)).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_a_mid_epoch_checkpoint_resumes_with_exactly_the_remaining_batches(splits, tmp_path):
+    """Lightning restores the loader's state, calls ``iter`` on it, then ``set_epoch`` on its sampler, then
+    ``next``. Before, ``iter`` ended the restored position and ``set_epoch`` then restarted the epoch: a run
+    resumed from a checkpoint after batch k trained on the epoch's first batches again and never saw its last
+    k (no error). The truth: the uninterrupted fit's batches after the checkpoint."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    from precompile.lightning import PrecompileDataModule
+
+    kw = dict(device="cpu", num_threads=0, seed=3)
+    full = _BytesRecorder()
+    ck = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, filename="{step}")
+    _trainer(callbacks=[ck], max_epochs=2).fit(full, datamodule=PrecompileDataModule(train=splits["train"],
+                                                                                    batch_size=2, **kw))
+    per_epoch = sum(1 for e, _, _ in full.seen if e == 0)
+    assert per_epoch >= 3 and len(full.seen) == 2 * per_epoch
+    for k in (1, per_epoch - 1, per_epoch + 1):     # mid-epoch in the first and in the second epoch
+        resumed = _BytesRecorder()
+        _trainer(max_epochs=2).fit(resumed, datamodule=PrecompileDataModule(train=splits["train"], batch_size=2, **kw),
+                                   ckpt_path=str(tmp_path / f"step={k}.ckpt"))
+        assert [(e, i) for e, i, _ in resumed.seen] == [(e, i) for e, i, _ in full.seen[k:]]
+        assert [b for _, _, b in resumed.seen] == [b for _, _, b in full.seen[k:]], f"resumed after step {k}"

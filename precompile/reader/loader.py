@@ -438,13 +438,17 @@ class Loader(Resumable):
         """A pass over the rest of the current epoch; starting a new pass closes an unfinished one."""
         self._close_active()  # its threads stop and (CUDA) its copies finish before the ring is reused
         self.reader._check_open()
-        self._resume = False
-        gen = self._run()
+        gen = self._run()   # the pass starts (and the restored position is used) at the first next()
         self._active = weakref.ref(gen)
         return gen
 
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
-        """The feeder's batches, with the wait for each measured and the resume point kept."""
+        """The feeder's batches, with the wait for each measured and the resume point kept.
+
+        The pass reads ``epoch`` and the position when it starts (the first ``next``), not when ``iter`` made it:
+        Lightning calls ``iter`` on a restored loader, then ``set_epoch`` on it, then ``next``; the restored
+        position must survive until then (:meth:`~precompile.reader.resume.Resumable.set_epoch`)."""
+        self._resume = False
         epoch = self.epoch
         plan = self.pass_plan(epoch, self._pos)
         stats = self.stats

@@ -741,8 +741,7 @@ class Mix(Resumable):
             old.close()
         if not self.sources:
             raise PrecompileError("Mix: closed (make a new Mix to read again)")
-        self._resume = False
-        gen = self._run()
+        gen = self._run()   # the pass starts (and the restored position is used) at the first next()
         self._active = weakref.ref(gen)
         return gen
 
@@ -756,6 +755,7 @@ class Mix(Resumable):
                              self.prefetch)
 
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
+        self._resume = False   # the pass starts here, at the first next(): as the Loader's (Lightning's order)
         epoch = self.epoch
         src, row, batches = self._batches(epoch)
         if self.device.type != "cuda":

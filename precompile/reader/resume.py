@@ -33,9 +33,10 @@ class Resumable:
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch on the next iteration.
 
-        Right after :meth:`load_state_dict` (before a pass starts), setting the restored epoch keeps
-        the restored position, so the usual ``for e in range(start, n): set_epoch(e); for b in loader``
-        loop resumes mid-epoch instead of replaying it.
+        Right after :meth:`load_state_dict` (before a pass starts: before the first ``next`` of an iterator,
+        which may have been made already), setting the restored epoch keeps the restored position, so the usual
+        ``for e in range(start, n): set_epoch(e); for b in loader`` loop resumes mid-epoch instead of replaying
+        it, and so does Lightning's order (``iter(loader)``, then ``set_epoch``, then ``next``).
         """
         epoch = whole(epoch, "epoch")
         if int(epoch) < 0:

@@ -234,3 +234,204 @@ LOADER_SEEDS = list(range(FIRST_SEED, FIRST_SEED + 10 + EXPLORE))
 @pytest.mark.parametrize("case_seed", LOADER_SEEDS)
 def test_loader_resumes_with_exactly_the_remaining_batches(builds, truths, case_seed):
     _run_loader_case(builds, truths, _draw_loader(case_seed))
+
+
+# -- precompile.Mix ---------------------------------------------------------------------------------------------
+def _draw_mix(seed: int) -> dict:
+    rng = np.random.default_rng(seed)
+    pick = lambda xs: xs[int(rng.integers(len(xs)))]   # noqa: E731
+    io = lambda: {"num_threads": int(rng.integers(0, 3)), "prefetch": int(rng.integers(1, 4)),   # noqa: E731
+                  "in_memory": bool(rng.integers(2))}
+    names = pick([["plain", "png"], ["png", "plain"], ["plain", "aug", "png"]])
+    weights = None if rng.random() < 0.3 else [int(w) for w in rng.integers(0, 4, len(names))]
+    if weights is not None and sum(weights) == 0:
+        weights[0] = 1
+    stop = pick(["first_exhausted", "first_exhausted", "all_exhausted", int(rng.integers(1, 40))])
+    cycle = None
+    if stop == "first_exhausted" and rng.random() < 0.4:
+        cycle = [bool(c) for c in rng.integers(0, 2, len(names))]
+        active = [i for i in range(len(names)) if weights is None or weights[i] > 0]
+        if all(cycle[i] for i in active):
+            cycle[active[0]] = False
+    return {"seed_of_case": seed, "names": names, "epoch": int(rng.integers(0, 4)), "world": int(pick([1, 1, 2, 3])),
+            "opts": {"batch_size": int(rng.integers(1, 8)), "shuffle": bool(rng.integers(2)),
+                     "seed": int(rng.integers(0, 4)), "drop_last": bool(rng.integers(2)),
+                     "sort_batches": bool(rng.integers(2)), "uneven": pick(["pad", "drop"]),
+                     "weights": weights, "stop": stop, "cycle": cycle},
+            "io": [io(), io(), io()], "ks": rng.random(2).tolist(), "lightning_order": bool(rng.integers(2))}
+
+
+def _mix(builds: dict, case: dict, rank: int, io: dict):
+    return precompile.Mix([builds[n] for n in case["names"]], device="cpu", rank=rank, world_size=case["world"],
+                          **case["opts"], **io)
+
+
+def _doc_counts(sizes: list[int], case: dict) -> list[int]:
+    """docs/reference-reader.md's table, in exact fractions: the epoch's length N, then floor(N p_i) each and the
+    rest one each to the largest remainders (ties to the lower index)."""
+    from fractions import Fraction
+    import math
+
+    o = case["opts"]
+    w = [Fraction(x) for x in (o["weights"] if o["weights"] is not None else sizes)]
+    p = [x / sum(w) for x in w]
+    active = [i for i in range(len(p)) if p[i] > 0]
+    if o["stop"] == "first_exhausted":
+        ending = [i for i in active if not (o["cycle"] and o["cycle"][i])]
+        n = max(m for m in range(sum(sizes) * 10 + 1) if all(m * p[i] <= sizes[i] for i in ending))
+    elif o["stop"] == "all_exhausted":
+        n = min(m for m in range(sum(sizes) * 10 + 1) if all(m * p[i] >= sizes[i] for i in active))
+    else:
+        n = o["stop"]
+    counts = [math.floor(n * q) for q in p]
+    rest = sorted(range(len(p)), key=lambda i: (-(n * p[i] - counts[i]), i))[:n - sum(counts)]
+    return [c + (i in rest) for i, c in enumerate(counts)]
+
+
+def _run_mix_case(builds: dict, truths: dict, case: dict) -> None:
+    e, world, o = case["epoch"], case["world"], case["opts"]
+    ts = [truths[n] for n in case["names"]]
+    shares = []
+    for rank in range(world):
+        ref = _mix(builds, case, rank, case["io"][0])
+        ref.set_epoch(e)
+        full = [_host(b) for b in ref]
+        nxt = [_host(b) for b in ref]
+        counts, sizes = list(ref.counts), list(ref.sizes)
+        ref.close()
+        shares.append(full)
+        n = len(full)
+        ks = sorted({0, n, int(case["ks"][0] * (n + 1)), int(case["ks"][1] * (n + 1))})
+        for k in ks + ["end"]:
+            a = _mix(builds, case, rank, case["io"][1])
+            a.set_epoch(e)
+            it = iter(a)
+            for _ in range(n if k == "end" else k):
+                next(it)
+            if k == "end":
+                assert next(it, None) is None
+            state = _json(a.state_dict())
+            a.close()
+            b = _mix(builds, case, rank, case["io"][2])
+            b.load_state_dict(state)
+            if case["lightning_order"]:
+                it = iter(b)
+                b.set_epoch(state["epoch"])
+            else:
+                b.set_epoch(state["epoch"])
+                it = iter(b)
+            rest = [_host(x) for x in it]
+            b.close()
+            _same(rest, nxt if k == "end" else full[k:],
+                  f"Mix case {case['seed_of_case']} rank {rank} resumed after {k} of {n} batches")
+    assert sizes == [t.n for t in ts]
+    assert counts == _doc_counts(sizes, case), f"Mix case {case['seed_of_case']}: counts {counts}"
+    # every sample is its build's row, by the bytes precompile.open reads
+    per_rank = []
+    for full in shares:
+        pairs = []
+        for batch in full:
+            for j, (s, r) in enumerate(zip(batch["__source"].tolist(), batch["__row"].tolist())):
+                got = np.ascontiguousarray(batch["image"][j]).tobytes() + int(batch["label"][j]).to_bytes(8, "little")
+                assert got == ts[s].rows[r], f"Mix case {case['seed_of_case']}: sample is not row {r} of source {s}"
+                pairs.append((s, r))
+        per_rank.append(pairs)
+    assert len({len(s) for s in shares}) == 1, f"ranks' batch counts differ: {[len(s) for s in shares]}"
+    total = sum(counts)
+    per = -(-total // world) if o["uneven"] == "pad" else total // world
+    bs = o["batch_size"]
+    for pairs in per_rank:
+        assert len(pairs) == (per - per % bs if o["drop_last"] else per)
+    seen = Counter(x for pairs in per_rank for x in pairs)
+    once = [i for i in range(len(counts)) if counts[i] <= sizes[i]]   # no row twice in an epoch (documented)
+    if not o["drop_last"] and (o["uneven"] == "drop" or total % world == 0):
+        assert all(seen[x] == 1 for x in seen if x[0] in once), "a row twice in one epoch"
+    if not o["drop_last"] and world == 1:
+        assert Counter(s for s, _ in seen.elements()) == Counter({i: c for i, c in enumerate(counts) if c})
+
+
+MIX_SEEDS = list(range(FIRST_SEED, FIRST_SEED + 8 + EXPLORE))
+
+
+@pytest.mark.parametrize("case_seed", MIX_SEEDS)
+def test_mix_resumes_with_exactly_the_remaining_batches(builds, truths, case_seed):
+    _run_mix_case(builds, truths, _draw_mix(case_seed))
+
+
+# -- hostile states -----------------------------------------------------------------------------------------------
+def _readers(builds: dict) -> dict:
+    return {"Loader": lambda: Loader(builds["plain"], batch_size=4, device="cpu", num_threads=0, seed=1),
+            "Mix": lambda: precompile.Mix([builds["plain"], builds["png"]], batch_size=4, device="cpu",
+                                          num_threads=0, seed=1)}
+
+
+BAD_VALUES = [
+    ("epoch", 1.5, "epoch must be a whole number, got 1.5"),
+    ("batch", 1.5, "batch must be a whole number, got 1.5"),
+    ("epoch", "1", "epoch must be a whole number, got '1'"),
+    ("batch", "1", "batch must be a whole number, got '1'"),
+    ("batch", True, "batch must be a whole number, got True"),
+    ("epoch", None, "epoch must be a whole number, got None"),
+    ("epoch", [1], r"epoch must be a whole number, got \[1\]"),
+    ("batch", {"a": 1}, "batch must be a whole number, got {'a': 1}"),
+    ("batch", float("nan"), "batch must be a whole number, got nan"),
+    ("epoch", float("inf"), "epoch must be a whole number, got inf"),
+    ("epoch", -1, "state_dict epoch must be >= 0, got -1"),
+    ("batch", -1, r"state_dict batch must be in \[0, \d+\] \(epoch 0 has \d+ batches\), got -1"),
+    ("batch", 10 ** 30, r"state_dict batch must be in \[0, \d+\] .*got 1000000000000000000000000000000"),
+    ("seed", 2, "state_dict was taken with seed=2, this (Loader|Mix) has seed=1"),
+    ("seed", {"x": list(range(10 ** 4))}, r"state_dict was taken with seed=\{'x': \[0, 1, 2, .{0,80}\.\.\. \(\d+ characters\), "),
+    ("batch_size", 8, "state_dict was taken with batch_size=8, this (Loader|Mix) has batch_size=4"),
+    ("world_size", 2, "state_dict was taken with world_size=2"),
+]
+
+
+@pytest.mark.parametrize("kind", ["Loader", "Mix"])
+@pytest.mark.parametrize("key,value,message", BAD_VALUES, ids=[f"{k}={v!r:.20}" for k, v, _ in BAD_VALUES])
+def test_a_state_with_a_bad_value_is_a_value_error_naming_it(builds, kind, key, value, message):
+    """Before: ``int()`` took an epoch or batch of 1.5 as 1, of ``"1"`` or True as 1 (resuming elsewhere without a
+    word), and None, a list, NaN or infinity crashed with a TypeError, ValueError or OverflowError from ``int``;
+    a mismatching value was quoted whole in the message."""
+    reader = _readers(builds)[kind]()
+    state = {**_json(reader.state_dict()), key: value}
+    with pytest.raises(ValueError, match=message) as err:
+        reader.load_state_dict(state)
+    assert len(str(err.value)) < 400
+    assert (reader.epoch, reader._pos) == (0, 0)       # nothing changed
+
+
+@pytest.mark.parametrize("kind", ["Loader", "Mix"])
+def test_a_state_without_a_key_or_not_a_dict_is_a_value_error(builds, kind):
+    """Before: a state without ``epoch`` or ``batch`` was a KeyError, one that is not a dict a TypeError, and one
+    without ``seed``, ``batch_size``, ``num_rows``... was taken as matching (another build's position, read here)."""
+    reader = _readers(builds)[kind]()
+    state = _json(reader.state_dict())
+    for key in state:
+        if key == "rank":   # every rank may resume from rank 0's state (a DDP checkpoint holds rank 0's): no check
+            continue
+        with pytest.raises(ValueError, match=f"state_dict has no {key!r}: .*a state_dict\\(\\) of this {kind}"):
+            reader.load_state_dict({k: v for k, v in state.items() if k != key})
+    for bad in ([1, 2], None, "abc", 3):
+        with pytest.raises(ValueError, match=f"state_dict must be a dict .*got {type(bad).__name__}"):
+            reader.load_state_dict(bad)
+    reader.load_state_dict({**state, "batch": 1, "from_a_later_version": {"x": 1}})   # extra keys: ignored
+    assert reader._pos == 1
+
+
+def test_a_mix_state_past_the_countable_epochs_is_a_value_error(builds):
+    """Before: an epoch whose stream positions pass int64 crashed deep in numpy (OverflowError)."""
+    mix = _readers(builds)["Mix"]()
+    with pytest.raises(ValueError, match=r"Mix: epoch 4611686018427387904 is past the last epoch"):
+        mix.load_state_dict({**_json(mix.state_dict()), "epoch": 2 ** 62})
+    mix.set_epoch(2 ** 62)
+    with pytest.raises(ValueError, match=r"Mix: epoch 4611686018427387904 is past the last epoch"):
+        len(mix)
+
+
+@pytest.mark.parametrize("kind", ["Loader", "Mix"])
+def test_whole_floats_from_a_config_resume_as_their_ints(builds, kind):
+    """``epoch`` and ``batch`` as 1.0 (a state that went through a float-only format) are the same position."""
+    reader = _readers(builds)[kind]()
+    state = _json(reader.state_dict())
+    reader.load_state_dict({**state, "epoch": 1.0, "batch": 1.0})
+    assert (reader.epoch, reader._pos) == (1, 1) and type(reader.epoch) is int and type(reader._pos) is int

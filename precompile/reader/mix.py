@@ -608,6 +608,9 @@ class Mix(Resumable):
         if got is None:
             if epoch < 0:
                 raise ValueError(f"epoch must be >= 0, got {epoch}")
+            if (int(epoch) + 1) * max(self.counts, default=0) >= 2 ** 63:   # stream positions are int64
+                raise ValueError(f"Mix: epoch {epoch} is past the last epoch this Mix can count (each build's "
+                                 f"stream positions, epoch x its samples per epoch {max(self.counts)}, are int64)")
             src, row = self.epoch_order(epoch)
             share = rank_share(np.arange(len(src), dtype=np.int64), self.rank, self.world_size, self.uneven)
             batches = split_batches(share, self.batch_size, self.drop_last)

@@ -46,15 +46,39 @@ class Resumable:
         self.epoch, self._pos, self._resume = int(epoch), 0, False
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches."""
+        """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches.
+
+        ``state`` is what :meth:`state_dict` returned (through a checkpoint: JSON, torch.save, ...). One that is not
+        a dict, lacks ``epoch``, ``batch`` or a key of ``STATE_CHECKS``, holds another value for one of those, or
+        an ``epoch``/``batch`` that is not a whole number in range, is a ``ValueError`` naming it; nothing changes
+        then. Keys it does not know are ignored (a state of a later version). ``rank`` is not checked: every rank
+        of a DDP job may resume from rank 0's state (its position is every rank's)."""
+        from ..errors import echo
+
+        if not isinstance(state, dict):
+            raise ValueError(f"state_dict must be a dict (what {self.KIND}.state_dict() returned), got "
+                             f"{type(state).__name__}: {echo(state, 80)}")
         mine = self.state_dict()
+        for k in ("epoch", "batch", *self.STATE_CHECKS):
+            if k not in state:
+                raise ValueError(f"state_dict has no {k!r}: it is not a state_dict() of this {self.KIND} (which "
+                                 f"holds {', '.join(sorted(mine))})")
         for k in self.STATE_CHECKS:
-            if k in state and state[k] != mine[k]:
-                raise ValueError(f"state_dict was taken with {k}={state[k]!r}, this {self.KIND} has {k}={mine[k]!r}")
-        epoch, pos = int(state["epoch"]), int(state["batch"])
+            if _differs(state[k], mine[k]):
+                raise ValueError(f"state_dict was taken with {k}={echo(state[k], 80)}, this {self.KIND} has "
+                                 f"{k}={echo(mine[k], 80)}")
+        epoch, pos = whole(state["epoch"], "state_dict epoch"), whole(state["batch"], "state_dict batch")
         if epoch < 0:
             raise ValueError(f"state_dict epoch must be >= 0, got {epoch}")
         nb = len(self.batch_indices(epoch))
         if not 0 <= pos <= nb:
             raise ValueError(f"state_dict batch must be in [0, {nb}] (epoch {epoch} has {nb} batches), got {pos}")
         self.epoch, self._pos, self._resume = epoch, pos, True
+
+
+def _differs(theirs: Any, mine: Any) -> bool:
+    """Whether a restored value is not this reader's (a value that cannot even be compared differs)."""
+    try:
+        return bool(theirs != mine)
+    except Exception:   # an array, an object whose == raises: not what state_dict() wrote
+        return True

@@ -260,6 +260,7 @@ class Loader(Resumable):
 
     KIND = "Loader"
     STATE_CHECKS = ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "block_window", "num_rows")
+    STATE_ADDED = ("sort_batches", "copies", "include_original")
 
     def __new__(cls, path_or_dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
         """``Loader([a, b, ...], batch_size, weights=..., ...)``: a list (or tuple) of builds is read as one weighted
@@ -330,6 +331,10 @@ class Loader(Resumable):
         shapes = {**self.reader.shapes, **{f: tuple(self.specs[f]["shape"]) for f in ragged}}
         gpu.bind_steps(self.steps, self.specs, shapes)   # each step sees the shapes of the one before it
         self._copies = copy_schedule(ds, copies, include_original, self.seed)
+        ds_copies = np.asarray(getattr(ds, "copies", np.zeros(0)))
+        # which rows an epoch holds, for the state: only an augmented build's depend on copies / include_original
+        self._copies_state = ((copies, flag(include_original, "include_original"))
+                              if ds_copies.size and ds_copies.max() > 0 else (None, None))
 
         self.epoch = 0
         self._pos = 0              # batches of self.epoch already handed out (resume point)
@@ -431,7 +436,8 @@ class Loader(Resumable):
         return {"epoch": self.epoch, "batch": self._pos, "seed": self.seed, "shuffle": self.mode,
                 "batch_size": self.batch_size, "rank": self.rank, "world_size": self.world_size,
                 "drop_last": self.drop_last, "uneven": self.uneven, "block_window": self.block_window,
-                "num_rows": int(len(self.reader.chunk_rows))}
+                "num_rows": int(len(self.reader.chunk_rows)), "sort_batches": self.sort_batches,
+                "copies": self._copies_state[0], "include_original": self._copies_state[1]}
 
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

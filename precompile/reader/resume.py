@@ -17,6 +17,8 @@ class Resumable:
 
     #: the keys of a state that must equal this reader's (a state taken with others is a ``ValueError``)
     STATE_CHECKS: ClassVar[tuple[str, ...]] = ()
+    #: keys checked as those, but only where the state has them: added after states without them were written
+    STATE_ADDED: ClassVar[tuple[str, ...]] = ()
     #: the reader's name in messages
     KIND: ClassVar[str] = "reader"
 
@@ -49,7 +51,8 @@ class Resumable:
         """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches.
 
         ``state`` is what :meth:`state_dict` returned (through a checkpoint: JSON, torch.save, ...). One that is not
-        a dict, lacks ``epoch``, ``batch`` or a key of ``STATE_CHECKS``, holds another value for one of those, or
+        a dict, lacks ``epoch``, ``batch`` or a key of ``STATE_CHECKS``, holds another value for one of those (or for
+        a key of ``STATE_ADDED`` it has), or
         an ``epoch``/``batch`` that is not a whole number in range, is a ``ValueError`` naming it; nothing changes
         then. Keys it does not know are ignored (a state of a later version). ``rank`` is not checked: every rank
         of a DDP job may resume from rank 0's state (its position is every rank's)."""
@@ -63,7 +66,7 @@ class Resumable:
             if k not in state:
                 raise ValueError(f"state_dict has no {k!r}: it is not a state_dict() of this {self.KIND} (which "
                                  f"holds {', '.join(sorted(mine))})")
-        for k in self.STATE_CHECKS:
+        for k in (*self.STATE_CHECKS, *(k for k in self.STATE_ADDED if k in state)):
             if _differs(state[k], mine[k]):
                 raise ValueError(f"state_dict was taken with {k}={echo(state[k], 80)}, this {self.KIND} has "
                                  f"{k}={echo(mine[k], 80)}")

@@ -142,7 +142,7 @@ def test_a_mid_epoch_checkpoint_resumes_with_exactly_the_remaining_batches(split
                                                                                     batch_size=2, **kw))
     per_epoch = sum(1 for e, _, _ in full.seen if e == 0)
     assert per_epoch >= 3 and len(full.seen) == 2 * per_epoch
-    for k in (1, per_epoch - 1, per_epoch + 1):     # mid-epoch in the first and in the second epoch
+    for k in (1, per_epoch - 1, per_epoch, per_epoch + 1):   # mid-epoch, at the end of the first, in the second
         resumed = _BytesRecorder()
         _trainer(max_epochs=2).fit(resumed, datamodule=PrecompileDataModule(train=splits["train"], batch_size=2, **kw),
                                    ckpt_path=str(tmp_path / f"step={k}.ckpt"))

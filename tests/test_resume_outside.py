@@ -118,6 +118,19 @@ class Truth:
         return keys.pop()
 
 
+def _draw_extra(rng: np.random.Generator) -> dict:
+    """Options that change a batch's bytes but not its samples: device steps (drawn per sample from
+    (seed, epoch, rank, batch)) and the conversion. The resume comparison runs with them; the identity checks
+    (bytes looked up in the build) run without them."""
+    if rng.random() < 0.5:
+        return {}
+    out: dict = {"gpu_steps": [{"random_flip": {"horizontal": 0.5}}, {"random_crop": {"size": 6, "padding": 1}},
+                               {"color_jitter": {"brightness": 0.3}}][:int(rng.integers(1, 4))]}
+    if rng.random() < 0.5:
+        out.update(dtype="float32", mean=[0.5, 0.4, 0.3], std=[0.2, 0.3, 0.25], channels_first=bool(rng.integers(2)))
+    return out
+
+
 # -- the Loader -------------------------------------------------------------------------------------------------
 def _draw_loader(seed: int) -> dict:
     rng = np.random.default_rng(seed)
@@ -131,11 +144,13 @@ def _draw_loader(seed: int) -> dict:
                      "block_window": int(rng.integers(1, 4)), "sort_batches": bool(rng.integers(2)),
                      "copies": pick(["epoch", "all"]), "include_original": bool(rng.integers(2)),
                      "uneven": pick(["pad", "drop"])},
-            "io": [io(), io(), io()], "ks": rng.random(2).tolist(), "lightning_order": bool(rng.integers(2))}
+            "io": [io(), io(), io()], "ks": rng.random(2).tolist(), "lightning_order": bool(rng.integers(2)),
+            "extra": _draw_extra(rng)}
 
 
-def _loader(path: str, case: dict, rank: int, io: dict) -> Loader:
-    return Loader(path, device="cpu", rank=rank, world_size=case["world"], **case["opts"], **io)
+def _loader(path: str, case: dict, rank: int, io: dict, extra: bool = True) -> Loader:
+    return Loader(path, device="cpu", rank=rank, world_size=case["world"], **case["opts"], **io,
+                  **(case["extra"] if extra else {}))
 
 
 def _expected(truth: Truth, case: dict) -> Counter:
@@ -195,7 +210,13 @@ def _run_loader_case(builds: dict, truths: dict, case: dict) -> None:
         full = [_host(b) for b in ref]
         nxt = [_host(b) for b in ref]        # the pass ended: the next one is epoch e + 1
         ref.close()
-        shares.append(full)
+        if case["extra"]:
+            plain = _loader(path, case, rank, case["io"][0], extra=False)
+            plain.set_epoch(e)
+            shares.append([_host(b) for b in plain])
+            plain.close()
+        else:
+            shares.append(full)
         n = len(full)
         ks = sorted({0, n, int(case["ks"][0] * (n + 1)), int(case["ks"][1] * (n + 1))})
         for k in ks + ["end"]:
@@ -258,12 +279,13 @@ def _draw_mix(seed: int) -> dict:
                      "seed": int(rng.integers(0, 4)), "drop_last": bool(rng.integers(2)),
                      "sort_batches": bool(rng.integers(2)), "uneven": pick(["pad", "drop"]),
                      "weights": weights, "stop": stop, "cycle": cycle},
-            "io": [io(), io(), io()], "ks": rng.random(2).tolist(), "lightning_order": bool(rng.integers(2))}
+            "io": [io(), io(), io()], "ks": rng.random(2).tolist(), "lightning_order": bool(rng.integers(2)),
+            "extra": _draw_extra(rng)}
 
 
-def _mix(builds: dict, case: dict, rank: int, io: dict):
+def _mix(builds: dict, case: dict, rank: int, io: dict, extra: bool = True):
     return precompile.Mix([builds[n] for n in case["names"]], device="cpu", rank=rank, world_size=case["world"],
-                          **case["opts"], **io)
+                          **case["opts"], **io, **(case["extra"] if extra else {}))
 
 
 def _doc_counts(sizes: list[int], case: dict) -> list[int]:
@@ -299,7 +321,13 @@ def _run_mix_case(builds: dict, truths: dict, case: dict) -> None:
         nxt = [_host(b) for b in ref]
         counts, sizes = list(ref.counts), list(ref.sizes)
         ref.close()
-        shares.append(full)
+        if case["extra"]:
+            plain = _mix(builds, case, rank, case["io"][0], extra=False)
+            plain.set_epoch(e)
+            shares.append([_host(b) for b in plain])
+            plain.close()
+        else:
+            shares.append(full)
         n = len(full)
         ks = sorted({0, n, int(case["ks"][0] * (n + 1)), int(case["ks"][1] * (n + 1))})
         for k in ks + ["end"]:
@@ -476,3 +504,43 @@ def test_copies_and_include_original_are_not_checked_where_the_build_has_no_copi
     next(iter(a))
     b.load_state_dict(_json(a.state_dict()))
     assert b._pos == 1
+
+
+def test_a_state_of_the_other_kind_of_reader_is_a_value_error(builds):
+    """A Loader's state given to a Mix, and a Mix's to a Loader: each lacks what the other checks."""
+    readers = _readers(builds)
+    loader, mix = readers["Loader"](), readers["Mix"]()
+    with pytest.raises(ValueError, match="state_dict has no 'stop': it is not a state_dict\\(\\) of this Mix"):
+        mix.load_state_dict(_json(loader.state_dict()))
+    with pytest.raises(ValueError, match="state_dict has no 'block_window': it is not a state_dict\\(\\) of this Loader"):
+        loader.load_state_dict(_json(mix.state_dict()))
+
+
+def test_a_state_taken_before_a_rebuild_with_another_count_is_a_value_error(tmp_path):
+    """The build rebuilt in place with one sample more (or less): the state's position is of another order."""
+    root = _tree(tmp_path / "in", 2, 21)
+    recipe = image_recipe(root, name="grow", steps=SMALL, output={"format": "hdf5", "samples_per_shard": 4})
+    precompile.build(recipe, out_dir=tmp_path / "out")
+    path = str(tmp_path / "out" / "grow.h5")
+    kw = {"batch_size": 2, "device": "cpu", "num_threads": 0}
+    a = Loader(path, **kw)
+    next(iter(a))
+    state = _json(a.state_dict())
+    a.close()
+    mix = precompile.Mix([path, path], **kw)
+    mstate = _json(mix.state_dict())
+    mix.close()
+    for change in ("more", "fewer"):
+        if change == "more":
+            make_image_tree(tmp_path / "extra", classes=("a",), per_class=1, seed=99)
+            (tmp_path / "extra" / "a" / "000.jpg").rename(root / "a" / "zzz.jpg")
+        else:
+            for f in sorted(root.rglob("*.*"))[:2]:
+                f.unlink()
+        precompile.build(recipe, out_dir=tmp_path / "out")
+        n = len(precompile.open(path))
+        assert n == (7 if change == "more" else 5)
+        with pytest.raises(ValueError, match=f"state_dict was taken with num_rows=6, this Loader has num_rows={n}"):
+            Loader(path, **kw).load_state_dict(state)
+        with pytest.raises(ValueError, match=f"state_dict was taken with sizes=\\[6, 6\\], this Mix has sizes=\\[{n}, {n}\\]"):
+            precompile.Mix([path, path], **kw).load_state_dict(mstate)

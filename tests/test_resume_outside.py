@@ -404,7 +404,7 @@ BAD_VALUES = [
     ("batch", {"a": 1}, "batch must be a whole number, got {'a': 1}"),
     ("batch", float("nan"), "batch must be a whole number, got nan"),
     ("epoch", float("inf"), "epoch must be a whole number, got inf"),
-    ("epoch", -1, "state_dict epoch must be >= 0, got -1"),
+    ("epoch", -1, r"state_dict epoch must be in \[0, 2\*\*63\), got -1"),
     ("batch", -1, r"state_dict batch must be in \[0, \d+\] \(epoch 0 has \d+ batches\), got -1"),
     ("batch", 10 ** 30, r"state_dict batch must be in \[0, \d+\] .*got 1000000000000000000000000000000"),
     ("seed", 2, "state_dict was taken with seed=2, this (Loader|Mix) has seed=1"),
@@ -544,3 +544,16 @@ def test_a_state_taken_before_a_rebuild_with_another_count_is_a_value_error(tmp_
             Loader(path, **kw).load_state_dict(state)
         with pytest.raises(ValueError, match=f"state_dict was taken with sizes=\\[6, 6\\], this Mix has sizes=\\[{n}, {n}\\]"):
             precompile.Mix([path, path], **kw).load_state_dict(mstate)
+
+
+@pytest.mark.parametrize("epoch", [2 ** 63, 10 ** 30])
+def test_an_epoch_past_int64_is_a_value_error(builds, epoch):
+    """Before: over an augmented build (the copy of an epoch is ``epoch mod n`` in numpy) an epoch past int64 was
+    an OverflowError from numpy, from ``set_epoch``'s pass or from ``load_state_dict``."""
+    loader = Loader(builds["aug"], batch_size=4, device="cpu", num_threads=0)
+    with pytest.raises(ValueError, match=f"state_dict epoch must be in \\[0, 2\\*\\*63\\), got {epoch}"):
+        loader.load_state_dict({**_json(loader.state_dict()), "epoch": epoch})
+    with pytest.raises(ValueError, match=f"epoch must be in \\[0, 2\\*\\*63\\), got {epoch}"):
+        loader.set_epoch(epoch)
+    loader.set_epoch(2 ** 62)   # the largest epochs still count
+    assert sum(len(b["label"]) for b in loader) == 7

@@ -41,8 +41,8 @@ class Resumable:
         it, and so does Lightning's order (``iter(loader)``, then ``set_epoch``, then ``next``).
         """
         epoch = whole(epoch, "epoch")
-        if int(epoch) < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if not 0 <= int(epoch) < 2 ** 63:   # an int64: the orders and copies are numpy arithmetic on it
+            raise ValueError(f"epoch must be in [0, 2**63), got {epoch}")
         if self._resume and int(epoch) == self.epoch:
             return
         self.epoch, self._pos, self._resume = int(epoch), 0, False
@@ -71,8 +71,8 @@ class Resumable:
                 raise ValueError(f"state_dict was taken with {k}={echo(state[k], 80)}, this {self.KIND} has "
                                  f"{k}={echo(mine[k], 80)}")
         epoch, pos = whole(state["epoch"], "state_dict epoch"), whole(state["batch"], "state_dict batch")
-        if epoch < 0:
-            raise ValueError(f"state_dict epoch must be >= 0, got {epoch}")
+        if not 0 <= epoch < 2 ** 63:
+            raise ValueError(f"state_dict epoch must be in [0, 2**63), got {epoch}")
         nb = len(self.batch_indices(epoch))
         if not 0 <= pos <= nb:
             raise ValueError(f"state_dict batch must be in [0, {nb}] (epoch {epoch} has {nb} batches), got {pos}")

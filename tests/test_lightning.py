@@ -131,9 +131,9 @@ def test_a_mid_epoch_checkpoint_resumes_with_exactly_the_remaining_batches(split
     ``next``. Before, ``iter`` ended the restored position and ``set_epoch`` then restarted the epoch: a run
     resumed from a checkpoint after batch k trained on the epoch's first batches again and never saw its last
     k (no error). The truth: the uninterrupted fit's batches after the checkpoint."""
-    from pytorch_lightning.callbacks import ModelCheckpoint
-
     from precompile.lightning import PrecompileDataModule
+
+    ModelCheckpoint = pl.callbacks.ModelCheckpoint   # lightning.pytorch's or pytorch_lightning's, as installed
 
     kw = dict(device="cpu", num_threads=0, seed=3)
     full = _BytesRecorder()

@@ -9,7 +9,11 @@ The truths here are not computed by the code under test:
   folder format, not the Loader's mapped gather): each key once per epoch (``copies="epoch"``), each row of
   the documented set once (``copies="all"``), and for a Mix each ``(__source, __row)`` holds that build's bytes;
 - set arithmetic for DDP: the ranks' shares have equal batch counts, are disjoint where the docs say so
-  (``uneven="drop"``, or a share that divides evenly) and together cover the single-process epoch.
+  (``uneven="drop"``, or a share that divides evenly) and together cover the single-process epoch;
+- the restored reader is driven both as a training loop does (``set_epoch``, then ``iter``) and as Lightning
+  does (``iter``, then ``set_epoch``, then ``next``), with and without device steps and the conversion;
+- hostile states (types changed, keys missing or extra, another reader kind, a build rebuilt with another
+  count, epochs past int64) are a ``ValueError`` naming what does not match, never another position.
 
 A fixed set of drawn cases runs by default; ``PRECOMPILE_RESUME_EXPLORE=N`` draws N more of each (the case
 seed is printed in a failure's message, ``PRECOMPILE_RESUME_SEED`` picks the first one drawn).
@@ -249,7 +253,7 @@ def truths(builds) -> dict[str, Truth]:
     return {k: Truth(p) for k, p in builds.items()}
 
 
-LOADER_SEEDS = list(range(FIRST_SEED, FIRST_SEED + 10 + EXPLORE))
+LOADER_SEEDS = list(range(FIRST_SEED, FIRST_SEED + 24 + EXPLORE))
 
 
 @pytest.mark.parametrize("case_seed", LOADER_SEEDS)
@@ -378,7 +382,7 @@ def _run_mix_case(builds: dict, truths: dict, case: dict) -> None:
         assert Counter(s for s, _ in seen.elements()) == Counter({i: c for i, c in enumerate(counts) if c})
 
 
-MIX_SEEDS = list(range(FIRST_SEED, FIRST_SEED + 8 + EXPLORE))
+MIX_SEEDS = list(range(FIRST_SEED, FIRST_SEED + 16 + EXPLORE))
 
 
 @pytest.mark.parametrize("case_seed", MIX_SEEDS)

@@ -561,3 +561,29 @@ def test_an_epoch_past_int64_is_a_value_error(builds, epoch):
         loader.set_epoch(epoch)
     loader.set_epoch(2 ** 62)   # the largest epochs still count
     assert sum(len(b["label"]) for b in loader) == 7
+
+
+@pytest.mark.parametrize("kind", ["Loader", "Mix"])
+def test_every_rank_resumes_from_rank_0s_state(builds, kind):
+    """A DDP checkpoint holds rank 0's state (Lightning saves on rank 0); every rank loads it and gets its own
+    remaining batches: the ranks move in step, so rank 0's position is theirs."""
+    def make(rank):
+        kw = {"batch_size": 2, "device": "cpu", "num_threads": 0, "seed": 5, "rank": rank, "world_size": 3}
+        if kind == "Loader":
+            return Loader(builds["aug"], **kw)
+        return precompile.Mix([builds["plain"], builds["png"]], weights=[2, 1], **kw)
+
+    zero = make(0)
+    zero.set_epoch(1)
+    it = iter(zero)
+    next(it)
+    state = _json(zero.state_dict())
+    zero.close()
+    for rank in (0, 1, 2):
+        ref = make(rank)
+        ref.set_epoch(1)
+        want = [_host(b) for b in ref][1:]
+        again = make(rank)
+        again.load_state_dict(state)
+        again.set_epoch(1)
+        _same([_host(b) for b in again], want, f"rank {rank} from rank 0's state")

@@ -494,7 +494,7 @@ def test_a_state_of_other_copies_or_batch_order_is_a_value_error(builds, taken, 
     # the same options resume, and a state written before these keys existed is still read
     same = Loader(builds["aug"], **kw, **taken)
     same.load_state_dict(state)
-    old = {k: v for k, v in state.items() if k not in ("copies", "include_original", "sort_batches")}
+    old = {k: v for k, v in state.items() if k not in ("copies", "include_original", "sort_batches", "layout")}
     b.load_state_dict(old)
     assert same._pos == b._pos == 1
 
@@ -587,3 +587,86 @@ def test_every_rank_resumes_from_rank_0s_state(builds, kind):
         again.load_state_dict(state)
         again.set_epoch(1)
         _same([_host(b) for b in again], want, f"rank {rank} from rank 0's state")
+
+
+@pytest.fixture(scope="module")
+def relaid(tmp_path_factory) -> dict[str, str]:
+    """The same 13 inputs built three ways: ``a`` (shards of 5, chunks of 2), ``b`` (shards of 4, chunks of 3):
+    the same samples in other chunks and shards; ``c``: the same count of other samples (two files swapped for
+    two others)."""
+    tmp = tmp_path_factory.mktemp("relaid")
+    root = _tree(tmp / "in", 5, 11, drop=2)
+    out = {}
+    for name, per, chunk in (("a", 5, 2), ("b", 4, 3)):
+        precompile.build(image_recipe(root, name=name, steps=SMALL,
+                                      output={"format": "hdf5", "samples_per_shard": per, "chunk_samples": chunk}),
+                         out_dir=tmp / "out")
+        out[name] = str(tmp / "out" / f"{name}.h5")
+    other = _tree(tmp / "other", 5, 11)             # the two files the others dropped, for two of theirs
+    for f in sorted(root.rglob("*.*"))[-2:]:
+        f.unlink()
+    for f in sorted(other.rglob("*.*"))[:2]:
+        f.rename(root / f.parent.name / f"0{f.name}")
+    precompile.build(image_recipe(root, name="c", steps=SMALL,
+                                  output={"format": "hdf5", "samples_per_shard": 5, "chunk_samples": 2}),
+                     out_dir=tmp / "out")
+    out["c"] = str(tmp / "out" / "c.h5")
+    return out
+
+
+def _epoch_keys(path: str, loader_kw: dict, state: dict | None, first: list[str]) -> list[str]:
+    ds = precompile.open(path)
+    ld = Loader(path, **loader_kw)
+    if state is not None:
+        ld.load_state_dict(state)
+        ld.set_epoch(state["epoch"])
+    keys = first + [ds.key(int(r)) for b in ld.batch_indices()[ld._pos:] for r in b]
+    ld.close()
+    ds.close()
+    return keys
+
+
+@pytest.mark.parametrize("shuffle", ["block", "shard"])
+def test_a_state_over_another_layout_of_the_same_samples_is_a_value_error(relaid, shuffle):
+    """Before: only the row count was checked, so a state taken over ``a`` resumed a block- or shard-shuffled
+    Loader over ``b`` (the same 13 samples in other chunks and shards: another order) at its batch number. The
+    truth, by the keys: that epoch showed samples twice and others never, without a word."""
+    kw = {"batch_size": 3, "device": "cpu", "num_threads": 0, "seed": 4, "shuffle": shuffle, "block_window": 2}
+    a = Loader(relaid["a"], **kw)
+    a.set_epoch(1)
+    first = [precompile.open(relaid["a"]).key(int(r)) for r in a.batch_indices()[0]]
+    state = _json(a.state_dict() | {"batch": 1})
+    a.close()
+    assert sorted(_epoch_keys(relaid["a"], kw, state, first)) == sorted(precompile.open(relaid["a"]).keys)
+    b = Loader(relaid["b"], **kw)     # what the state's position reads over b: not the rest of the epoch
+    b.set_epoch(1)
+    misread = first + [precompile.open(relaid["b"]).key(int(r)) for x in b.batch_indices()[1:] for r in x]
+    assert sorted(misread) != sorted(precompile.open(relaid["b"]).keys)
+    b.close()
+    with pytest.raises(ValueError, match="state_dict was taken over another build or layout: .*sample keys, copies, "
+                                         "chunks .*shards"):
+        Loader(relaid["b"], **kw).load_state_dict(state)
+
+
+def test_a_state_over_other_samples_of_the_same_count_is_a_value_error(relaid):
+    """Before: a state over ``a`` resumed a Loader over ``c`` (13 samples, two of them others) at its batch
+    number: the epoch's first part was ``a``'s samples and the rest ``c``'s at ``a``'s positions."""
+    kw = {"batch_size": 3, "device": "cpu", "num_threads": 0, "seed": 4}
+    a = Loader(relaid["a"], **kw)
+    state = _json(a.state_dict() | {"batch": 2})
+    a.close()
+    with pytest.raises(ValueError, match="state_dict was taken over another build or layout"):
+        Loader(relaid["c"], **kw).load_state_dict(state)
+
+
+def test_a_full_shuffle_resumes_over_a_rebuild_in_other_chunks(relaid):
+    """A full (or no) shuffle's order depends on the samples, not on how they are chunked: a state over ``a``
+    resumes ``b`` at the same place, each key once in the epoch."""
+    for shuffle in (True, False):
+        kw = {"batch_size": 3, "device": "cpu", "num_threads": 0, "seed": 4, "shuffle": shuffle}
+        a = Loader(relaid["a"], **kw)
+        first = [precompile.open(relaid["a"]).key(int(r)) for r in a.batch_indices()[0]]
+        state = _json(a.state_dict() | {"batch": 1})
+        a.close()
+        keys = _epoch_keys(relaid["b"], kw, state, first)
+        assert sorted(keys) == sorted(precompile.open(relaid["b"]).keys)

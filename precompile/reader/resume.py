@@ -19,6 +19,8 @@ class Resumable:
     STATE_CHECKS: ClassVar[tuple[str, ...]] = ()
     #: keys checked as those, but only where the state has them: added after states without them were written
     STATE_ADDED: ClassVar[tuple[str, ...]] = ()
+    #: the message for a checked key whose value is no words (a digest): ``{theirs}``, ``{mine}`` filled in
+    STATE_HINTS: ClassVar[dict[str, str]] = {}
     #: the reader's name in messages
     KIND: ClassVar[str] = "reader"
 
@@ -68,6 +70,8 @@ class Resumable:
                                  f"holds {', '.join(sorted(mine))})")
         for k in (*self.STATE_CHECKS, *(k for k in self.STATE_ADDED if k in state)):
             if _differs(state[k], mine[k]):
+                if k in self.STATE_HINTS:
+                    raise ValueError(self.STATE_HINTS[k].format(theirs=echo(state[k], 80), mine=echo(mine[k], 80)))
                 raise ValueError(f"state_dict was taken with {k}={echo(state[k], 80)}, this {self.KIND} has "
                                  f"{k}={echo(mine[k], 80)}")
         epoch, pos = whole(state["epoch"], "state_dict epoch"), whole(state["batch"], "state_dict batch")

@@ -670,3 +670,23 @@ def test_a_full_shuffle_resumes_over_a_rebuild_in_other_chunks(relaid):
         a.close()
         keys = _epoch_keys(relaid["b"], kw, state, first)
         assert sorted(keys) == sorted(precompile.open(relaid["b"]).keys)
+
+
+def test_a_mix_state_over_other_samples_of_the_same_sizes_is_a_value_error(relaid, builds):
+    """Before: a Mix checked its builds' sizes only: a state over ``[a, png]`` resumed ``[c, png]`` (c: as many
+    samples, two of them others) and ``[a, b]`` resumed ``[b, a]`` at their batch numbers, the rest of the epoch
+    then of other samples. A rebuild of the same samples in other chunks still resumes (a Mix's order does not
+    depend on them)."""
+    kw = {"batch_size": 3, "device": "cpu", "num_threads": 0, "seed": 4}
+    for before, after in (([relaid["a"], builds["png"]], [relaid["c"], builds["png"]]),
+                          ([relaid["a"], relaid["c"]], [relaid["c"], relaid["a"]])):
+        mix = precompile.Mix(before, **kw)
+        state = _json(mix.state_dict() | {"batch": 1})
+        mix.close()
+        with pytest.raises(ValueError, match="state_dict was taken over other builds: .*sample keys"):
+            precompile.Mix(after, **kw).load_state_dict(state)
+    mix = precompile.Mix([relaid["a"], builds["png"]], **kw)
+    state = _json(mix.state_dict() | {"batch": 1})
+    again = precompile.Mix([relaid["b"], builds["png"]], **kw)
+    again.load_state_dict(state)
+    assert again._pos == 1

@@ -690,3 +690,4 @@ def test_a_mix_state_over_other_samples_of_the_same_sizes_is_a_value_error(relai
     again = precompile.Mix([relaid["b"], builds["png"]], **kw)
     again.load_state_dict(state)
     assert again._pos == 1
+

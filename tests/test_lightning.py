@@ -15,6 +15,7 @@ if importlib.util.find_spec("lightning") is None and importlib.util.find_spec("p
 
 from conftest import image_recipe, make_image_tree  # noqa: E402
 from precompile import build  # noqa: E402
+from precompile import open as precompile_open  # noqa: E402
 from precompile.reader.loader import Loader  # noqa: E402
 
 pl = pytest.importorskip("lightning.pytorch" if importlib.util.find_spec("lightning") else "pytorch_lightning")
@@ -148,3 +149,21 @@ def test_a_mid_epoch_checkpoint_resumes_with_exactly_the_remaining_batches(split
                                    ckpt_path=str(tmp_path / f"step={k}.ckpt"))
         assert [(e, i) for e, i, _ in resumed.seen] == [(e, i) for e, i, _ in full.seen[k:]]
         assert [b for _, _, b in resumed.seen] == [b for _, _, b in full.seen[k:]], f"resumed after step {k}"
+
+
+def test_evaluation_reads_every_sample_when_training_drops_its_last_batch(splits):
+    """The module's promise: val, test and predict read in order, without dropping the last partial batch.
+    Before: a ``drop_last=True`` given for training (a keyword for every split) reached them too, so validation
+    silently left its last samples out. ``eval_kwargs`` may still ask for it."""
+    from precompile.lightning import PrecompileDataModule
+
+    n = len(set(precompile_open(splits["val"]).keys))   # an augmented build: an epoch shows each key once
+    assert n % 4, "the test needs a val split that 4 does not divide"
+    dm = PrecompileDataModule(train=splits["train"], val=splits["val"], test=splits["val"], batch_size=4,
+                              drop_last=True, device="cpu", num_threads=0)
+    assert dm.train_dataloader().loader.drop_last is True
+    for ld in (dm.val_dataloader(), dm.test_dataloader()):
+        assert not ld.loader.drop_last and sum(len(b["label"]) for b in ld) == n
+    dm = PrecompileDataModule(train=splits["train"], val=splits["val"], batch_size=4, device="cpu", num_threads=0,
+                              drop_last=True, eval_kwargs={"drop_last": True})
+    assert sum(len(b["label"]) for b in dm.val_dataloader()) == n - n % 4

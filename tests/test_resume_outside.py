@@ -708,3 +708,19 @@ def test_a_boolean_mask_is_not_taken_as_row_numbers(builds, name):
     got = ds.batch(np.flatnonzero(mask))
     np.testing.assert_array_equal(got["image"], np.stack([ds[1]["image"], ds[4]["image"]]))
     ds.close()
+
+
+def test_a_mix_visiting_epochs_out_of_order_gives_each_as_a_fresh_mix(builds):
+    """A Mix's passes depend on the ones before (kept two at a time): a Mix that went to epoch 20, back to 3 and
+    on again must give every epoch's order as a Mix made afresh for it (a resumed run) does."""
+    paths = [builds["plain"], builds["png"]]
+    rng = np.random.default_rng(3)
+    for weights, stop in (([2, 1], "first_exhausted"), ([1, 3], "all_exhausted"), ([1, 1], 11)):
+        kw = {"batch_size": 2, "weights": weights, "stop": stop, "device": "cpu", "num_threads": 0, "seed": 1}
+        walker = precompile.Mix(paths, **kw)
+        for e in [20, 3, 4, 21] + rng.integers(0, 25, 4).tolist():
+            fresh = precompile.Mix(paths, **kw)
+            for x, y in zip(walker.epoch_order(e), fresh.epoch_order(e)):
+                np.testing.assert_array_equal(x, y, err_msg=f"weights {weights}, stop {stop}, epoch {e}")
+            fresh.close()
+        walker.close()

@@ -211,7 +211,9 @@ def _run_loader_case(builds: dict, truths: dict, case: dict) -> None:
     for rank in range(world):
         ref = _loader(path, case, rank, case["io"][0])
         ref.set_epoch(e)
+        length = len(ref)
         full = [_host(b) for b in ref]
+        assert length == len(full), f"case {case['seed_of_case']}: len() {length}, a pass {len(full)} batches"
         nxt = [_host(b) for b in ref]        # the pass ended: the next one is epoch e + 1
         ref.close()
         if case["extra"]:
@@ -232,6 +234,7 @@ def _run_loader_case(builds: dict, truths: dict, case: dict) -> None:
             if k == "end":                   # the loop ran to its end: the state is the next epoch's start
                 assert next(it, None) is None
             state = _json(a.state_dict())
+            assert (state["epoch"], state["batch"]) == ((e + 1, 0) if k == "end" else (e, k))
             a.close()
             b = _loader(path, case, rank, case["io"][2])
             b.load_state_dict(state)
@@ -321,7 +324,9 @@ def _run_mix_case(builds: dict, truths: dict, case: dict) -> None:
     for rank in range(world):
         ref = _mix(builds, case, rank, case["io"][0])
         ref.set_epoch(e)
+        length = len(ref)
         full = [_host(b) for b in ref]
+        assert length == len(full), f"Mix case {case['seed_of_case']}: len() {length}, a pass {len(full)} batches"
         nxt = [_host(b) for b in ref]
         counts, sizes = list(ref.counts), list(ref.sizes)
         ref.close()
@@ -343,6 +348,7 @@ def _run_mix_case(builds: dict, truths: dict, case: dict) -> None:
             if k == "end":
                 assert next(it, None) is None
             state = _json(a.state_dict())
+            assert (state["epoch"], state["batch"]) == ((e + 1, 0) if k == "end" else (e, k))
             a.close()
             b = _mix(builds, case, rank, case["io"][2])
             b.load_state_dict(state)

@@ -20,7 +20,8 @@ index (a ``split:`` recipe writes ``<name>.<split>.h5``). The module sets what a
 - **resuming**: the wrapper's ``state_dict`` / ``load_state_dict`` are the Loader's.
 
 ``train`` shuffles (``shuffle`` option, default True); ``val``, ``test`` and ``predict``
-read in order, without dropping the last partial batch. Every other keyword goes to
+read in order, without dropping the last partial batch (a ``drop_last`` given for every split is
+the train side's; ``eval_kwargs={"drop_last": True}`` asks for it there). Every other keyword goes to
 every Loader; ``train_kwargs`` / ``eval_kwargs`` override them per side. Needs the
 ``lightning`` extra (``pip install 'precompile[lightning]'``): package ``lightning`` or
 ``pytorch-lightning``, whichever is installed.
@@ -109,8 +110,11 @@ def _make_class() -> type:
             if path is None:
                 raise ValueError(f"precompile.lightning: no {split} build was given")
             train = split == "train"
+            shared = dict(self.loader_kwargs)
+            if not train:   # evaluation reads every sample: a drop_last for training is not its (eval_kwargs may)
+                shared.pop("drop_last", None)
             kw: dict[str, Any] = {"shuffle": self.shuffle if train else False, **self._distribution(),
-                                  **self.loader_kwargs, **(self.train_kwargs if train else self.eval_kwargs)}
+                                  **shared, **(self.train_kwargs if train else self.eval_kwargs)}
             self.loaders[split] = LightningLoader(Loader(str(path), self.batch_size, **kw))
             return self.loaders[split]
 

@@ -15,6 +15,7 @@ if importlib.util.find_spec("lightning") is None and importlib.util.find_spec("p
 
 from conftest import image_recipe, make_image_tree  # noqa: E402
 from precompile import build  # noqa: E402
+from precompile import open as precompile_open  # noqa: E402
 from precompile.reader.loader import Loader  # noqa: E402
 
 pl = pytest.importorskip("lightning.pytorch" if importlib.util.find_spec("lightning") else "pytorch_lightning")
@@ -55,8 +56,9 @@ class Recorder(pl.LightningModule):
 
 
 def _trainer(**kw):
-    return pl.Trainer(accelerator="cpu", devices=1, max_epochs=3, logger=False, enable_checkpointing=False,
-                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, **kw)
+    kw = {"max_epochs": 3, "enable_checkpointing": "callbacks" in kw, **kw}
+    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                      enable_model_summary=False, num_sanity_val_steps=0, **kw)
 
 
 def test_fit_sets_each_epoch_like_the_loader_does(splits):
@@ -107,3 +109,61 @@ def test_missing_split_and_state(splits, tmp_path):
     next(it)
     state = ld.state_dict()
     assert state["batch"] == 1 and ld.loader.state_dict() == state
+
+
+class _BytesRecorder(pl.LightningModule):
+    """Records every training batch's image bytes, in order, with the epoch and batch index."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(1, 1)
+        self.seen: list[tuple[int, int, bytes]] = []
+
+    def training_step(self, batch, i):
+        self.seen.append((self.current_epoch, i, batch["image"].numpy().tobytes()))
+        return self.lin(torch.ones(1, 1)).sum()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_a_mid_epoch_checkpoint_resumes_with_exactly_the_remaining_batches(splits, tmp_path):
+    """Lightning restores the loader's state, calls ``iter`` on it, then ``set_epoch`` on its sampler, then
+    ``next``. Before, ``iter`` ended the restored position and ``set_epoch`` then restarted the epoch: a run
+    resumed from a checkpoint after batch k trained on the epoch's first batches again and never saw its last
+    k (no error). The truth: the uninterrupted fit's batches after the checkpoint."""
+    from precompile.lightning import PrecompileDataModule
+
+    ModelCheckpoint = pl.callbacks.ModelCheckpoint   # lightning.pytorch's or pytorch_lightning's, as installed
+
+    kw = dict(device="cpu", num_threads=0, seed=3)
+    full = _BytesRecorder()
+    ck = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=1, save_top_k=-1, filename="{step}")
+    _trainer(callbacks=[ck], max_epochs=2).fit(full, datamodule=PrecompileDataModule(train=splits["train"],
+                                                                                    batch_size=2, **kw))
+    per_epoch = sum(1 for e, _, _ in full.seen if e == 0)
+    assert per_epoch >= 3 and len(full.seen) == 2 * per_epoch
+    for k in (1, per_epoch - 1, per_epoch, per_epoch + 1):   # mid-epoch, at the end of the first, in the second
+        resumed = _BytesRecorder()
+        _trainer(max_epochs=2).fit(resumed, datamodule=PrecompileDataModule(train=splits["train"], batch_size=2, **kw),
+                                   ckpt_path=str(tmp_path / f"step={k}.ckpt"))
+        assert [(e, i) for e, i, _ in resumed.seen] == [(e, i) for e, i, _ in full.seen[k:]]
+        assert [b for _, _, b in resumed.seen] == [b for _, _, b in full.seen[k:]], f"resumed after step {k}"
+
+
+def test_evaluation_reads_every_sample_when_training_drops_its_last_batch(splits):
+    """The module's promise: val, test and predict read in order, without dropping the last partial batch.
+    Before: a ``drop_last=True`` given for training (a keyword for every split) reached them too, so validation
+    silently left its last samples out. ``eval_kwargs`` may still ask for it."""
+    from precompile.lightning import PrecompileDataModule
+
+    n = len(set(precompile_open(splits["val"]).keys))   # an augmented build: an epoch shows each key once
+    assert n % 4, "the test needs a val split that 4 does not divide"
+    dm = PrecompileDataModule(train=splits["train"], val=splits["val"], test=splits["val"], batch_size=4,
+                              drop_last=True, device="cpu", num_threads=0)
+    assert dm.train_dataloader().loader.drop_last is True
+    for ld in (dm.val_dataloader(), dm.test_dataloader()):
+        assert not ld.loader.drop_last and sum(len(b["label"]) for b in ld) == n
+    dm = PrecompileDataModule(train=splits["train"], val=splits["val"], batch_size=4, device="cpu", num_threads=0,
+                              drop_last=True, eval_kwargs={"drop_last": True})
+    assert sum(len(b["label"]) for b in dm.val_dataloader()) == n - n % 4

@@ -699,3 +699,22 @@ def test_the_resident_upload_streams_through_a_small_cache(remote, tmp_path):
     got.feeder = ResidentFeeder.for_loader(got, torch.device("cpu"))
     assert got.reader.mapped_shards == 0 and ShardCache(tmp_path / "c").usage() <= limit
     assert same_batches(Loader(str(index), **kw), got) == 2 * len(got)
+
+
+@pytest.mark.parametrize("kw", [dict(shuffle="block", seed=1), dict(shuffle="shard", seed=2, block_window=2)],
+                         ids=["block", "shard"])
+def test_a_local_state_resumes_the_build_read_from_its_url(remote, tmp_path, kw):
+    """A URL and its local copy give the same batches, so a state taken over one resumes the other: its
+    layout digest (keys, chunks, shards) is of the build, not of where its files are."""
+    url, so, index, _ = remote
+    a = Loader(str(index), batch_size=12, device="cpu", **kw)
+    it = iter(a)
+    next(it)
+    state = json.loads(json.dumps(a.state_dict()))
+    want = [b["image"].numpy().copy() for b in it]
+    b = Loader(url, batch_size=12, device="cpu", cache_dir=tmp_path / "c", storage_options=so, **kw)
+    b.load_state_dict(state)
+    got = [x["image"].numpy().copy() for x in b]
+    assert len(got) == len(want) and all(np.array_equal(g, w) for g, w in zip(got, want))
+    a.close()
+    b.close()

@@ -187,7 +187,10 @@ class Dataset:
 
     def _indices(self, indices: Iterable[int]) -> np.ndarray:
         given = np.asarray(list(indices))
-        if given.size and given.dtype.kind not in "iub":   # (1.5 became row 1)
+        if given.size and given.dtype.kind == "b":   # a mask: its True/False read as rows 1 and 0
+            raise TypeError("sample indices must be integers (row numbers), got bool values; for a boolean mask "
+                            "pass np.flatnonzero(mask)")
+        if given.size and given.dtype.kind not in "iu":   # (1.5 became row 1)
             raise TypeError(f"sample indices must be integers, got {given.dtype} values such as {given.flat[0]!r}")
         idx = given.astype(np.int64).reshape(-1)
         idx = np.where(idx < 0, idx + self._n, idx)

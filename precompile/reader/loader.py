@@ -260,6 +260,11 @@ class Loader(Resumable):
 
     KIND = "Loader"
     STATE_CHECKS = ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "block_window", "num_rows")
+    STATE_ADDED = ("sort_batches", "copies", "include_original", "layout")
+    STATE_HINTS = {"layout": "state_dict was taken over another build or layout: the order of its epochs depends on "
+                             "the sample keys, copies, chunks (shuffle='block') and shards (shuffle='shard'), and "
+                             "here one of them differs (layout {theirs}, this Loader's {mine}; rebuilt since?): its "
+                             "position would be in another order, showing some samples twice and others never"}
 
     def __new__(cls, path_or_dataset: Any = None, *args: Any, **kwargs: Any) -> Any:
         """``Loader([a, b, ...], batch_size, weights=..., ...)``: a list (or tuple) of builds is read as one weighted
@@ -330,6 +335,11 @@ class Loader(Resumable):
         shapes = {**self.reader.shapes, **{f: tuple(self.specs[f]["shape"]) for f in ragged}}
         gpu.bind_steps(self.steps, self.specs, shapes)   # each step sees the shapes of the one before it
         self._copies = copy_schedule(ds, copies, include_original, self.seed)
+        ds_copies = np.asarray(getattr(ds, "copies", np.zeros(0)))
+        # which rows an epoch holds, for the state: only an augmented build's depend on copies / include_original
+        self._copies_state = ((copies, flag(include_original, "include_original"))
+                              if ds_copies.size and ds_copies.max() > 0 else (None, None))
+        self._layout_digest: str | None = None
 
         self.epoch = 0
         self._pos = 0              # batches of self.epoch already handed out (resume point)
@@ -431,20 +441,44 @@ class Loader(Resumable):
         return {"epoch": self.epoch, "batch": self._pos, "seed": self.seed, "shuffle": self.mode,
                 "batch_size": self.batch_size, "rank": self.rank, "world_size": self.world_size,
                 "drop_last": self.drop_last, "uneven": self.uneven, "block_window": self.block_window,
-                "num_rows": int(len(self.reader.chunk_rows))}
+                "num_rows": int(len(self.reader.chunk_rows)), "sort_batches": self.sort_batches,
+                "copies": self._copies_state[0], "include_original": self._copies_state[1],
+                "layout": self._layout()}
+
+    def _layout(self) -> str:
+        """A digest of what this Loader's epochs' orders depend on besides its options: the sample keys in row
+        order, an augmented build's copy numbers and build seed (its copy schedule), and the chunks (``block``) or
+        shards (``shard``) the shuffle groups rows by. Computed once (the Loader reads one snapshot)."""
+        if self._layout_digest is None:
+            import hashlib
+
+            h = hashlib.sha256("\0".join(self.ds.keys).encode("utf-8", "surrogatepass"))
+            if self._copies_state[0] is not None:   # an augmented build
+                h.update(b"copies" + np.ascontiguousarray(self.ds.copies, dtype=np.int64).tobytes())
+                h.update(str((getattr(self.ds, "attrs", None) or {}).get("seed", self.seed)).encode())
+            if self.mode == "block":
+                h.update(b"chunks" + np.ascontiguousarray(self.reader.chunk_rows, dtype=np.int64).tobytes())
+            elif self.mode == "shard":
+                h.update(b"shards" + np.ascontiguousarray(self.reader.offsets, dtype=np.int64).tobytes())
+            self._layout_digest = h.hexdigest()[:16]
+        return self._layout_digest
 
     # -- iteration --------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         """A pass over the rest of the current epoch; starting a new pass closes an unfinished one."""
         self._close_active()  # its threads stop and (CUDA) its copies finish before the ring is reused
         self.reader._check_open()
-        self._resume = False
-        gen = self._run()
+        gen = self._run()   # the pass starts (and the restored position is used) at the first next()
         self._active = weakref.ref(gen)
         return gen
 
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
-        """The feeder's batches, with the wait for each measured and the resume point kept."""
+        """The feeder's batches, with the wait for each measured and the resume point kept.
+
+        The pass reads ``epoch`` and the position when it starts (the first ``next``), not when ``iter`` made it:
+        Lightning calls ``iter`` on a restored loader, then ``set_epoch`` on it, then ``next``; the restored
+        position must survive until then (:meth:`~precompile.reader.resume.Resumable.set_epoch`)."""
+        self._resume = False
         epoch = self.epoch
         plan = self.pass_plan(epoch, self._pos)
         stats = self.stats

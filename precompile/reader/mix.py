@@ -392,6 +392,11 @@ class Mix(Resumable):
     KIND = "Mix"
     STATE_CHECKS = ("seed", "shuffle", "batch_size", "world_size", "drop_last", "uneven", "stop", "sizes", "counts",
                     "sort_batches")
+    STATE_ADDED = ("layout",)
+    STATE_HINTS = {"layout": "state_dict was taken over other builds: a Mix's rows are each build's rows by number, "
+                             "and here the builds' sample keys (in row order, build by build) differ (layout "
+                             "{theirs}, this Mix's {mine}; rebuilt since, or the builds in another order?): its "
+                             "position would read other samples than the rest of its epoch"}
 
     def __init__(self, sources: Sequence[Any], batch_size: int, weights: Sequence[float] | None = None,
                  stop: str | int = "first_exhausted", cycle: Sequence[bool] | None = None,
@@ -461,6 +466,7 @@ class Mix(Resumable):
         self.finisher = Finisher(self.steps, self.convert, self.seed, self.rank, HostPool(),
                                  _RaggedKeys(self.ragged) if self.ragged else None)
         self.epoch, self._pos, self._resume = 0, 0, False
+        self._layout_digest: str | None = None
         self._orders: dict[int, tuple[np.ndarray, np.ndarray, list[np.ndarray]]] = {}
         self._active: weakref.ref | None = None
         self._pass_cache: dict[int, dict[int, np.ndarray]] = {}
@@ -608,6 +614,9 @@ class Mix(Resumable):
         if got is None:
             if epoch < 0:
                 raise ValueError(f"epoch must be >= 0, got {epoch}")
+            if (int(epoch) + 1) * max(self.counts, default=0) >= 2 ** 63:   # stream positions are int64
+                raise ValueError(f"Mix: epoch {epoch} is past the last epoch this Mix can count (each build's "
+                                 f"stream positions, epoch x its samples per epoch {max(self.counts)}, are int64)")
             src, row = self.epoch_order(epoch)
             share = rank_share(np.arange(len(src), dtype=np.int64), self.rank, self.world_size, self.uneven)
             batches = split_batches(share, self.batch_size, self.drop_last)
@@ -655,7 +664,18 @@ class Mix(Resumable):
         return {"epoch": self.epoch, "batch": self._pos, "seed": self.seed, "shuffle": self.shuffle,
                 "batch_size": self.batch_size, "rank": self.rank, "world_size": self.world_size,
                 "drop_last": self.drop_last, "uneven": self.uneven, "stop": self.stop, "sizes": list(self.sizes),
-                "counts": list(self.counts), "sort_batches": self.sort_batches}
+                "counts": list(self.counts), "sort_batches": self.sort_batches, "layout": self._layout()}
+
+    def _layout(self) -> str:
+        """A digest of every build's sample keys in row order, build by build (computed once)."""
+        if self._layout_digest is None:
+            import hashlib
+
+            h = hashlib.sha256()
+            for s in self.sources:
+                h.update(hashlib.sha256("\0".join(s.ds.keys).encode("utf-8", "surrogatepass")).digest())
+            self._layout_digest = h.hexdigest()[:16]
+        return self._layout_digest
 
     # -- reading ----------------------------------------------------------------------------------
     def read_batch(self, src: np.ndarray, row: np.ndarray) -> dict[str, np.ndarray]:
@@ -741,8 +761,7 @@ class Mix(Resumable):
             old.close()
         if not self.sources:
             raise PrecompileError("Mix: closed (make a new Mix to read again)")
-        self._resume = False
-        gen = self._run()
+        gen = self._run()   # the pass starts (and the restored position is used) at the first next()
         self._active = weakref.ref(gen)
         return gen
 
@@ -756,6 +775,7 @@ class Mix(Resumable):
                              self.prefetch)
 
     def _run(self) -> Iterator[dict[str, torch.Tensor]]:
+        self._resume = False   # the pass starts here, at the first next(): as the Loader's (Lightning's order)
         epoch = self.epoch
         src, row, batches = self._batches(epoch)
         if self.device.type != "cuda":

@@ -17,6 +17,10 @@ class Resumable:
 
     #: the keys of a state that must equal this reader's (a state taken with others is a ``ValueError``)
     STATE_CHECKS: ClassVar[tuple[str, ...]] = ()
+    #: keys checked as those, but only where the state has them: added after states without them were written
+    STATE_ADDED: ClassVar[tuple[str, ...]] = ()
+    #: the message for a checked key whose value is no words (a digest): ``{theirs}``, ``{mine}`` filled in
+    STATE_HINTS: ClassVar[dict[str, str]] = {}
     #: the reader's name in messages
     KIND: ClassVar[str] = "reader"
 
@@ -33,27 +37,55 @@ class Resumable:
     def set_epoch(self, epoch: int) -> None:
         """Start ``epoch`` from its first batch on the next iteration.
 
-        Right after :meth:`load_state_dict` (before a pass starts), setting the restored epoch keeps
-        the restored position, so the usual ``for e in range(start, n): set_epoch(e); for b in loader``
-        loop resumes mid-epoch instead of replaying it.
+        Right after :meth:`load_state_dict` (before a pass starts: before the first ``next`` of an iterator,
+        which may have been made already), setting the restored epoch keeps the restored position, so the usual
+        ``for e in range(start, n): set_epoch(e); for b in loader`` loop resumes mid-epoch instead of replaying
+        it, and so does Lightning's order (``iter(loader)``, then ``set_epoch``, then ``next``).
         """
         epoch = whole(epoch, "epoch")
-        if int(epoch) < 0:
-            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if not 0 <= int(epoch) < 2 ** 63:   # an int64: the orders and copies are numpy arithmetic on it
+            raise ValueError(f"epoch must be in [0, 2**63), got {epoch}")
         if self._resume and int(epoch) == self.epoch:
             return
         self.epoch, self._pos, self._resume = int(epoch), 0, False
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches."""
+        """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches.
+
+        ``state`` is what :meth:`state_dict` returned (through a checkpoint: JSON, torch.save, ...). One that is not
+        a dict, lacks ``epoch``, ``batch`` or a key of ``STATE_CHECKS``, holds another value for one of those (or for
+        a key of ``STATE_ADDED`` it has), or
+        an ``epoch``/``batch`` that is not a whole number in range, is a ``ValueError`` naming it; nothing changes
+        then. Keys it does not know are ignored (a state of a later version). ``rank`` is not checked: every rank
+        of a DDP job may resume from rank 0's state (its position is every rank's)."""
+        from ..errors import echo
+
+        if not isinstance(state, dict):
+            raise ValueError(f"state_dict must be a dict (what {self.KIND}.state_dict() returned), got "
+                             f"{type(state).__name__}: {echo(state, 80)}")
         mine = self.state_dict()
-        for k in self.STATE_CHECKS:
-            if k in state and state[k] != mine[k]:
-                raise ValueError(f"state_dict was taken with {k}={state[k]!r}, this {self.KIND} has {k}={mine[k]!r}")
-        epoch, pos = int(state["epoch"]), int(state["batch"])
-        if epoch < 0:
-            raise ValueError(f"state_dict epoch must be >= 0, got {epoch}")
+        for k in ("epoch", "batch", *self.STATE_CHECKS):
+            if k not in state:
+                raise ValueError(f"state_dict has no {k!r}: it is not a state_dict() of this {self.KIND} (which "
+                                 f"holds {', '.join(sorted(mine))})")
+        for k in (*self.STATE_CHECKS, *(k for k in self.STATE_ADDED if k in state)):
+            if _differs(state[k], mine[k]):
+                if k in self.STATE_HINTS:
+                    raise ValueError(self.STATE_HINTS[k].format(theirs=echo(state[k], 80), mine=echo(mine[k], 80)))
+                raise ValueError(f"state_dict was taken with {k}={echo(state[k], 80)}, this {self.KIND} has "
+                                 f"{k}={echo(mine[k], 80)}")
+        epoch, pos = whole(state["epoch"], "state_dict epoch"), whole(state["batch"], "state_dict batch")
+        if not 0 <= epoch < 2 ** 63:
+            raise ValueError(f"state_dict epoch must be in [0, 2**63), got {epoch}")
         nb = len(self.batch_indices(epoch))
         if not 0 <= pos <= nb:
             raise ValueError(f"state_dict batch must be in [0, {nb}] (epoch {epoch} has {nb} batches), got {pos}")
         self.epoch, self._pos, self._resume = epoch, pos, True
+
+
+def _differs(theirs: Any, mine: Any) -> bool:
+    """Whether a restored value is not this reader's (a value that cannot even be compared differs)."""
+    try:
+        return bool(theirs != mine)
+    except Exception:   # an array, an object whose == raises: not what state_dict() wrote
+        return True

@@ -7,7 +7,8 @@
     trainer.fit(model, datamodule=dm)
 
 Each split's dataloader is a :class:`~precompile.reader.loader.Loader` over that split's
-index (a ``split:`` recipe writes ``<name>.<split>.h5``). The module sets what a
+index (a ``split:`` recipe writes ``<name>.<split>.h5``); a split given as a list of builds is read
+through :class:`~precompile.reader.mix.Mix` (``weights``, ``stop``, ``cycle`` in its kwargs). The module sets what a
 ``torch.utils.data.DataLoader`` would get from Lightning:
 
 - **rank and world size**: the trainer's ``global_rank`` and ``world_size`` (each rank
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Sequence, Union
 
 from .errors import MissingDependencyError
 
@@ -71,6 +72,8 @@ class LightningLoader:
 
 
 SPLITS = ("train", "val", "test", "predict")
+#: a split's build: one index path (a Loader), or a list of them (a precompile.Mix)
+Build = Union[str, os.PathLike, Sequence[Union[str, os.PathLike]]]
 
 
 def _make_class() -> type:
@@ -79,16 +82,17 @@ def _make_class() -> type:
     class PrecompileDataModule(base):  # type: ignore[misc, valid-type]
         """Loaders over one build per split; see :mod:`precompile.lightning`."""
 
-        def __init__(self, train: Optional[str | os.PathLike] = None, val: Optional[str | os.PathLike] = None,
-                     test: Optional[str | os.PathLike] = None, predict: Optional[str | os.PathLike] = None,
+        def __init__(self, train: Optional[Build] = None, val: Optional[Build] = None,
+                     test: Optional[Build] = None, predict: Optional[Build] = None,
                      batch_size: int = 32, shuffle: bool | str = True,
                      train_kwargs: Optional[dict[str, Any]] = None, eval_kwargs: Optional[dict[str, Any]] = None,
                      **loader_kwargs: Any):
             super().__init__()
             self.paths = {"train": train, "val": val, "test": test, "predict": predict}
             for split, p in self.paths.items():
-                if p is not None and not os.path.exists(p):
-                    raise FileNotFoundError(f"precompile.lightning: the {split} build {str(p)!r} does not exist")
+                for one in (p if isinstance(p, (list, tuple)) else [p]):   # a list: the builds a Mix reads
+                    if one is not None and not os.path.exists(one):
+                        raise FileNotFoundError(f"precompile.lightning: the {split} build {str(one)!r} does not exist")
             self.batch_size, self.shuffle = int(batch_size), shuffle
             self.loader_kwargs = dict(loader_kwargs)
             self.train_kwargs, self.eval_kwargs = dict(train_kwargs or {}), dict(eval_kwargs or {})
@@ -115,7 +119,12 @@ def _make_class() -> type:
                 shared.pop("drop_last", None)
             kw: dict[str, Any] = {"shuffle": self.shuffle if train else False, **self._distribution(),
                                   **shared, **(self.train_kwargs if train else self.eval_kwargs)}
-            self.loaders[split] = LightningLoader(Loader(str(path), self.batch_size, **kw))
+            if isinstance(path, (list, tuple)):   # several builds: mixed (weights, stop, cycle from the kwargs)
+                from .reader.mix import Mix
+
+                self.loaders[split] = LightningLoader(Mix([str(p) for p in path], self.batch_size, **kw))
+            else:
+                self.loaders[split] = LightningLoader(Loader(str(path), self.batch_size, **kw))
             return self.loaders[split]
 
         def train_dataloader(self) -> LightningLoader:

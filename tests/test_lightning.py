@@ -167,3 +167,26 @@ def test_evaluation_reads_every_sample_when_training_drops_its_last_batch(splits
     dm = PrecompileDataModule(train=splits["train"], val=splits["val"], batch_size=4, device="cpu", num_threads=0,
                               drop_last=True, eval_kwargs={"drop_last": True})
     assert sum(len(b["label"]) for b in dm.val_dataloader()) == n - n % 4
+
+
+def test_a_split_given_as_a_list_of_builds_is_mixed(splits):
+    """A split may be several builds, as issue 35's mixing wants: the DataModule took one path per split and a list
+    failed in os.path.exists (TypeError). A list is read through precompile.Mix, with its kwargs per side: every
+    training epoch is the Mix's own for that epoch (its batches' __source say which build each sample came from)."""
+    from precompile import Mix
+    from precompile.lightning import PrecompileDataModule
+
+    kw = dict(device="cpu", num_threads=0, seed=3)
+    dm = PrecompileDataModule(train=[splits["train"], splits["val"]], val=splits["val"], batch_size=4,
+                              train_kwargs={"weights": [1, 1], "stop": "all_exhausted"}, **kw)
+    model = Recorder()
+    _trainer(max_epochs=2).fit(model, datamodule=dm)
+    ref = Mix([splits["train"], splits["val"]], 4, weights=[1, 1], stop="all_exhausted", shuffle=True, **kw)
+    for e in range(2):
+        ref.set_epoch(e)
+        batches = list(ref)
+        want = [v for b in batches for v in (b["image"].float().flatten(1) / 255).sum(1).tolist()]
+        np.testing.assert_allclose(model.seen[e], want, rtol=1e-6)
+        assert {int(s) for b in batches for s in b["__source"]} == {0, 1}
+    with pytest.raises(FileNotFoundError, match="the train build '.*nope.h5' does not exist"):
+        PrecompileDataModule(train=[splits["train"], splits["train"].replace("train.h5", "nope.h5")])

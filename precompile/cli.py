@@ -406,24 +406,38 @@ def _build_path_frozen() -> Iterator[Any]:
 @contextlib.contextmanager
 def _interruptible() -> Iterator[list[int]]:
     """While a build runs: SIGTERM stops it as Ctrl-C does (a KeyboardInterrupt: the workers are stopped, the
-    half-written shards removed, what was kept is said); the signal that stopped it is appended to the list."""
+    half-written shards removed, what was kept is said); the SIGTERM that stopped it is appended to the list. Both
+    are also recorded (:mod:`precompile.compiler.stop`), so that a KeyboardInterrupt Python drops (raised inside a
+    weakref callback) is raised again at the build's next safe point."""
     import signal
+
+    from .compiler import stop
 
     stopped: list[int] = []
 
     def on_term(signum: int, frame: Any) -> None:
         stopped.append(signum)
+        stop.request(signum)
         raise KeyboardInterrupt
 
-    try:
-        old = signal.signal(signal.SIGTERM, on_term)
-    except ValueError:   # not the main thread (a test runner's): SIGTERM keeps its default
-        old = None
+    def on_int(signum: int, frame: Any) -> None:
+        stop.request(signum)
+        raise KeyboardInterrupt
+
+    old = {}
+    for sig, handler in ((signal.SIGTERM, on_term), (signal.SIGINT, on_int)):
+        if sig == signal.SIGINT and signal.getsignal(sig) is not signal.default_int_handler:
+            continue   # Ctrl-C ignored (a background job) or handled by the caller: left as it is
+        try:
+            old[sig] = signal.signal(sig, handler)
+        except ValueError:   # not the main thread (a test runner's): the signals keep their handlers
+            pass
     try:
         yield stopped
     finally:
-        if old is not None:
-            signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+        stop.clear()
 
 
 def _interrupted(e: KeyboardInterrupt, stopped: list[int]) -> None:

@@ -24,6 +24,7 @@ from ..errors import BuildError, WorkerKilledError
 from ..recipe import Recipe
 from .plan import Plan
 from .results import Failure, ShardResult, zero_timings
+from . import stop
 
 
 def remove_path(path: str) -> None:
@@ -366,6 +367,7 @@ def run_inline(todo: list[tuple[Any, str]], task: Callable[..., tuple], progress
     sink = progress.local_sink() if progress is not None else None
     try:
         for s, path in todo:
+            stop.check()
             fn, args = task(s, path, False, False, sink)
             yield fn(*args)
     finally:
@@ -438,7 +440,9 @@ def run_fork(todo: list[tuple[Any, str]], task: Callable[..., tuple], n_jobs: Op
             if not pool.running():
                 raise BuildError("the worker processes exit as soon as they start; run build again with -j 1 "
                                  "to see why")
-            for tid, kind, payload in pool.events():
+            stop.check()
+            for tid, kind, payload in pool.events(timeout=0.5):   # (a stop is checked at least every 0.5 s)
+                stop.check()
                 s, path = todo[tid]
                 if kind == "ok":
                     yield payload

@@ -50,6 +50,7 @@ from ..sample import FieldSpec, Sample
 from ..seeding import LazyRng
 from ..transforms import source_map
 from ..storage.files import write_json_atomic
+from . import stop
 
 
 #: how many characters of a codec's or a step's own words about an input a failure keeps (a parser may put
@@ -456,9 +457,10 @@ def run_shard(recipe: Recipe, shard: ShardPlan, path: str, key: str, specs: dict
                                    stage="write", type="OSError", shard=shard.index), abort=False)
     try:
         for item in shard.items:
-            stop = task.add_input(item, decode, stream)
-            if stop is not None:
-                return stop
+            stop.check()   # a Ctrl-C Python dropped (raised in a weakref callback) stops the build here
+            ended = task.add_input(item, decode, stream)
+            if ended is not None:
+                return ended
             if progress is not None:
                 progress(shard.index, 1)
         return task.close(key)

@@ -379,6 +379,7 @@ def _fill_spills(recipe: Recipe, clips: Any, stream: Any, item: Item, copies: li
 
     if not any(s.random for s in recipe.steps[stream.first:]):
         for clip in clips:
+            stop.check()   # (a long video's clips: a dropped Ctrl-C stops it here, not after the whole file)
             for spill, c in zip(spills, copies):
                 for s in run_steps(recipe, clip, c, item, timings, stream.first):
                     check(s)
@@ -387,6 +388,7 @@ def _fill_spills(recipe: Recipe, clips: Any, stream: Any, item: Item, copies: li
     pending = SampleSpill(spill_dir)
     try:
         for clip in clips:
+            stop.check()
             pending.add(clip)
         for spill, c in zip(spills, copies):
             done = run_steps(recipe, pending, c, item, timings, stream.first, lambda: SampleSpill(spill_dir))

@@ -185,15 +185,29 @@ class Dataset:
         s = int(np.searchsorted(self.offsets, i, side="right") - 1)
         return s, i - int(self.offsets[s])
 
-    def _indices(self, indices: Iterable[int]) -> np.ndarray:
-        given = np.asarray(list(indices))
-        if given.size and given.dtype.kind not in "iub":   # (1.5 became row 1)
-            raise TypeError(f"sample indices must be integers, got {given.dtype} values such as {given.flat[0]!r}")
+    def _indices(self, indices: Iterable[int] | slice) -> np.ndarray:
+        """``indices`` as rows, numpy's rules for one axis: integers (numpy ones too), negative from the end; a
+        slice as a list takes it; a boolean mask of ``len(self)`` values picks the rows where it is True (cast
+        to integers, ``[True, False, True]`` quietly gave rows 1, 0, 1). A float, or an index of two or more
+        dimensions, is a TypeError; a row out of range an IndexError naming it."""
+        if isinstance(indices, slice):
+            return np.arange(*indices.indices(self._n), dtype=np.int64)
+        given = np.asarray(indices if isinstance(indices, np.ndarray) else list(indices))
+        if given.ndim > 1:
+            raise TypeError(f"sample indices must be one list of rows, got an index of shape {given.shape}")
+        if given.dtype.kind == "b":
+            if given.size != self._n:
+                raise IndexError(f"boolean index of {given.size} values for {self._n} samples (a mask has one "
+                                 f"value per sample)")
+            return np.flatnonzero(given).astype(np.int64)
+        if given.size and given.dtype.kind not in "iu":   # (1.5 became row 1)
+            raise TypeError(f"sample indices must be integers, got {given.dtype} values such as "
+                            f"{echo(str(given.flat[0]))}")
         idx = given.astype(np.int64).reshape(-1)
-        idx = np.where(idx < 0, idx + self._n, idx)
-        if idx.size and (idx.min() < 0 or idx.max() >= self._n):
-            raise IndexError(f"sample index out of range for {self._n} samples")
-        return idx
+        bad = (idx < -self._n) | (idx >= self._n)
+        if bad.any():
+            raise IndexError(f"sample index {int(idx[np.argmax(bad)])} out of range for {self._n} samples")
+        return np.where(idx < 0, idx + self._n, idx)
 
     def key(self, i: int) -> str:
         return self.keys[self._index(i)]

@@ -1,0 +1,232 @@
+"""An outside check of the plain-reader paths against truths the code did not compute.
+
+Every build here reads ``.npz`` files through a test decoder that passes their arrays through as declared fields
+(tests/readers_outside_decoder.py), so the source file is the truth: ``ds[i]``, ``ds.batch``, a plain
+``DataLoader`` with ``precompile.collate`` (padded and ``targets="list"``) must each give back exactly the arrays
+written (dtype, shape, bytes; NaN and inf included) and the table's text and labels as Python's ``json`` reads
+them. A modest fixed set of drawn recipes runs by default; ``PRECOMPILE_READERS_EXPLORE=N`` draws N more.
+The Hugging Face bridge is checked against the same truth in tests/test_hf_outside.py."""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import threading
+
+import numpy as np
+import pytest
+
+import precompile
+import readers_outside_decoder  # noqa: F401  (registers the decoder; a build's workers import that module)
+from precompile import build
+
+FORMATS = ("hdf5", "png", "bmp")
+TEXTS = ["", "héllo ☃", "a\x00b", "日本語 \U0001F600", "tab\tand\nnewline", "x" * 300, "\"quoted\" \\ back"]
+
+
+def _draw(rng: np.random.Generator, fmt: str) -> tuple[dict, list[dict], list[dict]]:
+    """A random set of fields for ``fmt``: (decoder specs, per-sample arrays, per-sample table rows). Images whose
+    pixels count up (each value its own position), float fields with NaN and inf, 0 to 4 boxes per sample (with
+    labels and keypoints tied to them), a variable 1-D index vector."""
+    n = int(rng.integers(1, 7))
+    fixed = bool(rng.integers(2))
+    ch = {"hdf5": [0, 1, 3, 4], "png": [0, 1, 3, 4], "bmp": [0, 3]}[fmt]
+    c = int(rng.choice(ch))
+    dt = "uint16" if fmt == "png" and c in (0, 1) and rng.integers(2) else "uint8"
+    if fmt == "hdf5":
+        dt = str(rng.choice(["uint8", "uint16", "float32"]))
+    k = int(rng.integers(1, 4))
+    hw = [int(rng.integers(1, 6)), int(rng.integers(1, 7))]
+    img_shape = (hw if fixed else [None, None]) + ([c] if c else [])
+    specs = {"@": ["image", img_shape, dt, None],
+             "boxes": ["boxes", [None, 4], "float32", None],
+             "box_labels": ["box_labels", [None], "int64", "boxes"],
+             "keypoints": ["keypoints", [None, k, 3], "float32", "boxes"],
+             "flow": ["flow", [2, 3, 2], "float32", None],
+             "vec": ["index", [None], "int32", None]}
+    arrays, rows = [], []
+    for i in range(n):
+        h, w = hw if fixed else [int(rng.integers(1, 6)), int(rng.integers(1, 7))]
+        shape = (h, w) + ((c,) if c else ())
+        count = np.arange(int(np.prod(shape)), dtype=np.int64).reshape(shape) + 7 * i
+        img = (count % (65536 if dt == "uint16" else 256)).astype(dt) if dt != "float32" else count.astype(dt) / 3
+        if dt == "float32":
+            img.flat[0] = np.nan
+        nb = int(rng.choice([0, 0, 1, 2, 4]))
+        flow = rng.standard_normal((2, 3, 2)).astype(np.float32)
+        flow.flat[:3] = [np.nan, np.inf, -np.inf]
+        arrays.append({"@": img,
+                       "boxes": (np.arange(nb * 4, dtype=np.float32).reshape(nb, 4) + 0.5 * i),
+                       "box_labels": np.arange(nb, dtype=np.int64) * 3 + i,
+                       "keypoints": rng.random((nb, k, 3)).astype(np.float32),
+                       "flow": flow,
+                       "vec": np.arange(int(rng.integers(0, 4)), dtype=np.int32) - 2})
+        rows.append({"caption": str(rng.choice(TEXTS)), "cls": str(rng.choice(["b", "a", "z"]))})
+    return specs, arrays, rows
+
+
+def _make(tmp, seed: int, fmt: str):
+    """Write a drawn input set under ``tmp`` and build it in ``fmt``: (index path, truth per sample in key order)."""
+    rng = np.random.default_rng(seed)
+    specs, arrays, rows = _draw(rng, fmt)
+    data = tmp / "data"
+    data.mkdir(parents=True)
+    with open(data / "t.jsonl", "w", encoding="utf-8") as f:
+        for i, (a, r) in enumerate(zip(arrays, rows)):
+            np.savez(data / f"s{i:02d}.npz", **a)
+            f.write(json.dumps({"file": f"s{i:02d}.npz", **r}) + "\n")
+    recipe = {"name": "agree", "inputs": {
+        "root": str(data), "table": str(data / "t.jsonl"), "path": "{file}", "key": "file",
+        "fields": {"image": {"decoder": "_readers_outside_test", "specs": json.dumps(specs)}},
+        "columns": {"caption": {"column": "caption", "kind": "text"}, "label": {"column": "cls", "kind": "label"}}},
+        "output": {"format": fmt, "samples_per_shard": int(rng.integers(1, 4))}}
+    out = build(recipe, out_dir=tmp / "out")["output"]
+    # the truth: the files' own arrays, and the table as Python's json reads it (labels: sorted unique names)
+    with open(data / "t.jsonl", encoding="utf-8") as f:
+        table = [json.loads(line) for line in f]
+    names = sorted({r["cls"] for r in table})
+    truth = []
+    for r in table:
+        with np.load(data / r["file"], allow_pickle=False) as z:
+            t = {("image" if n == "@" else n): z[n] for n in z.files}
+        t["caption"] = r["caption"]
+        t["label"] = np.int64(names.index(r["cls"]))
+        truth.append((r["file"], t))
+    return out, truth, names
+
+
+def _same(got, want) -> bool:
+    if isinstance(want, str):
+        return isinstance(got, str) and got == want
+    got = np.asarray(got)
+    return got.dtype == want.dtype and got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
+def _check_build(tmp, seed: int, fmt: str) -> None:
+    import torch
+    from torch.utils.data import DataLoader
+
+    out, truth, names = _make(tmp, seed, fmt)
+    ds = precompile.open(out)
+    assert len(ds) == len(truth) and ds.label_names == names
+    for i, (key, t) in enumerate(truth):
+        assert ds.key(i) == key
+        s = ds[i]
+        assert set(s) == set(t)
+        for f, want in t.items():
+            assert _same(s[f], want), (seed, fmt, i, f, s[f], want)
+    # batch(pad=True), in a shuffled order with a repeat: each row's own values, then the padding
+    order = list(np.random.default_rng(seed).permutation(len(ds))) + [0]
+    b = ds.batch(order, pad=True)
+    for pos, i in enumerate(order):
+        t = truth[i][1]
+        for f in ("boxes", "box_labels", "keypoints", "vec", "image"):
+            want = t[f]
+            got = b[f][pos][tuple(slice(0, n) for n in want.shape)]
+            assert _same(got, want), (seed, fmt, pos, f)
+            if f in ("boxes", "keypoints"):
+                assert np.isnan(b[f][pos][want.shape[0]:]).all(), (seed, fmt, pos, f)
+            if f == "box_labels":
+                assert (b[f][pos][want.shape[0]:] == -1).all(), (seed, fmt, pos, f)
+        assert b["caption"][pos] == t["caption"] and int(b["label"][pos]) == int(t["label"])
+    # a plain DataLoader with precompile.collate: padded with counts, and targets="list"
+    fields = [f for f in ds.fields if not (ds.variable(f) and f in ("image", "vec"))]
+    sub = precompile.open(out, fields=fields)
+    for targets in (None, "list"):
+        loader = DataLoader(sub, batch_size=3, collate_fn=precompile.collate(sub, targets=targets))
+        start = 0
+        for batch in loader:
+            for pos in range(len(batch["label"])):
+                t = truth[start + pos][1]
+                n = len(t["boxes"])
+                if targets is None:
+                    assert int(batch["boxes__count"][pos]) == n
+                    got = {"boxes": batch["boxes"][pos, :n], "box_labels": batch["box_labels"][pos, :n],
+                           "keypoints": batch["keypoints"][pos, :n]}
+                else:
+                    d = batch["targets"][pos]
+                    got = {"boxes": d["boxes"], "box_labels": d["labels"], "keypoints": d["keypoints"]}
+                    assert d["boxes"].dtype == torch.float32 and d["labels"].dtype == torch.int64
+                    assert tuple(d["boxes"].shape) == (n, 4) and tuple(d["keypoints"].shape) == (n, *t["keypoints"].shape[1:])
+                for f, g in got.items():
+                    assert _same(g.numpy(), t[f]), (seed, fmt, targets, start + pos, f)
+                assert batch["caption"][pos] == t["caption"] and int(batch["label"][pos]) == int(t["label"])
+                assert _same(batch["flow"][pos].numpy(), t["flow"])
+                if "image" in batch:
+                    assert _same(batch["image"][pos].numpy(), t["image"])
+            start += len(batch["label"])
+        assert start == len(truth)
+
+
+CASES = [(seed, fmt) for seed in range(3) for fmt in FORMATS]
+EXPLORE = int(os.environ.get("PRECOMPILE_READERS_EXPLORE", "0") or 0)
+
+
+@pytest.mark.parametrize("seed,fmt", CASES)
+def test_readers_give_the_files_own_values(tmp_path, seed, fmt):
+    _check_build(tmp_path, seed, fmt)
+
+
+@pytest.mark.skipif(not EXPLORE, reason="set PRECOMPILE_READERS_EXPLORE=N to draw N more recipes")
+def test_readers_explore(tmp_path):
+    for n in range(EXPLORE):
+        seed = 1000 + n
+        fmt = FORMATS[n % len(FORMATS)]
+        _check_build(tmp_path / f"{seed}", seed, fmt)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    """One drawn HDF5 build and one PNG build with their truths."""
+    out = {}
+    for fmt in ("hdf5", "png"):
+        tmp = tmp_path_factory.mktemp(f"small-{fmt}")
+        for seed in range(50):   # a draw with at least 4 samples
+            if len(_draw(np.random.default_rng(seed), fmt)[1]) >= 4:
+                break
+        out[fmt] = _make(tmp, seed, fmt)
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "png"])
+def test_batch_takes_a_boolean_mask_as_numpy_does(small, fmt):
+    """A boolean index picks the rows where it is True (numpy's rule); before, ``batch([True, False, True])``
+    quietly gave rows 1, 0, 1 (the booleans cast to integers)."""
+    path, truth, _ = small[fmt]
+    ds = precompile.open(path)
+    mask = np.zeros(len(ds), bool)
+    mask[[0, 2]] = True
+    for m in (mask, list(mask)):
+        b = ds.batch(m, pad=True)
+        assert b["caption"] == [truth[0][1]["caption"], truth[2][1]["caption"]]
+        assert [int(v) for v in b["label"]] == [int(truth[0][1]["label"]), int(truth[2][1]["label"])]
+    assert ds.batch(np.zeros(len(ds), bool), pad=True)["caption"] == []
+    with pytest.raises(IndexError, match=f"boolean index of 3 values for {len(ds)} samples"):
+        ds.batch([True, False, True])
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "png"])
+def test_batch_index_forms(small, fmt):
+    """Slices as a list takes them; numpy integers of any width; an empty list; a 2-D index and floats refused."""
+    path, truth, _ = small[fmt]
+    ds = precompile.open(path)
+    n = len(ds)
+    caps = [t["caption"] for _, t in truth]
+    assert ds.batch(slice(1, None), pad=True)["caption"] == caps[1:]
+    assert ds.batch(slice(None, None, -2), pad=True)["caption"] == caps[::-1][::2]
+    assert ds.batch(range(n - 1, -1, -1), pad=True)["caption"] == caps[::-1]
+    assert ds.batch(np.array([-1, 0], dtype=np.int8), pad=True)["caption"] == [caps[-1], caps[0]]
+    assert ds.batch([np.uint64(1)], pad=True)["caption"] == [caps[1]]
+    empty = ds.batch([], pad=True)
+    assert empty["caption"] == [] and empty["label"].shape == (0,) and empty["flow"].shape == (0, 2, 3, 2)
+    assert ds[np.int16(-1)]["caption"] == caps[-1]
+    with pytest.raises(TypeError, match="sample indices must be integers"):
+        ds.batch([0.0, 1.0])
+    with pytest.raises(TypeError, match=r"sample indices must be one list of rows, got an index of shape \(1, 2\)"):
+        ds.batch([[0, 1]])
+    with pytest.raises(IndexError, match=f"sample index {n} out of range for {n} samples"):
+        ds.batch([0, n])
+    with pytest.raises(IndexError, match=f"sample index {-n - 1} out of range for {n} samples"):
+        ds.batch([-n - 1])
+    with pytest.raises(TypeError, match="sample index must be an integer, got slice"):
+        ds[0:2]

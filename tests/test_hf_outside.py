@@ -1,0 +1,75 @@
+"""An outside check of ``precompile.hf.to_hf`` against the source files: every column of every row, read back by
+Hugging Face ``datasets`` (numpy with ``dtype=None``, and the Python format) through ``precompile.hf.array``, is
+the sample's own array (dtype, shape, bytes; NaN and inf included), and its text and label are what Python's
+``json`` read from the table. The builds are tests/test_readers_agree_outside.py's drawn recipes (the same
+truths), and a saved and reloaded copy (``save_to_disk`` / ``load_from_disk``) reads the same."""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import numpy as np
+import pytest
+
+if importlib.util.find_spec("datasets") is None:
+    pytest.skip("Hugging Face datasets is not installed (extra 'hf': pip install 'precompile[hf]')",
+                allow_module_level=True)
+
+import datasets  # noqa: E402
+
+import precompile  # noqa: E402
+from precompile.hf import array, to_hf  # noqa: E402
+from test_readers_agree_outside import FORMATS, _draw, _make, _same  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
+EXPLORE = int(os.environ.get("PRECOMPILE_READERS_EXPLORE", "0") or 0)
+
+
+def _check_hf(tmp, seed: int, fmt: str) -> None:
+    out, truth, names = _make(tmp, seed, fmt)
+    ds = precompile.open(out)
+    hf = to_hf(out, cache_dir=str(tmp / "cache"))
+    assert len(hf) == len(truth) and hf.features["label"] == datasets.ClassLabel(names=names)
+    hf.save_to_disk(str(tmp / "saved"))
+    again = datasets.load_from_disk(str(tmp / "saved"))
+    for view in (hf.with_format("numpy", dtype=None), hf, again):
+        for i, (key, t) in enumerate(truth):
+            row = view[i]
+            assert row["__key__"] == key == ds.key(i)
+            assert row["caption"] == t["caption"] and int(row["label"]) == int(t["label"])
+            for f, want in t.items():
+                if f in ("caption", "label"):
+                    continue
+                got = array(view, row, f)
+                assert _same(got, want), (seed, fmt, i, f, getattr(got, "dtype", None), np.shape(got),
+                                          want.dtype, want.shape)
+
+
+@pytest.mark.parametrize("seed,fmt", [(seed, fmt) for seed in range(2) for fmt in FORMATS])
+def test_to_hf_gives_the_files_own_values(tmp_path, seed, fmt):
+    _check_hf(tmp_path, seed, fmt)
+
+
+def test_array_gives_annotation_rows_in_the_builds_dtype_and_shape(tmp_path):
+    """Boxes and keypoints are nested lists in the dataset: ``array`` gave float64 in the Python format (it took
+    the dtype only from a list of values), and a sample with no boxes came back (0,) (object in numpy), not
+    (0, 4) float32 as ``ds[i]`` has it; a one-channel mask, an ``Image`` column, came back (H, W)."""
+    seed = next(s for s in range(100) if (lambda sp, a, r: any(len(x["boxes"]) == 0 for x in a)
+                                          and sp["@"][1][-1] == 1)(*_draw(np.random.default_rng(s), "png")))
+    out, truth, _ = _make(tmp_path, seed, "png")
+    hf = to_hf(out, cache_dir=str(tmp_path / "cache"))
+    empty = next(i for i, (_, t) in enumerate(truth) if len(t["boxes"]) == 0)
+    for view in (hf, hf.with_format("numpy", dtype=None)):
+        row = view[empty]
+        k = truth[empty][1]["keypoints"].shape[1]
+        assert array(view, row, "boxes").dtype == np.float32 and array(view, row, "boxes").shape == (0, 4)
+        assert array(view, row, "keypoints").shape == (0, k, 3)
+        img = array(view, row, "image")
+        assert img.shape == truth[empty][1]["image"].shape and img.shape[-1] == 1
+
+
+@pytest.mark.skipif(not EXPLORE, reason="set PRECOMPILE_READERS_EXPLORE=N to draw N more recipes")
+def test_to_hf_explore(tmp_path):
+    for n in range(EXPLORE):
+        seed = 2000 + n
+        _check_hf(tmp_path / f"{seed}", seed, FORMATS[n % len(FORMATS)])

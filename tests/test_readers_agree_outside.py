@@ -20,8 +20,14 @@ import precompile
 import readers_outside_decoder  # noqa: F401  (registers the decoder; a build's workers import that module)
 from precompile import build
 
-FORMATS = ("hdf5", "png", "bmp")
+FORMATS = ("hdf5", "png", "bmp", "wav")
 TEXTS = ["", "héllo ☃", "a\x00b", "日本語 \U0001F600", "tab\tand\nnewline", "x" * 300, "\"quoted\" \\ back"]
+
+
+def _audio(channels: int, n: int, i: int, dtype: str) -> np.ndarray:
+    """Samples that count up (sample j of channel c: 37 (c n + j) + i), as int16, or as float32 in [-1, 1)."""
+    count = (np.arange(channels * n, dtype=np.int64).reshape(channels, n) * 37 + i) % 65536 - 32768
+    return count.astype(np.int16) if dtype == "int16" else (count / 32768).astype(np.float32)
 
 
 def _draw(rng: np.random.Generator, fmt: str) -> tuple[dict, list[dict], list[dict]]:
@@ -30,11 +36,14 @@ def _draw(rng: np.random.Generator, fmt: str) -> tuple[dict, list[dict], list[di
     labels and keypoints tied to them), a variable 1-D index vector."""
     n = int(rng.integers(1, 7))
     fixed = bool(rng.integers(2))
-    ch = {"hdf5": [0, 1, 3, 4], "png": [0, 1, 3, 4], "bmp": [0, 3]}[fmt]
+    ch = {"hdf5": [0, 1, 3, 4], "png": [0, 1, 3, 4], "bmp": [0, 3], "wav": [0, 1, 3, 4]}[fmt]
     c = int(rng.choice(ch))
     dt = "uint16" if fmt == "png" and c in (0, 1) and rng.integers(2) else "uint8"
-    if fmt == "hdf5":
+    if fmt in ("hdf5", "wav"):
         dt = str(rng.choice(["uint8", "uint16", "float32"]))
+    mdt = "uint8" if fmt == "bmp" else "uint16"
+    ach = int(rng.integers(1, 3))
+    adt = str(rng.choice(["float32", "int16"]))
     k = int(rng.integers(1, 4))
     hw = [int(rng.integers(1, 6)), int(rng.integers(1, 7))]
     img_shape = (hw if fixed else [None, None]) + ([c] if c else [])
@@ -43,7 +52,13 @@ def _draw(rng: np.random.Generator, fmt: str) -> tuple[dict, list[dict], list[di
              "box_labels": ["box_labels", [None], "int64", "boxes"],
              "keypoints": ["keypoints", [None, k, 3], "float32", "boxes"],
              "flow": ["flow", [2, 3, 2], "float32", None],
-             "vec": ["index", [None], "int32", None]}
+             "vec": ["index", [None], "int32", None],
+             "inst": ["mask", img_shape[:2] + [1], mdt, "boxes"],
+             "audio": ["audio", [ach, None], adt, None],
+             "clip": ["video", [2, 3, None, 3], "uint8", None],
+             "vol": ["volume", [2, 2, 3], "float32", None]}
+    if fmt in ("png", "bmp"):
+        del specs["audio"]
     arrays, rows = [], []
     for i in range(n):
         h, w = hw if fixed else [int(rng.integers(1, 6)), int(rng.integers(1, 7))]
@@ -60,7 +75,12 @@ def _draw(rng: np.random.Generator, fmt: str) -> tuple[dict, list[dict], list[di
                        "box_labels": np.arange(nb, dtype=np.int64) * 3 + i,
                        "keypoints": rng.random((nb, k, 3)).astype(np.float32),
                        "flow": flow,
-                       "vec": np.arange(int(rng.integers(0, 4)), dtype=np.int32) - 2})
+                       "vec": np.arange(int(rng.integers(0, 4)), dtype=np.int32) - 2,
+                       # instance ids 0 (background) .. nb (box i is id i + 1), and 255 / 65535 (ignored)
+                       "inst": rng.choice(np.array([0, *range(1, nb + 1), np.iinfo(mdt).max], mdt), (h, w, 1)),
+                       "audio": _audio(ach, int(rng.integers(1, 40)), i, adt),
+                       "clip": (np.arange(2 * 3 * 3 * (i + 1)) % 256).astype(np.uint8).reshape(2, 3, i + 1, 3),
+                       "vol": rng.standard_normal((2, 2, 3)).astype(np.float32)})
         rows.append({"caption": str(rng.choice(TEXTS)), "cls": str(rng.choice(["b", "a", "z"]))})
     return specs, arrays, rows
 
@@ -73,13 +93,14 @@ def _make(tmp, seed: int, fmt: str):
     data.mkdir(parents=True)
     with open(data / "t.jsonl", "w", encoding="utf-8") as f:
         for i, (a, r) in enumerate(zip(arrays, rows)):
-            np.savez(data / f"s{i:02d}.npz", **a)
+            np.savez(data / f"s{i:02d}.npz", **{n: v for n, v in a.items() if n in specs})
             f.write(json.dumps({"file": f"s{i:02d}.npz", **r}) + "\n")
     recipe = {"name": "agree", "inputs": {
         "root": str(data), "table": str(data / "t.jsonl"), "path": "{file}", "key": "file",
         "fields": {"image": {"decoder": "_readers_outside_test", "specs": json.dumps(specs)}},
         "columns": {"caption": {"column": "caption", "kind": "text"}, "label": {"column": "cls", "kind": "label"}}},
-        "output": {"format": fmt, "samples_per_shard": int(rng.integers(1, 4))}}
+        "output": {"format": fmt, "samples_per_shard": int(rng.integers(1, 4)),
+                   **({"options": {"sample_rate": 8000}} if fmt == "wav" else {})}}
     out = build(recipe, out_dir=tmp / "out")["output"]
     # the truth: the files' own arrays, and the table as Python's json reads it (labels: sorted unique names)
     with open(data / "t.jsonl", encoding="utf-8") as f:
@@ -93,6 +114,11 @@ def _make(tmp, seed: int, fmt: str):
         t["label"] = np.int64(names.index(r["cls"]))
         truth.append((r["file"], t))
     return out, truth, names
+
+
+def _masks(inst: np.ndarray, n: int) -> np.ndarray:
+    """Box i's pixels, (n, H, W) uint8: the instance mask's id i + 1."""
+    return (inst[None, ..., 0] == np.arange(1, n + 1)[:, None, None]).astype(np.uint8)
 
 
 def _same(got, want) -> bool:
@@ -120,7 +146,9 @@ def _check_build(tmp, seed: int, fmt: str) -> None:
     b = ds.batch(order, pad=True)
     for pos, i in enumerate(order):
         t = truth[i][1]
-        for f in ("boxes", "box_labels", "keypoints", "vec", "image"):
+        for f in ("boxes", "box_labels", "keypoints", "vec", "image", "inst", "clip", "vol", "audio"):
+            if f not in t:
+                continue
             want = t[f]
             got = b[f][pos][tuple(slice(0, n) for n in want.shape)]
             assert _same(got, want), (seed, fmt, pos, f)
@@ -130,7 +158,7 @@ def _check_build(tmp, seed: int, fmt: str) -> None:
                 assert (b[f][pos][want.shape[0]:] == -1).all(), (seed, fmt, pos, f)
         assert b["caption"][pos] == t["caption"] and int(b["label"][pos]) == int(t["label"])
     # a plain DataLoader with precompile.collate: padded with counts, and targets="list"
-    fields = [f for f in ds.fields if not (ds.variable(f) and f in ("image", "vec"))]
+    fields = [f for f in ds.fields if not ds.variable(f) or f in ("boxes", "box_labels", "keypoints", "caption")]
     sub = precompile.open(out, fields=fields)
     for targets in (None, "list"):
         loader = DataLoader(sub, batch_size=3, collate_fn=precompile.collate(sub, targets=targets))
@@ -146,6 +174,10 @@ def _check_build(tmp, seed: int, fmt: str) -> None:
                 else:
                     d = batch["targets"][pos]
                     got = {"boxes": d["boxes"], "box_labels": d["labels"], "keypoints": d["keypoints"]}
+                    if "inst" in fields:   # box i's pixels: the instance mask's id i + 1 (numpy on the file's ids)
+                        assert _same(d["masks"].numpy(), _masks(t["inst"], n)), (seed, fmt, start + pos)
+                    else:
+                        assert "masks" not in d
                     assert d["boxes"].dtype == torch.float32 and d["labels"].dtype == torch.int64
                     assert tuple(d["boxes"].shape) == (n, 4) and tuple(d["keypoints"].shape) == (n, *t["keypoints"].shape[1:])
                 for f, g in got.items():
@@ -156,6 +188,29 @@ def _check_build(tmp, seed: int, fmt: str) -> None:
                     assert _same(batch["image"][pos].numpy(), t["image"])
             start += len(batch["label"])
         assert start == len(truth)
+    if fmt == "hdf5":   # the Loader reads HDF5 builds: its padded fields and targets="list" give the same rows
+        for targets in (None, "list"):
+            loader = precompile.Loader(out, batch_size=2, shuffle=False, device="cpu", fields=fields, targets=targets)
+            start = 0
+            for batch in loader:
+                for pos in range(len(batch["label"])):
+                    t = truth[start + pos][1]
+                    n = len(t["boxes"])
+                    if targets is None:
+                        assert int(batch["boxes__count"][pos]) == n
+                        got = {f: batch[f][pos, :n] for f in ("boxes", "box_labels", "keypoints")}
+                    else:
+                        d = batch["targets"][pos]
+                        got = {"boxes": d["boxes"], "box_labels": d["labels"], "keypoints": d["keypoints"]}
+                        if "inst" in fields:
+                            assert _same(d["masks"].numpy(), _masks(t["inst"], n)), (seed, "Loader", start + pos)
+                    for f, g in got.items():
+                        assert _same(g.numpy(), t[f]), (seed, "Loader", targets, start + pos, f)
+                    assert batch["caption"][pos] == t["caption"] and _same(batch["flow"][pos].numpy(), t["flow"])
+                    if "image" in batch:
+                        assert _same(batch["image"][pos].numpy(), t["image"])
+                start += len(batch["label"])
+            assert start == len(truth)
 
 
 CASES = [(seed, fmt) for seed in range(3) for fmt in FORMATS]

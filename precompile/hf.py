@@ -325,12 +325,15 @@ def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cach
             ordered[k + SHAPE_SUFFIX] = shape_feature(ds.field_specs[k])
     feats = ordered
     digest = hashlib.sha256("\n".join(str(s.get("key")) for s in ds.shards).encode()).hexdigest()
-    out = d.Dataset.from_generator(_rows, features=d.Features(feats), cache_dir=cache_dir,
-                                   writer_batch_size=batch_rows,
-                                   gen_kwargs={"path": path, "fields": json.dumps(names), "copies": copies,
-                                               "build_digest": digest, "images": json.dumps(images),
-                                               "flat": json.dumps([f for f in flat if f not in variable]),
-                                               "variable": json.dumps(variable), "batch_rows": batch_rows})
+    if not len(ds):   # (a split no sample fell into) from_generator refuses no rows: "corresponds to no data"
+        out = d.Dataset.from_dict({c: [] for c in feats}, features=d.Features(feats))
+    else:
+        out = d.Dataset.from_generator(_rows, features=d.Features(feats), cache_dir=cache_dir,
+                                       writer_batch_size=batch_rows,
+                                       gen_kwargs={"path": path, "fields": json.dumps(names), "copies": copies,
+                                                   "build_digest": digest, "images": json.dumps(images),
+                                                   "flat": json.dumps([f for f in flat if f not in variable]),
+                                                   "variable": json.dumps(variable), "batch_rows": batch_rows})
     declared = {f: list(ds.field_specs[f]["shape"]) for f in names if f not in flat and len(ds.field_specs[f].get(
         "shape") or []) >= 2 and ds.field_specs[f].get("kind") != "text"}
     if flat or declared:

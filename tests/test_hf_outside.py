@@ -73,3 +73,19 @@ def test_to_hf_explore(tmp_path):
     for n in range(EXPLORE):
         seed = 2000 + n
         _check_hf(tmp_path / f"{seed}", seed, FORMATS[n % len(FORMATS)])
+
+
+def test_to_hf_of_an_empty_split_is_an_empty_dataset(tmp_path):
+    """A split no sample fell into is a build of 0 samples: ``to_hf`` gives an empty dataset with the build's
+    columns and types (it raised datasets' ``Instruction "train" corresponds to no data!``)."""
+    out, truth, names = _make(tmp_path / "a", 5, "hdf5")
+    recipe = dict(precompile.open(out).recipe, name="spl",
+                  split={"fractions": {"train": 0.999, "val": 0.001}, "seed": 1})
+    precompile.build(recipe, out_dir=tmp_path / "spl")
+    val, train = tmp_path / "spl" / "spl.val.h5", tmp_path / "spl" / "spl.train.h5"
+    assert len(precompile.open(val)) == 0 and len(precompile.open(train)) == len(truth)
+    empty = to_hf(val, cache_dir=str(tmp_path / "cache"))
+    full = to_hf(train, cache_dir=str(tmp_path / "cache"))
+    assert isinstance(empty, datasets.Dataset) and len(empty) == 0
+    assert empty.features == full.features and empty.info.description == full.info.description
+    assert empty.with_format("numpy", dtype=None)[:]["boxes"].shape[0] == 0

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import threading
+import re
 
 import numpy as np
 import pytest
@@ -285,3 +284,34 @@ def test_batch_index_forms(small, fmt):
         ds.batch([-n - 1])
     with pytest.raises(TypeError, match="sample index must be an integer, got slice"):
         ds[0:2]
+
+
+def test_a_field_named_like_a_count_is_refused_not_overwritten(tmp_path):
+    """A field may be named ``boxes__count`` (letters, digits, '_'), the batch key of the boxes' counts: the
+    Loader quietly gave the counts in its place and ``precompile.collate`` the field in the counts' place (what
+    ``detection_targets`` then cut the rows by). Both now refuse it, naming the two; left out, it reads."""
+    data = tmp_path / "data"
+    data.mkdir()
+    specs = {"@": ["image", [2, 3, 3], "uint8", None], "boxes": ["boxes", [None, 4], "float32", None],
+             "boxes__count": ["index", [], "int64", None]}
+    for i in range(3):
+        np.savez(data / f"s{i}.npz", **{"@": np.full((2, 3, 3), i, np.uint8),
+                                       "boxes": np.arange(4 * i, dtype=np.float32).reshape(i, 4),
+                                       "boxes__count": np.int64(100 + i)})
+    out = build({"name": "clash", "inputs": {"root": str(data), "match": "{name}.npz", "fields": {
+        "image": {"decoder": "_readers_outside_test", "specs": json.dumps(specs)}}}}, out_dir=tmp_path / "out")["output"]
+    ds = precompile.open(out)
+    assert [int(ds[i]["boxes__count"]) for i in range(3)] == [100, 101, 102]
+    why = ("the field 'boxes__count' has the name of the batch key of 'boxes''s row counts; load the fields "
+           "without one of them (fields=[...])")
+    with pytest.raises(ValueError, match=re.escape(why)):
+        precompile.collate(ds)
+    with pytest.raises(ValueError, match=re.escape(why)):
+        precompile.Loader(out, batch_size=3, shuffle=False, device="cpu")
+    with pytest.raises(ValueError, match=re.escape(why)):
+        precompile.Mix([out], batch_size=3, device="cpu")
+    sub = precompile.open(out, fields=["image", "boxes"])
+    batch = precompile.collate(sub)([sub[0], sub[1], sub[2]])
+    assert batch["boxes__count"].tolist() == [0, 1, 2]
+    loader = precompile.Loader(out, batch_size=3, shuffle=False, device="cpu", fields=["boxes__count", "image"])
+    assert next(iter(loader))["boxes__count"].tolist() == [100, 101, 102]

@@ -34,7 +34,7 @@ import torch
 from ..errors import ShapeMismatchError
 from ..kinds import Kind
 from ..sample import link_fields, tied_to
-from .ragged import count_name, is_ragged_annotation, pad_rows
+from .ragged import check_count_names, count_name, is_ragged_annotation, pad_rows
 
 __all__ = ["TARGETS_KEY", "Collate", "TargetFields", "check_targets", "collate", "detection_targets",
            "image_target", "loader_targets", "replace_with_targets", "target_fields"]
@@ -213,6 +213,7 @@ class Collate:
         self.specs = specs
         self.targets = check_targets(targets)
         self.ragged = [f for f in fields if is_ragged_annotation(specs[f])]
+        check_count_names(fields, self.ragged)
         self.fields = target_fields(specs) if self.targets else None
         if self.fields is not None:
             check_target_key(fields)

@@ -315,3 +315,20 @@ def test_a_field_named_like_a_count_is_refused_not_overwritten(tmp_path):
     assert batch["boxes__count"].tolist() == [0, 1, 2]
     loader = precompile.Loader(out, batch_size=3, shuffle=False, device="cpu", fields=["boxes__count", "image"])
     assert next(iter(loader))["boxes__count"].tolist() == [100, 101, 102]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_sample_array_is_writable_in_every_format(tmp_path, fmt):
+    """``ds[i]`` gives arrays a user may change in place (``s["image"] -= mean``) in every format: the PNG and BMP
+    images were read-only (numpy over Pillow's bytes), unlike every other field and format, so an in-place
+    transform failed only there, and torch's default collate in a plain DataLoader (the reference's example)
+    warned that the tensor was not writable."""
+    out, truth, _ = _make(tmp_path, 4, fmt)
+    ds = precompile.open(out)
+    for i in range(len(ds)):
+        s = ds[i]
+        for f, a in s.items():
+            if isinstance(a, np.ndarray) and a.ndim:
+                assert a.flags.writeable, (fmt, i, f)
+        s["image"][...] = 0   # and changing it changes nothing stored
+        assert _same(ds[i]["image"], truth[i][1]["image"])

@@ -200,8 +200,7 @@ class Collate:
       with NaN (float) or -1 (integer) past a sample's rows (Nmax at least 1), plus ``<field>__count`` (B,)
       int64; ``targets="list"``: the boxes field and the rows tied to it become ``batch["targets"]``, one dict
       per sample (:func:`detection_targets`' dicts, from the sample's own arrays);
-    - every other array field is stacked by numpy into a new tensor (a folder-format build's arrays are
-      read-only views, which torch's ``default_collate`` warns about), numbers and text go through torch's
+    - every other array field is stacked by numpy into a new tensor, numbers and text go through torch's
       ``default_collate`` (a tensor, a list of str); samples of different shapes are a
       :class:`ShapeMismatchError` naming the field and two shapes.
 

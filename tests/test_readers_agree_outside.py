@@ -332,3 +332,33 @@ def test_every_sample_array_is_writable_in_every_format(tmp_path, fmt):
                 assert a.flags.writeable, (fmt, i, f)
         s["image"][...] = 0   # and changing it changes nothing stored
         assert _same(ds[i]["image"], truth[i][1]["image"])
+
+
+def test_an_epoch_view_reads_as_its_dataset_does(tmp_path):
+    """``epoch_view(ds, e)``, the map-style view of one epoch of an augmented build: its ``batch`` took no ``pad``
+    and cast a boolean mask to rows 0 and 1; ``precompile.collate`` could not be made for it (no field specs).
+    Now it batches with the dataset's rules over its own positions, and a DataLoader over it collates."""
+    from torch.utils.data import DataLoader
+
+    from precompile.reader.copies import epoch_view
+
+    out, truth, _ = _make(tmp_path / "a", 4, "hdf5")
+    recipe = dict(precompile.open(out).recipe, name="aug", copies=2, seed=3,
+                  steps=[{"random_flip": {"fields": ["image"]}}])
+    ds = precompile.open(build(recipe, out_dir=tmp_path / "aug")["output"])
+    view = epoch_view(ds, 1)
+    n = len(view)
+    assert n == len(truth) and sorted(view.key(i) for i in range(n)) == [k for k, _ in truth]
+    rows = [int(view.rows[i]) for i in range(n)]
+    mask = np.zeros(n, bool)
+    mask[[0, n - 1]] = True
+    got = view.batch(mask, pad=True)
+    assert got["caption"] == [ds[rows[0]]["caption"], ds[rows[-1]]["caption"]]
+    assert _same(got["boxes"], ds.batch([rows[0], rows[-1]], pad=True)["boxes"])
+    assert view.batch(slice(None, None, -1), pad=True)["caption"] == [ds[r]["caption"] for r in rows[::-1]]
+    with pytest.raises(IndexError, match=f"sample index {n} out of range for {n} samples"):
+        view.batch([n])
+    sub = epoch_view(precompile.open(ds.path, fields=["label", "caption", "boxes", "box_labels"]), 1)
+    batch = next(iter(DataLoader(sub, batch_size=n, collate_fn=precompile.collate(sub))))
+    assert batch["boxes__count"].tolist() == [len(ds[r]["boxes"]) for r in rows]
+    assert batch["caption"] == [ds[r]["caption"] for r in rows]

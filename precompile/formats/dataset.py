@@ -45,7 +45,7 @@ from ..optschema import flag
 from ..transforms.kernels import maps
 from ..transforms.kernels.geometry import reflects, swap_pairs
 
-__all__ = ["Batch", "Dataset", "ShapeMismatchError", "stack_field"]
+__all__ = ["Batch", "Dataset", "ShapeMismatchError", "rows_of", "stack_field"]
 
 
 class Batch(dict):
@@ -111,6 +111,31 @@ def stack_field(name: str, arrays: list[np.ndarray], spec: dict, pad: Any, out: 
         res[(i, *[slice(0, n) for n in a.shape])] = a
     out[name] = res
     out.padded[name] = {"to": to, "value": value, "samples": [i for i, s in enumerate(shapes) if s != to]}
+
+
+def rows_of(indices: Iterable[int] | slice, n: int) -> np.ndarray:
+    """``indices`` as rows of ``n``, numpy's rules for one axis: integers (numpy ones too), negative from the end;
+    a slice as a list takes it; a boolean mask of ``n`` values picks the rows where it is True (cast to integers,
+    ``[True, False, True]`` quietly gave rows 1, 0, 1). A float, or an index of two or more dimensions, is a
+    TypeError; a row out of range an IndexError naming it."""
+    if isinstance(indices, slice):
+        return np.arange(*indices.indices(n), dtype=np.int64)
+    given = np.asarray(indices if isinstance(indices, np.ndarray) else list(indices))
+    if given.ndim > 1:
+        raise TypeError(f"sample indices must be one list of rows, got an index of shape {given.shape}")
+    if given.dtype.kind == "b":
+        if given.size != n:
+            raise IndexError(f"boolean index of {given.size} values for {n} samples (a mask has one value per "
+                             f"sample)")
+        return np.flatnonzero(given).astype(np.int64)
+    if given.size and given.dtype.kind not in "iu":   # (1.5 became row 1)
+        raise TypeError(f"sample indices must be integers, got {given.dtype} values such as "
+                        f"{echo(str(given.flat[0]))}")
+    idx = given.astype(np.int64).reshape(-1)
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        raise IndexError(f"sample index {int(idx[np.argmax(bad)])} out of range for {n} samples")
+    return np.where(idx < 0, idx + n, idx)
 
 
 def _host(a: Any) -> Any:
@@ -186,28 +211,8 @@ class Dataset:
         return s, i - int(self.offsets[s])
 
     def _indices(self, indices: Iterable[int] | slice) -> np.ndarray:
-        """``indices`` as rows, numpy's rules for one axis: integers (numpy ones too), negative from the end; a
-        slice as a list takes it; a boolean mask of ``len(self)`` values picks the rows where it is True (cast
-        to integers, ``[True, False, True]`` quietly gave rows 1, 0, 1). A float, or an index of two or more
-        dimensions, is a TypeError; a row out of range an IndexError naming it."""
-        if isinstance(indices, slice):
-            return np.arange(*indices.indices(self._n), dtype=np.int64)
-        given = np.asarray(indices if isinstance(indices, np.ndarray) else list(indices))
-        if given.ndim > 1:
-            raise TypeError(f"sample indices must be one list of rows, got an index of shape {given.shape}")
-        if given.dtype.kind == "b":
-            if given.size != self._n:
-                raise IndexError(f"boolean index of {given.size} values for {self._n} samples (a mask has one "
-                                 f"value per sample)")
-            return np.flatnonzero(given).astype(np.int64)
-        if given.size and given.dtype.kind not in "iu":   # (1.5 became row 1)
-            raise TypeError(f"sample indices must be integers, got {given.dtype} values such as "
-                            f"{echo(str(given.flat[0]))}")
-        idx = given.astype(np.int64).reshape(-1)
-        bad = (idx < -self._n) | (idx >= self._n)
-        if bad.any():
-            raise IndexError(f"sample index {int(idx[np.argmax(bad)])} out of range for {self._n} samples")
-        return np.where(idx < 0, idx + self._n, idx)
+        """``indices`` as rows: :func:`rows_of`."""
+        return rows_of(indices, self._n)
 
     def key(self, i: int) -> str:
         return self.keys[self._index(i)]

@@ -362,3 +362,23 @@ def test_an_epoch_view_reads_as_its_dataset_does(tmp_path):
     batch = next(iter(DataLoader(sub, batch_size=n, collate_fn=precompile.collate(sub))))
     assert batch["boxes__count"].tolist() == [len(ds[r]["boxes"]) for r in rows]
     assert batch["caption"] == [ds[r]["caption"] for r in rows]
+
+
+def test_collate_of_a_subset_of_a_build(small):
+    """``random_split`` and ``Subset`` wrap the dataset: ``precompile.collate(subset)`` raised AttributeError
+    ('Subset' object has no attribute 'field_specs'); it reads the wrapped build's fields. Anything else is a
+    TypeError saying what it takes."""
+    import torch
+    from torch.utils.data import DataLoader, Subset, random_split
+
+    path, truth, _ = small["hdf5"]
+    ds = precompile.open(path, fields=["label", "caption", "boxes", "box_labels", "keypoints"])
+    part = Subset(Subset(ds, [3, 1, 0]), [0, 2])
+    batch = next(iter(DataLoader(part, batch_size=2, collate_fn=precompile.collate(part, targets="list"))))
+    assert batch["caption"] == [truth[3][1]["caption"], truth[0][1]["caption"]]
+    assert _same(batch["targets"][0]["boxes"].numpy(), truth[3][1]["boxes"])
+    a, _ = random_split(ds, [2, len(ds) - 2], generator=torch.Generator().manual_seed(0))
+    assert precompile.collate(a).specs == precompile.collate(ds).specs
+    with pytest.raises(TypeError, match=r"precompile.collate\(ds\) takes a dataset of precompile.open \(or a "
+                                        r"Subset of one\), got dict"):
+        precompile.collate({"image": 1})

@@ -207,6 +207,11 @@ class Collate:
     It holds only the build's field specs (plain data), so it pickles into DataLoader workers."""
 
     def __init__(self, ds: Any, targets: str | None = None):
+        while not hasattr(ds, "field_specs") and hasattr(ds, "dataset") and hasattr(ds, "indices"):
+            ds = ds.dataset   # a torch Subset (random_split): the build it wraps
+        if not hasattr(ds, "field_specs"):
+            raise TypeError(f"precompile.collate(ds) takes a dataset of precompile.open (or a Subset of one), got "
+                            f"{type(ds).__name__}")
         fields = list(getattr(ds, "fields", None) or ds.field_specs)
         specs = with_declared_ties({f: dict(ds.field_specs[f]) for f in fields}, getattr(ds, "coco", None))
         self.specs = specs
@@ -255,7 +260,8 @@ class Collate:
 
 
 def collate(ds: Any, targets: str | None = None) -> Collate:
-    """The ``collate_fn`` for a ``torch.utils.data.DataLoader`` over ``ds`` (``precompile.open(path)``): ragged
+    """The ``collate_fn`` for a ``torch.utils.data.DataLoader`` over ``ds`` (``precompile.open(path)``, an
+    ``epoch_view`` of it, or a torch ``Subset`` of either, as ``random_split`` makes): ragged
     annotation fields padded as the Loader pads them, plus ``<field>__count``; ``targets="list"``: per-image
     target dicts in ``batch["targets"]``. See :class:`Collate`."""
     if isinstance(ds, (list, tuple)):

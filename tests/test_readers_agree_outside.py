@@ -382,3 +382,14 @@ def test_collate_of_a_subset_of_a_build(small):
     with pytest.raises(TypeError, match=r"precompile.collate\(ds\) takes a dataset of precompile.open \(or a "
                                         r"Subset of one\), got dict"):
         precompile.collate({"image": 1})
+
+
+def test_collate_reads_the_fields_the_dataset_loads(small):
+    """A dataset opened with ``fields=[]`` loads nothing: its collate took every field of the build for loaded
+    (``or`` on the empty list), so ``targets="list"`` was made and then failed on the first batch with a
+    KeyError 'boxes'; now it is refused when made, as the Loader refuses it, and the plain collate gives {}."""
+    path, _, _ = small["hdf5"]
+    ds = precompile.open(path, fields=[])
+    with pytest.raises(ValueError, match=r"one boxes field; none is loaded \(loaded: nothing\)"):
+        precompile.collate(ds, targets="list")
+    assert precompile.collate(ds)([ds[0], ds[1]]) == {}

@@ -212,7 +212,8 @@ class Collate:
         if not hasattr(ds, "field_specs"):
             raise TypeError(f"precompile.collate(ds) takes a dataset of precompile.open (or a Subset of one), got "
                             f"{type(ds).__name__}")
-        fields = list(getattr(ds, "fields", None) or ds.field_specs)
+        loaded = getattr(ds, "fields", None)   # (an empty list loads nothing)
+        fields = list(ds.field_specs if loaded is None else loaded)
         specs = with_declared_ties({f: dict(ds.field_specs[f]) for f in fields}, getattr(ds, "coco", None))
         self.specs = specs
         self.targets = check_targets(targets)

@@ -55,7 +55,9 @@ def _draw(rng: np.random.Generator, fmt: str) -> tuple[dict, list[dict], list[di
              "inst": ["mask", img_shape[:2] + [1], mdt, "boxes"],
              "audio": ["audio", [ach, None], adt, None],
              "clip": ["video", [2, 3, None, 3], "uint8", None],
-             "vol": ["volume", [2, 2, 3], "float32", None]}
+             "vol": ["volume", [2, 2, 3], "float32", None],
+             "valid": ["flow_valid", [2, 3, 1], "uint8", "flow"],
+             "vmask": ["volume_mask", [2, 2, 3], "uint8", None]}
     if fmt in ("png", "bmp"):
         del specs["audio"]
     arrays, rows = [], []
@@ -79,8 +81,11 @@ def _draw(rng: np.random.Generator, fmt: str) -> tuple[dict, list[dict], list[di
                        "inst": rng.choice(np.array([0, *range(1, nb + 1), np.iinfo(mdt).max], mdt), (h, w, 1)),
                        "audio": _audio(ach, int(rng.integers(1, 40)), i, adt),
                        "clip": (np.arange(2 * 3 * 3 * (i + 1)) % 256).astype(np.uint8).reshape(2, 3, i + 1, 3),
-                       "vol": rng.standard_normal((2, 2, 3)).astype(np.float32)})
-        rows.append({"caption": str(rng.choice(TEXTS)), "cls": str(rng.choice(["b", "a", "z"]))})
+                       "vol": rng.standard_normal((2, 2, 3)).astype(np.float32),
+                       "valid": np.isfinite(flow).all(-1, keepdims=True).astype(np.uint8),
+                       "vmask": rng.integers(0, 4, (2, 2, 3)).astype(np.uint8)})
+        rows.append({"caption": str(rng.choice(TEXTS)), "cls": str(rng.choice(["b", "a", "z"])),
+                     "y": [None, 0.1, -2.5, 1e30][int(rng.integers(4))], "y2": float(rng.integers(-3, 3)) / 7})
     return specs, arrays, rows
 
 
@@ -97,7 +102,8 @@ def _make(tmp, seed: int, fmt: str):
     recipe = {"name": "agree", "inputs": {
         "root": str(data), "table": str(data / "t.jsonl"), "path": "{file}", "key": "file",
         "fields": {"image": {"decoder": "_readers_outside_test", "specs": json.dumps(specs)}},
-        "columns": {"caption": {"column": "caption", "kind": "text"}, "label": {"column": "cls", "kind": "label"}}},
+        "columns": {"caption": {"column": "caption", "kind": "text"}, "label": {"column": "cls", "kind": "label"},
+                    "y": {"column": "y", "kind": "target"}, "ys": {"columns": ["y2", "y"], "kind": "target"}}},
         "output": {"format": fmt, "samples_per_shard": int(rng.integers(1, 4)),
                    **({"options": {"sample_rate": 8000}} if fmt == "wav" else {})}}
     out = build(recipe, out_dir=tmp / "out")["output"]
@@ -111,6 +117,9 @@ def _make(tmp, seed: int, fmt: str):
             t = {("image" if n == "@" else n): z[n] for n in z.files}
         t["caption"] = r["caption"]
         t["label"] = np.int64(names.index(r["cls"]))
+        # a target is float32, a blank (null) cell NaN
+        t["y"] = np.float32(np.nan if r["y"] is None else r["y"])
+        t["ys"] = np.array([r["y2"], np.nan if r["y"] is None else r["y"]], np.float32)
         truth.append((r["file"], t))
     return out, truth, names
 
@@ -182,7 +191,9 @@ def _check_build(tmp, seed: int, fmt: str) -> None:
                 for f, g in got.items():
                     assert _same(g.numpy(), t[f]), (seed, fmt, targets, start + pos, f)
                 assert batch["caption"][pos] == t["caption"] and int(batch["label"][pos]) == int(t["label"])
-                assert _same(batch["flow"][pos].numpy(), t["flow"])
+                for f in fields:   # every other loaded field: stacked, each row the file's own
+                    if f not in ("boxes", "box_labels", "keypoints", "caption"):
+                        assert _same(batch[f][pos].numpy(), t[f]), (seed, fmt, targets, start + pos, f)
                 if "image" in batch:
                     assert _same(batch["image"][pos].numpy(), t["image"])
             start += len(batch["label"])
@@ -205,7 +216,10 @@ def _check_build(tmp, seed: int, fmt: str) -> None:
                             assert _same(d["masks"].numpy(), _masks(t["inst"], n)), (seed, "Loader", start + pos)
                     for f, g in got.items():
                         assert _same(g.numpy(), t[f]), (seed, "Loader", targets, start + pos, f)
-                    assert batch["caption"][pos] == t["caption"] and _same(batch["flow"][pos].numpy(), t["flow"])
+                    assert batch["caption"][pos] == t["caption"]
+                    for f in fields:
+                        if f not in ("boxes", "box_labels", "keypoints", "caption"):
+                            assert _same(batch[f][pos].numpy(), t[f]), (seed, "Loader", targets, start + pos, f)
                     if "image" in batch:
                         assert _same(batch["image"][pos].numpy(), t["image"])
                 start += len(batch["label"])

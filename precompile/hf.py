@@ -306,7 +306,9 @@ def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cach
         if f not in ds.field_specs:
             raise ValueError(f"{path}: no field {f!r} (fields: {', '.join(ds.field_specs)})")
     batch_rows = int(writer_batch_size) if writer_batch_size is not None else default_writer_batch_size(ds, names)
-    copies = bool(len(ds)) and any(ds.copy(i) for i in range(len(ds)))
+    # an augmented build's rows hold copies 1..K; a build of no rows (an empty split) says so in its recipe
+    copies = (any(ds.copy(i) for i in range(len(ds))) if len(ds)
+              else int((ds.recipe or {}).get("copies") or 0) > 0)
     images = [f for f in names if png_image(ds.field_specs[f])]
     feats = {KEY: d.Value("string"), **{f: hf_feature(ds.field_specs[f], ds.label_names) for f in names}}
     if copies:

@@ -89,3 +89,9 @@ def test_to_hf_of_an_empty_split_is_an_empty_dataset(tmp_path):
     assert isinstance(empty, datasets.Dataset) and len(empty) == 0
     assert empty.features == full.features and empty.info.description == full.info.description
     assert empty.with_format("numpy", dtype=None)[:]["boxes"].shape[0] == 0
+    # an augmented build's empty split has its __copy__ column too
+    aug = dict(recipe, name="aug", copies=2, steps=[{"random_flip": {"fields": ["image"]}}])
+    precompile.build(aug, out_dir=tmp_path / "aug")
+    empty = to_hf(tmp_path / "aug" / "aug.val.h5", cache_dir=str(tmp_path / "cache"))
+    full = to_hf(tmp_path / "aug" / "aug.train.h5", cache_dir=str(tmp_path / "cache"))
+    assert "__copy__" in full.column_names and len(empty) == 0 and empty.features == full.features

@@ -441,3 +441,24 @@ def test_workers_threads_and_close_read_the_same_rows(small, fmt):
     assert errors == []
     ds.close()
     assert _same(ds[1]["flow"], truth[1][1]["flow"]) and ds[1]["caption"] == truth[1][1]["caption"]
+
+
+def test_a_pad_value_the_field_cannot_hold_is_refused(small):
+    """``ds.batch(idx, pad=v)`` pads every field with ``v``: NaN in an int64 ``box_labels`` became
+    -9223372036854775808 and 0.5 became 0 (numpy's unsafe cast, a RuntimeWarning at most), -1 in a uint8 field an
+    OverflowError naming nothing. A value the field's dtype cannot hold exactly is a ValueError naming the field;
+    one it can hold pads as given."""
+    path, truth, _ = small["hdf5"]
+    ds = precompile.open(path, fields=["boxes", "box_labels"])
+    idx = list(range(len(truth)))
+    counts = [len(t["boxes"]) for _, t in truth]
+    assert len(set(counts)) > 1   # the draw has samples of different counts: there is padding
+    for bad, why in ((float("nan"), "nan"), (0.5, "0.5"), (2.0 ** 70, "1.1805916207174113e+21"), (np.inf, "inf")):
+        with pytest.raises(ValueError, match=re.escape(f"pad value {why} cannot be stored in field 'box_labels' (int64); "
+                                                       f"pass pad=True")):
+            ds.batch(idx, pad=bad)
+    b = ds.batch(idx, pad=7.0)   # integral: held exactly
+    assert all((b["box_labels"][i, n:] == 7).all() for i, n in enumerate(counts))
+    assert all((b["boxes"][i, n:] == 7).all() for i, n in enumerate(counts))
+    b = precompile.open(path, fields=["boxes"]).batch(idx, pad=np.nan)   # a float field holds NaN
+    assert all(np.isnan(b["boxes"][i, n:]).all() for i, n in enumerate(counts))

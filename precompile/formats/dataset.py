@@ -71,6 +71,20 @@ def _pad_value(pad: Any) -> Any:
     raise TypeError(f"pad must be True, False or a number, got {pad!r}")
 
 
+def _holds(dtype: np.dtype, value: Any) -> bool:
+    """Whether ``dtype`` holds the pad ``value`` exactly (numpy's fill casts unsafely: NaN in an int64 field became
+    -2^63, 0.5 became 0)."""
+    if dtype.kind not in "iub":
+        return True
+    v = float(value)
+    if not np.isfinite(v) or not v.is_integer():
+        return False
+    if dtype.kind == "b":
+        return v in (0.0, 1.0)
+    info = np.iinfo(dtype)
+    return info.min <= int(value) <= info.max
+
+
 def text_of(a: np.ndarray) -> str:
     """A stored ``text`` field (its UTF-8 bytes, uint8) as ``str``."""
     return np.ascontiguousarray(a, dtype=np.uint8).tobytes().decode("utf-8")
@@ -98,6 +112,9 @@ def stack_field(name: str, arrays: list[np.ndarray], spec: dict, pad: Any, out: 
     value = _pad_value(pad)
     if pad is True and spec.get("kind") in _ANNOTATION_KINDS:   # the Loader's rule: a padded row is never a real one
         value = pad_value(dtype)
+    if value is not None and not _holds(dtype, value):
+        raise ValueError(f"pad value {str(value)[:40]} cannot be stored in field {name!r} ({dtype}); pass pad=True "
+                         f"(each field's own padding) or a value every padded field holds exactly")
     if value is None:
         raise ShapeMismatchError(
             f"field {name!r}: cannot stack samples of different shapes {first} (batch position 0) and "

@@ -42,7 +42,7 @@ import numbers
 import os
 from typing import Any, Iterator, Optional, Sequence
 
-from .errors import MissingDependencyError, RecipeError
+from .errors import MissingDependencyError, RecipeError, echo
 from .kinds import ANNOTATIONS
 from .sample import field_list
 
@@ -304,7 +304,7 @@ def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cach
     names = field_list(fields) or list(ds.field_specs)   # (one name, or a list of them)
     for f in names:
         if f not in ds.field_specs:
-            raise ValueError(f"{path}: no field {f!r} (fields: {', '.join(ds.field_specs)})")
+            raise ValueError(f"{path}: no field {echo(f)} (fields: {', '.join(ds.field_specs)})")
     batch_rows = int(writer_batch_size) if writer_batch_size is not None else default_writer_batch_size(ds, names)
     # an augmented build's rows hold copies 1..K; a build of no rows (an empty split) says so in its recipe
     copies = (any(ds.copy(i) for i in range(len(ds))) if len(ds)

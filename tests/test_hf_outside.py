@@ -95,3 +95,11 @@ def test_to_hf_of_an_empty_split_is_an_empty_dataset(tmp_path):
     empty = to_hf(tmp_path / "aug" / "aug.val.h5", cache_dir=str(tmp_path / "cache"))
     full = to_hf(tmp_path / "aug" / "aug.train.h5", cache_dir=str(tmp_path / "cache"))
     assert "__copy__" in full.column_names and len(empty) == 0 and empty.features == full.features
+
+
+def test_to_hf_echoes_a_bounded_part_of_a_field_name(tmp_path):
+    """``to_hf(fields=[name])`` with no such field echoed the whole name (100,000 letters here)."""
+    out, _, _ = _make(tmp_path, 1, "hdf5")
+    with pytest.raises(ValueError, match="no field 'fff") as e:
+        to_hf(out, fields=["f" * 100_000], cache_dir=str(tmp_path / "cache"))
+    assert len(str(e.value)) < 1000

@@ -462,3 +462,20 @@ def test_a_pad_value_the_field_cannot_hold_is_refused(small):
     assert all((b["boxes"][i, n:] == 7).all() for i, n in enumerate(counts))
     b = precompile.open(path, fields=["boxes"]).batch(idx, pad=np.nan)   # a float field holds NaN
     assert all(np.isnan(b["boxes"][i, n:]).all() for i, n in enumerate(counts))
+
+
+def test_messages_echo_a_bounded_part_of_what_they_were_given(small):
+    """A reader argument echoed in an error is cut to a bounded length (a 100,000-letter field name was echoed
+    whole by open, the Loader, Mix, collate's targets, ds.batch's pad and source_map's field)."""
+    path, _, _ = small["hdf5"]
+    big = "f" * 100_000
+    calls = {"open": lambda: precompile.open(path, fields=[big]),
+             "Loader": lambda: precompile.Loader(path, batch_size=2, device="cpu", fields=[big]),
+             "Mix": lambda: precompile.Mix([path], batch_size=2, device="cpu", fields=[big]),
+             "pad": lambda: precompile.open(path).batch([0, 1], pad=big),
+             "collate": lambda: precompile.collate(precompile.open(path), targets=big),
+             "source_map": lambda: precompile.open(path).source_map(0, field=big)}
+    for what, call in calls.items():
+        with pytest.raises(Exception) as e:
+            call()
+        assert "fffff" in str(e.value) and len(str(e.value)) < 1000, (what, len(str(e.value)))

@@ -68,7 +68,7 @@ def _pad_value(pad: Any) -> Any:
         return 0
     if isinstance(pad, (int, float, np.integer, np.floating)):
         return pad
-    raise TypeError(f"pad must be True, False or a number, got {pad!r}")
+    raise TypeError(f"pad must be True, False or a number, got {echo(pad)}")
 
 
 def _holds(dtype: np.dtype, value: Any) -> bool:
@@ -183,7 +183,7 @@ class Dataset:
         self.fields = list(fields) if fields is not None else list(self.field_specs)
         for f in self.fields:
             if f not in self.field_specs:
-                raise KeyError(f"no field {f!r} in {self.path} (fields: {', '.join(self.field_specs)})")
+                raise KeyError(f"no field {echo(f)} in {self.path} (fields: {', '.join(self.field_specs)})")
         if counts is None:
             counts = np.array([s["num_samples"] for s in self.shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -256,7 +256,7 @@ class Dataset:
         images = [f for f, s in self.field_specs.items() if s.get("kind") == "image"]
         if field is not None:
             if field not in images:
-                raise SourceMapError(f"{self.path}: no image field {field!r} (image fields: "
+                raise SourceMapError(f"{self.path}: no image field {echo(field)} (image fields: "
                                      f"{', '.join(images) or 'none'})")
             return field
         tied = {s.get("of") for s in self.field_specs.values() if s.get("kind") == "boxes"} & set(images)

@@ -31,7 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..errors import ShapeMismatchError
+from ..errors import ShapeMismatchError, echo
 from ..kinds import Kind
 from ..sample import link_fields, tied_to
 from .ragged import check_count_names, count_name, is_ragged_annotation, pad_rows
@@ -47,7 +47,7 @@ def check_targets(targets: Any) -> str | None:
     """``targets``: None (padded tensors plus counts, the default) or ``"list"`` (per-image dicts)."""
     if targets not in (None, "list"):
         raise ValueError(f"targets must be None (padded tensors and <field>__count) or 'list' (one dict of tensors "
-                         f"per image, as torchvision's detection models take them), got {targets!r}")
+                         f"per image, as torchvision's detection models take them), got {echo(targets)}")
     return targets
 
 

@@ -479,3 +479,25 @@ def test_messages_echo_a_bounded_part_of_what_they_were_given(small):
         with pytest.raises(Exception) as e:
             call()
         assert "fffff" in str(e.value) and len(str(e.value)) < 1000, (what, len(str(e.value)))
+
+
+@pytest.mark.parametrize("fmt", ["hdf5", "png"])
+def test_detection_targets_of_a_padded_dataset_batch(small, fmt):
+    """``ds.batch(idx, pad=True)`` pads the boxes as the Loader does but holds each sample's own shape in
+    ``batch.shapes``, not a ``boxes__count``: ``detection_targets`` took its padding for real rows (NaN boxes
+    with label -1 in every image with fewer boxes than the batch's most). Each dict now holds the image's own
+    rows, as the files have them."""
+    path, truth, _ = small[fmt]
+    ds = precompile.open(path, fields=["boxes", "box_labels", "keypoints", "inst"])
+    idx = list(range(len(truth)))[::-1]
+    assert len({len(truth[i][1]["boxes"]) for i in idx}) > 1   # some padding
+    for pad in (True, np.nan):
+        b = ds.batch(idx, pad=True) if pad is True else precompile.open(path, fields=["boxes"]).batch(idx, pad=pad)
+        targets = precompile.detection_targets(b, masks="inst" if "inst" in b else None)
+        for d, i in zip(targets, idx):
+            t = truth[i][1]
+            assert _same(d["boxes"].numpy(), t["boxes"]), (fmt, i)
+            if "box_labels" in b:
+                assert _same(d["labels"].numpy(), t["box_labels"]) and _same(d["keypoints"].numpy(), t["keypoints"])
+            if "inst" in b and not ds.variable("inst"):
+                assert _same(d["masks"].numpy(), _masks(t["inst"], len(t["boxes"])))

@@ -138,7 +138,8 @@ def image_target(boxes: Any, labels: Any = None, mask: Any = None, keypoints: An
 def detection_targets(batch: dict[str, Any], boxes: str = "boxes", labels: str | None = "box_labels",
                       masks: str | None = None, keypoints: str | None = "keypoints") -> list[dict[str, torch.Tensor]]:
     """A padded batch (the Loader's, or :class:`Collate`'s: ``batch[boxes]`` (B, Nmax, 4) with
-    ``batch[boxes + "__count"]``) as one dict per image, each holding exactly that image's rows: ``boxes``
+    ``batch[boxes + "__count"]``; or ``ds.batch(idx, pad=True)``'s, each sample's rows in ``batch.shapes``) as one
+    dict per image, each holding exactly that image's rows: ``boxes``
     (N, 4) float32, ``labels`` (N,) int64 (from ``batch[labels]``), ``masks`` (N, H, W) uint8 (from the
     instance mask ``batch[masks]``: ``masks[i] = mask == i + 1``), ``keypoints`` (N, K, 3) float32 (a boxes
     field of fixed shape, with no count, gives every row). ``labels``
@@ -147,19 +148,27 @@ def detection_targets(batch: dict[str, Any], boxes: str = "boxes", labels: str |
     the batch's (masks: new), on its device; the counts are read on the host (on CUDA, one copy of B integers)."""
     if boxes not in batch:
         raise KeyError(f"detection_targets: the batch has no boxes field {boxes!r} (keys: {', '.join(batch)})")
-    counts = batch.get(count_name(boxes))
+    own = getattr(batch, "shapes", {})   # ds.batch(idx, pad=True): each sample's own shape, no counts
+
+    def rows_of(f: str) -> list[int] | None:
+        c = batch.get(count_name(f))
+        if c is not None:
+            return c.tolist() if isinstance(c, torch.Tensor) else np.asarray(c).tolist()
+        if f in own:
+            return [int(n) for n in np.asarray(own[f])[:, 0]]
+        return None
+
+    counts = rows_of(boxes)
     if counts is None:   # a boxes field of fixed shape (every sample has as many rows): every row is real
         counts = [int(batch[boxes].shape[1])] * int(batch[boxes].shape[0])
-    else:
-        counts = counts.tolist() if isinstance(counts, torch.Tensor) else np.asarray(counts).tolist()
     if masks is not None and masks not in batch:
         raise KeyError(f"detection_targets: the batch has no mask field {masks!r} (keys: {', '.join(batch)})")
     got = {k: f for k, f in (("labels", labels), ("keypoints", keypoints)) if f is not None and f in batch}
     for f in got.values():
-        c = batch.get(count_name(f))
-        if c is not None and (c.tolist() if isinstance(c, torch.Tensor) else np.asarray(c).tolist()) != counts:
-            raise ValueError(f"detection_targets: {count_name(f)} differs from {count_name(boxes)} (is {f!r} tied "
-                             f"to {boxes!r}?)")
+        c = rows_of(f)
+        if c is not None and c != counts:
+            raise ValueError(f"detection_targets: {f!r} has other row counts than {boxes!r} ({c} and {counts}; is "
+                             f"{f!r} tied to {boxes!r}?)")
     out = []
     for i, n in enumerate(counts):
         rows = {k: batch[f][i, :n] for k, f in got.items()}

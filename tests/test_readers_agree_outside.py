@@ -501,3 +501,30 @@ def test_detection_targets_of_a_padded_dataset_batch(small, fmt):
                 assert _same(d["labels"].numpy(), t["box_labels"]) and _same(d["keypoints"].numpy(), t["keypoints"])
             if "inst" in b and not ds.variable("inst"):
                 assert _same(d["masks"].numpy(), _masks(t["inst"], len(t["boxes"])))
+
+
+def test_wav_pcm16_refuses_nan_samples(tmp_path):
+    """WAV ``subtype: PCM_16`` writes ``clip(round(x * 32768))``; a NaN sample has no such value: numpy's cast made
+    it 0 (a RuntimeWarning at most), so the build stored silence where the input had no number. It is now the
+    write stage's error naming the input, the field and the sample; ``on_error: skip`` drops only that input.
+    Infinities follow the clip rule (+inf -> 32767 / 32768)."""
+    data = tmp_path / "data"
+    data.mkdir()
+    specs = {"@": ["audio", [2, None], "float32", None]}
+    good = np.array([[-np.inf, -0.5, 0.0, 0.5, np.inf], [0.25, -0.25, 1.0, -1.0, 0.0]], np.float32)
+    bad = good.copy()
+    bad[1, 3] = np.nan
+    np.savez(data / "a.npz", **{"@": good})
+    np.savez(data / "b.npz", **{"@": bad})
+    recipe = {"name": "pcm", "inputs": {"root": str(data), "match": "{name}.npz", "fields": {
+        "audio": {"decoder": "_readers_outside_test", "specs": json.dumps(specs)}}},
+        "output": {"format": "wav", "options": {"sample_rate": 8000, "subtype": "PCM_16"}}}
+    with pytest.raises(precompile.errors.BuildError, match=re.escape(
+            f"{data / 'b.npz'}, stage write, field 'audio': field 'audio': a NaN sample (channel 1, sample 3) has no "
+            f"16-bit PCM value")):
+        build(recipe, out_dir=tmp_path / "out")
+    out = build(dict(recipe, on_error="skip"), out_dir=tmp_path / "out")["output"]
+    ds = precompile.open(out)
+    assert len(ds) == 1 and ds.key(0) == "a.npz"
+    want = np.clip(np.rint(good.astype(np.float64) * 32768), -32768, 32767) / 32768   # the documented rule
+    assert _same(ds[0]["audio"], want.astype(np.float32))

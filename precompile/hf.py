@@ -43,13 +43,17 @@ import numbers
 import os
 from typing import Any, Iterator, Optional, Sequence
 
-from .errors import MissingDependencyError, RecipeError
+from .errors import MissingDependencyError, RecipeError, echo
 from .kinds import ANNOTATIONS
 from .sample import field_list
 
 HF_EXTRA = "pip install 'precompile[hf]' (datasets)"
 KEY, COPY = "__key__", "__copy__"
 SHAPES = "precompile_shapes"
+#: the description's key of the other array columns' shapes as the build declares them (None where they vary):
+#: nested lists (boxes, keypoints) and ``Image`` columns, so that :func:`array` gives back a sample with no rows
+#: as (0, 4) and a one-channel image as (H, W, 1), as ``ds[i]`` has them
+ARRAYS = "precompile_arrays"
 #: the suffix of a variable-shape field's shape column: ``flow`` -> ``flow__shape``
 SHAPE_SUFFIX = "__shape"
 
@@ -141,14 +145,19 @@ def shapes(dataset: Any) -> dict[str, tuple[Optional[int], ...]]:
 def array(dataset: Any, row: dict[str, Any], field: str) -> Any:
     """Row ``row`` of ``dataset`` (a :func:`to_hf` dataset, any format: Python lists, ``numpy``...) as the
     build's array of ``field``: its values in the column's dtype, reshaped by the row's ``<field>__shape``
-    (a variable shape) or by :func:`shapes` (a fixed one); any other column's value as an array. The values
+    (a variable shape) or by :func:`shapes` (a fixed one); a nested list (boxes, keypoints) as rows of the build's
+    shape and dtype (a sample with no boxes: (0, 4)) and a one-channel ``Image`` column as (H, W, 1), from the
+    shapes :func:`to_hf` keeps in the description (:data:`ARRAYS`); any other column's value as an array. The values
     are the build's bits with ``with_format("numpy", dtype=None)`` or the Python format; ``numpy`` without
     ``dtype=None`` has already made a float64 field float32."""
     import numpy as np
 
     d = _datasets()
     feat = dataset.features[field]
-    inner = feat.feature if isinstance(feat, (d.List, d.LargeList)) else None
+    inner = feat
+    lists = tuple(t for t in (d.List, d.LargeList, getattr(d, "Sequence", None)) if isinstance(t, type))
+    while isinstance(inner, lists):   # nested lists (boxes, keypoints): the innermost value's dtype
+        inner = inner.feature
     dtype = inner.dtype if isinstance(inner, d.Value) and inner.dtype != "string" else None
     values = np.asarray(row[field], dtype=dtype)
     if field + SHAPE_SUFFIX in row:
@@ -157,7 +166,29 @@ def array(dataset: Any, row: dict[str, Any], field: str) -> Any:
     if shape is not None and None in shape:
         raise ValueError(f"column {field!r} has a variable shape {shape} and the row has no {field + SHAPE_SUFFIX!r} "
                          f"column (its shape)")
-    return values.reshape(shape) if shape is not None else values
+    if shape is not None:
+        return values.reshape(shape)
+    declared = _declared(dataset).get(field)
+    if declared is None:
+        return values
+    if isinstance(feat, d.Image):   # one channel comes back (H, W): the build's (H, W, 1)
+        return values.reshape(*values.shape[:2], 1) if len(declared) == 3 and values.ndim == 2 else values
+    if len(declared) >= 2 and all(n is not None for n in declared[1:]):   # rows of a fixed shape, (0, 4) too
+        return values.reshape(-1, *declared[1:])
+    return values
+
+
+def _declared(dataset: Any) -> dict[str, tuple[Optional[int], ...]]:
+    """The build's shapes of the array columns :func:`shapes` does not hold (:data:`ARRAYS`), ``{column: shape}``."""
+    try:
+        meta = json.loads(getattr(dataset.info, "description", "") or "{}")
+    except ValueError:
+        return {}
+    got = meta.get(ARRAYS) if isinstance(meta, dict) else None
+    if not isinstance(got, dict):
+        return {}
+    return {c: tuple(None if n is None else int(n) for n in s) for c, s in got.items()
+            if c in dataset.column_names and isinstance(s, list)}
 
 
 #: the PIL modes of the arrays a PNG holds exactly: (dtype, channels) -> mode (channels 0: an (H, W) array)
@@ -274,9 +305,11 @@ def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cach
     names = field_list(fields) or list(ds.field_specs)   # (one name, or a list of them)
     for f in names:
         if f not in ds.field_specs:
-            raise ValueError(f"{path}: no field {f!r} (fields: {', '.join(ds.field_specs)})")
+            raise ValueError(f"{path}: no field {echo(f)} (fields: {', '.join(ds.field_specs)})")
     batch_rows = int(writer_batch_size) if writer_batch_size is not None else default_writer_batch_size(ds, names)
-    copies = bool(len(ds)) and any(ds.copy(i) for i in range(len(ds)))
+    # an augmented build's rows hold copies 1..K; a build of no rows (an empty split) says so in its recipe
+    copies = (any(ds.copy(i) for i in range(len(ds))) if len(ds)
+              else int((ds.recipe or {}).get("copies") or 0) > 0)
     images = [f for f in names if png_image(ds.field_specs[f])]
     feats = {KEY: d.Value("string"), **{f: hf_feature(ds.field_specs[f], ds.label_names) for f in names}}
     if copies:
@@ -295,14 +328,19 @@ def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cach
             ordered[k + SHAPE_SUFFIX] = shape_feature(ds.field_specs[k])
     feats = ordered
     digest = hashlib.sha256("\n".join(str(s.get("key")) for s in ds.shards).encode()).hexdigest()
-    out = d.Dataset.from_generator(_rows, features=d.Features(feats), cache_dir=cache_dir,
-                                   writer_batch_size=batch_rows,
-                                   gen_kwargs={"path": path, "fields": json.dumps(names), "copies": copies,
-                                               "build_digest": digest, "images": json.dumps(images),
-                                               "flat": json.dumps([f for f in flat if f not in variable]),
-                                               "variable": json.dumps(variable), "batch_rows": batch_rows})
-    if flat:
-        out.info.description = json.dumps({SHAPES: flat})
+    if not len(ds):   # (a split no sample fell into) from_generator refuses no rows: "corresponds to no data"
+        out = d.Dataset.from_dict({c: [] for c in feats}, features=d.Features(feats))
+    else:
+        out = d.Dataset.from_generator(_rows, features=d.Features(feats), cache_dir=cache_dir,
+                                       writer_batch_size=batch_rows,
+                                       gen_kwargs={"path": path, "fields": json.dumps(names), "copies": copies,
+                                                   "build_digest": digest, "images": json.dumps(images),
+                                                   "flat": json.dumps([f for f in flat if f not in variable]),
+                                                   "variable": json.dumps(variable), "batch_rows": batch_rows})
+    declared = {f: list(ds.field_specs[f]["shape"]) for f in names if f not in flat and len(ds.field_specs[f].get(
+        "shape") or []) >= 2 and ds.field_specs[f].get("kind") != "text"}
+    if flat or declared:
+        out.info.description = json.dumps({**({SHAPES: flat} if flat else {}), **({ARRAYS: declared} if declared else {})})
     return out
 
 

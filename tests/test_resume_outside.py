@@ -702,17 +702,15 @@ def test_a_mix_state_over_other_samples_of_the_same_sizes_is_a_value_error(relai
 @pytest.mark.parametrize("name", ["plain", "png"])
 def test_a_boolean_mask_is_not_taken_as_row_numbers(builds, name):
     """``ds.batch(mask)`` with a boolean array read rows 1 and 0 (True and False as numbers): a mask of 13 with
-    two True gave 13 samples of rows 0 and 1, without a word. A boolean array is a TypeError saying how to
-    pass a mask; the rows it selects, as numbers, read those rows."""
+    two True gave 13 samples of rows 0 and 1, without a word. A mask of ``len(ds)`` values picks the rows where
+    it is True, as numpy does (formats.dataset.rows_of); one of another length is an IndexError."""
     ds = precompile.open(builds[name])
     mask = np.zeros(len(ds), dtype=bool)
     mask[[1, 4]] = True
-    for bad in (mask, [True, False]):
-        with pytest.raises(TypeError, match=r"sample indices must be integers \(row numbers\), got bool values; for "
-                                            r"a boolean mask pass np\.flatnonzero\(mask\)"):
-            ds.batch(bad)
-    got = ds.batch(np.flatnonzero(mask))
+    got = ds.batch(mask)
     np.testing.assert_array_equal(got["image"], np.stack([ds[1]["image"], ds[4]["image"]]))
+    with pytest.raises(IndexError, match=r"boolean index of 2 values for \d+ samples"):
+        ds.batch([True, False])
     ds.close()
 
 

@@ -45,7 +45,7 @@ from ..optschema import flag
 from ..transforms.kernels import maps
 from ..transforms.kernels.geometry import reflects, swap_pairs
 
-__all__ = ["Batch", "Dataset", "ShapeMismatchError", "stack_field"]
+__all__ = ["Batch", "Dataset", "ShapeMismatchError", "rows_of", "stack_field"]
 
 
 class Batch(dict):
@@ -68,7 +68,21 @@ def _pad_value(pad: Any) -> Any:
         return 0
     if isinstance(pad, (int, float, np.integer, np.floating)):
         return pad
-    raise TypeError(f"pad must be True, False or a number, got {pad!r}")
+    raise TypeError(f"pad must be True, False or a number, got {echo(pad)}")
+
+
+def _holds(dtype: np.dtype, value: Any) -> bool:
+    """Whether ``dtype`` holds the pad ``value`` exactly (numpy's fill casts unsafely: NaN in an int64 field became
+    -2^63, 0.5 became 0)."""
+    if dtype.kind not in "iub":
+        return True
+    v = float(value)
+    if not np.isfinite(v) or not v.is_integer():
+        return False
+    if dtype.kind == "b":
+        return v in (0.0, 1.0)
+    info = np.iinfo(dtype)
+    return info.min <= int(value) <= info.max
 
 
 def text_of(a: np.ndarray) -> str:
@@ -98,6 +112,9 @@ def stack_field(name: str, arrays: list[np.ndarray], spec: dict, pad: Any, out: 
     value = _pad_value(pad)
     if pad is True and spec.get("kind") in _ANNOTATION_KINDS:   # the Loader's rule: a padded row is never a real one
         value = pad_value(dtype)
+    if value is not None and not _holds(dtype, value):
+        raise ValueError(f"pad value {str(value)[:40]} cannot be stored in field {name!r} ({dtype}); pass pad=True "
+                         f"(each field's own padding) or a value every padded field holds exactly")
     if value is None:
         raise ShapeMismatchError(
             f"field {name!r}: cannot stack samples of different shapes {first} (batch position 0) and "
@@ -111,6 +128,31 @@ def stack_field(name: str, arrays: list[np.ndarray], spec: dict, pad: Any, out: 
         res[(i, *[slice(0, n) for n in a.shape])] = a
     out[name] = res
     out.padded[name] = {"to": to, "value": value, "samples": [i for i, s in enumerate(shapes) if s != to]}
+
+
+def rows_of(indices: Iterable[int] | slice, n: int) -> np.ndarray:
+    """``indices`` as rows of ``n``, numpy's rules for one axis: integers (numpy ones too), negative from the end;
+    a slice as a list takes it; a boolean mask of ``n`` values picks the rows where it is True (cast to integers,
+    ``[True, False, True]`` quietly gave rows 1, 0, 1). A float, or an index of two or more dimensions, is a
+    TypeError; a row out of range an IndexError naming it."""
+    if isinstance(indices, slice):
+        return np.arange(*indices.indices(n), dtype=np.int64)
+    given = np.asarray(indices if isinstance(indices, np.ndarray) else list(indices))
+    if given.ndim > 1:
+        raise TypeError(f"sample indices must be one list of rows, got an index of shape {given.shape}")
+    if given.dtype.kind == "b":
+        if given.size != n:
+            raise IndexError(f"boolean index of {given.size} values for {n} samples (a mask has one value per "
+                             f"sample)")
+        return np.flatnonzero(given).astype(np.int64)
+    if given.size and given.dtype.kind not in "iu":   # (1.5 became row 1)
+        raise TypeError(f"sample indices must be integers, got {given.dtype} values such as "
+                        f"{echo(str(given.flat[0]))}")
+    idx = given.astype(np.int64).reshape(-1)
+    bad = (idx < -n) | (idx >= n)
+    if bad.any():
+        raise IndexError(f"sample index {int(idx[np.argmax(bad)])} out of range for {n} samples")
+    return np.where(idx < 0, idx + n, idx)
 
 
 def _host(a: Any) -> Any:
@@ -141,7 +183,7 @@ class Dataset:
         self.fields = list(fields) if fields is not None else list(self.field_specs)
         for f in self.fields:
             if f not in self.field_specs:
-                raise KeyError(f"no field {f!r} in {self.path} (fields: {', '.join(self.field_specs)})")
+                raise KeyError(f"no field {echo(f)} in {self.path} (fields: {', '.join(self.field_specs)})")
         if counts is None:
             counts = np.array([s["num_samples"] for s in self.shards], dtype=np.int64)
         self.offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -185,18 +227,9 @@ class Dataset:
         s = int(np.searchsorted(self.offsets, i, side="right") - 1)
         return s, i - int(self.offsets[s])
 
-    def _indices(self, indices: Iterable[int]) -> np.ndarray:
-        given = np.asarray(list(indices))
-        if given.size and given.dtype.kind == "b":   # a mask: its True/False read as rows 1 and 0
-            raise TypeError("sample indices must be integers (row numbers), got bool values; for a boolean mask "
-                            "pass np.flatnonzero(mask)")
-        if given.size and given.dtype.kind not in "iu":   # (1.5 became row 1)
-            raise TypeError(f"sample indices must be integers, got {given.dtype} values such as {given.flat[0]!r}")
-        idx = given.astype(np.int64).reshape(-1)
-        idx = np.where(idx < 0, idx + self._n, idx)
-        if idx.size and (idx.min() < 0 or idx.max() >= self._n):
-            raise IndexError(f"sample index out of range for {self._n} samples")
-        return idx
+    def _indices(self, indices: Iterable[int] | slice) -> np.ndarray:
+        """``indices`` as rows: :func:`rows_of`."""
+        return rows_of(indices, self._n)
 
     def key(self, i: int) -> str:
         return self.keys[self._index(i)]
@@ -223,7 +256,7 @@ class Dataset:
         images = [f for f, s in self.field_specs.items() if s.get("kind") == "image"]
         if field is not None:
             if field not in images:
-                raise SourceMapError(f"{self.path}: no image field {field!r} (image fields: "
+                raise SourceMapError(f"{self.path}: no image field {echo(field)} (image fields: "
                                      f"{', '.join(images) or 'none'})")
             return field
         tied = {s.get("of") for s in self.field_specs.values() if s.get("kind") == "boxes"} & set(images)

@@ -70,6 +70,8 @@ def read_image_file(path: str, dtype: str, shape: Sequence[int]) -> np.ndarray:
         except OSError as e:
             raise FormatError(f"{path}: cannot read image: {e}") from None
     a = np.ascontiguousarray(a).astype(dtype, copy=False)
+    if not a.flags.writeable:   # numpy over Pillow's bytes: read-only, unlike every other field a reader gives
+        a = a.copy()
     if a.size != int(np.prod(shape)):
         raise FormatError(f"{path}: holds {a.shape}, the index says {tuple(shape)}")
     return a.reshape(tuple(shape))

@@ -117,6 +117,13 @@ class WavFormat(FolderFormat):
             raise ValueError(f"field {field!r}: {array.shape[0]} channels cannot go in a WAV file")
         if array.size * 4 > 0xFFFFFFF0:
             raise ValueError(f"field {field!r}: {array.size} samples are too many for one WAV file (4 GiB limit)")
+        if array.dtype != np.int16 and options.subtype == "PCM_16":
+            nan = np.isnan(array)   # clip(round(x * 32768)) has no value for NaN (numpy's cast made it 0)
+            if nan.any():
+                c, j = (int(v) for v in np.argwhere(nan)[0])
+                raise ValueError(f"field {field!r}: a NaN sample (channel {c}, sample {j}) has no 16-bit PCM value; "
+                                 f"write float audio with output.options.subtype FLOAT (or auto), or replace the NaN "
+                                 f"samples in the recipe")
 
     def write_file(self, path: str, field: str, array: np.ndarray, sample: Sample, options: Any) -> np.ndarray:
         self.check_file(field, array, sample, options)

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ..formats.dataset import rows_of
 from ..seeding import stable_hash
 
 _M64 = (1 << 64) - 1
@@ -129,8 +130,27 @@ class EpochView:
     def __getitem__(self, i: int) -> Any:
         return self.ds[int(self.rows[i])]
 
-    def batch(self, indices: Iterable[int]) -> Any:
-        return self.ds.batch(self.rows[np.asarray(list(indices), dtype=np.int64)])
+    def batch(self, indices: Iterable[int], pad: Any = False) -> Any:
+        """``ds.batch`` of the rows at view positions ``indices`` (the dataset's index rules over this view's
+        positions: a boolean mask of ``len(view)`` values, a slice, negatives from the end)."""
+        return self.ds.batch(self.rows[rows_of(indices, len(self.rows))], pad)
+
+    # what precompile.collate and the readers read from a dataset
+    @property
+    def fields(self) -> list[str]:
+        return self.ds.fields
+
+    @property
+    def field_specs(self) -> dict[str, dict]:
+        return self.ds.field_specs
+
+    @property
+    def label_names(self) -> list[str]:
+        return self.ds.label_names
+
+    @property
+    def coco(self) -> Any:
+        return getattr(self.ds, "coco", None)
 
     def key(self, i: int) -> str:
         return self.ds.keys[int(self.rows[i])]

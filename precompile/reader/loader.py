@@ -54,7 +54,7 @@ from .direct import DirectReader
 from .feed import Feeder, Finisher, HostPool, PassPlan, converts_for, group_size, stored_norm
 from .options import CONVERT_KINDS, Conversion, Distribution, Order, flag, whole
 from .sampler import epoch_order, rank_share, shard_ids, split_batches
-from .ragged import RaggedFields, is_ragged_annotation
+from .ragged import RaggedFields, check_count_names, is_ragged_annotation
 from .resume import Resumable
 from .targets import check_targets, loader_targets, replace_with_targets
 
@@ -320,6 +320,7 @@ class Loader(Resumable):
             # an inputs.coco build from before its instance mask declared its tie (issue 32): tied all the same
             self.specs["mask"] = {**self.specs["mask"], "of": "boxes"}
         ragged = [f for f in self.fields if is_ragged_annotation(self.specs[f])]   # boxes etc.: padded + counts
+        check_count_names(wanted, ragged)
         self.ragged = RaggedFields(ds, ragged) if ragged else None
         self.in_memory, self.gpu_budget = check_in_memory(in_memory, gpu_budget, self.device)
         self.num_threads = (default_threads(self.device, self.in_memory is True) if num_threads is None

@@ -94,7 +94,7 @@ from . import augment, gpu
 from .cpu_feeder import CpuFeeder
 from .feed import Batch, Finisher, HostPool, PassPlan, converts_for, group_size, stored_norm
 from .options import Conversion, Distribution, flag, whole
-from .ragged import RaggedFields, count_name, is_ragged_annotation, pad_rows
+from .ragged import RaggedFields, check_count_names, count_name, is_ragged_annotation, pad_rows
 from .resume import Resumable
 from .rows import fixed_shape
 from .sampler import rank_share, split_batches
@@ -448,6 +448,7 @@ class Mix(Resumable):
             self.specs = {f: self.sources[0].ds.field_specs[f] for f in self.fields}
             # boxes, box_labels, keypoints: padded per batch plus <field>__count, as the Loader's
             self.ragged = [f for f in self.fields if is_ragged_annotation(self.specs[f])]
+            check_count_names(self.fields, self.ragged)
             self.fixed = [f for f in self.fields if f not in self.ragged]
             for s in self.sources:
                 s.open_reader(self.fixed, self.ragged, self.in_memory)

@@ -36,6 +36,16 @@ def count_name(field: str) -> str:
     return field + COUNT_SUFFIX
 
 
+def check_count_names(loaded: Sequence[str], ragged: Sequence[str]) -> None:
+    """A ValueError when a loaded field has the name of a ragged field's count key (``boxes__count``, a name a
+    field may have): the batch would hold one in the other's place."""
+    names = set(loaded)
+    for f in ragged:
+        if count_name(f) in names:
+            raise ValueError(f"the field {count_name(f)!r} has the name of the batch key of {f!r}'s row counts; load "
+                             f"the fields without one of them (fields=[...])")
+
+
 def is_ragged_annotation(spec: dict) -> bool:
     """A boxes / box_labels / keypoints field whose row count varies (stored ragged)."""
     shape = spec.get("shape") or ()

@@ -31,10 +31,10 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..errors import ShapeMismatchError
+from ..errors import ShapeMismatchError, echo
 from ..kinds import Kind
 from ..sample import link_fields, tied_to
-from .ragged import count_name, is_ragged_annotation, pad_rows
+from .ragged import check_count_names, count_name, is_ragged_annotation, pad_rows
 
 __all__ = ["TARGETS_KEY", "Collate", "TargetFields", "check_targets", "collate", "detection_targets",
            "image_target", "loader_targets", "replace_with_targets", "target_fields"]
@@ -47,7 +47,7 @@ def check_targets(targets: Any) -> str | None:
     """``targets``: None (padded tensors plus counts, the default) or ``"list"`` (per-image dicts)."""
     if targets not in (None, "list"):
         raise ValueError(f"targets must be None (padded tensors and <field>__count) or 'list' (one dict of tensors "
-                         f"per image, as torchvision's detection models take them), got {targets!r}")
+                         f"per image, as torchvision's detection models take them), got {echo(targets)}")
     return targets
 
 
@@ -138,7 +138,8 @@ def image_target(boxes: Any, labels: Any = None, mask: Any = None, keypoints: An
 def detection_targets(batch: dict[str, Any], boxes: str = "boxes", labels: str | None = "box_labels",
                       masks: str | None = None, keypoints: str | None = "keypoints") -> list[dict[str, torch.Tensor]]:
     """A padded batch (the Loader's, or :class:`Collate`'s: ``batch[boxes]`` (B, Nmax, 4) with
-    ``batch[boxes + "__count"]``) as one dict per image, each holding exactly that image's rows: ``boxes``
+    ``batch[boxes + "__count"]``; or ``ds.batch(idx, pad=True)``'s, each sample's rows in ``batch.shapes``) as one
+    dict per image, each holding exactly that image's rows: ``boxes``
     (N, 4) float32, ``labels`` (N,) int64 (from ``batch[labels]``), ``masks`` (N, H, W) uint8 (from the
     instance mask ``batch[masks]``: ``masks[i] = mask == i + 1``), ``keypoints`` (N, K, 3) float32 (a boxes
     field of fixed shape, with no count, gives every row). ``labels``
@@ -147,19 +148,27 @@ def detection_targets(batch: dict[str, Any], boxes: str = "boxes", labels: str |
     the batch's (masks: new), on its device; the counts are read on the host (on CUDA, one copy of B integers)."""
     if boxes not in batch:
         raise KeyError(f"detection_targets: the batch has no boxes field {boxes!r} (keys: {', '.join(batch)})")
-    counts = batch.get(count_name(boxes))
+    own = getattr(batch, "shapes", {})   # ds.batch(idx, pad=True): each sample's own shape, no counts
+
+    def rows_of(f: str) -> list[int] | None:
+        c = batch.get(count_name(f))
+        if c is not None:
+            return c.tolist() if isinstance(c, torch.Tensor) else np.asarray(c).tolist()
+        if f in own:
+            return [int(n) for n in np.asarray(own[f])[:, 0]]
+        return None
+
+    counts = rows_of(boxes)
     if counts is None:   # a boxes field of fixed shape (every sample has as many rows): every row is real
         counts = [int(batch[boxes].shape[1])] * int(batch[boxes].shape[0])
-    else:
-        counts = counts.tolist() if isinstance(counts, torch.Tensor) else np.asarray(counts).tolist()
     if masks is not None and masks not in batch:
         raise KeyError(f"detection_targets: the batch has no mask field {masks!r} (keys: {', '.join(batch)})")
     got = {k: f for k, f in (("labels", labels), ("keypoints", keypoints)) if f is not None and f in batch}
     for f in got.values():
-        c = batch.get(count_name(f))
-        if c is not None and (c.tolist() if isinstance(c, torch.Tensor) else np.asarray(c).tolist()) != counts:
-            raise ValueError(f"detection_targets: {count_name(f)} differs from {count_name(boxes)} (is {f!r} tied "
-                             f"to {boxes!r}?)")
+        c = rows_of(f)
+        if c is not None and c != counts:
+            raise ValueError(f"detection_targets: {f!r} has other row counts than {boxes!r} ({c} and {counts}; is "
+                             f"{f!r} tied to {boxes!r}?)")
     out = []
     for i, n in enumerate(counts):
         rows = {k: batch[f][i, :n] for k, f in got.items()}
@@ -200,19 +209,25 @@ class Collate:
       with NaN (float) or -1 (integer) past a sample's rows (Nmax at least 1), plus ``<field>__count`` (B,)
       int64; ``targets="list"``: the boxes field and the rows tied to it become ``batch["targets"]``, one dict
       per sample (:func:`detection_targets`' dicts, from the sample's own arrays);
-    - every other array field is stacked by numpy into a new tensor (a folder-format build's arrays are
-      read-only views, which torch's ``default_collate`` warns about), numbers and text go through torch's
+    - every other array field is stacked by numpy into a new tensor, numbers and text go through torch's
       ``default_collate`` (a tensor, a list of str); samples of different shapes are a
       :class:`ShapeMismatchError` naming the field and two shapes.
 
     It holds only the build's field specs (plain data), so it pickles into DataLoader workers."""
 
     def __init__(self, ds: Any, targets: str | None = None):
-        fields = list(getattr(ds, "fields", None) or ds.field_specs)
+        while not hasattr(ds, "field_specs") and hasattr(ds, "dataset") and hasattr(ds, "indices"):
+            ds = ds.dataset   # a torch Subset (random_split): the build it wraps
+        if not hasattr(ds, "field_specs"):
+            raise TypeError(f"precompile.collate(ds) takes a dataset of precompile.open (or a Subset of one), got "
+                            f"{type(ds).__name__}")
+        loaded = getattr(ds, "fields", None)   # (an empty list loads nothing)
+        fields = list(ds.field_specs if loaded is None else loaded)
         specs = with_declared_ties({f: dict(ds.field_specs[f]) for f in fields}, getattr(ds, "coco", None))
         self.specs = specs
         self.targets = check_targets(targets)
         self.ragged = [f for f in fields if is_ragged_annotation(specs[f])]
+        check_count_names(fields, self.ragged)
         self.fields = target_fields(specs) if self.targets else None
         if self.fields is not None:
             check_target_key(fields)
@@ -255,7 +270,8 @@ class Collate:
 
 
 def collate(ds: Any, targets: str | None = None) -> Collate:
-    """The ``collate_fn`` for a ``torch.utils.data.DataLoader`` over ``ds`` (``precompile.open(path)``): ragged
+    """The ``collate_fn`` for a ``torch.utils.data.DataLoader`` over ``ds`` (``precompile.open(path)``, an
+    ``epoch_view`` of it, or a torch ``Subset`` of either, as ``random_split`` makes): ragged
     annotation fields padded as the Loader pads them, plus ``<field>__count``; ``targets="list"``: per-image
     target dicts in ``batch["targets"]``. See :class:`Collate`."""
     if isinstance(ds, (list, tuple)):

@@ -11,12 +11,13 @@ Nothing here knows a file format: the index's bytes are handed to the format tha
 from __future__ import annotations
 
 import os
+import re
 import threading
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from ..errors import CacheError, FormatError, PrecompileError
+from ..errors import CacheError, FormatError, PrecompileError, echo
 from .remote import CREDENTIALS_HINT, filesystem, is_credentials_error, protocol
 from .files import human
 from .shard_cache import Room, ShardCache
@@ -62,6 +63,25 @@ def read_error(url: str, e: BaseException, index_url: Optional[str] = None, inde
                        f"(storage_options endpoint_url, or AWS_ENDPOINT_URL for s3) and the network")
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def entry_problem(e: dict) -> Optional[str]:
+    """Why a shard entry of an index read from a URL cannot be followed, or None. Its ``file`` becomes a URL
+    under the index's folder (a relative '/'-separated path: no empty, ``.`` or ``..`` part, no backslash or NUL,
+    which a store or an HTTP client may resolve to another place); its ``sha256`` names the verified copy's file
+    in the cache and its byte in the cache's locks (64 lowercase hex digits, as a build writes it); its
+    ``bytes`` is a size (an int >= 0, not a bool)."""
+    f = e.get("file")
+    if not isinstance(f, str) or any(p in ("", ".", "..") for p in f.split("/")) or "\\" in f or "\0" in f:
+        return f"names the file {echo(f)}, which is not a path inside the index's folder"
+    if not _SHA256.fullmatch(e["sha256"]):
+        return f"({echo(f)}): its sha256 {echo(e['sha256'])} is not 64 lowercase hex digits"
+    if isinstance(e["bytes"], bool) or e["bytes"] < 0:
+        return f"({echo(f)}): its size (bytes) {e['bytes']!r} is not a number of bytes >= 0"
+    return None
+
+
 def index_now(fs: Any, index_url: str, sha: Optional[str], size: int) -> str:
     """Whether the index at ``index_url`` is still the one opened (its sha256 ``sha``, ``size`` bytes):
     :data:`SAME`, :data:`REPLACED`, :data:`REMOVED`, or :data:`UNKNOWN` when the store cannot be asked (the
@@ -105,6 +125,10 @@ class RemoteSource:
             if not isinstance(e.get("sha256"), str) or not isinstance(e.get("bytes"), int):
                 raise FormatError(f"{url}: shard entry {i} ({e.get('file')}) records no sha256 and bytes: build it "
                                   f"again with this precompile to read it from a URL")
+            bad = entry_problem(e)
+            if bad:
+                raise FormatError(f"{url}: the index is damaged: shard entry {i} {bad}; nothing was read from "
+                                  f"the store for it: build to this URL again")
             self.files.append(str(e["file"]))
             self.shas.append(e["sha256"])
             self.sizes.append(int(e["bytes"]))

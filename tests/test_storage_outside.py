@@ -3,8 +3,11 @@ that serves other bytes than the index promises, and builds written to a URL. Ev
 in-process ``memory://`` store (one prefix per test), so each test takes well under a second."""
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import os
+import threading
 import uuid
 from pathlib import Path
 
@@ -98,3 +101,83 @@ def test_a_shard_entry_with_a_malformed_digest_or_size_is_a_damaged_index(tmp_pa
     assert what in str(e.value), str(e.value)
     assert not (tmp_path / "c" / "files").exists() or \
         all(len(n) == 67 for n in os.listdir(tmp_path / "c" / "files"))
+
+
+# -- an input root over HTTP: paths from data must not leave it ----------------------------------------------
+@contextlib.contextmanager
+def http_server(folder: Path):
+    """A plain HTTP server of ``folder`` on 127.0.0.1 in a thread; yields (base URL, the paths it was asked)."""
+    asked: list[str] = []
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(folder), **kw)
+
+        def send_head(self):
+            asked.append(self.path)
+            return super().send_head()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", asked
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.parametrize("cell", ["a/%2e%2e/%2e%2e/secret.png", "a/%2E%2E/%2e./secret.png", "a/.%2e/.%2E/secret.png"])
+def test_a_percent_encoded_dot_dot_in_a_table_cell_does_not_leave_an_http_root(tmp_path, cell):
+    """An HTTP client decodes ``%2e%2e`` to ``..`` and resolves it (``root/a/%2e%2e/%2e%2e/secret.png`` is a GET
+    of ``/secret.png``): such a path leaves inputs.root, and fails its own input at decode (on_error: skip
+    drops it); nothing outside the root is requested."""
+    pytest.importorskip("aiohttp", reason="http:// inputs need aiohttp (the http extra)")
+    srv = tmp_path / "srv"
+    (srv / "root" / "a").mkdir(parents=True)
+    Image.fromarray(np.full((4, 4, 3), 7, np.uint8)).save(srv / "root" / "a" / "0.png")
+    Image.fromarray(np.full((4, 4, 3), 99, np.uint8)).save(srv / "secret.png")
+    (tmp_path / "t.csv").write_text(f"Path\na/0.png\n{cell}\n")
+    with http_server(srv) as (base, asked):
+        recipe = parse_recipe({"name": "t", "on_error": "skip",
+                               "inputs": {"root": f"{base}/root", "table": "t.csv", "path": "{Path}",
+                                          "fields": {"image": {"decoder": "image"}}},
+                               "output": {"samples_per_shard": 4}}, base_dir=str(tmp_path))
+        report = precompile.build(recipe, out_dir=str(tmp_path / "out"))
+    assert not [p for p in asked if not p.startswith("/root/")], asked
+    ds = precompile.open(tmp_path / "out" / "t.h5")
+    assert len(ds) == 1 and int(ds[0]["image"].max()) == 7
+    (f,) = report.failures
+    assert (f.path, f.stage, f.field) == (f"{base}/root/{cell}", "decode", "image")
+    assert f.detail.startswith(f"the path leaves inputs.root '{base}/root' (a '..' part once percent-decoded"), \
+        f.detail
+
+
+@pytest.mark.parametrize("rel, leaves", [("a\\..\\..\\x.png", True), ("a/..%2f..%2fx.png", True),
+                                         ("a/%252e%252e/x.png", False), ("a/50%25.png", False),
+                                         ("a/b..c/%2e.png", False), ("a\\b.png", False)])
+def test_the_remote_path_rule_sees_dot_dots_a_client_or_server_resolves(rel, leaves):
+    """Below a remote root, a '..' hidden by percent-encoding or between backslashes (which some servers take
+    for separators) leaves the root; an encoded '%' or dots inside a name do not."""
+    from precompile.errors import DecodeError
+    from precompile.inputs.paths import InputRoot
+
+    class R:
+        input_root = "https://h.example/root"
+
+        class model:
+            class inputs:
+                follow_links = "inside"
+    rule = InputRoot(R)
+    if not leaves:
+        assert rule.check(f"https://h.example/root/{rel}") is False
+        return
+    with pytest.raises(DecodeError) as e:
+        rule.check(f"https://h.example/root/{rel}")
+    assert e.value.stage == "decode" and e.value.path == f"https://h.example/root/{rel}"
+    assert str(e.value) == (f"https://h.example/root/{rel}, stage decode: the path leaves inputs.root "
+                            f"'https://h.example/root' (a '..' part once percent-decoded, or between backslashes: "
+                            f"an HTTP client or a server resolves it to another place)")

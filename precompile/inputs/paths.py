@@ -8,8 +8,10 @@ opened: the path as written, and for a local root once symbolic links are resolv
 from __future__ import annotations
 
 import os
+import re
 import stat
 from typing import Any, Optional
+from urllib.parse import unquote
 
 from ..errors import DecodeError, echo
 from ..storage.remote import is_url
@@ -28,6 +30,16 @@ def leaves_root(rel: str) -> bool:
     written: absolute, a '..' part, or a NUL byte (what the plan checks; symlinks are resolved when the
     input is read: :class:`InputRoot`)."""
     return rel.startswith("/") or ".." in rel.split("/") or "\0" in rel
+
+
+def dotted(rel: str) -> bool:
+    """Whether the part of a URL below a remote ``inputs.root`` holds a '..' that a client or server may resolve
+    although the text has none: percent-encoded (``%2e%2e``, ``.%2E``: an HTTP client such as aiohttp decodes
+    the unreserved dots, then resolves the dot segments, so ``root/a/%2e%2e/%2e%2e/x`` is a GET of ``/x``), or
+    between backslashes or an encoded ``/`` (which some servers take as a separator)."""
+    if "%" not in rel and "\\" not in rel:
+        return False
+    return ".." in re.split(r"[/\\]", unquote(rel))
 
 
 def path_problem(rel: str) -> Optional[str]:
@@ -72,6 +84,10 @@ class InputRoot:
             what = "another place" if self.remote else "an absolute path"
             raise DecodeError(f"the path leaves inputs.root {echo(self.root[:-1])} ('..' or {what})", path=path,
                               stage="decode")
+        if self.remote and dotted(path[len(self.root):]):
+            raise DecodeError(f"the path leaves inputs.root {echo(self.root[:-1])} (a '..' part once "
+                              f"percent-decoded, or between backslashes: an HTTP client or a server resolves it "
+                              f"to another place)", path=path, stage="decode")
         if self.remote or self.follow:
             return False
         if self._plain(path):

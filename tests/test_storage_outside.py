@@ -59,10 +59,11 @@ def files_under(root: Path) -> set[str]:
 
 # -- an index at a URL whose shard entries lie ---------------------------------------------------------------
 @pytest.mark.parametrize("file", ["../q/t.shards/x.h5", "t.shards/../../q/x.h5", "/abs/x.h5", "t.shards//x.h5",
-                                  "./t.shards/x.h5", "", "t.shards/x.h5\0", "t.shards\\..\\..\\x.h5"])
+                                  "./t.shards/x.h5", "", "t.shards/x.h5\0", "t.shards\\..\\..\\x.h5",
+                                  "t.shards/%2e%2e/%2E%2e/q/x.h5"])
 def test_a_shard_entry_naming_a_file_outside_the_index_folder_is_refused_at_open(tmp_path, file):
     """A shard path that leaves the index's folder (or names no object) is a damaged index, said at open:
-    nothing is requested from another prefix of the store."""
+    nothing is requested from another prefix of the store (an HTTP client resolves ``..`` and ``%2e%2e``)."""
     index = tiny_build(tmp_path)
 
     def change(shards):

@@ -8,13 +8,11 @@ opened: the path as written, and for a local root once symbolic links are resolv
 from __future__ import annotations
 
 import os
-import re
 import stat
 from typing import Any, Optional
-from urllib.parse import unquote
 
 from ..errors import DecodeError, echo
-from ..storage.remote import is_url
+from ..storage.remote import dotted, is_url
 
 #: the longest path a row may give (Linux's PATH_MAX): a longer one names no file on any file system
 MAX_PATH_CHARS = 4096
@@ -30,16 +28,6 @@ def leaves_root(rel: str) -> bool:
     written: absolute, a '..' part, or a NUL byte (what the plan checks; symlinks are resolved when the
     input is read: :class:`InputRoot`)."""
     return rel.startswith("/") or ".." in rel.split("/") or "\0" in rel
-
-
-def dotted(rel: str) -> bool:
-    """Whether the part of a URL below a remote ``inputs.root`` holds a '..' that a client or server may resolve
-    although the text has none: percent-encoded (``%2e%2e``, ``.%2E``: an HTTP client such as aiohttp decodes
-    the unreserved dots, then resolves the dot segments, so ``root/a/%2e%2e/%2e%2e/x`` is a GET of ``/x``), or
-    between backslashes or an encoded ``/`` (which some servers take as a separator)."""
-    if "%" not in rel and "\\" not in rel:
-        return False
-    return ".." in re.split(r"[/\\]", unquote(rel))
 
 
 def path_problem(rel: str) -> Optional[str]:

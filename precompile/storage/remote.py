@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 from typing import Any, Iterator, Optional
+from urllib.parse import unquote
 
 from ..errors import DecodeError, MissingDependencyError, PlanError, PrecompileError
 
@@ -65,6 +66,16 @@ if hasattr(os, "register_at_fork"):
 
 def is_url(path: Any) -> bool:
     return isinstance(path, str) and URL_RE.match(path) is not None and not path.startswith("file://")
+
+
+def dotted(rel: str) -> bool:
+    """Whether the part of a URL below a remote ``inputs.root`` holds a '..' that a client or server may resolve
+    although the text has none: percent-encoded (``%2e%2e``, ``.%2E``: an HTTP client such as aiohttp decodes
+    the unreserved dots, then resolves the dot segments, so ``root/a/%2e%2e/%2e%2e/x`` is a GET of ``/x``), or
+    between backslashes or an encoded ``/`` (which some servers take as a separator)."""
+    if "%" not in rel and "\\" not in rel:
+        return False
+    return ".." in re.split(r"[/\\]", unquote(rel))
 
 
 def protocol(url: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from ..errors import CacheError, FormatError, PrecompileError, echo
-from .remote import CREDENTIALS_HINT, filesystem, is_credentials_error, protocol
+from .remote import CREDENTIALS_HINT, dotted, filesystem, is_credentials_error, protocol
 from .files import human
 from .shard_cache import Room, ShardCache
 
@@ -69,11 +69,12 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 def entry_problem(e: dict) -> Optional[str]:
     """Why a shard entry of an index read from a URL cannot be followed, or None. Its ``file`` becomes a URL
     under the index's folder (a relative '/'-separated path: no empty, ``.`` or ``..`` part, no backslash or NUL,
-    which a store or an HTTP client may resolve to another place); its ``sha256`` names the verified copy's file
+    no percent-encoded ``..``: a store or an HTTP client may resolve those to another place); its ``sha256`` names the verified copy's file
     in the cache and its byte in the cache's locks (64 lowercase hex digits, as a build writes it); its
     ``bytes`` is a size (an int >= 0, not a bool)."""
     f = e.get("file")
-    if not isinstance(f, str) or any(p in ("", ".", "..") for p in f.split("/")) or "\\" in f or "\0" in f:
+    if not isinstance(f, str) or any(p in ("", ".", "..") for p in f.split("/")) or "\\" in f or "\0" in f \
+            or dotted(f):
         return f"names the file {echo(f)}, which is not a path inside the index's folder"
     if not _SHA256.fullmatch(e["sha256"]):
         return f"({echo(f)}): its sha256 {echo(e['sha256'])} is not 64 lowercase hex digits"

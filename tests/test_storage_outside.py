@@ -182,3 +182,24 @@ def test_the_remote_path_rule_sees_dot_dots_a_client_or_server_resolves(rel, lea
     assert str(e.value) == (f"https://h.example/root/{rel}, stage decode: the path leaves inputs.root "
                             f"'https://h.example/root' (a '..' part once percent-decoded, or between backslashes: "
                             f"an HTTP client or a server resolves it to another place)")
+
+
+# -- the cache folder ------------------------------------------------------------------------------------------
+def test_a_full_disk_while_the_index_is_cached_is_a_cache_error_and_leaves_no_part(tmp_path, monkeypatch):
+    """The index's copy meets a full disk as a shard's download does: a CacheError naming the cache folder and
+    the URL, and no ``.part`` file left behind (it was a bare OSError, and the part stayed)."""
+    import errno
+
+    from precompile.errors import CacheError
+    from precompile.storage import cache_fetch
+
+    url = upload(tiny_build(tmp_path).parent)
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(cache_fetch, "_write_all", full)
+    with pytest.raises(CacheError) as e:
+        precompile.open(f"{url}/t.h5", cache_dir=tmp_path / "c")
+    assert str(e.value).startswith(f"the cache folder {tmp_path / 'c'} is out of disk space while fetching "
+                                   f"{url}/t.h5 (No space left on device): lower cache_limit"), str(e.value)
+    assert os.listdir(tmp_path / "c" / "files") == []

@@ -120,13 +120,17 @@ class Downloads(FolderRoom):
         except BaseException as e:
             os.close(fd)
             os.remove(part)
-            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise CacheError(f"the cache folder {self.root} is out of disk space while fetching {url} "
-                                 f"({e.strerror}): lower cache_limit below the free space, or pass another "
-                                 f"cache_dir") from None
+            self._out_of_space(e, url)
             raise
         os.close(fd)
         return h.hexdigest(), got
+
+    def _out_of_space(self, e: BaseException, url: str) -> None:
+        """Raise the CacheError for a full disk (or quota) met while ``url`` was put in the cache; else nothing."""
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CacheError(f"the cache folder {self.root} is out of disk space while fetching {url} "
+                             f"({e.strerror}): lower cache_limit below the free space, or pass another "
+                             f"cache_dir") from None
 
     def open_index(self, url: str, data: bytes) -> tuple[str, str]:
         """Put an index's bytes (read in one GET) in the cache under their digest; (local path, sha256), pinned."""
@@ -153,8 +157,12 @@ class Downloads(FolderRoom):
                 try:
                     _write_all(fd, data)
                     os.fsync(fd)
-                finally:
+                except BaseException as e:
                     os.close(fd)
+                    os.remove(part)
+                    self._out_of_space(e, url)
+                    raise
+                os.close(fd)
                 with self._locked():
                     os.replace(part, path)
             return path, sha

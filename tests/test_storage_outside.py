@@ -22,14 +22,16 @@ from precompile.errors import FormatError
 from precompile.recipe import parse_recipe
 
 
-def tiny_build(root: Path, n: int = 4) -> Path:
-    """``n`` 4x4 RGB images whose pixels are their own number, 2 per shard; returns the local index."""
+def tiny_build(root: Path, n: int = 4, fixed: bool = False) -> Path:
+    """``n`` 4x4 RGB images whose pixels are 20 times their number, 2 per shard (``fixed``: stored as a field of
+    fixed shape, which a Loader gathers); returns the local index."""
     (root / "in" / "a").mkdir(parents=True)
     for i in range(n):
         Image.fromarray(np.full((4, 4, 3), 20 * i, np.uint8)).save(root / "in" / "a" / f"{i}.png")
     recipe = parse_recipe({"name": "t", "seed": 0,
                            "inputs": {"root": "in", "match": "{label}/{name}.png",
                                       "fields": {"image": {"decoder": "image"}}, "label": {"capture": "label"}},
+                           "steps": [{"resize": {"size": [4, 4]}}] if fixed else [],
                            "output": {"format": "hdf5", "samples_per_shard": 2}}, base_dir=str(root))
     precompile.build(recipe, out_dir=str(root / "out"))
     return root / "out" / "t.h5"
@@ -203,3 +205,93 @@ def test_a_full_disk_while_the_index_is_cached_is_a_cache_error_and_leaves_no_pa
     assert str(e.value).startswith(f"the cache folder {tmp_path / 'c'} is out of disk space while fetching "
                                    f"{url}/t.h5 (No space left on device): lower cache_limit"), str(e.value)
     assert os.listdir(tmp_path / "c" / "files") == []
+
+
+# -- HDF5 files from a URL that read local files -----------------------------------------------------------------
+def _entry_of(index: Path, s: int) -> dict:
+    with h5py.File(index, "r") as f:
+        return json.loads(f.attrs["shards"])[s]
+
+
+def _point_at(h5: Path, name: str, how: str, target: Path) -> None:
+    """Make ``name`` in the HDF5 file ``h5`` take its data from the local file ``target``: external storage
+    (``external``), an external link (``link``) or a virtual dataset (``virtual``) of the same shape and type."""
+    with h5py.File(h5, "r+") as f:
+        d = f[name]
+        shape, dtype, attrs = d.shape, d.dtype, dict(d.attrs)
+        del f[name]
+        if how == "external":
+            nd = f.create_dataset(name, shape=shape, dtype=dtype,
+                                  external=[(str(target), 0, int(np.prod(shape)) * dtype.itemsize)])
+        elif how == "link":
+            f[name] = h5py.ExternalLink(str(target), "/x")
+            return
+        else:
+            layout = h5py.VirtualLayout(shape=shape, dtype=dtype)
+            layout[...] = h5py.VirtualSource(str(target), "x", shape=shape)
+            nd = f.create_virtual_dataset(name, layout)
+        for k, v in attrs.items():
+            nd.attrs[k] = v
+
+
+def _reseal(index: Path, s: int) -> None:
+    """Record shard ``s``'s present bytes (size and sha256) in its index entry, as a writer would."""
+    import hashlib
+
+    data = (index.parent / _entry_of(index, s)["file"]).read_bytes()
+
+    def change(shards):
+        shards[s]["bytes"], shards[s]["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    set_entries(index, change)
+
+
+def _secret(tmp_path: Path) -> Path:
+    """A local file the attacker wants: raw bytes 0..95 (``secret.bin``), and the same as dataset ``x`` of an
+    HDF5 file (``secret.h5``)."""
+    raw = tmp_path / "secret.bin"
+    raw.write_bytes(bytes(range(96)))
+    with h5py.File(tmp_path / "secret.h5", "w") as f:
+        f["x"] = np.arange(96, dtype=np.uint8)
+    return raw
+
+
+@pytest.mark.parametrize("how", ["external", "link", "virtual"])
+def test_a_shard_from_a_url_that_reads_a_local_file_is_refused(tmp_path, how):
+    """A shard whose bytes are the ones its index records, but whose HDF5 structure takes a field's data from
+    a local file (external storage, an external link, a virtual dataset): the reader returned that file's
+    bytes as the sample (bytes 0, 1, 2, ... of ``secret.bin``). It is refused, naming the shard and the file."""
+    index = tiny_build(tmp_path)
+    raw = _secret(tmp_path)
+    target = raw if how == "external" else tmp_path / "secret.h5"
+    _point_at(index.parent / _entry_of(index, 0)["file"], "image/data", how, target)
+    _reseal(index, 0)
+    url = upload(index.parent)
+    ds = precompile.open(f"{url}/t.h5", cache_dir=tmp_path / "c")
+    with pytest.raises(FormatError) as e:
+        ds[0]
+    what = {"external": f"the dataset 'image/data' keeps its data in the file {str(raw)!r}",
+            "link": f"'image/data' is an external link to the file {str(target)!r}",
+            "virtual": f"the dataset 'image/data' is virtual, with data from the file {str(target)!r}"}[how]
+    assert str(e.value) == (f"{url}/{_entry_of(index, 0)['file']}: the shard reads outside its own file ({what}): "
+                            f"refused, nothing of it was read; a build writes no such shard: the index {url}/t.h5 "
+                            f"and its shards were not written by precompile build")
+    assert ds[2]["image"].max() == 40   # the other shard reads as built
+
+
+def test_an_index_from_a_url_that_reads_a_local_file_is_refused_at_open(tmp_path):
+    """The index's own columns (keys, copies, ...) are read from its cached copy: external storage there read
+    the local file; its virtual fields may only take data from its shard files."""
+    index = tiny_build(tmp_path)
+    raw = _secret(tmp_path)
+    _point_at(index, "__copy__", "external", raw)
+    url = upload(index.parent)
+    with pytest.raises(FormatError) as e:
+        precompile.open(f"{url}/t.h5", cache_dir=tmp_path / "c")
+    assert str(e.value) == (f"{url}/t.h5: the index reads outside its own file (the dataset '__copy__' keeps its "
+                            f"data in the file {str(raw)!r}): refused, nothing of it was read; a build writes no "
+                            f"such index: it was not written by precompile build")
+    index = tiny_build(tmp_path / "v")
+    _point_at(index, "label", "virtual", tmp_path / "secret.h5")
+    url = upload(index.parent)
+    with pytest.raises(FormatError, match=r"the dataset 'label' is virtual, with data from the file '/"):
+        precompile.open(f"{url}/t.h5", cache_dir=tmp_path / "c")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -83,6 +83,18 @@ def entry_problem(e: dict) -> Optional[str]:
     return None
 
 
+def check_entry(url: str, i: int, e: dict) -> None:
+    """FormatError naming the index at ``url`` when its shard entry ``i`` cannot be read from a URL: it records
+    no sha256 and bytes (an older build), or :func:`entry_problem`."""
+    if not isinstance(e.get("sha256"), str) or not isinstance(e.get("bytes"), int):
+        raise FormatError(f"{url}: shard entry {i} ({e.get('file')}) records no sha256 and bytes: build it "
+                          f"again with this precompile to read it from a URL")
+    bad = entry_problem(e)
+    if bad:
+        raise FormatError(f"{url}: the index is damaged: shard entry {i} {bad}; nothing was read from "
+                          f"the store for it: build to this URL again")
+
+
 def index_now(fs: Any, index_url: str, sha: Optional[str], size: int) -> str:
     """Whether the index at ``index_url`` is still the one opened (its sha256 ``sha``, ``size`` bytes):
     :data:`SAME`, :data:`REPLACED`, :data:`REMOVED`, or :data:`UNKNOWN` when the store cannot be asked (the
@@ -113,8 +125,13 @@ class RemoteSource:
     Pickles without handles: the fsspec filesystem is made again in each process."""
 
     def __init__(self, url: str, shards: Sequence[dict], cache: ShardCache, storage_options: Optional[dict[str, Any]],
-                 fs: Any = None, index_bytes: int = 0, index_sha: Optional[str] = None):
+                 fs: Any = None, index_bytes: int = 0, index_sha: Optional[str] = None,
+                 inspect: Optional[Callable[[str], Optional[str]]] = None):
         self.url, self.base = url, url.rsplit("/", 1)[0]
+        #: the format's check of a shard's verified copy before its first use in a process: why the file reads
+        #: outside itself (an HDF5 external link, external storage, a virtual dataset), or None
+        self.inspect = inspect
+        self._inspected: set[str] = set()
         self.cache, self.storage_options = cache, dict(storage_options or {})
         self._fs, self._fs_pid = fs, os.getpid()
         #: the size of the index's cached copy, which the dataset pins while it is open (in every limit check)
@@ -123,13 +140,7 @@ class RemoteSource:
         self.index_sha = index_sha
         self.files, self.shas, self.sizes = [], [], []
         for i, e in enumerate(shards):
-            if not isinstance(e.get("sha256"), str) or not isinstance(e.get("bytes"), int):
-                raise FormatError(f"{url}: shard entry {i} ({e.get('file')}) records no sha256 and bytes: build it "
-                                  f"again with this precompile to read it from a URL")
-            bad = entry_problem(e)
-            if bad:
-                raise FormatError(f"{url}: the index is damaged: shard entry {i} {bad}; nothing was read from "
-                                  f"the store for it: build to this URL again")
+            check_entry(url, i, e)
             self.files.append(str(e["file"]))
             self.shas.append(e["sha256"])
             self.sizes.append(int(e["bytes"]))
@@ -175,13 +186,26 @@ class RemoteSource:
         ``wait``; ``room``: see :class:`~.shard_cache.Room`)."""
         url = self.shard_url(s)
         try:
-            return self.cache.open(self.shas[s], self.sizes[s], url,
+            path = self.cache.open(self.shas[s], self.sizes[s], url,
                                    lambda start, end: self.fs().cat_file(url, start=start, end=end), index=self.url,
                                    wait=wait, cancel=cancel, room=room)
         except Exception as e:  # noqa: BLE001  (the store's own errors are not OSErrors: botocore, aiohttp)
             state = index_now(self.fs(), self.url, self.index_sha, self.index_bytes) \
                 if isinstance(e, FileNotFoundError) else REPLACED
             raise read_error(url, e, self.url, state) from None
+        if path is not None and self.inspect is not None and self.shas[s] not in self._inspected:
+            try:
+                bad = self.inspect(path)
+            except BaseException:
+                self.cache.unpin(self.shas[s])
+                raise
+            if bad:
+                self.cache.unpin(self.shas[s])
+                raise FormatError(f"{url}: the shard reads outside its own file ({bad}): refused, nothing of it "
+                                  f"was read; a build writes no such shard: the index {self.url} and its shards "
+                                  f"were not written by precompile build")
+            self._inspected.add(self.shas[s])
+        return path
 
     def unpin(self, s: int) -> None:
         self.cache.unpin(self.shas[s])

@@ -295,3 +295,25 @@ def test_an_index_from_a_url_that_reads_a_local_file_is_refused_at_open(tmp_path
     url = upload(index.parent)
     with pytest.raises(FormatError, match=r"the dataset 'label' is virtual, with data from the file '/"):
         precompile.open(f"{url}/t.h5", cache_dir=tmp_path / "c")
+
+
+def test_a_damaged_cached_copy_of_the_index_is_replaced_by_the_bytes_just_fetched(tmp_path):
+    """Each open fetches the index whole; a cached copy of the same size whose bytes were damaged since (a key
+    changed on disk) was trusted by its size, and every later open of the URL failed ('the index is damaged',
+    with a remedy for the build at the URL, which is intact) until the cache was emptied by hand."""
+    import hashlib
+
+    index = tiny_build(tmp_path)
+    url = upload(index.parent)
+    sha = hashlib.sha256(index.read_bytes()).hexdigest()
+    ds = precompile.open(f"{url}/t.h5", cache_dir=tmp_path / "c")
+    keys = [ds.key(i) for i in range(len(ds))]
+    ds.release()
+    copy = tmp_path / "c" / "files" / f"{sha}.h5"
+    data = copy.read_bytes()
+    assert data == index.read_bytes() and data.count(b"a/2.png") >= 1
+    copy.write_bytes(data.replace(b"a/2.png", b"a/9.png"))   # the key column (and the keys in the report)
+    again = precompile.open(f"{url}/t.h5", cache_dir=tmp_path / "c")
+    assert [again.key(i) for i in range(len(again))] == keys == ["a/0.png", "a/1.png", "a/2.png", "a/3.png"]
+    assert [int(again[i]["image"].max()) for i in range(4)] == [0, 20, 40, 60]
+    assert copy.read_bytes() == index.read_bytes()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import secrets
 import threading
@@ -17,6 +18,9 @@ from typing import Callable, Optional
 from ..errors import CacheError, FormatError
 from .cache_node import _FETCH, offset
 from .cache_room import FolderRoom, Room
+from .files import file_sha256
+
+log = logging.getLogger("precompile.cache")
 
 #: bytes per read while downloading
 BLOCK = 8 << 20
@@ -144,13 +148,13 @@ class Downloads(FolderRoom):
         self.pin(sha)
         try:
             path = self.path(sha)
-            if not self._present(path, len(data)):
+            if not self._present(path, len(data)) or not _intact(path, sha):
                 try:
                     part = self._reserve(token, len(data), url, True, Room())
                 except CacheError:
                     # several processes opening the same index at once each reserve room for it; when the cache
                     # holds one copy but not two, the later ones wait in vain: the copy another put there is theirs
-                    if self._present(path, len(data)):
+                    if self._present(path, len(data)) and _intact(path, sha):
                         return path, sha
                     raise
                 fd = os.open(part, os.O_WRONLY)
@@ -173,6 +177,18 @@ class Downloads(FolderRoom):
             n.unlock(_FETCH + offset(token))
             with n.mu:
                 n.fetching.discard(token)
+
+
+def _intact(path: str, sha: str) -> bool:
+    """Whether the cached copy at ``path`` still hashes to ``sha`` (an index's, checked at each open: its bytes
+    were just fetched whole, so hashing the copy costs less than the GET; a damaged one is replaced by them)."""
+    try:
+        if file_sha256(path) == sha:
+            return True
+    except FileNotFoundError:
+        return False
+    log.warning("%s: the cached copy of an index is damaged (its sha256 differs): writing it again", path)
+    return False
 
 
 def _allocate(fd: int, size: int) -> None:

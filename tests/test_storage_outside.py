@@ -317,3 +317,28 @@ def test_a_damaged_cached_copy_of_the_index_is_replaced_by_the_bytes_just_fetche
     assert [again.key(i) for i in range(len(again))] == keys == ["a/0.png", "a/1.png", "a/2.png", "a/3.png"]
     assert [int(again[i]["image"].max()) for i in range(4)] == [0, 20, 40, 60]
     assert copy.read_bytes() == index.read_bytes()
+
+
+# -- inputs listed at a URL ------------------------------------------------------------------------------------
+def test_objects_whose_names_no_local_file_system_takes_are_read(tmp_path):
+    """An object name may be longer than a local file name can be (S3 keys: 1024 bytes; NAME_MAX: 255): the
+    fetch named its local copy after it and failed ('OSError: [Errno 36] File name too long'), dropping a valid
+    input. Long ASCII and multi-byte names; a plain one beside them."""
+    import io
+
+    fs = fsspec.filesystem("memory")
+    root = f"memory://in-{uuid.uuid4().hex[:12]}/r"
+    names = {"a/" + "x" * 300 + ".png": 10, "a/" + "\u00e9" * 130 + ".png": 20, "a/s.png": 30}
+    for name, v in names.items():
+        buf = io.BytesIO()
+        Image.fromarray(np.full((4, 4, 3), v, np.uint8)).save(buf, format="PNG")
+        fs.pipe_file(f"{root}/{name}", buf.getvalue())
+    recipe = parse_recipe({"name": "t", "inputs": {"root": root, "match": "{label}/{name}.png",
+                                                   "fields": {"image": {"decoder": "image"}}},
+                           "output": {"samples_per_shard": 8}}, base_dir=str(tmp_path))
+    report = precompile.build(recipe, out_dir=str(tmp_path / "out"))
+    assert report.failures == []
+    ds = precompile.open(tmp_path / "out" / "t.h5")
+    got = {ds.key(i): int(ds[i]["image"].max()) for i in range(len(ds))}
+    assert got == names
+    assert all(ds[i]["image"].shape == (4, 4, 3) for i in range(len(ds)))

@@ -238,12 +238,29 @@ def fingerprint(url: str) -> list:
     return LISTED.get(url.rstrip("/"), ["missing"])
 
 
+#: the longest file name (in bytes) local file systems take (NAME_MAX); an object's name may be longer (S3: 1024)
+NAME_MAX = 255
+
+
+def local_name(name: str) -> str:
+    """``name`` as the name of a local copy: itself when a local file system takes it (at most :data:`NAME_MAX`
+    bytes), else a digest of it with its extension kept (a decoder may go by the extension)."""
+    raw = name.encode("utf-8", "surrogatepass")
+    if len(raw) <= NAME_MAX:
+        return name
+    import hashlib
+
+    _, dot, ext = name.rpartition(".")
+    ext = f".{ext}" if dot and 0 < len(ext.encode("utf-8", "surrogatepass")) <= 32 else ""
+    return hashlib.sha256(raw).hexdigest()[:40] + ext
+
+
 @contextlib.contextmanager
 def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folder: bool = False) -> Iterator[str]:
     """Fetch ``url`` (a file, or with ``folder`` everything under it) into a temporary folder; yields the local path."""
     fs = filesystem(url, storage_options)
     tmp = tempfile.mkdtemp(prefix="precompile-fetch-")
-    name = url.rstrip("/").rsplit("/", 1)[-1] or "input"
+    name = local_name(url.rstrip("/").rsplit("/", 1)[-1] or "input")
     local = os.path.join(tmp, name)
     try:
         try:
@@ -254,7 +271,7 @@ def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folde
                     rel = fs._strip_protocol(path)[len(src) + 1:]
                     if not rel or ".." in rel.split("/"):
                         continue
-                    dst = os.path.join(local, *rel.split("/"))
+                    dst = os.path.join(local, *map(local_name, rel.split("/")))
                     os.makedirs(os.path.dirname(dst), exist_ok=True)
                     fs.get_file(path, dst)
             else:

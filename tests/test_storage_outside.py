@@ -342,3 +342,20 @@ def test_objects_whose_names_no_local_file_system_takes_are_read(tmp_path):
     got = {ds.key(i): int(ds[i]["image"].max()) for i in range(len(ds))}
     assert got == names
     assert all(ds[i]["image"].shape == (4, 4, 3) for i in range(len(ds)))
+
+
+@pytest.mark.parametrize("stray", ["notes.part", "my-build.h5", "README", "Ab12.part"])
+def test_files_the_cache_did_not_make_neither_break_it_nor_are_removed(tmp_path, stray):
+    """A file in ``<cache_dir>/files`` that precompile did not name (a user's copy, an editor's backup): taking
+    its name for a digest made every download fail ('cannot read from the store: ValueError: invalid literal
+    for int() with base 16', naming the network). The cache leaves it alone and reads as before."""
+    index = tiny_build(tmp_path)
+    url = upload(index.parent)
+    (tmp_path / "c" / "files").mkdir(parents=True)
+    (tmp_path / "c" / "files" / stray).write_bytes(b"not the cache's")
+    os.utime(tmp_path / "c" / "files" / stray, (1, 1))   # the oldest file: the first one eviction looks at
+    # the index and one shard fit, the second shard needs the first's room (the cache's own files are evicted)
+    ds = precompile.open(f"{url}/t.h5", cache_dir=tmp_path / "c", cache_limit=25_000)
+    assert [int(ds[i]["image"].max()) for i in range(4)] == [0, 20, 40, 60]
+    assert ds.remote.cache.stats.evictions == 1
+    assert (tmp_path / "c" / "files" / stray).read_bytes() == b"not the cache's"

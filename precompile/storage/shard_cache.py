@@ -9,6 +9,8 @@ Layout of a cache folder (default :func:`default_cache_dir`)::
                                       system can)
     <cache_dir>/locks                 byte-range locks that the processes share (see "Locks" below)
 
+A file of ``files`` that the cache did not name (a user's copy) is neither counted nor removed.
+
 The rules:
 
 - **Verified on the way in.** A shard is streamed to ``<sha256>.part`` while it is hashed, checked against the

@@ -359,3 +359,35 @@ def test_files_the_cache_did_not_make_neither_break_it_nor_are_removed(tmp_path,
     assert [int(ds[i]["image"].max()) for i in range(4)] == [0, 20, 40, 60]
     assert ds.remote.cache.stats.evictions == 1
     assert (tmp_path / "c" / "files" / stray).read_bytes() == b"not the cache's"
+
+
+def _png(v: int, side: int = 4) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray(np.full((side, side, 3), v, np.uint8)).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_a_changed_object_named_by_a_table_under_a_url_root_rebuilds_its_shard(tmp_path):
+    """Remote inputs' fingerprints come from the plan's listing of the root (reference-recipe.md: "a changed
+    object rebuilds its shard"); a table's rows under a URL root were never listed, so every input's
+    fingerprint was ['missing'] and a changed object kept its old shard: the output served the old pixels."""
+    fs = fsspec.filesystem("memory")
+    root = f"memory://in-{uuid.uuid4().hex[:12]}/r"
+    fs.pipe_file(f"{root}/a/0.png", _png(10))
+    fs.pipe_file(f"{root}/a/1.png", _png(20))
+    (tmp_path / "t.csv").write_text("Path\na/0.png\na/1.png\n")
+    recipe = {"name": "t", "inputs": {"root": root, "table": "t.csv", "path": "{Path}",
+                                      "fields": {"image": {"decoder": "image"}}},
+              "output": {"samples_per_shard": 1}}
+    first = precompile.build(parse_recipe(recipe, base_dir=str(tmp_path)), out_dir=str(tmp_path / "out"))
+    assert first["shards"]["built"] == 2
+    same = precompile.build(parse_recipe(recipe, base_dir=str(tmp_path)), out_dir=str(tmp_path / "out"))
+    assert same["shards"]["built"] == 0 and same["shards"]["skipped"] == 2
+    fs.pipe_file(f"{root}/a/1.png", _png(99, side=5))
+    again = precompile.build(parse_recipe(recipe, base_dir=str(tmp_path)), out_dir=str(tmp_path / "out"))
+    assert again["shards"]["built"] == 1 and again["shards"]["skipped"] == 1
+    ds = precompile.open(tmp_path / "out" / "t.h5")
+    assert [ds[i]["image"].shape for i in range(2)] == [(4, 4, 3), (5, 5, 3)]
+    assert [int(ds[i]["image"].max()) for i in range(2)] == [10, 99]

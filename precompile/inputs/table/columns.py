@@ -20,6 +20,7 @@ from typing import Any, Optional
 import numpy as np
 
 from ...errors import RecipeError, echo
+from ...storage.remote import is_url, list_tree
 from ..items import Inputs, ItemTable, Strings
 from ..paths import MAX_PATH_CHARS
 from .cells import (TEMPLATE_RE, CellError, blank, cell_text, check_columns, number, path_filler, row_options,
@@ -535,6 +536,8 @@ def _assemble(recipe: Any, cols: _Columns, keys: tuple[Any, Any], rels: dict, or
     inp = recipe.model.inputs
     root = recipe.input_root
     remote = "://" in root
+    if remote and is_url(root):   # the objects' fingerprints (ETag, size, mtime), which the shard keys hash
+        list_tree(root, any(d.reads_dirs for d in recipe.decoders.values()), inp.storage_options)
     idx = pa.array(order)
     done: dict[tuple[int, bool], Strings] = {}
 

@@ -415,3 +415,22 @@ def test_a_table_under_a_url_root_the_store_will_not_list_still_builds(tmp_path,
     assert report.failures == []
     ds = precompile.open(tmp_path / "out" / "t.h5")
     assert [int(ds[i]["image"].max()) for i in range(2)] == [10, 20]
+
+
+def test_a_table_glob_over_http_names_each_part_once(tmp_path):
+    """``table: https://host/root/t-*.csv``: the HTTP filesystem gives the matches as whole URLs, and the
+    protocol was put in front again ('table 'http://http://host/root/t-0.csv' does not exist')."""
+    pytest.importorskip("aiohttp", reason="http:// inputs need aiohttp (the http extra)")
+    srv = tmp_path / "srv" / "root"
+    (srv / "a").mkdir(parents=True)
+    for i in range(2):
+        (srv / "a" / f"{i}.png").write_bytes(_png(10 * (i + 1)))
+        (srv / f"t-{i}.csv").write_text(f"Path\na/{i}.png\n")
+    with http_server(tmp_path / "srv") as (base, asked):
+        recipe = parse_recipe({"name": "t", "inputs": {"root": f"{base}/root", "table": f"{base}/root/t-*.csv",
+                                                       "path": "{Path}", "fields": {"image": {"decoder": "image"}}},
+                               "output": {"samples_per_shard": 4}}, base_dir=str(tmp_path))
+        report = precompile.build(recipe, out_dir=str(tmp_path / "out"))
+    assert report.failures == [] and "/root/t-1.csv" in asked
+    ds = precompile.open(tmp_path / "out" / "t.h5")
+    assert {ds.key(i): int(ds[i]["image"].max()) for i in range(2)} == {"a/0.png": 10, "a/1.png": 20}

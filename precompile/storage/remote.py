@@ -215,11 +215,17 @@ def glob_urls(pattern: str, storage_options: Optional[dict[str, Any]] = None, wh
     except Exception as e:  # OSErrors, and the store's own errors (botocore's NoCredentialsError, ...)
         raise store_error(what, pattern, e, "list", "matches nothing (nothing listed)") from None
     proto = protocol(pattern)
-    urls = sorted(f"{proto}://{fs._strip_protocol(p)}" for p, info in found.items()
+    urls = sorted(_as_url(proto, fs._strip_protocol(p)) for p, info in found.items()
                   if info.get("type", "file") == "file")
     if not urls:
         raise PlanError(f"{what} matches no object")
     return urls
+
+
+def _as_url(proto: str, path: str) -> str:
+    """The URL of a path a filesystem of ``proto`` gave: s3fs and the like give it without the protocol
+    (``bucket/key``), the HTTP filesystem with it (``https://host/x``), which must not get a second one."""
+    return path if URL_RE.match(path) else f"{proto}://{path}"
 
 
 def file_fingerprint(url: str, storage_options: Optional[dict[str, Any]] = None, what: str = "") -> list:

@@ -434,3 +434,28 @@ def test_a_table_glob_over_http_names_each_part_once(tmp_path):
     assert report.failures == [] and "/root/t-1.csv" in asked
     ds = precompile.open(tmp_path / "out" / "t.h5")
     assert {ds.key(i): int(ds[i]["image"].max()) for i in range(2)} == {"a/0.png": 10, "a/1.png": 20}
+
+
+def test_an_index_over_cache_limit_is_refused_after_reading_no_more_than_the_limit(tmp_path, monkeypatch):
+    """The index is fetched whole into memory; a URL naming a huge object (not an index, or a cache_limit far
+    too small) was read to its end before the limit was checked: the read is bounded by cache_limit."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from precompile.errors import CacheError
+
+    url = upload(tiny_build(tmp_path).parent)
+    size = fsspec.filesystem("memory").size(f"{url}/t.h5")
+    read: list[int] = []
+    real = MemoryFileSystem.cat_file
+
+    def counted(self, path, start=None, end=None, **kw):
+        out = real(self, path, start=start, end=end, **kw)
+        read.append(len(out))
+        return out
+    monkeypatch.setattr(MemoryFileSystem, "cat_file", counted)
+    with pytest.raises(CacheError) as e:
+        precompile.open(f"{url}/t.h5", cache_dir=tmp_path / "c", cache_limit=1000)
+    assert read and max(read) <= 1001 < size, (read, size)
+    assert str(e.value) == (f"{url}/t.h5: the index is {size / 1024:.1f} KiB ({size} bytes), more than cache_limit "
+                            f"1000 B (1000 bytes) of {tmp_path / 'c'}: raise cache_limit above the index's size")
+    assert os.listdir(tmp_path / "c" / "files") == []

@@ -248,7 +248,7 @@ def open_url(url: str, fields: Sequence[str] | None = None, verify: bool = False
     """Open the HDF5 build whose index is at ``url`` (see the module docstring). ``verify=True`` re-hashes the
     cached copies of its shards first (every download is checked anyway)."""
     cache = ShardCache(cache_dir, cache_limit)
-    fs, data = fetch_index(url, storage_options)
+    fs, data = fetch_index(url, storage_options, cache)
     if data[:8] != HDF5_MAGIC:
         what = "a JSON index (a png, bmp or wav build)" if data[:1] == b"{" else "neither an HDF5 nor a JSON index"
         raise FormatError(f"{url}: {what}; reading from a URL serves HDF5 builds only: copy the build to a local "

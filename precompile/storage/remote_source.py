@@ -211,11 +211,20 @@ class RemoteSource:
         self.cache.unpin(self.shas[s])
 
 
-def fetch_index(url: str, storage_options: Optional[dict[str, Any]]) -> tuple[Any, bytes]:
+def fetch_index(url: str, storage_options: Optional[dict[str, Any]], cache: Optional[ShardCache] = None
+                ) -> tuple[Any, bytes]:
     """(the store's filesystem, the bytes of the index at ``url``), read in one GET; the store's refusals as
-    :func:`read_error` words them."""
+    :func:`read_error` words them. With ``cache``, at most its limit and one byte are read (a range GET): an
+    object larger than the cache can hold is a CacheError, not a read of it into memory to its end."""
     fs = store(url, storage_options)
     try:
-        return fs, fs.cat_file(url)
+        data = fs.cat_file(url) if cache is None else fs.cat_file(url, start=0, end=cache.limit + 1)
     except Exception as e:  # noqa: BLE001  (the store's own errors)
         raise read_error(url, e) from None
+    if cache is not None and len(data) > cache.limit:
+        try:   # its size for the message (one more request, only here)
+            size = int(fs.size(url))
+        except Exception:  # noqa: BLE001
+            size = 0
+        cache.check_fits(max(size, len(data)), url, "index")
+    return fs, data

@@ -459,3 +459,49 @@ def test_an_index_over_cache_limit_is_refused_after_reading_no_more_than_the_lim
     assert str(e.value) == (f"{url}/t.h5: the index is {size / 1024:.1f} KiB ({size} bytes), more than cache_limit "
                             f"1000 B (1000 bytes) of {tmp_path / 'c'}: raise cache_limit above the index's size")
     assert os.listdir(tmp_path / "c" / "files") == []
+
+
+FETCHER = r"""
+import os, signal, sys, time, fsspec
+from precompile.storage.remote import local_copy
+fs = fsspec.filesystem("memory")
+fs.pipe_file("memory://b/x.png", b"0123456789")
+with local_copy("memory://b/x.png") as local:
+    assert open(local, "rb").read() == b"0123456789"
+    print(os.path.dirname(local), flush=True)
+    if sys.argv[1] == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if sys.argv[1] == "hold":
+        sys.stdin.read()
+"""
+
+
+def test_the_fetched_copies_of_a_killed_worker_are_removed_by_the_next_one(tmp_path):
+    """A shard task fetches each remote input into a temporary folder and removes it when done; a worker
+    killed meanwhile (SIGKILL, the OOM killer) left the copy in the temporary folder for good, one per kill.
+    The next process that fetches removes the folders of processes that died, never a running one's."""
+    import subprocess
+    import sys
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(tmp), PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
+                                                                        os.environ.get("PYTHONPATH", "")]))
+
+    def start(mode):
+        return subprocess.Popen([sys.executable, "-c", FETCHER, mode], env=env, text=True, stdout=subprocess.PIPE,
+                                stdin=subprocess.PIPE if mode == "hold" else subprocess.DEVNULL)
+    holder = start("hold")
+    held = Path(holder.stdout.readline().strip())
+    killed = start("kill")
+    dead = Path(killed.stdout.readline().strip())
+    assert killed.wait(timeout=60) == -9 and (dead / "x.png").read_bytes() == b"0123456789"
+    after = start("run")
+    done = Path(after.stdout.readline().strip())
+    assert after.wait(timeout=60) == 0
+    assert not dead.exists() and not done.exists()   # the dead worker's copy, and the finished one's
+    assert (held / "x.png").read_bytes() == b"0123456789"   # a running worker's copy stays
+    holder.stdin.close()
+    assert holder.wait(timeout=60) == 0 and not held.exists()
+    holder.stdout.close(), killed.stdout.close(), after.stdout.close()
+    assert [p for p in tmp.rglob("*")] == []

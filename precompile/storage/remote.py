@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import threading
 from typing import Any, Iterator, Optional
 from urllib.parse import unquote
@@ -261,11 +260,27 @@ def local_name(name: str) -> str:
     return hashlib.sha256(raw).hexdigest()[:40] + ext
 
 
+FETCH_PREFIX = "precompile-fetch-"
+_cleaned: Optional[int] = None   # the pid of this process once it removed the fetch folders of dead ones
+
+
+def fetch_folder() -> tuple[str, int]:
+    """A new folder for one fetched copy, ``precompile-fetch-<pid>-*`` in the temporary folder, and the
+    descriptor of its owner lock (:func:`~.owned.owned_folder`): a worker killed while it held a copy (SIGKILL,
+    the OOM killer) leaves the folder, and the first fetch of each later process removes it."""
+    global _cleaned
+    from .owned import owned_folder
+
+    with _lock:
+        clean, _cleaned = _cleaned != os.getpid(), os.getpid()
+    return owned_folder(FETCH_PREFIX, clean)
+
+
 @contextlib.contextmanager
 def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folder: bool = False) -> Iterator[str]:
     """Fetch ``url`` (a file, or with ``folder`` everything under it) into a temporary folder; yields the local path."""
     fs = filesystem(url, storage_options)
-    tmp = tempfile.mkdtemp(prefix="precompile-fetch-")
+    tmp, owner = fetch_folder()
     name = local_name(url.rstrip("/").rsplit("/", 1)[-1] or "input")
     local = os.path.join(tmp, name)
     try:
@@ -294,3 +309,4 @@ def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folde
         yield local
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        os.close(owner)

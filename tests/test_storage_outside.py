@@ -505,3 +505,28 @@ def test_the_fetched_copies_of_a_killed_worker_are_removed_by_the_next_one(tmp_p
     assert holder.wait(timeout=60) == 0 and not held.exists()
     holder.stdout.close(), killed.stdout.close(), after.stdout.close()
     assert [p for p in tmp.rglob("*")] == []
+
+
+def test_an_empty_object_at_the_index_url_is_named_as_no_index(tmp_path, monkeypatch):
+    """S3 answers a range GET of an empty object with 416 (s3fs: 'OSError: [Errno 22] The requested range is
+    not satisfiable'; seen with moto); the index's GET is a range GET (bounded by cache_limit), so an empty
+    object read as a store fault ('check the endpoint ... and the network') instead of 'no index'. The memory
+    store is given S3's answer."""
+    import errno
+
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    fs = fsspec.filesystem("memory")
+    url = f"memory://sa-{uuid.uuid4().hex[:12]}/p/t.h5"
+    fs.pipe_file(url, b"")
+    real = MemoryFileSystem.cat_file
+
+    def like_s3(self, path, start=None, end=None, **kw):
+        if (start is not None or end is not None) and self.size(path) == 0:
+            raise OSError(errno.EINVAL, "The requested range is not satisfiable")
+        return real(self, path, start=start, end=end, **kw)
+    monkeypatch.setattr(MemoryFileSystem, "cat_file", like_s3)
+    with pytest.raises(FormatError) as e:
+        precompile.open(url, cache_dir=tmp_path / "c")
+    assert str(e.value) == (f"{url}: neither an HDF5 nor a JSON index; reading from a URL serves HDF5 builds only: "
+                            f"copy the build to a local folder and open it there")

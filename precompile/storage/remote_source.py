@@ -220,7 +220,9 @@ def fetch_index(url: str, storage_options: Optional[dict[str, Any]], cache: Opti
     try:
         data = fs.cat_file(url) if cache is None else fs.cat_file(url, start=0, end=cache.limit + 1)
     except Exception as e:  # noqa: BLE001  (the store's own errors)
-        raise read_error(url, e) from None
+        if cache is None or isinstance(e, FileNotFoundError) or not _empty(fs, url):
+            raise read_error(url, e) from None
+        data = b""   # S3 refuses a range GET of an empty object (416): it is no index, which the caller says
     if cache is not None and len(data) > cache.limit:
         try:   # its size for the message (one more request, only here)
             size = int(fs.size(url))
@@ -228,3 +230,11 @@ def fetch_index(url: str, storage_options: Optional[dict[str, Any]], cache: Opti
             size = 0
         cache.check_fits(max(size, len(data)), url, "index")
     return fs, data
+
+
+def _empty(fs: Any, url: str) -> bool:
+    """Whether the object at ``url`` is empty (asked only when a range GET of it failed)."""
+    try:
+        return int(fs.size(url)) == 0
+    except Exception:  # noqa: BLE001
+        return False

@@ -530,3 +530,33 @@ def test_an_empty_object_at_the_index_url_is_named_as_no_index(tmp_path, monkeyp
         precompile.open(url, cache_dir=tmp_path / "c")
     assert str(e.value) == (f"{url}: neither an HDF5 nor a JSON index; reading from a URL serves HDF5 builds only: "
                             f"copy the build to a local folder and open it there")
+
+
+def test_a_folder_input_over_http_does_not_fetch_a_link_out_of_the_folder(tmp_path):
+    """A folder input (a DICOM series) at an HTTP root is fetched whole from its index page's links; a link
+    ``%2e%2e/%2e%2e/secret.bin`` was listed as a file of the folder, and fetched (a GET of ``/secret.bin``)
+    into the series. It fails the input, naming the link; links fsspec resolves out of the folder are left
+    out as before."""
+    pytest.importorskip("aiohttp", reason="http:// inputs need aiohttp (the http extra)")
+    from precompile.errors import DecodeError
+    from precompile.storage.remote import local_copy
+
+    srv = tmp_path / "srv"
+    (srv / "root" / "series").mkdir(parents=True)
+    (srv / "root" / "series" / "a.dcm").write_bytes(b"A")
+    (srv / "root" / "other.bin").write_bytes(b"OTHER")
+    (srv / "secret.bin").write_bytes(b"SECRET")
+    with http_server(srv) as (base, asked):
+        (srv / "root" / "series" / "index.html").write_text(
+            f'<a href="a.dcm">a</a> <a href="../other.bin">o</a> <a href="{base}/secret.bin">s</a> '
+            f'<a href="%2e%2e/%2e%2e/secret.bin">u</a>')
+        with pytest.raises(DecodeError) as e:
+            with local_copy(f"{base}/root/series", folder=True):
+                pass
+        assert str(e.value) == (f"{base}/root/series, stage decode: the folder's file '%2e%2e/%2e%2e/secret.bin' "
+                                f"leaves the folder (a '..' part once percent-decoded, or between backslashes: an "
+                                f"HTTP client or a server resolves it to another place)")
+        (srv / "root" / "series" / "index.html").write_text('<a href="a.dcm">a</a> <a href="../other.bin">o</a>')
+        with local_copy(f"{base}/root/series", folder=True) as local:
+            assert {p.name: p.read_bytes() for p in Path(local).rglob("*") if p.is_file()} == {"a.dcm": b"A"}
+    assert "/secret.bin" not in asked and "/root/other.bin" not in asked, asked

@@ -35,7 +35,7 @@ import threading
 from typing import Any, Iterator, Optional
 from urllib.parse import unquote
 
-from ..errors import DecodeError, MissingDependencyError, PlanError, PrecompileError
+from ..errors import DecodeError, MissingDependencyError, PlanError, PrecompileError, echo
 
 URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # protocol -> (extra, package that provides it)
@@ -289,9 +289,16 @@ def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folde
                 os.makedirs(local)
                 src = fs._strip_protocol(url.rstrip("/"))
                 for path in sorted(fs.find(url.rstrip("/"))):
-                    rel = fs._strip_protocol(path)[len(src) + 1:]
+                    name = fs._strip_protocol(path)
+                    if not name.startswith(src + "/"):
+                        continue
+                    rel = name[len(src) + 1:]
                     if not rel or ".." in rel.split("/"):
                         continue
+                    if dotted(rel):   # an HTTP listing's link that the client resolves out of the folder
+                        raise DecodeError(f"the folder's file {echo(rel)} leaves the folder (a '..' part once "
+                                          f"percent-decoded, or between backslashes: an HTTP client or a server "
+                                          f"resolves it to another place)", path=url, stage="decode")
                     dst = os.path.join(local, *map(local_name, rel.split("/")))
                     os.makedirs(os.path.dirname(dst), exist_ok=True)
                     fs.get_file(path, dst)
@@ -299,7 +306,7 @@ def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folde
                 fs.get_file(url, local)
         except FileNotFoundError:
             raise DecodeError("the remote object is missing (it was listed at plan time)", path=url) from None
-        except MemoryError:
+        except (MemoryError, DecodeError):
             raise
         except Exception as e:  # network errors, permissions
             if is_credentials_error(e):

@@ -560,3 +560,44 @@ def test_a_folder_input_over_http_does_not_fetch_a_link_out_of_the_folder(tmp_pa
         with local_copy(f"{base}/root/series", folder=True) as local:
             assert {p.name: p.read_bytes() for p in Path(local).rglob("*") if p.is_file()} == {"a.dcm": b"A"}
     assert "/secret.bin" not in asked and "/root/other.bin" not in asked, asked
+
+
+# -- builds written to a URL ---------------------------------------------------------------------------------
+def test_an_upload_cut_on_a_store_that_keeps_part_of_it_is_built_again(tmp_path, monkeypatch):
+    """A store that keeps what was sent of a cut upload (a partial object: not S3, whose PUT is whole or
+    nothing) holds half a shard and no entry sidecar; the build stops naming the shard and the store's
+    default endpoint ('cannot reach the endpoint the store's default endpoint' read doubled), and the next
+    build rebuilds that shard: the result is the local build's bytes."""
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    from precompile.errors import OutputError
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    index = tiny_build(tmp_path, n=6)
+    recipe = parse_recipe({"name": "t", "seed": 0, "inputs": {"root": "in", "match": "{label}/{name}.png",
+                                                              "fields": {"image": {"decoder": "image"}},
+                                                              "label": {"capture": "label"}},
+                           "output": {"format": "hdf5", "samples_per_shard": 2}}, base_dir=str(tmp_path))
+    url = f"memory://out-{uuid.uuid4().hex[:12]}/p"
+    real, puts = MemoryFileSystem.put_file, []
+
+    def cut(self, lpath, rpath, **kw):
+        if "/t.shards/shard-" in rpath and rpath.endswith(".h5"):
+            puts.append(rpath)
+            if len(puts) == 2:
+                data = Path(lpath).read_bytes()
+                self.pipe_file(rpath, data[:len(data) // 2])
+                raise ConnectionError("connection reset by peer")
+        return real(self, lpath, rpath, **kw)
+    monkeypatch.setattr(MemoryFileSystem, "put_file", cut)
+    with pytest.raises(OutputError) as e:
+        precompile.build(recipe, out_dir=url, n_jobs=1)
+    assert str(e.value).startswith(f"output {puts[1]}: cannot reach the store's default endpoint (ConnectionError: "
+                                   f"connection reset by peer), while uploading shard 1; check the address"), \
+        str(e.value)
+    monkeypatch.setattr(MemoryFileSystem, "put_file", real)
+    report = precompile.build(recipe, out_dir=url, n_jobs=1)
+    assert report["shards"] == {"total": 3, "built": 2, "skipped": 1, "reused": 0, "failed": 0}
+    fs = fsspec.filesystem("memory")
+    for p in sorted(index.parent.rglob("*.h5")):
+        assert fs.cat_file(f"{url}/{p.relative_to(index.parent).as_posix()}") == p.read_bytes(), p

@@ -44,8 +44,9 @@ def with_endpoint(url: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _endpoint(options: dict[str, Any]) -> str:
-    return str(options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url")
-               or "the store's default endpoint")
+    """``the endpoint <url>`` of the options, or ``the store's default endpoint``."""
+    url = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url")
+    return f"the endpoint {url}" if url else "the store's default endpoint"
 
 
 def url_fault(e: BaseException, url: str, options: dict[str, Any], doing: str, kept: str = KEPT
@@ -63,7 +64,7 @@ def url_fault(e: BaseException, url: str, options: dict[str, Any], doing: str, k
         hint = (f"{CREDENTIALS_HINT.get(proto, 'set the store credentials in its environment')} "
                 f"(or pass them with --storage-option)")
     elif names & _UNREACHABLE or isinstance(e, (ConnectionError, TimeoutError)):
-        head = f"cannot reach the endpoint {_endpoint(options)}"
+        head = f"cannot reach {_endpoint(options)}"
         hint = "check the address: AWS_ENDPOINT_URL or --storage-option endpoint_url=... (and the network)"
     elif isinstance(e, FileNotFoundError) and "bucket" in text.lower():
         head = f"the bucket {urlsplit(url).netloc!r} does not exist"

@@ -29,8 +29,9 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from . import names as fmt
-from ..errors import FormatError, PrecompileError
-from ..storage.remote_source import RemoteSource, fetch_index
+from . import snapshot
+from ..errors import FormatError, PrecompileError, echo
+from ..storage.remote_source import RemoteSource, check_entry, fetch_index
 from ..storage.shard_cache import Room, ShardCache
 from .hdf5 import HDF5_MAGIC, H5Dataset
 
@@ -49,7 +50,7 @@ class RemoteH5Dataset(H5Dataset):
         name = os.path.splitext(os.path.basename(index_path))[0]   # the cache names the index by its sha256
         sha = name if len(name) == 64 and all(c in "0123456789abcdef" for c in name) else None
         self.remote = RemoteSource(url, self._entries(), cache, storage_options, fs, os.path.getsize(index_path),
-                                   sha)
+                                   sha, inspect=outside_refs)
         self._start()
 
     def _start(self) -> None:
@@ -182,6 +183,56 @@ class RemoteH5Dataset(H5Dataset):
                 f"fields={self.fields}, cache={self.remote.cache.root!r})")
 
 
+def outside_refs(path: str, sources: Optional[set[str]] = None) -> Optional[str]:
+    """Why the HDF5 file at ``path`` reads data outside itself, or None (also when it is no HDF5 file: opening
+    it says so). An external link, a dataset with external storage (raw data in any local file named in it) or
+    a virtual dataset (``sources``: the relative file names an index's virtual datasets may take theirs from,
+    its shard files; a shard may have none) would let a file from a URL read local files: a build writes none
+    of them."""
+    import h5py
+
+    try:
+        f = h5py.File(path, "r")
+    except OSError:
+        return None
+    found: list[str] = []
+
+    def visit(name: str, link: Any) -> Optional[bool]:
+        if isinstance(link, h5py.ExternalLink):
+            found.append(f"{name!r} is an external link to the file {echo(link.filename)}")
+        elif isinstance(link, h5py.HardLink):
+            d = f.get(name)
+            if isinstance(d, h5py.Dataset):
+                if d.external:
+                    found.append(f"the dataset {name!r} keeps its data in the file {echo(d.external[0][0])}")
+                elif d.is_virtual:
+                    names = sorted({v.file_name for v in d.virtual_sources()} - (sources or set()))
+                    if names:
+                        found.append(f"the dataset {name!r} is virtual, with data from the file {echo(names[0])}")
+        return True if found else None
+
+    with f:
+        f.visititems_links(visit)
+    return found[0] if found else None
+
+
+def _shard_files(url: str, index_path: str) -> set[str]:
+    """The shard files the index at ``index_path`` (read from ``url``) names, each entry checked first
+    (:func:`~precompile.storage.remote_source.check_entry`: a FormatError for one outside its folder); entries
+    that cannot be parsed are left to the dataset, which says the index is damaged."""
+    attrs = snapshot.read_index_attrs(index_path) or {}
+    try:
+        entries = fmt.loads(attrs[fmt.A_SHARDS])
+    except (KeyError, ValueError, TypeError, RecursionError):
+        return set()
+    if not isinstance(entries, list):
+        return set()
+    for i, e in enumerate(entries):
+        if isinstance(e, dict):
+            check_entry(url, i, e)
+    return {e["file"] for e in entries if isinstance(e, dict)}
+
+
 def _let_go(source: RemoteSource, held: dict, index_sha: Optional[str]) -> None:
     """Unpin what a dataset held when it is garbage-collected (its files close with it)."""
     for shard in list(held):
@@ -197,13 +248,17 @@ def open_url(url: str, fields: Sequence[str] | None = None, verify: bool = False
     """Open the HDF5 build whose index is at ``url`` (see the module docstring). ``verify=True`` re-hashes the
     cached copies of its shards first (every download is checked anyway)."""
     cache = ShardCache(cache_dir, cache_limit)
-    fs, data = fetch_index(url, storage_options)
+    fs, data = fetch_index(url, storage_options, cache)
     if data[:8] != HDF5_MAGIC:
         what = "a JSON index (a png, bmp or wav build)" if data[:1] == b"{" else "neither an HDF5 nor a JSON index"
         raise FormatError(f"{url}: {what}; reading from a URL serves HDF5 builds only: copy the build to a local "
                           f"folder and open it there")
     path, sha = cache.open_index(url, data)
     try:
+        bad = outside_refs(path, _shard_files(url, path))
+        if bad:
+            raise FormatError(f"{url}: the index reads outside its own file ({bad}): refused, nothing of it was "
+                              f"read; a build writes no such index: it was not written by precompile build")
         ds = RemoteH5Dataset(path, url, cache, storage_options, fields, fs)
     except BaseException as e:
         cache.unpin(sha)

@@ -12,7 +12,7 @@ import stat
 from typing import Any, Optional
 
 from ..errors import DecodeError, echo
-from ..storage.remote import is_url
+from ..storage.remote import dotted, is_url
 
 #: the longest path a row may give (Linux's PATH_MAX): a longer one names no file on any file system
 MAX_PATH_CHARS = 4096
@@ -72,6 +72,10 @@ class InputRoot:
             what = "another place" if self.remote else "an absolute path"
             raise DecodeError(f"the path leaves inputs.root {echo(self.root[:-1])} ('..' or {what})", path=path,
                               stage="decode")
+        if self.remote and dotted(path[len(self.root):]):
+            raise DecodeError(f"the path leaves inputs.root {echo(self.root[:-1])} (a '..' part once "
+                              f"percent-decoded, or between backslashes: an HTTP client or a server resolves it "
+                              f"to another place)", path=path, stage="decode")
         if self.remote or self.follow:
             return False
         if self._plain(path):

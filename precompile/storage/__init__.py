@@ -3,6 +3,8 @@
 - :mod:`.remote` — fsspec URLs: which paths are URLs, a filesystem per URL (the extra to install named),
   listings and globs with fingerprints, a local copy of a remote input, the store's refusals as errors;
 - :mod:`.files` — local files: sha256, fsync, the JSON a build writes (atomically), sizes in words;
+- :mod:`.owned` — temporary folders owned by a running process (an ``flock``), removed by the next one when
+  their process died: a URL build's staging folder, the fetched copies of remote inputs;
 - :mod:`.faults` — a local folder's faults (out of space, read-only, vanished) told as they are;
 - :mod:`.folder_lock` and :mod:`.url_lock` — the build lock of a local folder (``flock``) and of a URL (an object
   created with a conditional PUT);

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import secrets
 import threading
@@ -17,6 +18,9 @@ from typing import Callable, Optional
 from ..errors import CacheError, FormatError
 from .cache_node import _FETCH, offset
 from .cache_room import FolderRoom, Room
+from .files import file_sha256
+
+log = logging.getLogger("precompile.cache")
 
 #: bytes per read while downloading
 BLOCK = 8 << 20
@@ -120,13 +124,17 @@ class Downloads(FolderRoom):
         except BaseException as e:
             os.close(fd)
             os.remove(part)
-            if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise CacheError(f"the cache folder {self.root} is out of disk space while fetching {url} "
-                                 f"({e.strerror}): lower cache_limit below the free space, or pass another "
-                                 f"cache_dir") from None
+            self._out_of_space(e, url)
             raise
         os.close(fd)
         return h.hexdigest(), got
+
+    def _out_of_space(self, e: BaseException, url: str) -> None:
+        """Raise the CacheError for a full disk (or quota) met while ``url`` was put in the cache; else nothing."""
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise CacheError(f"the cache folder {self.root} is out of disk space while fetching {url} "
+                             f"({e.strerror}): lower cache_limit below the free space, or pass another "
+                             f"cache_dir") from None
 
     def open_index(self, url: str, data: bytes) -> tuple[str, str]:
         """Put an index's bytes (read in one GET) in the cache under their digest; (local path, sha256), pinned."""
@@ -140,21 +148,25 @@ class Downloads(FolderRoom):
         self.pin(sha)
         try:
             path = self.path(sha)
-            if not self._present(path, len(data)):
+            if not self._present(path, len(data)) or not _intact(path, sha):
                 try:
                     part = self._reserve(token, len(data), url, True, Room())
                 except CacheError:
                     # several processes opening the same index at once each reserve room for it; when the cache
                     # holds one copy but not two, the later ones wait in vain: the copy another put there is theirs
-                    if self._present(path, len(data)):
+                    if self._present(path, len(data)) and _intact(path, sha):
                         return path, sha
                     raise
                 fd = os.open(part, os.O_WRONLY)
                 try:
                     _write_all(fd, data)
                     os.fsync(fd)
-                finally:
+                except BaseException as e:
                     os.close(fd)
+                    os.remove(part)
+                    self._out_of_space(e, url)
+                    raise
+                os.close(fd)
                 with self._locked():
                     os.replace(part, path)
             return path, sha
@@ -165,6 +177,18 @@ class Downloads(FolderRoom):
             n.unlock(_FETCH + offset(token))
             with n.mu:
                 n.fetching.discard(token)
+
+
+def _intact(path: str, sha: str) -> bool:
+    """Whether the cached copy at ``path`` still hashes to ``sha`` (an index's, checked at each open: its bytes
+    were just fetched whole, so hashing the copy costs less than the GET; a damaged one is replaced by them)."""
+    try:
+        if file_sha256(path) == sha:
+            return True
+    except FileNotFoundError:
+        return False
+    log.warning("%s: the cached copy of an index is damaged (its sha256 differs): writing it again", path)
+    return False
 
 
 def _allocate(fd: int, size: int) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Optional
@@ -15,6 +16,10 @@ from typing import Any, Callable, Iterator, Optional
 from ..errors import CacheError
 from .cache_node import _FETCH, _GLOBAL, _PIN, _WAITING, offset
 from .files import human
+
+#: the names of the files a cache folder's ``files`` holds: ``<sha256>.h5``, and ``<sha256>.part`` or
+#: ``<token>.part`` (an index's download: 32 hex digits) while downloading
+OWN_NAME = re.compile(r"[0-9a-f]{64}\.(?:h5|part)|[0-9a-f]{32}\.part")
 
 #: how long a download waits for files pinned by other processes to be let go before CacheError
 WAIT_S = 60.0
@@ -158,12 +163,15 @@ class FolderRoom:
             return True
 
     def _scan(self, clean: bool) -> list[tuple[int, int, str]]:
-        """(mtime ns, size, name) of every file in the cache; ``clean``: first remove ``.part`` files whose
-        download died with its process (nobody holds their download lock)."""
+        """(mtime ns, size, name) of every file the cache made (:data:`OWN_NAME`: a file it did not name, such as
+        a user's copy, is neither counted nor removed); ``clean``: first remove ``.part`` files whose download
+        died with its process (nobody holds their download lock)."""
         n = self.node
         out = []
         with os.scandir(n.files) as it:
             for e in it:
+                if not OWN_NAME.fullmatch(e.name):
+                    continue
                 if clean and e.name.endswith(".part") and self._stale(e.name[:-5]):
                     continue
                 try:

@@ -15,17 +15,16 @@ to reports). What a build keeps there, and in which order, is the build's (:mod:
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
-import tempfile
 from typing import Any, Optional
 from urllib.parse import urlsplit
 
 from ..errors import OutputError
 from .faults import KEPT, is_output_fault, output_error
 from .files import json_bytes
+from .owned import OWNER, owned_folder
 from .remote import CREDENTIALS_HINT, filesystem, is_credentials_error, protocol
 
 #: protocols whose fsspec filesystem does conditional PUTs (If-None-Match / If-Match) for the lock
@@ -45,8 +44,9 @@ def with_endpoint(url: str, options: dict[str, Any]) -> dict[str, Any]:
 
 
 def _endpoint(options: dict[str, Any]) -> str:
-    return str(options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url")
-               or "the store's default endpoint")
+    """``the endpoint <url>`` of the options, or ``the store's default endpoint``."""
+    url = options.get("endpoint_url") or (options.get("client_kwargs") or {}).get("endpoint_url")
+    return f"the endpoint {url}" if url else "the store's default endpoint"
 
 
 def url_fault(e: BaseException, url: str, options: dict[str, Any], doing: str, kept: str = KEPT
@@ -64,7 +64,7 @@ def url_fault(e: BaseException, url: str, options: dict[str, Any], doing: str, k
         hint = (f"{CREDENTIALS_HINT.get(proto, 'set the store credentials in its environment')} "
                 f"(or pass them with --storage-option)")
     elif names & _UNREACHABLE or isinstance(e, (ConnectionError, TimeoutError)):
-        head = f"cannot reach the endpoint {_endpoint(options)}"
+        head = f"cannot reach {_endpoint(options)}"
         hint = "check the address: AWS_ENDPOINT_URL or --storage-option endpoint_url=... (and the network)"
     elif isinstance(e, FileNotFoundError) and "bucket" in text.lower():
         head = f"the bucket {urlsplit(url).netloc!r} does not exist"
@@ -92,42 +92,16 @@ def refuse_userinfo(url: str) -> None:
 
 STAGE_PREFIX = "precompile-out-"
 #: the file in a staging folder that its build holds an ``flock`` on while it runs
-STAGE_OWNER = ".owner"
-
-
-def _abandoned(folder: str) -> bool:
-    """True when no running build holds ``folder``'s owner lock: its build died (the kernel released the
-    ``flock``). A folder without an owner file (one being created) is never abandoned."""
-    import fcntl
-
-    try:
-        fd = os.open(os.path.join(folder, STAGE_OWNER), os.O_RDONLY)
-    except OSError:   # being created, or another user's
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        return os.fstat(fd).st_size > 0   # empty: its build has not yet taken the lock it is about to take
-    except OSError:
-        return False   # held: its build runs
-    finally:
-        os.close(fd)
+STAGE_OWNER = OWNER
 
 
 def staging_folder() -> tuple[str, int]:
     """(a new local staging folder ``precompile-out-<pid>-*`` in the temporary folder, the descriptor
     holding its owner lock). First the folders of builds that died are removed, as a local build removes
     its temporaries: those whose owner ``flock`` no process holds (any process on this kernel, whatever its
-    pid namespace: containers sharing ``/tmp`` see each other's locks; a pid in the name would not do)."""
-    import fcntl
-
-    for p in glob.glob(os.path.join(glob.escape(tempfile.gettempdir()), STAGE_PREFIX + "*-*")):
-        if _abandoned(p):
-            shutil.rmtree(p, ignore_errors=True)
-    folder = tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-")
-    fd = os.open(os.path.join(folder, STAGE_OWNER), os.O_RDWR | os.O_CREAT, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX)   # waits only while a cleaner looks at the new, still empty file
-    os.write(fd, f"{os.getpid()}\n".encode())
-    return folder, fd
+    pid namespace: containers sharing ``/tmp`` see each other's locks; a pid in the name would not do):
+    :func:`~.owned.owned_folder`."""
+    return owned_folder(STAGE_PREFIX)
 
 
 class UrlFolder:

@@ -31,11 +31,11 @@ import os
 import re
 import shutil
 import sys
-import tempfile
 import threading
 from typing import Any, Iterator, Optional
+from urllib.parse import unquote
 
-from ..errors import DecodeError, MissingDependencyError, PlanError, PrecompileError
+from ..errors import DecodeError, MissingDependencyError, PlanError, PrecompileError, echo
 
 URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # protocol -> (extra, package that provides it)
@@ -65,6 +65,16 @@ if hasattr(os, "register_at_fork"):
 
 def is_url(path: Any) -> bool:
     return isinstance(path, str) and URL_RE.match(path) is not None and not path.startswith("file://")
+
+
+def dotted(rel: str) -> bool:
+    """Whether the part of a URL below a remote ``inputs.root`` holds a '..' that a client or server may resolve
+    although the text has none: percent-encoded (``%2e%2e``, ``.%2E``: an HTTP client such as aiohttp decodes
+    the unreserved dots, then resolves the dot segments, so ``root/a/%2e%2e/%2e%2e/x`` is a GET of ``/x``), or
+    between backslashes or an encoded ``/`` (which some servers take as a separator)."""
+    if "%" not in rel and "\\" not in rel:
+        return False
+    return ".." in re.split(r"[/\\]", unquote(rel))
 
 
 def protocol(url: str) -> str:
@@ -204,11 +214,17 @@ def glob_urls(pattern: str, storage_options: Optional[dict[str, Any]] = None, wh
     except Exception as e:  # OSErrors, and the store's own errors (botocore's NoCredentialsError, ...)
         raise store_error(what, pattern, e, "list", "matches nothing (nothing listed)") from None
     proto = protocol(pattern)
-    urls = sorted(f"{proto}://{fs._strip_protocol(p)}" for p, info in found.items()
+    urls = sorted(_as_url(proto, fs._strip_protocol(p)) for p, info in found.items()
                   if info.get("type", "file") == "file")
     if not urls:
         raise PlanError(f"{what} matches no object")
     return urls
+
+
+def _as_url(proto: str, path: str) -> str:
+    """The URL of a path a filesystem of ``proto`` gave: s3fs and the like give it without the protocol
+    (``bucket/key``), the HTTP filesystem with it (``https://host/x``), which must not get a second one."""
+    return path if URL_RE.match(path) else f"{proto}://{path}"
 
 
 def file_fingerprint(url: str, storage_options: Optional[dict[str, Any]] = None, what: str = "") -> list:
@@ -227,12 +243,45 @@ def fingerprint(url: str) -> list:
     return LISTED.get(url.rstrip("/"), ["missing"])
 
 
+#: the longest file name (in bytes) local file systems take (NAME_MAX); an object's name may be longer (S3: 1024)
+NAME_MAX = 255
+
+
+def local_name(name: str) -> str:
+    """``name`` as the name of a local copy: itself when a local file system takes it (at most :data:`NAME_MAX`
+    bytes), else a digest of it with its extension kept (a decoder may go by the extension)."""
+    raw = name.encode("utf-8", "surrogatepass")
+    if len(raw) <= NAME_MAX:
+        return name
+    import hashlib
+
+    _, dot, ext = name.rpartition(".")
+    ext = f".{ext}" if dot and 0 < len(ext.encode("utf-8", "surrogatepass")) <= 32 else ""
+    return hashlib.sha256(raw).hexdigest()[:40] + ext
+
+
+FETCH_PREFIX = "precompile-fetch-"
+_cleaned: Optional[int] = None   # the pid of this process once it removed the fetch folders of dead ones
+
+
+def fetch_folder() -> tuple[str, int]:
+    """A new folder for one fetched copy, ``precompile-fetch-<pid>-*`` in the temporary folder, and the
+    descriptor of its owner lock (:func:`~.owned.owned_folder`): a worker killed while it held a copy (SIGKILL,
+    the OOM killer) leaves the folder, and the first fetch of each later process removes it."""
+    global _cleaned
+    from .owned import owned_folder
+
+    with _lock:
+        clean, _cleaned = _cleaned != os.getpid(), os.getpid()
+    return owned_folder(FETCH_PREFIX, clean)
+
+
 @contextlib.contextmanager
 def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folder: bool = False) -> Iterator[str]:
     """Fetch ``url`` (a file, or with ``folder`` everything under it) into a temporary folder; yields the local path."""
     fs = filesystem(url, storage_options)
-    tmp = tempfile.mkdtemp(prefix="precompile-fetch-")
-    name = url.rstrip("/").rsplit("/", 1)[-1] or "input"
+    tmp, owner = fetch_folder()
+    name = local_name(url.rstrip("/").rsplit("/", 1)[-1] or "input")
     local = os.path.join(tmp, name)
     try:
         try:
@@ -240,17 +289,24 @@ def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folde
                 os.makedirs(local)
                 src = fs._strip_protocol(url.rstrip("/"))
                 for path in sorted(fs.find(url.rstrip("/"))):
-                    rel = fs._strip_protocol(path)[len(src) + 1:]
+                    name = fs._strip_protocol(path)
+                    if not name.startswith(src + "/"):
+                        continue
+                    rel = name[len(src) + 1:]
                     if not rel or ".." in rel.split("/"):
                         continue
-                    dst = os.path.join(local, *rel.split("/"))
+                    if dotted(rel):   # an HTTP listing's link that the client resolves out of the folder
+                        raise DecodeError(f"the folder's file {echo(rel)} leaves the folder (a '..' part once "
+                                          f"percent-decoded, or between backslashes: an HTTP client or a server "
+                                          f"resolves it to another place)", path=url, stage="decode")
+                    dst = os.path.join(local, *map(local_name, rel.split("/")))
                     os.makedirs(os.path.dirname(dst), exist_ok=True)
                     fs.get_file(path, dst)
             else:
                 fs.get_file(url, local)
         except FileNotFoundError:
             raise DecodeError("the remote object is missing (it was listed at plan time)", path=url) from None
-        except MemoryError:
+        except (MemoryError, DecodeError):
             raise
         except Exception as e:  # network errors, permissions
             if is_credentials_error(e):
@@ -260,3 +316,4 @@ def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folde
         yield local
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        os.close(owner)

@@ -11,13 +11,14 @@ Nothing here knows a file format: the index's bytes are handed to the format tha
 from __future__ import annotations
 
 import os
+import re
 import threading
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from ..errors import CacheError, FormatError, PrecompileError
-from .remote import CREDENTIALS_HINT, filesystem, is_credentials_error, protocol
+from ..errors import CacheError, FormatError, PrecompileError, echo
+from .remote import CREDENTIALS_HINT, dotted, filesystem, is_credentials_error, protocol
 from .files import human
 from .shard_cache import Room, ShardCache
 
@@ -62,6 +63,38 @@ def read_error(url: str, e: BaseException, index_url: Optional[str] = None, inde
                        f"(storage_options endpoint_url, or AWS_ENDPOINT_URL for s3) and the network")
 
 
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def entry_problem(e: dict) -> Optional[str]:
+    """Why a shard entry of an index read from a URL cannot be followed, or None. Its ``file`` becomes a URL
+    under the index's folder (a relative '/'-separated path: no empty, ``.`` or ``..`` part, no backslash or NUL,
+    no percent-encoded ``..``: a store or an HTTP client may resolve those to another place); its ``sha256`` names the verified copy's file
+    in the cache and its byte in the cache's locks (64 lowercase hex digits, as a build writes it); its
+    ``bytes`` is a size (an int >= 0, not a bool)."""
+    f = e.get("file")
+    if not isinstance(f, str) or any(p in ("", ".", "..") for p in f.split("/")) or "\\" in f or "\0" in f \
+            or dotted(f):
+        return f"names the file {echo(f)}, which is not a path inside the index's folder"
+    if not _SHA256.fullmatch(e["sha256"]):
+        return f"({echo(f)}): its sha256 {echo(e['sha256'])} is not 64 lowercase hex digits"
+    if isinstance(e["bytes"], bool) or e["bytes"] < 0:
+        return f"({echo(f)}): its size (bytes) {e['bytes']!r} is not a number of bytes >= 0"
+    return None
+
+
+def check_entry(url: str, i: int, e: dict) -> None:
+    """FormatError naming the index at ``url`` when its shard entry ``i`` cannot be read from a URL: it records
+    no sha256 and bytes (an older build), or :func:`entry_problem`."""
+    if not isinstance(e.get("sha256"), str) or not isinstance(e.get("bytes"), int):
+        raise FormatError(f"{url}: shard entry {i} ({e.get('file')}) records no sha256 and bytes: build it "
+                          f"again with this precompile to read it from a URL")
+    bad = entry_problem(e)
+    if bad:
+        raise FormatError(f"{url}: the index is damaged: shard entry {i} {bad}; nothing was read from "
+                          f"the store for it: build to this URL again")
+
+
 def index_now(fs: Any, index_url: str, sha: Optional[str], size: int) -> str:
     """Whether the index at ``index_url`` is still the one opened (its sha256 ``sha``, ``size`` bytes):
     :data:`SAME`, :data:`REPLACED`, :data:`REMOVED`, or :data:`UNKNOWN` when the store cannot be asked (the
@@ -92,8 +125,13 @@ class RemoteSource:
     Pickles without handles: the fsspec filesystem is made again in each process."""
 
     def __init__(self, url: str, shards: Sequence[dict], cache: ShardCache, storage_options: Optional[dict[str, Any]],
-                 fs: Any = None, index_bytes: int = 0, index_sha: Optional[str] = None):
+                 fs: Any = None, index_bytes: int = 0, index_sha: Optional[str] = None,
+                 inspect: Optional[Callable[[str], Optional[str]]] = None):
         self.url, self.base = url, url.rsplit("/", 1)[0]
+        #: the format's check of a shard's verified copy before its first use in a process: why the file reads
+        #: outside itself (an HDF5 external link, external storage, a virtual dataset), or None
+        self.inspect = inspect
+        self._inspected: set[str] = set()
         self.cache, self.storage_options = cache, dict(storage_options or {})
         self._fs, self._fs_pid = fs, os.getpid()
         #: the size of the index's cached copy, which the dataset pins while it is open (in every limit check)
@@ -102,9 +140,7 @@ class RemoteSource:
         self.index_sha = index_sha
         self.files, self.shas, self.sizes = [], [], []
         for i, e in enumerate(shards):
-            if not isinstance(e.get("sha256"), str) or not isinstance(e.get("bytes"), int):
-                raise FormatError(f"{url}: shard entry {i} ({e.get('file')}) records no sha256 and bytes: build it "
-                                  f"again with this precompile to read it from a URL")
+            check_entry(url, i, e)
             self.files.append(str(e["file"]))
             self.shas.append(e["sha256"])
             self.sizes.append(int(e["bytes"]))
@@ -150,23 +186,55 @@ class RemoteSource:
         ``wait``; ``room``: see :class:`~.shard_cache.Room`)."""
         url = self.shard_url(s)
         try:
-            return self.cache.open(self.shas[s], self.sizes[s], url,
+            path = self.cache.open(self.shas[s], self.sizes[s], url,
                                    lambda start, end: self.fs().cat_file(url, start=start, end=end), index=self.url,
                                    wait=wait, cancel=cancel, room=room)
         except Exception as e:  # noqa: BLE001  (the store's own errors are not OSErrors: botocore, aiohttp)
             state = index_now(self.fs(), self.url, self.index_sha, self.index_bytes) \
                 if isinstance(e, FileNotFoundError) else REPLACED
             raise read_error(url, e, self.url, state) from None
+        if path is not None and self.inspect is not None and self.shas[s] not in self._inspected:
+            try:
+                bad = self.inspect(path)
+            except BaseException:
+                self.cache.unpin(self.shas[s])
+                raise
+            if bad:
+                self.cache.unpin(self.shas[s])
+                raise FormatError(f"{url}: the shard reads outside its own file ({bad}): refused, nothing of it "
+                                  f"was read; a build writes no such shard: the index {self.url} and its shards "
+                                  f"were not written by precompile build")
+            self._inspected.add(self.shas[s])
+        return path
 
     def unpin(self, s: int) -> None:
         self.cache.unpin(self.shas[s])
 
 
-def fetch_index(url: str, storage_options: Optional[dict[str, Any]]) -> tuple[Any, bytes]:
+def fetch_index(url: str, storage_options: Optional[dict[str, Any]], cache: Optional[ShardCache] = None
+                ) -> tuple[Any, bytes]:
     """(the store's filesystem, the bytes of the index at ``url``), read in one GET; the store's refusals as
-    :func:`read_error` words them."""
+    :func:`read_error` words them. With ``cache``, at most its limit and one byte are read (a range GET): an
+    object larger than the cache can hold is a CacheError, not a read of it into memory to its end."""
     fs = store(url, storage_options)
     try:
-        return fs, fs.cat_file(url)
+        data = fs.cat_file(url) if cache is None else fs.cat_file(url, start=0, end=cache.limit + 1)
     except Exception as e:  # noqa: BLE001  (the store's own errors)
-        raise read_error(url, e) from None
+        if cache is None or isinstance(e, FileNotFoundError) or not _empty(fs, url):
+            raise read_error(url, e) from None
+        data = b""   # S3 refuses a range GET of an empty object (416): it is no index, which the caller says
+    if cache is not None and len(data) > cache.limit:
+        try:   # its size for the message (one more request, only here)
+            size = int(fs.size(url))
+        except Exception:  # noqa: BLE001
+            size = 0
+        cache.check_fits(max(size, len(data)), url, "index")
+    return fs, data
+
+
+def _empty(fs: Any, url: str) -> bool:
+    """Whether the object at ``url`` is empty (asked only when a range GET of it failed)."""
+    try:
+        return int(fs.size(url)) == 0
+    except Exception:  # noqa: BLE001
+        return False

@@ -9,12 +9,15 @@ Layout of a cache folder (default :func:`default_cache_dir`)::
                                       system can)
     <cache_dir>/locks                 byte-range locks that the processes share (see "Locks" below)
 
+A file of ``files`` that the cache did not name (a user's copy) is neither counted nor removed.
+
 The rules:
 
 - **Verified on the way in.** A shard is streamed to ``<sha256>.part`` while it is hashed, checked against the
   ``sha256`` and ``bytes`` its index records, fsynced, then renamed into place; a mismatch is a
   :class:`~precompile.errors.FormatError` naming the object and both digests, and nothing is kept. An index copy is
-  named by the digest of what was read (one GET: never two versions of the object mixed).
+  named by the digest of what was read (one GET: never two versions of the object mixed), and hashed again
+  at each open (a damaged copy is written again from the bytes just read).
 - **Trusted by name and size.** A file under its final name was hashed before it got that name, so using it again
   costs a ``stat`` (its size must be the index's ``bytes``), not a re-hash (one read of the file, about 1 s per
   GiB); ``precompile.open(url, verify=True)`` re-hashes the cached copies of that build.

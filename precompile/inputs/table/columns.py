@@ -19,7 +19,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from ...errors import RecipeError, echo
+from ...errors import PlanError, RecipeError, echo
+from ...storage.remote import is_url, list_tree
 from ..items import Inputs, ItemTable, Strings
 from ..paths import MAX_PATH_CHARS
 from .cells import (TEMPLATE_RE, CellError, blank, cell_text, check_columns, number, path_filler, row_options,
@@ -535,6 +536,11 @@ def _assemble(recipe: Any, cols: _Columns, keys: tuple[Any, Any], rels: dict, or
     inp = recipe.model.inputs
     root = recipe.input_root
     remote = "://" in root
+    if remote and is_url(root):   # the objects' fingerprints (ETag, size, mtime), which the shard keys hash
+        try:
+            list_tree(root, any(d.reads_dirs for d in recipe.decoders.values()), inp.storage_options)
+        except PlanError:   # a root the store will not list (GetObject granted, ListBucket not): the rows are
+            pass            # read all the same, without fingerprints (a changed object is not seen)
     idx = pa.array(order)
     done: dict[tuple[int, bool], Strings] = {}
 

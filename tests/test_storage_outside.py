@@ -297,6 +297,33 @@ def test_an_index_from_a_url_that_reads_a_local_file_is_refused_at_open(tmp_path
         precompile.open(f"{url}/t.h5", cache_dir=tmp_path / "c")
 
 
+@pytest.mark.parametrize("how", ["external", "link", "virtual"])
+def test_a_local_build_whose_shard_or_index_reads_another_file_is_refused(tmp_path, how):
+    """The same crafted structures in a build on a local disk (copied from an untrusted source): the URL reader
+    refused them, the local one read the other file's bytes as the sample (external storage made the direct reader
+    fall back to h5py, which follows it). A shard is refused when first opened, an index at open. (The Loader's
+    gather reads the bytes the index's chunk table places inside the shard file itself: never another file.)"""
+    index = tiny_build(tmp_path)
+    raw = _secret(tmp_path)
+    target = raw if how == "external" else tmp_path / "secret.h5"
+    shard = index.parent / _entry_of(index, 0)["file"]
+    _point_at(shard, "image/data", how, target)
+    ds = precompile.open(index)
+    what = {"external": f"the dataset 'image/data' keeps its data in the file {str(raw)!r}",
+            "link": f"'image/data' is an external link to the file {str(target)!r}",
+            "virtual": f"the dataset 'image/data' is virtual, with data from the file {str(target)!r}"}[how]
+    with pytest.raises(FormatError) as e:
+        ds[0]
+    assert str(e.value) == f"{shard}: the shard reads outside its own file ({what}): refused; a build writes no such shard"
+    assert ds[2]["image"].max() == 40   # the other shard reads as built
+    index = tiny_build(tmp_path / "i")
+    _point_at(index, "__copy__", "external", raw)
+    with pytest.raises(FormatError) as e:
+        precompile.open(index)
+    assert str(e.value) == (f"{index}: the index reads outside its own file (the dataset '__copy__' keeps its data in "
+                            f"the file {str(raw)!r}): refused; a build writes no such index")
+
+
 def test_a_damaged_cached_copy_of_the_index_is_replaced_by_the_bytes_just_fetched(tmp_path):
     """Each open fetches the index whole; a cached copy of the same size whose bytes were damaged since (a key
     changed on disk) was trusted by its size, and every later open of the URL failed ('the index is damaged',

@@ -50,7 +50,7 @@ from typing import Any, Iterable, Optional, Sequence
 import numpy as np
 
 from . import names as fmt
-from ..errors import FormatError
+from ..errors import FormatError, echo
 from ..registry import WRITERS
 from ..sample import FieldSpec, Sample
 from .base import Format, ShardWriter, VerifyResult, range_text, shard_digest
@@ -519,6 +519,39 @@ class Hdf5Format(Format):
 
 # --- reading -----------------------------------------------------------------------------------
 
+def outside_refs(path: str, sources: Optional[set[str]] = None) -> Optional[str]:
+    """Why the HDF5 file at ``path`` reads data outside itself, or None (also when it is no HDF5 file: opening
+    it says so). An external link, a dataset with external storage (raw data in any local file named in it) or
+    a virtual dataset (``sources``: the relative file names an index's virtual datasets may take theirs from,
+    its shard files; a shard may have none) would let a file from a URL read local files: a build writes none
+    of them."""
+    import h5py
+
+    try:
+        f = h5py.File(path, "r")
+    except OSError:
+        return None
+    found: list[str] = []
+
+    def visit(name: str, link: Any) -> Optional[bool]:
+        if isinstance(link, h5py.ExternalLink):
+            found.append(f"{name!r} is an external link to the file {echo(link.filename)}")
+        elif isinstance(link, h5py.HardLink):
+            d = f.get(name)
+            if isinstance(d, h5py.Dataset):
+                if d.external:
+                    found.append(f"the dataset {name!r} keeps its data in the file {echo(d.external[0][0])}")
+                elif d.is_virtual:
+                    names = sorted({v.file_name for v in d.virtual_sources()} - (sources or set()))
+                    if names:
+                        found.append(f"the dataset {name!r} is virtual, with data from the file {echo(names[0])}")
+        return True if found else None
+
+    with f:
+        f.visititems_links(visit)
+    return found[0] if found else None
+
+
 class H5Dataset(Dataset):
     """Samples of an HDF5 build. ``ds[i]`` -> {field: array}; ``ds.batch(idx)`` -> {field: stacked}."""
 
@@ -555,8 +588,14 @@ class H5Dataset(Dataset):
             self._identity = None   # replaced while it was read: which one was read is not known
         #: the shard entries' columns (from ``__shards__``; parsed from the entries for an index without it)
         self.shard_table: ShardTable = table if table is not None else self._table_from_entries()
+        shard_files = set()
         for name in self.shard_table.files.tolist():   # an index is data: its shards stay in its folder
-            fmt.check_entry(self.where, bytes(name).decode("utf-8", "replace"), "shard entry")
+            shard_files.add(fmt.check_entry(self.where, bytes(name).decode("utf-8", "replace"), "shard entry"))
+        if where is None:   # (an index read from a URL was checked before it was opened: hdf5_url.open_url)
+            bad = outside_refs(self.path, shard_files)
+            if bad:
+                raise FormatError(f"{self.where}: the index reads outside its own file ({bad}): refused; a build "
+                                  f"writes no such index")
         self._setup(fields, self.shard_table.num_samples)
         if self._n != len(self._copies):
             raise FormatError(f"{self.where}: the index's shard entries count {self._n} samples, its {fmt.COPY} "
@@ -650,6 +689,11 @@ class H5Dataset(Dataset):
 
                     raise FormatError(gone(p, self.path, self._identity)) from None
                 raise FormatError(f"{p}: cannot open shard: {e}") from None
+            bad = outside_refs(p)
+            if bad:
+                f.close()
+                raise FormatError(f"{p}: the shard reads outside its own file ({bad}): refused; a build writes "
+                                  f"no such shard")
             self._files[shard] = f
         return f
 

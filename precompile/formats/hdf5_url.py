@@ -30,10 +30,10 @@ import numpy as np
 
 from . import names as fmt
 from . import snapshot
-from ..errors import FormatError, PrecompileError, echo
+from ..errors import FormatError, PrecompileError
 from ..storage.remote_source import RemoteSource, check_entry, fetch_index
 from ..storage.shard_cache import Room, ShardCache
-from .hdf5 import HDF5_MAGIC, H5Dataset
+from .hdf5 import HDF5_MAGIC, H5Dataset, outside_refs
 
 #: shard files a dataset keeps open (and pinned in the cache) at most
 OPEN_SHARDS = 8
@@ -181,39 +181,6 @@ class RemoteH5Dataset(H5Dataset):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.url!r}, {len(self)} samples, format {self.output_format}, "
                 f"fields={self.fields}, cache={self.remote.cache.root!r})")
-
-
-def outside_refs(path: str, sources: Optional[set[str]] = None) -> Optional[str]:
-    """Why the HDF5 file at ``path`` reads data outside itself, or None (also when it is no HDF5 file: opening
-    it says so). An external link, a dataset with external storage (raw data in any local file named in it) or
-    a virtual dataset (``sources``: the relative file names an index's virtual datasets may take theirs from,
-    its shard files; a shard may have none) would let a file from a URL read local files: a build writes none
-    of them."""
-    import h5py
-
-    try:
-        f = h5py.File(path, "r")
-    except OSError:
-        return None
-    found: list[str] = []
-
-    def visit(name: str, link: Any) -> Optional[bool]:
-        if isinstance(link, h5py.ExternalLink):
-            found.append(f"{name!r} is an external link to the file {echo(link.filename)}")
-        elif isinstance(link, h5py.HardLink):
-            d = f.get(name)
-            if isinstance(d, h5py.Dataset):
-                if d.external:
-                    found.append(f"the dataset {name!r} keeps its data in the file {echo(d.external[0][0])}")
-                elif d.is_virtual:
-                    names = sorted({v.file_name for v in d.virtual_sources()} - (sources or set()))
-                    if names:
-                        found.append(f"the dataset {name!r} is virtual, with data from the file {echo(names[0])}")
-        return True if found else None
-
-    with f:
-        f.visititems_links(visit)
-    return found[0] if found else None
 
 
 def _shard_files(url: str, index_path: str) -> set[str]:

@@ -268,16 +268,27 @@ class RowAddresses:
 
 
 def open_h5(path: str) -> Any:
+    """A shard opened for reading; one whose HDF5 structure reads data from another file (an external link,
+    external storage, a virtual dataset: a build writes none, a crafted shard would read local files) is a
+    FormatError."""
     import h5py
 
+    from ..formats.hdf5 import outside_refs
+
     try:
-        return h5py.File(path, "r", rdcc_nbytes=0)
+        f = h5py.File(path, "r", rdcc_nbytes=0)
     except OSError as e:
         hint = ""
         if "Too many open files" in str(e) or getattr(e, "errno", None) == errno.EMFILE:
             hint = (f" (open-file limit {nofile_limits()}; each memory-mapped shard keeps one file descriptor "
                     f"on Python < 3.13: raise ulimit -n)")
         raise FormatError(f"{path}: cannot open shard: {e}{hint}") from None
+    bad = outside_refs(path)
+    if bad:
+        f.close()
+        raise FormatError(f"{path}: the shard reads outside its own file ({bad}): refused; a build writes no such "
+                          f"shard")
+    return f
 
 
 def _block_rows(row_bytes: int) -> int:

@@ -529,3 +529,23 @@ def test_original_copy_of_pointwise_steps_is_the_input(name, params, factory):
     assert o.meta["augment"][0]["step"] == name
     (r,) = step(name, **params).run(factory(), rng_for(0, s.key, 1))  # while a drawn copy changes something
     assert any(r.fields[f].tobytes() != a.tobytes() for f, a in s.fields.items())
+
+
+@pytest.mark.parametrize("name, params", [("random_flip", {"horizontal": 1.0, "vertical": 0.0}),
+                                          ("random_crop", {"size": [6, 8]})])
+def test_boxes_move_on_the_grid_of_the_fields_the_step_was_given(name, params):
+    """A sample whose planar fields differ in size (an 8x12 image and its mask, a 4x6 flow) and untied boxes:
+    a step told ``fields: [image, mask, boxes]`` refused ("which one do the boxes annotate?") although the fields
+    it moves share one grid, the boxes' (found by helper hfattack). The boxes now move on that grid, exactly as
+    the image's pixels do; without ``fields:`` the sizes still differ and the step says so."""
+    img = np.zeros((8, 12, 1), np.uint8)
+    img[2:4, 1:5] = 255   # the box's own pixels
+    boxes = np.array([[1, 2, 5, 4]], np.float32)
+    s = Sample("k", {"image": img, "mask": img.copy(), "flow": np.zeros((4, 6, 2), np.float32), "boxes": boxes},
+               {"image": "image", "mask": "mask", "flow": "flow", "boxes": "boxes"})
+    (out,) = step(name, fields=["image", "mask", "boxes"], **params).run(s, rng_for(3, "k", 1))
+    ys, xs = np.nonzero(out.fields["image"][..., 0])
+    np.testing.assert_array_equal(out.fields["boxes"], [[xs.min(), ys.min(), xs.max() + 1, ys.max() + 1]])
+    assert out.fields["flow"].shape == (4, 6, 2)   # not moved
+    with pytest.raises(StepError, match=r"fields differ in size \(image 8x12, mask 8x12, flow 4x6\)"):
+        step(name, **params).run(s, rng_for(3, "k", 1))   # (every field: which size? a random_crop asks first)

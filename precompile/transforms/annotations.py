@@ -24,10 +24,11 @@ from ..sample import Sample, ignore_id, stray_ids, tied_to
 from .kernels.geometry import spatial_hw
 
 
-def annotation_grid(sample: Sample, targets: tuple[str, ...] = ()) -> tuple[int, int]:
+def annotation_grid(sample: Sample, targets: tuple[str, ...] = (), moved: tuple[str, ...] = ()) -> tuple[int, int]:
     """The (height, width) of the grid the annotations ``targets`` are in: the size every planar field of
     ``sample`` shares or, where they differ (a JPEG decoded at 1/k beside a mask at full size), the size of the
-    image their boxes are declared to annotate (``links``: boxes -> image, as ``inputs.coco`` declares)."""
+    image their boxes are declared to annotate (``links``: boxes -> image, as ``inputs.coco`` declares), else the
+    one size of the planar fields the step was told to move with them (``moved``: its ``fields:``)."""
     sizes = {f: spatial_hw(a, sample.kinds[f]) for f, a in sample.fields.items() if sample.kinds[f] in PLANAR}
     if not sizes:
         raise ValueError("boxes and keypoints are coordinates on an image: the sample has no image, mask, flow "
@@ -38,9 +39,13 @@ def annotation_grid(sample: Sample, targets: tuple[str, ...] = ()) -> tuple[int,
         images = {links.get(b) for b in boxes if b is not None}
         if len(images) == 1 and next(iter(images)) in sizes:
             return sizes[next(iter(images))]
+        own = {sizes[f] for f in moved if f in sizes}
+        if len(own) == 1:   # fields: [image, boxes] beside a flow of another size: the image's grid
+            return own.pop()
         desc = ", ".join(f"{f} {h}x{w}" for f, (h, w) in sizes.items())
         raise ValueError(f"planar fields differ in size ({desc}); which one do the boxes annotate? "
-                         f"(resize them to one size first, or tie the boxes to their image: FieldSpec.of)")
+                         f"(resize them to one size first, tie the boxes to their image: FieldSpec.of, or name "
+                         f"the step's fields: the image and its boxes)")
     return next(iter(sizes.values()))
 
 
@@ -51,8 +56,9 @@ def move_annotations(step: Any, sample: Sample, targets: list[str],
     among them: moved by ``step`` (``apply(array, kind, grid=..., **params)``), dropped boxes' rows
     removed everywhere and a tied instance mask renumbered (``moved``: the grid fields the step already
     made, an instance mask among them)."""
+    named = getattr(getattr(step, "params", None), "fields", None) or ()
     try:
-        grid = annotation_grid(sample, tuple(targets))
+        grid = annotation_grid(sample, tuple(targets), tuple(named))
     except ValueError as e:
         raise StepError(f"{step.name}: {e}", field=targets[0]) from e
     out: dict[str, np.ndarray] = {}

@@ -58,8 +58,16 @@ def draw_video(seed: int) -> dict:
             dec["audio_missing"] = "silence"
         if not dec.get("audio_mono", True) and len({(v["audio"] or {}).get("channels") for v in vids}) > 1:
             dec["audio_mono"] = True
+    # a display matrix (a phone's turned video) on some mp4 files, from a stream of its own (the draws above and
+    # after stay): the decoder turns the frames as players show them unless rotate: false
+    rr = np.random.default_rng([seed, 41])
+    for v in vids:
+        if v["name"].endswith(".mp4") and rr.random() < 0.5:
+            v["rotation"] = int(_choice(rr, [90, 180, 270]))
+    if any(v.get("rotation") for v in vids) and rr.random() < 0.4:
+        dec["rotate"] = False
     steps: list[dict] = []
-    sizes = [(v["H"], v["W"]) for v in vids]
+    sizes = [(v["W"], v["H"]) if _turned(v, dec) else (v["H"], v["W"]) for v in vids]   # as the decoder gives them
     if r.random() < 0.5:   # per-frame steps before clips: the streamed path
         for _ in range(int(r.integers(1, 3))):
             name = _choice(r, ["resize", "center_crop", "convert"])
@@ -198,13 +206,19 @@ def draw_audio(seed: int) -> dict:
             "j2": bool(r.random() < 0.05)}
 
 
+def _turned(v: dict, dec: dict) -> bool:
+    """Whether the decoder gives video ``v``'s frames a quarter turn from how they are stored."""
+    return v.get("rotation", 0) in (90, 270) and dec.get("rotate", True)
+
+
 # -- writing ------------------------------------------------------------------------------------------------------
 def write(case: dict, root: str) -> dict:
     truth: dict[str, Any] = {}
     if case["family"] == "video":
         for v in case["inputs"]["videos"]:
             path = os.path.join(root, v["name"])
-            write_video(path, v["n"], v["H"], v["W"], v["fps"], v["codec"], v["audio"], v["gray"])
+            write_video(path, v["n"], v["H"], v["W"], v["fps"], v["codec"], v["audio"], v["gray"],
+                        v.get("rotation", 0))
             idx, pts = pyav_frames(path, v["gray"])
             if v["gray"]:
                 idx = [(i - 20) / 12 if i >= 0 else -1 for i in idx]
@@ -378,6 +392,21 @@ def check_sample(case: dict, truth: dict, key: str, s: dict, meta: dict, R: Repo
             up = max(up, v.shape[-3] / r["height"], v.shape[-2] / r["width"])
     R.check("frames_alike", spread <= 1.5 * up,
             f"the object's centre moves {spread:.2f} px between frames of one sample (tolerance {1.5 * up:.2f})", key)
+    # the display matrix: the object, written in the stored frame's top-left part, is where the turn puts it (only
+    # after steps that keep relative places: docs/reference-decoders.md, video, rotate)
+    dec = case["recipe"]["inputs"]["fields"]["video"]
+    kept = {"clips", "temporal_jitter", "convert", "color_jitter", "gaussian_noise", "resize"}
+    names = {n for st in case["recipe"].get("steps", []) for n in st}
+    if len(shown) and names <= kept and not any("keep_aspect" in (st.get("resize") or {}) for st in
+                                                 case["recipe"].get("steps", [])):
+        H, W = v.shape[-3], v.shape[-2]
+        cy, cx = shown.mean(0)[0] / H, shown.mean(0)[1] / W
+        a = 1 / 8 + 1 / 10   # the object's centre in the stored frame: (H/8 + H/10) / H of the way down, as far across
+        k = info["v"].get("rotation", 0) // 90 if dec.get("rotate", True) else 0
+        want_yx = [(a, a), (1 - a, a), (1 - a, 1 - a), (a, 1 - a)][k]
+        R.check("display_matrix", abs(cy - want_yx[0]) < 0.15 and abs(cx - want_yx[1]) < 0.15,
+                f"the object's centre is at ({cy:.2f}, {cx:.2f}) of the frame; a turn of {90 * k} degrees puts it at "
+                f"({want_yx[0]:.2f}, {want_yx[1]:.2f})", key)
     if "sound" in s:
         _check_video_audio(case, info, key, s, meta, want, R)
 

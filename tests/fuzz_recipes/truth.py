@@ -427,7 +427,8 @@ def gray_level(i: int) -> int:
     return 20 + 12 * i
 
 
-def write_video(path: str, n: int, H: int, W: int, fps: Any, codec: str, audio: Optional[dict], gray_steps: bool) -> dict:
+def write_video(path: str, n: int, H: int, W: int, fps: Any, codec: str, audio: Optional[dict], gray_steps: bool,
+                rotation: int = 0) -> dict:
     """A video of n frames whose frame i is flat :func:`frame_colour(i)` (or, with ``gray_steps``, luma
     20 + 12 i) with a white square object at a fixed place; an audio track (pcm_s16le) whose sample m holds
     ``offset + slope * m``. Returns what was written (pts of each frame, the audio's rate/slope)."""
@@ -439,6 +440,8 @@ def write_video(path: str, n: int, H: int, W: int, fps: Any, codec: str, audio: 
     st = out.add_stream(codec, rate=Fraction(fps).limit_denominator(1000))
     st.width, st.height = W, H
     st.pix_fmt = {"ffv1": "yuv444p", "mjpeg": "yuvj444p", "png": "rgb24"}.get(codec, "yuv420p")
+    if rotation:
+        st.set_display_rotation(rotation)   # (counter-clockwise, as players turn it: a phone's portrait video)
     if codec == "libx264":
         st.options = {"crf": "12", "bf": "2", "g": "4"}
     elif codec == "mpeg4":

@@ -34,6 +34,9 @@ def did_you_mean(name: str, choices: list[str] | tuple[str, ...]) -> str:
     import difflib
 
     close = difflib.get_close_matches(name, list(choices), n=3, cutoff=0.5)
+    if close:   # only those about as close as the closest ('start_sec': 'start_s', not 'rotate' beside it)
+        score = [difflib.SequenceMatcher(None, name, c).ratio() for c in close]
+        close = [c for c, r in zip(close, score) if r >= max(score) - 0.15]
     return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
 
 

@@ -37,7 +37,7 @@ def error_of(change) -> str:
     (lambda d: d["inputs"]["label"].update(captur="x"),
      "r.yaml: inputs.label.captur: unknown key; did you mean 'capture'?"),
     (lambda d: d.update(limits={"input_byte": 1 << 30}),
-     "r.yaml: limits.input_byte: unknown key; did you mean 'input_bytes', 'sample_bytes'?"),
+     "r.yaml: limits.input_byte: unknown key; did you mean 'input_bytes'?"),
     (lambda d: d.update(split={"group": {"colum": "x"}, "fractions": {"a": 0.5, "b": 0.5}}),
      # the first reported of its three errors (not a string; a GroupSpec without `column`, with `colum`)
      "r.yaml: split.group.colum: unknown key; did you mean 'column'? (and 2 more errors)"),

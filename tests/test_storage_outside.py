@@ -140,22 +140,22 @@ def test_a_percent_encoded_dot_dot_in_a_table_cell_does_not_leave_an_http_root(t
     drops it); nothing outside the root is requested."""
     pytest.importorskip("aiohttp", reason="http:// inputs need aiohttp (the http extra)")
     srv = tmp_path / "srv"
-    (srv / "root" / "a").mkdir(parents=True)
-    Image.fromarray(np.full((4, 4, 3), 7, np.uint8)).save(srv / "root" / "a" / "0.png")
+    (srv / "top" / "a").mkdir(parents=True)
+    Image.fromarray(np.full((4, 4, 3), 7, np.uint8)).save(srv / "top" / "a" / "0.png")
     Image.fromarray(np.full((4, 4, 3), 99, np.uint8)).save(srv / "secret.png")
     (tmp_path / "t.csv").write_text(f"Path\na/0.png\n{cell}\n")
     with http_server(srv) as (base, asked):
         recipe = parse_recipe({"name": "t", "on_error": "skip",
-                               "inputs": {"root": f"{base}/root", "table": "t.csv", "path": "{Path}",
+                               "inputs": {"root": f"{base}/top", "table": "t.csv", "path": "{Path}",
                                           "fields": {"image": {"decoder": "image"}}},
                                "output": {"samples_per_shard": 4}}, base_dir=str(tmp_path))
         report = precompile.build(recipe, out_dir=str(tmp_path / "out"))
-    assert not [p for p in asked if p != "/root" and not p.startswith("/root/")], asked   # (the plan lists the root)
+    assert not [p for p in asked if p != "/top" and not p.startswith("/top/")], asked   # (the plan lists the root)
     ds = precompile.open(tmp_path / "out" / "t.h5")
     assert len(ds) == 1 and int(ds[0]["image"].max()) == 7
     (f,) = report.failures
-    assert (f.path, f.stage, f.field) == (f"{base}/root/{cell}", "decode", "image")
-    assert f.detail.startswith(f"the path leaves inputs.root '{base}/root' (a '..' part once percent-decoded"), \
+    assert (f.path, f.stage, f.field) == (f"{base}/top/{cell}", "decode", "image")
+    assert f.detail.startswith(f"the path leaves inputs.root '{base}/top' (a '..' part once percent-decoded"), \
         f.detail
 
 
@@ -169,20 +169,20 @@ def test_the_remote_path_rule_sees_dot_dots_a_client_or_server_resolves(rel, lea
     from precompile.inputs.paths import InputRoot
 
     class R:
-        input_root = "https://h.example/root"
+        input_root = "https://h.example/top"
 
         class model:
             class inputs:
                 follow_links = "inside"
     rule = InputRoot(R)
     if not leaves:
-        assert rule.check(f"https://h.example/root/{rel}") is False
+        assert rule.check(f"https://h.example/top/{rel}") is False
         return
     with pytest.raises(DecodeError) as e:
-        rule.check(f"https://h.example/root/{rel}")
-    assert e.value.stage == "decode" and e.value.path == f"https://h.example/root/{rel}"
-    assert str(e.value) == (f"https://h.example/root/{rel}, stage decode: the path leaves inputs.root "
-                            f"'https://h.example/root' (a '..' part once percent-decoded, or between backslashes: "
+        rule.check(f"https://h.example/top/{rel}")
+    assert e.value.stage == "decode" and e.value.path == f"https://h.example/top/{rel}"
+    assert str(e.value) == (f"https://h.example/top/{rel}, stage decode: the path leaves inputs.root "
+                            f"'https://h.example/top' (a '..' part once percent-decoded, or between backslashes: "
                             f"an HTTP client or a server resolves it to another place)")
 
 
@@ -445,20 +445,20 @@ def test_a_table_under_a_url_root_the_store_will_not_list_still_builds(tmp_path,
 
 
 def test_a_table_glob_over_http_names_each_part_once(tmp_path):
-    """``table: https://host/root/t-*.csv``: the HTTP filesystem gives the matches as whole URLs, and the
-    protocol was put in front again ('table 'http://http://host/root/t-0.csv' does not exist')."""
+    """``table: https://host/top/t-*.csv``: the HTTP filesystem gives the matches as whole URLs, and the
+    protocol was put in front again ('table 'http://http://host/top/t-0.csv' does not exist')."""
     pytest.importorskip("aiohttp", reason="http:// inputs need aiohttp (the http extra)")
-    srv = tmp_path / "srv" / "root"
+    srv = tmp_path / "srv" / "top"
     (srv / "a").mkdir(parents=True)
     for i in range(2):
         (srv / "a" / f"{i}.png").write_bytes(_png(10 * (i + 1)))
         (srv / f"t-{i}.csv").write_text(f"Path\na/{i}.png\n")
     with http_server(tmp_path / "srv") as (base, asked):
-        recipe = parse_recipe({"name": "t", "inputs": {"root": f"{base}/root", "table": f"{base}/root/t-*.csv",
+        recipe = parse_recipe({"name": "t", "inputs": {"root": f"{base}/top", "table": f"{base}/top/t-*.csv",
                                                        "path": "{Path}", "fields": {"image": {"decoder": "image"}}},
                                "output": {"samples_per_shard": 4}}, base_dir=str(tmp_path))
         report = precompile.build(recipe, out_dir=str(tmp_path / "out"))
-    assert report.failures == [] and "/root/t-1.csv" in asked
+    assert report.failures == [] and "/top/t-1.csv" in asked
     ds = precompile.open(tmp_path / "out" / "t.h5")
     assert {ds.key(i): int(ds[i]["image"].max()) for i in range(2)} == {"a/0.png": 10, "a/1.png": 20}
 
@@ -569,24 +569,24 @@ def test_a_folder_input_over_http_does_not_fetch_a_link_out_of_the_folder(tmp_pa
     from precompile.storage.remote import local_copy
 
     srv = tmp_path / "srv"
-    (srv / "root" / "series").mkdir(parents=True)
-    (srv / "root" / "series" / "a.dcm").write_bytes(b"A")
-    (srv / "root" / "other.bin").write_bytes(b"OTHER")
+    (srv / "top" / "series").mkdir(parents=True)
+    (srv / "top" / "series" / "a.dcm").write_bytes(b"A")
+    (srv / "top" / "other.bin").write_bytes(b"OTHER")
     (srv / "secret.bin").write_bytes(b"SECRET")
     with http_server(srv) as (base, asked):
-        (srv / "root" / "series" / "index.html").write_text(
+        (srv / "top" / "series" / "index.html").write_text(
             f'<a href="a.dcm">a</a> <a href="../other.bin">o</a> <a href="{base}/secret.bin">s</a> '
             f'<a href="%2e%2e/%2e%2e/secret.bin">u</a>')
         with pytest.raises(DecodeError) as e:
-            with local_copy(f"{base}/root/series", folder=True):
+            with local_copy(f"{base}/top/series", folder=True):
                 pass
-        assert str(e.value) == (f"{base}/root/series, stage decode: the folder's file '%2e%2e/%2e%2e/secret.bin' "
+        assert str(e.value) == (f"{base}/top/series, stage decode: the folder's file '%2e%2e/%2e%2e/secret.bin' "
                                 f"leaves the folder (a '..' part once percent-decoded, or between backslashes: an "
                                 f"HTTP client or a server resolves it to another place)")
-        (srv / "root" / "series" / "index.html").write_text('<a href="a.dcm">a</a> <a href="../other.bin">o</a>')
-        with local_copy(f"{base}/root/series", folder=True) as local:
+        (srv / "top" / "series" / "index.html").write_text('<a href="a.dcm">a</a> <a href="../other.bin">o</a>')
+        with local_copy(f"{base}/top/series", folder=True) as local:
             assert {p.name: p.read_bytes() for p in Path(local).rglob("*") if p.is_file()} == {"a.dcm": b"A"}
-    assert "/secret.bin" not in asked and "/root/other.bin" not in asked, asked
+    assert "/secret.bin" not in asked and "/top/other.bin" not in asked, asked
 
 
 # -- builds written to a URL ---------------------------------------------------------------------------------

@@ -1,0 +1,186 @@
+"""Follow-ups on the reader left by outside reviews (tests/test_resume_outside.py and friends show their harnesses).
+
+Truths the reader does not compute: a Mix's passes against the sequential rule it had (every pass made from
+pass 0, copied here as it was), counted calls to the seeded permutation, the documented index rules of
+``precompile.open`` against ``ds.keys``."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (the Loader and Mix need it)")
+
+import precompile  # noqa: E402
+from precompile.reader.mix import Mix  # noqa: E402
+from precompile.seeding import rng_for  # noqa: E402
+
+from conftest import image_recipe, make_image_tree  # noqa: E402
+
+SMALL = [{"resize": {"size": [8, 8]}}]
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory) -> dict[str, str]:
+    """``a``: 9 HDF5 samples of 8x8 (shards of 4); ``b``: 4 HDF5 samples; ``c``: 6 PNG folder samples; 3 classes."""
+    tmp = tmp_path_factory.mktemp("followups")
+    out = tmp / "out"
+    got = {}
+    for name, per_class, drop, fmt in (("a", 3, 0, "hdf5"), ("b", 2, 2, "hdf5"), ("c", 2, 0, "png")):
+        root = make_image_tree(tmp / name, classes=("x", "y", "z"), per_class=per_class, size=(12, 10),
+                               seed=len(got))
+        for cls in ("x", "y", "z")[:drop]:   # one file of each of the first classes: every class stays
+            sorted((root / cls).iterdir())[0].unlink()
+        precompile.build(image_recipe(root, name=name, steps=SMALL,
+                                      output={"format": fmt, "samples_per_shard": 4}), out_dir=out)
+        got[name] = str(out / (f"{name}.h5" if fmt == "hdf5" else f"{name}.json"))
+    return got
+
+
+# -- 1. a far epoch of a Mix -----------------------------------------------------------------------------------
+
+def _sequential_passes(seed: int, i: int, n: int, c: int, upto: int) -> list[np.ndarray]:
+    """Mix._pass as it was before (every pass made in order from pass 0): the truth the new one must equal."""
+    out, prev = [], None
+    for q in range(upto + 1):
+        perm = rng_for(seed, "mix/source", i, q).permutation(n)
+        r = (q * n) % c
+        if q > 0 and r:
+            w = c - r
+            tail = prev[n - r:]
+            clash = np.isin(perm, tail)
+            free = np.flatnonzero(~clash)[:w]
+            rest = np.ones(n, dtype=bool)
+            rest[free] = False
+            perm = np.concatenate([perm[free], perm[rest]])
+        prev = perm
+        out.append(perm)
+    return out
+
+
+def _bare_mix(seed: int, sizes: list[int], counts: list[int]) -> Mix:
+    m = object.__new__(Mix)   # only what the order needs: sizes, counts, seed and the pass cache
+    m.seed, m.sizes, m.counts, m._pass_cache = seed, list(sizes), list(counts), {}
+    return m
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_a_mix_pass_reached_directly_is_the_pass_made_in_order(seed):
+    """Each pass of every (size n, samples per epoch c <= n) reached directly (a far pass first, then back, then
+    on) equals the pass the sequential rule makes from pass 0, byte for byte."""
+    upto = 30
+    for n in range(1, 12):
+        for c in range(1, n + 1):
+            want = _sequential_passes(seed, 0, n, c, upto)
+            rng = np.random.default_rng(n * 100 + c)
+            mix = _bare_mix(seed, [n], [c])
+            for k in [upto, *rng.integers(0, upto + 1, 12).tolist(), 3, 4, 5, 0, 1]:
+                got = mix._pass(0, int(k))
+                assert np.array_equal(got, want[k]), (n, c, k)
+            fresh = _bare_mix(seed, [n], [c])
+            assert [fresh._pass(0, k).tolist() for k in range(upto + 1)] == [w.tolist() for w in want], (n, c)
+
+
+def test_a_far_epoch_of_a_mix_costs_a_bounded_number_of_passes(builds, monkeypatch):
+    """Before: set_epoch(e) (or a restored state of epoch e) made every pass of each build from pass 0 (10^5
+    epochs of tiny builds: seconds; 10^9: hours). Now the passes are made from the last one that follows from
+    the seeded permutations alone: at most ceil(c / (n - c)) + 2 seeded permutations a build (c: its samples per
+    epoch, n its rows), and the batches are those a Mix walked there epoch by epoch gives."""
+    paths = [builds["a"], builds["b"], builds["c"]]
+    calls = []
+    real = Mix._raw_pass
+    monkeypatch.setattr(Mix, "_raw_pass", lambda self, i, k: calls.append((i, k)) or real(self, i, k))
+    mix = Mix(paths, batch_size=4, weights=[0.5, 0.25, 0.25], seed=3, device="cpu", num_threads=0)
+    n, c = mix.sizes, mix.counts
+    assert c == [8, 4, 4] and n == [9, 4, 6]   # build a: c = n - 1 (a chain of up to 8 passes); b: c = n; c: n < 2c
+    far = 10 ** 4
+    mix.set_epoch(far)
+    got = [{k: v.numpy().copy() for k, v in b.items()} for b in mix]
+    for i in range(3):
+        made = sum(1 for s, _ in calls if s == i)
+        bound = (0 if c[i] == n[i] else -(-c[i] // (n[i] - c[i]))) + 2
+        assert made <= bound, (i, made, bound)
+    # the same epoch's batches from a Mix that went there from a state of the epoch before (its passes kept)
+    calls.clear()
+    again = Mix(paths, batch_size=4, weights=[0.5, 0.25, 0.25], seed=3, device="cpu", num_threads=0)
+    again.load_state_dict({**again.state_dict(), "epoch": far - 1, "batch": len(again.batch_indices(far - 1))})
+    again.set_epoch(far - 1)
+    assert list(again) == []
+    assert again.epoch == far
+    walked = [{k: v.numpy().copy() for k, v in b.items()} for b in again]
+    assert len(walked) == len(got)
+    for x, y in zip(walked, got):
+        assert x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+    # and the source rows of that epoch against the sequential rule
+    src, row = mix.epoch_order(far)
+    for i in (0, 2):
+        passes = _sequential_passes(3, i, n[i], c[i], (far + 1) * c[i] // n[i] + 1)
+        stream = np.concatenate(passes)[far * c[i]:(far + 1) * c[i]]
+        assert row[src == i].tolist() == stream.tolist()
+
+
+# -- 2. load_state_dict / set_epoch while a pass is being consumed -----------------------------------------------
+
+def _host(b: dict) -> dict:
+    return {k: v.numpy().copy() for k, v in b.items()}
+
+
+def _same(xs: list[dict], ys: list[dict]) -> bool:
+    return len(xs) == len(ys) and all(x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x)
+                                      for x, y in zip(xs, ys))
+
+
+def _reader(kind: str, builds: dict):
+    if kind == "Loader":
+        return precompile.Loader(builds["a"], batch_size=2, shuffle=True, seed=5, device="cpu", num_threads=1)
+    return Mix([builds["a"], builds["c"]], batch_size=2, seed=5, device="cpu", num_threads=1)
+
+
+@pytest.mark.parametrize("kind", ["Loader", "Mix"])
+def test_restoring_a_state_mid_pass_ends_the_running_pass(builds, kind):
+    """Before: load_state_dict while a pass was being consumed did not stop it: its next batches were handed out
+    and written over the restored position (state_dict said epoch 1, batch 0 at the pass's end). Now the running
+    pass ends there (its iterator stops), and the next pass yields exactly the restored position's batches."""
+    ref = _reader(kind, builds)
+    whole = [_host(b) for b in ref]
+    r = _reader(kind, builds)
+    it = iter(r)
+    got = [_host(next(it)), _host(next(it))]
+    state = r.state_dict()
+    assert (state["epoch"], state["batch"]) == (0, 2)
+    got.append(_host(next(it)))
+    r.load_state_dict(state)            # back to batch 2, while the pass is at batch 3
+    assert list(it) == []               # the running pass ended
+    assert (r.state_dict()["epoch"], r.state_dict()["batch"]) == (0, 2)
+    rest = [_host(b) for b in r]
+    assert _same(got[:2] + rest, whole)
+    assert (r.epoch, r._pos) == (1, 0)
+
+
+@pytest.mark.parametrize("kind", ["Loader", "Mix"])
+def test_set_epoch_mid_pass_ends_the_running_pass(builds, kind):
+    """Before: set_epoch(e) mid-pass let the old pass go on, its positions counted as epoch e's, and its end
+    moved the reader to the old epoch + 1. Now the running pass ends; the next pass is epoch e from its start."""
+    ref = _reader(kind, builds)
+    ref.set_epoch(4)
+    want = [_host(b) for b in ref]
+    r = _reader(kind, builds)
+    it = iter(r)
+    next(it)
+    r.set_epoch(4)
+    assert list(it) == []
+    assert (r.epoch, r._pos) == (4, 0)
+    assert _same([_host(b) for b in r], want)
+
+
+@pytest.mark.parametrize("kind", ["Loader", "Mix"])
+def test_an_iterator_not_started_keeps_reading_the_restored_position(builds, kind):
+    """Lightning's order (iter, then load_state_dict / set_epoch, then next) is not a running pass: the iterator
+    made before reads the restored position at its first next."""
+    ref = _reader(kind, builds)
+    whole = [_host(b) for b in ref]
+    r = _reader(kind, builds)
+    state = {**r.state_dict(), "batch": 3}
+    it = iter(r)
+    r.load_state_dict(state)
+    r.set_epoch(0)
+    assert _same([_host(b) for b in it], whole[3:])

@@ -5,6 +5,8 @@ pass 0, copied here as it was), counted calls to the seeded permutation, the doc
 ``precompile.open`` against ``ds.keys``."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -184,3 +186,72 @@ def test_an_iterator_not_started_keeps_reading_the_restored_position(builds, kin
     r.load_state_dict(state)
     r.set_epoch(0)
     assert _same([_host(b) for b in it], whole[3:])
+
+
+# -- 5. bounded echoes of caller input; one rule for a boolean index -----------------------------------------------
+
+LONG = "f" * 20000
+
+
+def _bounded(message: str, limit: int = 1200) -> str:
+    assert len(message) < limit, f"{len(message)} characters: {message[:300]}"
+    assert re.search(r"\(2000\d characters\)", message), message[:300]   # said how long it was (errors.echo)
+    return message
+
+
+def test_an_unknown_field_asked_of_a_build_is_a_bounded_key_error_naming_the_build(builds):
+    """Before: ds.variable(unknown) raised Python's own KeyError (the bare name, whole: 20,000 characters)."""
+    ds = precompile.open(builds["a"])
+    with pytest.raises(KeyError) as e:
+        ds.variable(LONG)
+    msg = _bounded(str(e.value))
+    assert "no field 'ffff" in msg and builds["a"] in msg and "image" in msg
+    with pytest.raises(KeyError, match=r"no field 'image2' in .*a\.h5 \(fields: image, label\)"):
+        ds.variable("image2")
+    assert ds.variable("image") is False
+
+
+@pytest.mark.parametrize("option", ["fields", "copies", "in_memory", "map_shards", "uneven", "convert_fields",
+                                    "convert_fields+dtype", "mean"])
+def test_a_loader_option_echoes_a_long_value_bounded(builds, option):
+    """Before: the Loader's checks quoted the caller's value whole (direct.py's unknown field, copies, in_memory,
+    map_shards, uneven, convert_fields, mean/std)."""
+    value = [LONG] if option.startswith(("fields", "convert_fields")) else LONG
+    extra = {"dtype": "float32"} if option.endswith("+dtype") else {}
+    with pytest.raises((KeyError, ValueError)) as e:
+        precompile.Loader(builds["a"], batch_size=2, device="cpu", **{option.split("+")[0]: value}, **extra)
+    _bounded(str(e.value))
+
+
+def test_detection_targets_echo_a_long_field_name_bounded():
+    from precompile.reader.targets import detection_targets
+
+    batch = {"boxes": torch.zeros(1, 0, 4), "boxes__count": torch.zeros(1, dtype=torch.int64)}
+    for kw in ({"boxes": LONG}, {"masks": LONG}):
+        with pytest.raises(KeyError) as e:
+            detection_targets(batch, **kw)
+        _bounded(str(e.value))
+
+
+@pytest.mark.parametrize("index", [True, False, np.True_, np.False_, "torch-true", "torch-false", "torch-[true]"],
+                         ids=lambda x: str(x))
+def test_a_boolean_is_not_a_sample_index_whatever_its_type(builds, index):
+    """Before: ds[np.True_] was a TypeError while ds[True] and ds[torch.tensor(True)] read row 1 (and
+    ds[torch.tensor(False)] row 0). A boolean is no row (a mask has one value per sample, ds.batch takes one):
+    every boolean scalar, Python's, numpy's or a tensor's, is the same TypeError."""
+    if isinstance(index, str):
+        index = {"torch-true": torch.tensor(True), "torch-false": torch.tensor(False),
+                 "torch-[true]": torch.tensor([True])}[index]
+    ds = precompile.open(builds["a"])
+    with pytest.raises(TypeError, match=r"sample index must be an integer, got a boolean \(.*\); a boolean mask of "
+                                        r"one value per sample goes to ds\.batch"):
+        ds[index]
+    with pytest.raises(TypeError, match=r"sample index must be an integer, got a boolean"):
+        ds.locate(index)
+    # integers of every kind still read their row, the same bytes
+    want = ds[1]["image"]
+    for i in (1, np.int64(1), np.uint8(1), torch.tensor(1), torch.tensor([1]), -8):
+        assert np.array_equal(ds[i]["image"], want)
+    mask = np.zeros(len(ds), dtype=bool)
+    mask[1] = True
+    assert np.array_equal(ds.batch(mask)["image"][0], want)

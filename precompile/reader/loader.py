@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 import numpy as np
 import torch
 
-from ..errors import FormatError, PrecompileError
+from ..errors import FormatError, PrecompileError, echo
 from ..sample import field_list
 from . import augment, gpu, streaming
 from .copies import AllCopies, CopySchedule
@@ -153,7 +153,7 @@ def check_in_memory(in_memory: Any, gpu_budget: Any, device: torch.device) -> tu
     """``in_memory`` (False, True, ``"gpu"`` or ``"pinned"``) and ``gpu_budget`` checked against ``device``."""
     number = isinstance(in_memory, (int, float)) and not isinstance(in_memory, bool)   # 1 == True, but no
     if number or in_memory not in (False, True, "gpu", "pinned"):
-        raise ValueError(f"in_memory must be False, True, 'gpu' or 'pinned', got {in_memory!r}")
+        raise ValueError(f"in_memory must be False, True, 'gpu' or 'pinned', got {echo(in_memory)}")
     if in_memory == "pinned" and device.type != "cuda":
         raise PrecompileError(f"Loader(in_memory='pinned') lets a CUDA device read page-locked host memory; this "
                               f"Loader's device is {device}: use in_memory=True (host memory) or device='cuda'")
@@ -171,7 +171,7 @@ def copy_schedule(ds: Any, copies: str, include_original: bool, seed: int) -> Co
     ``f(build seed, epoch, key)``; ``copies="all"`` with ``include_original=False``: every row but the originals;
     else None (every row)."""
     if copies not in ("epoch", "all"):
-        raise ValueError(f"copies must be 'epoch' or 'all', got {copies!r}")
+        raise ValueError(f"copies must be 'epoch' or 'all', got {echo(copies)}")
     include_original = flag(include_original, "include_original")
     ds_copies = np.asarray(getattr(ds, "copies", np.zeros(0)))
     if not (ds_copies.size and ds_copies.max() > 0):
@@ -294,7 +294,7 @@ class Loader(Resumable):
         remote = getattr(ds, "remote", None)   # a build read from a URL (formats/hdf5_url.py)
         map_shards = map_shards or ("lazy" if remote is not None else "all")
         if map_shards not in ("all", "lazy"):
-            raise ValueError(f"map_shards must be 'all' or 'lazy', got {map_shards!r}")
+            raise ValueError(f"map_shards must be 'all' or 'lazy', got {echo(map_shards)}")
         batch_size, prefetch = whole(batch_size, "batch_size"), whole(prefetch, "prefetch")
         if num_threads is not None:
             num_threads = whole(num_threads, "num_threads")

@@ -147,7 +147,7 @@ def detection_targets(batch: dict[str, Any], boxes: str = "boxes", labels: str |
     only where the build ties it to the boxes: :func:`target_fields` reads the ties). The tensors are views of
     the batch's (masks: new), on its device; the counts are read on the host (on CUDA, one copy of B integers)."""
     if boxes not in batch:
-        raise KeyError(f"detection_targets: the batch has no boxes field {boxes!r} (keys: {', '.join(batch)})")
+        raise KeyError(f"detection_targets: the batch has no boxes field {echo(boxes)} (keys: {', '.join(batch)})")
     own = getattr(batch, "shapes", {})   # ds.batch(idx, pad=True): each sample's own shape, no counts
 
     def rows_of(f: str) -> list[int] | None:
@@ -162,7 +162,7 @@ def detection_targets(batch: dict[str, Any], boxes: str = "boxes", labels: str |
     if counts is None:   # a boxes field of fixed shape (every sample has as many rows): every row is real
         counts = [int(batch[boxes].shape[1])] * int(batch[boxes].shape[0])
     if masks is not None and masks not in batch:
-        raise KeyError(f"detection_targets: the batch has no mask field {masks!r} (keys: {', '.join(batch)})")
+        raise KeyError(f"detection_targets: the batch has no mask field {echo(masks)} (keys: {', '.join(batch)})")
     got = {k: f for k, f in (("labels", labels), ("keypoints", keypoints)) if f is not None and f in batch}
     for f in got.values():
         c = rows_of(f)

@@ -255,3 +255,78 @@ def test_a_boolean_is_not_a_sample_index_whatever_its_type(builds, index):
     mask = np.zeros(len(ds), dtype=bool)
     mask[1] = True
     assert np.array_equal(ds.batch(mask)["image"][0], want)
+
+
+# -- 6. targets="list": images of several sizes as a list of tensors -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def raw_det(tmp_path_factory) -> str:
+    """5 samples of random sizes (30-50 x 30-60), boxes, box_labels and keypoints; no resize: the image's shape
+    varies (sample 0 has no boxes)."""
+    from annotated_decoder import K  # noqa: F401  (registers the test decoders)
+    from test_annotation_builds import make_inputs
+
+    tmp = tmp_path_factory.mktemp("raw_det")
+    make_inputs(str(tmp / "in"), n=5)
+    r = {"name": "raw", "inputs": {"root": str(tmp / "in"), "match": "{label}/{name}.npz",
+                                   "fields": {"image": {"decoder": "_annotations_test"}}},
+         "output": {"format": "hdf5", "samples_per_shard": 2}}
+    return precompile.build(r, out_dir=str(tmp / "out"))["output"]
+
+
+def _check_listed_batch(batch: dict, rows: list[int], ds) -> None:
+    from precompile.reader.targets import image_target
+
+    assert set(batch) == {"image", "targets"}
+    assert isinstance(batch["image"], list) and len(batch["image"]) == len(rows) == len(batch["targets"])
+    for img, t, r in zip(batch["image"], batch["targets"], rows):
+        want = ds[r]
+        assert isinstance(img, torch.Tensor) and img.dtype == torch.uint8
+        assert img.shape == want["image"].shape and np.array_equal(img.numpy(), want["image"])
+        ref = image_target(want["boxes"], want["box_labels"], None, want["keypoints"])
+        assert t.keys() == ref.keys() and all(torch.equal(t[k], ref[k]) for k in t)
+
+
+@pytest.mark.parametrize("threads", [0, 2])
+def test_the_loader_gives_images_of_several_sizes_as_a_list_with_targets_list(raw_det, threads):
+    """Before: Loader(targets="list") over a build whose images vary in size was a FormatError (it gathers
+    fixed-shape fields only), though torchvision's detection models take a list of images of their own sizes.
+    Now each batch's images are a list of tensors of their own sizes, each the stored sample's bytes."""
+    ds = precompile.open(raw_det)
+    sizes = {ds[i]["image"].shape for i in range(len(ds))}
+    assert len(sizes) > 1
+    loader = precompile.Loader(raw_det, batch_size=2, device="cpu", targets="list", seed=1, num_threads=threads)
+    for e in range(2):
+        loader.set_epoch(e)
+        batches = list(loader)
+        order = loader.batch_indices(e)
+        assert len(batches) == len(order) == 3
+        for b, rows in zip(batches, order):
+            _check_listed_batch(b, [int(r) for r in rows], ds)
+    # the padded path stays as it was: without targets the image field is refused by name
+    with pytest.raises(precompile.errors.FormatError, match=r"field 'image' has shape \(None, None, 3\) with unknown"):
+        precompile.Loader(raw_det, batch_size=2, device="cpu")
+
+
+def test_collate_gives_images_of_several_sizes_as_a_list_with_targets_list(raw_det):
+    """Before: precompile.collate(ds, targets="list") refused images of several sizes (ShapeMismatchError). Now
+    they come as a list of tensors of their own sizes; without targets the padded path refuses them as before."""
+    from torch.utils.data import DataLoader
+
+    ds = precompile.open(raw_det)
+    got = list(DataLoader(ds, batch_size=2, collate_fn=precompile.collate(ds, targets="list")))
+    assert len(got) == 3
+    for k, batch in enumerate(got):
+        _check_listed_batch(batch, list(range(2 * k, min(2 * k + 2, len(ds)))), ds)
+    with pytest.raises(precompile.errors.ShapeMismatchError, match="field 'image': cannot stack samples of different"):
+        precompile.collate(ds)([ds[0], ds[1]])
+
+
+@pytest.mark.parametrize("kw, what", [({"gpu_steps": [{"random_flip": {}}]}, "gpu_steps need one size a batch"),
+                                      ({"dtype": "float32"}, "the conversion .* applies to fixed-shape fields"),
+                                      ({"dtype": "float32", "convert_fields": ["image"]}, "the conversion"),
+                                      ({"channels_first": True}, "the conversion")])
+def test_steps_or_conversion_of_images_of_several_sizes_are_refused_by_name(raw_det, kw, what):
+    with pytest.raises(ValueError, match=rf"targets='list' gives 'image' \(a shape that varies between samples\).*"
+                                         rf"{what}"):
+        precompile.Loader(raw_det, batch_size=2, device="cpu", targets="list", **kw)

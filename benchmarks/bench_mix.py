@@ -28,11 +28,12 @@ flip and a random crop to 28 with padding 2) on the CPU. Either way the comparis
 against converted Loader, in the same run.
 
 ``--passes K`` measures instead what a Mix made afresh (a resumed run) pays to remake a build's passes before
-its epoch (each pass depends on the one before: ``Mix._pass``): a build of ``--rows`` (default 1,000,000)
-read 30% + 1 row per epoch, pass K made from scratch against the next pass made from the cache (medians of
-``--repeats``).
+its epoch (a pass depends on the one before back to the last that follows from the seeded permutations
+alone: ``Mix._pass``): a build of ``--rows`` (default 1,000,000) read ``--per-epoch`` rows per epoch
+(default 30% + 1), pass K made from scratch against every pass made in order from pass 0 (the baseline, as
+a Mix did before) and the next pass made from the cache (medians of ``--repeats``).
 
-    PYTHONPATH=. python benchmarks/bench_mix.py --passes 100 [--rows 1000000]
+    PYTHONPATH=. python benchmarks/bench_mix.py --passes 100 [--rows 1000000] [--per-epoch 999999]
 """
 from __future__ import annotations
 
@@ -58,6 +59,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--passes", type=int, default=0)
+    ap.add_argument("--per-epoch", type=int, default=0)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--convert", action="store_true", help="dtype float32 + mean/std for every contender")
     ap.add_argument("--steps", action="store_true", help="gpu_steps (flip, crop) for every contender")
@@ -152,13 +154,20 @@ def load_mix(path: str):
 def passes(a: argparse.Namespace) -> None:
     from precompile.reader.mix import Mix
 
+    per_epoch = a.per_epoch or int(a.rows * 0.3) + 1
+
     def fresh() -> Mix:   # the pass logic alone: no builds needed
         m = Mix.__new__(Mix)
-        m.sizes, m.counts, m.seed, m.shuffle, m._pass_cache = [a.rows], [int(a.rows * 0.3) + 1], 0, True, {}
+        m.sizes, m.counts, m.seed, m.shuffle, m._pass_cache = [a.rows], [per_epoch], 0, True, {}
         return m
 
     def scratch() -> None:
         fresh()._pass(0, a.passes)
+
+    def in_order() -> None:   # the baseline: every pass made from pass 0, as a Mix did before
+        m = fresh()
+        for q in range(a.passes + 1):
+            m._pass(0, q)
 
     warm = fresh()
     warm._pass(0, a.passes)
@@ -169,9 +178,12 @@ def passes(a: argparse.Namespace) -> None:
         warm._pass(0, k[0])
 
     t_scratch, t_next = median_time(scratch, a.repeats), median_time(following, a.repeats)
-    print(f"a build of {a.rows:,} rows, {int(a.rows * 0.3) + 1:,} per epoch; median of {a.repeats}")
-    print(f"pass {a.passes} from scratch: {t_scratch:.3f} s ({1e3 * t_scratch / (a.passes + 1):.1f} ms a pass); "
-          f"the next pass from the cache: {1e3 * t_next:.1f} ms ({t_scratch / t_next:.0f}x less)")
+    t_order = median_time(in_order, a.repeats)
+    chain = a.passes - Mix._start_of_chain(a.rows, per_epoch, a.passes) + 1
+    print(f"a build of {a.rows:,} rows, {per_epoch:,} per epoch; median of {a.repeats}")
+    print(f"pass {a.passes} from scratch: {t_scratch:.3f} s ({chain} passes made); every pass from 0 (the "
+          f"baseline): {t_order:.3f} s ({t_order / t_scratch:.1f}x); the next pass from the cache: "
+          f"{1e3 * t_next:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ import numbers
 import os
 from typing import Any, Iterator, Optional, Sequence
 
-from .errors import MissingDependencyError, RecipeError, echo
+from .errors import MissingDependencyError, PrecompileError, RecipeError, echo
 from .kinds import ANNOTATIONS
 from .sample import field_list
 
@@ -258,6 +258,17 @@ def default_writer_batch_size(ds: Any, names: Sequence[str]) -> int:
     return int(max(1, min(MAX_WRITER_BATCH, WRITER_BATCH_BYTES // max(1, row_bytes(ds, names)))))
 
 
+#: the builds :func:`to_hf` is writing, ``{(location, fields, digest): opened build}``: :func:`_rows` reads the
+#: very build whose shard keys gave the cache's digest (opening the path again read a build rebuilt since, and
+#: cached its rows under the old build's digest)
+_WRITING: dict[tuple[str, str, str], Any] = {}
+
+
+def _digest_of(ds: Any) -> str:
+    """The digest :func:`to_hf` caches an opened build's rows under: of its shard keys, in order."""
+    return hashlib.sha256("\n".join(str(s.get("key")) for s in ds.shards).encode()).hexdigest()
+
+
 def _rows(path: str, fields: str, copies: bool, build_digest: str, images: str = "[]",
           flat: str = "[]", variable: str = "[]", batch_rows: int = 0) -> Iterator[dict[str, Any]]:
     """The build's rows. Arguments are strings, not lists (``datasets`` would shard a list across
@@ -265,12 +276,21 @@ def _rows(path: str, fields: str, copies: bool, build_digest: str, images: str =
     there so that ``datasets`` caches per build and per layout;
     ``images``: the fields written as PNG (an ``Image`` column's ``{"bytes", "path"}``); ``flat``: the
     fields written as their values in C order (:func:`flat_shape`); ``variable``: those written as their values
-    in C order plus their shape (:func:`variable_flat`)."""
+    in C order plus their shape (:func:`variable_flat`). The rows are read from the build :func:`to_hf` opened
+    and took the digest of; where it is not at hand (another process), the path is opened again and a build
+    of other shard keys (rebuilt since) is a :class:`~precompile.errors.PrecompileError`, never its rows
+    under this digest."""
     import numpy as np
 
     from .formats import open_dataset
 
-    ds = open_dataset(path, fields=json.loads(fields))
+    ds = _WRITING.get((path, fields, build_digest))
+    if ds is None:
+        ds = open_dataset(path, fields=json.loads(fields))
+        if _digest_of(ds) != build_digest:
+            ds.close()
+            raise PrecompileError(f"to_hf: {path} was rebuilt while its rows were being written (its shard keys "
+                                  f"are no longer those to_hf read); call to_hf again")
     pngs, flats, varying = json.loads(images), json.loads(flat), json.loads(variable)
     for i in range(len(ds)):
         row = {KEY: ds.key(i), **ds[i]}
@@ -287,25 +307,79 @@ def _rows(path: str, fields: str, copies: bool, build_digest: str, images: str =
         yield row
 
 
-def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cache_dir: Optional[str] = None,
-          writer_batch_size: Optional[int] = None) -> Any:
-    """The output at ``build`` (its index file) as a ``datasets.Dataset``; see the module docstring.
+def _open_for_hf(build: Any, fields: Optional[Sequence[str]],
+                 storage_options: Optional[dict[str, Any]]) -> tuple[str, Any, list[str], list[Any]]:
+    """``(location, the build opened with the fields to write, those fields, what to close afterwards, last
+    first)``: a local index path (made absolute), a URL (as ``precompile.open`` reads it, with
+    ``storage_options``), or a build opened with ``precompile.open`` (its own cache and storage options)."""
+    from .formats import open_dataset
+    from .storage.remote import is_url
+
+    opened: list[Any] = []
+    if hasattr(build, "field_specs") and hasattr(build, "shards") and hasattr(build, "__len__"):
+        if storage_options is not None:
+            raise ValueError("to_hf: storage_options apply to a build given by its URL; this one is opened "
+                             "already (precompile.open(url, storage_options=...) took them)")
+        first = build
+        location = str(getattr(first, "url", None) or os.path.abspath(str(first.path)))
+    else:
+        if not isinstance(build, (str, os.PathLike)):
+            raise TypeError(f"to_hf: build must be an index path, a URL or a build opened with precompile.open, "
+                            f"got {type(build).__name__} {echo(str(build), 100)}")
+        url = is_url(build)
+        location = str(build) if url else os.path.abspath(str(build))
+        first = open_dataset(location, storage_options=storage_options)   # (local: a ValueError naming them)
+        opened.append(first)
+    try:
+        names = field_list(fields) or list(first.fields)   # (one name, or a list of them)
+        for f in names:
+            if f not in first.field_specs:
+                raise ValueError(f"{location}: no field {echo(f)} (fields: {', '.join(first.field_specs)})")
+        if names == list(first.fields):
+            return location, first, names, opened
+        reopen = getattr(first, "reopen", None)   # a build read from a URL: the same snapshot, its cached shards
+        ds = reopen(names) if reopen is not None else open_dataset(first.path, fields=names)
+        opened.append(ds)
+        if _digest_of(ds) != _digest_of(first):   # a local build opened again: rebuilt in between
+            raise PrecompileError(f"to_hf: {location} was rebuilt while to_hf opened it (its shard keys changed); "
+                                  f"call to_hf again")
+        return location, ds, names, opened
+    except BaseException:
+        _close_all(opened)
+        raise
+
+
+def _close_all(opened: list[Any]) -> None:
+    """Close the builds to_hf opened, the last opened first (a URL build's index copy released)."""
+    for ds in reversed(opened):
+        getattr(ds, "release", ds.close)()
+
+
+def to_hf(build: Any, fields: Optional[Sequence[str]] = None, cache_dir: Optional[str] = None,
+          writer_batch_size: Optional[int] = None, storage_options: Optional[dict[str, Any]] = None) -> Any:
+    """The output at ``build`` as a ``datasets.Dataset``; see the module docstring. ``build``: its index file, the
+    URL of an HDF5 build's index (read as ``precompile.open`` reads it, with ``storage_options``, through the
+    default shard cache), or a build opened with ``precompile.open`` (any of its arguments: a URL build's
+    ``cache_dir`` and ``cache_limit`` too). ``cache_dir``: Hugging Face's cache the rows are written to.
     ``writer_batch_size``: the rows of each Arrow record batch written (``datasets``' option of that name);
     None: :func:`default_writer_batch_size` of the build's rows (about 256 MB a record batch, at most
-    1,000 rows)."""
+    1,000 rows). The rows written are those of the build whose shard keys name the cache entry: the build
+    opened once, its digest and its rows from that one opening (a rebuild meanwhile is not read)."""
     d = _datasets()
-    from .formats import open_dataset
 
     if writer_batch_size is not None and (isinstance(writer_batch_size, bool) or not isinstance(
             writer_batch_size, numbers.Integral) or writer_batch_size < 1):
         raise ValueError(f"to_hf: writer_batch_size must be a whole number of rows >= 1 (or None: from the rows' "
                          f"size), got {str(writer_batch_size)[:100]!r}")
-    path = os.path.abspath(str(build))
-    ds = open_dataset(path)
-    names = field_list(fields) or list(ds.field_specs)   # (one name, or a list of them)
-    for f in names:
-        if f not in ds.field_specs:
-            raise ValueError(f"{path}: no field {echo(f)} (fields: {', '.join(ds.field_specs)})")
+    path, ds, names, opened = _open_for_hf(build, fields, storage_options)
+    try:
+        return _to_hf(d, path, ds, names, cache_dir, writer_batch_size)
+    finally:
+        _close_all(opened)
+
+
+def _to_hf(d: Any, path: str, ds: Any, names: list[str], cache_dir: Optional[str],
+           writer_batch_size: Optional[int]) -> Any:
     batch_rows = int(writer_batch_size) if writer_batch_size is not None else default_writer_batch_size(ds, names)
     # an augmented build's rows hold copies 1..K; a build of no rows (an empty split) says so in its recipe
     copies = (any(ds.copy(i) for i in range(len(ds))) if len(ds)
@@ -327,16 +401,22 @@ def to_hf(build: str | os.PathLike, fields: Optional[Sequence[str]] = None, cach
         if k in variable:
             ordered[k + SHAPE_SUFFIX] = shape_feature(ds.field_specs[k])
     feats = ordered
-    digest = hashlib.sha256("\n".join(str(s.get("key")) for s in ds.shards).encode()).hexdigest()
+    digest = _digest_of(ds)
     if not len(ds):   # (a split no sample fell into) from_generator refuses no rows: "corresponds to no data"
         out = d.Dataset.from_dict({c: [] for c in feats}, features=d.Features(feats))
     else:
-        out = d.Dataset.from_generator(_rows, features=d.Features(feats), cache_dir=cache_dir,
-                                       writer_batch_size=batch_rows,
-                                       gen_kwargs={"path": path, "fields": json.dumps(names), "copies": copies,
-                                                   "build_digest": digest, "images": json.dumps(images),
-                                                   "flat": json.dumps([f for f in flat if f not in variable]),
-                                                   "variable": json.dumps(variable), "batch_rows": batch_rows})
+        token = (path, json.dumps(names), digest)
+        _WRITING[token] = ds   # _rows reads this very build (the one the digest is of)
+        try:
+            out = d.Dataset.from_generator(_rows, features=d.Features(feats), cache_dir=cache_dir,
+                                           writer_batch_size=batch_rows,
+                                           gen_kwargs={"path": path, "fields": token[1], "copies": copies,
+                                                       "build_digest": digest, "images": json.dumps(images),
+                                                       "flat": json.dumps([f for f in flat if f not in variable]),
+                                                       "variable": json.dumps(variable), "batch_rows": batch_rows})
+        finally:
+            if _WRITING.get(token) is ds:
+                del _WRITING[token]
     declared = {f: list(ds.field_specs[f]["shape"]) for f in names if f not in flat and len(ds.field_specs[f].get(
         "shape") or []) >= 2 and ds.field_specs[f].get("kind") != "text"}
     if flat or declared:

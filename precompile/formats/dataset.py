@@ -39,7 +39,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from . import names as fmt
-from ..errors import ShapeMismatchError, SourceMapError, echo
+from ..errors import ShapeMismatchError, SourceMapError, clip, echo
 from ..kinds import ANNOTATIONS, pad_value
 from ..optschema import flag
 from ..transforms.kernels import maps
@@ -198,8 +198,12 @@ class Dataset:
         return self._shards
 
     def variable(self, field: str) -> bool:
-        """True when ``field``'s samples may differ in shape."""
-        return any(d is None for d in self.field_specs[field]["shape"])
+        """True when ``field``'s samples may differ in shape; a field the build has not is a ``KeyError`` naming it
+        (cut to a bounded length) and the build's fields."""
+        spec = self.field_specs.get(field) if isinstance(field, str) else None
+        if spec is None:
+            raise KeyError(f"no field {echo(field)} in {self.path} (fields: {', '.join(self.field_specs)})")
+        return any(d is None for d in spec["shape"])
 
     @property
     def output_format(self) -> str:
@@ -210,11 +214,16 @@ class Dataset:
 
     def _index(self, i: int) -> int:
         """``i`` as a row: an integer (a numpy one too), negative from the end, as a list takes it. A float or a
-        string is a TypeError (``int()`` took 1.5 as row 1 and said "invalid literal" for a key)."""
+        string is a TypeError (``int()`` took 1.5 as row 1 and said "invalid literal" for a key), and so is a
+        boolean, Python's, numpy's or a tensor's (``True`` and ``torch.tensor(True)`` read row 1 where
+        ``np.True_`` was refused): a boolean is no row."""
+        if isinstance(i, (bool, np.bool_)) or str(getattr(i, "dtype", "")) in ("bool", "torch.bool"):
+            raise TypeError(f"sample index must be an integer, got a boolean ({type(i).__name__} "
+                            f"{clip(str(i), 80)}); a boolean mask of one value per sample goes to ds.batch(mask)")
         try:
             j = operator.index(i)   # an int, a numpy integer, a one-element integer tensor
         except TypeError:
-            raise TypeError(f"sample index must be an integer, got {type(i).__name__} {str(i)[:80]!r}") from None
+            raise TypeError(f"sample index must be an integer, got {type(i).__name__} {echo(str(i), 80)}") from None
         if j < 0:
             j += self._n
         if not 0 <= j < self._n:

@@ -49,7 +49,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import FormatError, PrecompileError
+from ..errors import FormatError, PrecompileError, echo
 from .mapping import Region, ensure_nofile, map_file, page_aligned_empty, size_mismatch
 from .rows import BatchPlan, RowAddresses, fixed_shape, open_h5, shard_table_of
 from .views import Pieces, field_pieces, field_views, gather_order
@@ -97,7 +97,7 @@ class DirectReader:
         self.shapes, self.dtypes, self.row_bytes = {}, {}, {}
         for name in self.fields:
             if name not in ds.field_specs:
-                raise KeyError(f"no field {name!r} in {self.location} (fields: {', '.join(ds.field_specs)})")
+                raise KeyError(f"no field {echo(name)} in {self.location} (fields: {', '.join(ds.field_specs)})")
             spec = ds.field_specs[name]
             shape = fixed_shape(spec)
             if shape is None:

@@ -44,7 +44,7 @@ from typing import Any, Callable, Iterator, Literal, Sequence
 import numpy as np
 import torch
 
-from ..errors import FormatError, PrecompileError
+from ..errors import FormatError, PrecompileError, echo
 from ..sample import field_list
 from . import augment, gpu, streaming
 from .copies import AllCopies, CopySchedule
@@ -56,7 +56,7 @@ from .options import CONVERT_KINDS, Conversion, Distribution, Order, flag, whole
 from .sampler import epoch_order, rank_share, shard_ids, split_batches
 from .ragged import RaggedFields, check_count_names, is_ragged_annotation
 from .resume import Resumable
-from .targets import check_targets, loader_targets, replace_with_targets
+from .targets import check_targets, loader_targets, replace_with_targets, variable_fields
 
 __all__ = ["CONVERT_KINDS", "HostPool", "Loader", "LoaderStats", "default_threads"]
 
@@ -153,7 +153,7 @@ def check_in_memory(in_memory: Any, gpu_budget: Any, device: torch.device) -> tu
     """``in_memory`` (False, True, ``"gpu"`` or ``"pinned"``) and ``gpu_budget`` checked against ``device``."""
     number = isinstance(in_memory, (int, float)) and not isinstance(in_memory, bool)   # 1 == True, but no
     if number or in_memory not in (False, True, "gpu", "pinned"):
-        raise ValueError(f"in_memory must be False, True, 'gpu' or 'pinned', got {in_memory!r}")
+        raise ValueError(f"in_memory must be False, True, 'gpu' or 'pinned', got {echo(in_memory)}")
     if in_memory == "pinned" and device.type != "cuda":
         raise PrecompileError(f"Loader(in_memory='pinned') lets a CUDA device read page-locked host memory; this "
                               f"Loader's device is {device}: use in_memory=True (host memory) or device='cuda'")
@@ -171,7 +171,7 @@ def copy_schedule(ds: Any, copies: str, include_original: bool, seed: int) -> Co
     ``f(build seed, epoch, key)``; ``copies="all"`` with ``include_original=False``: every row but the originals;
     else None (every row)."""
     if copies not in ("epoch", "all"):
-        raise ValueError(f"copies must be 'epoch' or 'all', got {copies!r}")
+        raise ValueError(f"copies must be 'epoch' or 'all', got {echo(copies)}")
     include_original = flag(include_original, "include_original")
     ds_copies = np.asarray(getattr(ds, "copies", np.zeros(0)))
     if not (ds_copies.size and ds_copies.max() > 0):
@@ -294,7 +294,7 @@ class Loader(Resumable):
         remote = getattr(ds, "remote", None)   # a build read from a URL (formats/hdf5_url.py)
         map_shards = map_shards or ("lazy" if remote is not None else "all")
         if map_shards not in ("all", "lazy"):
-            raise ValueError(f"map_shards must be 'all' or 'lazy', got {map_shards!r}")
+            raise ValueError(f"map_shards must be 'all' or 'lazy', got {echo(map_shards)}")
         batch_size, prefetch = whole(batch_size, "batch_size"), whole(prefetch, "prefetch")
         if num_threads is not None:
             num_threads = whole(num_threads, "num_threads")
@@ -325,11 +325,18 @@ class Loader(Resumable):
         self.in_memory, self.gpu_budget = check_in_memory(in_memory, gpu_budget, self.device)
         self.num_threads = (default_threads(self.device, self.in_memory is True) if num_threads is None
                             else int(num_threads))
-        self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged], in_memory=self.in_memory is True,
-                                   lazy=map_shards == "lazy")
+        targets = check_targets(targets)
+        #: targets="list": the fields of varying shape (images of several sizes, their masks), each batch's as a
+        #: list of tensors of their own sizes (as torchvision's detection models take images), read per sample
+        self.listed = variable_fields(self.specs, ragged) if targets is not None else []
+        self._listed_ds: Any = None
+        self.reader = DirectReader(ds, [f for f in self.fields if f not in ragged and f not in self.listed],
+                                   in_memory=self.in_memory is True, lazy=map_shards == "lazy")
+        if self.listed:
+            self._check_listed(augment.parse_steps(gpu_steps))
         self.dtype, self.convert = converts_for(self.conversion, self.reader.dtypes, self.reader.fields, self.specs,
                                                 stored_norm([ds]))
-        self.targets, self.target_fields = check_targets(targets), None   # targets="list": per-image dicts
+        self.targets, self.target_fields = targets, None   # targets="list": per-image dicts
         if self.targets is not None:
             self.target_fields = loader_targets(self.specs, self.fields)
         self.steps = augment.parse_steps(gpu_steps)
@@ -500,6 +507,8 @@ class Loader(Resumable):
                     self.window.advance(b)
                 if self.text_fields:
                     out.update(self._texts(self.batch_indices(epoch)[b]))
+                if self.listed:
+                    out.update(self._listed_rows(self.batch_indices(epoch)[b]))
                 if self.target_fields is not None:
                     out = replace_with_targets(out, self.target_fields)
                 t1 = time.perf_counter()
@@ -532,6 +541,36 @@ class Loader(Resumable):
         b = self._text_ds.batch(rows)
         return {f: b[f] for f in self.text_fields}
 
+    def _check_listed(self, steps: Sequence[Any]) -> None:
+        """``targets="list"`` over fields of varying shape: they come as stored, so no device step and no
+        conversion may be asked of them (a ``ValueError`` naming them)."""
+        names = ", ".join(repr(f) for f in self.listed)
+        if steps:
+            raise ValueError(f"targets='list' gives {names} (a shape that varies between samples) as a list of "
+                             f"tensors of their own sizes, as stored; gpu_steps need one size a batch: leave them "
+                             f"out, or resize to a fixed size in the recipe")
+        c = self.conversion
+        if c.dtype is not None or c.channels_first:
+            hit = [f for f in self.listed if (f in c.convert_fields if c.convert_fields is not None
+                                              else self.specs[f].get("kind") in CONVERT_KINDS)]
+            if hit:
+                raise ValueError(f"targets='list' gives {', '.join(repr(f) for f in hit)} (a shape that varies "
+                                 f"between samples) as a list of tensors as stored; the conversion (dtype, mean/std, "
+                                 f"channels_first) applies to fixed-shape fields: convert each image in the model "
+                                 f"(torchvision's detection models normalise their inputs), or resize to a fixed "
+                                 f"size in the recipe")
+
+    def _listed_rows(self, rows: np.ndarray) -> dict[str, list[torch.Tensor]]:
+        """The fields of varying shape of batch ``rows`` (``targets="list"``): each a list of tensors of their own
+        sizes, in batch order, on the Loader's device."""
+        if self._listed_ds is None:
+            from . import open_dataset
+
+            reopen = getattr(self.ds, "reopen", None)   # a build read from a URL: its shards are in the cache
+            self._listed_ds = reopen(self.listed) if reopen else open_dataset(self.ds.path, fields=self.listed)
+        samples = [self._listed_ds[int(r)] for r in rows]
+        return {f: [torch.from_numpy(np.array(s[f])).to(self.device) for s in samples] for f in self.listed}
+
     def _close_active(self) -> None:
         old = self._active() if self._active is not None else None
         if old is not None:
@@ -552,6 +591,8 @@ class Loader(Resumable):
         self.feeder.release()
         if self._text_ds is not None:
             self._text_ds.close()
+        if self._listed_ds is not None:
+            self._listed_ds.close()
         if self._owns_ds:
             getattr(self.ds, "release", self.ds.close)()
 

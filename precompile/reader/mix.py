@@ -552,21 +552,32 @@ class Mix(Resumable):
         """Pass ``k`` over source ``i``'s rows, for a source of at most its size per epoch: the seeded
         permutation, except that where an epoch runs from the end of pass ``k - 1`` into pass ``k``, the rows
         that epoch takes from pass ``k`` are its first rows that the end of pass ``k - 1`` did not give (the
-        others keep their order, after them): no row twice in an epoch. Each pass depends on the one before, so
-        the passes are made in order from 0 and the last two are kept (a pass of training asks for the next)."""
+        others keep their order, after them): no row twice in an epoch.
+
+        A pass depends on the one before only through that end (its last ``r_k = k * n mod c`` rows), and the
+        rows moved to the front of pass ``k - 1`` lie in its permutation's first ``c`` places: where
+        ``r_k <= n - c`` the end of pass ``k - 1`` is its seeded permutation's own end, so pass ``k`` follows from
+        two permutations (:meth:`_start_of_chain`). The passes are made from the last such pass at or before
+        ``k`` (or a kept one), never from pass 0: reaching a far epoch costs at most ``ceil(c / (n - c)) + 1``
+        passes of the source (one where ``n >= 2c`` or ``c == n``); the last two are kept (a pass of training
+        asks for the next)."""
         got = self._pass_cache.setdefault(i, {})
         if k in got:
             return got[k]
         n, c = self.sizes[i], self.counts[i]
-        j = max((q for q in got if q < k), default=-1)
-        prev = got[j] if j >= 0 else None
-        for q in range(j + 1, k + 1):
+        j0 = self._start_of_chain(n, c, k)
+        j = max((q for q in got if j0 <= q < k), default=-1)
+        if j >= 0:
+            prev, first = got[j], j + 1
+        else:   # pass j0 from its seeded permutation and the seeded end of pass j0 - 1
+            prev, first = None, j0
+        for q in range(first, k + 1):
             perm = self._raw_pass(i, q)
             boundary = q * n                         # stream position where pass q starts
             r = boundary % c                          # samples of the straddling epoch before it
             if q > 0 and r:
                 w = c - r                             # ... and from pass q
-                tail = prev[n - r:]
+                tail = prev[n - r:] if prev is not None else self._raw_pass(i, q - 1)[n - r:]
                 clash = np.isin(perm, tail)
                 free = np.flatnonzero(~clash)[:w]     # w <= n - r: always enough rows that are not in the tail
                 rest = np.ones(n, dtype=bool)
@@ -577,6 +588,19 @@ class Mix(Resumable):
             for old in [x for x in got if x < q - 1]:
                 del got[old]
         return got[k]
+
+    @staticmethod
+    def _start_of_chain(n: int, c: int, k: int) -> int:
+        """The last pass ``j <= k`` of a source of ``n`` rows and ``c <= n`` samples an epoch whose order follows
+        from the seeded permutations of passes ``j - 1`` and ``j`` alone: the one whose straddling epoch's
+        samples before it, ``r_j = j * n mod c``, are at most ``n - c`` (the end of pass ``j - 1`` lies past the
+        rows its own straddling epoch moved to its front, which are in its first ``c`` places). Going back one
+        pass lowers ``r`` by ``d = n - c`` (mod ``c``), so it is at most ``ceil(r_k / d)`` passes back; ``r_0 = 0``."""
+        r = (k * n) % c
+        d = n - c
+        if r <= d:
+            return k
+        return k - (r - 1) // d   # the fewest t with r - t * d <= d: r - t * d stays > 0 on the way (no wrap)
 
     def _stream(self, i: int, start: int, count: int) -> np.ndarray:
         """Samples ``[start, start + count)`` of source ``i``'s endless stream of passes."""

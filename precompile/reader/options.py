@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
 
+from ..errors import echo
 from ..optschema import flag
 from .sampler import normalize_mode
 
@@ -86,7 +87,7 @@ class Distribution:
 
     def __post_init__(self) -> None:
         if self.uneven not in ("pad", "drop"):
-            raise ValueError(f"uneven must be 'pad' or 'drop', got {self.uneven!r}")
+            raise ValueError(f"uneven must be 'pad' or 'drop', got {echo(self.uneven)}")
         object.__setattr__(self, "rank", whole(self.rank, "rank"))
         object.__setattr__(self, "world_size", whole(self.world_size, "world_size"))
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -143,7 +144,7 @@ class Conversion:
         object.__setattr__(self, "convert_fields", field_list(self.convert_fields, "convert_fields"))
         object.__setattr__(self, "channels_first", flag(self.channels_first, "channels_first"))
         if self.convert_fields and self.dtype is None and not self.channels_first:
-            raise ValueError(f"convert_fields={self.convert_fields} without a dtype, mean/std or channels_first "
+            raise ValueError(f"convert_fields={echo(self.convert_fields)} without a dtype, mean/std or channels_first "
                              f"converts nothing; give dtype='float32' (or mean and std)")
 
     def fields_of(self, loaded: Sequence[str], specs: dict[str, dict]) -> list[str]:
@@ -152,7 +153,7 @@ class Conversion:
             return [f for f in loaded if specs[f].get("kind") in CONVERT_KINDS]
         for f in self.convert_fields:
             if f not in loaded:
-                raise ValueError(f"convert_fields: {f!r} is not loaded (loaded: {', '.join(loaded)})")
+                raise ValueError(f"convert_fields: {echo(f)} is not loaded (loaded: {', '.join(loaded)})")
             kind = specs[f].get("kind")
             if kind in IDS:   # a float of ids: a class 3 became (3 - mean) / std, a 0/1 mask 0 or 1/255
                 raise ValueError(f"convert_fields: {f!r} is a {kind} field ({IDS[kind]}), which the conversion "
@@ -163,4 +164,4 @@ class Conversion:
     def check_norm(self) -> None:
         for name, v in (("mean", self.mean), ("std", self.std)):
             if isinstance(v, str) and v != "stats":
-                raise ValueError(f"{name} must be numbers or 'stats' (from `precompile stats`), got {v!r}")
+                raise ValueError(f"{name} must be numbers or 'stats' (from `precompile stats`), got {echo(v)}")

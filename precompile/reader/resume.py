@@ -35,7 +35,7 @@ class Resumable:
         raise NotImplementedError
 
     def set_epoch(self, epoch: int) -> None:
-        """Start ``epoch`` from its first batch on the next iteration.
+        """Start ``epoch`` from its first batch on the next iteration (a pass being consumed ends here).
 
         Right after :meth:`load_state_dict` (before a pass starts: before the first ``next`` of an iterator,
         which may have been made already), setting the restored epoch keeps the restored position, so the usual
@@ -47,10 +47,14 @@ class Resumable:
             raise ValueError(f"epoch must be in [0, 2**63), got {epoch}")
         if self._resume and int(epoch) == self.epoch:
             return
+        self._end_started_pass()
         self.epoch, self._pos, self._resume = int(epoch), 0, False
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly where ``state`` was taken: the next iteration yields the remaining batches.
+
+        A pass being consumed (its first batch handed out) ends here: its iterator yields no more batches and
+        writes no position over the restored one.
 
         ``state`` is what :meth:`state_dict` returned (through a checkpoint: JSON, torch.save, ...). One that is not
         a dict, lacks ``epoch``, ``batch`` or a key of ``STATE_CHECKS``, holds another value for one of those (or for
@@ -80,7 +84,20 @@ class Resumable:
         nb = len(self.batch_indices(epoch))
         if not 0 <= pos <= nb:
             raise ValueError(f"state_dict batch must be in [0, {nb}] (epoch {epoch} has {nb} batches), got {pos}")
+        self._end_started_pass()
         self.epoch, self._pos, self._resume = epoch, pos, True
+
+    def _end_started_pass(self) -> None:
+        """A pass whose batches are being handed out (its first ``next`` came) ends here: the next ``next`` of its
+        iterator is ``StopIteration``, and it writes no position after this; the new epoch or restored position
+        is the next pass's. An iterator made but not started yet is left alone: it reads the position at its
+        first ``next`` (Lightning's order)."""
+        import inspect
+
+        ref = getattr(self, "_active", None)
+        gen = ref() if ref is not None else None
+        if gen is not None and inspect.getgeneratorstate(gen) == inspect.GEN_SUSPENDED:
+            gen.close()
 
 
 def _differs(theirs: Any, mine: Any) -> bool:

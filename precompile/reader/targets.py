@@ -99,6 +99,14 @@ def target_fields(specs: dict[str, dict]) -> TargetFields:
                         one(Kind.KEYPOINTS, "keypoints"))
 
 
+def variable_fields(specs: dict[str, dict], ragged: Sequence[str]) -> list[str]:
+    """The array fields ``targets="list"`` gives as a list of tensors of their own shapes: those whose declared
+    shape varies (a ``None`` dimension: images of several sizes and their masks), neither text nor the ragged
+    annotation fields (padded, or made into the target dicts)."""
+    return [f for f, s in specs.items() if f not in ragged and s.get("kind") != "text"
+            and any(d is None for d in (s.get("shape") or ()))]
+
+
 def instance_masks(mask: torch.Tensor, n: int) -> torch.Tensor:
     """An instance mask ((H, W) or (H, W, 1) ids: ``mask == i + 1`` is box i, 0 background, the dtype's largest
     value ignored) as n binary masks: UInt8Tensor[n, H, W], on its device."""
@@ -147,7 +155,7 @@ def detection_targets(batch: dict[str, Any], boxes: str = "boxes", labels: str |
     only where the build ties it to the boxes: :func:`target_fields` reads the ties). The tensors are views of
     the batch's (masks: new), on its device; the counts are read on the host (on CUDA, one copy of B integers)."""
     if boxes not in batch:
-        raise KeyError(f"detection_targets: the batch has no boxes field {boxes!r} (keys: {', '.join(batch)})")
+        raise KeyError(f"detection_targets: the batch has no boxes field {echo(boxes)} (keys: {', '.join(batch)})")
     own = getattr(batch, "shapes", {})   # ds.batch(idx, pad=True): each sample's own shape, no counts
 
     def rows_of(f: str) -> list[int] | None:
@@ -162,7 +170,7 @@ def detection_targets(batch: dict[str, Any], boxes: str = "boxes", labels: str |
     if counts is None:   # a boxes field of fixed shape (every sample has as many rows): every row is real
         counts = [int(batch[boxes].shape[1])] * int(batch[boxes].shape[0])
     if masks is not None and masks not in batch:
-        raise KeyError(f"detection_targets: the batch has no mask field {masks!r} (keys: {', '.join(batch)})")
+        raise KeyError(f"detection_targets: the batch has no mask field {echo(masks)} (keys: {', '.join(batch)})")
     got = {k: f for k, f in (("labels", labels), ("keypoints", keypoints)) if f is not None and f in batch}
     for f in got.values():
         c = rows_of(f)
@@ -231,6 +239,9 @@ class Collate:
         self.fields = target_fields(specs) if self.targets else None
         if self.fields is not None:
             check_target_key(fields)
+        #: with targets="list": the array fields whose shape varies (images of several sizes, their instance
+        #: masks), given as a list of tensors of their own sizes, as torchvision's detection models take images
+        self.listed = set(variable_fields(specs, self.ragged)) if self.targets else set()
 
     def __call__(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         from torch.utils.data import default_collate
@@ -249,13 +260,17 @@ class Collate:
                                 np.dtype(spec["dtype"]))
                 out[name], out[count_name(name)] = torch.from_numpy(a), torch.from_numpy(n)
                 continue
+            if name in self.listed:   # numpy: a copy (a folder build's arrays are read-only)
+                out[name] = [torch.from_numpy(np.array(v)) for v in values]
+                continue
             shapes = [np.shape(v) for v in values]
             diff = next((i for i, s in enumerate(shapes) if s != shapes[0]), None)
             if diff is not None and not isinstance(values[0], str):
                 raise ShapeMismatchError(
                     f"field {name!r}: cannot stack samples of different shapes {shapes[0]} (batch position 0) and "
-                    f"{shapes[diff]} (batch position {diff}); resize to a fixed size in the recipe, or leave the "
-                    f"field out (precompile.open(path, fields=[...]))")
+                    f"{shapes[diff]} (batch position {diff}); resize to a fixed size in the recipe, leave the "
+                    f"field out (precompile.open(path, fields=[...])), or with targets='list' (a field the build "
+                    f"declares of varying shape) take it as a list of tensors")
             out[name] = (torch.from_numpy(np.stack(values)) if isinstance(values[0], np.ndarray)
                          else default_collate(values))
         if self.fields is not None:

@@ -14,6 +14,13 @@ from test_storage_outside import set_entries, tiny_build, upload  # noqa: E402
 
 from precompile.tools.verify_url import verify_url  # noqa: E402
 
+try:
+    from test_remote import s3  # noqa: F401  (the module's moto server)
+except pytest.skip.Exception:   # moto is not installed: only the test that needs the server skips
+    @pytest.fixture
+    def s3():
+        pytest.skip("moto is not installed (test dependency)")
+
 
 # -- 5. verify of a URL says what it could not check ----------------------------------------------------------
 def test_verify_of_a_url_reports_a_shard_entry_without_a_sha256_as_not_checked(tmp_path):
@@ -41,3 +48,132 @@ def test_verify_of_a_url_reports_a_shard_entry_without_a_sha256_as_not_checked(t
     assert res.bytes_checked == shard1   # entry 1's sha256 is there: its object is still hashed
     quick = verify_url(f"{url}/t.h5", checksums=False)   # --quick asks no sha256: only the size is missing
     assert [p.split(")")[0] for p in quick.problems] == [f"index: shard entry 1 ({files[1]}"], quick.problems
+
+
+# -- 4. a remote folder input: what is fetched is what is fingerprinted ---------------------------------------
+def _memory_tree(files: dict[str, bytes]) -> str:
+    """``files`` (relative name -> bytes) under a new memory:// prefix; its URL."""
+    import uuid
+
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    url = f"memory://sf-{uuid.uuid4().hex[:12]}/root"
+    for rel, data in files.items():
+        fs.pipe_file(f"{url}/{rel}", data)
+    return url
+
+
+def _fetched(local: str) -> dict[str, bytes]:
+    return {p.relative_to(local).as_posix(): p.read_bytes() for p in Path(local).rglob("*") if p.is_file()}
+
+
+def test_a_remote_folder_input_fetches_exactly_the_files_its_fingerprint_holds(caplog):
+    """A folder input's key is made from the plan's listing, which leaves out hidden names and names with a
+    '..' part; its fetch took every object under the folder (a hidden file too, and skipped '..' in silence).
+    Now the fetch takes the listed files, and the listing reports what it left out."""
+    from precompile.storage.remote import LISTED, list_tree, local_copy
+
+    url = _memory_tree({"s/a.dcm": b"A", "s/sub/b.dcm": b"BB", "s/.DS_Store": b"H", "s/.git/c.dcm": b"C",
+                        "s/../evil.dcm": b"E", "t/x.dcm": b"X"})
+    with caplog.at_level("INFO", logger="precompile.remote"):
+        assert list_tree(url, dirs=True) == ["s", "s/sub", "t"]
+    assert [rel for rel, _ in LISTED[f"{url}/s"]] == ["a.dcm", "sub/b.dcm"]
+    with local_copy(f"{url}/s", folder=True) as local:
+        assert _fetched(local) == {"a.dcm": b"A", "sub/b.dcm": b"BB"}
+    said = [r.getMessage() for r in caplog.records]
+    assert f"{url}: 1 object(s) left out: their names hold an empty, '.' or '..' part, by which no local copy " \
+           f"can be placed: 's/../evil.dcm'" in said, said
+    assert f"{url}: 2 hidden object(s) left out (a name part starting with '.', as locally): 's/.DS_Store', " \
+           f"'s/.git/c.dcm'" in said, said
+
+
+def test_a_remote_folder_fetched_without_the_plans_listing_keeps_the_listings_rule(caplog):
+    """A worker without the plan's listing (spawned: loky, dask) lists the folder itself, with the same rule:
+    hidden names and '..' parts are left out, and reported."""
+    from precompile.storage.remote import local_copy
+
+    url = _memory_tree({"s/a.dcm": b"A", "s/.DS_Store": b"H", "s/../evil.dcm": b"E"})
+    with caplog.at_level("INFO", logger="precompile.remote"):
+        with local_copy(f"{url}/s", folder=True) as local:
+            assert _fetched(local) == {"a.dcm": b"A"}
+    said = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith(f"{url}/s: 1 object(s) left out: ") and m.endswith("'../evil.dcm'") for m in said), said
+    assert f"{url}/s: 1 hidden object(s) left out (a name part starting with '.', as locally): '.DS_Store'" in said
+
+
+# -- 2. an input changed since the plan listed it ------------------------------------------------------------
+@pytest.mark.parametrize("new", [b"longer bytes", b"BBBB"], ids=["other size", "same size"])
+def test_a_remote_file_changed_since_the_listing_fails_its_input(new):
+    """The shard key hashes the listing's fingerprint; bytes fetched after the object changed would be kept
+    under the old key (and a rebuild would keep them). The fetch compares its copy with the listing (its size,
+    then the store's fingerprint now): a change fails the input, naming the URL."""
+    import fsspec
+
+    from precompile.errors import DecodeError
+    from precompile.storage.remote import list_tree, local_copy
+
+    url = _memory_tree({"a/0.bin": b"AAAA"})
+    list_tree(url, dirs=False)
+    with local_copy(f"{url}/a/0.bin") as local:   # unchanged: no false alarm
+        assert Path(local).read_bytes() == b"AAAA"
+    fsspec.filesystem("memory").pipe_file(f"{url}/a/0.bin", new)
+    with pytest.raises(DecodeError) as e:
+        with local_copy(f"{url}/a/0.bin"):
+            pass
+    assert str(e.value).startswith(f"{url}/a/0.bin, stage decode: the object "), str(e.value)
+    assert str(e.value).endswith("since the plan listed it: the shard's key was made from the listing, so its "
+                                 "bytes are not kept; build again (the next plan lists the new object)")
+
+
+@pytest.mark.parametrize("change", ["edit", "add", "remove"])
+def test_a_remote_folder_changed_since_the_listing_fails_its_input(change):
+    import fsspec
+
+    from precompile.errors import DecodeError
+    from precompile.storage.remote import list_tree, local_copy
+
+    url = _memory_tree({"s/a.dcm": b"AAAA", "s/b.dcm": b"BB"})
+    list_tree(url, dirs=True)
+    fs = fsspec.filesystem("memory")
+    with local_copy(f"{url}/s", folder=True) as local:
+        assert _fetched(local) == {"a.dcm": b"AAAA", "b.dcm": b"BB"}
+    if change == "edit":
+        fs.pipe_file(f"{url}/s/a.dcm", b"ZZZZ")
+    elif change == "add":
+        fs.pipe_file(f"{url}/s/c.dcm", b"C")
+    else:
+        fs.rm_file(f"{url}/s/b.dcm")
+    with pytest.raises(DecodeError) as e:
+        with local_copy(f"{url}/s", folder=True):
+            pass
+    assert str(e.value).startswith(f"{url}/s, stage decode: the folder's "), str(e.value)
+    assert "since the plan listed it" in str(e.value)
+
+
+def test_an_s3_object_is_checked_by_its_etag_without_false_alarms(s3):
+    """On S3 the listing's fingerprint (LIST) and the check's (HEAD) give the modification time in other
+    precisions: the ETag decides. An unchanged object passes; one rewritten with other bytes of the same size
+    fails its input."""
+    pytest.importorskip("s3fs", reason="s3:// needs s3fs (the s3 extra)")
+    import uuid
+
+    from test_remote import BUCKET
+
+    from precompile.errors import DecodeError
+    from precompile.storage.remote import list_tree, local_copy
+
+    endpoint, client = s3
+    prefix = f"sf-{uuid.uuid4().hex[:8]}"
+    client.put_object(Bucket=BUCKET, Key=f"{prefix}/a/0.bin", Body=b"AAAA", ACL="public-read")
+    opts = {"endpoint_url": endpoint, "anon": True}
+    root = f"s3://{BUCKET}/{prefix}"
+    list_tree(root, False, opts)
+    with local_copy(f"{root}/a/0.bin", opts) as local:
+        assert Path(local).read_bytes() == b"AAAA"
+    client.put_object(Bucket=BUCKET, Key=f"{prefix}/a/0.bin", Body=b"ZZZZ", ACL="public-read")
+    with pytest.raises(DecodeError) as e:
+        with local_copy(f"{root}/a/0.bin", opts):
+            pass
+    assert str(e.value).startswith(f"{root}/a/0.bin, stage decode: the object changed since the plan "
+                                   f"listed it"), str(e.value)

@@ -177,3 +177,59 @@ def test_an_s3_object_is_checked_by_its_etag_without_false_alarms(s3):
             pass
     assert str(e.value).startswith(f"{root}/a/0.bin, stage decode: the object changed since the plan "
                                    f"listed it"), str(e.value)
+
+
+# -- 1. a cached copy found damaged while another process holds it --------------------------------------------
+def _rehash_elsewhere(root: Path, sha: str, size: int) -> str:
+    """``ShardCache(root).rehash(sha, size)`` in another process; what it returned."""
+    import os
+    import subprocess
+
+    code = ("import sys; from precompile.storage.shard_cache import ShardCache; "
+            "print(ShardCache(sys.argv[1]).rehash(sys.argv[2], int(sys.argv[3])))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-c", code, str(root), sha, str(size)], env=env, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def test_a_copy_found_damaged_while_another_process_holds_it_is_told_truly_and_fetched_again(tmp_path):
+    """``verify=True`` in one process re-hashes the cached copies, and removes a damaged one; a reader in
+    another process that held it pinned (a Loader's shard fetched ahead) then found it gone, and was told that
+    "something other than precompile" removed it. Now it is told what happened; the copy is fetched again
+    (and checked) at the next pin, and the message is the plain one again."""
+    import hashlib
+
+    import fsspec
+
+    from precompile.storage.remote_source import RemoteSource
+    from precompile.storage.shard_cache import ShardCache
+
+    data = bytes(range(256)) * 4
+    sha = hashlib.sha256(data).hexdigest()
+    url = _memory_tree({"t.shards/s.h5": data})
+    fs = fsspec.filesystem("memory")
+    cache = ShardCache(tmp_path / "c")
+    src = RemoteSource(f"{url}/t.h5", [{"file": "t.shards/s.h5", "sha256": sha, "bytes": len(data)}], cache, None, fs)
+    path = src.pin(0)
+    plain = src.lost(0)
+    assert "something other than precompile removed it" in plain
+    with open(path, "r+b") as f:   # the disk changes a byte of the held copy
+        f.seek(100)
+        f.write(b"\xff")
+    assert _rehash_elsewhere(tmp_path / "c", sha, len(data)) == "False"
+    assert not Path(path).exists()   # a new reader never gets the damaged copy
+    assert src.lost(0) == (
+        f"{url}/t.shards/s.h5: its verified copy {path} was found damaged (its bytes no longer hash to the "
+        f"index's sha256) and removed by a re-hash (verify=True) while this reader held it: the bytes it held are "
+        f"not the build's; open the build again (the next read fetches the shard and checks it again)")
+    src.unpin(0)
+    again = src.pin(0)
+    assert Path(again).read_bytes() == data
+    assert src.lost(0) == plain
+    src.unpin(0)
+    assert _rehash_elsewhere(tmp_path / "c", sha, len(data)) == "True"
+    with open(again, "r+b") as f:   # nobody holds it now: removed, and no mark is left
+        f.write(b"\x00\x00")
+    assert cache.rehash(sha, len(data)) is False
+    assert not Path(again).exists() and not Path(cache.damaged_mark(sha)).exists()

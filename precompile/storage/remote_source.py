@@ -175,10 +175,16 @@ class RemoteSource:
         return self.sizes[s]
 
     def lost(self, s: int) -> str:
-        """The message for shard ``s``'s cached copy gone while this process held it."""
+        """The message for shard ``s``'s cached copy gone while this process held it: removed as damaged by a
+        re-hash (:meth:`ShardCache.rehash`, which marks it), or by something other than precompile."""
+        if self.cache.removed_damaged(self.shas[s]):
+            return (f"{self.shard_url(s)}: its verified copy {self.path(s)} was found damaged (its bytes no longer "
+                    f"hash to the index's sha256) and removed by a re-hash (verify=True) while this reader held it: "
+                    f"the bytes it held are not the build's; open the build again (the next read fetches the shard "
+                    f"and checks it again)")
         return (f"{self.shard_url(s)}: its verified copy {self.path(s)} is gone while held open: something other "
-                f"than precompile removed it from the cache folder {self.cache.root} (precompile never removes a "
-                f"file a reader holds); open the build again, and leave the cache folder to precompile")
+                f"than precompile removed it from the cache folder {self.cache.root} (precompile removes a file a "
+                f"reader holds only when a re-hash finds it damaged, and says so); open the build again, and leave the cache folder to precompile")
 
     def pin(self, s: int, wait: bool = True, cancel: Optional[threading.Event] = None,
             room: Optional[Room] = None) -> Optional[str]:

@@ -4,6 +4,7 @@ must be the fingerprinted ones, a fetched object that changed since the listing,
 object is tiny and lives in fsspec's ``memory://`` store or on a loopback HTTP server."""
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -233,3 +234,95 @@ def test_a_copy_found_damaged_while_another_process_holds_it_is_told_truly_and_f
         f.write(b"\x00\x00")
     assert cache.rehash(sha, len(data)) is False
     assert not Path(again).exists() and not Path(cache.damaged_mark(sha)).exists()
+
+
+# -- 3. an HTTP server's transient 5xx ------------------------------------------------------------------------
+@contextlib.contextmanager
+def flaky_http(folder: Path, fails: int, status: int = 503):
+    """An HTTP server of ``folder`` on 127.0.0.1 that answers ``status`` to the first ``fails`` requests of each
+    path; yields (base URL, the (method, path, status) of every request)."""
+    import http.server
+    import threading
+
+    seen: list[tuple[str, str, int]] = []
+    count: dict[str, int] = {}
+    lock = threading.Lock()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, directory=str(folder), **kw)
+
+        def send_head(self):
+            with lock:
+                n = count[self.path] = count.get(self.path, 0) + 1
+            if n <= fails:
+                seen.append((self.command, self.path, status))
+                self.send_error(status)
+                return None
+            seen.append((self.command, self.path, 200))
+            return super().send_head()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", seen
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture
+def quick_backoff(monkeypatch):
+    pytest.importorskip("aiohttp", reason="http:// needs aiohttp (the http extra)")
+    from precompile.storage import http_retry
+
+    monkeypatch.setattr(http_retry, "BACKOFF_S", 0.01)
+
+
+def test_an_http_input_answered_503_twice_is_fetched_on_the_third_try(tmp_path, quick_backoff):
+    from precompile.storage.remote import local_copy
+
+    (tmp_path / "a.bin").write_bytes(b"DATA" * 10)
+    with flaky_http(tmp_path, fails=2) as (base, seen):
+        with local_copy(f"{base}/a.bin") as local:
+            assert Path(local).read_bytes() == b"DATA" * 10
+    assert [s for m, p, s in seen if p == "/a.bin" and m == "GET"][:3] == [503, 503, 200], seen
+
+
+def test_an_http_input_that_keeps_failing_is_a_clear_error_naming_the_url(tmp_path, quick_backoff):
+    from precompile.errors import DecodeError
+    from precompile.storage import http_retry
+    from precompile.storage.remote import local_copy
+
+    (tmp_path / "a.bin").write_bytes(b"DATA")
+    with flaky_http(tmp_path, fails=100, status=502) as (base, seen):
+        with pytest.raises(DecodeError) as e:
+            with local_copy(f"{base}/a.bin"):
+                pass
+    tries = http_retry.RETRIES + 1
+    assert [s for m, p, s in seen if m == "GET"] == [502] * tries, seen
+    msg = str(e.value)
+    assert msg.startswith(f"{base}/a.bin: cannot fetch the remote input: HTTPServerError: GET {base}/a.bin: the "
+                          f"server answered HTTP 502 Bad Gateway {tries} times over "), msg
+    assert msg.endswith(" s (a server error, asked again with backoff); try again later, or check the server"), msg
+
+
+def test_a_build_read_over_http_rides_out_503s_of_its_index_and_shards(tmp_path, quick_backoff):
+    """The index and every shard (range GETs into the cache) are answered 503 once each: read all the same."""
+    import numpy as np
+
+    import precompile
+
+    index = tiny_build(tmp_path)
+    want = [precompile.open(index)[i]["image"] for i in range(4)]
+    with flaky_http(index.parent, fails=1) as (base, seen):
+        ds = precompile.open(f"{base}/t.h5", cache_dir=tmp_path / "c")
+        for i in range(4):
+            np.testing.assert_array_equal(ds[i]["image"], want[i])
+        ds.close()
+    assert {p for m, p, s in seen if s == 503} >= {"/t.h5"} and \
+        sum(1 for m, p, s in seen if s == 503 and p.startswith("/t.shards/")) == 2, seen

@@ -151,7 +151,12 @@ def filesystem(url: str, storage_options: Optional[dict[str, Any]] = None, what:
     except ImportError:
         raise MissingDependencyError(f"{url}: remote inputs need fsspec: pip install 'precompile[{extra}]'") from None
     try:
-        return fsspec.filesystem(proto, **(storage_options or {}))
+        opts = dict(storage_options or {})
+        if proto in ("http", "https"):   # a server's transient 5xx asked again (s3fs, gcsfs retry their own)
+            from .http_retry import client_kwargs
+
+            opts = client_kwargs(opts)
+        return fsspec.filesystem(proto, **opts)
     except ImportError as e:
         what = pkg or str(e)
         raise MissingDependencyError(f"{url}: reading {proto}:// needs {what}: pip install 'precompile[{extra}]' "

@@ -246,16 +246,18 @@ class ShardCache(Downloads):
             if st.st_size == size and file_sha256(path) == sha:
                 return True
             n = self.node
-            with n.mu:
-                alone = n.pins.get(sha) == 1 and n.lock(_PIN + offset(sha), block=False)   # our pin made exclusive
-                if alone:
-                    n.lock(_PIN + offset(sha), shared=True)   # back to the shared pin that unpin lets go
-            if not alone:
-                with open(self.damaged_mark(sha), "wb"):
-                    pass
+            with n.mu:   # our pin made exclusive when nobody else holds the file: nobody pins it while it goes
+                alone = n.pins.get(sha) == 1 and n.lock(_PIN + offset(sha), block=False)
+                try:
+                    if not alone:
+                        with open(self.damaged_mark(sha), "wb"):
+                            pass
+                    os.remove(path)
+                finally:
+                    if alone:
+                        n.lock(_PIN + offset(sha), shared=True)   # back to the shared pin that unpin lets go
             log.warning("%s: the cached copy is damaged (size or sha256 differ): removed%s", path,
                         "" if alone else " (another reader holds it: it is told so when it finds it gone)")
-            os.remove(path)
             return False
         finally:
             self.unpin(sha)

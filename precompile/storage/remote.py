@@ -7,7 +7,11 @@
   object rebuilds its shard. No request is made to compute a key.
 - A shard task fetches each input it decodes into a private temporary folder
   (a folder input, such as a DICOM series, is fetched whole), decodes the local
-  copy and deletes it (:func:`local_copy`). The output stays local.
+  copy and deletes it (:func:`local_copy`). The output stays local. The copy is checked against the
+  listing its key was made from (:func:`changed`), where the process has it: a shard never keeps bytes that
+  disagree with its key. Names with a hidden part are not listed, and names with an empty, ``.`` or ``..``
+  part cannot be (:func:`skipped`, logged); a folder input's fetch takes exactly the files it lists.
+- ``http(s)://``: a server's transient 5xx is asked again with backoff (:mod:`.http_retry`).
 - An ``inputs.table`` (a file or a glob: :func:`glob_urls`) or ``inputs.coco.file`` at a URL is read once,
   at plan time, in the parent; :func:`file_fingerprint` asks the store for one file's fingerprint (the
   COCO parse kept in the output is keyed by it). The store's refusals while listing or reading (a missing

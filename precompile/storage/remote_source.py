@@ -184,7 +184,8 @@ class RemoteSource:
                     f"and checks it again)")
         return (f"{self.shard_url(s)}: its verified copy {self.path(s)} is gone while held open: something other "
                 f"than precompile removed it from the cache folder {self.cache.root} (precompile removes a file a "
-                f"reader holds only when a re-hash finds it damaged, and says so); open the build again, and leave the cache folder to precompile")
+                f"reader holds only when a re-hash finds it damaged, and says so); open the build again, and leave "
+                f"the cache folder to precompile")
 
     def pin(self, s: int, wait: bool = True, cancel: Optional[threading.Event] = None,
             room: Optional[Room] = None) -> Optional[str]:

@@ -326,3 +326,17 @@ def test_a_build_read_over_http_rides_out_503s_of_its_index_and_shards(tmp_path,
         ds.close()
     assert {p for m, p, s in seen if s == 503} >= {"/t.h5"} and \
         sum(1 for m, p, s in seen if s == 503 and p.startswith("/t.shards/")) == 2, seen
+
+
+def test_an_http_file_whose_server_keeps_failing_is_not_called_missing(tmp_path, quick_backoff):
+    """fsspec's HTTP ``info`` turns any failure into FileNotFoundError: a table whose server keeps answering
+    503 was "does not exist". It is the server's error, named with the URL."""
+    from precompile.errors import PlanError
+    from precompile.storage.remote import file_fingerprint
+
+    (tmp_path / "t.csv").write_text("Path\na.png\n")
+    with flaky_http(tmp_path, fails=100) as (base, seen):
+        with pytest.raises(PlanError) as e:
+            file_fingerprint(f"{base}/t.csv", what=f"table {base}/t.csv")
+    assert str(e.value).startswith(f"table {base}/t.csv cannot be read: HTTPServerError: GET {base}/t.csv: the "
+                                   f"server answered HTTP 503 Service Unavailable 5 times over "), str(e.value)

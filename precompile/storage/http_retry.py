@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, Optional
 
 log = logging.getLogger("precompile.remote")
 
@@ -62,6 +62,16 @@ async def retry_5xx(request: Any, handler: Any) -> Any:
     raise HTTPServerError(f"{request.method} {request.url}: the server answered HTTP {status} {reason} "
                           f"{RETRIES + 1} times over {time.monotonic() - start:.1f} s (a server error, asked again "
                           f"with backoff); try again later, or check the server")
+
+
+def server_error(e: BaseException) -> Optional[HTTPServerError]:
+    """The :class:`HTTPServerError` behind ``e``: itself, or the cause of a FileNotFoundError that fsspec's
+    HTTP ``info`` raises for any failure of its HEAD and GET (a server that keeps answering 503 is not an
+    object that does not exist); else None."""
+    if isinstance(e, HTTPServerError):
+        return e
+    cause = e.__cause__
+    return cause if isinstance(e, FileNotFoundError) and isinstance(cause, HTTPServerError) else None
 
 
 def client_kwargs(options: dict[str, Any]) -> dict[str, Any]:

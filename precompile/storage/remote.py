@@ -195,6 +195,9 @@ def store_error(what: str, url: str, e: Exception, verb: str, missing: str = "do
     root 's3://b/x'``, at ``url``), as a PlanError saying what to do: a missing object, access denied, no
     credentials (with what to set), or anything else by its type."""
     doing, done = _VERBS[verb]
+    from .http_retry import server_error
+
+    e = server_error(e) or e
     if isinstance(e, FileNotFoundError):
         return PlanError(f"{what} {missing}")
     if isinstance(e, PermissionError):
@@ -448,7 +451,12 @@ def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folde
                     if (listed[1] is not None or listed[3] is not None) and \
                             changed(listed, _fp(_info_now(fs, url))):
                         raise _changed_error(url, "the object changed")
-        except FileNotFoundError:
+        except FileNotFoundError as e:
+            from .http_retry import server_error
+
+            if server_error(e) is not None:
+                raise DecodeError(f"cannot fetch the remote input: HTTPServerError: {server_error(e)}",
+                                  path=url) from None
             raise DecodeError("the remote object is missing (it was listed at plan time)", path=url) from None
         except (MemoryError, DecodeError):
             raise

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import CacheError, FormatError, PrecompileError, echo
 from .remote import CREDENTIALS_HINT, dotted, filesystem, is_credentials_error, protocol
 from .files import human
+from .http_retry import server_error
 from .shard_cache import Room, ShardCache
 
 #: what :func:`index_now` found: the index is the one opened, another one, none, or it could not be asked
@@ -34,6 +35,7 @@ def read_error(url: str, e: BaseException, index_url: Optional[str] = None, inde
     by hand, or never uploaded: reopening mends nothing)."""
     if isinstance(e, PrecompileError):
         return e
+    e = server_error(e) or e
     if isinstance(e, FileNotFoundError):
         if index_url is None:
             return FormatError(f"{url}: no such object: build to this URL first, or check the bucket and path")
@@ -108,8 +110,8 @@ def index_now(fs: Any, index_url: str, sha: Optional[str], size: int) -> str:
         if int(fs.info(index_url).get("size", -1)) != size:
             return REPLACED
         return SAME if hashlib.sha256(fs.cat_file(index_url)).hexdigest() == sha else REPLACED
-    except FileNotFoundError:
-        return REMOVED
+    except FileNotFoundError as e:
+        return UNKNOWN if server_error(e) is not None else REMOVED
     except Exception:  # noqa: BLE001  (the store's own errors: the message then says both causes)
         return UNKNOWN
 

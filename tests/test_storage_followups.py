@@ -340,3 +340,35 @@ def test_an_http_file_whose_server_keeps_failing_is_not_called_missing(tmp_path,
             file_fingerprint(f"{base}/t.csv", what=f"table {base}/t.csv")
     assert str(e.value).startswith(f"table {base}/t.csv cannot be read: HTTPServerError: GET {base}/t.csv: the "
                                    f"server answered HTTP 503 Service Unavailable 5 times over "), str(e.value)
+
+
+def test_an_http_input_changed_in_place_changes_its_fingerprint(tmp_path, quick_backoff):
+    """An HTTP index page gives names only: every input's fingerprint was ``["remote", None, None, None]``, so an
+    input changed in place never rebuilt its shard, and a fetch had nothing to check. The listing now asks each
+    such file's size, ETag and Last-Modified (one HEAD each, concurrently); a change shows in the next listing,
+    and a fetch after a change fails its input."""
+    import os
+
+    from precompile.errors import DecodeError
+    from precompile.storage.remote import LISTED, list_tree, local_copy
+
+    (tmp_path / "r" / "a").mkdir(parents=True)
+    f = tmp_path / "r" / "a" / "0.bin"
+    f.write_bytes(b"AAAA")
+    os.utime(f, (1_700_000_000, 1_700_000_000))
+    with flaky_http(tmp_path, fails=0) as (base, seen):
+        root = f"{base}/r"
+        assert list_tree(root, False) == ["a/0.bin"]
+        before = LISTED[f"{root}/a/0.bin"]
+        assert before[2] == 4 and before[3] is not None, before
+        with local_copy(f"{root}/a/0.bin") as local:   # unchanged: no false alarm
+            assert Path(local).read_bytes() == b"AAAA"
+        f.write_bytes(b"ZZZZ")   # same size, another modification time
+        os.utime(f, (1_700_000_100, 1_700_000_100))
+        with pytest.raises(DecodeError) as e:
+            with local_copy(f"{root}/a/0.bin"):
+                pass
+        assert str(e.value).startswith(f"{root}/a/0.bin, stage decode: the object changed since the plan listed "
+                                       f"it"), str(e.value)
+        list_tree(root, False)
+        assert LISTED[f"{root}/a/0.bin"] != before

@@ -178,7 +178,7 @@ def _fp(info: dict[str, Any]) -> list:
             etag = str(info[k]).strip('"')
             break
     mtime = None
-    for k in ("LastModified", "last_modified", "mtime", "updated", "modified", "created"):
+    for k in ("LastModified", "last_modified", "mtime", "updated", "modified", "created", "Last-Modified"):
         if info.get(k) is not None:
             v = info[k]
             mtime = v.isoformat() if hasattr(v, "isoformat") else str(v)
@@ -234,6 +234,7 @@ def list_tree(root: str, dirs: bool, storage_options: Optional[dict[str, Any]] =
             continue
         files[rel] = _fp(info)
     report_skipped(root, skips)
+    _fill_blind(fs, base, files)
     with _lock:
         for k in [k for k in LISTED if k.startswith(base + "/")]:
             del LISTED[k]  # objects deleted since an earlier listing
@@ -250,6 +251,43 @@ def list_tree(root: str, dirs: bool, storage_options: Optional[dict[str, Any]] =
                 LISTED[f"{base}/{d}"] = content
             return sorted(folders)
     return sorted(files)
+
+
+#: files asked at once for their fingerprint (:func:`_fill_blind`)
+INFO_BATCH = 32
+
+
+def _fill_blind(fs: Any, base: str, files: dict[str, list]) -> None:
+    """Ask the store for the fingerprint of each listed file whose listing gave none (no ETag, size nor
+    modification time: an HTTP index page gives names only), one ``info`` (a HEAD) each, :data:`INFO_BATCH` at
+    a time: without it such an input changed in place would keep its key, and its shard its old bytes. A
+    file the store then cannot describe keeps the empty fingerprint (logged)."""
+    blind = [rel for rel, fp in files.items() if fp[1:] == [None, None, None]]
+    if not blind:
+        return
+    urls = [f"{base}/{rel}" for rel in blind]
+    if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is not None:
+        from fsspec.asyn import _run_coros_in_chunks, sync
+
+        infos = sync(fs.loop, _run_coros_in_chunks, [fs._info(u) for u in urls], batch_size=INFO_BATCH,
+                     return_exceptions=True)
+    else:
+        infos = []
+        for u in urls:
+            try:
+                infos.append(fs.info(u))
+            except Exception as e:  # noqa: BLE001  (the store's own errors)
+                infos.append(e)
+    failed = []
+    for rel, info in zip(blind, infos):
+        if isinstance(info, BaseException):
+            failed.append(rel)
+        else:
+            files[rel] = _fp(info)
+    if failed:
+        log.warning("%s: %d listed file(s) could not be described (no size, ETag or modification time): a change "
+                    "to them in place will not rebuild their shards: %s", base, len(failed),
+                    ", ".join(echo(r) for r in failed[:3]) + (", ..." if len(failed) > 3 else ""))
 
 
 def glob_urls(pattern: str, storage_options: Optional[dict[str, Any]] = None, what: str = "") -> list[str]:

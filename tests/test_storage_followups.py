@@ -238,9 +238,10 @@ def test_a_copy_found_damaged_while_another_process_holds_it_is_told_truly_and_f
 
 # -- 3. an HTTP server's transient 5xx ------------------------------------------------------------------------
 @contextlib.contextmanager
-def flaky_http(folder: Path, fails: int, status: int = 503):
+def flaky_http(folder: Path, fails: int, status: int = 503, etag: bool = False):
     """An HTTP server of ``folder`` on 127.0.0.1 that answers ``status`` to the first ``fails`` requests of each
-    path; yields (base URL, the (method, path, status) of every request)."""
+    path (``etag``: files are sent with an ETag, a digest of their bytes); yields (base URL, the (method, path,
+    status) of every request)."""
     import http.server
     import threading
 
@@ -261,6 +262,14 @@ def flaky_http(folder: Path, fails: int, status: int = 503):
                 return None
             seen.append((self.command, self.path, 200))
             return super().send_head()
+
+        def send_header(self, keyword, value):
+            super().send_header(keyword, value)
+            if etag and keyword == "Last-Modified":
+                import hashlib
+
+                data = Path(self.translate_path(self.path)).read_bytes()
+                super().send_header("ETag", f'"{hashlib.md5(data).hexdigest()}"')
 
         def log_message(self, *a):
             pass
@@ -372,3 +381,33 @@ def test_an_http_input_changed_in_place_changes_its_fingerprint(tmp_path, quick_
                                        f"it"), str(e.value)
         list_tree(root, False)
         assert LISTED[f"{root}/a/0.bin"] != before
+
+
+def test_an_http_folder_input_with_etags_is_checked_without_false_alarms(tmp_path, quick_backoff):
+    """A folder input over HTTP: the plan describes each file (HEAD: size, ETag, Last-Modified), the fetch
+    lists the folder again and describes it the same way: unchanged, it passes; a file rewritten with other
+    bytes of the same size and the same modification time (only its ETag tells) fails the input."""
+    import os
+
+    from precompile.errors import DecodeError
+    from precompile.storage.remote import LISTED, list_tree, local_copy
+
+    s = tmp_path / "r" / "s"
+    s.mkdir(parents=True)
+    for name, data in (("a.dcm", b"AAAA"), ("b.dcm", b"BB")):
+        (s / name).write_bytes(data)
+        os.utime(s / name, (1_700_000_000, 1_700_000_000))
+    with flaky_http(tmp_path, fails=0, etag=True) as (base, seen):
+        root = f"{base}/r"
+        assert list_tree(root, True) == ["s"]
+        assert all(fp[1] for _, fp in LISTED[f"{root}/s"]), LISTED[f"{root}/s"]
+        with local_copy(f"{root}/s", folder=True) as local:
+            assert _fetched(local) == {"a.dcm": b"AAAA", "b.dcm": b"BB"}
+        (s / "a.dcm").write_bytes(b"ZZZZ")
+        os.utime(s / "a.dcm", (1_700_000_000, 1_700_000_000))
+        with pytest.raises(DecodeError) as e:
+            with local_copy(f"{root}/s", folder=True):
+                pass
+    assert str(e.value) == (f"{root}/s, stage decode: the folder's files changed ('a.dcm') since the plan listed "
+                            f"it: the shard's key was made from the listing, so its bytes are not kept; build again "
+                            f"(the next plan lists the new object)")

@@ -367,11 +367,13 @@ def changed(listed: list, now: list) -> bool:
     """Whether an object's fingerprint ``now`` differs from the ``listed`` one (both :func:`_fp`): by size where
     both have one; by ETag where the listing has one, else by modification time where both have one (as
     instants: a listing may give a number where a HEAD gives a date, and whole seconds where it gave finer)."""
+    if listed[1:] == [None, None, None]:   # nothing to compare: a store that describes nothing
+        return False
     _, etag, size, mtime = listed
     _, etag2, size2, mtime2 = now
     if size is not None and size2 is not None and size != size2:
         return True
-    if etag is not None:
+    if etag is not None and etag2 is not None:
         return etag != etag2
     a, b = _instant(mtime), _instant(mtime2)
     if a is None or b is None:
@@ -475,6 +477,7 @@ def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folde
                         raise _changed_error(url, f"the folder's file {echo(rel)} changed")
                 if listed is not None:
                     now = {rel: fp for rel, _, fp in _folder_files(fs, base)[0]}
+                    _fill_blind(fs, base, now)   # an HTTP page's names: described as the plan described them
                     was = dict(listed)
                     if now.keys() != was.keys() or any(changed(was[r], now[r]) for r in was):
                         new = sorted(set(now) ^ set(was)) or [r for r in was if changed(was[r], now[r])]

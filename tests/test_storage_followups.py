@@ -411,3 +411,43 @@ def test_an_http_folder_input_with_etags_is_checked_without_false_alarms(tmp_pat
     assert str(e.value) == (f"{root}/s, stage decode: the folder's files changed ('a.dcm') since the plan listed "
                             f"it: the shard's key was made from the listing, so its bytes are not kept; build again "
                             f"(the next plan lists the new object)")
+
+
+def test_a_build_fails_only_the_input_changed_between_its_plan_and_its_fetch(tmp_path, monkeypatch):
+    """In a build: an object rewritten after the plan listed it fails its own input (on_error: skip drops it,
+    naming the URL); the others are built, and a second build (a new listing) builds it with its new bytes."""
+    import io
+
+    import fsspec
+    import numpy as np
+    from PIL import Image
+
+    import precompile
+    from precompile.recipe import parse_recipe
+    from precompile.storage import remote
+
+    def png(v: int) -> bytes:
+        buf = io.BytesIO()
+        Image.fromarray(np.full((4, 4, 3), v, np.uint8)).save(buf, format="PNG")
+        return buf.getvalue()
+
+    url = _memory_tree({f"a/{i}.png": png(10 * i) for i in range(3)})
+    listing = remote.list_tree
+
+    def list_then_change(*a, **kw):
+        out = listing(*a, **kw)
+        fsspec.filesystem("memory").pipe_file(f"{url}/a/1.png", png(99))   # after the plan's listing
+        return out
+    monkeypatch.setattr(remote, "list_tree", list_then_change)
+    monkeypatch.setattr("precompile.inputs.listing.list_tree", list_then_change)
+    recipe = {"name": "t", "on_error": "skip", "inputs": {"root": url, "match": "a/{name}.png",
+                                                         "fields": {"image": {"decoder": "image"}}},
+              "output": {"samples_per_shard": 4}}
+    report = precompile.build(parse_recipe(recipe, base_dir=str(tmp_path)), out_dir=str(tmp_path / "out"))
+    (f,) = report.failures
+    assert f.path == f"{url}/a/1.png" and f.detail.startswith("the object changed since the plan listed it"), f
+    assert sorted(int(s["image"].max()) for s in precompile.open(tmp_path / "out" / "t.h5")) == [0, 20]
+    monkeypatch.setattr("precompile.inputs.listing.list_tree", listing)
+    report = precompile.build(parse_recipe(recipe, base_dir=str(tmp_path)), out_dir=str(tmp_path / "out"))
+    assert not report.failures
+    assert sorted(int(s["image"].max()) for s in precompile.open(tmp_path / "out" / "t.h5")) == [0, 20, 99]

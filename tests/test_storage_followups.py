@@ -413,9 +413,11 @@ def test_an_http_folder_input_with_etags_is_checked_without_false_alarms(tmp_pat
                             f"(the next plan lists the new object)")
 
 
-def test_a_build_fails_only_the_input_changed_between_its_plan_and_its_fetch(tmp_path, monkeypatch):
+@pytest.mark.parametrize("jobs", [1, 2], ids=["inline", "forked workers"])
+def test_a_build_fails_only_the_input_changed_between_its_plan_and_its_fetch(tmp_path, monkeypatch, jobs):
     """In a build: an object rewritten after the plan listed it fails its own input (on_error: skip drops it,
-    naming the URL); the others are built, and a second build (a new listing) builds it with its new bytes."""
+    naming the URL); the others are built, and a second build (a new listing) builds it with its new bytes.
+    Forked workers inherit the plan's listing (and the memory:// store)."""
     import io
 
     import fsspec
@@ -442,12 +444,14 @@ def test_a_build_fails_only_the_input_changed_between_its_plan_and_its_fetch(tmp
     monkeypatch.setattr("precompile.inputs.listing.list_tree", list_then_change)
     recipe = {"name": "t", "on_error": "skip", "inputs": {"root": url, "match": "a/{name}.png",
                                                          "fields": {"image": {"decoder": "image"}}},
-              "output": {"samples_per_shard": 4}}
-    report = precompile.build(parse_recipe(recipe, base_dir=str(tmp_path)), out_dir=str(tmp_path / "out"))
+              "output": {"samples_per_shard": 2}}
+    report = precompile.build(parse_recipe(recipe, base_dir=str(tmp_path)), out_dir=str(tmp_path / "out"),
+                              n_jobs=jobs)
     (f,) = report.failures
     assert f.path == f"{url}/a/1.png" and f.detail.startswith("the object changed since the plan listed it"), f
     assert sorted(int(s["image"].max()) for s in precompile.open(tmp_path / "out" / "t.h5")) == [0, 20]
     monkeypatch.setattr("precompile.inputs.listing.list_tree", listing)
-    report = precompile.build(parse_recipe(recipe, base_dir=str(tmp_path)), out_dir=str(tmp_path / "out"))
+    report = precompile.build(parse_recipe(recipe, base_dir=str(tmp_path)), out_dir=str(tmp_path / "out"),
+                              n_jobs=jobs)
     assert not report.failures
     assert sorted(int(s["image"].max()) for s in precompile.open(tmp_path / "out" / "t.h5")) == [0, 20, 99]

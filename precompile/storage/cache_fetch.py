@@ -32,7 +32,7 @@ class Cancelled(Exception):
 
 class Downloads(FolderRoom):
     """Downloads into the cache folder (mixed into :class:`~.shard_cache.ShardCache`: also ``pin``, ``unpin``,
-    ``_present``, ``check_fits``)."""
+    ``_present``, ``check_fits``, ``damaged_mark``)."""
 
     def pin(self, sha: str) -> None:
         raise NotImplementedError
@@ -44,6 +44,9 @@ class Downloads(FolderRoom):
         raise NotImplementedError
 
     def check_fits(self, size: int, url: str, what: str = "shard") -> None:
+        raise NotImplementedError
+
+    def damaged_mark(self, sha: str) -> str:
         raise NotImplementedError
 
     def _fetch(self, sha: str, size: int, url: str, read: Callable[[int, int], bytes], index: str, wait: bool,
@@ -66,6 +69,10 @@ class Downloads(FolderRoom):
                 self._check(part, *self._download(read, part, size, url, cancel), sha, size, url, index)
                 with self._locked():
                     os.replace(part, path)
+                try:   # a copy removed as damaged while held: fetched again, so a reader finding it gone now
+                    os.remove(self.damaged_mark(sha))   # was not told by that re-hash
+                except FileNotFoundError:
+                    pass
                 with n.mu:
                     n.stats.downloads += 1
                     n.stats.downloaded_bytes += size

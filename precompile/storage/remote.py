@@ -7,7 +7,11 @@
   object rebuilds its shard. No request is made to compute a key.
 - A shard task fetches each input it decodes into a private temporary folder
   (a folder input, such as a DICOM series, is fetched whole), decodes the local
-  copy and deletes it (:func:`local_copy`). The output stays local.
+  copy and deletes it (:func:`local_copy`). The output stays local. The copy is checked against the
+  listing its key was made from (:func:`changed`), where the process has it: a shard never keeps bytes that
+  disagree with its key. Names with a hidden part are not listed, and names with an empty, ``.`` or ``..``
+  part cannot be (:func:`skipped`, logged); a folder input's fetch takes exactly the files it lists.
+- ``http(s)://``: a server's transient 5xx is asked again with backoff (:mod:`.http_retry`).
 - An ``inputs.table`` (a file or a glob: :func:`glob_urls`) or ``inputs.coco.file`` at a URL is read once,
   at plan time, in the parent; :func:`file_fingerprint` asks the store for one file's fingerprint (the
   COCO parse kept in the output is keyed by it). The store's refusals while listing or reading (a missing
@@ -27,6 +31,7 @@ loop belongs to a thread that a fork does not copy.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import shutil
@@ -37,6 +42,7 @@ from urllib.parse import unquote
 
 from ..errors import DecodeError, MissingDependencyError, PlanError, PrecompileError, echo
 
+log = logging.getLogger("precompile.remote")
 URL_RE = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 # protocol -> (extra, package that provides it)
 EXTRAS = {"s3": ("s3", "s3fs"), "s3a": ("s3", "s3fs"), "gs": ("gcs", "gcsfs"), "gcs": ("gcs", "gcsfs"),
@@ -75,6 +81,37 @@ def dotted(rel: str) -> bool:
     if "%" not in rel and "\\" not in rel:
         return False
     return ".." in re.split(r"[/\\]", unquote(rel))
+
+
+HIDDEN, OUTSIDE = "hidden", "outside"
+
+
+def skipped(rel: str) -> Optional[str]:
+    """Why the object at ``rel`` (below a listed root or a fetched folder) is neither listed nor fetched, or
+    None: :data:`HIDDEN` (a part starting with '.', as a local listing and the folder decoders leave them out)
+    or :data:`OUTSIDE` (an empty, ``.`` or ``..`` part: a local copy could not be placed under its folder, nor
+    the object be asked for by that name). A name that :func:`dotted` finds is kept: the path rule fails its
+    input, naming it (a file at decode, a folder's file at its fetch)."""
+    parts = rel.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return OUTSIDE
+    if any(p.startswith(".") for p in parts):
+        return HIDDEN
+    return None
+
+
+def report_skipped(where: str, skips: dict[str, list[str]]) -> None:
+    """Log what :func:`skipped` left out under ``where``: names leaving their folder as a warning (an object
+    no build can read), hidden names at info level (the rule of local listings); a few names, each cut."""
+    for why, names in sorted(skips.items()):
+        some = ", ".join(echo(n) for n in sorted(names)[:3]) + (", ..." if len(names) > 3 else "")
+        if why == OUTSIDE:
+            log.warning("%s: %d object(s) left out: their names hold an empty, '.' or '..' part, by which no local "
+                        "copy can be placed: %s",
+                        where, len(names), some)
+        else:
+            log.info("%s: %d hidden object(s) left out (a name part starting with '.', as locally): %s",
+                     where, len(names), some)
 
 
 def protocol(url: str) -> str:
@@ -118,7 +155,12 @@ def filesystem(url: str, storage_options: Optional[dict[str, Any]] = None, what:
     except ImportError:
         raise MissingDependencyError(f"{url}: remote inputs need fsspec: pip install 'precompile[{extra}]'") from None
     try:
-        return fsspec.filesystem(proto, **(storage_options or {}))
+        opts = dict(storage_options or {})
+        if proto in ("http", "https"):   # a server's transient 5xx asked again (s3fs, gcsfs retry their own)
+            from .http_retry import client_kwargs
+
+            opts = client_kwargs(opts)
+        return fsspec.filesystem(proto, **opts)
     except ImportError as e:
         what = pkg or str(e)
         raise MissingDependencyError(f"{url}: reading {proto}:// needs {what}: pip install 'precompile[{extra}]' "
@@ -136,7 +178,7 @@ def _fp(info: dict[str, Any]) -> list:
             etag = str(info[k]).strip('"')
             break
     mtime = None
-    for k in ("LastModified", "last_modified", "mtime", "updated", "modified", "created"):
+    for k in ("LastModified", "last_modified", "mtime", "updated", "modified", "created", "Last-Modified"):
         if info.get(k) is not None:
             v = info[k]
             mtime = v.isoformat() if hasattr(v, "isoformat") else str(v)
@@ -153,6 +195,9 @@ def store_error(what: str, url: str, e: Exception, verb: str, missing: str = "do
     root 's3://b/x'``, at ``url``), as a PlanError saying what to do: a missing object, access denied, no
     credentials (with what to set), or anything else by its type."""
     doing, done = _VERBS[verb]
+    from .http_retry import server_error
+
+    e = server_error(e) or e
     if isinstance(e, FileNotFoundError):
         return PlanError(f"{what} {missing}")
     if isinstance(e, PermissionError):
@@ -175,6 +220,7 @@ def list_tree(root: str, dirs: bool, storage_options: Optional[dict[str, Any]] =
     except Exception as e:  # OSErrors, and the store's own errors (botocore's NoCredentialsError, ...)
         raise store_error(f"input root {root!r}", root, e, "list", "does not exist (nothing listed)") from None
     files: dict[str, list] = {}
+    skips: dict[str, list[str]] = {}
     for name, info in found.items():
         if info.get("type", "file") != "file":
             continue
@@ -182,9 +228,13 @@ def list_tree(root: str, dirs: bool, storage_options: Optional[dict[str, Any]] =
         if not name.startswith(stripped + "/"):
             continue
         rel = name[len(stripped) + 1:]
-        if any(part.startswith(".") for part in rel.split("/")):
+        why = skipped(rel)
+        if why:
+            skips.setdefault(why, []).append(rel)
             continue
         files[rel] = _fp(info)
+    report_skipped(root, skips)
+    _fill_blind(fs, base, files)
     with _lock:
         for k in [k for k in LISTED if k.startswith(base + "/")]:
             del LISTED[k]  # objects deleted since an earlier listing
@@ -201,6 +251,43 @@ def list_tree(root: str, dirs: bool, storage_options: Optional[dict[str, Any]] =
                 LISTED[f"{base}/{d}"] = content
             return sorted(folders)
     return sorted(files)
+
+
+#: files asked at once for their fingerprint (:func:`_fill_blind`)
+INFO_BATCH = 32
+
+
+def _fill_blind(fs: Any, base: str, files: dict[str, list]) -> None:
+    """Ask the store for the fingerprint of each listed file whose listing gave none (no ETag, size nor
+    modification time: an HTTP index page gives names only), one ``info`` (a HEAD) each, :data:`INFO_BATCH` at
+    a time: without it such an input changed in place would keep its key, and its shard its old bytes. A
+    file the store then cannot describe keeps the empty fingerprint (logged)."""
+    blind = [rel for rel, fp in files.items() if fp[1:] == [None, None, None]]
+    if not blind:
+        return
+    urls = [f"{base}/{rel}" for rel in blind]
+    if getattr(fs, "async_impl", False) and getattr(fs, "loop", None) is not None:
+        from fsspec.asyn import _run_coros_in_chunks, sync
+
+        infos = sync(fs.loop, _run_coros_in_chunks, [fs._info(u) for u in urls], batch_size=INFO_BATCH,
+                     return_exceptions=True)
+    else:
+        infos = []
+        for u in urls:
+            try:
+                infos.append(fs.info(u))
+            except Exception as e:  # noqa: BLE001  (the store's own errors)
+                infos.append(e)
+    failed = []
+    for rel, info in zip(blind, infos):
+        if isinstance(info, BaseException):
+            failed.append(rel)
+        else:
+            files[rel] = _fp(info)
+    if failed:
+        log.warning("%s: %d listed file(s) could not be described (no size, ETag or modification time): a change "
+                    "to them in place will not rebuild their shards: %s", base, len(failed),
+                    ", ".join(echo(r) for r in failed[:3]) + (", ..." if len(failed) > 3 else ""))
 
 
 def glob_urls(pattern: str, storage_options: Optional[dict[str, Any]] = None, what: str = "") -> list[str]:
@@ -276,35 +363,141 @@ def fetch_folder() -> tuple[str, int]:
     return owned_folder(FETCH_PREFIX, clean)
 
 
+def changed(listed: list, now: list) -> bool:
+    """Whether an object's fingerprint ``now`` differs from the ``listed`` one (both :func:`_fp`): by size where
+    both have one; by ETag where the listing has one, else by modification time where both have one (as
+    instants: a listing may give a number where a HEAD gives a date, and whole seconds where it gave finer)."""
+    if listed[1:] == [None, None, None]:   # nothing to compare: a store that describes nothing
+        return False
+    _, etag, size, mtime = listed
+    _, etag2, size2, mtime2 = now
+    if size is not None and size2 is not None and size != size2:
+        return True
+    if etag is not None and etag2 is not None:
+        return etag != etag2
+    a, b = _instant(mtime), _instant(mtime2)
+    if a is None or b is None:
+        return mtime is not None and mtime2 is not None and mtime != mtime2
+    if a == int(a) or b == int(b):   # one of them in whole seconds
+        return int(a) != int(b)
+    return abs(a - b) > 1e-6
+
+
+def _instant(v: Optional[str]) -> Optional[float]:
+    """Seconds since the epoch of a fingerprint's modification time (a number, an ISO date or an HTTP date)."""
+    if v is None:
+        return None
+    import datetime
+    from email.utils import parsedate_to_datetime
+
+    try:
+        return float(v)
+    except ValueError:
+        pass
+    for parse in (datetime.datetime.fromisoformat, parsedate_to_datetime):
+        try:
+            d = parse(v)
+        except (ValueError, TypeError, IndexError):
+            continue
+        return (d if d.tzinfo else d.replace(tzinfo=datetime.timezone.utc)).timestamp()
+    return None
+
+
+def _folder_files(fs: Any, url: str) -> tuple[list[tuple[str, str, list]], dict[str, list[str]]]:
+    """(``(rel, path, fingerprint)`` of each file under the folder ``url`` that a listing keeps, sorted;
+    what :func:`skipped` left out) from one listing."""
+    src = fs._strip_protocol(url)
+    fs.invalidate_cache(url)
+    out, skips = [], {}
+    for path, info in sorted(fs.find(url, detail=True).items()):
+        if info.get("type", "file") != "file":
+            continue
+        name = fs._strip_protocol(path)
+        if not name.startswith(src + "/"):
+            continue
+        rel = name[len(src) + 1:]
+        why = skipped(rel)
+        if why:
+            skips.setdefault(why, []).append(rel)
+            continue
+        out.append((rel, path, _fp(info)))
+    return out, skips
+
+
+def _changed_error(url: str, what: str) -> DecodeError:
+    return DecodeError(f"{what} since the plan listed it: the shard's key was made from the listing, so its "
+                       f"bytes are not kept; build again (the next plan lists the new object)", path=url,
+                       stage="decode")
+
+
 @contextlib.contextmanager
-def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folder: bool = False) -> Iterator[str]:
-    """Fetch ``url`` (a file, or with ``folder`` everything under it) into a temporary folder; yields the local path."""
+def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folder: bool = False,
+               listed: Any = None) -> Iterator[str]:
+    """Fetch ``url`` (a file, or with ``folder`` everything under it) into a temporary folder; yields the local
+    path.
+
+    ``listed``: the fingerprint the plan listed for ``url`` (default: :func:`fingerprint`'s, from
+    :data:`LISTED`, which a forked worker inherits). With one, the copy is checked against it after the
+    fetch: a file's size (free) and the store's fingerprint of it now (one ``info`` request); a folder's
+    files are the listed ones, fetched by name, and its listing now must fingerprint the same; a change is a
+    DecodeError of the input, so a shard's bytes never disagree with its key. Without one (a
+    worker that does not have the plan's listing: ``PRECOMPILE_WORKERS=loky``, dask), the folder's files are
+    the ones a listing would keep (:func:`skipped`), and a change since the plan is found by the next build.
+    """
     fs = filesystem(url, storage_options)
+    base = url.rstrip("/")
+    if listed is None:
+        listed = LISTED.get(base)
     tmp, owner = fetch_folder()
-    name = local_name(url.rstrip("/").rsplit("/", 1)[-1] or "input")
+    name = local_name(base.rsplit("/", 1)[-1] or "input")
     local = os.path.join(tmp, name)
     try:
         try:
             if folder:
                 os.makedirs(local)
-                src = fs._strip_protocol(url.rstrip("/"))
-                for path in sorted(fs.find(url.rstrip("/"))):
-                    name = fs._strip_protocol(path)
-                    if not name.startswith(src + "/"):
-                        continue
-                    rel = name[len(src) + 1:]
-                    if not rel or ".." in rel.split("/"):
-                        continue
+                if listed is not None:
+                    files = [(rel, f"{base}/{rel}", fp) for rel, fp in listed]
+                else:
+                    files, skips = _folder_files(fs, base)
+                    report_skipped(url, skips)
+                for rel, path, fp in files:
                     if dotted(rel):   # an HTTP listing's link that the client resolves out of the folder
                         raise DecodeError(f"the folder's file {echo(rel)} leaves the folder (a '..' part once "
                                           f"percent-decoded, or between backslashes: an HTTP client or a server "
                                           f"resolves it to another place)", path=url, stage="decode")
                     dst = os.path.join(local, *map(local_name, rel.split("/")))
                     os.makedirs(os.path.dirname(dst), exist_ok=True)
-                    fs.get_file(path, dst)
+                    try:
+                        fs.get_file(path, dst)
+                    except FileNotFoundError:
+                        if listed is None:
+                            raise
+                        raise _changed_error(url, f"the folder's file {echo(rel)} was removed") from None
+                    if listed is not None and _size_differs(fp, dst):
+                        raise _changed_error(url, f"the folder's file {echo(rel)} changed")
+                if listed is not None:
+                    now = {rel: fp for rel, _, fp in _folder_files(fs, base)[0]}
+                    _fill_blind(fs, base, now)   # an HTTP page's names: described as the plan described them
+                    was = dict(listed)
+                    if now.keys() != was.keys() or any(changed(was[r], now[r]) for r in was):
+                        new = sorted(set(now) ^ set(was)) or [r for r in was if changed(was[r], now[r])]
+                        raise _changed_error(url, f"the folder's files changed ({echo(new[0])}"
+                                                  f"{', ...' if len(new) > 1 else ''})")
             else:
                 fs.get_file(url, local)
-        except FileNotFoundError:
+                if listed is not None and listed[0] == "remote":
+                    if _size_differs(listed, local):
+                        raise _changed_error(url, f"the object is {os.path.getsize(local)} bytes, not the "
+                                                  f"{listed[2]} listed: it changed")
+                    if (listed[1] is not None or listed[3] is not None) and \
+                            changed(listed, _fp(_info_now(fs, url))):
+                        raise _changed_error(url, "the object changed")
+        except FileNotFoundError as e:
+            from .http_retry import server_error
+
+            if server_error(e) is not None:
+                raise DecodeError(f"cannot fetch the remote input: HTTPServerError: {server_error(e)}",
+                                  path=url) from None
             raise DecodeError("the remote object is missing (it was listed at plan time)", path=url) from None
         except (MemoryError, DecodeError):
             raise
@@ -317,3 +510,12 @@ def local_copy(url: str, storage_options: Optional[dict[str, Any]] = None, folde
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         os.close(owner)
+
+
+def _info_now(fs: Any, url: str) -> dict:
+    fs.invalidate_cache(url)   # not a listing cached since the plan (an inline build lists in this process)
+    return fs.info(url)
+
+
+def _size_differs(fp: list, local: str) -> bool:
+    return fp[2] is not None and os.path.getsize(local) != fp[2]

@@ -20,6 +20,7 @@ import numpy as np
 from ..errors import CacheError, FormatError, PrecompileError, echo
 from .remote import CREDENTIALS_HINT, dotted, filesystem, is_credentials_error, protocol
 from .files import human
+from .http_retry import server_error
 from .shard_cache import Room, ShardCache
 
 #: what :func:`index_now` found: the index is the one opened, another one, none, or it could not be asked
@@ -34,6 +35,7 @@ def read_error(url: str, e: BaseException, index_url: Optional[str] = None, inde
     by hand, or never uploaded: reopening mends nothing)."""
     if isinstance(e, PrecompileError):
         return e
+    e = server_error(e) or e
     if isinstance(e, FileNotFoundError):
         if index_url is None:
             return FormatError(f"{url}: no such object: build to this URL first, or check the bucket and path")
@@ -108,8 +110,8 @@ def index_now(fs: Any, index_url: str, sha: Optional[str], size: int) -> str:
         if int(fs.info(index_url).get("size", -1)) != size:
             return REPLACED
         return SAME if hashlib.sha256(fs.cat_file(index_url)).hexdigest() == sha else REPLACED
-    except FileNotFoundError:
-        return REMOVED
+    except FileNotFoundError as e:
+        return UNKNOWN if server_error(e) is not None else REMOVED
     except Exception:  # noqa: BLE001  (the store's own errors: the message then says both causes)
         return UNKNOWN
 
@@ -175,10 +177,17 @@ class RemoteSource:
         return self.sizes[s]
 
     def lost(self, s: int) -> str:
-        """The message for shard ``s``'s cached copy gone while this process held it."""
+        """The message for shard ``s``'s cached copy gone while this process held it: removed as damaged by a
+        re-hash (:meth:`ShardCache.rehash`, which marks it), or by something other than precompile."""
+        if self.cache.removed_damaged(self.shas[s]):
+            return (f"{self.shard_url(s)}: its verified copy {self.path(s)} was found damaged (its bytes no longer "
+                    f"hash to the index's sha256) and removed by a re-hash (verify=True) while this reader held it: "
+                    f"the bytes it held are not the build's; open the build again (the next read fetches the shard "
+                    f"and checks it again)")
         return (f"{self.shard_url(s)}: its verified copy {self.path(s)} is gone while held open: something other "
-                f"than precompile removed it from the cache folder {self.cache.root} (precompile never removes a "
-                f"file a reader holds); open the build again, and leave the cache folder to precompile")
+                f"than precompile removed it from the cache folder {self.cache.root} (precompile removes a file a "
+                f"reader holds only when a re-hash finds it damaged, and says so); open the build again, and leave "
+                f"the cache folder to precompile")
 
     def pin(self, s: int, wait: bool = True, cancel: Optional[threading.Event] = None,
             room: Optional[Room] = None) -> Optional[str]:

@@ -7,6 +7,8 @@ Layout of a cache folder (default :func:`default_cache_dir`)::
     <cache_dir>/files/<key>.part      a download in progress (its final size from the start, so the limit counts
                                       all of it; its disk blocks allocated before the first read, where the file
                                       system can)
+    <cache_dir>/files/<sha256>.damaged  (empty) a re-hash removed that copy as damaged while another reader held
+                                      it: the reader that finds it gone is told so; removed by its next download
     <cache_dir>/locks                 byte-range locks that the processes share (see "Locks" below)
 
 A file of ``files`` that the cache did not name (a user's copy) is neither counted nor removed.
@@ -219,9 +221,21 @@ class ShardCache(Downloads):
             self.node.stats.hits += 1
         return True
 
+    def damaged_mark(self, sha: str) -> str:
+        """The empty file a re-hash leaves when it removed a damaged copy that another reader held
+        (:meth:`rehash`); removed by the copy's next download."""
+        return os.path.join(self.node.files, f"{sha}.damaged")
+
+    def removed_damaged(self, sha: str) -> bool:
+        """Whether a re-hash removed the copy ``sha`` as damaged while another reader held it (since its last
+        download)."""
+        return os.path.exists(self.damaged_mark(sha))
+
     def rehash(self, sha: str, size: int) -> Optional[bool]:
         """Hash the cached copy again: True when intact, None when not cached, False when damaged (then removed:
-        the next read fetches it again)."""
+        the next read fetches it again). A damaged copy that another reader holds (a pin of another process, or
+        of another user in this one) is removed too, so that nobody opens it again, and marked
+        (:meth:`damaged_mark`), so that the reader who finds it gone is told why (RemoteSource.lost)."""
         self.pin(sha)
         try:
             path = self.path(sha)
@@ -231,9 +245,19 @@ class ShardCache(Downloads):
                 return None
             if st.st_size == size and file_sha256(path) == sha:
                 return True
-            log.warning("%s: the cached copy is damaged (size or sha256 differ): removed", path)
-            os.remove(path)
+            n = self.node
+            with n.mu:   # our pin made exclusive when nobody else holds the file: nobody pins it while it goes
+                alone = n.pins.get(sha) == 1 and n.lock(_PIN + offset(sha), block=False)
+                try:
+                    if not alone:
+                        with open(self.damaged_mark(sha), "wb"):
+                            pass
+                    os.remove(path)
+                finally:
+                    if alone:
+                        n.lock(_PIN + offset(sha), shared=True)   # back to the shared pin that unpin lets go
+            log.warning("%s: the cached copy is damaged (size or sha256 differ): removed%s", path,
+                        "" if alone else " (another reader holds it: it is told so when it finds it gone)")
             return False
         finally:
             self.unpin(sha)
-

@@ -2,7 +2,9 @@
 
 The index (fetched once) records each shard's whole-object ``sha256`` and size; one listing gives every
 object's size. A shard object that is missing, of another size, or whose bytes hash to another sha256 is
-named with the messages of a local verify (``formats/hdf5_verify.py``), and the same exit code.
+named with the messages of a local verify (``formats/hdf5_verify.py``), and the same exit code. An entry
+that records no ``sha256`` or ``bytes`` is an index problem that says what could not be checked
+(:func:`unchecked`), never a silent pass.
 ``checksums=False`` (``--quick``) checks presence and sizes only (one listing, no object read). A
 damaged object is not localised further (to a field, column or sample): that needs its bytes on disk
 (copy it and verify the copy). Objects are hashed four at a time, in blocks of 8 MiB.
@@ -45,12 +47,27 @@ def _check_object(out: Any, s: dict[str, Any], checksums: bool) -> tuple[list[st
         return ["file is missing"], 0
     if "bytes" in s and size != int(s["bytes"]):
         return [f"size {size} bytes differs from the recorded {s['bytes']}"], 0
-    if not checksums or not s.get("sha256"):
+    if not checksums or not s.get("sha256"):   # an entry without one is said by unchecked()
         return [], 0
     if object_sha256(out.fs, url) != s["sha256"]:
         return ["whole-file sha256 differs from the index's: the object's bytes changed (to name the field, "
                 "column and sample, copy it and verify the copy)"], size
     return [], size
+
+
+def unchecked(shards: list[dict[str, Any]], checksums: bool) -> list[str]:
+    """What could not be checked of each entry: one without a ``sha256`` (with ``checksums``) or a ``bytes``
+    (an older build's index, or a damaged one): its object's bytes or size are not compared with anything.
+    Readers of the URL refuse such an entry, so it is an index problem, not a silent pass."""
+    out = []
+    for i, s in enumerate(shards):
+        missing = [what for what, key, asked in (("sha256", "sha256", checksums), ("size (bytes)", "bytes", True))
+                   if asked and not (isinstance(s.get(key), str) if key == "sha256" else "bytes" in s)]
+        if missing:
+            out.append(f"shard entry {i} ({s.get('file')}) records no {' and no '.join(missing)}: its object's "
+                       f"{'bytes' if 'sha256' in missing else 'size'} could not be checked (readers of the URL "
+                       f"refuse the entry too): build to this URL again")
+    return out
 
 
 def _index_problems(local: str, index_url: str, shards: list[dict[str, Any]], total: int) -> list[str]:
@@ -83,7 +100,7 @@ def verify_url(index_url: str, checksums: bool = True, storage_options: Optional
             except FormatError as e:
                 raise FormatError(str(e).replace(local, index_url)) from None
             res = VerifyResult(num_shards=len(shards), counted="bytes of shard objects" if checksums else "bytes")
-            res.index_problems = _index_problems(local, index_url, shards, total)
+            res.index_problems = _index_problems(local, index_url, shards, total) + unchecked(shards, checksums)
             with ThreadPoolExecutor(STREAMS) as pool:
                 found = list(pool.map(lambda s: _check_object(out, s, checksums), shards))
         except PrecompileError:

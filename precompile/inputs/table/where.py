@@ -305,9 +305,10 @@ class _Parser:
 
 
 def python_only(text: str) -> bool:
-    """Whether Python's int()/float() would read ``text`` as a number where csv, pandas and Arrow see text: an
-    underscore ('1_000' is 1000, '12_3' is 123) or a non-ASCII digit or space ('١٢' and '１２' are 12)."""
-    return "_" in text or not text.isascii()
+    """Whether Python's int()/float() would read ``text`` as a number where pandas and Arrow see text: an
+    underscore ('1_000' is 1000, '12_3' is 123: more likely an id than a number). (Unicode digits, '١٢' or
+    '１２', read as numbers, as docs/tables.md says float() reads a cell.)"""
+    return "_" in text
 
 
 def _kind_of(v: Any) -> str:

@@ -266,19 +266,22 @@ def iter_frames(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optio
                 info: Optional[dict[str, Any]] = None, start_s: Optional[float] = None,
                 end_s: Optional[float] = None, rotate: bool = True) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
     """Like :func:`_iter_all`, over the frames whose time ``t`` (seconds from the stream's start, as in
-    ``pts``) has ``start_s <= t < end_s``; ``every`` and ``max_frames`` count frames inside that window,
+    ``pts``) has ``start_s <= t < end_s``, exactly (the frame's time as the rational of its time base, the
+    bounds as the decimals written); ``every`` and ``max_frames`` count frames inside that window,
     and decoding stops at the first frame at or after ``end_s``."""
     if start_s is None and end_s is None:
         yield from _iter_all(path, mode, every, max_frames, info, rotate=rotate)
         return
-    lo, hi = (start_s or 0.0) - 1e-6, (end_s - 1e-6) if end_s is not None else None
+    # compared as the rationals they are: a time base finer than a microsecond puts frames within 1e-6 s of a bound
+    lo = _decimal(start_s) if start_s is not None else None
+    hi = _decimal(end_s) if end_s is not None else None
     frames = _iter_all(path, mode, 1, None, info, rotate=rotate)
     inside = kept = 0
     try:
         for _, t, get in frames:
-            if t < lo:
+            if lo is not None and exact_time(t) < lo:
                 continue
-            if hi is not None and t >= hi:
+            if hi is not None and exact_time(t) >= hi:
                 break
             if inside % every == 0:
                 if max_frames is not None and kept >= max_frames:
@@ -293,6 +296,11 @@ def iter_frames(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optio
                           f"{(info or {}).get('decoded_frames', 0)} frame(s) long)", path=path)
     if info is not None:
         info["kept_frames"] = kept
+
+
+def _decimal(x: float) -> Fraction:
+    """The decimal a user wrote (0.1 -> 1/10), not its binary approximation."""
+    return Fraction(repr(float(x)))
 
 
 def _iter_all(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optional[int] = None,
@@ -653,8 +661,9 @@ class VideoDecoder(Decoder):
     name = "video"
     kind = "video"
     # 2: damaged files decode alike in any process (slice threads, err_detect explode); 3: frames are turned as the
-    # container's display matrix says (a phone's portrait video came out on its side)
-    output_version = 3
+    # container's display matrix says (a phone's portrait video came out on its side); 4: start_s / end_s compare
+    # exactly (a frame 1 us before start_s was kept, one 1 us before end_s dropped, in a finer-than-us time base)
+    output_version = 4
 
     class Params(DecoderParams):
         mode: Literal["rgb8", "gray8"] = Field("rgb8", description="frames as 8-bit RGB or gray")

@@ -450,3 +450,23 @@ def test_drawn_files_and_recipes(tmp_path):
             dec["max_frames"] = rng.randint(1, 20)
         ref = plain(p)
         check_clips(p, clips, dec, ref)
+
+
+def test_faulty_pts_are_placed_one_whole_frame_later(tmp_path):
+    """H.264 with B-frames in AVI: the container has no presentation times, so the frames' pts come out in decode
+    order (PyAV: 1, 3, 2, 4, 6, 5, ...); a frame whose pts does not increase is placed one nominal frame after the
+    one before, exactly. Added up in floats, 0.24 + 0.04 was 0.27999999999999997, so the next frame's pts 0.28 was
+    taken as increasing: two frames 1e-17 s apart, the first never on screen, and a time clip at the file's own
+    rate skipped a frame and showed the next twice."""
+    p = write(tmp_path / "bf.avi", 40, fps=25, opts={"bf": "2", "g": "3", "sc_threshold": "0"})
+    c = av.open(p)
+    raw = [f.pts for f in c.decode(video=0)]
+    c.close()
+    assert raw != sorted(raw)   # the file's pts are out of order, as the test needs
+    a, meta = read_video(p)
+    assert [number(x) for x in a] == list(range(40))
+    gaps = np.diff(meta["pts"])
+    assert gaps.min() >= 1 / 25 - 1e-9, meta["pts"]
+    got, _ = streamed(p, {"fps": 25, "length": 38})
+    # (frame 1's pts is frame 2's: frame 0 stays on screen one slot longer; from there on each frame shows once)
+    assert got[0][:2] == [0, 0] and got[0][2:] == list(range(1, 37)), got

@@ -220,24 +220,31 @@ def _decoded(container: Any, stream: Any, info: dict[str, Any], path: str,
 
 
 class _Clock:
-    """Each kept frame's time in seconds from the first frame's pts; a frame without a usable pts
-    (none, or not increasing) is placed one nominal frame (``every`` source frames) later."""
+    """Each kept frame's time in seconds from the stream's start time (else the first frame's pts); a
+    frame without a usable pts (none, or not increasing) is placed one nominal frame (``every`` source
+    frames) later. Counted as rationals: in floats, 0.24 + 0.04 is 0.27999999999999997, and a next pts of
+    0.28 then counted as increasing (two frames 1e-17 s apart)."""
 
     def __init__(self, stream: Any, fps: float, every: int):
         self.tb = stream.time_base
         self.t0: Optional[Fraction] = Fraction(stream.start_time) * self.tb if stream.start_time is not None else None
-        self.step = (1.0 / fps if fps else 0.0) * every
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        rate = Fraction(rate) if rate else (_decimal(fps) if fps else None)
+        self.exact_step = every / rate if rate else Fraction(0)
+        self.step = float(self.exact_step)
+        self.exact_last: Optional[Fraction] = None
         self.last: Optional[float] = None
 
     def __call__(self, frame: Any) -> float:
         pts = frame.pts if frame.pts is not None else frame.dts
         if pts is not None and self.t0 is None:
             self.t0 = Fraction(pts) * self.tb
-        t = float(Fraction(pts) * self.tb - self.t0) if pts is not None and self.t0 is not None else None
-        if t is None or (self.last is not None and t <= self.last):
-            t = (self.last + self.step) if self.last is not None else 0.0
-        self.last = t
-        return t
+        t = Fraction(pts) * self.tb - self.t0 if pts is not None and self.t0 is not None else None
+        if t is None or (self.exact_last is not None and t <= self.exact_last):
+            t = (self.exact_last + self.exact_step) if self.exact_last is not None else Fraction(0)
+        self.exact_last = t
+        self.last = float(t)
+        return self.last
 
 
 def _getter(frame: Any, i: int, mode: str, shape: list, path: str, rotate: bool = True,
@@ -662,7 +669,9 @@ class VideoDecoder(Decoder):
     kind = "video"
     # 2: damaged files decode alike in any process (slice threads, err_detect explode); 3: frames are turned as the
     # container's display matrix says (a phone's portrait video came out on its side); 4: start_s / end_s compare
-    # exactly (a frame 1 us before start_s was kept, one 1 us before end_s dropped, in a finer-than-us time base)
+    # exactly (a frame 1 us before start_s was kept, one 1 us before end_s dropped, in a microsecond time base), and
+    # a frame whose pts does not increase is placed one frame later counting in rationals (floats put two frames of
+    # an AVI with B-frames 1e-17 s apart)
     output_version = 4
 
     class Params(DecoderParams):

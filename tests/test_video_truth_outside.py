@@ -470,3 +470,17 @@ def test_faulty_pts_are_placed_one_whole_frame_later(tmp_path):
     got, _ = streamed(p, {"fps": 25, "length": 38})
     # (frame 1's pts is frame 2's: frame 0 stays on screen one slot longer; from there on each frame shows once)
     assert got[0][:2] == [0, 0] and got[0][2:] == list(range(1, 37)), got
+
+
+def test_time_clips_in_a_time_base_finer_than_a_nanosecond(tmp_path):
+    """An mp4 with timescale 2**31 - 1: frame 15 of a 30 fps file is at 1073741824 / 2147483647 s, 2.3e-10 s after
+    0.5, so a clip slot at exactly 0.5 s shows frame 14. Recovering the frame's time from its float as the nearest
+    fraction with a denominator up to 1e9 gave 1/2 (the time base's denominator is larger), which put frame 15 on
+    screen at 0.5."""
+    p = write(tmp_path / "fine.mp4", 50, size=(32, 16), opts={"bf": "2", "g": "7", "sc_threshold": "0"},
+              cont_opts={"video_track_timescale": str(2 ** 31 - 1)})
+    ref = plain(p)
+    assert ref[15][1] == Fraction(2 ** 30, 2 ** 31 - 1) and ref[15][1] > Fraction(1, 2)
+    check_clips(p, {"fps": 30, "length": 3, "stride_s": 0.5}, ref=ref)
+    check_clips(p, {"fps": 10, "length": 2}, ref=ref)
+    check_clips(p, {"length": 1}, {"start_s": 0.5, "end_s": 1.0}, ref=ref)

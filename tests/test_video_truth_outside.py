@@ -252,7 +252,7 @@ DECS = [{}, {"every": 2}, {"max_frames": 21}, {"start_s": 1 / 6, "end_s": 1.0}]
 
 
 @pytest.mark.parametrize("name", ["h264-bframes.mp4", "h264-opengop.mp4", "mpeg4-bframes.avi", "vp9.webm",
-                                  "h264-edit-list.mov"])
+                                  "h264-edit-list.mov", "h264-10bit.mkv", "h264-444-odd.mkv"])
 def test_streamed_clips_are_pyavs_frames(files, name):
     """Clips by frames and by time, with the decoder's every / max_frames / window: the frames PyAV shows at
     the documented places, streamed with keyframe seeks and decoded through."""

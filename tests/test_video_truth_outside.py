@@ -484,3 +484,45 @@ def test_time_clips_in_a_time_base_finer_than_a_nanosecond(tmp_path):
     check_clips(p, {"fps": 30, "length": 3, "stride_s": 0.5}, ref=ref)
     check_clips(p, {"fps": 10, "length": 2}, ref=ref)
     check_clips(p, {"length": 1}, {"start_s": 0.5, "end_s": 1.0}, ref=ref)
+
+
+def test_raw_stream_without_timestamps_is_timed_at_its_rate(tmp_path):
+    """A raw H.264 stream (B-frames, no container): PyAV's frames have no pts; they are placed 1/fps apart from 0, as
+    a player shows them, and time clips take the frame on screen at each slot, streamed or not."""
+    p = str(tmp_path / "raw.h264")
+    c = av.open(p, "w", format="h264")
+    s = c.add_stream("libx264", rate=25, options={"bf": "2", "g": "6", "sc_threshold": "0"})
+    s.width, s.height, s.pix_fmt = 32, 16, "yuv420p"
+    for i in range(40):
+        for pk in s.encode(av.VideoFrame.from_ndarray(bars(i, (32, 16)), format="rgb24")):
+            c.mux(pk)
+    for pk in s.encode():
+        c.mux(pk)
+    c.close()
+    c = av.open(p)
+    frames = [(number(f.to_ndarray(format="rgb24")), f.pts) for f in c.decode(video=0)]
+    rate = c.streams.video[0].average_rate
+    c.close()
+    assert [n for n, _ in frames] == list(range(40)) and {t for _, t in frames} == {None} and rate == 25
+    a, meta = read_video(p)
+    assert [number(x) for x in a] == list(range(40))
+    assert [Fraction(t).limit_denominator(1000) for t in meta["pts"]] == [Fraction(i, 25) for i in range(40)]
+    ref = [(i, Fraction(i, 25), None) for i in range(40)]
+    check_clips(p, {"fps": 10, "length": 3, "stride_s": 0.7}, ref=ref)
+    check_clips(p, {"length": 2, "stride": 15}, {"every": 2}, ref=ref)
+
+
+def test_repeated_pts_follow_the_documented_rule_streamed_or_whole(tmp_path):
+    """Microsecond times stored in Matroska's milliseconds: frames 5 and 6 share pts 2500. PyAV gives both at 2.5 s;
+    precompile places the second one nominal frame later (the decoder's rule for a pts that does not increase), and a
+    streamed read cuts what the whole decode cuts."""
+    p = write(tmp_path / "dup.mkv", len(US), codec="mjpeg", pix="yuvj420p", pts=US, tb=Fraction(1, 10 ** 6))
+    ref = plain(p)
+    assert [r[1] for r in ref][-2:] == [Fraction(5, 2)] * 2
+    a, meta = read_video(p)
+    assert [number(x) for x in a] == list(range(len(US)))
+    fps = Fraction(meta["fps"]).limit_denominator(1000)
+    assert Fraction(meta["pts"][-1]).limit_denominator(10 ** 6) == Fraction(5, 2) + 1 / fps
+    placed = [(r[0], Fraction(t).limit_denominator(10 ** 6), None) for r, t in zip(ref, meta["pts"])]
+    for clips in ({"fps": 4, "length": 4, "stride_s": 0.5}, {"fps": 2, "length": 6, "short": "pad"}):
+        check_clips(p, clips, ref=placed)

@@ -212,13 +212,17 @@ ALL = [*FILES, "h264-edit-list.mp4", "h264-edit-list.mov"]
 
 @pytest.mark.parametrize("name", ALL)
 def test_whole_decode_is_pyavs_frames_and_times(files, name):
-    """Every frame, in order, byte for byte PyAV's rgb24, at PyAV's pts; gray8 is OpenCV's RGB->gray of them."""
+    """Every frame, in order, byte for byte PyAV's rgb24 (OpenCV's frames for 10 bits), at PyAV's pts; gray8 is
+    OpenCV's RGB->gray of them."""
     import cv2
 
     p = _file(files, name)
     ref = plain(p)
     a, meta = read_video(p)
     assert len(a) == len(ref) == meta["decoded_frames"]
+    if "10bit" in name:   # PyAV's rgb24 darkens frames of more than 8 bits (test_high_bit_depth_...): OpenCV's frames
+        cap = cv2.VideoCapture(p)
+        ref = [(r[0], r[1], cap.read()[1][..., ::-1]) for r in ref]
     assert all(np.array_equal(x, r[2]) for x, r in zip(a, ref))
     assert [number(x) for x in a] == [r[0] for r in ref]
     assert [Fraction(t).limit_denominator(10 ** 6) for t in meta["pts"]] == [r[1] for r in ref]
@@ -526,3 +530,42 @@ def test_repeated_pts_follow_the_documented_rule_streamed_or_whole(tmp_path):
     placed = [(r[0], Fraction(t).limit_denominator(10 ** 6), None) for r, t in zip(ref, meta["pts"])]
     for clips in ({"fps": 4, "length": 4, "stride_s": 0.5}, {"fps": 2, "length": 6, "short": "pad"}):
         check_clips(p, clips, ref=placed)
+
+
+GRAYS = [0, 16, 40, 128, 200, 235, 255]
+
+
+@pytest.mark.parametrize("codec,pix", [("ffv1", "yuv420p10le"), ("ffv1", "yuv422p10le"), ("ffv1", "yuv420p16le"),
+                                       ("ffv1", "yuv420p"), ("libx264", "yuv420p10le")])
+def test_high_bit_depth_frames_keep_their_levels_and_equal_opencv(tmp_path, codec, pix):
+    """Flat grey frames of known levels, stored losslessly (FFV1) at 10 and 16 bits: the decoded RGB holds those
+    levels (+-1 for the 10-bit rounding), and every frame equals OpenCV's own decode of the file byte for byte.
+    swscale's rgb24 path darkened frames of more than 8 bits by about 1% (255 -> 253, 128 -> 126) and differed
+    from OpenCV by up to 22 levels on colour edges; 8-bit files are unchanged."""
+    cv2 = pytest.importorskip("cv2")
+    if codec not in av.codecs_available:
+        pytest.skip(f"this PyAV build has no {codec} encoder")
+    y, x = np.mgrid[0:16, 0:32]
+    colour = np.stack([(x * 9) % 256, (y * 17) % 256, ((x + y) * 5 + 100) % 256], -1).astype(np.uint8)
+    p = str(tmp_path / "deep.mkv")
+    c = av.open(p, "w")
+    s = c.add_stream(codec, rate=10)
+    s.width, s.height, s.pix_fmt = 32, 16, pix
+    for img in [np.full((16, 32, 3), v, np.uint8) for v in GRAYS] + [colour]:
+        for pk in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+            c.mux(pk)
+    for pk in s.encode():
+        c.mux(pk)
+    c.close()
+    a, _ = read_video(p)
+    if codec == "ffv1":
+        got = [int(np.median(f)) for f in a[:len(GRAYS)]]
+        assert np.abs(np.subtract(got, GRAYS)).max() <= 1, got
+    cap = cv2.VideoCapture(p)
+    seen = []
+    while True:
+        ok, fr = cap.read()
+        if not ok:
+            break
+        seen.append(fr[..., ::-1])
+    assert len(seen) == len(a) and all(np.array_equal(f, g) for f, g in zip(a, seen))

@@ -220,7 +220,7 @@ def test_whole_decode_is_pyavs_frames_and_times(files, name):
     ref = plain(p)
     a, meta = read_video(p)
     assert len(a) == len(ref) == meta["decoded_frames"]
-    if "10bit" in name:   # PyAV's rgb24 darkens frames of more than 8 bits (test_high_bit_depth_...): OpenCV's frames
+    if "10bit" in name:   # PyAV's rgb24 darkens 10-bit frames (test_rgb_frames_keep_their_levels_...): OpenCV's
         cap = cv2.VideoCapture(p)
         ref = [(r[0], r[1], cap.read()[1][..., ::-1]) for r in ref]
     assert all(np.array_equal(x, r[2]) for x, r in zip(a, ref))
@@ -536,18 +536,20 @@ GRAYS = [0, 16, 40, 128, 200, 235, 255]
 
 
 @pytest.mark.parametrize("codec,pix", [("ffv1", "yuv420p10le"), ("ffv1", "yuv422p10le"), ("ffv1", "yuv420p16le"),
-                                       ("ffv1", "yuv420p"), ("libx264", "yuv420p10le")])
-def test_high_bit_depth_frames_keep_their_levels_and_equal_opencv(tmp_path, codec, pix):
+                                       ("ffv1", "yuv420p"), ("libx264", "yuv420p10le"), ("ffv1", "yuv411p"),
+                                       ("ffv1", "yuv410p"), ("ffv1", "yuv444p"), ("mjpeg", "yuvj422p"),
+                                       ("png", "rgba"), ("ffv1", "gray")])
+def test_rgb_frames_keep_their_levels_and_equal_opencv(tmp_path, codec, pix):
     """Flat grey frames of known levels, stored losslessly (FFV1) at 10 and 16 bits: the decoded RGB holds those
     levels (+-1 for the 10-bit rounding), and every frame equals OpenCV's own decode of the file byte for byte.
     swscale's rgb24 path darkened frames of more than 8 bits by about 1% (255 -> 253, 128 -> 126) and differed
-    from OpenCV by up to 22 levels on colour edges; 8-bit files are unchanged."""
+    from OpenCV by up to 22 levels on colour edges, and 4:1:1 (DV) and 4:1:0 frames by up to 21."""
     cv2 = pytest.importorskip("cv2")
     if codec not in av.codecs_available:
         pytest.skip(f"this PyAV build has no {codec} encoder")
     y, x = np.mgrid[0:16, 0:32]
     colour = np.stack([(x * 9) % 256, (y * 17) % 256, ((x + y) * 5 + 100) % 256], -1).astype(np.uint8)
-    p = str(tmp_path / "deep.mkv")
+    p = str(tmp_path / ("deep" + {"mjpeg": ".avi", "png": ".mov"}.get(codec, ".mkv")))
     c = av.open(p, "w")
     s = c.add_stream(codec, rate=10)
     s.width, s.height, s.pix_fmt = 32, 16, pix

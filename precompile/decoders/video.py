@@ -23,9 +23,9 @@ same either way. A streamed read may also skip ahead: its consumer says which
 frame it needs next and the read seeks to the keyframe before it when that is
 past the next frame to decode (:class:`Seeker`; frame indices then come from a
 :class:`PacketIndex` and are checked frame by frame, so they stay exact). RGB frames come from swscale (``rgb24``;
-frames of more than 8 bits per component as OpenCV converts them, ``bgr24`` with bicubic filtering: :func:`_rgb`);
-on the project's sample files, the real H.264 test file and 10/16-bit files they equal OpenCV's BGR->RGB frames
-byte for byte. Gray frames are OpenCV's RGB->gray of those.
+other pixel formats, e.g. of more than 8 bits per component, as OpenCV converts them, ``bgr24`` with bicubic
+filtering: :func:`_rgb`); on the project's sample files, the real H.264 test file and 10/16-bit, 4:1:1 and 4:1:0
+files they equal OpenCV's BGR->RGB frames byte for byte. Gray frames are OpenCV's RGB->gray of those.
 
 The optional audio track (``audio_field``) is decoded whole, mixed to mono if
 asked and resampled with soxr exactly as the ``audio`` decoder does; its meta
@@ -146,12 +146,18 @@ def apply_display(arr: np.ndarray, m: tuple[int, int, int, int]) -> np.ndarray:
     return np.ascontiguousarray(arr[sy, sx])
 
 
+# pixel formats whose swscale rgb24 conversion gave OpenCV's bytes (tests/test_video_truth_outside.py)
+_RGB24_AS_OPENCV = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p", "yuva420p",
+                              "rgb24", "rgba", "bgr0", "gray"})
+
+
 def _rgb(frame: Any) -> np.ndarray:
-    """The frame as (H, W, 3) uint8 RGB through swscale. A frame of more than 8 bits per component goes through
-    swscale's bgr24 with bicubic filtering, OpenCV's own conversion: its rgb24 path darkened such frames by about
-    1% (a 10- or 16-bit grey 255 came out 253, 128 as 126) and differed from OpenCV by up to 22 levels at colour
-    edges. 8-bit frames keep the rgb24 path (the same bytes as OpenCV's on the files checked)."""
-    if max((c.bits for c in frame.format.components), default=8) <= 8:
+    """The frame as (H, W, 3) uint8 RGB as OpenCV converts it: swscale's bgr24 with bicubic filtering, channels
+    flipped. The formats in ``_RGB24_AS_OPENCV`` take swscale's rgb24 (the same bytes, one copy less). Other
+    formats differ there: rgb24 darkened frames of more than 8 bits per component by about 1% (a 10- or 16-bit grey
+    255 came out 253, 128 as 126) and was up to 22 levels from OpenCV at colour edges, and 4:1:1 (DV) and 4:1:0
+    frames up to 21 levels, further from the source than OpenCV's."""
+    if frame.format.name in _RGB24_AS_OPENCV:
         return frame.to_ndarray(format="rgb24")
     bgr = frame.reformat(format="bgr24", interpolation="BICUBIC").to_ndarray()
     return np.ascontiguousarray(bgr[..., ::-1])
@@ -683,8 +689,8 @@ class VideoDecoder(Decoder):
     # container's display matrix says (a phone's portrait video came out on its side); 4: start_s / end_s compare
     # exactly (a frame 1 us before start_s was kept, one 1 us before end_s dropped, in a microsecond time base), and
     # a frame whose pts does not increase is placed one frame later counting in rationals (floats put two frames of
-    # an AVI with B-frames 1e-17 s apart), and frames of more than 8 bits are converted as OpenCV does (swscale's
-    # rgb24 path darkened them by about 1%)
+    # an AVI with B-frames 1e-17 s apart), and frames of more than 8 bits, 4:1:1 or 4:1:0 are converted as OpenCV
+    # does (swscale's rgb24 path darkened 10-bit frames by about 1%)
     output_version = 4
 
     class Params(DecoderParams):

@@ -535,25 +535,29 @@ def test_repeated_pts_follow_the_documented_rule_streamed_or_whole(tmp_path):
 GRAYS = [0, 16, 40, 128, 200, 235, 255]
 
 
-@pytest.mark.parametrize("codec,pix", [("ffv1", "yuv420p10le"), ("ffv1", "yuv422p10le"), ("ffv1", "yuv420p16le"),
-                                       ("ffv1", "yuv420p"), ("libx264", "yuv420p10le"), ("ffv1", "yuv411p"),
-                                       ("ffv1", "yuv410p"), ("ffv1", "yuv444p"), ("mjpeg", "yuvj422p"),
-                                       ("png", "rgba"), ("ffv1", "gray")])
-def test_rgb_frames_keep_their_levels_and_equal_opencv(tmp_path, codec, pix):
+@pytest.mark.parametrize("codec,pix,size", [
+    ("ffv1", "yuv420p10le", (32, 16)), ("ffv1", "yuv422p10le", (32, 16)), ("ffv1", "yuv420p16le", (32, 16)),
+    ("ffv1", "yuv420p", (32, 16)), ("libx264", "yuv420p10le", (32, 16)), ("ffv1", "yuv411p", (32, 16)),
+    ("ffv1", "yuv410p", (32, 16)), ("ffv1", "yuv444p", (32, 16)), ("mjpeg", "yuvj422p", (32, 16)),
+    ("png", "rgba", (32, 16)), ("ffv1", "gray", (32, 16)), ("ffv1", "yuv420p", (35, 17)), ("ffv1", "yuv420p", (36, 17)),
+    ("mjpeg", "yuvj420p", (33, 21)), ("ffv1", "yuv422p", (35, 17)), ("ffv1", "yuv444p", (35, 17))])
+def test_rgb_frames_keep_their_levels_and_equal_opencv(tmp_path, codec, pix, size):
     """Flat grey frames of known levels, stored losslessly (FFV1) at 10 and 16 bits: the decoded RGB holds those
     levels (+-1 for the 10-bit rounding), and every frame equals OpenCV's own decode of the file byte for byte.
     swscale's rgb24 path darkened frames of more than 8 bits by about 1% (255 -> 253, 128 -> 126) and differed
-    from OpenCV by up to 22 levels on colour edges, and 4:1:1 (DV) and 4:1:0 frames by up to 21."""
+    from OpenCV by up to 22 levels on colour edges, 4:1:1 (DV) and 4:1:0 frames by up to 21, and 4:2:0 / 4:2:2
+    frames of an odd height by up to 25 (each further from the source than OpenCV's)."""
     cv2 = pytest.importorskip("cv2")
     if codec not in av.codecs_available:
         pytest.skip(f"this PyAV build has no {codec} encoder")
-    y, x = np.mgrid[0:16, 0:32]
+    w, h = size
+    y, x = np.mgrid[0:h, 0:w]
     colour = np.stack([(x * 9) % 256, (y * 17) % 256, ((x + y) * 5 + 100) % 256], -1).astype(np.uint8)
     p = str(tmp_path / ("deep" + {"mjpeg": ".avi", "png": ".mov"}.get(codec, ".mkv")))
     c = av.open(p, "w")
     s = c.add_stream(codec, rate=10)
-    s.width, s.height, s.pix_fmt = 32, 16, pix
-    for img in [np.full((16, 32, 3), v, np.uint8) for v in GRAYS] + [colour]:
+    s.width, s.height, s.pix_fmt = w, h, pix
+    for img in [np.full((h, w, 3), v, np.uint8) for v in GRAYS] + [colour]:
         for pk in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
             c.mux(pk)
     for pk in s.encode():

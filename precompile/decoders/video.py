@@ -23,9 +23,9 @@ same either way. A streamed read may also skip ahead: its consumer says which
 frame it needs next and the read seeks to the keyframe before it when that is
 past the next frame to decode (:class:`Seeker`; frame indices then come from a
 :class:`PacketIndex` and are checked frame by frame, so they stay exact). RGB frames come from swscale (``rgb24``;
-other pixel formats, e.g. of more than 8 bits per component, as OpenCV converts them, ``bgr24`` with bicubic
-filtering: :func:`_rgb`); on the project's sample files, the real H.264 test file and 10/16-bit, 4:1:1 and 4:1:0
-files they equal OpenCV's BGR->RGB frames byte for byte. Gray frames are OpenCV's RGB->gray of those.
+other pixel formats, e.g. of more than 8 bits per component, and odd sizes as OpenCV converts them, ``bgr24``
+with bicubic filtering: :func:`_rgb`); on the project's sample files, the real H.264 test file and 10/16-bit,
+4:1:1, 4:1:0 and odd-sized files they equal OpenCV's BGR->RGB frames byte for byte. Gray frames are OpenCV's RGB->gray of those.
 
 The optional audio track (``audio_field``) is decoded whole, mixed to mono if
 asked and resampled with soxr exactly as the ``audio`` decoder does; its meta
@@ -146,18 +146,19 @@ def apply_display(arr: np.ndarray, m: tuple[int, int, int, int]) -> np.ndarray:
     return np.ascontiguousarray(arr[sy, sx])
 
 
-# pixel formats whose swscale rgb24 conversion gave OpenCV's bytes (tests/test_video_truth_outside.py)
+# pixel formats whose swscale rgb24 conversion gave OpenCV's bytes at even sizes (tests/test_video_truth_outside.py)
 _RGB24_AS_OPENCV = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p", "yuva420p",
                               "rgb24", "rgba", "bgr0", "gray"})
 
 
 def _rgb(frame: Any) -> np.ndarray:
     """The frame as (H, W, 3) uint8 RGB as OpenCV converts it: swscale's bgr24 with bicubic filtering, channels
-    flipped. The formats in ``_RGB24_AS_OPENCV`` take swscale's rgb24 (the same bytes, one copy less). Other
-    formats differ there: rgb24 darkened frames of more than 8 bits per component by about 1% (a 10- or 16-bit grey
-    255 came out 253, 128 as 126) and was up to 22 levels from OpenCV at colour edges, and 4:1:1 (DV) and 4:1:0
-    frames up to 21 levels, further from the source than OpenCV's."""
-    if frame.format.name in _RGB24_AS_OPENCV:
+    flipped. Frames of an even width and height in the formats of ``_RGB24_AS_OPENCV`` take swscale's rgb24 (the
+    same bytes, without the bicubic pass and the channel flip). Others differ there: rgb24 darkened frames
+    of more than 8 bits per component by about 1% (a 10- or 16-bit grey 255 came out 253, 128 as 126) and was up to
+    22 levels from OpenCV at colour edges; 4:1:1 (DV) and 4:1:0 frames, and 4:2:0 / 4:2:2 frames of an odd height,
+    came out up to 21 and 25 levels from OpenCV's, further from the source."""
+    if frame.format.name in _RGB24_AS_OPENCV and frame.width % 2 == 0 and frame.height % 2 == 0:
         return frame.to_ndarray(format="rgb24")
     bgr = frame.reformat(format="bgr24", interpolation="BICUBIC").to_ndarray()
     return np.ascontiguousarray(bgr[..., ::-1])
@@ -689,8 +690,8 @@ class VideoDecoder(Decoder):
     # container's display matrix says (a phone's portrait video came out on its side); 4: start_s / end_s compare
     # exactly (a frame 1 us before start_s was kept, one 1 us before end_s dropped, in a microsecond time base), and
     # a frame whose pts does not increase is placed one frame later counting in rationals (floats put two frames of
-    # an AVI with B-frames 1e-17 s apart), and frames of more than 8 bits, 4:1:1 or 4:1:0 are converted as OpenCV
-    # does (swscale's rgb24 path darkened 10-bit frames by about 1%)
+    # an AVI with B-frames 1e-17 s apart), and frames of more than 8 bits, 4:1:1, 4:1:0 or an odd size are converted
+    # as OpenCV does (swscale's rgb24 path darkened 10-bit frames by about 1%)
     output_version = 4
 
     class Params(DecoderParams):

@@ -232,14 +232,16 @@ def test_whole_decode_is_pyavs_frames_and_times(files, name):
 
 def test_edit_list_hides_the_frames_before_the_presentation_start(files):
     """The trimmed file holds frames 0..39 but its edit list starts at frame 3 (5 in the .mov): precompile keeps
-    what PyAV (and a player) shows, from time 0, whole or streamed with seeks."""
+    what PyAV (and a player) shows, from time 0, whole or streamed with seeks (the packet index leaves out the
+    packets the demuxer marks discarded, which decode to no frame: with them the index was off by the hidden
+    frames and the read never sought)."""
     for name, hidden in (("h264-edit-list.mp4", 3), ("h264-edit-list.mov", 5)):
         p = _file(files, name)
         ref = plain(p)
         assert [r[0] for r in ref] == list(range(hidden, 40)) and ref[0][1] == 0
         a, meta = read_video(p)
         assert [number(x) for x in a] == list(range(hidden, 40)) and meta["pts"][0] == 0.0
-        check_clips(p, {"length": 2, "stride": 17}, ref=ref)
+        assert check_clips(p, {"length": 2, "stride": 17}, ref=ref) >= 1   # seeks past the hidden frames' packets
         check_clips(p, {"fps": 5, "length": 2, "stride_s": 0.5}, ref=ref)
 
 

@@ -385,8 +385,9 @@ class _SeekMismatch(Exception):
 
 
 class PacketIndex:
-    """The video stream's packets from one demux pass (no decoding): ``pts`` sorted, so frame ``i``
-    of a clean file is the packet with the ``i``-th smallest pts (which :class:`Seeker` checks on
+    """The video stream's packets from one demux pass (no decoding), but those the demuxer marks
+    discarded (before an mp4 edit list's start: decoded for the frames after them, never shown): ``pts``
+    sorted, so frame ``i`` of a clean file is the packet with the ``i``-th smallest pts (which :class:`Seeker` checks on
     every frame it decodes), and ``keys``, the frame indices of keyframes before the first packet
     the demuxer flags corrupt (a cut file's last one). ``ok`` is False (no seeking) when a packet
     has no pts, a pts repeats, or the demuxer fails."""
@@ -401,8 +402,8 @@ class PacketIndex:
         container = _open(path)
         try:
             for pk in container.demux(container.streams.video[0]):
-                if pk.size == 0:
-                    continue   # the demuxer's last, empty packet
+                if pk.size == 0 or pk.is_discard:
+                    continue   # the demuxer's last, empty packet; one an edit list hides (it decodes to no frame)
                 if pk.pts is None:
                     return
                 found.append((int(pk.pts), bool(pk.is_keyframe), bool(pk.is_corrupt)))

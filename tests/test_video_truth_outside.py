@@ -577,3 +577,24 @@ def test_rgb_frames_keep_their_levels_and_equal_opencv(tmp_path, codec, pix, siz
             break
         seen.append(fr[..., ::-1])
     assert len(seen) == len(a) and all(np.array_equal(f, g) for f, g in zip(a, seen))
+
+
+@pytest.mark.parametrize("ext", [".mkv", ".mp4"])
+def test_stream_cut_mid_gop_seeks_and_takes_pyavs_frames(tmp_path, ext):
+    """A stream copied from its 4th packet (mid-GOP, no keyframe first): PyAV shows frames from the first keyframe on
+    (8). The packet index leaves out the packets before it, so sparse clips seek (the index was off by them and the
+    first frame's check turned seeking off) and still take PyAV's frames."""
+    src = write(tmp_path / f"src{ext}", 120, size=(32, 16), opts={"bf": "2", "g": "8", "sc_threshold": "0"})
+    i, o = av.open(src), av.open(str(tmp_path / f"cut{ext}"), "w")
+    out = o.add_stream_from_template(i.streams.video[0])
+    for k, pk in enumerate(i.demux(i.streams.video[0])):
+        if pk.size and k >= 3:
+            pk.stream = out
+            o.mux(pk)
+    o.close()
+    i.close()
+    p = str(tmp_path / f"cut{ext}")
+    ref = plain(p)
+    assert ref[0][0] == 8
+    assert check_clips(p, {"length": 3, "stride": 31}, ref=ref) >= 2
+    assert check_clips(p, {"fps": 5, "length": 2, "stride_s": 1.1}, ref=ref) >= 2

@@ -386,7 +386,9 @@ class _SeekMismatch(Exception):
 
 class PacketIndex:
     """The video stream's packets from one demux pass (no decoding), but those the demuxer marks
-    discarded (before an mp4 edit list's start: decoded for the frames after them, never shown): ``pts``
+    discarded (before an mp4 edit list's start: decoded for the frames after them, never shown) and those
+    before the first keyframe (a stream cut mid-GOP; when the codec does show them, the first frame's
+    check turns seeking off, as before): ``pts``
     sorted, so frame ``i`` of a clean file is the packet with the ``i``-th smallest pts (which :class:`Seeker` checks on
     every frame it decodes), and ``keys``, the frame indices of keyframes before the first packet
     the demuxer flags corrupt (a cut file's last one). ``ok`` is False (no seeking) when a packet
@@ -401,7 +403,11 @@ class PacketIndex:
         found = []
         container = _open(path)
         try:
+            keyed = False
             for pk in container.demux(container.streams.video[0]):
+                keyed = keyed or (pk.size > 0 and pk.is_keyframe)
+                if not keyed:
+                    continue   # a stream cut mid-GOP: the decoder shows nothing before the first keyframe
                 if pk.size == 0 or pk.is_discard:
                     continue   # the demuxer's last, empty packet; one an edit list hides (it decodes to no frame)
                 if pk.pts is None:

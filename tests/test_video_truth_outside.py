@@ -9,8 +9,10 @@ whose time is not after ``t0 + k * stride_s + j / fps``), never from precompile'
 
 Files: H.264 with B-frames and short / open GOPs, MPEG-4 part 2 with B-frames in AVI and MP4, MJPEG
 (yuvj420p), VP9, 10-bit and 4:4:4 H.264, odd sizes, mp4 files trimmed by an edit list (the first frames are
-before the presentation start: players hide them), variable frame rates, a microsecond time base, audio
-that starts before or after the video.
+before the presentation start: players hide them), streams copied from mid-GOP, variable frame rates, repeated
+and missing pts, H.264 with B-frames in AVI (pts in decode order), microsecond and 2**31 - 1 time bases, audio
+that starts before or after the video, and lossless FFV1 frames of known grey levels in 8/10/16-bit, 4:1:1,
+4:1:0 and odd-sized formats (against the levels and OpenCV's own decode, where PyAV's rgb24 is off).
 
 ``PRECOMPILE_VIDEO_EXPLORE=N`` draws N more random files and recipes (default 4).
 """

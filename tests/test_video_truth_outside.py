@@ -600,3 +600,17 @@ def test_stream_cut_mid_gop_seeks_and_takes_pyavs_frames(tmp_path, ext):
     assert ref[0][0] == 8
     assert check_clips(p, {"length": 3, "stride": 31}, ref=ref) >= 2
     assert check_clips(p, {"fps": 5, "length": 2, "stride_s": 1.1}, ref=ref) >= 2
+
+
+@pytest.mark.parametrize("stride", [27, 29])
+def test_a_seek_that_finds_no_frame_does_not_lose_the_clip(tmp_path, stride):
+    """MPEG-TS: a seek to one of the last keyframes lands past the frames left (its seek is not exact), so no frame
+    was decoded after it, nothing disagreed with the packet index, and the clip that needed those frames was
+    silently missing (30 frames, clips at 0 and ``stride``: one clip came out). A read whose frames stop short of
+    the packet index after a seek now starts over decoding through, as on a frame that disagrees."""
+    p = write(tmp_path / "end.ts", 30, size=(32, 16), opts={"bf": "2", "g": "5", "sc_threshold": "0"})
+    ref = plain(p)
+    assert len(ref) == 30
+    check_clips(p, {"length": 1, "stride": stride}, ref=ref)
+    check_clips(p, {"length": 1, "stride": stride}, {"every": 1, "max_frames": 30}, ref=ref)
+    check_clips(p, {"fps": 30, "length": 1, "stride_s": stride / 30}, ref=ref)

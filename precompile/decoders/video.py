@@ -362,6 +362,11 @@ def _iter_all(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optiona
             yield last, clock(frame), _getter(frame, i, mode, shape, path, rotate, info)
             if max_frames is not None and last + 1 >= max_frames:
                 break   # (decode nothing more)
+        else:
+            if seeker is not None and seeker.seeked and seeker.next < len(seeker.index.pts):
+                # a seek that lands past the frames left (MPEG-TS near its end) decodes none: nothing disagreed
+                raise _SeekMismatch(f"the stream ended at frame {seeker.next} after a seek; the packet index "
+                                    f"holds {len(seeker.index.pts)}")
         if last < 0:
             raise DecodeError("no frame could be decoded (empty, truncated or unsupported codec)", path=path)
         info["kept_frames"] = last + 1
@@ -434,7 +439,8 @@ class Seeker:
     Frame indices stay exact: they come from the :class:`PacketIndex` (pts order), checked against
     each decoded frame's pts. Before the first seek, a frame that disagrees turns seeking off for
     the file (nothing was skipped: decoding through goes on); after a seek it raises
-    :class:`_SeekMismatch` and the read starts over, decoding through (:func:`_seeking_frames`).
+    :class:`_SeekMismatch` and the read starts over, decoding through (:func:`_seeking_frames`), as does
+    a stream that ends after a seek short of the frames the index holds (the seek found none).
     A frame decoded after a seek but before the keyframe sought (an earlier keyframe, leading
     frames of an open GOP) is dropped."""
 
@@ -698,7 +704,8 @@ class VideoDecoder(Decoder):
     # exactly (a frame 1 us before start_s was kept, one 1 us before end_s dropped, in a microsecond time base), and
     # a frame whose pts does not increase is placed one frame later counting in rationals (floats put two frames of
     # an AVI with B-frames 1e-17 s apart), and frames of more than 8 bits, 4:1:1, 4:1:0 or an odd size are converted
-    # as OpenCV does (swscale's rgb24 path darkened 10-bit frames by about 1%)
+    # as OpenCV does (swscale's rgb24 path darkened 10-bit frames by about 1%), and a streamed read whose seek found
+    # no frame (MPEG-TS near its end) decodes through instead of silently losing the clips after it
     output_version = 4
 
     class Params(DecoderParams):

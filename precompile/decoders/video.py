@@ -389,6 +389,13 @@ class _SeekMismatch(Exception):
     """After a seek, a frame is not the one the packet index says: read again, decoding through."""
 
 
+# demuxers whose seeks cannot be checked frame by frame: in an MPEG program stream (.mpg, .vob) the frames decoded
+# after a seek carry other pts than in a whole decode (MPEG-2: the frame showing 122 came with frame 123's pts, so a
+# clip took frames 137-139 for 138-140 and every check passed); in a transport stream (.ts, .m2ts) most seeks land
+# past their keyframe and the read started over (tests/test_video_truth_outside.py)
+_NO_SEEK_FORMATS = frozenset({"mpeg", "mpegts", "mpegtsraw", "mpegvideo"})
+
+
 class PacketIndex:
     """The video stream's packets from one demux pass (no decoding), but those the demuxer marks
     discarded (before an mp4 edit list's start: decoded for the frames after them, never shown) and those
@@ -397,7 +404,8 @@ class PacketIndex:
     sorted, so frame ``i`` of a clean file is the packet with the ``i``-th smallest pts (which :class:`Seeker` checks on
     every frame it decodes), and ``keys``, the frame indices of keyframes before the first packet
     the demuxer flags corrupt (a cut file's last one). ``ok`` is False (no seeking) when a packet
-    has no pts, a pts repeats, or the demuxer fails."""
+    has no pts, a pts repeats, the demuxer fails, or the file is an MPEG program or transport stream
+    (``_NO_SEEK_FORMATS``)."""
 
     def __init__(self, path: str):
         av = _av()
@@ -407,6 +415,9 @@ class PacketIndex:
         self.ok = False
         found = []
         container = _open(path)
+        if set(container.format.name.split(",")) & _NO_SEEK_FORMATS:
+            container.close()
+            return
         try:
             keyed = False
             for pk in container.demux(container.streams.video[0]):
@@ -705,7 +716,8 @@ class VideoDecoder(Decoder):
     # a frame whose pts does not increase is placed one frame later counting in rationals (floats put two frames of
     # an AVI with B-frames 1e-17 s apart), and frames of more than 8 bits, 4:1:1, 4:1:0 or an odd size are converted
     # as OpenCV does (swscale's rgb24 path darkened 10-bit frames by about 1%), and a streamed read whose seek found
-    # no frame (MPEG-TS near its end) decodes through instead of silently losing the clips after it
+    # no frame (MPEG-TS near its end) decodes through instead of silently losing the clips after it, and MPEG program
+    # and transport streams are never sought in (a clip of a .mpg/.vob took the frames before the ones it names)
     output_version = 4
 
     class Params(DecoderParams):

@@ -424,23 +424,25 @@ def test_drawn_files_and_recipes(tmp_path):
     rng = random.Random(int(os.environ.get("PRECOMPILE_VIDEO_SEED", "7")))
     for case in range(n):
         frames = rng.randint(5, 60)
-        codec = rng.choice(["libx264", "libx264", "mpeg4", "mjpeg", "libvpx-vp9"])
+        codec = rng.choice(["libx264", "libx264", "mpeg4", "mjpeg", "libvpx-vp9", "mpeg2video"])
         if codec not in av.codecs_available:
             continue
         ext = {"libx264": [".mp4", ".mkv", ".mov", ".ts"], "mpeg4": [".mp4", ".mkv", ".avi", ".ts"],
-               "mjpeg": [".avi", ".mkv", ".mov"], "libvpx-vp9": [".webm", ".mkv"]}[codec]
+               "mjpeg": [".avi", ".mkv", ".mov"], "libvpx-vp9": [".webm", ".mkv"],
+               "mpeg2video": [".mpg", ".vob", ".ts", ".mkv"]}[codec]
         ext = rng.choice(ext)
         opts = {"g": str(rng.randint(1, 12))}
-        if codec in ("libx264", "mpeg4"):
+        if codec in ("libx264", "mpeg4", "mpeg2video"):
             opts["bf"] = str(rng.randint(0, 3))
         pts = tb = None
-        if rng.random() < 0.4:
+        if rng.random() < 0.4 and codec != "mpeg2video":   # (MPEG-2: fixed frame rates only)
             tb, t, pts = Fraction(1, 1000), 0, []
             for _ in range(frames):
                 pts.append(t)
                 t += rng.choice([33, 34, 1, 100, 250, 17])
-        p = write(tmp_path / f"d{case}{ext}", frames, codec=codec, fps=rng.choice([30, 25, 12]), opts=opts, pts=pts,
-                  tb=tb, pix="yuvj420p" if codec == "mjpeg" else "yuv420p", size=rng.choice([(32, 16), (48, 32)]))
+        fps = rng.choice([30, 25] if codec == "mpeg2video" else [30, 25, 12])
+        p = write(tmp_path / f"d{case}{ext}", frames, codec=codec, fps=fps, opts=opts, pts=pts, tb=tb,
+                  pix="yuvj420p" if codec == "mjpeg" else "yuv420p", size=rng.choice([(32, 16), (48, 32)]))
         if rng.random() < 0.5:
             clips = {"length": rng.randint(1, 6), "every": rng.randint(1, 3), "stride": rng.randint(1, 30)}
         else:

@@ -243,7 +243,12 @@ def exact_time(t: float) -> "Fraction":
     """A frame's timestamp (a pts times its stream's time base, stored in meta as a float) as the rational it is:
     4 * 1/12 is 1/3, not the decimal of its float (0.3333333333333333). Time clips place frames with it and the
     video decoder's seeks find frames with it, so both see one time per frame. Any time base with a denominator
-    up to about 10**6 (1/90000, 1001/30000) is recovered exactly."""
+    up to about 10**6 (1/90000, 1001/30000) is recovered exactly. A finer time base (mp4 timescale 2**31 - 1) is not:
+    the nearest fraction with a denominator up to 10**9 may then be a simpler one far from the float (1/2 for
+    2**30 / (2**31 - 1), 2.3e-10 away), which would put the frame on the wrong side of a clip slot; only a fraction
+    that rounds to the float itself is taken, else the float's own value."""
     from fractions import Fraction
 
-    return Fraction(float(t)).limit_denominator(10 ** 9)
+    x = float(t)
+    r = Fraction(x).limit_denominator(10 ** 9)
+    return r if float(r) == x else Fraction(x)

@@ -20,6 +20,10 @@ the 8 others kept theirs. Regenerated when ``clips`` went to ``output_version`` 
 timestamps as exact rationals): the 3 recipes with clips (kinetics.yaml, v_kinetics_parquet.yaml, video.yaml) got
 new keys; the 20 others kept theirs. Regenerated when the ``video`` decoder went to ``output_version`` 3 (frames
 turned as the container's display matrix says): the same 3 video recipes got new keys; the 20 others kept theirs.
+Regenerated when the ``video`` decoder went to ``output_version`` 4 (``start_s``/``end_s`` compare frame times
+exactly, no 1e-6 s tolerance), and again when ``clips`` went to ``output_version`` 5 (frame times in a time base
+finer than 1e-9 s are not snapped to a simpler fraction): the same 3 video recipes got new keys; the 20 others
+kept theirs.
 
 One known exception, not among these recipes: a float target column holding both -0.0 and 0.0. The
 row-by-row code converted each distinct cell once, in a dict where -0.0 and 0.0 are one key, so every

@@ -22,9 +22,10 @@ Both share one frame loop, so the frames, their order and their bytes are the
 same either way. A streamed read may also skip ahead: its consumer says which
 frame it needs next and the read seeks to the keyframe before it when that is
 past the next frame to decode (:class:`Seeker`; frame indices then come from a
-:class:`PacketIndex` and are checked frame by frame, so they stay exact). RGB frames come from swscale (``rgb24``); on the project's
-sample files and the real H.264 test file they equal OpenCV's BGR->RGB frames
-byte for byte. Gray frames are OpenCV's RGB->gray of those.
+:class:`PacketIndex` and are checked frame by frame, so they stay exact). RGB frames come from swscale (``rgb24``;
+other pixel formats, e.g. of more than 8 bits per component, and odd sizes as OpenCV converts them, ``bgr24``
+with bicubic filtering: :func:`_rgb`); on the project's sample files, the real H.264 test file and 10/16-bit,
+4:1:1, 4:1:0 and odd-sized files they equal OpenCV's BGR->RGB frames byte for byte. Gray frames are OpenCV's RGB->gray of those.
 
 The optional audio track (``audio_field``) is decoded whole, mixed to mono if
 asked and resampled with soxr exactly as the ``audio`` decoder does; its meta
@@ -145,8 +146,26 @@ def apply_display(arr: np.ndarray, m: tuple[int, int, int, int]) -> np.ndarray:
     return np.ascontiguousarray(arr[sy, sx])
 
 
+# pixel formats whose swscale rgb24 conversion gave OpenCV's bytes at even sizes (tests/test_video_truth_outside.py)
+_RGB24_AS_OPENCV = frozenset({"yuv420p", "yuvj420p", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p", "yuva420p",
+                              "rgb24", "rgba", "bgr0", "gray"})
+
+
+def _rgb(frame: Any) -> np.ndarray:
+    """The frame as (H, W, 3) uint8 RGB as OpenCV converts it: swscale's bgr24 with bicubic filtering, channels
+    flipped. Frames of an even width and height in the formats of ``_RGB24_AS_OPENCV`` take swscale's rgb24 (the
+    same bytes, without the bicubic pass and the channel flip). Others differ there: rgb24 darkened frames
+    of more than 8 bits per component by about 1% (a 10- or 16-bit grey 255 came out 253, 128 as 126) and was up to
+    22 levels from OpenCV at colour edges; 4:1:1 (DV) and 4:1:0 frames, and 4:2:0 / 4:2:2 frames of an odd height,
+    came out up to 21 and 25 levels from OpenCV's, further from the source."""
+    if frame.format.name in _RGB24_AS_OPENCV and frame.width % 2 == 0 and frame.height % 2 == 0:
+        return frame.to_ndarray(format="rgb24")
+    bgr = frame.reformat(format="bgr24", interpolation="BICUBIC").to_ndarray()
+    return np.ascontiguousarray(bgr[..., ::-1])
+
+
 def _convert(frame: Any, mode: str, rotate: bool = True) -> np.ndarray:
-    rgb = frame.to_ndarray(format="rgb24")
+    rgb = _rgb(frame)
     if rotate:
         m = display_matrix(frame)
         if m is not None:
@@ -220,24 +239,31 @@ def _decoded(container: Any, stream: Any, info: dict[str, Any], path: str,
 
 
 class _Clock:
-    """Each kept frame's time in seconds from the first frame's pts; a frame without a usable pts
-    (none, or not increasing) is placed one nominal frame (``every`` source frames) later."""
+    """Each kept frame's time in seconds from the stream's start time (else the first frame's pts); a
+    frame without a usable pts (none, or not increasing) is placed one nominal frame (``every`` source
+    frames) later. Counted as rationals: in floats, 0.24 + 0.04 is 0.27999999999999997, and a next pts of
+    0.28 then counted as increasing (two frames 1e-17 s apart)."""
 
     def __init__(self, stream: Any, fps: float, every: int):
         self.tb = stream.time_base
         self.t0: Optional[Fraction] = Fraction(stream.start_time) * self.tb if stream.start_time is not None else None
-        self.step = (1.0 / fps if fps else 0.0) * every
+        rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+        rate = Fraction(rate) if rate else (_decimal(fps) if fps else None)
+        self.exact_step = every / rate if rate else Fraction(0)
+        self.step = float(self.exact_step)
+        self.exact_last: Optional[Fraction] = None
         self.last: Optional[float] = None
 
     def __call__(self, frame: Any) -> float:
         pts = frame.pts if frame.pts is not None else frame.dts
         if pts is not None and self.t0 is None:
             self.t0 = Fraction(pts) * self.tb
-        t = float(Fraction(pts) * self.tb - self.t0) if pts is not None and self.t0 is not None else None
-        if t is None or (self.last is not None and t <= self.last):
-            t = (self.last + self.step) if self.last is not None else 0.0
-        self.last = t
-        return t
+        t = Fraction(pts) * self.tb - self.t0 if pts is not None and self.t0 is not None else None
+        if t is None or (self.exact_last is not None and t <= self.exact_last):
+            t = (self.exact_last + self.exact_step) if self.exact_last is not None else Fraction(0)
+        self.exact_last = t
+        self.last = float(t)
+        return self.last
 
 
 def _getter(frame: Any, i: int, mode: str, shape: list, path: str, rotate: bool = True,
@@ -266,19 +292,22 @@ def iter_frames(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optio
                 info: Optional[dict[str, Any]] = None, start_s: Optional[float] = None,
                 end_s: Optional[float] = None, rotate: bool = True) -> Iterator[tuple[int, float, Callable[[], np.ndarray]]]:
     """Like :func:`_iter_all`, over the frames whose time ``t`` (seconds from the stream's start, as in
-    ``pts``) has ``start_s <= t < end_s``; ``every`` and ``max_frames`` count frames inside that window,
+    ``pts``) has ``start_s <= t < end_s``, exactly (the frame's time as the rational of its time base, the
+    bounds as the decimals written); ``every`` and ``max_frames`` count frames inside that window,
     and decoding stops at the first frame at or after ``end_s``."""
     if start_s is None and end_s is None:
         yield from _iter_all(path, mode, every, max_frames, info, rotate=rotate)
         return
-    lo, hi = (start_s or 0.0) - 1e-6, (end_s - 1e-6) if end_s is not None else None
+    # compared as the rationals they are: a time base finer than a microsecond puts frames within 1e-6 s of a bound
+    lo = _decimal(start_s) if start_s is not None else None
+    hi = _decimal(end_s) if end_s is not None else None
     frames = _iter_all(path, mode, 1, None, info, rotate=rotate)
     inside = kept = 0
     try:
         for _, t, get in frames:
-            if t < lo:
+            if lo is not None and exact_time(t) < lo:
                 continue
-            if hi is not None and t >= hi:
+            if hi is not None and exact_time(t) >= hi:
                 break
             if inside % every == 0:
                 if max_frames is not None and kept >= max_frames:
@@ -293,6 +322,11 @@ def iter_frames(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optio
                           f"{(info or {}).get('decoded_frames', 0)} frame(s) long)", path=path)
     if info is not None:
         info["kept_frames"] = kept
+
+
+def _decimal(x: float) -> Fraction:
+    """The decimal a user wrote (0.1 -> 1/10), not its binary approximation."""
+    return Fraction(repr(float(x)))
 
 
 def _iter_all(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optional[int] = None,
@@ -328,6 +362,11 @@ def _iter_all(path: str, mode: str = "rgb8", every: int = 1, max_frames: Optiona
             yield last, clock(frame), _getter(frame, i, mode, shape, path, rotate, info)
             if max_frames is not None and last + 1 >= max_frames:
                 break   # (decode nothing more)
+        else:
+            if seeker is not None and seeker.seeked and seeker.next < len(seeker.index.pts):
+                # a seek that lands past the frames left (MPEG-TS near its end) decodes none: nothing disagreed
+                raise _SeekMismatch(f"the stream ended at frame {seeker.next} after a seek; the packet index "
+                                    f"holds {len(seeker.index.pts)}")
         if last < 0:
             raise DecodeError("no frame could be decoded (empty, truncated or unsupported codec)", path=path)
         info["kept_frames"] = last + 1
@@ -350,12 +389,23 @@ class _SeekMismatch(Exception):
     """After a seek, a frame is not the one the packet index says: read again, decoding through."""
 
 
+# demuxers whose seeks cannot be checked frame by frame: in an MPEG program stream (.mpg, .vob) the frames decoded
+# after a seek carry other pts than in a whole decode (MPEG-2: the frame showing 122 came with frame 123's pts, so a
+# clip took frames 137-139 for 138-140 and every check passed); in a transport stream (.ts, .m2ts) most seeks land
+# past their keyframe and the read started over (tests/test_video_truth_outside.py)
+_NO_SEEK_FORMATS = frozenset({"mpeg", "mpegts", "mpegtsraw", "mpegvideo"})
+
+
 class PacketIndex:
-    """The video stream's packets from one demux pass (no decoding): ``pts`` sorted, so frame ``i``
-    of a clean file is the packet with the ``i``-th smallest pts (which :class:`Seeker` checks on
+    """The video stream's packets from one demux pass (no decoding), but those the demuxer marks
+    discarded (before an mp4 edit list's start: decoded for the frames after them, never shown) and those
+    before the first keyframe (a stream cut mid-GOP; when the codec does show them, the first frame's
+    check turns seeking off, as before): ``pts``
+    sorted, so frame ``i`` of a clean file is the packet with the ``i``-th smallest pts (which :class:`Seeker` checks on
     every frame it decodes), and ``keys``, the frame indices of keyframes before the first packet
     the demuxer flags corrupt (a cut file's last one). ``ok`` is False (no seeking) when a packet
-    has no pts, a pts repeats, or the demuxer fails."""
+    has no pts, a pts repeats, the demuxer fails, or the file is an MPEG program or transport stream
+    (``_NO_SEEK_FORMATS``)."""
 
     def __init__(self, path: str):
         av = _av()
@@ -365,10 +415,17 @@ class PacketIndex:
         self.ok = False
         found = []
         container = _open(path)
+        if set(container.format.name.split(",")) & _NO_SEEK_FORMATS:
+            container.close()
+            return
         try:
+            keyed = False
             for pk in container.demux(container.streams.video[0]):
-                if pk.size == 0:
-                    continue   # the demuxer's last, empty packet
+                keyed = keyed or (pk.size > 0 and pk.is_keyframe)
+                if not keyed:
+                    continue   # a stream cut mid-GOP: the decoder shows nothing before the first keyframe
+                if pk.size == 0 or pk.is_discard:
+                    continue   # the demuxer's last, empty packet; one an edit list hides (it decodes to no frame)
                 if pk.pts is None:
                     return
                 found.append((int(pk.pts), bool(pk.is_keyframe), bool(pk.is_corrupt)))
@@ -393,7 +450,8 @@ class Seeker:
     Frame indices stay exact: they come from the :class:`PacketIndex` (pts order), checked against
     each decoded frame's pts. Before the first seek, a frame that disagrees turns seeking off for
     the file (nothing was skipped: decoding through goes on); after a seek it raises
-    :class:`_SeekMismatch` and the read starts over, decoding through (:func:`_seeking_frames`).
+    :class:`_SeekMismatch` and the read starts over, decoding through (:func:`_seeking_frames`), as does
+    a stream that ends after a seek short of the frames the index holds (the seek found none).
     A frame decoded after a seek but before the keyframe sought (an earlier keyframe, leading
     frames of an open GOP) is dropped."""
 
@@ -653,8 +711,14 @@ class VideoDecoder(Decoder):
     name = "video"
     kind = "video"
     # 2: damaged files decode alike in any process (slice threads, err_detect explode); 3: frames are turned as the
-    # container's display matrix says (a phone's portrait video came out on its side)
-    output_version = 3
+    # container's display matrix says (a phone's portrait video came out on its side); 4: start_s / end_s compare
+    # exactly (a frame 1 us before start_s was kept, one 1 us before end_s dropped, in a microsecond time base), and
+    # a frame whose pts does not increase is placed one frame later counting in rationals (floats put two frames of
+    # an AVI with B-frames 1e-17 s apart), and frames of more than 8 bits, 4:1:1, 4:1:0 or an odd size are converted
+    # as OpenCV does (swscale's rgb24 path darkened 10-bit frames by about 1%), and a streamed read whose seek found
+    # no frame (MPEG-TS near its end) decodes through instead of silently losing the clips after it, and MPEG program
+    # and transport streams are never sought in (a clip of a .mpg/.vob took the frames before the ones it names)
+    output_version = 4
 
     class Params(DecoderParams):
         mode: Literal["rgb8", "gray8"] = Field("rgb8", description="frames as 8-bit RGB or gray")

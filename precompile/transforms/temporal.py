@@ -70,8 +70,10 @@ class Clips(Step):
     expands = True
     # 2: time clips' audio is stored with its fixed length when the decoder fixes the rate; 3: a seek never changes
     # what a clip is cut from (30c7c2a); 4: time clips read frame timestamps as the rationals of their time base
-    # (a slot exactly at a frame's pts, 1/12 + 2/8 = 1/3, takes that frame; its float's decimal missed it)
-    output_version = 4
+    # (a slot exactly at a frame's pts, 1/12 + 2/8 = 1/3, takes that frame; its float's decimal missed it); 5: a frame
+    # time in a time base finer than 1e-9 s is not snapped to a simpler fraction (mp4 timescale 2**31 - 1: frame 15
+    # of a 30 fps file, 2.3e-10 s after 0.5, was read as 1/2 and shown at a slot at 0.5 s)
+    output_version = 5
     # 3: a streamed clip is never cut from a frame past the decoder's max_frames (a seek landed past it), and
     #    a short video streamed through frame clips is padded with its last frame, not the last one read
 

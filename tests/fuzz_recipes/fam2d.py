@@ -484,7 +484,15 @@ def _check_mask(R: Report, key, s, rows: list[Ann], ch: Chain, rec: dict, coco: 
                 thin = lambda e: e is not None and (e[2:] - e[:2]).min() <= max(2.0, 2 * sl.e)   # noqa: E731
                 ok = (got is None) == (want is None) or (got is None and thin(want)) or (want is None and thin(got))
                 if got is not None and want is not None:
-                    ok = np.abs(got - want).max() <= 2 * sl.e + 1e-3
+                    tol = 2 * sl.e + 1e-3
+                    ok = np.abs(got - want).max() <= tol
+                    if not ok and (thin(got) or thin(want)):
+                        # a thin object sampled on two grids keeps other stretches of its length in each (seed
+                        # 226033: 1/8 then resized nearest, a 2 px tall object kept x 7..10 in one, 3..9 in the
+                        # other): one extent must lie within the other's
+                        def inside(a, b):
+                            return bool((a[:2] >= b[:2] - tol).all() and (a[2:] <= b[2:] + tol).all())
+                        ok = inside(got, want) or inside(want, got)
                 R.check("instance_mask", ok, lambda: f"mask == {r + 1} at {got} vs row {r}'s object at {want}", key)
     elif mode == "semantic" and ids is not None and k == 1:
         want = np.zeros_like(m)

@@ -134,7 +134,7 @@ def reference_sample(s: dict, kinds: dict, steps: list[dict], params: list[dict]
         (name, p), = step.items()
         one = {k: (bool(v[i]) if np.asarray(v).dtype == bool else int(v[i]) if np.asarray(v).dtype.kind in "iu"
                    else float(v[i])) for k, v in prm.items()}
-        grids = [f for f in s if kinds[f] in GRID]
+        grids = [f for f in s if kinds.get(f) in GRID]
         if not grids:
             continue
         if name in VALUES:
@@ -179,20 +179,25 @@ def reference_sample(s: dict, kinds: dict, steps: list[dict], params: list[dict]
             else:
                 s[f] = _crop(s[f], kinds[f], p, one["top"], one["left"], p.get("pad_value", 0))
         if "boxes" in s:
-            keep, new = [], []
+            keep, new, hair = [], [], []
+            amb = s.get("__amb__", np.zeros(len(s["boxes"]), bool))
             for r, b in enumerate(s["boxes"].astype(np.float64)):
                 br = ref.move_box(b, m)
                 if br.kept:
                     keep.append(r)
                     new.append(br.box)
+                    # kept by a hair: its visible part is thinner than float noise (an edge of the box on the
+                    # window's edge: seed 226182, a box at x 9..13 and a resized crop of x 2..9, 7/12 of a step)
+                    hair.append(bool(amb[r]) or bool(br.ambiguous and min(br.box[2] - br.box[0], br.box[3] - br.box[1]) < 1e-4))
             dropped = [r for r in range(len(s["boxes"])) if r not in keep]
+            s["__amb__"] = np.asarray(hair, bool)
             s["boxes"] = np.asarray(new, np.float64).reshape(-1, 4)
-            for f in [f for f in s if kinds[f] in ("box_labels", "keypoints")]:
+            for f in [f for f in s if kinds.get(f) in ("box_labels", "keypoints")]:
                 s[f] = s[f][keep]
             for f in instance:
                 if f in s and dropped:
                     s[f] = _renumber(s[f], dropped)
-        for f in [f for f in s if kinds[f] == "keypoints"]:
+        for f in [f for f in s if kinds.get(f) == "keypoints"]:
             s[f] = ref.move_keypoints(s[f], m, (m.params or {}).get("pairs", []))
     s["__approx__"] = approx
     return s
@@ -283,6 +288,10 @@ def _compare_batch(case, ld, ds, rows, out, params, kinds, fields, instance, R: 
                 name = {"boxes": "boxes", "box_labels": "labels", "keypoints": "keypoints"}[k]
                 g = t[name].cpu().numpy() if name in t else None
                 w = np.asarray(want[f])
+                hair = want.get("__amb__")
+                if g is not None and hair is not None and len(g) != len(w) and len(hair) == len(w) and \
+                        len(g) == int((~hair).sum()):
+                    w = w[~hair]
                 R.check("loader_targets", g is not None and len(g) == len(w) and f not in out
                         and f + "__count" not in out,
                         lambda: f"targets[{i}][{name!r}]: {None if g is None else len(g)} rows, the reference keeps "
@@ -307,6 +316,9 @@ def _compare_batch(case, ld, ds, rows, out, params, kinds, fields, instance, R: 
                 c = int(out[f + "__count"][i])
                 g = out[f][i].cpu().numpy()
                 w = np.asarray(want[f])
+                hair = want.get("__amb__")
+                if hair is not None and c != len(w) and len(hair) == len(w) and c == int((~hair).sum()):
+                    w = w[~hair]   # the rows kept by a hair, dropped here: either is the documented rule
                 R.check("loader_reference", c == len(w),
                         lambda: f"{f}: {c} rows, the reference keeps {len(w)} ({np.asarray(s['boxes']).tolist()})", key)
                 if c != len(w):

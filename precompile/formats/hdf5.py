@@ -519,18 +519,25 @@ class Hdf5Format(Format):
 
 # --- reading -----------------------------------------------------------------------------------
 
-def outside_refs(path: str, sources: Optional[set[str]] = None) -> Optional[str]:
-    """Why the HDF5 file at ``path`` reads data outside itself, or None (also when it is no HDF5 file: opening
-    it says so). An external link, a dataset with external storage (raw data in any local file named in it) or
-    a virtual dataset (``sources``: the relative file names an index's virtual datasets may take theirs from,
-    its shard files; a shard may have none) would let a file from a URL read local files: a build writes none
-    of them."""
+def outside_refs(path: Any, sources: Optional[set[str]] = None) -> Optional[str]:
+    """Why the HDF5 file at ``path`` (or the open ``h5py.File`` ``path``: the very file whose entries gave
+    ``sources``, not one a rebuild put at its name since) reads data outside itself, or None (also when it is no
+    HDF5 file: opening it says so). An external link, a dataset with external storage (raw data in any local file
+    named in it) or a virtual dataset (``sources``: the relative file names an index's virtual datasets may take
+    theirs from, its shard files; a shard may have none) would let a file from a URL read local files: a build
+    writes none of them."""
+    import contextlib
+
     import h5py
 
-    try:
-        f = h5py.File(path, "r")
-    except OSError:
-        return None
+    if isinstance(path, h5py.File):
+        f, hold = path, contextlib.nullcontext(path)
+    else:
+        try:
+            f = h5py.File(path, "r")
+        except OSError:
+            return None
+        hold = f
     found: list[str] = []
 
     def visit(name: str, link: Any) -> Optional[bool]:
@@ -547,7 +554,7 @@ def outside_refs(path: str, sources: Optional[set[str]] = None) -> Optional[str]
                         found.append(f"the dataset {name!r} is virtual, with data from the file {echo(names[0])}")
         return True if found else None
 
-    with f:
+    with hold:
         f.visititems_links(visit)
     return found[0] if found else None
 
@@ -574,6 +581,17 @@ class H5Dataset(Dataset):
                 check_attrs(self.where, self._crcs, a)
                 self.attrs = {k: attr_text(v) if isinstance(v, (bytes, str)) else v for k, v in a.items()}
                 table = read_shard_table(f, self.attrs.get(fmt.A_SHARDS), self._crcs, self.where)
+                #: the shard entries' columns (from ``__shards__``; parsed from the entries for an index without it)
+                self.shard_table: ShardTable = table if table is not None else self._table_from_entries()
+                shard_files = set()
+                for name in self.shard_table.files.tolist():   # an index is data: its shards stay in its folder
+                    shard_files.add(fmt.check_entry(self.where, bytes(name).decode("utf-8", "replace"),
+                                                    "shard entry"))
+                if where is None:   # (one read from a URL was checked before it was opened: hdf5_url.open_url)
+                    bad = outside_refs(f, shard_files)   # (this file: a rebuild may have replaced the path's)
+                    if bad:
+                        raise FormatError(f"{self.where}: the index reads outside its own file ({bad}): refused; a "
+                                          f"build writes no such index")
                 self._copies = f[fmt.COPY][:]
                 self._key_column = read_key_column(f, len(self._copies))
                 if self._key_column is None and self._crcs is not None and fmt.KEY_UTF8 in f:
@@ -586,16 +604,6 @@ class H5Dataset(Dataset):
         self._unchecked = {fmt.COPY} | ({fmt.KEY_UTF8, fmt.KEY_OFFSETS} if self._key_column is not None else set())
         if self._identity is not None and self._identity != file_identity(self.path):
             self._identity = None   # replaced while it was read: which one was read is not known
-        #: the shard entries' columns (from ``__shards__``; parsed from the entries for an index without it)
-        self.shard_table: ShardTable = table if table is not None else self._table_from_entries()
-        shard_files = set()
-        for name in self.shard_table.files.tolist():   # an index is data: its shards stay in its folder
-            shard_files.add(fmt.check_entry(self.where, bytes(name).decode("utf-8", "replace"), "shard entry"))
-        if where is None:   # (an index read from a URL was checked before it was opened: hdf5_url.open_url)
-            bad = outside_refs(self.path, shard_files)
-            if bad:
-                raise FormatError(f"{self.where}: the index reads outside its own file ({bad}): refused; a build "
-                                  f"writes no such index")
         self._setup(fields, self.shard_table.num_samples)
         if self._n != len(self._copies):
             raise FormatError(f"{self.where}: the index's shard entries count {self._n} samples, its {fmt.COPY} "
@@ -689,7 +697,7 @@ class H5Dataset(Dataset):
 
                     raise FormatError(gone(p, self.path, self._identity)) from None
                 raise FormatError(f"{p}: cannot open shard: {e}") from None
-            bad = outside_refs(p)
+            bad = outside_refs(f)
             if bad:
                 f.close()
                 raise FormatError(f"{p}: the shard reads outside its own file ({bad}): refused; a build writes "

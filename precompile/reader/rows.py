@@ -283,7 +283,7 @@ def open_h5(path: str) -> Any:
             hint = (f" (open-file limit {nofile_limits()}; each memory-mapped shard keeps one file descriptor "
                     f"on Python < 3.13: raise ulimit -n)")
         raise FormatError(f"{path}: cannot open shard: {e}{hint}") from None
-    bad = outside_refs(path)
+    bad = outside_refs(f)
     if bad:
         f.close()
         raise FormatError(f"{path}: the shard reads outside its own file ({bad}): refused; a build writes no such "

@@ -530,7 +530,7 @@ def outside_refs(path: Any, sources: Optional[set[str]] = None) -> Optional[str]
 
     import h5py
 
-    if isinstance(path, h5py.File):
+    if hasattr(path, "visititems_links"):   # an open file (duck-typed: h5py.File may be wrapped, as tests do)
         f, hold = path, contextlib.nullcontext(path)
     else:
         try:

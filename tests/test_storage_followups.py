@@ -371,6 +371,12 @@ def test_an_http_input_changed_in_place_changes_its_fingerprint(tmp_path, quick_
     os.utime(f, (1_700_000_000, 1_700_000_000))
     with flaky_http(tmp_path, fails=0) as (base, seen):
         root = f"{base}/r"
+        import fsspec
+
+        info = fsspec.filesystem("http").info(f"{root}/a/0.bin")
+        if not {"ETag", "Last-Modified", "last_modified"} & set(info):   # (the floors job's fsspec 2024.12.0)
+            pytest.skip(f"fsspec {fsspec.__version__}'s HTTP info gives no ETag or Last-Modified: an HTTP file's "
+                        f"fingerprint holds its size only there")
         assert list_tree(root, False) == ["a/0.bin"]
         before = LISTED[f"{root}/a/0.bin"]
         assert before[2] == 4 and before[3] is not None, before

@@ -573,6 +573,13 @@ def test_rgb_frames_keep_their_levels_and_equal_opencv(tmp_path, codec, pix, siz
     if codec == "ffv1":
         got = [int(np.median(f)) for f in a[:len(GRAYS)]]
         assert np.abs(np.subtract(got, GRAYS)).max() <= 1, got
+    import re
+
+    ours = ".".join(str(v) for v in av.library_versions["libswscale"][:2])
+    theirs = re.search(r"swscale:\s+YES \((\d+\.\d+)", cv2.getBuildInformation())
+    if theirs is None or theirs.group(1) != ours:   # (the floors job's OpenCV 4.8 bundles an older FFmpeg)
+        pytest.skip(f"OpenCV {cv2.__version__} bundles swscale {theirs.group(1) if theirs else '?'}, PyAV {ours}: "
+                    f"their conversions differ in the last bits, so byte equality is not the rule there")
     cap = cv2.VideoCapture(p)
     seen = []
     while True:

@@ -219,20 +219,8 @@ def list_tree(root: str, dirs: bool, storage_options: Optional[dict[str, Any]] =
         found = fs.find(base, detail=True)
     except Exception as e:  # OSErrors, and the store's own errors (botocore's NoCredentialsError, ...)
         raise store_error(f"input root {root!r}", root, e, "list", "does not exist (nothing listed)") from None
-    files: dict[str, list] = {}
-    skips: dict[str, list[str]] = {}
-    for name, info in found.items():
-        if info.get("type", "file") != "file":
-            continue
-        name = fs._strip_protocol(name)
-        if not name.startswith(stripped + "/"):
-            continue
-        rel = name[len(stripped) + 1:]
-        why = skipped(rel)
-        if why:
-            skips.setdefault(why, []).append(rel)
-            continue
-        files[rel] = _fp(info)
+    kept, skips = _kept_files(fs, found, stripped)
+    files = {rel: _fp(info) for rel, _, info in kept}
     report_skipped(root, skips)
     _fill_blind(fs, base, files)
     with _lock:
@@ -408,20 +396,29 @@ def _folder_files(fs: Any, url: str) -> tuple[list[tuple[str, str, list]], dict[
     what :func:`skipped` left out) from one listing."""
     src = fs._strip_protocol(url)
     fs.invalidate_cache(url)
-    out, skips = [], {}
-    for path, info in sorted(fs.find(url, detail=True).items()):
+    kept, skips = _kept_files(fs, dict(sorted(fs.find(url, detail=True).items())), src)
+    return [(rel, path, _fp(info)) for rel, path, info in kept], skips
+
+
+def _kept_files(fs: Any, found: dict[str, dict],
+                under: str) -> tuple[list[tuple[str, str, dict]], dict[str, list[str]]]:
+    """``(rel, path, info)`` of each file of a listing ``found`` (``fs.find(detail=True)``) below the stripped
+    folder ``under`` that :func:`skipped` keeps, in the listing's order, and what it left out, by why."""
+    kept: list[tuple[str, str, dict]] = []
+    skips: dict[str, list[str]] = {}
+    for path, info in found.items():
         if info.get("type", "file") != "file":
             continue
         name = fs._strip_protocol(path)
-        if not name.startswith(src + "/"):
+        if not name.startswith(under + "/"):
             continue
-        rel = name[len(src) + 1:]
+        rel = name[len(under) + 1:]
         why = skipped(rel)
         if why:
             skips.setdefault(why, []).append(rel)
             continue
-        out.append((rel, path, _fp(info)))
-    return out, skips
+        kept.append((rel, path, info))
+    return kept, skips
 
 
 def _changed_error(url: str, what: str) -> DecodeError:

@@ -132,14 +132,18 @@ def shapes(dataset: Any) -> dict[str, tuple[Optional[int], ...]]:
     ``row[c].reshape(shape)``, a batch's ``batch[c].reshape(-1, *shape)``; a variable shape has None for the
     dimensions that vary, and each row's own shape is in the column ``c + "__shape"``:
     ``row[c].reshape(row[c + "__shape"])``. :func:`array` does either."""
+    got = _described(dataset, SHAPES)
+    return {c: tuple(None if n is None else int(n) for n in s) for c, s in got.items() if c in dataset.column_names}
+
+
+def _described(dataset: Any, key: str) -> dict[str, Any]:
+    """The dict :func:`to_hf` kept under ``key`` in ``dataset.info.description`` (JSON), or {}."""
     try:
         meta = json.loads(getattr(dataset.info, "description", "") or "{}")
     except ValueError:
         return {}
-    got = meta.get(SHAPES) if isinstance(meta, dict) else None
-    if not isinstance(got, dict):
-        return {}
-    return {c: tuple(None if n is None else int(n) for n in s) for c, s in got.items() if c in dataset.column_names}
+    got = meta.get(key) if isinstance(meta, dict) else None
+    return got if isinstance(got, dict) else {}
 
 
 def array(dataset: Any, row: dict[str, Any], field: str) -> Any:
@@ -180,13 +184,7 @@ def array(dataset: Any, row: dict[str, Any], field: str) -> Any:
 
 def _declared(dataset: Any) -> dict[str, tuple[Optional[int], ...]]:
     """The build's shapes of the array columns :func:`shapes` does not hold (:data:`ARRAYS`), ``{column: shape}``."""
-    try:
-        meta = json.loads(getattr(dataset.info, "description", "") or "{}")
-    except ValueError:
-        return {}
-    got = meta.get(ARRAYS) if isinstance(meta, dict) else None
-    if not isinstance(got, dict):
-        return {}
+    got = _described(dataset, ARRAYS)
     return {c: tuple(None if n is None else int(n) for n in s) for c, s in got.items()
             if c in dataset.column_names and isinstance(s, list)}
 
